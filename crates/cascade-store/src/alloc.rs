@@ -1,0 +1,329 @@
+//! Chunk and map-node allocation.
+//!
+//! Authority: each chunk's state word (FREE / LEASED(slot) / USED(inode, index)) and each map
+//! node's state word (FREE / USED(inode)). The free stacks are derived: they are changed only
+//! under the allocator lock, together with the FREE transitions, and rebuilt from the state
+//! words whenever a holder of that lock died.
+//!
+//! Contention: each attached process owns a lease slot holding a small batch of free memory
+//! chunks. Taking a chunk from the own batch (LEASED -> USED) and returning a freed one to it
+//! (USED -> LEASED) need no shared lock; only refills and overflow touch the allocator lock.
+
+use crate::block::{my_pid, now_ns, process_alive, process_start_time, Block};
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::lock::LockGuard;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+/// Why a write got ENOSPC; kept in the header for `cascade status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum EnospcReason {
+    MemoryFullNoSpill = 1,
+    MemoryAndSpillFull = 2,
+    FileTableFull = 3,
+    MapNodesFull = 4,
+}
+
+impl EnospcReason {
+    pub(crate) fn from_code(code: u32) -> Option<Self> {
+        Some(match code {
+            1 => Self::MemoryFullNoSpill,
+            2 => Self::MemoryAndSpillFull,
+            3 => Self::FileTableFull,
+            4 => Self::MapNodesFull,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Self::MemoryFullNoSpill => {
+                "all memory chunks are in use and no spill file is configured"
+            }
+            Self::MemoryAndSpillFull => "all memory chunks and all spill chunks are in use",
+            Self::FileTableFull => "the file table is full (raise max_files)",
+            Self::MapNodesFull => "the chunk-map node pool is full (too many very sparse files)",
+        }
+    }
+}
+
+impl Block {
+    pub(crate) fn lock_alloc(&self) -> Result<LockGuard<'_>> {
+        let mut g = self.header().alloc_lock.lock()?;
+        if g.recovered() {
+            self.reclaim_dead_leases();
+            self.rebuild_free_stacks();
+            g.mark_consistent();
+        }
+        Ok(g)
+    }
+
+    pub(crate) fn record_enospc(&self, reason: EnospcReason) -> Error {
+        let h = self.header();
+        h.enospc_time.store(now_ns(), Relaxed);
+        h.enospc_pid.store(my_pid(), Relaxed);
+        h.enospc_reason.store(reason as u32, Release);
+        Error::new(
+            libc::ENOSPC,
+            format!("store {}: {}", self.name, reason.describe()),
+        )
+    }
+
+    /// Rebuilds the free stacks from the state words. Allocator lock held (or block unpublished).
+    pub(crate) fn rebuild_free_stacks(&self) {
+        let states = self.chunk_states();
+        let mem = self.geo.mem_chunks;
+        let mut top = 0;
+        // Push in descending order so pops hand out low chunk ids first (nicer locality).
+        for c in (0..mem).rev() {
+            if states[c as usize].load(Acquire) == 0 {
+                self.free_mem_stack()[top].store(c, Relaxed);
+                top += 1;
+            }
+        }
+        self.header().free_mem_top.store(top as u32, Release);
+        top = 0;
+        for c in (mem..self.geo.total_chunks()).rev() {
+            if states[c as usize].load(Acquire) == 0 {
+                self.free_spill_stack()[top].store(c, Relaxed);
+                top += 1;
+            }
+        }
+        self.header().free_spill_top.store(top as u32, Release);
+        top = 0;
+        for (n, s) in self.node_states().iter().enumerate().rev() {
+            if s.load(Acquire) == 0 {
+                self.free_node_stack()[top].store(n as u32, Relaxed);
+                top += 1;
+            }
+        }
+        self.header().free_node_top.store(top as u32, Release);
+    }
+
+    /// Claims a lease slot for this process at attach.
+    pub(crate) fn claim_lease(&self) -> Result<()> {
+        let mut local = self.lock_lease();
+        local.slot = self.claim_lease_slot()?;
+        local.pid = my_pid();
+        Ok(())
+    }
+
+    /// Takes a free lease slot (freeing slots of dead processes on the way). Lock order is
+    /// always: this process's lease mutex, then the allocator lock.
+    fn claim_lease_slot(&self) -> Result<u32> {
+        let pid = my_pid();
+        let start = process_start_time(pid).unwrap_or(0);
+        let _g = self.lock_alloc()?;
+        for s in 0..self.geo.lease_slots {
+            let slot = self.lease_slot(s);
+            let owner = slot.pid.load(Acquire);
+            if owner != 0 && process_alive(owner, slot.start_time.load(Acquire)) {
+                continue;
+            }
+            if owner != 0 {
+                self.reclaim_slot(s);
+            }
+            slot.start_time.store(start, Relaxed);
+            slot.count.store(0, Relaxed);
+            slot.pid.store(pid, Release);
+            return Ok(s);
+        }
+        Err(Error::new(
+            libc::EMFILE,
+            format!(
+                "store {}: {} processes are attached already (the limit)",
+                self.name, self.geo.lease_slots
+            ),
+        ))
+    }
+
+    /// Gives back this process's batch and its slot (on detach).
+    pub(crate) fn release_lease(&self) {
+        let local = self.lock_lease();
+        if local.pid != my_pid() {
+            return; // a forked child never claimed a slot of its own
+        }
+        if let Ok(_g) = self.lock_alloc() {
+            self.reclaim_slot(local.slot);
+            self.lease_slot(local.slot).pid.store(0, Release);
+        }
+    }
+
+    /// Frees every chunk leased to `slot`. Allocator lock held; the owner is dead or is us.
+    fn reclaim_slot(&self, s: u32) {
+        let tag = leased(s);
+        for (c, st) in self.chunk_states().iter().enumerate() {
+            if st.load(Acquire) == tag {
+                self.push_free_locked(c as u32);
+            }
+        }
+        self.lease_slot(s).count.store(0, Release);
+    }
+
+    pub(crate) fn reclaim_dead_leases(&self) -> usize {
+        let mut n = 0;
+        for s in 0..self.geo.lease_slots {
+            let slot = self.lease_slot(s);
+            let owner = slot.pid.load(Acquire);
+            if owner != 0 && !process_alive(owner, slot.start_time.load(Acquire)) {
+                self.reclaim_slot(s);
+                slot.pid.store(0, Release);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Marks chunk `c` FREE and pushes it on its stack. Allocator lock held.
+    pub(crate) fn push_free_locked(&self, c: u32) {
+        let h = self.header();
+        self.chunk_states()[c as usize].store(0, Release);
+        let (stack, top) = if self.is_spill(c) {
+            (self.free_spill_stack(), &h.free_spill_top)
+        } else {
+            (self.free_mem_stack(), &h.free_mem_top)
+        };
+        let t = top.load(Relaxed) as usize;
+        debug_assert!(t < stack.len(), "free stack overflow");
+        stack[t].store(c, Relaxed);
+        top.store(t as u32 + 1, Release);
+    }
+
+    fn pop_stack(
+        stack: &[std::sync::atomic::AtomicU32],
+        top: &std::sync::atomic::AtomicU32,
+    ) -> Option<u32> {
+        let t = top.load(Relaxed);
+        if t == 0 {
+            return None;
+        }
+        let c = stack[t as usize - 1].load(Relaxed);
+        top.store(t - 1, Release);
+        Some(c)
+    }
+
+    /// Finds a chunk for logical index `idx` of inode `ino` and marks it USED(ino, idx).
+    /// Memory first (own batch, then a refill), the spill file only when memory is exhausted.
+    /// The caller holds the inode's lock.
+    pub(crate) fn alloc_chunk(&self, ino: u32, idx: u32) -> Result<u32> {
+        let want = used(ino, idx);
+        {
+            let mut local = self.lock_lease();
+            if local.pid != my_pid() {
+                // A forked child: take a slot of its own rather than share the parent's.
+                local.slot = self.claim_lease_slot()?;
+                local.pid = my_pid();
+            }
+            let slot = self.lease_slot(local.slot);
+            if slot.count.load(Relaxed) == 0 {
+                self.refill(local.slot)?;
+            }
+            let n = slot.count.load(Relaxed);
+            if n > 0 {
+                let c = slot.ids[n as usize - 1].load(Relaxed);
+                self.chunk_states()[c as usize].store(want, Release);
+                slot.count.store(n - 1, Release);
+                return Ok(c);
+            }
+        }
+        let h = self.header();
+        let _g = self.lock_alloc()?;
+        let c = match Self::pop_stack(self.free_spill_stack(), &h.free_spill_top) {
+            Some(c) => c,
+            None => {
+                let reason = if self.geo.spill_chunks == 0 {
+                    EnospcReason::MemoryFullNoSpill
+                } else {
+                    EnospcReason::MemoryAndSpillFull
+                };
+                return Err(self.record_enospc(reason));
+            }
+        };
+        self.chunk_states()[c as usize].store(want, Release);
+        Ok(c)
+    }
+
+    /// Moves up to one batch of free memory chunks into lease slot `s`.
+    fn refill(&self, s: u32) -> Result<()> {
+        let h = self.header();
+        let _g = self.lock_alloc()?;
+        if h.free_mem_top.load(Relaxed) == 0 && self.reclaim_dead_leases() == 0 {
+            return Ok(());
+        }
+        let slot = self.lease_slot(s);
+        let tag = leased(s);
+        for _ in 0..self.geo.lease_batch {
+            let Some(c) = Self::pop_stack(self.free_mem_stack(), &h.free_mem_top) else {
+                break;
+            };
+            self.chunk_states()[c as usize].store(tag, Release);
+            let n = slot.count.load(Relaxed);
+            slot.ids[n as usize].store(c, Relaxed);
+            slot.count.store(n + 1, Release);
+        }
+        Ok(())
+    }
+
+    /// Frees chunks the caller's inode owned (already unlinked from its map). Memory chunks go
+    /// back to this process's batch while it has room, the rest to the shared stacks.
+    pub(crate) fn free_chunks(&self, ids: &[u32]) -> Result<()> {
+        let mut rest = Vec::new();
+        {
+            let local = self.lock_lease();
+            let own = local.pid == my_pid();
+            let slot = self.lease_slot(local.slot);
+            let tag = leased(local.slot);
+            for &c in ids {
+                let n = slot.count.load(Relaxed) as usize;
+                if own && !self.is_spill(c) && n < LEASE_MAX {
+                    self.chunk_states()[c as usize].store(tag, Release);
+                    slot.ids[n].store(c, Relaxed);
+                    slot.count.store(n as u32 + 1, Release);
+                } else {
+                    rest.push(c);
+                }
+            }
+        }
+        if !rest.is_empty() {
+            let _g = self.lock_alloc()?;
+            for c in rest {
+                self.push_free_locked(c);
+            }
+        }
+        Ok(())
+    }
+
+    /// Allocates a zeroed map node owned by `ino`. The caller holds the inode's lock.
+    pub(crate) fn alloc_node(&self, ino: u32) -> Result<u32> {
+        let h = self.header();
+        let _g = self.lock_alloc()?;
+        let Some(n) = Self::pop_stack(self.free_node_stack(), &h.free_node_top) else {
+            return Err(self.record_enospc(EnospcReason::MapNodesFull));
+        };
+        for e in &self.node(n).slots {
+            e.store(0, Relaxed);
+        }
+        self.node_states()[n as usize].store(used(ino, 0), Release);
+        Ok(n)
+    }
+
+    pub(crate) fn free_nodes(&self, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let h = self.header();
+        let _g = self.lock_alloc()?;
+        for &n in ids {
+            self.free_node_locked(n, h);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn free_node_locked(&self, n: u32, h: &Header) {
+        self.node_states()[n as usize].store(0, Release);
+        let t = h.free_node_top.load(Relaxed);
+        self.free_node_stack()[t as usize].store(n, Relaxed);
+        h.free_node_top.store(t + 1, Release);
+    }
+}

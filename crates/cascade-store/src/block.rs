@@ -1,0 +1,695 @@
+//! The mapped block in this process: creation, attach, destroy, prefault, the spill file, and
+//! typed access to the regions described in layout.rs.
+
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::types::{Prefault, SpillConfig, StoreConfig};
+use memmap2::{MmapOptions, MmapRaw};
+use std::ffi::CString;
+use std::fs::File as OsFile;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+/// Bytes faulted in per step, so progress is visible and a background prefault can be joined.
+const PREFAULT_STEP: u64 = 256 << 20;
+
+pub(crate) struct Spill {
+    pub file: OsFile,
+    pub path: PathBuf,
+}
+
+/// This process's lease slot (a batch of free memory chunks only it allocates from).
+pub(crate) struct LeaseLocal {
+    pub slot: u32,
+    /// The pid that claimed the slot: a forked child must claim its own.
+    pub pid: u32,
+}
+
+pub(crate) struct Block {
+    pub name: String,
+    map: MmapRaw,
+    pub base: *mut u8,
+    pub geo: Geometry,
+    pub spill: Option<Spill>,
+    /// Set when this process wrote spill data not yet fdatasync'ed.
+    pub spill_dirty: AtomicBool,
+    pub lease: Mutex<LeaseLocal>,
+    pub prefault_threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+// SAFETY: the block is a shared mapping whose mutable state is accessed only through atomics,
+// the robust locks, or raw pointers under those locks; the mapping itself is never remapped.
+unsafe impl Send for Block {}
+// SAFETY: see above.
+unsafe impl Sync for Block {}
+
+fn shm_name(name: &str) -> Result<CString> {
+    if !name.starts_with('/') || name.len() < 2 || name[1..].contains('/') || name.len() > 255 {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!(
+                "store name {name:?} must look like /NAME (one leading slash, at most 255 bytes)"
+            ),
+        ));
+    }
+    CString::new(name)
+        .map_err(|_| Error::new(libc::EINVAL, format!("store name {name:?} contains NUL")))
+}
+
+fn shm_open(name: &str, flags: i32) -> Result<OsFile> {
+    let c = shm_name(name)?;
+    // SAFETY: `c` is a valid NUL-terminated string; shm_open returns a new fd or -1.
+    let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0o600) };
+    if fd < 0 {
+        return Err(Error::last_os(format!("store {name}")));
+    }
+    // SAFETY: `fd` was just returned by shm_open and is owned by nobody else.
+    Ok(unsafe { OsFile::from_raw_fd(fd) })
+}
+
+fn shm_unlink(name: &str) -> Result<()> {
+    let c = shm_name(name)?;
+    // SAFETY: valid C string.
+    if unsafe { libc::shm_unlink(c.as_ptr()) } != 0 {
+        return Err(Error::last_os(format!("store {name}")));
+    }
+    Ok(())
+}
+
+pub(crate) fn now_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+pub(crate) fn my_pid() -> u32 {
+    std::process::id()
+}
+
+/// Start time (clock ticks after boot) of a running, non-zombie process, or None.
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // starttime is field 22 of the whole line, i.e. the 20th after the state field.
+    fields.nth(18)?.parse().ok()
+}
+
+pub(crate) fn process_alive(pid: u32, start_time: u64) -> bool {
+    pid != 0 && process_start_time(pid) == Some(start_time)
+}
+
+fn fallocate(file: &OsFile, offset: u64, len: u64, what: &str) -> Result<()> {
+    // SAFETY: plain syscall on an fd we own.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, offset as i64, len as i64) };
+    if rc != 0 {
+        let e = Error::last_os(what);
+        if e.errno() == libc::ENOSPC {
+            return Err(Error::new(
+                libc::ENOSPC,
+                format!("{what}: not enough space to reserve {}", human(len)),
+            ));
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+pub(crate) fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn free_space(path: &Path) -> Option<u64> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: `st` is a valid out-pointer and `c` a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+impl Block {
+    pub(crate) fn create(cfg: &StoreConfig) -> Result<Block> {
+        shm_name(&cfg.name)?;
+        let cs = cfg.chunk_size;
+        let spill_chunks = match &cfg.spill {
+            Some(s) => s.size.checked_div(cs).unwrap_or(0),
+            None => 0,
+        };
+        let mem_chunks = cfg.capacity.checked_div(cs).unwrap_or(0);
+        let geo = Geometry::compute(cs, mem_chunks, spill_chunks, cfg.max_files as u64)?;
+        if let Some(s) = &cfg.spill {
+            if s.path.as_os_str().len() > SPILL_PATH_MAX {
+                return Err(Error::new(
+                    libc::ENAMETOOLONG,
+                    format!("spill path {}", s.path.display()),
+                ));
+            }
+            if spill_chunks == 0 && s.size > 0 {
+                return Err(Error::new(
+                    libc::EINVAL,
+                    format!(
+                        "spill size {} is smaller than one chunk ({cs} bytes)",
+                        s.size
+                    ),
+                ));
+            }
+        }
+        if let Some(free) = free_space(Path::new("/dev/shm")) {
+            if free < geo.block_size {
+                return Err(Error::new(
+                    libc::ENOSPC,
+                    format!(
+                        "store {}: needs {} of shared memory but /dev/shm has {} free",
+                        cfg.name,
+                        human(geo.block_size),
+                        human(free)
+                    ),
+                ));
+            }
+        }
+        let file =
+            shm_open(&cfg.name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR).map_err(|e| {
+                if e.errno() == libc::EEXIST {
+                    Error::new(
+                        libc::EEXIST,
+                        format!(
+                            "store {} already exists (attach to it, or destroy it first)",
+                            cfg.name
+                        ),
+                    )
+                } else {
+                    e
+                }
+            })?;
+        // From here on a failure must not leave a half-made block behind.
+        let result = Self::init_new(cfg, geo, file);
+        if result.is_err() {
+            let _ = shm_unlink(&cfg.name);
+        }
+        result
+    }
+
+    fn init_new(cfg: &StoreConfig, geo: Geometry, file: OsFile) -> Result<Block> {
+        let ctx = format!("store {}", cfg.name);
+        file.set_len(geo.block_size)
+            .map_err(|e| Error::from_io(&e, ctx.clone()))?;
+        // Reserve the metadata pages now: tmpfs would otherwise SIGBUS later if /dev/shm filled up.
+        fallocate(&file, 0, geo.off.data, &ctx)?;
+        let map = MmapOptions::new()
+            .len(geo.block_size as usize)
+            .map_raw(&file)
+            .map_err(|e| Error::from_io(&e, ctx.clone()))?;
+        let spill = match &cfg.spill {
+            Some(s) if geo.spill_chunks > 0 => {
+                Some(create_spill(s, geo.spill_chunks as u64 * geo.chunk_size)?)
+            }
+            _ => None,
+        };
+        let block = Block {
+            name: cfg.name.clone(),
+            base: map.as_mut_ptr(),
+            map,
+            geo,
+            spill,
+            spill_dirty: AtomicBool::new(false),
+            lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
+            prefault_threads: Mutex::new(Vec::new()),
+        };
+        block.format(cfg)?;
+        block.claim_lease()?;
+        match cfg.prefault {
+            Prefault::Foreground => prefault_data(&block, &file)?,
+            Prefault::Background => {
+                let fd = file.try_clone().map_err(|e| Error::from_io(&e, ctx))?;
+                let raw = SendPtr(block.base);
+                let geo = block.geo.clone();
+                let handle = std::thread::Builder::new()
+                    .name("cascade-prefault".into())
+                    .spawn(move || {
+                        let raw = raw;
+                        let _ = prefault_raw(raw.0, &geo, &fd);
+                    })
+                    .map_err(|e| Error::from_io(&e, "spawn prefault thread"))?;
+                block.lock_prefault_threads().push(handle);
+            }
+            Prefault::Off => {}
+        }
+        Ok(block)
+    }
+
+    /// Writes the header and initial tables. The block is all zeros (fresh tmpfs pages), so
+    /// only non-zero fields are written; the magic goes last.
+    fn format(&self, cfg: &StoreConfig) -> Result<()> {
+        let geo = &self.geo;
+        // SAFETY: the header lives at offset 0 of a mapping at least HEADER_SIZE long, and no
+        // other process can attach before the magic is published at the end of this function.
+        let h = unsafe { &mut *(self.base as *mut Header) };
+        h.version = FORMAT_VERSION;
+        h.header_size = HEADER_SIZE as u32;
+        h.block_size = geo.block_size;
+        h.chunk_size = geo.chunk_size;
+        h.mem_chunks = geo.mem_chunks;
+        h.spill_chunks = geo.spill_chunks;
+        h.max_inodes = geo.max_inodes;
+        h.map_nodes = geo.map_nodes;
+        h.lease_slots = geo.lease_slots;
+        h.lease_batch = geo.lease_batch;
+        h.hash_slots = geo.hash_slots;
+        // SAFETY: geteuid cannot fail.
+        h.owner_uid = unsafe { libc::geteuid() };
+        h.created_ns = now_ns();
+        h.off = geo.off;
+        if let Some(s) = cfg.spill.as_ref().filter(|_| geo.spill_chunks > 0) {
+            let bytes = s.path.as_os_str().as_encoded_bytes();
+            h.spill_path[..bytes.len()].copy_from_slice(bytes);
+            h.spill_path_len = bytes.len() as u32;
+        }
+        h.ns_lock.init()?;
+        h.alloc_lock.init()?;
+        for ino in 0..geo.max_inodes {
+            self.inode(ino).lock.init()?;
+        }
+        let root = self.inode(ROOT_INO);
+        let now = now_ns();
+        root.mode.store(0o755, Ordering::Relaxed);
+        root.uid.store(h.owner_uid, Ordering::Relaxed);
+        // SAFETY: getegid cannot fail.
+        root.gid
+            .store(unsafe { libc::getegid() }, Ordering::Relaxed);
+        root.gen.store(1, Ordering::Relaxed);
+        for t in [&root.atime, &root.mtime, &root.ctime] {
+            t.store(now, Ordering::Relaxed);
+        }
+        root.state.store(INODE_DIR, Ordering::Relaxed);
+        self.rebuild_free_stacks();
+        self.rebuild_namespace_index();
+        self.header()
+            .magic
+            .store(u64::from_ne_bytes(MAGIC), Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn attach(name: &str) -> Result<Block> {
+        let file = shm_open(name, libc::O_RDWR).map_err(|e| {
+            if e.errno() == libc::ENOENT {
+                Error::new(
+                    libc::ENOENT,
+                    format!("store {name} does not exist (create it with `cascade init`)"),
+                )
+            } else {
+                e
+            }
+        })?;
+        let ctx = format!("store {name}");
+        let len = file
+            .metadata()
+            .map_err(|e| Error::from_io(&e, ctx.clone()))?
+            .len();
+        if len < HEADER_SIZE as u64 {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("{ctx} is not a Cascade store (only {len} bytes)"),
+            ));
+        }
+        let (geo, spill_path) = read_geometry(name, &file, len)?;
+        let map = MmapOptions::new()
+            .len(geo.block_size as usize)
+            .map_raw(&file)
+            .map_err(|e| Error::from_io(&e, ctx.clone()))?;
+        let spill = match spill_path {
+            Some(path) => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| {
+                        Error::from_io(&e, format!("{ctx}: spill file {}", path.display()))
+                    })?;
+                Some(Spill { file: f, path })
+            }
+            None => None,
+        };
+        let block = Block {
+            name: name.to_string(),
+            base: map.as_mut_ptr(),
+            map,
+            geo,
+            spill,
+            spill_dirty: AtomicBool::new(false),
+            lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
+            prefault_threads: Mutex::new(Vec::new()),
+        };
+        block.claim_lease()?;
+        block.populate_in_background();
+        Ok(block)
+    }
+
+    /// Maps the pages the creator already faulted in into this process too, in the
+    /// background, so checkpoint writes do not take minor faults.
+    fn populate_in_background(&self) {
+        let done = self.header().prefaulted.load(Ordering::Acquire);
+        if done == 0 {
+            return;
+        }
+        let start = SendPtr(self.data_ptr());
+        let spawned = std::thread::Builder::new()
+            .name("cascade-populate".into())
+            .spawn(move || {
+                let start = start;
+                let mut at = 0;
+                while at < done {
+                    let n = PREFAULT_STEP.min(done - at);
+                    // SAFETY: the range lies inside this process's live mapping of the block;
+                    // populating does not change its contents.
+                    unsafe {
+                        libc::madvise(
+                            start.0.add(at as usize) as *mut libc::c_void,
+                            n as usize,
+                            libc::MADV_POPULATE_WRITE,
+                        );
+                    }
+                    at += n;
+                }
+            });
+        if let Ok(h) = spawned {
+            self.lock_prefault_threads().push(h);
+        }
+    }
+
+    pub(crate) fn wait_prefault(&self) {
+        let threads: Vec<_> = self.lock_prefault_threads().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    fn lock_prefault_threads(&self) -> MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.prefault_threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn lock_lease(&self) -> MutexGuard<'_, LeaseLocal> {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn destroy(name: &str, force: bool) -> Result<()> {
+        let file = shm_open(name, libc::O_RDWR).map_err(|e| {
+            if e.errno() == libc::ENOENT {
+                Error::new(libc::ENOENT, format!("store {name} does not exist"))
+            } else {
+                e
+            }
+        })?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::from_io(&e, name.to_string()))?
+            .len();
+        // A block whose header cannot be read is destroyed anyway: that is how users get rid of one.
+        if let Ok((geo, spill)) = read_geometry(name, &file, len) {
+            if !force {
+                let map = MmapOptions::new()
+                    .len(geo.block_size as usize)
+                    .map_raw(&file)
+                    .map_err(|e| Error::from_io(&e, name.to_string()))?;
+                let pids = live_lease_pids(map.as_mut_ptr(), &geo);
+                if !pids.is_empty() {
+                    return Err(Error::new(
+                        libc::EBUSY,
+                        format!("store {name} is in use by process(es) {pids:?}; stop them or force the destroy"),
+                    ));
+                }
+            }
+            if let Some(p) = spill {
+                match std::fs::remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Error::from_io(&e, format!("spill file {}", p.display())))
+                    }
+                }
+            }
+        }
+        shm_unlink(name)
+    }
+
+    // ---- typed access to regions -------------------------------------------------------
+
+    pub(crate) fn header(&self) -> &Header {
+        // SAFETY: offset 0 holds the header for the whole life of the mapping.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    pub(crate) fn inode(&self, ino: u32) -> &Inode {
+        assert!(ino < self.geo.max_inodes, "inode {ino} out of range");
+        // SAFETY: bounds checked above; the inode table is inside the mapping.
+        unsafe { &*(self.base.add(self.geo.off.inodes as usize) as *const Inode).add(ino as usize) }
+    }
+
+    /// Raw pointer to one of an inode's two name slots (written only under the namespace lock).
+    pub(crate) fn name_ptr(&self, ino: u32, slot: usize) -> *mut u8 {
+        let inode = self.inode(ino) as *const Inode as *mut Inode;
+        // SAFETY: `inode` points at a live Inode in the mapping; addr_of_mut creates no reference.
+        unsafe { std::ptr::addr_of_mut!((*inode).names[slot]) as *mut u8 }
+    }
+
+    fn atomics<T>(&self, off: u64, len: u32) -> &[T] {
+        // SAFETY: every region was sized for `len` elements of T at creation (or the geometry
+        // check at attach), is 64-byte aligned and stays mapped while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.base.add(off as usize) as *const T, len as usize) }
+    }
+
+    pub(crate) fn chunk_states(&self) -> &[AtomicU64] {
+        self.atomics(self.geo.off.chunk_states, self.geo.total_chunks())
+    }
+    pub(crate) fn node_states(&self) -> &[AtomicU64] {
+        self.atomics(self.geo.off.node_states, self.geo.map_nodes)
+    }
+    pub(crate) fn node(&self, n: u32) -> &MapNode {
+        assert!(n < self.geo.map_nodes, "map node {n} out of range");
+        // SAFETY: bounds checked above.
+        unsafe { &*(self.base.add(self.geo.off.nodes as usize) as *const MapNode).add(n as usize) }
+    }
+    pub(crate) fn free_mem_stack(&self) -> &[AtomicU32] {
+        self.atomics(self.geo.off.free_mem, self.geo.mem_chunks)
+    }
+    pub(crate) fn free_spill_stack(&self) -> &[AtomicU32] {
+        self.atomics(self.geo.off.free_spill, self.geo.spill_chunks)
+    }
+    pub(crate) fn free_node_stack(&self) -> &[AtomicU32] {
+        self.atomics(self.geo.off.free_nodes, self.geo.map_nodes)
+    }
+    pub(crate) fn free_inode_stack(&self) -> &[AtomicU32] {
+        self.atomics(self.geo.off.free_inodes, self.geo.max_inodes)
+    }
+    pub(crate) fn hash_slots(&self) -> &[AtomicU32] {
+        self.atomics(self.geo.off.hash, self.geo.hash_slots)
+    }
+    pub(crate) fn lease_slot(&self, slot: u32) -> &LeaseSlot {
+        lease_slot_at(self.base, &self.geo, slot)
+    }
+    pub(crate) fn data_ptr(&self) -> *mut u8 {
+        // SAFETY: the data region starts inside the mapping.
+        unsafe { self.base.add(self.geo.off.data as usize) }
+    }
+    /// Address of a memory chunk in this process.
+    pub(crate) fn chunk_ptr(&self, c: u32) -> *mut u8 {
+        assert!(c < self.geo.mem_chunks, "chunk {c} is not a memory chunk");
+        // SAFETY: bounds checked above; the data region holds mem_chunks chunks.
+        unsafe {
+            self.data_ptr()
+                .add(c as usize * self.geo.chunk_size as usize)
+        }
+    }
+    pub(crate) fn is_spill(&self, c: u32) -> bool {
+        c >= self.geo.mem_chunks
+    }
+    pub(crate) fn spill_offset(&self, c: u32) -> u64 {
+        (c - self.geo.mem_chunks) as u64 * self.geo.chunk_size
+    }
+    pub(crate) fn mapping_len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+fn lease_slot_at(base: *mut u8, geo: &Geometry, slot: u32) -> &LeaseSlot {
+    assert!(slot < geo.lease_slots, "lease slot {slot} out of range");
+    // SAFETY: bounds checked; the lease region holds lease_slots slots.
+    unsafe { &*(base.add(geo.off.leases as usize) as *const LeaseSlot).add(slot as usize) }
+}
+
+fn live_lease_pids(base: *mut u8, geo: &Geometry) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for s in 0..geo.lease_slots {
+        let slot = lease_slot_at(base, geo, s);
+        let pid = slot.pid.load(Ordering::Acquire);
+        if pid != 0 && process_alive(pid, slot.start_time.load(Ordering::Acquire)) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+struct SendPtr(*mut u8);
+// SAFETY: the pointer targets a shared mapping that outlives the threads using it (they are
+// joined or the process exits), and those threads only populate page tables.
+unsafe impl Send for SendPtr {}
+
+fn create_spill(cfg: &SpillConfig, bytes: u64) -> Result<Spill> {
+    let ctx = format!("spill file {}", cfg.path.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&cfg.path)
+        .map_err(|e| Error::from_io(&e, ctx.clone()))?;
+    // SAFETY: plain syscall on an fd we own; posix_fallocate falls back to writing zeros on
+    // file systems without fallocate.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as i64) };
+    if rc != 0 {
+        let _ = std::fs::remove_file(&cfg.path);
+        return Err(Error::new(
+            rc,
+            format!("{ctx}: cannot reserve {}", human(bytes)),
+        ));
+    }
+    Ok(Spill {
+        file,
+        path: cfg.path.clone(),
+    })
+}
+
+/// Reads and validates the header of an existing block.
+fn read_geometry(name: &str, file: &OsFile, len: u64) -> Result<(Geometry, Option<PathBuf>)> {
+    let ctx = format!("store {name}");
+    let map = MmapOptions::new()
+        .len(HEADER_SIZE)
+        .map_raw_read_only(file)
+        .map_err(|e| Error::from_io(&e, ctx.clone()))?;
+    // SAFETY: the mapping is HEADER_SIZE bytes and Header fits in it; fields other than the
+    // magic are written once before the magic is published and never change afterwards.
+    let h = unsafe { &*(map.as_ptr() as *const Header) };
+    let mut magic = h.magic.load(Ordering::Acquire);
+    // A creator may be formatting the block right now: give it a moment.
+    for _ in 0..200 {
+        if magic != 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        magic = h.magic.load(Ordering::Acquire);
+    }
+    if magic == 0 {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{ctx} was never fully initialised (its creator died?); destroy it and create it again"),
+        ));
+    }
+    if magic != u64::from_ne_bytes(MAGIC) {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{ctx} is not a Cascade store (bad magic)"),
+        ));
+    }
+    if h.version != FORMAT_VERSION {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!(
+                "{ctx} has format version {}, this build of Cascade reads version {FORMAT_VERSION}; use a matching build or destroy the store (its data is lost)",
+                h.version
+            ),
+        ));
+    }
+    let geo = Geometry::compute(
+        h.chunk_size,
+        h.mem_chunks as u64,
+        h.spill_chunks as u64,
+        h.max_inodes as u64,
+    )
+    .map_err(|e| {
+        Error::new(
+            libc::EINVAL,
+            format!("{ctx} has a corrupt header: {}", e.context()),
+        )
+    })?;
+    if h.header_size != HEADER_SIZE as u32
+        || geo.off != h.off
+        || geo.block_size != h.block_size
+        || geo.map_nodes != h.map_nodes
+        || geo.hash_slots != h.hash_slots
+        || geo.lease_slots != h.lease_slots
+        || geo.lease_batch != h.lease_batch
+        || len != geo.block_size
+    {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{ctx} has a layout this build does not understand (corrupt header or incompatible build)"),
+        ));
+    }
+    let spill_len = (h.spill_path_len as usize).min(SPILL_PATH_MAX);
+    let spill = if geo.spill_chunks > 0 {
+        let bytes = h.spill_path[..spill_len].to_vec();
+        // SAFETY: the bytes were written from an OsStr by the creator (Unix: any bytes).
+        Some(PathBuf::from(unsafe {
+            std::ffi::OsString::from_encoded_bytes_unchecked(bytes)
+        }))
+    } else {
+        None
+    };
+    Ok((geo, spill))
+}
+
+fn prefault_data(block: &Block, file: &OsFile) -> Result<()> {
+    prefault_raw(block.base, &block.geo, file)
+}
+
+/// Allocates the data region's pages in /dev/shm (fallocate) and maps them into this process
+/// (MADV_POPULATE_WRITE), step by step, publishing progress in the header.
+fn prefault_raw(base: *mut u8, geo: &Geometry, file: &OsFile) -> Result<()> {
+    // SAFETY: offset 0 holds the header.
+    let h = unsafe { &*(base as *const Header) };
+    let total = geo.mem_chunks as u64 * geo.chunk_size;
+    let mut at = 0;
+    while at < total {
+        let n = PREFAULT_STEP.min(total - at);
+        fallocate(file, geo.off.data + at, n, "prefault /dev/shm")?;
+        // SAFETY: the range is inside the mapping; populating leaves contents unchanged.
+        unsafe {
+            libc::madvise(
+                base.add((geo.off.data + at) as usize) as *mut libc::c_void,
+                n as usize,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+        at += n;
+        h.prefaulted.store(at, Ordering::Release);
+    }
+    Ok(())
+}

@@ -1,0 +1,558 @@
+//! File data: each file's chunk map (a radix tree of 64-entry map nodes), the write, read and
+//! truncate paths, and repair of a file whose lock holder died.
+//!
+//! Ordering that makes the data path crash-consistent (see docs/store-layout.md):
+//! allocate: chunk state USED(inode, index) -> zero what must read as zeros -> copy data ->
+//! publish the chunk in the map -> raise the size. Free: clear the map entry -> mark the chunk
+//! free. So a size never covers unwritten data, and a crash leaves at worst a chunk marked
+//! USED that no map references, which repair (or fsck --repair) returns to the free pool.
+
+use crate::block::{now_ns, Block};
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::lock::LockGuard;
+use crate::types::{ChunkInfo, ChunkLocation};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+static ZEROS: [u8; 65536] = [0; 65536];
+
+/// Entries covered by one slot of a node at `level` (level 0 = leaves holding chunk ids).
+fn span(level: u32) -> u64 {
+    1u64 << (FANOUT_BITS * level)
+}
+
+fn slot_of(idx: u64, level: u32) -> usize {
+    ((idx >> (FANOUT_BITS * level)) & (FANOUT as u64 - 1)) as usize
+}
+
+/// Height needed so that a tree covers index `idx`.
+fn height_for(idx: u64) -> u32 {
+    let mut h = 1;
+    while idx >= span(h) {
+        h += 1;
+    }
+    h
+}
+
+impl Block {
+    pub(crate) fn lock_inode(&self, ino: u32) -> Result<LockGuard<'_>> {
+        let mut g = self.inode(ino).lock.lock()?;
+        if g.recovered() {
+            self.repair_inode(ino)?;
+            g.mark_consistent();
+        }
+        Ok(g)
+    }
+
+    /// Chunk id at logical index `idx`, if allocated. Lock-free: entries only change by
+    /// single atomic stores and nodes stay mapped, so a racing reader sees old or new.
+    pub(crate) fn map_lookup(&self, ino: u32, idx: u64) -> Option<u32> {
+        let m = self.inode(ino).map.load(Acquire);
+        let h = map_height(m);
+        if h == 0 || idx >= span(h) {
+            return None;
+        }
+        let mut node = map_root(m).checked_sub(1)?;
+        for level in (0..h).rev() {
+            if node >= self.geo.map_nodes {
+                return None;
+            }
+            let e = self.node(node).slots[slot_of(idx, level)].load(Acquire);
+            let child = e.checked_sub(1)?;
+            if level == 0 {
+                return (child < self.geo.total_chunks()).then_some(child);
+            }
+            node = child;
+        }
+        None
+    }
+
+    /// Publishes chunk `c` at index `idx` of inode `ino` (inode lock held), growing the tree.
+    fn map_insert(&self, ino: u32, idx: u64, c: u32) -> Result<()> {
+        let inode = self.inode(ino);
+        let mut m = inode.map.load(Acquire);
+        if map_height(m) == 0 {
+            let root = self.alloc_node(ino)?;
+            m = pack_map(root + 1, height_for(idx));
+            inode.map.store(m, Release);
+        }
+        while idx >= span(map_height(m)) {
+            let root = self.alloc_node(ino)?;
+            self.node(root).slots[0].store(map_root(m), Release);
+            m = pack_map(root + 1, map_height(m) + 1);
+            inode.map.store(m, Release);
+        }
+        let mut node = map_root(m) - 1;
+        for level in (1..map_height(m)).rev() {
+            let slot = &self.node(node).slots[slot_of(idx, level)];
+            node = match slot.load(Acquire) {
+                0 => {
+                    let n = self.alloc_node(ino)?;
+                    slot.store(n + 1, Release);
+                    n
+                }
+                e => e - 1,
+            };
+        }
+        self.node(node).slots[slot_of(idx, 0)].store(c + 1, Release);
+        Ok(())
+    }
+
+    /// Calls `f(index, chunk)` for every allocated chunk with index in [lo, hi).
+    pub(crate) fn for_each_chunk(&self, ino: u32, lo: u64, hi: u64, f: &mut dyn FnMut(u64, u32)) {
+        let m = self.inode(ino).map.load(Acquire);
+        if map_height(m) == 0 || lo >= hi {
+            return;
+        }
+        self.walk(map_root(m) - 1, map_height(m) - 1, 0, lo, hi, f);
+    }
+
+    fn walk(
+        &self,
+        node: u32,
+        level: u32,
+        base: u64,
+        lo: u64,
+        hi: u64,
+        f: &mut dyn FnMut(u64, u32),
+    ) {
+        if node >= self.geo.map_nodes {
+            return;
+        }
+        let s = span(level);
+        for (i, slot) in self.node(node).slots.iter().enumerate() {
+            let start = base + i as u64 * s;
+            if start >= hi {
+                break;
+            }
+            if start + s <= lo {
+                continue;
+            }
+            let e = slot.load(Acquire);
+            if e == 0 {
+                continue;
+            }
+            if level == 0 {
+                f(start, e - 1);
+            } else {
+                self.walk(e - 1, level - 1, start, lo, hi, f);
+            }
+        }
+    }
+
+    /// Unlinks every chunk with index >= `keep` from the map (inode lock held) and frees
+    /// them, together with map nodes that no longer cover anything.
+    pub(crate) fn map_truncate(&self, ino: u32, keep: u64) -> Result<()> {
+        let inode = self.inode(ino);
+        let m = inode.map.load(Acquire);
+        if map_height(m) == 0 {
+            return Ok(());
+        }
+        let mut chunks = Vec::new();
+        let mut nodes = Vec::new();
+        let root = map_root(m) - 1;
+        if keep == 0 {
+            inode.map.store(0, Release);
+            self.collect_subtree(root, map_height(m) - 1, &mut chunks, &mut nodes);
+        } else {
+            self.cut(root, map_height(m) - 1, 0, keep, &mut chunks, &mut nodes);
+        }
+        let (mut mem, mut spill) = (0, 0);
+        for &c in &chunks {
+            if self.is_spill(c) {
+                spill += 1
+            } else {
+                mem += 1
+            }
+        }
+        inode
+            .chunks_mem
+            .fetch_sub(mem.min(inode.chunks_mem.load(Relaxed)), Relaxed);
+        inode
+            .chunks_spill
+            .fetch_sub(spill.min(inode.chunks_spill.load(Relaxed)), Relaxed);
+        self.free_chunks(&chunks)?;
+        self.free_nodes(&nodes)
+    }
+
+    fn cut(
+        &self,
+        node: u32,
+        level: u32,
+        base: u64,
+        keep: u64,
+        chunks: &mut Vec<u32>,
+        nodes: &mut Vec<u32>,
+    ) {
+        let s = span(level);
+        for (i, slot) in self.node(node).slots.iter().enumerate() {
+            let start = base + i as u64 * s;
+            let e = slot.load(Acquire);
+            if e == 0 || start + s <= keep {
+                continue;
+            }
+            if start >= keep {
+                slot.store(0, Release); // unlink first, free after
+                if level == 0 {
+                    chunks.push(e - 1);
+                } else {
+                    self.collect_subtree(e - 1, level - 1, chunks, nodes);
+                }
+            } else if level > 0 {
+                self.cut(e - 1, level - 1, start, keep, chunks, nodes);
+            }
+        }
+    }
+
+    fn collect_subtree(&self, node: u32, level: u32, chunks: &mut Vec<u32>, nodes: &mut Vec<u32>) {
+        if node >= self.geo.map_nodes {
+            return;
+        }
+        nodes.push(node);
+        for slot in &self.node(node).slots {
+            let e = slot.load(Acquire);
+            if e == 0 {
+                continue;
+            }
+            if level == 0 {
+                chunks.push(e - 1);
+            } else {
+                self.collect_subtree(e - 1, level - 1, chunks, nodes);
+            }
+        }
+    }
+
+    /// Frees all data of an inode (inode lock held).
+    pub(crate) fn free_file_data(&self, ino: u32) -> Result<()> {
+        self.map_truncate(ino, 0)?;
+        self.inode(ino).size.store(0, Release);
+        Ok(())
+    }
+
+    /// After a holder of inode `ino`'s lock died: free chunks and nodes marked as the inode's
+    /// that its map does not reach (allocated but never published, or unlinked but not yet
+    /// freed), and recount. Inode lock held. Cost: one pass over the state tables.
+    pub(crate) fn repair_inode(&self, ino: u32) -> Result<()> {
+        let inode = self.inode(ino);
+        let live = inode.state.load(Acquire) != INODE_FREE;
+        if !live {
+            inode.map.store(0, Release);
+            inode.size.store(0, Release);
+        }
+        let mut reachable = vec![false; self.geo.map_nodes as usize];
+        let m = inode.map.load(Acquire);
+        if map_height(m) > 0 {
+            let mut chunks = Vec::new();
+            let mut nodes = Vec::new();
+            self.collect_subtree(map_root(m) - 1, map_height(m) - 1, &mut chunks, &mut nodes);
+            for n in nodes {
+                reachable[n as usize] = true;
+            }
+        }
+        let h = self.header();
+        let _g = self.lock_alloc()?;
+        let (mut mem, mut spill) = (0u32, 0u32);
+        for (c, st) in self.chunk_states().iter().enumerate() {
+            let s = st.load(Acquire);
+            if state_tag(s) != TAG_USED || used_ino(s) != ino {
+                continue;
+            }
+            if live && self.map_lookup(ino, used_idx(s) as u64) == Some(c as u32) {
+                if self.is_spill(c as u32) {
+                    spill += 1
+                } else {
+                    mem += 1
+                }
+            } else {
+                self.push_free_locked(c as u32);
+            }
+        }
+        for (n, st) in self.node_states().iter().enumerate() {
+            let s = st.load(Acquire);
+            if state_tag(s) == TAG_USED && used_ino(s) == ino && !reachable[n] {
+                self.free_node_locked(n as u32, h);
+            }
+        }
+        inode.chunks_mem.store(mem, Relaxed);
+        inode.chunks_spill.store(spill, Relaxed);
+        Ok(())
+    }
+
+    /// Frees chunks and nodes still owned by removed inodes (namespace lock held, so no
+    /// inode can be created meanwhile; removed inodes are never written to).
+    pub(crate) fn sweep_removed_inodes(&self) -> Result<()> {
+        let h = self.header();
+        let _g = self.lock_alloc()?;
+        for (c, st) in self.chunk_states().iter().enumerate() {
+            let s = st.load(Acquire);
+            if state_tag(s) == TAG_USED && self.inode(used_ino(s)).state.load(Acquire) == INODE_FREE
+            {
+                self.push_free_locked(c as u32);
+            }
+        }
+        for (n, st) in self.node_states().iter().enumerate() {
+            let s = st.load(Acquire);
+            if state_tag(s) == TAG_USED && self.inode(used_ino(s)).state.load(Acquire) == INODE_FREE
+            {
+                self.free_node_locked(n as u32, h);
+            }
+        }
+        Ok(())
+    }
+
+    // ---- raw chunk I/O --------------------------------------------------------------------
+
+    fn chunk_write(&self, c: u32, within: u64, data: &[u8]) -> Result<()> {
+        if self.is_spill(c) {
+            let spill = self
+                .spill
+                .as_ref()
+                .ok_or_else(|| Error::new(libc::EIO, "spill chunk without a spill file"))?;
+            // write_all_at retries short writes and EINTR.
+            spill
+                .file
+                .write_all_at(data, self.spill_offset(c) + within)
+                .map_err(|e| Error::from_io(&e, format!("spill file {}", spill.path.display())))?;
+            self.spill_dirty.store(true, Relaxed);
+        } else {
+            // SAFETY: within + len <= chunk size (callers split at chunk boundaries), so the
+            // destination lies inside memory chunk c, which our inode owns under its lock.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    data.as_ptr(),
+                    self.chunk_ptr(c).add(within as usize),
+                    data.len(),
+                )
+            };
+        }
+        Ok(())
+    }
+
+    fn chunk_zero(&self, c: u32, from: u64, to: u64) -> Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        if self.is_spill(c) {
+            let mut at = from;
+            while at < to {
+                let n = (to - at).min(ZEROS.len() as u64);
+                self.chunk_write(c, at, &ZEROS[..n as usize])?;
+                at += n;
+            }
+        } else {
+            // SAFETY: [from, to) lies within chunk c (to <= chunk size), owned under our lock.
+            unsafe {
+                std::ptr::write_bytes(
+                    self.chunk_ptr(c).add(from as usize),
+                    0,
+                    (to - from) as usize,
+                )
+            };
+        }
+        Ok(())
+    }
+
+    fn chunk_read(&self, c: u32, within: u64, out: &mut [u8]) -> Result<()> {
+        if self.is_spill(c) {
+            let spill = self
+                .spill
+                .as_ref()
+                .ok_or_else(|| Error::new(libc::EIO, "spill chunk without a spill file"))?;
+            spill
+                .file
+                .read_exact_at(out, self.spill_offset(c) + within)
+                .map_err(|e| Error::from_io(&e, format!("spill file {}", spill.path.display())))
+        } else {
+            // SAFETY: within + len <= chunk size; the source lies inside memory chunk c.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.chunk_ptr(c).add(within as usize),
+                    out.as_mut_ptr(),
+                    out.len(),
+                )
+            };
+            Ok(())
+        }
+    }
+
+    // ---- file operations ------------------------------------------------------------------
+
+    /// Zeroes [from, to) of a file wherever chunks are allocated (inode lock held): bytes
+    /// past the old end of file may hold stale data and must read as zeros once covered.
+    fn zero_range(&self, ino: u32, from: u64, to: u64) -> Result<()> {
+        if from >= to {
+            return Ok(());
+        }
+        let cs = self.geo.chunk_size;
+        let mut hits = Vec::new();
+        self.for_each_chunk(ino, from / cs, to.div_ceil(cs), &mut |idx, c| {
+            hits.push((idx, c))
+        });
+        for (idx, c) in hits {
+            let start = idx * cs;
+            self.chunk_zero(c, from.max(start) - start, to.min(start + cs) - start)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `buf` at `offset` (inode lock held). Returns bytes written: short only when the
+    /// store filled up after some bytes went in (ENOSPC if none did).
+    pub(crate) fn write_locked(&self, ino: u32, buf: &[u8], offset: u64) -> Result<usize> {
+        let cs = self.geo.chunk_size;
+        let inode = self.inode(ino);
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.geo.max_file_bytes())
+            .ok_or_else(|| {
+                Error::new(
+                    libc::EFBIG,
+                    format!(
+                        "write beyond the {} byte file size limit",
+                        self.geo.max_file_bytes()
+                    ),
+                )
+            })?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let old_size = inode.size.load(Acquire);
+        self.zero_range(ino, old_size, offset)?;
+        let mut done = 0usize;
+        let mut err = None;
+        while done < buf.len() {
+            let pos = offset + done as u64;
+            let idx = pos / cs;
+            let within = pos % cs;
+            let n = ((cs - within) as usize).min(buf.len() - done);
+            let part = &buf[done..done + n];
+            match self.map_lookup(ino, idx) {
+                Some(c) => self.chunk_write(c, within, part)?,
+                None => {
+                    let c = match self.alloc_chunk(ino, idx as u32) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    };
+                    // A fresh chunk holds stale bytes: zero what will lie inside the file
+                    // but is not covered by this write.
+                    let start = idx * cs;
+                    let valid_end = (old_size.max(end).min(start + cs)) - start;
+                    let filled = self
+                        .chunk_zero(c, 0, within)
+                        .and_then(|_| self.chunk_write(c, within, part))
+                        .and_then(|_| self.chunk_zero(c, within + n as u64, valid_end));
+                    if let Err(e) = filled.and_then(|_| self.map_insert(ino, idx, c)) {
+                        // Never published: give the chunk back (repair would find it too).
+                        let _ = self.free_chunks(&[c]);
+                        err = Some(e);
+                        break;
+                    }
+                    if self.is_spill(c) {
+                        inode.chunks_spill.fetch_add(1, Relaxed);
+                    } else {
+                        inode.chunks_mem.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            done += n;
+        }
+        if done > 0 {
+            let new_end = offset + done as u64;
+            if new_end > old_size {
+                inode.size.store(new_end, Release);
+            }
+            let now = now_ns();
+            inode.mtime.store(now, Relaxed);
+            inode.ctime.store(now, Relaxed);
+        }
+        match err {
+            Some(e) if done == 0 => Err(e),
+            _ => Ok(done),
+        }
+    }
+
+    /// Reads into `buf` from `offset`; holes read as zeros. No lock: see map_lookup.
+    pub(crate) fn read(&self, ino: u32, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let cs = self.geo.chunk_size;
+        let size = self.inode(ino).size.load(Acquire);
+        if offset >= size {
+            return Ok(0);
+        }
+        let total = (buf.len() as u64).min(size - offset) as usize;
+        let mut done = 0;
+        while done < total {
+            let pos = offset + done as u64;
+            let within = pos % cs;
+            let n = ((cs - within) as usize).min(total - done);
+            let out = &mut buf[done..done + n];
+            match self.map_lookup(ino, pos / cs) {
+                Some(c) => self.chunk_read(c, within, out)?,
+                None => out.fill(0),
+            }
+            done += n;
+        }
+        Ok(total)
+    }
+
+    /// Sets the file size (inode lock held): shrinking frees whole chunks past the end at once;
+    /// growing makes the new range read as zeros.
+    pub(crate) fn set_len_locked(&self, ino: u32, len: u64) -> Result<()> {
+        if len > self.geo.max_file_bytes() {
+            return Err(Error::new(
+                libc::EFBIG,
+                format!("size {len} exceeds the file size limit"),
+            ));
+        }
+        let inode = self.inode(ino);
+        let old = inode.size.load(Acquire);
+        if len < old {
+            inode.size.store(len, Release); // publish the new end first: never covers freed data
+            self.map_truncate(ino, len.div_ceil(self.geo.chunk_size))?;
+        } else if len > old {
+            self.zero_range(ino, old, len)?;
+            inode.size.store(len, Release);
+        }
+        let now = now_ns();
+        inode.mtime.store(now, Relaxed);
+        inode.ctime.store(now, Relaxed);
+        Ok(())
+    }
+
+    pub(crate) fn chunk_infos(&self, ino: u32) -> Vec<ChunkInfo> {
+        let cs = self.geo.chunk_size;
+        let size = self.inode(ino).size.load(Acquire);
+        let mut out = Vec::new();
+        self.for_each_chunk(ino, 0, size.div_ceil(cs), &mut |idx, c| {
+            let location = if self.is_spill(c) {
+                ChunkLocation::Spill {
+                    offset: self.spill_offset(c),
+                }
+            } else {
+                ChunkLocation::Memory {
+                    offset: c as u64 * cs,
+                }
+            };
+            out.push(ChunkInfo {
+                index: idx,
+                chunk_id: c,
+                location,
+                length: cs.min(size - idx * cs),
+            });
+        });
+        out
+    }
+
+    pub(crate) fn sync_spill(&self) -> Result<()> {
+        if let Some(s) = &self.spill {
+            if self.spill_dirty.swap(false, Relaxed) {
+                s.file
+                    .sync_data()
+                    .map_err(|e| Error::from_io(&e, format!("spill file {}", s.path.display())))?;
+            }
+        }
+        Ok(())
+    }
+}

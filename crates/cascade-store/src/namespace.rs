@@ -1,0 +1,445 @@
+//! Directories and names.
+//!
+//! Authority: each inode's `state`, `gen` and `link` words and its current name slot. A
+//! namespace change publishes itself with one atomic store (state for create/remove, link for
+//! rename), so a crash leaves it either done or not done. The name-hash index, the sibling
+//! lists used for listing, and the free-inode stack are derived: they change only under the
+//! namespace lock and are rebuilt when a holder of that lock died. The one change that needs
+//! two stores, rename over an existing name, is covered by a one-entry redo journal.
+
+use crate::alloc::EnospcReason;
+use crate::block::{now_ns, Block};
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::lock::LockGuard;
+use crate::types::{DirEntry, FileKind};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+/// Splits a store path into components, resolving "." and ".." lexically.
+pub(crate) fn parse_path(path: &str) -> Result<Vec<&str>> {
+    if path.len() > PATH_MAX {
+        return Err(Error::new(
+            libc::ENAMETOOLONG,
+            format!("path of {} bytes", path.len()),
+        ));
+    }
+    let mut comps = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                comps.pop();
+            }
+            name => {
+                if name.len() > NAME_MAX {
+                    return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
+                }
+                if name.contains('\0') {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!("{path:?} contains a NUL byte"),
+                    ));
+                }
+                comps.push(name);
+            }
+        }
+    }
+    Ok(comps)
+}
+
+/// FNV-1a over (parent, name): fixed and documented, since every build must agree.
+fn name_hash(parent: u32, name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in parent.to_le_bytes().iter().chain(name) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn kind_of(state: u32) -> FileKind {
+    if state == INODE_DIR {
+        FileKind::Dir
+    } else {
+        FileKind::File
+    }
+}
+
+impl Block {
+    pub(crate) fn lock_ns(&self) -> Result<LockGuard<'_>> {
+        let mut g = self.header().ns_lock.lock()?;
+        if g.recovered() {
+            self.recover_namespace()?;
+            g.mark_consistent();
+        }
+        Ok(g)
+    }
+
+    /// The current name of a live inode (namespace lock held).
+    pub(crate) fn name_of(&self, ino: u32) -> Vec<u8> {
+        let link = self.inode(ino).link.load(Acquire);
+        let len = link_len(link).min(NAME_MAX);
+        let mut v = vec![0u8; len];
+        // SAFETY: the name slot holds 256 bytes; names change only under the namespace lock,
+        // which the caller holds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.name_ptr(ino, link_slot(link)), v.as_mut_ptr(), len)
+        };
+        v
+    }
+
+    fn home(&self, ino: u32) -> usize {
+        let parent = link_parent(self.inode(ino).link.load(Acquire));
+        (name_hash(parent, &self.name_of(ino)) as usize) & (self.geo.hash_slots as usize - 1)
+    }
+
+    /// Looks up `name` in directory `dir` (namespace lock held).
+    pub(crate) fn lookup(&self, dir: u32, name: &str) -> Option<u32> {
+        let slots = self.hash_slots();
+        let mask = slots.len() - 1;
+        let mut i = (name_hash(dir, name.as_bytes()) as usize) & mask;
+        loop {
+            let v = slots[i].load(Relaxed);
+            if v == 0 {
+                return None;
+            }
+            let ino = v - 1;
+            if ino < self.geo.max_inodes {
+                let inode = self.inode(ino);
+                if inode.state.load(Acquire) != INODE_FREE
+                    && link_parent(inode.link.load(Acquire)) == dir
+                    && self.name_of(ino) == name.as_bytes()
+                {
+                    return Some(ino);
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    fn hash_insert(&self, ino: u32) {
+        let slots = self.hash_slots();
+        let mask = slots.len() - 1;
+        let mut i = self.home(ino);
+        while slots[i].load(Relaxed) != 0 {
+            i = (i + 1) & mask;
+        }
+        slots[i].store(ino + 1, Relaxed);
+    }
+
+    /// Removes `ino` from the index with backward-shift deletion (no tombstones, so lookups
+    /// never slow down as files come and go).
+    fn hash_remove(&self, ino: u32) {
+        let slots = self.hash_slots();
+        let mask = slots.len() - 1;
+        let mut i = self.home(ino);
+        loop {
+            match slots[i].load(Relaxed) {
+                0 => return,
+                v if v == ino + 1 => break,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let v = slots[j].load(Relaxed);
+            if v == 0 {
+                break;
+            }
+            let k = self.home(v - 1);
+            // Move the entry at j back to the hole at i unless its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < k && k <= j
+            } else {
+                i < k || k <= j
+            };
+            if !stays {
+                slots[i].store(v, Relaxed);
+                i = j;
+            }
+        }
+        slots[i].store(0, Relaxed);
+    }
+
+    fn sibling_insert(&self, dir: u32, ino: u32) {
+        let d = self.inode(dir);
+        let first = d.first_child.load(Relaxed);
+        let n = self.inode(ino);
+        n.prev_sibling.store(NIL, Relaxed);
+        n.next_sibling.store(first, Relaxed);
+        if first != NIL {
+            self.inode(first).prev_sibling.store(ino, Relaxed);
+        }
+        d.first_child.store(ino, Relaxed);
+    }
+
+    fn sibling_remove(&self, dir: u32, ino: u32) {
+        let n = self.inode(ino);
+        let prev = n.prev_sibling.load(Relaxed);
+        let next = n.next_sibling.load(Relaxed);
+        if prev == NIL {
+            self.inode(dir).first_child.store(next, Relaxed);
+        } else {
+            self.inode(prev).next_sibling.store(next, Relaxed);
+        }
+        if next != NIL {
+            self.inode(next).prev_sibling.store(prev, Relaxed);
+        }
+    }
+
+    /// Rebuilds the hash index, sibling lists and free-inode stack from the inode table.
+    pub(crate) fn rebuild_namespace_index(&self) {
+        for s in self.hash_slots() {
+            s.store(0, Relaxed);
+        }
+        for ino in 0..self.geo.max_inodes {
+            self.inode(ino).first_child.store(NIL, Relaxed);
+        }
+        let mut free_top = 0;
+        for ino in (0..self.geo.max_inodes).rev() {
+            let state = self.inode(ino).state.load(Acquire);
+            if ino == ROOT_INO {
+                continue;
+            }
+            if state == INODE_FREE {
+                self.free_inode_stack()[free_top].store(ino, Relaxed);
+                free_top += 1;
+            } else {
+                self.hash_insert(ino);
+                let parent = link_parent(self.inode(ino).link.load(Acquire));
+                if parent < self.geo.max_inodes {
+                    self.sibling_insert(parent, ino);
+                }
+            }
+        }
+        self.header().free_inode_top.store(free_top as u32, Release);
+    }
+
+    /// Repairs the namespace after a holder of its lock died: finish a journaled rename,
+    /// rebuild the derived structures, and free chunks still owned by removed inodes.
+    fn recover_namespace(&self) -> Result<()> {
+        let h = self.header();
+        if h.rj_valid.load(Acquire) != 0 {
+            let src = h.rj_src.load(Relaxed);
+            let victim = h.rj_victim.load(Relaxed);
+            if src < self.geo.max_inodes
+                && victim < self.geo.max_inodes
+                && self.inode(src).link.load(Acquire) == h.rj_link.load(Relaxed)
+            {
+                // The rename was published: complete it by removing the replaced inode.
+                self.inode(victim).state.store(INODE_FREE, Release);
+            }
+            h.rj_valid.store(0, Release);
+        }
+        self.rebuild_namespace_index();
+        self.sweep_removed_inodes()
+    }
+
+    /// Resolves a path to an inode (namespace lock held).
+    pub(crate) fn resolve(&self, path: &str) -> Result<u32> {
+        let comps = parse_path(path)?;
+        self.resolve_comps(&comps, path)
+    }
+
+    fn resolve_comps(&self, comps: &[&str], path: &str) -> Result<u32> {
+        let mut cur = ROOT_INO;
+        for c in comps {
+            if self.inode(cur).state.load(Acquire) != INODE_DIR {
+                return Err(Error::new(libc::ENOTDIR, path.to_string()));
+            }
+            cur = self
+                .lookup(cur, c)
+                .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
+        }
+        Ok(cur)
+    }
+
+    /// Resolves all but the last component; returns (parent dir, last name). The root itself
+    /// has no parent: `None` for the name.
+    pub(crate) fn resolve_parent<'p>(&self, path: &'p str) -> Result<(u32, Option<&'p str>)> {
+        let comps = parse_path(path)?;
+        let Some((last, dirs)) = comps.split_last() else {
+            return Ok((ROOT_INO, None));
+        };
+        let parent = self.resolve_comps(dirs, path)?;
+        if self.inode(parent).state.load(Acquire) != INODE_DIR {
+            return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        }
+        Ok((parent, Some(last)))
+    }
+
+    /// Creates a file or directory `name` in `parent` (namespace lock held, name absent).
+    pub(crate) fn create_inode(
+        &self,
+        parent: u32,
+        name: &str,
+        state: u32,
+        mode: u32,
+    ) -> Result<u32> {
+        let h = self.header();
+        let top = h.free_inode_top.load(Relaxed);
+        if top == 0 {
+            return Err(self.record_enospc(EnospcReason::FileTableFull));
+        }
+        let ino = self.free_inode_stack()[top as usize - 1].load(Relaxed);
+        h.free_inode_top.store(top - 1, Release);
+        let inode = self.inode(ino);
+        // Taking the inode's lock repairs leftovers of a previous incarnation if needed.
+        let _g = self.lock_inode(ino)?;
+        let now = now_ns();
+        inode.gen.fetch_add(1, Relaxed);
+        inode.size.store(0, Relaxed);
+        inode.map.store(0, Relaxed);
+        inode.mode.store(mode & 0o7777, Relaxed);
+        // SAFETY: geteuid/getegid cannot fail.
+        inode.uid.store(unsafe { libc::geteuid() }, Relaxed);
+        // SAFETY: as above.
+        inode.gid.store(unsafe { libc::getegid() }, Relaxed);
+        inode.chunks_mem.store(0, Relaxed);
+        inode.chunks_spill.store(0, Relaxed);
+        for t in [&inode.atime, &inode.mtime, &inode.ctime] {
+            t.store(now, Relaxed);
+        }
+        inode.first_child.store(NIL, Relaxed);
+        // SAFETY: the slot holds 256 bytes and name.len() <= NAME_MAX (checked by parse_path);
+        // the inode is FREE, so nobody reads this slot.
+        unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), self.name_ptr(ino, 0), name.len()) };
+        inode.link.store(pack_link(parent, name.len(), 0), Release);
+        inode.state.store(state, Release); // publish
+        self.hash_insert(ino);
+        self.sibling_insert(parent, ino);
+        self.touch_dir(parent, now);
+        Ok(ino)
+    }
+
+    fn touch_dir(&self, dir: u32, now: i64) {
+        let d = self.inode(dir);
+        d.mtime.store(now, Relaxed);
+        d.ctime.store(now, Relaxed);
+    }
+
+    /// Removes a file or empty directory (namespace lock held), freeing its data.
+    pub(crate) fn remove_inode(&self, parent: u32, ino: u32) -> Result<()> {
+        {
+            let _g = self.lock_inode(ino)?;
+            self.inode(ino).state.store(INODE_FREE, Release); // publish
+            self.free_file_data(ino)?;
+        }
+        self.detach_index(parent, ino);
+        self.touch_dir(parent, now_ns());
+        Ok(())
+    }
+
+    /// Takes a removed inode out of the derived structures and returns it to the free stack.
+    fn detach_index(&self, parent: u32, ino: u32) {
+        self.hash_remove(ino);
+        self.sibling_remove(parent, ino);
+        let h = self.header();
+        let top = h.free_inode_top.load(Relaxed);
+        self.free_inode_stack()[top as usize].store(ino, Relaxed);
+        h.free_inode_top.store(top + 1, Release);
+    }
+
+    pub(crate) fn list_dir(&self, dir: u32) -> Vec<DirEntry> {
+        let mut out = Vec::new();
+        let mut cur = self.inode(dir).first_child.load(Relaxed);
+        let mut guard = 0u64;
+        while cur != NIL && guard <= self.geo.max_inodes as u64 {
+            let inode = self.inode(cur);
+            out.push(DirEntry {
+                name: String::from_utf8_lossy(&self.name_of(cur)).into_owned(),
+                ino: cur as u64,
+                kind: kind_of(inode.state.load(Acquire)),
+            });
+            cur = inode.next_sibling.load(Relaxed);
+            guard += 1;
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// True if `ino` is `ancestor` or lies below it.
+    fn is_within(&self, mut ino: u32, ancestor: u32) -> bool {
+        for _ in 0..=self.geo.max_inodes {
+            if ino == ancestor {
+                return true;
+            }
+            if ino == ROOT_INO {
+                return false;
+            }
+            ino = link_parent(self.inode(ino).link.load(Acquire));
+        }
+        false
+    }
+
+    /// Atomic rename (namespace lock held).
+    pub(crate) fn rename_locked(&self, from: &str, to: &str) -> Result<()> {
+        let (src_dir, src_name) = self.resolve_parent(from)?;
+        let src_name =
+            src_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot rename the root directory"))?;
+        let src = self
+            .lookup(src_dir, src_name)
+            .ok_or_else(|| Error::new(libc::ENOENT, from.to_string()))?;
+        let (dst_dir, dst_name) = self.resolve_parent(to)?;
+        let dst_name =
+            dst_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot replace the root directory"))?;
+        let src_is_dir = self.inode(src).state.load(Acquire) == INODE_DIR;
+        if src_is_dir && self.is_within(dst_dir, src) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("cannot move {from} into itself ({to})"),
+            ));
+        }
+        let victim = self.lookup(dst_dir, dst_name);
+        if victim == Some(src) {
+            return Ok(());
+        }
+        if let Some(v) = victim {
+            let v_is_dir = self.inode(v).state.load(Acquire) == INODE_DIR;
+            match (src_is_dir, v_is_dir) {
+                (true, false) => return Err(Error::new(libc::ENOTDIR, to.to_string())),
+                (false, true) => return Err(Error::new(libc::EISDIR, to.to_string())),
+                (true, true) if self.inode(v).first_child.load(Relaxed) != NIL => {
+                    return Err(Error::new(libc::ENOTEMPTY, to.to_string()))
+                }
+                _ => {}
+            }
+        }
+        let inode = self.inode(src);
+        let old_link = inode.link.load(Acquire);
+        let slot = 1 - link_slot(old_link);
+        // SAFETY: the inactive slot holds 256 bytes, dst_name.len() <= NAME_MAX, and only
+        // namespace-lock holders read names.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                dst_name.as_ptr(),
+                self.name_ptr(src, slot),
+                dst_name.len(),
+            )
+        };
+        let new_link = pack_link(dst_dir, dst_name.len(), slot as u32);
+        let h = self.header();
+        if let Some(v) = victim {
+            h.rj_src.store(src, Relaxed);
+            h.rj_victim.store(v, Relaxed);
+            h.rj_link.store(new_link, Relaxed);
+            h.rj_valid.store(1, Release);
+        }
+        // Derived structures are keyed by the current name: take the entry out first.
+        self.hash_remove(src);
+        self.sibling_remove(src_dir, src);
+        inode.link.store(new_link, Release); // publish
+        if let Some(v) = victim {
+            self.remove_inode(dst_dir, v)?;
+            h.rj_valid.store(0, Release);
+        }
+        self.hash_insert(src);
+        self.sibling_insert(dst_dir, src);
+        let now = now_ns();
+        inode.ctime.store(now, Relaxed);
+        self.touch_dir(src_dir, now);
+        self.touch_dir(dst_dir, now);
+        Ok(())
+    }
+}

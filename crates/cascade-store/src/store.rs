@@ -1,0 +1,567 @@
+//! The public API: [`Store`] (an attached block) and [`File`] (an open file in it).
+
+use crate::alloc::EnospcReason;
+use crate::block::{process_alive, Block};
+use crate::error::{Error, Result};
+use crate::layout::*;
+use crate::namespace::parse_path;
+use crate::types::*;
+use crate::OpenOptions;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::Arc;
+
+/// A node store attached in this process. Cheap to clone; detaches when the last clone and
+/// the last [`File`] are dropped (the block itself lives on until destroyed).
+#[derive(Clone)]
+pub struct Store {
+    block: Arc<Block>,
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.wait_prefault();
+        let _ = self.sync_spill();
+        self.release_lease();
+    }
+}
+
+fn kind(state: u32) -> FileKind {
+    if state == INODE_DIR {
+        FileKind::Dir
+    } else {
+        FileKind::File
+    }
+}
+
+impl Store {
+    /// Creates a new store; EEXIST if one with this name exists.
+    pub fn create(cfg: &StoreConfig) -> Result<Store> {
+        Ok(Store {
+            block: Arc::new(Block::create(cfg)?),
+        })
+    }
+
+    /// Attaches an existing store.
+    pub fn attach(name: &str) -> Result<Store> {
+        Ok(Store {
+            block: Arc::new(Block::attach(name)?),
+        })
+    }
+
+    /// Attaches the store if it exists (its parameters must match `cfg`), else creates it.
+    pub fn attach_or_create(cfg: &StoreConfig) -> Result<Store> {
+        match Store::attach(&cfg.name) {
+            Ok(store) => {
+                let have = store.config();
+                let spill_differs = match (&have.spill, &cfg.spill) {
+                    (None, None) => false,
+                    (Some(a), Some(b)) => {
+                        a.path != b.path || a.size != b.size / cfg.chunk_size * cfg.chunk_size
+                    }
+                    (None, Some(b)) => b.size >= cfg.chunk_size,
+                    (Some(_), None) => true,
+                };
+                if have.chunk_size != cfg.chunk_size
+                    || have.capacity != cfg.capacity / cfg.chunk_size.max(1) * cfg.chunk_size
+                    || have.max_files != cfg.max_files
+                    || spill_differs
+                {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!(
+                            "store {} exists with different parameters (capacity {}, chunk size {}, max files {}); destroy it first or use its parameters",
+                            cfg.name, have.capacity, have.chunk_size, have.max_files
+                        ),
+                    ));
+                }
+                Ok(store)
+            }
+            Err(e) if e.errno() == libc::ENOENT => match Store::create(cfg) {
+                // Someone else created it in between: attach to theirs.
+                Err(e) if e.errno() == libc::EEXIST => Store::attach(&cfg.name),
+                other => other,
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the store and its spill file. EBUSY while live processes are attached.
+    pub fn destroy(name: &str) -> Result<()> {
+        Block::destroy(name, false)
+    }
+
+    /// Removes the store even if processes are attached (their mappings stay valid until
+    /// they exit, but nobody new can attach).
+    pub fn destroy_forced(name: &str) -> Result<()> {
+        Block::destroy(name, true)
+    }
+
+    pub fn exists(name: &str) -> bool {
+        match std::ffi::CString::new(name) {
+            Ok(c) => {
+                // SAFETY: valid C string; the fd is closed right away.
+                let fd = unsafe { libc::shm_open(c.as_ptr(), libc::O_RDONLY, 0) };
+                if fd >= 0 {
+                    // SAFETY: fd was just opened by us.
+                    unsafe { libc::close(fd) };
+                }
+                fd >= 0
+            }
+            Err(_) => false,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.block.name
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.block.geo.chunk_size
+    }
+
+    /// The parameters recorded in the block's header.
+    pub fn config(&self) -> StoreConfig {
+        let g = &self.block.geo;
+        StoreConfig {
+            name: self.block.name.clone(),
+            capacity: g.mem_chunks as u64 * g.chunk_size,
+            chunk_size: g.chunk_size,
+            max_files: g.max_inodes,
+            spill: self.block.spill.as_ref().map(|s| SpillConfig {
+                path: s.path.clone(),
+                size: g.spill_chunks as u64 * g.chunk_size,
+            }),
+            prefault: if self.block.header().prefaulted.load(Relaxed) > 0 {
+                Prefault::Foreground
+            } else {
+                Prefault::Off
+            },
+        }
+    }
+
+    /// Largest file size this store allows.
+    pub fn max_file_size(&self) -> u64 {
+        self.block.geo.max_file_bytes()
+    }
+
+    pub fn spill_path(&self) -> Option<PathBuf> {
+        self.block.spill.as_ref().map(|s| s.path.clone())
+    }
+
+    /// Blocks until this process's prefault/populate threads are done.
+    pub fn wait_prefault(&self) {
+        self.block.wait_prefault();
+    }
+
+    pub fn data_region(&self) -> DataRegion {
+        let g = &self.block.geo;
+        DataRegion {
+            addr: self.block.data_ptr(),
+            len: (g.mem_chunks as u64 * g.chunk_size) as usize,
+        }
+    }
+
+    // ---- namespace ------------------------------------------------------------------------
+
+    pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let (parent, name) = b.resolve_parent(path)?;
+        let name = name.ok_or_else(|| Error::new(libc::EEXIST, path.to_string()))?;
+        if b.lookup(parent, name).is_some() {
+            return Err(Error::new(libc::EEXIST, path.to_string()));
+        }
+        b.create_inode(parent, name, INODE_DIR, mode).map(|_| ())
+    }
+
+    pub fn create_dir_all(&self, path: &str, mode: u32) -> Result<()> {
+        let comps = parse_path(path)?;
+        let mut prefix = String::new();
+        for c in comps {
+            prefix.push('/');
+            prefix.push_str(c);
+            match self.mkdir(&prefix, mode) {
+                Ok(()) => {}
+                Err(e) if e.errno() == libc::EEXIST => {
+                    if !self.stat(&prefix)?.is_dir() {
+                        return Err(Error::new(libc::ENOTDIR, prefix));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn open(&self, path: &str, opts: &OpenOptions) -> Result<File> {
+        let b = &self.block;
+        let writable = opts.write || opts.append;
+        let ino = {
+            let _g = b.lock_ns()?;
+            let (parent, name) = b.resolve_parent(path)?;
+            let existing = match name {
+                None => Some(ROOT_INO),
+                Some(n) => b.lookup(parent, n),
+            };
+            match (existing, name) {
+                (Some(_), _) if opts.create_new => {
+                    return Err(Error::new(libc::EEXIST, path.to_string()))
+                }
+                (Some(ino), _) => {
+                    if b.inode(ino).state.load(Acquire) == INODE_DIR && (writable || opts.truncate)
+                    {
+                        return Err(Error::new(libc::EISDIR, path.to_string()));
+                    }
+                    ino
+                }
+                (None, Some(n)) if opts.create || opts.create_new => {
+                    b.create_inode(parent, n, INODE_FILE, opts.mode)?
+                }
+                _ => return Err(Error::new(libc::ENOENT, path.to_string())),
+            }
+        };
+        let gen = b.inode(ino).gen.load(Acquire);
+        let file = File {
+            block: self.block.clone(),
+            ino,
+            gen,
+            writable,
+            append: opts.append,
+            wrote_spill: AtomicBool::new(false),
+        };
+        if opts.truncate && writable {
+            file.set_len(0)?;
+        }
+        Ok(file)
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Metadata> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let ino = b.resolve(path)?;
+        Ok(self.metadata_of(ino))
+    }
+
+    fn metadata_of(&self, ino: u32) -> Metadata {
+        let i = self.block.inode(ino);
+        Metadata {
+            ino: ino as u64,
+            kind: kind(i.state.load(Acquire)),
+            size: i.size.load(Acquire),
+            mode: i.mode.load(Relaxed),
+            uid: i.uid.load(Relaxed),
+            gid: i.gid.load(Relaxed),
+            atime: i.atime.load(Relaxed),
+            mtime: i.mtime.load(Relaxed),
+            ctime: i.ctime.load(Relaxed),
+            chunks_in_memory: i.chunks_mem.load(Relaxed) as u64,
+            chunks_spilled: i.chunks_spill.load(Relaxed) as u64,
+            chunk_size: self.block.geo.chunk_size,
+        }
+    }
+
+    pub fn read_dir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let ino = b.resolve(path)?;
+        if b.inode(ino).state.load(Acquire) != INODE_DIR {
+            return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        }
+        Ok(b.list_dir(ino))
+    }
+
+    pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let _g = self.block.lock_ns()?;
+        self.block.rename_locked(from, to)
+    }
+
+    pub fn unlink(&self, path: &str) -> Result<()> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let (parent, name) = b.resolve_parent(path)?;
+        let name = name.ok_or_else(|| Error::new(libc::EISDIR, path.to_string()))?;
+        let ino = b
+            .lookup(parent, name)
+            .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
+        if b.inode(ino).state.load(Acquire) == INODE_DIR {
+            return Err(Error::new(libc::EISDIR, path.to_string()));
+        }
+        b.remove_inode(parent, ino)
+    }
+
+    pub fn rmdir(&self, path: &str) -> Result<()> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let (parent, name) = b.resolve_parent(path)?;
+        let name =
+            name.ok_or_else(|| Error::new(libc::EBUSY, "cannot remove the root directory"))?;
+        let ino = b
+            .lookup(parent, name)
+            .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
+        let inode = b.inode(ino);
+        if inode.state.load(Acquire) != INODE_DIR {
+            return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        }
+        if inode.first_child.load(Relaxed) != NIL {
+            return Err(Error::new(libc::ENOTEMPTY, path.to_string()));
+        }
+        b.remove_inode(parent, ino)
+    }
+
+    pub fn truncate(&self, path: &str, len: u64) -> Result<()> {
+        self.open(path, &OpenOptions::new().write(true))?
+            .set_len(len)
+    }
+
+    /// Runs `f` on the inode at `path` under the namespace lock (attribute changes).
+    fn with_inode(&self, path: &str, f: impl FnOnce(&Inode)) -> Result<()> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let ino = b.resolve(path)?;
+        let inode = b.inode(ino);
+        f(inode);
+        inode.ctime.store(crate::block::now_ns(), Relaxed);
+        Ok(())
+    }
+
+    pub fn set_mode(&self, path: &str, mode: u32) -> Result<()> {
+        self.with_inode(path, |i| i.mode.store(mode & 0o7777, Relaxed))
+    }
+
+    pub fn set_owner(&self, path: &str, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        self.with_inode(path, |i| {
+            if let Some(u) = uid {
+                i.uid.store(u, Relaxed);
+            }
+            if let Some(g) = gid {
+                i.gid.store(g, Relaxed);
+            }
+        })
+    }
+
+    pub fn set_times(
+        &self,
+        path: &str,
+        atime: Option<TimeNs>,
+        mtime: Option<TimeNs>,
+    ) -> Result<()> {
+        self.with_inode(path, |i| {
+            if let Some(t) = atime {
+                i.atime.store(t, Relaxed);
+            }
+            if let Some(t) = mtime {
+                i.mtime.store(t, Relaxed);
+            }
+        })
+    }
+
+    pub fn chunk_list(&self, path: &str) -> Result<Vec<ChunkInfo>> {
+        self.open(path, &OpenOptions::new())?.chunk_list()
+    }
+
+    // ---- status and verification ----------------------------------------------------------
+
+    /// A snapshot of occupancy (no locks taken: numbers may lag a concurrent writer).
+    pub fn status(&self) -> Status {
+        let b = &self.block;
+        let g = &b.geo;
+        let h = b.header();
+        let (mut mem_used, mut spill_used, mut leased_chunks) = (0u64, 0u64, 0u64);
+        for (c, st) in b.chunk_states().iter().enumerate() {
+            match state_tag(st.load(Relaxed)) {
+                TAG_USED if b.is_spill(c as u32) => spill_used += 1,
+                TAG_USED => mem_used += 1,
+                TAG_LEASED => leased_chunks += 1,
+                _ => {}
+            }
+        }
+        let (mut files, mut dirs) = (0, 0);
+        for ino in 0..g.max_inodes {
+            match b.inode(ino).state.load(Relaxed) {
+                INODE_FILE => files += 1,
+                INODE_DIR => dirs += 1,
+                _ => {}
+            }
+        }
+        let map_nodes_used = b
+            .node_states()
+            .iter()
+            .filter(|s| s.load(Relaxed) != 0)
+            .count() as u64;
+        let mut attached_pids = Vec::new();
+        for s in 0..g.lease_slots {
+            let slot = b.lease_slot(s);
+            let pid = slot.pid.load(Acquire);
+            if pid != 0 && process_alive(pid, slot.start_time.load(Relaxed)) {
+                attached_pids.push(pid);
+            }
+        }
+        let last_enospc =
+            EnospcReason::from_code(h.enospc_reason.load(Acquire)).map(|r| EnospcRecord {
+                time: h.enospc_time.load(Relaxed),
+                pid: h.enospc_pid.load(Relaxed),
+                reason: r.describe().to_string(),
+            });
+        Status {
+            name: b.name.clone(),
+            block_bytes: g.block_size,
+            chunk_size: g.chunk_size,
+            memory_capacity: g.mem_chunks as u64 * g.chunk_size,
+            memory_used: mem_used * g.chunk_size,
+            spill_path: self.spill_path(),
+            spill_capacity: g.spill_chunks as u64 * g.chunk_size,
+            spill_used: spill_used * g.chunk_size,
+            leased_bytes: leased_chunks * g.chunk_size,
+            files,
+            dirs,
+            max_files: g.max_inodes as u64,
+            map_nodes_used,
+            map_nodes_total: g.map_nodes as u64,
+            attached_pids,
+            created: h.created_ns,
+            prefaulted_bytes: h.prefaulted.load(Acquire),
+            last_enospc,
+        }
+    }
+
+    /// Checks every invariant of the block (see docs/store-layout.md); with `repair`, frees
+    /// what crashes leaked. Takes the store's locks in turn, so it can run beside writers.
+    pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
+        crate::fsck::run(&self.block, repair)
+    }
+
+    /// For tests and tools: size of this process's mapping of the block.
+    pub fn block_bytes(&self) -> usize {
+        self.block.mapping_len()
+    }
+}
+
+/// An open file of a [`Store`]. Dropping it ("close") makes spilled data durable.
+pub struct File {
+    block: Arc<Block>,
+    ino: u32,
+    gen: u32,
+    writable: bool,
+    append: bool,
+    wrote_spill: AtomicBool,
+}
+
+impl File {
+    /// Checks that the file still exists (it may have been unlinked or replaced meanwhile).
+    fn check_live(&self) -> Result<()> {
+        let i = self.block.inode(self.ino);
+        if i.state.load(Acquire) == INODE_FREE || i.gen.load(Acquire) != self.gen {
+            return Err(Error::new(libc::ESTALE, "the file was removed while open"));
+        }
+        Ok(())
+    }
+
+    fn check_file(&self) -> Result<()> {
+        self.check_live()?;
+        if self.block.inode(self.ino).state.load(Acquire) == INODE_DIR {
+            return Err(Error::new(libc::EISDIR, "is a directory"));
+        }
+        Ok(())
+    }
+
+    pub fn ino(&self) -> u64 {
+        self.ino as u64
+    }
+
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.check_file()?;
+        self.block.read(self.ino, buf, offset)
+    }
+
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::new(libc::EBADF, "file not open for writing"));
+        }
+        let _g = self.block.lock_inode(self.ino)?;
+        self.check_file()?;
+        let offset = if self.append {
+            self.block.inode(self.ino).size.load(Acquire)
+        } else {
+            offset
+        };
+        let n = self.block.write_locked(self.ino, buf, offset)?;
+        if self.block.spill.is_some() && self.block.spill_dirty.load(Relaxed) {
+            self.wrote_spill.store(true, Relaxed);
+        }
+        Ok(n)
+    }
+
+    pub fn write_all_at(&self, mut buf: &[u8], mut offset: u64) -> Result<()> {
+        while !buf.is_empty() {
+            let n = self.write_at(buf, offset)?;
+            buf = &buf[n..];
+            offset += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Appends atomically (against other appenders); returns the offset written at.
+    pub fn append(&self, buf: &[u8]) -> Result<u64> {
+        if !self.writable {
+            return Err(Error::new(libc::EBADF, "file not open for writing"));
+        }
+        let _g = self.block.lock_inode(self.ino)?;
+        self.check_file()?;
+        let at = self.block.inode(self.ino).size.load(Acquire);
+        let n = self.block.write_locked(self.ino, buf, at)?;
+        if n < buf.len() {
+            // Keep appends all-or-nothing: undo the partial tail.
+            self.block.set_len_locked(self.ino, at)?;
+            return Err(Error::new(libc::ENOSPC, "append did not fit"));
+        }
+        Ok(at)
+    }
+
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(libc::EBADF, "file not open for writing"));
+        }
+        let _g = self.block.lock_inode(self.ino)?;
+        self.check_file()?;
+        self.block.set_len_locked(self.ino, len)
+    }
+
+    /// Makes spilled data of this store durable in the spill file (memory chunks need nothing:
+    /// they live as long as the node does).
+    pub fn sync(&self) -> Result<()> {
+        self.block.sync_spill()
+    }
+
+    pub fn metadata(&self) -> Result<Metadata> {
+        self.check_live()?;
+        Ok(Store {
+            block: self.block.clone(),
+        }
+        .metadata_of(self.ino))
+    }
+
+    pub fn len(&self) -> Result<u64> {
+        self.check_live()?;
+        Ok(self.block.inode(self.ino).size.load(Acquire))
+    }
+
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Where each chunk of the file lives (the paper's get_chunk_meta_list).
+    pub fn chunk_list(&self) -> Result<Vec<ChunkInfo>> {
+        self.check_file()?;
+        Ok(self.block.chunk_infos(self.ino))
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        if self.wrote_spill.load(Relaxed) {
+            let _ = self.block.sync_spill();
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Unit tests of the allocator, the chunk maps and the namespace, on real blocks in /dev/shm.
+
+use crate::*;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A store that is destroyed when the test ends, pass or fail.
+struct TestStore {
+    store: Option<Store>,
+    name: String,
+    _dir: Option<std::path::PathBuf>,
+}
+
+impl std::ops::Deref for TestStore {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        self.store.as_ref().expect("store")
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        self.store.take();
+        let _ = Store::destroy(&self.name);
+        if let Some(d) = &self._dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+fn cfg(capacity: u64, chunk: u64, spill: u64) -> (StoreConfig, Option<std::path::PathBuf>) {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let name = format!("/cascade-unit-{}-{n}", std::process::id());
+    let dir = (spill > 0).then(|| {
+        let d = std::env::temp_dir().join(format!("cascade-unit-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("tempdir");
+        d
+    });
+    let cfg = StoreConfig {
+        name,
+        capacity,
+        chunk_size: chunk,
+        max_files: 64,
+        spill: dir.as_ref().map(|d| SpillConfig {
+            path: d.join("spill"),
+            size: spill,
+        }),
+        prefault: Prefault::Off,
+    };
+    (cfg, dir)
+}
+
+fn store(capacity: u64, chunk: u64, spill: u64) -> TestStore {
+    let (cfg, dir) = cfg(capacity, chunk, spill);
+    TestStore {
+        store: Some(Store::create(&cfg).expect("create")),
+        name: cfg.name,
+        _dir: dir,
+    }
+}
+
+fn rw() -> OpenOptions {
+    OpenOptions::new().read(true).write(true).create(true)
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i % 251) as u8))
+        .collect()
+}
+
+fn read_all(f: &File) -> Vec<u8> {
+    let mut v = vec![0; f.len().expect("len") as usize];
+    assert_eq!(f.read_at(&mut v, 0).expect("read"), v.len());
+    v
+}
+
+fn assert_clean(s: &Store) {
+    let r = s.fsck(false).expect("fsck");
+    assert!(r.errors.is_empty() && r.warnings.is_empty(), "fsck: {r:?}");
+}
+
+#[test]
+fn write_read_across_chunks_and_overwrite() {
+    let s = store(1 << 20, 4096, 0);
+    let f = s.open("/a", &rw()).unwrap();
+    let data = pattern(7, 3 * 4096 + 100);
+    f.write_all_at(&data, 0).unwrap();
+    assert_eq!(read_all(&f), data);
+    f.write_all_at(&[0xAA; 5000], 4000).unwrap();
+    let mut want = data.clone();
+    want[4000..9000].fill(0xAA);
+    assert_eq!(read_all(&f), want);
+    assert_eq!(s.stat("/a").unwrap().chunks_in_memory, 4);
+    assert_clean(&s);
+}
+
+#[test]
+fn sparse_holes_and_extension_read_zeros() {
+    let s = store(1 << 20, 4096, 0);
+    let f = s.open("/sparse", &rw()).unwrap();
+    f.write_all_at(b"end", 10 * 4096 + 5).unwrap();
+    let v = read_all(&f);
+    assert_eq!(v.len(), 10 * 4096 + 8);
+    assert!(v[..10 * 4096 + 5].iter().all(|&b| b == 0));
+    assert_eq!(&v[10 * 4096 + 5..], b"end");
+    assert_eq!(s.stat("/sparse").unwrap().chunks_in_memory, 1);
+    // Stale bytes in a reused chunk must never show through.
+    let g = s.open("/dirty", &rw()).unwrap();
+    g.write_all_at(&[0xFF; 4096 * 4], 0).unwrap();
+    drop(g);
+    s.unlink("/dirty").unwrap();
+    let h = s.open("/fresh", &rw()).unwrap();
+    h.write_all_at(b"x", 100).unwrap();
+    h.write_all_at(b"y", 3 * 4096 + 7).unwrap();
+    let v = read_all(&h);
+    assert!(v
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == 0 || i == 100 || i == 3 * 4096 + 7));
+    // Shrink then extend: the cut-off tail reads as zeros.
+    h.set_len(50).unwrap();
+    h.set_len(8192).unwrap();
+    assert!(read_all(&h).iter().all(|&b| b == 0));
+    assert_clean(&s);
+}
+
+#[test]
+fn truncate_frees_chunks_at_once() {
+    let s = store(64 * 4096, 4096, 0);
+    let f = s.open("/t", &rw()).unwrap();
+    f.write_all_at(&pattern(1, 40 * 4096), 0).unwrap();
+    let used = s.status().memory_used;
+    f.set_len(4096 + 1).unwrap();
+    assert_eq!(s.stat("/t").unwrap().chunks_in_memory, 2);
+    assert_eq!(s.status().memory_used, used - 38 * 4096);
+    assert_eq!(read_all(&f), pattern(1, 4097));
+    f.set_len(0).unwrap();
+    assert_eq!(s.status().memory_used, 0);
+    assert_clean(&s);
+}
+
+#[test]
+fn full_store_gives_enospc_and_keeps_data() {
+    let s = store(16 * 4096, 4096, 0);
+    let keep = s.open("/keep", &rw()).unwrap();
+    keep.write_all_at(&pattern(3, 4 * 4096), 0).unwrap();
+    let f = s.open("/big", &rw()).unwrap();
+    let data = pattern(9, 20 * 4096);
+    let n = f.write_at(&data, 0).unwrap();
+    assert_eq!(n, 12 * 4096, "short write up to the last free chunk");
+    let e = f.write_at(&data[n..], n as u64).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    assert_eq!(read_all(&f), data[..n]);
+    assert_eq!(read_all(&keep), pattern(3, 4 * 4096));
+    let why = s.status().last_enospc.expect("enospc recorded");
+    assert!(why.reason.contains("no spill"), "{why:?}");
+    s.unlink("/big").unwrap();
+    f.write_at(b"x", 0)
+        .expect_err("handle to removed file is stale");
+    s.open("/again", &rw())
+        .unwrap()
+        .write_all_at(&data[..12 * 4096], 0)
+        .unwrap();
+    assert_clean(&s);
+}
+
+#[test]
+fn spill_used_only_when_memory_runs_out() {
+    let s = store(8 * 4096, 4096, 16 * 4096);
+    let f = s.open("/s", &rw()).unwrap();
+    let data = pattern(5, 20 * 4096 + 17);
+    f.write_all_at(&data, 0).unwrap();
+    f.sync().unwrap();
+    let st = s.stat("/s").unwrap();
+    assert_eq!(st.chunks_in_memory, 8);
+    assert_eq!(st.chunks_spilled, 13);
+    assert_eq!(read_all(&f), data);
+    let spilled: Vec<_> = f
+        .chunk_list()
+        .unwrap()
+        .into_iter()
+        .filter(|c| matches!(c.location, ChunkLocation::Spill { .. }))
+        .collect();
+    assert_eq!(spilled.len(), 13);
+    assert_eq!(spilled.last().unwrap().length, 17);
+    assert_eq!(s.status().spill_used, 13 * 4096);
+    assert_eq!(
+        f.write_at(&pattern(1, 4 * 4096), 21 * 4096).unwrap(),
+        3 * 4096
+    );
+    let e = f.write_at(&pattern(1, 4096), 24 * 4096).unwrap_err();
+    assert!(e.to_string().contains("spill"), "{e}");
+    assert_clean(&s);
+}
+
+#[test]
+fn namespace_directories_rename_and_errors() {
+    let s = store(1 << 20, 4096, 0);
+    s.create_dir_all("/ckpt.1/rank", 0o755).unwrap();
+    s.open("/ckpt.1/rank/0", &rw())
+        .unwrap()
+        .write_all_at(b"zero", 0)
+        .unwrap();
+    s.open("/ckpt.1/meta", &rw()).unwrap();
+    let names: Vec<_> = s
+        .read_dir("/ckpt.1")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["meta", "rank"]);
+    assert_eq!(s.mkdir("/ckpt.1", 0o755).unwrap_err().errno(), libc::EEXIST);
+    assert_eq!(s.rmdir("/ckpt.1").unwrap_err().errno(), libc::ENOTEMPTY);
+    assert_eq!(s.unlink("/ckpt.1").unwrap_err().errno(), libc::EISDIR);
+    assert_eq!(s.rmdir("/ckpt.1/meta").unwrap_err().errno(), libc::ENOTDIR);
+    assert_eq!(s.stat("/ckpt.1/meta/x").unwrap_err().errno(), libc::ENOTDIR);
+    assert_eq!(s.stat("/nope").unwrap_err().errno(), libc::ENOENT);
+    let long = "x".repeat(256);
+    assert_eq!(
+        s.mkdir(&long, 0o755).unwrap_err().errno(),
+        libc::ENAMETOOLONG
+    );
+    assert_eq!(
+        s.rename("/ckpt.1", "/ckpt.1/rank/inside")
+            .unwrap_err()
+            .errno(),
+        libc::EINVAL
+    );
+    // Directory rename moves the whole subtree at once.
+    s.rename("/ckpt.1", "/ckpt.2").unwrap();
+    let f = s.open("/ckpt.2/rank/0", &OpenOptions::new()).unwrap();
+    assert_eq!(read_all(&f), b"zero");
+    // Rename over an existing file replaces it and frees its data.
+    s.open("/tmp", &rw())
+        .unwrap()
+        .write_all_at(&[1; 9000], 0)
+        .unwrap();
+    s.rename("/tmp", "/ckpt.2/rank/0").unwrap();
+    assert_eq!(
+        read_all(&s.open("/ckpt.2/rank/0", &OpenOptions::new()).unwrap()),
+        vec![1; 9000]
+    );
+    assert_eq!(f.read_at(&mut [0; 4], 0).unwrap_err().errno(), libc::ESTALE);
+    assert_eq!(
+        s.rename("/ckpt.2/meta", "/ckpt.2/rank")
+            .unwrap_err()
+            .errno(),
+        libc::EISDIR
+    );
+    assert_eq!(
+        s.open("/ckpt.2/meta", &rw().create_new(true))
+            .err()
+            .map(|e| e.errno()),
+        Some(libc::EEXIST)
+    );
+    s.unlink("/ckpt.2/rank/0").unwrap();
+    s.rmdir("/ckpt.2/rank").unwrap();
+    assert_eq!(s.status().memory_used, 0);
+    assert_clean(&s);
+}
+
+#[test]
+fn file_table_limit_is_an_error_not_corruption() {
+    let s = store(1 << 20, 4096, 0);
+    let mut made = 0;
+    let err = loop {
+        match s.open(&format!("/f{made}"), &rw()) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(made, 63, "64 inodes including the root");
+    assert_eq!(err.errno(), libc::ENOSPC);
+    s.unlink("/f0").unwrap();
+    s.open("/again", &rw()).unwrap();
+    assert_clean(&s);
+}
+
+#[test]
+fn attributes_are_stored() {
+    let s = store(1 << 20, 4096, 0);
+    s.open("/a", &rw().mode(0o600)).unwrap();
+    assert_eq!(s.stat("/a").unwrap().mode, 0o600);
+    s.set_mode("/a", 0o640).unwrap();
+    s.set_times("/a", Some(1_000), Some(2_000)).unwrap();
+    s.set_owner("/a", Some(1234), None).unwrap();
+    let m = s.stat("/a").unwrap();
+    assert_eq!(
+        (m.mode, m.atime, m.mtime, m.uid),
+        (0o640, 1_000, 2_000, 1234)
+    );
+}
+
+#[test]
+fn many_chunks_need_a_deeper_map() {
+    let s = store(5000 * 4096, 4096, 0);
+    let f = s.open("/deep", &rw()).unwrap();
+    let data = pattern(11, 4500 * 4096);
+    f.write_all_at(&data, 0).unwrap();
+    assert_eq!(read_all(&f), data);
+    f.set_len(70 * 4096).unwrap();
+    assert_eq!(read_all(&f), data[..70 * 4096]);
+    assert_clean(&s);
+}
+
+#[test]
+fn bad_parameters_are_refused() {
+    let (mut c, _) = cfg(1 << 20, 3000, 0);
+    assert_eq!(
+        Store::create(&c).err().map(|e| e.errno()),
+        Some(libc::EINVAL)
+    );
+    c.chunk_size = 4096;
+    c.capacity = 100;
+    assert_eq!(
+        Store::create(&c).err().map(|e| e.errno()),
+        Some(libc::EINVAL)
+    );
+    c.capacity = 1 << 20;
+    c.max_files = 1;
+    assert_eq!(
+        Store::create(&c).err().map(|e| e.errno()),
+        Some(libc::EINVAL)
+    );
+    c.name = "no-slash".into();
+    assert_eq!(
+        Store::create(&c).err().map(|e| e.errno()),
+        Some(libc::EINVAL)
+    );
+    assert_eq!(
+        Store::attach("/cascade-unit-missing")
+            .err()
+            .map(|e| e.errno()),
+        Some(libc::ENOENT)
+    );
+}
+
+#[test]
+fn attach_sees_the_same_data_and_mismatched_params_are_refused() {
+    let s = store(1 << 20, 4096, 0);
+    s.open("/x", &rw())
+        .unwrap()
+        .write_all_at(b"hello", 0)
+        .unwrap();
+    let other = Store::attach(s.name()).unwrap();
+    assert_eq!(
+        read_all(&other.open("/x", &OpenOptions::new()).unwrap()),
+        b"hello"
+    );
+    let mut c = s.config();
+    assert!(Store::attach_or_create(&c).is_ok());
+    c.chunk_size = 8192;
+    assert_eq!(
+        Store::attach_or_create(&c).err().map(|e| e.errno()),
+        Some(libc::EINVAL)
+    );
+}
