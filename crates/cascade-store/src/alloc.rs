@@ -15,6 +15,8 @@ use crate::layout::*;
 use crate::lock::LockGuard;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
+const RECLAIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Why a write got ENOSPC; kept in the header for `cascade status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -228,9 +230,13 @@ impl Block {
             }
         }
         let h = self.header();
-        let _g = self.lock_alloc()?;
+        let g = self.lock_alloc()?;
         let c = match Self::pop_stack(self.free_spill_stack(), &h.free_spill_top) {
             Some(c) => c,
+            None if self.reclaim_dead_leases() > 0 => {
+                drop(g);
+                return self.alloc_chunk(ino, idx);
+            }
             None => {
                 let reason = if self.geo.spill_chunks == 0 {
                     EnospcReason::MemoryFullNoSpill
@@ -248,8 +254,17 @@ impl Block {
     fn refill(&self, s: u32) -> Result<()> {
         let h = self.header();
         let _g = self.lock_alloc()?;
-        if h.free_mem_top.load(Relaxed) == 0 && self.reclaim_dead_leases() == 0 {
-            return Ok(());
+        if h.free_mem_top.load(Relaxed) == 0 {
+            // Memory is exhausted: batches of dead processes are the only memory left. Looking
+            // for them reads /proc, so do it at most every RECLAIM_INTERVAL while spilling.
+            let mut last = self.last_reclaim.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < RECLAIM_INTERVAL) {
+                return Ok(());
+            }
+            *last = Some(std::time::Instant::now());
+            if self.reclaim_dead_leases() == 0 {
+                return Ok(());
+            }
         }
         let slot = self.lease_slot(s);
         let tag = leased(s);

@@ -39,6 +39,8 @@ pub(crate) struct Block {
     pub spill_dirty: AtomicBool,
     pub lease: Mutex<LeaseLocal>,
     pub prefault_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// When this process last looked for batches of dead processes (see alloc.rs).
+    pub last_reclaim: Mutex<Option<std::time::Instant>>,
 }
 
 // SAFETY: the block is a shared mapping whose mutable state is accessed only through atomics,
@@ -240,20 +242,20 @@ impl Block {
             spill_dirty: AtomicBool::new(false),
             lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
             prefault_threads: Mutex::new(Vec::new()),
+            last_reclaim: Mutex::new(None),
         };
         block.format(cfg)?;
         block.claim_lease()?;
         match cfg.prefault {
-            Prefault::Foreground => prefault_data(&block, &file)?,
+            Prefault::Foreground => prefault_raw(block.base, &block.geo)?,
             Prefault::Background => {
-                let fd = file.try_clone().map_err(|e| Error::from_io(&e, ctx))?;
                 let raw = SendPtr(block.base);
                 let geo = block.geo.clone();
                 let handle = std::thread::Builder::new()
                     .name("cascade-prefault".into())
                     .spawn(move || {
                         let raw = raw;
-                        let _ = prefault_raw(raw.0, &geo, &fd);
+                        let _ = prefault_raw(raw.0, &geo);
                     })
                     .map_err(|e| Error::from_io(&e, "spawn prefault thread"))?;
                 block.lock_prefault_threads().push(handle);
@@ -364,6 +366,7 @@ impl Block {
             spill_dirty: AtomicBool::new(false),
             lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
             prefault_threads: Mutex::new(Vec::new()),
+            last_reclaim: Mutex::new(None),
         };
         block.claim_lease()?;
         block.populate_in_background();
@@ -666,27 +669,30 @@ fn read_geometry(name: &str, file: &OsFile, len: u64) -> Result<(Geometry, Optio
     Ok((geo, spill))
 }
 
-fn prefault_data(block: &Block, file: &OsFile) -> Result<()> {
-    prefault_raw(block.base, &block.geo, file)
-}
-
-/// Allocates the data region's pages in /dev/shm (fallocate) and maps them into this process
-/// (MADV_POPULATE_WRITE), step by step, publishing progress in the header.
-fn prefault_raw(base: *mut u8, geo: &Geometry, file: &OsFile) -> Result<()> {
+/// Faults the data region's pages in (allocating them in /dev/shm and mapping them in this
+/// process) with MADV_POPULATE_WRITE, step by step, publishing progress in the header. One
+/// populate pass measured faster here than fallocate followed by a populate, and unlike a
+/// plain touch it reports a full /dev/shm as an error instead of SIGBUS.
+fn prefault_raw(base: *mut u8, geo: &Geometry) -> Result<()> {
     // SAFETY: offset 0 holds the header.
     let h = unsafe { &*(base as *const Header) };
     let total = geo.mem_chunks as u64 * geo.chunk_size;
     let mut at = 0;
     while at < total {
         let n = PREFAULT_STEP.min(total - at);
-        fallocate(file, geo.off.data + at, n, "prefault /dev/shm")?;
         // SAFETY: the range is inside the mapping; populating leaves contents unchanged.
-        unsafe {
+        let rc = unsafe {
             libc::madvise(
                 base.add((geo.off.data + at) as usize) as *mut libc::c_void,
                 n as usize,
                 libc::MADV_POPULATE_WRITE,
-            );
+            )
+        };
+        if rc != 0 {
+            return Err(Error::last_os(format!(
+                "prefault of the data region failed after {} (is /dev/shm full?)",
+                human(at)
+            )));
         }
         at += n;
         h.prefaulted.store(at, Ordering::Release);

@@ -357,3 +357,85 @@ fn attach_sees_the_same_data_and_mismatched_params_are_refused() {
         Some(libc::EINVAL)
     );
 }
+
+/// docs/store-layout.md gives these offsets byte by byte; this keeps the two in step.
+#[test]
+fn header_and_record_offsets_match_the_docs() {
+    use crate::layout::{Header, Inode, LeaseSlot};
+    use std::mem::{offset_of, size_of};
+    let header = [
+        offset_of!(Header, magic),
+        offset_of!(Header, version),
+        offset_of!(Header, header_size),
+        offset_of!(Header, block_size),
+        offset_of!(Header, chunk_size),
+        offset_of!(Header, mem_chunks),
+        offset_of!(Header, spill_chunks),
+        offset_of!(Header, max_inodes),
+        offset_of!(Header, map_nodes),
+        offset_of!(Header, lease_slots),
+        offset_of!(Header, lease_batch),
+        offset_of!(Header, hash_slots),
+        offset_of!(Header, owner_uid),
+        offset_of!(Header, created_ns),
+        offset_of!(Header, off),
+        offset_of!(Header, spill_path_len),
+        offset_of!(Header, spill_path),
+        offset_of!(Header, ns_lock),
+        offset_of!(Header, alloc_lock),
+        offset_of!(Header, free_mem_top),
+        offset_of!(Header, free_spill_top),
+        offset_of!(Header, free_node_top),
+        offset_of!(Header, free_inode_top),
+        offset_of!(Header, prefaulted),
+        offset_of!(Header, rj_valid),
+        offset_of!(Header, rj_src),
+        offset_of!(Header, rj_victim),
+        offset_of!(Header, rj_link),
+        offset_of!(Header, enospc_time),
+        offset_of!(Header, enospc_pid),
+        offset_of!(Header, enospc_reason),
+    ];
+    assert_eq!(
+        header,
+        [
+            0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 160, 168, 1216, 1280, 1344,
+            1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404
+        ]
+    );
+    let inode = [
+        offset_of!(Inode, lock),
+        offset_of!(Inode, state),
+        offset_of!(Inode, gen),
+        offset_of!(Inode, link),
+        offset_of!(Inode, size),
+        offset_of!(Inode, map),
+        offset_of!(Inode, mode),
+        offset_of!(Inode, uid),
+        offset_of!(Inode, gid),
+        offset_of!(Inode, chunks_mem),
+        offset_of!(Inode, chunks_spill),
+        offset_of!(Inode, atime),
+        offset_of!(Inode, mtime),
+        offset_of!(Inode, ctime),
+        offset_of!(Inode, first_child),
+        offset_of!(Inode, next_sibling),
+        offset_of!(Inode, prev_sibling),
+        offset_of!(Inode, names),
+    ];
+    assert_eq!(
+        inode,
+        [0, 64, 68, 72, 80, 88, 96, 100, 104, 108, 112, 120, 128, 136, 144, 148, 152, 192]
+    );
+    assert_eq!(size_of::<Inode>(), 704);
+    assert_eq!(
+        [
+            offset_of!(LeaseSlot, pid),
+            offset_of!(LeaseSlot, count),
+            offset_of!(LeaseSlot, start_time),
+            offset_of!(LeaseSlot, ids)
+        ],
+        [0, 4, 8, 16]
+    );
+    assert_eq!(size_of::<Header>(), 1408);
+}
