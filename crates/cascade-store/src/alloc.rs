@@ -291,7 +291,7 @@ impl Block {
             let tag = leased(local.slot);
             for &c in ids {
                 let n = slot.count.load(Relaxed) as usize;
-                if own && !self.is_spill(c) && n < LEASE_MAX {
+                if own && !self.is_spill(c) && n < self.geo.lease_batch as usize {
                     self.chunk_states()[c as usize].store(tag, Release);
                     slot.ids[n].store(c, Relaxed);
                     slot.count.store(n as u32 + 1, Release);

@@ -30,6 +30,7 @@ pub(crate) const FANOUT: usize = 64;
 pub(crate) const FANOUT_BITS: u32 = 6;
 /// Chunks a process takes from the shared pool at a time (fewer for tiny stores).
 pub(crate) const LEASE_MAX: usize = 32;
+pub(crate) const LEASE_BYTES: u64 = 32 << 20;
 /// Processes that can be attached at once.
 pub(crate) const LEASE_SLOTS: u32 = 1024;
 pub(crate) const DATA_ALIGN: u64 = 2 << 20;
@@ -266,7 +267,11 @@ impl Geometry {
         // more than FANOUT chunks need at most a few interior nodes (bounded by total/16).
         let map_nodes = max_inodes + total / (FANOUT as u64 - 1) + total / 16 + 64;
         let hash_slots = (max_inodes * 2).next_power_of_two();
-        let lease_batch = (mem_chunks / 64).clamp(1, LEASE_MAX as u64);
+        // A batch is at most 1/64 of memory and about LEASE_BYTES, so batches parked in
+        // other processes never make a store look full early.
+        let lease_batch = (mem_chunks / 64)
+            .min(LEASE_BYTES / chunk_size)
+            .clamp(1, LEASE_MAX as u64);
 
         let mut at = HEADER_SIZE as u64;
         let mut region = |bytes: u64| {
