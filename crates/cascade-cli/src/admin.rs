@@ -1,0 +1,297 @@
+//! Commands about the store as a whole: init, status, fsck, destroy, config.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cascade_config::{format_rate, format_size, Config, Source, Value};
+use cascade_store::{Prefault, Status, Store};
+use serde_json::json;
+
+use crate::failure::{Failure, EXIT_FAILURE};
+use crate::format::{percent, time};
+
+/// Attaches to the configured store, with a hint when there is none.
+pub fn attach(config: &Config) -> Result<Store, Failure> {
+    let name = config.store_name();
+    Store::attach(name).map_err(|err| {
+        if err.errno() == libc::ENOENT {
+            Failure::new(format!(
+                "no store named {name} (create it with 'cascade init', or choose one with --store)"
+            ))
+        } else {
+            Failure::store(&format!("store {name}"), &err)
+        }
+    })
+}
+
+pub fn init(config: &Config) -> Result<ExitCode, Failure> {
+    let params = config.store_config()?;
+    let started = Instant::now();
+    let store = Store::create(&params).map_err(|err| {
+        if err.errno() == libc::EEXIST {
+            Failure::new(format!(
+                "store {} already exists (remove it first with 'cascade destroy')",
+                params.name
+            ))
+        } else {
+            Failure::store(&format!("store {}", params.name), &err)
+        }
+    })?;
+    let usable_after = started.elapsed().as_secs_f64();
+    // A background prefault runs in this process, which is about to exit; wait for it so
+    // the whole block is faulted in and report how early the store was usable.
+    if params.prefault == Prefault::Background {
+        store.wait_prefault();
+    }
+    let prefaulted_after = started.elapsed().as_secs_f64();
+    let status = store.status();
+
+    println!("created store {}", status.name);
+    println!(
+        "  memory     {} in {} chunks of {} (shared-memory block {})",
+        format_size(status.memory_capacity),
+        chunks(status.memory_capacity, status.chunk_size),
+        format_size(status.chunk_size),
+        format_size(status.block_bytes)
+    );
+    match &status.spill_path {
+        Some(path) if status.spill_capacity > 0 => println!(
+            "  spill      {} in {} chunks at {}",
+            format_size(status.spill_capacity),
+            chunks(status.spill_capacity, status.chunk_size),
+            path.display()
+        ),
+        _ => println!("  spill      off"),
+    }
+    println!("  max files  {} (files plus directories)", status.max_files);
+    let memory = status.memory_capacity;
+    match params.prefault {
+        Prefault::Foreground => println!(
+            "  created    in {usable_after:.3} s, including prefault of {} ({})",
+            format_size(memory),
+            format_rate(memory, usable_after)
+        ),
+        Prefault::Background => println!(
+            "  created    usable after {usable_after:.3} s; background prefault of {} done after {prefaulted_after:.3} s ({})",
+            format_size(memory),
+            format_rate(memory, prefaulted_after)
+        ),
+        Prefault::Off => println!(
+            "  created    in {usable_after:.3} s; no prefault (pages fault in on first write)"
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn chunks(bytes: u64, chunk_size: u64) -> u64 {
+    bytes.checked_div(chunk_size).unwrap_or(0)
+}
+
+pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
+    let status = attach(config)?.status();
+    let me = std::process::id();
+    let others: Vec<u32> = status
+        .attached_pids
+        .iter()
+        .copied()
+        .filter(|&pid| pid != me)
+        .collect();
+    if as_json {
+        println!("{}", status_json(&status, &others));
+    } else {
+        print_status(&status, &others);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_json(s: &Status, others: &[u32]) -> serde_json::Value {
+    json!({
+        "name": s.name,
+        "created_ns": s.created,
+        "block_bytes": s.block_bytes,
+        "chunk_size": s.chunk_size,
+        "memory_capacity": s.memory_capacity,
+        "memory_used": s.memory_used,
+        "spill_path": s.spill_path.as_ref().map(|p| p.display().to_string()),
+        "spill_capacity": s.spill_capacity,
+        "spill_used": s.spill_used,
+        "leased_bytes": s.leased_bytes,
+        "files": s.files,
+        "dirs": s.dirs,
+        "max_files": s.max_files,
+        "map_nodes_used": s.map_nodes_used,
+        "map_nodes_total": s.map_nodes_total,
+        "attached_pids": others,
+        "prefaulted_bytes": s.prefaulted_bytes,
+        "last_enospc": s.last_enospc.as_ref().map(|e| json!({
+            "time_ns": e.time,
+            "pid": e.pid,
+            "reason": e.reason,
+        })),
+    })
+}
+
+fn print_status(s: &Status, others: &[u32]) {
+    println!("store        {} (created {})", s.name, time(s.created));
+    println!(
+        "memory       {} used of {} ({}%), chunks of {}",
+        format_size(s.memory_used),
+        format_size(s.memory_capacity),
+        percent(s.memory_used, s.memory_capacity),
+        format_size(s.chunk_size)
+    );
+    match &s.spill_path {
+        Some(path) if s.spill_capacity > 0 => println!(
+            "spilled      {} used of {} ({}%) in {}",
+            format_size(s.spill_used),
+            format_size(s.spill_capacity),
+            percent(s.spill_used, s.spill_capacity),
+            path.display()
+        ),
+        _ => println!("spilled      spill off"),
+    }
+    println!(
+        "leased       {} (free chunks reserved by attached processes)",
+        format_size(s.leased_bytes)
+    );
+    println!(
+        "files        {} files, {} dirs ({} of {} entries)",
+        s.files,
+        s.dirs,
+        s.files + s.dirs,
+        s.max_files
+    );
+    let pids: Vec<String> = others.iter().map(u32::to_string).collect();
+    if pids.is_empty() {
+        println!("attached     no other processes");
+    } else {
+        println!("attached     {} processes: {}", pids.len(), pids.join(" "));
+    }
+    if s.prefaulted_bytes >= s.memory_capacity {
+        println!("prefault     done ({})", format_size(s.memory_capacity));
+    } else {
+        println!(
+            "prefault     {} of {} ({}%)",
+            format_size(s.prefaulted_bytes),
+            format_size(s.memory_capacity),
+            percent(s.prefaulted_bytes, s.memory_capacity)
+        );
+    }
+    match &s.last_enospc {
+        Some(e) => println!(
+            "last ENOSPC  {} (pid {}, {})",
+            e.reason,
+            e.pid,
+            time(e.time)
+        ),
+        None => println!("last ENOSPC  none"),
+    }
+}
+
+pub fn fsck(config: &Config, repair: bool) -> Result<ExitCode, Failure> {
+    let store = attach(config)?;
+    let report = store
+        .fsck(repair)
+        .map_err(|err| Failure::store(&format!("store {}", store.name()), &err))?;
+    for error in &report.errors {
+        println!("error: {error}");
+    }
+    for warning in &report.warnings {
+        println!("warning: {warning}");
+    }
+    for fixed in &report.repaired {
+        println!("repaired: {fixed}");
+    }
+    println!(
+        "{}: {} files, {} dirs; chunks {} used, {} free, {} leased; {} errors, {} warnings{}",
+        store.name(),
+        report.files,
+        report.dirs,
+        report.chunks_used,
+        report.chunks_free,
+        report.chunks_leased,
+        report.errors.len(),
+        report.warnings.len(),
+        if repair {
+            format!(", {} repaired", report.repaired.len())
+        } else {
+            String::new()
+        }
+    );
+    if report.is_clean() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::from(EXIT_FAILURE))
+    }
+}
+
+pub fn destroy(config: &Config, force: bool) -> Result<ExitCode, Failure> {
+    let name = config.store_name();
+    let destroyed = if force {
+        Store::destroy_forced(name)
+    } else {
+        Store::destroy(name)
+    };
+    destroyed.map_err(|err| match err.errno() {
+        libc::ENOENT => Failure::new(format!("no store named {name}")),
+        libc::EBUSY => Failure::new(format!(
+            "{err} (use 'cascade destroy --force' to destroy it anyway)"
+        )),
+        _ => Failure::store(&format!("store {name}"), &err),
+    })?;
+    println!("destroyed store {name}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
+    if as_json {
+        let settings: Vec<serde_json::Value> = config
+            .entries()
+            .iter()
+            .map(|e| {
+                let value = match &e.value {
+                    Value::Text(text) => json!(text),
+                    Value::Bytes(n) | Value::Count(n) => json!(n),
+                };
+                let from = match &e.source {
+                    Source::Flag(_) => "flag",
+                    Source::Env(_) => "env",
+                    Source::File(_) => "file",
+                    Source::Default(_) => "default",
+                };
+                json!({
+                    "key": e.def.key,
+                    "env": e.def.env,
+                    "value": value,
+                    "from": from,
+                    "source": e.source.to_string(),
+                })
+            })
+            .collect();
+        let document = json!({
+            "config_file": config.file().to_string(),
+            "settings": settings,
+        });
+        println!("{document}");
+    } else {
+        println!("config file: {}", config.file());
+        let entries = config.entries();
+        let key_width = entries.iter().map(|e| e.def.key.len()).max().unwrap_or(0);
+        let value_width = entries
+            .iter()
+            .map(|e| e.value.to_string().len())
+            .max()
+            .unwrap_or(0);
+        for e in entries {
+            println!(
+                "{:<key_width$}  {:<value_width$}  {}",
+                e.def.key,
+                e.value.to_string(),
+                e.source
+            );
+        }
+    }
+    // Each value can be fine alone and still not make a store (capacity below one chunk).
+    config.store_config()?;
+    Ok(ExitCode::SUCCESS)
+}

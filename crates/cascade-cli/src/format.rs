@@ -1,0 +1,90 @@
+//! Small formatting helpers for CLI output.
+
+use cascade_store::{FileKind, TimeNs};
+
+/// "2026-11-21 09:18:01 UTC" for nanoseconds since the epoch (UTC, so no time-zone database
+/// is needed and output is the same on every node).
+pub fn time(ns: TimeNs) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let days = secs.div_euclid(86_400);
+    let of_day = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60
+    )
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// "drwxr-xr-x" as ls prints it.
+pub fn mode(kind: FileKind, mode: u32) -> String {
+    let mut text = String::with_capacity(10);
+    text.push(if kind == FileKind::Dir { 'd' } else { '-' });
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        text.push(if bits & 4 != 0 { 'r' } else { '-' });
+        text.push(if bits & 2 != 0 { 'w' } else { '-' });
+        text.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    text
+}
+
+/// Joins a store directory and an entry name.
+pub fn join(dir: &str, name: &str) -> String {
+    if dir.ends_with('/') {
+        format!("{dir}{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// Percentage of `part` in `whole`, "0.0" when whole is zero.
+pub fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "0.0".to_string()
+    } else {
+        format!("{:.1}", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc_times() {
+        assert_eq!(time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(time(951_782_400 * 1_000_000_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(time(1_700_000_000_123_456_789), "2023-11-14 22:13:20 UTC");
+        assert_eq!(time(-1_000_000_000), "1969-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn formats_modes_like_ls() {
+        assert_eq!(mode(FileKind::Dir, 0o755), "drwxr-xr-x");
+        assert_eq!(mode(FileKind::File, 0o640), "-rw-r-----");
+    }
+
+    #[test]
+    fn joins_store_paths() {
+        assert_eq!(join("/", "a"), "/a");
+        assert_eq!(join("/ckpt", "a"), "/ckpt/a");
+        assert_eq!(percent(1, 4), "25.0");
+        assert_eq!(percent(1, 0), "0.0");
+    }
+}

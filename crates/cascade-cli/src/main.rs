@@ -1,0 +1,114 @@
+//! `cascade`: a thin command-line front end over the node store (`cascade-store`) and the
+//! configuration (`cascade-config`). Every failure ends as one line on stderr and a non-zero
+//! exit code.
+
+mod admin;
+mod cli;
+mod failure;
+mod files;
+mod format;
+mod transfer;
+
+use std::process::ExitCode;
+
+use cascade_config::{Config, Inputs};
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use cli::{Cli, Command, StoreParams};
+use failure::{Failure, EXIT_USAGE};
+
+fn main() -> ExitCode {
+    restore_default_sigpipe();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage_error(err),
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(failure) => {
+            eprintln!("cascade: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    let load = |params: &StoreParams| load_config(&cli, params);
+    let no_params = StoreParams::default();
+    match &cli.command {
+        Command::Init { params } => admin::init(&load(params)?),
+        Command::Status { json } => admin::status(&load(&no_params)?, *json),
+        Command::Fsck { repair } => admin::fsck(&load(&no_params)?, *repair),
+        Command::Destroy { force } => admin::destroy(&load(&no_params)?, *force),
+        Command::Config { json, params } => admin::show_config(&load(params)?, *json),
+        Command::Ls { long, path } => files::ls(&load(&no_params)?, path, *long),
+        Command::Stat { path } => files::stat(&load(&no_params)?, path),
+        Command::Mkdir { parents, paths } => files::mkdir(&load(&no_params)?, paths, *parents),
+        Command::Rm { recursive, paths } => files::rm(&load(&no_params)?, paths, *recursive),
+        Command::Put {
+            parents,
+            local,
+            store_path,
+        } => transfer::put(&load(&no_params)?, local, store_path, *parents),
+        Command::Get { store_path, local } => transfer::get(&load(&no_params)?, store_path, local),
+    }
+}
+
+fn load_config(cli: &Cli, params: &StoreParams) -> Result<Config, Failure> {
+    let mut inputs = Inputs::from_process();
+    inputs.config_flag = cli.config.clone();
+    if let Some(store) = &cli.store {
+        inputs.flags.push(("store.name", store.clone()));
+    }
+    inputs.flags.extend(params.values.iter().cloned());
+    Ok(Config::load(&inputs)?)
+}
+
+/// Help and version go to stdout as clap formats them; real usage errors become one line.
+fn usage_error(err: clap::Error) -> ExitCode {
+    match err.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // If printing help fails, stdout is gone and there is no one to tell.
+            let _ = err.print();
+            ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(EXIT_USAGE))
+        }
+        _ => {
+            let rendered = err.to_string();
+            // clap lists missing arguments on indented lines after the first; keep them.
+            let mut lines = rendered.lines();
+            let first = lines.next().unwrap_or("invalid command line");
+            let mut message = first.strip_prefix("error: ").unwrap_or(first).to_string();
+            for detail in lines.take_while(|l| l.starts_with("  ") && !l.trim().is_empty()) {
+                message.push(' ');
+                message.push_str(detail.trim());
+            }
+            // "Usage: cascade init [OPTIONS]" names the (sub)command whose help to point to.
+            let command = rendered
+                .lines()
+                .find_map(|line| line.strip_prefix("Usage: "))
+                .map(|usage| {
+                    let words: Vec<&str> = usage
+                        .split_whitespace()
+                        .take_while(|w| !w.starts_with(['[', '<', '-']))
+                        .collect();
+                    words.join(" ")
+                })
+                .filter(|command| !command.is_empty())
+                .unwrap_or_else(|| "cascade".to_string());
+            eprintln!("cascade: {message} (see '{command} --help')");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// Rust ignores SIGPIPE, which turns `cascade get x - | head` into an error message; a
+/// command-line tool should just stop, as cat does.
+fn restore_default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL at startup, before any threads exist.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}

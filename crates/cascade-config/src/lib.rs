@@ -1,0 +1,418 @@
+//! Cascade's configuration: every setting comes from, in order of precedence, a command-line
+//! flag, a `CASCADE_*` environment variable, a TOML config file, or a default (some sized from
+//! the machine), and remembers which one it came from so `cascade config` can say.
+//!
+//! Settings are rows of [`SETTINGS`]; adding one is adding a row (and reading it where it is
+//! used). The config file mirrors the keys as TOML tables:
+//!
+//! ```toml
+//! [store]
+//! capacity = "8GiB"
+//! chunk_size = "1MiB"
+//! [spill]
+//! path = "/local/ssd/cascade.spill"
+//! ```
+
+pub mod machine;
+mod settings;
+mod size;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use settings::{find_by_flag, SettingDef, SETTINGS};
+pub use size::{format_rate, format_size, parse_size, SIZE_HINT};
+
+use cascade_store::{Prefault, SpillConfig, StoreConfig};
+
+/// Environment variable naming the config file (like `--config`).
+pub const CONFIG_ENV: &str = "CASCADE_CONFIG";
+/// The system-wide config file, read when there is no per-user one.
+pub const SYSTEM_CONFIG: &str = "/etc/cascade/config.toml";
+/// The per-user config file, relative to `$HOME`.
+pub const USER_CONFIG: &str = ".config/cascade/config.toml";
+
+/// A setting's parsed value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Text(String),
+    Bytes(u64),
+    Count(u64),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Text(text) => write!(f, "{text}"),
+            Value::Count(n) => write!(f, "{n}"),
+            Value::Bytes(0) => write!(f, "0"),
+            Value::Bytes(n) => write!(f, "{n} ({})", format_size(*n)),
+        }
+    }
+}
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A command-line flag, e.g. `--capacity`.
+    Flag(&'static str),
+    /// An environment variable, e.g. `CASCADE_CAPACITY`.
+    Env(&'static str),
+    /// A config file.
+    File(PathBuf),
+    /// The built-in default; the text says how it was derived (empty for constants).
+    Default(String),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Flag(flag) => write!(f, "flag --{flag}"),
+            Source::Env(var) => write!(f, "env {var}"),
+            Source::File(path) => write!(f, "file {}", path.display()),
+            Source::Default(how) if how.is_empty() => write!(f, "default"),
+            Source::Default(how) => write!(f, "default: {how}"),
+        }
+    }
+}
+
+/// One resolved setting.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub def: &'static SettingDef,
+    pub value: Value,
+    pub source: Source,
+}
+
+/// A configuration problem, as one line naming the setting and where its value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Everything configuration is resolved from. [`Inputs::from_process`] reads the real
+/// environment; tests build one by hand so they need not touch the process environment.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// Values given as flags, by setting key ("store.capacity"); the last one wins.
+    pub flags: Vec<(&'static str, String)>,
+    /// The `--config FILE` flag.
+    pub config_flag: Option<PathBuf>,
+    /// Environment variables (only `CASCADE_*` and `HOME` are looked at).
+    pub env: BTreeMap<String, String>,
+    /// The system-wide config file to fall back to.
+    pub system_config: PathBuf,
+}
+
+impl Inputs {
+    /// The process's environment and the real system config path, with no flags yet.
+    pub fn from_process() -> Inputs {
+        let env = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .filter(|(k, _)| k.starts_with("CASCADE_") || k == "HOME")
+            .collect();
+        Inputs {
+            flags: Vec::new(),
+            config_flag: None,
+            env,
+            system_config: PathBuf::from(SYSTEM_CONFIG),
+        }
+    }
+
+    /// Adds a flag value for the setting `key`.
+    pub fn flag(mut self, key: &'static str, value: impl Into<String>) -> Inputs {
+        self.flags.push((key, value.into()));
+        self
+    }
+}
+
+/// Which config file was read, and why that one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigFile {
+    /// This file was read; the text says how it was chosen ("--config", "CASCADE_CONFIG",
+    /// "default location").
+    Read { path: PathBuf, chosen_by: String },
+    /// No file given and none at the default locations (listed).
+    None { looked_in: Vec<PathBuf> },
+}
+
+impl fmt::Display for ConfigFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigFile::Read { path, chosen_by } => {
+                write!(f, "{} (from {chosen_by})", path.display())
+            }
+            ConfigFile::None { looked_in } => {
+                let places: Vec<String> =
+                    looked_in.iter().map(|p| p.display().to_string()).collect();
+                write!(f, "none (looked for {})", places.join(", "))
+            }
+        }
+    }
+}
+
+/// The effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    entries: Vec<Entry>,
+    file: ConfigFile,
+}
+
+impl Config {
+    /// Resolves every setting in [`SETTINGS`] from `inputs`.
+    pub fn load(inputs: &Inputs) -> Result<Config, ConfigError> {
+        for (key, _) in &inputs.flags {
+            if settings::find(key).is_none() {
+                return Err(ConfigError(format!("internal: no setting named {key}")));
+            }
+        }
+        let (file, file_values) = read_config_file(inputs)?;
+        let mut entries: Vec<Entry> = Vec::with_capacity(SETTINGS.len());
+        for def in SETTINGS {
+            let flag = inputs.flags.iter().rev().find(|(key, _)| *key == def.key);
+            let env = inputs.env.get(def.env).filter(|v| !v.trim().is_empty());
+            let (raw, source, origin) = if let Some((_, raw)) = flag {
+                let name = def.flag.unwrap_or(def.key);
+                (raw, Source::Flag(name), format!("--{name}"))
+            } else if let Some(raw) = env {
+                (raw, Source::Env(def.env), def.env.to_string())
+            } else if let Some(raw) = file_values.get(def.key) {
+                let path = match &file {
+                    ConfigFile::Read { path, .. } => path.clone(),
+                    ConfigFile::None { .. } => PathBuf::new(),
+                };
+                let origin = format!("{}: {}", path.display(), def.key);
+                (raw, Source::File(path), origin)
+            } else {
+                let (value, how) = (def.default)(&Resolved(&entries));
+                entries.push(Entry {
+                    def,
+                    value,
+                    source: Source::Default(how),
+                });
+                continue;
+            };
+            let value =
+                (def.parse)(raw).map_err(|why| ConfigError(format!("{origin}={raw:?}: {why}")))?;
+            entries.push(Entry { def, value, source });
+        }
+        Ok(Config { entries, file })
+    }
+
+    /// Every setting, in table order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The setting `key`, if there is one by that name.
+    pub fn get(&self, key: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.def.key == key)
+    }
+
+    /// Which config file was read.
+    pub fn file(&self) -> &ConfigFile {
+        &self.file
+    }
+
+    /// The shared-memory name of the store (`store.name`).
+    pub fn store_name(&self) -> &str {
+        Resolved(&self.entries).text("store.name")
+    }
+
+    /// The parameters to create a store with, checked against each other.
+    pub fn store_config(&self) -> Result<StoreConfig, ConfigError> {
+        let resolved = Resolved(&self.entries);
+        let chunk_size = resolved.bytes("store.chunk_size");
+        let capacity = resolved.bytes("store.capacity");
+        if capacity < chunk_size {
+            return Err(self.conflict(
+                "store.capacity",
+                &format!("is less than one chunk ({})", format_size(chunk_size)),
+            ));
+        }
+        let max_files = u32::try_from(resolved.count("store.max_files"))
+            .map_err(|_| self.conflict("store.max_files", "does not fit in 32 bits"))?;
+        let spill_size = resolved.bytes("spill.size");
+        if spill_size != 0 && spill_size < chunk_size {
+            return Err(self.conflict(
+                "spill.size",
+                &format!(
+                    "is less than one chunk ({}); use 0 to disable spill-over",
+                    format_size(chunk_size)
+                ),
+            ));
+        }
+        let spill = (spill_size > 0).then(|| SpillConfig {
+            path: PathBuf::from(resolved.text("spill.path")),
+            size: spill_size,
+        });
+        let prefault = match resolved.text("store.prefault") {
+            "background" => Prefault::Background,
+            "off" => Prefault::Off,
+            _ => Prefault::Foreground,
+        };
+        Ok(StoreConfig {
+            name: resolved.text("store.name").to_string(),
+            capacity,
+            chunk_size,
+            max_files,
+            spill,
+            prefault,
+        })
+    }
+
+    fn conflict(&self, key: &str, problem: &str) -> ConfigError {
+        match self.get(key) {
+            Some(entry) => ConfigError(format!(
+                "{key} = {} ({}) {problem}",
+                entry.value, entry.source
+            )),
+            None => ConfigError(format!("{key} {problem}")),
+        }
+    }
+}
+
+/// The settings resolved so far, as defaults of later settings see them.
+pub struct Resolved<'a>(&'a [Entry]);
+
+impl<'a> Resolved<'a> {
+    fn value(&self, key: &str) -> &'a Value {
+        match self.0.iter().find(|e| e.def.key == key) {
+            Some(entry) => &entry.value,
+            None => panic!("setting {key} used before it is resolved; reorder SETTINGS"),
+        }
+    }
+
+    /// A size setting resolved earlier in the table.
+    pub fn bytes(&self, key: &str) -> u64 {
+        match self.value(key) {
+            Value::Bytes(n) | Value::Count(n) => *n,
+            Value::Text(_) => panic!("setting {key} is not a size"),
+        }
+    }
+
+    /// A count setting resolved earlier in the table.
+    pub fn count(&self, key: &str) -> u64 {
+        self.bytes(key)
+    }
+
+    /// A text setting resolved earlier in the table.
+    pub fn text(&self, key: &str) -> &'a str {
+        match self.value(key) {
+            Value::Text(text) => text,
+            _ => panic!("setting {key} is not text"),
+        }
+    }
+}
+
+/// Finds, reads and flattens the config file into raw values by key.
+fn read_config_file(
+    inputs: &Inputs,
+) -> Result<(ConfigFile, BTreeMap<String, String>), ConfigError> {
+    let explicit = match (&inputs.config_flag, inputs.env.get(CONFIG_ENV)) {
+        (Some(path), _) => Some((path.clone(), "--config")),
+        (None, Some(path)) if !path.is_empty() => Some((PathBuf::from(path), CONFIG_ENV)),
+        _ => None,
+    };
+    let (path, chosen_by) = match explicit {
+        Some((path, chosen_by)) => (path, chosen_by),
+        None => {
+            let mut candidates = Vec::new();
+            if let Some(home) = inputs.env.get("HOME").filter(|h| !h.is_empty()) {
+                candidates.push(Path::new(home).join(USER_CONFIG));
+            }
+            candidates.push(inputs.system_config.clone());
+            match candidates.iter().find(|p| p.exists()) {
+                Some(path) => (path.clone(), "default location"),
+                None => {
+                    let none = ConfigFile::None {
+                        looked_in: candidates,
+                    };
+                    return Ok((none, BTreeMap::new()));
+                }
+            }
+        }
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        ConfigError(format!(
+            "config file {} (from {chosen_by}): {}",
+            path.display(),
+            io_text(&e)
+        ))
+    })?;
+    let values =
+        parse_config_text(&text).map_err(|why| ConfigError(format!("{}{why}", path.display())))?;
+    let file = ConfigFile::Read {
+        path,
+        chosen_by: chosen_by.to_string(),
+    };
+    Ok((file, values))
+}
+
+/// Parses config file text into raw values by dotted key. Errors start with ":LINE: " or
+/// ": " so the caller can put the file name in front.
+fn parse_config_text(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+        let message = e.message().trim().replace('\n', "; ");
+        match line {
+            Some(line) => format!(":{line}: {message}"),
+            None => format!(": {message}"),
+        }
+    })?;
+    let mut values = BTreeMap::new();
+    flatten("", &table, &mut values)?;
+    Ok(values)
+}
+
+fn flatten(
+    prefix: &str,
+    table: &toml::Table,
+    out: &mut BTreeMap<String, String>,
+) -> Result<(), String> {
+    for (name, value) in table {
+        let key = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        let raw = match value {
+            toml::Value::Table(inner) if settings::find(&key).is_none() => {
+                flatten(&key, inner, out)?;
+                continue;
+            }
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(n) => n.to_string(),
+            _ => return Err(format!(": {key}: expected a string or a whole number")),
+        };
+        if settings::find(&key).is_none() {
+            let known: Vec<&str> = SETTINGS.iter().map(|d| d.key).collect();
+            return Err(format!(
+                ": unknown setting {key:?} (known: {})",
+                known.join(", ")
+            ));
+        }
+        out.insert(key, raw);
+    }
+    Ok(())
+}
+
+/// An I/O error's text without Rust's " (os error N)" suffix.
+pub fn io_text(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(errno) => cascade_store::errno_text(errno),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

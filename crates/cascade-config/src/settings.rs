@@ -1,0 +1,247 @@
+//! The table of settings. To add one: add a row (key, env var, optional flag, help, how to
+//! parse, how to default), then read it where it is used with `Config::get`.
+
+use std::path::{Path, PathBuf};
+
+use crate::machine::{self, SHM_DIR};
+use crate::size::{format_size, parse_size};
+use crate::{Resolved, Value};
+
+/// One configurable setting.
+#[derive(Debug)]
+pub struct SettingDef {
+    /// Dotted key, also its place in the config file ("store.capacity" is `capacity` under
+    /// `[store]`).
+    pub key: &'static str,
+    /// Environment variable.
+    pub env: &'static str,
+    /// Long command-line flag without the dashes, for settings that have one.
+    pub flag: Option<&'static str>,
+    /// Placeholder for the value in --help ("SIZE", "PATH").
+    pub value_name: &'static str,
+    /// What it is, with its unit, in one sentence (for --help and docs).
+    pub help: &'static str,
+    /// How the default is chosen, in words (the value itself may depend on the machine).
+    pub default_help: &'static str,
+    /// Parses and checks text from a flag, the environment or the file; errors are a short
+    /// phrase that goes after "<origin>=<text>: ".
+    pub parse: fn(&str) -> Result<Value, String>,
+    /// The default, and how it was derived (empty for constants). May read settings that
+    /// come earlier in the table.
+    pub default: fn(&Resolved) -> (Value, String),
+}
+
+/// Every setting, in resolution order (defaults may only use settings above them).
+pub static SETTINGS: &[SettingDef] = &[
+    SettingDef {
+        key: "store.name",
+        env: "CASCADE_STORE",
+        flag: Some("store"),
+        value_name: "NAME",
+        help: "Name of the node store's POSIX shared-memory object, e.g. /cascade-ckpt",
+        default_help: "/cascade-<uid>, so two users never collide",
+        parse: parse_store_name,
+        default: |_| {
+            (
+                Value::Text(cascade_store::default_store_name()),
+                String::new(),
+            )
+        },
+    },
+    SettingDef {
+        key: "store.chunk_size",
+        env: "CASCADE_CHUNK_SIZE",
+        flag: Some("chunk-size"),
+        value_name: "SIZE",
+        help: "Size of the chunks file data is stored in: a power of two from 4KiB to 64MiB",
+        default_help: "1MiB",
+        parse: parse_chunk_size,
+        default: |_| (Value::Bytes(1 << 20), String::new()),
+    },
+    SettingDef {
+        key: "store.capacity",
+        env: "CASCADE_CAPACITY",
+        flag: Some("capacity"),
+        value_name: "SIZE",
+        help: "Bytes of memory for file data, rounded down to whole chunks",
+        default_help: "25% of RAM, at most half the free space in /dev/shm",
+        parse: parse_bytes,
+        default: default_capacity,
+    },
+    SettingDef {
+        key: "store.max_files",
+        env: "CASCADE_MAX_FILES",
+        flag: Some("max-files"),
+        value_name: "N",
+        help: "Most files plus directories the store can hold (the root counts as one)",
+        default_help: "65536",
+        parse: parse_max_files,
+        default: |_| (Value::Count(65536), String::new()),
+    },
+    SettingDef {
+        key: "store.prefault",
+        env: "CASCADE_PREFAULT",
+        flag: Some("prefault"),
+        value_name: "MODE",
+        help: "When memory is faulted in: foreground (before init returns), background \
+               (while the store is already usable) or off (on first write)",
+        default_help: "foreground",
+        parse: parse_prefault,
+        default: |_| (Value::Text("foreground".to_string()), String::new()),
+    },
+    SettingDef {
+        key: "spill.path",
+        env: "CASCADE_SPILL_PATH",
+        flag: Some("spill-path"),
+        value_name: "PATH",
+        help: "File on local SSD that takes chunks once memory is full",
+        default_help: "/var/tmp/<store name>.spill, i.e. /var/tmp/cascade-<uid>.spill",
+        parse: parse_path,
+        default: default_spill_path,
+    },
+    SettingDef {
+        key: "spill.size",
+        env: "CASCADE_SPILL_SIZE",
+        flag: Some("spill-size"),
+        value_name: "SIZE",
+        help: "Bytes reserved in the spill file, rounded down to whole chunks; 0 disables spill",
+        default_help:
+            "the memory capacity, at most 25% of the free space where the spill file goes",
+        parse: parse_bytes,
+        default: default_spill_size,
+    },
+];
+
+pub(crate) fn find(key: &str) -> Option<&'static SettingDef> {
+    SETTINGS.iter().find(|d| d.key == key)
+}
+
+/// The flag's setting, e.g. "capacity" -> store.capacity.
+pub fn find_by_flag(flag: &str) -> Option<&'static SettingDef> {
+    SETTINGS.iter().find(|d| d.flag == Some(flag))
+}
+
+fn parse_bytes(text: &str) -> Result<Value, String> {
+    parse_size(text).map(Value::Bytes)
+}
+
+fn parse_chunk_size(text: &str) -> Result<Value, String> {
+    let bytes = parse_size(text)?;
+    if !bytes.is_power_of_two() || !(4 << 10..=64 << 20).contains(&bytes) {
+        return Err("chunk size must be a power of two from 4KiB to 64MiB".to_string());
+    }
+    Ok(Value::Bytes(bytes))
+}
+
+fn parse_max_files(text: &str) -> Result<Value, String> {
+    const LIMIT: u64 = 1 << 24;
+    let n: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| "not a whole number".to_string())?;
+    if !(2..=LIMIT).contains(&n) {
+        return Err(format!("must be from 2 to {LIMIT}"));
+    }
+    Ok(Value::Count(n))
+}
+
+fn parse_prefault(text: &str) -> Result<Value, String> {
+    let choice = text.trim().to_ascii_lowercase();
+    match choice.as_str() {
+        "foreground" | "background" | "off" => Ok(Value::Text(choice)),
+        _ => Err("expected foreground, background or off".to_string()),
+    }
+}
+
+/// POSIX shm names are "/" plus one path component; a missing leading "/" is added.
+fn parse_store_name(text: &str) -> Result<Value, String> {
+    let bare = text.trim().strip_prefix('/').unwrap_or(text.trim());
+    if bare.is_empty() || bare.contains('/') || bare.len() > 254 || bare == "." || bare == ".." {
+        return Err("a store name is one component without '/', e.g. /cascade-ckpt".to_string());
+    }
+    Ok(Value::Text(format!("/{bare}")))
+}
+
+/// Paths are stored absolute: the store records the spill path for every process that
+/// attaches, whatever its working directory.
+fn parse_path(text: &str) -> Result<Value, String> {
+    if text.trim().is_empty() {
+        return Err("empty path".to_string());
+    }
+    let absolute = std::path::absolute(text).map_err(|e| crate::io_text(&e))?;
+    Ok(Value::Text(absolute.display().to_string()))
+}
+
+/// 25% of RAM, at most half of what /dev/shm has free, in whole chunks.
+fn default_capacity(resolved: &Resolved) -> (Value, String) {
+    let chunk = resolved.bytes("store.chunk_size");
+    let (bytes, how) = capacity_from(
+        machine::mem_total(),
+        machine::free_space(Path::new(SHM_DIR)),
+    );
+    (Value::Bytes(round_down(bytes, chunk)), how)
+}
+
+pub(crate) fn capacity_from(mem_total: Option<u64>, shm_free: Option<u64>) -> (u64, String) {
+    let Some(mem_total) = mem_total else {
+        return (0, "could not read MemTotal from /proc/meminfo".to_string());
+    };
+    let quarter_ram = mem_total / 4;
+    match shm_free {
+        Some(free) if free / 2 < quarter_ram => (
+            free / 2,
+            format!("50% of {} free in {SHM_DIR}", format_size(free)),
+        ),
+        Some(_) => (
+            quarter_ram,
+            format!("25% of {} RAM", format_size(mem_total)),
+        ),
+        None => (0, format!("could not measure free space in {SHM_DIR}")),
+    }
+}
+
+/// The default store's spill file is /var/tmp/cascade-<uid>.spill; other stores get their
+/// own file so two stores never share one.
+fn default_spill_path(resolved: &Resolved) -> (Value, String) {
+    let name = resolved.text("store.name").trim_start_matches('/');
+    let path = PathBuf::from("/var/tmp").join(format!("{name}.spill"));
+    (
+        Value::Text(path.display().to_string()),
+        "from store.name".to_string(),
+    )
+}
+
+/// As much spill as memory, but never more than a quarter of the SSD's free space.
+fn default_spill_size(resolved: &Resolved) -> (Value, String) {
+    let chunk = resolved.bytes("store.chunk_size");
+    let capacity = resolved.bytes("store.capacity");
+    let path = PathBuf::from(resolved.text("spill.path"));
+    let (bytes, how) = spill_size_from(capacity, machine::free_space(&path), &path);
+    (Value::Bytes(round_down(bytes, chunk)), how)
+}
+
+pub(crate) fn spill_size_from(capacity: u64, free: Option<u64>, path: &Path) -> (u64, String) {
+    let Some(free) = free else {
+        return (
+            0,
+            format!("could not measure free space for {}", path.display()),
+        );
+    };
+    if free / 4 < capacity {
+        let fs = path.parent().unwrap_or(path);
+        (
+            free / 4,
+            format!("25% of {} free in {}", format_size(free), fs.display()),
+        )
+    } else {
+        (capacity, "equal to store.capacity".to_string())
+    }
+}
+
+fn round_down(bytes: u64, chunk: u64) -> u64 {
+    if chunk == 0 {
+        bytes
+    } else {
+        bytes - bytes % chunk
+    }
+}

@@ -1,0 +1,406 @@
+use super::*;
+use crate::settings::{capacity_from, spill_size_from};
+use cascade_store::Prefault;
+use tempfile::TempDir;
+
+/// Inputs isolated from this machine's real config files: HOME and the system config
+/// point into a fresh temp dir that has neither file.
+fn isolated() -> (TempDir, Inputs) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut env = BTreeMap::new();
+    env.insert("HOME".to_string(), dir.path().display().to_string());
+    let inputs = Inputs {
+        flags: Vec::new(),
+        config_flag: None,
+        env,
+        system_config: dir.path().join("etc-cascade.toml"),
+    };
+    (dir, inputs)
+}
+
+fn write_file(dir: &TempDir, name: &str, text: &str) -> PathBuf {
+    let path = dir.path().join(name);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).expect("create parent");
+    }
+    std::fs::write(&path, text).expect("write config file");
+    path
+}
+
+fn entry<'a>(config: &'a Config, key: &str) -> &'a Entry {
+    config
+        .get(key)
+        .unwrap_or_else(|| panic!("no setting {key}"))
+}
+
+fn load_err(inputs: &Inputs) -> String {
+    match Config::load(inputs) {
+        Ok(config) => panic!("expected an error, got {:?}", config.entries()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn nothing_configured_gives_defaults() {
+    let (dir, inputs) = isolated();
+    let config = Config::load(&inputs).expect("defaults load");
+    for e in config.entries() {
+        assert!(
+            matches!(e.source, Source::Default(_)),
+            "{} from {}",
+            e.def.key,
+            e.source
+        );
+    }
+    assert_eq!(config.store_name(), cascade_store::default_store_name());
+    assert_eq!(
+        entry(&config, "store.chunk_size").value,
+        Value::Bytes(1 << 20)
+    );
+    assert_eq!(entry(&config, "store.max_files").value, Value::Count(65536));
+    assert_eq!(
+        entry(&config, "store.prefault").value,
+        Value::Text("foreground".into())
+    );
+    let uid = machine::uid();
+    assert_eq!(
+        entry(&config, "spill.path").value,
+        Value::Text(format!("/var/tmp/cascade-{uid}.spill"))
+    );
+    let Value::Bytes(capacity) = entry(&config, "store.capacity").value else {
+        panic!("capacity is not a size");
+    };
+    let mem_total = machine::mem_total().expect("MemTotal");
+    assert!(
+        capacity > 0 && capacity <= mem_total / 4,
+        "capacity {capacity}"
+    );
+    assert_eq!(capacity % (1 << 20), 0, "capacity is whole chunks");
+    let Value::Bytes(spill) = entry(&config, "spill.size").value else {
+        panic!("spill.size is not a size");
+    };
+    assert!(spill <= capacity && spill % (1 << 20) == 0, "spill {spill}");
+    assert_eq!(
+        config.file(),
+        &ConfigFile::None {
+            looked_in: vec![
+                dir.path().join(USER_CONFIG),
+                dir.path().join("etc-cascade.toml")
+            ]
+        }
+    );
+}
+
+#[test]
+fn flag_beats_env_beats_file_beats_default() {
+    let (dir, mut inputs) = isolated();
+    let file = write_file(
+        &dir,
+        "explicit.toml",
+        "[store]\ncapacity = \"32MiB\"\nchunk_size = \"128KiB\"\nmax_files = 100\n",
+    );
+    inputs.config_flag = Some(file.clone());
+    inputs.env.insert("CASCADE_CAPACITY".into(), "48MiB".into());
+    inputs.env.insert("CASCADE_MAX_FILES".into(), "200".into());
+    let inputs = inputs.flag("store.max_files", "300");
+    let config = Config::load(&inputs).expect("loads");
+
+    let max_files = entry(&config, "store.max_files");
+    assert_eq!(max_files.value, Value::Count(300));
+    assert_eq!(max_files.source, Source::Flag("max-files"));
+    let capacity = entry(&config, "store.capacity");
+    assert_eq!(capacity.value, Value::Bytes(48 << 20));
+    assert_eq!(capacity.source, Source::Env("CASCADE_CAPACITY"));
+    let chunk = entry(&config, "store.chunk_size");
+    assert_eq!(chunk.value, Value::Bytes(128 << 10));
+    assert_eq!(chunk.source, Source::File(file.clone()));
+    assert!(matches!(
+        entry(&config, "store.prefault").source,
+        Source::Default(_)
+    ));
+    assert_eq!(
+        config.file(),
+        &ConfigFile::Read {
+            path: file,
+            chosen_by: "--config".into()
+        }
+    );
+}
+
+#[test]
+fn last_flag_wins_and_empty_env_is_unset() {
+    let (_dir, mut inputs) = isolated();
+    inputs.env.insert("CASCADE_PREFAULT".into(), "".into());
+    let inputs = inputs
+        .flag("store.capacity", "1GiB")
+        .flag("store.capacity", "2GiB");
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(
+        entry(&config, "store.capacity").value,
+        Value::Bytes(2 << 30)
+    );
+    assert!(matches!(
+        entry(&config, "store.prefault").source,
+        Source::Default(_)
+    ));
+}
+
+#[test]
+fn user_config_is_preferred_to_system_config() {
+    let (dir, inputs) = isolated();
+    let system = write_file(&dir, "etc-cascade.toml", "[store]\nmax_files = 1000\n");
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(
+        entry(&config, "store.max_files").source,
+        Source::File(system)
+    );
+
+    let user = write_file(&dir, USER_CONFIG, "[store]\nmax_files = 2000\n");
+    let config = Config::load(&inputs).expect("loads");
+    let max_files = entry(&config, "store.max_files");
+    assert_eq!(max_files.value, Value::Count(2000));
+    assert_eq!(max_files.source, Source::File(user.clone()));
+    assert_eq!(
+        config.file(),
+        &ConfigFile::Read {
+            path: user,
+            chosen_by: "default location".into()
+        }
+    );
+}
+
+#[test]
+fn config_flag_beats_config_env() {
+    let (dir, mut inputs) = isolated();
+    let from_env = write_file(&dir, "env.toml", "store.max_files = 10\n");
+    let from_flag = write_file(&dir, "flag.toml", "store.max_files = 20\n");
+    inputs
+        .env
+        .insert(CONFIG_ENV.into(), from_env.display().to_string());
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(entry(&config, "store.max_files").value, Value::Count(10));
+    inputs.config_flag = Some(from_flag);
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(entry(&config, "store.max_files").value, Value::Count(20));
+}
+
+#[test]
+fn explicitly_named_missing_file_is_an_error() {
+    let (dir, mut inputs) = isolated();
+    let missing = dir.path().join("nope.toml");
+    inputs
+        .env
+        .insert(CONFIG_ENV.into(), missing.display().to_string());
+    assert_eq!(
+        load_err(&inputs),
+        format!(
+            "config file {} (from CASCADE_CONFIG): No such file or directory",
+            missing.display()
+        )
+    );
+    inputs.config_flag = Some(missing.clone());
+    assert!(load_err(&inputs).contains("(from --config)"));
+}
+
+#[test]
+fn bad_env_size_names_variable_and_value() {
+    let (_dir, mut inputs) = isolated();
+    inputs.env.insert("CASCADE_CHUNK_SIZE".into(), "12x".into());
+    assert_eq!(
+        load_err(&inputs),
+        "CASCADE_CHUNK_SIZE=\"12x\": not a size (expected e.g. 4KiB, 1MiB, 8GiB)"
+    );
+}
+
+#[test]
+fn bad_flag_value_names_the_flag() {
+    let (_dir, inputs) = isolated();
+    let inputs = inputs.flag("store.prefault", "sometimes");
+    assert_eq!(
+        load_err(&inputs),
+        "--prefault=\"sometimes\": expected foreground, background or off"
+    );
+    let (_dir, inputs) = isolated();
+    let inputs = inputs.flag("store.chunk_size", "96KiB");
+    assert_eq!(
+        load_err(&inputs),
+        "--chunk-size=\"96KiB\": chunk size must be a power of two from 4KiB to 64MiB"
+    );
+    let (_dir, inputs) = isolated();
+    let inputs = inputs.flag("store.max_files", "1");
+    assert!(load_err(&inputs).starts_with("--max-files=\"1\": must be from 2 to"));
+}
+
+#[test]
+fn bad_file_value_names_file_and_key() {
+    let (dir, mut inputs) = isolated();
+    let file = write_file(&dir, "c.toml", "[spill]\nsize = \"lots\"\n");
+    inputs.config_flag = Some(file.clone());
+    assert_eq!(
+        load_err(&inputs),
+        format!(
+            "{}: spill.size=\"lots\": not a size (expected e.g. 4KiB, 1MiB, 8GiB)",
+            file.display()
+        )
+    );
+}
+
+#[test]
+fn unknown_key_in_file_is_an_error() {
+    let (dir, mut inputs) = isolated();
+    let file = write_file(&dir, "c.toml", "[store]\ncapasity = \"1GiB\"\n");
+    inputs.config_flag = Some(file.clone());
+    let err = load_err(&inputs);
+    assert!(
+        err.starts_with(&format!(
+            "{}: unknown setting \"store.capasity\"",
+            file.display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("store.capacity"),
+        "lists known settings: {err}"
+    );
+}
+
+#[test]
+fn wrong_toml_type_is_an_error() {
+    let (dir, mut inputs) = isolated();
+    let file = write_file(&dir, "c.toml", "[store]\nchunk_size = 1.5\n");
+    inputs.config_flag = Some(file.clone());
+    assert_eq!(
+        load_err(&inputs),
+        format!(
+            "{}: store.chunk_size: expected a string or a whole number",
+            file.display()
+        )
+    );
+}
+
+#[test]
+fn toml_syntax_error_is_one_line_with_line_number() {
+    let (dir, mut inputs) = isolated();
+    let file = write_file(&dir, "c.toml", "[store]\nname = \"/x\"\ncapacity = = 3\n");
+    inputs.config_flag = Some(file.clone());
+    let err = load_err(&inputs);
+    assert!(err.starts_with(&format!("{}:3: ", file.display())), "{err}");
+    assert!(!err.contains('\n'), "one line: {err:?}");
+}
+
+#[test]
+fn store_config_carries_every_setting() {
+    let (dir, inputs) = isolated();
+    let spill = dir.path().join("s.spill");
+    let inputs = inputs
+        .flag("store.name", "cascade-unit")
+        .flag("store.capacity", "64MiB")
+        .flag("store.chunk_size", "64k")
+        .flag("store.max_files", "128")
+        .flag("store.prefault", "Background")
+        .flag("spill.path", spill.display().to_string())
+        .flag("spill.size", "16MiB");
+    let config = Config::load(&inputs).expect("loads");
+    let store = config.store_config().expect("consistent");
+    assert_eq!(store.name, "/cascade-unit");
+    assert_eq!(store.capacity, 64 << 20);
+    assert_eq!(store.chunk_size, 64 << 10);
+    assert_eq!(store.max_files, 128);
+    assert_eq!(store.prefault, Prefault::Background);
+    assert_eq!(
+        store.spill,
+        Some(SpillConfig {
+            path: spill,
+            size: 16 << 20
+        })
+    );
+}
+
+#[test]
+fn zero_spill_size_disables_spill() {
+    let (_dir, inputs) = isolated();
+    let inputs = inputs.flag("spill.size", "0");
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(config.store_config().expect("consistent").spill, None);
+}
+
+#[test]
+fn capacity_below_one_chunk_is_rejected_with_its_source() {
+    let (_dir, mut inputs) = isolated();
+    inputs.env.insert("CASCADE_CAPACITY".into(), "4k".into());
+    let config = Config::load(&inputs).expect("each value is fine alone");
+    let err = config
+        .store_config()
+        .expect_err("4 KiB < 1 MiB chunk")
+        .to_string();
+    assert_eq!(
+        err,
+        "store.capacity = 4096 (4 KiB) (env CASCADE_CAPACITY) is less than one chunk (1 MiB)"
+    );
+}
+
+#[test]
+fn spill_path_follows_store_name_and_is_made_absolute() {
+    let (_dir, inputs) = isolated();
+    let config = Config::load(&inputs.flag("store.name", "/ckpt-a")).expect("loads");
+    assert_eq!(
+        entry(&config, "spill.path").value,
+        Value::Text("/var/tmp/ckpt-a.spill".into())
+    );
+    let (_dir, inputs) = isolated();
+    let config = Config::load(&inputs.flag("spill.path", "rel/x.spill")).expect("loads");
+    let Value::Text(path) = &entry(&config, "spill.path").value else {
+        panic!("spill.path is not text");
+    };
+    assert!(
+        Path::new(path).is_absolute() && path.ends_with("rel/x.spill"),
+        "{path}"
+    );
+}
+
+#[test]
+fn bad_store_names_are_rejected() {
+    for bad in ["/a/b", "/", "", ".."] {
+        let (_dir, inputs) = isolated();
+        let err = load_err(&inputs.flag("store.name", bad));
+        assert!(err.starts_with(&format!("--store={bad:?}: ")), "{err}");
+    }
+}
+
+#[test]
+fn default_capacity_is_quarter_ram_capped_by_half_free_shm() {
+    assert_eq!(capacity_from(Some(16 << 30), Some(100 << 30)).0, 4 << 30);
+    assert_eq!(capacity_from(Some(16 << 30), Some(6 << 30)).0, 3 << 30);
+    assert_eq!(capacity_from(None, Some(6 << 30)).0, 0);
+    assert_eq!(capacity_from(Some(16 << 30), None).0, 0);
+    assert!(capacity_from(Some(16 << 30), Some(6 << 30))
+        .1
+        .contains("/dev/shm"));
+}
+
+#[test]
+fn default_spill_is_capacity_capped_by_quarter_free_disk() {
+    let path = Path::new("/var/tmp/x.spill");
+    assert_eq!(spill_size_from(4 << 30, Some(100 << 30), path).0, 4 << 30);
+    assert_eq!(spill_size_from(4 << 30, Some(8 << 30), path).0, 2 << 30);
+    assert_eq!(spill_size_from(4 << 30, None, path).0, 0);
+}
+
+#[test]
+fn every_setting_has_a_unique_key_env_and_flag() {
+    let mut keys: Vec<&str> = SETTINGS.iter().map(|d| d.key).collect();
+    let mut envs: Vec<&str> = SETTINGS.iter().map(|d| d.env).collect();
+    let mut flags: Vec<&str> = SETTINGS.iter().filter_map(|d| d.flag).collect();
+    for list in [&mut keys, &mut envs, &mut flags] {
+        let before = list.len();
+        list.sort_unstable();
+        list.dedup();
+        assert_eq!(list.len(), before, "duplicates in {list:?}");
+    }
+    assert!(envs.iter().all(|e| e.starts_with("CASCADE_")));
+    for def in SETTINGS {
+        if let Some(flag) = def.flag {
+            assert_eq!(find_by_flag(flag).map(|d| d.key), Some(def.key));
+        }
+    }
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what the tests need (only what is missing) and runs every check and test in the
+# workspace: rustfmt, clippy with warnings as errors, and all unit, integration,
+# multi-process and C-example tests.
+#
+# Tests run in the debug profile: overflow checks and debug assertions stay on, which is
+# what a test of crash-consistency invariants wants, and it builds faster than release.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+
+packages=(build-essential pkg-config python3)
+if ! command -v cargo >/dev/null 2>&1; then
+    packages+=(curl ca-certificates) # for rustup
+fi
+missing=()
+for package in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$package")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "test: installing ${missing[*]}"
+    as_root apt-get update
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "test: installing Rust with rustup"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+        sh -s -- -y --profile minimal --component rustfmt,clippy
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        rustup component add "$component"
+    fi
+done
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace --no-fail-fast
