@@ -434,8 +434,14 @@ impl Block {
             .metadata()
             .map_err(|e| Error::from_io(&e, name.to_string()))?
             .len();
-        // A block whose header cannot be read is destroyed anyway: that is how users get rid of one.
-        if let Ok((geo, spill)) = read_geometry(name, &file, len) {
+        // A block whose header cannot be read (even one too short to hold a header, left by a
+        // creator killed before sizing it) is destroyed anyway: that is how users get rid of it.
+        let geometry = if len < HEADER_SIZE as u64 {
+            None
+        } else {
+            read_geometry(name, &file, len).ok()
+        };
+        if let Some((geo, spill)) = geometry {
             if !force {
                 let map = MmapOptions::new()
                     .len(geo.block_size as usize)

@@ -16,6 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 static ZEROS: [u8; 65536] = [0; 65536];
+const READ_RETRIES: usize = 4;
 
 /// Entries covered by one slot of a node at `level` (level 0 = leaves holding chunk ids).
 fn span(level: u32) -> u64 {
@@ -152,6 +153,9 @@ impl Block {
         let mut chunks = Vec::new();
         let mut nodes = Vec::new();
         let root = map_root(m) - 1;
+        // Tell lock-free readers that chunks they may be copying are about to be freed.
+        inode.trunc_seq.fetch_add(1, Relaxed);
+        std::sync::atomic::fence(Release);
         if keep == 0 {
             inode.map.store(0, Release);
             self.collect_subtree(root, map_height(m) - 1, &mut chunks, &mut nodes);
@@ -172,8 +176,11 @@ impl Block {
         inode
             .chunks_spill
             .fetch_sub(spill.min(inode.chunks_spill.load(Relaxed)), Relaxed);
-        self.free_chunks(&chunks)?;
-        self.free_nodes(&nodes)
+        let freed = self
+            .free_chunks(&chunks)
+            .and_then(|_| self.free_nodes(&nodes));
+        inode.trunc_seq.fetch_add(1, Release);
+        freed
     }
 
     fn cut(
@@ -276,6 +283,10 @@ impl Block {
         }
         inode.chunks_mem.store(mem, Relaxed);
         inode.chunks_spill.store(spill, Relaxed);
+        // A truncation cut short by the crash leaves the sequence odd: close it.
+        if inode.trunc_seq.load(Relaxed) & 1 == 1 {
+            inode.trunc_seq.fetch_add(1, Release);
+        }
         Ok(())
     }
 
@@ -474,8 +485,27 @@ impl Block {
         }
     }
 
-    /// Reads into `buf` from `offset`; holes read as zeros. No lock: see map_lookup.
+    /// Reads into `buf` from `offset`; holes read as zeros. Lock-free, like a seqlock: if a
+    /// truncation or removal of this file freed chunks meanwhile, the copy may hold bytes of
+    /// a reused chunk, so it is retried; after a few tries the read takes the file's lock.
     pub(crate) fn read(&self, ino: u32, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let seq = &self.inode(ino).trunc_seq;
+        for _ in 0..READ_RETRIES {
+            let before = seq.load(Acquire);
+            if before & 1 == 0 {
+                let n = self.read_unlocked(ino, buf, offset)?;
+                std::sync::atomic::fence(Acquire);
+                if seq.load(Relaxed) == before {
+                    return Ok(n);
+                }
+            }
+            std::thread::yield_now();
+        }
+        let _g = self.lock_inode(ino)?;
+        self.read_unlocked(ino, buf, offset)
+    }
+
+    fn read_unlocked(&self, ino: u32, buf: &mut [u8], offset: u64) -> Result<usize> {
         let cs = self.geo.chunk_size;
         let size = self.inode(ino).size.load(Acquire);
         if offset >= size {

@@ -183,7 +183,9 @@ pub(crate) struct Inode {
     pub first_child: AtomicU32,
     pub next_sibling: AtomicU32,
     pub prev_sibling: AtomicU32,
-    pub _pad1: [u32; 9],
+    /// Odd while chunks of this file are being freed; lock-free readers retry if it moved.
+    pub trunc_seq: AtomicU32,
+    pub _pad1: [u32; 8],
     pub names: [[u8; 256]; 2],
 }
 

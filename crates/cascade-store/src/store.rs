@@ -198,14 +198,16 @@ impl Store {
     pub fn open(&self, path: &str, opts: &OpenOptions) -> Result<File> {
         let b = &self.block;
         let writable = opts.write || opts.append;
-        let ino = {
+        // The generation is read under the namespace lock: once that is released, the name may
+        // be removed and its inode reused by another file.
+        let (ino, gen) = {
             let _g = b.lock_ns()?;
             let (parent, name) = b.resolve_parent(path)?;
             let existing = match name {
                 None => Some(ROOT_INO),
                 Some(n) => b.lookup(parent, n),
             };
-            match (existing, name) {
+            let ino = match (existing, name) {
                 (Some(_), _) if opts.create_new => {
                     return Err(Error::new(libc::EEXIST, path.to_string()))
                 }
@@ -220,9 +222,9 @@ impl Store {
                     b.create_inode(parent, n, INODE_FILE, opts.mode)?
                 }
                 _ => return Err(Error::new(libc::ENOENT, path.to_string())),
-            }
+            };
+            (ino, b.inode(ino).gen.load(Acquire))
         };
-        let gen = b.inode(ino).gen.load(Acquire);
         let file = File {
             block: self.block.clone(),
             ino,

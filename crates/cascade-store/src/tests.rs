@@ -421,11 +421,12 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Inode, first_child),
         offset_of!(Inode, next_sibling),
         offset_of!(Inode, prev_sibling),
+        offset_of!(Inode, trunc_seq),
         offset_of!(Inode, names),
     ];
     assert_eq!(
         inode,
-        [0, 64, 68, 72, 80, 88, 96, 100, 104, 108, 112, 120, 128, 136, 144, 148, 152, 192]
+        [0, 64, 68, 72, 80, 88, 96, 100, 104, 108, 112, 120, 128, 136, 144, 148, 152, 156, 192]
     );
     assert_eq!(size_of::<Inode>(), 704);
     assert_eq!(
@@ -438,4 +439,63 @@ fn header_and_record_offsets_match_the_docs() {
         [0, 4, 8, 16]
     );
     assert_eq!(size_of::<Header>(), 1408);
+}
+
+/// An open racing unlink + re-create must never hand out a handle to the new occupant of
+/// the inode (a directory here).
+#[test]
+fn open_never_binds_to_a_reused_inode() {
+    let s = store(1 << 20, 4096, 0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for _ in 0..20_000 {
+                s.open("/a", &rw().create_new(true)).unwrap();
+                s.unlink("/a").unwrap();
+                s.mkdir("/d", 0o755).unwrap();
+                s.rmdir("/d").unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(f) = s.open("/a", &OpenOptions::new().read(true).write(true)) {
+                if let Err(e) = f.write_at(b"x", 0) {
+                    assert_eq!(e.errno(), libc::ESTALE, "{e}");
+                }
+            }
+        }
+    });
+    assert_clean(&s);
+}
+
+/// A lock-free read racing truncation of the same file never returns bytes of another file.
+/// Large reads widen the window in which the writer can free and reuse the chunks.
+#[test]
+fn read_racing_truncate_never_sees_foreign_bytes() {
+    const LEN: usize = 64 * 4096;
+    let s = store(256 * 4096, 4096, 0);
+    let victim = s.open("/victim", &rw()).unwrap();
+    let other = s.open("/other", &rw()).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_secs(1) {
+                victim.write_all_at(&[1; LEN], 0).unwrap();
+                victim.set_len(0).unwrap();
+                other.write_all_at(&[2; LEN], 0).unwrap();
+                other.set_len(0).unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let mut buf = vec![0u8; LEN];
+        while !stop.load(Ordering::Relaxed) {
+            let n = victim.read_at(&mut buf, 0).unwrap();
+            assert!(
+                buf[..n].iter().all(|&b| b == 1 || b == 0),
+                "read another file's bytes"
+            );
+        }
+    });
+    assert_clean(&s);
 }
