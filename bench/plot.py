@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Plots for bench/results/node-store.json: the chunk-size sweep and the spill-over curve.
+
+usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
+Writes chunk-sweep.png and spill-over.png next to the JSON (or into OUT_DIR).
+"""
+
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def size_label(n):
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def ok(row):
+    s = row["gbps"]
+    return all(isinstance(s.get(k), (int, float)) for k in ("median", "min", "max"))
+
+
+def errbars(stats):
+    med = [s["median"] for s in stats]
+    lo = [s["median"] - s["min"] for s in stats]
+    hi = [s["max"] - s["median"] for s in stats]
+    return med, [lo, hi]
+
+
+def plot_sweep(rep, out):
+    rows = rep["results"]["sweep"]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    procs = sorted({r["procs"] for r in rows})
+    for i, p in enumerate(procs):
+        rs = sorted((r for r in rows if r["procs"] == p and ok(r)),
+                    key=lambda r: r["chunk_size"])
+        xs = [r["chunk_size"] for r in rs]
+        med, err = errbars([r["gbps"] for r in rs])
+        color = f"C{i}"
+        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=color,
+                    label=f"Cascade, {p} process{'es' if p > 1 else ''}")
+        base = [w for w in rep["results"]["writes"]
+                if w["method"] == "memcpy-shm" and w["procs"] == p]
+        if base:
+            ax.axhline(base[0]["gbps"]["median"], color=color, linestyle="--", linewidth=1,
+                       label=f"memcpy into pre-faulted shm, {p} proc")
+    ax.set_xscale("log", base=2)
+    xs = sorted({r["chunk_size"] for r in rows})
+    ax.set_xticks(xs)
+    ax.set_xticklabels([size_label(x) for x in xs], rotation=45, ha="right")
+    ax.set_xlabel("chunk size (writes of 1 MiB, or of the chunk size when larger)")
+    ax.set_ylabel("aggregate write bandwidth (GB/s)")
+    size = rep["options"]["size"]
+    ax.set_title(f"Chunk-size sweep, {size_label(size)} per process (median, min-max)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "chunk-sweep.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_spill(rep, out):
+    rows = rep["results"]["spill"]
+    if not rows:
+        return None
+    models = {m["procs"]: m for m in rep["results"]["spill_model"]}
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, p in enumerate(sorted({r["procs"] for r in rows})):
+        rs = sorted((r for r in rows if r["procs"] == p and ok(r)),
+                    key=lambda r: r["spilled_bytes"])
+        xs = [100.0 * r["spilled_bytes"] / r["total_bytes"] for r in rs]
+        med, err = errbars([r["gbps"] for r in rs])
+        color = f"C{i}"
+        ax.errorbar(xs, med, yerr=err, marker="o", linestyle="none", capsize=3, color=color,
+                    label=f"measured, {p} process{'es' if p > 1 else ''}")
+        m = models.get(p)
+        if m:
+            tm, ts = m["t_mem_gbps"], m["t_ssd_gbps"]
+            curve_x = [x / 10.0 for x in range(0, 1001)]
+            curve_y = [1.0 / ((1 - f / 100.0) / tm + (f / 100.0) / ts) for f in curve_x]
+            ax.plot(curve_x, curve_y, color=color, linewidth=1,
+                    label=f"size/(mem/T_mem + ssd/T_ssd), T_mem={tm:.1f}, T_ssd={ts:.2f} GB/s")
+    ax.set_xscale("symlog", linthresh=3.0)
+    ticks = [0, 3.125, 6.25, 12.5, 25, 50, 100]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{t:g}" for t in ticks])
+    ax.set_xlabel("share of the data spilled to the SSD file (%)")
+    ax.set_ylabel("write bandwidth incl. File::sync (GB/s)")
+    ax.set_yscale("log")
+    size = rep["options"]["spill_size"]
+    ax.set_title(f"Spill-over, {size_label(size)} per process (paper 000, Table 3)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "spill-over.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main():
+    src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
+    out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
+    with open(src) as f:
+        rep = json.load(f)
+    for path in (plot_sweep(rep, out), plot_spill(rep, out)):
+        if path:
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,992 @@
+//! The five node-store benchmarks. Each runs every configuration `reps` times, interleaving
+//! the methods within a repetition so that slow drift of the machine hits them all alike.
+
+use crate::child::Job;
+use crate::harness::{run_group, Outcome};
+use crate::util::{
+    fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
+};
+use cascade_store::{OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Which benchmarks to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bench {
+    Writes,
+    Steady,
+    Readback,
+    Sweep,
+    Spill,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Opts {
+    #[serde(skip)]
+    pub pid: u32,
+    /// Bytes per process (writes, steady-state checkpoints, sweep, read-back).
+    pub size: u64,
+    /// Bytes per process in the spill-over benchmark.
+    pub spill_size: u64,
+    /// Bytes per write/read call.
+    pub io: u64,
+    /// Chunk size of the stores outside the sweep.
+    pub chunk_size: u64,
+    pub reps: usize,
+    /// Repetitions of the slow measurements: disk writes, steady state, chunk sweep.
+    pub slow_reps: usize,
+    /// Repetitions of each spill-over point (short runs, so more of them).
+    pub spill_reps: usize,
+    pub rounds: usize,
+    pub keep: usize,
+    pub procs: Vec<usize>,
+    pub spill_procs: Vec<usize>,
+    pub sweep: Vec<u64>,
+    /// Spilled shares, in percent.
+    pub shares: Vec<f64>,
+    pub disk_dir: PathBuf,
+    pub spill_dir: PathBuf,
+    pub benches: Vec<Bench>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Creation {
+    pub store: String,
+    pub capacity: u64,
+    pub chunk_size: u64,
+    pub spill_bytes: u64,
+    /// Wall time of `Store::create` with `Prefault::Foreground`.
+    pub seconds: f64,
+    /// capacity / seconds.
+    pub gbps: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub method: String,
+    pub procs: usize,
+    pub gbps: Stats,
+    /// Median set-up time of a child (attach, pre-faulting) before the barrier.
+    pub setup_s: f64,
+}
+
+/// Cascade, memcpy-shm and store-chunks taking turns inside the same processes (see
+/// `Job::Paired`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TightPair {
+    /// "write" or "read".
+    pub kind: String,
+    pub procs: usize,
+    pub cascade_gbps: Stats,
+    pub memcpy_shm_gbps: Stats,
+    pub store_chunks_gbps: Stats,
+    /// cascade / memcpy-shm within each round.
+    pub ratio: Stats,
+    /// cascade / store-chunks within each round (diagnostic: the store's own memory).
+    pub ratio_chunks: Stats,
+}
+
+/// Runs a paired job in `procs` processes and turns its phases into aggregate GB/s.
+fn tight_pair(
+    opts: &Opts,
+    store: &Store,
+    base: &ShmBase,
+    procs: usize,
+    read: bool,
+) -> Res<TightPair> {
+    let bytes = opts.size;
+    let pairs = opts.reps.max(3);
+    let jobs: Vec<Job> = (0..procs)
+        .map(|i| Job::Paired {
+            store: store.name().to_string(),
+            prefix: if read {
+                format!("/rb-p{i}.dat")
+            } else {
+                format!("/pair-p{i}")
+            },
+            shm: base.name.clone(),
+            offset: i as u64 * bytes,
+            bytes,
+            io: opts.io,
+            pairs,
+            read,
+        })
+        .collect();
+    let kind = if read { "read" } else { "write" };
+    let out = run_group(&jobs).ctx(|| format!("paired {kind}s with {procs} processes"))?;
+    let n = 3 * pairs;
+    // Per round: GB/s of each method (aggregated over the processes like every other figure).
+    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
+    for j in 0..n {
+        let mut first = u64::MAX;
+        let mut last = 0;
+        let mut name = String::new();
+        for c in &out.children {
+            let Some((m, s, e)) = c.phases.get(j) else {
+                return crate::util::err(format!("paired {kind}s: a child reported no phase {j}"));
+            };
+            first = first.min(*s);
+            last = last.max(*e);
+            name.clone_from(m);
+        }
+        rounds[j / 3].insert(name, gbps(bytes * procs as u64, last.saturating_sub(first)));
+    }
+    let series =
+        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
+    let ratios = |base: &str| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|r| Some(r.get("cascade")? / r.get(base)?))
+            .collect()
+    };
+    let (cas, shm, chunks) = (
+        series("cascade"),
+        series("memcpy-shm"),
+        series("store-chunks"),
+    );
+    let (r_shm, r_chunks) = (ratios("memcpy-shm"), ratios("store-chunks"));
+    eprintln!(
+        "  [pairs] {kind}s procs={procs}: cascade {:.2}, memcpy-shm {:.2}, store-chunks {:.2} GB/s; cascade/memcpy-shm {:.2}x, cascade/store-chunks {:.2}x (medians of {} rounds)",
+        Stats::of(&cas).median,
+        Stats::of(&shm).median,
+        Stats::of(&chunks).median,
+        Stats::of(&r_shm).median,
+        Stats::of(&r_chunks).median,
+        pairs
+    );
+    Ok(TightPair {
+        kind: kind.to_string(),
+        procs,
+        cascade_gbps: Stats::of(&cas),
+        memcpy_shm_gbps: Stats::of(&shm),
+        store_chunks_gbps: Stats::of(&chunks),
+        ratio: Stats::of(&r_shm),
+        ratio_chunks: Stats::of(&r_chunks),
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SteadySide {
+    /// GB/s of each round (median/min/max over the repetitions).
+    pub per_round: Vec<Stats>,
+    /// GB/s over the rounds after the first `keep` (every one of them deletes a checkpoint).
+    pub steady: Stats,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Steady {
+    pub bytes: u64,
+    pub rounds: usize,
+    pub keep: usize,
+    pub cascade: SteadySide,
+    pub tmpfs: SteadySide,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepRow {
+    pub chunk_size: u64,
+    pub io: u64,
+    pub procs: usize,
+    pub gbps: Stats,
+    pub creation_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpillRow {
+    pub procs: usize,
+    /// Requested spilled share, percent.
+    pub share_pct: f64,
+    /// Bytes that really went to the spill file (median over repetitions, all processes).
+    pub spilled_bytes: u64,
+    pub total_bytes: u64,
+    pub gbps: Stats,
+    pub seconds: Stats,
+    /// From the common start to the last process's last write (before File::sync).
+    pub write_s: Stats,
+    /// From then to the last process's return from File::sync and close.
+    pub sync_s: Stats,
+    /// size / (mem/T_mem + ssd/T_ssd), filled in once the 0 % and 100 % runs are known.
+    pub predicted_gbps: f64,
+    pub deviation_pct: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpillModel {
+    pub procs: usize,
+    pub t_mem_gbps: f64,
+    pub t_ssd_gbps: f64,
+    /// The very first run, at 100 % spilled, into a spill file never written before.
+    pub first_run_gbps: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Results {
+    pub creation: Vec<Creation>,
+    pub writes: Vec<Row>,
+    pub tight_pairs: Vec<TightPair>,
+    pub steady: Option<Steady>,
+    pub readback: Vec<Row>,
+    pub sweep: Vec<SweepRow>,
+    pub spill: Vec<SpillRow>,
+    pub spill_model: Vec<SpillModel>,
+}
+
+/// Creates a store (`Prefault::Foreground`, timed), runs `f` with it, then drops this
+/// process's handle and destroys the store, also when `f` failed. (After a panic, the run's
+/// cleanup guard destroys it.)
+fn with_store<T>(
+    results: &mut Results,
+    pid: u32,
+    tag: &str,
+    capacity: u64,
+    chunk_size: u64,
+    spill: Option<SpillConfig>,
+    f: impl FnOnce(&mut Results, &Store) -> Res<T>,
+) -> Res<T> {
+    let has_spill = spill.is_some();
+    let store = create_store(results, pid, tag, capacity, chunk_size, spill)?;
+    let name = store.name().to_string();
+    let r = if has_spill {
+        f(results, &store)
+    } else {
+        burn_in(&store, capacity).and_then(|()| f(results, &store))
+    };
+    // Detach first: destroy refuses while a live process (this one) is attached.
+    drop(store);
+    let d = Store::destroy(&name).ctx(|| format!("destroying store {name}"));
+    let v = r?;
+    d?;
+    Ok(v)
+}
+
+/// Creates a store with `Prefault::Foreground` and records how long that took.
+fn create_store(
+    results: &mut Results,
+    pid: u32,
+    tag: &str,
+    capacity: u64,
+    chunk_size: u64,
+    spill: Option<SpillConfig>,
+) -> Res<Store> {
+    let name = store_name(pid, tag);
+    let spill_bytes = spill.as_ref().map_or(0, |s| s.size);
+    let cfg = StoreConfig {
+        name: name.clone(),
+        capacity,
+        chunk_size,
+        max_files: 4096,
+        spill,
+        prefault: Prefault::Foreground,
+    };
+    let t = now_ns();
+    let store = Store::create(&cfg).ctx(|| {
+        format!(
+            "creating store {name} ({} memory, {} chunks)",
+            size_str(capacity),
+            size_str(chunk_size)
+        )
+    })?;
+    let ns = now_ns() - t;
+    let c = Creation {
+        store: name,
+        capacity,
+        chunk_size,
+        spill_bytes,
+        seconds: ns as f64 / 1e9,
+        gbps: gbps(capacity, ns),
+    };
+    eprintln!(
+        "  created {} ({} memory, {} chunks): {:.3} s prefault = {:.2} GB/s",
+        c.store,
+        size_str(capacity),
+        size_str(chunk_size),
+        c.seconds,
+        c.gbps
+    );
+    results.creation.push(c);
+    Ok(store)
+}
+
+/// Writes the whole memory of a new store once through the API (a file that fills it, then
+/// unlinked), so that every measurement finds store memory that has held data before, like
+/// the memcpy-shm baseline object after its own burn-in and like a store in service. On the
+/// VM this was developed on, the first write into freshly pre-faulted pages was at times
+/// several times slower than later ones, which would otherwise land on whichever repetition
+/// happens to get never-used chunks.
+fn burn_in(store: &Store, capacity: u64) -> Res<()> {
+    let t = now_ns();
+    let path = "/burn-in";
+    let f = store
+        .open(path, &OpenOptions::new().write(true).create_new(true))
+        .ctx(|| format!("creating {path}"))?;
+    let mut src = vec![0u8; MIB as usize];
+    fill_pattern(&mut src, 5);
+    let mut off = 0;
+    while off < capacity {
+        match f.write_at(&src, off) {
+            Ok(0) => break,
+            Ok(n) => off += n as u64,
+            // Chunks parked in this process's batch may make the store "full" a bit early.
+            Err(e) if e.errno() == libc::ENOSPC => break,
+            Err(e) => return Err(e).ctx(|| format!("writing {path} at {off}")),
+        }
+    }
+    drop(f);
+    store.unlink(path).ctx(|| format!("unlinking {path}"))?;
+    eprintln!(
+        "  burn-in: wrote {} of store memory once in {:.3} s",
+        size_str(off),
+        (now_ns() - t) as f64 / 1e9
+    );
+    Ok(())
+}
+
+/// Memory for `files` files of `bytes` plus slack for chunks parked in per-process batches.
+fn capacity_for(bytes_needed: u64, chunk: u64) -> u64 {
+    let slack = (bytes_needed / 8).max(16 * chunk);
+    (bytes_needed + slack).div_ceil(chunk) * chunk
+}
+
+/// The /dev/shm object of the memcpy-shm baselines; removed when dropped.
+struct ShmBase {
+    name: String,
+    path: PathBuf,
+}
+
+impl ShmBase {
+    fn create(pid: u32, bytes: u64) -> Res<ShmBase> {
+        let name = format!("{}-shm-base", prefix(pid));
+        let path = PathBuf::from("/dev/shm").join(&name);
+        let t = now_ns();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .ctx(|| format!("creating {}", path.display()))?;
+        let base = ShmBase {
+            name,
+            path: path.clone(),
+        };
+        f.set_len(bytes)
+            .ctx(|| format!("sizing {}", path.display()))?;
+        // SAFETY: the object was just created by this process (create_new) under a name unique
+        // to this run; nothing else maps or resizes it while this short-lived mapping exists.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }
+            .ctx(|| format!("mapping {}", path.display()))?;
+        map.advise(memmap2::Advice::PopulateWrite)
+            .ctx(|| format!("pre-faulting {}", path.display()))?;
+        // Burn-in, as for the store: write it all once.
+        map.fill(0x5a);
+        eprintln!(
+            "  created the memcpy-shm baseline object /dev/shm/{} ({}): {:.3} s pre-fault",
+            base.name,
+            size_str(bytes),
+            (now_ns() - t) as f64 / 1e9
+        );
+        Ok(base)
+    }
+}
+
+impl Drop for ShmBase {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            eprintln!("warning: removing {}: {e}", self.path.display());
+        }
+    }
+}
+
+struct Names {
+    pid: u32,
+    counter: u64,
+}
+
+impl Names {
+    fn next(&mut self, what: &str, i: usize) -> String {
+        self.counter += 1;
+        format!("{}-{what}-{i}-{}", prefix(self.pid), self.counter)
+    }
+}
+
+fn median_setup(out: &[Outcome]) -> f64 {
+    let v: Vec<f64> = out
+        .iter()
+        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
+        .collect();
+    Stats::of(&v).median
+}
+
+fn report(section: &str, what: &str, procs: usize, rep: usize, reps: usize, gbps: f64) {
+    eprintln!(
+        "  [{section}] {what:<18} procs={procs} rep {}/{reps}: {gbps:6.2} GB/s",
+        rep + 1
+    );
+}
+
+pub fn run_all(opts: &Opts) -> Res<Results> {
+    let mut results = Results::default();
+    let mut names = Names {
+        pid: opts.pid,
+        counter: 0,
+    };
+    let want = |b: Bench| opts.benches.contains(&b);
+    let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
+    if want(Bench::Writes) || want(Bench::Steady) || want(Bench::Readback) {
+        let needed = (max_procs as u64 * opts.size).max((opts.keep as u64 + 1) * opts.size);
+        eprintln!("main store:");
+        with_store(
+            &mut results,
+            opts.pid,
+            "main",
+            capacity_for(needed, opts.chunk_size),
+            opts.chunk_size,
+            None,
+            |results, main| {
+                // The memcpy-shm baseline memory has the store's life cycle: allocated and
+                // pre-faulted once, right after the store, and reused by every repetition.
+                let base = ShmBase::create(opts.pid, max_procs as u64 * opts.size)?;
+                if want(Bench::Writes) {
+                    writes(opts, results, &mut names, main, &base)?;
+                }
+                if want(Bench::Steady) {
+                    steady(opts, results, main)?;
+                }
+                if want(Bench::Readback) {
+                    readback(opts, results, main, &base)?;
+                }
+                Ok(())
+            },
+        )?;
+    }
+    if want(Bench::Sweep) {
+        sweep(opts, &mut results)?;
+    }
+    if want(Bench::Spill) {
+        spill(opts, &mut results)?;
+    }
+    Ok(results)
+}
+
+fn writes(
+    opts: &Opts,
+    results: &mut Results,
+    names: &mut Names,
+    store: &Store,
+    base: &ShmBase,
+) -> Res<()> {
+    eprintln!(
+        "1. {} writes, {} per process:",
+        size_str(opts.io),
+        size_str(opts.size)
+    );
+    let (bytes, io) = (opts.size, opts.io);
+    // memcpy-shm and Cascade run back to back (their order alternating between repetitions)
+    // so that their per-repetition ratio sees the same machine state. Disk last: deleting its
+    // file leaves the kernel some work (discard, freeing page cache).
+    let order = |rep: usize| {
+        let (a, b) = if rep % 2 == 0 {
+            ("memcpy-shm", "cascade")
+        } else {
+            ("cascade", "memcpy-shm")
+        };
+        [
+            "memcpy-anon",
+            "memcpy-shm-fresh",
+            "tmpfs-write",
+            a,
+            b,
+            "disk-write",
+        ]
+    };
+    for &p in &opts.procs {
+        let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut outs: BTreeMap<&str, Vec<Outcome>> = BTreeMap::new();
+        for rep in 0..opts.reps {
+            for m in order(rep) {
+                if m == "disk-write" && rep >= opts.slow_reps {
+                    continue;
+                }
+                let jobs: Vec<Job> = (0..p)
+                    .map(|i| match m {
+                        "memcpy-anon" => Job::MemcpyAnon { bytes, io },
+                        "memcpy-shm" => Job::MemcpyShm {
+                            bytes,
+                            io,
+                            shm: base.name.clone(),
+                            offset: i as u64 * bytes,
+                        },
+                        "memcpy-shm-fresh" => Job::MemcpyShmFresh {
+                            bytes,
+                            io,
+                            shm: names.next("shm", i),
+                        },
+                        "tmpfs-write" => Job::FileWrite {
+                            bytes,
+                            io,
+                            path: format!("/dev/shm/{}.dat", names.next("tmpfs", i)),
+                            fsync: false,
+                        },
+                        "disk-write" => Job::FileWrite {
+                            bytes,
+                            io,
+                            path: opts
+                                .disk_dir
+                                .join(format!("{}.dat", names.next("disk", i)))
+                                .display()
+                                .to_string(),
+                            fsync: true,
+                        },
+                        _ => Job::StoreWrite {
+                            store: store.name().to_string(),
+                            path: format!("/w-p{i}-r{rep}.dat"),
+                            bytes,
+                            io,
+                            sync: false,
+                        },
+                    })
+                    .collect();
+                let out = run_group(&jobs).ctx(|| format!("writes: {m} with {p} processes"))?;
+                if m == "disk-write" {
+                    let nosync = out.gbps_at("write_end");
+                    report("writes", "disk-write", p, rep, opts.reps, nosync);
+                    report("writes", "disk-write+fsync", p, rep, opts.reps, out.gbps());
+                    samples.entry("disk-write").or_default().push(nosync);
+                    samples
+                        .entry("disk-write+fsync")
+                        .or_default()
+                        .push(out.gbps());
+                } else {
+                    report("writes", m, p, rep, opts.reps, out.gbps());
+                    samples.entry(m).or_default().push(out.gbps());
+                }
+                outs.entry(m).or_default().push(out);
+            }
+        }
+        for m in [
+            "memcpy-anon",
+            "memcpy-shm",
+            "memcpy-shm-fresh",
+            "tmpfs-write",
+            "disk-write",
+            "disk-write+fsync",
+            "cascade",
+        ] {
+            let setup = outs
+                .get(m.trim_end_matches("+fsync"))
+                .map_or(0.0, |o| median_setup(o));
+            results.writes.push(Row {
+                method: m.to_string(),
+                procs: p,
+                gbps: Stats::of(samples.get(m).map_or(&[][..], |v| &v[..])),
+                setup_s: setup,
+            });
+        }
+        let tp = tight_pair(opts, store, base, p, false)?;
+        results.tight_pairs.push(tp);
+    }
+    Ok(())
+}
+
+fn steady_side(out: &[Outcome], bytes: u64, rounds: usize, keep: usize) -> SteadySide {
+    let mut per_round = Vec::with_capacity(rounds);
+    for r in 0..rounds {
+        let v: Vec<f64> = out
+            .iter()
+            .filter_map(|o| o.children.first())
+            .filter_map(|c| c.rounds.get(r))
+            .map(|&(s, e)| gbps(bytes, e - s))
+            .collect();
+        per_round.push(Stats::of(&v));
+    }
+    let steady: Vec<f64> = out
+        .iter()
+        .filter_map(|o| o.children.first())
+        .filter_map(|c| {
+            let first = c.rounds.get(keep)?;
+            let last = c.rounds.last()?;
+            Some(gbps(bytes * (rounds - keep) as u64, last.1 - first.0))
+        })
+        .collect();
+    SteadySide {
+        per_round,
+        steady: Stats::of(&steady),
+    }
+}
+
+fn steady(opts: &Opts, results: &mut Results, store: &Store) -> Res<()> {
+    eprintln!(
+        "2. steady-state checkpointing: {} rounds of {}, keep {}:",
+        opts.rounds,
+        size_str(opts.size),
+        opts.keep
+    );
+    let mut cas = Vec::new();
+    let mut tmp = Vec::new();
+    let reps = opts.slow_reps;
+    for rep in 0..reps {
+        let job = Job::Steady {
+            store: Some(store.name().to_string()),
+            dir: format!("/ss-{rep}"),
+            bytes: opts.size,
+            io: opts.io,
+            rounds: opts.rounds,
+            keep: opts.keep,
+        };
+        let out = run_group(&[job]).ctx(|| "steady-state: cascade")?;
+        report("steady", "cascade", 1, rep, reps, out.gbps());
+        cas.push(out);
+        let dir = format!("/dev/shm/{}-steady-{rep}", prefix(opts.pid));
+        let job = Job::Steady {
+            store: None,
+            dir: dir.clone(),
+            bytes: opts.size,
+            io: opts.io,
+            rounds: opts.rounds,
+            keep: opts.keep,
+        };
+        let out = run_group(&[job]).ctx(|| "steady-state: tmpfs")?;
+        std::fs::remove_dir(&dir).ctx(|| format!("removing {dir}"))?;
+        report("steady", "tmpfs", 1, rep, reps, out.gbps());
+        tmp.push(out);
+    }
+    results.steady = Some(Steady {
+        bytes: opts.size,
+        rounds: opts.rounds,
+        keep: opts.keep,
+        cascade: steady_side(&cas, opts.size, opts.rounds, opts.keep),
+        tmpfs: steady_side(&tmp, opts.size, opts.rounds, opts.keep),
+    });
+    Ok(())
+}
+
+fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -> Res<()> {
+    let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
+    let (bytes, io) = (opts.size, opts.io);
+    eprintln!(
+        "5. read-back, {} reads, {} per process (files written by the parent first):",
+        size_str(io),
+        size_str(bytes)
+    );
+    let mut src = vec![0u8; io as usize];
+    fill_pattern(&mut src, 2);
+    let mut tmpfs_files = Vec::new();
+    for i in 0..max_procs {
+        let path = format!("/rb-p{i}.dat");
+        let f = store
+            .open(&path, &OpenOptions::new().write(true).create_new(true))
+            .ctx(|| format!("creating {path} in the store"))?;
+        let mut off = 0;
+        while off < bytes {
+            f.write_all_at(&src, off)
+                .ctx(|| format!("writing {path} in the store"))?;
+            off += io;
+        }
+        drop(f);
+        let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(opts.pid));
+        let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
+        for _ in 0..bytes / io {
+            std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
+        }
+        tmpfs_files.push(tpath);
+    }
+    let methods = ["tmpfs-read", "memcpy-shm-read", "cascade-read"];
+    let order = |rep: usize| {
+        if rep % 2 == 0 {
+            methods
+        } else {
+            ["tmpfs-read", "cascade-read", "memcpy-shm-read"]
+        }
+    };
+    for &p in &opts.procs {
+        let mut samples: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut outs: BTreeMap<&str, Vec<Outcome>> = BTreeMap::new();
+        for rep in 0..opts.reps {
+            for m in order(rep) {
+                let jobs: Vec<Job> = (0..p)
+                    .map(|i| match m {
+                        "memcpy-shm-read" => Job::MemcpyShmRead {
+                            bytes,
+                            io,
+                            shm: base.name.clone(),
+                            offset: i as u64 * bytes,
+                        },
+                        "tmpfs-read" => Job::FileRead {
+                            path: tmpfs_files[i].clone(),
+                            bytes,
+                            io,
+                        },
+                        _ => Job::StoreRead {
+                            store: store.name().to_string(),
+                            path: format!("/rb-p{i}.dat"),
+                            bytes,
+                            io,
+                        },
+                    })
+                    .collect();
+                let out = run_group(&jobs).ctx(|| format!("read-back: {m} with {p} processes"))?;
+                report("readback", m, p, rep, opts.reps, out.gbps());
+                samples.entry(m).or_default().push(out.gbps());
+                outs.entry(m).or_default().push(out);
+            }
+        }
+        for m in methods {
+            results.readback.push(Row {
+                method: m.to_string(),
+                procs: p,
+                gbps: Stats::of(samples.get(m).map_or(&[][..], |v| &v[..])),
+                setup_s: outs.get(m).map_or(0.0, |o| median_setup(o)),
+            });
+        }
+        let tp = tight_pair(opts, store, base, p, true)?;
+        results.tight_pairs.push(tp);
+    }
+    for i in 0..max_procs {
+        let path = format!("/rb-p{i}.dat");
+        store
+            .unlink(&path)
+            .ctx(|| format!("unlinking {path} in the store"))?;
+    }
+    for t in &tmpfs_files {
+        std::fs::remove_file(t).ctx(|| format!("removing {t}"))?;
+    }
+    Ok(())
+}
+
+fn sweep(opts: &Opts, results: &mut Results) -> Res<()> {
+    let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
+    eprintln!(
+        "3. chunk-size sweep, {} per process, {} writes (or chunk-sized when larger):",
+        size_str(opts.size),
+        size_str(opts.io)
+    );
+    for &cs in &opts.sweep {
+        let io = opts.io.max(cs);
+        let bytes = opts.size.div_ceil(io) * io;
+        let tag = format!("cs{cs}");
+        let capacity = capacity_for(max_procs as u64 * bytes, cs);
+        with_store(
+            results,
+            opts.pid,
+            &tag,
+            capacity,
+            cs,
+            None,
+            |results, st| sweep_one(opts, results, st, cs, io, bytes),
+        )?;
+    }
+    Ok(())
+}
+
+fn sweep_one(
+    opts: &Opts,
+    results: &mut Results,
+    st: &Store,
+    cs: u64,
+    io: u64,
+    bytes: u64,
+) -> Res<()> {
+    let creation_s = results.creation.last().map_or(0.0, |c| c.seconds);
+    let reps = opts.slow_reps;
+    for &p in &opts.procs {
+        let mut v = Vec::new();
+        for rep in 0..reps {
+            let jobs: Vec<Job> = (0..p)
+                .map(|i| Job::StoreWrite {
+                    store: st.name().to_string(),
+                    path: format!("/sw-p{i}-r{rep}.dat"),
+                    bytes,
+                    io,
+                    sync: false,
+                })
+                .collect();
+            let out = run_group(&jobs)
+                .ctx(|| format!("sweep: chunk {} with {p} processes", size_str(cs)))?;
+            report("sweep", &size_str(cs), p, rep, reps, out.gbps());
+            v.push(out.gbps());
+        }
+        results.sweep.push(SweepRow {
+            chunk_size: cs,
+            io,
+            procs: p,
+            gbps: Stats::of(&v),
+            creation_s,
+        });
+    }
+    Ok(())
+}
+
+fn spill(opts: &Opts, results: &mut Results) -> Res<()> {
+    let cs = opts.chunk_size;
+    eprintln!(
+        "4. spill-over, {} per process, spill file in {}, timing includes File::sync:",
+        size_str(opts.spill_size),
+        opts.spill_dir.display()
+    );
+    for &p in &opts.spill_procs {
+        let per = opts.spill_size.div_ceil(cs) * cs;
+        let total = per * p as u64;
+        let spill_cfg = SpillConfig {
+            path: opts
+                .spill_dir
+                .join(format!("{}-spill-p{p}.dat", prefix(opts.pid))),
+            size: total + 16 * cs,
+        };
+        let tag = format!("spill-p{p}");
+        let first_row = results.spill.len();
+        let first_run = with_store(
+            results,
+            opts.pid,
+            &tag,
+            total,
+            cs,
+            Some(spill_cfg),
+            |results, st| spill_runs(opts, results, st, p, per),
+        )?;
+        fit_formula(results, first_row, p, first_run);
+    }
+    Ok(())
+}
+
+/// All shares on one store whose memory holds all the data: for share s, a filler file
+/// (written by a helper process) first occupies s of the memory, so exactly that much of the
+/// measured writes must spill. Every share thus uses the same memory pool and the same spill
+/// file. The repetitions visit the shares in turn, starting one further each time, so that
+/// drift of the machine spreads over all of them. Returns the GB/s of the very first run.
+fn spill_runs(opts: &Opts, results: &mut Results, st: &Store, p: usize, per: u64) -> Res<f64> {
+    let cs = opts.chunk_size;
+    let total = per * p as u64;
+    let n = opts.shares.len();
+    let fill_of =
+        |share: f64| -> u64 { ((total as f64 * share / 100.0 / cs as f64).round() as u64) * cs };
+    let mut filler_no = 0u32;
+    let mut current: Option<(u64, String)> = None;
+    let mut set_filler = |bytes: u64| -> Res<()> {
+        if current.as_ref().map(|c| c.0) == Some(bytes) {
+            return Ok(());
+        }
+        filler_no += 1;
+        let path = format!("/filler-{filler_no}");
+        let job = Job::Filler {
+            store: st.name().to_string(),
+            old: current.as_ref().map(|c| c.1.clone()),
+            path: path.clone(),
+            bytes,
+        };
+        run_group(&[job]).ctx(|| format!("writing a {} filler", size_str(bytes)))?;
+        current = Some((bytes, path));
+        Ok(())
+    };
+    let jobs = |tag: &str| -> Vec<Job> {
+        (0..p)
+            .map(|i| Job::StoreWrite {
+                store: st.name().to_string(),
+                path: format!("/sp-p{i}-{tag}.dat"),
+                bytes: per,
+                io: opts.io,
+                sync: true,
+            })
+            .collect()
+    };
+    // First run: everything spills into a spill file never written before. On a VM that is
+    // several times slower than any later run (fresh page cache and disk blocks must be
+    // backed by the host); reported apart. It also writes the whole spill area once, and the
+    // filler the whole memory, so that later runs all find both warm.
+    set_filler(fill_of(100.0))?;
+    let first = run_group(&jobs("first")).ctx(|| format!("spill: first run, {p} processes"))?;
+    report("spill", "100% first run", p, 0, 1, first.gbps());
+    let mut g = vec![Vec::new(); n];
+    let mut secs = vec![Vec::new(); n];
+    let mut spilled = vec![Vec::new(); n];
+    let mut wsecs = vec![Vec::new(); n];
+    let mut ssecs = vec![Vec::new(); n];
+    for rep in 0..opts.spill_reps {
+        for j in 0..n {
+            let k = (j + rep) % n;
+            let share = opts.shares[k];
+            set_filler(fill_of(share))?;
+            let out = run_group(&jobs(&format!("r{rep}")))
+                .ctx(|| format!("spill: {share} % with {p} processes"))?;
+            let s: u64 = out.children.iter().map(|c| c.spilled_bytes).sum();
+            report(
+                "spill",
+                &format!("{share}% ({:.1}% real)", s as f64 * 100.0 / total as f64),
+                p,
+                rep,
+                opts.spill_reps,
+                out.gbps(),
+            );
+            g[k].push(out.gbps());
+            secs[k].push(out.seconds());
+            spilled[k].push(s as f64);
+            let w = out.seconds_at("write_end");
+            wsecs[k].push(w);
+            ssecs[k].push(out.seconds() - w);
+        }
+    }
+    for (k, &share) in opts.shares.iter().enumerate() {
+        results.spill.push(SpillRow {
+            procs: p,
+            share_pct: share,
+            spilled_bytes: Stats::of(&spilled[k]).median as u64,
+            total_bytes: total,
+            gbps: Stats::of(&g[k]),
+            seconds: Stats::of(&secs[k]),
+            write_s: Stats::of(&wsecs[k]),
+            sync_s: Stats::of(&ssecs[k]),
+            predicted_gbps: f64::NAN,
+            deviation_pct: f64::NAN,
+        });
+    }
+    Ok(first.gbps())
+}
+
+/// T_mem and T_ssd from the runs with the least and the most spilled (0 % and 100 %):
+/// solve t = mem/T_mem + ssd/T_ssd for both, then predict every other point.
+fn fit_formula(results: &mut Results, first_row: usize, procs: usize, first_run_gbps: f64) {
+    let rows = &mut results.spill[first_row..];
+    let lo = rows
+        .iter()
+        .min_by(|a, b| a.spilled_bytes.cmp(&b.spilled_bytes))
+        .cloned();
+    let hi = rows
+        .iter()
+        .max_by(|a, b| a.spilled_bytes.cmp(&b.spilled_bytes))
+        .cloned();
+    let (Some(lo), Some(hi)) = (lo, hi) else {
+        return;
+    };
+    // Unknowns a = 1/T_mem, b = 1/T_ssd (seconds per byte):
+    //   lo.t = m1 a + s1 b,  hi.t = m2 a + s2 b.
+    let (m1, s1) = (
+        (lo.total_bytes - lo.spilled_bytes) as f64,
+        lo.spilled_bytes as f64,
+    );
+    let (m2, s2) = (
+        (hi.total_bytes - hi.spilled_bytes) as f64,
+        hi.spilled_bytes as f64,
+    );
+    // Times from the median bandwidths, so that the fit goes exactly through the two points
+    // shown in the table.
+    let t_of = |r: &SpillRow| r.total_bytes as f64 / (r.gbps.median * 1e9);
+    let (t1, t2) = (t_of(&lo), t_of(&hi));
+    let det = m1 * s2 - m2 * s1;
+    if det.abs() < 1.0 {
+        return;
+    }
+    let a = (t1 * s2 - t2 * s1) / det;
+    let b = (m1 * t2 - m2 * t1) / det;
+    results.spill_model.push(SpillModel {
+        procs,
+        t_mem_gbps: 1.0 / a / 1e9,
+        t_ssd_gbps: 1.0 / b / 1e9,
+        first_run_gbps,
+    });
+    for r in rows.iter_mut() {
+        let mem = (r.total_bytes - r.spilled_bytes) as f64;
+        let t = mem * a + r.spilled_bytes as f64 * b;
+        r.predicted_gbps = r.total_bytes as f64 / t / 1e9;
+        r.deviation_pct = (r.gbps.median - r.predicted_gbps) / r.predicted_gbps * 100.0;
+    }
+}

@@ -1,0 +1,179 @@
+//! The parent side of a multi-process run: spawn one child per job (this same executable,
+//! hidden `child` subcommand), wait until every child is READY, then release them all at once
+//! with one "GO" line on each stdin pipe (the barrier), collect their results, and only then
+//! close the pipes so that they clean up and exit.
+
+use crate::child::{ChildResult, Job};
+use crate::util::{err, gbps, now_ns, BenchError, Context, Res};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+/// The outcome of one group run.
+pub struct Outcome {
+    /// The common start: when the parent released the barrier.
+    pub t0: u64,
+    pub children: Vec<ChildResult>,
+}
+
+impl Outcome {
+    pub fn total_bytes(&self) -> u64 {
+        self.children.iter().map(|c| c.bytes).sum()
+    }
+    /// Aggregate bandwidth: total bytes / (last finish - common start), GB/s.
+    pub fn gbps(&self) -> f64 {
+        let last = self
+            .children
+            .iter()
+            .map(|c| c.end_ns)
+            .max()
+            .unwrap_or(self.t0);
+        gbps(self.total_bytes(), last.saturating_sub(self.t0))
+    }
+    /// Same, with the finish taken at a mark (e.g. "write_end" = before fsync).
+    pub fn gbps_at(&self, mark: &str) -> f64 {
+        let last = self
+            .children
+            .iter()
+            .map(|c| c.marks.get(mark).copied().unwrap_or(c.end_ns))
+            .max()
+            .unwrap_or(self.t0);
+        gbps(self.total_bytes(), last.saturating_sub(self.t0))
+    }
+    /// Seconds from the common start to the last process's `mark` (its finish if it has none).
+    pub fn seconds_at(&self, mark: &str) -> f64 {
+        let last = self
+            .children
+            .iter()
+            .map(|c| c.marks.get(mark).copied().unwrap_or(c.end_ns))
+            .max()
+            .unwrap_or(self.t0);
+        last.saturating_sub(self.t0) as f64 / 1e9
+    }
+    /// Seconds from the common start to the last finish.
+    pub fn seconds(&self) -> f64 {
+        let last = self
+            .children
+            .iter()
+            .map(|c| c.end_ns)
+            .max()
+            .unwrap_or(self.t0);
+        last.saturating_sub(self.t0) as f64 / 1e9
+    }
+}
+
+struct Running {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    done: bool,
+}
+
+/// Kills (by their own pid) and reaps children that did not finish, e.g. after an error.
+struct Group(Vec<Running>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for r in &mut self.0 {
+            if !r.done {
+                let _ = r.child.kill();
+                let _ = r.child.wait();
+            }
+        }
+    }
+}
+
+fn child_failed(r: &mut Running, i: usize, what: &str) -> BenchError {
+    let status = match r.child.wait() {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("wait failed: {e}"),
+    };
+    r.done = true;
+    BenchError(format!(
+        "child {i} {what} ({status}); its error is printed above"
+    ))
+}
+
+/// Runs `jobs` as concurrent child processes with a common start.
+pub fn run_group(jobs: &[Job]) -> Res<Outcome> {
+    let exe = std::env::current_exe().ctx(|| "finding the bench executable")?;
+    let mut group = Group(Vec::with_capacity(jobs.len()));
+    for job in jobs {
+        let json = serde_json::to_string(job).ctx(|| "encoding a job")?;
+        let mut child = Command::new(&exe)
+            .arg("child")
+            .arg("--job")
+            .arg(&json)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .ctx(|| format!("spawning {}", exe.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let Some(stdout) = stdout else {
+            return err("spawned child has no stdout pipe");
+        };
+        group.0.push(Running {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            done: false,
+        });
+    }
+    // Wait for everyone to finish set-up.
+    for i in 0..group.0.len() {
+        let r = &mut group.0[i];
+        let mut line = String::new();
+        let n = r
+            .stdout
+            .read_line(&mut line)
+            .ctx(|| format!("reading READY from child {i}"))?;
+        if n == 0 || line.trim() != "READY" {
+            return Err(child_failed(r, i, "failed during set-up"));
+        }
+    }
+    // Let the machine calm down first (the children are blocked and idle now).
+    crate::util::settle();
+    // Release: one short write per pipe, back to back (microseconds for all children).
+    let t0 = now_ns();
+    for i in 0..group.0.len() {
+        let r = &mut group.0[i];
+        if let Some(stdin) = r.stdin.as_mut() {
+            stdin
+                .write_all(b"GO\n")
+                .and_then(|()| stdin.flush())
+                .ctx(|| format!("releasing child {i}"))?;
+        }
+    }
+    let mut children = Vec::with_capacity(jobs.len());
+    for i in 0..group.0.len() {
+        let r = &mut group.0[i];
+        let mut line = String::new();
+        let n = r
+            .stdout
+            .read_line(&mut line)
+            .ctx(|| format!("reading the result of child {i}"))?;
+        if n == 0 {
+            return Err(child_failed(r, i, "failed while running"));
+        }
+        let res: ChildResult = serde_json::from_str(line.trim())
+            .ctx(|| format!("parsing the result of child {i}: {line:?}"))?;
+        if res.start_ns < t0 {
+            return err(format!("child {i} started before the barrier was released"));
+        }
+        children.push(res);
+    }
+    // Everyone is done: let them clean up (EOF on stdin) and exit.
+    for r in &mut group.0 {
+        drop(r.stdin.take());
+    }
+    for i in 0..group.0.len() {
+        let r = &mut group.0[i];
+        let status = r.child.wait().ctx(|| format!("waiting for child {i}"))?;
+        r.done = true;
+        if !status.success() {
+            return err(format!("child {i} exited with {status} after its run"));
+        }
+    }
+    Ok(Outcome { t0, children })
+}

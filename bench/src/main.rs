@@ -1,0 +1,288 @@
+//! cascade-bench: node-store (L0) benchmarks with baselines measured in the same run.
+//!
+//! `cascade-bench run` is the parent: it creates the stores, spawns this same executable as
+//! children (hidden `child` subcommand) for every measurement, releases them together through
+//! a pipe barrier, and writes the results. See bench/README.md.
+
+mod benches;
+mod child;
+mod harness;
+mod report;
+mod util;
+
+use benches::{Bench, Opts};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use util::{cleanup, now_ns, prefix, Context, Res, KIB, MIB};
+
+#[derive(Parser)]
+#[command(
+    name = "cascade-bench",
+    about = "Benchmarks of the Cascade node store (L0) against memcpy, tmpfs and disk baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the benchmarks; write node-store.md and node-store.json into --out.
+    Run(Box<RunArgs>),
+    /// Remove stores and files left by runs whose process is gone (or by --pid).
+    Cleanup {
+        /// Clean up after this run (parent pid) even if it is still alive.
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Directories that held disk-baseline and spill files.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: Vec<PathBuf>,
+    },
+    /// Internal: run one measurement job (JSON) as a child process.
+    #[command(hide = true)]
+    Child {
+        #[arg(long)]
+        job: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Directory for node-store.md and node-store.json.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Quick run (about a minute): 256 MiB per process, 1 repetition, 4 rounds, chunk sizes in
+    /// powers of 4, 128 MiB spill-over per process with 1 process. Explicit flags override.
+    #[arg(long)]
+    quick: bool,
+    /// Bytes per process in MiB (writes, steady state, sweep, read-back) [default: 1024].
+    #[arg(long)]
+    size_mib: Option<u64>,
+    /// Bytes per process in MiB for the spill-over benchmark [default: 512].
+    #[arg(long)]
+    spill_size_mib: Option<u64>,
+    /// Repetitions of each memory-speed measurement (writes, read-back) [default: 5].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Repetitions of the slow measurements: disk writes, steady state, chunk sweep
+    /// [default: 3].
+    #[arg(long)]
+    slow_reps: Option<usize>,
+    /// Repetitions of each spill-over point [default: 11].
+    #[arg(long)]
+    spill_reps: Option<usize>,
+    /// Rounds of the steady-state benchmark [default: 8].
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Checkpoints kept in the steady-state benchmark.
+    #[arg(long, default_value_t = 2)]
+    keep: usize,
+    /// Process counts for writes, sweep and read-back.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    procs: Vec<usize>,
+    /// Process counts for spill-over [default: 1,2].
+    #[arg(long, value_delimiter = ',')]
+    spill_procs: Option<Vec<usize>>,
+    /// Chunk sizes of the sweep: every power of 2 or of 4 from 4 KiB to 64 MiB [default: 2].
+    #[arg(long)]
+    sweep_base: Option<u32>,
+    /// Chunk size of the stores outside the sweep, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    chunk_kib: u64,
+    /// Benchmarks to run (all when not given).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Bench>,
+    /// Directory on local disk for the disk-write baseline.
+    #[arg(long, default_value = "/var/tmp")]
+    disk_dir: PathBuf,
+    /// Directory on local disk (SSD) for the spill files [default: --disk-dir].
+    #[arg(long)]
+    spill_dir: Option<PathBuf>,
+}
+
+fn build_opts(a: &RunArgs, pid: u32) -> Res<Opts> {
+    let q = a.quick;
+    let size = a.size_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
+    let spill_size = a.spill_size_mib.unwrap_or(if q { 128 } else { 512 }) * MIB;
+    let base = a.sweep_base.unwrap_or(if q { 4 } else { 2 });
+    if base != 2 && base != 4 {
+        return util::err("--sweep-base must be 2 or 4");
+    }
+    let mut sweep = Vec::new();
+    let mut cs = 4 * KIB;
+    while cs <= 64 * MIB {
+        sweep.push(cs);
+        cs *= u64::from(base);
+    }
+    let chunk_size = a.chunk_kib * KIB;
+    if !chunk_size.is_power_of_two() || !(4 * KIB..=64 * MIB).contains(&chunk_size) {
+        return util::err("--chunk-kib must be a power of two from 4 to 65536");
+    }
+    let io = MIB;
+    if size == 0 || size % io != 0 || spill_size == 0 || spill_size % chunk_size.max(io) != 0 {
+        return util::err("sizes must be non-zero multiples of 1 MiB and of the chunk size");
+    }
+    if a.procs.is_empty() || a.procs.contains(&0) {
+        return util::err("--procs needs positive process counts");
+    }
+    let spill_procs = a
+        .spill_procs
+        .clone()
+        .unwrap_or_else(|| if q { vec![1] } else { vec![1, 2] });
+    let rounds = a.rounds.unwrap_or(if q { 4 } else { 8 });
+    if rounds <= a.keep {
+        return util::err("--rounds must be larger than --keep");
+    }
+    let benches = if a.only.is_empty() {
+        vec![
+            Bench::Writes,
+            Bench::Steady,
+            Bench::Readback,
+            Bench::Sweep,
+            Bench::Spill,
+        ]
+    } else {
+        a.only.clone()
+    };
+    Ok(Opts {
+        pid,
+        size,
+        spill_size,
+        io,
+        chunk_size,
+        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
+        slow_reps: a.slow_reps.unwrap_or(if q { 1 } else { 3 }).max(1),
+        spill_reps: a.spill_reps.unwrap_or(if q { 3 } else { 11 }).max(1),
+        rounds,
+        keep: a.keep,
+        procs: a.procs.clone(),
+        spill_procs,
+        sweep,
+        shares: vec![0.0, 3.125, 6.25, 12.5, 25.0, 50.0, 100.0],
+        disk_dir: a.disk_dir.clone(),
+        spill_dir: a.spill_dir.clone().unwrap_or_else(|| a.disk_dir.clone()),
+        benches,
+    })
+}
+
+/// Cleans up after this run when dropped: on success, on errors and on panics.
+struct CleanupGuard {
+    pid: u32,
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for CleanupGuard {
+    fn drop(&mut self) {
+        for what in cleanup(Some(self.pid), &self.dirs) {
+            eprintln!("cleanup: removed leftover {what}");
+        }
+    }
+}
+
+/// "abc1234" or "abc1234 + uncommitted changes in crates/cascade-store": what was measured.
+fn source_version() -> String {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git").args(args).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    match git(&["status", "--porcelain", "--", "crates/cascade-store"]) {
+        Some(s) if !s.is_empty() => format!("{head} + uncommitted changes in crates/cascade-store"),
+        _ => head,
+    }
+}
+
+fn run(a: RunArgs) -> Res<()> {
+    let pid = std::process::id();
+    let opts = build_opts(&a, pid)?;
+    let dirs = vec![opts.disk_dir.clone(), opts.spill_dir.clone()];
+    for what in cleanup(None, &dirs) {
+        eprintln!("cleanup: removed {what} (left by an earlier run)");
+    }
+    let _guard = CleanupGuard {
+        pid,
+        dirs: dirs.clone(),
+    };
+    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let machine = util::machine(&opts.disk_dir, &opts.spill_dir);
+    eprintln!(
+        "cascade-bench: {} ({} cores), kernel {}, {} GiB RAM; names {}-*",
+        machine.cpu_model,
+        machine.cores,
+        machine.kernel,
+        machine.ram_gib,
+        prefix(pid)
+    );
+    let load0 = util::loadavg();
+    let cpu0 = util::cpu_snap();
+    let t0 = now_ns();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let results = benches::run_all(&opts)?;
+    let duration_s = (now_ns() - t0) as f64 / 1e9;
+    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    if interference.other_cpu_pct > 10.0 {
+        eprintln!(
+            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
+            interference.other_cpu_pct
+        );
+    }
+    let rep = report::Report {
+        generated_utc: report::utc_string(started),
+        duration_s,
+        command: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        source: source_version(),
+        machine: &machine,
+        interference,
+        options: &opts,
+        targets: report::targets(&opts, &results),
+        results: &results,
+    };
+    let md = report::markdown(&rep);
+    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
+    let md_path = a.out.join("node-store.md");
+    let json_path = a.out.join("node-store.json");
+    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
+    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
+    eprintln!("\nTargets:");
+    for t in &rep.targets {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not run",
+        };
+        eprintln!("  {:<28} {:<55} {:<40} {met}", t.name, t.goal, t.measured);
+    }
+    eprintln!(
+        "wrote {} and {} ({duration_s:.0} s)",
+        md_path.display(),
+        json_path.display()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Run(a) => run(*a),
+        Cmd::Child { job } => child::run(&job),
+        Cmd::Cleanup { pid, dir } => {
+            for what in cleanup(pid, &dir) {
+                println!("removed {what}");
+            }
+            Ok(())
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cascade-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
