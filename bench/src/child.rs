@@ -130,18 +130,18 @@ fn barrier() -> Res<u64> {
     let parent = std::os::unix::process::parent_id();
     {
         let mut out = std::io::stdout().lock();
-        out.write_all(b"READY\n").ctx(|| "child: writing READY")?;
-        out.flush().ctx(|| "child: flushing READY")?;
+        out.write_all(b"READY\n").ctx(|| "writing READY")?;
+        out.flush().ctx(|| "flushing READY")?;
     }
     let mut line = String::new();
     std::io::stdin()
         .lock()
         .read_line(&mut line)
-        .ctx(|| "child: waiting at the start barrier")?;
+        .ctx(|| "waiting at the start barrier")?;
     let start = now_ns();
     // EOF instead of GO: the parent died or gave up; do not run a benchmark for nobody.
     if line.trim() != "GO" || std::os::unix::process::parent_id() != parent {
-        return crate::util::err("child: the parent did not release the start barrier");
+        return crate::util::err("the parent did not release the start barrier");
     }
     Ok(start)
 }
@@ -150,17 +150,17 @@ fn barrier() -> Res<u64> {
 /// stdin) before the caller cleans up: unlinking files, freeing memory or exiting while
 /// another child is still being timed would steal CPU from it, or hand it freed chunks.
 fn finish(res: &ChildResult) -> Res<()> {
-    let line = serde_json::to_string(res).ctx(|| "child: encoding the result")?;
+    let line = serde_json::to_string(res).ctx(|| "encoding the result")?;
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{line}").ctx(|| "child: writing the result")?;
-        out.flush().ctx(|| "child: flushing the result")?;
+        writeln!(out, "{line}").ctx(|| "writing the result")?;
+        out.flush().ctx(|| "flushing the result")?;
     }
     let mut rest = Vec::new();
     std::io::stdin()
         .lock()
         .read_to_end(&mut rest)
-        .ctx(|| "child: waiting at the end barrier")?;
+        .ctx(|| "waiting at the end barrier")?;
     Ok(())
 }
 
@@ -173,7 +173,7 @@ fn source(io: u64, seed: u64) -> Vec<u8> {
 fn check_sizes(bytes: u64, io: u64) -> Res<()> {
     if io == 0 || bytes % io != 0 {
         return crate::util::err(format!(
-            "child: size {bytes} is not a multiple of the I/O size {io}"
+            "size {bytes} is not a multiple of the I/O size {io}"
         ));
     }
     Ok(())
@@ -277,7 +277,7 @@ fn memory_spans(
 
 /// Runs one job; called by the hidden `child` subcommand.
 pub fn run(job_json: &str) -> Res<()> {
-    let job: Job = serde_json::from_str(job_json).ctx(|| "child: parsing the job")?;
+    let job: Job = serde_json::from_str(job_json).ctx(|| "parsing the job")?;
     let t_setup = now_ns();
     match job {
         Job::MemcpyAnon { bytes, io } => {

@@ -180,7 +180,8 @@ impl Drop for CleanupGuard {
     }
 }
 
-/// "abc1234" or "abc1234 + uncommitted changes in crates/cascade-store": what was measured.
+/// "abc1234", or "abc1234 + uncommitted changes in crates/cascade-store, bench": what was
+/// measured (changes to bench/results do not count).
 fn source_version() -> String {
     let git = |args: &[&str]| -> Option<String> {
         let out = std::process::Command::new("git").args(args).output().ok()?;
@@ -189,9 +190,17 @@ fn source_version() -> String {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    match git(&["status", "--porcelain", "--", "crates/cascade-store"]) {
-        Some(s) if !s.is_empty() => format!("{head} + uncommitted changes in crates/cascade-store"),
-        _ => head,
+    let dirty: Vec<&str> = ["crates/cascade-store", "bench"]
+        .into_iter()
+        .filter(|dir| {
+            let exclude = format!(":(exclude){dir}/results");
+            git(&["status", "--porcelain", "--", dir, &exclude]).is_some_and(|s| !s.is_empty())
+        })
+        .collect();
+    if dirty.is_empty() {
+        head
+    } else {
+        format!("{head} + uncommitted changes in {}", dirty.join(", "))
     }
 }
 
@@ -268,6 +277,11 @@ fn run(a: RunArgs) -> Res<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let who = if matches!(cli.cmd, Cmd::Child { .. }) {
+        "cascade-bench child"
+    } else {
+        "cascade-bench"
+    };
     let r = match cli.cmd {
         Cmd::Run(a) => run(*a),
         Cmd::Child { job } => child::run(&job),
@@ -281,7 +295,7 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cascade-bench: {e}");
+            eprintln!("{who}: {e}");
             ExitCode::FAILURE
         }
     }
