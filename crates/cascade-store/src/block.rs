@@ -156,6 +156,20 @@ fn free_space(path: &Path) -> Option<u64> {
 }
 
 impl Block {
+    fn new(name: &str, map: MmapRaw, geo: Geometry, spill: Option<Spill>) -> Block {
+        Block {
+            name: name.to_string(),
+            base: map.as_mut_ptr(),
+            map,
+            geo,
+            spill,
+            spill_dirty: AtomicBool::new(false),
+            lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
+            prefault_threads: Mutex::new(Vec::new()),
+            last_reclaim: Mutex::new(None),
+        }
+    }
+
     pub(crate) fn create(cfg: &StoreConfig) -> Result<Block> {
         shm_name(&cfg.name)?;
         let cs = cfg.chunk_size;
@@ -233,17 +247,7 @@ impl Block {
             }
             _ => None,
         };
-        let block = Block {
-            name: cfg.name.clone(),
-            base: map.as_mut_ptr(),
-            map,
-            geo,
-            spill,
-            spill_dirty: AtomicBool::new(false),
-            lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
-            prefault_threads: Mutex::new(Vec::new()),
-            last_reclaim: Mutex::new(None),
-        };
+        let block = Block::new(&cfg.name, map, geo, spill);
         block.format(cfg)?;
         block.claim_lease()?;
         match cfg.prefault {
@@ -357,17 +361,7 @@ impl Block {
             }
             None => None,
         };
-        let block = Block {
-            name: name.to_string(),
-            base: map.as_mut_ptr(),
-            map,
-            geo,
-            spill,
-            spill_dirty: AtomicBool::new(false),
-            lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
-            prefault_threads: Mutex::new(Vec::new()),
-            last_reclaim: Mutex::new(None),
-        };
+        let block = Block::new(name, map, geo, spill);
         block.claim_lease()?;
         block.populate_in_background();
         Ok(block)

@@ -314,12 +314,15 @@ impl Block {
 
     // ---- raw chunk I/O --------------------------------------------------------------------
 
+    fn spill_file(&self) -> Result<&crate::block::Spill> {
+        self.spill
+            .as_ref()
+            .ok_or_else(|| Error::new(libc::EIO, "spill chunk without a spill file"))
+    }
+
     fn chunk_write(&self, c: u32, within: u64, data: &[u8]) -> Result<()> {
         if self.is_spill(c) {
-            let spill = self
-                .spill
-                .as_ref()
-                .ok_or_else(|| Error::new(libc::EIO, "spill chunk without a spill file"))?;
+            let spill = self.spill_file()?;
             // write_all_at retries short writes and EINTR.
             spill
                 .file
@@ -366,10 +369,7 @@ impl Block {
 
     fn chunk_read(&self, c: u32, within: u64, out: &mut [u8]) -> Result<()> {
         if self.is_spill(c) {
-            let spill = self
-                .spill
-                .as_ref()
-                .ok_or_else(|| Error::new(libc::EIO, "spill chunk without a spill file"))?;
+            let spill = self.spill_file()?;
             spill
                 .file
                 .read_exact_at(out, self.spill_offset(c) + within)
