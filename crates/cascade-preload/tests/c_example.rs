@@ -20,13 +20,13 @@ fn library_dir() -> &'static Path {
     DIR.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
         let out = Command::new(cargo)
-            .args(["build", "-p", "cascade-capi", "--message-format=json"])
+            .args(["build", "-p", "cascade-preload", "--message-format=json"])
             .current_dir(repo_root())
             .output()
             .expect("run cargo build");
         assert!(
             out.status.success(),
-            "cargo build -p cascade-capi failed:\n{}",
+            "cargo build -p cascade-preload failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         let stdout = String::from_utf8(out.stdout).unwrap();
