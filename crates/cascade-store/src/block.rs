@@ -517,6 +517,13 @@ impl Block {
     pub(crate) fn lease_slot(&self, slot: u32) -> &LeaseSlot {
         lease_slot_at(self.base, &self.geo, slot)
     }
+    pub(crate) fn ofd(&self, slot: u32) -> &OfdSlot {
+        assert!(slot < OFD_SLOTS, "description slot {slot} out of range");
+        // SAFETY: bounds checked; the region holds OFD_SLOTS slots.
+        unsafe {
+            &*(self.base.add(self.geo.off.ofds as usize) as *const OfdSlot).add(slot as usize)
+        }
+    }
     pub(crate) fn data_ptr(&self) -> *mut u8 {
         // SAFETY: the data region starts inside the mapping.
         unsafe { self.base.add(self.geo.off.data as usize) }

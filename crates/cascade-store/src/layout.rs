@@ -31,6 +31,8 @@ pub(crate) const FANOUT_BITS: u32 = 6;
 /// Chunks a process takes from the shared pool at a time (fewer for tiny stores).
 pub(crate) const LEASE_MAX: usize = 32;
 pub(crate) const LEASE_BYTES: u64 = 32 << 20;
+/// Open file descriptions (shared offsets of interposed opens; see descriptions.rs).
+pub(crate) const OFD_SLOTS: u32 = 65536;
 /// Processes that can be attached at once.
 pub(crate) const LEASE_SLOTS: u32 = 1024;
 pub(crate) const DATA_ALIGN: u64 = 2 << 20;
@@ -154,6 +156,7 @@ pub(crate) struct Offsets {
     pub free_inodes: u64,
     pub hash: u64,
     pub leases: u64,
+    pub ofds: u64,
     pub data: u64,
 }
 
@@ -203,6 +206,25 @@ pub(crate) struct LeaseSlot {
 }
 
 const _: () = assert!(std::mem::size_of::<LeaseSlot>() == 192);
+
+/// An open file description (64 bytes): what POSIX shares between dup'ed and inherited
+/// descriptors, so it lives in the block rather than in one process.
+#[repr(C, align(64))]
+pub(crate) struct OfdSlot {
+    /// 0 = free; otherwise a random tag, also carried by the descriptor's memfd name, so a
+    /// descriptor of a freed and reused slot is recognised as stale.
+    pub nonce: AtomicU64,
+    pub offset: AtomicU64,
+    pub ino: AtomicU32,
+    pub gen: AtomicU32,
+    /// open(2) flags (access mode, O_APPEND).
+    pub flags: AtomicU32,
+    /// Descriptors referring to it, in all processes (best effort: kill -9 leaks, sweeps fix).
+    pub refs: AtomicU32,
+    pub _pad: [u64; 4],
+}
+
+const _: () = assert!(std::mem::size_of::<OfdSlot>() == 64);
 
 /// A map node: FANOUT entries of (child id + 1), 0 = empty.
 #[repr(C)]
@@ -291,6 +313,7 @@ impl Geometry {
         let off_free_inodes = region(max_inodes * 4);
         let off_hash = region(hash_slots * 4);
         let off_leases = region(LEASE_SLOTS as u64 * std::mem::size_of::<LeaseSlot>() as u64);
+        let off_ofds = region(OFD_SLOTS as u64 * std::mem::size_of::<OfdSlot>() as u64);
         let data = align_up(at, DATA_ALIGN);
         let block_size = data + mem_chunks * chunk_size;
         Ok(Geometry {
@@ -313,6 +336,7 @@ impl Geometry {
                 free_inodes: off_free_inodes,
                 hash: off_hash,
                 leases: off_leases,
+                ofds: off_ofds,
                 data,
             },
             block_size,

@@ -9,6 +9,7 @@
 
 mod alloc;
 mod block;
+mod descriptions;
 mod error;
 mod file;
 mod fsck;
@@ -18,6 +19,7 @@ mod namespace;
 mod store;
 mod types;
 
+pub use descriptions::{Description, OpenDescription};
 pub use error::{errno_text, Error, Result};
 pub use store::{File, Store};
 pub use types::*;

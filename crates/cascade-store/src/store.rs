@@ -434,6 +434,10 @@ impl Store {
         crate::fsck::run(&self.block, repair)
     }
 
+    pub(crate) fn block(&self) -> &Block {
+        &self.block
+    }
+
     /// For tests and tools: size of this process's mapping of the block.
     pub fn block_bytes(&self) -> usize {
         self.block.mapping_len()
@@ -470,6 +474,37 @@ impl File {
 
     pub fn ino(&self) -> u64 {
         self.ino as u64
+    }
+
+    /// The incarnation of the inode this handle refers to.
+    pub fn generation(&self) -> u32 {
+        self.gen
+    }
+
+    /// True for a handle on a directory.
+    pub fn is_dir(&self) -> bool {
+        self.block.inode(self.ino).state.load(Acquire) == INODE_DIR
+    }
+
+    pub(crate) fn reopen(store: &Store, ino: u64, gen: u32, flags: i32) -> Result<File> {
+        let b = &store.block;
+        if ino >= b.geo.max_inodes as u64 {
+            return Err(Error::new(
+                libc::EBADF,
+                format!("inode {ino} does not exist"),
+            ));
+        }
+        let acc = flags & libc::O_ACCMODE;
+        let file = File {
+            block: b.clone(),
+            ino: ino as u32,
+            gen,
+            writable: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            append: flags & libc::O_APPEND != 0,
+            wrote_spill: AtomicBool::new(false),
+        };
+        file.check_live()?;
+        Ok(file)
     }
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {

@@ -1,0 +1,163 @@
+//! Open file descriptions for the interposition library.
+//!
+//! POSIX shares a file offset between descriptors made by dup, inherited over fork, and kept
+//! over exec. So that every process sharing a Cascade descriptor sees the same offset without
+//! a system call per read or write, the description (file, flags, offset) lives in a table in
+//! the block. A slot is claimed lock-free (compare-and-swap on its nonce), reference-counted
+//! by the library, and swept when the table fills up (after kill -9 left counts behind).
+
+use crate::error::{Error, Result};
+use crate::layout::{OfdSlot, OFD_SLOTS};
+use crate::store::{File, Store};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+
+/// Names one open file description: its slot and the nonce it was claimed with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpenDescription {
+    pub slot: u32,
+    pub nonce: u64,
+}
+
+/// A live description in the block.
+pub struct Description<'a> {
+    slot: &'a OfdSlot,
+}
+
+impl Description<'_> {
+    /// The shared file offset.
+    pub fn offset(&self) -> &AtomicU64 {
+        &self.slot.offset
+    }
+    pub fn flags(&self) -> i32 {
+        self.slot.flags.load(Acquire) as i32
+    }
+    pub fn set_flags(&self, flags: i32) {
+        self.slot.flags.store(flags as u32, Release);
+    }
+    pub fn ino(&self) -> u64 {
+        self.slot.ino.load(Acquire) as u64
+    }
+    pub fn generation(&self) -> u32 {
+        self.slot.gen.load(Acquire)
+    }
+    /// One more descriptor refers to it (dup, fork).
+    pub fn add_ref(&self) {
+        self.slot.refs.fetch_add(1, AcqRel);
+    }
+}
+
+fn fresh_nonce() -> u64 {
+    let mut n = 0u64;
+    // SAFETY: getrandom writes at most 8 bytes into `n`.
+    let got = unsafe {
+        libc::getrandom(
+            &mut n as *mut u64 as *mut libc::c_void,
+            8,
+            libc::GRND_NONBLOCK,
+        )
+    };
+    if got != 8 || n == 0 {
+        // Fall back on time and pid: uniqueness among live slots is all that is needed.
+        n = (crate::block::now_ns() as u64) ^ ((std::process::id() as u64) << 40) | 1;
+    }
+    n
+}
+
+impl Store {
+    /// Claims a description for `file`, opened with `flags`, at offset 0, with one reference.
+    /// ENFILE when all slots are taken even after `sweep` freed the unreferenced ones.
+    pub fn describe_open(
+        &self,
+        file: &File,
+        flags: i32,
+        sweep: &dyn Fn(&Store) -> usize,
+    ) -> Result<OpenDescription> {
+        for attempt in 0..2 {
+            if attempt == 1 && sweep(self) == 0 {
+                break;
+            }
+            let start = (fresh_nonce() % OFD_SLOTS as u64) as u32;
+            for i in 0..OFD_SLOTS {
+                let slot_no = (start + i) % OFD_SLOTS;
+                let slot = self.block().ofd(slot_no);
+                if slot.nonce.load(Relaxed) != 0 {
+                    continue;
+                }
+                let nonce = fresh_nonce();
+                if slot
+                    .nonce
+                    .compare_exchange(0, nonce, AcqRel, Relaxed)
+                    .is_ok()
+                {
+                    slot.offset.store(0, Relaxed);
+                    slot.ino.store(file.ino() as u32, Relaxed);
+                    slot.gen.store(file.generation(), Relaxed);
+                    slot.flags.store(flags as u32, Relaxed);
+                    slot.refs.store(1, Release);
+                    return Ok(OpenDescription {
+                        slot: slot_no,
+                        nonce,
+                    });
+                }
+            }
+        }
+        Err(Error::new(
+            libc::ENFILE,
+            format!(
+                "store {}: all {OFD_SLOTS} open-file slots are in use",
+                self.name()
+            ),
+        ))
+    }
+
+    /// The description `d` names, if it is still live (its nonce matches).
+    pub fn description(&self, d: OpenDescription) -> Option<Description<'_>> {
+        if d.slot >= OFD_SLOTS {
+            return None;
+        }
+        let slot = self.block().ofd(d.slot);
+        (slot.nonce.load(Acquire) == d.nonce).then_some(Description { slot })
+    }
+
+    /// Drops one reference; frees the slot when it was the last.
+    pub fn release_description(&self, d: OpenDescription) {
+        if let Some(desc) = self.description(d) {
+            if desc.slot.refs.fetch_sub(1, AcqRel) <= 1 {
+                let _ = desc
+                    .slot
+                    .nonce
+                    .compare_exchange(d.nonce, 0, AcqRel, Relaxed);
+            }
+        }
+    }
+
+    /// Frees every live description for which `referenced` says no descriptor exists any
+    /// more (the caller scans /proc). Returns how many were freed.
+    pub fn sweep_descriptions(&self, referenced: &dyn Fn(OpenDescription) -> bool) -> usize {
+        let mut freed = 0;
+        for slot_no in 0..OFD_SLOTS {
+            let slot = self.block().ofd(slot_no);
+            let nonce = slot.nonce.load(Acquire);
+            if nonce != 0
+                && !referenced(OpenDescription {
+                    slot: slot_no,
+                    nonce,
+                })
+                && slot
+                    .nonce
+                    .compare_exchange(nonce, 0, AcqRel, Relaxed)
+                    .is_ok()
+            {
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// Opens the file a description refers to, by inode and generation (ESTALE if it was
+    /// removed since). Used when a descriptor is inherited over exec.
+    pub fn reopen(&self, ino: u64, generation: u32, flags: i32) -> Result<File> {
+        File::reopen(self, ino, generation, flags)
+    }
+}
