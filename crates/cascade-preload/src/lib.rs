@@ -2,4 +2,5 @@
 //! interposition wrappers that let unmodified programs use the node store.
 
 mod capi;
+mod interpose;
 pub use capi::*;

@@ -31,6 +31,8 @@ pub(crate) struct LeaseLocal {
 
 pub(crate) struct Block {
     pub name: String,
+    /// The shared-memory object itself (mmap of a file's chunks maps from it).
+    pub shm: OsFile,
     map: MmapRaw,
     pub base: *mut u8,
     pub geo: Geometry,
@@ -156,9 +158,10 @@ fn free_space(path: &Path) -> Option<u64> {
 }
 
 impl Block {
-    fn new(name: &str, map: MmapRaw, geo: Geometry, spill: Option<Spill>) -> Block {
+    fn new(name: &str, shm: OsFile, map: MmapRaw, geo: Geometry, spill: Option<Spill>) -> Block {
         Block {
             name: name.to_string(),
+            shm,
             base: map.as_mut_ptr(),
             map,
             geo,
@@ -247,7 +250,7 @@ impl Block {
             }
             _ => None,
         };
-        let block = Block::new(&cfg.name, map, geo, spill);
+        let block = Block::new(&cfg.name, file, map, geo, spill);
         block.format(cfg)?;
         block.claim_lease()?;
         match cfg.prefault {
@@ -361,7 +364,7 @@ impl Block {
             }
             None => None,
         };
-        let block = Block::new(name, map, geo, spill);
+        let block = Block::new(name, file, map, geo, spill);
         block.claim_lease()?;
         block.populate_in_background();
         Ok(block)

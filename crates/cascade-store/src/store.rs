@@ -434,6 +434,16 @@ impl Store {
         crate::fsck::run(&self.block, repair)
     }
 
+    /// The descriptors `map_sources` offsets refer to: the shared-memory object and the
+    /// spill file.
+    pub fn map_fds(&self) -> (i32, Option<i32>) {
+        use std::os::fd::AsRawFd;
+        (
+            self.block.shm.as_raw_fd(),
+            self.block.spill.as_ref().map(|s| s.file.as_raw_fd()),
+        )
+    }
+
     pub(crate) fn block(&self) -> &Block {
         &self.block
     }
@@ -479,6 +489,82 @@ impl File {
     /// The incarnation of the inode this handle refers to.
     pub fn generation(&self) -> u32 {
         self.gen
+    }
+
+    /// chmod through an open handle (permission bits only).
+    pub fn set_mode(&self, mode: u32) -> Result<()> {
+        self.check_live()?;
+        let i = self.block.inode(self.ino);
+        i.mode.store(mode & 0o7777, Relaxed);
+        i.ctime.store(crate::block::now_ns(), Relaxed);
+        Ok(())
+    }
+
+    /// chown through an open handle.
+    pub fn set_owner(&self, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+        self.check_live()?;
+        let i = self.block.inode(self.ino);
+        if let Some(u) = uid {
+            i.uid.store(u, Relaxed);
+        }
+        if let Some(g) = gid {
+            i.gid.store(g, Relaxed);
+        }
+        i.ctime.store(crate::block::now_ns(), Relaxed);
+        Ok(())
+    }
+
+    /// utimens through an open handle (None leaves a time unchanged).
+    pub fn set_times(&self, atime: Option<TimeNs>, mtime: Option<TimeNs>) -> Result<()> {
+        self.check_live()?;
+        let i = self.block.inode(self.ino);
+        if let Some(t) = atime {
+            i.atime.store(t, Relaxed);
+        }
+        if let Some(t) = mtime {
+            i.mtime.store(t, Relaxed);
+        }
+        i.ctime.store(crate::block::now_ns(), Relaxed);
+        Ok(())
+    }
+
+    /// Where each chunk-sized piece of `[offset, offset + len)` can be mapped from, for
+    /// mmap of a Cascade file. With `allocate`, holes inside the file are filled with
+    /// zero chunks first (a shared writable mapping must have somewhere to write).
+    pub fn map_sources(&self, offset: u64, len: u64, allocate: bool) -> Result<Vec<MapSource>> {
+        self.check_file()?;
+        let cs = self.block.geo.chunk_size;
+        let size = self.len()?;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        let end = offset.saturating_add(len);
+        while pos < end {
+            let idx = pos / cs;
+            let within = pos % cs;
+            let n = (cs - within).min(end - pos);
+            let mut c = self.block.map_lookup(self.ino, idx);
+            if c.is_none() && allocate && pos < size {
+                // Allocate the hole by writing zeros over the part of it inside the file.
+                let start = idx * cs;
+                let stop = (start + cs).min(size);
+                let zeros = vec![0u8; (stop - start) as usize];
+                self.write_all_at(&zeros, start)?;
+                c = self.block.map_lookup(self.ino, idx);
+            }
+            out.push(match c {
+                Some(c) if self.block.is_spill(c) => MapSource::Spill {
+                    offset: self.block.spill_offset(c) + within,
+                    len: n,
+                },
+                Some(c) => MapSource::Shm {
+                    offset: self.block.geo.off.data + c as u64 * cs + within,
+                    len: n,
+                },
+                None => MapSource::Zeros { len: n },
+            });
+            pos += n;
+        }
+        Ok(out)
     }
 
     /// True for a handle on a directory.

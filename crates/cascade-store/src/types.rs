@@ -103,6 +103,17 @@ pub struct ChunkInfo {
     pub length: u64,
 }
 
+/// What one piece of a file mapping maps (see `File::map_sources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapSource {
+    /// Bytes of the shared-memory object at this offset.
+    Shm { offset: u64, len: u64 },
+    /// Bytes of the spill file at this offset.
+    Spill { offset: u64, len: u64 },
+    /// A hole (or past the end of file): anonymous zero pages.
+    Zeros { len: u64 },
+}
+
 /// The memory data region of a store, as mapped in this process.
 #[derive(Debug, Clone, Copy)]
 pub struct DataRegion {

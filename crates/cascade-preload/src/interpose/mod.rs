@@ -1,0 +1,366 @@
+//! Interposition: wrappers that serve paths under the mount prefix from the node store and
+//! pass everything else to the next definition (normally glibc's). Design and semantics:
+//! docs/interposition-design.md.
+//!
+//! Families: `sysio` (open, read, write, seek, truncate, sync), `fds` (dup, fcntl, flock),
+//! `stat` (the stat family, statfs, access), `names` (unlink, rename, mkdir, chmod...),
+//! `dirops` (opendir/readdir, getdents64, chdir/getcwd), `stdio` (fopen via fopencookie),
+//! `mapping` (mmap, sendfile/copy_file_range/splice, extended attributes).
+
+pub(crate) mod dirops;
+pub(crate) mod fds;
+pub(crate) mod mapping;
+pub(crate) mod names;
+pub(crate) mod stat;
+pub(crate) mod stdio;
+pub(crate) mod sysio;
+
+use cascade_store::{Error, File, OpenDescription, Store};
+use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// Finds the next definition of a libc function (dlsym RTLD_NEXT), once. Evaluates to
+/// `Option<fn pointer>`.
+macro_rules! real {
+    ($name:ident : fn($($arg:ty),*) -> $ret:ty) => {{
+        static PTR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let mut p = PTR.load(std::sync::atomic::Ordering::Relaxed);
+        if p == 0 {
+            // SAFETY: dlsym with a NUL-terminated name; a null result is handled below.
+            p = unsafe {
+                libc::dlsym(libc::RTLD_NEXT, concat!(stringify!($name), "\0").as_ptr() as *const std::ffi::c_char)
+            } as usize;
+            PTR.store(p, std::sync::atomic::Ordering::Relaxed);
+        }
+        if p == 0 {
+            None
+        } else {
+            // SAFETY: the symbol is the libc function of this name, whose C signature the
+            // caller spells out.
+            Some(unsafe { std::mem::transmute::<usize, unsafe extern "C" fn($($arg),*) -> $ret>(p) })
+        }
+    }};
+}
+pub(crate) use real;
+
+/// Calls the real function, or fails with ENOSYS if libc has none.
+macro_rules! call_real {
+    ($name:ident : fn($($arg:ty),*) -> $ret:ty, $fail:expr; $($val:expr),*) => {{
+        match $crate::interpose::real!($name: fn($($arg),*) -> $ret) {
+            // SAFETY: forwarding the caller's arguments unchanged to the real function.
+            Some(f) => unsafe { f($($val),*) },
+            None => {
+                $crate::interpose::set_errno(libc::ENOSYS);
+                $fail
+            }
+        }
+    }};
+}
+pub(crate) use call_real;
+
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Reports a store error the C way: errno and -1.
+pub(crate) fn fail(e: &Error) -> i32 {
+    set_errno(e.errno());
+    -1
+}
+
+pub(crate) fn fail_ssize(e: &Error) -> isize {
+    set_errno(e.errno());
+    -1
+}
+
+// ---- configuration and the store --------------------------------------------------------
+
+/// The mount prefix ("/cascade" unless CASCADE_MOUNT says otherwise), without a trailing '/'.
+pub(crate) fn mount() -> &'static str {
+    static MOUNT: OnceLock<String> = OnceLock::new();
+    MOUNT.get_or_init(|| {
+        let m = std::env::var("CASCADE_MOUNT").unwrap_or_default();
+        let m = if m.starts_with('/') && m.len() > 1 {
+            m
+        } else {
+            "/cascade".to_string()
+        };
+        m.trim_end_matches('/').to_string()
+    })
+}
+
+/// The attached store, attached on first use (CASCADE_STORE, else the user's default).
+pub(crate) fn store() -> Result<&'static Store, Error> {
+    static STORE: OnceLock<Result<Store, Error>> = OnceLock::new();
+    STORE
+        .get_or_init(|| {
+            let name = std::env::var("CASCADE_STORE")
+                .unwrap_or_else(|_| cascade_store::default_store_name());
+            Store::attach(&name)
+        })
+        .as_ref()
+        .map_err(|e| e.clone())
+}
+
+// ---- paths ------------------------------------------------------------------------------
+
+/// The virtual working directory while the process is "inside" the mount (store path).
+static VIRTUAL_CWD: RwLock<Option<String>> = RwLock::new(None);
+
+pub(crate) fn virtual_cwd() -> Option<String> {
+    VIRTUAL_CWD
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+pub(crate) fn set_virtual_cwd(cwd: Option<String>) {
+    *VIRTUAL_CWD.write().unwrap_or_else(|p| p.into_inner()) = cwd;
+}
+
+/// Lexically normalises an absolute path ("." and ".." and repeated '/').
+fn normalise(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for p in parts {
+        out.push('/');
+        out.push_str(p);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+/// The store path for an absolute host path, if it lies under the mount.
+pub(crate) fn store_path_of(abs: &str) -> Option<String> {
+    let m = mount();
+    let norm;
+    let p = if abs.contains("/.") || abs.contains("//") {
+        norm = normalise(abs);
+        norm.as_str()
+    } else {
+        abs
+    };
+    let rest = p.strip_prefix(m)?;
+    if rest.is_empty() {
+        Some("/".to_string())
+    } else if rest.starts_with('/') {
+        Some(normalise(rest))
+    } else {
+        None
+    }
+}
+
+/// Joins a relative path onto a store directory path.
+pub(crate) fn join_store(dir: &str, rel: &str) -> String {
+    normalise(&format!("{dir}/{rel}"))
+}
+
+/// Classifies a C path: `Some(store path)` when Cascade serves it.
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+pub(crate) unsafe fn classify(path: *const c_char) -> Option<String> {
+    classify_at(libc::AT_FDCWD, path)
+}
+
+/// Like [`classify`], relative to directory descriptor `dirfd` (an `*at` call).
+///
+/// # Safety
+/// `path` is null or a NUL-terminated string.
+pub(crate) unsafe fn classify_at(dirfd: i32, path: *const c_char) -> Option<String> {
+    if path.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    let s = std::str::from_utf8(bytes).ok()?;
+    if s.starts_with('/') {
+        return store_path_of(s);
+    }
+    if s.is_empty() {
+        return None;
+    }
+    if dirfd != libc::AT_FDCWD {
+        return fds::entry(dirfd).map(|e| join_store(&e.path, s));
+    }
+    virtual_cwd().map(|cwd| join_store(&cwd, s))
+}
+
+// ---- the fd table -----------------------------------------------------------------------
+
+/// Descriptors above this are never Cascade's (open returns EMFILE rather than use one).
+pub(crate) const MAX_FDS: usize = 1 << 16;
+
+/// What a Cascade descriptor refers to. Shared by dup'ed descriptors in this process; the
+/// offset lives in the store's description table, shared across processes.
+pub(crate) struct Entry {
+    pub file: File,
+    pub desc: OpenDescription,
+    /// Store path at open time (for `*at` calls, fchdir and fstat of directories).
+    pub path: String,
+}
+
+impl Entry {
+    pub(crate) fn description(&self) -> Option<cascade_store::Description<'static>> {
+        store().ok()?.description(self.desc)
+    }
+}
+
+/// One flag per descriptor: the check on every non-Cascade call is one load.
+static IS_CASCADE: [AtomicBool; MAX_FDS] = [const { AtomicBool::new(false) }; MAX_FDS];
+/// The entries, each behind its own lock (held for the duration of a call on it, so a
+/// racing close cannot free an entry in use).
+static ENTRIES: [Mutex<Option<Arc<Entry>>>; MAX_FDS] = [const { Mutex::new(None) }; MAX_FDS];
+
+pub(crate) fn is_cascade_fd(fd: i32) -> bool {
+    (0..MAX_FDS as i32).contains(&fd) && IS_CASCADE[fd as usize].load(Relaxed)
+}
+
+fn slot(fd: i32) -> std::sync::MutexGuard<'static, Option<Arc<Entry>>> {
+    ENTRIES[fd as usize]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn register(fd: i32, entry: Arc<Entry>) {
+    *slot(fd) = Some(entry);
+    IS_CASCADE[fd as usize].store(true, Relaxed);
+}
+
+pub(crate) fn unregister(fd: i32) -> Option<Arc<Entry>> {
+    if !is_cascade_fd(fd) {
+        return None;
+    }
+    IS_CASCADE[fd as usize].store(false, Relaxed);
+    slot(fd).take()
+}
+
+pub(crate) fn lookup(fd: i32) -> Option<Arc<Entry>> {
+    if !is_cascade_fd(fd) {
+        return None;
+    }
+    slot(fd).clone()
+}
+
+/// All registered descriptors (fork handler).
+pub(crate) fn all_entries() -> Vec<(i32, Arc<Entry>)> {
+    (0..MAX_FDS as i32)
+        .filter(|&fd| is_cascade_fd(fd))
+        .filter_map(|fd| lookup(fd).map(|e| (fd, e)))
+        .collect()
+}
+
+// ---- process start, fork, exec ----------------------------------------------------------
+
+/// Adopts Cascade descriptors inherited over exec: their memfds are named
+/// `cascade-ofd:<slot>:<nonce>`, and the store's description table knows the rest.
+fn adopt_inherited() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    for ent in dir.flatten() {
+        let Some(fd) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(target) = std::fs::read_link(ent.path()) else {
+            continue;
+        };
+        let Some(desc) = parse_marker(&target.to_string_lossy()) else {
+            continue;
+        };
+        if fd as usize >= MAX_FDS {
+            continue;
+        }
+        let Ok(store) = store() else { return };
+        let Some(d) = store.description(desc) else {
+            continue;
+        };
+        if let Ok(file) = store.reopen(d.ino(), d.generation(), d.flags()) {
+            register(
+                fd,
+                Arc::new(Entry {
+                    file,
+                    desc,
+                    path: String::new(),
+                }),
+            );
+        }
+    }
+}
+
+/// Parses "/memfd:cascade-ofd:<slot>:<nonce> (deleted)".
+pub(crate) fn parse_marker(link: &str) -> Option<OpenDescription> {
+    let rest = link.strip_prefix("/memfd:cascade-ofd:")?;
+    let rest = rest.split(' ').next()?;
+    let (slot, nonce) = rest.split_once(':')?;
+    Some(OpenDescription {
+        slot: slot.parse().ok()?,
+        nonce: nonce.parse().ok()?,
+    })
+}
+
+pub(crate) fn marker_name(desc: OpenDescription) -> std::ffi::CString {
+    // The format has no NUL bytes.
+    std::ffi::CString::new(format!("cascade-ofd:{}:{}", desc.slot, desc.nonce)).unwrap_or_default()
+}
+
+/// Frees descriptions no process refers to any more (when the table is full).
+pub(crate) fn sweep(store: &Store) -> usize {
+    let mut live = std::collections::HashSet::new();
+    if let Ok(procs) = std::fs::read_dir("/proc") {
+        for p in procs.flatten() {
+            let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+                continue;
+            };
+            for f in fds.flatten() {
+                if let Some(d) = std::fs::read_link(f.path())
+                    .ok()
+                    .and_then(|t| parse_marker(&t.to_string_lossy()))
+                {
+                    live.insert(d);
+                }
+            }
+        }
+    }
+    store.sweep_descriptions(&|d| live.contains(&d))
+}
+
+extern "C" fn after_fork_in_child() {
+    // Every inherited Cascade descriptor is one more reference to its description.
+    for (_, e) in all_entries() {
+        if let Some(d) = e.description() {
+            d.add_ref();
+        }
+    }
+}
+
+extern "C" fn on_load() {
+    // SAFETY: registering a plain function as the fork child handler.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    if std::env::var_os("CASCADE_CWD").is_some() {
+        set_virtual_cwd(
+            std::env::var("CASCADE_CWD")
+                .ok()
+                .filter(|c| c.starts_with('/')),
+        );
+    }
+    adopt_inherited();
+    stdio::adopt_standard_streams();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;

@@ -1,0 +1,438 @@
+//! Namespace calls: unlink, rename, mkdir, rmdir, chmod, chown, utimens, realpath.
+
+use super::*;
+use libc::{c_int, c_uint};
+use std::ffi::c_char;
+
+fn status(r: Result<(), Error>) -> c_int {
+    r.map(|_| 0).unwrap_or_else(|e| fail(&e))
+}
+
+fn umask_now() -> u32 {
+    // SAFETY: umask swaps a process attribute; we restore it at once.
+    unsafe {
+        let m = libc::umask(0o022);
+        libc::umask(m);
+        m
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => status(store().and_then(|s| s.unlink(&p))),
+        None => call_real!(unlink: fn(*const c_char) -> c_int, -1; path),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) if flags & libc::AT_REMOVEDIR != 0 => status(store().and_then(|s| s.rmdir(&p))),
+        Some(p) => status(store().and_then(|s| s.unlink(&p))),
+        None => {
+            call_real!(unlinkat: fn(c_int, *const c_char, c_int) -> c_int, -1; dirfd, path, flags)
+        }
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => status(store().and_then(|s| s.rmdir(&p))),
+        None => call_real!(rmdir: fn(*const c_char) -> c_int, -1; path),
+    }
+}
+
+fn mkdir_store(p: &str, mode: c_uint) -> c_int {
+    status(store().and_then(|s| s.mkdir(p, mode & 0o7777 & !umask_now())))
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => mkdir_store(&p, mode),
+        None => call_real!(mkdir: fn(*const c_char, c_uint) -> c_int, -1; path, mode),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) => mkdir_store(&p, mode),
+        None => {
+            call_real!(mkdirat: fn(c_int, *const c_char, c_uint) -> c_int, -1; dirfd, path, mode)
+        }
+    }
+}
+
+/// A rename with exactly one side in the store crosses file systems.
+fn rename_pair(from: Option<String>, to: Option<String>, flags: c_uint) -> Option<c_int> {
+    match (from, to) {
+        (None, None) => None,
+        (Some(f), Some(t)) => {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                if let Ok(s) = store() {
+                    if s.stat(&t).is_ok() {
+                        return Some(fail(&Error::new(libc::EEXIST, t)));
+                    }
+                }
+            } else if flags != 0 {
+                return Some(fail(&Error::new(libc::EINVAL, "unsupported rename flags")));
+            }
+            Some(status(store().and_then(|s| s.rename(&f, &t))))
+        }
+        _ => Some(fail(&Error::new(libc::EXDEV, ""))),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
+    // SAFETY: per the C contract.
+    let pair = unsafe { (classify(from), classify(to)) };
+    rename_pair(pair.0, pair.1, 0).unwrap_or_else(
+        || call_real!(rename: fn(*const c_char, *const c_char) -> c_int, -1; from, to),
+    )
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn renameat(
+    fd1: c_int,
+    from: *const c_char,
+    fd2: c_int,
+    to: *const c_char,
+) -> c_int {
+    // SAFETY: per the C contract.
+    let pair = unsafe { (classify_at(fd1, from), classify_at(fd2, to)) };
+    rename_pair(pair.0, pair.1, 0).unwrap_or_else(
+        || call_real!(renameat: fn(c_int, *const c_char, c_int, *const c_char) -> c_int, -1; fd1, from, fd2, to),
+    )
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn renameat2(
+    fd1: c_int,
+    from: *const c_char,
+    fd2: c_int,
+    to: *const c_char,
+    flags: c_uint,
+) -> c_int {
+    // SAFETY: per the C contract.
+    let pair = unsafe { (classify_at(fd1, from), classify_at(fd2, to)) };
+    rename_pair(pair.0, pair.1, flags).unwrap_or_else(|| {
+        call_real!(renameat2: fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int, -1; fd1, from, fd2, to, flags)
+    })
+}
+
+// ---- attributes ---------------------------------------------------------------------------
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => status(store().and_then(|s| s.set_mode(&p, mode))),
+        None => call_real!(chmod: fn(*const c_char, c_uint) -> c_int, -1; path, mode),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn fchmodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) => status(store().and_then(|s| s.set_mode(&p, mode))),
+        None => {
+            call_real!(fchmodat: fn(c_int, *const c_char, c_uint, c_int) -> c_int, -1; dirfd, path, mode, flags)
+        }
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn fchmod(fd: c_int, mode: c_uint) -> c_int {
+    match lookup(fd) {
+        Some(e) => status(e.file.set_mode(mode)),
+        None => call_real!(fchmod: fn(c_int, c_uint) -> c_int, -1; fd, mode),
+    }
+}
+
+fn id(v: c_uint) -> Option<u32> {
+    (v != u32::MAX).then_some(v)
+}
+
+macro_rules! chown_wrapper {
+    ($name:ident) => {
+        /// # Safety
+        /// C ABI.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
+            // SAFETY: per the C contract.
+            match unsafe { classify(path) } {
+                Some(p) => status(store().and_then(|s| s.set_owner(&p, id(uid), id(gid)))),
+                None => call_real!($name: fn(*const c_char, c_uint, c_uint) -> c_int, -1; path, uid, gid),
+            }
+        }
+    };
+}
+chown_wrapper!(chown);
+chown_wrapper!(lchown);
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
+    match lookup(fd) {
+        Some(e) => status(e.file.set_owner(id(uid), id(gid))),
+        None => call_real!(fchown: fn(c_int, c_uint, c_uint) -> c_int, -1; fd, uid, gid),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: *const c_char,
+    uid: c_uint,
+    gid: c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) => status(store().and_then(|s| s.set_owner(&p, id(uid), id(gid)))),
+        None => {
+            call_real!(fchownat: fn(c_int, *const c_char, c_uint, c_uint, c_int) -> c_int, -1; dirfd, path, uid, gid, flags)
+        }
+    }
+}
+
+/// Turns a utimensat-style pair into (atime, mtime) for the store: null = now for both,
+/// UTIME_NOW = now, UTIME_OMIT = unchanged.
+///
+/// # Safety
+/// `times` is null or points at two timespecs.
+unsafe fn times_of(times: *const libc::timespec) -> (Option<i64>, Option<i64>) {
+    let now = {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+    };
+    if times.is_null() {
+        return (Some(now), Some(now));
+    }
+    let conv = |t: &libc::timespec| match t.tv_nsec {
+        libc::UTIME_OMIT => None,
+        libc::UTIME_NOW => Some(now),
+        ns => Some(t.tv_sec * 1_000_000_000 + ns),
+    };
+    // SAFETY: per this function's contract.
+    unsafe { (conv(&*times), conv(&*times.add(1))) }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const libc::timespec,
+    flags: c_int,
+) -> c_int {
+    if path.is_null() {
+        // utimensat(fd, NULL, ...) is futimens.
+        if let Some(e) = lookup(dirfd) {
+            // SAFETY: per the C contract.
+            let (a, m) = unsafe { times_of(times) };
+            return status(e.file.set_times(a, m));
+        }
+    }
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) => {
+            // SAFETY: per the C contract.
+            let (a, m) = unsafe { times_of(times) };
+            status(store().and_then(|s| s.set_times(&p, a, m)))
+        }
+        None => {
+            call_real!(utimensat: fn(c_int, *const c_char, *const libc::timespec, c_int) -> c_int, -1; dirfd, path, times, flags)
+        }
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
+    match lookup(fd) {
+        Some(e) => {
+            // SAFETY: per the C contract.
+            let (a, m) = unsafe { times_of(times) };
+            status(e.file.set_times(a, m))
+        }
+        None => call_real!(futimens: fn(c_int, *const libc::timespec) -> c_int, -1; fd, times),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => {
+            let (a, m) = if tv.is_null() {
+                // SAFETY: null means "now".
+                unsafe { times_of(std::ptr::null()) }
+            } else {
+                // SAFETY: the caller passes two timevals.
+                let (ta, tm) = unsafe { (&*tv, &*tv.add(1)) };
+                (
+                    Some(ta.tv_sec * 1_000_000_000 + ta.tv_usec * 1000),
+                    Some(tm.tv_sec * 1_000_000_000 + tm.tv_usec * 1000),
+                )
+            };
+            status(store().and_then(|s| s.set_times(&p, a, m)))
+        }
+        None => call_real!(utimes: fn(*const c_char, *const libc::timeval) -> c_int, -1; path, tv),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => {
+            let (a, m) = if times.is_null() {
+                // SAFETY: null means "now".
+                unsafe { times_of(std::ptr::null()) }
+            } else {
+                // SAFETY: the caller passes a utimbuf.
+                let t = unsafe { &*times };
+                (
+                    Some(t.actime * 1_000_000_000),
+                    Some(t.modtime * 1_000_000_000),
+                )
+            };
+            status(store().and_then(|s| s.set_times(&p, a, m)))
+        }
+        None => {
+            call_real!(utime: fn(*const c_char, *const libc::utimbuf) -> c_int, -1; path, times)
+        }
+    }
+}
+
+// ---- realpath -----------------------------------------------------------------------------
+
+/// The host path of an existing Cascade path, into `resolved` (PATH_MAX bytes) or a
+/// malloc'ed buffer the caller frees.
+fn realpath_store(p: &str, resolved: *mut c_char) -> *mut c_char {
+    if let Err(e) = store().and_then(|s| s.stat(p)) {
+        set_errno(e.errno());
+        return std::ptr::null_mut();
+    }
+    let full = if p == "/" {
+        mount().to_string()
+    } else {
+        format!("{}{}", mount(), p)
+    };
+    let bytes = full.as_bytes();
+    if bytes.len() >= libc::PATH_MAX as usize {
+        set_errno(libc::ENAMETOOLONG);
+        return std::ptr::null_mut();
+    }
+    let out = if resolved.is_null() {
+        // SAFETY: malloc of len+1 bytes; checked for null below.
+        unsafe { libc::malloc(bytes.len() + 1) as *mut c_char }
+    } else {
+        resolved
+    };
+    if out.is_null() {
+        set_errno(libc::ENOMEM);
+        return out;
+    }
+    // SAFETY: `out` holds at least len+1 bytes (PATH_MAX per the realpath contract, or ours).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), out as *mut u8, bytes.len());
+        *out.add(bytes.len()) = 0;
+    }
+    out
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => realpath_store(&p, resolved),
+        None => {
+            call_real!(realpath: fn(*const c_char, *mut c_char) -> *mut c_char, std::ptr::null_mut(); path, resolved)
+        }
+    }
+}
+
+/// # Safety
+/// C ABI (the fortified realpath).
+#[no_mangle]
+pub unsafe extern "C" fn __realpath_chk(
+    path: *const c_char,
+    resolved: *mut c_char,
+    len: usize,
+) -> *mut c_char {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => realpath_store(&p, resolved),
+        None => {
+            call_real!(__realpath_chk: fn(*const c_char, *mut c_char, usize) -> *mut c_char, std::ptr::null_mut(); path, resolved, len)
+        }
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => realpath_store(&p, std::ptr::null_mut()),
+        None => {
+            call_real!(canonicalize_file_name: fn(*const c_char) -> *mut c_char, std::ptr::null_mut(); path)
+        }
+    }
+}

@@ -1,0 +1,557 @@
+//! sysio: open, close, read, write, seek, truncate, sync, allocate.
+
+use super::*;
+use cascade_store::OpenOptions;
+use libc::{c_int, c_uint, c_void, iovec, off64_t, off_t, size_t, ssize_t};
+use std::ffi::c_char;
+
+/// Opens a Cascade path: a store file, a shared description and a real kernel fd (memfd).
+pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<c_int, Error> {
+    let store = store()?;
+    let acc = flags & libc::O_ACCMODE;
+    let opts = OpenOptions {
+        read: acc != libc::O_WRONLY,
+        write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+        create: flags & libc::O_CREAT != 0,
+        create_new: flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0,
+        truncate: flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY,
+        append: flags & libc::O_APPEND != 0,
+        mode: mode & 0o7777 & !current_umask(),
+    };
+    let file = store.open(path, &opts)?;
+    if flags & libc::O_DIRECTORY != 0 && !file.is_dir() {
+        return Err(Error::new(libc::ENOTDIR, path.to_string()));
+    }
+    let desc = store.describe_open(&file, flags & (libc::O_ACCMODE | libc::O_APPEND), &sweep)?;
+    let name = marker_name(desc);
+    let memfd_flags = if flags & libc::O_CLOEXEC != 0 {
+        libc::MFD_CLOEXEC
+    } else {
+        0
+    };
+    // SAFETY: `name` is a valid C string.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), memfd_flags) };
+    if fd < 0 {
+        let e = Error::last_os("memfd_create");
+        store.release_description(desc);
+        return Err(e);
+    }
+    if fd as usize >= MAX_FDS {
+        // SAFETY: closing the fd we just made.
+        unsafe { libc::close(fd) };
+        store.release_description(desc);
+        return Err(Error::new(
+            libc::EMFILE,
+            "descriptor number too large for Cascade",
+        ));
+    }
+    register(
+        fd,
+        Arc::new(Entry {
+            file,
+            desc,
+            path: path.to_string(),
+        }),
+    );
+    Ok(fd)
+}
+
+fn current_umask() -> u32 {
+    // SAFETY: umask only swaps a process attribute; we put it back at once.
+    unsafe {
+        let m = libc::umask(0o022);
+        libc::umask(m);
+        m
+    }
+}
+
+fn open_impl(path: &str, flags: c_int, mode: c_uint) -> c_int {
+    open_store_path(path, flags, mode).unwrap_or_else(|e| fail(&e))
+}
+
+macro_rules! open_wrapper {
+    ($name:ident) => {
+        /// # Safety
+        /// C ABI: `path` is a NUL-terminated string (or null, which the real call rejects).
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+            // SAFETY: per the C contract of open().
+            match unsafe { classify(path) } {
+                Some(p) => open_impl(&p, flags, mode),
+                None => call_real!($name: fn(*const c_char, c_int, c_uint) -> c_int, -1; path, flags, mode),
+            }
+        }
+    };
+}
+open_wrapper!(open);
+open_wrapper!(open64);
+open_wrapper!(__open_2);
+open_wrapper!(__open64_2);
+
+macro_rules! openat_wrapper {
+    ($name:ident) => {
+        /// # Safety
+        /// C ABI: `path` is a NUL-terminated string.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+            // SAFETY: per the C contract of openat().
+            match unsafe { classify_at(dirfd, path) } {
+                Some(p) => open_impl(&p, flags, mode),
+                None => call_real!($name: fn(c_int, *const c_char, c_int, c_uint) -> c_int, -1; dirfd, path, flags, mode),
+            }
+        }
+    };
+}
+openat_wrapper!(openat);
+openat_wrapper!(openat64);
+openat_wrapper!(__openat_2);
+openat_wrapper!(__openat64_2);
+
+macro_rules! creat_wrapper {
+    ($name:ident) => {
+        /// # Safety
+        /// C ABI: `path` is a NUL-terminated string.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, mode: c_uint) -> c_int {
+            // SAFETY: per the C contract of creat().
+            match unsafe { classify(path) } {
+                Some(p) => open_impl(&p, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, mode),
+                None => call_real!($name: fn(*const c_char, c_uint) -> c_int, -1; path, mode),
+            }
+        }
+    };
+}
+creat_wrapper!(creat);
+creat_wrapper!(creat64);
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if let Some(e) = unregister(fd) {
+        if let Ok(s) = store() {
+            s.release_description(e.desc);
+        }
+    }
+    call_real!(close: fn(c_int) -> c_int, -1; fd)
+}
+
+// ---- data ---------------------------------------------------------------------------------
+
+fn readable(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_WRONLY
+}
+
+fn writable(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
+}
+
+fn ebadf() -> Error {
+    Error::new(libc::EBADF, "")
+}
+
+/// Reads at the shared offset (or at `at`) and advances it when positional is false.
+fn do_read(e: &Entry, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
+    let d = e.description().ok_or_else(ebadf)?;
+    if !readable(d.flags()) {
+        return Err(ebadf());
+    }
+    if e.file.is_dir() {
+        return Err(Error::new(libc::EISDIR, ""));
+    }
+    match at {
+        Some(off) => e.file.read_at(buf, off),
+        None => {
+            let off = d.offset().load(Relaxed);
+            let n = e.file.read_at(buf, off)?;
+            d.offset().store(off + n as u64, Relaxed);
+            Ok(n)
+        }
+    }
+}
+
+fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
+    let d = e.description().ok_or_else(ebadf)?;
+    let flags = d.flags();
+    if !writable(flags) {
+        return Err(ebadf());
+    }
+    match at {
+        Some(off) => e.file.write_at(buf, off),
+        None if flags & libc::O_APPEND != 0 => {
+            let at = e.file.append(buf)?;
+            d.offset().store(at + buf.len() as u64, Relaxed);
+            Ok(buf.len())
+        }
+        None => {
+            let off = d.offset().load(Relaxed);
+            let n = e.file.write_at(buf, off)?;
+            d.offset().store(off + n as u64, Relaxed);
+            Ok(n)
+        }
+    }
+}
+
+fn ssize(r: Result<usize, Error>) -> ssize_t {
+    r.map(|n| n as ssize_t).unwrap_or_else(|e| fail_ssize(&e))
+}
+
+/// # Safety
+/// C ABI: `buf` holds `count` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: the caller provides `count` writable bytes at `buf`.
+        Some(e) => ssize(do_read(&e, unsafe { slice_mut(buf, count) }, None)),
+        None => call_real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t, -1; fd, buf, count),
+    }
+}
+
+/// # Safety
+/// C ABI: `buf` holds `count` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    match lookup(fd) {
+        // SAFETY: the caller provides `count` readable bytes at `buf`.
+        Some(e) => ssize(do_write(&e, unsafe { slice(buf, count) }, None)),
+        None => call_real!(write: fn(c_int, *const c_void, size_t) -> ssize_t, -1; fd, buf, count),
+    }
+}
+
+macro_rules! pread_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI: `buf` holds `count` writable bytes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, count: size_t, offset: $off) -> ssize_t {
+            match lookup(fd) {
+                Some(_) if offset < 0 => {
+                    set_errno(libc::EINVAL);
+                    -1
+                }
+                // SAFETY: the caller provides `count` writable bytes at `buf`.
+                Some(e) => ssize(do_read(&e, unsafe { slice_mut(buf, count) }, Some(offset as u64))),
+                None => call_real!($name: fn(c_int, *mut c_void, size_t, $off) -> ssize_t, -1; fd, buf, count, offset),
+            }
+        }
+    };
+}
+pread_wrapper!(pread, off_t);
+pread_wrapper!(pread64, off64_t);
+
+macro_rules! pwrite_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI: `buf` holds `count` readable bytes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, buf: *const c_void, count: size_t, offset: $off) -> ssize_t {
+            match lookup(fd) {
+                Some(_) if offset < 0 => {
+                    set_errno(libc::EINVAL);
+                    -1
+                }
+                // SAFETY: the caller provides `count` readable bytes at `buf`.
+                Some(e) => ssize(do_write(&e, unsafe { slice(buf, count) }, Some(offset as u64))),
+                None => call_real!($name: fn(c_int, *const c_void, size_t, $off) -> ssize_t, -1; fd, buf, count, offset),
+            }
+        }
+    };
+}
+pwrite_wrapper!(pwrite, off_t);
+pwrite_wrapper!(pwrite64, off64_t);
+
+/// # Safety
+/// `buf` is null only with `len == 0`, else valid for `len` bytes.
+unsafe fn slice<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 || buf.is_null() {
+        &[]
+    } else {
+        // SAFETY: per this function's contract.
+        unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+    }
+}
+
+/// # Safety
+/// As [`slice`], for writing.
+unsafe fn slice_mut<'a>(buf: *mut c_void, len: usize) -> &'a mut [u8] {
+    if len == 0 || buf.is_null() {
+        &mut []
+    } else {
+        // SAFETY: per this function's contract.
+        unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, len) }
+    }
+}
+
+/// Vectored I/O: one call per buffer, stopping at a short transfer.
+fn vectored(
+    e: &Entry,
+    iov: *const iovec,
+    cnt: c_int,
+    mut at: Option<u64>,
+    write: bool,
+) -> Result<usize, Error> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(Error::new(libc::EINVAL, ""));
+    }
+    let mut total = 0;
+    for i in 0..cnt as usize {
+        // SAFETY: the caller passes `cnt` iovecs at `iov`.
+        let v = unsafe { &*iov.add(i) };
+        let n = if write {
+            // SAFETY: each iovec describes readable memory.
+            do_write(e, unsafe { slice(v.iov_base, v.iov_len) }, at)?
+        } else {
+            // SAFETY: each iovec describes writable memory.
+            do_read(e, unsafe { slice_mut(v.iov_base, v.iov_len) }, at)?
+        };
+        total += n;
+        if let Some(a) = at.as_mut() {
+            *a += n as u64;
+        }
+        if n < v.iov_len {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// # Safety
+/// C ABI: `iov` points at `cnt` iovecs.
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match lookup(fd) {
+        Some(e) => ssize(vectored(&e, iov, cnt, None, false)),
+        None => call_real!(readv: fn(c_int, *const iovec, c_int) -> ssize_t, -1; fd, iov, cnt),
+    }
+}
+
+/// # Safety
+/// C ABI: `iov` points at `cnt` iovecs.
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    match lookup(fd) {
+        Some(e) => ssize(vectored(&e, iov, cnt, None, true)),
+        None => call_real!(writev: fn(c_int, *const iovec, c_int) -> ssize_t, -1; fd, iov, cnt),
+    }
+}
+
+macro_rules! preadv_wrapper {
+    ($name:ident, $write:expr) => {
+        /// # Safety
+        /// C ABI: `iov` points at `cnt` iovecs.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t) -> ssize_t {
+            match lookup(fd) {
+                // preadv/pwritev with offset -1 (the *v2 forms) use the file offset.
+                Some(e) => ssize(vectored(&e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)),
+                None => call_real!($name: fn(c_int, *const iovec, c_int, off64_t) -> ssize_t, -1; fd, iov, cnt, offset),
+            }
+        }
+    };
+}
+preadv_wrapper!(preadv, false);
+preadv_wrapper!(preadv64, false);
+preadv_wrapper!(pwritev, true);
+preadv_wrapper!(pwritev64, true);
+
+macro_rules! preadv2_wrapper {
+    ($name:ident, $write:expr) => {
+        /// # Safety
+        /// C ABI: `iov` points at `cnt` iovecs.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t, flags: c_int) -> ssize_t {
+            match lookup(fd) {
+                Some(e) => ssize(vectored(&e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)),
+                None => call_real!($name: fn(c_int, *const iovec, c_int, off64_t, c_int) -> ssize_t, -1; fd, iov, cnt, offset, flags),
+            }
+        }
+    };
+}
+preadv2_wrapper!(preadv2, false);
+preadv2_wrapper!(pwritev2, true);
+
+fn do_lseek(e: &Entry, offset: i64, whence: c_int) -> Result<i64, Error> {
+    let d = e.description().ok_or_else(ebadf)?;
+    let size = e.file.len()? as i64;
+    let cur = d.offset().load(Relaxed) as i64;
+    let new = match whence {
+        libc::SEEK_SET => offset,
+        libc::SEEK_CUR => cur
+            .checked_add(offset)
+            .ok_or_else(|| Error::new(libc::EOVERFLOW, ""))?,
+        libc::SEEK_END => size
+            .checked_add(offset)
+            .ok_or_else(|| Error::new(libc::EOVERFLOW, ""))?,
+        // Holes are not tracked per byte: data runs to the end, the only hole is at the end.
+        libc::SEEK_DATA if offset < size => offset,
+        libc::SEEK_HOLE if offset < size => size,
+        libc::SEEK_DATA | libc::SEEK_HOLE => return Err(Error::new(libc::ENXIO, "")),
+        _ => return Err(Error::new(libc::EINVAL, "")),
+    };
+    if new < 0 {
+        return Err(Error::new(libc::EINVAL, ""));
+    }
+    d.offset().store(new as u64, Relaxed);
+    Ok(new)
+}
+
+macro_rules! lseek_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, offset: $off, whence: c_int) -> $off {
+            match lookup(fd) {
+                Some(e) => do_lseek(&e, offset as i64, whence).map(|v| v as $off).unwrap_or_else(|err| fail(&err) as $off),
+                None => call_real!($name: fn(c_int, $off, c_int) -> $off, -1; fd, offset, whence),
+            }
+        }
+    };
+}
+lseek_wrapper!(lseek, off_t);
+lseek_wrapper!(lseek64, off64_t);
+
+fn set_len(e: &Entry, len: i64) -> c_int {
+    if len < 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    match e.description() {
+        Some(d) if writable(d.flags()) => e
+            .file
+            .set_len(len as u64)
+            .map(|_| 0)
+            .unwrap_or_else(|err| fail(&err)),
+        Some(_) => {
+            set_errno(libc::EINVAL);
+            -1
+        }
+        None => fail(&ebadf()),
+    }
+}
+
+macro_rules! ftruncate_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, len: $off) -> c_int {
+            match lookup(fd) {
+                Some(e) => set_len(&e, len as i64),
+                None => call_real!($name: fn(c_int, $off) -> c_int, -1; fd, len),
+            }
+        }
+    };
+}
+ftruncate_wrapper!(ftruncate, off_t);
+ftruncate_wrapper!(ftruncate64, off64_t);
+
+macro_rules! truncate_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI: `path` is a NUL-terminated string.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(path: *const c_char, len: $off) -> c_int {
+            // SAFETY: per the C contract.
+            match unsafe { classify(path) } {
+                Some(_) if len < 0 => {
+                    set_errno(libc::EINVAL);
+                    -1
+                }
+                Some(p) => store()
+                    .and_then(|s| s.truncate(&p, len as u64))
+                    .map(|_| 0)
+                    .unwrap_or_else(|e| fail(&e)),
+                None => call_real!($name: fn(*const c_char, $off) -> c_int, -1; path, len),
+            }
+        }
+    };
+}
+truncate_wrapper!(truncate, off_t);
+truncate_wrapper!(truncate64, off64_t);
+
+macro_rules! sync_wrapper {
+    ($name:ident) => {
+        /// # Safety
+        /// C ABI.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int) -> c_int {
+            match lookup(fd) {
+                Some(e) => e.file.sync().map(|_| 0).unwrap_or_else(|err| fail(&err)),
+                None => call_real!($name: fn(c_int) -> c_int, -1; fd),
+            }
+        }
+    };
+}
+sync_wrapper!(fsync);
+sync_wrapper!(fdatasync);
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn sync_file_range(
+    fd: c_int,
+    offset: off64_t,
+    nbytes: off64_t,
+    flags: c_uint,
+) -> c_int {
+    match lookup(fd) {
+        Some(e) => e.file.sync().map(|_| 0).unwrap_or_else(|err| fail(&err)),
+        None => {
+            call_real!(sync_file_range: fn(c_int, off64_t, off64_t, c_uint) -> c_int, -1; fd, offset, nbytes, flags)
+        }
+    }
+}
+
+/// Reserving space: extending the file size is what callers observe (mode 0); the store
+/// allocates chunks on write, so nothing else is needed. KEEP_SIZE and hole punching are
+/// not offered (EOPNOTSUPP, as on file systems without them).
+fn allocate(e: &Entry, mode: c_int, offset: i64, len: i64) -> Result<(), Error> {
+    if offset < 0 || len <= 0 {
+        return Err(Error::new(libc::EINVAL, ""));
+    }
+    if mode != 0 {
+        return Err(Error::new(libc::EOPNOTSUPP, ""));
+    }
+    let d = e.description().ok_or_else(ebadf)?;
+    if !writable(d.flags()) {
+        return Err(ebadf());
+    }
+    let end = (offset as u64).saturating_add(len as u64);
+    if end > e.file.len()? {
+        e.file.set_len(end)?;
+    }
+    Ok(())
+}
+
+macro_rules! fallocate_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, mode: c_int, offset: $off, len: $off) -> c_int {
+            match lookup(fd) {
+                Some(e) => allocate(&e, mode, offset as i64, len as i64).map(|_| 0).unwrap_or_else(|err| fail(&err)),
+                None => call_real!($name: fn(c_int, c_int, $off, $off) -> c_int, -1; fd, mode, offset, len),
+            }
+        }
+    };
+}
+fallocate_wrapper!(fallocate, off_t);
+fallocate_wrapper!(fallocate64, off64_t);
+
+macro_rules! posix_fallocate_wrapper {
+    ($name:ident, $off:ty) => {
+        /// # Safety
+        /// C ABI. Returns an error number instead of setting errno, like posix_fallocate.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, offset: $off, len: $off) -> c_int {
+            match lookup(fd) {
+                Some(e) => allocate(&e, 0, offset as i64, len as i64).map(|_| 0).unwrap_or_else(|err| err.errno()),
+                None => call_real!($name: fn(c_int, $off, $off) -> c_int, libc::ENOSYS; fd, offset, len),
+            }
+        }
+    };
+}
+posix_fallocate_wrapper!(posix_fallocate, off_t);
+posix_fallocate_wrapper!(posix_fallocate64, off64_t);

@@ -1,0 +1,367 @@
+//! Real programs (coreutils, tar, sh, python, C stdio, C++ streams) on a real store, through
+//! the interposition library (LD_PRELOAD), checked against the same work done on tmpfs or
+//! against the store's own API.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use cascade_store::{OpenOptions, Prefault, Store, StoreConfig};
+
+mod common;
+use common::library_dir;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A store, a mount prefix of its own and a scratch directory; all removed on drop.
+struct Env {
+    store: Option<Store>,
+    name: String,
+    mount: String,
+    tmp: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let name = format!("/cascade-prog-{pid}-{n}");
+        let store = Store::create(&StoreConfig {
+            name: name.clone(),
+            capacity: 256 << 20,
+            chunk_size: 64 << 10,
+            max_files: 4096,
+            spill: None,
+            prefault: Prefault::Off,
+        })
+        .expect("create store");
+        let tmp = std::env::temp_dir().join(format!("cascade-prog-{pid}-{n}"));
+        std::fs::create_dir_all(&tmp).expect("scratch dir");
+        Env {
+            store: Some(store),
+            name,
+            mount: format!("/cascade-prog-{pid}-{n}"),
+            tmp,
+        }
+    }
+
+    fn store(&self) -> &Store {
+        self.store.as_ref().expect("store")
+    }
+
+    /// Runs `script` with /bin/sh under the library; $M is the mount, $T the scratch dir.
+    fn sh(&self, script: &str) -> Output {
+        self.command("/bin/sh", &["-c", script])
+    }
+
+    fn command(&self, prog: &str, args: &[&str]) -> Output {
+        Command::new(prog)
+            .args(args)
+            .env("LD_PRELOAD", library_dir().join("libcascade.so"))
+            .env("CASCADE_STORE", &self.name)
+            .env("CASCADE_MOUNT", &self.mount)
+            .env("M", &self.mount)
+            .env("T", &self.tmp)
+            .current_dir(&self.tmp)
+            .output()
+            .expect("spawn")
+    }
+
+    /// Like `sh`, asserting success; returns stdout.
+    fn ok(&self, script: &str) -> String {
+        let out = self.sh(script);
+        assert!(
+            out.status.success(),
+            "script failed ({}):\n{script}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn read_store(&self, path: &str) -> Vec<u8> {
+        let f = self
+            .store()
+            .open(path, &OpenOptions::new())
+            .expect("open in store");
+        let mut v = vec![0; f.len().expect("len") as usize];
+        assert_eq!(f.read_at(&mut v, 0).expect("read"), v.len());
+        v
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.store.take();
+        let _ = Store::destroy_forced(&self.name);
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}
+
+fn random_file(path: &Path, len: usize, seed: u64) {
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, data).expect("write source file");
+}
+
+#[test]
+fn coreutils_copy_list_move_remove() {
+    let env = Env::new();
+    random_file(&env.tmp.join("src.bin"), 3_000_000, 1);
+    env.ok("mkdir -p $M/ckpt.1/sub && cp $T/src.bin $M/ckpt.1/rank0.dat && cmp $T/src.bin $M/ckpt.1/rank0.dat");
+    assert_eq!(
+        env.read_store("/ckpt.1/rank0.dat"),
+        std::fs::read(env.tmp.join("src.bin")).unwrap()
+    );
+    let ls = env.ok("ls -la $M/ckpt.1");
+    assert!(
+        ls.contains("rank0.dat") && ls.contains("sub") && ls.contains("3000000"),
+        "{ls}"
+    );
+    assert_eq!(
+        env.ok("stat -c '%s %F' $M/ckpt.1/rank0.dat").trim(),
+        "3000000 regular file"
+    );
+    env.ok(
+        "dd if=$T/src.bin of=$M/ckpt.1/dd.dat bs=1M status=none && cmp $T/src.bin $M/ckpt.1/dd.dat",
+    );
+    env.ok("cat $M/ckpt.1/rank0.dat > $T/back.bin && cmp $T/src.bin $T/back.bin");
+    env.ok("mv $M/ckpt.1 $M/ckpt.2 && test -f $M/ckpt.2/rank0.dat && test ! -e $M/ckpt.1");
+    let found = env.ok("find $M -type f | sort");
+    assert_eq!(found.lines().count(), 2, "{found}");
+    let du = env.ok("du -sb $M/ckpt.2 | cut -f1");
+    assert!(du.trim().parse::<u64>().unwrap() >= 6_000_000, "{du}");
+    env.ok("rm -r $M/ckpt.2 && test ! -e $M/ckpt.2");
+    assert_eq!(env.store().status().memory_used, 0, "rm frees the chunks");
+}
+
+#[test]
+fn tar_round_trip_in_both_directions() {
+    let env = Env::new();
+    std::fs::create_dir_all(env.tmp.join("tree/a/b")).unwrap();
+    random_file(&env.tmp.join("tree/a/one"), 100_000, 2);
+    random_file(&env.tmp.join("tree/a/b/two"), 1_500_000, 3);
+    std::fs::write(env.tmp.join("tree/empty"), b"").unwrap();
+    // host -> Cascade: extract into the store; Cascade -> host: archive from the store.
+    env.ok("cd $T && tar cf $T/in.tar tree && mkdir $M/x && tar xf $T/in.tar -C $M/x");
+    env.ok("tar cf $T/out.tar -C $M/x tree && mkdir $T/back && tar xf $T/out.tar -C $T/back");
+    env.ok("diff -r $T/tree $T/back/tree");
+    // An archive written into the store, read back by tar.
+    env.ok("tar cf $M/arch.tar -C $T tree && tar tf $M/arch.tar | sort > $T/list && grep -q 'tree/a/b/two' $T/list");
+}
+
+#[test]
+fn shell_redirections_share_the_offset_across_exec() {
+    let env = Env::new();
+    env.ok("echo one > $M/log && echo two >> $M/log && { echo three; cat $M/log; echo four; } > $M/log2");
+    assert_eq!(env.read_store("/log"), b"one\ntwo\n");
+    assert_eq!(env.read_store("/log2"), b"three\none\ntwo\nfour\n");
+    // A program writing with stdio to an inherited descriptor (ls, printf).
+    env.ok("mkdir $M/d && touch $M/d/a $M/d/b && ls $M/d > $M/listing && printf '%s-%d\\n' x 7 >> $M/listing");
+    assert_eq!(env.read_store("/listing"), b"a\nb\nx-7\n");
+}
+
+#[test]
+fn python_file_api_walk_pickle_mmap_and_cwd() {
+    let env = Env::new();
+    let script = r#"
+import os, sys, mmap, shutil, pickle
+M = os.environ["M"]
+os.makedirs(M + "/py/d", exist_ok=True)
+with open(M + "/py/f.txt", "w") as f:
+    f.write("hello\n" * 1000)
+assert open(M + "/py/f.txt").read() == "hello\n" * 1000
+assert sorted(os.listdir(M + "/py")) == ["d", "f.txt"]
+assert [w[0] for w in os.walk(M)] == [M, M + "/py", M + "/py/d"]
+assert sorted(e.name for e in os.scandir(M + "/py")) == ["d", "f.txt"]
+pickle.dump({"w": list(range(100))}, open(M + "/py/p.pkl", "wb"))
+assert pickle.load(open(M + "/py/p.pkl", "rb")) == {"w": list(range(100))}
+with open(M + "/py/f.txt", "r+b") as f:
+    m = mmap.mmap(f.fileno(), 0)
+    assert m[:5] == b"hello"
+    m[0:5] = b"HELLO"
+    m.close()
+assert open(M + "/py/f.txt").read(6) == "HELLO\n"
+shutil.copytree(M + "/py", M + "/py2")
+assert sorted(os.listdir(M + "/py2")) == ["d", "f.txt", "p.pkl"]
+os.chdir(M + "/py")
+assert os.getcwd() == M + "/py"
+assert open("p.pkl", "rb").read() == open(M + "/py2/p.pkl", "rb").read()
+try:
+    import numpy as np
+    a = np.arange(200000.0)
+    np.save(M + "/py/a.npy", a)
+    assert (np.load(M + "/py/a.npy") == a).all()
+except ImportError:
+    pass
+print("ok")
+"#;
+    let out = env.command("/usr/bin/python3", &["-c", script]);
+    assert!(
+        out.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
+
+/// Compiles a C or C++ program into the scratch dir.
+fn compile(env: &Env, compiler: &str, name: &str, source: &str) -> PathBuf {
+    let src = env.tmp.join(name);
+    std::fs::write(&src, source).unwrap();
+    let exe = env.tmp.join(format!("{name}.bin"));
+    let out = Command::new(compiler)
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run compiler");
+    assert!(
+        out.status.success(),
+        "{compiler} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn c_stdio_and_errno_exactly_as_the_kernel() {
+    let env = Env::new();
+    let exe = compile(
+        &env,
+        "cc",
+        "stdio.c",
+        r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "line %d: %s (errno %d)\n", __LINE__, #c, errno); return 1; } } while (0)
+#define FAILS(call, e) do { errno = 0; CHECK((call) == -1 && errno == (e)); } while (0)
+int main(void) {
+    const char *m = getenv("M");
+    char p[512], q[512], line[128];
+    snprintf(p, sizeof p, "%s/data.txt", m);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    for (int i = 0; i < 1000; i++) fprintf(f, "line %d\n", i);
+    CHECK(fileno(f) > 2);
+    CHECK(fclose(f) == 0);
+    f = fopen(p, "r");
+    CHECK(f != NULL);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n++;
+    CHECK(n == 1000);
+    CHECK(fseek(f, 5, SEEK_SET) == 0 && fgetc(f) == '0' && ftell(f) == 6);
+    rewind(f);
+    int v;
+    CHECK(fscanf(f, "line %d", &v) == 1 && v == 0);
+    CHECK(fclose(f) == 0);
+    struct stat st;
+    CHECK(stat(p, &st) == 0 && st.st_size == 8890 && S_ISREG(st.st_mode));
+    /* errno as the kernel gives it */
+    snprintf(q, sizeof q, "%s/missing", m);
+    FAILS(open(q, O_RDONLY), ENOENT);
+    FAILS(open(p, O_CREAT | O_EXCL | O_WRONLY, 0644), EEXIST);
+    snprintf(q, sizeof q, "%s/dir", m);
+    CHECK(mkdir(q, 0755) == 0);
+    FAILS(mkdir(q, 0755), EEXIST);
+    FAILS(open(q, O_WRONLY), EISDIR);
+    FAILS(unlink(q), EISDIR);
+    snprintf(q, sizeof q, "%s/data.txt/x", m);
+    FAILS(open(q, O_RDONLY), ENOTDIR);
+    FAILS(open(p, O_RDONLY | O_DIRECTORY), ENOTDIR);
+    snprintf(q, sizeof q, "%s/dir/f", m);
+    CHECK(close(open(q, O_CREAT | O_WRONLY, 0644)) == 0);
+    snprintf(q, sizeof q, "%s/dir", m);
+    FAILS(rmdir(q), ENOTEMPTY);
+    int fd = open(p, O_RDONLY);
+    CHECK(fd >= 0);
+    FAILS(write(fd, "x", 1), EBADF);
+    CHECK(close(fd) == 0);
+    FAILS(close(fd), EBADF);
+    char longname[400];
+    memset(longname, 'x', sizeof longname);
+    longname[399] = 0;
+    snprintf(q, sizeof q, "%s/%s", m, longname);
+    FAILS(open(q, O_CREAT | O_WRONLY, 0644), ENAMETOOLONG);
+    /* O_APPEND, dup sharing the offset, lseek */
+    fd = open(p, O_WRONLY | O_APPEND);
+    int fd2 = dup(fd);
+    CHECK(fd2 > fd && write(fd2, "end\n", 4) == 4 && lseek(fd, 0, SEEK_CUR) == 8894);
+    CHECK(fcntl(fd, F_GETFL) & O_APPEND);
+    CHECK(close(fd) == 0 && close(fd2) == 0);
+    puts("ok");
+    return 0;
+}
+"#,
+    );
+    let out = env.command(exe.to_str().unwrap(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
+
+#[test]
+fn cpp_streams_write_and_read_back() {
+    let env = Env::new();
+    let exe = compile(
+        &env,
+        "c++",
+        "streams.cpp",
+        r#"
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+int main() {
+    std::string p = std::string(std::getenv("M")) + "/ckpt.bin";
+    std::vector<double> v(100000);
+    for (size_t i = 0; i < v.size(); i++) v[i] = i * 0.5;
+    {
+        std::ofstream out(p, std::ios::binary);
+        out.write(reinterpret_cast<const char *>(v.data()), v.size() * sizeof(double));
+        if (!out) return 1;
+    }
+    std::vector<double> w(v.size());
+    std::ifstream in(p, std::ios::binary);
+    in.read(reinterpret_cast<char *>(w.data()), w.size() * sizeof(double));
+    if (!in || w != v) return 2;
+    std::cout << "ok" << std::endl;
+    return 0;
+}
+"#,
+    );
+    let out = env.command(exe.to_str().unwrap(), &[]);
+    assert!(
+        out.status.success(),
+        "{} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    assert_eq!(env.read_store("/ckpt.bin").len(), 800_000);
+}
+
+#[test]
+fn paths_outside_the_mount_are_untouched() {
+    let env = Env::new();
+    env.ok("echo host > $T/plain && cat $T/plain > $T/copy && cmp $T/plain $T/copy");
+    assert_eq!(std::fs::read(env.tmp.join("copy")).unwrap(), b"host\n");
+    assert!(env.store().read_dir("/").unwrap().is_empty());
+}
