@@ -365,3 +365,53 @@ fn paths_outside_the_mount_are_untouched() {
     assert_eq!(std::fs::read(env.tmp.join("copy")).unwrap(), b"host\n");
     assert!(env.store().read_dir("/").unwrap().is_empty());
 }
+
+#[test]
+fn flock_and_record_locks_conflict_between_opens_and_processes() {
+    let env = Env::new();
+    let exe = compile(
+        &env,
+        "cc",
+        "locks.c",
+        r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "line %d: %s (errno %d)\n", __LINE__, #c, errno); return 1; } } while (0)
+int main(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/locked", getenv("M"));
+    int a = open(p, O_CREAT | O_RDWR, 0644), b = open(p, O_RDWR);
+    CHECK(a >= 0 && b >= 0);
+    CHECK(flock(a, LOCK_EX) == 0);
+    errno = 0;
+    CHECK(flock(b, LOCK_EX | LOCK_NB) == -1 && errno == EWOULDBLOCK);
+    CHECK(flock(a, LOCK_UN) == 0 && flock(b, LOCK_EX | LOCK_NB) == 0 && flock(b, LOCK_UN) == 0);
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 100 };
+    CHECK(fcntl(a, F_SETLK, &fl) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        int c = open(p, O_RDWR);
+        struct flock want = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 50, .l_len = 10 };
+        _exit(fcntl(c, F_SETLK, &want) == -1 && (errno == EAGAIN || errno == EACCES) ? 0 : 1);
+    }
+    int status;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(close(a) == 0 && close(b) == 0 && unlink(p) == 0);
+    puts("ok");
+    return 0;
+}
+"#,
+    );
+    let out = env.command(exe.to_str().unwrap(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}

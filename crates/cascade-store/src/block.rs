@@ -462,7 +462,9 @@ impl Block {
                 }
             }
         }
-        shm_unlink(name)
+        shm_unlink(name)?;
+        let _ = std::fs::remove_dir_all(crate::Store::lock_dir(name));
+        Ok(())
     }
 
     // ---- typed access to regions -------------------------------------------------------

@@ -98,6 +98,12 @@ impl Store {
         Block::destroy(name, true)
     }
 
+    /// Directory of the lock files the interposition library keeps for this store's files
+    /// (so flock/fcntl locks get kernel semantics); removed by `destroy`.
+    pub fn lock_dir(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/dev/shm/{}.locks", name.trim_start_matches('/')))
+    }
+
     pub fn exists(name: &str) -> bool {
         match std::ffi::CString::new(name) {
             Ok(c) => {

@@ -112,7 +112,12 @@ fn fcntl_impl(e: &Arc<Entry>, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             }
             None => fail(&Error::new(libc::EBADF, "")),
         },
-        // Descriptor flags, record locks, leases and the rest act on the backing memfd.
+        // Record locks go to the file's lock file (see lock_fd).
+        cmd if is_lock_cmd(cmd) => match lock_fd(e) {
+            Ok(lfd) => call_real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int, -1; lfd, cmd, arg),
+            Err(err) => fail(&err),
+        },
+        // Descriptor flags, leases and the rest act on the backing memfd.
         _ => call_real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int, -1; fd, cmd, arg),
     }
 }
@@ -137,5 +142,69 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     }
 }
 
-// flock on the backing memfd gives well-defined, crash-safe semantics per open description;
-// it is passed through unchanged (see docs/interposition-design.md for the per-inode plan).
+// ---- locks --------------------------------------------------------------------------------
+
+/// Lock files live in `Store::lock_dir`, one per Cascade file (<inode>.<generation>), so
+/// flock and fcntl record locks get the kernel's exact semantics (conflicts between separate
+/// opens and processes, release when a process dies).
+pub(crate) fn lock_file_path(store: &Store, ino: u64, generation: u32) -> String {
+    format!(
+        "{}/{ino}.{generation}",
+        Store::lock_dir(store.name()).display()
+    )
+}
+
+/// This entry's lock-file descriptor (one per open file description, as flock wants).
+fn lock_fd(e: &Entry) -> Result<c_int, Error> {
+    if let Some(fd) = e.lock_fd.get() {
+        return Ok(*fd);
+    }
+    let path = lock_file_path(store()?, e.file.ino(), e.file.generation());
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    }
+    let c = std::ffi::CString::new(path.clone()).map_err(|_| Error::new(libc::EINVAL, ""))?;
+    let fd = call_real!(open: fn(*const std::ffi::c_char, c_int, libc::c_uint) -> c_int, -1;
+        c.as_ptr(), libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC, 0o600);
+    if fd < 0 {
+        return Err(Error::last_os(path));
+    }
+    match e.lock_fd.set(fd) {
+        Ok(()) => Ok(fd),
+        Err(_) => {
+            // Another thread won the race: use its descriptor.
+            // SAFETY: closing the descriptor we just opened.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+            e.lock_fd
+                .get()
+                .copied()
+                .ok_or_else(|| Error::new(libc::EIO, ""))
+        }
+    }
+}
+
+fn is_lock_cmd(cmd: c_int) -> bool {
+    matches!(
+        cmd,
+        libc::F_GETLK
+            | libc::F_SETLK
+            | libc::F_SETLKW
+            | libc::F_OFD_GETLK
+            | libc::F_OFD_SETLK
+            | libc::F_OFD_SETLKW
+    )
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
+    match lookup(fd) {
+        Some(e) => match lock_fd(&e) {
+            Ok(lfd) => call_real!(flock: fn(c_int, c_int) -> c_int, -1; lfd, op),
+            Err(err) => fail(&err),
+        },
+        None => call_real!(flock: fn(c_int, c_int) -> c_int, -1; fd, op),
+    }
+}

@@ -211,6 +211,17 @@ pub(crate) struct Entry {
     pub desc: OpenDescription,
     /// Store path at open time (for `*at` calls, fchdir and fstat of directories).
     pub path: String,
+    /// Descriptor of this file's lock file, opened on the first flock/fcntl lock.
+    pub lock_fd: OnceLock<i32>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if let Some(fd) = self.lock_fd.get() {
+            // SAFETY: the lock-file descriptor belongs to this entry alone.
+            unsafe { libc::syscall(libc::SYS_close, *fd) };
+        }
+    }
 }
 
 impl Entry {
@@ -295,6 +306,7 @@ fn adopt_inherited() {
                     file,
                     desc,
                     path: String::new(),
+                    lock_fd: OnceLock::new(),
                 }),
             );
         }

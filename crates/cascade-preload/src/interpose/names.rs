@@ -17,13 +17,31 @@ fn umask_now() -> u32 {
     }
 }
 
+/// Unlinks a store file and removes its lock file, if locks were ever taken on it.
+fn unlink_store(p: &str) -> Result<(), Error> {
+    let s = store()?;
+    let lock = s.open(p, &cascade_store::OpenOptions::new()).ok().map(|f| {
+        format!(
+            "/dev/shm/.cascade-locks{}/{}.{}",
+            s.name(),
+            f.ino(),
+            f.generation()
+        )
+    });
+    s.unlink(p)?;
+    if let Some(l) = lock {
+        let _ = std::fs::remove_file(l);
+    }
+    Ok(())
+}
+
 /// # Safety
 /// C ABI.
 #[no_mangle]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
-        Some(p) => status(store().and_then(|s| s.unlink(&p))),
+        Some(p) => status(unlink_store(&p)),
         None => call_real!(unlink: fn(*const c_char) -> c_int, -1; path),
     }
 }
@@ -35,7 +53,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
         Some(p) if flags & libc::AT_REMOVEDIR != 0 => status(store().and_then(|s| s.rmdir(&p))),
-        Some(p) => status(store().and_then(|s| s.unlink(&p))),
+        Some(p) => status(unlink_store(&p)),
         None => {
             call_real!(unlinkat: fn(c_int, *const c_char, c_int) -> c_int, -1; dirfd, path, flags)
         }

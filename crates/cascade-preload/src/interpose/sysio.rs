@@ -51,6 +51,7 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
             file,
             desc,
             path: path.to_string(),
+            lock_fd: OnceLock::new(),
         }),
     );
     Ok(fd)
