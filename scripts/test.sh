@@ -18,6 +18,11 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
 fi
 
 packages=(build-essential pkg-config python3)
+# `cascade check-binary` is tested on a Go program built with `go build`; Go may come from
+# Debian or from a Go distribution in /usr/local/go.
+if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
+    packages+=(golang-go)
+fi
 if ! command -v cargo >/dev/null 2>&1; then
     packages+=(curl ca-certificates) # for rustup
 fi

@@ -2,9 +2,11 @@
 //! here: [`StoreParams`] adds one flag per row of `cascade_config::SETTINGS`, so a new
 //! setting gets its flag, help text and env variable from the table.
 
+use std::ffi::OsString;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 
-use cascade_config::SETTINGS;
+use cascade_config::{SettingDef, SETTINGS};
 use clap::{Arg, ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 
 const SIZES: &str = "Sizes are bytes, or a number with a unit: 64k, 1M, 4G (binary, \
@@ -157,38 +159,159 @@ the last one detaches."
         json: bool,
         #[command(flatten)]
         params: StoreParams,
+        #[command(flatten)]
+        mount: MountParams,
+    },
+
+    /// Run a program with libcascade.so preloaded: its files under the mount prefix are
+    /// files of the store
+    #[command(long_about = RUN_ABOUT, after_help = RUN_DETAILS)]
+    Run {
+        #[command(flatten)]
+        mount: MountParams,
+        /// The program to run and its arguments (put -- before them if they start with -)
+        #[arg(
+            value_name = "CMD",
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_parser = clap::value_parser!(OsString)
+        )]
+        command: Vec<OsString>,
+    },
+
+    /// Print the linker flags that link a static program against Cascade's wrappers
+    #[command(after_help = LINK_FLAGS_DETAILS)]
+    LinkFlags,
+
+    /// Check that Cascade can intercept a program's file I/O; exit 0 when it can
+    #[command(after_help = CHECK_BINARY_DETAILS)]
+    CheckBinary {
+        /// The program: a path, or a name looked up in PATH as a shell would
+        #[arg(value_name = "PROG", value_parser = clap::value_parser!(OsString))]
+        program: OsString,
     },
 }
 
-/// Flag values for store settings, by setting key ("store.capacity").
-#[derive(Debug, Clone, Default)]
-pub struct StoreParams {
+const RUN_ABOUT: &str = "Runs CMD with libcascade.so preloaded, so that its files under \
+the mount prefix (--mount, default /cascade) are files of the node store and every other \
+path is the real file system.
+
+First the store is attached, or created with the configured parameters if it does not \
+exist (store.capacity, spill.size and the rest, from CASCADE_* variables or the config \
+file: see 'cascade config'). An existing store is used as it is, whatever its parameters. \
+The store stays attached while CMD runs and is left in place afterwards; remove it with \
+'cascade destroy'.
+
+CMD then runs with, in its environment:
+  LD_PRELOAD=<libcascade.so>   before any libraries already in LD_PRELOAD
+  CASCADE_STORE=<store name>
+  CASCADE_MOUNT=<mount prefix>
+libcascade.so is $CASCADE_PRELOAD_LIB if set, else the one next to the cascade executable, \
+else ../lib/libcascade.so from the executable's directory.
+
+SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to 'cascade run' are passed on to CMD (a ^C at the \
+terminal reaches CMD directly and is not sent twice). 'cascade run' exits with CMD's exit \
+code, or 128 + the signal number if CMD was killed by a signal (143 for SIGTERM), as a shell \
+reports it; 127 if CMD is not found, 126 if it cannot be executed.
+
+Statically linked programs and Go programs make their system calls without libc, out of \
+LD_PRELOAD's reach: 'cascade check-binary PROG' tells.";
+
+const RUN_DETAILS: &str = "Example: cascade run -- sh -c 'cp ckpt.dat /cascade/ckpt.0001/ \
+&& ls -l /cascade/ckpt.0001'";
+
+const LINK_FLAGS_DETAILS: &str = "Prints one -Wl,--wrap=NAME per function Cascade wraps, one \
+per line, then the path of the static wrapper library libcascade_wrap.a (next to the cascade \
+executable, or in ../lib from it). Until that library is built, a comment on standard error \
+says so. Functions that Cascade covers through glibc (stdio on a Cascade stream) need no \
+flag. Use it as: cc -static app.o $(cascade link-flags) -o app";
+
+const CHECK_BINARY_DETAILS: &str = "Reads PROG's ELF headers (PROG is not run). For a \
+dynamically linked program, lists each file-I/O function it imports (open, read, stat, \
+directories, stdio, mmap, xattr, AIO, io_uring, ...) that Cascade does not intercept, one per \
+line with a note; exit 1 if there are any, 0 (\"all N file-I/O imports of PROG are \
+intercepted\") if not. Only PROG's own imports are checked, not those of the shared \
+libraries it loads; check those with check-binary too.
+
+A statically linked program or a Go program gets exit 1 and a plain statement: LD_PRELOAD \
+cannot reach it (the FUSE front end, 'cascade mount', will in a later release). A file that \
+cannot be read or is not an ELF file gets a one-line error and exit 2.";
+
+/// Flag values for the settings of one group, by setting key ("store.capacity"). The
+/// group decides which rows of `cascade_config::SETTINGS` get a flag under a subcommand.
+#[derive(Debug, Clone)]
+pub struct SettingFlags<G> {
     pub values: Vec<(&'static str, String)>,
+    group: PhantomData<G>,
 }
 
-/// Settings with a flag of their own under init/config; `--store` is global instead.
-fn param_settings() -> impl Iterator<Item = (&'static str, &'static cascade_config::SettingDef)> {
+impl<G> Default for SettingFlags<G> {
+    fn default() -> Self {
+        SettingFlags {
+            values: Vec::new(),
+            group: PhantomData,
+        }
+    }
+}
+
+/// A group of settings that share a help heading.
+pub trait SettingGroup {
+    /// Help heading, or None for the subcommand's plain options.
+    const HEADING: Option<&'static str>;
+    /// Whether the setting belongs to the group.
+    fn includes(def: &SettingDef) -> bool;
+}
+
+/// The parameters a store is created with (`init`, `config`).
+#[derive(Debug, Clone)]
+pub struct StoreGroup;
+
+impl SettingGroup for StoreGroup {
+    const HEADING: Option<&'static str> = Some("Store parameters");
+    fn includes(def: &SettingDef) -> bool {
+        def.key.starts_with("store.") || def.key.starts_with("spill.")
+    }
+}
+
+/// How programs see the store (`run`, `config`).
+#[derive(Debug, Clone)]
+pub struct MountGroup;
+
+impl SettingGroup for MountGroup {
+    const HEADING: Option<&'static str> = None;
+    fn includes(def: &SettingDef) -> bool {
+        def.key.starts_with("mount.")
+    }
+}
+
+pub type StoreParams = SettingFlags<StoreGroup>;
+pub type MountParams = SettingFlags<MountGroup>;
+
+/// Settings of the group with a flag of their own; `--store` is global instead.
+fn group_settings<G: SettingGroup>() -> impl Iterator<Item = (&'static str, &'static SettingDef)> {
     SETTINGS
         .iter()
+        .filter(|def| G::includes(def))
         .filter_map(|def| def.flag.map(|flag| (flag, def)))
         .filter(|(flag, _)| *flag != "store")
 }
 
-impl Args for StoreParams {
+impl<G: SettingGroup> Args for SettingFlags<G> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        param_settings().fold(cmd, |cmd, (flag, def)| {
+        group_settings::<G>().fold(cmd, |cmd, (flag, def)| {
             let help = format!(
                 "{} [env: {}] [default: {}]",
                 def.help, def.env, def.default_help
             );
-            cmd.arg(
-                Arg::new(flag)
-                    .long(flag)
-                    .value_name(def.value_name)
-                    .help(help)
-                    .help_heading("Store parameters")
-                    .num_args(1),
-            )
+            let arg = Arg::new(flag)
+                .long(flag)
+                .value_name(def.value_name)
+                .help(help)
+                .num_args(1);
+            cmd.arg(match G::HEADING {
+                Some(heading) => arg.help_heading(heading),
+                None => arg,
+            })
         })
     }
 
@@ -197,15 +320,18 @@ impl Args for StoreParams {
     }
 }
 
-impl FromArgMatches for StoreParams {
+impl<G: SettingGroup> FromArgMatches for SettingFlags<G> {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        let values = param_settings()
+        let values = group_settings::<G>()
             .filter_map(|(flag, def)| {
                 let value = matches.get_one::<String>(flag)?;
                 Some((def.key, value.clone()))
             })
             .collect();
-        Ok(StoreParams { values })
+        Ok(SettingFlags {
+            values,
+            group: PhantomData,
+        })
     }
 
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
@@ -248,5 +374,48 @@ mod tests {
                 ("spill.size", "0".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn every_setting_with_a_flag_is_in_exactly_one_group() {
+        for def in SETTINGS
+            .iter()
+            .filter(|d| d.flag.is_some_and(|f| f != "store"))
+        {
+            let groups = [StoreGroup::includes(def), MountGroup::includes(def)];
+            assert_eq!(
+                groups.iter().filter(|&&g| g).count(),
+                1,
+                "{} is in {groups:?}",
+                def.key
+            );
+        }
+    }
+
+    #[test]
+    fn run_takes_the_command_and_its_flags_verbatim() {
+        let cli = Cli::try_parse_from([
+            "cascade", "run", "--mount", "/ckpt", "--", "ls", "-l", "--mount", "x",
+        ])
+        .expect("parses");
+        let Command::Run { mount, command } = cli.command else {
+            panic!("not run: {:?}", cli.command);
+        };
+        assert_eq!(mount.values, vec![("mount.prefix", "/ckpt".to_string())]);
+        assert_eq!(command, ["ls", "-l", "--mount", "x"]);
+
+        // Without --, everything from the first word that is not a flag of run is CMD's.
+        let cli = Cli::try_parse_from(["cascade", "run", "sh", "-c", "exit 3"]).expect("parses");
+        let Command::Run { mount, command } = cli.command else {
+            panic!("not run: {:?}", cli.command);
+        };
+        assert!(mount.values.is_empty());
+        assert_eq!(command, ["sh", "-c", "exit 3"]);
+
+        let cli = Cli::try_parse_from(["cascade", "run"]).expect("parses");
+        let Command::Run { command, .. } = cli.command else {
+            panic!("not run: {:?}", cli.command);
+        };
+        assert!(command.is_empty());
     }
 }

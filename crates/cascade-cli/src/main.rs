@@ -3,10 +3,14 @@
 //! exit code.
 
 mod admin;
+mod binary;
 mod cli;
 mod failure;
 mod files;
 mod format;
+mod intercepted;
+mod io_functions;
+mod run;
 mod transfer;
 
 use std::process::ExitCode;
@@ -15,7 +19,7 @@ use cascade_config::{Config, Inputs};
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use cli::{Cli, Command, StoreParams};
+use cli::{Cli, Command};
 use failure::{Failure, EXIT_USAGE};
 
 fn main() -> ExitCode {
@@ -34,34 +38,49 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
-    let load = |params: &StoreParams| load_config(&cli, params);
-    let no_params = StoreParams::default();
+    let load = |flags: &[&[(&'static str, String)]]| load_config(&cli, flags);
+    let none = || load(&[]);
     match &cli.command {
-        Command::Init { params } => admin::init(&load(params)?),
-        Command::Status { json } => admin::status(&load(&no_params)?, *json),
-        Command::Fsck { repair } => admin::fsck(&load(&no_params)?, *repair),
-        Command::Destroy { force } => admin::destroy(&load(&no_params)?, *force),
-        Command::Config { json, params } => admin::show_config(&load(params)?, *json),
-        Command::Ls { long, path } => files::ls(&load(&no_params)?, path, *long),
-        Command::Stat { path } => files::stat(&load(&no_params)?, path),
-        Command::Mkdir { parents, paths } => files::mkdir(&load(&no_params)?, paths, *parents),
-        Command::Rm { recursive, paths } => files::rm(&load(&no_params)?, paths, *recursive),
+        Command::Init { params } => admin::init(&load(&[&params.values])?),
+        Command::Status { json } => admin::status(&none()?, *json),
+        Command::Fsck { repair } => admin::fsck(&none()?, *repair),
+        Command::Destroy { force } => admin::destroy(&none()?, *force),
+        Command::Config {
+            json,
+            params,
+            mount,
+        } => admin::show_config(&load(&[&params.values, &mount.values])?, *json),
+        Command::Ls { long, path } => files::ls(&none()?, path, *long),
+        Command::Stat { path } => files::stat(&none()?, path),
+        Command::Mkdir { parents, paths } => files::mkdir(&none()?, paths, *parents),
+        Command::Rm { recursive, paths } => files::rm(&none()?, paths, *recursive),
         Command::Put {
             parents,
             local,
             store_path,
-        } => transfer::put(&load(&no_params)?, local, store_path, *parents),
-        Command::Get { store_path, local } => transfer::get(&load(&no_params)?, store_path, local),
+        } => transfer::put(&none()?, local, store_path, *parents),
+        Command::Get { store_path, local } => transfer::get(&none()?, store_path, local),
+        Command::Run { mount, command } => {
+            // A missing command is a usage error, found before any store is touched.
+            run::require_command(command)?;
+            run::run(&load(&[&mount.values])?, command)
+        }
+        Command::LinkFlags => binary::link_flags(),
+        Command::CheckBinary { program } => binary::check_binary(program),
     }
 }
 
-fn load_config(cli: &Cli, params: &StoreParams) -> Result<Config, Failure> {
+/// The configuration from the process's environment, config file and these flag values
+/// (by setting key), plus the global --store and --config.
+fn load_config(cli: &Cli, flags: &[&[(&'static str, String)]]) -> Result<Config, Failure> {
     let mut inputs = Inputs::from_process();
     inputs.config_flag = cli.config.clone();
     if let Some(store) = &cli.store {
         inputs.flags.push(("store.name", store.clone()));
     }
-    inputs.flags.extend(params.values.iter().cloned());
+    for group in flags {
+        inputs.flags.extend(group.iter().cloned());
+    }
     Ok(Config::load(&inputs)?)
 }
 

@@ -11,6 +11,8 @@
 //! chunk_size = "1MiB"
 //! [spill]
 //! path = "/local/ssd/cascade.spill"
+//! [mount]
+//! prefix = "/cascade"
 //! ```
 
 pub mod machine;
@@ -21,7 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use settings::{find_by_flag, SettingDef, SETTINGS};
+pub use settings::{find_by_flag, SettingDef, DEFAULT_MOUNT, SETTINGS};
 pub use size::{format_rate, format_size, parse_size, SIZE_HINT};
 
 use cascade_store::{Prefault, SpillConfig, StoreConfig};
@@ -224,6 +226,11 @@ impl Config {
     /// The shared-memory name of the store (`store.name`).
     pub fn store_name(&self) -> &str {
         Resolved(&self.entries).text("store.name")
+    }
+
+    /// The mount prefix (`mount.prefix`): absolute, normalised, never "/".
+    pub fn mount_prefix(&self) -> &str {
+        Resolved(&self.entries).text("mount.prefix")
     }
 
     /// The parameters to create a store with, checked against each other.

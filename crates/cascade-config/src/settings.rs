@@ -110,7 +110,21 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: parse_bytes,
         default: default_spill_size,
     },
+    SettingDef {
+        key: "mount.prefix",
+        env: "CASCADE_MOUNT",
+        flag: Some("mount"),
+        value_name: "PATH",
+        help: "Mount prefix: under 'cascade run', paths at or below it are files of the store, \
+               every other path is the real file system",
+        default_help: "/cascade",
+        parse: parse_mount_prefix,
+        default: |_| (Value::Text(DEFAULT_MOUNT.to_string()), String::new()),
+    },
 ];
+
+/// Where the store appears to programs run under `cascade run` unless configured otherwise.
+pub const DEFAULT_MOUNT: &str = "/cascade";
 
 pub(crate) fn find(key: &str) -> Option<&'static SettingDef> {
     SETTINGS.iter().find(|d| d.key == key)
@@ -160,6 +174,32 @@ fn parse_store_name(text: &str) -> Result<Value, String> {
         return Err("a store name is one component without '/', e.g. /cascade-ckpt".to_string());
     }
     Ok(Value::Text(format!("/{bare}")))
+}
+
+/// The mount prefix is compared lexically with the absolute, normalised paths programs use,
+/// so it must be absolute and is stored normalised ("/a//b/./c/" is "/a/b/c", ".." removes
+/// the component before it). "/" would capture every path of the system, so it is refused.
+fn parse_mount_prefix(text: &str) -> Result<Value, String> {
+    if text.contains('\0') {
+        return Err("a path cannot contain a NUL byte".to_string());
+    }
+    if !text.starts_with('/') {
+        return Err("the mount prefix must be an absolute path, e.g. /cascade".to_string());
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in text.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            name => parts.push(name),
+        }
+    }
+    if parts.is_empty() {
+        return Err("the mount prefix cannot be / (every path would be the store's)".to_string());
+    }
+    Ok(Value::Text(format!("/{}", parts.join("/"))))
 }
 
 /// Paths are stored absolute: the store records the spill path for every process that

@@ -404,3 +404,58 @@ fn every_setting_has_a_unique_key_env_and_flag() {
         }
     }
 }
+
+#[test]
+fn mount_prefix_defaults_to_cascade_and_is_normalised() {
+    let (_dir, inputs) = isolated();
+    let config = Config::load(&inputs).expect("defaults load");
+    assert_eq!(config.mount_prefix(), "/cascade");
+    assert_eq!(
+        entry(&config, "mount.prefix").source,
+        Source::Default(String::new())
+    );
+
+    for (given, normalised) in [
+        ("/scratch/ckpt", "/scratch/ckpt"),
+        ("/scratch//ckpt/", "/scratch/ckpt"),
+        ("/a/./b/../c", "/a/c"),
+        ("/../x", "/x"),
+    ] {
+        let config = Config::load(&inputs.clone().flag("mount.prefix", given)).expect("loads");
+        assert_eq!(config.mount_prefix(), normalised, "from {given:?}");
+    }
+
+    let mut env_inputs = inputs.clone();
+    env_inputs
+        .env
+        .insert("CASCADE_MOUNT".to_string(), "/from/env/".to_string());
+    let config = Config::load(&env_inputs).expect("loads");
+    assert_eq!(config.mount_prefix(), "/from/env");
+    assert_eq!(
+        entry(&config, "mount.prefix").source,
+        Source::Env("CASCADE_MOUNT")
+    );
+}
+
+#[test]
+fn mount_prefix_must_be_absolute_and_not_the_root() {
+    let (_dir, inputs) = isolated();
+    for bad in ["cascade", "./cascade", "/", "//", "/a/..", "/.."] {
+        let err = load_err(&inputs.clone().flag("mount.prefix", bad));
+        assert!(err.starts_with(&format!("--mount={bad:?}: ")), "{err}");
+    }
+    let err = load_err(&inputs.clone().flag("mount.prefix", "relative/path"));
+    assert!(err.contains("absolute path"), "{err}");
+    let err = load_err(&inputs.flag("mount.prefix", "/"));
+    assert!(err.contains("cannot be /"), "{err}");
+}
+
+#[test]
+fn mount_prefix_comes_from_the_mount_table_of_the_file() {
+    let (dir, mut inputs) = isolated();
+    let file = write_file(&dir, "c.toml", "[mount]\nprefix = \"/ckpt/\"\n");
+    inputs.config_flag = Some(file.clone());
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(config.mount_prefix(), "/ckpt");
+    assert_eq!(entry(&config, "mount.prefix").source, Source::File(file));
+}

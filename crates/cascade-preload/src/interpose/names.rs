@@ -454,3 +454,44 @@ pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_c
         }
     }
 }
+
+// ---- symbolic links: the store has none ---------------------------------------------------
+
+fn readlink_store(p: &str) -> isize {
+    match store().and_then(|s| s.stat(p)) {
+        // An existing non-link: EINVAL, as the kernel says.
+        Ok(_) => fail_ssize(&Error::new(libc::EINVAL, "")),
+        Err(e) => fail_ssize(&e),
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => readlink_store(&p),
+        None => {
+            call_real!(readlink: fn(*const c_char, *mut c_char, usize) -> isize, -1; path, buf, size)
+        }
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[no_mangle]
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> isize {
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) => readlink_store(&p),
+        None => {
+            call_real!(readlinkat: fn(c_int, *const c_char, *mut c_char, usize) -> isize, -1; dirfd, path, buf, size)
+        }
+    }
+}

@@ -556,3 +556,22 @@ macro_rules! posix_fallocate_wrapper {
 }
 posix_fallocate_wrapper!(posix_fallocate, off_t);
 posix_fallocate_wrapper!(posix_fallocate64, off64_t);
+
+macro_rules! fadvise_wrapper {
+    ($name:ident, $off:ty) => {
+        /// Advice is accepted and ignored for Cascade files (their data is in memory already).
+        ///
+        /// # Safety
+        /// C ABI. Returns an error number, like posix_fadvise.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, offset: $off, len: $off, advice: c_int) -> c_int {
+            if is_cascade_fd(fd) {
+                0
+            } else {
+                call_real!($name: fn(c_int, $off, $off, c_int) -> c_int, libc::ENOSYS; fd, offset, len, advice)
+            }
+        }
+    };
+}
+fadvise_wrapper!(posix_fadvise, off_t);
+fadvise_wrapper!(posix_fadvise64, off64_t);

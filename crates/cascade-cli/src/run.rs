@@ -1,0 +1,341 @@
+//! `cascade run -- CMD ARGS...`: runs a program with libcascade.so preloaded, so that paths
+//! under the mount prefix are files of the node store.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitCode};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cascade_config::Config;
+use cascade_store::Store;
+
+use crate::binary::companion_paths;
+use crate::failure::{Failure, EXIT_USAGE};
+
+/// The preload library's file name.
+pub const PRELOAD_LIB: &str = "libcascade.so";
+/// Environment variable that names the preload library explicitly.
+pub const PRELOAD_LIB_ENV: &str = "CASCADE_PRELOAD_LIB";
+
+/// Signals `cascade run` passes on to its child instead of dying of them itself.
+const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Exit codes for a command that could not be started, as shells use them.
+const EXIT_CANNOT_EXECUTE: u8 = 126;
+const EXIT_NOT_FOUND: u8 = 127;
+
+/// Fails (exit 2) when no command was given; checked before anything else happens.
+pub fn require_command(command: &[OsString]) -> Result<(), Failure> {
+    if command.is_empty() {
+        return Err(Failure {
+            message: "run: no command given (usage: cascade run [--mount PATH] -- CMD [ARGS...])"
+                .to_string(),
+            code: EXIT_USAGE,
+        });
+    }
+    Ok(())
+}
+
+pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
+    require_command(command)?;
+    let library = find_preload_lib()?;
+    // Block the forwarded signals before anything else, so every thread of this process
+    // (the store's prefault thread too) inherits the mask and none dies of them; they stay
+    // pending until the forwarding thread collects them, after the child exists.
+    let signals = SignalSet::block(&FORWARDED)?;
+    let store = attach_or_create(config)?;
+
+    let mut child_command = std::process::Command::new(&command[0]);
+    child_command
+        .args(&command[1..])
+        .env("LD_PRELOAD", preload_value(&library))
+        .env("CASCADE_STORE", store.name())
+        .env("CASCADE_MOUNT", config.mount_prefix());
+    let unblock = signals.set;
+    // SAFETY: the closure runs in the forked (single-threaded) child before exec and only
+    // calls sigprocmask, which is async-signal-safe.
+    unsafe {
+        child_command.pre_exec(move || {
+            // The child gets the signal mask this process started with, not our blocking.
+            if libc::sigprocmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut()) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let child = child_command
+        .spawn()
+        .map_err(|e| spawn_failure(&command[0], &e))?;
+    let status = wait_forwarding(child, signals)?;
+    drop(store);
+    Ok(ExitCode::from(exit_code(status)))
+}
+
+/// The exit code of `cascade run`: the child's, or 128 + the signal that killed it.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(u8::MAX),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(u8::MAX),
+        (None, None) => u8::MAX,
+    }
+}
+
+fn spawn_failure(program: &OsStr, err: &std::io::Error) -> Failure {
+    let shown = program.to_string_lossy();
+    match err.kind() {
+        std::io::ErrorKind::NotFound => Failure {
+            message: format!("{shown}: command not found"),
+            code: EXIT_NOT_FOUND,
+        },
+        _ => Failure {
+            message: format!("{shown}: {}", cascade_config::io_text(err)),
+            code: EXIT_CANNOT_EXECUTE,
+        },
+    }
+}
+
+/// Attaches the configured store, or creates it with the configured parameters when there
+/// is none. An existing store is used as it is, whatever its parameters.
+fn attach_or_create(config: &Config) -> Result<Store, Failure> {
+    let name = config.store_name();
+    let failed = |err: &cascade_store::Error| Failure::store(&format!("store {name}"), err);
+    match Store::attach(name) {
+        Ok(store) => Ok(store),
+        Err(err) if err.errno() == libc::ENOENT => {
+            let params = config.store_config()?;
+            match Store::create(&params) {
+                Ok(store) => Ok(store),
+                // Another process created it in between: use theirs.
+                Err(err) if err.errno() == libc::EEXIST => {
+                    Store::attach(name).map_err(|e| failed(&e))
+                }
+                Err(err) => Err(failed(&err)),
+            }
+        }
+        Err(err) => Err(failed(&err)),
+    }
+}
+
+/// Finds libcascade.so: `$CASCADE_PRELOAD_LIB` if set, else next to the `cascade`
+/// executable, else in `../lib` from it. The result is absolute and usable in LD_PRELOAD.
+pub fn find_preload_lib() -> Result<PathBuf, Failure> {
+    let found = match std::env::var_os(PRELOAD_LIB_ENV).filter(|v| !v.is_empty()) {
+        Some(value) => {
+            let path = PathBuf::from(&value);
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_file() => path,
+                Ok(_) => {
+                    return Err(Failure::new(format!(
+                        "{PRELOAD_LIB_ENV}={}: not a file",
+                        path.display()
+                    )))
+                }
+                Err(e) => {
+                    return Err(Failure::new(format!(
+                        "{PRELOAD_LIB_ENV}={}: {}",
+                        path.display(),
+                        cascade_config::io_text(&e)
+                    )))
+                }
+            }
+        }
+        None => {
+            let candidates = companion_paths(PRELOAD_LIB)?;
+            match candidates.iter().find(|p| p.is_file()) {
+                Some(path) => path.clone(),
+                None => {
+                    let looked: Vec<String> =
+                        candidates.iter().map(|p| p.display().to_string()).collect();
+                    return Err(Failure::new(format!(
+                        "cannot find {PRELOAD_LIB} (looked for {}); build it with 'cargo build \
+-p cascade-preload' or set {PRELOAD_LIB_ENV} to its path",
+                        looked.join(" and ")
+                    )));
+                }
+            }
+        }
+    };
+    let absolute =
+        std::path::absolute(&found).map_err(|e| Failure::io(&found.display().to_string(), &e))?;
+    let absolute = normalise(&absolute);
+    if absolute
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .any(|b| b" :".contains(b))
+    {
+        return Err(Failure::new(format!(
+            "{}: LD_PRELOAD cannot hold a path with a space or a colon; set {PRELOAD_LIB_ENV} to \
+a path without them",
+            absolute.display()
+        )));
+    }
+    Ok(absolute)
+}
+
+/// Removes "." and resolves ".." lexically ("/x/bin/../lib" is "/x/lib").
+fn normalise(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// LD_PRELOAD for the child: our library first, then whatever was preloaded already (minus
+/// our own library, so nested `cascade run`s do not load it twice).
+fn preload_value(library: &Path) -> OsString {
+    let ours = library.as_os_str().as_bytes();
+    let mut value = ours.to_vec();
+    if let Some(existing) = std::env::var_os("LD_PRELOAD") {
+        for entry in existing
+            .as_bytes()
+            .split(|b| b" :".contains(b))
+            .filter(|entry| !entry.is_empty() && *entry != ours)
+        {
+            value.push(b':');
+            value.extend_from_slice(entry);
+        }
+    }
+    OsString::from_vec(value)
+}
+
+/// Signals blocked in this thread (and so in every thread it starts).
+struct SignalSet {
+    set: libc::sigset_t,
+}
+
+impl SignalSet {
+    fn block(signals: &[libc::c_int]) -> Result<SignalSet, Failure> {
+        // SAFETY: sigemptyset/sigaddset initialise and fill a local set; pthread_sigmask
+        // only changes this thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &signal in signals {
+                libc::sigaddset(&mut set, signal);
+            }
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            if rc != 0 {
+                let err = std::io::Error::from_raw_os_error(rc);
+                return Err(Failure::io("blocking signals", &err));
+            }
+            Ok(SignalSet { set })
+        }
+    }
+
+    /// Waits for one of the signals; returns it and whether the kernel sent it (the
+    /// terminal's ^C, or a hangup, which reach the whole foreground process group).
+    fn wait(&self) -> Option<(libc::c_int, bool)> {
+        loop {
+            // SAFETY: siginfo_t is plain data; sigwaitinfo fills it.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: the set was initialised in block().
+            let signal = unsafe { libc::sigwaitinfo(&self.set, &mut info) };
+            if signal > 0 {
+                return Some((signal, info.si_code == libc::SI_KERNEL));
+            }
+            if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return None;
+            }
+        }
+    }
+}
+
+/// The child's pid while it can be signalled; None once it has exited (it is not reaped
+/// before this says so, so the pid cannot be reused while a signal is being sent to it).
+type Running = Arc<Mutex<Option<libc::pid_t>>>;
+
+/// Waits for the child while a thread forwards the blocked signals to it.
+fn wait_forwarding(
+    mut child: Child,
+    signals: SignalSet,
+) -> Result<std::process::ExitStatus, Failure> {
+    let pid = libc::pid_t::try_from(child.id())
+        .map_err(|_| Failure::new(format!("child pid {} out of range", child.id())))?;
+    let running: Running = Arc::new(Mutex::new(Some(pid)));
+    let forwarder_running = Arc::clone(&running);
+    std::thread::Builder::new()
+        .name("cascade-signals".to_string())
+        .spawn(move || forward(&signals, &forwarder_running))
+        .map_err(|e| Failure::io("starting the signal-forwarding thread", &e))?;
+
+    wait_until_exited(child.id()).map_err(|e| Failure::io("waiting for the command", &e))?;
+    *running.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    child
+        .wait()
+        .map_err(|e| Failure::io("waiting for the command", &e))
+}
+
+/// Runs on its own thread until the process exits: passes each forwarded signal on to the
+/// child, except those the kernel sent to the terminal's foreground process group, which
+/// the child (in the same group) has received already.
+fn forward(signals: &SignalSet, running: &Mutex<Option<libc::pid_t>>) {
+    while let Some((signal, from_kernel)) = signals.wait() {
+        if from_kernel {
+            continue;
+        }
+        let child = *running.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pid) = child {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+}
+
+/// Blocks until the child has terminated, leaving it unreaped (a zombie) for `Child::wait`.
+fn wait_until_exited(pid: u32) -> std::io::Result<()> {
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child without reaping it.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                libc::id_t::from(pid),
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalise_resolves_dots_lexically() {
+        assert_eq!(
+            normalise(Path::new("/opt/cascade/bin/../lib/./libcascade.so")),
+            PathBuf::from("/opt/cascade/lib/libcascade.so")
+        );
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        use std::process::ExitStatus;
+        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGTERM)), 143);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
+    }
+}
