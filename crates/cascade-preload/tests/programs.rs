@@ -1,6 +1,6 @@
-//! Real programs (coreutils, tar, sh, python, C stdio, C++ streams) on a real store, through
-//! the interposition library (LD_PRELOAD), checked against the same work done on tmpfs or
-//! against the store's own API.
+//! Real programs (coreutils, tar, sh, python, C stdio, C++ streams) on a real store, run
+//! under `cascade run` (so through the interposition library), checked against the same work
+//! done on the host or against the store's own API.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use cascade_store::{OpenOptions, Prefault, Store, StoreConfig};
 
 mod common;
-use common::library_dir;
+use common::cascade_bin;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -54,12 +54,23 @@ impl Env {
         self.command("/bin/sh", &["-c", script])
     }
 
+    /// Runs `prog args` under `cascade run` on this store and mount.
     fn command(&self, prog: &str, args: &[&str]) -> Output {
-        Command::new(prog)
+        let empty_config = self.tmp.join("config.toml");
+        std::fs::write(&empty_config, "").expect("config file");
+        Command::new(cascade_bin())
+            .args([
+                "run",
+                "--store",
+                &self.name,
+                "--mount",
+                &self.mount,
+                "--",
+                prog,
+            ])
             .args(args)
-            .env("LD_PRELOAD", library_dir().join("libcascade.so"))
-            .env("CASCADE_STORE", &self.name)
-            .env("CASCADE_MOUNT", &self.mount)
+            .env("CASCADE_CONFIG", &empty_config)
+            .env_remove("LD_PRELOAD")
             .env("M", &self.mount)
             .env("T", &self.tmp)
             .current_dir(&self.tmp)
