@@ -18,6 +18,8 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
 fi
 
 packages=(build-essential pkg-config python3)
+# Real programs the interposition tests run (crates/cascade-preload/tests/programs*.rs).
+packages+=(rsync fio gfortran python3-numpy python3-h5py openmpi-bin libopenmpi-dev)
 # `cascade check-binary` is tested on a Go program built with `go build`; Go may come from
 # Debian or from a Go distribution in /usr/local/go.
 if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then

@@ -46,6 +46,10 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
     // pending until the forwarding thread collects them, after the child exists.
     let signals = SignalSet::block(&FORWARDED)?;
     let store = attach_or_create(config)?;
+    // The prefix exists as an (empty) host directory, like a mount point, so that paths the
+    // kernel resolves itself ("/cascade/..", a host dirfd walking into it) behave. Best
+    // effort: without permission to create it, everything else still works.
+    let _ = std::fs::create_dir_all(config.mount_prefix());
 
     let mut child_command = std::process::Command::new(&command[0]);
     child_command

@@ -1,5 +1,5 @@
-//! More real programs through the interposition library (LD_PRELOAD), each on a store of its
-//! own: rsync, h5py, a gfortran program, fio with verification and an Open MPI job with its
+//! More real programs, run under `cascade run` (so through the interposition library), each
+//! on a store of its own: rsync, h5py, a gfortran program, fio with verification and an Open MPI job with its
 //! restart. The programs come from Debian packages that scripts/test.sh installs (rsync,
 //! python3-h5py, gfortran, fio, openmpi-bin, libopenmpi-dev); a missing one fails the test
 //! with a message saying so rather than skipping it.
@@ -8,116 +8,11 @@
 //! shows that the program's own verification is live by corrupting a byte in the store and
 //! watching the check fail.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use cascade_store::{OpenOptions, Prefault, Store, StoreConfig};
 
 mod common;
-use common::library_dir;
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// A store, a mount prefix of its own and a scratch directory; all removed on drop.
-struct Env {
-    store: Option<Store>,
-    name: String,
-    mount: String,
-    tmp: PathBuf,
-}
-
-impl Env {
-    fn new() -> Env {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        let pid = std::process::id();
-        let name = format!("/cascade-prog2-{pid}-{n}");
-        let store = Store::create(&StoreConfig {
-            name: name.clone(),
-            capacity: 256 << 20,
-            chunk_size: 64 << 10,
-            max_files: 4096,
-            spill: None,
-            prefault: Prefault::Off,
-        })
-        .expect("create store");
-        let tmp = std::env::temp_dir().join(format!("cascade-prog2-{pid}-{n}"));
-        std::fs::create_dir_all(&tmp).expect("scratch dir");
-        Env {
-            store: Some(store),
-            name,
-            mount: format!("/cascade-prog2-{pid}-{n}"),
-            tmp,
-        }
-    }
-
-    fn store(&self) -> &Store {
-        self.store.as_ref().expect("store")
-    }
-
-    /// Runs `prog` under the library in the scratch dir; $M is the mount, $T the scratch dir.
-    fn command(&self, prog: &str, args: &[&str]) -> Output {
-        Command::new(prog)
-            .args(args)
-            .env("LD_PRELOAD", library_dir().join("libcascade.so"))
-            .env("CASCADE_STORE", &self.name)
-            .env("CASCADE_MOUNT", &self.mount)
-            .env("M", &self.mount)
-            .env("T", &self.tmp)
-            .current_dir(&self.tmp)
-            .output()
-            .unwrap_or_else(|e| panic!("spawn {prog}: {e}"))
-    }
-
-    /// Like `command`, asserting success; returns stdout.
-    fn run(&self, prog: &str, args: &[&str]) -> String {
-        let out = self.command(prog, args);
-        assert!(
-            out.status.success(),
-            "{prog} {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Runs `script` with /bin/sh under the library, asserting success; returns stdout.
-    fn ok(&self, script: &str) -> String {
-        self.run("/bin/sh", &["-c", script])
-    }
-
-    fn read_store(&self, path: &str) -> Vec<u8> {
-        let f = self
-            .store()
-            .open(path, &OpenOptions::new())
-            .unwrap_or_else(|e| panic!("open {path} in the store: {e}"));
-        let mut v = vec![0; f.len().expect("len") as usize];
-        assert_eq!(f.read_at(&mut v, 0).expect("read"), v.len());
-        v
-    }
-
-    /// Overwrites bytes of a store file through the store's API (not through the library).
-    fn corrupt_store(&self, path: &str, offset: u64, bytes: &[u8]) {
-        let f = self
-            .store()
-            .open(path, &OpenOptions::new().write(true))
-            .unwrap_or_else(|e| panic!("open {path} in the store: {e}"));
-        assert_eq!(f.write_at(bytes, offset).expect("write"), bytes.len());
-    }
-
-    fn mkdir_store(&self, path: &str) {
-        self.store().mkdir(path, 0o755).expect("mkdir in the store");
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.store.take();
-        let _ = Store::destroy_forced(&self.name);
-        let _ = std::fs::remove_dir_all(&self.tmp);
-    }
-}
+use common::env::Env;
 
 /// Fails the test when a program the test needs is not installed.
 fn require(prog: &str, package: &str) {
@@ -288,11 +183,13 @@ fn h5py_chunked_compressed_dataset_written_and_read_back() {
         "verified"
     );
     let bytes = env.read_store("/h5/ckpt.h5");
-    assert_eq!(&bytes[..8], b"\x89HDF\r\n\x1a\n", "an HDF5 file in the store");
-    // A corrupted chunk (the first of "grow", written last and uncompressed) is noticed.
-    let needle: Vec<u8> = std::iter::repeat_n(9.0f32.to_le_bytes(), 16 * 64)
-        .flatten()
-        .collect();
+    assert_eq!(
+        &bytes[..8],
+        b"\x89HDF\r\n\x1a\n",
+        "an HDF5 file in the store"
+    );
+    // A corrupted chunk (the last of "grow": uncompressed, 16 x 64 times 9.0f32) is noticed.
+    let needle = 9.0f32.to_le_bytes().repeat(16 * 64);
     let at = bytes
         .windows(needle.len())
         .position(|w| w == needle.as_slice())
@@ -310,15 +207,18 @@ fn h5py_chunked_compressed_dataset_written_and_read_back() {
 // ---- gfortran ---------------------------------------------------------------------------------
 
 const FORTRAN_SOURCE: &str = r#"
+! ckpt write: writes both files, then verifies them; ckpt read: verifies them (the restart).
 program ckpt
   implicit none
   character(len=512) :: m, seqf, dirf
+  character(len=8) :: mode
   integer, parameter :: n = 100000, nrec = 64, rl = 256
   real(8), allocatable :: a(:), b(:)
   integer :: i, j, ios, u, k, reclen
   integer :: ivec(rl), jvec(rl)
   character(len=16) :: tag
 
+  call get_command_argument(1, mode)
   call get_environment_variable("M", m)
   seqf = trim(m) // "/fortran/seq.dat"
   dirf = trim(m) // "/fortran/direct.dat"
@@ -326,15 +226,36 @@ program ckpt
   do i = 1, n
     a(i) = i * 0.25d0
   end do
+  inquire(iolength=reclen) ivec
 
-  ! Unformatted sequential: a header, then five records of different lengths.
-  open(newunit=u, file=seqf, form="unformatted", access="sequential", status="replace", iostat=ios)
-  if (ios /= 0) stop 1
-  write(u) "header-record-v1", n
-  do k = 1, 5
-    write(u) k, a(1:n/k)
-  end do
-  close(u)
+  if (mode == "write") then
+    ! Unformatted sequential: a header, then five records of different lengths.
+    open(newunit=u, file=seqf, form="unformatted", access="sequential", status="replace", iostat=ios)
+    if (ios /= 0) stop 1
+    write(u) "header-record-v1", n
+    do k = 1, 5
+      write(u) k, a(1:n/k)
+    end do
+    close(u)
+    ! Unformatted direct access: fixed-length records, written last to first.
+    open(newunit=u, file=dirf, form="unformatted", access="direct", recl=reclen, status="replace", iostat=ios)
+    if (ios /= 0) stop 11
+    do i = nrec, 1, -1
+      ivec = [(i * 1000 + j, j = 1, rl)]
+      write(u, rec=i) ivec
+    end do
+    close(u)
+    ! Reopen and rewrite one record in place; it and its neighbour read back right.
+    open(newunit=u, file=dirf, form="unformatted", access="direct", recl=reclen, status="old", iostat=ios)
+    if (ios /= 0) stop 12
+    ivec = -7
+    write(u, rec=10) ivec
+    read(u, rec=10) jvec
+    if (any(jvec /= -7)) stop 14
+    read(u, rec=11) jvec
+    if (jvec(1) /= 11001) stop 15
+    close(u)
+  end if
 
   open(newunit=u, file=seqf, form="unformatted", access="sequential", status="old", iostat=ios)
   if (ios /= 0) stop 2
@@ -358,31 +279,22 @@ program ckpt
   if (tag /= "header-record-v1") stop 8
   close(u)
 
-  ! Unformatted direct access: fixed-length records, written last to first.
-  inquire(iolength=reclen) ivec
-  open(newunit=u, file=dirf, form="unformatted", access="direct", recl=reclen, status="replace", iostat=ios)
-  if (ios /= 0) stop 11
+  open(newunit=u, file=dirf, form="unformatted", access="direct", recl=reclen, status="old", &
+       action="read", iostat=ios)
+  if (ios /= 0) stop 21
   do i = nrec, 1, -1
-    ivec = [(i * 1000 + j, j = 1, rl)]
-    write(u, rec=i) ivec
-  end do
-  close(u)
-  open(newunit=u, file=dirf, form="unformatted", access="direct", recl=reclen, status="old", iostat=ios)
-  if (ios /= 0) stop 12
-  do i = 1, nrec, 3
     read(u, rec=i) jvec
-    if (any(jvec /= [(i * 1000 + j, j = 1, rl)])) stop 13
+    if (i == 10) then
+      if (any(jvec /= -7)) stop 22
+    else
+      if (any(jvec /= [(i * 1000 + j, j = 1, rl)])) stop 23
+    end if
   end do
-  ! Rewrite one record in place; it and its neighbour read back right.
-  ivec = -7
-  write(u, rec=10) ivec
-  read(u, rec=10) jvec
-  if (any(jvec /= -7)) stop 14
-  read(u, rec=11) jvec
-  if (jvec(1) /= 11001) stop 15
+  read(u, rec=nrec + 1, iostat=ios) jvec
+  if (ios == 0) stop 24
   close(u)
   inquire(file=dirf, size=k)
-  if (k /= nrec * rl * 4) stop 16
+  if (k /= nrec * rl * 4) stop 25
   print "(a,i0)", "ok ", k
 end program ckpt
 "#;
@@ -397,7 +309,7 @@ fn gfortran_unformatted_sequential_and_direct_access() {
     let env = Env::new();
     let exe = compile(&env, "gfortran", "ckpt.f90", FORTRAN_SOURCE);
     env.mkdir_store("/fortran");
-    assert_eq!(env.run(&exe, &[]).trim(), "ok 65536");
+    assert_eq!(env.run(&exe, &["write"]).trim(), "ok 65536");
 
     // The sequential file as gfortran lays it out: each record between 4-byte length markers.
     let seq = env.read_store("/fortran/seq.dat");
@@ -415,8 +327,8 @@ fn gfortran_unformatted_sequential_and_direct_access() {
         .collect();
     assert_eq!(lens, want);
     assert_eq!(&seq[4..20], b"header-record-v1");
-    // Record k = 3 holds k, then a(i) = i / 4.
-    let r3 = 8 + 20 + (4 + 8 * n) + 8 + (4 + 8 * (n / 2)) + 4;
+    // Record k = 3 (the fourth) holds k, then a(i) = i / 4.
+    let r3 = lens[..3].iter().map(|l| l + 8).sum::<usize>() + 4;
     assert_eq!(le_i32(&seq, r3), 3);
     let a1000 = f64::from_le_bytes(seq[r3 + 4 + 999 * 8..r3 + 4 + 1000 * 8].try_into().unwrap());
     assert_eq!(a1000, 250.0);
@@ -428,11 +340,255 @@ fn gfortran_unformatted_sequential_and_direct_access() {
     assert_eq!(le_i32(&direct, 63 * 1024 + 255 * 4), 64256);
     assert_eq!(le_i32(&direct, 9 * 1024 + 17 * 4), -7);
 
-    // The program's checks are live: a corrupted record makes it stop with that code.
+    // A restarted run reads and verifies both files.
+    assert_eq!(env.run(&exe, &["read"]).trim(), "ok 65536");
+    // Its checks are live: a corrupted direct-access record (record 13) stops it with 23.
     env.corrupt_store("/fortran/direct.dat", 12 * 1024 + 8, &[0xff; 4]);
-    let out = env.command(&exe, &[]);
-    // The program rewrites both files from scratch, so corrupt after writing: run it on a
-    // copy whose direct-access pass only reads (not possible without a second program);
-    // instead check the store copy differs from what the program would read back.
-    assert!(out.status.success(), "the rerun rewrites the files");
+    let out = env.command(&exe, &["read"]);
+    assert_eq!(
+        out.status.code(),
+        Some(23),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+// ---- fio ----------------------------------------------------------------------------------------
+
+#[test]
+fn fio_psync_with_crc32c_verify() {
+    require("fio", "fio");
+    let env = Env::new();
+    env.mkdir_store("/fio");
+    // 64 MiB per job: 4 KiB random writes and 1 MiB sequential writes, each block carrying a
+    // crc32c header that fio checks on the read-back pass.
+    let job = format!(
+        "[global]\n\
+         ioengine=psync\n\
+         directory={}/fio\n\
+         size=64m\n\
+         verify=crc32c\n\
+         verify_fatal=1\n\
+         verify_dump=0\n\
+         \n\
+         [small]\n\
+         rw=randwrite\n\
+         bs=4k\n\
+         \n\
+         [large]\n\
+         rw=write\n\
+         bs=1m\n",
+        env.mount
+    );
+    std::fs::write(env.tmp.join("job.fio"), job).unwrap();
+    let out = env.command(
+        "fio",
+        &["--output-format=json", "--output=fio.json", "job.fio"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "fio failed ({}):\n{stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("verify"), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.tmp.join("fio.json")).unwrap())
+            .expect("fio's JSON report");
+    let jobs = report["jobs"].as_array().expect("jobs");
+    let mut names: Vec<&str> = jobs
+        .iter()
+        .map(|j| j["jobname"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["large", "small"]);
+    for j in jobs {
+        assert_eq!(j["error"], 0, "{j}");
+        assert_eq!(j["write"]["io_bytes"], 64 << 20, "all written: {j}");
+        assert_eq!(
+            j["read"]["io_bytes"],
+            64 << 20,
+            "all read back and verified: {j}"
+        );
+    }
+    for f in ["/fio/small.0.0", "/fio/large.0.0"] {
+        assert_eq!(env.store().stat(f).unwrap().size, 64 << 20, "{f}");
+    }
+
+    // A second fio process verifies what the first wrote.
+    let out = env.command("fio", &["--verify_only", "--output=verify.txt", "job.fio"]);
+    assert!(
+        out.status.success(),
+        "verify_only failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And it notices a corrupted block.
+    env.corrupt_store("/fio/small.0.0", 123_456, b"XXXX");
+    let out = env.command("fio", &["--verify_only", "--output=verify2.txt", "job.fio"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "corruption went unnoticed");
+    assert!(
+        stderr.contains("verify failed at file") && stderr.contains("small.0.0 offset 122880"),
+        "{stderr}"
+    );
+}
+
+// ---- Open MPI -----------------------------------------------------------------------------------
+
+const MPI_SOURCE: &str = r#"
+/* mpickpt write: every rank writes its own checkpoint file (stdio);
+   mpickpt read: a restarted job, of any size, shares out and verifies all of them (POSIX). */
+#include <mpi.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define N (1 << 20) /* doubles per rank: 8 MiB */
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); MPI_Abort(MPI_COMM_WORLD, 3); } while (0)
+static double value(int rank, long i) { return rank * 1e7 + i * 0.5; }
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/mpi/ckpt.1", getenv("M"));
+    double *buf = malloc(N * sizeof(double));
+    int hdr[2];
+    if (argc > 1 && strcmp(argv[1], "write") == 0) {
+        if (rank == 0 && mkdir(dir, 0755) != 0) FAIL("mkdir %s: %s\n", dir, strerror(errno));
+        MPI_Barrier(MPI_COMM_WORLD);
+        for (long i = 0; i < N; i++) buf[i] = value(rank, i);
+        snprintf(path, sizeof path, "%s/rank%04d.ckpt", dir, rank);
+        FILE *f = fopen(path, "wb");
+        if (!f) FAIL("fopen %s: %s\n", path, strerror(errno));
+        hdr[0] = rank;
+        hdr[1] = size;
+        if (fwrite(hdr, sizeof hdr, 1, f) != 1 || fwrite(buf, sizeof(double), N, f) != N || fclose(f) != 0)
+            FAIL("write %s: %s\n", path, strerror(errno));
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0) printf("wrote %d\n", size);
+    } else {
+        snprintf(path, sizeof path, "%s/rank0000.ckpt", dir);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0 || read(fd, hdr, sizeof hdr) != sizeof hdr) FAIL("read %s: %s\n", path, strerror(errno));
+        close(fd);
+        int nfiles = hdr[1], checked = 0;
+        for (int r = rank; r < nfiles; r += size) {
+            snprintf(path, sizeof path, "%s/rank%04d.ckpt", dir, r);
+            struct stat st;
+            if (stat(path, &st) != 0) FAIL("stat %s: %s\n", path, strerror(errno));
+            if (st.st_size != (off_t)(sizeof hdr + N * sizeof(double))) FAIL("%s: size %ld\n", path, (long)st.st_size);
+            fd = open(path, O_RDONLY);
+            if (fd < 0) FAIL("open %s: %s\n", path, strerror(errno));
+            if (read(fd, hdr, sizeof hdr) != sizeof hdr || hdr[0] != r || hdr[1] != nfiles) FAIL("%s: header\n", path);
+            size_t want = N * sizeof(double), got = 0;
+            while (got < want) {
+                ssize_t n = read(fd, (char *)buf + got, want - got);
+                if (n <= 0) FAIL("read %s: %zd %s\n", path, n, strerror(errno));
+                got += n;
+            }
+            char extra;
+            if (read(fd, &extra, 1) != 0) FAIL("%s: longer than written\n", path);
+            close(fd);
+            for (long i = 0; i < N; i++)
+                if (buf[i] != value(r, i)) FAIL("%s: element %ld is %g\n", path, i, buf[i]);
+            checked++;
+        }
+        int total = 0;
+        MPI_Reduce(&checked, &total, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+        if (rank == 0) printf("restarted on %d ranks, verified %d files\n", size, total);
+    }
+    free(buf);
+    MPI_Finalize();
+    return 0;
+}
+"#;
+
+fn mpirun(env: &Env, np: &str, exe: &str, mode: &str) -> Output {
+    env.command(
+        "mpirun",
+        &[
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            np,
+            "-x",
+            "LD_PRELOAD",
+            "-x",
+            "CASCADE_STORE",
+            "-x",
+            "CASCADE_MOUNT",
+            "-x",
+            "M",
+            exe,
+            mode,
+        ],
+    )
+}
+
+fn stdout_of(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn mpi_ranks_write_checkpoints_and_a_restarted_job_reads_them() {
+    require("mpicc", "libopenmpi-dev");
+    require("mpirun", "openmpi-bin");
+    let env = Env::new();
+    let exe = compile(&env, "mpicc", "mpickpt.c", MPI_SOURCE);
+    env.mkdir_store("/mpi");
+
+    let out = mpirun(&env, "4", &exe, "write");
+    assert_eq!(stdout_of(&out, "mpirun -np 4 write").trim(), "wrote 4");
+    let mut files: Vec<String> = env
+        .store()
+        .read_dir("/mpi/ckpt.1")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "rank0000.ckpt",
+            "rank0001.ckpt",
+            "rank0002.ckpt",
+            "rank0003.ckpt"
+        ]
+    );
+    // Rank 2's file, read through the store: header, then value(2, i) = 2e7 + i / 2.
+    let f = env.read_store("/mpi/ckpt.1/rank0002.ckpt");
+    assert_eq!(f.len(), 8 + (8 << 20));
+    assert_eq!((le_i32(&f, 0), le_i32(&f, 4)), (2, 4));
+    let at = 8 + 8 * 12345;
+    assert_eq!(
+        f64::from_le_bytes(f[at..at + 8].try_into().unwrap()),
+        2e7 + 12345.0 * 0.5
+    );
+
+    // The restart, on a different number of ranks.
+    let out = mpirun(&env, "2", &exe, "read");
+    assert_eq!(
+        stdout_of(&out, "mpirun -np 2 read").trim(),
+        "restarted on 2 ranks, verified 4 files"
+    );
+    // The restart's checks are live.
+    env.corrupt_store("/mpi/ckpt.1/rank0003.ckpt", 8 + 8 * 777, &[0xff; 8]);
+    let out = mpirun(&env, "2", &exe, "read");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "corruption went unnoticed");
+    assert!(stderr.contains("rank0003.ckpt: element 777 is"), "{stderr}");
 }

@@ -15,7 +15,8 @@ use crate::lock::LockGuard;
 use crate::types::{DirEntry, FileKind};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
-/// Splits a store path into components, resolving "." and ".." lexically.
+/// Splits a store path into components, dropping "." and empty ones. ".." stays: it is
+/// walked like the kernel does (its directory must exist), not resolved lexically.
 pub(crate) fn parse_path(path: &str) -> Result<Vec<&str>> {
     if path.len() > PATH_MAX {
         return Err(Error::new(
@@ -27,9 +28,6 @@ pub(crate) fn parse_path(path: &str) -> Result<Vec<&str>> {
     for c in path.split('/') {
         match c {
             "" | "." => {}
-            ".." => {
-                comps.pop();
-            }
             name => {
                 if name.len() > NAME_MAX {
                     return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
@@ -239,7 +237,12 @@ impl Block {
     /// Resolves a path to an inode (namespace lock held).
     pub(crate) fn resolve(&self, path: &str) -> Result<u32> {
         let comps = parse_path(path)?;
-        self.resolve_comps(&comps, path)
+        let ino = self.resolve_comps(&comps, path)?;
+        // "file/" names a directory that is not there.
+        if path.ends_with('/') && self.inode(ino).state.load(Acquire) != INODE_DIR {
+            return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        }
+        Ok(ino)
     }
 
     fn resolve_comps(&self, comps: &[&str], path: &str) -> Result<u32> {
@@ -248,20 +251,31 @@ impl Block {
             if self.inode(cur).state.load(Acquire) != INODE_DIR {
                 return Err(Error::new(libc::ENOTDIR, path.to_string()));
             }
-            cur = self
-                .lookup(cur, c)
-                .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
+            cur = if *c == ".." {
+                if cur == ROOT_INO {
+                    ROOT_INO
+                } else {
+                    link_parent(self.inode(cur).link.load(Acquire))
+                }
+            } else {
+                self.lookup(cur, c)
+                    .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?
+            };
         }
         Ok(cur)
     }
 
-    /// Resolves all but the last component; returns (parent dir, last name). The root itself
-    /// has no parent: `None` for the name.
+    /// Resolves all but the last component; returns (parent dir, last name). A path without
+    /// a last name — the root, or one ending in ".." — returns the directory it names and
+    /// `None`.
     pub(crate) fn resolve_parent<'p>(&self, path: &'p str) -> Result<(u32, Option<&'p str>)> {
         let comps = parse_path(path)?;
         let Some((last, dirs)) = comps.split_last() else {
             return Ok((ROOT_INO, None));
         };
+        if *last == ".." {
+            return Ok((self.resolve_comps(&comps, path)?, None));
+        }
         let parent = self.resolve_comps(dirs, path)?;
         if self.inode(parent).state.load(Acquire) != INODE_DIR {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));

@@ -210,9 +210,21 @@ impl Store {
             let _g = b.lock_ns()?;
             let (parent, name) = b.resolve_parent(path)?;
             let existing = match name {
-                None => Some(ROOT_INO),
+                None => Some(parent),
                 Some(n) => b.lookup(parent, n),
             };
+            // "name/" must be a directory: an existing file is ENOTDIR, a new one EISDIR.
+            if path.ends_with('/') {
+                match existing {
+                    Some(i) if b.inode(i).state.load(Acquire) != INODE_DIR => {
+                        return Err(Error::new(libc::ENOTDIR, path.to_string()))
+                    }
+                    None if opts.create || opts.create_new => {
+                        return Err(Error::new(libc::EISDIR, path.to_string()))
+                    }
+                    _ => {}
+                }
+            }
             let ino = match (existing, name) {
                 (Some(_), _) if opts.create_new => {
                     return Err(Error::new(libc::EEXIST, path.to_string()))
@@ -239,8 +251,11 @@ impl Store {
             append: opts.append,
             wrote_spill: AtomicBool::new(false),
         };
-        if opts.truncate && writable {
-            file.set_len(0)?;
+        // Like Linux, O_TRUNC truncates even a read-only open.
+        if opts.truncate {
+            let _g = b.lock_inode(ino)?;
+            file.check_file()?;
+            b.set_len_locked(ino, 0)?;
         }
         Ok(file)
     }
@@ -295,6 +310,9 @@ impl Store {
             .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
         if b.inode(ino).state.load(Acquire) == INODE_DIR {
             return Err(Error::new(libc::EISDIR, path.to_string()));
+        }
+        if path.ends_with('/') {
+            return Err(Error::new(libc::ENOTDIR, path.to_string()));
         }
         b.remove_inode(parent, ino)
     }

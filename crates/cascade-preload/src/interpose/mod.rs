@@ -143,29 +143,49 @@ fn normalise(path: &str) -> String {
     out
 }
 
-/// The store path for an absolute host path, if it lies under the mount.
-pub(crate) fn store_path_of(abs: &str) -> Option<String> {
-    let m = mount();
-    let norm;
-    let p = if abs.contains("/.") || abs.contains("//") {
-        norm = normalise(abs);
-        norm.as_str()
-    } else {
-        abs
-    };
-    let rest = p.strip_prefix(m)?;
-    if rest.is_empty() {
-        Some("/".to_string())
-    } else if rest.starts_with('/') {
-        Some(normalise(rest))
-    } else {
-        None
-    }
+/// The part of `p` below the mount ("" for the mount itself), if `p` starts with it.
+fn below_mount(p: &str) -> Option<&str> {
+    let rest = p.strip_prefix(mount())?;
+    (rest.is_empty() || rest.starts_with('/')).then_some(rest)
 }
 
-/// Joins a relative path onto a store directory path.
+/// The store path for an absolute host path, if it lies under the mount.
+///
+/// Whether it does is decided lexically (so "/cascade/../etc" is the host's /etc); below
+/// the mount the path is handed to the store as written, so that ".." is walked through
+/// directories that must exist, as the kernel does.
+pub(crate) fn store_path_of(abs: &str) -> Option<String> {
+    if !abs.contains("/.") && !abs.contains("//") {
+        let rest = below_mount(abs)?;
+        return Some(if rest.is_empty() {
+            "/".to_string()
+        } else {
+            rest.to_string()
+        });
+    }
+    let norm = normalise(abs);
+    below_mount(&norm)?;
+    Some(match below_mount(abs) {
+        Some("") => "/".to_string(),
+        Some(rest) => rest.to_string(),
+        // e.g. "//cascade/x": only the normalised form starts with the mount.
+        None => below_mount(&norm).map(|r| {
+            if r.is_empty() {
+                "/".to_string()
+            } else {
+                r.to_string()
+            }
+        })?,
+    })
+}
+
+/// Joins a relative path onto a store directory path (walked by the store, not normalised).
 pub(crate) fn join_store(dir: &str, rel: &str) -> String {
-    normalise(&format!("{dir}/{rel}"))
+    if dir.ends_with('/') {
+        format!("{dir}{rel}")
+    } else {
+        format!("{dir}/{rel}")
+    }
 }
 
 /// Classifies a C path: `Some(store path)` when Cascade serves it.
@@ -194,9 +214,31 @@ pub(crate) unsafe fn classify_at(dirfd: i32, path: *const c_char) -> Option<Stri
         return None;
     }
     if dirfd != libc::AT_FDCWD {
-        return fds::entry(dirfd).map(|e| join_store(&e.path, s));
+        if let Some(e) = fds::entry(dirfd) {
+            return Some(join_store(if e.path.is_empty() { "/" } else { &e.path }, s));
+        }
+        return host_dir_into_mount(dirfd, s);
     }
     virtual_cwd().map(|cwd| join_store(&cwd, s))
+}
+
+/// A host directory descriptor plus a relative path can still lead into the mount (rsync
+/// walks "/" then "cascade" with openat). Only when the path could — it has ".." or a
+/// component of the mount path — is the descriptor's directory looked up (one readlink).
+fn host_dir_into_mount(dirfd: i32, rel: &str) -> Option<String> {
+    let mount_parts: Vec<&str> = mount().split('/').filter(|c| !c.is_empty()).collect();
+    if !rel
+        .split('/')
+        .any(|c| c == ".." || mount_parts.contains(&c))
+    {
+        return None;
+    }
+    let dir = std::fs::read_link(format!("/proc/self/fd/{dirfd}")).ok()?;
+    let dir = dir.to_str()?;
+    if !dir.starts_with('/') {
+        return None;
+    }
+    store_path_of(&normalise(&format!("{dir}/{rel}")))
 }
 
 // ---- the fd table -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
         create: flags & libc::O_CREAT != 0,
         create_new: flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0,
-        truncate: flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY,
+        truncate: flags & libc::O_TRUNC != 0,
         append: flags & libc::O_APPEND != 0,
         mode: mode & 0o7777 & !current_umask(),
     };
@@ -178,6 +178,8 @@ fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
         return Err(ebadf());
     }
     match at {
+        // Linux appends even for pwrite on an O_APPEND descriptor (pwrite(2), BUGS).
+        Some(_) if flags & libc::O_APPEND != 0 => e.file.append(buf).map(|_| buf.len()),
         Some(off) => e.file.write_at(buf, off),
         None if flags & libc::O_APPEND != 0 => {
             let at = e.file.append(buf)?;
