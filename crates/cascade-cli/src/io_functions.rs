@@ -43,6 +43,7 @@ const STDIO_QUERY: &str = "stdio stream state query (glibc extension, gnulib use
 const WIDE: &str = "wide-character stdio stream operation";
 const NOTIFY: &str = "file change notification";
 const HANDLE: &str = "file handle by path";
+const EXEC: &str = "starts a program (carries the working directory inside the mount)";
 const SYSCALL: &str =
     "raw system call: bypasses every libc wrapper (Rust's std makes statx this way)";
 
@@ -168,6 +169,12 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("linkat", LINKS),
     ("symlink", LINKS),
     ("symlinkat", LINKS),
+    // Starting programs.
+    ("execve", EXEC),
+    ("execvpe", EXEC),
+    ("fexecve", EXEC),
+    ("posix_spawn", EXEC),
+    ("posix_spawnp", EXEC),
     ("readlink", LINKS),
     ("readlinkat", LINKS),
     ("__readlink_chk", LINKS),

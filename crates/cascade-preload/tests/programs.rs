@@ -324,3 +324,41 @@ int main(void) {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
+
+#[test]
+fn working_directory_inside_the_mount_follows_exec() {
+    let env = Env::new();
+    env.ok("mkdir -p $M/r/s && touch $M/r/s/f");
+    let m = &env.mount;
+    // /bin/sh (dash) passes its own environment list to execve.
+    assert_eq!(env.ok("cd $M/r && /bin/pwd").trim(), format!("{m}/r"));
+    assert_eq!(env.ok("cd $M/r/s && ls").trim(), "f");
+    // Leaving the mount in a child must not leave a stale virtual directory behind.
+    assert_eq!(
+        env.ok("cd $M/r && bash -c 'cd /tmp && /bin/pwd'").trim(),
+        "/tmp"
+    );
+    // Python's subprocess with an explicit env (without CASCADE_CWD).
+    let script = r#"
+import os, subprocess
+os.chdir(os.environ["M"] + "/r")
+env = {k: v for k, v in os.environ.items() if k != "CASCADE_CWD"}
+print(subprocess.run(["/bin/pwd"], env=env, capture_output=True, text=True).stdout.strip())
+"#;
+    let out = env.command("/usr/bin/python3", &["-c", script]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{m}/r")
+    );
+}
+
+#[test]
+fn links_are_refused_clearly() {
+    let env = Env::new();
+    env.ok("touch $M/x");
+    let out = env.sh("ln -s x $M/l");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"));
+    let out = env.sh("ln $M/x $M/hard");
+    assert!(!out.status.success());
+}

@@ -5,12 +5,14 @@
 //! Families: `sysio` (open, read, write, seek, truncate, sync), `fds` (dup, fcntl, flock),
 //! `stat` (the stat family, statfs, access), `names` (unlink, rename, mkdir, chmod...),
 //! `dirops` (opendir/readdir, getdents64, chdir/getcwd), `stdio` (fopen via fopencookie),
-//! `mapping` (mmap, sendfile/copy_file_range/splice, extended attributes).
+//! `mapping` (mmap, sendfile/copy_file_range/splice, extended attributes), `process`
+//! (exec and spawn carry the virtual cwd; links are refused).
 
 pub(crate) mod dirops;
 pub(crate) mod fds;
 pub(crate) mod mapping;
 pub(crate) mod names;
+pub(crate) mod process;
 pub(crate) mod stat;
 pub(crate) mod stdio;
 pub(crate) mod sysio;
