@@ -95,6 +95,10 @@ impl Store {
                     slot.gen.store(file.generation(), Relaxed);
                     slot.flags.store(flags as u32, Relaxed);
                     slot.refs.store(1, Release);
+                    self.block()
+                        .inode(file.ino() as u32)
+                        .opens
+                        .fetch_add(1, AcqRel);
                     return Ok(OpenDescription {
                         slot: slot_no,
                         nonce,
@@ -120,15 +124,40 @@ impl Store {
         (slot.nonce.load(Acquire) == d.nonce).then_some(Description { slot })
     }
 
-    /// Drops one reference; frees the slot when it was the last.
+    /// Drops one reference; frees the slot when it was the last (and the file, if it was
+    /// unlinked meanwhile and this was its last open description).
     pub fn release_description(&self, d: OpenDescription) {
         if let Some(desc) = self.description(d) {
             if desc.slot.refs.fetch_sub(1, AcqRel) <= 1 {
-                let _ = desc
+                let (ino, gen) = (desc.ino() as u32, desc.generation());
+                if desc
                     .slot
                     .nonce
-                    .compare_exchange(d.nonce, 0, AcqRel, Relaxed);
+                    .compare_exchange(d.nonce, 0, AcqRel, Relaxed)
+                    .is_ok()
+                {
+                    self.closed_description(ino, gen);
+                }
             }
+        }
+    }
+
+    /// One open description of (ino, gen) is gone.
+    fn closed_description(&self, ino: u32, gen: u32) {
+        let b = self.block();
+        if ino >= b.geo.max_inodes {
+            return;
+        }
+        let inode = b.inode(ino);
+        if inode.gen.load(Acquire) != gen {
+            return;
+        }
+        let left = inode
+            .opens
+            .fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)))
+            .map_or(0, |n| n.saturating_sub(1));
+        if left == 0 {
+            let _ = b.reap_orphan(ino, gen);
         }
     }
 
@@ -139,6 +168,7 @@ impl Store {
         for slot_no in 0..OFD_SLOTS {
             let slot = self.block().ofd(slot_no);
             let nonce = slot.nonce.load(Acquire);
+            let (ino, gen) = (slot.ino.load(Acquire), slot.gen.load(Acquire));
             if nonce != 0
                 && !referenced(OpenDescription {
                     slot: slot_no,
@@ -149,6 +179,7 @@ impl Store {
                     .compare_exchange(nonce, 0, AcqRel, Relaxed)
                     .is_ok()
             {
+                self.closed_description(ino, gen);
                 freed += 1;
             }
         }
@@ -160,4 +191,20 @@ impl Store {
     pub fn reopen(&self, ino: u64, generation: u32, flags: i32) -> Result<File> {
         File::reopen(self, ino, generation, flags)
     }
+}
+
+/// How many live descriptions refer to each inode incarnation (fsck's recount).
+pub(crate) fn count_descriptions(
+    b: &crate::block::Block,
+) -> std::collections::HashMap<(u32, u32), u32> {
+    let mut counts = std::collections::HashMap::new();
+    for slot_no in 0..OFD_SLOTS {
+        let slot = b.ofd(slot_no);
+        if slot.nonce.load(Acquire) != 0 {
+            *counts
+                .entry((slot.ino.load(Acquire), slot.gen.load(Acquire)))
+                .or_insert(0) += 1;
+        }
+    }
+    counts
 }

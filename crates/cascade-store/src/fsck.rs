@@ -10,12 +10,12 @@ use crate::error::Result;
 use crate::layout::*;
 use crate::types::FsckReport;
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
     let mut r = FsckReport::default();
     let g = &b.geo;
-    let _ns = b.lock_ns()?;
+    let ns = b.lock_ns()?;
 
     // ---- namespace ----
     let mut live_children = 0u64;
@@ -35,6 +35,11 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
             }
             INODE_FILE => r.files += 1,
             INODE_DIR => r.dirs += 1,
+            // Unlinked while open: outside the namespace; checked with the open counts below.
+            INODE_ORPHAN => {
+                r.files += 1;
+                continue;
+            }
             s => {
                 r.errors.push(format!("inode {ino}: invalid state {s}"));
                 continue;
@@ -124,7 +129,7 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
     let mut node_referenced = vec![false; g.map_nodes as usize];
     let mut recount = BTreeSet::new();
     for ino in 0..g.max_inodes {
-        if b.inode(ino).state.load(Acquire) != INODE_FILE {
+        if !matches!(b.inode(ino).state.load(Acquire), INODE_FILE | INODE_ORPHAN) {
             continue;
         }
         let _fl = b.lock_inode(ino)?;
@@ -247,7 +252,10 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
                             "chunk {c} owned by inode {owner}, which does not exist"
                         ));
                     } else if !referenced[c] {
-                        if b.inode(owner).state.load(Acquire) == INODE_FILE {
+                        if matches!(
+                            b.inode(owner).state.load(Acquire),
+                            INODE_FILE | INODE_ORPHAN
+                        ) {
                             leaked_live.insert(owner);
                         } else {
                             leaked_removed += 1;
@@ -265,7 +273,10 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
             let owner = used_ino(s);
             if state_tag(s) != TAG_USED || owner >= g.max_inodes {
                 r.errors.push(format!("map node {n}: invalid state {s:#x}"));
-            } else if b.inode(owner).state.load(Acquire) == INODE_FILE {
+            } else if matches!(
+                b.inode(owner).state.load(Acquire),
+                INODE_FILE | INODE_ORPHAN
+            ) {
                 leaked_live.insert(owner);
             } else {
                 leaked_removed += 1;
@@ -314,6 +325,44 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
             r.repaired.push(format!(
                 "inode {ino}: freed unpublished chunks and recounted"
             ));
+        }
+    }
+
+    // ---- open counts (interposition) and files unlinked while open ----
+    let counts = crate::descriptions::count_descriptions(b);
+    let mut reap = Vec::new();
+    for ino in 0..g.max_inodes {
+        let inode = b.inode(ino);
+        let state = inode.state.load(Acquire);
+        if !matches!(state, INODE_FILE | INODE_ORPHAN) {
+            continue;
+        }
+        let gen = inode.gen.load(Acquire);
+        let live = counts.get(&(ino, gen)).copied().unwrap_or(0);
+        let recorded = inode.opens.load(Acquire);
+        if recorded != live {
+            r.warnings.push(format!(
+                "inode {ino}: open count {recorded} but {live} open descriptions"
+            ));
+            if repair {
+                inode.opens.store(live, Release);
+                r.repaired
+                    .push(format!("inode {ino}: open count set to {live}"));
+            }
+        }
+        if state == INODE_ORPHAN && live == 0 {
+            r.warnings.push(format!(
+                "inode {ino}: unlinked while open, and no longer open"
+            ));
+            reap.push((ino, gen));
+        }
+    }
+    drop(ns);
+    if repair {
+        for (ino, gen) in reap {
+            b.reap_orphan(ino, gen)?;
+            r.repaired
+                .push(format!("inode {ino}: freed (unlinked, no longer open)"));
         }
     }
     Ok(r)

@@ -45,6 +45,8 @@ pub(crate) const ROOT_INO: u32 = 0;
 pub(crate) const INODE_FREE: u32 = 0;
 pub(crate) const INODE_FILE: u32 = 1;
 pub(crate) const INODE_DIR: u32 = 2;
+/// Unlinked while open: out of the namespace, data kept until the last description closes.
+pub(crate) const INODE_ORPHAN: u32 = 3;
 
 // Chunk and node state words: top two bits are the tag.
 pub(crate) const TAG_SHIFT: u32 = 62;
@@ -178,7 +180,8 @@ pub(crate) struct Inode {
     pub gid: AtomicU32,
     pub chunks_mem: AtomicU32,
     pub chunks_spill: AtomicU32,
-    pub _pad0: u32,
+    /// Open file descriptions (interposition) referring to this incarnation.
+    pub opens: AtomicU32,
     pub atime: AtomicI64,
     pub mtime: AtomicI64,
     pub ctime: AtomicI64,

@@ -15,6 +15,10 @@ use crate::lock::LockGuard;
 use crate::types::{DirEntry, FileKind};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
+/// Marks a path that starts at an inode rather than the root (see `File::anchored`): no C
+/// path can contain a NUL byte, so it cannot collide with a name.
+pub(crate) const ANCHOR: char = '\0';
+
 /// Splits a store path into components, dropping "." and empty ones. ".." stays: it is
 /// walked like the kernel does (its directory must exist), not resolved lexically.
 pub(crate) fn parse_path(path: &str) -> Result<Vec<&str>> {
@@ -28,10 +32,8 @@ pub(crate) fn parse_path(path: &str) -> Result<Vec<&str>> {
     for c in path.split('/') {
         match c {
             "" | "." => {}
+            name if name.starts_with(ANCHOR) && comps.is_empty() => comps.push(name),
             name => {
-                if name.len() > NAME_MAX {
-                    return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
-                }
                 if name.contains('\0') {
                     return Err(Error::new(
                         libc::EINVAL,
@@ -203,7 +205,7 @@ impl Block {
             if state == INODE_FREE {
                 self.free_inode_stack()[free_top].store(ino, Relaxed);
                 free_top += 1;
-            } else {
+            } else if state != INODE_ORPHAN {
                 self.hash_insert(ino);
                 let parent = link_parent(self.inode(ino).link.load(Acquire));
                 if parent < self.geo.max_inodes {
@@ -247,9 +249,19 @@ impl Block {
 
     fn resolve_comps(&self, comps: &[&str], path: &str) -> Result<u32> {
         let mut cur = ROOT_INO;
+        let mut comps = comps;
+        if let Some(first) = comps.first().filter(|c| c.starts_with(ANCHOR)) {
+            cur = self
+                .anchor(first)
+                .ok_or_else(|| Error::new(libc::ENOENT, "the directory was removed"))?;
+            comps = &comps[1..];
+        }
         for c in comps {
             if self.inode(cur).state.load(Acquire) != INODE_DIR {
                 return Err(Error::new(libc::ENOTDIR, path.to_string()));
+            }
+            if c.len() > NAME_MAX {
+                return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
             }
             cur = if *c == ".." {
                 if cur == ROOT_INO {
@@ -273,12 +285,15 @@ impl Block {
         let Some((last, dirs)) = comps.split_last() else {
             return Ok((ROOT_INO, None));
         };
-        if *last == ".." {
+        if *last == ".." || last.starts_with(ANCHOR) {
             return Ok((self.resolve_comps(&comps, path)?, None));
         }
         let parent = self.resolve_comps(dirs, path)?;
         if self.inode(parent).state.load(Acquire) != INODE_DIR {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        }
+        if last.len() > NAME_MAX {
+            return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
         }
         Ok((parent, Some(last)))
     }
@@ -312,6 +327,7 @@ impl Block {
         inode.gid.store(unsafe { libc::getegid() }, Relaxed);
         inode.chunks_mem.store(0, Relaxed);
         inode.chunks_spill.store(0, Relaxed);
+        inode.opens.store(0, Relaxed);
         for t in [&inode.atime, &inode.mtime, &inode.ctime] {
             t.store(now, Relaxed);
         }
@@ -335,20 +351,49 @@ impl Block {
 
     /// Removes a file or empty directory (namespace lock held), freeing its data.
     pub(crate) fn remove_inode(&self, parent: u32, ino: u32) -> Result<()> {
-        {
+        let orphan = {
             let _g = self.lock_inode(ino)?;
-            self.inode(ino).state.store(INODE_FREE, Release); // publish
-            self.free_file_data(ino)?;
+            let inode = self.inode(ino);
+            // A file still open somewhere keeps its data (POSIX): it leaves the namespace now
+            // and is freed when its last open description closes (see reap_orphan).
+            let orphan = inode.state.load(Acquire) == INODE_FILE && inode.opens.load(Acquire) > 0;
+            if orphan {
+                inode.state.store(INODE_ORPHAN, Release); // publish
+            } else {
+                inode.state.store(INODE_FREE, Release); // publish
+                self.free_file_data(ino)?;
+            }
+            orphan
+        };
+        self.hash_remove(ino);
+        self.sibling_remove(parent, ino);
+        if !orphan {
+            self.push_free_inode(ino);
         }
-        self.detach_index(parent, ino);
         self.touch_dir(parent, now_ns());
         Ok(())
     }
 
-    /// Takes a removed inode out of the derived structures and returns it to the free stack.
-    fn detach_index(&self, parent: u32, ino: u32) {
-        self.hash_remove(ino);
-        self.sibling_remove(parent, ino);
+    /// Frees an orphan once nothing has it open (namespace lock taken here).
+    pub(crate) fn reap_orphan(&self, ino: u32, gen: u32) -> Result<()> {
+        let _ns = self.lock_ns()?;
+        {
+            let _g = self.lock_inode(ino)?;
+            let inode = self.inode(ino);
+            if inode.state.load(Acquire) != INODE_ORPHAN
+                || inode.gen.load(Acquire) != gen
+                || inode.opens.load(Acquire) > 0
+            {
+                return Ok(());
+            }
+            inode.state.store(INODE_FREE, Release); // publish
+            self.free_file_data(ino)?;
+        }
+        self.push_free_inode(ino);
+        Ok(())
+    }
+
+    fn push_free_inode(&self, ino: u32) {
         let h = self.header();
         let top = h.free_inode_top.load(Relaxed);
         self.free_inode_stack()[top as usize].store(ino, Relaxed);
@@ -373,6 +418,36 @@ impl Block {
         out
     }
 
+    /// The inode an anchor component ("\0<ino>:<gen>") names, if that incarnation lives.
+    fn anchor(&self, comp: &str) -> Option<u32> {
+        let (ino, gen) = comp.trim_start_matches(ANCHOR).split_once(':')?;
+        let (ino, gen): (u32, u32) = (ino.parse().ok()?, gen.parse().ok()?);
+        let inode = (ino < self.geo.max_inodes).then(|| self.inode(ino))?;
+        (inode.state.load(Acquire) != INODE_FREE && inode.gen.load(Acquire) == gen).then_some(ino)
+    }
+
+    /// The current store path of a live inode (namespace lock held); None once removed.
+    pub(crate) fn path_of(&self, ino: u32) -> Option<String> {
+        let mut parts: Vec<Vec<u8>> = Vec::new();
+        let mut cur = ino;
+        for _ in 0..=self.geo.max_inodes {
+            if cur == ROOT_INO {
+                let mut p = String::new();
+                for part in parts.iter().rev() {
+                    p.push('/');
+                    p.push_str(&String::from_utf8_lossy(part));
+                }
+                return Some(if p.is_empty() { "/".to_string() } else { p });
+            }
+            if !matches!(self.inode(cur).state.load(Acquire), INODE_FILE | INODE_DIR) {
+                return None;
+            }
+            parts.push(self.name_of(cur));
+            cur = link_parent(self.inode(cur).link.load(Acquire));
+        }
+        None
+    }
+
     /// True if `ino` is `ancestor` or lies below it.
     fn is_within(&self, mut ino: u32, ancestor: u32) -> bool {
         for _ in 0..=self.geo.max_inodes {
@@ -389,15 +464,16 @@ impl Block {
 
     /// Atomic rename (namespace lock held).
     pub(crate) fn rename_locked(&self, from: &str, to: &str) -> Result<()> {
+        // Both parents first, then the names: the kernel's order of errors.
         let (src_dir, src_name) = self.resolve_parent(from)?;
+        let (dst_dir, dst_name) = self.resolve_parent(to)?;
         let src_name =
             src_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot rename the root directory"))?;
+        let dst_name =
+            dst_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot replace the root directory"))?;
         let src = self
             .lookup(src_dir, src_name)
             .ok_or_else(|| Error::new(libc::ENOENT, from.to_string()))?;
-        let (dst_dir, dst_name) = self.resolve_parent(to)?;
-        let dst_name =
-            dst_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot replace the root directory"))?;
         let src_is_dir = self.inode(src).state.load(Acquire) == INODE_DIR;
         if src_is_dir && self.is_within(dst_dir, src) {
             return Err(Error::new(

@@ -230,7 +230,8 @@ impl Store {
                     return Err(Error::new(libc::EEXIST, path.to_string()))
                 }
                 (Some(ino), _) => {
-                    if b.inode(ino).state.load(Acquire) == INODE_DIR && (writable || opts.truncate)
+                    if b.inode(ino).state.load(Acquire) == INODE_DIR
+                        && (writable || opts.truncate || opts.create)
                     {
                         return Err(Error::new(libc::EISDIR, path.to_string()));
                     }
@@ -279,6 +280,11 @@ impl Store {
             atime: i.atime.load(Relaxed),
             mtime: i.mtime.load(Relaxed),
             ctime: i.ctime.load(Relaxed),
+            links: match i.state.load(Acquire) {
+                INODE_DIR => 2,
+                INODE_ORPHAN => 0,
+                _ => 1,
+            },
             chunks_in_memory: i.chunks_mem.load(Relaxed) as u64,
             chunks_spilled: i.chunks_spill.load(Relaxed) as u64,
             chunk_size: self.block.geo.chunk_size,
@@ -589,6 +595,28 @@ impl File {
             pos += n;
         }
         Ok(out)
+    }
+
+    /// A store path for `rel` relative to this file (an `*at` call with this file as the
+    /// directory): it follows the inode, so it stays right after renames, and a file or a
+    /// removed directory gives ENOTDIR / ENOENT like the kernel.
+    pub fn anchored(&self, rel: &str) -> String {
+        format!(
+            "{}{}:{}/{rel}",
+            crate::namespace::ANCHOR,
+            self.ino,
+            self.gen
+        )
+    }
+
+    /// The file's current path in the store (it may have been renamed since it was opened);
+    /// ENOENT once it was removed.
+    pub fn current_path(&self) -> Result<String> {
+        let _g = self.block.lock_ns()?;
+        self.check_live()?;
+        self.block
+            .path_of(self.ino)
+            .ok_or_else(|| Error::new(libc::ENOENT, "the file was removed"))
     }
 
     /// True for a handle on a directory.

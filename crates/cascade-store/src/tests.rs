@@ -415,6 +415,7 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Inode, gid),
         offset_of!(Inode, chunks_mem),
         offset_of!(Inode, chunks_spill),
+        offset_of!(Inode, opens),
         offset_of!(Inode, atime),
         offset_of!(Inode, mtime),
         offset_of!(Inode, ctime),
@@ -426,7 +427,10 @@ fn header_and_record_offsets_match_the_docs() {
     ];
     assert_eq!(
         inode,
-        [0, 64, 68, 72, 80, 88, 96, 100, 104, 108, 112, 120, 128, 136, 144, 148, 152, 156, 192]
+        [
+            0, 64, 68, 72, 80, 88, 96, 100, 104, 108, 112, 116, 120, 128, 136, 144, 148, 152, 156,
+            192
+        ]
     );
     assert_eq!(size_of::<Inode>(), 704);
     assert_eq!(

@@ -60,6 +60,8 @@ pub struct Metadata {
     pub atime: TimeNs,
     pub mtime: TimeNs,
     pub ctime: TimeNs,
+    /// Names the file has: 1 (2 for a directory), 0 once unlinked while still open.
+    pub links: u32,
     /// Chunks of this file held in memory / in the spill file.
     pub chunks_in_memory: u64,
     pub chunks_spilled: u64,

@@ -217,7 +217,9 @@ pub(crate) unsafe fn classify_at(dirfd: i32, path: *const c_char) -> Option<Stri
     }
     if dirfd != libc::AT_FDCWD {
         if let Some(e) = fds::entry(dirfd) {
-            return Some(join_store(if e.path.is_empty() { "/" } else { &e.path }, s));
+            // Resolved from the directory's inode: right after renames, and ENOTDIR for a
+            // file descriptor, as the kernel says.
+            return Some(e.file.anchored(s));
         }
         return host_dir_into_mount(dirfd, s);
     }

@@ -28,7 +28,7 @@ fn fill_stat(m: &Metadata, st: &mut libc::stat64) {
     st.st_dev = CASCADE_DEV;
     st.st_ino = m.ino + 1; // inode 0 (the root) would look like "no inode" to some tools
     st.st_mode = type_bits(m) | m.mode;
-    st.st_nlink = if m.is_dir() { 2 } else { 1 };
+    st.st_nlink = m.links as u64;
     st.st_uid = m.uid;
     st.st_gid = m.gid;
     st.st_size = m.size as i64;
@@ -55,7 +55,7 @@ fn fill_statx(m: &Metadata, sx: &mut libc::statx) {
     *sx = unsafe { std::mem::zeroed() };
     sx.stx_mask = libc::STATX_BASIC_STATS;
     sx.stx_blksize = blksize(m) as u32;
-    sx.stx_nlink = if m.is_dir() { 2 } else { 1 };
+    sx.stx_nlink = m.links;
     sx.stx_uid = m.uid;
     sx.stx_gid = m.gid;
     sx.stx_mode = (type_bits(m) | m.mode) as u16;
