@@ -40,6 +40,9 @@ pub struct OpenOptions {
     pub create_new: bool,
     pub truncate: bool,
     pub append: bool,
+    /// The path must name a directory (O_DIRECTORY): ENOTDIR otherwise, checked before
+    /// anything is created or truncated.
+    pub directory: bool,
     /// Permission bits for a newly created file.
     pub mode: u32,
 }
@@ -53,6 +56,7 @@ impl Default for OpenOptions {
             create_new: false,
             truncate: false,
             append: false,
+            directory: false,
             mode: 0o644,
         }
     }
@@ -84,6 +88,10 @@ impl OpenOptions {
     }
     pub fn append(mut self, v: bool) -> Self {
         self.append = v;
+        self
+    }
+    pub fn directory(mut self, v: bool) -> Self {
+        self.directory = v;
         self
     }
     pub fn mode(mut self, mode: u32) -> Self {

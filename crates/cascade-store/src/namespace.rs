@@ -281,6 +281,16 @@ impl Block {
     /// a last name — the root, or one ending in ".." — returns the directory it names and
     /// `None`.
     pub(crate) fn resolve_parent<'p>(&self, path: &'p str) -> Result<(u32, Option<&'p str>)> {
+        let (parent, name) = self.resolve_parent_unchecked(path)?;
+        if name.is_some_and(|n| n.len() > NAME_MAX) {
+            return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
+        }
+        Ok((parent, name))
+    }
+
+    /// [`Self::resolve_parent`] without the length check of the last name (rename checks
+    /// both names only after resolving both parents, as the kernel does).
+    fn resolve_parent_unchecked<'p>(&self, path: &'p str) -> Result<(u32, Option<&'p str>)> {
         let comps = parse_path(path)?;
         let Some((last, dirs)) = comps.split_last() else {
             return Ok((ROOT_INO, None));
@@ -291,9 +301,6 @@ impl Block {
         let parent = self.resolve_comps(dirs, path)?;
         if self.inode(parent).state.load(Acquire) != INODE_DIR {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));
-        }
-        if last.len() > NAME_MAX {
-            return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
         }
         Ok((parent, Some(last)))
     }
@@ -465,8 +472,13 @@ impl Block {
     /// Atomic rename (namespace lock held).
     pub(crate) fn rename_locked(&self, from: &str, to: &str) -> Result<()> {
         // Both parents first, then the names: the kernel's order of errors.
-        let (src_dir, src_name) = self.resolve_parent(from)?;
-        let (dst_dir, dst_name) = self.resolve_parent(to)?;
+        let (src_dir, src_name) = self.resolve_parent_unchecked(from)?;
+        let (dst_dir, dst_name) = self.resolve_parent_unchecked(to)?;
+        let too_long = |n: Option<&str>, p: &str| match n {
+            Some(n) if n.len() > NAME_MAX => Err(Error::new(libc::ENAMETOOLONG, p.to_string())),
+            _ => Ok(()),
+        };
+        too_long(src_name, from)?;
         let src_name =
             src_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot rename the root directory"))?;
         let dst_name =
@@ -474,7 +486,11 @@ impl Block {
         let src = self
             .lookup(src_dir, src_name)
             .ok_or_else(|| Error::new(libc::ENOENT, from.to_string()))?;
+        too_long(Some(dst_name), to)?;
         let src_is_dir = self.inode(src).state.load(Acquire) == INODE_DIR;
+        if !src_is_dir && (from.ends_with('/') || to.ends_with('/')) {
+            return Err(Error::new(libc::ENOTDIR, from.to_string()));
+        }
         if src_is_dir && self.is_within(dst_dir, src) {
             return Err(Error::new(
                 libc::EINVAL,
@@ -484,6 +500,9 @@ impl Block {
         let victim = self.lookup(dst_dir, dst_name);
         if victim == Some(src) {
             return Ok(());
+        }
+        if victim.is_some_and(|v| self.is_within(src, v)) {
+            return Err(Error::new(libc::ENOTEMPTY, to.to_string()));
         }
         if let Some(v) = victim {
             let v_is_dir = self.inode(v).state.load(Acquire) == INODE_DIR;

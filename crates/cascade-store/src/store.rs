@@ -213,14 +213,24 @@ impl Store {
                 None => Some(parent),
                 Some(n) => b.lookup(parent, n),
             };
-            // "name/" must be a directory: an existing file is ENOTDIR, a new one EISDIR.
+            // "name/" names a directory: creating with it is EISDIR (even when the directory
+            // exists, as on Linux), and an existing file is ENOTDIR.
             if path.ends_with('/') {
+                let is_dir = existing.is_some_and(|i| b.inode(i).state.load(Acquire) == INODE_DIR);
+                if opts.create || opts.create_new {
+                    return Err(Error::new(libc::EISDIR, path.to_string()));
+                }
+                if existing.is_some() && !is_dir {
+                    return Err(Error::new(libc::ENOTDIR, path.to_string()));
+                }
+            }
+            if opts.directory {
                 match existing {
                     Some(i) if b.inode(i).state.load(Acquire) != INODE_DIR => {
                         return Err(Error::new(libc::ENOTDIR, path.to_string()))
                     }
-                    None if opts.create || opts.create_new => {
-                        return Err(Error::new(libc::EISDIR, path.to_string()))
+                    None if !(opts.create || opts.create_new) => {
+                        return Err(Error::new(libc::ENOENT, path.to_string()))
                     }
                     _ => {}
                 }

@@ -36,14 +36,11 @@ fn ours(dirp: *mut DIR) -> Option<&'static mut CascadeDir> {
 /// ".", ".." and the directory's entries, with inode numbers and d_type.
 fn listing(e: &Entry) -> Result<Vec<(Vec<u8>, u64, u8)>, Error> {
     let store = store()?;
-    let path = if e.path.is_empty() {
-        "/".to_string()
-    } else {
-        e.path.clone()
-    };
+    // By inode, not by the path it was opened with: the directory may have been renamed.
+    let path = e.file.anchored("");
     let me = e.file.ino() + 1;
     let parent = store
-        .stat(&join_store(&path, ".."))
+        .stat(&e.file.anchored(".."))
         .map(|m| m.ino + 1)
         .unwrap_or(me);
     let mut out = vec![

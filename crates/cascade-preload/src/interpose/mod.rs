@@ -259,6 +259,8 @@ pub(crate) struct Entry {
     pub path: String,
     /// Descriptor of this file's lock file, opened on the first flock/fcntl lock.
     pub lock_fd: OnceLock<i32>,
+    /// Opened as a directory (stays true after the directory is removed).
+    pub is_dir: bool,
 }
 
 impl Drop for Entry {
@@ -346,6 +348,7 @@ fn adopt_inherited() {
             continue;
         };
         if let Ok(file) = store.reopen(d.ino(), d.generation(), d.flags()) {
+            let is_dir = file.is_dir();
             register(
                 fd,
                 Arc::new(Entry {
@@ -353,6 +356,7 @@ fn adopt_inherited() {
                     desc,
                     path: String::new(),
                     lock_fd: OnceLock::new(),
+                    is_dir,
                 }),
             );
         }

@@ -15,10 +15,12 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         create: flags & libc::O_CREAT != 0,
         create_new: flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0,
         truncate: flags & libc::O_TRUNC != 0,
-        append: flags & libc::O_APPEND != 0,
+        append: flags & libc::O_APPEND != 0 && acc != libc::O_RDONLY,
+        directory: flags & libc::O_DIRECTORY != 0,
         mode: mode & 0o7777 & !current_umask(),
     };
     let file = store.open(path, &opts)?;
+    let is_dir = file.is_dir();
     if flags & libc::O_DIRECTORY != 0 && !file.is_dir() {
         return Err(Error::new(libc::ENOTDIR, path.to_string()));
     }
@@ -52,6 +54,7 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
             desc,
             path: path.to_string(),
             lock_fd: OnceLock::new(),
+            is_dir,
         }),
     );
     Ok(fd)
@@ -157,7 +160,7 @@ fn do_read(e: &Entry, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
     if !readable(d.flags()) {
         return Err(ebadf());
     }
-    if e.file.is_dir() {
+    if e.is_dir {
         return Err(Error::new(libc::EISDIR, ""));
     }
     match at {
@@ -176,6 +179,10 @@ fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
     let flags = d.flags();
     if !writable(flags) {
         return Err(ebadf());
+    }
+    if buf.is_empty() {
+        // Nothing written: even O_APPEND leaves the offset alone (as Linux does).
+        return Ok(0);
     }
     match at {
         // Linux appends even for pwrite on an O_APPEND descriptor (pwrite(2), BUGS).
@@ -296,6 +303,20 @@ fn vectored(
     if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
         return Err(Error::new(libc::EINVAL, ""));
     }
+    // SAFETY: the caller passes `cnt` iovecs at `iov`.
+    let total: usize = (0..cnt as usize)
+        .map(|i| unsafe { (*iov.add(i)).iov_len })
+        .sum();
+    if total == 0 {
+        // Like the kernel: nothing to transfer is 0, once the descriptor checks pass.
+        let d = e.description().ok_or_else(ebadf)?;
+        let ok = if write {
+            writable(d.flags())
+        } else {
+            readable(d.flags())
+        };
+        return if ok { Ok(0) } else { Err(ebadf()) };
+    }
     let mut total = 0;
     for i in 0..cnt as usize {
         // SAFETY: the caller passes `cnt` iovecs at `iov`.
@@ -375,6 +396,17 @@ preadv2_wrapper!(pwritev2, true);
 
 fn do_lseek(e: &Entry, offset: i64, whence: c_int) -> Result<i64, Error> {
     let d = e.description().ok_or_else(ebadf)?;
+    if e.is_dir {
+        // A directory's offset counts getdents entries; only rewinding is portable.
+        return match (whence, offset) {
+            (libc::SEEK_SET, o) if o >= 0 => {
+                d.offset().store(o as u64, Relaxed);
+                Ok(o)
+            }
+            (libc::SEEK_CUR, 0) => Ok(d.offset().load(Relaxed) as i64),
+            _ => Err(Error::new(libc::EINVAL, "")),
+        };
+    }
     let size = e.file.len()? as i64;
     let cur = d.offset().load(Relaxed) as i64;
     let new = match whence {
