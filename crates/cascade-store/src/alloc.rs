@@ -142,13 +142,15 @@ impl Block {
 
     /// Gives back this process's batch and its slot (on detach).
     pub(crate) fn release_lease(&self) {
-        let local = self.lock_lease();
+        let mut local = self.lock_lease();
         if local.pid != my_pid() {
             return; // a forked child never claimed a slot of its own
         }
         if let Ok(_g) = self.lock_alloc() {
             self.reclaim_slot(local.slot);
             self.lease_slot(local.slot).pid.store(0, Release);
+            // A thread still writing after this claims a fresh slot (as a forked child does).
+            local.pid = 0;
         }
     }
 

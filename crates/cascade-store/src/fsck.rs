@@ -40,6 +40,10 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
                 r.files += 1;
                 continue;
             }
+            INODE_ORPHAN_DIR => {
+                r.dirs += 1;
+                continue;
+            }
             s => {
                 r.errors.push(format!("inode {ino}: invalid state {s}"));
                 continue;
@@ -334,7 +338,10 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
     for ino in 0..g.max_inodes {
         let inode = b.inode(ino);
         let state = inode.state.load(Acquire);
-        if !matches!(state, INODE_FILE | INODE_ORPHAN) {
+        if !matches!(
+            state,
+            INODE_FILE | INODE_ORPHAN | INODE_DIR | INODE_ORPHAN_DIR
+        ) {
             continue;
         }
         let gen = inode.gen.load(Acquire);
@@ -350,7 +357,7 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
                     .push(format!("inode {ino}: open count set to {live}"));
             }
         }
-        if state == INODE_ORPHAN && live == 0 {
+        if matches!(state, INODE_ORPHAN | INODE_ORPHAN_DIR) && live == 0 {
             r.warnings.push(format!(
                 "inode {ino}: unlinked while open, and no longer open"
             ));

@@ -47,6 +47,13 @@ pub(crate) const INODE_FILE: u32 = 1;
 pub(crate) const INODE_DIR: u32 = 2;
 /// Unlinked while open: out of the namespace, data kept until the last description closes.
 pub(crate) const INODE_ORPHAN: u32 = 3;
+/// A directory removed while open: empty, out of the namespace, freed at the last close.
+pub(crate) const INODE_ORPHAN_DIR: u32 = 4;
+
+/// A directory, named or removed while open.
+pub(crate) fn is_dir_state(state: u32) -> bool {
+    state == INODE_DIR || state == INODE_ORPHAN_DIR
+}
 
 // Chunk and node state words: top two bits are the tag.
 pub(crate) const TAG_SHIFT: u32 = 62;

@@ -58,7 +58,7 @@ fn name_hash(parent: u32, name: &[u8]) -> u64 {
 }
 
 fn kind_of(state: u32) -> FileKind {
-    if state == INODE_DIR {
+    if is_dir_state(state) {
         FileKind::Dir
     } else {
         FileKind::File
@@ -205,7 +205,7 @@ impl Block {
             if state == INODE_FREE {
                 self.free_inode_stack()[free_top].store(ino, Relaxed);
                 free_top += 1;
-            } else if state != INODE_ORPHAN {
+            } else if !matches!(state, INODE_ORPHAN | INODE_ORPHAN_DIR) {
                 self.hash_insert(ino);
                 let parent = link_parent(self.inode(ino).link.load(Acquire));
                 if parent < self.geo.max_inodes {
@@ -257,8 +257,10 @@ impl Block {
             comps = &comps[1..];
         }
         for c in comps {
-            if self.inode(cur).state.load(Acquire) != INODE_DIR {
-                return Err(Error::new(libc::ENOTDIR, path.to_string()));
+            match self.inode(cur).state.load(Acquire) {
+                INODE_DIR => {}
+                INODE_ORPHAN_DIR => return Err(Error::new(libc::ENOENT, path.to_string())),
+                _ => return Err(Error::new(libc::ENOTDIR, path.to_string())),
             }
             if c.len() > NAME_MAX {
                 return Err(Error::new(libc::ENAMETOOLONG, path.to_string()));
@@ -299,10 +301,11 @@ impl Block {
             return Ok((self.resolve_comps(&comps, path)?, None));
         }
         let parent = self.resolve_comps(dirs, path)?;
-        if self.inode(parent).state.load(Acquire) != INODE_DIR {
-            return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        match self.inode(parent).state.load(Acquire) {
+            INODE_DIR => Ok((parent, Some(last))),
+            INODE_ORPHAN_DIR => Err(Error::new(libc::ENOENT, path.to_string())),
+            _ => Err(Error::new(libc::ENOTDIR, path.to_string())),
         }
-        Ok((parent, Some(last)))
     }
 
     /// Creates a file or directory `name` in `parent` (namespace lock held, name absent).
@@ -363,9 +366,15 @@ impl Block {
             let inode = self.inode(ino);
             // A file still open somewhere keeps its data (POSIX): it leaves the namespace now
             // and is freed when its last open description closes (see reap_orphan).
-            let orphan = inode.state.load(Acquire) == INODE_FILE && inode.opens.load(Acquire) > 0;
+            let state = inode.state.load(Acquire);
+            let orphan = inode.opens.load(Acquire) > 0;
             if orphan {
-                inode.state.store(INODE_ORPHAN, Release); // publish
+                let kept = if state == INODE_DIR {
+                    INODE_ORPHAN_DIR
+                } else {
+                    INODE_ORPHAN
+                };
+                inode.state.store(kept, Release); // publish
             } else {
                 inode.state.store(INODE_FREE, Release); // publish
                 self.free_file_data(ino)?;
@@ -387,7 +396,7 @@ impl Block {
         {
             let _g = self.lock_inode(ino)?;
             let inode = self.inode(ino);
-            if inode.state.load(Acquire) != INODE_ORPHAN
+            if !matches!(inode.state.load(Acquire), INODE_ORPHAN | INODE_ORPHAN_DIR)
                 || inode.gen.load(Acquire) != gen
                 || inode.opens.load(Acquire) > 0
             {

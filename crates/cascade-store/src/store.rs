@@ -28,7 +28,7 @@ impl Drop for Block {
 }
 
 fn kind(state: u32) -> FileKind {
-    if state == INODE_DIR {
+    if is_dir_state(state) {
         FileKind::Dir
     } else {
         FileKind::File
@@ -292,7 +292,7 @@ impl Store {
             ctime: i.ctime.load(Relaxed),
             links: match i.state.load(Acquire) {
                 INODE_DIR => 2,
-                INODE_ORPHAN => 0,
+                INODE_ORPHAN | INODE_ORPHAN_DIR => 0,
                 _ => 1,
             },
             chunks_in_memory: i.chunks_mem.load(Relaxed) as u64,
@@ -305,7 +305,7 @@ impl Store {
         let b = &self.block;
         let _g = b.lock_ns()?;
         let ino = b.resolve(path)?;
-        if b.inode(ino).state.load(Acquire) != INODE_DIR {
+        if !is_dir_state(b.inode(ino).state.load(Acquire)) {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));
         }
         Ok(b.list_dir(ino))
@@ -488,6 +488,13 @@ impl Store {
         &self.block
     }
 
+    /// Gives this process's batch of free chunks back to the shared pool and frees its slot
+    /// (what dropping the last handle does; for holders of a store that is never dropped,
+    /// like the interposition library, at process exit).
+    pub fn release_batch(&self) {
+        self.block.release_lease();
+    }
+
     /// For tests and tools: size of this process's mapping of the block.
     pub fn block_bytes(&self) -> usize {
         self.block.mapping_len()
@@ -516,7 +523,7 @@ impl File {
 
     fn check_file(&self) -> Result<()> {
         self.check_live()?;
-        if self.block.inode(self.ino).state.load(Acquire) == INODE_DIR {
+        if is_dir_state(self.block.inode(self.ino).state.load(Acquire)) {
             return Err(Error::new(libc::EISDIR, "is a directory"));
         }
         Ok(())
@@ -631,7 +638,7 @@ impl File {
 
     /// True for a handle on a directory.
     pub fn is_dir(&self) -> bool {
-        self.block.inode(self.ino).state.load(Acquire) == INODE_DIR
+        is_dir_state(self.block.inode(self.ino).state.load(Acquire))
     }
 
     pub(crate) fn reopen(store: &Store, ino: u64, gen: u32, flags: i32) -> Result<File> {

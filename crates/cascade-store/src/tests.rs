@@ -503,3 +503,33 @@ fn read_racing_truncate_never_sees_foreign_bytes() {
     });
     assert_clean(&s);
 }
+
+/// A file unlinked while an open description refers to it keeps its data until the last
+/// description closes (POSIX); then its chunks and inode are freed.
+#[test]
+fn unlinked_open_file_lives_until_its_last_description_closes() {
+    let s = store(64 * 4096, 4096, 0);
+    let f = s.open("/victim", &rw()).unwrap();
+    f.write_all_at(&pattern(4, 3 * 4096), 0).unwrap();
+    let d = s.describe_open(&f, libc::O_RDWR, &|_| 0).unwrap();
+    s.unlink("/victim").unwrap();
+    assert_eq!(s.stat("/victim").unwrap_err().errno(), libc::ENOENT);
+    assert_eq!(f.metadata().unwrap().links, 0);
+    assert_eq!(read_all(&f), pattern(4, 3 * 4096));
+    f.write_all_at(b"more", 3 * 4096).unwrap();
+    assert!(s.fsck(false).unwrap().is_clean());
+    assert_eq!(s.status().memory_used, 4 * 4096);
+    // The same name can be reused meanwhile.
+    s.open("/victim", &rw())
+        .unwrap()
+        .write_all_at(b"new", 0)
+        .unwrap();
+    s.release_description(d);
+    assert_eq!(f.read_at(&mut [0; 4], 0).unwrap_err().errno(), libc::ESTALE);
+    assert_eq!(
+        s.status().memory_used,
+        4096,
+        "only the new file's chunk is left"
+    );
+    assert_clean(&s);
+}

@@ -36,6 +36,10 @@ fn ours(dirp: *mut DIR) -> Option<&'static mut CascadeDir> {
 /// ".", ".." and the directory's entries, with inode numbers and d_type.
 fn listing(e: &Entry) -> Result<Vec<(Vec<u8>, u64, u8)>, Error> {
     let store = store()?;
+    // A removed directory lists nothing, not even "." and "..", as on Linux.
+    if e.file.metadata().map(|m| m.links == 0).unwrap_or(true) {
+        return Ok(Vec::new());
+    }
     // By inode, not by the path it was opened with: the directory may have been renamed.
     let path = e.file.anchored("");
     let me = e.file.ino() + 1;

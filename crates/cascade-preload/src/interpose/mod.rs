@@ -94,9 +94,10 @@ pub(crate) fn mount() -> &'static str {
 }
 
 /// The attached store, attached on first use (CASCADE_STORE, else the user's default).
+static STORE_CELL: OnceLock<Result<Store, Error>> = OnceLock::new();
+
 pub(crate) fn store() -> Result<&'static Store, Error> {
-    static STORE: OnceLock<Result<Store, Error>> = OnceLock::new();
-    STORE
+    STORE_CELL
         .get_or_init(|| {
             let name = std::env::var("CASCADE_STORE")
                 .unwrap_or_else(|_| cascade_store::default_store_name());
@@ -426,3 +427,15 @@ extern "C" fn on_load() {
 #[used]
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
+
+extern "C" fn on_unload() {
+    // Hand this process's batch of free chunks back at a normal exit (the store handle is
+    // static and never dropped); after kill -9 the next allocator-lock holder reclaims it.
+    if let Some(Ok(s)) = STORE_CELL.get() {
+        s.release_batch();
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;
