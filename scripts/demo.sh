@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo of Cascade's main job, for now: build in release mode, create a node store,
 # write a ~1 GiB checkpoint into it with `cascade put`, read it back with `cascade get`,
-# check the bytes are identical, then fsck, status and destroy. Prints the timings.
+# check the bytes are identical, copy it again with an unmodified `cp` under `cascade run`,
+# then fsck, status and destroy. Prints the timings.
 #
 #   ./scripts/demo.sh                    # 1 GiB checkpoint
 #   CASCADE_DEMO_MIB=256 ./scripts/demo.sh
@@ -12,8 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 size_mib=${CASCADE_DEMO_MIB:-1024}
-# Room for the checkpoint plus a quarter, so the demo measures memory, not spill-over.
-capacity_mib=$((size_mib + size_mib / 4 + 16))
+# Room for two copies of the checkpoint plus a quarter, so the demo measures memory, not
+# spill-over.
+capacity_mib=$((2 * size_mib + size_mib / 4 + 16))
 
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     # shellcheck disable=SC1091
@@ -66,6 +68,13 @@ step "read it back (to a local file, then to /dev/null to time the store alone)"
 step "verify"
 cmp "$work/checkpoint.in" "$work/checkpoint.out"
 echo "identical: $(stat -c %s "$work/checkpoint.out") bytes"
+
+step "an unmodified program: cp and cmp under \`cascade run\` (LD_PRELOAD), paths under /cascade"
+start=$(date +%s.%N)
+"$cascade" run -- sh -c "mkdir -p /cascade/ckpt.0002 && cp '$work/checkpoint.in' /cascade/ckpt.0002/rank0.dat"
+echo "cp into the store: $(seconds_since "$start") s (includes starting sh, cp and the library)"
+"$cascade" run -- cmp "$work/checkpoint.in" /cascade/ckpt.0002/rank0.dat
+"$cascade" run -- ls -la /cascade/ckpt.0002
 
 step "ls -l and stat"
 "$cascade" ls -l /ckpt.0001
