@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Plots for bench/results/node-store.json: the chunk-size sweep and the spill-over curve.
+"""Plots for bench/results/node-store.json (the chunk-size sweep and the spill-over curve) and
+bench/results/interposition.json (calls per second and bandwidth by write size).
 
 usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
-Writes chunk-sweep.png and spill-over.png next to the JSON (or into OUT_DIR).
+Writes chunk-sweep.png and spill-over.png, or interposition-sweep.png, next to the JSON (or
+into OUT_DIR).
 """
 
 import json
@@ -126,13 +128,66 @@ def plot_spill(rep, out):
     return path
 
 
+def plot_interposition(rep, out):
+    rows = [r for r in rep["results"]["sweep"]
+            if all(isinstance(r[k].get("median"), (int, float)) for k in ("gbps", "ns_per_call"))]
+    if not rows:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5.4))
+    labels = {"preload": "C program + libcascade.so (preload)",
+              "store-api": "store API (File::write_at)",
+              "tmpfs": "C program, tmpfs (no library)"}
+    procs = sorted({r["procs"] for r in rows})
+    styles = {p: ls for p, ls in zip(procs, ["-", "--", ":", "-."])}
+    for i, m in enumerate(("preload", "store-api", "tmpfs")):
+        for p in procs:
+            rs = sorted((r for r in rows if r["method"] == m and r["procs"] == p),
+                        key=lambda r: r["io"])
+            if not rs:
+                continue
+            xs = [r["io"] for r in rs]
+            lab = f"{labels[m]}, {p} proc"
+            med, err = errbars([r["ns_per_call"] for r in rs])
+            ax1.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=f"C{i}",
+                         linestyle=styles[p], label=lab)
+            med, err = errbars([r["gbps"] for r in rs])
+            ax2.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=f"C{i}",
+                         linestyle=styles[p], label=lab)
+    xs = sorted({r["io"] for r in rows})
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([size_label(x) for x in xs], rotation=45, ha="right")
+        ax.set_xlabel("bytes per write() call")
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.set_yscale("log")
+    ax1.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax1.set_ylabel("ns per call (per process)")
+    ax1.set_title("Time per write() call")
+    ax2.set_ylabel("aggregate write bandwidth (GB/s)")
+    ax2.set_ylim(bottom=0)
+    ax2.set_title("Bandwidth")
+    handles, labels_ = ax2.get_legend_handles_labels()
+    fig.legend(handles, labels_, loc="lower center", ncol=3, fontsize=8)
+    fig.suptitle("Writes by size, one new file per size (median, min-max)")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    path = os.path.join(out, "interposition-sweep.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
     with open(src) as f:
         rep = json.load(f)
     os.makedirs(out, exist_ok=True)
-    for path in (plot_sweep(rep, out), plot_spill(rep, out)):
+    if rep.get("suite") == "interposition":
+        plots = (plot_interposition(rep, out),)
+    else:
+        plots = (plot_sweep(rep, out), plot_spill(rep, out))
+    for path in plots:
         if path:
             print(f"wrote {path}")
 

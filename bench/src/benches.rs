@@ -96,8 +96,28 @@ fn tight_pair(
     procs: usize,
     read: bool,
 ) -> Res<TightPair> {
-    let bytes = opts.size;
-    let pairs = opts.reps.max(3);
+    tight_pair_with(
+        store,
+        base,
+        procs,
+        read,
+        opts.size,
+        opts.io,
+        opts.reps.max(3),
+    )
+}
+
+/// [`tight_pair`] with explicit sizes: `bytes` per process in `io` calls, `pairs` rounds.
+/// Reads use the existing store files `/rb-p<i>.dat`.
+pub(crate) fn tight_pair_with(
+    store: &Store,
+    base: &ShmBase,
+    procs: usize,
+    read: bool,
+    bytes: u64,
+    io: u64,
+    pairs: usize,
+) -> Res<TightPair> {
     let jobs: Vec<Job> = (0..procs)
         .map(|i| Job::Paired {
             store: store.name().to_string(),
@@ -109,7 +129,7 @@ fn tight_pair(
             shm: base.name.clone(),
             offset: i as u64 * bytes,
             bytes,
-            io: opts.io,
+            io,
             pairs,
             read,
         })
@@ -245,8 +265,23 @@ fn with_store<T>(
     spill: Option<SpillConfig>,
     f: impl FnOnce(&mut Results, &Store) -> Res<T>,
 ) -> Res<T> {
+    with_store_files(results, pid, tag, capacity, chunk_size, 4096, spill, f)
+}
+
+/// [`with_store`] for a store with room for `max_files` files and directories.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn with_store_files<T>(
+    results: &mut Results,
+    pid: u32,
+    tag: &str,
+    capacity: u64,
+    chunk_size: u64,
+    max_files: u32,
+    spill: Option<SpillConfig>,
+    f: impl FnOnce(&mut Results, &Store) -> Res<T>,
+) -> Res<T> {
     let has_spill = spill.is_some();
-    let store = create_store(results, pid, tag, capacity, chunk_size, spill)?;
+    let store = create_store(results, pid, tag, capacity, chunk_size, max_files, spill)?;
     let name = store.name().to_string();
     let r = if has_spill {
         f(results, &store)
@@ -268,6 +303,7 @@ fn create_store(
     tag: &str,
     capacity: u64,
     chunk_size: u64,
+    max_files: u32,
     spill: Option<SpillConfig>,
 ) -> Res<Store> {
     let name = store_name(pid, tag);
@@ -276,7 +312,7 @@ fn create_store(
         name: name.clone(),
         capacity,
         chunk_size,
-        max_files: 4096,
+        max_files,
         spill,
         prefault: Prefault::Foreground,
     };
@@ -344,19 +380,19 @@ fn burn_in(store: &Store, capacity: u64) -> Res<()> {
 }
 
 /// Memory for `files` files of `bytes` plus slack for chunks parked in per-process batches.
-fn capacity_for(bytes_needed: u64, chunk: u64) -> u64 {
+pub(crate) fn capacity_for(bytes_needed: u64, chunk: u64) -> u64 {
     let slack = (bytes_needed / 8).max(16 * chunk);
     (bytes_needed + slack).div_ceil(chunk) * chunk
 }
 
 /// The /dev/shm object of the memcpy-shm baselines; removed when dropped.
-struct ShmBase {
-    name: String,
+pub(crate) struct ShmBase {
+    pub(crate) name: String,
     path: PathBuf,
 }
 
 impl ShmBase {
-    fn create(pid: u32, bytes: u64) -> Res<ShmBase> {
+    pub(crate) fn create(pid: u32, bytes: u64) -> Res<ShmBase> {
         let name = format!("{}-shm-base", prefix(pid));
         let path = PathBuf::from("/dev/shm").join(&name);
         let t = now_ns();

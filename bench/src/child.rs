@@ -99,6 +99,30 @@ pub enum Job {
         bytes: u64,
         io: u64,
     },
+    /// Interposition benchmarks, the store-API side of `pio sweep`: per (size, calls), a new
+    /// store file `<path>-<size>` written with `calls` File::write_at calls of `size` bytes
+    /// (one phase each; the file is checked and unlinked after its phase).
+    StoreSweep {
+        store: String,
+        path: String,
+        sizes: Vec<(u64, u64)>,
+    },
+    /// The store-API side of `pio replay`: File::write_at calls of the sizes in the file
+    /// `sizes` (little-endian u32 each), back to back, into one new store file.
+    StoreReplay {
+        store: String,
+        path: String,
+        sizes: String,
+    },
+    /// The store-API side of `pio meta`: in the new store directory `dir`, `files` times
+    /// create + write_at 4 KiB + drop; then `passes` times Store::stat of each; then unlink
+    /// each (phases "create", "stat", "unlink").
+    StoreMeta {
+        store: String,
+        dir: String,
+        files: u64,
+        passes: u64,
+    },
 }
 
 /// What a child reports. Times are CLOCK_MONOTONIC nanoseconds.
@@ -122,6 +146,9 @@ pub struct ChildResult {
     /// (method, start, end) of each phase of a paired job.
     #[serde(default)]
     pub phases: Vec<(String, u64, u64)>,
+    /// I/O calls made in the timed part (jobs that count them).
+    #[serde(default)]
+    pub calls: u64,
 }
 
 /// Signals READY and blocks until the parent releases everyone (one "GO" line written to
@@ -532,8 +559,163 @@ pub fn run(job_json: &str) -> Res<()> {
             }
             finish(&result(start, end, bytes, setup_s))?;
         }
+        Job::StoreSweep { store, path, sizes } => store_sweep(&store, &path, &sizes, t_setup)?,
+        Job::StoreReplay { store, path, sizes } => store_replay(&store, &path, &sizes, t_setup)?,
+        Job::StoreMeta {
+            store,
+            dir,
+            files,
+            passes,
+        } => store_meta(&store, &dir, files, passes, t_setup)?,
     }
     Ok(())
+}
+
+/// A page-aligned source buffer with the pattern of [`source`]. The interposition
+/// benchmarks' C program writes from page-aligned buffers in the sweep and the replay, and
+/// memcpy's speed depends on the source's alignment relative to the destination (see
+/// bench/preload/pio.c), so the store-API side of those uses page-aligned ones too.
+struct Aligned {
+    v: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: u64, seed: u64) -> Aligned {
+        let len = len as usize;
+        let mut v = vec![0u8; len + 4096];
+        let off = v.as_ptr().align_offset(4096);
+        fill_pattern(&mut v[off..off + len], seed);
+        Aligned { v, off, len }
+    }
+
+    fn get(&self) -> &[u8] {
+        &self.v[self.off..self.off + self.len]
+    }
+}
+
+/// Creates `path` in the store and writes `calls` times `src[..size]` with File::write_at.
+fn store_write_calls(st: &Store, path: &str, src: &[u8], calls: u64) -> Res<()> {
+    let f = st
+        .open(path, &OpenOptions::new().write(true).create_new(true))
+        .ctx(|| format!("creating {path} in the store"))?;
+    let size = src.len() as u64;
+    let mut off = 0;
+    for _ in 0..calls {
+        f.write_all_at(src, off)
+            .ctx(|| format!("writing {path} in the store at {off}"))?;
+        off += size;
+    }
+    Ok(())
+}
+
+/// Checks that store file `path` has `size` bytes, then unlinks it.
+fn check_and_unlink(st: &Store, path: &str, size: u64) -> Res<()> {
+    let md = st.stat(path).ctx(|| format!("stat {path} in the store"))?;
+    if md.size != size {
+        return crate::util::err(format!(
+            "{path} in the store: size {} after writing {size} bytes",
+            md.size
+        ));
+    }
+    st.unlink(path)
+        .ctx(|| format!("unlinking {path} in the store"))
+}
+
+fn store_sweep(store: &str, path: &str, sizes: &[(u64, u64)], t_setup: u64) -> Res<()> {
+    let max = sizes.iter().map(|s| s.0).max().unwrap_or(1);
+    let src = Aligned::new(max, 1);
+    let src = src.get();
+    let st = attach(store)?;
+    let setup_s = secs_since(t_setup);
+    let start = barrier()?;
+    let mut phases = Vec::with_capacity(sizes.len());
+    let (mut bytes, mut calls) = (0, 0);
+    for &(size, n) in sizes {
+        let name = format!("{path}-{size}");
+        let t0 = now_ns();
+        store_write_calls(&st, &name, &src[..size as usize], n)?;
+        phases.push((size.to_string(), t0, now_ns()));
+        check_and_unlink(&st, &name, size * n)?;
+        bytes += size * n;
+        calls += n;
+    }
+    let mut r = result(start, now_ns(), bytes, setup_s);
+    r.phases = phases;
+    r.calls = calls;
+    finish(&r)
+}
+
+fn store_replay(store: &str, path: &str, sizes_file: &str, t_setup: u64) -> Res<()> {
+    let raw = fs::read(sizes_file).ctx(|| format!("reading {sizes_file}"))?;
+    let sizes: Vec<usize> = raw
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .collect();
+    let total: u64 = sizes.iter().map(|&s| s as u64).sum();
+    let src = Aligned::new(sizes.iter().copied().max().unwrap_or(1) as u64, 1);
+    let src = src.get();
+    let st = attach(store)?;
+    let setup_s = secs_since(t_setup);
+    let start = barrier()?;
+    let f = st
+        .open(path, &OpenOptions::new().write(true).create_new(true))
+        .ctx(|| format!("creating {path} in {store}"))?;
+    let mut off = 0;
+    for &s in &sizes {
+        f.write_all_at(&src[..s], off)
+            .ctx(|| format!("writing {path} in {store} at {off}"))?;
+        off += s as u64;
+    }
+    drop(f);
+    let end = now_ns();
+    let mut r = result(start, end, total, setup_s);
+    r.calls = sizes.len() as u64;
+    finish(&r)?;
+    check_and_unlink(&st, path, total)
+}
+
+fn store_meta(store: &str, dir: &str, files: u64, passes: u64, t_setup: u64) -> Res<()> {
+    let names: Vec<String> = (0..files).map(|i| format!("{dir}/f{i:07}")).collect();
+    let src = Aligned::new(4096, 1);
+    let src = src.get();
+    let st = attach(store)?;
+    st.mkdir(dir, 0o755)
+        .ctx(|| format!("creating {dir} in {store}"))?;
+    let setup_s = secs_since(t_setup);
+    let start = barrier()?;
+    let t0 = now_ns();
+    for p in &names {
+        let f = st
+            .open(p, &OpenOptions::new().write(true).create_new(true))
+            .ctx(|| format!("creating {p} in {store}"))?;
+        f.write_all_at(src, 0)
+            .ctx(|| format!("writing {p} in {store}"))?;
+    }
+    let t1 = now_ns();
+    for _ in 0..passes {
+        for p in &names {
+            let md = st.stat(p).ctx(|| format!("stat {p} in {store}"))?;
+            if md.size != 4096 {
+                return crate::util::err(format!("{p} in {store} has {} bytes", md.size));
+            }
+        }
+    }
+    let t2 = now_ns();
+    for p in &names {
+        st.unlink(p).ctx(|| format!("unlinking {p} in {store}"))?;
+    }
+    let t3 = now_ns();
+    let mut r = result(start, t3, files * 4096, setup_s);
+    r.phases = vec![
+        ("create".into(), t0, t1),
+        ("stat".into(), t1, t2),
+        ("unlink".into(), t2, t3),
+    ];
+    r.calls = files * (3 + passes);
+    finish(&r)?;
+    st.rmdir(dir).ctx(|| format!("removing {dir} in {store}"))
 }
 
 fn secs_since(t: u64) -> f64 {

@@ -95,19 +95,32 @@ fn child_failed(r: &mut Running, i: usize, what: &str) -> BenchError {
 
 /// Runs `jobs` as concurrent child processes with a common start.
 pub fn run_group(jobs: &[Job]) -> Res<Outcome> {
+    let cmds = jobs.iter().map(job_command).collect::<Res<Vec<_>>>()?;
+    run_commands(cmds)
+}
+
+/// The command that runs `job` in a child process (this executable, `child` subcommand).
+pub fn job_command(job: &Job) -> Res<Command> {
     let exe = std::env::current_exe().ctx(|| "finding the bench executable")?;
-    let mut group = Group(Vec::with_capacity(jobs.len()));
-    for job in jobs {
-        let json = serde_json::to_string(job).ctx(|| "encoding a job")?;
-        let mut child = Command::new(&exe)
-            .arg("child")
-            .arg("--job")
-            .arg(&json)
+    let json = serde_json::to_string(job).ctx(|| "encoding a job")?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg("child").arg("--job").arg(&json);
+    Ok(cmd)
+}
+
+/// Runs `cmds` as concurrent child processes with a common start. Each must speak the
+/// children's protocol (READY, wait for GO, one JSON result line, wait for EOF on stdin):
+/// the bench's own `child` subcommand, or the C program of the interposition benchmarks.
+pub fn run_commands(cmds: Vec<Command>) -> Res<Outcome> {
+    let mut group = Group(Vec::with_capacity(cmds.len()));
+    for mut cmd in cmds {
+        let prog = cmd.get_program().to_string_lossy().into_owned();
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .ctx(|| format!("spawning {}", exe.display()))?;
+            .ctx(|| format!("spawning {prog}"))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
         let Some(stdout) = stdout else {
@@ -145,7 +158,7 @@ pub fn run_group(jobs: &[Job]) -> Res<Outcome> {
                 .ctx(|| format!("releasing child {i}"))?;
         }
     }
-    let mut children = Vec::with_capacity(jobs.len());
+    let mut children = Vec::with_capacity(group.0.len());
     for i in 0..group.0.len() {
         let r = &mut group.0[i];
         let mut line = String::new();

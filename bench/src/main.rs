@@ -2,17 +2,21 @@
 //!
 //! `cascade-bench run` is the parent: it creates the stores, spawns this same executable as
 //! children (hidden `child` subcommand) for every measurement, releases them together through
-//! a pipe barrier, and writes the results. See bench/README.md.
+//! a pipe barrier, and writes the results. `cascade-bench interposition` runs the
+//! benchmarks of the LD_PRELOAD library the same way (a C program instead of the Rust
+//! children for the I/O through the library). See bench/README.md.
 
 mod benches;
 mod child;
 mod harness;
+mod preload;
+mod preload_report;
 mod report;
 mod util;
 
 use benches::{Bench, Opts};
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use util::{cleanup, now_ns, prefix, Context, Res, KIB, MIB};
 
@@ -28,8 +32,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the benchmarks; write node-store.md and node-store.json into --out.
+    /// Run the node-store benchmarks; write node-store.md and node-store.json into --out.
     Run(Box<RunArgs>),
+    /// Run the interposition (LD_PRELOAD) benchmarks; write interposition.md and
+    /// interposition.json into --out.
+    Interposition(Box<InterpArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -99,6 +106,102 @@ struct RunArgs {
     /// Directory on local disk (SSD) for the spill files [default: --disk-dir].
     #[arg(long)]
     spill_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct InterpArgs {
+    /// Directory for interposition.md and interposition.json.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Quick run (about a minute): 256 MiB per process, 1 repetition, a quarter of the calls.
+    /// Explicit flags override.
+    #[arg(long)]
+    quick: bool,
+    /// Benchmarks to run (all when not given).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<preload::Part>,
+    /// Bytes per process in MiB of the 1 MiB writes and the restart reads [default: 1024].
+    #[arg(long)]
+    size_mib: Option<u64>,
+    /// Repetitions of each measurement [default: 5].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Process counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    procs: Vec<usize>,
+    /// The preloaded library.
+    #[arg(long, default_value = "target/release/libcascade.so")]
+    lib: PathBuf,
+    /// The C compiler for bench/preload/pio.c.
+    #[arg(long, default_value = "cc")]
+    cc: String,
+    /// The Cascade mount prefix (CASCADE_MOUNT) the C program's paths go under.
+    #[arg(long, default_value = "/cascade")]
+    mount: String,
+    /// Writes in the replayed checkpoint write mix [default: 40000, about 950 MB].
+    #[arg(long)]
+    replay_writes: Option<usize>,
+    /// Files per process in the metadata benchmark [default: 20000].
+    #[arg(long)]
+    meta_files: Option<u64>,
+    /// stat() passes over those files.
+    #[arg(long, default_value_t = 3)]
+    meta_passes: u64,
+    /// Pairs (with and without the library) in the pass-through benchmark [default: 9].
+    #[arg(long)]
+    pass_reps: Option<usize>,
+}
+
+fn build_interp_opts(a: &InterpArgs, pid: u32) -> Res<preload::POpts> {
+    let q = a.quick;
+    let size = a.size_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
+    let io = MIB;
+    if size == 0 || size % io != 0 {
+        return util::err("--size-mib must be positive");
+    }
+    if a.procs.is_empty() || a.procs.contains(&0) {
+        return util::err("--procs needs positive process counts");
+    }
+    if !a.mount.starts_with('/') || a.mount.len() < 2 {
+        return util::err("--mount must be an absolute path other than /");
+    }
+    let div = if q { 4 } else { 1 };
+    // Calls per write size: 512 Ki, but at most 256 MiB per file.
+    let sweep = [64, 256, KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB]
+        .into_iter()
+        .map(|s| (s, (512 * KIB).min(256 * MIB / s) / div))
+        .collect();
+    let parts = if a.only.is_empty() {
+        vec![
+            preload::Part::Writes,
+            preload::Part::Small,
+            preload::Part::Replay,
+            preload::Part::Meta,
+            preload::Part::Readback,
+            preload::Part::Passthrough,
+        ]
+    } else {
+        a.only.clone()
+    };
+    Ok(preload::POpts {
+        pid,
+        size,
+        io,
+        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
+        procs: a.procs.clone(),
+        sweep,
+        replay_writes: a.replay_writes.unwrap_or(if q { 10_000 } else { 40_000 }),
+        meta_files: a.meta_files.unwrap_or(if q { 5000 } else { 20_000 }),
+        meta_passes: a.meta_passes.max(1),
+        pass_reps: a.pass_reps.unwrap_or(if q { 2 } else { 9 }).max(1),
+        pass_calls64: 200_000 / div,
+        pass_calls4k: 150_000 / div,
+        pass_region: 256 * KIB,
+        mount: a.mount.trim_end_matches('/').to_string(),
+        lib: a.lib.clone(),
+        cc: a.cc.clone(),
+        parts,
+    })
 }
 
 fn build_opts(a: &RunArgs, pid: u32) -> Res<Opts> {
@@ -183,6 +286,10 @@ impl Drop for CleanupGuard {
 /// "abc1234", or "abc1234 + uncommitted changes in crates/cascade-store, bench": what was
 /// measured (changes to bench/results do not count).
 fn source_version() -> String {
+    source_version_of(&["crates/cascade-store", "bench"])
+}
+
+fn source_version_of(dirs: &[&str]) -> String {
     let git = |args: &[&str]| -> Option<String> {
         let out = std::process::Command::new("git").args(args).output().ok()?;
         out.status
@@ -190,8 +297,9 @@ fn source_version() -> String {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty: Vec<&str> = ["crates/cascade-store", "bench"]
-        .into_iter()
+    let dirty: Vec<&str> = dirs
+        .iter()
+        .copied()
         .filter(|dir| {
             let exclude = format!(":(exclude){dir}/results");
             git(&["status", "--porcelain", "--", dir, &exclude]).is_some_and(|s| !s.is_empty())
@@ -275,6 +383,96 @@ fn run(a: RunArgs) -> Res<()> {
     Ok(())
 }
 
+/// "path (modified 2026-11-21 10:20:10 UTC)".
+fn describe_file(p: &std::path::Path) -> String {
+    let when = std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| format!(" (modified {} UTC)", report::utc_string(d.as_secs())))
+        .unwrap_or_default();
+    format!("{}{when}", p.display())
+}
+
+fn run_interposition(a: InterpArgs) -> Res<()> {
+    let pid = std::process::id();
+    let opts = build_interp_opts(&a, pid)?;
+    let dirs = vec![PathBuf::from("/var/tmp")];
+    for what in cleanup(None, &dirs) {
+        eprintln!("cleanup: removed {what} (left by an earlier run)");
+    }
+    let _guard = CleanupGuard {
+        pid,
+        dirs: dirs.clone(),
+    };
+    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let pio = preload::Pio::build(&opts)?;
+    let machine = util::machine(Path::new("/var/tmp"), Path::new("/var/tmp"));
+    eprintln!(
+        "cascade-bench interposition: {} ({} cores), kernel {}, {} GiB RAM; {}; names {}-*",
+        machine.cpu_model,
+        machine.cores,
+        machine.kernel,
+        machine.ram_gib,
+        describe_file(&opts.lib),
+        prefix(pid)
+    );
+    let load0 = util::loadavg();
+    let cpu0 = util::cpu_snap();
+    let t0 = now_ns();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let results = preload::run_all(&opts, &pio)?;
+    let duration_s = (now_ns() - t0) as f64 / 1e9;
+    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    if interference.other_cpu_pct > 10.0 {
+        eprintln!(
+            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
+            interference.other_cpu_pct
+        );
+    }
+    let rep = preload_report::Report {
+        suite: "interposition",
+        generated_utc: report::utc_string(started),
+        duration_s,
+        command: std::env::args().skip(2).collect::<Vec<_>>().join(" "),
+        source: source_version_of(&["crates/cascade-store", "crates/cascade-preload", "bench"]),
+        library: describe_file(&std::fs::canonicalize(&opts.lib).unwrap_or(opts.lib.clone())),
+        cc: pio.cc_version.clone(),
+        machine: &machine,
+        interference,
+        options: &opts,
+        targets: preload_report::targets(&opts, &results),
+        results: &results,
+    };
+    let md = preload_report::markdown(&rep);
+    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
+    let md_path = a.out.join("interposition.md");
+    let json_path = a.out.join("interposition.json");
+    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
+    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
+    eprintln!("\nTargets:");
+    for t in &rep.targets {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not run",
+        };
+        eprintln!(
+            "  {:<34} {:<50} {met}\n      {}",
+            t.name, t.goal, t.measured
+        );
+    }
+    eprintln!(
+        "wrote {} and {} ({duration_s:.0} s)",
+        md_path.display(),
+        json_path.display()
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let who = if matches!(cli.cmd, Cmd::Child { .. }) {
@@ -284,6 +482,7 @@ fn main() -> ExitCode {
     };
     let r = match cli.cmd {
         Cmd::Run(a) => run(*a),
+        Cmd::Interposition(a) => run_interposition(*a),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
             for what in cleanup(pid, &dir) {

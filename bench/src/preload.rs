@@ -1,0 +1,1302 @@
+//! The interposition benchmarks (issue 3): `pio` (bench/preload/pio.c), a small C program
+//! doing plain POSIX I/O, runs with LD_PRELOAD=libcascade.so against files under the Cascade
+//! mount, and without the library against tmpfs (/dev/shm). The store API (`File::write_at`,
+//! the Rust children of the node-store benchmarks) and memcpy into pre-faulted shared memory
+//! are measured in the same run. See bench/README.md.
+
+use crate::benches::{
+    capacity_for, tight_pair_with, with_store_files, Creation, Results as StoreResults, ShmBase,
+    TightPair,
+};
+use crate::child::Job;
+use crate::harness::{job_command, run_commands, Outcome};
+use crate::util::{err, fill_pattern, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
+use cascade_store::{OpenOptions, Store};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The parts of the interposition suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    Writes,
+    Small,
+    Replay,
+    Meta,
+    Readback,
+    Passthrough,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct POpts {
+    #[serde(skip)]
+    pub pid: u32,
+    /// Bytes per process of the 1 MiB writes and the read-back.
+    pub size: u64,
+    pub io: u64,
+    pub reps: usize,
+    pub procs: Vec<usize>,
+    /// (write size, calls) of the write-size sweep (benchmark 2).
+    pub sweep: Vec<(u64, u64)>,
+    /// Writes in the replayed checkpoint (benchmark 3).
+    pub replay_writes: usize,
+    /// Files per process and stat passes of the metadata benchmark.
+    pub meta_files: u64,
+    pub meta_passes: u64,
+    /// Pairs (with and without the library) of the pass-through benchmark.
+    pub pass_reps: usize,
+    pub pass_calls64: u64,
+    pub pass_calls4k: u64,
+    pub pass_region: u64,
+    pub mount: String,
+    pub lib: PathBuf,
+    pub cc: String,
+    pub parts: Vec<Part>,
+}
+
+/// One measured configuration: aggregate GB/s and calls/s over the processes, and the mean
+/// time per call inside one process (median [min-max] over the repetitions).
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub method: String,
+    pub procs: usize,
+    /// Bytes per call where it is one size (sweep, 1 MiB writes and reads), else 0.
+    pub io: u64,
+    pub gbps: Stats,
+    pub calls_per_s: Stats,
+    pub ns_per_call: Stats,
+    /// Median set-up time per process before the start barrier.
+    pub setup_s: f64,
+}
+
+/// A ratio of two methods taken within each repetition.
+#[derive(Debug, Clone, Serialize)]
+pub struct RepRatio {
+    pub what: String,
+    pub procs: usize,
+    pub ratio: Stats,
+}
+
+/// The C program's paired runs: the preload phase and memcpy-shm alternating in the same
+/// processes.
+#[derive(Debug, Clone, Serialize)]
+pub struct CPair {
+    pub kind: String,
+    pub procs: usize,
+    pub preload_gbps: Stats,
+    pub memcpy_shm_gbps: Stats,
+    /// preload / memcpy-shm within each round.
+    pub ratio: Stats,
+}
+
+/// preload / store API, both normalised by memcpy-shm in their own paired runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Normalised {
+    pub kind: String,
+    pub procs: usize,
+    /// (preload / memcpy-shm) / (store API / memcpy-shm), medians.
+    pub ratio: f64,
+    /// The same from the extremes of both ranges (worst and best case).
+    pub low: f64,
+    pub high: f64,
+}
+
+/// One size class of the replayed write mix: the paper's shares and the generated ones.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixRow {
+    pub class: String,
+    pub paper_writes_pct: f64,
+    pub paper_data_pct: f64,
+    pub writes: u64,
+    pub bytes: u64,
+    pub writes_pct: f64,
+    pub data_pct: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MetaRow {
+    pub method: String,
+    pub procs: usize,
+    pub files: u64,
+    pub create_per_s: Stats,
+    pub stat_per_s: Stats,
+    pub unlink_per_s: Stats,
+    /// Per process: microseconds per create+write+close.
+    pub create_us: Stats,
+    /// Per process: nanoseconds per stat.
+    pub stat_ns: Stats,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PassRow {
+    pub op: String,
+    pub calls: u64,
+    pub plain_ns: Stats,
+    pub preload_ns: Stats,
+    /// preload / plain within each pair.
+    pub ratio: Stats,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PResults {
+    pub creation: Vec<Creation>,
+    pub writes: Vec<Row>,
+    pub c_pairs: Vec<CPair>,
+    pub store_pairs: Vec<TightPair>,
+    pub normalised: Vec<Normalised>,
+    pub rep_ratios: Vec<RepRatio>,
+    pub sweep: Vec<Row>,
+    pub mix: Vec<MixRow>,
+    pub replay: Vec<Row>,
+    pub meta: Vec<MetaRow>,
+    pub readback: Vec<Row>,
+    pub passthrough: Vec<PassRow>,
+}
+
+/// The compiled C program and how to run it.
+pub struct Pio {
+    exe: PathBuf,
+    /// The private copy that is preloaded, and where it came from.
+    lib: PathBuf,
+    lib_src: PathBuf,
+    mount: String,
+    pub cc_version: String,
+}
+
+impl Pio {
+    /// Compiles bench/preload/pio.c (embedded) with `cc -O2` into /var/tmp, named after the
+    /// run so that the cleanup removes it.
+    pub fn build(opts: &POpts) -> Res<Pio> {
+        let base = Path::new("/var/tmp").join(format!("{}-pio", prefix(opts.pid)));
+        let src = base.with_extension("c");
+        std::fs::write(&src, include_str!("../preload/pio.c"))
+            .ctx(|| format!("writing {}", src.display()))?;
+        let out = Command::new(&opts.cc)
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&base)
+            .arg(&src)
+            .output()
+            .ctx(|| format!("running {}", opts.cc))?;
+        let _ = std::fs::remove_file(&src);
+        if !out.status.success() {
+            return err(format!(
+                "{} -O2 bench/preload/pio.c failed:\n{}",
+                opts.cc,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let cc_version = Command::new(&opts.cc)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.lines().next().map(str::to_string))
+            .unwrap_or_else(|| "unknown".into());
+        if !opts.lib.is_file() {
+            let _ = std::fs::remove_file(&base);
+            return err(format!(
+                "{} does not exist: build it with `cargo build --release -p cascade-preload` or pass --lib",
+                opts.lib.display()
+            ));
+        }
+        // Preload a private copy: a rebuild of the workspace during the run must not swap the
+        // library (and perhaps the store layout) under the later measurements.
+        let lib = Path::new("/var/tmp").join(format!("{}-libcascade.so", prefix(opts.pid)));
+        if let Err(e) = std::fs::copy(&opts.lib, &lib) {
+            let _ = std::fs::remove_file(&base);
+            return err(format!(
+                "copying {} to {}: {e}",
+                opts.lib.display(),
+                lib.display()
+            ));
+        }
+        Ok(Pio {
+            exe: base,
+            lib,
+            lib_src: opts.lib.clone(),
+            mount: opts.mount.clone(),
+            cc_version,
+        })
+    }
+
+    /// `pio MODE key=value...`, with the library preloaded and pointed at `store` when given,
+    /// and with no Cascade variables at all otherwise.
+    fn cmd(&self, store: Option<&str>, mode: &str, args: &[(&str, String)]) -> Command {
+        let mut c = Command::new(&self.exe);
+        c.arg(mode);
+        for (k, v) in args {
+            c.arg(format!("{k}={v}"));
+        }
+        for var in [
+            "LD_PRELOAD",
+            "CASCADE_STORE",
+            "CASCADE_MOUNT",
+            "CASCADE_CWD",
+        ] {
+            c.env_remove(var);
+        }
+        if let Some(store) = store {
+            c.env("LD_PRELOAD", &self.lib)
+                .env("CASCADE_STORE", store)
+                .env("CASCADE_MOUNT", &self.mount);
+        }
+        c
+    }
+
+    /// Checks that the library really serves the mount from `st`: pio creates a file under
+    /// the mount, which must then be in the store (and the host path must not exist). Without
+    /// this, a library that fails to interpose would send the "preload" runs to a host
+    /// directory of that name, if there is one.
+    fn check_interception(&self, st: &Store) -> Res<()> {
+        let name = format!("/probe-{}", std::process::id());
+        let host = format!("{}{name}", self.mount);
+        let out = self
+            .cmd(Some(st.name()), "probe", &[("path", host.clone())])
+            .output()
+            .ctx(|| "running pio probe")?;
+        if !out.status.success() {
+            return err(format!(
+                "pio could not create {host} with the library preloaded: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let in_store = st.stat(&name).map(|m| m.size);
+        let _ = st.unlink(&name);
+        if Path::new(&host).exists() {
+            let _ = std::fs::remove_file(&host);
+            return err(format!(
+                "{} did not interpose: pio's {host} went to the host file system",
+                self.lib_src.display()
+            ));
+        }
+        match in_store {
+            Ok(4096) => Ok(()),
+            Ok(n) => err(format!("{name} has {n} bytes in the store, expected 4096")),
+            Err(e) => err(format!(
+                "{host} is not in the store {} ({e}): the library does not serve the mount",
+                st.name()
+            )),
+        }
+    }
+
+    fn warm(&self) -> (&'static str, String) {
+        ("warm", self.mount.clone())
+    }
+
+    fn path(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.mount)
+    }
+}
+
+impl Drop for Pio {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.exe);
+        let _ = std::fs::remove_file(&self.lib);
+    }
+}
+
+/// Unique names for tmpfs files and directories of this run.
+struct Names {
+    pid: u32,
+    n: u64,
+}
+
+impl Names {
+    fn shm(&mut self, what: &str, i: usize) -> String {
+        self.n += 1;
+        format!("/dev/shm/{}-{what}-{i}-{}", prefix(self.pid), self.n)
+    }
+}
+
+fn run(cmds: Vec<Command>, what: impl FnOnce() -> String) -> Res<Outcome> {
+    run_commands(cmds).ctx(what)
+}
+
+fn last_end(out: &Outcome) -> u64 {
+    out.children
+        .iter()
+        .map(|c| c.end_ns)
+        .max()
+        .unwrap_or(out.t0)
+}
+
+fn calls_per_s(out: &Outcome) -> f64 {
+    let calls: u64 = out.children.iter().map(|c| c.calls).sum();
+    calls as f64 * 1e9 / last_end(out).saturating_sub(out.t0).max(1) as f64
+}
+
+/// Mean over the processes of (time in the timed part) / (calls made).
+fn ns_per_call(out: &Outcome) -> f64 {
+    let v: Vec<f64> = out
+        .children
+        .iter()
+        .map(|c| c.end_ns.saturating_sub(c.start_ns) as f64 / c.calls.max(1) as f64)
+        .collect();
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Phase `j` over all processes: (name, from the first start to the last end in ns, mean
+/// per-process duration in ns).
+fn phase_span(out: &Outcome, j: usize) -> Res<(String, u64, f64)> {
+    let mut first = u64::MAX;
+    let mut last = 0;
+    let mut sum = 0.0;
+    let mut name = String::new();
+    for c in &out.children {
+        let Some((m, s, e)) = c.phases.get(j) else {
+            return err(format!("a child reported no phase {j}"));
+        };
+        first = first.min(*s);
+        last = last.max(*e);
+        sum += e.saturating_sub(*s) as f64;
+        name.clone_from(m);
+    }
+    Ok((
+        name,
+        last.saturating_sub(first),
+        sum / out.children.len().max(1) as f64,
+    ))
+}
+
+fn median_setup(out: &[Outcome]) -> f64 {
+    let v: Vec<f64> = out
+        .iter()
+        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
+        .collect();
+    Stats::of(&v).median
+}
+
+/// Collects per-method samples of whole-run measurements.
+#[derive(Default)]
+struct Samples {
+    gbps: BTreeMap<String, Vec<f64>>,
+    cps: BTreeMap<String, Vec<f64>>,
+    ns: BTreeMap<String, Vec<f64>>,
+    outs: BTreeMap<String, Vec<Outcome>>,
+}
+
+impl Samples {
+    fn add(&mut self, m: &str, out: Outcome) {
+        self.gbps.entry(m.into()).or_default().push(out.gbps());
+        self.cps
+            .entry(m.into())
+            .or_default()
+            .push(calls_per_s(&out));
+        self.ns.entry(m.into()).or_default().push(ns_per_call(&out));
+        self.outs.entry(m.into()).or_default().push(out);
+    }
+
+    fn row(&self, m: &str, procs: usize, io: u64) -> Row {
+        let get = |t: &BTreeMap<String, Vec<f64>>| Stats::of(t.get(m).map_or(&[][..], |v| &v[..]));
+        Row {
+            method: m.to_string(),
+            procs,
+            io,
+            gbps: get(&self.gbps),
+            calls_per_s: get(&self.cps),
+            ns_per_call: get(&self.ns),
+            setup_s: self.outs.get(m).map_or(0.0, |o| median_setup(o)),
+        }
+    }
+
+    /// a / b within each repetition (GB/s).
+    fn ratio(&self, a: &str, b: &str) -> Stats {
+        let (Some(x), Some(y)) = (self.gbps.get(a), self.gbps.get(b)) else {
+            return Stats::of(&[]);
+        };
+        Stats::of(&x.iter().zip(y).map(|(x, y)| x / y).collect::<Vec<_>>())
+    }
+}
+
+fn say(section: &str, what: &str, procs: usize, rep: usize, reps: usize, out: &Outcome) {
+    let calls = if out.children.iter().all(|c| c.calls > 0) {
+        format!(
+            ", {:>10.0} calls/s, {:9.1} ns/call",
+            calls_per_s(out),
+            ns_per_call(out)
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "  [{section}] {what:<14} procs={procs} rep {}/{reps}: {:7.2} GB/s{calls}",
+        rep + 1,
+        out.gbps(),
+    );
+}
+
+pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
+    let mut res = PResults::default();
+    let mut names = Names {
+        pid: opts.pid,
+        n: 0,
+    };
+    let want = |p: Part| opts.parts.contains(&p);
+    let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
+    let mut scratch = StoreResults::default();
+    let main_parts = [
+        Part::Writes,
+        Part::Small,
+        Part::Replay,
+        Part::Readback,
+        Part::Passthrough,
+    ];
+    if main_parts.iter().any(|&p| want(p)) {
+        // Big enough for every process's largest file: 1 GiB writes and read-back files, the
+        // replayed checkpoint (under 1 GiB), the sweep's 256 MiB files.
+        let replay_max = replay_bytes(opts.replay_writes);
+        let needed = max_procs as u64 * opts.size.max(replay_max);
+        eprintln!("main store:");
+        with_store_files(
+            &mut scratch,
+            opts.pid,
+            "ipmain",
+            capacity_for(needed, MIB),
+            MIB,
+            4096,
+            None,
+            |_, st| {
+                pio.check_interception(st)?;
+                let base = ShmBase::create(opts.pid, max_procs as u64 * opts.size)?;
+                if want(Part::Writes) {
+                    writes(opts, pio, &mut res, &mut names, st, &base)?;
+                }
+                if want(Part::Small) {
+                    small(opts, pio, &mut res, st)?;
+                }
+                if want(Part::Replay) {
+                    replay(opts, pio, &mut res, &mut names, st)?;
+                }
+                if want(Part::Readback) {
+                    readback(opts, pio, &mut res, st, &base)?;
+                }
+                if want(Part::Passthrough) {
+                    passthrough(opts, pio, &mut res, &mut names, st)?;
+                }
+                Ok(())
+            },
+        )?;
+    }
+    if want(Part::Meta) {
+        // 4 KiB chunks, so that a 4 KiB file takes 4 KiB of memory as in tmpfs; creating a
+        // file costs the same whatever the chunk size.
+        let files = max_procs as u64 * opts.meta_files;
+        eprintln!("metadata store:");
+        with_store_files(
+            &mut scratch,
+            opts.pid,
+            "ipmeta",
+            capacity_for(files * 4 * KIB, 4 * KIB),
+            4 * KIB,
+            (files + 64).max(4096) as u32,
+            None,
+            |_, st| {
+                pio.check_interception(st)?;
+                meta(opts, pio, &mut res, &mut names, st)
+            },
+        )?;
+    }
+    res.creation = scratch.creation;
+    Ok(res)
+}
+
+// ---- 1. 1 MiB writes ----------------------------------------------------------------------
+
+fn writes(
+    opts: &POpts,
+    pio: &Pio,
+    res: &mut PResults,
+    names: &mut Names,
+    st: &Store,
+    base: &ShmBase,
+) -> Res<()> {
+    let (bytes, io) = (opts.size, opts.io);
+    eprintln!(
+        "1. {} writes, {} per process:",
+        size_str(io),
+        size_str(bytes)
+    );
+    // preload and the store API back to back (which one first alternates), so that their
+    // per-repetition ratio sees the same machine state.
+    let order = |rep: usize| {
+        if rep % 2 == 0 {
+            [
+                "tmpfs",
+                "preload-cold",
+                "memcpy-shm",
+                "preload",
+                "store-api",
+            ]
+        } else {
+            [
+                "tmpfs",
+                "preload-cold",
+                "memcpy-shm",
+                "store-api",
+                "preload",
+            ]
+        }
+    };
+    let methods = [
+        "preload",
+        "store-api",
+        "memcpy-shm",
+        "tmpfs",
+        "preload-cold",
+    ];
+    for &p in &opts.procs {
+        let mut s = Samples::default();
+        for rep in 0..opts.reps {
+            for m in order(rep) {
+                let mut cmds = Vec::with_capacity(p);
+                for i in 0..p {
+                    let a = |path: String| {
+                        vec![
+                            ("path", path),
+                            ("bytes", bytes.to_string()),
+                            ("io", io.to_string()),
+                        ]
+                    };
+                    cmds.push(match m {
+                        "preload" => {
+                            let mut v = a(pio.path(&format!("w-p{i}-r{rep}.dat")));
+                            v.push(pio.warm());
+                            pio.cmd(Some(st.name()), "write", &v)
+                        }
+                        "preload-cold" => pio.cmd(
+                            Some(st.name()),
+                            "write",
+                            &a(pio.path(&format!("wc-p{i}-r{rep}.dat"))),
+                        ),
+                        "tmpfs" => pio.cmd(None, "write", &a(names.shm("tmpfs", i))),
+                        "memcpy-shm" => job_command(&Job::MemcpyShm {
+                            bytes,
+                            io,
+                            shm: base.name.clone(),
+                            offset: i as u64 * bytes,
+                        })?,
+                        _ => job_command(&Job::StoreWrite {
+                            store: st.name().to_string(),
+                            path: format!("/sw-p{i}-r{rep}.dat"),
+                            bytes,
+                            io,
+                            sync: false,
+                        })?,
+                    });
+                }
+                let out = run(cmds, || format!("writes: {m} with {p} processes"))?;
+                say("writes", m, p, rep, opts.reps, &out);
+                s.add(m, out);
+            }
+        }
+        for m in methods {
+            res.writes.push(s.row(m, p, io));
+        }
+        res.rep_ratios.push(RepRatio {
+            what: "write preload/store-api".into(),
+            procs: p,
+            ratio: s.ratio("preload", "store-api"),
+        });
+        let pairs = opts.reps.max(3);
+        let cp = c_pair(pio, st, base, p, false, bytes, io, pairs)?;
+        let tp = tight_pair_with(st, base, p, false, bytes, io, pairs)?;
+        res.normalised.push(normalise(&cp, &tp));
+        res.c_pairs.push(cp);
+        res.store_pairs.push(tp);
+    }
+    Ok(())
+}
+
+/// The C program's paired run: the preload phase and memcpy-shm taking turns, `pairs`
+/// rounds, in `procs` processes.
+#[allow(clippy::too_many_arguments)]
+fn c_pair(
+    pio: &Pio,
+    st: &Store,
+    base: &ShmBase,
+    procs: usize,
+    read: bool,
+    bytes: u64,
+    io: u64,
+    pairs: usize,
+) -> Res<CPair> {
+    let cmds = (0..procs)
+        .map(|i| {
+            let path = if read {
+                pio.path(&format!("rb-p{i}.dat"))
+            } else {
+                pio.path(&format!("pair-p{i}"))
+            };
+            pio.cmd(
+                Some(st.name()),
+                "paired",
+                &[
+                    ("path", path),
+                    ("shm", base.name.clone()),
+                    ("offset", (i as u64 * bytes).to_string()),
+                    ("bytes", bytes.to_string()),
+                    ("io", io.to_string()),
+                    ("pairs", pairs.to_string()),
+                    ("read", u8::from(read).to_string()),
+                    pio.warm(),
+                ],
+            )
+        })
+        .collect();
+    let kind = if read { "read" } else { "write" };
+    let out = run(cmds, || format!("C paired {kind}s with {procs} processes"))?;
+    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
+    for j in 0..2 * pairs {
+        let (name, span, _) = phase_span(&out, j)?;
+        rounds[j / 2].insert(name, gbps(bytes * procs as u64, span));
+    }
+    let series =
+        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
+    let ratio: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| Some(r.get("preload")? / r.get("memcpy-shm")?))
+        .collect();
+    let cp = CPair {
+        kind: kind.into(),
+        procs,
+        preload_gbps: Stats::of(&series("preload")),
+        memcpy_shm_gbps: Stats::of(&series("memcpy-shm")),
+        ratio: Stats::of(&ratio),
+    };
+    eprintln!(
+        "  [pairs] C {kind}s procs={procs}: preload {:.2}, memcpy-shm {:.2} GB/s; preload/memcpy-shm {:.2}x (medians of {pairs} rounds)",
+        cp.preload_gbps.median, cp.memcpy_shm_gbps.median, cp.ratio.median
+    );
+    Ok(cp)
+}
+
+fn normalise(cp: &CPair, tp: &TightPair) -> Normalised {
+    Normalised {
+        kind: cp.kind.clone(),
+        procs: cp.procs,
+        ratio: cp.ratio.median / tp.ratio.median,
+        low: cp.ratio.min / tp.ratio.max,
+        high: cp.ratio.max / tp.ratio.min,
+    }
+}
+
+// ---- 2. small writes: the write-size sweep ------------------------------------------------
+
+fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
+    eprintln!(
+        "2. write-size sweep ({} to {}), one new file per size:",
+        size_str(opts.sweep.first().map_or(0, |s| s.0)),
+        size_str(opts.sweep.last().map_or(0, |s| s.0))
+    );
+    let spec: String = opts
+        .sweep
+        .iter()
+        .map(|(s, c)| format!("{s}:{c}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let methods = ["preload", "store-api", "tmpfs"];
+    for &p in &opts.procs {
+        // Per size and method: GB/s, calls/s (aggregate) and ns/call (per process).
+        type Acc = BTreeMap<(u64, &'static str), (Vec<f64>, Vec<f64>, Vec<f64>)>;
+        let mut acc: Acc = BTreeMap::new();
+        let mut setups: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for rep in 0..opts.reps {
+            let order: Vec<&'static str> = if rep % 2 == 0 {
+                methods.to_vec()
+            } else {
+                methods.iter().rev().copied().collect()
+            };
+            for m in order {
+                let mut cmds = Vec::with_capacity(p);
+                for i in 0..p {
+                    cmds.push(match m {
+                        "preload" => pio.cmd(
+                            Some(st.name()),
+                            "sweep",
+                            &[
+                                ("path", pio.path(&format!("sweep-p{i}"))),
+                                ("sizes", spec.clone()),
+                                pio.warm(),
+                            ],
+                        ),
+                        "tmpfs" => pio.cmd(
+                            None,
+                            "sweep",
+                            &[
+                                ("path", format!("/dev/shm/{}-sweep-{i}", prefix(opts.pid))),
+                                ("sizes", spec.clone()),
+                            ],
+                        ),
+                        _ => job_command(&Job::StoreSweep {
+                            store: st.name().to_string(),
+                            path: format!("/ssweep-p{i}"),
+                            sizes: opts.sweep.clone(),
+                        })?,
+                    });
+                }
+                let out = run(cmds, || format!("sweep: {m} with {p} processes"))?;
+                let mut line = Vec::new();
+                for (j, &(size, calls)) in opts.sweep.iter().enumerate() {
+                    let (_, span, per_proc) = phase_span(&out, j)?;
+                    let e = acc.entry((size, m)).or_default();
+                    e.0.push(gbps(size * calls * p as u64, span));
+                    e.1.push((calls * p as u64) as f64 * 1e9 / span.max(1) as f64);
+                    e.2.push(per_proc / calls.max(1) as f64);
+                    line.push(format!(
+                        "{}: {:.0} ns",
+                        size_str(size),
+                        per_proc / calls as f64
+                    ));
+                }
+                setups
+                    .entry(m)
+                    .or_default()
+                    .extend(out.children.iter().map(|c| c.setup_s));
+                eprintln!(
+                    "  [sweep] {m:<9} procs={p} rep {}/{}: {}",
+                    rep + 1,
+                    opts.reps,
+                    line.join(", ")
+                );
+            }
+        }
+        for &(size, calls) in &opts.sweep {
+            for m in methods {
+                let Some((g, c, n)) = acc.get(&(size, m)) else {
+                    continue;
+                };
+                res.sweep.push(Row {
+                    method: m.to_string(),
+                    procs: p,
+                    io: size,
+                    gbps: Stats::of(g),
+                    calls_per_s: Stats::of(c),
+                    ns_per_call: Stats::of(n),
+                    setup_s: Stats::of(setups.get(m).map_or(&[][..], |v| &v[..])).median,
+                });
+            }
+            if size == 64 {
+                let (Some(a), Some(b)) = (acc.get(&(size, "preload")), acc.get(&(size, "tmpfs")))
+                else {
+                    continue;
+                };
+                let r: Vec<f64> = a.1.iter().zip(&b.1).map(|(x, y)| x / y).collect();
+                res.rep_ratios.push(RepRatio {
+                    what: format!("{calls} x 64 B preload/tmpfs calls/s"),
+                    procs: p,
+                    ratio: Stats::of(&r),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---- 3. replay of a checkpoint's write-size mix ---------------------------------------------
+
+/// Paper 001, Table 2 (BLCR checkpoint of NPB LU.C.64): size class (lowest and highest
+/// size in bytes), % of writes, % of data. 975 writes and 184 MB per 8-process node, i.e.
+/// 23 MB per process.
+const TABLE2: [(&str, u64, u64, f64, f64); 10] = [
+    ("0-64", 1, 64, 50.86, 0.04),
+    ("64-256", 65, 256, 0.61, 0.00),
+    ("256-1K", 257, 1024, 0.25, 0.01),
+    ("1K-4K", 1025, 4096, 9.46, 1.53),
+    ("4K-16K", 4097, 16384, 36.49, 11.36),
+    ("16K-64K", 16385, 65536, 0.74, 0.77),
+    ("64K-256K", 65537, 262_144, 0.49, 3.79),
+    ("256K-512K", 262_145, 524_288, 0.25, 3.58),
+    ("512K-1M", 524_289, 1_048_576, 0.61, 17.72),
+    ("> 1M", 1_048_577, 16 * 1_048_576, 0.25, 61.21),
+];
+/// Bytes per write of the profiled checkpoint: 184 MB / 8 processes / 975 writes.
+const TABLE2_BYTES_PER_WRITE: f64 = 184.0e6 / 8.0 / 975.0;
+
+fn replay_bytes(writes: usize) -> u64 {
+    (writes as f64 * TABLE2_BYTES_PER_WRITE * 1.01) as u64
+}
+
+/// A deterministic sequence of write sizes with Table 2's distribution: per class, round(%
+/// of writes x n) writes whose sizes spread evenly (in antithetic pairs) around the class's
+/// mean size (% of data x total / writes), clamped to the class; the last write of a class
+/// takes the rounding remainder. Then shuffled (fixed seed), as a checkpoint interleaves
+/// small headers with large data blocks.
+pub fn replay_sizes(n: usize) -> (Vec<u32>, Vec<MixRow>) {
+    let total = n as f64 * TABLE2_BYTES_PER_WRITE;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let counts: Vec<usize> = TABLE2
+        .iter()
+        .map(|c| (c.3 / 100.0 * n as f64).round() as usize)
+        .collect();
+    let mut sizes = Vec::with_capacity(n);
+    let mut mix = Vec::new();
+    for (k, &(class, lo, hi, pw, pd)) in TABLE2.iter().enumerate() {
+        let cnt = counts[k].max(1);
+        let (lo, hi) = (lo as f64, hi as f64);
+        // A class with 0.00 % of the data: its geometric middle.
+        let mean = if pd > 0.0 {
+            (pd / 100.0 * total / cnt as f64).clamp(lo, hi)
+        } else {
+            (lo * hi).sqrt()
+        };
+        let w = ((mean - lo) / mean).min((hi - mean) / mean).min(0.5);
+        let target = (mean * cnt as f64).round() as i64;
+        let mut sum = 0i64;
+        let mut class_sizes = Vec::with_capacity(cnt);
+        for j in 0..cnt {
+            let u = (next() >> 11) as f64 / (1u64 << 53) as f64;
+            let f = if j % 2 == 0 { u } else { 1.0 - u };
+            let s = (mean * (1.0 + w * (2.0 * f - 1.0))).round().clamp(lo, hi) as i64;
+            class_sizes.push(s);
+            sum += s;
+        }
+        if let Some(last) = class_sizes.last_mut() {
+            *last = (*last + target - sum).clamp(lo as i64, hi as i64);
+        }
+        let bytes: i64 = class_sizes.iter().sum();
+        mix.push(MixRow {
+            class: class.to_string(),
+            paper_writes_pct: pw,
+            paper_data_pct: pd,
+            writes: cnt as u64,
+            bytes: bytes as u64,
+            writes_pct: 0.0,
+            data_pct: 0.0,
+        });
+        sizes.extend(class_sizes.into_iter().map(|s| s as u32));
+    }
+    let (nw, nb) = (
+        sizes.len() as f64,
+        mix.iter().map(|m| m.bytes).sum::<u64>() as f64,
+    );
+    for m in &mut mix {
+        m.writes_pct = m.writes as f64 * 100.0 / nw;
+        m.data_pct = m.bytes as f64 * 100.0 / nb;
+    }
+    for i in (1..sizes.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        sizes.swap(i, j);
+    }
+    (sizes, mix)
+}
+
+fn replay(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &Store) -> Res<()> {
+    let (sizes, mix) = replay_sizes(opts.replay_writes);
+    let total: u64 = sizes.iter().map(|&s| s as u64).sum();
+    eprintln!(
+        "3. replay of paper 001 Table 2's write mix: {} writes, {} per process:",
+        sizes.len(),
+        size_str(total)
+    );
+    let file = format!("/dev/shm/{}-replay.sizes", prefix(opts.pid));
+    let raw: Vec<u8> = sizes.iter().flat_map(|s| s.to_le_bytes()).collect();
+    std::fs::write(&file, raw).ctx(|| format!("writing {file}"))?;
+    res.mix = mix;
+    let methods = ["preload", "store-api", "tmpfs"];
+    let r = (|| -> Res<()> {
+        for &p in &opts.procs {
+            let mut s = Samples::default();
+            for rep in 0..opts.reps {
+                let order: Vec<&str> = if rep % 2 == 0 {
+                    methods.to_vec()
+                } else {
+                    methods.iter().rev().copied().collect()
+                };
+                for m in order {
+                    let mut cmds = Vec::with_capacity(p);
+                    for i in 0..p {
+                        cmds.push(match m {
+                            "preload" => pio.cmd(
+                                Some(st.name()),
+                                "replay",
+                                &[
+                                    ("path", pio.path(&format!("replay-p{i}-r{rep}"))),
+                                    ("sizes", file.clone()),
+                                    pio.warm(),
+                                ],
+                            ),
+                            "tmpfs" => pio.cmd(
+                                None,
+                                "replay",
+                                &[("path", names.shm("replay", i)), ("sizes", file.clone())],
+                            ),
+                            _ => job_command(&Job::StoreReplay {
+                                store: st.name().to_string(),
+                                path: format!("/sreplay-p{i}-r{rep}"),
+                                sizes: file.clone(),
+                            })?,
+                        });
+                    }
+                    let out = run(cmds, || format!("replay: {m} with {p} processes"))?;
+                    say("replay", m, p, rep, opts.reps, &out);
+                    s.add(m, out);
+                }
+            }
+            for m in methods {
+                res.replay.push(s.row(m, p, 0));
+            }
+            res.rep_ratios.push(RepRatio {
+                what: "replay preload/tmpfs".into(),
+                procs: p,
+                ratio: s.ratio("preload", "tmpfs"),
+            });
+            res.rep_ratios.push(RepRatio {
+                what: "replay preload/store-api".into(),
+                procs: p,
+                ratio: s.ratio("preload", "store-api"),
+            });
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&file);
+    r
+}
+
+// ---- 4. metadata ----------------------------------------------------------------------------
+
+fn meta(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &Store) -> Res<()> {
+    let (files, passes) = (opts.meta_files, opts.meta_passes);
+    eprintln!(
+        "4. metadata: {files} x (create + write 4 KiB + close) per process, {passes} stat passes, unlink:"
+    );
+    let methods = ["preload", "store-api", "tmpfs"];
+    for &p in &opts.procs {
+        type Acc = BTreeMap<&'static str, [Vec<f64>; 5]>;
+        let mut acc: Acc = BTreeMap::new();
+        for rep in 0..opts.reps {
+            let order: Vec<&'static str> = if rep % 2 == 0 {
+                methods.to_vec()
+            } else {
+                methods.iter().rev().copied().collect()
+            };
+            for m in order {
+                let mut cmds = Vec::with_capacity(p);
+                for i in 0..p {
+                    let common = [("files", files.to_string()), ("passes", passes.to_string())];
+                    cmds.push(match m {
+                        "preload" => {
+                            let mut a = vec![("dir", pio.path(&format!("meta-p{i}-r{rep}")))];
+                            a.extend(common.iter().cloned());
+                            a.push(pio.warm());
+                            pio.cmd(Some(st.name()), "meta", &a)
+                        }
+                        "tmpfs" => {
+                            let mut a = vec![("dir", names.shm("meta", i))];
+                            a.extend(common.iter().cloned());
+                            pio.cmd(None, "meta", &a)
+                        }
+                        _ => job_command(&Job::StoreMeta {
+                            store: st.name().to_string(),
+                            dir: format!("/smeta-p{i}-r{rep}"),
+                            files,
+                            passes,
+                        })?,
+                    });
+                }
+                let out = run(cmds, || format!("metadata: {m} with {p} processes"))?;
+                let (_, create, create_pp) = phase_span(&out, 0)?;
+                let (_, stat, stat_pp) = phase_span(&out, 1)?;
+                let (_, unlink, _) = phase_span(&out, 2)?;
+                let n = (files * p as u64) as f64;
+                let e = acc.entry(m).or_default();
+                e[0].push(n * 1e9 / create.max(1) as f64);
+                e[1].push(n * passes as f64 * 1e9 / stat.max(1) as f64);
+                e[2].push(n * 1e9 / unlink.max(1) as f64);
+                e[3].push(create_pp / files as f64 / 1e3);
+                e[4].push(stat_pp / (files * passes).max(1) as f64);
+                eprintln!(
+                    "  [meta] {m:<9} procs={p} rep {}/{}: {:9.0} creates/s ({:.2} us each), {:10.0} stats/s ({:.0} ns each), {:9.0} unlinks/s",
+                    rep + 1,
+                    opts.reps,
+                    n * 1e9 / create.max(1) as f64,
+                    create_pp / files as f64 / 1e3,
+                    n * passes as f64 * 1e9 / stat.max(1) as f64,
+                    stat_pp / (files * passes).max(1) as f64,
+                    n * 1e9 / unlink.max(1) as f64
+                );
+            }
+        }
+        for m in methods {
+            let Some(e) = acc.get(m) else { continue };
+            res.meta.push(MetaRow {
+                method: m.to_string(),
+                procs: p,
+                files,
+                create_per_s: Stats::of(&e[0]),
+                stat_per_s: Stats::of(&e[1]),
+                unlink_per_s: Stats::of(&e[2]),
+                create_us: Stats::of(&e[3]),
+                stat_ns: Stats::of(&e[4]),
+            });
+        }
+        for (k, what) in [(0, "create"), (1, "stat")] {
+            let (Some(a), Some(b)) = (acc.get("preload"), acc.get("tmpfs")) else {
+                continue;
+            };
+            let r: Vec<f64> = a[k].iter().zip(&b[k]).map(|(x, y)| x / y).collect();
+            res.rep_ratios.push(RepRatio {
+                what: format!("{what} preload/tmpfs"),
+                procs: p,
+                ratio: Stats::of(&r),
+            });
+        }
+    }
+    Ok(())
+}
+
+// ---- 5. restart read bandwidth --------------------------------------------------------------
+
+fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmBase) -> Res<()> {
+    let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
+    let (bytes, io) = (opts.size, opts.io);
+    eprintln!(
+        "5. restart reads, {} reads, {} per process (files written by the parent first):",
+        size_str(io),
+        size_str(bytes)
+    );
+    let mut src = vec![0u8; io as usize];
+    fill_pattern(&mut src, 2);
+    let mut tmpfs_files = Vec::new();
+    for i in 0..max_procs {
+        let path = format!("/rb-p{i}.dat");
+        let f = st
+            .open(&path, &OpenOptions::new().write(true).create_new(true))
+            .ctx(|| format!("creating {path} in the store"))?;
+        let mut off = 0;
+        while off < bytes {
+            f.write_all_at(&src, off)
+                .ctx(|| format!("writing {path} in the store"))?;
+            off += io;
+        }
+        let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(opts.pid));
+        let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
+        for _ in 0..bytes / io {
+            std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
+        }
+        tmpfs_files.push(tpath);
+    }
+    let methods = [
+        "preload",
+        "store-api",
+        "memcpy-shm",
+        "tmpfs",
+        "preload-cold",
+    ];
+    let order = |rep: usize| {
+        if rep % 2 == 0 {
+            [
+                "tmpfs",
+                "preload-cold",
+                "memcpy-shm",
+                "preload",
+                "store-api",
+            ]
+        } else {
+            [
+                "tmpfs",
+                "preload-cold",
+                "memcpy-shm",
+                "store-api",
+                "preload",
+            ]
+        }
+    };
+    let r = (|| -> Res<()> {
+        for &p in &opts.procs {
+            let mut s = Samples::default();
+            for rep in 0..opts.reps {
+                for m in order(rep) {
+                    let mut cmds = Vec::with_capacity(p);
+                    for (i, tfile) in tmpfs_files.iter().enumerate().take(p) {
+                        let a = |path: String| {
+                            vec![
+                                ("path", path),
+                                ("bytes", bytes.to_string()),
+                                ("io", io.to_string()),
+                            ]
+                        };
+                        cmds.push(match m {
+                            "preload" => {
+                                let mut v = a(pio.path(&format!("rb-p{i}.dat")));
+                                v.push(pio.warm());
+                                pio.cmd(Some(st.name()), "read", &v)
+                            }
+                            "preload-cold" => pio.cmd(
+                                Some(st.name()),
+                                "read",
+                                &a(pio.path(&format!("rb-p{i}.dat"))),
+                            ),
+                            "tmpfs" => pio.cmd(None, "read", &a(tfile.clone())),
+                            "memcpy-shm" => job_command(&Job::MemcpyShmRead {
+                                bytes,
+                                io,
+                                shm: base.name.clone(),
+                                offset: i as u64 * bytes,
+                            })?,
+                            _ => job_command(&Job::StoreRead {
+                                store: st.name().to_string(),
+                                path: format!("/rb-p{i}.dat"),
+                                bytes,
+                                io,
+                            })?,
+                        });
+                    }
+                    let out = run(cmds, || format!("restart reads: {m} with {p} processes"))?;
+                    say("read", m, p, rep, opts.reps, &out);
+                    s.add(m, out);
+                }
+            }
+            for m in methods {
+                res.readback.push(s.row(m, p, io));
+            }
+            res.rep_ratios.push(RepRatio {
+                what: "read preload/store-api".into(),
+                procs: p,
+                ratio: s.ratio("preload", "store-api"),
+            });
+            let pairs = opts.reps.max(3);
+            let cp = c_pair(pio, st, base, p, true, bytes, io, pairs)?;
+            let tp = tight_pair_with(st, base, p, true, bytes, io, pairs)?;
+            res.normalised.push(normalise(&cp, &tp));
+            res.c_pairs.push(cp);
+            res.store_pairs.push(tp);
+        }
+        Ok(())
+    })();
+    for i in 0..max_procs {
+        let path = format!("/rb-p{i}.dat");
+        if let Err(e) = st.unlink(&path) {
+            eprintln!("warning: unlinking {path} in the store: {e}");
+        }
+    }
+    for t in &tmpfs_files {
+        let _ = std::fs::remove_file(t);
+    }
+    r
+}
+
+// ---- 6. pass-through overhead on non-Cascade files ------------------------------------------
+
+/// Rounds of the four pass-through phases in each process; the fastest round counts.
+pub const PASS_ROUNDS: usize = 3;
+
+fn passthrough(
+    opts: &POpts,
+    pio: &Pio,
+    res: &mut PResults,
+    names: &mut Names,
+    st: &Store,
+) -> Res<()> {
+    eprintln!(
+        "6. pass-through: write()/read() of 64 B and 4 KiB on a tmpfs file (first {} of it), without and with LD_PRELOAD:",
+        size_str(opts.pass_region)
+    );
+    let ops = ["write-64", "write-4096", "read-64", "read-4096"];
+    let mut plain: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
+    let mut pre: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
+    let calls = |op: &str| {
+        if op.ends_with("-64") {
+            opts.pass_calls64
+        } else {
+            opts.pass_calls4k
+        }
+    };
+    for rep in 0..opts.pass_reps {
+        let order = if rep % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for with_lib in order {
+            let args = [
+                ("path", names.shm("pass", 0)),
+                ("region", opts.pass_region.to_string()),
+                ("calls64", opts.pass_calls64.to_string()),
+                ("calls4k", opts.pass_calls4k.to_string()),
+                ("rounds", PASS_ROUNDS.to_string()),
+            ];
+            let store = with_lib.then(|| st.name());
+            let out = run(vec![pio.cmd(store, "passthru", &args)], || {
+                "pass-through".to_string()
+            })?;
+            let mut line = Vec::new();
+            for (k, op) in ops.iter().enumerate() {
+                // The least disturbed of the rounds: the wrappers' cost is deterministic, and
+                // a burst of other work on the machine should not decide the ratio.
+                let mut ns = f64::INFINITY;
+                for round in 0..PASS_ROUNDS {
+                    let j = round * ops.len() + k;
+                    let (name, _, per) = phase_span(&out, j)?;
+                    if name != *op {
+                        return err(format!("pass-through: phase {j} is {name}, expected {op}"));
+                    }
+                    ns = ns.min(per / calls(op) as f64);
+                }
+                if with_lib {
+                    pre[k].push(ns);
+                } else {
+                    plain[k].push(ns);
+                }
+                line.push(format!("{op} {ns:.0} ns"));
+            }
+            eprintln!(
+                "  [pass] {:<10} rep {}/{}: {}",
+                if with_lib { "preload" } else { "plain" },
+                rep + 1,
+                opts.pass_reps,
+                line.join(", ")
+            );
+        }
+    }
+    for (k, op) in ops.iter().enumerate() {
+        let r: Vec<f64> = pre[k].iter().zip(&plain[k]).map(|(a, b)| a / b).collect();
+        res.passthrough.push(PassRow {
+            op: op.to_string(),
+            calls: calls(op),
+            plain_ns: Stats::of(&plain[k]),
+            preload_ns: Stats::of(&pre[k]),
+            ratio: Stats::of(&r),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_mix_follows_table_2() {
+        let (sizes, mix) = replay_sizes(40_000);
+        assert_eq!(
+            sizes.len() as u64,
+            mix.iter().map(|m| m.writes).sum::<u64>()
+        );
+        for (m, c) in mix.iter().zip(TABLE2.iter()) {
+            assert!(
+                (m.writes_pct - c.3).abs() < 0.05,
+                "{}: {}",
+                m.class,
+                m.writes_pct
+            );
+            assert!(
+                (m.data_pct - c.4).abs() < 0.15,
+                "{}: {}",
+                m.class,
+                m.data_pct
+            );
+        }
+        let (again, _) = replay_sizes(40_000);
+        assert_eq!(sizes, again);
+        let small = sizes.iter().filter(|&&s| s <= 64).count();
+        assert!(small * 2 >= sizes.len() - 1);
+    }
+}
