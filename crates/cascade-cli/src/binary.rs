@@ -19,6 +19,8 @@ use crate::io_functions;
 /// The static archive of the wrappers (`__wrap_NAME`), for programs linked with
 /// `-Wl,--wrap=NAME`.
 pub const WRAP_ARCHIVE: &str = "libcascade_wrap.a";
+/// Libraries to link after the archive.
+const WRAP_SYSTEM_LIBS: [&str; 4] = ["-lpthread", "-ldl", "-lm", "-lrt"];
 
 /// Where the `cascade` executable's companions may be: its own directory (a cargo target
 /// directory), then `../lib` (an installed `bin/` and `lib/` pair).
@@ -42,14 +44,21 @@ pub fn link_flags() -> Result<ExitCode, Failure> {
     }
     if let Some(archive) = archive {
         out.push_str(&format!("{}\n", archive.display()));
+        // What the Rust standard library inside the archive needs from the C library.
+        for lib in WRAP_SYSTEM_LIBS {
+            out.push_str(&format!("{lib}\n"));
+        }
     }
     print!("{out}");
     if archive.is_none() {
         let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
-        eprintln!(
-            "# {WRAP_ARCHIVE} is not built yet (looked for {}); add it after these flags when it is",
-            looked.join(" and ")
-        );
+        return Err(Failure {
+            message: format!(
+                "{WRAP_ARCHIVE} is not built (looked for {}); build it with `cargo build -p cascade-wrap`",
+                looked.join(" and ")
+            ),
+            code: 1,
+        });
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -93,7 +93,8 @@ fn make_stream(fd: c_int) -> *mut DIR {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "opendir"))]
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -121,7 +122,8 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fdopendir"))]
 pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut DIR {
     if is_cascade_fd(fd) {
         make_stream(fd)
@@ -151,7 +153,8 @@ macro_rules! readdir_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(dirp: *mut DIR) -> *mut dirent64 {
             match ours(dirp) {
                 Some(d) => next_entry(d),
@@ -167,7 +170,8 @@ macro_rules! readdir_r_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(dirp: *mut DIR, entry: *mut dirent64, result: *mut *mut dirent64) -> c_int {
             match ours(dirp) {
                 Some(d) => {
@@ -193,7 +197,8 @@ readdir_r_wrapper!(readdir64_r);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rewinddir"))]
 pub unsafe extern "C" fn rewinddir(dirp: *mut DIR) {
     match ours(dirp) {
         Some(d) => {
@@ -210,7 +215,8 @@ pub unsafe extern "C" fn rewinddir(dirp: *mut DIR) {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "seekdir"))]
 pub unsafe extern "C" fn seekdir(dirp: *mut DIR, loc: c_long) {
     match ours(dirp) {
         Some(d) => d.pos = loc.max(0) as usize,
@@ -220,7 +226,8 @@ pub unsafe extern "C" fn seekdir(dirp: *mut DIR, loc: c_long) {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "telldir"))]
 pub unsafe extern "C" fn telldir(dirp: *mut DIR) -> c_long {
     match ours(dirp) {
         Some(d) => d.pos as c_long,
@@ -230,7 +237,8 @@ pub unsafe extern "C" fn telldir(dirp: *mut DIR) -> c_long {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dirfd"))]
 pub unsafe extern "C" fn dirfd(dirp: *mut DIR) -> c_int {
     match ours(dirp) {
         Some(d) => d.fd,
@@ -240,7 +248,8 @@ pub unsafe extern "C" fn dirfd(dirp: *mut DIR) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "closedir"))]
 pub unsafe extern "C" fn closedir(dirp: *mut DIR) -> c_int {
     if ours(dirp).is_some() {
         if let Some(set) = streams().as_mut() {
@@ -291,7 +300,8 @@ fn getdents_store(e: &Entry, buf: *mut u8, count: usize) -> Result<usize, Error>
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "getdents64"))]
 pub unsafe extern "C" fn getdents64(
     fd: c_int,
     buf: *mut libc::c_void,
@@ -330,7 +340,8 @@ fn leave() {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "chdir"))]
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -347,7 +358,8 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchdir"))]
 pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     match lookup(fd) {
         Some(e) if !e.path.is_empty() => enter(e.path.clone()),
@@ -406,7 +418,8 @@ fn copy_cwd(cwd: &str, buf: *mut c_char, size: size_t) -> *mut c_char {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "getcwd"))]
 pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
     match virtual_cwd_host() {
         Some(cwd) => copy_cwd(&cwd, buf, size),
@@ -418,7 +431,8 @@ pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
 
 /// # Safety
 /// C ABI (the fortified getcwd).
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__getcwd_chk"))]
 pub unsafe extern "C" fn __getcwd_chk(
     buf: *mut c_char,
     size: size_t,
@@ -434,7 +448,8 @@ pub unsafe extern "C" fn __getcwd_chk(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "get_current_dir_name"))]
 pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
     match virtual_cwd_host() {
         Some(cwd) => copy_cwd(&cwd, std::ptr::null_mut(), 0),

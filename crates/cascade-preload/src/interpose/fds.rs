@@ -33,7 +33,8 @@ fn share(old: &Arc<Entry>, new: c_int) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dup"))]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let new = call_real!(dup: fn(c_int) -> c_int, -1; fd);
     match lookup(fd) {
@@ -44,7 +45,8 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dup2"))]
 pub unsafe extern "C" fn dup2(fd: c_int, fd2: c_int) -> c_int {
     let src = lookup(fd);
     if src.is_none() && !is_cascade_fd(fd2) {
@@ -73,7 +75,8 @@ pub unsafe extern "C" fn dup2(fd: c_int, fd2: c_int) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dup3"))]
 pub unsafe extern "C" fn dup3(fd: c_int, fd2: c_int, flags: c_int) -> c_int {
     let src = lookup(fd);
     let new = call_real!(dup3: fn(c_int, c_int, c_int) -> c_int, -1; fd, fd2, flags);
@@ -124,7 +127,8 @@ fn fcntl_impl(e: &Arc<Entry>, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 /// # Safety
 /// C ABI (the variadic argument is passed through as a machine word).
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fcntl"))]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     match lookup(fd) {
         Some(e) => fcntl_impl(&e, fd, cmd, arg),
@@ -134,7 +138,8 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fcntl64"))]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     match lookup(fd) {
         Some(e) => fcntl_impl(&e, fd, cmd, arg),
@@ -198,7 +203,8 @@ fn is_lock_cmd(cmd: c_int) -> bool {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "flock"))]
 pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
     match lookup(fd) {
         Some(e) => match lock_fd(&e) {

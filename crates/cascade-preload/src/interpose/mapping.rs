@@ -72,7 +72,8 @@ macro_rules! mmap_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: $off) -> *mut c_void {
             match lookup(fd) {
                 Some(_) if flags & libc::MAP_ANONYMOUS != 0 => {
@@ -152,7 +153,8 @@ macro_rules! sendfile_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(out_fd: c_int, in_fd: c_int, offset: *mut $off, count: size_t) -> ssize_t {
             if is_cascade_fd(out_fd) || is_cascade_fd(in_fd) {
                 sendfile_emulated(out_fd, in_fd, offset as *mut off64_t, count)
@@ -168,7 +170,8 @@ sendfile_wrapper!(sendfile64, off64_t);
 /// # Safety
 /// C ABI. With a Cascade end it fails with EXDEV, which makes cp, Python's shutil and
 /// others fall back to read/write.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "copy_file_range"))]
 pub unsafe extern "C" fn copy_file_range(
     fd_in: c_int,
     off_in: *mut loff_t,
@@ -187,7 +190,8 @@ pub unsafe extern "C" fn copy_file_range(
 /// # Safety
 /// C ABI. A Cascade end is not a pipe-able kernel file: EINVAL, the documented "not
 /// supported for this file" answer.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "splice"))]
 pub unsafe extern "C" fn splice(
     fd_in: c_int,
     off_in: *mut loff_t,
@@ -214,7 +218,8 @@ macro_rules! xattr_path_wrapper {
     ($name:ident, ($($arg:ident : $t:ty),*)) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, $($arg: $t),*) -> ssize_t {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -236,7 +241,8 @@ macro_rules! xattr_fd_wrapper {
     ($name:ident, ($($arg:ident : $t:ty),*)) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, $($arg: $t),*) -> ssize_t {
             if is_cascade_fd(fd) {
                 no_xattr()
@@ -253,7 +259,8 @@ macro_rules! setxattr_path_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -268,7 +275,8 @@ setxattr_path_wrapper!(lsetxattr);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fsetxattr"))]
 pub unsafe extern "C" fn fsetxattr(
     fd: c_int,
     name: *const c_char,

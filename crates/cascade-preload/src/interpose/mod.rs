@@ -29,10 +29,7 @@ macro_rules! real {
         static PTR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let mut p = PTR.load(std::sync::atomic::Ordering::Relaxed);
         if p == 0 {
-            // SAFETY: dlsym with a NUL-terminated name; a null result is handled below.
-            p = unsafe {
-                libc::dlsym(libc::RTLD_NEXT, concat!(stringify!($name), "\0").as_ptr() as *const std::ffi::c_char)
-            } as usize;
+            p = $crate::interpose::next_definition(concat!(stringify!($name), "\0"));
             PTR.store(p, std::sync::atomic::Ordering::Relaxed);
         }
         if p == 0 {
@@ -45,6 +42,31 @@ macro_rules! real {
     }};
 }
 pub(crate) use real;
+
+/// The next definition of a wrapped function. Preloaded: the one after ours in the lookup
+/// order (dlsym RTLD_NEXT). Statically linked with `ld --wrap` (the `cascade-wrap` build):
+/// `__real_NAME`, which the linker binds to the original, found through a table the build
+/// script generates from intercepted.txt.
+pub(crate) fn next_definition(name_nul: &str) -> usize {
+    #[cfg(cascade_wrap)]
+    {
+        extern "C" {
+            fn cascade_wrap_real(name: *const std::ffi::c_char) -> *mut std::ffi::c_void;
+        }
+        // SAFETY: a NUL-terminated name; the generated C table only compares strings.
+        unsafe { cascade_wrap_real(name_nul.as_ptr() as *const std::ffi::c_char) as usize }
+    }
+    #[cfg(not(cascade_wrap))]
+    {
+        // SAFETY: dlsym with a NUL-terminated name; a null result means "none".
+        unsafe {
+            libc::dlsym(
+                libc::RTLD_NEXT,
+                name_nul.as_ptr() as *const std::ffi::c_char,
+            ) as usize
+        }
+    }
+}
 
 /// Calls the real function, or fails with ENOSYS if libc has none.
 macro_rules! call_real {

@@ -37,7 +37,8 @@ fn unlink_store(p: &str) -> Result<(), Error> {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "unlink"))]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -48,7 +49,8 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "unlinkat"))]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -62,7 +64,8 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rmdir"))]
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -77,7 +80,8 @@ fn mkdir_store(p: &str, mode: c_uint) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdir"))]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -88,7 +92,8 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdirat"))]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -121,7 +126,8 @@ fn rename_pair(from: Option<String>, to: Option<String>, flags: c_uint) -> Optio
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rename"))]
 pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     let pair = unsafe { (classify(from), classify(to)) };
@@ -132,7 +138,8 @@ pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "renameat"))]
 pub unsafe extern "C" fn renameat(
     fd1: c_int,
     from: *const c_char,
@@ -148,7 +155,8 @@ pub unsafe extern "C" fn renameat(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "renameat2"))]
 pub unsafe extern "C" fn renameat2(
     fd1: c_int,
     from: *const c_char,
@@ -167,7 +175,8 @@ pub unsafe extern "C" fn renameat2(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "chmod"))]
 pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -178,7 +187,8 @@ pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchmodat"))]
 pub unsafe extern "C" fn fchmodat(
     dirfd: c_int,
     path: *const c_char,
@@ -196,7 +206,8 @@ pub unsafe extern "C" fn fchmodat(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchmod"))]
 pub unsafe extern "C" fn fchmod(fd: c_int, mode: c_uint) -> c_int {
     match lookup(fd) {
         Some(e) => status(e.file.set_mode(mode)),
@@ -212,7 +223,8 @@ macro_rules! chown_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -227,7 +239,8 @@ chown_wrapper!(lchown);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchown"))]
 pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
     match lookup(fd) {
         Some(e) => status(e.file.set_owner(id(uid), id(gid))),
@@ -237,7 +250,8 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchownat"))]
 pub unsafe extern "C" fn fchownat(
     dirfd: c_int,
     path: *const c_char,
@@ -283,7 +297,8 @@ unsafe fn times_of(times: *const libc::timespec) -> (Option<i64>, Option<i64>) {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utimensat"))]
 pub unsafe extern "C" fn utimensat(
     dirfd: c_int,
     path: *const c_char,
@@ -313,7 +328,8 @@ pub unsafe extern "C" fn utimensat(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "futimens"))]
 pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
     match lookup(fd) {
         Some(e) => {
@@ -327,7 +343,8 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utimes"))]
 pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -351,7 +368,8 @@ pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utime"))]
 pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -414,7 +432,8 @@ fn realpath_store(p: &str, resolved: *mut c_char) -> *mut c_char {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "realpath"))]
 pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -427,7 +446,8 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
 
 /// # Safety
 /// C ABI (the fortified realpath).
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__realpath_chk"))]
 pub unsafe extern "C" fn __realpath_chk(
     path: *const c_char,
     resolved: *mut c_char,
@@ -444,7 +464,8 @@ pub unsafe extern "C" fn __realpath_chk(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "canonicalize_file_name"))]
 pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -467,7 +488,8 @@ fn readlink_store(p: &str) -> isize {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readlink"))]
 pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -480,7 +502,8 @@ pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: u
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readlinkat"))]
 pub unsafe extern "C" fn readlinkat(
     dirfd: c_int,
     path: *const c_char,

@@ -51,7 +51,8 @@ unsafe fn rewrite_env(envp: *const *const c_char) -> Envp {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "execve"))]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
     argv: *const *const c_char,
@@ -64,7 +65,8 @@ pub unsafe extern "C" fn execve(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "execvpe"))]
 pub unsafe extern "C" fn execvpe(
     file: *const c_char,
     argv: *const *const c_char,
@@ -77,7 +79,8 @@ pub unsafe extern "C" fn execvpe(
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fexecve"))]
 pub unsafe extern "C" fn fexecve(
     fd: c_int,
     argv: *const *const c_char,
@@ -92,7 +95,8 @@ macro_rules! spawn_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(
             pid: *mut libc::pid_t,
             path: *const c_char,
@@ -115,7 +119,8 @@ spawn_wrapper!(posix_spawnp);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "symlink"))]
 pub unsafe extern "C" fn symlink(target: *const c_char, link: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(link) } {
@@ -129,7 +134,8 @@ pub unsafe extern "C" fn symlink(target: *const c_char, link: *const c_char) -> 
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "symlinkat"))]
 pub unsafe extern "C" fn symlinkat(
     target: *const c_char,
     dirfd: c_int,
@@ -149,7 +155,8 @@ pub unsafe extern "C" fn symlinkat(
 
 /// # Safety
 /// C ABI. Hard links are not supported either (one name per file).
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "link"))]
 pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { (classify(old), classify(new)) } {
@@ -164,7 +171,8 @@ pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "linkat"))]
 pub unsafe extern "C" fn linkat(
     fd1: c_int,
     old: *const c_char,

@@ -118,7 +118,8 @@ macro_rules! stat_path_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut libc::stat64) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -137,7 +138,8 @@ macro_rules! fstat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut libc::stat64) -> c_int {
             match lookup(fd) {
                 Some(e) => stat_into(fd_meta(&e), buf),
@@ -153,7 +155,8 @@ macro_rules! fstatat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { target_at(dirfd, path, flags) } {
@@ -172,7 +175,8 @@ macro_rules! xstat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI (glibc's versioned stat entry points).
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -191,7 +195,8 @@ macro_rules! fxstat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int {
             match lookup(fd) {
                 Some(e) => stat_into(fd_meta(&e), buf),
@@ -207,7 +212,8 @@ macro_rules! fxstatat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { target_at(dirfd, path, flags) } {
@@ -223,7 +229,8 @@ fxstatat_wrapper!(__fxstatat64);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "statx"))]
 pub unsafe extern "C" fn statx(
     dirfd: c_int,
     path: *const c_char,
@@ -333,7 +340,8 @@ macro_rules! statfs_wrapper {
     ($name:ident, $path_fill:ident, $t:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut $t) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -355,7 +363,8 @@ macro_rules! fstatfs_wrapper {
     ($name:ident, $fill:ident, $t:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut $t) -> c_int {
             match lookup(fd) {
                 Some(_) => $fill(buf),
@@ -404,7 +413,8 @@ macro_rules! access_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -420,7 +430,8 @@ access_wrapper!(euidaccess);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "faccessat"))]
 pub unsafe extern "C" fn faccessat(
     dirfd: c_int,
     path: *const c_char,

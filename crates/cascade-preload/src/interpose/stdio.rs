@@ -146,7 +146,8 @@ macro_rules! fopen_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char) -> *mut FILE {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -161,7 +162,8 @@ fopen_wrapper!(fopen64);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fdopen"))]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
     if is_cascade_fd(fd) {
         make_stream(fd, mode)
@@ -177,7 +179,8 @@ macro_rules! freopen_wrapper {
         ///
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -204,7 +207,8 @@ macro_rules! fileno_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(f: *mut FILE) -> c_int {
             match stream_fd(f) {
                 Some(fd) => fd,

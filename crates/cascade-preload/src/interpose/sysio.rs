@@ -77,7 +77,8 @@ macro_rules! open_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI: `path` is a NUL-terminated string (or null, which the real call rejects).
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
             // SAFETY: per the C contract of open().
             match unsafe { classify(path) } {
@@ -96,7 +97,8 @@ macro_rules! openat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI: `path` is a NUL-terminated string.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
             // SAFETY: per the C contract of openat().
             match unsafe { classify_at(dirfd, path) } {
@@ -115,7 +117,8 @@ macro_rules! creat_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI: `path` is a NUL-terminated string.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: c_uint) -> c_int {
             // SAFETY: per the C contract of creat().
             match unsafe { classify(path) } {
@@ -130,7 +133,8 @@ creat_wrapper!(creat64);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "close"))]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if let Some(e) = unregister(fd) {
         if let Ok(s) = store() {
@@ -208,7 +212,8 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 
 /// # Safety
 /// C ABI: `buf` holds `count` writable bytes.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "read"))]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
     match lookup(fd) {
         // SAFETY: the caller provides `count` writable bytes at `buf`.
@@ -219,7 +224,8 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
 
 /// # Safety
 /// C ABI: `buf` holds `count` readable bytes.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "write"))]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
     match lookup(fd) {
         // SAFETY: the caller provides `count` readable bytes at `buf`.
@@ -232,7 +238,8 @@ macro_rules! pread_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI: `buf` holds `count` writable bytes.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, count: size_t, offset: $off) -> ssize_t {
             match lookup(fd) {
                 Some(_) if offset < 0 => {
@@ -253,7 +260,8 @@ macro_rules! pwrite_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI: `buf` holds `count` readable bytes.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *const c_void, count: size_t, offset: $off) -> ssize_t {
             match lookup(fd) {
                 Some(_) if offset < 0 => {
@@ -341,7 +349,8 @@ fn vectored(
 
 /// # Safety
 /// C ABI: `iov` points at `cnt` iovecs.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readv"))]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match lookup(fd) {
         Some(e) => ssize(vectored(&e, iov, cnt, None, false)),
@@ -351,7 +360,8 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 
 /// # Safety
 /// C ABI: `iov` points at `cnt` iovecs.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "writev"))]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match lookup(fd) {
         Some(e) => ssize(vectored(&e, iov, cnt, None, true)),
@@ -363,7 +373,8 @@ macro_rules! preadv_wrapper {
     ($name:ident, $write:expr) => {
         /// # Safety
         /// C ABI: `iov` points at `cnt` iovecs.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t) -> ssize_t {
             match lookup(fd) {
                 // preadv/pwritev with offset -1 (the *v2 forms) use the file offset.
@@ -382,7 +393,8 @@ macro_rules! preadv2_wrapper {
     ($name:ident, $write:expr) => {
         /// # Safety
         /// C ABI: `iov` points at `cnt` iovecs.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t, flags: c_int) -> ssize_t {
             match lookup(fd) {
                 Some(e) => ssize(vectored(&e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)),
@@ -434,7 +446,8 @@ macro_rules! lseek_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, offset: $off, whence: c_int) -> $off {
             match lookup(fd) {
                 Some(e) => do_lseek(&e, offset as i64, whence).map(|v| v as $off).unwrap_or_else(|err| fail(&err) as $off),
@@ -469,7 +482,8 @@ macro_rules! ftruncate_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, len: $off) -> c_int {
             match lookup(fd) {
                 Some(e) => set_len(&e, len as i64),
@@ -485,7 +499,8 @@ macro_rules! truncate_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI: `path` is a NUL-terminated string.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(path: *const c_char, len: $off) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -509,7 +524,8 @@ macro_rules! sync_wrapper {
     ($name:ident) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int) -> c_int {
             match lookup(fd) {
                 Some(e) => e.file.sync().map(|_| 0).unwrap_or_else(|err| fail(&err)),
@@ -523,7 +539,8 @@ sync_wrapper!(fdatasync);
 
 /// # Safety
 /// C ABI.
-#[no_mangle]
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "sync_file_range"))]
 pub unsafe extern "C" fn sync_file_range(
     fd: c_int,
     offset: off64_t,
@@ -563,7 +580,8 @@ macro_rules! fallocate_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, mode: c_int, offset: $off, len: $off) -> c_int {
             match lookup(fd) {
                 Some(e) => allocate(&e, mode, offset as i64, len as i64).map(|_| 0).unwrap_or_else(|err| fail(&err)),
@@ -579,7 +597,8 @@ macro_rules! posix_fallocate_wrapper {
     ($name:ident, $off:ty) => {
         /// # Safety
         /// C ABI. Returns an error number instead of setting errno, like posix_fallocate.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, offset: $off, len: $off) -> c_int {
             match lookup(fd) {
                 Some(e) => allocate(&e, 0, offset as i64, len as i64).map(|_| 0).unwrap_or_else(|err| err.errno()),
@@ -597,7 +616,8 @@ macro_rules! fadvise_wrapper {
         ///
         /// # Safety
         /// C ABI. Returns an error number, like posix_fadvise.
-        #[no_mangle]
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, offset: $off, len: $off, advice: c_int) -> c_int {
             if is_cascade_fd(fd) {
                 0
