@@ -94,6 +94,18 @@ pub(crate) fn now_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// The clock file times come from on the data path: the kernel's coarse clock (a tick's
+/// resolution, as the kernel's own file times), a fifth of the precise clock's cost here.
+pub(crate) fn coarse_now_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
 pub(crate) fn my_pid() -> u32 {
     std::process::id()
 }

@@ -77,14 +77,15 @@ impl Store {
             if attempt == 1 && sweep(self) == 0 {
                 break;
             }
-            let start = (fresh_nonce() % OFD_SLOTS as u64) as u32;
+            // One random draw: it starts the search and tags the slot.
+            let nonce = fresh_nonce();
+            let start = (nonce % OFD_SLOTS as u64) as u32;
             for i in 0..OFD_SLOTS {
                 let slot_no = (start + i) % OFD_SLOTS;
                 let slot = self.block().ofd(slot_no);
                 if slot.nonce.load(Relaxed) != 0 {
                     continue;
                 }
-                let nonce = fresh_nonce();
                 if slot
                     .nonce
                     .compare_exchange(0, nonce, AcqRel, Relaxed)

@@ -7,7 +7,7 @@
 //! free. So a size never covers unwritten data, and a crash leaves at worst a chunk marked
 //! USED that no map references, which repair (or fsck --repair) returns to the free pool.
 
-use crate::block::{now_ns, Block};
+use crate::block::{coarse_now_ns, Block};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::lock::LockGuard;
@@ -475,7 +475,7 @@ impl Block {
             if new_end > old_size {
                 inode.size.store(new_end, Release);
             }
-            let now = now_ns();
+            let now = coarse_now_ns();
             inode.mtime.store(now, Relaxed);
             inode.ctime.store(now, Relaxed);
         }
@@ -545,7 +545,7 @@ impl Block {
             self.zero_range(ino, old, len)?;
             inode.size.store(len, Release);
         }
-        let now = now_ns();
+        let now = coarse_now_ns();
         inode.mtime.store(now, Relaxed);
         inode.ctime.store(now, Relaxed);
         Ok(())
