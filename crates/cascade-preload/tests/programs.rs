@@ -362,3 +362,126 @@ fn links_are_refused_clearly() {
     let out = env.sh("ln $M/x $M/hard");
     assert!(!out.status.success());
 }
+
+/// The listed calls that the programs above do not reach directly, each checked in C.
+#[test]
+fn every_listed_call_family_in_c() {
+    let env = Env::new();
+    let exe = compile(
+        &env,
+        "cc",
+        "calls.c",
+        r#"
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "line %d: %s (errno %d)\n", __LINE__, #c, errno); return 1; } } while (0)
+int main(void) {
+    const char *m = getenv("M");
+    char p[512], q[512], r[PATH_MAX];
+    snprintf(p, sizeof p, "%s/f", m);
+    /* creat, pwritev2/preadv2, fallocate, posix_fallocate, sync_file_range, SEEK_DATA/HOLE */
+    int fd = creat(p, 0600);
+    CHECK(fd >= 0);
+    struct iovec iov[2] = { { "abc", 3 }, { "defg", 4 } };
+    CHECK(pwritev2(fd, iov, 2, 0, 0) == 7);
+    CHECK(fallocate(fd, 0, 0, 4096) == 0 && posix_fallocate(fd, 0, 8192) == 0);
+    CHECK(sync_file_range(fd, 0, 0, 0) == 0 && fdatasync(fd) == 0);
+    CHECK(lseek(fd, 0, SEEK_DATA) == 0 && lseek(fd, 0, SEEK_HOLE) == 8192);
+    CHECK(close(fd) == 0);
+    fd = open(p, O_RDWR);
+    char a[3], b[4];
+    struct iovec in[2] = { { a, 3 }, { b, 4 } };
+    CHECK(preadv2(fd, in, 2, 0, 0) == 7 && memcmp(a, "abc", 3) == 0 && memcmp(b, "defg", 4) == 0);
+    /* dup3, F_DUPFD_CLOEXEC, F_GETFD/F_SETFD */
+    int d = dup3(fd, 100, O_CLOEXEC);
+    CHECK(d == 100 && (fcntl(d, F_GETFD) & FD_CLOEXEC));
+    int e = fcntl(fd, F_DUPFD_CLOEXEC, 200);
+    CHECK(e >= 200 && fcntl(e, F_SETFD, 0) == 0 && fcntl(e, F_GETFD) == 0);
+    CHECK(lseek(e, 2, SEEK_SET) == 2 && lseek(fd, 0, SEEK_CUR) == 2);
+    close(d); close(e);
+    /* mmap MAP_PRIVATE: private writes stay private */
+    char *map = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    CHECK(map != MAP_FAILED && map[0] == 'a');
+    map[0] = 'Z';
+    CHECK(pread(fd, a, 1, 0) == 1 && a[0] == 'a' && munmap(map, 8192) == 0);
+    /* sendfile works; splice and copy_file_range ask the caller to fall back */
+    snprintf(q, sizeof q, "%s/copy", m);
+    int out = open(q, O_CREAT | O_WRONLY, 0644);
+    off_t off = 0;
+    CHECK(sendfile(out, fd, &off, 7) == 7 && off == 7);
+    errno = 0;
+    CHECK(copy_file_range(fd, NULL, out, NULL, 7, 0) == -1 && errno == EXDEV);
+    int pipefd[2];
+    CHECK(pipe(pipefd) == 0);
+    errno = 0;
+    CHECK(splice(fd, NULL, pipefd[1], NULL, 7, 0) == -1 && errno == EINVAL);
+    close(out);
+    /* statfs / statvfs report the store's capacity */
+    struct statfs sf; struct statvfs sv;
+    CHECK(statfs(m, &sf) == 0 && fstatfs(fd, &sf) == 0 && sf.f_blocks > 0 && sf.f_bfree <= sf.f_blocks);
+    CHECK(statvfs(p, &sv) == 0 && fstatvfs(fd, &sv) == 0 && sv.f_bsize > 0 && sv.f_namemax == 255);
+    /* attributes are stored */
+    CHECK(chmod(p, 0640) == 0 && fchmod(fd, 0604) == 0);
+    CHECK(chown(p, 1234, 5678) == 0 && fchown(fd, -1, 42) == 0);
+    struct timespec ts[2] = { { 1000, 0 }, { 2000, 500 } };
+    CHECK(utimensat(AT_FDCWD, p, ts, 0) == 0);
+    struct stat st;
+    CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0604 && st.st_uid == 1234 && st.st_gid == 42);
+    CHECK(st.st_atime == 1000 && st.st_mtime == 2000 && st.st_mtim.tv_nsec == 500);
+    CHECK(futimens(fd, NULL) == 0 && fstat(fd, &st) == 0 && st.st_mtime > 2000);
+    CHECK(access(p, R_OK | W_OK) == 0 && faccessat(AT_FDCWD, p, F_OK, 0) == 0);
+    close(fd);
+    /* realpath resolves inside the store */
+    snprintf(q, sizeof q, "%s/./sub/../f", m);
+    snprintf(r, sizeof r, "%s/sub", m);
+    CHECK(mkdir(r, 0755) == 0);
+    CHECK(realpath(q, r) != NULL && strcmp(r, p) == 0);
+    /* renameat2 RENAME_NOREPLACE */
+    snprintf(q, sizeof q, "%s/copy", m);
+    errno = 0;
+    CHECK(renameat2(AT_FDCWD, q, AT_FDCWD, p, RENAME_NOREPLACE) == -1 && errno == EEXIST);
+    /* directories: readdir_r, telldir/seekdir, rewinddir, dirfd, fchdir, getdents64 */
+    DIR *dir = opendir(m);
+    CHECK(dir != NULL && dirfd(dir) >= 0);
+    struct dirent ent, *res;
+    int n = 0; long mark = -1;
+    while (readdir_r(dir, &ent, &res) == 0 && res) { if (n == 1) mark = telldir(dir); n++; }
+    CHECK(n == 5); /* . .. copy f sub */
+    seekdir(dir, mark);
+    CHECK(readdir(dir) != NULL);
+    rewinddir(dir);
+    CHECK(readdir(dir) != NULL);
+    int dfd = open(m, O_RDONLY | O_DIRECTORY);
+    char buf[4096];
+    long got = getdents64(dfd, buf, sizeof buf);
+    CHECK(got > 0);
+    CHECK(fchdir(dirfd(dir)) == 0 && getcwd(r, sizeof r) && strcmp(r, m) == 0);
+    CHECK(access("f", F_OK) == 0);
+    closedir(dir);
+    close(dfd);
+    puts("ok");
+    return 0;
+}
+"#,
+    );
+    let out = env.command(exe.to_str().unwrap(), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}

@@ -398,10 +398,17 @@ pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf)
 /// The host path of an existing Cascade path, into `resolved` (PATH_MAX bytes) or a
 /// malloc'ed buffer the caller frees.
 fn realpath_store(p: &str, resolved: *mut c_char) -> *mut c_char {
-    if let Err(e) = store().and_then(|s| s.stat(p)) {
-        set_errno(e.errno());
-        return std::ptr::null_mut();
-    }
+    // The canonical path is where the inode is, whatever ".." and "." the caller used.
+    let canonical = store()
+        .and_then(|s| s.open(p, &cascade_store::OpenOptions::new()))
+        .and_then(|f| f.current_path());
+    let p = match canonical {
+        Ok(c) => c,
+        Err(e) => {
+            set_errno(e.errno());
+            return std::ptr::null_mut();
+        }
+    };
     let full = if p == "/" {
         mount().to_string()
     } else {
