@@ -122,6 +122,19 @@ print("ok")
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
 
+/// Compiles a C or C++ program, runs it under `cascade run`, and expects it to print "ok".
+fn run_c(env: &Env, compiler: &str, name: &str, source: &str) {
+    let exe = compile(env, compiler, name, source);
+    let out = env.command(exe.to_str().unwrap(), &[]);
+    assert!(
+        out.status.success(),
+        "{name}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
+
 /// Compiles a C or C++ program into the scratch dir.
 fn compile(env: &Env, compiler: &str, name: &str, source: &str) -> PathBuf {
     let src = env.tmp.join(name);
@@ -144,7 +157,7 @@ fn compile(env: &Env, compiler: &str, name: &str, source: &str) -> PathBuf {
 #[test]
 fn c_stdio_and_errno_exactly_as_the_kernel() {
     let env = Env::new();
-    let exe = compile(
+    run_c(
         &env,
         "cc",
         "stdio.c",
@@ -216,19 +229,12 @@ int main(void) {
 }
 "#,
     );
-    let out = env.command(exe.to_str().unwrap(), &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
 
 #[test]
 fn cpp_streams_write_and_read_back() {
     let env = Env::new();
-    let exe = compile(
+    run_c(
         &env,
         "c++",
         "streams.cpp",
@@ -256,14 +262,6 @@ int main() {
 }
 "#,
     );
-    let out = env.command(exe.to_str().unwrap(), &[]);
-    assert!(
-        out.status.success(),
-        "{} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
     assert_eq!(env.read_store("/ckpt.bin").len(), 800_000);
 }
 
@@ -278,7 +276,7 @@ fn paths_outside_the_mount_are_untouched() {
 #[test]
 fn flock_and_record_locks_conflict_between_opens_and_processes() {
     let env = Env::new();
-    let exe = compile(
+    run_c(
         &env,
         "cc",
         "locks.c",
@@ -316,13 +314,6 @@ int main(void) {
 }
 "#,
     );
-    let out = env.command(exe.to_str().unwrap(), &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
 
 #[test]
@@ -367,7 +358,7 @@ fn links_are_refused_clearly() {
 #[test]
 fn every_listed_call_family_in_c() {
     let env = Env::new();
-    let exe = compile(
+    run_c(
         &env,
         "cc",
         "calls.c",
@@ -477,11 +468,4 @@ int main(void) {
 }
 "#,
     );
-    let out = env.command(exe.to_str().unwrap(), &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
 }
