@@ -53,6 +53,19 @@ for component in rustfmt clippy; do
     fi
 done
 
+# The S3 tests of crates/cascade-durable run a real S3-compatible server, versitygw, built
+# from the Go module proxy (about 90 s on 2 cores). The test looks for it on $PATH, in $GOBIN,
+# in $(go env GOPATH)/bin and in ~/go/bin.
+if ! command -v versitygw >/dev/null 2>&1; then
+    export PATH="$PATH:/usr/local/go/bin"
+    gobin="${GOBIN:-$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin}"
+    if [ ! -x "$gobin/versitygw" ]; then
+        echo "test: installing versitygw into $gobin"
+        GOBIN="$gobin" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+    fi
+    export PATH="$PATH:$gobin"
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"

@@ -1,0 +1,200 @@
+//! Checks shared by the directory and the S3 tests. Both backends keep objects as plain
+//! files on disk (the directory itself; versitygw's posix backend under root/bucket/prefix),
+//! so the tests look at the files directly, as a user without Cascade would.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use cascade_durable::{DurableStore, Error, UploadItem, MARKER_NAME};
+
+/// Deterministic pseudo-random bytes (xorshift64*), so data is not trivially compressible.
+pub fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+pub fn hex(d: &[u8]) -> String {
+    blake3::hash(d).to_hex().to_string()
+}
+
+/// The files of the test checkpoint: a small one, an empty one, one in a subdirectory and one
+/// of more than two 8 MiB parts (multipart).
+pub fn checkpoint_files() -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("rank0.dat".to_string(), data(100_000, 1)),
+        ("empty.dat".to_string(), Vec::new()),
+        ("sub/rank1.dat".to_string(), data(3 * 1024 * 1024 + 17, 2)),
+        ("big.dat".to_string(), data(2 * 8 * 1024 * 1024 + 4321, 3)),
+    ]
+}
+
+/// Uploads a checkpoint step by step and checks the layout on disk under `disk_root`.
+pub fn checkpoint_round_trip(store: &DurableStore, disk_root: &Path) {
+    let ckpt = "ckpt.0001";
+    let files = checkpoint_files();
+    let items: Vec<UploadItem> = files
+        .iter()
+        .map(|(rel, d)| UploadItem::from_bytes(rel.clone(), d))
+        .collect();
+
+    // Data first: all objects present, no checksums, no marker, not complete.
+    let entries = store.upload_checkpoint_data(ckpt, items).unwrap();
+    assert!(!store.is_complete(ckpt).unwrap());
+    for (rel, d) in &files {
+        let on_disk = std::fs::read(disk_root.join(ckpt).join(rel)).unwrap();
+        assert!(on_disk == *d, "{rel}: bytes on disk differ");
+        assert!(!disk_root.join(ckpt).join(format!("{rel}.blake3")).exists());
+    }
+    // Then checksums: still not complete.
+    store.write_checksums(ckpt, &entries).unwrap();
+    assert!(!store.is_complete(ckpt).unwrap());
+    assert!(!disk_root.join(ckpt).join(MARKER_NAME).exists());
+    for (rel, d) in &files {
+        let text =
+            std::fs::read_to_string(disk_root.join(ckpt).join(format!("{rel}.blake3"))).unwrap();
+        let base = rel.rsplit('/').next().unwrap();
+        assert_eq!(text, format!("{}  {}\n", hex(d), base));
+    }
+    // Then the marker, last.
+    let marker = store.write_marker(ckpt, entries).unwrap();
+    assert!(store.is_complete(ckpt).unwrap());
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(disk_root.join(ckpt).join(MARKER_NAME)).unwrap())
+            .unwrap();
+    assert_eq!(on_disk["format"], "cascade-complete/1");
+    assert_eq!(on_disk["checkpoint"], ckpt);
+    let listed = on_disk["files"].as_array().unwrap();
+    assert_eq!(listed.len(), files.len());
+    for ((rel, d), f) in files.iter().zip(listed) {
+        assert_eq!(f["path"], rel.as_str());
+        assert_eq!(f["size"], d.len() as u64);
+        assert_eq!(f["blake3"], hex(d).as_str());
+    }
+    assert_eq!(
+        marker.total_bytes,
+        files.iter().map(|(_, d)| d.len() as u64).sum::<u64>()
+    );
+    assert_eq!(store.read_marker(ckpt).unwrap().unwrap(), marker);
+    store.verify_checkpoint(ckpt).unwrap();
+
+    // Listing, ranges, sizes, downloads.
+    let listing = store.list(ckpt).unwrap();
+    let names: Vec<&str> = listing.iter().map(|o| o.path.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "ckpt.0001/.cascade-complete",
+            "ckpt.0001/big.dat",
+            "ckpt.0001/big.dat.blake3",
+            "ckpt.0001/empty.dat",
+            "ckpt.0001/empty.dat.blake3",
+            "ckpt.0001/rank0.dat",
+            "ckpt.0001/rank0.dat.blake3",
+            "ckpt.0001/sub/rank1.dat",
+            "ckpt.0001/sub/rank1.dat.blake3",
+        ]
+    );
+    let big = &files[3].1;
+    assert_eq!(store.size("ckpt.0001/big.dat").unwrap(), big.len() as u64);
+    let r = store
+        .get_range(
+            "ckpt.0001/big.dat",
+            8 * 1024 * 1024 - 10..8 * 1024 * 1024 + 10,
+        )
+        .unwrap();
+    assert_eq!(&r[..], &big[8 * 1024 * 1024 - 10..8 * 1024 * 1024 + 10]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dest = tmp.path().join("big.restored");
+    let digest = store.download_file("/ckpt.0001/big.dat", &dest).unwrap();
+    assert_eq!(digest.blake3, hex(big));
+    assert!(std::fs::read(&dest).unwrap() == *big);
+    let mut buf = Vec::new();
+    store.download_to("ckpt.0001/empty.dat", &mut buf).unwrap();
+    assert!(buf.is_empty());
+
+    // Missing paths are ENOENT, for data and for checksums.
+    let e = store.get_bytes("ckpt.0001/nope.dat").unwrap_err();
+    assert!(e.is_not_found(), "{e}");
+    assert_eq!(e.errno(), libc_enoent());
+    assert!(!store.is_complete("ckpt.9999").unwrap());
+
+    // Corrupt one byte of the big object on disk: verify and download fail with EIO naming
+    // the file, and the download leaves nothing at the destination.
+    let victim = disk_root.join(ckpt).join("big.dat");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[12_345_678] ^= 0x40;
+    std::fs::write(&victim, &bytes).unwrap();
+    let e = store.verify_file("ckpt.0001/big.dat").unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
+    assert_eq!(e.errno(), 5); // EIO
+    let msg = e.to_string();
+    assert!(
+        msg.contains("ckpt.0001/big.dat") && msg.contains("corrupt"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'));
+    let dest2 = tmp.path().join("big.corrupt");
+    assert!(store.download_file("ckpt.0001/big.dat", &dest2).is_err());
+    assert!(!dest2.exists());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+    assert!(store.verify_checkpoint(ckpt).is_err());
+    // The other files still verify.
+    store.verify_file("ckpt.0001/sub/rank1.dat").unwrap();
+
+    // A missing checksum object is a clear EIO too.
+    std::fs::remove_file(disk_root.join(ckpt).join("rank0.dat.blake3")).unwrap();
+    let e = store.verify_file("ckpt.0001/rank0.dat").unwrap_err();
+    assert!(e.to_string().contains("no checksum object"), "{e}");
+}
+
+/// A re-upload that fails midway leaves the checkpoint not complete (the old marker is
+/// removed before any data is replaced) and a later full upload completes it.
+pub fn failed_reupload_is_not_complete(store: &DurableStore) {
+    let ckpt = "ckpt.0002";
+    let a = data(50_000, 7);
+    store
+        .upload_checkpoint(ckpt, vec![UploadItem::from_bytes("a.dat", &a)])
+        .unwrap();
+    assert!(store.is_complete(ckpt).unwrap());
+
+    let b = data(9 * 1024 * 1024, 8);
+    // Announce more bytes than the source has: the multipart upload is aborted.
+    let short = UploadItem {
+        rel: "b.dat".to_string(),
+        len: b.len() as u64 + 1000,
+        reader: Box::new(&b[..]),
+    };
+    let e = store
+        .upload_checkpoint(ckpt, vec![UploadItem::from_bytes("a.dat", &a), short])
+        .unwrap_err();
+    assert!(e.to_string().contains("source ended"), "{e}");
+    assert!(!store.is_complete(ckpt).unwrap());
+    assert!(store
+        .get_bytes("ckpt.0002/b.dat")
+        .unwrap_err()
+        .is_not_found());
+
+    let m = store
+        .upload_checkpoint(
+            ckpt,
+            vec![
+                UploadItem::from_bytes("a.dat", &a),
+                UploadItem::from_bytes("b.dat", &b),
+            ],
+        )
+        .unwrap();
+    assert_eq!(m.files.len(), 2);
+    store.verify_checkpoint(ckpt).unwrap();
+}
+
+fn libc_enoent() -> i32 {
+    2
+}

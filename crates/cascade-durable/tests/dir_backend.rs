@@ -1,0 +1,76 @@
+//! The directory backend on a temporary directory.
+
+mod common;
+
+use cascade_durable::{DurableStore, Error, UploadItem};
+
+#[test]
+fn directory_checkpoint_layout_and_verification() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    // The directory is created when missing.
+    let store = DurableStore::open(&format!("file://{}", root.display())).unwrap();
+    assert_eq!(store.name(), format!("file://{}", root.display()));
+    common::checkpoint_round_trip(&store, &root);
+    common::failed_reupload_is_not_complete(&store);
+    // No staging or probe files are left behind.
+    let mut stray = Vec::new();
+    for o in store.list("").unwrap() {
+        if o.path.contains('#') || o.path.contains(".cascade-probe") {
+            stray.push(o.path);
+        }
+    }
+    assert!(stray.is_empty(), "{stray:?}");
+}
+
+#[test]
+fn put_file_from_a_local_file_and_delete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src.bin");
+    let d = common::data(20 * 1024 * 1024 + 3, 11);
+    std::fs::write(&src, &d).unwrap();
+    let store = DurableStore::open(tmp.path().join("d").to_str().unwrap()).unwrap();
+    let item = UploadItem::from_path("x/src.bin", &src).unwrap();
+    let digest = store.put_file(&item.rel, item.reader, item.len).unwrap();
+    assert_eq!(digest.blake3, common::hex(&d));
+    store.put_checksum("x/src.bin", &digest).unwrap();
+    assert_eq!(store.verify_file("x/src.bin").unwrap(), digest);
+    store.delete("x/src.bin").unwrap();
+    store.delete("x/src.bin").unwrap(); // missing is fine
+    assert!(store.size("x/src.bin").unwrap_err().is_not_found());
+}
+
+#[test]
+fn unwritable_directory_is_one_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    // A directory below a regular file cannot be created, even by root.
+    let spec = format!("file://{}/sub", file.display());
+    let e = DurableStore::open(&spec).unwrap_err();
+    assert!(matches!(e, Error::NotWritable { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("not writable") && msg.contains("plain-file"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'));
+    // /proc is not writable either (a read-only mount or EACCES/ENOENT, never a panic).
+    let e = DurableStore::open("file:///proc/cascade-durable-test").unwrap_err();
+    assert!(matches!(e, Error::NotWritable { .. }), "{e:?}");
+}
+
+#[test]
+fn bad_specs_and_paths_are_rejected() {
+    assert!(DurableStore::open("relative/dir").is_err());
+    let tmp = tempfile::tempdir().unwrap();
+    let store = DurableStore::open(tmp.path().to_str().unwrap()).unwrap();
+    for bad in ["a/../b", "a//b", ""] {
+        let e = store.put_bytes(bad, b"x").unwrap_err();
+        assert!(matches!(e, Error::InvalidPath { .. }), "{bad}: {e:?}");
+    }
+    let e = store
+        .upload_checkpoint("c", vec![UploadItem::from_bytes("x.blake3", b"x")])
+        .unwrap_err();
+    assert!(e.to_string().contains("reserved"), "{e}");
+}
