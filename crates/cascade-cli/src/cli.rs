@@ -179,6 +179,35 @@ the last one detaches."
         command: Vec<OsString>,
     },
 
+    /// Copy a checkpoint (a store directory or file) to the durable store, then mark it complete
+    #[command(after_help = DRAIN_DETAILS)]
+    Drain {
+        /// Checkpoint in the store, e.g. /ckpt.0042 (a directory) or /ckpt.0042.dat (a file)
+        #[arg(value_name = "PATH")]
+        path: String,
+        /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
+        #[arg(long, value_name = "URL")]
+        to: String,
+    },
+
+    /// Copy a complete checkpoint from the durable store to a local directory or the store
+    #[command(after_help = RESTORE_DETAILS)]
+    Restore {
+        /// Checkpoint name in the durable store, e.g. ckpt.0042
+        #[arg(value_name = "CKPT")]
+        ckpt: String,
+        /// Where to put its files: a local directory (default ./<last component of CKPT>),
+        /// or with --into-store a store directory (default /CKPT)
+        #[arg(value_name = "DEST")]
+        dest: Option<String>,
+        /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
+        #[arg(long, value_name = "URL")]
+        from: String,
+        /// DEST is a directory of the node store, not a local directory
+        #[arg(long)]
+        into_store: bool,
+    },
+
     /// Print the linker flags that link a static program against Cascade's wrappers
     #[command(after_help = LINK_FLAGS_DETAILS)]
     LinkFlags,
@@ -191,6 +220,20 @@ the last one detaches."
         program: OsString,
     },
 }
+
+const DRAIN_DETAILS: &str = "The checkpoint's name in the durable store is PATH without its \
+leading '/': /ckpt.0042 becomes <root>/ckpt.0042/, each file at its relative path with its \
+BLAKE3 beside it (<file>.blake3) and the marker <root>/ckpt.0042/.cascade-complete written \
+last, after all data and checksums (docs/durable-layout.md). A single file /x.dat becomes \
+<root>/x.dat/x.dat. Files are read straight from the store's memory. S3 credentials come \
+from the URL or CASCADE_S3_* / AWS_* variables. GB/s is decimal (10^9 bytes per second); a \
+progress bar is shown on a terminal.";
+
+const RESTORE_DETAILS: &str = "Only a complete checkpoint (one with its \
+.cascade-complete marker) is restored. Every file is verified against its BLAKE3 checksum \
+and the marker; files are written under temporary names and renamed into place only when \
+all of them verified, so a failure leaves no restored file behind. Existing files of the \
+same names are replaced. A progress bar is shown on a terminal.";
 
 const RUN_ABOUT: &str = "Runs CMD with libcascade.so preloaded, so that its files under \
 the mount prefix (--mount, default /cascade) are files of the node store and every other \

@@ -4,6 +4,7 @@
 
 mod admin;
 mod binary;
+mod checkpoint;
 mod cli;
 mod failure;
 mod files;
@@ -64,6 +65,19 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             // A missing command is a usage error, found before any store is touched.
             run::require_command(command)?;
             run::run(&load(&[&mount.values])?, command)
+        }
+        Command::Drain { path, to } => checkpoint::drain(&none()?, path, to),
+        Command::Restore {
+            ckpt,
+            dest,
+            from,
+            into_store,
+        } => {
+            if *into_store {
+                checkpoint::restore_into_store(&none()?, ckpt, dest.as_deref(), from)
+            } else {
+                checkpoint::restore_local(ckpt, dest.as_deref(), from)
+            }
         }
         Command::LinkFlags => binary::link_flags(),
         Command::CheckBinary { program } => binary::check_binary(program),

@@ -1,0 +1,151 @@
+//! The agent's synchronous data path: drain a checkpoint from the node store to the durable
+//! tier, and restore one from the durable tier into a local directory or the node store.
+//!
+//! Files are read straight out of the store's shared-memory data region through the
+//! chunk-list API ([`StoreFileReader`]); spilled chunks and holes go through
+//! `File::read_at`. A drain writes the data of every file, then every checksum, then the
+//! completion marker (docs/durable-layout.md), so a partial drain is never complete.
+
+mod error;
+mod reader;
+mod restore;
+
+use std::time::Instant;
+
+use cascade_durable::{DurableStore, MarkerFile, MARKER_NAME};
+use cascade_store::{FileKind, OpenOptions, Store};
+
+pub use error::{Error, Result};
+pub use reader::StoreFileReader;
+pub use restore::{restore_checkpoint, restore_into_store};
+
+/// A progress callback: called with the bytes transferred so far (monotonic), from the
+/// calling thread.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// What a drain or restore moved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The checkpoint's name in the durable store (a relative path such as "ckpt.0001").
+    pub checkpoint: String,
+    /// Files moved, with their paths relative to the checkpoint, sizes and BLAKE3.
+    pub files: Vec<MarkerFile>,
+    /// Total data bytes.
+    pub bytes: u64,
+    /// Wall time of the whole operation.
+    pub seconds: f64,
+}
+
+/// The durable name of a store path: the path without its leading '/'
+/// ("/ckpt.0001" -> "ckpt.0001").
+pub fn checkpoint_name(store_path: &str) -> Result<String> {
+    let rel =
+        cascade_durable::normalize_rel(store_path.trim_end_matches('/')).map_err(Error::Durable)?;
+    if rel.is_empty() {
+        return Err(Error::InvalidCheckpoint {
+            path: store_path.to_string(),
+            reason: "the store root is not a checkpoint; name a directory or a file".into(),
+        });
+    }
+    Ok(rel)
+}
+
+/// Files of a checkpoint in the store: (path relative to the checkpoint, store path), in
+/// name order, depth first. A single file is a checkpoint of one file under its base name.
+fn checkpoint_files(store: &Store, path: &str) -> Result<Vec<(String, String)>> {
+    let meta = store.stat(path).map_err(|e| Error::store(path, e))?;
+    let mut out = Vec::new();
+    if meta.is_dir() {
+        walk(store, path.trim_end_matches('/'), "", &mut out)?;
+    } else {
+        let base = path
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(path);
+        out.push((base.to_string(), path.to_string()));
+    }
+    Ok(out)
+}
+
+fn walk(store: &Store, dir: &str, rel: &str, out: &mut Vec<(String, String)>) -> Result<()> {
+    let entries = store.read_dir(dir).map_err(|e| Error::store(dir, e))?;
+    for entry in entries {
+        let child = format!("{dir}/{}", entry.name);
+        let child_rel = if rel.is_empty() {
+            entry.name.clone()
+        } else {
+            format!("{rel}/{}", entry.name)
+        };
+        match entry.kind {
+            FileKind::Dir => walk(store, &child, &child_rel, out)?,
+            FileKind::File => {
+                if entry.name == MARKER_NAME
+                    || entry.name.ends_with(cascade_durable::CHECKSUM_SUFFIX)
+                {
+                    return Err(Error::InvalidCheckpoint {
+                        path: child,
+                        reason: format!(
+                            "the names {MARKER_NAME} and *{} are reserved in a checkpoint",
+                            cascade_durable::CHECKSUM_SUFFIX
+                        ),
+                    });
+                }
+                out.push((child_rel, child));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Uploads the checkpoint at `path` in the store (a directory, or a single file) to
+/// `durable` under [`checkpoint_name`]`(path)`: first removes an old marker, then uploads
+/// every file's data (read straight from the store), then the checksums, then the marker.
+/// `progress` gets the data bytes uploaded so far.
+pub fn drain_checkpoint(
+    store: &Store,
+    path: &str,
+    durable: &DurableStore,
+    progress: Progress<'_>,
+) -> Result<Report> {
+    let started = Instant::now();
+    let ckpt = checkpoint_name(path)?;
+    let files = checkpoint_files(store, path)?;
+    // A re-drain must never look complete while its data is being replaced.
+    durable
+        .delete(&format!("{ckpt}/{MARKER_NAME}"))
+        .map_err(Error::Durable)?;
+    let mut entries = Vec::with_capacity(files.len());
+    let mut done = 0u64;
+    for (rel, store_path) in &files {
+        let file = store
+            .open(store_path, &OpenOptions::new().read(true))
+            .map_err(|e| Error::store(store_path, e))?;
+        let reader = StoreFileReader::new(store, &file)
+            .map_err(|e| Error::store(store_path, e))?
+            .with_progress(done, progress);
+        let len = reader.len();
+        let digest = durable
+            .put_file(&format!("{ckpt}/{rel}"), reader, len)
+            .map_err(Error::Durable)?;
+        done += digest.size;
+        progress(done);
+        entries.push(MarkerFile {
+            path: rel.clone(),
+            size: digest.size,
+            blake3: digest.blake3,
+        });
+    }
+    durable
+        .write_checksums(&ckpt, &entries)
+        .map_err(Error::Durable)?;
+    durable
+        .write_marker(&ckpt, entries.clone())
+        .map_err(Error::Durable)?;
+    Ok(Report {
+        checkpoint: ckpt,
+        files: entries,
+        bytes: done,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,160 @@
+//! Reading a store file straight out of the shared-memory block.
+
+use std::io::{self, Read};
+
+use cascade_store::{ChunkInfo, ChunkLocation, File, Store};
+
+use crate::Progress;
+
+/// A [`Read`] over a store file that copies memory chunks directly from the store's data
+/// region (located with `File::chunk_list`), and reads spilled chunks and holes through
+/// `File::read_at`. There is no intermediate copy of the file.
+///
+/// The chunk list and length are taken when the reader is made: the file must not be
+/// written while it is read (the agent reads only closed files). If the file shrinks or is
+/// unlinked meanwhile, reads fail instead of returning stale bytes past the new end.
+pub struct StoreFileReader<'a> {
+    file: &'a File,
+    /// Address and length of the data region, as mapped in this process. Kept as an integer
+    /// so the reader is `Send`; the mapping lives as long as the `Store` borrowed by `'a`.
+    region_addr: usize,
+    region_len: usize,
+    /// Chunks sorted by logical index.
+    chunks: Vec<ChunkInfo>,
+    chunk_size: u64,
+    len: u64,
+    pos: u64,
+    /// Index into `chunks` of the first chunk not entirely before `pos`.
+    cursor: usize,
+    progress: Option<(u64, Progress<'a>)>,
+}
+
+impl<'a> StoreFileReader<'a> {
+    /// A reader from the start of `file`, which must belong to `store`.
+    pub fn new(store: &'a Store, file: &'a File) -> cascade_store::Result<StoreFileReader<'a>> {
+        let len = file.len()?;
+        let mut chunks = file.chunk_list()?;
+        chunks.sort_by_key(|c| c.index);
+        let region = store.data_region();
+        Ok(StoreFileReader {
+            file,
+            region_addr: region.addr as usize,
+            region_len: region.len,
+            chunks,
+            chunk_size: store.chunk_size(),
+            len,
+            pos: 0,
+            cursor: 0,
+            progress: None,
+        })
+    }
+
+    /// Calls `progress(base + bytes read so far)` after every read.
+    pub fn with_progress(mut self, base: u64, progress: Progress<'a>) -> StoreFileReader<'a> {
+        self.progress = Some((base, progress));
+        self
+    }
+
+    /// The file's length when the reader was made.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many of the file's chunks are read straight from memory (the rest are spilled).
+    pub fn memory_chunks(&self) -> usize {
+        self.chunks
+            .iter()
+            .filter(|c| matches!(c.location, ChunkLocation::Memory { .. }))
+            .count()
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.len || buf.is_empty() {
+            return Ok(0);
+        }
+        let index = self.pos / self.chunk_size;
+        let within = self.pos % self.chunk_size;
+        while self.cursor < self.chunks.len() && self.chunks[self.cursor].index < index {
+            self.cursor += 1;
+        }
+        // Never cross a chunk boundary or the end of file in one step.
+        let to_boundary = self.chunk_size - within;
+        let want = (buf.len() as u64).min(to_boundary).min(self.len - self.pos) as usize;
+        let chunk = self
+            .chunks
+            .get(self.cursor)
+            .filter(|c| c.index == index)
+            .copied();
+        let n = match chunk {
+            Some(ChunkInfo {
+                location: ChunkLocation::Memory { offset },
+                length,
+                ..
+            }) if within < length => {
+                let n = want.min((length - within) as usize);
+                let start = offset
+                    .checked_add(within)
+                    .filter(|s| s.saturating_add(n as u64) <= self.region_len as u64)
+                    .ok_or_else(|| {
+                        io::Error::other(format!(
+                            "chunk at region offset {offset} (+{within}, {n} bytes) lies outside \
+                             the {}-byte data region",
+                            self.region_len
+                        ))
+                    })? as usize;
+                // SAFETY: the data region is mapped for at least `region_len` bytes at
+                // `region_addr` for as long as the `Store` this reader borrows is alive, and
+                // `start + n <= region_len` was checked above. The bytes belong to a chunk of
+                // this file (from its chunk list); the agent reads only files that are no
+                // longer being written, so no one writes them while we copy.
+                let src = unsafe {
+                    std::slice::from_raw_parts((self.region_addr as *const u8).add(start), n)
+                };
+                buf[..n].copy_from_slice(src);
+                n
+            }
+            // Spilled chunks, holes, and anything the list does not cover: the store's own
+            // read path (holes read as zeros).
+            _ => {
+                let n = self
+                    .file
+                    .read_at(&mut buf[..want], self.pos)
+                    .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "file shrank while being read (at {} of {} bytes)",
+                            self.pos, self.len
+                        ),
+                    ));
+                }
+                n
+            }
+        };
+        self.pos += n as u64;
+        if let Some((base, progress)) = self.progress {
+            progress(base + self.pos);
+        }
+        Ok(n)
+    }
+}
+
+impl Read for StoreFileReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Fill as much of `buf` as possible (a read may span several chunks).
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = self.read_some(&mut buf[filled..])?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        Ok(filled)
+    }
+}

@@ -1,0 +1,235 @@
+//! Restoring a complete checkpoint from the durable tier.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use cascade_durable::{DurableStore, Marker, MARKER_NAME};
+use cascade_store::{File, OpenOptions, Store};
+
+use crate::{Error, Progress, Report, Result};
+
+/// Suffix of files being restored; they are renamed into place only once every file of the
+/// checkpoint has been downloaded and verified.
+fn staging_suffix() -> String {
+    format!(".cascade-restore-{}", std::process::id())
+}
+
+/// The marker of a complete checkpoint, or [`Error::Incomplete`].
+fn complete_marker(durable: &DurableStore, ckpt: &str) -> Result<(String, Marker)> {
+    let ckpt =
+        cascade_durable::normalize_rel(ckpt.trim_end_matches('/')).map_err(Error::Durable)?;
+    match durable.read_marker(&ckpt).map_err(Error::Durable)? {
+        Some(marker) => Ok((ckpt, marker)),
+        None => Err(Error::Incomplete {
+            store: durable.name().to_string(),
+            checkpoint: ckpt,
+            marker: MARKER_NAME,
+        }),
+    }
+}
+
+/// Counts bytes through to `progress` while writing to `inner`.
+struct Counting<'a, W> {
+    inner: W,
+    done: u64,
+    progress: Progress<'a>,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.done += n as u64;
+        (self.progress)(self.done);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Sequential writes into a store file.
+struct StoreWriter<'a> {
+    file: &'a File,
+    offset: u64,
+    path: &'a str,
+}
+
+impl Write for StoreWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write_all_at(buf, self.offset).map_err(|e| {
+            io::Error::new(
+                io::Error::from_raw_os_error(e.errno()).kind(),
+                format!("{}: {}", self.path, cascade_store::errno_text(e.errno())),
+            )
+        })?;
+        self.offset += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Checks a downloaded file against its marker entry (download_to already checked it
+/// against its `.blake3` object).
+fn check_against_marker(
+    rel: &str,
+    digest: &cascade_durable::FileDigest,
+    entry: &cascade_durable::MarkerFile,
+) -> Result<()> {
+    if digest.size != entry.size || digest.blake3 != entry.blake3 {
+        return Err(Error::Mismatch {
+            path: rel.to_string(),
+            reason: format!(
+                "does not match the checkpoint's marker (marker: {} bytes, blake3 {}; \
+                 downloaded: {} bytes, blake3 {})",
+                entry.size, entry.blake3, digest.size, digest.blake3
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Downloads every file of the complete checkpoint `ckpt` into the local directory `dest`
+/// (created if missing), verifying each against its checksum and the marker. Files are
+/// staged under temporary names and renamed into place only when all of them verified, so a
+/// failure leaves no restored file behind. An incomplete checkpoint (no marker) is refused.
+pub fn restore_checkpoint(
+    durable: &DurableStore,
+    ckpt: &str,
+    dest: &Path,
+    progress: Progress<'_>,
+) -> Result<Report> {
+    let started = Instant::now();
+    let (ckpt, marker) = complete_marker(durable, ckpt)?;
+    let suffix = staging_suffix();
+    let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut done = 0u64;
+    let result = (|| {
+        for entry in &marker.files {
+            let rel = cascade_durable::normalize_rel(&entry.path).map_err(Error::Durable)?;
+            let final_path = dest.join(&rel);
+            if let Some(parent) = final_path.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+            }
+            let mut tmp = final_path.clone().into_os_string();
+            tmp.push(&suffix);
+            let tmp = PathBuf::from(tmp);
+            let file = std::fs::File::create(&tmp)
+                .map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
+            staged.push((tmp.clone(), final_path));
+            let mut out = Counting {
+                inner: io::BufWriter::with_capacity(1 << 20, file),
+                done,
+                progress,
+            };
+            let digest = durable
+                .download_to(&format!("{ckpt}/{rel}"), &mut out)
+                .map_err(Error::Durable)?;
+            let file = out
+                .inner
+                .into_inner()
+                .map_err(|e| Error::io(format!("write {}", tmp.display()), e.into_error()))?;
+            file.sync_all()
+                .map_err(|e| Error::io(format!("sync {}", tmp.display()), e))?;
+            check_against_marker(&rel, &digest, entry)?;
+            done += digest.size;
+        }
+        for (tmp, final_path) in &staged {
+            std::fs::rename(tmp, final_path)
+                .map_err(|e| Error::io(format!("rename to {}", final_path.display()), e))?;
+        }
+        Ok(())
+    })();
+    if let Err(err) = result {
+        for (tmp, _) in &staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+        return Err(err);
+    }
+    Ok(Report {
+        checkpoint: ckpt,
+        files: marker.files,
+        bytes: done,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Like [`restore_checkpoint`], but into the node store under the directory `dest_path`
+/// (created if missing): file `rel` of the checkpoint becomes `dest_path/rel`. Existing files
+/// of the same names are replaced (atomically, by rename) only once every file verified.
+pub fn restore_into_store(
+    durable: &DurableStore,
+    ckpt: &str,
+    store: &Store,
+    dest_path: &str,
+    progress: Progress<'_>,
+) -> Result<Report> {
+    let started = Instant::now();
+    let (ckpt, marker) = complete_marker(durable, ckpt)?;
+    let dest_dir = format!("/{}", dest_path.trim_matches('/'));
+    let suffix = staging_suffix();
+    let mut staged: Vec<(String, String)> = Vec::new();
+    let mut done = 0u64;
+    let result = (|| {
+        for entry in &marker.files {
+            let rel = cascade_durable::normalize_rel(&entry.path).map_err(Error::Durable)?;
+            let final_path = if dest_dir == "/" {
+                format!("/{rel}")
+            } else {
+                format!("{dest_dir}/{rel}")
+            };
+            if let Some(cut) = final_path.rfind('/').filter(|&c| c > 0) {
+                let parent = &final_path[..cut];
+                store
+                    .create_dir_all(parent, 0o755)
+                    .map_err(|e| Error::store(parent, e))?;
+            }
+            let tmp = format!("{final_path}{suffix}");
+            let options = OpenOptions::new()
+                .read(false)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o644);
+            let file = store
+                .open(&tmp, &options)
+                .map_err(|e| Error::store(&tmp, e))?;
+            staged.push((tmp.clone(), final_path));
+            let mut out = Counting {
+                inner: StoreWriter {
+                    file: &file,
+                    offset: 0,
+                    path: &tmp,
+                },
+                done,
+                progress,
+            };
+            let digest = durable
+                .download_to(&format!("{ckpt}/{rel}"), &mut out)
+                .map_err(Error::Durable)?;
+            check_against_marker(&rel, &digest, entry)?;
+            done += digest.size;
+        }
+        for (tmp, final_path) in &staged {
+            store
+                .rename(tmp, final_path)
+                .map_err(|e| Error::store(final_path, e))?;
+        }
+        Ok(())
+    })();
+    if let Err(err) = result {
+        for (tmp, _) in &staged {
+            let _ = store.unlink(tmp);
+        }
+        return Err(err);
+    }
+    Ok(Report {
+        checkpoint: ckpt,
+        files: marker.files,
+        bytes: done,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

@@ -1,0 +1,141 @@
+//! drain and restore: move a checkpoint between the node store and the durable tier through
+//! the agent's data path (crate cascade-agent).
+
+use std::io::{self, IsTerminal};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cascade_config::{format_rate, format_size, Config};
+use cascade_durable::DurableStore;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::admin::attach;
+use crate::failure::Failure;
+
+fn agent_failure(err: cascade_agent::Error) -> Failure {
+    Failure::new(err.to_string())
+}
+
+fn open_durable(url: &str) -> Result<DurableStore, Failure> {
+    DurableStore::open(url).map_err(|e| Failure::new(e.to_string()))
+}
+
+/// A byte progress bar on stderr when a person is watching.
+fn progress_bar(total: u64) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let style = ProgressStyle::with_template(
+        "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    ProgressBar::new(total).with_style(style)
+}
+
+fn summary(verb: &str, from: &str, to: &str, report: &cascade_agent::Report) -> String {
+    format!(
+        "{verb} {from} -> {to}: {} files, {} bytes ({}) in {:.3} s, {}",
+        report.files.len(),
+        report.bytes,
+        format_size(report.bytes),
+        report.seconds,
+        format_rate(report.bytes, report.seconds)
+    )
+}
+
+/// Bytes of the checkpoint at `path` in the store (for the progress bar's length).
+fn store_bytes(store: &cascade_store::Store, path: &str) -> u64 {
+    let Ok(meta) = store.stat(path) else { return 0 };
+    if !meta.is_dir() {
+        return meta.size;
+    }
+    let mut total = 0;
+    for entry in store.read_dir(path).unwrap_or_default() {
+        total += store_bytes(
+            store,
+            &format!("{}/{}", path.trim_end_matches('/'), entry.name),
+        );
+    }
+    total
+}
+
+pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure> {
+    let store = attach(config)?;
+    let ckpt = cascade_agent::checkpoint_name(path).map_err(agent_failure)?;
+    store.stat(path).map_err(|err| Failure::store(path, &err))?;
+    let durable = open_durable(url)?;
+    let bar = progress_bar(store_bytes(&store, path));
+    let report = cascade_agent::drain_checkpoint(&store, path, &durable, &|n| bar.set_position(n));
+    let report = match report {
+        Ok(report) => report,
+        Err(err) => {
+            bar.abandon();
+            return Err(agent_failure(err));
+        }
+    };
+    bar.finish_and_clear();
+    let to = format!("{}/{ckpt}", durable.name().trim_end_matches('/'));
+    println!("{}", summary("drain", path, &to, &report));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The checkpoint's size from its marker, or a clear error if it is not complete.
+fn marker_bytes(durable: &DurableStore, ckpt: &str) -> Result<u64, Failure> {
+    match durable.read_marker(ckpt) {
+        Ok(Some(marker)) => Ok(marker.total_bytes),
+        // restore_* report the missing marker with the full message.
+        Ok(None) => Ok(0),
+        Err(e) => Err(Failure::new(e.to_string())),
+    }
+}
+
+fn last_component(ckpt: &str) -> &str {
+    ckpt.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(ckpt)
+}
+
+pub fn restore_local(ckpt: &str, dest: Option<&str>, url: &str) -> Result<ExitCode, Failure> {
+    let durable = open_durable(url)?;
+    let dest = PathBuf::from(dest.unwrap_or_else(|| last_component(ckpt)));
+    let bar = progress_bar(marker_bytes(&durable, ckpt)?);
+    let report = cascade_agent::restore_checkpoint(&durable, ckpt, &dest, &|n| bar.set_position(n));
+    finish_restore(report, bar, ckpt, &dest.display().to_string())
+}
+
+pub fn restore_into_store(
+    config: &Config,
+    ckpt: &str,
+    dest: Option<&str>,
+    url: &str,
+) -> Result<ExitCode, Failure> {
+    let store = attach(config)?;
+    let durable = open_durable(url)?;
+    let default_dest = format!("/{}", ckpt.trim_matches('/'));
+    let dest = dest.unwrap_or(&default_dest);
+    let bar = progress_bar(marker_bytes(&durable, ckpt)?);
+    let report =
+        cascade_agent::restore_into_store(&durable, ckpt, &store, dest, &|n| bar.set_position(n));
+    finish_restore(report, bar, ckpt, dest)
+}
+
+fn finish_restore(
+    report: cascade_agent::Result<cascade_agent::Report>,
+    bar: ProgressBar,
+    ckpt: &str,
+    dest: &str,
+) -> Result<ExitCode, Failure> {
+    match report {
+        Ok(report) => {
+            bar.finish_and_clear();
+            println!("{}", summary("restore", ckpt, dest, &report));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => {
+            bar.abandon();
+            Err(agent_failure(err))
+        }
+    }
+}
