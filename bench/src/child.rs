@@ -313,14 +313,7 @@ pub fn run(job_json: &str) -> Res<()> {
             let mut map = memmap2::MmapMut::map_anon(bytes as usize)
                 .ctx(|| format!("mapping {bytes} bytes of anonymous memory"))?;
             prefault(&map).ctx(|| "pre-faulting anonymous memory")?;
-            let setup_s = secs_since(t_setup);
-            let start = barrier()?;
-            for dst in map.chunks_exact_mut(io as usize) {
-                dst.copy_from_slice(&src);
-            }
-            black_box(map.as_mut_ptr());
-            let end = now_ns();
-            finish(&result(start, end, bytes, setup_s))?;
+            timed_copy_into(&mut map, &src, bytes, secs_since(t_setup))?;
         }
         Job::MemcpyShm {
             bytes,
@@ -331,27 +324,13 @@ pub fn run(job_json: &str) -> Res<()> {
             check_sizes(bytes, io)?;
             let src = source(io, 1);
             let mut map = shm_map_existing(&shm, offset, bytes)?;
-            let setup_s = secs_since(t_setup);
-            let start = barrier()?;
-            for dst in map.chunks_exact_mut(io as usize) {
-                dst.copy_from_slice(&src);
-            }
-            black_box(map.as_mut_ptr());
-            let end = now_ns();
-            finish(&result(start, end, bytes, setup_s))?;
+            timed_copy_into(&mut map, &src, bytes, secs_since(t_setup))?;
         }
         Job::MemcpyShmFresh { bytes, io, shm } => {
             check_sizes(bytes, io)?;
             let src = source(io, 1);
             let mut map = shm_map(&shm, bytes)?;
-            let setup_s = secs_since(t_setup);
-            let start = barrier()?;
-            for dst in map.chunks_exact_mut(io as usize) {
-                dst.copy_from_slice(&src);
-            }
-            black_box(map.as_mut_ptr());
-            let end = now_ns();
-            finish(&result(start, end, bytes, setup_s))?;
+            timed_copy_into(&mut map, &src, bytes, secs_since(t_setup))?;
         }
         Job::FileWrite {
             bytes,
@@ -716,6 +695,18 @@ fn store_meta(store: &str, dir: &str, files: u64, passes: u64, t_setup: u64) -> 
     r.calls = files * (3 + passes);
     finish(&r)?;
     st.rmdir(dir).ctx(|| format!("removing {dir} in {store}"))
+}
+
+/// The timed part of the memcpy baselines: after the barrier, copy `src` over all of `dst`
+/// in `src.len()` pieces, then report.
+fn timed_copy_into(dst: &mut [u8], src: &[u8], bytes: u64, setup_s: f64) -> Res<()> {
+    let start = barrier()?;
+    for piece in dst.chunks_exact_mut(src.len()) {
+        piece.copy_from_slice(src);
+    }
+    black_box(dst.as_mut_ptr());
+    let end = now_ns();
+    finish(&result(start, end, bytes, setup_s))
 }
 
 fn secs_since(t: u64) -> f64 {
