@@ -330,33 +330,14 @@ fn headline(s: &mut String, o: &POpts, r: &PResults) {
 }
 
 fn machine(s: &mut String, rep: &Report) {
-    let m = rep.machine;
-    let _ = writeln!(s, "\n## Machine\n");
-    let _ = writeln!(s, "| | |\n|---|---|");
-    let _ = writeln!(s, "| CPU | {} |", m.cpu_model);
-    let _ = writeln!(s, "| cores | {} |", m.cores);
-    let _ = writeln!(s, "| kernel | {} |", m.kernel);
-    let _ = writeln!(s, "| RAM | {} GiB |", m.ram_gib);
-    let _ = writeln!(
+    crate::report::machine_table(
         s,
-        "| transparent huge pages (anon / shmem) | {} / {} |",
-        m.thp_anon, m.thp_shmem
-    );
-    let _ = writeln!(s, "| /dev/shm | {} |", m.shm_fs);
-    let _ = writeln!(s, "| C compiler | {} |", rep.cc);
-    let _ = writeln!(s, "| preloaded library | {} |", rep.library);
-    let i = &rep.interference;
-    let _ = writeln!(
-        s,
-        "| CPU used by other processes and kernel threads during the run | {:.1} % of all \
-         cores (steal {:.1} %); load average {} at start, {} at end |",
-        i.other_cpu_pct, i.steal_pct, i.loadavg_start, i.loadavg_end
-    );
-    let _ = writeln!(
-        s,
-        "| waits for an idle machine before a measurement | {} of {} gave up after {:.1} s \
-         (median wait {:.2} s) |",
-        i.settle_timeouts, i.settles, i.settle_max_s, i.settle_median_s
+        rep.machine,
+        &[
+            ("C compiler".to_string(), rep.cc.clone()),
+            ("preloaded library".to_string(), rep.library.clone()),
+        ],
+        &rep.interference,
     );
 }
 

@@ -145,6 +145,38 @@ pub fn targets(opts: &Opts, r: &Results) -> Vec<Target> {
     out
 }
 
+/// The "## Machine" section both suites print: the machine's facts, the suite's own rows
+/// (`extra`, after /dev/shm), and how quiet the machine was during the run.
+pub fn machine_table(s: &mut String, m: &Machine, extra: &[(String, String)], i: &Interference) {
+    let _ = writeln!(s, "\n## Machine\n");
+    let _ = writeln!(s, "| | |\n|---|---|");
+    let _ = writeln!(s, "| CPU | {} |", m.cpu_model);
+    let _ = writeln!(s, "| cores | {} |", m.cores);
+    let _ = writeln!(s, "| kernel | {} |", m.kernel);
+    let _ = writeln!(s, "| RAM | {} GiB |", m.ram_gib);
+    let _ = writeln!(
+        s,
+        "| transparent huge pages (anon / shmem) | {} / {} |",
+        m.thp_anon, m.thp_shmem
+    );
+    let _ = writeln!(s, "| /dev/shm | {} |", m.shm_fs);
+    for (name, value) in extra {
+        let _ = writeln!(s, "| {name} | {value} |");
+    }
+    let _ = writeln!(
+        s,
+        "| CPU used by other processes and kernel threads during the run | {:.1} % of all \
+         cores (steal {:.1} %); load average {} at start, {} at end |",
+        i.other_cpu_pct, i.steal_pct, i.loadavg_start, i.loadavg_end
+    );
+    let _ = writeln!(
+        s,
+        "| waits for an idle machine before a measurement | {} of {} gave up after {:.1} s \
+         (median wait {:.2} s) |",
+        i.settle_timeouts, i.settles, i.settle_max_s, i.settle_median_s
+    );
+}
+
 pub fn markdown(rep: &Report) -> String {
     let mut s = String::new();
     let o = rep.options;
@@ -220,42 +252,20 @@ pub fn markdown(rep: &Report) -> String {
         );
     }
     let m = rep.machine;
-    let _ = writeln!(s, "\n## Machine\n");
-    let _ = writeln!(s, "| | |\n|---|---|");
-    let _ = writeln!(s, "| CPU | {} |", m.cpu_model);
-    let _ = writeln!(s, "| cores | {} |", m.cores);
-    let _ = writeln!(s, "| kernel | {} |", m.kernel);
-    let _ = writeln!(s, "| RAM | {} GiB |", m.ram_gib);
-    let _ = writeln!(
-        s,
-        "| transparent huge pages (anon / shmem) | {} / {} |",
-        m.thp_anon, m.thp_shmem
-    );
-    let _ = writeln!(s, "| /dev/shm | {} |", m.shm_fs);
-    let _ = writeln!(
-        s,
-        "| disk baseline ({}) | {} |",
-        o.disk_dir.display(),
-        m.disk_fs
-    );
-    let _ = writeln!(
-        s,
-        "| spill file ({}) | {} |",
-        o.spill_dir.display(),
-        m.spill_fs
-    );
-    let i = &rep.interference;
-    let _ = writeln!(
-        s,
-        "| CPU used by other processes and kernel threads during the run | {:.1} % of all \
-         cores (steal {:.1} %); load average {} at start, {} at end |",
-        i.other_cpu_pct, i.steal_pct, i.loadavg_start, i.loadavg_end
-    );
-    let _ = writeln!(
-        s,
-        "| waits for an idle machine before a measurement | {} of {} gave up after {:.1} s \
-         (median wait {:.2} s) |",
-        i.settle_timeouts, i.settles, i.settle_max_s, i.settle_median_s
+    machine_table(
+        &mut s,
+        m,
+        &[
+            (
+                format!("disk baseline ({})", o.disk_dir.display()),
+                m.disk_fs.clone(),
+            ),
+            (
+                format!("spill file ({})", o.spill_dir.display()),
+                m.spill_fs.clone(),
+            ),
+        ],
+        &rep.interference,
     );
 
     if !r.creation.is_empty() {
