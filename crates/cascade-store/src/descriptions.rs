@@ -19,6 +19,54 @@ pub struct OpenDescription {
     pub nonce: u64,
 }
 
+/// Prefix of the memfd name that carries a description into every descriptor for it.
+const MEMFD_PREFIX: &str = "cascade-ofd:";
+
+impl OpenDescription {
+    /// The memfd name a descriptor of this description carries ("cascade-ofd:<slot>:<nonce>").
+    pub fn memfd_name(&self) -> std::ffi::CString {
+        // The format has no NUL bytes.
+        std::ffi::CString::new(format!("{MEMFD_PREFIX}{}:{}", self.slot, self.nonce))
+            .unwrap_or_default()
+    }
+
+    /// Parses a descriptor's /proc link, "/memfd:cascade-ofd:<slot>:<nonce> (deleted)".
+    pub fn from_fd_link(link: &str) -> Option<OpenDescription> {
+        let rest = link.strip_prefix("/memfd:")?.strip_prefix(MEMFD_PREFIX)?;
+        let rest = rest.split(' ').next()?;
+        let (slot, nonce) = rest.split_once(':')?;
+        Some(OpenDescription {
+            slot: slot.parse().ok()?,
+            nonce: nonce.parse().ok()?,
+        })
+    }
+}
+
+/// Descriptions some process still has a descriptor for (a scan of /proc/*/fd).
+fn referenced_descriptions() -> std::collections::HashSet<OpenDescription> {
+    let mut live = std::collections::HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return live;
+    };
+    for p in procs.flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for f in fds.flatten() {
+            if let Some(d) = std::fs::read_link(f.path())
+                .ok()
+                .and_then(|t| OpenDescription::from_fd_link(&t.to_string_lossy()))
+            {
+                live.insert(d);
+            }
+        }
+    }
+    live
+}
+
+/// Slots younger than this are never swept: their descriptor may not exist yet.
+const SWEEP_MIN_AGE_NS: i64 = 2_000_000_000;
+
 /// A live description in the block.
 pub struct Description<'a> {
     slot: &'a OfdSlot,
@@ -47,6 +95,11 @@ impl Description<'_> {
     }
 }
 
+/// A description opened for writing (counted in the inode's `writers`).
+fn writes(flags: i32) -> bool {
+    matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
+}
+
 fn fresh_nonce() -> u64 {
     let mut n = 0u64;
     // SAFETY: getrandom writes at most 8 bytes into `n`.
@@ -66,15 +119,10 @@ fn fresh_nonce() -> u64 {
 
 impl Store {
     /// Claims a description for `file`, opened with `flags`, at offset 0, with one reference.
-    /// ENFILE when all slots are taken even after `sweep` freed the unreferenced ones.
-    pub fn describe_open(
-        &self,
-        file: &File,
-        flags: i32,
-        sweep: &dyn Fn(&Store) -> usize,
-    ) -> Result<OpenDescription> {
+    /// ENFILE when all slots are taken even after a sweep freed the unreferenced ones.
+    pub fn describe_open(&self, file: &File, flags: i32) -> Result<OpenDescription> {
         for attempt in 0..2 {
-            if attempt == 1 && sweep(self) == 0 {
+            if attempt == 1 && self.sweep_descriptions() == 0 {
                 break;
             }
             // One random draw: it starts the search and tags the slot.
@@ -95,11 +143,13 @@ impl Store {
                     slot.ino.store(file.ino() as u32, Relaxed);
                     slot.gen.store(file.generation(), Relaxed);
                     slot.flags.store(flags as u32, Relaxed);
+                    slot.claimed_ns.store(crate::block::now_ns(), Relaxed);
                     slot.refs.store(1, Release);
-                    self.block()
-                        .inode(file.ino() as u32)
-                        .opens
-                        .fetch_add(1, AcqRel);
+                    let ino = file.ino() as u32;
+                    self.block().inode(ino).opens.fetch_add(1, AcqRel);
+                    if writes(flags) {
+                        self.block().add_writer(ino);
+                    }
                     return Ok(OpenDescription {
                         slot: slot_no,
                         nonce,
@@ -130,24 +180,28 @@ impl Store {
     pub fn release_description(&self, d: OpenDescription) {
         if let Some(desc) = self.description(d) {
             if desc.slot.refs.fetch_sub(1, AcqRel) <= 1 {
-                let (ino, gen) = (desc.ino() as u32, desc.generation());
+                let (ino, gen, flags) = (desc.ino() as u32, desc.generation(), desc.flags());
                 if desc
                     .slot
                     .nonce
                     .compare_exchange(d.nonce, 0, AcqRel, Relaxed)
                     .is_ok()
                 {
-                    self.closed_description(ino, gen);
+                    self.closed_description(ino, gen, flags, false);
                 }
             }
         }
     }
 
-    /// One open description of (ino, gen) is gone.
-    fn closed_description(&self, ino: u32, gen: u32) {
+    /// One open description of (ino, gen) is gone; `torn` when no process closed it (its
+    /// holders died), so a writer may have stopped half way.
+    fn closed_description(&self, ino: u32, gen: u32, flags: i32, torn: bool) {
         let b = self.block();
         if ino >= b.geo.max_inodes {
             return;
+        }
+        if writes(flags) {
+            b.remove_writer(ino, gen, torn);
         }
         let inode = b.inode(ino);
         if inode.gen.load(Acquire) != gen {
@@ -162,25 +216,29 @@ impl Store {
         }
     }
 
-    /// Frees every live description for which `referenced` says no descriptor exists any
-    /// more (the caller scans /proc). Returns how many were freed.
-    pub fn sweep_descriptions(&self, referenced: &dyn Fn(OpenDescription) -> bool) -> usize {
+    /// Frees the descriptions no process has a descriptor for any more (their holders died:
+    /// a writer among them leaves its file torn). Scans /proc; returns how many were freed.
+    pub fn sweep_descriptions(&self) -> usize {
+        let live = referenced_descriptions();
+        let now = crate::block::now_ns();
         let mut freed = 0;
         for slot_no in 0..OFD_SLOTS {
             let slot = self.block().ofd(slot_no);
             let nonce = slot.nonce.load(Acquire);
+            if nonce == 0 || now - slot.claimed_ns.load(Acquire) < SWEEP_MIN_AGE_NS {
+                continue;
+            }
             let (ino, gen) = (slot.ino.load(Acquire), slot.gen.load(Acquire));
-            if nonce != 0
-                && !referenced(OpenDescription {
-                    slot: slot_no,
-                    nonce,
-                })
-                && slot
-                    .nonce
-                    .compare_exchange(nonce, 0, AcqRel, Relaxed)
-                    .is_ok()
+            let flags = slot.flags.load(Acquire) as i32;
+            if !live.contains(&OpenDescription {
+                slot: slot_no,
+                nonce,
+            }) && slot
+                .nonce
+                .compare_exchange(nonce, 0, AcqRel, Relaxed)
+                .is_ok()
             {
-                self.closed_description(ino, gen);
+                self.closed_description(ino, gen, flags, true);
                 freed += 1;
             }
         }

@@ -13,7 +13,7 @@ use crate::layout::*;
 use crate::lock::LockGuard;
 use crate::types::{ChunkInfo, ChunkLocation};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 static ZEROS: [u8; 65536] = [0; 65536];
 const READ_RETRIES: usize = 4;
@@ -427,6 +427,7 @@ impl Block {
         if buf.is_empty() {
             return Ok(0);
         }
+        inode.mod_seq.fetch_add(1, AcqRel);
         let old_size = inode.size.load(Acquire);
         self.zero_range(ino, old_size, offset)?;
         let mut done = 0usize;
@@ -537,6 +538,11 @@ impl Block {
             ));
         }
         let inode = self.inode(ino);
+        inode.mod_seq.fetch_add(1, AcqRel);
+        if len == 0 {
+            // Rewritten from scratch: no longer the remains of a writer that died.
+            inode.life.fetch_and(!crate::layout::LIFE_TORN, AcqRel);
+        }
         let old = inode.size.load(Acquire);
         if len < old {
             inode.size.store(len, Release); // publish the new end first: never covers freed data

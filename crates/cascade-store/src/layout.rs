@@ -11,7 +11,7 @@ use crate::lock::ShmMutex;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"CASCADE\0";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 pub(crate) const HEADER_SIZE: usize = 4096;
 
 pub(crate) const MIN_CHUNK: u64 = 4096;
@@ -54,6 +54,17 @@ pub(crate) const INODE_ORPHAN_DIR: u32 = 4;
 pub(crate) fn is_dir_state(state: u32) -> bool {
     state == INODE_DIR || state == INODE_ORPHAN_DIR
 }
+
+// Inode `life` flags.
+/// A process died while writing the file (its write description was swept): never drained
+/// as complete until it is rewritten.
+pub(crate) const LIFE_TORN: u32 = 1;
+/// A committed checkpoint root (directory or file); `commit_seq` orders it.
+pub(crate) const LIFE_COMMITTED: u32 = 2;
+/// The checkpoint goes to the durable tier (every Nth commit, and the last one of a job).
+pub(crate) const LIFE_FLUSH: u32 = 4;
+/// The checkpoint's completion marker is in the durable tier and nothing changed since.
+pub(crate) const LIFE_COMPLETE: u32 = 8;
 
 // Chunk and node state words: top two bits are the tag.
 pub(crate) const TAG_SHIFT: u32 = 62;
@@ -150,6 +161,25 @@ pub(crate) struct Header {
     pub enospc_time: AtomicI64,
     pub enospc_pid: AtomicU32,
     pub enospc_reason: AtomicU32,
+    // Checkpoint lifecycle (lifecycle.rs).
+    /// Bumped, then futex-woken, whenever the agent has work: a file closed after writing,
+    /// a commit, a writer waiting for space.
+    pub agent_wake: AtomicU32,
+    /// Bumped, then futex-woken, whenever the agent freed space (writers waiting on a full
+    /// store wait on it).
+    pub space_wake: AtomicU32,
+    /// The registered agent: pid and start time (0 = none).
+    pub agent_pid: AtomicU32,
+    /// Writers waiting for space right now (the agent evicts harder while this is non-zero).
+    pub space_waiters: AtomicU32,
+    pub agent_start_time: AtomicU64,
+    /// Source of commit sequence numbers (orders checkpoints).
+    pub commit_counter: AtomicU64,
+    /// Flush every Nth commit to the durable tier (set by the agent; 0 or 1 = every one).
+    pub flush_every: AtomicU32,
+    /// How long a writer on a full store waits for the agent to free space, in ms (0 = fail
+    /// with ENOSPC at once).
+    pub full_wait_ms: AtomicU32,
 }
 
 #[repr(C)]
@@ -198,7 +228,18 @@ pub(crate) struct Inode {
     pub prev_sibling: AtomicU32,
     /// Odd while chunks of this file are being freed; lock-free readers retry if it moved.
     pub trunc_seq: AtomicU32,
-    pub _pad1: [u32; 8],
+    // Checkpoint lifecycle (lifecycle.rs).
+    /// Open write descriptions and writable handles: the file is being written while > 0.
+    pub writers: AtomicU32,
+    /// LIFE_* flags.
+    pub life: AtomicU32,
+    /// Bumped on every write-open, write, truncate and rename: the version of the contents.
+    pub mod_seq: AtomicU64,
+    /// The `mod_seq` whose contents are in the durable tier (files); for a checkpoint root
+    /// that is a directory, unused (its completion is the LIFE_COMPLETE flag).
+    pub durable_seq: AtomicU64,
+    /// Commit sequence number of a checkpoint root (0 = not committed).
+    pub commit_seq: AtomicU64,
     pub names: [[u8; 256]; 2],
 }
 
@@ -231,7 +272,10 @@ pub(crate) struct OfdSlot {
     pub flags: AtomicU32,
     /// Descriptors referring to it, in all processes (best effort: kill -9 leaks, sweeps fix).
     pub refs: AtomicU32,
-    pub _pad: [u64; 4],
+    /// When the slot was claimed (CLOCK_REALTIME ns): sweeps spare young slots, whose
+    /// descriptor may not exist yet.
+    pub claimed_ns: AtomicI64,
+    pub _pad: [u64; 3],
 }
 
 const _: () = assert!(std::mem::size_of::<OfdSlot>() == 64);

@@ -14,6 +14,7 @@ mod error;
 mod file;
 mod fsck;
 mod layout;
+mod lifecycle;
 mod lock;
 mod namespace;
 mod store;
@@ -21,6 +22,7 @@ mod types;
 
 pub use descriptions::{Description, OpenDescription};
 pub use error::{errno_text, Error, Result};
+pub use lifecycle::{AgentRegistration, LifeEntry};
 pub use store::{File, Store};
 pub use types::*;
 
@@ -45,6 +47,10 @@ pub struct OpenOptions {
     pub directory: bool,
     /// Permission bits for a newly created file.
     pub mode: u32,
+    /// The caller registers a writable open as an open file description
+    /// ([`Store::describe_open`]), which then counts it as a writer; otherwise the returned
+    /// handle counts itself until it is dropped.
+    pub described: bool,
 }
 
 impl Default for OpenOptions {
@@ -58,6 +64,7 @@ impl Default for OpenOptions {
             append: false,
             directory: false,
             mode: 0o644,
+            described: false,
         }
     }
 }
@@ -96,6 +103,10 @@ impl OpenOptions {
     }
     pub fn mode(mut self, mode: u32) -> Self {
         self.mode = mode;
+        self
+    }
+    pub fn described(mut self, v: bool) -> Self {
+        self.described = v;
         self
     }
 }

@@ -338,6 +338,11 @@ impl Block {
         inode.chunks_mem.store(0, Relaxed);
         inode.chunks_spill.store(0, Relaxed);
         inode.opens.store(0, Relaxed);
+        inode.writers.store(0, Relaxed);
+        inode.life.store(0, Relaxed);
+        inode.mod_seq.store(1, Relaxed);
+        inode.durable_seq.store(0, Relaxed);
+        inode.commit_seq.store(0, Relaxed);
         for t in [&inode.atime, &inode.mtime, &inode.ctime] {
             t.store(now, Relaxed);
         }
@@ -350,6 +355,7 @@ impl Block {
         self.hash_insert(ino);
         self.sibling_insert(parent, ino);
         self.touch_dir(parent, now);
+        self.invalidate_dir(parent);
         Ok(ino)
     }
 
@@ -387,6 +393,7 @@ impl Block {
             self.push_free_inode(ino);
         }
         self.touch_dir(parent, now_ns());
+        self.invalidate_dir(parent);
         Ok(())
     }
 
@@ -554,6 +561,9 @@ impl Block {
         }
         self.hash_insert(src);
         self.sibling_insert(dst_dir, src);
+        // The durable copy of everything moved is at the old path: all of it is new again.
+        self.invalidate_dir(src_dir);
+        self.invalidate_subtree(src);
         let now = now_ns();
         inode.ctime.store(now, Relaxed);
         self.touch_dir(src_dir, now);

@@ -104,6 +104,11 @@ impl Store {
         std::path::PathBuf::from(format!("/dev/shm/{}.locks", name.trim_start_matches('/')))
     }
 
+    /// The node agent's control socket (docs/agent.md): read-through requests.
+    pub fn agent_socket_path(name: &str) -> std::path::PathBuf {
+        Self::lock_dir(name).join("agent.sock")
+    }
+
     pub fn exists(name: &str) -> bool {
         match std::ffi::CString::new(name) {
             Ok(c) => {
@@ -206,7 +211,7 @@ impl Store {
         let writable = opts.write || opts.append;
         // The generation is read under the namespace lock: once that is released, the name may
         // be removed and its inode reused by another file.
-        let (ino, gen) = {
+        let (ino, gen, counts_writer) = {
             let _g = b.lock_ns()?;
             let (parent, name) = b.resolve_parent(path)?;
             let existing = match name {
@@ -252,7 +257,14 @@ impl Store {
                 }
                 _ => return Err(Error::new(libc::ENOENT, path.to_string())),
             };
-            (ino, b.inode(ino).gen.load(Acquire))
+            if writable || opts.truncate {
+                b.begin_modify(ino);
+            }
+            let counts_writer = writable && !opts.described;
+            if counts_writer {
+                b.add_writer(ino);
+            }
+            (ino, b.inode(ino).gen.load(Acquire), counts_writer)
         };
         let file = File {
             block: self.block.clone(),
@@ -261,6 +273,7 @@ impl Store {
             writable,
             append: opts.append,
             wrote_spill: AtomicBool::new(false),
+            counts_writer,
         };
         // Like Linux, O_TRUNC truncates even a read-only open.
         if opts.truncate {
@@ -509,6 +522,9 @@ pub struct File {
     writable: bool,
     append: bool,
     wrote_spill: AtomicBool,
+    /// This handle is one of the inode's `writers` (a writable open not registered as an
+    /// open file description); dropping it is the close that hands the file to the agent.
+    counts_writer: bool,
 }
 
 impl File {
@@ -657,6 +673,7 @@ impl File {
             writable: acc == libc::O_WRONLY || acc == libc::O_RDWR,
             append: flags & libc::O_APPEND != 0,
             wrote_spill: AtomicBool::new(false),
+            counts_writer: false,
         };
         file.check_live()?;
         Ok(file)
@@ -667,7 +684,24 @@ impl File {
         self.block.read(self.ino, buf, offset)
     }
 
+    /// Writes at `offset` (at the end with `append`). On a full store, waits for the agent
+    /// to free space when the store's policy says so (docs/store-layout.md, "Lifecycle").
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        let mut deadline = None;
+        loop {
+            let seen = self.block.header().space_wake.load(Acquire);
+            match self.write_once(buf, offset) {
+                Err(e) if e.errno() == libc::ENOSPC => {
+                    if !self.block.wait_for_space(&mut deadline, seen) {
+                        return Err(e);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn write_once(&self, buf: &[u8], offset: u64) -> Result<usize> {
         if !self.writable {
             return Err(Error::new(libc::EBADF, "file not open for writing"));
         }
@@ -754,6 +788,9 @@ impl Drop for File {
     fn drop(&mut self) {
         if self.wrote_spill.load(Relaxed) {
             let _ = self.block.sync_spill();
+        }
+        if self.counts_writer {
+            self.block.remove_writer(self.ino, self.gen, false);
         }
     }
 }

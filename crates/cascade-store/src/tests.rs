@@ -395,12 +395,21 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Header, enospc_time),
         offset_of!(Header, enospc_pid),
         offset_of!(Header, enospc_reason),
+        offset_of!(Header, agent_wake),
+        offset_of!(Header, space_wake),
+        offset_of!(Header, agent_pid),
+        offset_of!(Header, space_waiters),
+        offset_of!(Header, agent_start_time),
+        offset_of!(Header, commit_counter),
+        offset_of!(Header, flush_every),
+        offset_of!(Header, full_wait_ms),
     ];
     assert_eq!(
         header,
         [
             0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 168, 176, 1216, 1280, 1344,
-            1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404
+            1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404, 1408, 1412, 1416,
+            1420, 1424, 1432, 1440, 1444
         ]
     );
     let inode = [
@@ -423,13 +432,18 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Inode, next_sibling),
         offset_of!(Inode, prev_sibling),
         offset_of!(Inode, trunc_seq),
+        offset_of!(Inode, writers),
+        offset_of!(Inode, life),
+        offset_of!(Inode, mod_seq),
+        offset_of!(Inode, durable_seq),
+        offset_of!(Inode, commit_seq),
         offset_of!(Inode, names),
     ];
     assert_eq!(
         inode,
         [
             0, 64, 68, 72, 80, 88, 96, 100, 104, 108, 112, 116, 120, 128, 136, 144, 148, 152, 156,
-            192
+            160, 164, 168, 176, 184, 192
         ]
     );
     assert_eq!(size_of::<Inode>(), 704);
@@ -442,7 +456,7 @@ fn header_and_record_offsets_match_the_docs() {
         ],
         [0, 4, 8, 16]
     );
-    assert_eq!(size_of::<Header>(), 1408);
+    assert_eq!(size_of::<Header>(), 1472);
 }
 
 /// An open racing unlink + re-create must never hand out a handle to the new occupant of
@@ -511,7 +525,7 @@ fn unlinked_open_file_lives_until_its_last_description_closes() {
     let s = store(64 * 4096, 4096, 0);
     let f = s.open("/victim", &rw()).unwrap();
     f.write_all_at(&pattern(4, 3 * 4096), 0).unwrap();
-    let d = s.describe_open(&f, libc::O_RDWR, &|_| 0).unwrap();
+    let d = s.describe_open(&f, libc::O_RDWR).unwrap();
     s.unlink("/victim").unwrap();
     assert_eq!(s.stat("/victim").unwrap_err().errno(), libc::ENOENT);
     assert_eq!(f.metadata().unwrap().links, 0);

@@ -360,7 +360,7 @@ fn adopt_inherited() {
         let Ok(target) = std::fs::read_link(ent.path()) else {
             continue;
         };
-        let Some(desc) = parse_marker(&target.to_string_lossy()) else {
+        let Some(desc) = OpenDescription::from_fd_link(&target.to_string_lossy()) else {
             continue;
         };
         if fd as usize >= MAX_FDS {
@@ -384,43 +384,6 @@ fn adopt_inherited() {
             );
         }
     }
-}
-
-/// Parses "/memfd:cascade-ofd:<slot>:<nonce> (deleted)".
-pub(crate) fn parse_marker(link: &str) -> Option<OpenDescription> {
-    let rest = link.strip_prefix("/memfd:cascade-ofd:")?;
-    let rest = rest.split(' ').next()?;
-    let (slot, nonce) = rest.split_once(':')?;
-    Some(OpenDescription {
-        slot: slot.parse().ok()?,
-        nonce: nonce.parse().ok()?,
-    })
-}
-
-pub(crate) fn marker_name(desc: OpenDescription) -> std::ffi::CString {
-    // The format has no NUL bytes.
-    std::ffi::CString::new(format!("cascade-ofd:{}:{}", desc.slot, desc.nonce)).unwrap_or_default()
-}
-
-/// Frees descriptions no process refers to any more (when the table is full).
-pub(crate) fn sweep(store: &Store) -> usize {
-    let mut live = std::collections::HashSet::new();
-    if let Ok(procs) = std::fs::read_dir("/proc") {
-        for p in procs.flatten() {
-            let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
-                continue;
-            };
-            for f in fds.flatten() {
-                if let Some(d) = std::fs::read_link(f.path())
-                    .ok()
-                    .and_then(|t| parse_marker(&t.to_string_lossy()))
-                {
-                    live.insert(d);
-                }
-            }
-        }
-    }
-    store.sweep_descriptions(&|d| live.contains(&d))
 }
 
 extern "C" fn after_fork_in_child() {

@@ -18,14 +18,15 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         append: flags & libc::O_APPEND != 0 && acc != libc::O_RDONLY,
         directory: flags & libc::O_DIRECTORY != 0,
         mode: mode & 0o7777 & !current_umask(),
+        described: true,
     };
     let file = store.open(path, &opts)?;
     let is_dir = file.is_dir();
     if flags & libc::O_DIRECTORY != 0 && !file.is_dir() {
         return Err(Error::new(libc::ENOTDIR, path.to_string()));
     }
-    let desc = store.describe_open(&file, flags & (libc::O_ACCMODE | libc::O_APPEND), &sweep)?;
-    let name = marker_name(desc);
+    let desc = store.describe_open(&file, flags & (libc::O_ACCMODE | libc::O_APPEND))?;
+    let name = desc.memfd_name();
     let memfd_flags = if flags & libc::O_CLOEXEC != 0 {
         libc::MFD_CLOEXEC
     } else {

@@ -1,0 +1,557 @@
+//! Checkpoint lifecycle state kept in the block, shared by the application (through the
+//! interposition library), the CLI and the node agent (docs/store-layout.md, "Lifecycle").
+//!
+//! Per inode: `writers` (open write descriptions and writable handles), `mod_seq` (the version
+//! of the contents: bumped by every write-open, write, truncate and rename, and for a
+//! directory by every change below it), `durable_seq` (the version the durable tier holds)
+//! and `life` flags (torn, committed, flush, complete). A file is durable when
+//! `durable_seq == mod_seq` and nobody writes it; a checkpoint root is complete when, in
+//! addition, its completion marker was written for that version (LIFE_COMPLETE).
+//!
+//! Wake-ups use futexes on two header words, so an idle agent and a writer waiting for space
+//! sleep in the kernel rather than poll.
+
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::time::{Duration, Instant};
+
+use crate::block::{my_pid, process_alive, process_start_time, Block};
+use crate::error::{Error, Result};
+use crate::layout::{
+    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_TORN,
+    NIL, ROOT_INO,
+};
+use crate::store::Store;
+use crate::types::FileKind;
+
+/// Sleeps until `word` no longer holds `expected` (or `timeout` passes, or a spurious wake).
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 in a MAP_SHARED mapping (a shared futex); the
+    // kernel only reads it and the timespec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0,
+        );
+    }
+}
+
+/// Bumps `word` and wakes every process sleeping on it.
+fn futex_wake_all(word: &AtomicU32) {
+    word.fetch_add(1, AcqRel);
+    // SAFETY: as in futex_wait; FUTEX_WAKE touches no memory besides the futex word.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0,
+        );
+    }
+}
+
+/// Lifecycle state of one inode, as the agent and `cascade ls --levels` see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifeEntry {
+    pub ino: u64,
+    pub generation: u32,
+    /// Absolute store path.
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub writers: u32,
+    pub torn: bool,
+    pub committed: bool,
+    pub flush: bool,
+    pub complete_flag: bool,
+    pub mod_seq: u64,
+    pub durable_seq: u64,
+    pub commit_seq: u64,
+    pub chunks_mem: u64,
+    pub chunks_spill: u64,
+    /// Open descriptions (readers and writers).
+    pub opens: u32,
+}
+
+impl LifeEntry {
+    /// The durable tier holds this version of the file (or, for a directory, its completion
+    /// was recorded for this version).
+    pub fn durable(&self) -> bool {
+        self.writers == 0 && self.mod_seq == self.durable_seq
+    }
+    /// A committed checkpoint whose marker matches its current contents.
+    pub fn complete(&self) -> bool {
+        self.committed && self.complete_flag && self.durable()
+    }
+}
+
+/// The agent's registration; unregisters on drop.
+pub struct AgentRegistration {
+    store: Store,
+}
+
+impl Drop for AgentRegistration {
+    fn drop(&mut self) {
+        let h = self.store.block().header();
+        if h.agent_pid.load(Acquire) == my_pid() {
+            h.agent_pid.store(0, Release);
+        }
+    }
+}
+
+impl Block {
+    /// The file is opened for writing: new contents version, and every checkpoint containing
+    /// it is no longer complete (namespace lock held, so parent links are stable).
+    pub(crate) fn begin_modify(&self, ino: u32) {
+        self.inode(ino).mod_seq.fetch_add(1, AcqRel);
+        self.invalidate_ancestors(ino);
+    }
+
+    /// Bumps the version of directory `dir` and of every directory above it.
+    pub(crate) fn invalidate_dir(&self, dir: u32) {
+        if dir < self.geo.max_inodes {
+            self.inode(dir).mod_seq.fetch_add(1, AcqRel);
+            self.invalidate_ancestors(dir);
+        }
+    }
+
+    /// Bumps the version of every directory above `ino`.
+    pub(crate) fn invalidate_ancestors(&self, ino: u32) {
+        let mut cur = ino;
+        for _ in 0..crate::layout::PATH_MAX {
+            if cur == ROOT_INO || cur >= self.geo.max_inodes {
+                return;
+            }
+            cur = link_parent(self.inode(cur).link.load(Acquire));
+            self.inode(cur).mod_seq.fetch_add(1, AcqRel);
+        }
+    }
+
+    /// Bumps the version of `ino` and everything below it (a rename: the durable copy is at
+    /// the old path), and of the directories above it (namespace lock held).
+    pub(crate) fn invalidate_subtree(&self, ino: u32) {
+        let mut stack = vec![ino];
+        while let Some(i) = stack.pop() {
+            let inode = self.inode(i);
+            inode.mod_seq.fetch_add(1, AcqRel);
+            if inode.state.load(Acquire) == INODE_DIR {
+                let mut c = inode.first_child.load(Relaxed);
+                while c != NIL && c < self.geo.max_inodes {
+                    stack.push(c);
+                    c = self.inode(c).next_sibling.load(Relaxed);
+                }
+            }
+        }
+        self.invalidate_ancestors(ino);
+    }
+
+    /// One more writer of (ino, gen).
+    pub(crate) fn add_writer(&self, ino: u32) {
+        self.inode(ino).writers.fetch_add(1, AcqRel);
+    }
+
+    /// A writer of (ino, gen) is gone; `torn` when its process died with it open. The agent
+    /// is woken when the last writer closes.
+    pub(crate) fn remove_writer(&self, ino: u32, gen: u32, torn: bool) {
+        if ino >= self.geo.max_inodes {
+            return;
+        }
+        let inode = self.inode(ino);
+        if inode.gen.load(Acquire) != gen {
+            return;
+        }
+        if torn {
+            inode.life.fetch_or(LIFE_TORN, AcqRel);
+        }
+        let before = inode
+            .writers
+            .fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)))
+            .unwrap_or(0);
+        if before <= 1 {
+            self.wake_agent();
+        }
+    }
+
+    pub(crate) fn wake_agent(&self) {
+        futex_wake_all(&self.header().agent_wake);
+    }
+
+    /// A writer found the store full: if a live agent may free space and the policy allows,
+    /// waits for it (until `deadline`, set on the first call) and returns true to retry.
+    pub(crate) fn wait_for_space(&self, deadline: &mut Option<Instant>, seen: u32) -> bool {
+        let h = self.header();
+        let wait_ms = h.full_wait_ms.load(Relaxed);
+        if wait_ms == 0 || self.agent_pid().is_none() {
+            return false;
+        }
+        let now = Instant::now();
+        let end = *deadline.get_or_insert_with(|| {
+            eprintln!(
+                "cascade: store {} is full of data that is not yet in a lower level; waiting up to {:.1} s for the agent to free space",
+                self.name,
+                wait_ms as f64 / 1000.0
+            );
+            now + Duration::from_millis(wait_ms as u64)
+        });
+        if now >= end {
+            return false;
+        }
+        h.space_waiters.fetch_add(1, AcqRel);
+        self.wake_agent();
+        futex_wait(
+            &h.space_wake,
+            seen,
+            (end - now).min(Duration::from_millis(250)),
+        );
+        h.space_waiters.fetch_sub(1, AcqRel);
+        true
+    }
+
+    /// The registered agent's pid, if it is alive.
+    pub(crate) fn agent_pid(&self) -> Option<u32> {
+        let h = self.header();
+        let pid = h.agent_pid.load(Acquire);
+        (pid != 0 && process_alive(pid, h.agent_start_time.load(Acquire))).then_some(pid)
+    }
+
+    fn life_entry(&self, ino: u32, path: String) -> LifeEntry {
+        let i = self.inode(ino);
+        let life = i.life.load(Acquire);
+        let state = i.state.load(Acquire);
+        LifeEntry {
+            ino: ino as u64,
+            generation: i.gen.load(Acquire),
+            path,
+            kind: if is_dir_state(state) {
+                FileKind::Dir
+            } else {
+                FileKind::File
+            },
+            size: i.size.load(Acquire),
+            writers: i.writers.load(Acquire),
+            torn: life & LIFE_TORN != 0,
+            committed: life & LIFE_COMMITTED != 0,
+            flush: life & LIFE_FLUSH != 0,
+            complete_flag: life & LIFE_COMPLETE != 0,
+            mod_seq: i.mod_seq.load(Acquire),
+            durable_seq: i.durable_seq.load(Acquire),
+            commit_seq: i.commit_seq.load(Acquire),
+            chunks_mem: i.chunks_mem.load(Acquire) as u64,
+            chunks_spill: i.chunks_spill.load(Acquire) as u64,
+            opens: i.opens.load(Acquire),
+        }
+    }
+
+    /// `ino` and everything below it, depth first, parents before children (namespace lock
+    /// held). Paths are built from `path`.
+    fn subtree(&self, ino: u32, path: &str, out: &mut Vec<LifeEntry>) {
+        out.push(self.life_entry(ino, path.to_string()));
+        if self.inode(ino).state.load(Acquire) != INODE_DIR {
+            return;
+        }
+        for entry in self.list_dir(ino) {
+            let child_path = if path == "/" {
+                format!("/{}", entry.name)
+            } else {
+                format!("{path}/{}", entry.name)
+            };
+            if let Some(child) = self.lookup(ino, &entry.name) {
+                self.subtree(child, &child_path, out);
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Lifecycle state of `path` and everything below it (parents first, children in name
+    /// order). One snapshot under the namespace lock.
+    pub fn life_tree(&self, path: &str) -> Result<Vec<LifeEntry>> {
+        let b = self.block();
+        let _g = b.lock_ns()?;
+        let ino = b.resolve(path)?;
+        let canonical = if ino == ROOT_INO {
+            "/".to_string()
+        } else {
+            b.path_of(ino).unwrap_or_else(|| path.to_string())
+        };
+        let mut out = Vec::new();
+        b.subtree(ino, &canonical, &mut out);
+        Ok(out)
+    }
+
+    /// Commits the checkpoint at `path` (a directory or a file): it gets the next commit
+    /// number, is marked for the durable tier if it is an Nth commit (or `force_flush`), and
+    /// the agent is woken. EBUSY if a file below is still open for writing, EIO if one was
+    /// torn by a writer that died, EINVAL for the root or a checkpoint nested in another.
+    pub fn commit(&self, path: &str, force_flush: bool) -> Result<u64> {
+        let b = self.block();
+        let h = b.header();
+        let seq = {
+            let _g = b.lock_ns()?;
+            let ino = b.resolve(path)?;
+            if ino == ROOT_INO {
+                return Err(Error::new(
+                    libc::EINVAL,
+                    "the store root cannot be a checkpoint; commit a directory or a file in it",
+                ));
+            }
+            let mut cur = link_parent(b.inode(ino).link.load(Acquire));
+            while cur != ROOT_INO && cur < b.geo.max_inodes {
+                if b.inode(cur).life.load(Acquire) & LIFE_COMMITTED != 0 {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!(
+                            "{path} is inside the committed checkpoint {}; commit that one instead",
+                            b.path_of(cur).unwrap_or_default()
+                        ),
+                    ));
+                }
+                cur = link_parent(b.inode(cur).link.load(Acquire));
+            }
+            let canonical = b.path_of(ino).unwrap_or_else(|| path.to_string());
+            let mut tree = Vec::new();
+            b.subtree(ino, &canonical, &mut tree);
+            for e in &tree {
+                if e.ino != ino as u64 && e.committed {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!(
+                            "{path} contains the committed checkpoint {}; a checkpoint cannot hold another",
+                            e.path
+                        ),
+                    ));
+                }
+                if e.writers > 0 {
+                    return Err(Error::new(
+                        libc::EBUSY,
+                        format!("{} is still open for writing", e.path),
+                    ));
+                }
+                if e.torn {
+                    return Err(Error::new(
+                        libc::EIO,
+                        format!(
+                            "{} is incomplete: the process writing it died; rewrite or remove it",
+                            e.path
+                        ),
+                    ));
+                }
+            }
+            let seq = h.commit_counter.fetch_add(1, AcqRel) + 1;
+            let every = h.flush_every.load(Relaxed).max(1) as u64;
+            let inode = b.inode(ino);
+            let mut set = LIFE_COMMITTED;
+            if force_flush || seq % every == 0 {
+                set |= LIFE_FLUSH;
+            }
+            inode.life.fetch_and(!LIFE_COMPLETE, AcqRel);
+            inode.life.fetch_or(set, AcqRel);
+            inode.commit_seq.store(seq, Release);
+            inode.mod_seq.fetch_add(1, AcqRel);
+            seq
+        };
+        b.wake_agent();
+        Ok(seq)
+    }
+
+    /// Marks the committed checkpoint at `path` for the durable tier (the last checkpoint of
+    /// a job is always flushed). False if it is not a committed checkpoint.
+    pub fn set_flush(&self, path: &str) -> Result<bool> {
+        let b = self.block();
+        let ino = {
+            let _g = b.lock_ns()?;
+            b.resolve(path)?
+        };
+        let inode = b.inode(ino);
+        if inode.life.load(Acquire) & LIFE_COMMITTED == 0 {
+            return Ok(false);
+        }
+        let before = inode.life.fetch_or(LIFE_FLUSH, AcqRel);
+        if before & LIFE_FLUSH == 0 {
+            b.wake_agent();
+        }
+        Ok(true)
+    }
+
+    /// Records that the durable tier holds version `seq` of (ino, gen); false (nothing
+    /// recorded) if the inode changed meanwhile.
+    pub fn mark_durable(&self, ino: u64, generation: u32, seq: u64) -> bool {
+        let b = self.block();
+        if ino >= b.geo.max_inodes as u64 {
+            return false;
+        }
+        let inode = b.inode(ino as u32);
+        if inode.gen.load(Acquire) != generation
+            || inode.mod_seq.load(Acquire) != seq
+            || inode.writers.load(Acquire) != 0
+        {
+            return false;
+        }
+        inode.durable_seq.store(seq, Release);
+        true
+    }
+
+    /// Records that the completion marker of checkpoint (ino, gen) was written for version
+    /// `seq` (its `mod_seq` when the agent found all its files durable).
+    pub fn mark_complete(&self, ino: u64, generation: u32, seq: u64) -> bool {
+        let b = self.block();
+        if ino >= b.geo.max_inodes as u64 {
+            return false;
+        }
+        let inode = b.inode(ino as u32);
+        if inode.gen.load(Acquire) != generation || inode.mod_seq.load(Acquire) != seq {
+            return false;
+        }
+        inode.life.fetch_or(LIFE_COMPLETE, AcqRel);
+        inode.durable_seq.store(seq, Release);
+        inode.mod_seq.load(Acquire) == seq
+    }
+
+    /// Clears the completion flag of checkpoint (ino, gen) before its marker is rewritten.
+    pub fn clear_complete(&self, ino: u64, generation: u32) {
+        let b = self.block();
+        if ino < b.geo.max_inodes as u64 {
+            let inode = b.inode(ino as u32);
+            if inode.gen.load(Acquire) == generation {
+                inode.life.fetch_and(!LIFE_COMPLETE, AcqRel);
+            }
+        }
+    }
+
+    /// Removes the checkpoint at `path` from the store if it is still complete, or if
+    /// `allow_incomplete` (a checkpoint never meant for the durable tier), and nothing in it
+    /// is open. Returns the bytes freed, or None if it was not evictable. One namespace-lock
+    /// hold, so nobody sees it half removed.
+    pub fn evict(
+        &self,
+        path: &str,
+        generation: u32,
+        allow_incomplete: bool,
+    ) -> Result<Option<u64>> {
+        let b = self.block();
+        let freed = {
+            let _g = b.lock_ns()?;
+            let ino = match b.resolve(path) {
+                Ok(i) => i,
+                Err(e) if e.errno() == libc::ENOENT => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if ino == ROOT_INO {
+                return Ok(None);
+            }
+            let mut tree = Vec::new();
+            b.subtree(ino, path, &mut tree);
+            let root = &tree[0];
+            if root.generation != generation || !root.committed {
+                return Ok(None);
+            }
+            if !allow_incomplete && !root.complete() {
+                return Ok(None);
+            }
+            let busy = tree.iter().any(|e| {
+                e.opens > 0
+                    || e.writers > 0
+                    || (!allow_incomplete && e.kind == FileKind::File && !e.durable())
+            });
+            if busy {
+                return Ok(None);
+            }
+            let cs = b.geo.chunk_size;
+            let freed: u64 = tree
+                .iter()
+                .map(|e| (e.chunks_mem + e.chunks_spill) * cs)
+                .sum();
+            // Children before parents.
+            for e in tree.iter().rev() {
+                let ino = e.ino as u32;
+                let parent = link_parent(b.inode(ino).link.load(Acquire));
+                b.remove_inode(parent, ino)?;
+            }
+            freed
+        };
+        futex_wake_all(&b.header().space_wake);
+        Ok(Some(freed))
+    }
+
+    /// Sets the flush frequency and how long writers wait on a full store (0 = ENOSPC at once).
+    pub fn set_policy(&self, flush_every: u32, full_wait: Duration) {
+        let h = self.block().header();
+        h.flush_every.store(flush_every.max(1), Release);
+        h.full_wait_ms
+            .store(full_wait.as_millis().min(u32::MAX as u128) as u32, Release);
+    }
+
+    /// Registers the calling process as the store's agent; EBUSY if a live one exists.
+    pub fn register_agent(&self) -> Result<AgentRegistration> {
+        let b = self.block();
+        let h = b.header();
+        let me = my_pid();
+        let start = process_start_time(me).unwrap_or(0);
+        loop {
+            let cur = h.agent_pid.load(Acquire);
+            if cur != 0 && cur != me && process_alive(cur, h.agent_start_time.load(Acquire)) {
+                return Err(Error::new(
+                    libc::EBUSY,
+                    format!(
+                        "an agent (pid {cur}) is already running for store {}",
+                        b.name
+                    ),
+                ));
+            }
+            if h.agent_pid
+                .compare_exchange(cur, me, AcqRel, Acquire)
+                .is_ok()
+            {
+                h.agent_start_time.store(start, Release);
+                return Ok(AgentRegistration {
+                    store: self.clone(),
+                });
+            }
+        }
+    }
+
+    /// The pid of the store's live agent, if any.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.block().agent_pid()
+    }
+
+    /// The agent's wake-up counter: read it, look for work, then `wait_for_work(seen)`.
+    pub fn work_counter(&self) -> u32 {
+        self.block().header().agent_wake.load(Acquire)
+    }
+
+    /// Sleeps until someone calls for the agent after `seen` was read, or `timeout` passes.
+    pub fn wait_for_work(&self, seen: u32, timeout: Duration) {
+        futex_wait(&self.block().header().agent_wake, seen, timeout);
+    }
+
+    /// Wakes the agent (new work, or a request to look again).
+    pub fn wake_agent(&self) {
+        self.block().wake_agent();
+    }
+
+    /// Writers waiting for space right now.
+    pub fn space_waiters(&self) -> u32 {
+        self.block().header().space_waiters.load(Acquire)
+    }
+
+    /// Free bytes in memory and spill (shared pool, not counting per-process batches).
+    pub fn free_bytes(&self) -> u64 {
+        let b = self.block();
+        let h = b.header();
+        (h.free_mem_top.load(Acquire) as u64 + h.free_spill_top.load(Acquire) as u64)
+            * b.geo.chunk_size
+    }
+}
