@@ -353,7 +353,7 @@ impl Store {
             let every = h.flush_every.load(Relaxed).max(1) as u64;
             let inode = b.inode(ino);
             let mut set = LIFE_COMMITTED;
-            if force_flush || seq % every == 0 {
+            if force_flush || seq.is_multiple_of(every) {
                 set |= LIFE_FLUSH;
             }
             inode.life.fetch_and(!LIFE_COMPLETE, AcqRel);
