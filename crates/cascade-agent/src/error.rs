@@ -33,6 +33,9 @@ pub enum Error {
     /// A file changed size while it was being read, or the marker disagrees with the data.
     #[error("{path}: {reason}")]
     Mismatch { path: String, reason: String },
+    /// Gave up waiting.
+    #[error("timed out {what}")]
+    Timeout { what: String },
 }
 
 impl Error {
@@ -69,6 +72,7 @@ impl Error {
             Error::InvalidCheckpoint { .. } => libc::EINVAL,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Mismatch { .. } => libc::EIO,
+            Error::Timeout { .. } => libc::ETIMEDOUT,
         }
     }
 }

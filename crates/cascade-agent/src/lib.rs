@@ -6,6 +6,8 @@
 //! `File::read_at`. A drain writes the data of every file, then every checksum, then the
 //! completion marker (docs/durable-layout.md), so a partial drain is never complete.
 
+mod control;
+mod daemon;
 mod error;
 mod reader;
 mod restore;
@@ -15,6 +17,8 @@ use std::time::Instant;
 use cascade_durable::{DurableStore, MarkerFile, MARKER_NAME};
 use cascade_store::{FileKind, OpenOptions, Store};
 
+pub use control::request;
+pub use daemon::{Agent, AgentOptions, AgentStats, PassOutcome};
 pub use error::{Error, Result};
 pub use reader::StoreFileReader;
 pub use restore::{restore_checkpoint, restore_into_store};
@@ -100,7 +104,7 @@ fn walk(store: &Store, dir: &str, rel: &str, out: &mut Vec<(String, String)>) ->
 
 /// Uploads the checkpoint at `path` in the store (a directory, or a single file) to
 /// `durable` under [`checkpoint_name`]`(path)`: first removes an old marker, then uploads
-/// every file's data (read straight from the store), then the checksums, then the marker.
+/// every file's data (read straight from the store) and its checksum, then the marker.
 /// `progress` gets the data bytes uploaded so far.
 pub fn drain_checkpoint(
     store: &Store,
@@ -110,11 +114,13 @@ pub fn drain_checkpoint(
 ) -> Result<Report> {
     let started = Instant::now();
     let ckpt = checkpoint_name(path)?;
+    let single_file = !store
+        .stat(path)
+        .map_err(|e| Error::store(path, e))?
+        .is_dir();
     let files = checkpoint_files(store, path)?;
     // A re-drain must never look complete while its data is being replaced.
-    durable
-        .delete(&format!("{ckpt}/{MARKER_NAME}"))
-        .map_err(Error::Durable)?;
+    durable.delete_marker(&ckpt).map_err(Error::Durable)?;
     let mut entries = Vec::with_capacity(files.len());
     let mut done = 0u64;
     for (rel, store_path) in &files {
@@ -125,8 +131,16 @@ pub fn drain_checkpoint(
             .map_err(|e| Error::store(store_path, e))?
             .with_progress(done, progress);
         let len = reader.len();
+        let key = if single_file {
+            ckpt.clone()
+        } else {
+            format!("{ckpt}/{rel}")
+        };
         let digest = durable
-            .put_file(&format!("{ckpt}/{rel}"), reader, len)
+            .put_file(&key, reader, len)
+            .map_err(Error::Durable)?;
+        durable
+            .put_checksum(&key, &digest)
             .map_err(Error::Durable)?;
         done += digest.size;
         progress(done);
@@ -137,10 +151,7 @@ pub fn drain_checkpoint(
         });
     }
     durable
-        .write_checksums(&ckpt, &entries)
-        .map_err(Error::Durable)?;
-    durable
-        .write_marker(&ckpt, entries.clone())
+        .write_marker_of(&ckpt, single_file, entries.clone())
         .map_err(Error::Durable)?;
     Ok(Report {
         checkpoint: ckpt,

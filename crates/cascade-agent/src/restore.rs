@@ -49,10 +49,20 @@ impl<W: Write> Write for Counting<'_, W> {
 }
 
 /// Sequential writes into a store file.
-struct StoreWriter<'a> {
+pub(crate) struct StoreWriter<'a> {
     file: &'a File,
     offset: u64,
     path: &'a str,
+}
+
+impl<'a> StoreWriter<'a> {
+    pub(crate) fn new(file: &'a File, path: &'a str) -> StoreWriter<'a> {
+        StoreWriter {
+            file,
+            offset: 0,
+            path,
+        }
+    }
 }
 
 impl Write for StoreWriter<'_> {
@@ -126,7 +136,7 @@ pub fn restore_checkpoint(
                 progress,
             };
             let digest = durable
-                .download_to(&format!("{ckpt}/{rel}"), &mut out)
+                .download_to(&marker.object_key(entry), &mut out)
                 .map_err(Error::Durable)?;
             let file = out
                 .inner
@@ -199,16 +209,12 @@ pub fn restore_into_store(
                 .map_err(|e| Error::store(&tmp, e))?;
             staged.push((tmp.clone(), final_path));
             let mut out = Counting {
-                inner: StoreWriter {
-                    file: &file,
-                    offset: 0,
-                    path: &tmp,
-                },
+                inner: StoreWriter::new(&file, &tmp),
                 done,
                 progress,
             };
             let digest = durable
-                .download_to(&format!("{ckpt}/{rel}"), &mut out)
+                .download_to(&marker.object_key(entry), &mut out)
                 .map_err(Error::Durable)?;
             check_against_marker(&rel, &digest, entry)?;
             done += digest.size;

@@ -60,6 +60,11 @@ pub enum Command {
 
     /// List a directory of the store (or show one file)
     Ls {
+        /// Where each entry lives and its lifecycle state: memory/spill, dirty, writing,
+        /// torn, durable, checkpoint #N draining/complete; plus checkpoints only the durable
+        /// store still has
+        #[arg(long)]
+        levels: bool,
         /// Long listing: type and permissions, owner, size in bytes, modification time (UTC)
         #[arg(short = 'l')]
         long: bool,
@@ -169,6 +174,8 @@ the last one detaches."
     Run {
         #[command(flatten)]
         mount: MountParams,
+        #[command(flatten)]
+        agent: AgentParams,
         /// The program to run and its arguments (put -- before them if they start with -)
         #[arg(
             value_name = "CMD",
@@ -177,6 +184,40 @@ the last one detaches."
             value_parser = clap::value_parser!(OsString)
         )]
         command: Vec<OsString>,
+    },
+
+    /// Run the node agent in the foreground: drain closed files and committed checkpoints to
+    /// the durable store, evict old durable checkpoints, serve read-through
+    #[command(long_about = AGENT_ABOUT)]
+    Agent {
+        #[command(flatten)]
+        agent: AgentParams,
+        /// Print one line per upload, completed checkpoint, eviction and fetch
+        #[arg(short, long)]
+        verbose: bool,
+    },
+
+    /// Commit a checkpoint (a store directory or file): the agent drains it and writes its
+    /// completion marker; retention counts it
+    #[command(after_help = COMMIT_DETAILS)]
+    Commit {
+        /// Checkpoint in the store, e.g. /ckpt.0042
+        #[arg(value_name = "PATH")]
+        path: String,
+    },
+
+    /// Wait until a checkpoint (or any store path) has reached a level
+    #[command(after_help = WAIT_DETAILS)]
+    Wait {
+        /// Store path, e.g. /ckpt.0042
+        #[arg(value_name = "PATH")]
+        path: String,
+        /// memory or durable
+        #[arg(long, default_value = "durable", value_name = "LEVEL")]
+        level: String,
+        /// Give up after this many seconds (exit 1)
+        #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
+        timeout: f64,
     },
 
     /// Copy a checkpoint (a store directory or file) to the durable store, then mark it complete
@@ -221,11 +262,35 @@ the last one detaches."
     },
 }
 
+const AGENT_ABOUT: &str = "Runs the node agent until SIGINT or SIGTERM. One agent per node \
+store (a second one is refused); 'cascade run' embeds one when none is running and a durable \
+store is configured.
+
+The agent uploads every file closed after writing (read straight from the store's memory, \
+with its BLAKE3 beside it), writes the completion marker of each committed checkpoint once \
+all its files are durable, keeps the newest --keep checkpoints of each directory in memory \
+and evicts older ones once they are durable, makes room for writers waiting on a full store \
+by evicting durable checkpoints, and fetches files the store does not have from the durable \
+store when a program opens them (read-through, verified). A failed upload is retried with \
+backoff (0.5 s doubling to 30 s) and reported on standard error; nothing that is not durable \
+is ever evicted. See docs/agent.md.";
+
+const COMMIT_DETAILS: &str = "Every file below PATH must be closed: EBUSY otherwise, and a \
+file whose writer died (torn) must be rewritten or removed first. A checkpoint cannot hold \
+another. Programs call cascade_commit(path) from include/cascade.h instead; when a job under \
+'cascade run' ends successfully, what it left uncommitted is committed for it.";
+
+const WAIT_DETAILS: &str = "--level durable returns once PATH's completion marker is in the \
+durable store (a committed checkpoint) or every file below it is durable (any other path), \
+also if the checkpoint has since been evicted from memory. Fails at once, with the reason, \
+when PATH cannot get there without someone acting: no agent running, a file still open for \
+writing or torn, a checkpoint not selected for flushing.";
+
 const DRAIN_DETAILS: &str = "The checkpoint's name in the durable store is PATH without its \
 leading '/': /ckpt.0042 becomes <root>/ckpt.0042/, each file at its relative path with its \
 BLAKE3 beside it (<file>.blake3) and the marker <root>/ckpt.0042/.cascade-complete written \
 last, after all data and checksums (docs/durable-layout.md). A single file /x.dat becomes \
-<root>/x.dat/x.dat. Files are read straight from the store's memory. S3 credentials come \
+<root>/x.dat with its marker <root>/x.dat.cascade-complete. Files are read straight from the store's memory. S3 credentials come \
 from the URL or CASCADE_S3_* / AWS_* variables. GB/s is decimal (10^9 bytes per second); a \
 progress bar is shown on a terminal.";
 
@@ -327,6 +392,20 @@ impl SettingGroup for MountGroup {
     }
 }
 
+/// The node agent and the durable store (`agent`, `run`, `config`).
+#[derive(Debug, Clone)]
+pub struct AgentGroup;
+
+impl SettingGroup for AgentGroup {
+    const HEADING: Option<&'static str> = Some("Agent and durable store");
+    fn includes(def: &SettingDef) -> bool {
+        ["durable.", "agent.", "checkpoint."]
+            .iter()
+            .any(|p| def.key.starts_with(p))
+    }
+}
+
+pub type AgentParams = SettingFlags<AgentGroup>;
 pub type StoreParams = SettingFlags<StoreGroup>;
 pub type MountParams = SettingFlags<MountGroup>;
 
@@ -425,7 +504,11 @@ mod tests {
             .iter()
             .filter(|d| d.flag.is_some_and(|f| f != "store"))
         {
-            let groups = [StoreGroup::includes(def), MountGroup::includes(def)];
+            let groups = [
+                StoreGroup::includes(def),
+                MountGroup::includes(def),
+                AgentGroup::includes(def),
+            ];
             assert_eq!(
                 groups.iter().filter(|&&g| g).count(),
                 1,
@@ -441,7 +524,7 @@ mod tests {
             "cascade", "run", "--mount", "/ckpt", "--", "ls", "-l", "--mount", "x",
         ])
         .expect("parses");
-        let Command::Run { mount, command } = cli.command else {
+        let Command::Run { mount, command, .. } = cli.command else {
             panic!("not run: {:?}", cli.command);
         };
         assert_eq!(mount.values, vec![("mount.prefix", "/ckpt".to_string())]);
@@ -449,7 +532,7 @@ mod tests {
 
         // Without --, everything from the first word that is not a flag of run is CMD's.
         let cli = Cli::try_parse_from(["cascade", "run", "sh", "-c", "exit 3"]).expect("parses");
-        let Command::Run { mount, command } = cli.command else {
+        let Command::Run { mount, command, .. } = cli.command else {
             panic!("not run: {:?}", cli.command);
         };
         assert!(mount.values.is_empty());

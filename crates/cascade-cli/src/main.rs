@@ -11,6 +11,7 @@ mod files;
 mod format;
 mod intercepted;
 mod io_functions;
+mod lifecycle;
 mod run;
 mod transfer;
 
@@ -51,7 +52,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             params,
             mount,
         } => admin::show_config(&load(&[&params.values, &mount.values])?, *json),
-        Command::Ls { long, path } => files::ls(&none()?, path, *long),
+        Command::Ls {
+            levels: true, path, ..
+        } => lifecycle::ls_levels(&none()?, path),
+        Command::Ls { long, path, .. } => files::ls(&none()?, path, *long),
         Command::Stat { path } => files::stat(&none()?, path),
         Command::Mkdir { parents, paths } => files::mkdir(&none()?, paths, *parents),
         Command::Rm { recursive, paths } => files::rm(&none()?, paths, *recursive),
@@ -61,11 +65,22 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             store_path,
         } => transfer::put(&none()?, local, store_path, *parents),
         Command::Get { store_path, local } => transfer::get(&none()?, store_path, local),
-        Command::Run { mount, command } => {
+        Command::Run {
+            mount,
+            agent,
+            command,
+        } => {
             // A missing command is a usage error, found before any store is touched.
             run::require_command(command)?;
-            run::run(&load(&[&mount.values])?, command)
+            run::run(&load(&[&mount.values, &agent.values])?, command)
         }
+        Command::Agent { agent, verbose } => lifecycle::agent(&load(&[&agent.values])?, *verbose),
+        Command::Commit { path } => lifecycle::commit(&none()?, path),
+        Command::Wait {
+            path,
+            level,
+            timeout,
+        } => lifecycle::wait(&none()?, path, level, *timeout),
         Command::Drain { path, to } => checkpoint::drain(&none()?, path, to),
         Command::Restore {
             ckpt,

@@ -23,6 +23,10 @@ pub const PRELOAD_LIB_ENV: &str = "CASCADE_PRELOAD_LIB";
 const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// Exit codes for a command that could not be started, as shells use them.
+/// How long `cascade run` with an embedded agent waits at the end for the job's checkpoints
+/// to reach the durable store.
+const DRAIN_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 const EXIT_CANNOT_EXECUTE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 
@@ -46,6 +50,7 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
     // pending until the forwarding thread collects them, after the child exists.
     let signals = SignalSet::block(&FORWARDED)?;
     let store = attach_or_create(config)?;
+    let embedded = crate::lifecycle::EmbeddedAgent::start_if_needed(config, &store)?;
     // The prefix exists as an (empty) host directory, like a mount point, so that paths the
     // kernel resolves itself ("/cascade/..", a host dirfd walking into it) behave. Best
     // effort: without permission to create it, everything else still works.
@@ -74,8 +79,18 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
         .spawn()
         .map_err(|e| spawn_failure(&command[0], &e))?;
     let status = wait_forwarding(child, signals)?;
+    crate::lifecycle::end_of_job(&store, status.success());
+    let code = exit_code(status);
+    if let Some(agent) = embedded {
+        if let Err(failure) = agent.finish(DRAIN_AT_EXIT) {
+            eprintln!("cascade: {}", failure.message);
+            if code == 0 {
+                return Ok(ExitCode::from(crate::failure::EXIT_FAILURE));
+            }
+        }
+    }
     drop(store);
-    Ok(ExitCode::from(exit_code(status)))
+    Ok(ExitCode::from(code))
 }
 
 /// The exit code of `cascade run`: the child's, or 128 + the signal that killed it.
@@ -103,7 +118,7 @@ fn spawn_failure(program: &OsStr, err: &std::io::Error) -> Failure {
 
 /// Attaches the configured store, or creates it with the configured parameters when there
 /// is none. An existing store is used as it is, whatever its parameters.
-fn attach_or_create(config: &Config) -> Result<Store, Failure> {
+pub fn attach_or_create(config: &Config) -> Result<Store, Failure> {
     let name = config.store_name();
     let failed = |err: &cascade_store::Error| Failure::store(&format!("store {name}"), err);
     match Store::attach(name) {

@@ -218,6 +218,27 @@ impl Config {
         self.entries.iter().find(|e| e.def.key == key)
     }
 
+    /// A text setting's value ("" if unknown).
+    pub fn text(&self, key: &str) -> &str {
+        match self.get(key).map(|e| &e.value) {
+            Some(Value::Text(t)) => t,
+            _ => "",
+        }
+    }
+
+    /// A count or size setting's value (0 if unknown).
+    pub fn number(&self, key: &str) -> u64 {
+        match self.get(key).map(|e| &e.value) {
+            Some(Value::Count(n) | Value::Bytes(n)) => *n,
+            _ => 0,
+        }
+    }
+
+    /// The durable store to drain to, if one is configured.
+    pub fn durable_url(&self) -> Option<&str> {
+        Some(self.text("durable.url")).filter(|u| !u.is_empty())
+    }
+
     /// Which config file was read.
     pub fn file(&self) -> &ConfigFile {
         &self.file

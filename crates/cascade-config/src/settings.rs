@@ -121,6 +121,56 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: parse_mount_prefix,
         default: |_| (Value::Text(DEFAULT_MOUNT.to_string()), String::new()),
     },
+    SettingDef {
+        key: "durable.url",
+        env: "CASCADE_DURABLE",
+        flag: Some("durable"),
+        value_name: "URL",
+        help: "The durable store checkpoints drain to: a directory (/path or file:///path) or                s3://bucket[/prefix]?endpoint=URL (credentials from CASCADE_S3_* / AWS_*);                empty = none (checkpoints stay on the node)",
+        default_help: "none",
+        parse: parse_durable_url,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "agent.uploads",
+        env: "CASCADE_AGENT_UPLOADS",
+        flag: Some("uploads"),
+        value_name: "N",
+        help: "Files the node agent uploads at once (each in parts of 8MiB, 4 in flight), i.e.                the agent's threads competing with the application",
+        default_help: "1",
+        parse: |t| parse_count_in(t, 1, 64),
+        default: |_| (Value::Count(1), String::new()),
+    },
+    SettingDef {
+        key: "checkpoint.keep",
+        env: "CASCADE_KEEP",
+        flag: Some("keep"),
+        value_name: "K",
+        help: "Newest committed checkpoints of each directory kept in memory; older ones are                evicted once they are durable",
+        default_help: "2",
+        parse: |t| parse_count_in(t, 1, 1 << 20),
+        default: |_| (Value::Count(2), String::new()),
+    },
+    SettingDef {
+        key: "checkpoint.flush_every",
+        env: "CASCADE_FLUSH_EVERY",
+        flag: Some("flush-every"),
+        value_name: "N",
+        help: "Every Nth committed checkpoint goes to the durable store (the last of a job                always does)",
+        default_help: "1 (every checkpoint)",
+        parse: |t| parse_count_in(t, 1, 1 << 20),
+        default: |_| (Value::Count(1), String::new()),
+    },
+    SettingDef {
+        key: "agent.full_wait",
+        env: "CASCADE_FULL_WAIT",
+        flag: Some("full-wait"),
+        value_name: "SECONDS",
+        help: "How long a writer on a full store waits for the agent to make room (by evicting                durable checkpoints) before it gets ENOSPC; 0 = ENOSPC at once",
+        default_help: "60",
+        parse: parse_seconds_as_ms,
+        default: |_| (Value::Count(60_000), String::new()),
+    },
 ];
 
 /// Where the store appears to programs run under `cascade run` unless configured otherwise.
@@ -157,6 +207,40 @@ fn parse_max_files(text: &str) -> Result<Value, String> {
         return Err(format!("must be from 2 to {LIMIT}"));
     }
     Ok(Value::Count(n))
+}
+
+fn parse_count_in(text: &str, min: u64, max: u64) -> Result<Value, String> {
+    let n: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| "not a whole number".to_string())?;
+    if !(min..=max).contains(&n) {
+        return Err(format!("must be from {min} to {max}"));
+    }
+    Ok(Value::Count(n))
+}
+
+/// Seconds (decimals allowed, at most a day), kept as milliseconds.
+fn parse_seconds_as_ms(text: &str) -> Result<Value, String> {
+    let secs: f64 = text
+        .trim()
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| "not a number of seconds".to_string())?;
+    if !(0.0..=86_400.0).contains(&secs) {
+        return Err("must be from 0 to 86400 seconds".to_string());
+    }
+    Ok(Value::Count((secs * 1000.0).round() as u64))
+}
+
+/// A durable store spec, checked for syntax only (reachability is checked when it is used).
+fn parse_durable_url(text: &str) -> Result<Value, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(Value::Text(String::new()));
+    }
+    cascade_durable::Spec::parse(text).map_err(|e| e.to_string())?;
+    Ok(Value::Text(text.to_string()))
 }
 
 fn parse_prefault(text: &str) -> Result<Value, String> {

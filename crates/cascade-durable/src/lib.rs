@@ -99,6 +99,31 @@ pub struct Marker {
     pub completed_unix_ns: u64,
     pub total_bytes: u64,
     pub files: Vec<MarkerFile>,
+    /// A checkpoint that is one file: the file is the object `checkpoint` itself (its one
+    /// entry's `path` is the base name) and the marker is `<checkpoint>.cascade-complete`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub single_file: bool,
+}
+
+impl Marker {
+    /// Key of a file of this checkpoint, relative to the store root.
+    pub fn object_key(&self, file: &MarkerFile) -> String {
+        if self.single_file {
+            self.checkpoint.clone()
+        } else {
+            join(&self.checkpoint, &file.path)
+        }
+    }
+}
+
+/// Key of the completion marker of `checkpoint` (normalized): `<ckpt>/.cascade-complete` for a
+/// directory, `<ckpt>.cascade-complete` beside a single-file checkpoint.
+pub fn marker_key(checkpoint: &str, single_file: bool) -> String {
+    if single_file {
+        format!("{checkpoint}{MARKER_NAME}")
+    } else {
+        join(checkpoint, MARKER_NAME)
+    }
 }
 
 /// A file to upload: its path relative to the checkpoint, its length and a reader for it.
@@ -623,14 +648,24 @@ impl AsyncDurableStore {
         result
     }
 
-    /// The marker of `checkpoint`, or None if the checkpoint is not complete.
+    /// The marker of `checkpoint` (a directory's, else a single file's), or None if the
+    /// checkpoint is not complete.
     pub async fn read_marker(&self, checkpoint: &str) -> Result<Option<Marker>> {
         let ckpt = normalize_rel(checkpoint)?;
-        let path = join(&ckpt, MARKER_NAME);
-        let bytes = match self.get_bytes(&path).await {
-            Ok(b) => b,
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e),
+        let mut found = None;
+        for single_file in [false, true] {
+            let path = marker_key(&ckpt, single_file);
+            match self.get_bytes(&path).await {
+                Ok(b) => {
+                    found = Some((path, b));
+                    break;
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let Some((path, bytes)) = found else {
+            return Ok(None);
         };
         let marker: Marker = serde_json::from_slice(&bytes).map_err(|e| Error::BadChecksum {
             store: self.name.clone(),
@@ -660,7 +695,7 @@ impl AsyncDurableStore {
         files: Vec<UploadItem<'_>>,
     ) -> Result<Vec<MarkerFile>> {
         let ckpt = normalize_rel(checkpoint)?;
-        self.delete(&join(&ckpt, MARKER_NAME)).await?;
+        self.delete_marker(&ckpt).await?;
         let mut entries = Vec::with_capacity(files.len());
         for mut item in files {
             let rel = normalize_rel(&item.rel)?;
@@ -695,8 +730,25 @@ impl AsyncDurableStore {
         Ok(())
     }
 
-    /// Writes the completion marker (step 3, last).
+    /// Deletes the marker of `checkpoint` (either kind): the first step of replacing it.
+    pub async fn delete_marker(&self, checkpoint: &str) -> Result<()> {
+        let ckpt = normalize_rel(checkpoint)?;
+        self.delete(&marker_key(&ckpt, false)).await?;
+        self.delete(&marker_key(&ckpt, true)).await
+    }
+
+    /// Writes the completion marker of a directory checkpoint (step 3, last).
     pub async fn write_marker(&self, checkpoint: &str, entries: Vec<MarkerFile>) -> Result<Marker> {
+        self.write_marker_of(checkpoint, false, entries).await
+    }
+
+    /// Writes the completion marker of a directory or (`single_file`) one-file checkpoint.
+    pub async fn write_marker_of(
+        &self,
+        checkpoint: &str,
+        single_file: bool,
+        entries: Vec<MarkerFile>,
+    ) -> Result<Marker> {
         let ckpt = normalize_rel(checkpoint)?;
         let marker = Marker {
             format: MARKER_FORMAT.to_string(),
@@ -704,6 +756,7 @@ impl AsyncDurableStore {
             completed_unix_ns: now_unix_ns(),
             total_bytes: entries.iter().map(|e| e.size).sum(),
             files: entries,
+            single_file,
         };
         let mut json = serde_json::to_vec_pretty(&marker).map_err(|e| Error::Store {
             store: self.name.clone(),
@@ -712,7 +765,8 @@ impl AsyncDurableStore {
             detail: e.to_string(),
         })?;
         json.push(b'\n');
-        self.put_bytes(&join(&ckpt, MARKER_NAME), json).await?;
+        self.put_bytes(&marker_key(&ckpt, single_file), json)
+            .await?;
         Ok(marker)
     }
 
@@ -738,7 +792,7 @@ impl AsyncDurableStore {
             });
         };
         for f in &marker.files {
-            let path = join(&ckpt, &f.path);
+            let path = marker.object_key(f);
             let digest = self.verify_file(&path).await?;
             if digest.blake3 != f.blake3 || digest.size != f.size {
                 return Err(Error::Corrupt {
@@ -874,6 +928,20 @@ impl DurableStore {
     pub fn write_marker(&self, checkpoint: &str, entries: Vec<MarkerFile>) -> Result<Marker> {
         self.rt
             .block_on(self.inner.write_marker(checkpoint, entries))
+    }
+
+    pub fn write_marker_of(
+        &self,
+        checkpoint: &str,
+        single_file: bool,
+        entries: Vec<MarkerFile>,
+    ) -> Result<Marker> {
+        self.rt
+            .block_on(self.inner.write_marker_of(checkpoint, single_file, entries))
+    }
+
+    pub fn delete_marker(&self, checkpoint: &str) -> Result<()> {
+        self.rt.block_on(self.inner.delete_marker(checkpoint))
     }
 
     pub fn upload_checkpoint(

@@ -1,0 +1,647 @@
+//! The node agent (docs/agent.md): one per node store. It uploads every file closed after
+//! writing, writes the completion marker of each committed checkpoint once all its files are
+//! durable, evicts old checkpoints (only durable ones) and serves read-through fetches.
+//!
+//! The agent keeps no state of its own that matters: what is durable is recorded in the
+//! block (`mark_durable`, `mark_complete`), so a restarted agent carries on where a killed one
+//! stopped, and a marker is only ever written after the data and checksums it lists.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cascade_durable::{DurableStore, FileDigest, MarkerFile, CHECKSUM_SUFFIX, MARKER_NAME};
+use cascade_store::{AgentRegistration, FileKind, LifeEntry, OpenOptions, Store};
+use serde::Serialize;
+
+use crate::reader::StoreFileReader;
+use crate::{Error, Result};
+
+/// What the agent does and how hard it may work.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Files uploaded at once (each by its own thread).
+    pub uploads: usize,
+    /// Newest committed checkpoints of each directory kept in memory.
+    pub keep: usize,
+    /// Every Nth commit is flushed to the durable tier.
+    pub flush_every: u32,
+    /// How long writers on a full store wait for the agent.
+    pub full_wait: Duration,
+    /// Safety rescan (and sweep of dead writers) when nothing wakes the agent.
+    pub rescan: Duration,
+    /// Backoff after a failed upload: first and longest delay.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// Print one line per event (uploads, markers, evictions, failures) on stderr.
+    pub verbose: bool,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            uploads: 1,
+            keep: 2,
+            flush_every: 1,
+            full_wait: Duration::from_secs(60),
+            rescan: Duration::from_secs(2),
+            retry_min: Duration::from_millis(500),
+            retry_max: Duration::from_secs(30),
+            verbose: false,
+        }
+    }
+}
+
+/// Counters since the agent started (the `STATUS` reply and `cascade status`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AgentStats {
+    pub pid: u32,
+    pub durable: String,
+    pub uploaded_files: u64,
+    pub uploaded_bytes: u64,
+    pub markers: u64,
+    pub evicted_checkpoints: u64,
+    pub evicted_bytes: u64,
+    pub fetched_files: u64,
+    pub fetched_bytes: u64,
+    pub failures: u64,
+    /// Files waiting for upload at the end of the last pass (not counting files in writing).
+    pub pending_files: u64,
+    pub pending_bytes: u64,
+    pub last_error: Option<String>,
+}
+
+/// Retry bookkeeping of one file incarnation.
+struct Retry {
+    attempts: u32,
+    not_before: Instant,
+}
+
+/// A checkpoint root with its files, from one snapshot.
+struct Checkpoint<'a> {
+    root: &'a LifeEntry,
+    files: Vec<&'a LifeEntry>,
+}
+
+/// The node agent. Create with [`Agent::start`], run with [`Agent::run`] (or call
+/// [`Agent::pass`] / [`Agent::drain`] yourself), stop with [`Agent::stop`].
+pub struct Agent {
+    store: Store,
+    durable: DurableStore,
+    opts: AgentOptions,
+    pub(crate) stats: Mutex<AgentStats>,
+    /// BLAKE3 of uploaded versions: (ino, generation, mod_seq) -> hex.
+    digests: Mutex<HashMap<(u64, u32, u64), String>>,
+    retries: Mutex<HashMap<(u64, u32), Retry>>,
+    /// Store paths being fetched right now, so concurrent requests share one download.
+    pub(crate) fetching: Mutex<HashSet<String>>,
+    pub(crate) fetched: Condvar,
+    stop: AtomicBool,
+    last_sweep: Mutex<Instant>,
+    _registration: AgentRegistration,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PassOutcome {
+    /// Something changed (an upload, a marker, an eviction): look again at once.
+    pub progressed: bool,
+    /// Files or markers still to do that could be done now or after a retry delay.
+    pub pending: usize,
+    /// Files being written, or torn, below a checkpoint to flush (waiting on the application).
+    pub blocked: usize,
+    /// When the earliest failed upload may be retried.
+    pub next_retry: Option<Instant>,
+}
+
+fn key_of(store_path: &str) -> &str {
+    store_path.trim_start_matches('/')
+}
+
+fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
+fn reserved(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base == MARKER_NAME || base.ends_with(CHECKSUM_SUFFIX) || base.ends_with(MARKER_NAME)
+}
+
+impl Agent {
+    /// Registers as the store's agent (EBUSY if another one runs), sets the store's policy,
+    /// and frees descriptions of writers that died before it started.
+    pub fn start(store: Store, durable: DurableStore, opts: AgentOptions) -> Result<Agent> {
+        let registration = store
+            .register_agent()
+            .map_err(|e| Error::store(store.name(), e))?;
+        store.set_policy(opts.flush_every, opts.full_wait);
+        store.sweep_descriptions();
+        let stats = AgentStats {
+            pid: std::process::id(),
+            durable: durable.name().to_string(),
+            ..AgentStats::default()
+        };
+        Ok(Agent {
+            store,
+            durable,
+            opts,
+            stats: Mutex::new(stats),
+            digests: Mutex::new(HashMap::new()),
+            retries: Mutex::new(HashMap::new()),
+            fetching: Mutex::new(HashSet::new()),
+            fetched: Condvar::new(),
+            stop: AtomicBool::new(false),
+            last_sweep: Mutex::new(Instant::now()),
+            _registration: registration,
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn durable(&self) -> &DurableStore {
+        &self.durable
+    }
+
+    pub fn stats(&self) -> AgentStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn log(&self, line: impl FnOnce() -> String) {
+        if self.opts.verbose {
+            eprintln!("cascade agent: {}", line());
+        }
+    }
+
+    fn record_failure(&self, what: String) {
+        eprintln!("cascade agent: {what}");
+        if let Ok(mut s) = self.stats.lock() {
+            s.failures += 1;
+            s.last_error = Some(what);
+        }
+    }
+
+    /// Asks [`Agent::run`] to return (from any thread).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.store.wake_agent();
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Works until [`Agent::stop`]: a pass whenever the store calls (a file closed after
+    /// writing, a commit, a writer waiting for space), after a retry delay, or every
+    /// `rescan`.
+    pub fn run(&self) {
+        while !self.stopping() {
+            let seen = self.store.work_counter();
+            let outcome = self.pass();
+            if outcome.progressed || self.stopping() {
+                continue;
+            }
+            let mut wait = self.opts.rescan;
+            if let Some(at) = outcome.next_retry {
+                wait = wait.min(at.saturating_duration_since(Instant::now()));
+            }
+            self.store.wait_for_work(seen, wait);
+        }
+    }
+
+    /// Passes until nothing flushable is left to upload or mark (the end of a job), or
+    /// `timeout`. Files still being written or torn are not waited for; they are reported.
+    pub fn drain(&self, timeout: Duration) -> Result<PassOutcome> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let seen = self.store.work_counter();
+            let outcome = self.pass();
+            if outcome.pending == 0 {
+                return Ok(outcome);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "draining to {}: {} item(s) still pending; last error: {}",
+                        self.durable.name(),
+                        outcome.pending,
+                        self.stats()
+                            .last_error
+                            .unwrap_or_else(|| "none".to_string())
+                    ),
+                });
+            }
+            if !outcome.progressed {
+                let mut wait = deadline - now;
+                if let Some(at) = outcome.next_retry {
+                    wait = wait.min(at.saturating_duration_since(now));
+                }
+                self.store
+                    .wait_for_work(seen, wait.min(Duration::from_millis(200)));
+            }
+        }
+    }
+
+    /// One look at the whole store: upload what is ready, write the markers that are due,
+    /// evict what retention allows.
+    pub fn pass(&self) -> PassOutcome {
+        let mut outcome = PassOutcome::default();
+        let tree = match self.store.life_tree("/") {
+            Ok(t) => t,
+            Err(e) => {
+                self.record_failure(format!("cannot read the store: {e}"));
+                return outcome;
+            }
+        };
+        self.sweep_if_due(&tree);
+        let checkpoints = checkpoints_of(&tree);
+        let root_of = |path: &str| -> Option<&Checkpoint> {
+            checkpoints.iter().find(|c| {
+                path == c.root.path
+                    || path
+                        .strip_prefix(c.root.path.as_str())
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+        };
+        let eager = self.opts.flush_every <= 1;
+
+        // 1. Uploads: closed files that are not durable and are meant for the durable tier.
+        let now = Instant::now();
+        let mut ready: Vec<&LifeEntry> = Vec::new();
+        let mut stale_markers: Vec<&LifeEntry> = Vec::new();
+        for e in tree.iter().filter(|e| e.kind == FileKind::File) {
+            if e.durable() || reserved(&e.path) {
+                continue;
+            }
+            let root = root_of(&e.path);
+            let wanted = match root {
+                Some(c) => c.root.flush,
+                None => eager,
+            };
+            if !wanted {
+                continue;
+            }
+            if e.writers > 0 || e.torn {
+                outcome.blocked += 1;
+                continue;
+            }
+            outcome.pending += 1;
+            if let Some(c) = root {
+                if c.root.complete_flag && !stale_markers.iter().any(|r| r.ino == c.root.ino) {
+                    stale_markers.push(c.root);
+                }
+            }
+            let due = self
+                .retries
+                .lock()
+                .ok()
+                .and_then(|r| r.get(&(e.ino, e.generation)).map(|r| r.not_before))
+                .filter(|&t| t > now);
+            match due {
+                Some(t) => {
+                    outcome.next_retry = Some(outcome.next_retry.map_or(t, |n| n.min(t)));
+                }
+                None => ready.push(e),
+            }
+        }
+        for root in stale_markers {
+            // The durable copy is about to change: its old marker must go first.
+            self.store.clear_complete(root.ino, root.generation);
+            if let Err(e) = self.durable.delete_marker(key_of(&root.path)) {
+                self.record_failure(format!(
+                    "cannot remove the old marker of {}: {e}",
+                    root.path
+                ));
+                return outcome;
+            }
+        }
+        // Committed checkpoints first, oldest commit first; then everything else by path.
+        ready.sort_by_key(|e| {
+            let seq = root_of(&e.path).map_or(u64::MAX, |c| c.root.commit_seq);
+            (seq, e.path.clone())
+        });
+        if self.upload_all(&ready) > 0 {
+            outcome.progressed = true;
+        }
+
+        // 2. Markers of committed, flushed checkpoints whose files are all durable.
+        for c in checkpoints
+            .iter()
+            .filter(|c| c.root.flush && !c.root.complete())
+        {
+            match self.complete_checkpoint(c.root) {
+                Ok(true) => outcome.progressed = true,
+                Ok(false) => outcome.pending += 1,
+                Err(e) => {
+                    outcome.pending += 1;
+                    self.record_failure(format!(
+                        "cannot write the completion marker of {}: {e}",
+                        c.root.path
+                    ));
+                }
+            }
+        }
+
+        // 3. Retention.
+        if self.evict(&checkpoints) {
+            outcome.progressed = true;
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            s.pending_files = ready.len() as u64;
+            s.pending_bytes = ready.iter().map(|e| e.size).sum();
+        }
+        outcome
+    }
+
+    /// Frees descriptions of dead writers now and then, so a file whose writer was killed is
+    /// marked torn instead of looking open for ever.
+    fn sweep_if_due(&self, tree: &[LifeEntry]) {
+        if !tree.iter().any(|e| e.writers > 0) {
+            return;
+        }
+        let Ok(mut last) = self.last_sweep.lock() else {
+            return;
+        };
+        if last.elapsed() >= self.opts.rescan {
+            *last = Instant::now();
+            self.store.sweep_descriptions();
+        }
+    }
+
+    /// Uploads `files` with up to `uploads` threads; returns how many became durable.
+    fn upload_all(&self, files: &[&LifeEntry]) -> usize {
+        if files.is_empty() {
+            return 0;
+        }
+        let next = Mutex::new(0usize);
+        let done = Mutex::new(0usize);
+        let threads = self.opts.uploads.clamp(1, files.len());
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| loop {
+                    if self.stopping() {
+                        return;
+                    }
+                    let i = {
+                        let Ok(mut n) = next.lock() else { return };
+                        let i = *n;
+                        *n += 1;
+                        i
+                    };
+                    let Some(e) = files.get(i) else { return };
+                    if self.upload_one(e) {
+                        if let Ok(mut d) = done.lock() {
+                            *d += 1;
+                        }
+                    }
+                });
+            }
+        });
+        done.into_inner().unwrap_or(0)
+    }
+
+    /// Uploads one file version: data straight from the block, then its checksum, then
+    /// records it as durable if it did not change meanwhile.
+    fn upload_one(&self, e: &LifeEntry) -> bool {
+        let key = key_of(&e.path);
+        let started = Instant::now();
+        let result = (|| -> Result<Option<FileDigest>> {
+            let file = match self.store.open(&e.path, &OpenOptions::new()) {
+                Ok(f) => f,
+                // Removed or replaced since the snapshot: nothing to do.
+                Err(err) if err.errno() == libc::ENOENT => return Ok(None),
+                Err(err) => return Err(Error::store(&e.path, err)),
+            };
+            if file.ino() != e.ino || file.generation() != e.generation {
+                return Ok(None);
+            }
+            let reader = StoreFileReader::new(&self.store, &file)
+                .map_err(|err| Error::store(&e.path, err))?;
+            let len = reader.len();
+            let digest = self
+                .durable
+                .put_file(key, reader, len)
+                .map_err(Error::Durable)?;
+            self.durable
+                .put_checksum(key, &digest)
+                .map_err(Error::Durable)?;
+            Ok(Some(digest))
+        })();
+        match result {
+            Ok(Some(digest)) => {
+                if let Ok(mut r) = self.retries.lock() {
+                    r.remove(&(e.ino, e.generation));
+                }
+                if !self.store.mark_durable(e.ino, e.generation, e.mod_seq) {
+                    // Changed while uploading: the next pass uploads the new version.
+                    return false;
+                }
+                if let Ok(mut d) = self.digests.lock() {
+                    d.insert((e.ino, e.generation, e.mod_seq), digest.blake3.clone());
+                }
+                if let Ok(mut s) = self.stats.lock() {
+                    s.uploaded_files += 1;
+                    s.uploaded_bytes += digest.size;
+                }
+                self.log(|| {
+                    format!(
+                        "uploaded {} ({} bytes) in {:.3} s",
+                        e.path,
+                        digest.size,
+                        started.elapsed().as_secs_f64()
+                    )
+                });
+                true
+            }
+            Ok(None) => false,
+            Err(err) => {
+                let (attempts, delay) = self.schedule_retry(e);
+                self.record_failure(format!(
+                    "upload of {} failed (attempt {attempts}): {err}; retrying in {:.1} s",
+                    e.path,
+                    delay.as_secs_f64()
+                ));
+                false
+            }
+        }
+    }
+
+    fn schedule_retry(&self, e: &LifeEntry) -> (u32, Duration) {
+        let Ok(mut retries) = self.retries.lock() else {
+            return (1, self.opts.retry_min);
+        };
+        let r = retries.entry((e.ino, e.generation)).or_insert(Retry {
+            attempts: 0,
+            not_before: Instant::now(),
+        });
+        r.attempts += 1;
+        let factor = 1u32 << (r.attempts - 1).min(16);
+        let delay = (self.opts.retry_min * factor).min(self.opts.retry_max);
+        r.not_before = Instant::now() + delay;
+        (r.attempts, delay)
+    }
+
+    /// Writes the marker of `root` if every file below it is durable; true if it did.
+    fn complete_checkpoint(&self, root: &LifeEntry) -> Result<bool> {
+        // A fresh look: the snapshot may be older than this pass's uploads.
+        let tree = match self.store.life_tree(&root.path) {
+            Ok(t) => t,
+            Err(e) if e.errno() == libc::ENOENT => return Ok(false),
+            Err(e) => return Err(Error::store(&root.path, e)),
+        };
+        let now_root = &tree[0];
+        if now_root.ino != root.ino || now_root.generation != root.generation {
+            return Ok(false);
+        }
+        let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
+        if files
+            .iter()
+            .any(|f| !f.durable() || f.torn || reserved(&f.path))
+        {
+            return Ok(false);
+        }
+        let single_file = now_root.kind == FileKind::File;
+        let mut entries = Vec::with_capacity(files.len());
+        for f in &files {
+            let rel = if single_file {
+                f.path.rsplit('/').next().unwrap_or(&f.path).to_string()
+            } else {
+                f.path[now_root.path.len()..]
+                    .trim_start_matches('/')
+                    .to_string()
+            };
+            entries.push(MarkerFile {
+                path: rel,
+                size: f.size,
+                blake3: self.digest_of(f)?,
+            });
+        }
+        let ckpt = key_of(&now_root.path);
+        self.durable
+            .write_marker_of(ckpt, single_file, entries)
+            .map_err(Error::Durable)?;
+        if !self
+            .store
+            .mark_complete(now_root.ino, now_root.generation, now_root.mod_seq)
+        {
+            // Changed after the check: the marker is stale, take it back.
+            self.durable.delete_marker(ckpt).map_err(Error::Durable)?;
+            return Ok(false);
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            s.markers += 1;
+        }
+        self.log(|| {
+            format!(
+                "checkpoint {} complete ({} files)",
+                now_root.path,
+                files.len()
+            )
+        });
+        Ok(true)
+    }
+
+    /// The BLAKE3 of a durable file version: remembered from its upload, else its checksum
+    /// object (uploaded by an earlier agent).
+    fn digest_of(&self, f: &LifeEntry) -> Result<String> {
+        if let Some(d) = self
+            .digests
+            .lock()
+            .ok()
+            .and_then(|d| d.get(&(f.ino, f.generation, f.mod_seq)).cloned())
+        {
+            return Ok(d);
+        }
+        self.durable
+            .recorded_checksum(key_of(&f.path))
+            .map_err(Error::Durable)
+    }
+
+    /// Retention: per directory, keep the newest `keep` committed checkpoints; evict older
+    /// complete ones, and older never-flushed ones once a newer one is complete. While writers
+    /// wait for space, evict complete checkpoints oldest first regardless of `keep`.
+    fn evict(&self, checkpoints: &[Checkpoint]) -> bool {
+        let mut series: BTreeMap<&str, Vec<&Checkpoint>> = BTreeMap::new();
+        for c in checkpoints {
+            series.entry(parent_of(&c.root.path)).or_default().push(c);
+        }
+        let mut evicted = false;
+        for list in series.values_mut() {
+            list.sort_by(|a, b| b.root.commit_seq.cmp(&a.root.commit_seq));
+            let newest_complete = list.iter().position(|c| c.root.complete());
+            for (i, c) in list.iter().enumerate().skip(self.opts.keep) {
+                let superseded = newest_complete.is_some_and(|n| n < i);
+                if c.root.complete() {
+                    evicted |= self.evict_one(c, false);
+                } else if !c.root.flush && superseded {
+                    evicted |= self.evict_one(c, true);
+                }
+            }
+        }
+        if self.store.space_waiters() > 0 {
+            let mut complete: Vec<&Checkpoint> =
+                checkpoints.iter().filter(|c| c.root.complete()).collect();
+            complete.sort_by_key(|c| c.root.commit_seq);
+            for c in complete {
+                if self.store.space_waiters() == 0 {
+                    break;
+                }
+                evicted |= self.evict_one(c, false);
+            }
+        }
+        evicted
+    }
+
+    fn evict_one(&self, c: &Checkpoint, allow_incomplete: bool) -> bool {
+        match self
+            .store
+            .evict(&c.root.path, c.root.generation, allow_incomplete)
+        {
+            Ok(Some(bytes)) => {
+                if let Ok(mut s) = self.stats.lock() {
+                    s.evicted_checkpoints += 1;
+                    s.evicted_bytes += bytes;
+                }
+                self.log(|| {
+                    format!(
+                        "evicted {} ({} files, {bytes} bytes) from memory",
+                        c.root.path,
+                        c.files.len()
+                    )
+                });
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                self.record_failure(format!("cannot evict {}: {e}", c.root.path));
+                false
+            }
+        }
+    }
+}
+
+/// Committed checkpoint roots of a snapshot, each with the files below it.
+fn checkpoints_of(tree: &[LifeEntry]) -> Vec<Checkpoint<'_>> {
+    tree.iter()
+        .filter(|e| e.committed)
+        .map(|root| Checkpoint {
+            root,
+            files: tree
+                .iter()
+                .filter(|e| {
+                    e.kind == FileKind::File
+                        && (e.path == root.path
+                            || e.path
+                                .strip_prefix(root.path.as_str())
+                                .is_some_and(|rest| rest.starts_with('/')))
+                })
+                .collect(),
+        })
+        .collect()
+}

@@ -1,0 +1,476 @@
+//! The checkpoint lifecycle commands: agent, commit, wait, ls --levels; and the agent that
+//! `cascade run` embeds when none is running (docs/agent.md).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cascade_agent::{Agent, AgentOptions};
+use cascade_config::{format_size, Config};
+use cascade_durable::{DurableStore, Options as DurableOptions, Spec};
+use cascade_store::{FileKind, LifeEntry, Store};
+
+use crate::admin::attach;
+use crate::failure::Failure;
+
+/// Agent settings from the configuration.
+pub fn agent_options(config: &Config, verbose: bool) -> AgentOptions {
+    AgentOptions {
+        uploads: config.number("agent.uploads").max(1) as usize,
+        keep: config.number("checkpoint.keep").max(1) as usize,
+        flush_every: config
+            .number("checkpoint.flush_every")
+            .clamp(1, u32::MAX as u64) as u32,
+        full_wait: Duration::from_millis(config.number("agent.full_wait")),
+        verbose,
+        ..AgentOptions::default()
+    }
+}
+
+/// Opens the configured durable store for the agent: few retries per request, since the
+/// agent retries whole files itself with its own backoff.
+pub fn open_durable(url: &str) -> Result<DurableStore, Failure> {
+    let spec = Spec::parse(url).map_err(|e| Failure::new(e.to_string()))?;
+    let opts = DurableOptions {
+        max_retries: 2,
+        retry_timeout: Duration::from_secs(10),
+        ..DurableOptions::default()
+    };
+    DurableStore::open_with(spec, opts).map_err(|e| Failure::new(e.to_string()))
+}
+
+fn require_durable(config: &Config) -> Result<&str, Failure> {
+    config.durable_url().ok_or_else(|| {
+        Failure::new(
+            "no durable store configured: give --durable URL or set CASCADE_DURABLE (a \
+             directory, or s3://bucket?endpoint=URL)",
+        )
+    })
+}
+
+/// `cascade agent`: runs in the foreground until SIGINT or SIGTERM.
+pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
+    let url = require_durable(config)?;
+    let store = crate::run::attach_or_create(config)?;
+    let durable = open_durable(url)?;
+    let signals = block_stop_signals()?;
+    let agent = Arc::new(start_agent(store, durable, agent_options(config, verbose))?);
+    let control = agent
+        .serve_control()
+        .map_err(|e| Failure::new(e.to_string()))?;
+    eprintln!(
+        "cascade agent: store {} -> {} (pid {})",
+        agent.store().name(),
+        agent.durable().name(),
+        std::process::id()
+    );
+    let stopper = Arc::clone(&agent);
+    std::thread::spawn(move || {
+        wait_for_signal(&signals);
+        stopper.stop();
+        stopper.stop_control();
+    });
+    agent.run();
+    let _ = control.join();
+    let s = agent.stats();
+    eprintln!(
+        "cascade agent: stopped; uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} failures",
+        s.uploaded_files,
+        format_size(s.uploaded_bytes),
+        s.markers,
+        s.evicted_checkpoints,
+        s.fetched_files,
+        s.failures
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn start_agent(store: Store, durable: DurableStore, opts: AgentOptions) -> Result<Agent, Failure> {
+    Agent::start(store, durable, opts).map_err(|e| Failure::new(e.to_string()))
+}
+
+fn block_stop_signals() -> Result<libc::sigset_t, Failure> {
+    // SAFETY: plain signal-set manipulation on a local set, before the agent's threads exist,
+    // so they inherit the mask and only the waiting thread takes these signals.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(Failure::io(
+                "blocking signals",
+                &std::io::Error::from_raw_os_error(rc),
+            ));
+        }
+        Ok(set)
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) {
+    let mut signal = 0;
+    // SAFETY: `set` is an initialised signal set and `signal` a valid out-pointer.
+    while unsafe { libc::sigwait(set, &mut signal) } != 0 {}
+}
+
+/// `cascade commit PATH`.
+pub fn commit(config: &Config, path: &str) -> Result<ExitCode, Failure> {
+    let store = attach(config)?;
+    let seq = store
+        .commit(path, false)
+        .map_err(|e| Failure::store(path, &e))?;
+    let root = store
+        .life_tree(path)
+        .ok()
+        .and_then(|t| t.into_iter().next());
+    let flushed = root.as_ref().is_some_and(|r| r.flush);
+    let mut line = format!("committed {path} (checkpoint #{seq}");
+    if !flushed {
+        line.push_str(", kept in memory only: not an Nth checkpoint (checkpoint.flush_every)");
+    }
+    line.push(')');
+    if flushed && store.agent_pid().is_none() {
+        line.push_str(
+            "; no agent is running: it drains when 'cascade agent' or 'cascade run' starts one",
+        );
+    }
+    println!("{line}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How far a path has got, from one snapshot.
+struct Progress {
+    files: usize,
+    durable_files: usize,
+    reached: bool,
+    /// Why it cannot get there without someone acting, if that is the case.
+    stuck: Option<String>,
+}
+
+fn progress_of(tree: &[LifeEntry]) -> Progress {
+    let root = &tree[0];
+    let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
+    let durable_files = files.iter().filter(|f| f.durable()).count();
+    let reached = if root.committed {
+        root.complete()
+    } else {
+        durable_files == files.len()
+    };
+    let stuck = if let Some(f) = files.iter().find(|f| f.torn) {
+        Some(format!(
+            "{} was left incomplete by a process that died; rewrite or remove it",
+            f.path
+        ))
+    } else if let Some(f) = files.iter().find(|f| f.writers > 0) {
+        Some(format!("{} is still open for writing", f.path))
+    } else if root.committed && !root.flush {
+        Some(format!(
+            "{} is a checkpoint kept in memory only (not an Nth one: checkpoint.flush_every)",
+            root.path
+        ))
+    } else {
+        None
+    };
+    Progress {
+        files: files.len(),
+        durable_files,
+        reached,
+        stuck,
+    }
+}
+
+/// Whether the durable store holds `path` as a complete checkpoint.
+fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
+    let Some(url) = config.durable_url() else {
+        return Ok(false);
+    };
+    let durable = open_durable(url)?;
+    durable
+        .is_complete(path.trim_matches('/'))
+        .map_err(|e| Failure::new(e.to_string()))
+}
+
+/// `cascade wait PATH --level LEVEL --timeout SECS`.
+pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<ExitCode, Failure> {
+    if !matches!(level, "memory" | "durable") {
+        return Err(Failure::new(format!(
+            "wait: unknown level {level:?} (use memory or durable)"
+        )));
+    }
+    if !(timeout.is_finite() && timeout >= 0.0) {
+        return Err(Failure::new(
+            "wait: --timeout must be a number of seconds >= 0",
+        ));
+    }
+    let store = attach(config)?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(timeout);
+    loop {
+        let tree = match store.life_tree(path) {
+            Ok(t) => t,
+            Err(e) if e.errno() == libc::ENOENT && level == "durable" => {
+                // Evicted from memory once durable, or never here: ask the durable store.
+                if durable_complete(config, path)? {
+                    println!("{path}: durable (complete in the durable store)");
+                    return Ok(ExitCode::SUCCESS);
+                }
+                return Err(Failure::store(path, &e));
+            }
+            Err(e) => return Err(Failure::store(path, &e)),
+        };
+        if level == "memory" {
+            println!("{path}: in memory");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let p = progress_of(&tree);
+        if p.reached {
+            println!(
+                "{path}: durable ({} files) after {:.3} s",
+                p.files,
+                started.elapsed().as_secs_f64()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if let Some(why) = &p.stuck {
+            return Err(Failure::new(format!(
+                "{path}: cannot become durable: {why}"
+            )));
+        }
+        if store.agent_pid().is_none() {
+            return Err(Failure::new(format!(
+                "{path}: not durable yet ({} of {} files) and no agent is running for store {}; \
+                 start one with 'cascade agent' (or run the job under 'cascade run' with a \
+                 durable store configured)",
+                p.durable_files,
+                p.files,
+                store.name()
+            )));
+        }
+        if Instant::now() >= deadline {
+            let last = cascade_agent::request(store.name(), "STATUS")
+                .ok()
+                .and_then(|r| r.strip_prefix("OK ").map(str::to_string))
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+                .and_then(|v| v["last_error"].as_str().map(str::to_string));
+            return Err(Failure::new(format!(
+                "{path}: timed out after {timeout} s: {} of {} files durable{}",
+                p.durable_files,
+                p.files,
+                last.map(|e| format!("; the agent's last error: {e}"))
+                    .unwrap_or_default()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Where a file's bytes are: memory, spill or both.
+fn residence(e: &LifeEntry) -> &'static str {
+    match (e.chunks_mem > 0, e.chunks_spill > 0) {
+        (true, true) => "memory+spill",
+        (false, true) => "spill",
+        _ => "memory",
+    }
+}
+
+fn state_of(e: &LifeEntry, tree: &[LifeEntry]) -> String {
+    if e.committed {
+        let below: Vec<&LifeEntry> = tree
+            .iter()
+            .filter(|f| {
+                f.kind == FileKind::File
+                    && (f.path == e.path
+                        || f.path
+                            .strip_prefix(e.path.as_str())
+                            .is_some_and(|r| r.starts_with('/')))
+            })
+            .collect();
+        let durable = below.iter().filter(|f| f.durable()).count();
+        let what = if e.complete() {
+            "complete".to_string()
+        } else if !e.flush {
+            "memory only (not flushed)".to_string()
+        } else {
+            format!("draining ({durable}/{} files durable)", below.len())
+        };
+        return format!("checkpoint #{} {what}", e.commit_seq);
+    }
+    match e.kind {
+        FileKind::Dir => String::new(),
+        FileKind::File if e.torn => "torn (writer died)".to_string(),
+        FileKind::File if e.writers > 0 => "writing".to_string(),
+        FileKind::File if e.durable() => "durable".to_string(),
+        FileKind::File => "dirty".to_string(),
+    }
+}
+
+/// `cascade ls --levels [PATH]`: every entry below PATH with where it lives and its state,
+/// then the checkpoints only the durable store still has.
+pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
+    let store = attach(config)?;
+    let tree = store
+        .life_tree(path)
+        .map_err(|e| Failure::store(path, &e))?;
+    println!("{:<13} {:>10}  {:<40} PATH", "LEVEL", "SIZE", "STATE");
+    for e in &tree {
+        if e.path == "/" {
+            continue;
+        }
+        let level = match e.kind {
+            FileKind::Dir => "-",
+            FileKind::File => residence(e),
+        };
+        let size = match e.kind {
+            FileKind::Dir => String::new(),
+            FileKind::File => format_size(e.size),
+        };
+        let suffix = if e.kind == FileKind::Dir { "/" } else { "" };
+        println!(
+            "{level:<13} {size:>10}  {:<40} {}{suffix}",
+            state_of(e, &tree),
+            e.path
+        );
+    }
+    if let Some(url) = config.durable_url() {
+        let durable = open_durable(url)?;
+        let prefix = path.trim_matches('/');
+        let objects = durable
+            .list(prefix)
+            .map_err(|e| Failure::new(e.to_string()))?;
+        for o in objects {
+            let Some(ckpt) = o
+                .path
+                .strip_suffix(cascade_durable::MARKER_NAME)
+                .map(|c| c.trim_end_matches('/'))
+            else {
+                continue;
+            };
+            let store_path = format!("/{ckpt}");
+            if !tree.iter().any(|e| e.path == store_path) {
+                println!(
+                    "{:<13} {:>10}  {:<40} {store_path}",
+                    "durable", "", "checkpoint complete (not in memory)"
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The agent `cascade run` embeds when a durable store is configured and no agent runs.
+pub struct EmbeddedAgent {
+    agent: Arc<Agent>,
+    worker: std::thread::JoinHandle<()>,
+    control: std::thread::JoinHandle<()>,
+}
+
+impl EmbeddedAgent {
+    /// Starts one if a durable store is configured and the store has no live agent.
+    pub fn start_if_needed(
+        config: &Config,
+        store: &Store,
+    ) -> Result<Option<EmbeddedAgent>, Failure> {
+        let Some(url) = config.durable_url() else {
+            return Ok(None);
+        };
+        if store.agent_pid().is_some() {
+            return Ok(None);
+        }
+        let durable = open_durable(url)?;
+        let agent = Arc::new(start_agent(
+            store.clone(),
+            durable,
+            agent_options(config, false),
+        )?);
+        let control = agent
+            .serve_control()
+            .map_err(|e| Failure::new(e.to_string()))?;
+        let worker_agent = Arc::clone(&agent);
+        let worker = std::thread::Builder::new()
+            .name("cascade-agent".to_string())
+            .spawn(move || worker_agent.run())
+            .map_err(|e| Failure::io("starting the agent thread", &e))?;
+        Ok(Some(EmbeddedAgent {
+            agent,
+            worker,
+            control,
+        }))
+    }
+
+    /// Drains what the job left (at most `timeout`), then stops.
+    pub fn finish(self, timeout: Duration) -> Result<(), Failure> {
+        let pending = self.agent.stats().pending_bytes;
+        if pending > 0 {
+            eprintln!(
+                "cascade: draining {} to {} before exiting",
+                format_size(pending),
+                self.agent.durable().name()
+            );
+        }
+        let result = self.agent.drain(timeout);
+        self.agent.stop();
+        self.agent.stop_control();
+        let _ = self.worker.join();
+        let _ = self.control.join();
+        result.map(|_| ()).map_err(|e| {
+            Failure::new(format!(
+                "{e}; the checkpoints stay in the node store and drain when an agent runs"
+            ))
+        })
+    }
+}
+
+/// The end of a job under `cascade run`: commit what the job left uncommitted (if it
+/// succeeded), and make sure the newest checkpoint of each directory is flushed.
+pub fn end_of_job(store: &Store, job_succeeded: bool) {
+    // Writers that died are torn now, not "still open".
+    store.sweep_descriptions();
+    let Ok(tree) = store.life_tree("/") else {
+        return;
+    };
+    if job_succeeded {
+        let top_level = tree
+            .iter()
+            .filter(|e| e.path != "/" && e.path.rfind('/') == Some(0));
+        for top in top_level {
+            let below: Vec<&LifeEntry> = tree
+                .iter()
+                .filter(|e| {
+                    e.path == top.path
+                        || e.path
+                            .strip_prefix(top.path.as_str())
+                            .is_some_and(|r| r.starts_with('/'))
+                })
+                .collect();
+            let nested = below.iter().any(|e| e.committed);
+            let dirty = below
+                .iter()
+                .any(|e| e.kind == FileKind::File && !e.durable());
+            let busy = below.iter().any(|e| e.writers > 0 || e.torn);
+            if !nested && dirty && !busy {
+                let _ = store.commit(&top.path, true);
+            }
+        }
+    }
+    // The newest committed checkpoint of each directory goes to the durable store.
+    let Ok(tree) = store.life_tree("/") else {
+        return;
+    };
+    let mut newest: std::collections::BTreeMap<&str, &LifeEntry> = Default::default();
+    for e in tree.iter().filter(|e| e.committed) {
+        let parent = match e.path.rfind('/') {
+            Some(0) | None => "/",
+            Some(i) => &e.path[..i],
+        };
+        let slot = newest.entry(parent).or_insert(e);
+        if e.commit_seq > slot.commit_seq {
+            *slot = e;
+        }
+    }
+    for e in newest.values() {
+        if !e.flush {
+            let _ = store.set_flush(&e.path);
+        }
+    }
+}
