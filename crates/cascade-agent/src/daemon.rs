@@ -573,7 +573,7 @@ impl Agent {
         }
         let mut evicted = false;
         for list in series.values_mut() {
-            list.sort_by(|a, b| b.root.commit_seq.cmp(&a.root.commit_seq));
+            list.sort_by_key(|c| std::cmp::Reverse(c.root.commit_seq));
             let newest_complete = list.iter().position(|c| c.root.complete());
             for (i, c) in list.iter().enumerate().skip(self.opts.keep) {
                 let superseded = newest_complete.is_some_and(|n| n < i);
@@ -585,14 +585,15 @@ impl Agent {
             }
         }
         if self.store.space_waiters() > 0 {
+            // One checkpoint per call for waiting writers: they retry and call again if that
+            // was not enough (and that wake-up, not this pass, starts the next pass).
             let mut complete: Vec<&Checkpoint> =
                 checkpoints.iter().filter(|c| c.root.complete()).collect();
             complete.sort_by_key(|c| c.root.commit_seq);
             for c in complete {
-                if self.store.space_waiters() == 0 {
+                if self.evict_one(c, false) {
                     break;
                 }
-                evicted |= self.evict_one(c, false);
             }
         }
         evicted

@@ -250,7 +250,7 @@ pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> 
             .iter()
             .map(|e| {
                 let value = match &e.value {
-                    Value::Text(text) => json!(text),
+                    Value::Text(text) => json!(cascade_config::redacted(text)),
                     Value::Bytes(n) | Value::Count(n) => json!(n),
                 };
                 let from = match &e.source {

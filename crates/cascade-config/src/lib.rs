@@ -46,7 +46,7 @@ pub enum Value {
 impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Value::Text(text) => write!(f, "{text}"),
+            Value::Text(text) => write!(f, "{}", redacted(text)),
             Value::Count(n) => write!(f, "{n}"),
             Value::Bytes(0) => write!(f, "0"),
             Value::Bytes(n) => write!(f, "{n} ({})", format_size(*n)),
@@ -444,3 +444,23 @@ pub fn io_text(e: &std::io::Error) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// `text` with the value of any `secret_key=` / `secret_access_key=` query option replaced by
+/// `***`, for showing settings such as durable.url.
+pub fn redacted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = ["secret_key=", "secret_access_key="]
+        .iter()
+        .filter_map(|k| rest.find(k).map(|i| (i, k.len())))
+        .min()
+    {
+        let (i, klen) = at;
+        out.push_str(&rest[..i + klen]);
+        out.push_str("***");
+        rest = &rest[i + klen..];
+        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
+    }
+    out.push_str(rest);
+    out
+}

@@ -459,3 +459,16 @@ fn mount_prefix_comes_from_the_mount_table_of_the_file() {
     assert_eq!(config.mount_prefix(), "/ckpt");
     assert_eq!(entry(&config, "mount.prefix").source, Source::File(file));
 }
+
+#[test]
+fn secrets_in_urls_are_never_shown() {
+    assert_eq!(
+        crate::redacted("s3://b?endpoint=http://h&secret_key=abc&region=r"),
+        "s3://b?endpoint=http://h&secret_key=***&region=r"
+    );
+    assert_eq!(
+        crate::redacted("s3://b?secret_access_key=x"),
+        "s3://b?secret_access_key=***"
+    );
+    assert_eq!(crate::redacted("/plain/dir"), "/plain/dir");
+}

@@ -346,6 +346,13 @@ impl AsyncDurableStore {
                 store,
                 path: path.to_string(),
             },
+            // A directory store asked for "a/b" where "a" is a file: there is no such object.
+            _ if matches!(self.spec, Spec::Dir(_)) && text.contains("Not a directory") => {
+                Error::NotFound {
+                    store,
+                    path: path.to_string(),
+                }
+            }
             object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. }
                 if matches!(self.spec, Spec::S3(_)) =>

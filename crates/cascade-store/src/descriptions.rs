@@ -252,17 +252,22 @@ impl Store {
     }
 }
 
-/// How many live descriptions refer to each inode incarnation (fsck's recount).
+/// How many live descriptions, and how many of them open for writing, refer to each inode
+/// incarnation (fsck's recount).
 pub(crate) fn count_descriptions(
     b: &crate::block::Block,
-) -> std::collections::HashMap<(u32, u32), u32> {
+) -> std::collections::HashMap<(u32, u32), (u32, u32)> {
     let mut counts = std::collections::HashMap::new();
     for slot_no in 0..OFD_SLOTS {
         let slot = b.ofd(slot_no);
         if slot.nonce.load(Acquire) != 0 {
-            *counts
+            let c = counts
                 .entry((slot.ino.load(Acquire), slot.gen.load(Acquire)))
-                .or_insert(0) += 1;
+                .or_insert((0, 0));
+            c.0 += 1;
+            if writes(slot.flags.load(Acquire) as i32) {
+                c.1 += 1;
+            }
         }
     }
     counts

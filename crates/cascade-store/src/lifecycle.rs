@@ -501,7 +501,7 @@ impl Store {
         let start = process_start_time(me).unwrap_or(0);
         loop {
             let cur = h.agent_pid.load(Acquire);
-            if cur != 0 && cur != me && process_alive(cur, h.agent_start_time.load(Acquire)) {
+            if cur != 0 && process_alive(cur, h.agent_start_time.load(Acquire)) {
                 return Err(Error::new(
                     libc::EBUSY,
                     format!(
