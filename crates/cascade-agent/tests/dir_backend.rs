@@ -257,7 +257,13 @@ fn a_single_file_is_a_checkpoint_of_one_file() {
     let durable = DurableStore::open(durable_dir.path().to_str().unwrap()).unwrap();
     let report = drain_checkpoint(&store, "/solo.dat", &durable, &|_| {}).unwrap();
     assert_eq!(report.checkpoint, "solo.dat");
-    assert!(std::fs::read(durable_dir.path().join("solo.dat/solo.dat")).unwrap() == data);
+    // The object is the file itself, with its checksum and marker beside it.
+    assert!(std::fs::read(durable_dir.path().join("solo.dat")).unwrap() == data);
+    assert!(durable_dir.path().join("solo.dat.blake3").is_file());
+    assert!(durable_dir
+        .path()
+        .join("solo.dat.cascade-complete")
+        .is_file());
     let dest = tempfile::tempdir().unwrap();
     restore_checkpoint(&durable, "solo.dat", dest.path(), &|_| {}).unwrap();
     assert!(std::fs::read(dest.path().join("solo.dat")).unwrap() == data);

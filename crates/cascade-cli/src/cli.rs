@@ -227,8 +227,9 @@ the last one detaches."
         #[arg(value_name = "PATH")]
         path: String,
         /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
+        /// [default: the configured durable.url]
         #[arg(long, value_name = "URL")]
-        to: String,
+        to: Option<String>,
     },
 
     /// Copy a complete checkpoint from the durable store to a local directory or the store
@@ -242,8 +243,9 @@ the last one detaches."
         #[arg(value_name = "DEST")]
         dest: Option<String>,
         /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
+        /// [default: the configured durable.url]
         #[arg(long, value_name = "URL")]
-        from: String,
+        from: Option<String>,
         /// DEST is a directory of the node store, not a local directory
         #[arg(long)]
         into_store: bool,
@@ -260,6 +262,11 @@ the last one detaches."
         #[arg(value_name = "PROG", value_parser = clap::value_parser!(OsString))]
         program: OsString,
     },
+
+    /// Run the demo: a real simulation checkpoints straight to disk, then under Cascade,
+    /// killed and restarted from memory and from the durable store; compares the stalls
+    #[command(long_about = crate::demo::ABOUT)]
+    Demo(crate::demo::DemoArgs),
 }
 
 const AGENT_ABOUT: &str = "Runs the node agent until SIGINT or SIGTERM. One agent per node \

@@ -6,6 +6,7 @@ mod admin;
 mod binary;
 mod checkpoint;
 mod cli;
+mod demo;
 mod failure;
 mod files;
 mod format;
@@ -81,22 +82,45 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             level,
             timeout,
         } => lifecycle::wait(&none()?, path, level, *timeout),
-        Command::Drain { path, to } => checkpoint::drain(&none()?, path, to),
+        Command::Drain { path, to } => {
+            let config = none()?;
+            let to = durable_or_configured(&config, to.as_deref(), "--to")?;
+            checkpoint::drain(&config, path, &to)
+        }
         Command::Restore {
             ckpt,
             dest,
             from,
             into_store,
         } => {
+            let config = none()?;
+            let from = durable_or_configured(&config, from.as_deref(), "--from")?;
             if *into_store {
-                checkpoint::restore_into_store(&none()?, ckpt, dest.as_deref(), from)
+                checkpoint::restore_into_store(&config, ckpt, dest.as_deref(), &from)
             } else {
-                checkpoint::restore_local(ckpt, dest.as_deref(), from)
+                checkpoint::restore_local(ckpt, dest.as_deref(), &from)
             }
         }
         Command::LinkFlags => binary::link_flags(),
         Command::CheckBinary { program } => binary::check_binary(program),
+        Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
     }
+}
+
+/// The durable store given on the command line, else the configured one.
+fn durable_or_configured(
+    config: &Config,
+    given: Option<&str>,
+    flag: &str,
+) -> Result<String, Failure> {
+    given
+        .or(config.durable_url())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Failure::new(format!(
+                "no durable store: give {flag} URL or set CASCADE_DURABLE (durable.url)"
+            ))
+        })
 }
 
 /// The configuration from the process's environment, config file and these flag values

@@ -1,0 +1,951 @@
+//! `cascade demo`: Cascade's main job, end to end, on a real simulation.
+//!
+//! The bundled `examples/heat/heat.c` (a 2-D heat-equation solver that checkpoints like an
+//! HPC code) is compiled into a fresh work dir and run four times:
+//!
+//! - A, baseline: straight to a directory on local disk (the stand-in for a parallel file
+//!   system), uninterrupted; its final grid checksum is the reference;
+//! - B, under `cascade run` with a durable store, SIGKILLed halfway through a checkpoint;
+//! - C, under `cascade run` again: it restarts from the node store's memory;
+//! - D, after the node store is destroyed and re-created: it restarts from the durable store
+//!   through read-through.
+//!
+//! Every program is run with `std::process::Command` (the `cascade` commands with this
+//! executable), its output captured and shown abridged. The summary compares the
+//! per-checkpoint stalls heat reports itself and gives PASS or FAIL per phase; the demo exits
+//! 0 only when every phase passed.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use cascade_config::{format_size, parse_size};
+use clap::Args;
+
+use crate::failure::{Failure, EXIT_USAGE};
+
+/// The simulation, compiled at run time with the system's C compiler.
+const HEAT_C: &str = include_str!("../../../examples/heat/heat.c");
+/// Where heat's checkpoints go under `cascade run`.
+const MOUNT: &str = "/cascade";
+/// Output lines of a program shown before and after the "..." of an abridged listing.
+const HEAD: usize = 6;
+const TAIL: usize = 3;
+/// How long phase B and D wait for a checkpoint to reach the durable store.
+const WAIT_SECONDS: &str = "60";
+
+pub const ABOUT: &str = "Runs Cascade's main job end to end on a real simulation and \
+checks the result: examples/heat/heat.c (a 2-D heat-equation solver that checkpoints every \
+K steps into ckpt.<step>/{grid.bin,meta.txt} and restarts from its newest checkpoint) is \
+compiled with cc into a fresh work dir and run four times:
+
+  A  baseline: straight to a directory on local disk, the stand-in for a parallel file
+     system, uninterrupted; its final grid checksum is the reference
+  B  under 'cascade run --durable', killed (SIGKILL) halfway through writing a checkpoint
+     in the middle of the run; the previous checkpoint is complete in the durable store
+  C  under 'cascade run' again: it restarts from the node store's memory and finishes
+  D  the node store is destroyed and re-created (the node was lost): heat restarts from the
+     durable store (read-through) and finishes
+
+C and D must end with the reference checksum, bit for bit. The summary compares, per \
+checkpoint, how long heat stalled writing straight to disk and under Cascade (heat's own \
+stall_ms numbers), and gives PASS or FAIL per phase; exit 0 only when every phase passed.
+
+The demo uses its own store (/cascade-demo-<uid>, or --store NAME), removing a leftover one \
+first, with --capacity of memory and no spill, and a work dir under $TMPDIR (or /var/tmp) \
+that holds heat, the baseline's checkpoints and, unless --durable, the durable store; both \
+are removed at the end unless --keep-work. It needs a C compiler (cc) and libcascade.so, \
+found as 'cascade run' finds it.";
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Grid side: the grid is N x N doubles, so a checkpoint is 8*N*N bytes (2048: 32 MiB)
+    #[arg(
+        long,
+        default_value_t = 2048,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(3..=65536)
+    )]
+    pub n: u32,
+    /// Time steps to simulate
+    #[arg(
+        long,
+        default_value_t = 200,
+        value_name = "S",
+        value_parser = clap::value_parser!(u32).range(2..=999_999)
+    )]
+    pub steps: u32,
+    /// Checkpoint every K steps (at least two checkpoints: K at most S/2)
+    #[arg(
+        long,
+        default_value_t = 20,
+        value_name = "K",
+        value_parser = clap::value_parser!(u32).range(1..=999_999)
+    )]
+    pub every: u32,
+    /// Memory of the demo's node store (at least four checkpoints)
+    #[arg(long, default_value = "1GiB", value_name = "SIZE")]
+    pub capacity: String,
+    /// Durable store: a directory, or s3://bucket/prefix?endpoint=URL
+    /// [default: a directory in the work dir]
+    #[arg(long, value_name = "URL")]
+    pub durable: Option<String>,
+    /// Keep the work dir and the store at the end (and say where they are)
+    #[arg(long)]
+    pub keep_work: bool,
+    /// Print only the summary
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// `cascade [--store NAME] [--config FILE] demo ...`.
+pub fn demo(
+    args: &DemoArgs,
+    store: Option<&str>,
+    config: Option<&Path>,
+) -> Result<ExitCode, Failure> {
+    let checkpoints = args.steps / args.every;
+    if checkpoints < 2 {
+        return Err(Failure {
+            message: format!(
+                "demo: --steps {} with --every {} makes {checkpoints} checkpoint(s); the demo \
+                 needs at least 2",
+                args.steps, args.every
+            ),
+            code: EXIT_USAGE,
+        });
+    }
+    let checkpoint_bytes = 8 * u64::from(args.n) * u64::from(args.n);
+    let capacity = parse_size(&args.capacity).map_err(|e| Failure {
+        message: format!("demo: --capacity {:?}: {e}", args.capacity),
+        code: EXIT_USAGE,
+    })?;
+    if capacity < 4 * checkpoint_bytes {
+        return Err(Failure {
+            message: format!(
+                "demo: --capacity {} is too small for checkpoints of {} (--n {}): give at \
+                 least four checkpoints' worth, {}",
+                args.capacity,
+                format_size(checkpoint_bytes),
+                args.n,
+                format_size(4 * checkpoint_bytes)
+            ),
+            code: EXIT_USAGE,
+        });
+    }
+    let cascade = std::env::current_exe().map_err(|e| Failure::io("the cascade executable", &e))?;
+    // Fails now, in one line, rather than in phase B.
+    crate::run::find_preload_lib()?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let store = store.map_or_else(|| format!("/cascade-demo-{uid}"), str::to_string);
+    let work = make_work_dir(uid)?;
+
+    let mut env: Vec<(&'static str, OsString)> = vec![
+        ("CASCADE_STORE", store.clone().into()),
+        ("CASCADE_MOUNT", MOUNT.into()),
+        ("CASCADE_CAPACITY", args.capacity.clone().into()),
+        ("CASCADE_SPILL_SIZE", "0".into()),
+        ("CASCADE_SPILL_PATH", work.join("store.spill").into()),
+        ("CASCADE_KEEP", "2".into()),
+        ("CASCADE_FLUSH_EVERY", "1".into()),
+    ];
+    if let Some(config) = config {
+        env.push(("CASCADE_CONFIG", config.into()));
+    }
+    let cleanup = Arc::new(Cleanup {
+        cascade: cascade.clone(),
+        env: env.clone(),
+        work: work.clone(),
+        keep: args.keep_work,
+        done: Mutex::new(false),
+    });
+    forward_signals_to_cleanup(Arc::clone(&cleanup))?;
+
+    let durable = match &args.durable {
+        Some(url) => url.clone(),
+        None => work.join("pfs/cascade").display().to_string(),
+    };
+    env.push(("CASCADE_DURABLE", durable.clone().into()));
+    let mut demo = Demo {
+        args,
+        cascade,
+        env,
+        work: work.clone(),
+        heat: work.join("heat"),
+        store,
+        durable,
+        job: String::new(),
+        checkpoints,
+        checkpoint_bytes,
+        checks: Vec::new(),
+    };
+    let result = demo.run();
+    if args.keep_work {
+        eprintln!(
+            "cascade: demo: kept the work dir {} and the store {} (remove them with \
+             'cascade --store {} destroy --force; rm -rf {}')",
+            work.display(),
+            demo.store,
+            demo.store,
+            work.display()
+        );
+    }
+    cleanup.run();
+    result
+}
+
+/// A fresh directory `cascade-demo-<uid>-<pid>` under $TMPDIR, or /var/tmp (a disk, unlike
+/// /tmp on many systems).
+fn make_work_dir(uid: u32) -> Result<PathBuf, Failure> {
+    let base = std::env::var_os("TMPDIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+    let base =
+        std::path::absolute(&base).map_err(|e| Failure::io(&base.display().to_string(), &e))?;
+    let work = base.join(format!("cascade-demo-{uid}-{}", std::process::id()));
+    // A leftover of an earlier process with the same pid.
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(work.join("pfs"))
+        .map_err(|e| Failure::io(&work.display().to_string(), &e))?;
+    Ok(work)
+}
+
+/// Removes the demo's store and work dir, once: at the end, or when the demo is interrupted.
+struct Cleanup {
+    cascade: PathBuf,
+    env: Vec<(&'static str, OsString)>,
+    work: PathBuf,
+    keep: bool,
+    done: Mutex<bool>,
+}
+
+impl Cleanup {
+    fn run(&self) {
+        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        if *done || self.keep {
+            return;
+        }
+        *done = true;
+        let _ = Command::new(&self.cascade)
+            .args(["destroy", "--force"])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.work);
+    }
+}
+
+/// The process group of the program the demo is running (each runs in a group of its own),
+/// 0 when none: what an interrupt kills.
+static RUNNING: AtomicI32 = AtomicI32::new(0);
+
+/// SIGINT, SIGTERM and SIGHUP kill the running program (and its children), remove the store
+/// and the work dir and end the demo with 128 + the signal.
+fn forward_signals_to_cleanup(cleanup: Arc<Cleanup>) -> Result<(), Failure> {
+    // SAFETY: plain signal-set manipulation on a local set; blocked in this thread before
+    // any other starts, so only the waiting thread takes these signals (children get an
+    // empty mask from std's spawn).
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(Failure::io(
+                "blocking signals",
+                &std::io::Error::from_raw_os_error(rc),
+            ));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("demo-signals".to_string())
+        .spawn(move || {
+            let mut signal = 0;
+            // SAFETY: `set` is an initialised signal set and `signal` a valid out-pointer.
+            while unsafe { libc::sigwait(&set, &mut signal) } != 0 {}
+            let group = RUNNING.load(Ordering::SeqCst);
+            if group > 0 {
+                // SAFETY: signalling the process group of a child we started.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+            }
+            cleanup.run();
+            eprintln!("cascade: demo interrupted");
+            std::process::exit(128 + signal);
+        })
+        .map_err(|e| Failure::io("starting the signal thread", &e))?;
+    Ok(())
+}
+
+/// What a program printed and how it ended.
+struct Ran {
+    status: ExitStatus,
+    /// Standard output, each line with when it arrived.
+    stdout: Vec<(Instant, String)>,
+    stderr: String,
+    ended: Instant,
+}
+
+impl Ran {
+    fn lines(&self) -> impl Iterator<Item = &str> {
+        self.stdout.iter().map(|(_, l)| l.as_str())
+    }
+
+    /// "exit 0", "exit 137", "killed by signal 9".
+    fn how(&self) -> String {
+        match (self.status.code(), self.status.signal()) {
+            (Some(code), _) => format!("exit {code}"),
+            (None, Some(signal)) => format!("killed by signal {signal}"),
+            _ => "ended".to_string(),
+        }
+    }
+
+    /// heat's own complaints on stderr (a failed cascade_commit, say): "heat: ..." lines.
+    fn heat_warnings(&self) -> Option<String> {
+        let lines: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("heat: "))
+            .collect();
+        (!lines.is_empty()).then(|| lines.join(" / "))
+    }
+
+    /// The last line on stderr, or how it ended: for a one-line reason.
+    fn reason(&self) -> String {
+        match self.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => format!("{} ({line})", self.how()),
+            None => self.how(),
+        }
+    }
+}
+
+/// What heat printed: see the header of examples/heat/heat.c.
+#[derive(Default)]
+struct HeatOutput {
+    /// `restarted from ckpt.X step=S`: ckpt.X.
+    restarted_from: Option<String>,
+    fresh: bool,
+    /// step -> (stall ms, when the line arrived)
+    stalls: BTreeMap<u32, (f64, Instant)>,
+    fnv: Option<String>,
+}
+
+/// The value of `key=value` among a line's words.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+}
+
+fn parse_heat(ran: &Ran) -> HeatOutput {
+    let mut out = HeatOutput::default();
+    for (at, line) in &ran.stdout {
+        if let Some(rest) = line.strip_prefix("restarted from ") {
+            out.restarted_from = rest.split_whitespace().next().map(str::to_string);
+        } else if line == "starting fresh" {
+            out.fresh = true;
+        } else if line.starts_with("checkpoint ") {
+            let step = field(line, "step").and_then(|s| s.parse().ok());
+            let ms = field(line, "stall_ms").and_then(|s| s.parse().ok());
+            if let (Some(step), Some(ms)) = (step, ms) {
+                out.stalls.insert(step, (ms, *at));
+            }
+        } else if line.starts_with("final ") {
+            out.fnv = field(line, "fnv1a64").map(str::to_string);
+        }
+    }
+    out
+}
+
+struct Check {
+    phase: &'static str,
+    pass: bool,
+    detail: String,
+}
+
+struct Demo<'a> {
+    args: &'a DemoArgs,
+    cascade: PathBuf,
+    env: Vec<(&'static str, OsString)>,
+    work: PathBuf,
+    heat: PathBuf,
+    store: String,
+    durable: String,
+    /// heat's checkpoint directory below the mount, without the leading '/': "heat".
+    job: String,
+    checkpoints: u32,
+    checkpoint_bytes: u64,
+    checks: Vec<Check>,
+}
+
+impl Demo<'_> {
+    fn say(&self, text: impl AsRef<str>) {
+        if !self.args.quiet {
+            println!("{}", text.as_ref());
+        }
+    }
+
+    fn heading(&self, text: impl AsRef<str>) {
+        self.say(format!("\n== {}", text.as_ref()));
+    }
+
+    /// `text` with the work dir shown as $WORK.
+    fn short(&self, text: &str) -> String {
+        text.replace(&self.work.display().to_string(), "$WORK")
+    }
+
+    fn check(&mut self, phase: &'static str, pass: bool, detail: String) {
+        self.say(format!(
+            "{}  {phase}: {}",
+            if pass { "PASS" } else { "FAIL" },
+            self.short(&detail)
+        ));
+        self.checks.push(Check {
+            phase,
+            pass,
+            detail,
+        });
+    }
+
+    fn heat_args(&self, dir: &str) -> Vec<String> {
+        let a = self.args;
+        vec![
+            "--dir".to_string(),
+            dir.to_string(),
+            "--n".to_string(),
+            a.n.to_string(),
+            "--steps".to_string(),
+            a.steps.to_string(),
+            "--every".to_string(),
+            a.every.to_string(),
+        ]
+    }
+
+    /// Runs a program in a process group of its own, in the demo's environment, showing
+    /// the command and its output (abridged to `max` lines of each stream).
+    fn execute(
+        &self,
+        program: &Path,
+        shown_name: &str,
+        args: &[String],
+        max: usize,
+    ) -> Result<Ran, Failure> {
+        let shown = self.short(&format!("$ {shown_name} {}", args.join(" ")));
+        self.say(&shown);
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&self.work)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let mut child = command.spawn().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound && shown_name == "cc" {
+                Failure::new(
+                    "demo: cc not found: install a C compiler (apt-get install build-essential)",
+                )
+            } else {
+                Failure::io(&format!("demo: {shown_name}"), &e)
+            }
+        })?;
+        RUNNING.store(i32::try_from(child.id()).unwrap_or(0), Ordering::SeqCst);
+        let mut stderr_pipe = child.stderr.take();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(pipe) = stderr_pipe.as_mut() {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                text = String::from_utf8_lossy(&bytes).into_owned();
+            }
+            text
+        });
+        let mut stdout = Vec::new();
+        if let Some(pipe) = child.stdout.take() {
+            for line in BufReader::new(pipe).split(b'\n') {
+                let Ok(line) = line else { break };
+                stdout.push((Instant::now(), String::from_utf8_lossy(&line).into_owned()));
+            }
+        }
+        let status = child
+            .wait()
+            .map_err(|e| Failure::io(&format!("demo: waiting for {shown_name}"), &e))?;
+        let ended = Instant::now();
+        RUNNING.store(0, Ordering::SeqCst);
+        let stderr = stderr_reader.join().unwrap_or_default();
+        let ran = Ran {
+            status,
+            stdout,
+            stderr,
+            ended,
+        };
+        let out: Vec<&str> = ran.lines().collect();
+        self.show(&out, max, "");
+        let err: Vec<&str> = ran.stderr.lines().collect();
+        self.show(&err, max, "stderr: ");
+        if !ran.status.success() {
+            self.say(format!("    ({})", ran.how()));
+        }
+        Ok(ran)
+    }
+
+    /// Shows lines indented, at most `max` of them: the first and the last few.
+    fn show(&self, lines: &[&str], max: usize, prefix: &str) {
+        let max = max.max(HEAD + TAIL + 1);
+        if lines.len() <= max {
+            for line in lines {
+                self.say(self.short(&format!("    {prefix}{line}")));
+            }
+            return;
+        }
+        for line in &lines[..HEAD] {
+            self.say(self.short(&format!("    {prefix}{line}")));
+        }
+        self.say(format!(
+            "    {prefix}... ({} more lines)",
+            lines.len() - HEAD - TAIL
+        ));
+        for line in &lines[lines.len() - TAIL..] {
+            self.say(self.short(&format!("    {prefix}{line}")));
+        }
+    }
+
+    fn cascade(&self, args: &[&str]) -> Result<Ran, Failure> {
+        self.cascade_showing(args, 12)
+    }
+
+    /// `cascade ARGS`, showing at most `max` lines of its output.
+    fn cascade_showing(&self, args: &[&str], max: usize) -> Result<Ran, Failure> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        self.execute(&self.cascade, "cascade", &args, max)
+    }
+
+    /// `cascade run --durable URL -- heat --dir /cascade/<job> ... EXTRA`.
+    fn heat_under_cascade(&self, extra: &[String]) -> Result<Ran, Failure> {
+        let mut args = vec![
+            "run".to_string(),
+            "--durable".to_string(),
+            self.durable.clone(),
+            "--".to_string(),
+            self.heat.display().to_string(),
+        ];
+        args.extend(self.heat_args(&format!("{MOUNT}/{}", self.job)));
+        args.extend(["--keep".to_string(), "0".to_string()]);
+        args.extend(extra.iter().cloned());
+        self.execute(&self.cascade, "cascade", &args, 14)
+    }
+
+    fn ckpt(step: u32) -> String {
+        format!("ckpt.{step:06}")
+    }
+
+    fn run(&mut self) -> Result<ExitCode, Failure> {
+        let a = self.args;
+        let last = self.checkpoints * a.every;
+        let kill_at = a.every * (self.checkpoints / 2 + 1);
+        let before_kill = kill_at - a.every;
+        self.say(format!(
+            "Cascade demo: heat (examples/heat/heat.c), a 2-D heat-equation simulation on a \
+             {n} x {n} grid, {steps} steps,\na checkpoint of {size} every {every} steps \
+             ({c} checkpoints), written straight to disk, then under Cascade.",
+            n = a.n,
+            steps = a.steps,
+            size = format_size(self.checkpoint_bytes),
+            every = a.every,
+            c = self.checkpoints,
+        ));
+        self.say(format!("  WORK     {}", self.work.display()));
+        self.say(format!(
+            "  store    {} ({} of memory, no spill)",
+            self.store, a.capacity
+        ));
+        self.say(format!("  durable  {}", self.short(&self.durable)));
+
+        // A leftover store of an interrupted demo.
+        let _ = Command::new(&self.cascade)
+            .args(["destroy", "--force"])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        self.job = self.free_job_name()?;
+
+        self.heading("build the simulation");
+        let source = self.work.join("heat.c");
+        std::fs::write(&source, HEAT_C)
+            .map_err(|e| Failure::io(&source.display().to_string(), &e))?;
+        let cc: Vec<String> = ["-O2", "-o", "heat", "heat.c", "-lm", "-ldl"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let built = self.execute(Path::new("cc"), "cc", &cc, 12)?;
+        if !built.status.success() {
+            return Err(Failure::new(format!(
+                "demo: compiling heat.c failed: {}",
+                built.reason()
+            )));
+        }
+
+        // ---- A
+        self.heading(
+            "A. baseline: heat writes its checkpoints straight to a directory on local disk \
+             ($WORK/pfs stands in for the parallel file system), no Cascade",
+        );
+        let direct_dir = self.work.join("pfs/heat").display().to_string();
+        let mut args = self.heat_args(&direct_dir);
+        args.extend(["--keep".to_string(), "2".to_string()]);
+        let ran = self.execute(&self.heat, "./heat", &args, 14)?;
+        let baseline = parse_heat(&ran);
+        let Some(reference) = baseline.fnv.clone().filter(|_| ran.status.success()) else {
+            return Err(Failure::new(format!(
+                "demo: phase A (baseline) failed: heat {}",
+                ran.reason()
+            )));
+        };
+        self.say(format!(
+            "note: heat does not fsync, so these writes end in the page cache{}: the baseline \
+             is optimistic for a real parallel file system",
+            if on_tmpfs(&self.work) {
+                " (and $WORK is on tmpfs, i.e. memory)"
+            } else {
+                ""
+            }
+        ));
+        let complete = baseline.stalls.len() == self.checkpoints as usize;
+        self.check(
+            "A baseline",
+            complete,
+            format!(
+                "{} of {} checkpoints written straight to disk; reference fnv1a64={reference}",
+                baseline.stalls.len(),
+                self.checkpoints
+            ),
+        );
+
+        // ---- B
+        self.heading(format!(
+            "B. under Cascade, killed (SIGKILL) halfway through writing the checkpoint of step \
+             {kill_at}"
+        ));
+        self.cascade(&["init", "--capacity", &a.capacity, "--spill-size", "0"])
+            .and_then(|r| {
+                if r.status.success() {
+                    Ok(())
+                } else {
+                    Err(Failure::new(format!(
+                        "demo: creating the store {} failed: cascade init {}",
+                        self.store,
+                        r.reason()
+                    )))
+                }
+            })?;
+        let killed =
+            self.heat_under_cascade(&["--kill-at-step".to_string(), kill_at.to_string()])?;
+        let phase_b = parse_heat(&killed);
+        let job_dir = format!("/{}", self.job);
+        let durable_ckpt = format!("{job_dir}/{}", Self::ckpt(before_kill));
+        if !a.quiet {
+            self.cascade_showing(&["ls", "--levels", &job_dir], 24)?;
+        }
+        let waited = self.cascade(&[
+            "wait",
+            &durable_ckpt,
+            "--level",
+            "durable",
+            "--timeout",
+            WAIT_SECONDS,
+        ])?;
+        let marker = self.durable_complete(&durable_ckpt);
+        let (pass, detail) = match (killed.status.code(), waited.status.success(), marker) {
+            (Some(137), _, _) if killed.heat_warnings().is_some() => {
+                (false, killed.heat_warnings().unwrap_or_default())
+            }
+            (Some(137), true, Ok(true)) => (
+                true,
+                format!(
+                    "killed at step {kill_at} (exit 137); {} is complete in the durable store",
+                    Self::ckpt(before_kill)
+                ),
+            ),
+            (Some(137), true, Ok(false)) => (
+                false,
+                format!(
+                    "{} is durable but has no completion marker (was it committed? \
+                     libcascade.so needs cascade_commit)",
+                    Self::ckpt(before_kill)
+                ),
+            ),
+            (Some(137), true, Err(e)) => (false, format!("reading the durable store: {e}")),
+            (Some(137), false, _) => (
+                false,
+                format!(
+                    "{} did not become durable: cascade wait {}",
+                    Self::ckpt(before_kill),
+                    waited.reason()
+                ),
+            ),
+            _ => (
+                false,
+                format!(
+                    "cascade run should have ended with exit 137 (heat killed), got {}",
+                    killed.reason()
+                ),
+            ),
+        };
+        self.check("B killed mid-checkpoint", pass, detail);
+
+        // ---- C
+        self.heading("C. restart from memory: the same command, without the kill");
+        let restarted = self.heat_under_cascade(&[])?;
+        let phase_c = parse_heat(&restarted);
+        let want = Self::ckpt(before_kill);
+        let detail = if !restarted.status.success() {
+            Err(format!("cascade run {}", restarted.reason()))
+        } else if let Some(warnings) = restarted.heat_warnings() {
+            Err(warnings)
+        } else {
+            self.restart_verdict(&phase_c, &want, &reference)
+        };
+        self.check_result("C restart from memory", detail);
+        // From heat's last checkpoint line to `cascade run` exiting, which it does once the
+        // job's checkpoints are in the durable store.
+        let drained = phase_c
+            .stalls
+            .get(&last)
+            .filter(|_| restarted.status.success())
+            .map(|(_, at)| restarted.ended.duration_since(*at).as_secs_f64());
+
+        // ---- D
+        self.heading(
+            "D. the node is lost: destroy the node store, create an empty one, restart from \
+             the durable store",
+        );
+        let final_ckpt = format!("{job_dir}/{}", Self::ckpt(last));
+        let waited = self.cascade(&[
+            "wait",
+            &final_ckpt,
+            "--level",
+            "durable",
+            "--timeout",
+            WAIT_SECONDS,
+        ])?;
+        self.cascade(&["destroy", "--force"])?;
+        let created = self.cascade(&["init", "--capacity", &a.capacity, "--spill-size", "0"])?;
+        if !created.status.success() {
+            return Err(Failure::new(format!(
+                "demo: re-creating the store {} failed: cascade init {}",
+                self.store,
+                created.reason()
+            )));
+        }
+        let recovered = self.heat_under_cascade(&[])?;
+        let phase_d = parse_heat(&recovered);
+        if !a.quiet {
+            self.cascade_showing(&["ls", "--levels", &job_dir], 24)?;
+        }
+        let detail = if !waited.status.success() {
+            Err(format!(
+                "{} was not in the durable store before the node store was destroyed: {}",
+                Self::ckpt(last),
+                waited.reason()
+            ))
+        } else if !recovered.status.success() {
+            Err(format!("cascade run {}", recovered.reason()))
+        } else if let Some(warnings) = recovered.heat_warnings() {
+            Err(warnings)
+        } else if phase_d.fresh {
+            Err(format!(
+                "heat found no {MOUNT}/{}/latest and started fresh: read-through did not fetch \
+                 it from the durable store (libcascade.so without read-through?)",
+                self.job
+            ))
+        } else {
+            self.restart_verdict(&phase_d, &Self::ckpt(last), &reference)
+                .map(|d| format!("{d}; its files came from the durable store"))
+        };
+        self.check_result("D restart from the durable store", detail);
+
+        self.summary(&baseline, &phase_b, &phase_c, drained);
+        let failed: Vec<String> = self
+            .checks
+            .iter()
+            .filter(|c| !c.pass)
+            .map(|c| format!("{}: {}", c.phase, c.detail))
+            .collect();
+        if failed.is_empty() {
+            Ok(ExitCode::SUCCESS)
+        } else {
+            Err(Failure::new(format!("demo failed: {}", failed.join("; "))))
+        }
+    }
+
+    fn check_result(&mut self, phase: &'static str, result: Result<String, String>) {
+        match result {
+            Ok(detail) => self.check(phase, true, detail),
+            Err(detail) => self.check(phase, false, detail),
+        }
+    }
+
+    /// Whether a restarted run started where it should and ended on the reference grid.
+    fn restart_verdict(
+        &self,
+        out: &HeatOutput,
+        want: &str,
+        reference: &str,
+    ) -> Result<String, String> {
+        let from = out.restarted_from.as_deref().unwrap_or("nothing (fresh)");
+        if from != want {
+            return Err(format!("heat restarted from {from}, expected {want}"));
+        }
+        match out.fnv.as_deref() {
+            Some(fnv) if fnv == reference => Ok(format!(
+                "restarted from {from}; final fnv1a64={fnv}, the same as the uninterrupted run"
+            )),
+            Some(fnv) => Err(format!(
+                "restarted from {from} but ended with fnv1a64={fnv}, not the reference {reference}"
+            )),
+            None => Err("heat printed no final line".to_string()),
+        }
+    }
+
+    /// A checkpoint directory name below the mount that the durable store has nothing under:
+    /// "heat", else "heat.2", ... (a --durable URL may hold an earlier demo's checkpoints,
+    /// which heat would restart from).
+    fn free_job_name(&self) -> Result<String, Failure> {
+        let durable = crate::lifecycle::open_durable(&self.durable).map_err(|f| {
+            Failure::new(format!(
+                "demo: durable store {}: {}",
+                self.durable, f.message
+            ))
+        })?;
+        for i in 1..100 {
+            let name = if i == 1 {
+                "heat".to_string()
+            } else {
+                format!("heat.{i}")
+            };
+            let used = durable
+                .list(&format!("{name}/"))
+                .map_err(|e| Failure::new(format!("demo: durable store {}: {e}", self.durable)))?;
+            if used.is_empty() {
+                return Ok(name);
+            }
+        }
+        Err(Failure::new(format!(
+            "demo: durable store {} already holds heat, heat.2 ... heat.99: give an empty one",
+            self.durable
+        )))
+    }
+
+    fn durable_complete(&self, ckpt: &str) -> Result<bool, String> {
+        let durable = crate::lifecycle::open_durable(&self.durable).map_err(|f| f.message)?;
+        durable
+            .is_complete(ckpt.trim_start_matches('/'))
+            .map_err(|e| e.to_string())
+    }
+
+    fn summary(
+        &self,
+        baseline: &HeatOutput,
+        phase_b: &HeatOutput,
+        phase_c: &HeatOutput,
+        drained: Option<f64>,
+    ) {
+        let a = self.args;
+        println!();
+        println!(
+            "== Summary: heat, {n} x {n} grid, {size} per checkpoint, {c} checkpoints",
+            n = a.n,
+            size = format_size(self.checkpoint_bytes),
+            c = self.checkpoints
+        );
+        println!("stall per checkpoint (heat's stall_ms: creating the directory, writing grid.bin and meta.txt, commit, rename onto latest)");
+        println!(
+            "{:>8}  {:>18}  {:>18}",
+            "step", "direct to disk ms", "under Cascade ms"
+        );
+        let mut cascade_stalls: BTreeMap<u32, (f64, &str)> = BTreeMap::new();
+        for (step, (ms, _)) in &phase_b.stalls {
+            cascade_stalls.insert(*step, (*ms, "B"));
+        }
+        for (step, (ms, _)) in &phase_c.stalls {
+            cascade_stalls.entry(*step).or_insert((*ms, "C"));
+        }
+        let steps: std::collections::BTreeSet<u32> = baseline
+            .stalls
+            .keys()
+            .chain(cascade_stalls.keys())
+            .copied()
+            .collect();
+        for step in &steps {
+            let direct = baseline
+                .stalls
+                .get(step)
+                .map_or_else(|| "-".to_string(), |(ms, _)| format!("{ms:.2}"));
+            let cascade = cascade_stalls
+                .get(step)
+                .map_or_else(|| "-".to_string(), |(ms, p)| format!("{ms:.2} ({p})"));
+            println!("{step:>8}  {direct:>18}  {cascade:>18}");
+        }
+        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let direct_mean = mean(baseline.stalls.values().map(|(ms, _)| *ms).collect());
+        let cascade_mean = mean(cascade_stalls.values().map(|(ms, _)| *ms).collect());
+        let show = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.2}"));
+        println!(
+            "{:>8}  {:>18}  {:>18}",
+            "mean",
+            show(direct_mean),
+            show(cascade_mean)
+        );
+        if let (Some(d), Some(c)) = (direct_mean, cascade_mean) {
+            if c > 0.0 {
+                println!(
+                    "the mean stall under Cascade is {:.1}x {} than writing straight to disk \
+                     (which, without fsync, ends in the page cache: an optimistic baseline)",
+                    if d >= c { d / c } else { c / d },
+                    if d >= c { "shorter" } else { "longer" }
+                );
+            }
+        }
+        println!("(B) run B, before the kill; (C) run C, after the restart");
+        if let Some(seconds) = drained {
+            println!(
+                "last checkpoint in the durable store at most {seconds:.3} s after heat wrote it \
+                 (heat's last checkpoint line to 'cascade run' exiting, which waits for the drain)"
+            );
+        }
+        for c in &self.checks {
+            println!(
+                "{}  phase {}: {}",
+                if c.pass { "PASS" } else { "FAIL" },
+                c.phase,
+                self.short(&c.detail)
+            );
+        }
+    }
+}
+
+/// Whether `path` is on a tmpfs (memory), which makes the baseline even more optimistic.
+fn on_tmpfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs fills a zeroed struct from a NUL-terminated path.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut fs) == 0 && fs.f_type == libc::TMPFS_MAGIC
+    }
+}
