@@ -2,7 +2,7 @@
  * cascade.h - C API of the Cascade node store (L0).
  *
  * Link with -lcascade (libcascade.so or libcascade.a, built by
- * `cargo build -p cascade-capi`; the static library also needs -lpthread -ldl -lm).
+ * `cargo build -p cascade-preload`; the static library also needs -lpthread -ldl -lm).
  *
  * A node store is one POSIX shared-memory block per node holding a small file system and
  * the file data in fixed-size chunks, with a spill file on local SSD for chunks that do not
@@ -135,6 +135,26 @@ int cascade_mkdir(cascade_store *store, const char *path, uint32_t mode);
  * Returns 0, or -1 with errno ENOENT, EISDIR, ENOTDIR, EINVAL.
  */
 int cascade_unlink(cascade_store *store, const char *path);
+
+/*
+ * Commits the checkpoint at PATH (a directory or a single file, given as an application path
+ * under the mount prefix, e.g. "/cascade/ckpt.0042", or relative to the current directory):
+ * from now on it is a checkpoint that the node agent drains to the durable store and that
+ * retention counts. Call it after every file of the checkpoint is closed.
+ *
+ * Unlike the functions above it takes no handle: it uses the store of the process (the one
+ * the interposition serves the mount from: $CASCADE_STORE, else "/cascade-<uid>") and the
+ * mount prefix ($CASCADE_MOUNT, else "/cascade"). It works under `cascade run` and in a
+ * program linked with -lcascade. Relative paths resolve against the current directory,
+ * including a working directory inside the mount (chdir("/cascade/run1")).
+ *
+ * Returns 0, or -1 with errno set: EBUSY a file below is still open for writing, EIO a file
+ * below was left incomplete by a process that died, ENOENT no such path (or the process's
+ * store does not exist), EINVAL the mount root or a path outside the mount, or a checkpoint
+ * nested in another (a committed checkpoint inside PATH, or PATH inside one).
+ * cascade_strerror_last() gives the one-line reason.
+ */
+int cascade_commit(const char *path);
 
 /*
  * A one-line description of the last failure of a cascade_* call on the calling thread,

@@ -432,6 +432,52 @@ pub unsafe extern "C" fn cascade_unlink(handle: *const CascadeStore, path: *cons
     })
 }
 
+/// Commits the checkpoint at `path`, an application path (under the mount prefix, or
+/// relative to the current directory, the virtual one included), in the process's own store
+/// (the one the interposition uses): from now on the node agent drains it and retention
+/// counts it.
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn cascade_commit(path: *const c_char) -> c_int {
+    guarded("cascade_commit", -1, || {
+        // SAFETY: NULL or NUL-terminated by the caller's contract.
+        let path = unsafe { str_arg(path, "path") }?;
+        let store_path = crate::interpose::app_store_path(path)?;
+        let store = crate::interpose::store()?;
+        match store.commit(&store_path, false) {
+            Ok(_) => Ok(0),
+            Err(e) => {
+                // The store's reasons name store paths; the caller knows application paths.
+                let context = e.context();
+                let message = if context.is_empty() || context == store_path {
+                    path.to_string()
+                } else if context.starts_with('/') {
+                    application_paths(context)
+                } else {
+                    format!("{path}: {}", application_paths(context))
+                };
+                Err(Error::new(e.errno(), message))
+            }
+        }
+    })
+}
+
+/// A store message with every word that is a store path ("/ckpt.1/a.dat") turned into the
+/// application's path under the mount prefix ("/cascade/ckpt.1/a.dat").
+fn application_paths(message: &str) -> String {
+    let mount = crate::interpose::mount();
+    message
+        .split(' ')
+        .map(|word| match word.strip_prefix('/') {
+            Some(rest) if !rest.starts_with('/') => format!("{mount}/{rest}"),
+            _ => word.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 static EMPTY: &CStr = c"";
 
 /// The message of the last failed cascade_* call on this thread ("" if none). Valid until the
@@ -544,6 +590,32 @@ mod tests {
         assert_eq!(v, 7);
         assert_eq!(errno(), libc::EIO);
         assert!(last_message().contains("boom"), "{}", last_message());
+    }
+
+    #[test]
+    fn commit_messages_name_application_paths() {
+        let m = crate::interpose::mount();
+        assert_eq!(
+            application_paths("/ckpt.1/a.dat is inside the committed checkpoint /ckpt.1; commit that one instead"),
+            format!("{m}/ckpt.1/a.dat is inside the committed checkpoint {m}/ckpt.1; commit that one instead")
+        );
+        assert_eq!(application_paths("no paths here"), "no paths here");
+    }
+
+    #[test]
+    fn commit_of_null_or_outside_the_mount_is_einval() {
+        // SAFETY: NULL is allowed (and rejected).
+        assert_eq!(unsafe { cascade_commit(std::ptr::null()) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { cascade_commit(c"/proc/self".as_ptr()) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(
+            last_message()
+                .starts_with("cascade_commit: /proc/self is not under the Cascade mount prefix"),
+            "{}",
+            last_message()
+        );
     }
 
     #[test]

@@ -319,8 +319,17 @@ pub unsafe extern "C" fn getdents64(
 
 // ---- working directory --------------------------------------------------------------------
 
-fn enter(p: String) -> c_int {
-    match store().and_then(|s| s.stat(&p)) {
+/// Makes store directory `p` the virtual cwd; `fetch`: a path the store lacks is asked of
+/// the node agent (chdir, not fchdir).
+fn enter(p: String, fetch: bool) -> c_int {
+    let meta = store().and_then(|s| {
+        if fetch {
+            readthrough::with_fetch(&p, || s.stat(&p))
+        } else {
+            s.stat(&p)
+        }
+    });
+    match meta {
         Ok(m) if m.is_dir() => {
             std::env::set_var("CASCADE_CWD", &p);
             set_virtual_cwd(Some(p));
@@ -345,7 +354,7 @@ fn leave() {
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
-        Some(p) => enter(p),
+        Some(p) => enter(p, true),
         None => {
             let rc = call_real!(chdir: fn(*const c_char) -> c_int, -1; path);
             if rc == 0 {
@@ -362,7 +371,7 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchdir"))]
 pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     match lookup(fd) {
-        Some(e) if !e.path.is_empty() => enter(e.path.clone()),
+        Some(e) if !e.path.is_empty() => enter(e.path.clone(), false),
         Some(_) => fail(&Error::new(
             libc::EBADF,
             "directory descriptor of unknown path",

@@ -6,13 +6,15 @@
 //! `stat` (the stat family, statfs, access), `names` (unlink, rename, mkdir, chmod...),
 //! `dirops` (opendir/readdir, getdents64, chdir/getcwd), `stdio` (fopen via fopencookie),
 //! `mapping` (mmap, sendfile/copy_file_range/splice, extended attributes), `process`
-//! (exec and spawn carry the virtual cwd; links are refused).
+//! (exec and spawn carry the virtual cwd; links are refused), `readthrough` (a path the
+//! store lacks is asked of the node agent).
 
 pub(crate) mod dirops;
 pub(crate) mod fds;
 pub(crate) mod mapping;
 pub(crate) mod names;
 pub(crate) mod process;
+pub(crate) mod readthrough;
 pub(crate) mod stat;
 pub(crate) mod stdio;
 pub(crate) mod sysio;
@@ -247,6 +249,30 @@ pub(crate) unsafe fn classify_at(dirfd: i32, path: *const c_char) -> Option<Stri
         return host_dir_into_mount(dirfd, s);
     }
     virtual_cwd().map(|cwd| join_store(&cwd, s))
+}
+
+/// The store path of an application path given to the C API (`cascade_commit`): absolute
+/// under the mount prefix, or relative to the current directory (the virtual one inside the
+/// mount, else the kernel's). EINVAL for a path outside the mount, ENOENT for "".
+pub(crate) fn app_store_path(path: &str) -> Result<String, Error> {
+    if path.is_empty() {
+        return Err(Error::new(libc::ENOENT, "empty path"));
+    }
+    let outside = || {
+        Error::new(
+            libc::EINVAL,
+            format!("{path} is not under the Cascade mount prefix {}", mount()),
+        )
+    };
+    if path.starts_with('/') {
+        return store_path_of(path).ok_or_else(outside);
+    }
+    if let Some(cwd) = virtual_cwd() {
+        return Ok(join_store(&cwd, path));
+    }
+    let cwd = std::env::current_dir().map_err(|e| Error::from_io(&e, "getcwd"))?;
+    let cwd = cwd.to_str().ok_or_else(outside)?;
+    store_path_of(&format!("{cwd}/{path}")).ok_or_else(outside)
 }
 
 /// A host directory descriptor plus a relative path can still lead into the mount (rsync

@@ -69,8 +69,11 @@ fn fill_statx(m: &Metadata, sx: &mut libc::statx) {
     sx.stx_dev_minor = (CASCADE_DEV & 0xff) as u32;
 }
 
+/// The metadata behind every path-based call here (stat family, statfs, access); a path
+/// the store lacks is asked of the node agent first (read-through).
 fn path_meta(p: &str) -> Result<Metadata, Error> {
-    store()?.stat(p)
+    let store = store()?;
+    readthrough::with_fetch(p, || store.stat(p))
 }
 
 fn fd_meta(e: &Entry) -> Result<Metadata, Error> {

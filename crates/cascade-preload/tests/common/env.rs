@@ -51,9 +51,17 @@ impl Env {
     /// Runs `prog args` under `cascade run` on this store and mount, in the scratch dir; $M
     /// is the mount, $T the scratch dir.
     pub fn command(&self, prog: &str, args: &[&str]) -> Output {
+        self.cascade_run(prog, args)
+            .output()
+            .unwrap_or_else(|e| panic!("spawn {prog}: {e}"))
+    }
+
+    /// The `cascade run` command of [`Env::command`], to spawn or adjust before running.
+    pub fn cascade_run(&self, prog: &str, args: &[&str]) -> Command {
         let empty_config = self.tmp.join("config.toml");
         std::fs::write(&empty_config, "").expect("config file");
-        Command::new(cascade_bin())
+        let mut command = Command::new(cascade_bin());
+        command
             .args([
                 "run",
                 "--store",
@@ -68,9 +76,8 @@ impl Env {
             .env_remove("LD_PRELOAD")
             .env("M", &self.mount)
             .env("T", &self.tmp)
-            .current_dir(&self.tmp)
-            .output()
-            .unwrap_or_else(|e| panic!("spawn {prog}: {e}"))
+            .current_dir(&self.tmp);
+        command
     }
 
     /// Like `command`, asserting success; returns stdout.

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 pub mod env;
 
@@ -63,4 +63,49 @@ fn artifact(package: &str, target: &str, ext: &str) -> PathBuf {
             .unwrap_or_else(|| panic!("cargo reported no {target} artifact"));
         so
     }
+}
+
+/// Compiles C `source` (written to `<name>.c` in the test target's scratch directory) with
+/// `cc` against include/cascade.h and libcascade.so (linked with -lcascade and an rpath, so
+/// the program also runs without `cascade run`). Once per name and test run.
+pub fn compile_c_with_cascade(name: &str, source: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
+        return exe.clone();
+    }
+    let lib = library_dir();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).expect("write C source");
+    let exe = dir.join(name);
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".to_string()))
+        .args([
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-I",
+        ])
+        .arg(repo_root().join("include"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(lib)
+        .arg("-lcascade")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lpthread")
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    built.push((name.to_string(), exe.clone()));
+    exe
 }
