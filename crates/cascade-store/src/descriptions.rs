@@ -64,7 +64,8 @@ fn referenced_descriptions() -> std::collections::HashSet<OpenDescription> {
     live
 }
 
-/// Slots younger than this are never swept: their descriptor may not exist yet.
+/// Slots younger than this are swept only once the process that claimed them is dead: their
+/// descriptor may not exist yet.
 const SWEEP_MIN_AGE_NS: i64 = 2_000_000_000;
 
 /// A live description in the block.
@@ -144,6 +145,12 @@ impl Store {
                     slot.gen.store(file.generation(), Relaxed);
                     slot.flags.store(flags as u32, Relaxed);
                     slot.claimed_ns.store(crate::block::now_ns(), Relaxed);
+                    slot.claimer_pid.store(crate::block::my_pid(), Relaxed);
+                    slot.rewrite_at_open.store(
+                        self.block().inode(file.ino() as u32).life.load(Acquire)
+                            >> crate::layout::LIFE_REWRITE_SHIFT,
+                        Relaxed,
+                    );
                     slot.refs.store(1, Release);
                     let ino = file.ino() as u32;
                     self.block().inode(ino).opens.fetch_add(1, AcqRel);
@@ -187,20 +194,24 @@ impl Store {
                     .compare_exchange(d.nonce, 0, AcqRel, Relaxed)
                     .is_ok()
                 {
-                    self.closed_description(ino, gen, flags, false);
+                    self.closed_description(ino, gen, flags, None);
                 }
             }
         }
     }
 
-    /// One open description of (ino, gen) is gone; `torn` when no process closed it (its
-    /// holders died), so a writer may have stopped half way.
-    fn closed_description(&self, ino: u32, gen: u32, flags: i32, torn: bool) {
+    /// One open description of (ino, gen) is gone. `swept_rewrite` is set when no process
+    /// closed it (its holders died) and holds the file's rewrite count at its open: a writer
+    /// may have stopped half way, so the file is torn unless it was rewritten since.
+    fn closed_description(&self, ino: u32, gen: u32, flags: i32, swept_rewrite: Option<u32>) {
         let b = self.block();
         if ino >= b.geo.max_inodes {
             return;
         }
         if writes(flags) {
+            let torn = swept_rewrite.is_some_and(|at_open| {
+                b.inode(ino).life.load(Acquire) >> crate::layout::LIFE_REWRITE_SHIFT == at_open
+            });
             b.remove_writer(ino, gen, torn);
         }
         let inode = b.inode(ino);
@@ -225,9 +236,16 @@ impl Store {
         for slot_no in 0..OFD_SLOTS {
             let slot = self.block().ofd(slot_no);
             let nonce = slot.nonce.load(Acquire);
-            if nonce == 0 || now - slot.claimed_ns.load(Acquire) < SWEEP_MIN_AGE_NS {
+            if nonce == 0 {
                 continue;
             }
+            let claimer = slot.claimer_pid.load(Acquire);
+            // SAFETY: kill with signal 0 only checks that the process exists.
+            let claimer_alive = claimer != 0 && unsafe { libc::kill(claimer as i32, 0) } == 0;
+            if claimer_alive && now - slot.claimed_ns.load(Acquire) < SWEEP_MIN_AGE_NS {
+                continue;
+            }
+            let rewrite = slot.rewrite_at_open.load(Acquire);
             let (ino, gen) = (slot.ino.load(Acquire), slot.gen.load(Acquire));
             let flags = slot.flags.load(Acquire) as i32;
             if !live.contains(&OpenDescription {
@@ -238,7 +256,7 @@ impl Store {
                 .compare_exchange(nonce, 0, AcqRel, Relaxed)
                 .is_ok()
             {
-                self.closed_description(ino, gen, flags, true);
+                self.closed_description(ino, gen, flags, Some(rewrite));
                 freed += 1;
             }
         }

@@ -542,6 +542,9 @@ impl Block {
         if len == 0 {
             // Rewritten from scratch: no longer the remains of a writer that died.
             inode.life.fetch_and(!crate::layout::LIFE_TORN, AcqRel);
+            inode
+                .life
+                .fetch_add(1 << crate::layout::LIFE_REWRITE_SHIFT, AcqRel);
         }
         let old = inode.size.load(Acquire);
         if len < old {

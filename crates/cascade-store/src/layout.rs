@@ -65,6 +65,8 @@ pub(crate) const LIFE_COMMITTED: u32 = 2;
 pub(crate) const LIFE_FLUSH: u32 = 4;
 /// The checkpoint's completion marker is in the durable tier and nothing changed since.
 pub(crate) const LIFE_COMPLETE: u32 = 8;
+/// The top 16 bits of `life` count truncations to zero (rewrites), modulo 2^16.
+pub(crate) const LIFE_REWRITE_SHIFT: u32 = 16;
 
 // Chunk and node state words: top two bits are the tag.
 pub(crate) const TAG_SHIFT: u32 = 62;
@@ -275,7 +277,12 @@ pub(crate) struct OfdSlot {
     /// When the slot was claimed (CLOCK_REALTIME ns): sweeps spare young slots, whose
     /// descriptor may not exist yet.
     pub claimed_ns: AtomicI64,
-    pub _pad: [u64; 3],
+    /// The file's rewrite count (`life >> LIFE_REWRITE_SHIFT`) when the slot was claimed: a
+    /// dead writer leaves the file torn only if nobody rewrote it since.
+    pub rewrite_at_open: AtomicU32,
+    /// The process that claimed the slot: a young slot is swept only once it is dead.
+    pub claimer_pid: AtomicU32,
+    pub _pad: [u64; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<OfdSlot>() == 64);

@@ -296,6 +296,16 @@ impl Store {
     /// the agent is woken. EBUSY if a file below is still open for writing, EIO if one was
     /// torn by a writer that died, EINVAL for the root or a checkpoint nested in another.
     pub fn commit(&self, path: &str, force_flush: bool) -> Result<u64> {
+        match self.commit_once(path, force_flush) {
+            // A writer that died still counts until its description is swept.
+            Err(e) if e.errno() == libc::EBUSY && self.sweep_descriptions() > 0 => {
+                self.commit_once(path, force_flush)
+            }
+            other => other,
+        }
+    }
+
+    fn commit_once(&self, path: &str, force_flush: bool) -> Result<u64> {
         let b = self.block();
         let h = b.header();
         let seq = {
