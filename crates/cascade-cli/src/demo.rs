@@ -21,8 +21,8 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use cascade_config::{format_size, parse_size};
@@ -187,6 +187,8 @@ pub fn demo(
         checks: Vec::new(),
     };
     let result = demo.run();
+    // A step that failed because an interrupt killed its program: the signal thread ends it.
+    drop(step());
     if args.keep_work {
         eprintln!(
             "cascade: demo: kept the work dir {} and the store {} (remove them with \
@@ -247,6 +249,24 @@ impl Cleanup {
 /// The process group of the program the demo is running (each runs in a group of its own),
 /// 0 when none: what an interrupt kills.
 static RUNNING: AtomicI32 = AtomicI32::new(0);
+/// Set once a signal asked the demo to stop.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// Held by the main thread during each step that can write into the work dir (a program
+/// running, the durable store being opened), so that an interrupt's clean-up runs between
+/// steps and nothing recreates what it removes.
+static STEP: Mutex<()> = Mutex::new(());
+
+/// Starts a step; after an interrupt, waits for the signal thread to end the process.
+fn step() -> MutexGuard<'static, ()> {
+    let guard = STEP.lock().unwrap_or_else(PoisonError::into_inner);
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        drop(guard);
+        loop {
+            std::thread::park();
+        }
+    }
+    guard
+}
 
 /// SIGINT, SIGTERM and SIGHUP kill the running program (and its children), remove the store
 /// and the work dir and end the demo with 128 + the signal.
@@ -275,11 +295,14 @@ fn forward_signals_to_cleanup(cleanup: Arc<Cleanup>) -> Result<(), Failure> {
             let mut signal = 0;
             // SAFETY: `set` is an initialised signal set and `signal` a valid out-pointer.
             while unsafe { libc::sigwait(&set, &mut signal) } != 0 {}
+            INTERRUPTED.store(true, Ordering::SeqCst);
             let group = RUNNING.load(Ordering::SeqCst);
             if group > 0 {
                 // SAFETY: signalling the process group of a child we started.
                 unsafe { libc::kill(-group, libc::SIGKILL) };
             }
+            // The current step ends once its program is dead; no other starts.
+            let _step = STEP.lock().unwrap_or_else(PoisonError::into_inner);
             cleanup.run();
             eprintln!("cascade: demo interrupted");
             std::process::exit(128 + signal);
@@ -440,6 +463,7 @@ impl Demo<'_> {
         args: &[String],
         max: usize,
     ) -> Result<Ran, Failure> {
+        let _step = step();
         let shown = self.short(&format!("$ {shown_name} {}", args.join(" ")));
         self.say(&shown);
         let mut command = Command::new(program);
@@ -824,6 +848,7 @@ impl Demo<'_> {
     /// "heat", else "heat.2", ... (a --durable URL may hold an earlier demo's checkpoints,
     /// which heat would restart from).
     fn free_job_name(&self) -> Result<String, Failure> {
+        let _step = step();
         let durable = crate::lifecycle::open_durable(&self.durable).map_err(|f| {
             Failure::new(format!(
                 "demo: durable store {}: {}",
@@ -850,6 +875,7 @@ impl Demo<'_> {
     }
 
     fn durable_complete(&self, ckpt: &str) -> Result<bool, String> {
+        let _step = step();
         let durable = crate::lifecycle::open_durable(&self.durable).map_err(|f| f.message)?;
         durable
             .is_complete(ckpt.trim_start_matches('/'))
@@ -864,7 +890,9 @@ impl Demo<'_> {
         drained: Option<f64>,
     ) {
         let a = self.args;
-        println!();
+        if !a.quiet {
+            println!();
+        }
         println!(
             "== Summary: heat, {n} x {n} grid, {size} per checkpoint, {c} checkpoints",
             n = a.n,
