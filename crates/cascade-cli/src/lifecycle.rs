@@ -50,10 +50,12 @@ fn require_durable(config: &Config) -> Result<&str, Failure> {
 
 /// `cascade agent`: runs in the foreground until SIGINT or SIGTERM.
 pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
-    let url = require_durable(config)?;
-    let store = crate::run::attach_or_create(config)?;
-    let durable = open_durable(url)?;
+    // Blocked before any thread exists, so that every thread inherits the mask and only the
+    // waiting thread takes them; the durable store is checked before a store is created.
     let signals = block_stop_signals()?;
+    let url = require_durable(config)?;
+    let durable = open_durable(url)?;
+    let store = crate::run::attach_or_create(config)?;
     let agent = Arc::new(start_agent(store, durable, agent_options(config, verbose))?);
     let control = agent
         .serve_control()
@@ -366,18 +368,24 @@ pub struct EmbeddedAgent {
 }
 
 impl EmbeddedAgent {
-    /// Starts one if a durable store is configured and the store has no live agent.
+    /// The configured durable store, opened (and so checked) before `cascade run` touches
+    /// the node store.
+    pub fn open_configured(config: &Config) -> Result<Option<DurableStore>, Failure> {
+        config.durable_url().map(open_durable).transpose()
+    }
+
+    /// Starts one on `durable` if the store has no live agent.
     pub fn start_if_needed(
         config: &Config,
         store: &Store,
+        durable: Option<DurableStore>,
     ) -> Result<Option<EmbeddedAgent>, Failure> {
-        let Some(url) = config.durable_url() else {
+        let Some(durable) = durable else {
             return Ok(None);
         };
         if store.agent_pid().is_some() {
             return Ok(None);
         }
-        let durable = open_durable(url)?;
         let agent = Arc::new(start_agent(
             store.clone(),
             durable,

@@ -26,11 +26,25 @@ use cli::{Cli, Command};
 use failure::{Failure, EXIT_USAGE};
 
 fn main() -> ExitCode {
-    restore_default_sigpipe();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return usage_error(err),
     };
+    // Commands that talk to servers keep SIGPIPE ignored (Rust's default): a server closing a
+    // connection must be an error to retry, not the death of the agent.
+    let talks_to_servers = matches!(
+        cli.command,
+        Command::Agent { .. }
+            | Command::Run { .. }
+            | Command::Drain { .. }
+            | Command::Restore { .. }
+            | Command::Demo(..)
+            | Command::Wait { .. }
+            | Command::Status { .. }
+    );
+    if !talks_to_servers {
+        restore_default_sigpipe();
+    }
     match run(cli) {
         Ok(code) => code,
         Err(failure) => {

@@ -49,8 +49,9 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
     // (the store's prefault thread too) inherits the mask and none dies of them; they stay
     // pending until the forwarding thread collects them, after the child exists.
     let signals = SignalSet::block(&FORWARDED)?;
+    let durable = crate::lifecycle::EmbeddedAgent::open_configured(config)?;
     let store = attach_or_create(config)?;
-    let embedded = crate::lifecycle::EmbeddedAgent::start_if_needed(config, &store)?;
+    let embedded = crate::lifecycle::EmbeddedAgent::start_if_needed(config, &store, durable)?;
     // The prefix exists as an (empty) host directory, like a mount point, so that paths the
     // kernel resolves itself ("/cascade/..", a host dirfd walking into it) behave. Best
     // effort: without permission to create it, everything else still works.

@@ -338,6 +338,7 @@ impl AsyncDurableStore {
             "InvalidAccessKeyId",
             "SignatureDoesNotMatch",
             "AccessDenied",
+            "XAdminUserNotFound",
             "403 Forbidden",
             "401 Unauthorized",
         ];

@@ -1,0 +1,652 @@
+//! Harness of tests/faults.rs: the `cascade` binary, a node store of its own per test, child
+//! processes that are always killed (and reaped) when a test ends, a versitygw server that can
+//! be stopped and restarted on the same port and data directory, and polling with deadlines.
+//!
+//! The `cascade` binary: a test of cascade-agent cannot use `CARGO_BIN_EXE_cascade` (that is
+//! another package's binary), so [`cascade_bin`] runs `cargo build -p cascade-cli -p
+//! cascade-preload` once per test binary, with the cargo that runs the tests ($CARGO), into the
+//! target directory and profile this test executable was built in (it lives in
+//! `<target>/<profile>/deps/`), and uses `<target>/<profile>/cascade`, which finds
+//! libcascade.so next to itself.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use cascade_store::{OpenOptions, Prefault, Store, StoreConfig};
+
+use crate::versitygw::{find_versitygw, free_port, ACCESS, SECRET};
+
+/// The tests kill processes at observed moments and measure waits: they run one at a time,
+/// whatever --test-threads says, so they do not steal each other's two cores.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The start of a test: the serial lock and the `cascade` binary (built first, so a test's
+/// time does not include the build).
+pub fn begin() -> (MutexGuard<'static, ()>, Instant) {
+    let guard = serial();
+    cascade_bin();
+    (guard, Instant::now())
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds the CLI and the preload library (once) and returns the `cascade` executable.
+pub fn cascade_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        // <target>/<profile>/deps/faults-<hash>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable outside <target>/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debug")
+            .to_string();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let mut build = Command::new(cargo);
+        build
+            .args(["build", "-p", "cascade-cli", "-p", "cascade-preload"])
+            .env("CARGO_TARGET_DIR", &target_dir)
+            .current_dir(repo_root());
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                build.arg("--release");
+            }
+            other => {
+                build.args(["--profile", other]);
+            }
+        }
+        let out = build.output().expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build -p cascade-cli -p cascade-preload failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bin = profile_dir.join("cascade");
+        assert!(bin.is_file(), "{} was not built", bin.display());
+        assert!(
+            profile_dir.join("libcascade.so").is_file(),
+            "libcascade.so was not built in {}",
+            profile_dir.display()
+        );
+        bin
+    })
+}
+
+/// Polls `cond` until it holds, failing the test after `timeout` with `what`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = vec![0u8; len];
+    for chunk in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    v
+}
+
+pub fn b3(data: &[u8]) -> String {
+    blake3::hash(data).to_hex().to_string()
+}
+
+/// A finished command: status and its output as text.
+#[derive(Debug)]
+pub struct Out {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub seconds: f64,
+}
+
+impl Out {
+    pub fn ok(&self) -> bool {
+        self.status.success()
+    }
+    /// Non-empty stderr lines.
+    pub fn err_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} after {:.2} s\n--- stdout:\n{}--- stderr:\n{}",
+            self.status, self.seconds, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `cmd` to the end, killing it after `timeout` (a hang is a failure, not a stuck test).
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Out {
+    let started = Instant::now();
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let readers = [stdout.map(read_all_thread), stderr.map(read_all_thread)];
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let output: Output = match rx.recv_timeout(timeout) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = rx.recv();
+            panic!("{cmd:?} did not finish within {timeout:?}");
+        }
+    };
+    // Bounded: a descendant that outlived the command (an orphaned job) may hold the pipes.
+    let [o, e] = readers.map(|r| {
+        r.and_then(|rx| rx.recv_timeout(Duration::from_secs(5)).ok())
+            .unwrap_or_else(|| "(output still held open by a descendant)\n".to_string())
+    });
+    Out {
+        status: output.status,
+        stdout: o,
+        stderr: e,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+fn read_all_thread<R: std::io::Read + Send + 'static>(
+    mut r: R,
+) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = r.read_to_end(&mut s);
+        let _ = tx.send(String::from_utf8_lossy(&s).into_owned());
+    });
+    rx
+}
+
+/// A background process (an agent, a writer) whose stderr lines are collected as they come;
+/// killed with SIGKILL and reaped on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    pub what: String,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Daemon {
+    pub fn spawn(mut cmd: Command, what: &str) -> Daemon {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = Arc::clone(&lines);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        });
+        Daemon {
+            child: Some(child),
+            what: what.to_string(),
+            lines,
+            reader: Some(reader),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn log(&self) -> String {
+        self.lines().join("\n")
+    }
+
+    /// Waits for a stderr line that satisfies `pred` and returns it.
+    pub fn wait_line(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.lines().into_iter().find(|l| pred(l)) {
+                return l;
+            }
+            if let Some(status) = self.try_wait() {
+                // It may have printed the line just before exiting.
+                self.drain_stderr();
+                if let Some(l) = self.lines().into_iter().find(|l| pred(l)) {
+                    return l;
+                }
+                panic!(
+                    "{} exited ({status}) before printing {what}; its stderr:\n{}",
+                    self.what,
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {} to print {what}; its stderr:\n{}",
+                self.what,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// After the exit: lets the reader collect what is left in the pipe. Bounded, because a
+    /// child of the process (a job orphaned by `cascade run`) may hold the pipe open.
+    fn drain_stderr(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.reader.as_ref().is_some_and(|r| !r.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if self.reader.as_ref().is_some_and(|r| r.is_finished()) {
+            if let Some(r) = self.reader.take() {
+                let _ = r.join();
+            }
+        }
+    }
+
+    /// The exit status if it has exited (reaped).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub fn alive(&mut self) -> bool {
+        self.child.is_some() && self.try_wait().is_none()
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    /// SIGKILL, then reap.
+    pub fn kill9(&mut self) -> ExitStatus {
+        self.signal(libc::SIGKILL);
+        self.wait(Duration::from_secs(30))
+    }
+
+    /// SIGTERM, then reap (SIGKILL after `timeout`, failing the test).
+    pub fn term(&mut self, timeout: Duration) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait(timeout)
+    }
+
+    /// Waits for the exit (SIGKILL and a failure after `timeout`).
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait() {
+                self.drain_stderr();
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.signal(libc::SIGKILL);
+                let _ = self.child.as_mut().map(|c| c.wait());
+                panic!(
+                    "{} did not exit within {timeout:?}; its stderr:\n{}",
+                    self.what,
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A node store of the test's own (`/cascade-faults-<test>-<pid>`), a scratch directory and
+/// an empty config file; the store is destroyed when the test ends, pass or fail.
+pub struct Env {
+    pub name: String,
+    pub tmp: tempfile::TempDir,
+    config: PathBuf,
+    store: Option<Store>,
+}
+
+impl Env {
+    /// A store of `capacity` bytes in 1 MiB chunks, no spill, no prefault.
+    pub fn new(test: &str, capacity: u64) -> Env {
+        let name = format!("/cascade-faults-{test}-{}", std::process::id());
+        let _ = Store::destroy_forced(&name);
+        let store = Store::create(&StoreConfig {
+            name: name.clone(),
+            capacity,
+            chunk_size: 1 << 20,
+            max_files: 1024,
+            spill: None,
+            prefault: Prefault::Off,
+        })
+        .unwrap_or_else(|e| panic!("create store {name}: {e}"));
+        Env::with(name, Some(store))
+    }
+
+    /// A name of the test's own with no store behind it (destroyed at the end if one appears).
+    pub fn without_store(test: &str) -> Env {
+        let name = format!("/cascade-faults-{test}-{}", std::process::id());
+        let _ = Store::destroy_forced(&name);
+        Env::with(name, None)
+    }
+
+    fn with(name: String, store: Option<Store>) -> Env {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let config = tmp.path().join("config.toml");
+        std::fs::write(&config, "").expect("config file");
+        Env {
+            name,
+            tmp,
+            config,
+            store,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        self.store.as_ref().expect("store")
+    }
+
+    /// `cascade` with a clean environment: this store, an empty config file, and no
+    /// CASCADE_* / AWS_* variables or LD_PRELOAD inherited from the test's environment.
+    pub fn cli(&self) -> Command {
+        let mut cmd = Command::new(cascade_bin());
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if k.starts_with("CASCADE_") || k.starts_with("AWS_") || k == "LD_PRELOAD" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("CASCADE_CONFIG", &self.config)
+            .env("CASCADE_STORE", &self.name)
+            .current_dir(self.tmp.path());
+        if std::env::var_os("CASCADE_FAULTS_BLOCK_SIGPIPE").is_some() {
+            // Diagnosis only: run `cascade` with SIGPIPE blocked, which works around the agent
+            // dying of SIGPIPE when an S3 server goes away (see faults.rs, test 3), to see
+            // what the rest of a test finds.
+            use std::os::unix::process::CommandExt;
+            // SAFETY: runs in the forked child before exec; sigprocmask is async-signal-safe
+            // and the set is a local.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let mut set: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut set);
+                    libc::sigaddset(&mut set, libc::SIGPIPE);
+                    libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                    Ok(())
+                });
+            }
+        }
+        cmd
+    }
+
+    /// Runs `cascade ARGS` with `envs` (at most 120 s).
+    pub fn cascade(&self, args: &[&str], envs: &[(&str, &str)]) -> Out {
+        let mut cmd = self.cli();
+        cmd.args(args);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        run_with_timeout(cmd, Duration::from_secs(120))
+    }
+
+    /// Like [`Env::cascade`], asserting success.
+    pub fn cascade_ok(&self, args: &[&str], envs: &[(&str, &str)]) -> Out {
+        let out = self.cascade(args, envs);
+        assert!(out.ok(), "cascade {args:?} failed: {out}");
+        out
+    }
+
+    /// `cascade agent --durable URL -v` in the background, once it has registered (its
+    /// "cascade agent: store ..." line).
+    pub fn agent(&self, url: &str, envs: &[(&str, &str)]) -> Daemon {
+        let mut cmd = self.cli();
+        cmd.args(["agent", "--durable", url, "-v"]);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut d = Daemon::spawn(cmd, "cascade agent");
+        d.wait_line("its start line", Duration::from_secs(30), |l| {
+            l.starts_with("cascade agent: store ")
+        });
+        d
+    }
+
+    /// `cascade ls --levels` (store part only: no durable store configured).
+    pub fn levels(&self) -> String {
+        self.cascade_ok(&["ls", "--levels"], &[]).stdout
+    }
+
+    /// Names in a store directory, as `cascade ls DIR` prints them.
+    pub fn ls(&self, dir: &str) -> Vec<String> {
+        self.cascade_ok(&["ls", dir], &[])
+            .stdout
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn write(&self, path: &str, data: &[u8]) {
+        let f = self
+            .store()
+            .open(
+                path,
+                &OpenOptions::new().write(true).create(true).truncate(true),
+            )
+            .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        f.write_all_at(data, 0)
+            .unwrap_or_else(|e| panic!("write {path}: {e}"));
+    }
+
+    pub fn read(&self, path: &str) -> Vec<u8> {
+        let f = self
+            .store()
+            .open(path, &OpenOptions::new().read(true))
+            .unwrap_or_else(|e| panic!("open {path}: {e}"));
+        let len = f.len().expect("len") as usize;
+        let mut v = vec![0u8; len];
+        let mut off = 0;
+        while off < len {
+            let n = f.read_at(&mut v[off..], off as u64).expect("read");
+            assert!(n > 0, "{path}: short read at {off} of {len}");
+            off += n;
+        }
+        v
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.store.take();
+        let _ = Store::destroy_forced(&self.name);
+    }
+}
+
+/// The line of `cascade ls --levels` output for `path` (a file, or a directory with its "/").
+pub fn levels_line<'a>(levels: &'a str, path: &str) -> Option<&'a str> {
+    levels
+        .lines()
+        .find(|l| l.split_whitespace().last() == Some(path))
+}
+
+/// A versitygw S3 server (posix backend) on 127.0.0.1 that can be stopped and restarted on
+/// the same port and data directory; killed on drop.
+pub struct Gw {
+    child: Option<Child>,
+    pub port: u16,
+    /// One directory per bucket, objects as plain files.
+    pub root: PathBuf,
+    log: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Gw {
+    pub fn start() -> Gw {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("root");
+        std::fs::create_dir(&root).expect("root");
+        let mut gw = Gw {
+            child: None,
+            port: free_port(),
+            root,
+            log: tmp.path().join("versitygw.log"),
+            _tmp: tmp,
+        };
+        gw.restart();
+        gw
+    }
+
+    /// Starts the server (again) on its port and data directory; returns once it listens.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "versitygw is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
+        let child = Command::new(find_versitygw())
+            .args(["--port", &format!("127.0.0.1:{}", self.port)])
+            .args(["--access", ACCESS, "--secret", SECRET, "--quiet"])
+            .arg("posix")
+            .arg(&self.root)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn versitygw");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "versitygw exited with {status}: {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "versitygw did not listen on {} within 30 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Kills the server (SIGKILL: connections in flight are cut) and reaps it.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn create_bucket(&self, name: &str) {
+        std::fs::create_dir(self.root.join(name)).expect("create bucket");
+    }
+
+    pub fn url(&self, bucket: &str) -> String {
+        self.url_with(bucket, ACCESS, SECRET)
+    }
+
+    pub fn url_with(&self, bucket: &str, access: &str, secret: &str) -> String {
+        format!(
+            "s3://{bucket}?endpoint=http://127.0.0.1:{}&access_key={access}&secret_key={secret}",
+            self.port
+        )
+    }
+
+    /// Whether object `key` of `bucket` exists (looked up in the data directory).
+    pub fn has(&self, bucket: &str, key: &str) -> bool {
+        self.root.join(bucket).join(key).is_file()
+    }
+
+    /// Parts of unfinished multipart uploads in `bucket` (versitygw's posix backend keeps
+    /// them as files below `<bucket>/.sgwtmp/multipart/` until the upload completes).
+    pub fn multipart_parts(&self, bucket: &str) -> usize {
+        fn count(dir: &Path) -> usize {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return 0;
+            };
+            entries
+                .flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => count(&e.path()),
+                    Ok(t) if t.is_file() => 1,
+                    _ => 0,
+                })
+                .sum()
+        }
+        count(&self.root.join(bucket).join(".sgwtmp/multipart"))
+    }
+}
+
+impl Drop for Gw {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
