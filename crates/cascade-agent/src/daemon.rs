@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use cascade_durable::{DurableStore, FileDigest, MarkerFile, CHECKSUM_SUFFIX, MARKER_NAME};
+use bytes::Bytes;
+use cascade_durable::{
+    DurableStore, FileDigest, MarkerFile, CHECKSUM_SUFFIX, MARKER_NAME, SINGLE_PUT_MAX,
+};
 use cascade_store::{AgentRegistration, FileKind, LifeEntry, OpenOptions, Store};
 use serde::Serialize;
 
@@ -70,6 +73,26 @@ pub struct AgentStats {
     pub pending_files: u64,
     pub pending_bytes: u64,
     pub last_error: Option<String>,
+    /// Store paths being uploaded right now.
+    pub uploading: Vec<String>,
+}
+
+/// A piece of the store's data region handed to the HTTP client as a request body; the
+/// store clone keeps the mapping alive for as long as the client holds the buffer.
+struct ShmPiece {
+    _store: Store,
+    addr: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for ShmPiece {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `addr..addr + len` lies inside the data region (checked by
+        // `StoreFileReader::memory_pieces`), which stays mapped while `_store` lives. The
+        // chunk belongs to a closed file; if it is rewritten meanwhile the upload is not
+        // recorded as durable (its version changed), so torn bytes are never acknowledged.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
 }
 
 /// Retry bookkeeping of one file incarnation.
@@ -411,6 +434,9 @@ impl Agent {
     fn upload_one(&self, e: &LifeEntry) -> bool {
         let key = key_of(&e.path);
         let started = Instant::now();
+        if let Ok(mut s) = self.stats.lock() {
+            s.uploading.push(e.path.clone());
+        }
         let result = (|| -> Result<Option<FileDigest>> {
             let file = match self.store.open(&e.path, &OpenOptions::new()) {
                 Ok(f) => f,
@@ -424,15 +450,23 @@ impl Agent {
             let reader = StoreFileReader::new(&self.store, &file)
                 .map_err(|err| Error::store(&e.path, err))?;
             let len = reader.len();
-            let digest = self
-                .durable
-                .put_file(key, reader, len)
-                .map_err(Error::Durable)?;
+            let digest = match reader.memory_pieces() {
+                Some(pieces) if len > 0 && len <= SINGLE_PUT_MAX => {
+                    self.put_from_memory(key, &pieces)?
+                }
+                _ => self
+                    .durable
+                    .put_file(key, reader, len)
+                    .map_err(Error::Durable)?,
+            };
             self.durable
                 .put_checksum(key, &digest)
                 .map_err(Error::Durable)?;
             Ok(Some(digest))
         })();
+        if let Ok(mut s) = self.stats.lock() {
+            s.uploading.retain(|p| p != &e.path);
+        }
         match result {
             Ok(Some(digest)) => {
                 if let Ok(mut r) = self.retries.lock() {
@@ -470,6 +504,41 @@ impl Agent {
                 false
             }
         }
+    }
+
+    /// Uploads a file that is wholly in memory chunks in one request whose body is the
+    /// chunks themselves (no copy, no multipart reassembly on the server), hashing it on a
+    /// second thread meanwhile.
+    fn put_from_memory(&self, key: &str, pieces: &[(usize, usize)]) -> Result<FileDigest> {
+        let region = self.store.data_region().addr as usize;
+        let parts: Vec<Bytes> = pieces
+            .iter()
+            .map(|&(offset, len)| {
+                Bytes::from_owner(ShmPiece {
+                    _store: self.store.clone(),
+                    addr: region + offset,
+                    len,
+                })
+            })
+            .collect();
+        let (put, blake3) = std::thread::scope(|scope| {
+            let hashing = scope.spawn(|| {
+                let mut hasher = blake3::Hasher::new();
+                for p in &parts {
+                    hasher.update(p);
+                }
+                hasher.finalize().to_hex().to_string()
+            });
+            let put = self.durable.put_buffers(key, parts.clone());
+            (put, hashing.join())
+        });
+        put.map_err(Error::Durable)?;
+        let blake3 =
+            blake3.map_err(|_| Error::io("hash", std::io::Error::other("hashing failed")))?;
+        Ok(FileDigest {
+            size: pieces.iter().map(|p| p.1 as u64).sum(),
+            blake3,
+        })
     }
 
     fn schedule_retry(&self, e: &LifeEntry) -> (u32, Duration) {

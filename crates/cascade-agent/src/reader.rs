@@ -72,6 +72,31 @@ impl<'a> StoreFileReader<'a> {
             .count()
     }
 
+    /// The whole file as `(offset in the data region, length)` pieces in order, if every
+    /// byte of it is in memory chunks (no hole, nothing spilled); None otherwise.
+    pub fn memory_pieces(&self) -> Option<Vec<(usize, usize)>> {
+        let mut pieces = Vec::with_capacity(self.chunks.len());
+        let mut pos = 0u64;
+        for c in &self.chunks {
+            if pos >= self.len {
+                break;
+            }
+            let ChunkLocation::Memory { offset } = c.location else {
+                return None;
+            };
+            if c.index * self.chunk_size != pos {
+                return None;
+            }
+            let n = c.length.min(self.len - pos);
+            if n == 0 || offset.checked_add(n)? > self.region_len as u64 {
+                return None;
+            }
+            pieces.push((offset as usize, n as usize));
+            pos += n;
+        }
+        (pos == self.len).then_some(pieces)
+    }
+
     fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.pos >= self.len || buf.is_empty() {
             return Ok(0);

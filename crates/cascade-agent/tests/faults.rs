@@ -161,9 +161,9 @@ fn assert_partial_upload_consistent(
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Moment {
-    /// The first file's multipart upload is in progress: no data object exists yet.
+    /// The first file's upload is in progress: no data object exists yet.
     FirstFileUploading,
-    /// The first file and its checksum are up; the second one's multipart upload is running.
+    /// The first file and its checksum are up; the second one's upload is running.
     SecondFileUploading,
     /// Every closed file and its checksum are up; the marker waits for the last file, which
     /// the test holds open for writing.
@@ -218,14 +218,14 @@ fn agent_killed_mid_upload_then_restarted() {
         let timeout = Duration::from_secs(60);
         match moment {
             Moment::FirstFileUploading => {
-                wait_for("a.dat's multipart upload to be under way", timeout, || {
-                    gw.multipart_parts(&bucket) >= 2
+                wait_for("a.dat's upload to be under way", timeout, || {
+                    env.uploading("/ckpt.1/a.dat")
                 })
             }
             Moment::SecondFileUploading => wait_for(
-                "a.dat uploaded and b.dat's multipart upload under way",
+                "a.dat uploaded and b.dat's upload under way",
                 timeout,
-                || has("a.dat.blake3") && gw.multipart_parts(&bucket) >= 2,
+                || has("a.dat.blake3") && env.uploading("/ckpt.1/b.dat"),
             ),
             Moment::AllChecksumsNoMarker => wait_for(
                 "a.dat, b.dat and c.dat uploaded with their checksums",
@@ -487,9 +487,9 @@ fn s3_server_killed_mid_drain_then_restarted() {
     // keep = 1: ckpt.1 is beyond retention, so only its not being durable keeps it.
     let mut agent = env.agent(&url, &[("CASCADE_KEEP", "1")]);
     wait_for(
-        "big.dat's multipart upload to be under way",
+        "big.dat's upload to be under way",
         Duration::from_secs(60),
-        || gw.multipart_parts("bkt") >= 2,
+        || env.uploading_any(),
     );
     gw.stop();
 
@@ -939,9 +939,9 @@ fn run_embedded_agent_survives_s3_server_restart() {
         .arg(&go);
     let mut run = Daemon::spawn(cmd, "cascade run");
     wait_for(
-        "big.dat's multipart upload to be under way",
+        "big.dat's upload to be under way",
         Duration::from_secs(60),
-        || gw.multipart_parts("bkt") >= 2,
+        || env.uploading_any(),
     );
     gw.stop();
     run.wait_line(

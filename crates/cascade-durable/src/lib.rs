@@ -31,6 +31,8 @@ pub use spec::{S3Spec, Spec};
 pub const MARKER_NAME: &str = ".cascade-complete";
 /// Suffix of the checksum object beside each file.
 pub const CHECKSUM_SUFFIX: &str = ".blake3";
+/// Largest object uploaded in one request (S3 allows 5 GiB).
+pub const SINGLE_PUT_MAX: u64 = 4 << 30;
 /// Format tag written in every marker.
 pub const MARKER_FORMAT: &str = "cascade-complete/1";
 
@@ -497,6 +499,26 @@ impl AsyncDurableStore {
         Ok(())
     }
 
+    /// Uploads an object given as buffers in order, in one request (no multipart: the server
+    /// need not reassemble parts). The buffers are sent as they are, never copied, so they
+    /// may reference memory owned elsewhere (`Bytes::from_owner`). At most
+    /// [`SINGLE_PUT_MAX`] bytes.
+    pub async fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
+        let (rel, loc) = self.location(rel)?;
+        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        if total > SINGLE_PUT_MAX {
+            return Err(Error::InvalidPath {
+                path: rel,
+                reason: format!("{total} bytes is more than one request may carry"),
+            });
+        }
+        self.store
+            .put(&loc, parts.into_iter().collect::<PutPayload>())
+            .await
+            .map_err(|e| self.classify("put", &rel, e))?;
+        Ok(())
+    }
+
     /// Writes `<rel>.blake3` in the `b3sum` format (`<hex>  <file name>\n`).
     pub async fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {
         let rel = normalize_rel(rel)?;
@@ -869,6 +891,10 @@ impl DurableStore {
     /// Uploads a file from memory (data only).
     pub fn put_bytes(&self, rel: &str, data: &[u8]) -> Result<FileDigest> {
         self.put_file(rel, data, data.len() as u64)
+    }
+
+    pub fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
+        self.rt.block_on(self.inner.put_buffers(rel, parts))
     }
 
     pub fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {

@@ -366,6 +366,32 @@ pub struct Env {
 }
 
 impl Env {
+    /// The running agent's uploads in flight (its STATUS reply), empty if none answers.
+    pub fn uploads_in_flight(&self) -> Vec<String> {
+        cascade_agent::request(&self.name, "STATUS")
+            .ok()
+            .and_then(|r| r.strip_prefix("OK ").map(str::to_string))
+            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
+            .and_then(|v| {
+                v["uploading"].as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|p| p.as_str().map(str::to_string))
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// The agent is uploading `path` right now.
+    pub fn uploading(&self, path: &str) -> bool {
+        self.uploads_in_flight().iter().any(|p| p == path)
+    }
+
+    /// The agent is uploading something right now.
+    pub fn uploading_any(&self) -> bool {
+        !self.uploads_in_flight().is_empty()
+    }
+
     /// A store of `capacity` bytes in 1 MiB chunks, no spill, no prefault.
     pub fn new(test: &str, capacity: u64) -> Env {
         let name = format!("/cascade-faults-{test}-{}", std::process::id());
