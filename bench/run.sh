@@ -2,14 +2,19 @@
 # Builds and runs the benchmarks; writes into bench/results/:
 #   node-store.{md,json}, chunk-sweep.png, spill-over.png       (suite node-store)
 #   interposition.{md,json}, interposition-sweep.png            (suite interposition)
-# usage: bench/run.sh [--suite node-store|interposition|all] [ARGS...]
-# The suite defaults to all (both, one after the other). ARGS go to `cascade-bench run`
-# (node-store) or `cascade-bench interposition`; with --suite all they go to both, so use
-# only options both know there (--out, --quick, --reps, --procs, --size-mib). E.g.
+#   durable.{md,json}                                           (suite durable)
+# usage: bench/run.sh [--suite node-store|interposition|durable|all] [ARGS...]
+# The suite defaults to all (node-store and interposition, one after the other; durable too
+# when CASCADE_BENCH_DURABLE=1, since it needs root and a network namespace). ARGS go to
+# `cascade-bench run` (node-store), `cascade-bench interposition` or `cascade-bench durable`;
+# with --suite all they go to each, so use only options all know there (--out, --quick,
+# --reps; --procs and --size-mib without durable). The durable suite brings the throttled S3
+# store up with bench/netns-s3.sh up first and takes it down at the end. E.g.
 #   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
 #   bench/run.sh --suite node-store --only writes,readback --reps 5
 #   bench/run.sh --suite interposition --only small,meta
 #   bench/run.sh --suite interposition --lib /path/to/libcascade.so
+#   bench/run.sh --suite durable --quick --out /tmp/bench-durable
 # See bench/README.md.
 set -euo pipefail
 
@@ -32,17 +37,27 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition or all" >&2; exit 2 ;;
+    node-store|interposition|durable|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable or all" >&2; exit 2 ;;
 esac
+durable=0
+if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
+    durable=1
+fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
 fi
 
 cargo build --release -p cascade-bench
-if [ "$suite" != node-store ] && [ "$lib_given" = 0 ]; then
+if { [ "$suite" = interposition ] || [ "$suite" = all ]; } && [ "$lib_given" = 0 ]; then
     # The library under test: target/release/libcascade.so (the bench's default --lib).
     cargo build --release -p cascade-preload
+fi
+if [ "$durable" = 1 ]; then
+    # The cascade runs need the CLI and the library; if they do not build, the suite still
+    # measures the baselines (its cascade rows then say why not).
+    cargo build --release -p cascade-cli -p cascade-preload ||
+        echo "run.sh: cascade-cli or cascade-preload did not build; the cascade rows may fail" >&2
 fi
 bin=target/release/cascade-bench
 
@@ -56,8 +71,9 @@ find_python() {
         fi
     done
 }
-py=$(find_python)
-if [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+py=""
+[ "$suite" = durable ] || py=$(find_python)
+if [ "$suite" != durable ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "run.sh: installing python3-matplotlib for the plots" >&2
     (apt-get update -qq && apt-get install -y -qq python3-matplotlib) >&2 || true
     py=$(find_python)
@@ -76,6 +92,18 @@ on_signal() {
 }
 trap on_signal INT TERM
 
+# The durable suite: the throttled S3 store, taken down again however the script ends (and
+# the suite's node store, which an interrupted run leaves behind).
+netns_down() {
+    CASCADE_STORE=/cascade-bench-durable target/release/cascade destroy --force >/dev/null 2>&1 || true
+    bench/netns-s3.sh down || true
+}
+if [ "$durable" = 1 ]; then
+    trap netns_down EXIT
+    bench/netns-s3.sh up >/dev/null
+    eval "$(bench/netns-s3.sh env)"
+fi
+
 # Runs one suite (`cascade-bench SUBCOMMAND ARGS...`), then its plots.
 run_suite() {
     local sub="$1" json="$2"
@@ -90,6 +118,9 @@ run_suite() {
         exit "$rc"
     fi
     pid=""
+    if [ "$sub" = durable ]; then
+        return
+    fi
     if [ -n "$py" ]; then
         "$py" bench/plot.py "$out/$json" "$out"
     else
@@ -97,12 +128,16 @@ run_suite() {
     fi
 }
 
-if [ "$suite" != interposition ]; then
+if [ "$suite" = node-store ] || [ "$suite" = all ]; then
     run_suite run node-store.json
     echo "results: $out/node-store.md"
 fi
-if [ "$suite" != node-store ]; then
+if [ "$suite" = interposition ] || [ "$suite" = all ]; then
     run_suite interposition interposition.json
     echo "results: $out/interposition.md"
+fi
+if [ "$durable" = 1 ]; then
+    run_suite durable durable.json
+    echo "results: $out/durable.md"
 fi
 trap - INT TERM

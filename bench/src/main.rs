@@ -8,6 +8,7 @@
 
 mod benches;
 mod child;
+mod durable;
 mod harness;
 mod preload;
 mod preload_report;
@@ -37,6 +38,9 @@ enum Cmd {
     /// Run the interposition (LD_PRELOAD) benchmarks; write interposition.md and
     /// interposition.json into --out.
     Interposition(Box<InterpArgs>),
+    /// Run the durable-store benchmark (needs bench/netns-s3.sh up); write durable.md and
+    /// durable.json into --out.
+    Durable(Box<durable::DurableArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -483,6 +487,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Run(a) => run(*a),
         Cmd::Interposition(a) => run_interposition(*a),
+        Cmd::Durable(a) => durable::run(*a),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
             for what in cleanup(pid, &dir) {
