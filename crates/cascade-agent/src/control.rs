@@ -225,3 +225,9 @@ pub fn request(store_name: &str, line: &str) -> std::io::Result<String> {
     BufReader::new(conn).read_line(&mut reply)?;
     Ok(reply.trim_end_matches('\n').to_string())
 }
+
+/// The counters of the agent of `store_name`, if one answers on its control socket.
+pub fn status(store_name: &str) -> Option<crate::AgentStats> {
+    let reply = request(store_name, "STATUS").ok()?;
+    serde_json::from_str(reply.strip_prefix("OK ")?).ok()
+}

@@ -16,7 +16,7 @@ use cascade_durable::{
     DurableStore, FileDigest, MarkerFile, CHECKSUM_SUFFIX, MARKER_NAME, SINGLE_PUT_MAX,
 };
 use cascade_store::{AgentRegistration, FileKind, LifeEntry, OpenOptions, Store};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::reader::StoreFileReader;
 use crate::{Error, Result};
@@ -57,7 +57,7 @@ impl Default for AgentOptions {
 }
 
 /// Counters since the agent started (the `STATUS` reply and `cascade status`).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct AgentStats {
     pub pid: u32,
     pub durable: String,
@@ -140,13 +140,6 @@ pub struct PassOutcome {
 
 fn key_of(store_path: &str) -> &str {
     store_path.trim_start_matches('/')
-}
-
-fn parent_of(path: &str) -> &str {
-    match path.rfind('/') {
-        Some(0) | None => "/",
-        Some(i) => &path[..i],
-    }
 }
 
 fn reserved(path: &str) -> bool {
@@ -284,13 +277,8 @@ impl Agent {
         };
         self.sweep_if_due(&tree);
         let checkpoints = checkpoints_of(&tree);
-        let root_of = |path: &str| -> Option<&Checkpoint> {
-            checkpoints.iter().find(|c| {
-                path == c.root.path
-                    || path
-                        .strip_prefix(c.root.path.as_str())
-                        .is_some_and(|rest| rest.starts_with('/'))
-            })
+        let root_of = |e: &LifeEntry| -> Option<&Checkpoint> {
+            checkpoints.iter().find(|c| e.is_at_or_below(&c.root.path))
         };
         let eager = self.opts.flush_every <= 1;
 
@@ -302,7 +290,7 @@ impl Agent {
             if e.durable() || reserved(&e.path) {
                 continue;
             }
-            let root = root_of(&e.path);
+            let root = root_of(e);
             let wanted = match root {
                 Some(c) => c.root.flush,
                 None => eager,
@@ -346,10 +334,11 @@ impl Agent {
         }
         // Committed checkpoints first, oldest commit first; then everything else by path.
         ready.sort_by_key(|e| {
-            let seq = root_of(&e.path).map_or(u64::MAX, |c| c.root.commit_seq);
+            let seq = root_of(e).map_or(u64::MAX, |c| c.root.commit_seq);
             (seq, e.path.clone())
         });
-        if self.upload_all(&ready) > 0 {
+        let uploaded = self.upload_all(&ready);
+        if uploaded > 0 {
             outcome.progressed = true;
         }
 
@@ -358,6 +347,11 @@ impl Agent {
             .iter()
             .filter(|c| c.root.flush && !c.root.complete())
         {
+            // With no upload in this pass the snapshot is current: skip the fresh look.
+            if uploaded == 0 && c.files.iter().any(|f| !f.durable()) {
+                outcome.pending += 1;
+                continue;
+            }
             match self.complete_checkpoint(c.root) {
                 Ok(true) => outcome.progressed = true,
                 Ok(false) => outcome.pending += 1,
@@ -638,7 +632,7 @@ impl Agent {
     fn evict(&self, checkpoints: &[Checkpoint]) -> bool {
         let mut series: BTreeMap<&str, Vec<&Checkpoint>> = BTreeMap::new();
         for c in checkpoints {
-            series.entry(parent_of(&c.root.path)).or_default().push(c);
+            series.entry(c.root.parent_dir()).or_default().push(c);
         }
         let mut evicted = false;
         for list in series.values_mut() {
@@ -704,13 +698,7 @@ fn checkpoints_of(tree: &[LifeEntry]) -> Vec<Checkpoint<'_>> {
             root,
             files: tree
                 .iter()
-                .filter(|e| {
-                    e.kind == FileKind::File
-                        && (e.path == root.path
-                            || e.path
-                                .strip_prefix(root.path.as_str())
-                                .is_some_and(|rest| rest.starts_with('/')))
-                })
+                .filter(|e| e.kind == FileKind::File && e.is_at_or_below(&root.path))
                 .collect(),
         })
         .collect()

@@ -17,7 +17,7 @@ use std::time::Instant;
 use cascade_durable::{DurableStore, MarkerFile, MARKER_NAME};
 use cascade_store::{FileKind, OpenOptions, Store};
 
-pub use control::request;
+pub use control::{request, status};
 pub use daemon::{Agent, AgentOptions, AgentStats, PassOutcome};
 pub use error::{Error, Result};
 pub use reader::StoreFileReader;

@@ -97,31 +97,27 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
         .filter(|&pid| pid != me)
         .collect();
     // The agent's own counters, if one is running (its control socket answers STATUS).
-    let agent: Option<serde_json::Value> = cascade_agent::request(&status.name, "STATUS")
-        .ok()
-        .and_then(|r| r.strip_prefix("OK ").map(str::to_string))
-        .and_then(|j| serde_json::from_str(&j).ok());
+    let agent = cascade_agent::status(&status.name);
     if as_json {
         let mut doc = status_json(&status, &others);
-        doc["agent"] = agent.unwrap_or(serde_json::Value::Null);
+        doc["agent"] = json!(agent);
         println!("{doc}");
     } else {
         print_status(&status, &others);
         match agent {
             Some(a) => println!(
                 "agent        pid {} -> {}: uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} pending ({}), {} failures{}",
-                a["pid"],
-                a["durable"].as_str().unwrap_or("?"),
-                a["uploaded_files"],
-                format_size(a["uploaded_bytes"].as_u64().unwrap_or(0)),
-                a["markers"],
-                a["evicted_checkpoints"],
-                a["fetched_files"],
-                a["pending_files"],
-                format_size(a["pending_bytes"].as_u64().unwrap_or(0)),
-                a["failures"],
-                a["last_error"]
-                    .as_str()
+                a.pid,
+                a.durable,
+                a.uploaded_files,
+                format_size(a.uploaded_bytes),
+                a.markers,
+                a.evicted_checkpoints,
+                a.fetched_files,
+                a.pending_files,
+                format_size(a.pending_bytes),
+                a.failures,
+                a.last_error
                     .map(|e| format!("; last error: {e}"))
                     .unwrap_or_default()
             ),

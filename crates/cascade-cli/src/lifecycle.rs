@@ -250,11 +250,7 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
             )));
         }
         if Instant::now() >= deadline {
-            let last = cascade_agent::request(store.name(), "STATUS")
-                .ok()
-                .and_then(|r| r.strip_prefix("OK ").map(str::to_string))
-                .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-                .and_then(|v| v["last_error"].as_str().map(str::to_string));
+            let last = cascade_agent::status(store.name()).and_then(|s| s.last_error);
             return Err(Failure::new(format!(
                 "{path}: timed out after {timeout} s: {} of {} files durable{}",
                 p.durable_files,
@@ -280,13 +276,7 @@ fn state_of(e: &LifeEntry, tree: &[LifeEntry]) -> String {
     if e.committed {
         let below: Vec<&LifeEntry> = tree
             .iter()
-            .filter(|f| {
-                f.kind == FileKind::File
-                    && (f.path == e.path
-                        || f.path
-                            .strip_prefix(e.path.as_str())
-                            .is_some_and(|r| r.starts_with('/')))
-            })
+            .filter(|f| f.kind == FileKind::File && f.is_at_or_below(&e.path))
             .collect();
         let durable = below.iter().filter(|f| f.durable()).count();
         let what = if e.complete() {
@@ -444,12 +434,7 @@ pub fn end_of_job(store: &Store, job_succeeded: bool) {
         for top in top_level {
             let below: Vec<&LifeEntry> = tree
                 .iter()
-                .filter(|e| {
-                    e.path == top.path
-                        || e.path
-                            .strip_prefix(top.path.as_str())
-                            .is_some_and(|r| r.starts_with('/'))
-                })
+                .filter(|e| e.is_at_or_below(&top.path))
                 .collect();
             let nested = below.iter().any(|e| e.committed);
             let dirty = below
@@ -467,11 +452,7 @@ pub fn end_of_job(store: &Store, job_succeeded: bool) {
     };
     let mut newest: std::collections::BTreeMap<&str, &LifeEntry> = Default::default();
     for e in tree.iter().filter(|e| e.committed) {
-        let parent = match e.path.rfind('/') {
-            Some(0) | None => "/",
-            Some(i) => &e.path[..i],
-        };
-        let slot = newest.entry(parent).or_insert(e);
+        let slot = newest.entry(e.parent_dir()).or_insert(e);
         if e.commit_seq > slot.commit_seq {
             *slot = e;
         }

@@ -12,44 +12,12 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use serde_json::Value;
+mod support;
+use support::build_preload_library;
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// The whole demo, four runs of heat and a dozen cascade commands, at most.
 const TIMEOUT: Duration = Duration::from_secs(600);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Builds libcascade.so with the cargo running these tests and returns its path.
-fn preload_library() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let out = Command::new(cargo)
-        .args(["build", "-p", "cascade-preload", "--message-format=json"])
-        .current_dir(repo_root())
-        .output()
-        .expect("run cargo build");
-    assert!(
-        out.status.success(),
-        "cargo build -p cascade-preload failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cascade")
-        .flat_map(|m| {
-            m["filenames"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|f| f.as_str().map(PathBuf::from))
-        })
-        .find(|f| f.extension().is_some_and(|e| e == "so"))
-        .expect("cargo reported no libcascade.so")
-}
 
 /// Runs the command, killing it and failing the test after TIMEOUT.
 fn output_within_timeout(mut command: Command) -> Output {
@@ -145,4 +113,9 @@ fn the_demo_passes_every_phase_and_cleans_up() {
         .collect();
     assert!(left.is_empty(), "the demo left {left:?} in its TMPDIR");
     assert!(!Path::new(&format!("/dev/shm{store}")).exists());
+}
+
+/// Builds libcascade.so with the cargo running these tests and returns its path.
+fn preload_library() -> PathBuf {
+    build_preload_library(&["cascade-preload"])
 }

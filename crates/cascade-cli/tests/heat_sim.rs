@@ -18,8 +18,10 @@ use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use serde_json::Value;
 use tempfile::TempDir;
+
+mod support;
+use support::{build_preload_library, repo_root};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// How long a child process may take before a test gives up on it.
@@ -29,10 +31,6 @@ const N: usize = 128;
 const GRID_BYTES: u64 = (N * N * 8) as u64;
 /// 60 steps, a checkpoint every 10.
 const RUN: [&str; 6] = ["--n", "128", "--steps", "60", "--every", "10"];
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Compiles examples/heat/heat.c into `dir` and returns the executable.
 fn compile_heat(dir: &Path) -> PathBuf {
@@ -440,33 +438,7 @@ fn keep_2_leaves_the_two_newest_checkpoints() {
 /// interposition.rs does.
 fn preload_library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let out = Command::new(cargo)
-            .args(["build", "-p", "cascade-preload", "--message-format=json"])
-            .current_dir(repo_root())
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build -p cascade-preload failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cascade")
-            .flat_map(|m| {
-                m["filenames"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|f| f.as_str().map(PathBuf::from))
-            })
-            .find(|f| f.extension().is_some_and(|e| e == "so"))
-            .expect("cargo reported no libcascade.so")
-    })
+    LIB.get_or_init(|| build_preload_library(&["cascade-preload"]))
 }
 
 /// A temp dir, a private store name and an empty config file; `cascade` runs with only

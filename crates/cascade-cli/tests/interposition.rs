@@ -18,53 +18,19 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
+mod support;
+use support::{build_preload_library, repo_root};
+
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 const MIB: u64 = 1 << 20;
 /// How long a child process may take before a test gives up on it.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Builds libcascade.so (and the static libcascade_wrap.a beside it) with the cargo running
 /// these tests (once) and returns the shared library's path.
 fn preload_library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let out = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "cascade-preload",
-                "-p",
-                "cascade-wrap",
-                "--message-format=json",
-            ])
-            .current_dir(repo_root())
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build -p cascade-preload failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cascade")
-            .flat_map(|m| {
-                m["filenames"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|f| f.as_str().map(PathBuf::from))
-            })
-            .find(|f| f.extension().is_some_and(|e| e == "so"))
-            .expect("cargo reported no libcascade.so")
-    })
+    LIB.get_or_init(|| build_preload_library(&["cascade-preload", "cascade-wrap"]))
 }
 
 /// The functions of intercepted.txt: (wrapped, covered through glibc).

@@ -95,6 +95,23 @@ impl LifeEntry {
     pub fn complete(&self) -> bool {
         self.committed && self.complete_flag && self.durable()
     }
+
+    /// The entry is `root` (an absolute store path) or lies below it.
+    pub fn is_at_or_below(&self, root: &str) -> bool {
+        self.path == root
+            || self
+                .path
+                .strip_prefix(root)
+                .is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    /// The directory holding the entry ("/" for a top-level entry): its checkpoint series.
+    pub fn parent_dir(&self) -> &str {
+        match self.path.rfind('/') {
+            Some(0) | None => "/",
+            Some(i) => &self.path[..i],
+        }
+    }
 }
 
 /// The agent's registration; unregisters on drop.

@@ -368,17 +368,8 @@ pub struct Env {
 impl Env {
     /// The running agent's uploads in flight (its STATUS reply), empty if none answers.
     pub fn uploads_in_flight(&self) -> Vec<String> {
-        cascade_agent::request(&self.name, "STATUS")
-            .ok()
-            .and_then(|r| r.strip_prefix("OK ").map(str::to_string))
-            .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).ok())
-            .and_then(|v| {
-                v["uploading"].as_array().map(|a| {
-                    a.iter()
-                        .filter_map(|p| p.as_str().map(str::to_string))
-                        .collect()
-                })
-            })
+        cascade_agent::status(&self.name)
+            .map(|s| s.uploading)
             .unwrap_or_default()
     }
 
