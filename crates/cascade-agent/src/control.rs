@@ -64,6 +64,41 @@ impl Agent {
         let key = path.trim_start_matches('/');
         let store = self.store();
         let durable = self.durable();
+        if let Some(staging) = self.staging() {
+            // A staging server may hold a newer version than the durable tier, or the only
+            // one (drain not finished when this job's previous node was lost).
+            let started = Instant::now();
+            let cut = path.rfind('/').unwrap_or(0);
+            let (parent, name) = (&path[..cut], &path[cut + 1..]);
+            let tmp = format!("{parent}/.{name}.cascade-fetch-{}", std::process::id());
+            if let Some((size, level)) = self.fetch_from_staging(staging, key, parent, &tmp)? {
+                store
+                    .rename(&tmp, path)
+                    .map_err(|e| Error::store(path, e))?;
+                if let Some(e) = store
+                    .life_tree(path)
+                    .ok()
+                    .and_then(|t| t.into_iter().next())
+                {
+                    if level == cascade_staging::protocol::Level::Durable {
+                        store.mark_durable(e.ino, e.generation, e.mod_seq);
+                    } else {
+                        store.mark_staged(e.ino, e.generation, e.mod_seq);
+                    }
+                }
+                if let Ok(mut s) = self.stats.lock() {
+                    s.fetched_files += 1;
+                    s.fetched_bytes += size;
+                }
+                self.log(|| {
+                    format!(
+                        "fetched {path} ({size} bytes, verified) from a staging server in {:.3} s",
+                        started.elapsed().as_secs_f64()
+                    )
+                });
+                return Ok(());
+            }
+        }
         let is_file = match durable.size(key) {
             Ok(_) => true,
             Err(e) if e.is_not_found() => false,

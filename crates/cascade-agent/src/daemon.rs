@@ -19,6 +19,7 @@ use cascade_store::{AgentRegistration, FileKind, LifeEntry, OpenOptions, Store};
 use serde::{Deserialize, Serialize};
 
 use crate::reader::StoreFileReader;
+use crate::staging::{Staging, StagingOptions};
 use crate::{Error, Result};
 
 /// What the agent does and how hard it may work.
@@ -39,6 +40,8 @@ pub struct AgentOptions {
     pub retry_max: Duration,
     /// Print one line per event (uploads, markers, evictions, failures) on stderr.
     pub verbose: bool,
+    /// Staging servers (L1) to send files to instead of the durable tier.
+    pub staging: Option<StagingOptions>,
 }
 
 impl Default for AgentOptions {
@@ -52,6 +55,7 @@ impl Default for AgentOptions {
             retry_min: Duration::from_millis(500),
             retry_max: Duration::from_secs(30),
             verbose: false,
+            staging: None,
         }
     }
 }
@@ -61,8 +65,16 @@ impl Default for AgentOptions {
 pub struct AgentStats {
     pub pid: u32,
     pub durable: String,
+    /// The staging servers, if any ("" = none).
+    #[serde(default)]
+    pub staging: String,
     pub uploaded_files: u64,
     pub uploaded_bytes: u64,
+    /// Files acknowledged by a staging server.
+    #[serde(default)]
+    pub staged_files: u64,
+    #[serde(default)]
+    pub staged_bytes: u64,
     pub markers: u64,
     pub evicted_checkpoints: u64,
     pub evicted_bytes: u64,
@@ -122,6 +134,7 @@ pub struct Agent {
     pub(crate) fetched: Condvar,
     stop: AtomicBool,
     last_sweep: Mutex<Instant>,
+    staging: Option<Staging>,
     _registration: AgentRegistration,
 }
 
@@ -134,11 +147,13 @@ pub struct PassOutcome {
     pub pending: usize,
     /// Files being written, or torn, below a checkpoint to flush (waiting on the application).
     pub blocked: usize,
-    /// When the earliest failed upload may be retried.
+    /// When the earliest failed upload may be retried (or staging servers asked again).
     pub next_retry: Option<Instant>,
+    /// Files and checkpoints safe on staging servers, not yet in the durable tier.
+    pub staged: usize,
 }
 
-fn key_of(store_path: &str) -> &str {
+pub(crate) fn key_of(store_path: &str) -> &str {
     store_path.trim_start_matches('/')
 }
 
@@ -156,9 +171,15 @@ impl Agent {
             .map_err(|e| Error::store(store.name(), e))?;
         store.set_policy(opts.flush_every, opts.full_wait);
         store.sweep_descriptions();
+        let staging = opts
+            .staging
+            .clone()
+            .filter(|s| !s.servers.is_empty())
+            .map(Staging::new);
         let stats = AgentStats {
             pid: std::process::id(),
             durable: durable.name().to_string(),
+            staging: staging.as_ref().map(|s| s.describe()).unwrap_or_default(),
             ..AgentStats::default()
         };
         Ok(Agent {
@@ -172,6 +193,7 @@ impl Agent {
             fetched: Condvar::new(),
             stop: AtomicBool::new(false),
             last_sweep: Mutex::new(Instant::now()),
+            staging,
             _registration: registration,
         })
     }
@@ -194,7 +216,11 @@ impl Agent {
         }
     }
 
-    fn record_failure(&self, what: String) {
+    pub(crate) fn staging(&self) -> Option<&Staging> {
+        self.staging.as_ref()
+    }
+
+    pub(crate) fn record_failure(&self, what: String) {
         eprintln!("cascade agent: {what}");
         if let Ok(mut s) = self.stats.lock() {
             s.failures += 1;
@@ -287,7 +313,8 @@ impl Agent {
         let mut ready: Vec<&LifeEntry> = Vec::new();
         let mut stale_markers: Vec<&LifeEntry> = Vec::new();
         for e in tree.iter().filter(|e| e.kind == FileKind::File) {
-            if e.durable() || reserved(&e.path) {
+            let below = e.durable() || (self.staging.is_some() && e.safe());
+            if below || reserved(&e.path) {
                 continue;
             }
             let root = root_of(e);
@@ -304,7 +331,8 @@ impl Agent {
             }
             outcome.pending += 1;
             if let Some(c) = root {
-                if c.root.complete_flag && !stale_markers.iter().any(|r| r.ino == c.root.ino) {
+                let marked = c.root.complete_flag || c.root.pushed_flag;
+                if marked && !stale_markers.iter().any(|r| r.ino == c.root.ino) {
                     stale_markers.push(c.root);
                 }
             }
@@ -337,31 +365,71 @@ impl Agent {
             let seq = root_of(e).map_or(u64::MAX, |c| c.root.commit_seq);
             (seq, e.path.clone())
         });
-        let uploaded = self.upload_all(&ready);
+        let uploaded = match &self.staging {
+            Some(staging) => self.stage_all(staging, &ready),
+            None => self.upload_all(&ready),
+        };
         if uploaded > 0 {
             outcome.progressed = true;
         }
+        if let Some(staging) = &self.staging {
+            if self.pull_levels(staging, &tree, false) {
+                outcome.progressed = true;
+            }
+        }
 
-        // 2. Markers of committed, flushed checkpoints whose files are all durable.
+        // 2. Markers of committed, flushed checkpoints whose files are all durable; with
+        // staging, checkpoints whose files are all staged are pushed to a server instead.
         for c in checkpoints
             .iter()
             .filter(|c| c.root.flush && !c.root.complete())
         {
             // With no upload in this pass the snapshot is current: skip the fresh look.
-            if uploaded == 0 && c.files.iter().any(|f| !f.durable()) {
-                outcome.pending += 1;
-                continue;
-            }
-            match self.complete_checkpoint(c.root) {
-                Ok(true) => outcome.progressed = true,
-                Ok(false) => outcome.pending += 1,
-                Err(e) => {
-                    outcome.pending += 1;
-                    self.record_failure(format!(
-                        "cannot write the completion marker of {}: {e}",
-                        c.root.path
-                    ));
+            if uploaded > 0 || c.files.iter().all(|f| f.durable()) {
+                match self.complete_checkpoint(c.root) {
+                    Ok(true) => {
+                        outcome.progressed = true;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        outcome.pending += 1;
+                        self.record_failure(format!(
+                            "cannot write the completion marker of {}: {e}",
+                            c.root.path
+                        ));
+                        continue;
+                    }
                 }
+            }
+            if let Some(staging) = &self.staging {
+                if c.root.checkpoint_safe() {
+                    // Its server writes the marker once the files have drained.
+                    outcome.staged += 1;
+                    continue;
+                }
+                match self.push_checkpoint(staging, c.root) {
+                    Ok(true) => {
+                        outcome.progressed = true;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.record_failure(format!("cannot push checkpoint {}: {e}", c.root.path))
+                    }
+                }
+            }
+            outcome.pending += 1;
+        }
+        if self.staging.is_some() {
+            outcome.staged += tree
+                .iter()
+                .filter(|e| e.kind == FileKind::File && e.staged())
+                .count();
+            if outcome.staged > 0 {
+                // Ask the servers again soon what has drained.
+                let at = Instant::now() + crate::staging::PULL_EVERY;
+                outcome.next_retry = Some(outcome.next_retry.map_or(at, |n| n.min(at)));
             }
         }
 
@@ -392,7 +460,7 @@ impl Agent {
     }
 
     /// Uploads `files` with up to `uploads` threads; returns how many became durable.
-    fn upload_all(&self, files: &[&LifeEntry]) -> usize {
+    pub(crate) fn upload_all(&self, files: &[&LifeEntry]) -> usize {
         if files.is_empty() {
             return 0;
         }
@@ -470,9 +538,7 @@ impl Agent {
                     // Changed while uploading: the next pass uploads the new version.
                     return false;
                 }
-                if let Ok(mut d) = self.digests.lock() {
-                    d.insert((e.ino, e.generation, e.mod_seq), digest.blake3.clone());
-                }
+                self.remember_digest(e, digest.blake3.clone());
                 if let Ok(mut s) = self.stats.lock() {
                     s.uploaded_files += 1;
                     s.uploaded_bytes += digest.size;
@@ -569,22 +635,7 @@ impl Agent {
         {
             return Ok(false);
         }
-        let single_file = now_root.kind == FileKind::File;
-        let mut entries = Vec::with_capacity(files.len());
-        for f in &files {
-            let rel = if single_file {
-                f.path.rsplit('/').next().unwrap_or(&f.path).to_string()
-            } else {
-                f.path[now_root.path.len()..]
-                    .trim_start_matches('/')
-                    .to_string()
-            };
-            entries.push(MarkerFile {
-                path: rel,
-                size: f.size,
-                blake3: self.digest_of(f)?,
-            });
-        }
+        let (single_file, entries) = self.marker_entries(now_root, &files)?;
         let ckpt = key_of(&now_root.path);
         self.durable
             .write_marker_of(ckpt, single_file, entries)
@@ -610,9 +661,42 @@ impl Agent {
         Ok(true)
     }
 
-    /// The BLAKE3 of a durable file version: remembered from its upload, else its checksum
-    /// object (uploaded by an earlier agent).
-    fn digest_of(&self, f: &LifeEntry) -> Result<String> {
+    /// The marker entries of checkpoint `root` (whose files are `files`): whether it is a
+    /// single file, and each file's path relative to it, size and BLAKE3.
+    pub(crate) fn marker_entries(
+        &self,
+        root: &LifeEntry,
+        files: &[&LifeEntry],
+    ) -> Result<(bool, Vec<MarkerFile>)> {
+        let single_file = root.kind == FileKind::File;
+        let mut entries = Vec::with_capacity(files.len());
+        for f in files {
+            let rel = if single_file {
+                f.path.rsplit('/').next().unwrap_or(&f.path).to_string()
+            } else {
+                f.path[root.path.len()..]
+                    .trim_start_matches('/')
+                    .to_string()
+            };
+            entries.push(MarkerFile {
+                path: rel,
+                size: f.size,
+                blake3: self.digest_of(f)?,
+            });
+        }
+        Ok((single_file, entries))
+    }
+
+    pub(crate) fn remember_digest(&self, f: &LifeEntry, blake3: String) {
+        if let Ok(mut d) = self.digests.lock() {
+            d.insert((f.ino, f.generation, f.mod_seq), blake3);
+        }
+    }
+
+    /// The BLAKE3 of a file version below memory: remembered from its upload or staging,
+    /// else its checksum object (uploaded by an earlier agent), else computed from the
+    /// store (a version an earlier agent staged).
+    pub(crate) fn digest_of(&self, f: &LifeEntry) -> Result<String> {
         if let Some(d) = self
             .digests
             .lock()
@@ -621,9 +705,26 @@ impl Agent {
         {
             return Ok(d);
         }
+        if f.staged() {
+            let digest = self.hash_from_store(f)?;
+            self.remember_digest(f, digest.clone());
+            return Ok(digest);
+        }
         self.durable
             .recorded_checksum(key_of(&f.path))
             .map_err(Error::Durable)
+    }
+
+    fn hash_from_store(&self, f: &LifeEntry) -> Result<String> {
+        let file = self
+            .store
+            .open(&f.path, &OpenOptions::new())
+            .map_err(|e| Error::store(&f.path, e))?;
+        let mut reader =
+            StoreFileReader::new(&self.store, &file).map_err(|e| Error::store(&f.path, e))?;
+        let mut hasher = blake3::Hasher::new();
+        std::io::copy(&mut reader, &mut hasher).map_err(|e| Error::io(&f.path, e))?;
+        Ok(hasher.finalize().to_hex().to_string())
     }
 
     /// Retention: per directory, keep the newest `keep` committed checkpoints; evict older
@@ -637,10 +738,10 @@ impl Agent {
         let mut evicted = false;
         for list in series.values_mut() {
             list.sort_by_key(|c| std::cmp::Reverse(c.root.commit_seq));
-            let newest_complete = list.iter().position(|c| c.root.complete());
+            let newest_safe = list.iter().position(|c| c.root.checkpoint_safe());
             for (i, c) in list.iter().enumerate().skip(self.opts.keep) {
-                let superseded = newest_complete.is_some_and(|n| n < i);
-                if c.root.complete() {
+                let superseded = newest_safe.is_some_and(|n| n < i);
+                if c.root.checkpoint_safe() {
                     evicted |= self.evict_one(c, false);
                 } else if !c.root.flush && superseded {
                     evicted |= self.evict_one(c, true);
@@ -650,8 +751,10 @@ impl Agent {
         if self.store.space_waiters() > 0 {
             // One checkpoint per call for waiting writers: they retry and call again if that
             // was not enough (and that wake-up, not this pass, starts the next pass).
-            let mut complete: Vec<&Checkpoint> =
-                checkpoints.iter().filter(|c| c.root.complete()).collect();
+            let mut complete: Vec<&Checkpoint> = checkpoints
+                .iter()
+                .filter(|c| c.root.checkpoint_safe())
+                .collect();
             complete.sort_by_key(|c| c.root.commit_seq);
             for c in complete {
                 if self.evict_one(c, false) {

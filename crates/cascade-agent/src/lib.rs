@@ -11,6 +11,7 @@ mod daemon;
 mod error;
 mod reader;
 mod restore;
+mod staging;
 
 use std::time::Instant;
 
@@ -22,6 +23,7 @@ pub use daemon::{Agent, AgentOptions, AgentStats, PassOutcome};
 pub use error::{Error, Result};
 pub use reader::StoreFileReader;
 pub use restore::{restore_checkpoint, restore_into_store};
+pub use staging::{Placement, StagingOptions};
 
 /// A progress callback: called with the bytes transferred so far (monotonic), from the
 /// calling thread.

@@ -274,6 +274,7 @@ pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> 
             .map(|e| {
                 let value = match &e.value {
                     Value::Text(text) => json!(cascade_config::redacted(text)),
+                    Value::Secret(_) => json!(e.value.to_string()),
                     Value::Bytes(n) | Value::Count(n) => json!(n),
                 };
                 let from = match &e.source {

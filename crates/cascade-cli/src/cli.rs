@@ -263,11 +263,42 @@ the last one detaches."
         program: OsString,
     },
 
+    /// Run a staging server (L1): absorb checkpoint files from node agents onto this
+    /// machine's SSD, drain them to the durable store; `stage-server status` shows one
+    #[command(long_about = STAGE_SERVER_ABOUT, args_conflicts_with_subcommands = true)]
+    StageServer {
+        #[command(subcommand)]
+        action: Option<StageServerAction>,
+        #[command(flatten)]
+        params: StageServerParams,
+        /// Print one line per client, drained file and completed checkpoint
+        #[arg(short, long)]
+        verbose: bool,
+    },
+
     /// Run the demo: a real simulation checkpoints straight to disk, then under Cascade,
     /// killed and restarted from memory and from the durable store; compares the stalls
     #[command(long_about = crate::demo::ABOUT)]
     Demo(crate::demo::DemoArgs),
 }
+
+#[derive(Debug, Subcommand)]
+pub enum StageServerAction {
+    /// Show a running staging server: absorbed, drained and pending bytes, arena usage
+    Status {
+        /// The server, HOST:PORT [default: stage_server.listen, else the first of
+        /// staging.servers]
+        #[arg(value_name = "HOST:PORT")]
+        server: Option<String>,
+        /// Print the server's JSON status
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        params: StageServerParams,
+    },
+}
+
+const STAGE_SERVER_ABOUT: &str = "Runs a staging server until SIGINT or SIGTERM. Node agents given the server (--staging, CASCADE_STAGING) send each closed file to it; the server appends the data to log-structured arenas in --dir, acknowledges once it is on the SSD (a batched fdatasync), and drains every file to --drain-to in the durable store's plain layout in the background, pausing while clients write. A checkpoint whose files are all staged is complete (its marker written by the server) once they have drained. Clients must present the shared secret (staging.secret, CASCADE_STAGING_SECRET). A restarted server recovers everything it acknowledged. See docs/staging.md and docs/staging-protocol.md.";
 
 const AGENT_ABOUT: &str = "Runs the node agent until SIGINT or SIGTERM. One agent per node \
 store (a second one is refused); 'cascade run' embeds one when none is running and a durable \
@@ -406,13 +437,25 @@ pub struct AgentGroup;
 impl SettingGroup for AgentGroup {
     const HEADING: Option<&'static str> = Some("Agent and durable store");
     fn includes(def: &SettingDef) -> bool {
-        ["durable.", "agent.", "checkpoint."]
+        ["durable.", "agent.", "checkpoint.", "staging."]
             .iter()
             .any(|p| def.key.starts_with(p))
     }
 }
 
+/// A staging server (`stage-server`): its own settings and the shared secret.
+#[derive(Debug, Clone)]
+pub struct StageServerGroup;
+
+impl SettingGroup for StageServerGroup {
+    const HEADING: Option<&'static str> = Some("Staging server");
+    fn includes(def: &SettingDef) -> bool {
+        def.key.starts_with("stage_server.") || def.key == "staging.secret"
+    }
+}
+
 pub type AgentParams = SettingFlags<AgentGroup>;
+pub type StageServerParams = SettingFlags<StageServerGroup>;
 pub type StoreParams = SettingFlags<StoreGroup>;
 pub type MountParams = SettingFlags<MountGroup>;
 
@@ -515,10 +558,13 @@ mod tests {
                 StoreGroup::includes(def),
                 MountGroup::includes(def),
                 AgentGroup::includes(def),
+                StageServerGroup::includes(def),
             ];
+            // The shared secret is given to agents and servers alike.
+            let expected = if def.key == "staging.secret" { 2 } else { 1 };
             assert_eq!(
                 groups.iter().filter(|&&g| g).count(),
-                1,
+                expected,
                 "{} is in {groups:?}",
                 def.key
             );

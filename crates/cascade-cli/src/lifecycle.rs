@@ -14,8 +14,8 @@ use crate::admin::attach;
 use crate::failure::Failure;
 
 /// Agent settings from the configuration.
-pub fn agent_options(config: &Config, verbose: bool) -> AgentOptions {
-    AgentOptions {
+pub fn agent_options(config: &Config, verbose: bool) -> Result<AgentOptions, Failure> {
+    Ok(AgentOptions {
         uploads: config.number("agent.uploads").max(1) as usize,
         keep: config.number("checkpoint.keep").max(1) as usize,
         flush_every: config
@@ -23,8 +23,9 @@ pub fn agent_options(config: &Config, verbose: bool) -> AgentOptions {
             .clamp(1, u32::MAX as u64) as u32,
         full_wait: Duration::from_millis(config.number("agent.full_wait")),
         verbose,
+        staging: crate::staging::staging_options(config)?,
         ..AgentOptions::default()
-    }
+    })
 }
 
 /// Opens the configured durable store for the agent: few retries per request, since the
@@ -56,13 +57,23 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let url = require_durable(config)?;
     let durable = open_durable(url)?;
     let store = crate::run::attach_or_create(config)?;
-    let agent = Arc::new(start_agent(store, durable, agent_options(config, verbose))?);
+    let agent = Arc::new(start_agent(
+        store,
+        durable,
+        agent_options(config, verbose)?,
+    )?);
     let control = agent
         .serve_control()
         .map_err(|e| Failure::new(e.to_string()))?;
+    let staging = agent.stats().staging;
     eprintln!(
-        "cascade agent: store {} -> {} (pid {})",
+        "cascade agent: store {} -> {}{} (pid {})",
         agent.store().name(),
+        if staging.is_empty() {
+            String::new()
+        } else {
+            format!("{staging} -> ")
+        },
         agent.durable().name(),
         std::process::id()
     );
@@ -91,7 +102,7 @@ fn start_agent(store: Store, durable: DurableStore, opts: AgentOptions) -> Resul
     Agent::start(store, durable, opts).map_err(|e| Failure::new(e.to_string()))
 }
 
-fn block_stop_signals() -> Result<libc::sigset_t, Failure> {
+pub(crate) fn block_stop_signals() -> Result<libc::sigset_t, Failure> {
     // SAFETY: plain signal-set manipulation on a local set, before the agent's threads exist,
     // so they inherit the mask and only the waiting thread takes these signals.
     unsafe {
@@ -110,7 +121,7 @@ fn block_stop_signals() -> Result<libc::sigset_t, Failure> {
     }
 }
 
-fn wait_for_signal(set: &libc::sigset_t) {
+pub(crate) fn wait_for_signal(set: &libc::sigset_t) {
     let mut signal = 0;
     // SAFETY: `set` is an initialised signal set and `signal` a valid out-pointer.
     while unsafe { libc::sigwait(set, &mut signal) } != 0 {}
@@ -379,7 +390,7 @@ impl EmbeddedAgent {
         let agent = Arc::new(start_agent(
             store.clone(),
             durable,
-            agent_options(config, false),
+            agent_options(config, false)?,
         )?);
         let control = agent
             .serve_control()

@@ -14,6 +14,7 @@ mod intercepted;
 mod io_functions;
 mod lifecycle;
 mod run;
+mod staging;
 mod transfer;
 
 use std::process::ExitCode;
@@ -22,7 +23,7 @@ use cascade_config::{Config, Inputs};
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use cli::{Cli, Command};
+use cli::{Cli, Command, StageServerAction};
 use failure::{Failure, EXIT_USAGE};
 
 fn main() -> ExitCode {
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
             | Command::Demo(..)
             | Command::Wait { .. }
             | Command::Status { .. }
+            | Command::StageServer { .. }
     );
     if !talks_to_servers {
         restore_default_sigpipe();
@@ -117,6 +119,20 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::LinkFlags => binary::link_flags(),
         Command::CheckBinary { program } => binary::check_binary(program),
+        Command::StageServer {
+            action:
+                Some(StageServerAction::Status {
+                    server,
+                    json,
+                    params,
+                }),
+            ..
+        } => staging::status(&load(&[&params.values])?, server.as_deref(), *json),
+        Command::StageServer {
+            action: None,
+            params,
+            verbose,
+        } => staging::serve(&load(&[&params.values])?, *verbose),
         Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
     }
 }

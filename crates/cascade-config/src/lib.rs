@@ -39,6 +39,8 @@ pub const USER_CONFIG: &str = ".config/cascade/config.toml";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
     Text(String),
+    /// Text never shown (`cascade config` prints `***`).
+    Secret(String),
     Bytes(u64),
     Count(u64),
 }
@@ -47,6 +49,8 @@ impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Text(text) => write!(f, "{}", redacted(text)),
+            Value::Secret(text) if text.is_empty() => Ok(()),
+            Value::Secret(_) => write!(f, "***"),
             Value::Count(n) => write!(f, "{n}"),
             Value::Bytes(0) => write!(f, "0"),
             Value::Bytes(n) => write!(f, "{n} ({})", format_size(*n)),
@@ -221,7 +225,7 @@ impl Config {
     /// A text setting's value ("" if unknown).
     pub fn text(&self, key: &str) -> &str {
         match self.get(key).map(|e| &e.value) {
-            Some(Value::Text(t)) => t,
+            Some(Value::Text(t) | Value::Secret(t)) => t,
             _ => "",
         }
     }
@@ -322,7 +326,7 @@ impl<'a> Resolved<'a> {
     pub fn bytes(&self, key: &str) -> u64 {
         match self.value(key) {
             Value::Bytes(n) | Value::Count(n) => *n,
-            Value::Text(_) => panic!("setting {key} is not a size"),
+            Value::Text(_) | Value::Secret(_) => panic!("setting {key} is not a size"),
         }
     }
 
@@ -334,7 +338,7 @@ impl<'a> Resolved<'a> {
     /// A text setting resolved earlier in the table.
     pub fn text(&self, key: &str) -> &'a str {
         match self.value(key) {
-            Value::Text(text) => text,
+            Value::Text(text) | Value::Secret(text) => text,
             _ => panic!("setting {key} is not text"),
         }
     }

@@ -171,6 +171,125 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: parse_seconds_as_ms,
         default: |_| (Value::Count(60_000), String::new()),
     },
+    SettingDef {
+        key: "staging.servers",
+        env: "CASCADE_STAGING",
+        flag: Some("staging"),
+        value_name: "HOST:PORT,...",
+        help: "Staging servers (L1) the agent sends closed files to before the durable store, comma-separated",
+        default_help: "none: files go straight to the durable store",
+        parse: parse_server_list,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "staging.secret",
+        env: "CASCADE_STAGING_SECRET",
+        flag: Some("staging-secret"),
+        value_name: "TEXT",
+        help: "Shared secret a staging server requires of every client (prefer the env variable or config file to the flag)",
+        default_help: "none; required by stage-server and when servers are given",
+        parse: |t| Ok(Value::Secret(t.to_string())),
+        default: |_| (Value::Secret(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "staging.placement",
+        env: "CASCADE_STAGING_PLACEMENT",
+        flag: Some("placement"),
+        value_name: "stripe|group",
+        help: "How a node's files are spread: stripe = file by file over all servers; group = one server per node (chosen by host name), the others as fallbacks",
+        default_help: "stripe",
+        parse: |t| match t {
+            "stripe" | "group" => Ok(Value::Text(t.to_string())),
+            _ => Err("expected stripe or group".into()),
+        },
+        default: |_| (Value::Text("stripe".into()), String::new()),
+    },
+    SettingDef {
+        key: "staging.namespace",
+        env: "CASCADE_STAGING_NAMESPACE",
+        flag: Some("staging-namespace"),
+        value_name: "PREFIX",
+        help: "Key prefix of this job on the staging servers; they drain its files to <drain-to>/<PREFIX>/",
+        default_help: "none",
+        parse: |t| {
+            if t.is_empty() || t.split('/').all(|p| !p.is_empty() && p != "." && p != "..") {
+                Ok(Value::Text(t.to_string()))
+            } else {
+                Err("expected a relative path without empty, . or .. components".into())
+            }
+        },
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.listen",
+        env: "CASCADE_STAGE_LISTEN",
+        flag: Some("listen"),
+        value_name: "ADDR:PORT",
+        help: "Address the staging server binds, e.g. 10.0.0.5:7070 (port 0 = any free port)",
+        default_help: "none: required",
+        parse: |t| Ok(Value::Text(t.to_string())),
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.dir",
+        env: "CASCADE_STAGE_DIR",
+        flag: Some("dir"),
+        value_name: "PATH",
+        help: "Directory on the staging server's SSD for its arenas and index",
+        default_help: "none: required",
+        parse: parse_path,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.drain_to",
+        env: "CASCADE_STAGE_DRAIN_TO",
+        flag: Some("drain-to"),
+        value_name: "URL",
+        help: "Durable store the staging server drains to: a directory or s3://bucket?endpoint=URL",
+        default_help: "durable.url",
+        parse: parse_durable_url,
+        default: |r| (Value::Text(r.text("durable.url").to_string()), "durable.url".into()),
+    },
+    SettingDef {
+        key: "stage_server.capacity",
+        env: "CASCADE_STAGE_CAPACITY",
+        flag: Some("ssd-capacity"),
+        value_name: "SIZE",
+        help: "Most bytes of arenas the staging server keeps on its SSD (0 = as much as the file system holds)",
+        default_help: "0",
+        parse: parse_bytes,
+        default: |_| (Value::Bytes(0), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.arena_size",
+        env: "CASCADE_STAGE_ARENA_SIZE",
+        flag: Some("arena-size"),
+        value_name: "SIZE",
+        help: "Size of one arena (append-only segment file) on the staging server",
+        default_help: "256MiB",
+        parse: parse_bytes,
+        default: |_| (Value::Bytes(256 << 20), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.buffers",
+        env: "CASCADE_STAGE_BUFFERS",
+        flag: Some("buffers"),
+        value_name: "N",
+        help: "Receive buffers of 17 MiB the staging server faults in at start",
+        default_help: "8",
+        parse: |t| parse_count_in(t, 1, 1024),
+        default: |_| (Value::Count(8), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.io_threads",
+        env: "CASCADE_STAGE_IO_THREADS",
+        flag: Some("io-threads"),
+        value_name: "N",
+        help: "Threads appending received data to the staging server's arenas",
+        default_help: "2",
+        parse: |t| parse_count_in(t, 1, 64),
+        default: |_| (Value::Count(2), String::new()),
+    },
 ];
 
 /// Where the store appears to programs run under `cascade run` unless configured otherwise.
@@ -183,6 +302,21 @@ pub(crate) fn find(key: &str) -> Option<&'static SettingDef> {
 /// The flag's setting, e.g. "capacity" -> store.capacity.
 pub fn find_by_flag(flag: &str) -> Option<&'static SettingDef> {
     SETTINGS.iter().find(|d| d.flag == Some(flag))
+}
+
+fn parse_server_list(text: &str) -> Result<Value, String> {
+    let servers: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    for server in &servers {
+        match server.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+            _ => return Err(format!("{server:?} is not HOST:PORT")),
+        }
+    }
+    Ok(Value::Text(servers.join(",")))
 }
 
 fn parse_bytes(text: &str) -> Result<Value, String> {

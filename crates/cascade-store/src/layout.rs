@@ -11,7 +11,7 @@ use crate::lock::ShmMutex;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"CASCADE\0";
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 3;
 pub(crate) const HEADER_SIZE: usize = 4096;
 
 pub(crate) const MIN_CHUNK: u64 = 4096;
@@ -65,6 +65,12 @@ pub(crate) const LIFE_COMMITTED: u32 = 2;
 pub(crate) const LIFE_FLUSH: u32 = 4;
 /// The checkpoint's completion marker is in the durable tier and nothing changed since.
 pub(crate) const LIFE_COMPLETE: u32 = 8;
+/// `durable_seq` names a version that only a staging server (L1) holds so far, not the
+/// durable tier: safe from the loss of this node, not yet from the loss of the job.
+pub(crate) const LIFE_STAGED: u32 = 16;
+/// A checkpoint whose file list a staging server accepted for version `durable_seq`: that
+/// server writes its completion marker once every file has drained.
+pub(crate) const LIFE_PUSHED: u32 = 32;
 /// The top 16 bits of `life` count truncations to zero (rewrites), modulo 2^16.
 pub(crate) const LIFE_REWRITE_SHIFT: u32 = 16;
 

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use crate::block::{my_pid, process_alive, process_start_time, Block};
 use crate::error::{Error, Result};
 use crate::layout::{
-    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_TORN,
-    NIL, ROOT_INO,
+    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_PUSHED,
+    LIFE_STAGED, LIFE_TORN, NIL, ROOT_INO,
 };
 use crate::store::Store;
 use crate::types::FileKind;
@@ -76,6 +76,10 @@ pub struct LifeEntry {
     pub committed: bool,
     pub flush: bool,
     pub complete_flag: bool,
+    /// `durable_seq` is only on a staging server (LIFE_STAGED).
+    pub staged_flag: bool,
+    /// A staging server accepted this checkpoint's file list (LIFE_PUSHED).
+    pub pushed_flag: bool,
     pub mod_seq: u64,
     pub durable_seq: u64,
     pub commit_seq: u64,
@@ -89,7 +93,20 @@ impl LifeEntry {
     /// The durable tier holds this version of the file (or, for a directory, its completion
     /// was recorded for this version).
     pub fn durable(&self) -> bool {
+        self.safe() && !self.staged_flag
+    }
+    /// A level below this node holds this version: a staging server or the durable tier.
+    pub fn safe(&self) -> bool {
         self.writers == 0 && self.mod_seq == self.durable_seq
+    }
+    /// Only a staging server holds this version (not yet the durable tier).
+    pub fn staged(&self) -> bool {
+        self.safe() && self.staged_flag
+    }
+    /// A committed checkpoint that survives the loss of this node: complete, or its file
+    /// list accepted by a staging server that will complete it.
+    pub fn checkpoint_safe(&self) -> bool {
+        self.committed && self.safe() && (self.complete_flag || self.pushed_flag)
     }
     /// A committed checkpoint whose marker matches its current contents.
     pub fn complete(&self) -> bool {
@@ -262,6 +279,8 @@ impl Block {
             committed: life & LIFE_COMMITTED != 0,
             flush: life & LIFE_FLUSH != 0,
             complete_flag: life & LIFE_COMPLETE != 0,
+            staged_flag: life & LIFE_STAGED != 0,
+            pushed_flag: life & LIFE_PUSHED != 0,
             mod_seq: i.mod_seq.load(Acquire),
             durable_seq: i.durable_seq.load(Acquire),
             commit_seq: i.commit_seq.load(Acquire),
@@ -383,7 +402,7 @@ impl Store {
             if force_flush || seq.is_multiple_of(every) {
                 set |= LIFE_FLUSH;
             }
-            inode.life.fetch_and(!LIFE_COMPLETE, AcqRel);
+            inode.life.fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED), AcqRel);
             inode.life.fetch_or(set, AcqRel);
             inode.commit_seq.store(seq, Release);
             inode.mod_seq.fetch_add(1, AcqRel);
@@ -415,23 +434,66 @@ impl Store {
     /// Records that the durable tier holds version `seq` of (ino, gen); false (nothing
     /// recorded) if the inode changed meanwhile.
     pub fn mark_durable(&self, ino: u64, generation: u32, seq: u64) -> bool {
+        let Some(inode) = self.closed_version(ino, generation, seq) else {
+            return false;
+        };
+        inode.durable_seq.store(seq, Release);
+        inode.life.fetch_and(!LIFE_STAGED, AcqRel);
+        true
+    }
+
+    /// Records that a staging server holds version `seq` of (ino, gen) (safe from the loss
+    /// of this node). Never downgrades a version already durable.
+    pub fn mark_staged(&self, ino: u64, generation: u32, seq: u64) -> bool {
+        let Some(inode) = self.closed_version(ino, generation, seq) else {
+            return false;
+        };
+        if inode.durable_seq.load(Acquire) == seq && inode.life.load(Acquire) & LIFE_STAGED == 0 {
+            return true;
+        }
+        // Flag first: a reader never sees `durable_seq == seq` without it.
+        inode.life.fetch_or(LIFE_STAGED, AcqRel);
+        inode.durable_seq.store(seq, Release);
+        inode.mod_seq.load(Acquire) == seq
+    }
+
+    /// Records that a staging server accepted the file list of checkpoint (ino, gen) at
+    /// version `seq` and will write its marker.
+    pub fn mark_pushed(&self, ino: u64, generation: u32, seq: u64) -> bool {
         let b = self.block();
         if ino >= b.geo.max_inodes as u64 {
             return false;
         }
         let inode = b.inode(ino as u32);
-        if inode.gen.load(Acquire) != generation
-            || inode.mod_seq.load(Acquire) != seq
-            || inode.writers.load(Acquire) != 0
-        {
+        if inode.gen.load(Acquire) != generation || inode.mod_seq.load(Acquire) != seq {
             return false;
         }
+        let life = inode.life.load(Acquire);
+        if inode.durable_seq.load(Acquire) == seq && life & LIFE_STAGED == 0 {
+            // Already durable (complete, or a single file that went straight down).
+            inode.life.fetch_or(LIFE_PUSHED, AcqRel);
+            return true;
+        }
+        inode.life.fetch_or(LIFE_STAGED | LIFE_PUSHED, AcqRel);
         inode.durable_seq.store(seq, Release);
-        true
+        inode.mod_seq.load(Acquire) == seq
+    }
+
+    /// The inode of (ino, gen) if it is at version `seq` and nobody writes it.
+    fn closed_version(&self, ino: u64, generation: u32, seq: u64) -> Option<&crate::layout::Inode> {
+        let b = self.block();
+        if ino >= b.geo.max_inodes as u64 {
+            return None;
+        }
+        let inode = b.inode(ino as u32);
+        (inode.gen.load(Acquire) == generation
+            && inode.mod_seq.load(Acquire) == seq
+            && inode.writers.load(Acquire) == 0)
+            .then_some(inode)
     }
 
     /// Records that the completion marker of checkpoint (ino, gen) was written for version
-    /// `seq` (its `mod_seq` when the agent found all its files durable).
+    /// `seq` (its `mod_seq` when all its files were found durable).
     pub fn mark_complete(&self, ino: u64, generation: u32, seq: u64) -> bool {
         let b = self.block();
         if ino >= b.geo.max_inodes as u64 {
@@ -443,21 +505,24 @@ impl Store {
         }
         inode.life.fetch_or(LIFE_COMPLETE, AcqRel);
         inode.durable_seq.store(seq, Release);
+        inode.life.fetch_and(!LIFE_STAGED, AcqRel);
         inode.mod_seq.load(Acquire) == seq
     }
 
-    /// Clears the completion flag of checkpoint (ino, gen) before its marker is rewritten.
+    /// Clears the completion (and pushed) flags of checkpoint (ino, gen) before its marker
+    /// is rewritten.
     pub fn clear_complete(&self, ino: u64, generation: u32) {
         let b = self.block();
         if ino < b.geo.max_inodes as u64 {
             let inode = b.inode(ino as u32);
             if inode.gen.load(Acquire) == generation {
-                inode.life.fetch_and(!LIFE_COMPLETE, AcqRel);
+                inode.life.fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED), AcqRel);
             }
         }
     }
 
-    /// Removes the checkpoint at `path` from the store if it is still complete, or if
+    /// Removes the checkpoint at `path` from the store if it is still safe below this node
+    /// (complete, or pushed to a staging server with every file staged), or if
     /// `allow_incomplete` (a checkpoint never meant for the durable tier), and nothing in it
     /// is open. Returns the bytes freed, or None if it was not evictable. One namespace-lock
     /// hold, so nobody sees it half removed.
@@ -484,13 +549,13 @@ impl Store {
             if root.generation != generation || !root.committed {
                 return Ok(None);
             }
-            if !allow_incomplete && !root.complete() {
+            if !allow_incomplete && !root.checkpoint_safe() {
                 return Ok(None);
             }
             let busy = tree.iter().any(|e| {
                 e.opens > 0
                     || e.writers > 0
-                    || (!allow_incomplete && e.kind == FileKind::File && !e.durable())
+                    || (!allow_incomplete && e.kind == FileKind::File && !e.safe())
             });
             if busy {
                 return Ok(None);

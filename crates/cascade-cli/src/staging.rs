@@ -1,0 +1,173 @@
+//! `cascade stage-server` and `cascade stage-server status` (docs/staging.md), and the
+//! agent's staging settings.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cascade_agent::{Placement, StagingOptions};
+use cascade_config::{format_size, Config};
+use cascade_staging::engine::EngineOptions;
+use cascade_staging::{ClientOptions, Connection, Server, ServerOptions};
+
+use crate::failure::Failure;
+use crate::lifecycle::{block_stop_signals, wait_for_signal};
+
+fn secret(config: &Config) -> Result<&str, Failure> {
+    Some(config.text("staging.secret"))
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            Failure::new(
+                "no staging secret: set CASCADE_STAGING_SECRET (or staging.secret in the config \
+                 file, or --staging-secret)",
+            )
+        })
+}
+
+/// The agent's staging servers, if any are configured.
+pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failure> {
+    let servers: Vec<String> = config
+        .text("staging.servers")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    if servers.is_empty() {
+        return Ok(None);
+    }
+    let mut opts = StagingOptions::new(servers, secret(config)?);
+    opts.namespace = config.text("staging.namespace").to_string();
+    opts.placement = config
+        .text("staging.placement")
+        .parse::<Placement>()
+        .map_err(Failure::new)?;
+    Ok(Some(opts))
+}
+
+/// `cascade stage-server`: serves until SIGINT or SIGTERM.
+pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
+    let signals = block_stop_signals()?;
+    let listen = config.text("stage_server.listen");
+    if listen.is_empty() {
+        return Err(Failure::new(
+            "no address to listen on: give --listen ADDR:PORT (or CASCADE_STAGE_LISTEN)",
+        ));
+    }
+    let dir = config.text("stage_server.dir");
+    if dir.is_empty() {
+        return Err(Failure::new(
+            "no arena directory: give --dir PATH on the server's SSD (or CASCADE_STAGE_DIR)",
+        ));
+    }
+    let drain_to = config.text("stage_server.drain_to");
+    if drain_to.is_empty() {
+        return Err(Failure::new(
+            "nowhere to drain to: give --drain-to URL (a directory or s3://bucket?endpoint=URL)",
+        ));
+    }
+    let mut opts = ServerOptions::new(listen, PathBuf::from(dir), drain_to, secret(config)?);
+    let capacity = config.number("stage_server.capacity");
+    opts.engine = EngineOptions {
+        arena_size: config.number("stage_server.arena_size").max(1 << 20),
+        capacity: (capacity > 0).then_some(capacity),
+        writers: config.number("stage_server.io_threads").max(1) as usize,
+        ..EngineOptions::default()
+    };
+    opts.buffers = config.number("stage_server.buffers").max(1) as usize;
+    opts.io_threads = config.number("stage_server.io_threads").max(1) as usize;
+    opts.verbose = verbose;
+    let server = Server::bind(opts).map_err(|e| Failure::new(e.to_string()))?;
+    let status = server.status();
+    eprintln!(
+        "cascade stage-server: listening on {} (pid {}), arenas in {}, draining to {}; recovered: {}",
+        server.local_addr(),
+        std::process::id(),
+        status.dir,
+        status.drain_to,
+        pending_text(&status),
+    );
+    let stopper = server.stopper();
+    std::thread::spawn(move || {
+        wait_for_signal(&signals);
+        stopper.stop();
+    });
+    server.run().map_err(|e| Failure::new(e.to_string()))?;
+    eprintln!("cascade stage-server: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pending_text(s: &cascade_staging::ServerStatus) -> String {
+    format!(
+        "{} file(s) ({}) and {} checkpoint(s) waiting to drain",
+        s.pending_files,
+        format_size(s.pending_bytes),
+        s.pending_checkpoints
+    )
+}
+
+/// `cascade stage-server status [HOST:PORT]`.
+pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitCode, Failure> {
+    let listen = config.text("stage_server.listen");
+    let first = config
+        .text("staging.servers")
+        .split(',')
+        .next()
+        .unwrap_or("");
+    let addr = server
+        .or(Some(listen).filter(|l| !l.is_empty()))
+        .or(Some(first).filter(|f| !f.is_empty()))
+        .ok_or_else(|| Failure::new("which server? give HOST:PORT"))?;
+    let opts = ClientOptions::new(secret(config)?);
+    let mut conn = Connection::connect(addr, &opts).map_err(|e| Failure::new(e.to_string()))?;
+    let s = conn.status().map_err(|e| Failure::new(e.to_string()))?;
+    conn.goodbye();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&s).map_err(|e| Failure::new(e.to_string()))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let u = &s.usage;
+    println!(
+        "staging server {} (pid {}, up {:.0} s)",
+        s.server, s.pid, s.uptime_s
+    );
+    println!(
+        "  arenas     {} ({} files) in {}",
+        format_size(u.arena_bytes),
+        u.arena_files,
+        s.dir
+    );
+    match u.capacity {
+        Some(c) => println!(
+            "  capacity   {} ({:.0}% used)",
+            format_size(c),
+            100.0 * u.arena_bytes as f64 / c.max(1) as f64
+        ),
+        None => println!("  capacity   the file system's"),
+    }
+    println!(
+        "  clients    {} connected, {} refused",
+        s.clients, s.refused_clients
+    );
+    println!(
+        "  absorbed   {} file(s), {}",
+        s.absorbed_files,
+        format_size(s.absorbed_bytes)
+    );
+    println!(
+        "  drained    {} file(s), {} to {}; {} checkpoint(s) completed",
+        s.drained_files,
+        format_size(s.drained_bytes),
+        s.drain_to,
+        s.markers
+    );
+    println!("  pending    {}", pending_text(&s));
+    if s.drain_failures > 0 {
+        println!("  failures   {} drain attempt(s) failed", s.drain_failures);
+    }
+    if let Some(e) = &s.last_error {
+        println!("  last error {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

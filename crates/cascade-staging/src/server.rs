@@ -1,0 +1,992 @@
+//! The staging server (docs/staging.md): one thread per connection receives frames into a
+//! pre-faulted buffer pool, IO threads append Write data to the engine's arenas, a Sync is
+//! answered after a group fdatasync, and a drain thread rebuilds each sealed file in the
+//! durable tier's plain layout (pausing while clients write), then writes the completion
+//! markers of pushed checkpoints once all their files are there.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cascade_durable::{DurableStore, MarkerFile};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, Usage, VersionId, VersionInfo};
+use crate::protocol::{
+    self, code, encode_error, kind, read_header, write_frame, Header, Level, NoSigPipe, PullKind,
+    PullState, RecvError, Request,
+};
+use crate::{hex, namespaced, Error, Result};
+
+/// How a server is run (`cascade stage-server`, the `[stage_server]` config section).
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Address to bind, e.g. `127.0.0.1:7070` (port 0 = any free port).
+    pub listen: String,
+    /// Directory on the server's SSD for arenas and the index.
+    pub dir: PathBuf,
+    /// The durable tier to drain to (a directory or `s3://` URL, as `durable.url`).
+    pub drain_to: String,
+    /// The shared secret every client must present in Hello.
+    pub secret: String,
+    pub engine: EngineOptions,
+    /// Receive buffers of [`protocol::MAX_BODY`] bytes, faulted in at start.
+    pub buffers: usize,
+    /// Threads appending to the arenas (each connection is served by one of them, in order).
+    pub io_threads: usize,
+    /// The drain pauses while a Write arrived less than this long ago.
+    pub busy_window: Duration,
+    /// While clients write, the drain reads at most one MiB per this pause.
+    pub busy_pause: Duration,
+    pub verbose: bool,
+}
+
+impl ServerOptions {
+    pub fn new(listen: &str, dir: PathBuf, drain_to: &str, secret: &str) -> ServerOptions {
+        ServerOptions {
+            listen: listen.to_string(),
+            dir,
+            drain_to: drain_to.to_string(),
+            secret: secret.to_string(),
+            engine: EngineOptions::default(),
+            buffers: 8,
+            io_threads: 2,
+            busy_window: Duration::from_millis(50),
+            busy_pause: Duration::from_millis(10),
+            verbose: false,
+        }
+    }
+}
+
+/// What `cascade stage-server status` shows (the Status reply, JSON).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub server: String,
+    pub pid: u32,
+    pub instance: u64,
+    pub listen: String,
+    pub dir: String,
+    pub drain_to: String,
+    pub uptime_s: f64,
+    pub clients: u64,
+    pub refused_clients: u64,
+    /// Files sealed and bytes appended since the server started.
+    pub absorbed_files: u64,
+    pub absorbed_bytes: u64,
+    pub drained_files: u64,
+    pub drained_bytes: u64,
+    pub markers: u64,
+    /// Sealed files not yet in the durable tier.
+    pub pending_files: u64,
+    pub pending_bytes: u64,
+    pub pending_checkpoints: u64,
+    pub drain_failures: u64,
+    pub last_error: Option<String>,
+    pub usage: Usage,
+}
+
+/// Fixed receive buffers, faulted in once so receiving never page-faults or allocates.
+struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    returned: Condvar,
+}
+
+impl BufferPool {
+    fn new(count: usize) -> BufferPool {
+        let free = (0..count.max(1))
+            .map(|_| {
+                let mut b = Vec::with_capacity(protocol::MAX_BODY);
+                // resize writes every byte, unlike vec![0; n] (calloc maps zero pages lazily).
+                b.resize(protocol::MAX_BODY, 0);
+                b
+            })
+            .collect();
+        BufferPool {
+            free: Mutex::new(free),
+            returned: Condvar::new(),
+        }
+    }
+
+    /// Waits for a free buffer: a full pool slows clients down instead of growing memory.
+    fn take(&self) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(b) = free.pop() {
+                return b;
+            }
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn give(&self, b: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.push(b);
+        self.returned.notify_one();
+    }
+}
+
+/// Per-connection progress of its Write frames through the IO threads.
+struct ConnState {
+    namespace: String,
+    /// (frames completed, first failure as (code, message)).
+    done: Mutex<(u64, Option<(u16, String)>)>,
+    completed: Condvar,
+    /// Versions begun on this connection and not sealed: abandoned if it goes away.
+    open: Mutex<HashMap<(String, u64), VersionId>>,
+}
+
+impl ConnState {
+    fn wait_for(&self, submitted: u64) -> Option<(u16, String)> {
+        let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while d.0 < submitted {
+            d = self.completed.wait(d).unwrap_or_else(|p| p.into_inner());
+        }
+        d.1.clone()
+    }
+}
+
+struct WriteJob {
+    conn: Arc<ConnState>,
+    buf: Vec<u8>,
+    len: usize,
+}
+
+struct IoQueue {
+    jobs: Mutex<VecDeque<WriteJob>>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct Counters {
+    clients: u64,
+    refused_clients: u64,
+    absorbed_files: u64,
+    absorbed_bytes: u64,
+    drained_files: u64,
+    drained_bytes: u64,
+    markers: u64,
+    drain_failures: u64,
+    last_error: Option<String>,
+}
+
+struct Shared {
+    engine: Engine,
+    durable: DurableStore,
+    opts: ServerOptions,
+    listen: SocketAddr,
+    name: String,
+    instance: u64,
+    started: Instant,
+    pool: BufferPool,
+    queues: Vec<IoQueue>,
+    counters: Mutex<Counters>,
+    /// Milliseconds since `started` of the last Write frame.
+    last_write_ms: AtomicU64,
+    next_conn: AtomicU64,
+    stop: AtomicBool,
+    drain_wake: (Mutex<u64>, Condvar),
+}
+
+/// A bound staging server. [`Server::run`] serves until [`Stopper::stop`].
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+}
+
+/// Stops a running server from another thread (or a signal handler thread).
+#[derive(Clone)]
+pub struct Stopper {
+    shared: Arc<Shared>,
+}
+
+impl Stopper {
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake_drain();
+        for q in &self.shared.queues {
+            q.ready.notify_all();
+        }
+        // Unblock accept().
+        let _ = TcpStream::connect_timeout(&self.shared.listen, Duration::from_secs(1));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Server {
+    /// Opens the arena directory (recovering what an earlier run acknowledged), checks the
+    /// durable tier, binds the address and faults in the buffer pool.
+    pub fn bind(opts: ServerOptions) -> Result<Server> {
+        if opts.secret.is_empty() {
+            return Err(Error::Config(
+                "no shared secret: set staging.secret (CASCADE_STAGING_SECRET) or --secret".into(),
+            ));
+        }
+        let durable = DurableStore::open(&opts.drain_to)?;
+        let engine = Engine::open(&opts.dir, opts.engine.clone())?;
+        let listener = TcpListener::bind(&opts.listen)
+            .map_err(|e| Error::io(format!("cannot listen on {}", opts.listen), e))?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("local address", e))?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "localhost".into());
+        let queues = (0..opts.io_threads.max(1))
+            .map(|_| IoQueue {
+                jobs: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+            })
+            .collect();
+        let shared = Shared {
+            engine,
+            durable,
+            listen,
+            name: format!("{host}:{}", listen.port()),
+            instance: random_u64(),
+            started: Instant::now(),
+            pool: BufferPool::new(opts.buffers),
+            queues,
+            counters: Mutex::new(Counters::default()),
+            last_write_ms: AtomicU64::new(0),
+            next_conn: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            drain_wake: (Mutex::new(0), Condvar::new()),
+            opts,
+        };
+        Ok(Server {
+            shared: Arc::new(shared),
+            listener,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.listen
+    }
+
+    pub fn stopper(&self) -> Stopper {
+        Stopper {
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn status(&self) -> ServerStatus {
+        self.shared.status()
+    }
+
+    /// Serves until stopped: IO threads, the drain thread, and a thread per connection.
+    pub fn run(self) -> Result<()> {
+        let shared = self.shared;
+        let mut workers = Vec::new();
+        for i in 0..shared.queues.len() {
+            let s = shared.clone();
+            workers.push(std::thread::spawn(move || s.io_thread(i)));
+        }
+        {
+            let s = shared.clone();
+            workers.push(std::thread::spawn(move || s.drain_loop()));
+        }
+        for stream in self.listener.incoming() {
+            if shared.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            let stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    shared.log(|| format!("accept failed: {e}"));
+                    continue;
+                }
+            };
+            let s = shared.clone();
+            std::thread::spawn(move || s.serve(stream));
+        }
+        for w in workers {
+            let _ = w.join();
+        }
+        // What clients were told is durable already is; make the rest so too on a clean stop.
+        shared.engine.sync()?;
+        Ok(())
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_le_bytes(b) ^ std::process::id() as u64
+}
+
+/// Bodies of frames other than Write and Push are small; refuse big ones before reading.
+const SMALL_BODY: usize = 64 << 10;
+
+impl Shared {
+    fn log(&self, line: impl FnOnce() -> String) {
+        if self.opts.verbose {
+            eprintln!("cascade stage-server {}: {}", self.name, line());
+        }
+    }
+
+    fn fail(&self, line: String) {
+        eprintln!("cascade stage-server {}: {line}", self.name);
+        let mut c = lock(&self.counters);
+        c.last_error = Some(line);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn ingest_active(&self) -> bool {
+        let last = self.last_write_ms.load(Ordering::Relaxed);
+        last != 0 && self.now_ms().saturating_sub(last) < self.opts.busy_window.as_millis() as u64
+    }
+
+    fn wake_drain(&self) {
+        let (m, cv) = &self.drain_wake;
+        *lock(m) += 1;
+        cv.notify_all();
+    }
+
+    fn status(&self) -> ServerStatus {
+        let c = lock(&self.counters);
+        let drainable = self.engine.drainable();
+        ServerStatus {
+            server: self.name.clone(),
+            pid: std::process::id(),
+            instance: self.instance,
+            listen: self.listen.to_string(),
+            dir: self.opts.dir.display().to_string(),
+            drain_to: self.durable.name().to_string(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            clients: c.clients,
+            refused_clients: c.refused_clients,
+            absorbed_files: c.absorbed_files,
+            absorbed_bytes: c.absorbed_bytes,
+            drained_files: c.drained_files,
+            drained_bytes: c.drained_bytes,
+            markers: c.markers,
+            pending_files: drainable.len() as u64,
+            pending_bytes: drainable.iter().map(|v| v.size).sum(),
+            pending_checkpoints: self.engine.pending_manifests().len() as u64,
+            drain_failures: c.drain_failures,
+            last_error: c.last_error.clone(),
+            usage: self.engine.usage(),
+        }
+    }
+
+    // ---- connections ----
+
+    fn serve(self: Arc<Self>, stream: TcpStream) {
+        let peer = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        let _ = stream.set_nodelay(true);
+        let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let mut small = Vec::with_capacity(SMALL_BODY);
+        let namespace = match self.handshake(&stream, &mut small, &peer) {
+            Some(ns) => ns,
+            None => return,
+        };
+        lock(&self.counters).clients += 1;
+        let conn = Arc::new(ConnState {
+            namespace,
+            done: Mutex::new((0, None)),
+            completed: Condvar::new(),
+            open: Mutex::new(HashMap::new()),
+        });
+        let mut submitted = 0u64;
+        let queue = &self.queues[(conn_id % self.queues.len() as u64) as usize];
+        let mut reader = &stream;
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                self.reply_error(&stream, 0, code::SHUTTING_DOWN, "server is stopping");
+                break;
+            }
+            let header = match read_header(&mut reader) {
+                Ok(Some(h)) => h,
+                Ok(None) => break,
+                Err(RecvError::Frame(e)) => {
+                    self.log(|| format!("{peer}: {e}"));
+                    self.reply_error(&stream, 0, e.code(), &e.to_string());
+                    break;
+                }
+                Err(RecvError::Io(e)) => {
+                    self.log(|| format!("{peer}: connection lost: {e}"));
+                    break;
+                }
+            };
+            let len = header.body_len as usize;
+            if header.kind == kind::WRITE || header.kind == kind::PUSH || len > SMALL_BODY {
+                if header.kind != kind::WRITE && header.kind != kind::PUSH {
+                    let msg = format!("a {len}-byte body is too large for this message");
+                    self.reply_error(&stream, header.request, code::BAD_FRAME, &msg);
+                    break;
+                }
+                let mut buf = self.pool.take();
+                if let Err(e) = reader.read_exact(&mut buf[..len]) {
+                    self.pool.give(buf);
+                    self.log(|| format!("{peer}: connection lost: {e}"));
+                    break;
+                }
+                if header.kind == kind::WRITE {
+                    if let Err(e) = Request::decode(kind::WRITE, &buf[..len]) {
+                        self.pool.give(buf);
+                        self.reply_error(&stream, header.request, e.code(), &e.to_string());
+                        break;
+                    }
+                    self.last_write_ms
+                        .store(self.now_ms().max(1), Ordering::Relaxed);
+                    submitted += 1;
+                    lock(&queue.jobs).push_back(WriteJob {
+                        conn: conn.clone(),
+                        buf,
+                        len,
+                    });
+                    queue.ready.notify_one();
+                    continue;
+                }
+                let keep = self.handle(&stream, header, &buf[..len], &conn, submitted);
+                self.pool.give(buf);
+                if !keep {
+                    break;
+                }
+                continue;
+            }
+            small.resize(len, 0);
+            if let Err(e) = reader.read_exact(&mut small[..len]) {
+                self.log(|| format!("{peer}: connection lost: {e}"));
+                break;
+            }
+            if !self.handle(&stream, header, &small[..len], &conn, submitted) {
+                break;
+            }
+        }
+        // Let queued frames finish, then drop what this client never sealed.
+        conn.wait_for(submitted);
+        let open: Vec<VersionId> = lock(&conn.open).drain().map(|(_, v)| v).collect();
+        for v in open {
+            self.engine.abandon(v);
+        }
+        let mut c = lock(&self.counters);
+        c.clients = c.clients.saturating_sub(1);
+    }
+
+    /// Reads the Hello and checks the secret; the namespace on success.
+    fn handshake(&self, stream: &TcpStream, buf: &mut Vec<u8>, peer: &str) -> Option<String> {
+        let mut reader = stream;
+        let refuse = |request: u32, code: u16, why: &str| {
+            lock(&self.counters).refused_clients += 1;
+            eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
+            self.reply_error(stream, request, code, why);
+            None
+        };
+        let header = match read_header(&mut reader) {
+            Ok(Some(h)) => h,
+            Ok(None) | Err(RecvError::Io(_)) => return None,
+            Err(RecvError::Frame(e)) => return refuse(0, e.code(), &e.to_string()),
+        };
+        if header.kind != kind::HELLO {
+            return refuse(
+                header.request,
+                code::AUTH,
+                "the first message must be Hello",
+            );
+        }
+        if header.body_len as usize > SMALL_BODY {
+            return refuse(header.request, code::BAD_FRAME, "Hello is too large");
+        }
+        buf.resize(header.body_len as usize, 0);
+        if reader.read_exact(buf).is_err() {
+            return None;
+        }
+        let hello = match Request::decode(kind::HELLO, buf) {
+            Ok(Request::Hello(h)) => h,
+            Ok(_) => return None,
+            Err(e) => return refuse(header.request, e.code(), &e.to_string()),
+        };
+        // Compare digests: blake3::Hash equality is constant-time.
+        if blake3::hash(hello.secret.as_bytes()) != blake3::hash(self.opts.secret.as_bytes()) {
+            return refuse(header.request, code::AUTH, "wrong shared secret");
+        }
+        let namespace = hello.namespace.to_string();
+        self.log(|| format!("{peer} ({}) connected", hello.client));
+        let body = protocol::encode_hello_ok(&self.name, self.instance);
+        self.reply(stream, header.request, kind::HELLO, &[&body])
+            .ok()?;
+        Some(namespace)
+    }
+
+    fn reply(
+        &self,
+        stream: &TcpStream,
+        request: u32,
+        req_kind: u8,
+        body: &[&[u8]],
+    ) -> io::Result<()> {
+        let len: usize = body.iter().map(|b| b.len()).sum();
+        let header = Header {
+            kind: req_kind | kind::REPLY,
+            body_len: len as u32,
+            request,
+        };
+        write_frame(&mut NoSigPipe(stream), header, body)
+    }
+
+    fn reply_error(&self, stream: &TcpStream, request: u32, code: u16, message: &str) {
+        let body = encode_error(code, message);
+        let header = Header {
+            kind: kind::ERROR,
+            body_len: body.len() as u32,
+            request,
+        };
+        let _ = write_frame(&mut NoSigPipe(stream), header, &[&body]);
+    }
+
+    /// Answers one request other than Write; false closes the connection.
+    fn handle(
+        &self,
+        stream: &TcpStream,
+        header: Header,
+        body: &[u8],
+        conn: &ConnState,
+        submitted: u64,
+    ) -> bool {
+        let request = match Request::decode(header.kind, body) {
+            Ok(r) => r,
+            Err(e) => {
+                self.reply_error(stream, header.request, e.code(), &e.to_string());
+                return false;
+            }
+        };
+        let ns = conn.namespace.as_str();
+        let id = header.request;
+        let sent = match request {
+            Request::Hello(_) => {
+                self.reply_error(stream, id, code::BAD_FRAME, "Hello was already sent");
+                return false;
+            }
+            Request::Write(_) => return false,
+            Request::Sync => {
+                if let Some((c, why)) = conn.wait_for(submitted) {
+                    self.reply_error(stream, id, c, &why);
+                    return false;
+                }
+                match self.engine.sync() {
+                    Ok(()) => {
+                        self.wake_drain();
+                        self.reply(stream, id, kind::SYNC, &[])
+                    }
+                    Err(e) => {
+                        let (c, why) = engine_code(&e);
+                        self.fail(format!("sync failed: {why}"));
+                        self.reply_error(stream, id, c, &why);
+                        return false;
+                    }
+                }
+            }
+            Request::Read { key, offset, len } => {
+                return self.read(stream, id, &namespaced(ns, key), offset, len as usize);
+            }
+            Request::Push {
+                checkpoint,
+                single_file,
+                files,
+            } => {
+                let manifest = Manifest {
+                    checkpoint: namespaced(ns, checkpoint),
+                    single_file,
+                    files: files
+                        .into_iter()
+                        .map(|f| ManifestFile {
+                            path: f.path,
+                            size: f.size,
+                            blake3: f.blake3,
+                        })
+                        .collect(),
+                };
+                let recorded = self
+                    .engine
+                    .record_manifest(manifest)
+                    .and_then(|_| self.engine.sync());
+                match recorded {
+                    Ok(()) => {
+                        self.wake_drain();
+                        self.reply(stream, id, kind::PUSH, &[])
+                    }
+                    Err(e) => {
+                        let (c, why) = engine_code(&e);
+                        self.reply_error(stream, id, c, &why);
+                        return false;
+                    }
+                }
+            }
+            Request::Pull(queries) => {
+                let states: Vec<PullState> = queries
+                    .iter()
+                    .map(|(what, key)| self.pull_one(*what, &namespaced(ns, key)))
+                    .collect();
+                self.reply(
+                    stream,
+                    id,
+                    kind::PULL,
+                    &[&protocol::encode_pull_ok(&states)],
+                )
+            }
+            Request::Ping => self.reply(stream, id, kind::PING, &[]),
+            Request::Status => {
+                let json = serde_json::to_string(&self.status()).unwrap_or_default();
+                self.reply(stream, id, kind::STATUS, &[json.as_bytes()])
+            }
+            Request::Goodbye => {
+                let _ = self.reply(stream, id, kind::GOODBYE, &[]);
+                return false;
+            }
+        };
+        sent.is_ok()
+    }
+
+    fn pull_one(&self, what: PullKind, key: &str) -> PullState {
+        let unknown = PullState {
+            level: Level::Unknown,
+            stamp: 0,
+            size: 0,
+            blake3: [0; 32],
+        };
+        match what {
+            PullKind::File => match self.engine.lookup(key) {
+                Some(v) => PullState {
+                    level: if v.drained {
+                        Level::Durable
+                    } else {
+                        Level::Staged
+                    },
+                    stamp: v.stamp,
+                    size: v.size,
+                    blake3: v.blake3,
+                },
+                None => unknown,
+            },
+            PullKind::Checkpoint => match self.engine.manifest_state(key) {
+                Some(done) => PullState {
+                    level: if done { Level::Durable } else { Level::Staged },
+                    ..unknown
+                },
+                None => unknown,
+            },
+        }
+    }
+
+    fn read(&self, stream: &TcpStream, id: u32, key: &str, offset: u64, len: usize) -> bool {
+        let Some(v) = self.engine.lookup(key) else {
+            self.reply_error(
+                stream,
+                id,
+                code::NOT_FOUND,
+                &format!("{key}: not staged here"),
+            );
+            return true;
+        };
+        let want = len.min(v.size.saturating_sub(offset) as usize);
+        let mut buf = if want > SMALL_BODY {
+            self.pool.take()
+        } else {
+            vec![0u8; want]
+        };
+        let result = self.engine.read_at(v.id, offset, &mut buf[..want]);
+        let keep = match result {
+            Ok(n) => {
+                let head = protocol::encode_read_ok_head(v.stamp, v.size, &v.blake3);
+                self.reply(stream, id, kind::READ, &[&head, &buf[..n]])
+                    .is_ok()
+            }
+            Err(crate::engine::Error::Invalid { .. }) => {
+                // Reclaimed after draining: the durable tier has it.
+                let why = format!("{key}: drained and reclaimed; read it from the durable store");
+                self.reply_error(stream, id, code::NOT_FOUND, &why);
+                true
+            }
+            Err(e) => {
+                let (c, why) = engine_code(&e);
+                self.fail(format!("read of {key} failed: {why}"));
+                self.reply_error(stream, id, c, &why);
+                true
+            }
+        };
+        if buf.len() == protocol::MAX_BODY {
+            self.pool.give(buf);
+        }
+        keep
+    }
+
+    // ---- IO threads ----
+
+    fn io_thread(self: Arc<Self>, slot: usize) {
+        let queue = &self.queues[slot];
+        loop {
+            let job = {
+                let mut jobs = lock(&queue.jobs);
+                loop {
+                    if let Some(j) = jobs.pop_front() {
+                        break Some(j);
+                    }
+                    if self.stop.load(Ordering::SeqCst) {
+                        break None;
+                    }
+                    jobs = queue
+                        .ready
+                        .wait_timeout(jobs, Duration::from_millis(500))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+            };
+            let Some(job) = job else { return };
+            let failed = {
+                let d = lock(&job.conn.done);
+                d.1.is_some()
+            };
+            // After a failure the connection is closing: skip the rest of its frames.
+            let result = if failed {
+                Ok(())
+            } else {
+                self.absorb(slot, &job)
+            };
+            let WriteJob { conn, buf, .. } = job;
+            self.pool.give(buf);
+            let mut d = lock(&conn.done);
+            d.0 += 1;
+            if let Err(e) = result {
+                if d.1.is_none() {
+                    let (c, why) = engine_code(&e);
+                    if c != code::FULL {
+                        self.fail(format!("cannot absorb a write: {why}"));
+                    }
+                    d.1 = Some((c, why));
+                }
+            }
+            conn.completed.notify_all();
+        }
+    }
+
+    fn absorb(&self, slot: usize, job: &WriteJob) -> std::result::Result<(), crate::engine::Error> {
+        let Ok(Request::Write(segments)) = Request::decode(kind::WRITE, &job.buf[..job.len]) else {
+            // Checked by the connection thread before queueing.
+            return Ok(());
+        };
+        let mut files = 0;
+        let mut bytes = 0;
+        for s in segments {
+            let key = namespaced(&job.conn.namespace, s.key);
+            let id = {
+                let mut open = lock(&job.conn.open);
+                match open.get(&(key.clone(), s.stamp)) {
+                    Some(id) => *id,
+                    None => {
+                        let id = self.engine.begin_version(&key, s.stamp, s.size)?;
+                        open.insert((key.clone(), s.stamp), id);
+                        id
+                    }
+                }
+            };
+            if !s.data.is_empty() {
+                self.engine.append(slot, id, s.offset, s.data)?;
+                bytes += s.data.len() as u64;
+            }
+            if let Some(digest) = s.seal {
+                self.engine.seal(id, digest)?;
+                lock(&job.conn.open).remove(&(key, s.stamp));
+                files += 1;
+            }
+        }
+        let mut c = lock(&self.counters);
+        c.absorbed_files += files;
+        c.absorbed_bytes += bytes;
+        Ok(())
+    }
+
+    // ---- drain ----
+
+    fn drain_loop(self: Arc<Self>) {
+        let mut retry_at: HashMap<VersionId, (u32, Instant)> = HashMap::new();
+        let mut manifests_checked = Instant::now() - Duration::from_secs(10);
+        while !self.stop.load(Ordering::SeqCst) {
+            let seen = *lock(&self.drain_wake.0);
+            let mut progressed = false;
+            let now = Instant::now();
+            for v in self.engine.drainable() {
+                if self.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if retry_at.get(&v.id).is_some_and(|(_, at)| *at > now) {
+                    continue;
+                }
+                match self.drain_one(&v) {
+                    Ok(()) => {
+                        retry_at.remove(&v.id);
+                        progressed = true;
+                    }
+                    Err(e) => {
+                        let entry = retry_at.entry(v.id).or_insert((0, now));
+                        entry.0 += 1;
+                        let delay = Duration::from_millis(500)
+                            .saturating_mul(1 << entry.0.min(6))
+                            .min(Duration::from_secs(30));
+                        entry.1 = Instant::now() + delay;
+                        lock(&self.counters).drain_failures += 1;
+                        self.fail(format!(
+                            "drain of {} failed (attempt {}): {e}; retrying in {:.1} s",
+                            v.key,
+                            entry.0,
+                            delay.as_secs_f64()
+                        ));
+                    }
+                }
+            }
+            if progressed || manifests_checked.elapsed() >= Duration::from_millis(500) {
+                manifests_checked = Instant::now();
+                if self.complete_manifests() {
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                let (m, cv) = &self.drain_wake;
+                let g = lock(m);
+                if *g == seen {
+                    let _ = cv.wait_timeout(g, Duration::from_millis(250));
+                }
+            }
+        }
+    }
+
+    /// Rebuilds one staged file in the durable tier (data, then `.blake3`), checking that
+    /// what the arenas hold hashes to what the client sent.
+    fn drain_one(&self, v: &VersionInfo) -> Result<()> {
+        let started = Instant::now();
+        let reader = DrainReader {
+            shared: self,
+            id: v.id,
+            offset: 0,
+        };
+        let digest = self.durable.put_file(&v.key, reader, v.size)?;
+        let expected = hex(&v.blake3);
+        if digest.blake3 != expected {
+            return Err(Error::Protocol {
+                server: self.name.clone(),
+                why: format!(
+                    "{}: staged bytes hash to {} but the client sent {expected}; not marked drained",
+                    v.key, digest.blake3
+                ),
+            });
+        }
+        self.durable.put_checksum(&v.key, &digest)?;
+        self.engine.mark_drained(v.id)?;
+        {
+            let mut c = lock(&self.counters);
+            c.drained_files += 1;
+            c.drained_bytes += v.size;
+        }
+        self.log(|| {
+            format!(
+                "drained {} ({} bytes) in {:.3} s",
+                v.key,
+                v.size,
+                started.elapsed().as_secs_f64()
+            )
+        });
+        Ok(())
+    }
+
+    /// Writes the marker of every pushed checkpoint whose files are all in the durable tier
+    /// with the listed checksums (drained here, by another server, or uploaded by an agent).
+    fn complete_manifests(&self) -> bool {
+        let mut wrote = false;
+        for (id, m) in self.engine.pending_manifests() {
+            let all_there = m.files.iter().all(|f| {
+                let key = if m.single_file {
+                    m.checkpoint.clone()
+                } else {
+                    format!("{}/{}", m.checkpoint, f.path)
+                };
+                match self.engine.lookup(&key) {
+                    Some(v) if v.blake3 == f.blake3 && v.drained => true,
+                    // Still to drain here.
+                    Some(v) if v.blake3 == f.blake3 => false,
+                    _ => self
+                        .durable
+                        .recorded_checksum(&key)
+                        .is_ok_and(|sum| sum == hex(&f.blake3)),
+                }
+            });
+            if !all_there {
+                continue;
+            }
+            let entries = m
+                .files
+                .iter()
+                .map(|f| MarkerFile {
+                    path: f.path.clone(),
+                    size: f.size,
+                    blake3: hex(&f.blake3),
+                })
+                .collect();
+            let done = self
+                .durable
+                .write_marker_of(&m.checkpoint, m.single_file, entries)
+                .map_err(Error::from)
+                .and_then(|_| self.engine.mark_manifest_done(id).map_err(Error::from));
+            match done {
+                Ok(()) => {
+                    lock(&self.counters).markers += 1;
+                    self.log(|| format!("checkpoint {} complete", m.checkpoint));
+                    wrote = true;
+                }
+                Err(e) => self.fail(format!("cannot write the marker of {}: {e}", m.checkpoint)),
+            }
+        }
+        wrote
+    }
+}
+
+/// Streams a staged version out of the arenas for the durable upload, yielding to
+/// absorbing clients: while Writes arrive it reads at most 1 MiB per `busy_pause`.
+struct DrainReader<'a> {
+    shared: &'a Shared,
+    id: VersionId,
+    offset: u64,
+}
+
+impl Read for DrainReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut want = buf.len();
+        if self.shared.ingest_active() {
+            std::thread::sleep(self.shared.opts.busy_pause);
+            want = want.min(1 << 20);
+        }
+        let n = self
+            .shared
+            .engine
+            .read_at(self.id, self.offset, &mut buf[..want])
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+/// The Error code and one-line reason for an engine failure.
+fn engine_code(e: &crate::engine::Error) -> (u16, String) {
+    use crate::engine::Error as E;
+    let c = match e {
+        E::Full { .. } => code::FULL,
+        E::Corrupt { .. } => code::CORRUPT,
+        E::Invalid { .. } => code::INVALID,
+        _ => code::IO,
+    };
+    (c, e.to_string())
+}
