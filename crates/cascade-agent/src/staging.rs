@@ -705,8 +705,9 @@ impl Agent {
         changed
     }
 
-    /// Read-through from the staging servers: the newest staged version of `key`, written
-    /// into `tmp` in the store and checked against its BLAKE3. None if no server has it.
+    /// Read-through from the staging servers: the newest version of `key` staged and not yet
+    /// drained, written into `tmp` in the store and checked against its BLAKE3. None if no
+    /// server has one (the durable store decides then).
     pub(crate) fn fetch_from_staging(
         &self,
         staging: &Staging,
@@ -717,7 +718,9 @@ impl Agent {
         let mut best: Option<(usize, u64, Level)> = None;
         for i in 0..staging.count() {
             if let Ok(states) = staging.with_conn(i, |c| c.pull(&[(PullKind::File, key)])) {
-                if let Some(st) = states.first().filter(|s| s.level != Level::Unknown) {
+                // Only versions not yet drained: a drained one is in the durable store, which
+                // may since hold a newer version uploaded directly.
+                if let Some(st) = states.first().filter(|s| s.level == Level::Staged) {
                     if best.map_or(true, |(_, stamp, _)| st.stamp > stamp) {
                         best = Some((i, st.stamp, st.level));
                     }

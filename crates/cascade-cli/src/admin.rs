@@ -106,9 +106,19 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
         print_status(&status, &others);
         match agent {
             Some(a) => println!(
-                "agent        pid {} -> {}: uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} pending ({}), {} failures{}",
+                "agent        pid {} -> {}{}: {}uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} pending ({}), {} failures{}",
                 a.pid,
+                if a.staging.is_empty() {
+                    String::new()
+                } else {
+                    format!("{} -> ", a.staging)
+                },
                 a.durable,
+                if a.staging.is_empty() {
+                    String::new()
+                } else {
+                    format!("staged {} files ({}), ", a.staged_files, format_size(a.staged_bytes))
+                },
                 a.uploaded_files,
                 format_size(a.uploaded_bytes),
                 a.markers,

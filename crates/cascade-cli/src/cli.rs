@@ -212,7 +212,8 @@ the last one detaches."
         /// Store path, e.g. /ckpt.0042
         #[arg(value_name = "PATH")]
         path: String,
-        /// memory or durable
+        /// memory, staged (safe from the loss of this node: on a staging server or in the
+        /// durable store) or durable
         #[arg(long, default_value = "durable", value_name = "LEVEL")]
         level: String,
         /// Give up after this many seconds (exit 1)
@@ -320,7 +321,9 @@ another. Programs call cascade_commit(path) from include/cascade.h instead; when
 
 const WAIT_DETAILS: &str = "--level durable returns once PATH's completion marker is in the \
 durable store (a committed checkpoint) or every file below it is durable (any other path), \
-also if the checkpoint has since been evicted from memory. Fails at once, with the reason, \
+also if the checkpoint has since been evicted from memory. --level staged returns as soon as \
+every file is on a staging server's SSD (or durable) and a server has accepted the \
+checkpoint's file list: from then on losing this node loses nothing. Fails at once, with the reason, \
 when PATH cannot get there without someone acting: no agent running, a file still open for \
 writing or torn, a checkpoint not selected for flushing.";
 

@@ -155,18 +155,22 @@ pub fn commit(config: &Config, path: &str) -> Result<ExitCode, Failure> {
 /// How far a path has got, from one snapshot.
 struct Progress {
     files: usize,
+    /// Files at the level waited for (durable, or staged-or-durable).
     durable_files: usize,
     reached: bool,
     /// Why it cannot get there without someone acting, if that is the case.
     stuck: Option<String>,
 }
 
-fn progress_of(tree: &[LifeEntry]) -> Progress {
+/// `staged`: waiting for "safe from the loss of this node" (a staging server or the durable
+/// store holds it), else for the durable store.
+fn progress_of(tree: &[LifeEntry], staged: bool) -> Progress {
     let root = &tree[0];
     let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
-    let durable_files = files.iter().filter(|f| f.durable()).count();
+    let at_level = |f: &&&LifeEntry| if staged { f.safe() } else { f.durable() };
+    let durable_files = files.iter().filter(at_level).count();
     let reached = if root.committed {
-        root.complete()
+        root.complete() || (staged && root.checkpoint_safe())
     } else {
         durable_files == files.len()
     };
@@ -206,11 +210,12 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
 
 /// `cascade wait PATH --level LEVEL --timeout SECS`.
 pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<ExitCode, Failure> {
-    if !matches!(level, "memory" | "durable") {
+    if !matches!(level, "memory" | "staged" | "durable") {
         return Err(Failure::new(format!(
-            "wait: unknown level {level:?} (use memory or durable)"
+            "wait: unknown level {level:?} (use memory, staged or durable)"
         )));
     }
+    let staged = level == "staged";
     if !(timeout.is_finite() && timeout >= 0.0) {
         return Err(Failure::new(
             "wait: --timeout must be a number of seconds >= 0",
@@ -222,7 +227,7 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
     loop {
         let tree = match store.life_tree(path) {
             Ok(t) => t,
-            Err(e) if e.errno() == libc::ENOENT && level == "durable" => {
+            Err(e) if e.errno() == libc::ENOENT && level != "memory" => {
                 // Evicted from memory once durable, or never here: ask the durable store.
                 if durable_complete(config, path)? {
                     println!("{path}: durable (complete in the durable store)");
@@ -236,10 +241,18 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
             println!("{path}: in memory");
             return Ok(ExitCode::SUCCESS);
         }
-        let p = progress_of(&tree);
+        let p = progress_of(&tree, staged);
         if p.reached {
+            let root = &tree[0];
+            let how = if root.complete()
+                || tree.iter().all(|e| e.kind != FileKind::File || e.durable())
+            {
+                "durable"
+            } else {
+                "staged"
+            };
             println!(
-                "{path}: durable ({} files) after {:.3} s",
+                "{path}: {how} ({} files) after {:.3} s",
                 p.files,
                 started.elapsed().as_secs_f64()
             );
@@ -247,12 +260,12 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
         }
         if let Some(why) = &p.stuck {
             return Err(Failure::new(format!(
-                "{path}: cannot become durable: {why}"
+                "{path}: cannot become {level}: {why}"
             )));
         }
         if store.agent_pid().is_none() {
             return Err(Failure::new(format!(
-                "{path}: not durable yet ({} of {} files) and no agent is running for store {}; \
+                "{path}: not {level} yet ({} of {} files) and no agent is running for store {}; \
                  start one with 'cascade agent' (or run the job under 'cascade run' with a \
                  durable store configured)",
                 p.durable_files,
@@ -263,7 +276,7 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
         if Instant::now() >= deadline {
             let last = cascade_agent::status(store.name()).and_then(|s| s.last_error);
             return Err(Failure::new(format!(
-                "{path}: timed out after {timeout} s: {} of {} files durable{}",
+                "{path}: timed out after {timeout} s: {} of {} files {level}{}",
                 p.durable_files,
                 p.files,
                 last.map(|e| format!("; the agent's last error: {e}"))
@@ -292,6 +305,8 @@ fn state_of(e: &LifeEntry, tree: &[LifeEntry]) -> String {
         let durable = below.iter().filter(|f| f.durable()).count();
         let what = if e.complete() {
             "complete".to_string()
+        } else if e.checkpoint_safe() {
+            format!("staged, draining ({durable}/{} files durable)", below.len())
         } else if !e.flush {
             "memory only (not flushed)".to_string()
         } else {
@@ -304,6 +319,7 @@ fn state_of(e: &LifeEntry, tree: &[LifeEntry]) -> String {
         FileKind::File if e.torn => "torn (writer died)".to_string(),
         FileKind::File if e.writers > 0 => "writing".to_string(),
         FileKind::File if e.durable() => "durable".to_string(),
+        FileKind::File if e.staged() => "staged".to_string(),
         FileKind::File => "dirty".to_string(),
     }
 }

@@ -183,21 +183,40 @@ impl Write for NoSigPipe<'_> {
 /// Writes a header and body slices with vectored writes (no copy of the slices).
 pub fn write_frame(w: &mut impl Write, header: Header, body: &[&[u8]]) -> io::Result<()> {
     let h = header.encode();
-    let mut slices: Vec<IoSlice> = Vec::with_capacity(body.len() + 1);
-    slices.push(IoSlice::new(&h));
-    slices.extend(
-        body.iter()
-            .filter(|b| !b.is_empty())
-            .map(|b| IoSlice::new(b)),
-    );
-    write_all_vectored(w, &mut slices)
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(body.len() + 1);
+    parts.push(&h);
+    parts.extend(body.iter().copied().filter(|b| !b.is_empty()));
+    write_all_vectored(w, &parts)
 }
 
-fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !slices.is_empty() {
-        match w.write_vectored(slices) {
+/// At most this many slices per `writev` (Linux's IOV_MAX; std caps it there anyway).
+const MAX_IOV: usize = 1024;
+
+/// `write_all` over `parts` with vectored writes. (`IoSlice::advance_slices` would do, but
+/// it is newer than the workspace's MSRV, 1.80.)
+fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()> {
+    // parts[first][skip..] is the first byte not yet written.
+    let (mut first, mut skip) = (0, 0);
+    let mut slices: Vec<IoSlice> = Vec::with_capacity(parts.len().min(MAX_IOV));
+    while first < parts.len() {
+        slices.clear();
+        slices.push(IoSlice::new(&parts[first][skip..]));
+        slices.extend(
+            parts[first + 1..]
+                .iter()
+                .take(MAX_IOV - 1)
+                .map(|p| IoSlice::new(p)),
+        );
+        match w.write_vectored(&slices) {
             Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Ok(mut n) => {
+                while first < parts.len() && n >= parts[first].len() - skip {
+                    n -= parts[first].len() - skip;
+                    first += 1;
+                    skip = 0;
+                }
+                skip += n;
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -206,7 +225,8 @@ fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) -> io:
 }
 
 /// Checks that `key` stays inside the job's namespace: relative, no empty, `.` or `..`
-/// components, no NUL, at most [`MAX_KEY`] bytes.
+/// components, no NUL or other control character (the durable tier refuses them, so such
+/// a file could never drain), at most [`MAX_KEY`] bytes.
 pub fn check_key(key: &str) -> Result<(), FrameError> {
     let bad = |why| {
         Err(FrameError::BadPath {
@@ -223,8 +243,8 @@ pub fn check_key(key: &str) -> Result<(), FrameError> {
     if key.starts_with('/') {
         return bad("absolute paths are not allowed");
     }
-    if key.contains('\0') {
-        return bad("contains NUL");
+    if key.chars().any(char::is_control) {
+        return bad("contains a control character");
     }
     for part in key.split('/') {
         match part {
@@ -815,6 +835,57 @@ mod tests {
         out
     }
 
+    /// A writer taking at most `cap` bytes per call, over at most 3 slices.
+    struct Dribble {
+        out: Vec<u8>,
+        cap: usize,
+    }
+
+    impl Write for Dribble {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(self.cap);
+            self.out.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let mut n = 0;
+            for b in bufs.iter().take(3) {
+                let take = b.len().min(self.cap - n);
+                self.out.extend_from_slice(&b[..take]);
+                n += take;
+                if n == self.cap {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn partial_vectored_writes_send_every_byte_once() {
+        let parts: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; i as usize % 7]).collect();
+        let body: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        let len = body.iter().map(|b| b.len()).sum::<usize>() as u32;
+        let header = Header {
+            kind: kind::WRITE,
+            body_len: len,
+            request: 3,
+        };
+        let mut whole = header.encode().to_vec();
+        body.iter().for_each(|b| whole.extend_from_slice(b));
+        for cap in [1, 2, 5, 16, 17, 1000] {
+            let mut w = Dribble {
+                out: Vec::new(),
+                cap,
+            };
+            write_frame(&mut w, header, &body).unwrap();
+            assert_eq!(w.out, whole, "cap {cap}");
+        }
+    }
+
     #[test]
     fn write_round_trip_with_several_segments() {
         let mut w = BodyWriter::default();
@@ -877,7 +948,18 @@ mod tests {
 
     #[test]
     fn paths_cannot_escape_the_namespace() {
-        for bad in ["", "/etc/passwd", "a/../../b", "..", "a//b", "./a", "a/."] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "a/../../b",
+            "..",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\0b",
+            "a\nb",
+            "a\x7f",
+        ] {
             assert!(check_key(bad).is_err(), "{bad:?} accepted");
             let body = encode_read(bad, 0, 1);
             assert!(Request::decode(kind::READ, &body).is_err(), "{bad:?} read");

@@ -96,6 +96,8 @@ struct BufferPool {
 }
 
 impl BufferPool {
+    // The "slow" initialisation is the point: every page is written (faulted in) now.
+    #[allow(clippy::slow_vector_initialization)]
     fn new(count: usize) -> BufferPool {
         let free = (0..count.max(1))
             .map(|_| {
@@ -325,6 +327,18 @@ fn random_u64() -> u64 {
 
 /// Bodies of frames other than Write and Push are small; refuse big ones before reading.
 const SMALL_BODY: usize = 64 << 10;
+/// A client must finish a Hello, and a frame body once its header arrived, within this: a
+/// stalled peer cannot hold a receive buffer or a thread for ever. Between frames a
+/// connection may idle as long as it likes (agents keep theirs open).
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads a frame body under [`BODY_TIMEOUT`].
+fn read_body(stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
+    stream.set_read_timeout(Some(BODY_TIMEOUT))?;
+    (&*stream).read_exact(buf)?;
+    stream.set_read_timeout(None)
+}
 
 impl Shared {
     fn log(&self, line: impl FnOnce() -> String) {
@@ -431,7 +445,7 @@ impl Shared {
                     break;
                 }
                 let mut buf = self.pool.take();
-                if let Err(e) = reader.read_exact(&mut buf[..len]) {
+                if let Err(e) = read_body(&stream, &mut buf[..len]) {
                     self.pool.give(buf);
                     self.log(|| format!("{peer}: connection lost: {e}"));
                     break;
@@ -461,7 +475,7 @@ impl Shared {
                 continue;
             }
             small.resize(len, 0);
-            if let Err(e) = reader.read_exact(&mut small[..len]) {
+            if let Err(e) = read_body(&stream, &mut small[..len]) {
                 self.log(|| format!("{peer}: connection lost: {e}"));
                 break;
             }
@@ -482,6 +496,7 @@ impl Shared {
     /// Reads the Hello and checks the secret; the namespace on success.
     fn handshake(&self, stream: &TcpStream, buf: &mut Vec<u8>, peer: &str) -> Option<String> {
         let mut reader = stream;
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
         let refuse = |request: u32, code: u16, why: &str| {
             lock(&self.counters).refused_clients += 1;
             eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
@@ -507,6 +522,7 @@ impl Shared {
         if reader.read_exact(buf).is_err() {
             return None;
         }
+        let _ = stream.set_read_timeout(None);
         let hello = match Request::decode(kind::HELLO, buf) {
             Ok(Request::Hello(h)) => h,
             Ok(_) => return None,

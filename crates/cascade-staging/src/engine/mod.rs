@@ -28,6 +28,10 @@ use record::Record;
 /// load (and checksum) more than this for one extent.
 pub const MAX_EXTENT: usize = 4 << 20;
 
+/// Extents kept after a partial read, so that small sequential reads do not load and
+/// checksum the same extent again for every call.
+const READ_CACHE: usize = 4;
+
 /// Version and manifest ids are reserved in blocks of this many by a durable IdReserve
 /// record, so an id handed out before a crash is never handed out again.
 const ID_RESERVE: u64 = 1 << 20;
@@ -331,8 +335,10 @@ struct SyncCtl {
     running: bool,
     started: u64,
     done: u64,
-    /// Outcome of the last finished round: Err((kind, message)).
-    last: std::result::Result<(), (ErrKind, String)>,
+    /// Last round that succeeded.
+    last_ok: u64,
+    /// Error of the last round that failed: (kind, message).
+    last_err: Option<(ErrKind, String)>,
 }
 
 #[derive(Clone, Copy)]
@@ -363,6 +369,16 @@ fn unsummarize(kind: ErrKind, msg: &str) -> Error {
     }
 }
 
+/// Where an append goes.
+struct Reserved {
+    arena: u32,
+    file: Arc<File>,
+    pos: u64,
+}
+
+/// ((arena, position), the extent's verified bytes).
+type CachedExtent = ((u32, u64), Arc<[u8]>);
+
 /// One piece of a read: `len` bytes at `within` in an extent, to `buf[at..]`.
 struct Piece {
     file: Arc<File>,
@@ -382,6 +398,9 @@ pub struct Engine {
     ctl: Mutex<SyncCtl>,
     ctl_cv: Condvar,
     index: Mutex<IndexLog>,
+    /// Verified extents, newest last: ((arena, position), bytes). Arena numbers are never
+    /// reused and extents never change, so entries cannot go stale.
+    read_cache: Mutex<VecDeque<CachedExtent>>,
     /// Holds the flock on dir/LOCK for the engine's lifetime.
     _lock: File,
 }
@@ -490,66 +509,7 @@ impl Engine {
         if let Some(&max) = on_disk.iter().max() {
             m.next_arena = m.next_arena.max(max.saturating_add(1));
         }
-        // Bytes each arena must hold for the extents that will be read from it.
-        let mut need: HashMap<u32, u64> = HashMap::new();
-        for v in m.versions.values() {
-            for e in v.extents.iter().filter(|e| e.useful) {
-                let end = e.position + u64::from(e.len);
-                let n = need.entry(e.arena).or_insert(0);
-                *n = (*n).max(end);
-            }
-        }
-        loop {
-            let mut changed = false;
-            let numbers: Vec<u32> = m.arenas.keys().copied().collect();
-            for n in numbers {
-                let Some(a) = m.arenas.get(&n) else { continue };
-                if a.live == 0 {
-                    m.delete_arena(n);
-                    changed = true;
-                    continue;
-                }
-                if a.file.is_some() {
-                    continue;
-                }
-                let path = dir.join(arena_name(n));
-                let opened = File::open(&path).and_then(|f| {
-                    let len = f.metadata()?.len();
-                    Ok((f, len))
-                });
-                let want = need.get(&n).copied().unwrap_or(0);
-                let problem = match opened {
-                    Ok((f, len)) if len >= want => {
-                        if let Some(a) = m.arenas.get_mut(&n) {
-                            a.file = Some(Arc::new(f));
-                            a.size = len;
-                        }
-                        None
-                    }
-                    Ok((_, len)) => Some(format!("is {len} bytes but its extents need {want}")),
-                    Err(e) => Some(format!("cannot be opened: {e}")),
-                };
-                if let Some(problem) = problem {
-                    let lost = m.arenas.get(&n).map_or(0, |a| a.refs.len());
-                    warnings.push(format!(
-                        "{}: {problem}; dropped the {lost} version(s) with data in it",
-                        path.display()
-                    ));
-                    m.delete_arena(n);
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-        for n in on_disk {
-            if !m.arenas.contains_key(&n) {
-                let path = dir.join(arena_name(n));
-                std::fs::remove_file(&path)
-                    .map_err(|e| io_err(format!("remove {}", path.display()), e))?;
-            }
-        }
+        recover_arenas(dir, &mut m, &on_disk, &mut warnings)?;
         let arena_bytes = m.arenas.values().map(|a| a.size).sum();
         let next_version = m.next_version;
         let next_manifest = m.next_manifest;
@@ -582,13 +542,15 @@ impl Engine {
                 running: false,
                 started: 0,
                 done: 0,
-                last: Ok(()),
+                last_ok: 0,
+                last_err: None,
             }),
             ctl_cv: Condvar::new(),
             index: Mutex::new(IndexLog {
                 file: index_file,
                 len: scan.valid_len,
             }),
+            read_cache: Mutex::new(VecDeque::new()),
             _lock: lock_file,
         };
         // Ids below the recovered maximum (and every reservation before it) may have been
@@ -665,7 +627,11 @@ impl Engine {
     fn append_extent(&self, slot: usize, v: VersionId, offset: u64, data: &[u8]) -> Result<()> {
         let len = data.len() as u64;
         let crc = crc32c::crc32c(data);
-        let (n, file, pos) = {
+        let Reserved {
+            arena: n,
+            file,
+            pos,
+        } = {
             let mut g = lock(&self.state);
             g.check_poisoned()?;
             let Some(ver) = g.m.versions.get(&v.0) else {
@@ -730,14 +696,8 @@ impl Engine {
     }
 
     /// Reserves `len` bytes at the end of the slot's arena (rotating if needed).
-    /// Returns (arena, file, position) and arena files to unlink.
-    #[allow(clippy::type_complexity)]
-    fn reserve(
-        &self,
-        g: &mut Inner,
-        slot: usize,
-        len: u64,
-    ) -> (Result<(u32, Arc<File>, u64)>, Vec<PathBuf>) {
+    /// Returns the place and the arena files to unlink (a rotated-away arena).
+    fn reserve(&self, g: &mut Inner, slot: usize, len: u64) -> (Result<Reserved>, Vec<PathBuf>) {
         if let Some(cap) = self.opts.capacity {
             if g.arena_bytes + len > cap {
                 return (
@@ -812,7 +772,14 @@ impl Engine {
         a.size += len;
         a.inflight += 1;
         g.arena_bytes += len;
-        (Ok((n, file, pos)), paths)
+        (
+            Ok(Reserved {
+                arena: n,
+                file,
+                pos,
+            }),
+            paths,
+        )
     }
 
     /// The version is complete: its extents must cover 0..size. No-op if already sealed.
@@ -866,12 +833,15 @@ impl Engine {
         let target = c.started + 1;
         loop {
             if c.done >= target {
-                // Rounds put a failed batch back in front of the queue, so the latest
-                // round's outcome covers our records too.
-                return match &c.last {
-                    Ok(()) => Ok(()),
-                    Err((kind, msg)) => Err(unsummarize(*kind, msg)),
-                };
+                // A failed round puts its batch back in front of the queue, so any
+                // successful round from `target` on covers our records.
+                if c.last_ok >= target {
+                    return Ok(());
+                }
+                return Err(match &c.last_err {
+                    Some((kind, msg)) => unsummarize(*kind, msg),
+                    None => io_err("staging sync", io::Error::other("round failed")),
+                });
             }
             if !c.running {
                 c.running = true;
@@ -882,7 +852,10 @@ impl Engine {
                 let mut c = lock(&self.ctl);
                 c.running = false;
                 c.done = round;
-                c.last = res.as_ref().map(|_| ()).map_err(summarize);
+                match &res {
+                    Ok(()) => c.last_ok = round,
+                    Err(e) => c.last_err = Some(summarize(e)),
+                }
                 self.ctl_cv.notify_all();
                 return res;
             }
@@ -1109,41 +1082,33 @@ impl Engine {
                 format!("{}@{}", ver.key, ver.stamp),
             )
         };
-        let mut scratch = Vec::new();
         for p in pieces {
-            let whole = p.within == 0 && p.len == p.ext_len as usize;
-            let target: &mut [u8] = if whole {
-                &mut buf[p.at..p.at + p.len]
-            } else {
-                scratch.resize(p.ext_len as usize, 0);
-                &mut scratch[..]
-            };
-            let name = arena_name(p.arena);
-            p.file.read_exact_at(target, p.position).map_err(|e| {
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    Error::Corrupt {
-                        what: format!(
-                            "arena {name} at {}: file ends inside a {}-byte extent of {label}",
-                            p.position, p.ext_len
-                        ),
+            let dst = &mut buf[p.at..p.at + p.len];
+            if p.within == 0 && p.len == p.ext_len as usize {
+                read_extent(&p, dst, &label)?;
+                continue;
+            }
+            let key = (p.arena, p.position);
+            let cached = lock(&self.read_cache)
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, b)| b.clone());
+            let bytes = match cached {
+                Some(b) => b,
+                None => {
+                    let mut v = vec![0u8; p.ext_len as usize];
+                    read_extent(&p, &mut v, &label)?;
+                    let b: Arc<[u8]> = v.into();
+                    let mut c = lock(&self.read_cache);
+                    if c.len() >= READ_CACHE {
+                        c.pop_front();
                     }
-                } else {
-                    io_err(format!("read {name} at {}", p.position), e)
+                    c.push_back((key, b.clone()));
+                    b
                 }
-            })?;
-            let got = crc32c::crc32c(target);
-            if got != p.crc {
-                return Err(Error::Corrupt {
-                    what: format!(
-                        "arena {name} at {}: checksum mismatch (index says {:#010x}, data {got:#010x}) in a {}-byte extent of {label}",
-                        p.position, p.crc, p.ext_len
-                    ),
-                });
-            }
-            if !whole {
-                let from = p.within as usize;
-                buf[p.at..p.at + p.len].copy_from_slice(&scratch[from..from + p.len]);
-            }
+            };
+            let from = p.within as usize;
+            dst.copy_from_slice(&bytes[from..from + p.len]);
         }
         Ok(total)
     }
@@ -1268,6 +1233,105 @@ impl Engine {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Step 7 and 8 of recovery: deletes arenas with no live byte, opens the others (an arena
+/// that is missing or too short loses its versions, with a warning), and deletes arena
+/// files the state does not know.
+fn recover_arenas(
+    dir: &Path,
+    m: &mut Model,
+    on_disk: &[u32],
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    // Bytes each arena must hold for the extents that will be read from it.
+    let mut need: HashMap<u32, u64> = HashMap::new();
+    for v in m.versions.values() {
+        for e in v.extents.iter().filter(|e| e.useful) {
+            let end = e.position + u64::from(e.len);
+            let n = need.entry(e.arena).or_insert(0);
+            *n = (*n).max(end);
+        }
+    }
+    loop {
+        let mut changed = false;
+        let numbers: Vec<u32> = m.arenas.keys().copied().collect();
+        for n in numbers {
+            let Some(a) = m.arenas.get(&n) else { continue };
+            if a.live == 0 {
+                m.delete_arena(n);
+                changed = true;
+                continue;
+            }
+            if a.file.is_some() {
+                continue;
+            }
+            let path = dir.join(arena_name(n));
+            let opened = File::open(&path).and_then(|f| {
+                let len = f.metadata()?.len();
+                Ok((f, len))
+            });
+            let want = need.get(&n).copied().unwrap_or(0);
+            let problem = match opened {
+                Ok((f, len)) if len >= want => {
+                    if let Some(a) = m.arenas.get_mut(&n) {
+                        a.file = Some(Arc::new(f));
+                        a.size = len;
+                    }
+                    None
+                }
+                Ok((_, len)) => Some(format!("is {len} bytes but its extents need {want}")),
+                Err(e) => Some(format!("cannot be opened: {e}")),
+            };
+            if let Some(problem) = problem {
+                let lost = m.arenas.get(&n).map_or(0, |a| a.refs.len());
+                warnings.push(format!(
+                    "{}: {problem}; dropped the {lost} version(s) with data in it",
+                    path.display()
+                ));
+                m.delete_arena(n);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    for &n in on_disk {
+        if !m.arenas.contains_key(&n) {
+            let path = dir.join(arena_name(n));
+            std::fs::remove_file(&path)
+                .map_err(|e| io_err(format!("remove {}", path.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads a whole extent into `dst` (its length) and checks its crc32c.
+fn read_extent(p: &Piece, dst: &mut [u8], label: &str) -> Result<()> {
+    let name = arena_name(p.arena);
+    p.file.read_exact_at(dst, p.position).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            Error::Corrupt {
+                what: format!(
+                    "arena {name} at {}: file ends inside a {}-byte extent of {label}",
+                    p.position, p.ext_len
+                ),
+            }
+        } else {
+            io_err(format!("read {name} at {}", p.position), e)
+        }
+    })?;
+    let got = crc32c::crc32c(dst);
+    if got != p.crc {
+        return Err(Error::Corrupt {
+            what: format!(
+                "arena {name} at {}: checksum mismatch (index says {:#010x}, data {got:#010x}) in a {}-byte extent of {label}",
+                p.position, p.crc, p.ext_len
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// A fresh index (header only), created under a temporary name and renamed, so index.log

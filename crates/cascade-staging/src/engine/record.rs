@@ -446,6 +446,19 @@ mod tests {
     }
 
     #[test]
+    fn the_framing_example_in_the_docs_is_exact() {
+        // Standard CRC-32C (Castagnoli) check value.
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+        let mut out = Vec::new();
+        Record::Drained { id: 5 }.frame_into(&mut out);
+        assert_eq!(
+            out,
+            [9, 0, 0, 0, 0x92, 0x83, 0x35, 0xf9, 5, 5, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(&header(), b"CASCIDX1\x01\0\0\0\0\0\0\0");
+    }
+
+    #[test]
     fn valid_crc_with_bad_body_is_an_error_not_a_tail() {
         let mut file = header().to_vec();
         let body = [0xEEu8, 1, 2];

@@ -1,1 +1,836 @@
+//! Engine tests on real files in temporary directories.
 
+use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn opts(arena_size: u64) -> EngineOptions {
+    EngineOptions {
+        arena_size,
+        ..EngineOptions::default()
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+fn data(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn hash(bytes: &[u8]) -> [u8; 32] {
+    *blake3::hash(bytes).as_bytes()
+}
+
+/// Stages `bytes` as `key@stamp` in `chunk`-byte appends and seals it (no sync).
+fn put(e: &Engine, slot: usize, key: &str, stamp: u64, bytes: &[u8], chunk: usize) -> VersionId {
+    let v = e.begin_version(key, stamp, bytes.len() as u64).unwrap();
+    for (i, c) in bytes.chunks(chunk).enumerate() {
+        e.append(slot, v, (i * chunk) as u64, c).unwrap();
+    }
+    e.seal(v, hash(bytes)).unwrap();
+    v
+}
+
+/// The whole version through odd-sized reads.
+fn read_all(e: &Engine, v: VersionId) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 777];
+    loop {
+        let n = e.read_at(v, out.len() as u64, &mut buf).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// The newest version of `key` exists and holds exactly `bytes`.
+fn check(e: &Engine, key: &str, stamp: u64, bytes: &[u8]) {
+    let info = e.lookup(key).unwrap_or_else(|| panic!("{key} is missing"));
+    assert_eq!(info.stamp, stamp, "{key}");
+    assert_eq!(info.size, bytes.len() as u64, "{key}");
+    assert_eq!(info.blake3, hash(bytes), "{key}");
+    assert!(read_all(e, info.id) == bytes, "{key}: data differs");
+}
+
+fn arena_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| parse_arena_name(e.as_ref().unwrap().file_name().to_str().unwrap()).is_some())
+        .count()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name != "LOCK" {
+            std::fs::copy(entry.path(), to.join(name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn engine_is_send_and_sync() {
+    fn assert<T: Send + Sync>() {}
+    assert::<Engine>();
+}
+
+#[test]
+fn versions_round_trip_across_arena_rotation_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = [0usize, 1, 5000, 10_000, 3000, 4096, 70_000];
+    let files: Vec<(String, Vec<u8>)> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("dir/f{i}"), data(i as u64, n)))
+        .collect();
+    {
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        for (i, (key, bytes)) in files.iter().enumerate() {
+            put(&e, i, key, 7, bytes, 1000);
+        }
+        e.sync().unwrap();
+        for (key, bytes) in &files {
+            check(&e, key, 7, bytes);
+        }
+        // A read in the middle of extents, across several of them.
+        let v = e.lookup("dir/f6").unwrap().id;
+        let mut buf = vec![0u8; 2500];
+        assert_eq!(e.read_at(v, 1500, &mut buf).unwrap(), 2500);
+        assert!(buf == files[6].1[1500..4000]);
+        // Short only at the end.
+        assert_eq!(e.read_at(v, 69_000, &mut buf).unwrap(), 1000);
+        assert_eq!(e.read_at(v, 70_000, &mut buf).unwrap(), 0);
+        let u = e.usage();
+        assert!(u.arena_files >= 3, "{u:?}");
+        assert_eq!(u.live_versions, files.len() as u64);
+        assert_eq!(u.pending_bytes, sizes.iter().sum::<usize>() as u64);
+        assert!(u.arena_bytes >= u.pending_bytes);
+        assert_eq!(e.drainable().len(), files.len());
+    }
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    assert!(
+        e.recovery_warnings().is_empty(),
+        "{:?}",
+        e.recovery_warnings()
+    );
+    for (key, bytes) in &files {
+        check(&e, key, 7, bytes);
+    }
+    let order: Vec<String> = e.drainable().into_iter().map(|i| i.key).collect();
+    let want: Vec<String> = files.iter().map(|(k, _)| k.clone()).collect();
+    assert_eq!(order, want, "drainable is oldest seal first");
+}
+
+#[test]
+fn large_appends_are_split_into_bounded_extents() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = data(99, 2 * MAX_EXTENT + 12_345);
+    {
+        let e = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+        let v = put(&e, 0, "big", 1, &bytes, bytes.len());
+        e.sync().unwrap();
+        let g = lock(&e.state);
+        assert_eq!(g.m.versions[&v.0].extents.len(), 3);
+    }
+    let e = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    check(&e, "big", 1, &bytes);
+    let v = e.lookup("big").unwrap().id;
+    let mut buf = vec![0u8; 100];
+    let at = MAX_EXTENT as u64 - 50;
+    assert_eq!(e.read_at(v, at, &mut buf).unwrap(), 100);
+    assert!(buf == bytes[at as usize..at as usize + 100]);
+}
+
+#[test]
+fn concurrent_appends_and_syncs_from_several_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Arc::new(Engine::open(dir.path(), opts(64 << 10)).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let syncer = {
+        let (e, stop) = (e.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0;
+            loop {
+                e.sync().unwrap();
+                rounds += 1;
+                if stop.load(Ordering::Relaxed) {
+                    return rounds;
+                }
+            }
+        })
+    };
+    // One version written by both threads at once, alternate chunks each.
+    let shared = data(4242, 50_000);
+    let sv = e.begin_version("shared", 1, shared.len() as u64).unwrap();
+    let writers: Vec<_> = (0..2usize)
+        .map(|t| {
+            let (e, shared) = (e.clone(), shared.clone());
+            std::thread::spawn(move || {
+                for (i, c) in shared.chunks(1000).enumerate() {
+                    if i % 2 == t {
+                        e.append(t, sv, (i * 1000) as u64, c).unwrap();
+                    }
+                }
+                for i in 0..40u64 {
+                    let key = format!("t{t}/f{i}");
+                    let bytes = data(t as u64 * 1000 + i, 1 + (i as usize * 997) % 20_000);
+                    put(&e, t, &key, i, &bytes, 1500);
+                    if i % 5 == 0 {
+                        e.sync().unwrap();
+                        check(&e, &key, i, &bytes);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    e.seal(sv, hash(&shared)).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    assert!(syncer.join().unwrap() > 0);
+    e.sync().unwrap();
+    let verify = |e: &Engine| {
+        check(e, "shared", 1, &shared);
+        for t in 0..2u64 {
+            for i in 0..40u64 {
+                let bytes = data(t * 1000 + i, 1 + (i as usize * 997) % 20_000);
+                check(e, &format!("t{t}/f{i}"), i, &bytes);
+            }
+        }
+    };
+    verify(&e);
+    drop(e);
+    let e = Engine::open(dir.path(), opts(64 << 10)).unwrap();
+    verify(&e);
+    assert_eq!(e.usage().live_versions, 81);
+}
+
+#[test]
+fn recovery_keeps_synced_versions_and_drops_unsynced_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let a1 = data(1, 9000);
+    let a2 = data(2, 3000);
+    let b = data(3, 5000);
+    let max_id;
+    {
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        put(&e, 0, "a", 1, &a1, 1000);
+        e.sync().unwrap();
+        // Not synced: a newer version of a, a new file, a half-written file.
+        put(&e, 0, "a", 2, &a2, 1000);
+        put(&e, 1, "b", 1, &b, 700);
+        let c = e.begin_version("c", 1, 10_000).unwrap();
+        e.append(0, c, 0, &data(4, 5000)).unwrap();
+        max_id = c.0;
+        assert_eq!(e.lookup("a").unwrap().stamp, 2);
+    }
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    check(&e, "a", 1, &a1);
+    assert!(e.lookup("b").is_none());
+    assert!(e.lookup("c").is_none());
+    let d: Vec<String> = e.drainable().into_iter().map(|i| i.key).collect();
+    assert_eq!(d, vec!["a".to_string()]);
+    // Ids handed out before the crash are never handed out again.
+    let c = e.begin_version("c", 1, 10).unwrap();
+    assert!(c.0 > max_id, "{c:?} reused an id <= {max_id}");
+    // Only the arena holding a@1 survives: the others held nothing synced.
+    assert_eq!(arena_files(dir.path()), 3);
+    assert_eq!(e.usage().live_versions, 1);
+}
+
+/// Keys of the second batch in the torn-tail test.
+const LATE: [&str; 3] = ["late0", "late1", "late2"];
+
+#[test]
+fn torn_index_tail_at_every_offset_opens_and_never_shows_partial_data() {
+    let src = tempfile::tempdir().unwrap();
+    let early: Vec<Vec<u8>> = (0..3)
+        .map(|i| data(10 + i, 2000 + 1500 * i as usize))
+        .collect();
+    let late: Vec<Vec<u8>> = (0..3)
+        .map(|i| data(20 + i, 1000 + 2500 * i as usize))
+        .collect();
+    let newer0 = data(30, 1234);
+    let base_len;
+    let arenas_before_sync = tempfile::tempdir().unwrap();
+    {
+        let e = Engine::open(src.path(), opts(4096)).unwrap();
+        for (i, bytes) in early.iter().enumerate() {
+            put(&e, i, &format!("early{i}"), 1, bytes, 800);
+        }
+        e.sync().unwrap();
+        base_len = std::fs::metadata(src.path().join(INDEX)).unwrap().len();
+        for (i, bytes) in late.iter().enumerate() {
+            put(&e, i, LATE[i], 1, bytes, 2000);
+        }
+        put(&e, 0, "early0", 2, &newer0, 1234);
+        e.record_manifest(Manifest {
+            checkpoint: "ckpt".into(),
+            single_file: false,
+            files: vec![ManifestFile {
+                path: "late0".into(),
+                size: late[0].len() as u64,
+                blake3: hash(&late[0]),
+            }],
+        })
+        .unwrap();
+        // The crash happens while this round writes the index: the arena files are as
+        // they are now (the round deletes superseded data only after its records are durable).
+        copy_dir(src.path(), arenas_before_sync.path());
+        e.sync().unwrap();
+    }
+    let index = std::fs::read(src.path().join(INDEX)).unwrap();
+    assert!(index.len() as u64 > base_len + 200);
+    let cuts: Vec<u64> = (base_len..=index.len() as u64).collect();
+    // Each cut costs a few fsyncs: spread them over threads.
+    std::thread::scope(|s| {
+        for part in cuts.chunks(cuts.len().div_ceil(4)) {
+            let (index, early, late, newer0) = (&index, &early, &late, &newer0);
+            let arenas = arenas_before_sync.path();
+            s.spawn(move || {
+                for &cut in part {
+                    torn_case(
+                        arenas,
+                        &index[..cut as usize],
+                        cut == index.len() as u64,
+                        early,
+                        late,
+                        newer0,
+                    );
+                }
+            });
+        }
+    });
+}
+
+/// Opens a copy of the arenas with the index cut to `index` and checks what it shows.
+fn torn_case(
+    arenas: &Path,
+    index: &[u8],
+    whole: bool,
+    early: &[Vec<u8>],
+    late: &[Vec<u8>],
+    newer0: &[u8],
+) {
+    let cut = index.len();
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(arenas, dir.path());
+    std::fs::write(dir.path().join(INDEX), index).unwrap();
+    let e =
+        Engine::open(dir.path(), opts(4096)).unwrap_or_else(|err| panic!("cut at {cut}: {err}"));
+    // Synced before the crash: always there, byte-identical (either version of early0).
+    match e.lookup("early0").unwrap().stamp {
+        1 => check(&e, "early0", 1, &early[0]),
+        _ => check(&e, "early0", 2, newer0),
+    }
+    for (i, bytes) in early.iter().enumerate().skip(1) {
+        check(&e, &format!("early{i}"), 1, bytes);
+    }
+    // In the torn round: whole or absent.
+    for (i, bytes) in late.iter().enumerate() {
+        if e.lookup(LATE[i]).is_some() || whole {
+            check(&e, LATE[i], 1, bytes);
+        }
+    }
+    if whole {
+        assert!(e.recovery_warnings().is_empty());
+        assert_eq!(e.manifest_state("ckpt"), Some(false));
+    }
+    // The tail was cut off: what is synced now survives the next reopen.
+    put(&e, 0, "after", 1, b"after the crash", 4);
+    e.sync().unwrap();
+    drop(e);
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    check(&e, "after", 1, b"after the crash");
+}
+
+#[test]
+fn garbage_after_the_last_record_is_cut_off() {
+    let mut bad_crc_frame = Vec::new();
+    bad_crc_frame.extend_from_slice(&9u32.to_le_bytes());
+    bad_crc_frame.extend_from_slice(&0x1234_5678u32.to_le_bytes());
+    bad_crc_frame.extend_from_slice(&[5, 1, 0, 0, 0, 0, 0, 0, 0]);
+    let tails: Vec<Vec<u8>> = vec![
+        vec![0u8; 100],
+        vec![0xFF; 100],
+        data(77, 1000),
+        bad_crc_frame,
+        u32::MAX.to_le_bytes().to_vec(),
+        vec![1, 2, 3],
+    ];
+    for tail in tails {
+        let dir = tempfile::tempdir().unwrap();
+        let a = data(5, 3000);
+        {
+            let e = Engine::open(dir.path(), opts(4096)).unwrap();
+            put(&e, 0, "a", 1, &a, 1000);
+            e.sync().unwrap();
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join(INDEX))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &tail).unwrap();
+        drop(f);
+        {
+            let e = Engine::open(dir.path(), opts(4096)).unwrap();
+            assert_eq!(
+                e.recovery_warnings().len(),
+                1,
+                "{:?}",
+                e.recovery_warnings()
+            );
+            check(&e, "a", 1, &a);
+            put(&e, 1, "b", 1, b"bbb", 2);
+            e.sync().unwrap();
+        }
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        assert!(e.recovery_warnings().is_empty());
+        check(&e, "a", 1, &a);
+        check(&e, "b", 1, b"bbb");
+    }
+}
+
+#[test]
+fn a_bad_index_header_is_reported_not_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Engine::open(dir.path(), opts(4096)).unwrap());
+    let path = dir.path().join(INDEX);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[0] = b'X';
+    std::fs::write(&path, &bytes).unwrap();
+    match Engine::open(dir.path(), opts(4096)) {
+        Err(Error::Corrupt { what }) => assert!(what.contains("bad magic"), "{what}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("opened an index with a bad magic"),
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
+
+#[test]
+fn a_flipped_bit_in_an_arena_is_detected_by_read_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = data(6, 10_000);
+    let b = data(7, 3000);
+    let e = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    let va = put(&e, 0, "a", 1, &a, 4000);
+    let vb = put(&e, 1, "b", 1, &b, 4000);
+    e.sync().unwrap();
+    // a is alone at the start of the first arena: bytes 4000..8000 are its second extent.
+    let first = e.lock_arena_of(va);
+    let path = dir.path().join(arena_name(first));
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut byte = [0u8; 1];
+    f.read_exact_at(&mut byte, 5000).unwrap();
+    byte[0] ^= 0x10;
+    f.write_all_at(&byte, 5000).unwrap();
+    drop(f);
+    let mut buf = vec![0u8; 10_000];
+    match e.read_at(va, 0, &mut buf) {
+        Err(Error::Corrupt { what }) => {
+            assert!(what.contains("checksum mismatch"), "{what}");
+            assert!(what.contains(&arena_name(first)), "{what}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // A read inside the bad extent checks all of it; reads of other extents are fine.
+    assert!(matches!(
+        e.read_at(va, 4500, &mut buf[..10]),
+        Err(Error::Corrupt { .. })
+    ));
+    assert_eq!(e.read_at(va, 0, &mut buf[..4000]).unwrap(), 4000);
+    assert!(buf[..4000] == a[..4000]);
+    assert_eq!(e.read_at(va, 8000, &mut buf).unwrap(), 2000);
+    assert!(read_all(&e, vb) == b);
+}
+
+impl Engine {
+    /// The arena holding the version's first extent (tests only).
+    fn lock_arena_of(&self, v: VersionId) -> u32 {
+        lock(&self.state).m.versions[&v.0].extents[0].arena
+    }
+}
+
+#[test]
+fn capacity_limit_gives_full_and_the_engine_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(
+        dir.path(),
+        EngineOptions {
+            arena_size: 4096,
+            capacity: Some(10_000),
+            writers: 1,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let a = data(8, 4000);
+    let b = data(9, 4000);
+    let va = put(&e, 0, "a", 1, &a, 1000);
+    put(&e, 0, "b", 1, &b, 1000);
+    e.sync().unwrap();
+    let c = e.begin_version("c", 1, 4000).unwrap();
+    e.append(0, c, 0, &[1u8; 1000]).unwrap();
+    e.append(0, c, 1000, &[1u8; 1000]).unwrap();
+    let err = e.append(0, c, 2000, &[1u8; 1000]).unwrap_err();
+    match &err {
+        Error::Full { what } => assert!(
+            what.contains("is full") && what.contains(&dir.path().display().to_string()),
+            "{what}"
+        ),
+        other => panic!("expected Full, got {other}"),
+    }
+    assert!(err.to_string().contains("9.8 KiB of 9.8 KiB"), "{err}");
+    // Reads and syncs still work; the partial version cannot be sealed.
+    check(&e, "a", 1, &a);
+    check(&e, "b", 1, &b);
+    e.sync().unwrap();
+    match e.seal(c, [0; 32]) {
+        Err(Error::Invalid { what }) => assert!(what.contains("byte 2000"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    e.abandon(c);
+    // Draining a frees its arena; writing works again.
+    e.mark_drained(va).unwrap();
+    assert!(e.usage().arena_bytes <= 6000, "{:?}", e.usage());
+    let d = data(10, 3000);
+    put(&e, 0, "d", 1, &d, 1000);
+    e.sync().unwrap();
+    check(&e, "d", 1, &d);
+    check(&e, "b", 1, &b);
+    assert!(e.usage().arena_bytes <= 10_000);
+}
+
+#[test]
+fn draining_reclaims_arenas_whose_data_is_all_garbage() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    let files: Vec<Vec<u8>> = (0..6).map(|i| data(40 + i, 3000)).collect();
+    let ids: Vec<VersionId> = files
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| put(&e, 0, &format!("f{i}"), 1, bytes, 3000))
+        .collect();
+    // Two small versions sharing an arena on the other slot.
+    let s1 = put(&e, 1, "s1", 1, b"small one", 3);
+    let s2 = put(&e, 1, "s2", 1, b"small two", 3);
+    e.sync().unwrap();
+    assert_eq!(arena_files(dir.path()), 7);
+    for &v in &ids[..4] {
+        e.mark_drained(v).unwrap();
+    }
+    assert_eq!(arena_files(dir.path()), 3);
+    assert!(e.lookup("f0").is_none());
+    assert!(matches!(
+        e.read_at(ids[0], 0, &mut [0u8; 10]),
+        Err(Error::Invalid { .. })
+    ));
+    check(&e, "f4", 1, &files[4]);
+    // The active arena of a slot is kept even when all garbage; a drained version whose
+    // arena remains is still readable and reported drained.
+    e.mark_drained(ids[5]).unwrap();
+    assert_eq!(arena_files(dir.path()), 3);
+    let info = e.lookup("f5").unwrap();
+    assert!(info.drained);
+    assert!(read_all(&e, ids[5]) == files[5]);
+    e.mark_drained(s1).unwrap();
+    assert_eq!(e.usage().live_versions, 2);
+    assert_eq!(e.usage().pending_bytes, 3000 + 9);
+    let d: Vec<VersionId> = e.drainable().into_iter().map(|i| i.id).collect();
+    assert_eq!(d, vec![ids[4], s2]);
+    drop(e);
+    // At open, arenas nothing live references go, whoever was writing them.
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    assert_eq!(arena_files(dir.path()), 2);
+    check(&e, "f4", 1, &files[4]);
+    check(&e, "s2", 1, b"small two");
+    // s1 is drained but shares its arena with s2: still present.
+    assert!(e.lookup("s1").unwrap().drained);
+    assert_eq!(e.usage().arena_files, 2);
+}
+
+#[test]
+fn abandoned_versions_are_reclaimed_without_a_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(
+        dir.path(),
+        EngineOptions {
+            writers: 1,
+            ..opts(4096)
+        },
+    )
+    .unwrap();
+    let v = e.begin_version("gone", 1, 4000).unwrap();
+    e.append(0, v, 0, &data(1, 4000)).unwrap();
+    put(&e, 0, "next", 1, &data(2, 4000), 4000); // rotates: the first arena is now inactive
+    assert_eq!(arena_files(dir.path()), 2);
+    e.abandon(v);
+    assert_eq!(arena_files(dir.path()), 1);
+    assert!(matches!(e.seal(v, [0; 32]), Err(Error::Invalid { .. })));
+    // Beginning it again after abandon starts a fresh version.
+    let v2 = e.begin_version("gone", 1, 4000).unwrap();
+    assert_ne!(v, v2);
+}
+
+#[test]
+fn a_newer_seal_supersedes_and_resends_are_idempotent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d1 = data(50, 3000);
+    let d2 = data(51, 3500);
+    let d0 = data(52, 2000);
+    {
+        let e = Engine::open(
+            dir.path(),
+            EngineOptions {
+                writers: 1,
+                ..opts(4096)
+            },
+        )
+        .unwrap();
+        let v1 = put(&e, 0, "k", 1, &d1, 1000);
+        e.sync().unwrap();
+        // Resend of a sealed version: same id, appends and seal are no-ops.
+        assert_eq!(e.begin_version("k", 1, 3000).unwrap(), v1);
+        e.append(0, v1, 0, &[0u8; 1000]).unwrap();
+        e.seal(v1, [0; 32]).unwrap();
+        check(&e, "k", 1, &d1);
+
+        let v2 = e.begin_version("k", 2, d2.len() as u64).unwrap();
+        e.append(0, v2, 0, &d2[..2000]).unwrap();
+        // Resend after a reconnect: same id, overlapping ranges.
+        assert_eq!(e.begin_version("k", 2, d2.len() as u64).unwrap(), v2);
+        e.append(0, v2, 1000, &d2[1000..3000]).unwrap();
+        e.append(0, v2, 500, &d2[500..3500]).unwrap();
+        e.seal(v2, hash(&d2)).unwrap();
+        assert_eq!(e.lookup("k").unwrap().id, v2);
+        let d: Vec<VersionId> = e.drainable().into_iter().map(|i| i.id).collect();
+        assert_eq!(d, vec![v2]);
+        // v1 fills the first arena, v2's extents went to the next two.
+        assert_eq!(arena_files(dir.path()), 3);
+        e.sync().unwrap();
+        // v1's arena is rotated and all garbage now that v2's seal is durable.
+        assert_eq!(arena_files(dir.path()), 2);
+        assert!(matches!(
+            e.read_at(v1, 0, &mut [0u8; 4]),
+            Err(Error::Invalid { .. })
+        ));
+        // An older stamp sealed late is superseded at once.
+        let v0 = put(&e, 0, "k", 0, &d0, 1000);
+        assert_eq!(e.lookup("k").unwrap().id, v2);
+        assert_eq!(e.drainable().len(), 1);
+        assert_eq!(e.begin_version("k", 0, 2000).unwrap(), v0);
+        e.sync().unwrap();
+        check(&e, "k", 2, &d2);
+    }
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    check(&e, "k", 2, &d2);
+    assert_eq!(e.drainable().len(), 1);
+    assert_eq!(e.usage().pending_bytes, d2.len() as u64);
+}
+
+#[test]
+fn invalid_requests_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    let v = e.begin_version("x", 1, 3000).unwrap();
+    assert!(matches!(
+        e.append(0, v, 2500, &[0u8; 501]),
+        Err(Error::Invalid { .. })
+    ));
+    e.append(0, v, 0, &[1u8; 1000]).unwrap();
+    e.append(0, v, 2000, &[1u8; 1000]).unwrap();
+    match e.seal(v, [0; 32]) {
+        Err(Error::Invalid { what }) => assert!(what.contains("byte 1000"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        e.read_at(v, 0, &mut [0u8; 4]),
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(
+        e.begin_version("x", 1, 4000),
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(
+        e.begin_version("", 1, 4),
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(
+        e.append(0, VersionId(999_999_999), 0, b"x"),
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(e.mark_drained(v), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        e.mark_manifest_done(12345),
+        Err(Error::Invalid { .. })
+    ));
+}
+
+fn manifest(name: &str, n: usize) -> Manifest {
+    Manifest {
+        checkpoint: name.into(),
+        single_file: n == 1,
+        files: (0..n)
+            .map(|i| ManifestFile {
+                path: format!("rank{i}.dat"),
+                size: i as u64 * 100,
+                blake3: [i as u8; 32],
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn manifests_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m1, m2b);
+    {
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        m1 = e.record_manifest(manifest("ckpt.1", 1)).unwrap();
+        let m2 = e.record_manifest(manifest("ckpt.2", 3)).unwrap();
+        e.sync().unwrap();
+        e.mark_manifest_done(m1).unwrap();
+        // Recording the same checkpoint again replaces the older manifest.
+        m2b = e.record_manifest(manifest("ckpt.2", 5)).unwrap();
+        assert!(m2b > m2);
+        e.sync().unwrap();
+        e.record_manifest(manifest("ckpt.3", 2)).unwrap(); // never synced
+        assert_eq!(e.pending_manifests().len(), 2);
+    }
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    assert_eq!(e.pending_manifests(), vec![(m2b, manifest("ckpt.2", 5))]);
+    assert_eq!(e.manifest_state("ckpt.1"), Some(true));
+    assert_eq!(e.manifest_state("ckpt.2"), Some(false));
+    assert_eq!(e.manifest_state("ckpt.3"), None);
+    e.mark_manifest_done(m2b).unwrap();
+    assert!(e.pending_manifests().is_empty());
+    let m3 = e.record_manifest(manifest("ckpt.3", 2)).unwrap();
+    assert!(m3 > m2b);
+}
+
+#[test]
+fn compaction_keeps_the_index_small_and_the_state_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = || EngineOptions {
+        index_compact_bytes: 4096,
+        ..opts(8192)
+    };
+    let mut last_id = 0;
+    let mut expected: Vec<(String, u64, Vec<u8>)> = Vec::new();
+    {
+        let e = Engine::open(dir.path(), o()).unwrap();
+        for round in 0..30u64 {
+            for k in 0..8u64 {
+                let key = format!("k{k}");
+                let bytes = data(round * 100 + k, 100 + (k as usize) * 50);
+                let v = put(&e, k as usize, &key, round, &bytes, 64);
+                last_id = v.0;
+                // Half the keys get drained each round: their versions become garbage.
+                if k % 2 == 0 {
+                    e.mark_drained(v).unwrap();
+                }
+            }
+            let m = e
+                .record_manifest(manifest(&format!("ckpt.{round}"), 2))
+                .unwrap();
+            if round % 3 != 0 {
+                e.mark_manifest_done(m).unwrap();
+            }
+            e.sync().unwrap();
+            assert!(
+                e.usage().index_bytes < 4 * 4096,
+                "round {round}: index is {} bytes",
+                e.usage().index_bytes
+            );
+        }
+        for k in (1..8u64).step_by(2) {
+            expected.push((format!("k{k}"), 29, data(2900 + k, 100 + (k as usize) * 50)));
+        }
+        for (key, stamp, bytes) in &expected {
+            check(&e, key, *stamp, bytes);
+        }
+        assert_eq!(e.usage().live_versions, 4);
+    }
+    assert!(!dir.path().join(INDEX_TMP).exists());
+    let e = Engine::open(dir.path(), o()).unwrap();
+    assert!(
+        e.recovery_warnings().is_empty(),
+        "{:?}",
+        e.recovery_warnings()
+    );
+    for (key, stamp, bytes) in &expected {
+        check(&e, key, *stamp, bytes);
+    }
+    assert_eq!(e.usage().live_versions, 4);
+    assert!(e.lookup("k0").map_or(true, |i| i.drained));
+    let pending: Vec<String> = e
+        .pending_manifests()
+        .into_iter()
+        .map(|(_, m)| m.checkpoint)
+        .collect();
+    let want: Vec<String> = (0..30).step_by(3).map(|r| format!("ckpt.{r}")).collect();
+    assert_eq!(pending, want);
+    assert_eq!(e.manifest_state("ckpt.1"), Some(true));
+    assert!(e.begin_version("new", 1, 1).unwrap().0 > last_id);
+}
+
+#[test]
+fn a_leftover_compaction_temp_file_is_ignored_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = data(60, 2000);
+    {
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        put(&e, 0, "a", 1, &a, 500);
+        e.sync().unwrap();
+    }
+    std::fs::write(dir.path().join(INDEX_TMP), b"CASCIDX1 half a snapshot").unwrap();
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    assert!(!dir.path().join(INDEX_TMP).exists());
+    check(&e, "a", 1, &a);
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    match Engine::open(dir.path(), opts(4096)) {
+        Err(err @ Error::Locked { .. }) => assert!(err.to_string().contains("in use"), "{err}"),
+        Err(err) => panic!("expected Locked, got {err}"),
+        Ok(_) => panic!("opened twice"),
+    }
+    drop(e);
+    Engine::open(dir.path(), opts(4096)).unwrap();
+}
+
+#[test]
+fn a_missing_arena_drops_its_versions_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let (va, b) = {
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        let va = put(&e, 0, "a", 1, &data(70, 3000), 1000);
+        let b = data(71, 3000);
+        put(&e, 1, "b", 1, &b, 1000);
+        e.sync().unwrap();
+        (e.lock_arena_of(va), b)
+    };
+    std::fs::remove_file(dir.path().join(arena_name(va))).unwrap();
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    let w = e.recovery_warnings();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains(&arena_name(va)), "{w:?}");
+    assert!(e.lookup("a").is_none());
+    check(&e, "b", 1, &b);
+}
