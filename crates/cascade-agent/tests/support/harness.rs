@@ -667,3 +667,207 @@ impl Drop for Gw {
         self.stop();
     }
 }
+
+/// A staging server, `cascade stage-server -v`, on 127.0.0.1 (tests/staging.rs): started on
+/// any free port (the one it reports is kept), killed and restarted on the same port and
+/// arena directory, its status read with the shared secret over one kept connection.
+pub struct StageServer {
+    pub daemon: Daemon,
+    /// 127.0.0.1:PORT
+    pub addr: String,
+    pub dir: PathBuf,
+    pub drain_to: String,
+    secret: String,
+    extra: Vec<String>,
+    /// Stderr lines of earlier incarnations (before a kill or restart).
+    earlier: Vec<String>,
+    conn: Mutex<Option<cascade_staging::Connection>>,
+}
+
+impl StageServer {
+    /// Starts a server with arenas in `dir` draining to `drain_to`, requiring `secret`;
+    /// `extra` are more arguments (`--ssd-capacity 32MiB`). Returns once it listens.
+    pub fn start(
+        env: &Env,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        extra: &[&str],
+    ) -> StageServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let daemon = Self::spawn(env, "127.0.0.1:0", dir, drain_to, secret, &extra);
+        let line = daemon
+            .lines()
+            .into_iter()
+            .find(|l| l.contains("listening on"))
+            .unwrap_or_default();
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in the start line {line:?}"))
+            .to_string();
+        StageServer {
+            daemon,
+            addr,
+            dir: dir.to_path_buf(),
+            drain_to: drain_to.to_string(),
+            secret: secret.to_string(),
+            extra,
+            earlier: Vec::new(),
+            conn: Mutex::new(None),
+        }
+    }
+
+    fn spawn(
+        env: &Env,
+        listen: &str,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        extra: &[String],
+    ) -> Daemon {
+        let mut cmd = env.cli();
+        cmd.args([
+            "stage-server",
+            "-v",
+            "--listen",
+            listen,
+            "--drain-to",
+            drain_to,
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .env("CASCADE_STAGING_SECRET", secret);
+        let mut d = Daemon::spawn(
+            cmd,
+            &format!("cascade stage-server (dir {})", dir.display()),
+        );
+        d.wait_line("its start line", Duration::from_secs(30), |l| {
+            l.starts_with("cascade stage-server: listening on ")
+        });
+        d
+    }
+
+    /// The start line of the running incarnation ("... recovered: N file(s) ...").
+    pub fn start_line(&self) -> String {
+        self.daemon
+            .lines()
+            .into_iter()
+            .find(|l| l.starts_with("cascade stage-server: listening on "))
+            .unwrap_or_default()
+    }
+
+    /// SIGKILL (the arenas and index stay as the crash left them), then reap.
+    pub fn kill9(&mut self) -> ExitStatus {
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.daemon.kill9()
+    }
+
+    /// Starts the server again on the same port and directory, draining to `drain_to`
+    /// (after [`StageServer::kill9`], or killing the running one first).
+    pub fn restart(&mut self, env: &Env, drain_to: &str) {
+        if self.daemon.alive() {
+            self.kill9();
+        }
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let d = Self::spawn(
+            env,
+            &self.addr,
+            &self.dir,
+            drain_to,
+            &self.secret,
+            &self.extra,
+        );
+        let old = std::mem::replace(&mut self.daemon, d);
+        self.earlier.extend(old.lines());
+        self.earlier.push("--- restarted ---".to_string());
+        self.drain_to = drain_to.to_string();
+    }
+
+    /// Every stderr line of every incarnation.
+    pub fn log(&self) -> String {
+        let mut all = self.earlier.clone();
+        all.extend(self.daemon.lines());
+        all.join("\n")
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&mut cascade_staging::Connection) -> cascade_staging::Result<T>,
+    ) -> cascade_staging::Result<T> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if conn.is_none() {
+            let mut opts = cascade_staging::ClientOptions::new(&self.secret);
+            opts.connect_timeout = Duration::from_secs(2);
+            opts.io_timeout = Duration::from_secs(30);
+            *conn = Some(cascade_staging::Connection::connect(&self.addr, &opts)?);
+        }
+        let result = f(conn.as_mut().expect("connected"));
+        if result.is_err() {
+            *conn = None;
+        }
+        result
+    }
+
+    /// The server's status (its Status reply), or the error reaching it.
+    pub fn try_status(&self) -> cascade_staging::Result<cascade_staging::ServerStatus> {
+        self.with_conn(|c| c.status())
+    }
+
+    pub fn status(&self) -> cascade_staging::ServerStatus {
+        self.try_status()
+            .unwrap_or_else(|e| panic!("status of {}: {e}\nits stderr:\n{}", self.addr, self.log()))
+    }
+
+    /// What the server holds of `key` (a file's durable name): level, stamp, size, BLAKE3.
+    pub fn pull_file(&self, key: &str) -> cascade_staging::protocol::PullState {
+        self.with_conn(|c| c.pull(&[(cascade_staging::protocol::PullKind::File, key)]))
+            .unwrap_or_else(|e| panic!("pull {key} from {}: {e}", self.addr))
+            .remove(0)
+    }
+}
+
+/// A tmpfs mounted on a directory of the test (a small, really full SSD); unmounted on drop.
+/// Needs root (the tests run as root in CI).
+pub struct Tmpfs {
+    pub dir: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` ("64m") on `dir` (created); the reason if that is not possible.
+    pub fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount -t tmpfs on {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: a process still holding a file there (a server being killed) does not keep
+        // the mount around.
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
