@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Plots for bench/results/node-store.json (the chunk-size sweep and the spill-over curve) and
-bench/results/interposition.json (calls per second and bandwidth by write size).
+"""Plots for bench/results/node-store.json (the chunk-size sweep and the spill-over curve),
+bench/results/interposition.json (calls per second and bandwidth by write size) and
+bench/results/staging.json (staging throughput by writer processes and servers).
 
 usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
-Writes chunk-sweep.png and spill-over.png, or interposition-sweep.png, next to the JSON (or
-into OUT_DIR).
+Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, or staging-throughput.png,
+next to the JSON (or into OUT_DIR).
 """
 
 import json
@@ -177,6 +178,53 @@ def plot_interposition(rep, out):
     return path
 
 
+def plot_staging(rep, out):
+    rows = [r for r in rep["results"].get("throughput", []) if ok(r)]
+    if not rows:
+        return None
+    base = {b["name"]: b["gbps"]["median"] for b in rep["results"].get("baselines", [])}
+    cores = rep.get("machine", {}).get("cores", "?")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.8), sharey=True)
+    procs = sorted({r["procs"] for r in rows})
+    for i, k in enumerate(sorted({r["servers"] for r in rows})):
+        rs = sorted((r for r in rows if r["servers"] == k), key=lambda r: r["procs"])
+        xs = [r["procs"] for r in rs]
+        med, err = errbars([r["gbps"] for r in rs])
+        lab = f"{k} server{'s' if k > 1 else ''}"
+        ax1.errorbar(xs, med, yerr=err, marker="o", capsize=3, color=f"C{i}", label=lab)
+        ab = [r for r in rs if r.get("absorb_gbps")]
+        if ab:
+            med, err = errbars([r["absorb_gbps"] for r in ab])
+            ax2.errorbar([r["procs"] for r in ab], med, yerr=err, marker="s", capsize=3,
+                         color=f"C{i}", label=lab)
+    for name, style in (("fio end_fsync", "--"), ("disk write+fsync", ":"),
+                        ("tmpfs", "-.")):
+        if isinstance(base.get(name), (int, float)):
+            for ax in (ax1, ax2):
+                ax.axhline(base[name], color="grey", linestyle=style, linewidth=1,
+                           label=f"{name} (same run)")
+    total = rows[0].get("total_bytes", 0)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(procs)
+        ax.set_xticklabels([str(p) for p in procs])
+        ax.set_xlabel(f"writer processes ({size_label(total)} in all, one file each)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylim(bottom=0)
+    ax1.set_ylabel("aggregate GB/s")
+    ax1.set_title("First write until every file is staged")
+    ax2.set_title("Servers' absorb rate (appending to arenas)")
+    handles, labels_ = ax1.get_legend_handles_labels()
+    fig.legend(handles, labels_, loc="lower center", ncol=3, fontsize=8)
+    fig.suptitle(f"Staging throughput, servers on loopback, {cores} cores in all "
+                 "(median, min-max)")
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    path = os.path.join(out, "staging-throughput.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
@@ -185,6 +233,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     if rep.get("suite") == "interposition":
         plots = (plot_interposition(rep, out),)
+    elif rep.get("suite") == "staging":
+        plots = (plot_staging(rep, out),)
     else:
         plots = (plot_sweep(rep, out), plot_spill(rep, out))
     for path in plots:

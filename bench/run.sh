@@ -3,18 +3,23 @@
 #   node-store.{md,json}, chunk-sweep.png, spill-over.png       (suite node-store)
 #   interposition.{md,json}, interposition-sweep.png            (suite interposition)
 #   durable.{md,json}                                           (suite durable)
-# usage: bench/run.sh [--suite node-store|interposition|durable|all] [ARGS...]
+#   staging.{md,json}, staging-throughput.png                   (suite staging)
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|all] [ARGS...]
 # The suite defaults to all (node-store and interposition, one after the other; durable too
-# when CASCADE_BENCH_DURABLE=1, since it needs root and a network namespace). ARGS go to
-# `cascade-bench run` (node-store), `cascade-bench interposition` or `cascade-bench durable`;
-# with --suite all they go to each, so use only options all know there (--out, --quick,
-# --reps; --procs and --size-mib without durable). The durable suite brings the throttled S3
-# store up with bench/netns-s3.sh up first and takes it down at the end. E.g.
+# when CASCADE_BENCH_DURABLE=1 and staging when CASCADE_BENCH_STAGING=1, since they need root
+# and network namespaces). ARGS go to `cascade-bench run` (node-store), `cascade-bench
+# interposition`, `cascade-bench durable` or `cascade-bench staging`; with --suite all they go
+# to each, so use only options all know there (--out, --quick, --reps; --procs and --size-mib
+# with node-store and interposition only). The durable and staging suites bring the throttled
+# S3 store up with bench/netns-s3.sh up first (staging also the servers' namespace with
+# bench/netns-staging.sh up) and take them down at the end. E.g.
 #   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
 #   bench/run.sh --suite node-store --only writes,readback --reps 5
 #   bench/run.sh --suite interposition --only small,meta
 #   bench/run.sh --suite interposition --lib /path/to/libcascade.so
 #   bench/run.sh --suite durable --quick --out /tmp/bench-durable
+#   bench/run.sh --suite staging --quick --out /tmp/bench-staging
+#   bench/run.sh --suite staging --only throughput --procs 1,8 --servers 1,3
 # See bench/README.md.
 set -euo pipefail
 
@@ -37,12 +42,16 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging or all" >&2; exit 2 ;;
 esac
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
     durable=1
+fi
+staging=0
+if [ "$suite" = staging ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_STAGING:-0}" = 1 ]; }; then
+    staging=1
 fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
@@ -58,6 +67,15 @@ if [ "$durable" = 1 ]; then
     # measures the baselines (its cascade rows then say why not).
     cargo build --release -p cascade-cli -p cascade-preload ||
         echo "run.sh: cascade-cli or cascade-preload did not build; the cascade rows may fail" >&2
+fi
+if [ "$staging" = 1 ]; then
+    [ "$(id -u)" = 0 ] || { echo "run.sh: the staging suite needs root (network namespaces)" >&2; exit 1; }
+    cargo build --release -p cascade-cli -p cascade-preload
+    # The disk baselines use fio.
+    if ! command -v fio >/dev/null && command -v apt-get >/dev/null; then
+        echo "run.sh: installing fio for the disk baselines" >&2
+        (apt-get install -y -qq fio || (apt-get update -qq && apt-get install -y -qq fio)) >&2 || true
+    fi
 fi
 bin=target/release/cascade-bench
 
@@ -96,12 +114,20 @@ trap on_signal INT TERM
 # the suite's node store, which an interrupted run leaves behind).
 netns_down() {
     CASCADE_STORE=/cascade-bench-durable target/release/cascade destroy --force >/dev/null 2>&1 || true
+    if [ "$staging" = 1 ]; then
+        bench/netns-staging.sh down || true
+    fi
     bench/netns-s3.sh down || true
 }
-if [ "$durable" = 1 ]; then
+if [ "$durable" = 1 ] || [ "$staging" = 1 ]; then
     trap netns_down EXIT
     bench/netns-s3.sh up >/dev/null
     eval "$(bench/netns-s3.sh env)"
+fi
+if [ "$staging" = 1 ]; then
+    # The staging servers' namespace (10 Gbit/s link), routed to the S3 namespace.
+    bench/netns-staging.sh up
+    eval "$(bench/netns-staging.sh env)"
 fi
 
 # Runs one suite (`cascade-bench SUBCOMMAND ARGS...`), then its plots.
@@ -139,5 +165,9 @@ fi
 if [ "$durable" = 1 ]; then
     run_suite durable durable.json
     echo "results: $out/durable.md"
+fi
+if [ "$staging" = 1 ]; then
+    run_suite staging staging.json
+    echo "results: $out/staging.md"
 fi
 trap - INT TERM

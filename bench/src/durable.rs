@@ -220,7 +220,7 @@ struct TcQdisc {
 
 /// (rate bytes/s, "tbf 1000 Mbit/s, burst 250000 B, latency 50 ms") of the tbf qdisc on a
 /// device (in a namespace when given).
-fn tbf_of(netns: Option<&str>, dev: Option<&str>) -> Option<(f64, String)> {
+pub(crate) fn tbf_of(netns: Option<&str>, dev: Option<&str>) -> Option<(f64, String)> {
     let mut c = Command::new("tc");
     if let Some(ns) = netns {
         c.args(["-n", ns]);
@@ -247,7 +247,7 @@ fn tbf_of(netns: Option<&str>, dev: Option<&str>) -> Option<(f64, String)> {
     ))
 }
 
-fn offloads_of(dev: &str) -> String {
+pub(crate) fn offloads_of(dev: &str) -> String {
     let Ok(out) = Command::new("ethtool").args(["-k", dev]).output() else {
         return "unknown (no ethtool)".into();
     };
@@ -271,7 +271,7 @@ fn offloads_of(dev: &str) -> String {
 }
 
 /// The S3 endpoint's address (the link test's receiver binds it inside the namespace).
-fn endpoint_ip(url: &str) -> Res<IpAddr> {
+pub(crate) fn endpoint_ip(url: &str) -> Res<IpAddr> {
     let Ok(Spec::S3(s3)) = Spec::parse(url) else {
         return err("the durable URL is not an s3:// URL");
     };
@@ -300,7 +300,7 @@ fn endpoint_ip(url: &str) -> Res<IpAddr> {
 /// moved itself into `netns` (setns affects only the calling thread), bound to `ip`. The
 /// clock runs from the connect until the receiver has acknowledged the byte count. Returns
 /// the seconds.
-fn linktest(netns: &str, ip: IpAddr, src: &[u8], bytes: u64) -> Res<f64> {
+pub(crate) fn linktest(netns: &str, ip: IpAddr, src: &[u8], bytes: u64) -> Res<f64> {
     let ns_path = format!("/run/netns/{netns}");
     let ns = std::fs::File::open(&ns_path).ctx(|| format!("opening {ns_path}"))?;
     let (tx, rx) = std::sync::mpsc::channel::<Res<u16>>();
@@ -440,14 +440,14 @@ fn measure_link(o: &DOpts, src: &[u8]) -> Link {
 
 /// Before every measurement: flush dirty pages (the S3 server and the disk baseline leave up
 /// to a GiB of them) and wait for an idle machine.
-fn settle() {
+pub(crate) fn settle() {
     // SAFETY: sync(2) has no arguments and cannot fail.
     unsafe { libc::sync() };
     util::settle();
 }
 
 /// Removes every object under `ckpt/` in the durable store.
-fn clear_remote(store: &DurableStore, ckpt: &str) -> Res<()> {
+pub(crate) fn clear_remote(store: &DurableStore, ckpt: &str) -> Res<()> {
     for obj in store.list(ckpt).ctx(|| format!("listing {ckpt}/"))? {
         store
             .delete(&obj.path)
@@ -459,14 +459,14 @@ fn clear_remote(store: &DurableStore, ckpt: &str) -> Res<()> {
 /// Samples the bytes the host end of the link has sent (its tx_bytes counter, i.e. what tbf
 /// let through) every 2 ms on a thread of its own, to tell when an upload's data was on the
 /// wire and how long the rest took.
-struct WireWatch {
+pub(crate) struct WireWatch {
     stop: Arc<AtomicBool>,
     handle: std::thread::JoinHandle<Vec<(u64, u64)>>,
 }
 
 impl WireWatch {
     /// None when the device has no such counter (another URL than netns-s3.sh's).
-    fn start(dev: &str) -> Option<WireWatch> {
+    pub(crate) fn start(dev: &str) -> Option<WireWatch> {
         let path = format!("/sys/class/net/{dev}/statistics/tx_bytes");
         let read =
             move || -> Option<u64> { std::fs::read_to_string(&path).ok()?.trim().parse().ok() };
@@ -491,7 +491,7 @@ impl WireWatch {
 
     /// (when the counter first rose by more than 64 KiB, when it reached 99 % of its whole
     /// rise), CLOCK_MONOTONIC ns; None if it hardly moved.
-    fn finish(self) -> Option<(u64, u64)> {
+    pub(crate) fn finish(self) -> Option<(u64, u64)> {
         self.stop.store(true, Ordering::Relaxed);
         let v = self.handle.join().ok()?;
         let (first, last) = (v.first()?.1, v.last()?.1);
@@ -510,7 +510,12 @@ impl WireWatch {
 
 /// One direct-s3 upload, in seconds: the whole call, and when 99 % of the bytes the link
 /// carried during it had gone through (None without a counter).
-fn direct_s3(store: &DurableStore, data: &[u8], ckpt: &str, dev: &str) -> Res<(f64, Option<f64>)> {
+pub(crate) fn direct_s3(
+    store: &DurableStore,
+    data: &[u8],
+    ckpt: &str,
+    dev: &str,
+) -> Res<(f64, Option<f64>)> {
     clear_remote(store, ckpt)?;
     settle();
     let watch = WireWatch::start(dev);
@@ -529,7 +534,7 @@ fn direct_s3(store: &DurableStore, data: &[u8], ckpt: &str, dev: &str) -> Res<(f
 }
 
 /// (write seconds, write + fsync + close seconds).
-fn direct_dir(dir: &Path, data: &[u8], piece: usize) -> Res<(f64, f64)> {
+pub(crate) fn direct_dir(dir: &Path, data: &[u8], piece: usize) -> Res<(f64, f64)> {
     std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
     let path = dir.join("data.bin");
     let _ = std::fs::remove_file(&path);
@@ -553,7 +558,7 @@ fn direct_dir(dir: &Path, data: &[u8], piece: usize) -> Res<(f64, f64)> {
 }
 
 /// The checkpoint writer run under `cascade run` (compiled with cc at the start of the run).
-const WRITER_C: &str = r#"
+pub(crate) const WRITER_C: &str = r#"
 /* ckptwriter PATH SIZE PIECE DATAFILE cli|lib CASCADE CKPT
  * Writes SIZE bytes of DATAFILE (mapped and pre-faulted before the clock starts) to PATH
  * (creating its directory) with write(2) in PIECE-byte calls and closes it. Then commits the
@@ -662,11 +667,11 @@ int main(int argc, char **argv) {
 "#;
 
 #[derive(Deserialize)]
-struct WriterOut {
-    start_ns: u64,
-    written_ns: u64,
-    committed_ns: u64,
-    start_unix_ns: u64,
+pub(crate) struct WriterOut {
+    pub(crate) start_ns: u64,
+    pub(crate) written_ns: u64,
+    pub(crate) committed_ns: u64,
+    pub(crate) start_unix_ns: u64,
 }
 
 /// One cascade measurement, in seconds.
@@ -683,13 +688,13 @@ struct CascadeSample {
     wire_end: Option<f64>,
 }
 
-fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = text.lines().collect();
     v[v.len().saturating_sub(lines)..].join(" | ")
 }
 
-fn one_line(b: &[u8]) -> String {
+pub(crate) fn one_line(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(b);
     let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
     v[v.len().saturating_sub(3)..].join(" | ")
@@ -1597,7 +1602,7 @@ fn markdown(rep: &Report) -> String {
 }
 
 /// CPU time (utime + stime, clock ticks) of the S3 server, from /run/cascade-s3.pid.
-fn server_ticks() -> Option<u64> {
+pub(crate) fn server_ticks() -> Option<u64> {
     let pid = std::fs::read_to_string("/run/cascade-s3.pid").ok()?;
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
     let after = stat.rsplit_once(')')?.1;
@@ -1609,7 +1614,7 @@ fn server_ticks() -> Option<u64> {
 }
 
 /// "versitygw, posix backend on ext4 on /dev/vda (...)" from the server's command line.
-fn s3_server() -> String {
+pub(crate) fn s3_server() -> String {
     let pid = std::fs::read_to_string("/run/cascade-s3.pid").unwrap_or_default();
     let pid = pid.trim();
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -1638,7 +1643,7 @@ fn s3_server() -> String {
 }
 
 /// "path (modified ...)", or "path (missing)".
-fn describe(p: &Path) -> String {
+pub(crate) fn describe(p: &Path) -> String {
     if p.is_file() {
         crate::describe_file(&std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()))
     } else {
@@ -1647,7 +1652,7 @@ fn describe(p: &Path) -> String {
 }
 
 /// The arguments of this run, with the value of --url (it holds the S3 secret) left out.
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     let mut out: Vec<String> = Vec::new();
     let mut hide_next = false;
     for arg in std::env::args().skip(2) {

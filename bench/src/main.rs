@@ -13,6 +13,7 @@ mod harness;
 mod preload;
 mod preload_report;
 mod report;
+mod staging;
 mod util;
 
 use benches::{Bench, Opts};
@@ -41,6 +42,10 @@ enum Cmd {
     /// Run the durable-store benchmark (needs bench/netns-s3.sh up); write durable.md and
     /// durable.json into --out.
     Durable(Box<durable::DurableArgs>),
+    /// Run the staging-server (L1) benchmark (needs root; the checkpoint part needs
+    /// bench/netns-s3.sh and bench/netns-staging.sh up); write staging.md and staging.json
+    /// into --out.
+    Staging(Box<staging::StagingArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -488,6 +493,7 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run(*a),
         Cmd::Interposition(a) => run_interposition(*a),
         Cmd::Durable(a) => durable::run(*a),
+        Cmd::Staging(a) => staging::run(*a),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
             for what in cleanup(pid, &dir) {

@@ -1,0 +1,2850 @@
+//! `cascade-bench staging`: the staging servers (L1) against baselines measured in the same
+//! run. Writes staging.md and staging.json (bench/plot.py draws staging-throughput.png from
+//! it). See bench/README.md.
+//!
+//! Three parts, each a real `cascade stage-server` (one process per server, its own arena
+//! directory on local disk) fed by a real node agent (`cascade agent --staging ...`) from a
+//! node store written by C programs under `cascade run` (LD_PRELOAD):
+//! - ssd: raw write bandwidth of the disk under the arenas (fio: fsync at the end, fdatasync
+//!   every 256 MiB as the server's Syncs, O_DIRECT; write(2) + fsync), memcpy and tmpfs
+//!   write(2), against one big stream (1 writer, 1 file, 1 server) from its first write until
+//!   the file is staged; in turns within each repetition.
+//! - throughput (paper 004, Figures 3-4): N writer processes (1, 2, 4, 8) each write one file
+//!   of total/N bytes into the node store at a common start; 1, 2 or 3 servers on loopback;
+//!   aggregate GB/s from the first write until every file is staged (on a server's SSD). The
+//!   servers drain to a directory in /dev/shm, and each point waits until they have drained,
+//!   so the next one starts with idle servers.
+//! - checkpoint (paper 004's 8.3x): the application's stall writing a checkpoint straight to
+//!   the throttled S3 store of bench/netns-s3.sh (1 Gbit/s) against Cascade with one staging
+//!   server in the network namespace of bench/netns-staging.sh (10 Gbit/s link) draining to
+//!   that S3 store, and against Cascade without staging (the agent uploads to S3): stall
+//!   (write + close + cascade_commit()), time until safe from the loss of the node (staged)
+//!   and until durable.
+//!
+//! "Staged" is read from the node store itself: a thread of the bench attaches the store and
+//! looks at the files' life cycle state (`Store::life_tree`) every 2 ms; a file is staged once
+//! `LifeEntry::safe()` (the agent recorded the server's acknowledgement after its fdatasync, or
+//! the file is durable), a checkpoint once `checkpoint_safe()` (its file list accepted by a
+//! server) — the predicates `cascade wait --level staged` uses. The checkpoint part also runs
+//! `cascade wait --level staged` and `--level durable` and reports when they returned.
+
+use crate::durable::{self, WireWatch, WriterOut, WRITER_C};
+use crate::report::{machine_table, utc_string};
+use crate::util::{
+    self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Interference, Machine,
+    Res, Stats, MIB,
+};
+use cascade_durable::{DurableStore, Spec};
+use cascade_staging::{ClientOptions, Connection, ServerStatus};
+use cascade_store::{FileKind, Store};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Parts of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    /// Disk, memcpy and tmpfs baselines against one big stream into one server.
+    Ssd,
+    /// Aggregate staging throughput by writer processes and servers.
+    Throughput,
+    /// Checkpoint stall and time until staged / durable against direct S3 (needs the netns).
+    Checkpoint,
+}
+
+#[derive(clap::Args)]
+pub struct StagingArgs {
+    /// Directory for staging.md and staging.json.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Quick run: 256 MiB per throughput point, processes 1,4, servers 1,2, one 64 MiB
+    /// checkpoint, 1 repetition. Explicit flags override.
+    #[arg(long)]
+    quick: bool,
+    /// Parts to run (all when not given).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median [default: 3; --quick: 1].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Writer processes of the throughput part [default: 1,2,4,8; --quick: 1,4].
+    #[arg(long, value_delimiter = ',')]
+    procs: Option<Vec<usize>>,
+    /// Staging servers of the throughput part [default: 1,2,3; --quick: 1,2].
+    #[arg(long, value_delimiter = ',')]
+    servers: Option<Vec<usize>>,
+    /// MiB written per throughput point, split evenly over the writers; also the size of the
+    /// single stream and of the disk baselines [default: 1024; --quick: 256].
+    #[arg(long)]
+    total_mib: Option<u64>,
+    /// Checkpoint sizes of the checkpoint part in MiB [default: 256,1024; --quick: 64].
+    #[arg(long, value_delimiter = ',')]
+    sizes_mib: Option<Vec<u64>>,
+    /// Directory on local disk for the servers' arenas and the disk baselines.
+    #[arg(long, default_value = "/var/tmp")]
+    arena_dir: PathBuf,
+    /// Seconds to wait for a point to be staged or drained.
+    #[arg(long, default_value_t = 900)]
+    wait_timeout: u64,
+    /// Bytes per write(2) call of the writers, in MiB.
+    #[arg(long, default_value_t = 8)]
+    piece_mib: u64,
+    /// First TCP port of the loopback servers (the throughput part uses PORT+10*k+i).
+    #[arg(long, default_value_t = 7180)]
+    port_base: u16,
+    /// The cascade CLI (its libcascade.so next to it).
+    #[arg(long, default_value = "target/release/cascade")]
+    cascade: PathBuf,
+    /// The C compiler for the writer programs.
+    #[arg(long, default_value = "cc")]
+    cc: String,
+    /// fio, for the disk baselines (installed with apt-get by bench/run.sh when missing).
+    #[arg(long, default_value = "fio")]
+    fio: String,
+    /// Mount prefix of the node stores under `cascade run`.
+    #[arg(long, default_value = "/cascade")]
+    mount: String,
+    /// MiB per TCP goodput test over each shaped link; 0 skips them [default: 512; --quick:
+    /// 64].
+    #[arg(long)]
+    linktest_mib: Option<u64>,
+    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
+    #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// Host end of the S3 link, whose tbf rate is its nominal rate.
+    #[arg(long, env = "CASCADE_BENCH_LINK_DEV", default_value = "cs3-host")]
+    link_dev: String,
+    /// Network namespace of the S3 server (for its link test).
+    #[arg(long, env = "CASCADE_BENCH_NETNS", default_value = "cascade-s3")]
+    netns: String,
+    /// Network namespace the checkpoint part's staging server runs in (bench/netns-staging.sh).
+    #[arg(
+        long,
+        env = "CASCADE_BENCH_STAGE_NETNS",
+        default_value = "cascade-stage"
+    )]
+    stage_netns: String,
+    /// Address of the staging server in that namespace.
+    #[arg(long, env = "CASCADE_BENCH_STAGE_IP", default_value = "10.78.0.2")]
+    stage_ip: String,
+    /// Host end of the staging link, whose tbf rate is its nominal rate.
+    #[arg(long, env = "CASCADE_BENCH_STAGE_LINK_DEV", default_value = "cst-host")]
+    stage_link_dev: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SOpts {
+    #[serde(skip)]
+    pub pid: u32,
+    /// The S3 URL with its credentials: never written out.
+    #[serde(skip)]
+    pub url: Option<String>,
+    /// The S3 store without credentials.
+    pub durable: Option<String>,
+    /// The staging secret of this run (random): never written out.
+    #[serde(skip)]
+    pub secret: String,
+    pub parts: Vec<Part>,
+    pub reps: usize,
+    pub procs: Vec<usize>,
+    pub servers: Vec<usize>,
+    pub total: u64,
+    pub sizes: Vec<u64>,
+    pub arena_dir: PathBuf,
+    /// Where the throughput part's servers drain to (tmpfs).
+    pub drain_dir: PathBuf,
+    pub wait_timeout_s: u64,
+    pub piece: u64,
+    pub port_base: u16,
+    pub cascade: PathBuf,
+    pub cc: String,
+    pub fio: String,
+    pub mount: String,
+    pub linktest_bytes: u64,
+    pub link_dev: String,
+    pub netns: String,
+    pub stage_netns: String,
+    pub stage_ip: String,
+    pub stage_link_dev: String,
+    /// fio's fdatasync interval, like the agent's Sync every 256 MiB.
+    pub fio_sync_mib: u64,
+}
+
+fn random_secret() -> String {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    let mut s = format!("bench-{}-", std::process::id());
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+fn build_opts(a: &StagingArgs, pid: u32) -> Res<SOpts> {
+    let q = a.quick;
+    let procs = a
+        .procs
+        .clone()
+        .unwrap_or_else(|| if q { vec![1, 4] } else { vec![1, 2, 4, 8] });
+    let servers = a
+        .servers
+        .clone()
+        .unwrap_or_else(|| if q { vec![1, 2] } else { vec![1, 2, 3] });
+    if procs.is_empty() || procs.contains(&0) || servers.is_empty() || servers.contains(&0) {
+        return err("--procs and --servers need positive counts");
+    }
+    if servers.iter().any(|&k| k > 9) {
+        return err("--servers: at most 9 servers");
+    }
+    let total = a.total_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
+    if total == 0 || procs.iter().any(|&n| total % (n as u64 * MIB) != 0) {
+        return err("--total-mib must be a positive multiple of every process count");
+    }
+    let sizes: Vec<u64> = a
+        .sizes_mib
+        .clone()
+        .unwrap_or_else(|| if q { vec![64] } else { vec![256, 1024] })
+        .into_iter()
+        .map(|m| m * MIB)
+        .collect();
+    if sizes.is_empty() || sizes.contains(&0) {
+        return err("--sizes-mib needs positive sizes");
+    }
+    if a.piece_mib == 0 {
+        return err("--piece-mib must be positive");
+    }
+    if !a.mount.starts_with('/') || a.mount.len() < 2 {
+        return err("--mount must be an absolute path other than /");
+    }
+    let url = a.url.clone().filter(|u| !u.is_empty());
+    let durable = match &url {
+        Some(u) => Some(Spec::parse(u).ctx(|| "--url")?.describe()),
+        None => None,
+    };
+    let parts = if a.only.is_empty() {
+        vec![Part::Ssd, Part::Throughput, Part::Checkpoint]
+    } else {
+        a.only.clone()
+    };
+    Ok(SOpts {
+        pid,
+        url,
+        durable,
+        secret: random_secret(),
+        parts,
+        reps: a.reps.unwrap_or(if q { 1 } else { 3 }).max(1),
+        procs,
+        servers,
+        total,
+        sizes,
+        arena_dir: a.arena_dir.clone(),
+        drain_dir: PathBuf::from(format!("/dev/shm/{}-drain", prefix(pid))),
+        wait_timeout_s: a.wait_timeout,
+        piece: a.piece_mib * MIB,
+        port_base: a.port_base,
+        cascade: a.cascade.clone(),
+        cc: a.cc.clone(),
+        fio: a.fio.clone(),
+        mount: a.mount.trim_end_matches('/').to_string(),
+        linktest_bytes: a.linktest_mib.unwrap_or(if q { 64 } else { 512 }) * MIB,
+        link_dev: a.link_dev.clone(),
+        netns: a.netns.clone(),
+        stage_netns: a.stage_netns.clone(),
+        stage_ip: a.stage_ip.clone(),
+        stage_link_dev: a.stage_link_dev.clone(),
+        fio_sync_mib: 256,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Programs: the writers (C, compiled at the start) and private copies of the CLI and library.
+
+/// N writer processes with a common start, run under `cascade run`.
+const STAGE_WRITER_C: &str = r#"
+/* stagewriter DIR N SIZE PIECE DATAFILE
+ * Forks N writers. Writer K maps bytes K*SIZE..(K+1)*SIZE of DATAFILE (pre-faulted), creates
+ * DIR/rankK.dat, reports ready, waits for the common start, writes its bytes with write(2)
+ * in PIECE-byte calls and closes the file. The parent releases all writers at once (it closes
+ * the write end of a pipe they block on) once every one is ready. Prints one JSON line per
+ * writer, {"rank":K,"start_ns":..,"closed_ns":..}, and then {"start_ns":T} with the release
+ * time; CLOCK_MONOTONIC. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void die(const char *what, const char *arg) {
+    fprintf(stderr, "stagewriter: %s %s: %s\n", what, arg, strerror(errno));
+    exit(1);
+}
+
+static void say(const char *line) {
+    size_t n = strlen(line), done = 0;
+    while (done < n) {
+        ssize_t k = write(1, line + done, n - done);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) exit(1);
+        done += (size_t)k;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: stagewriter DIR N SIZE PIECE DATAFILE\n");
+        return 2;
+    }
+    const char *dir = argv[1], *datafile = argv[5];
+    int n = atoi(argv[2]);
+    size_t size = strtoull(argv[3], NULL, 10), piece = strtoull(argv[4], NULL, 10);
+    if (n <= 0 || size == 0 || piece == 0) {
+        fprintf(stderr, "stagewriter: bad arguments\n");
+        return 2;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
+    int ready[2], go[2];
+    if (pipe(ready) != 0 || pipe(go) != 0) die("pipe", "");
+    for (int k = 0; k < n; k++) {
+        pid_t pid = fork();
+        if (pid < 0) die("fork", "");
+        if (pid > 0) continue;
+        close(ready[0]);
+        close(go[1]);
+        int dfd = open(datafile, O_RDONLY);
+        if (dfd < 0) die("open", datafile);
+        const unsigned char *data = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                                         dfd, (off_t)k * (off_t)size);
+        if (data == MAP_FAILED) die("mmap", datafile);
+        volatile unsigned char sink = 0;
+        for (size_t i = 0; i < size; i += 4096) sink ^= data[i];
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank%d.dat", dir, k);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) die("open", path);
+        if (write(ready[1], "r", 1) != 1) die("write", "ready pipe");
+        char c;
+        while (read(go[0], &c, 1) < 0 && errno == EINTR) {}
+        uint64_t start = now();
+        size_t done = 0;
+        while (done < size) {
+            size_t want = size - done < piece ? size - done : piece;
+            ssize_t w = write(fd, data + done, want);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                die("write", path);
+            }
+            done += (size_t)w;
+        }
+        if (close(fd) != 0) die("close", path);
+        uint64_t closed = now();
+        char line[256];
+        snprintf(line, sizeof line, "{\"rank\":%d,\"start_ns\":%llu,\"closed_ns\":%llu}\n", k,
+                 (unsigned long long)start, (unsigned long long)closed);
+        say(line);
+        _exit(sink == 256);
+    }
+    close(ready[1]);
+    close(go[0]);
+    for (int got = 0; got < n;) {
+        char buf[64];
+        ssize_t k = read(ready[0], buf, sizeof buf);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            fprintf(stderr, "stagewriter: a writer died before it was ready\n");
+            return 1;
+        }
+        got += (int)k;
+    }
+    uint64_t start = now();
+    close(go[1]);
+    int failed = 0;
+    for (int k = 0; k < n; k++) {
+        int st;
+        while (wait(&st) < 0)
+            if (errno != EINTR) die("wait", "");
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
+    }
+    if (failed) {
+        fprintf(stderr, "stagewriter: a writer failed\n");
+        return 1;
+    }
+    char line[128];
+    snprintf(line, sizeof line, "{\"start_ns\":%llu}\n", (unsigned long long)start);
+    say(line);
+    return 0;
+}
+"#;
+
+#[derive(Deserialize)]
+struct RankOut {
+    #[serde(default)]
+    rank: Option<usize>,
+    start_ns: u64,
+    #[serde(default)]
+    closed_ns: Option<u64>,
+}
+
+/// The compiled writers and private copies of the CLI and the library (a rebuild of the
+/// workspace during the run must not swap them).
+struct Programs {
+    bin: PathBuf,
+    stage_writer: PathBuf,
+    ckpt_writer: PathBuf,
+}
+
+fn compile(cc: &str, src_text: &str, out: &Path) -> Res<()> {
+    let src = out.with_extension("c");
+    std::fs::write(&src, src_text).ctx(|| format!("writing {}", src.display()))?;
+    let res = Command::new(cc)
+        .args(["-O2", "-Wall", "-o"])
+        .arg(out)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .ctx(|| format!("running {cc}"));
+    let _ = std::fs::remove_file(&src);
+    let res = res?;
+    if !res.status.success() {
+        return err(format!(
+            "{cc} -O2 {} failed: {}",
+            src.display(),
+            String::from_utf8_lossy(&res.stderr)
+        ));
+    }
+    Ok(())
+}
+
+impl Programs {
+    fn prepare(o: &SOpts) -> Res<Programs> {
+        let base = Path::new("/var/tmp").join(prefix(o.pid));
+        let stage_writer = PathBuf::from(format!("{}-stagewriter", base.display()));
+        let ckpt_writer = PathBuf::from(format!("{}-ckptwriter", base.display()));
+        compile(&o.cc, STAGE_WRITER_C, &stage_writer)?;
+        compile(&o.cc, WRITER_C, &ckpt_writer)?;
+        if !o.cascade.is_file() {
+            return err(format!(
+                "{} does not exist (cargo build --release -p cascade-cli -p cascade-preload)",
+                o.cascade.display()
+            ));
+        }
+        let bin_dir = PathBuf::from(format!("{}-bin", base.display()));
+        std::fs::create_dir_all(&bin_dir).ctx(|| format!("creating {}", bin_dir.display()))?;
+        let bin = bin_dir.join("cascade");
+        std::fs::copy(&o.cascade, &bin)
+            .ctx(|| format!("copying {} to {}", o.cascade.display(), bin.display()))?;
+        let lib = o.cascade.with_file_name("libcascade.so");
+        std::fs::copy(&lib, bin_dir.join("libcascade.so"))
+            .ctx(|| format!("copying {}", lib.display()))?;
+        let missing: Vec<&str> = ["stage-server", "agent", "wait", "run", "rm"]
+            .into_iter()
+            .filter(|sub| {
+                !Command::new(&bin)
+                    .args([sub, "--help"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .collect();
+        if !missing.is_empty() {
+            return err(format!(
+                "{} has no `{}` (`cascade {} --help` fails)",
+                o.cascade.display(),
+                missing.join("`, `"),
+                missing[0]
+            ));
+        }
+        Ok(Programs {
+            bin,
+            stage_writer,
+            ckpt_writer,
+        })
+    }
+
+    /// Whether `cascade wait` knows `--level staged`.
+    fn wait_knows_staged(&self) -> bool {
+        Command::new(&self.bin)
+            .args(["wait", "--help"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("staged"))
+    }
+}
+
+/// A command of the CLI with only the given CASCADE_* settings: those of the caller (another
+/// CASCADE_DURABLE, a CASCADE_FLUSH_EVERY) would change what is measured.
+fn clean_cmd(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CASCADE_") {
+            c.env_remove(key);
+        }
+    }
+    c.env_remove("LD_PRELOAD");
+    c
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    Some((f.get(11)? + f.get(12)?) as f64 / 100.0)
+}
+
+/// Sends SIGTERM to a child and waits up to `secs` for it, then kills it.
+fn terminate(child: &mut Child, what: &str, secs: u64) -> Res<()> {
+    // SAFETY: plain kill(2) of our own child, which has not been reaped yet.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return err(format!("{what} did not exit within {secs} s of SIGTERM"));
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Staging servers and the node side (store + agent).
+
+/// One `cascade stage-server` process.
+struct ServerProc {
+    addr: String,
+    dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    pid: u32,
+    client: ClientOptions,
+}
+
+impl ServerProc {
+    /// Starts a server (in `netns` when given) and waits until it answers Status.
+    fn start(
+        bin: &Path,
+        addr: &str,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        netns: Option<&str>,
+    ) -> Res<ServerProc> {
+        std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+        let log = dir.with_extension("log");
+        let out = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
+        let out2 = out.try_clone().ctx(|| "server log")?;
+        let ns_file = match netns {
+            Some(ns) => {
+                let p = format!("/run/netns/{ns}");
+                Some(
+                    std::fs::File::open(&p)
+                        .ctx(|| format!("opening {p} (bench/netns-staging.sh up creates it)"))?,
+                )
+            }
+            None => None,
+        };
+        let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
+        let mut cmd = clean_cmd(bin);
+        cmd.arg("stage-server")
+            .arg("--listen")
+            .arg(addr)
+            .arg("--dir")
+            .arg(dir)
+            .arg("--drain-to")
+            .arg(drain_to)
+            .arg("--verbose")
+            .env("CASCADE_STAGING_SECRET", secret)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(out2);
+        // SAFETY: prctl and setns are async-signal-safe; the server gets SIGTERM if the bench
+        // dies; setns moves only the child (before exec) into the namespace, whose file
+        // `ns_file` stays open until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if let Some(fd) = ns_fd {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .ctx(|| format!("starting cascade stage-server on {addr}"))?;
+        drop(ns_file);
+        let mut s = ServerProc {
+            addr: addr.to_string(),
+            dir: dir.to_path_buf(),
+            log,
+            pid: child.id(),
+            child: Some(child),
+            client: ClientOptions::new(secret),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if s.status().is_ok() {
+                return Ok(s);
+            }
+            if let Some(c) = s.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    s.child = None;
+                    return err(format!(
+                        "cascade stage-server on {addr} exited ({st}): {}",
+                        durable::tail(&s.log, 5)
+                    ));
+                }
+            }
+            if Instant::now() > deadline {
+                return err(format!(
+                    "cascade stage-server on {addr} does not answer after 30 s: {}",
+                    durable::tail(&s.log, 5)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn connect(&self) -> Res<Connection> {
+        Connection::connect(&self.addr, &self.client)
+            .ctx(|| format!("connecting to the staging server {}", self.addr))
+    }
+
+    fn status(&self) -> Res<ServerStatus> {
+        let mut c = self.connect()?;
+        let s = c
+            .status()
+            .ctx(|| format!("status of the staging server {}", self.addr));
+        c.goodbye();
+        s
+    }
+
+    fn alive(&mut self) -> Res<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return err(format!(
+                    "cascade stage-server on {} exited ({st}): {}",
+                    self.addr,
+                    durable::tail(&self.log, 5)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self) -> Res<()> {
+        match self.child.take() {
+            Some(mut c) => terminate(&mut c, &format!("stage-server {}", self.addr), 30),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("staging server cleanup: {e}");
+        }
+    }
+}
+
+/// A node store with its agent and staging servers. Stops them and destroys the store when
+/// dropped.
+struct Rig {
+    bin: PathBuf,
+    store: String,
+    capacity: u64,
+    mount: String,
+    durable: String,
+    secret: String,
+    /// `host:port,...` of the staging servers the agent uses ("" = none).
+    staging: String,
+    servers: Vec<ServerProc>,
+    agent: Option<Child>,
+    agent_pid: u32,
+    agent_log: PathBuf,
+    initialized: bool,
+    handle: Option<Store>,
+}
+
+impl Rig {
+    /// `servers`: (address, arena directory) of each server to start; `netns`: where.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        o: &SOpts,
+        p: &Programs,
+        tag: &str,
+        capacity: u64,
+        durable: &str,
+        servers: &[(String, PathBuf)],
+        netns: Option<&str>,
+    ) -> Res<Rig> {
+        let mut rig = Rig {
+            bin: p.bin.clone(),
+            store: store_name(o.pid, tag),
+            capacity,
+            mount: o.mount.clone(),
+            durable: durable.to_string(),
+            secret: o.secret.clone(),
+            staging: servers
+                .iter()
+                .map(|s| s.0.clone())
+                .collect::<Vec<_>>()
+                .join(","),
+            servers: Vec::new(),
+            agent: None,
+            agent_pid: 0,
+            agent_log: Path::new("/var/tmp").join(format!("{}-agent-{tag}.log", prefix(o.pid))),
+            initialized: false,
+            handle: None,
+        };
+        for (addr, dir) in servers {
+            rig.servers.push(ServerProc::start(
+                &p.bin, addr, dir, durable, &o.secret, netns,
+            )?);
+        }
+        // A store of that name left by an interrupted run goes first.
+        let _ = rig.run_ok(&["destroy", "--force"]);
+        rig.run_ok(&["init"])?;
+        rig.initialized = true;
+        let log = std::fs::File::create(&rig.agent_log)
+            .ctx(|| format!("creating {}", rig.agent_log.display()))?;
+        let log2 = log.try_clone().ctx(|| "agent log")?;
+        let mut cmd = rig.cmd();
+        cmd.args(["agent", "--verbose"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2);
+        // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let agent = cmd.spawn().ctx(|| "starting cascade agent")?;
+        rig.agent_pid = agent.id();
+        rig.agent = Some(agent);
+        let store = Store::attach(&rig.store).ctx(|| format!("attaching {}", rig.store))?;
+        store.wait_prefault();
+        rig.handle = Some(store);
+        std::thread::sleep(Duration::from_millis(500));
+        rig.check()?;
+        Ok(rig)
+    }
+
+    /// A cascade command with this rig's settings and no others.
+    fn cmd(&self) -> Command {
+        let mut c = clean_cmd(&self.bin);
+        c.env("CASCADE_STORE", &self.store)
+            .env("CASCADE_DURABLE", &self.durable)
+            .env("CASCADE_CAPACITY", self.capacity.to_string())
+            .env("CASCADE_SPILL_SIZE", "0")
+            .env("CASCADE_MOUNT", &self.mount);
+        if !self.staging.is_empty() {
+            c.env("CASCADE_STAGING", &self.staging)
+                .env("CASCADE_STAGING_SECRET", &self.secret);
+        }
+        c
+    }
+
+    fn run_ok(&self, args: &[&str]) -> Res<String> {
+        let out = self
+            .cmd()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .ctx(|| format!("running {} {}", self.bin.display(), args.join(" ")))?;
+        if !out.status.success() {
+            return err(format!(
+                "cascade {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                durable::one_line(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Fails if the agent or a server exited.
+    fn check(&mut self) -> Res<()> {
+        if let Some(a) = self.agent.as_mut() {
+            if let Ok(Some(status)) = a.try_wait() {
+                self.agent = None;
+                return err(format!(
+                    "cascade agent exited ({status}): {}",
+                    durable::tail(&self.agent_log, 5)
+                ));
+            }
+        }
+        for s in &mut self.servers {
+            s.alive()?;
+        }
+        Ok(())
+    }
+
+    fn store(&self) -> Res<Store> {
+        self.handle
+            .clone()
+            .ok_or_else(|| util::BenchError("the rig's store is not attached".into()))
+    }
+
+    /// CPU seconds used so far by the agent and by all servers together.
+    fn cpu(&self) -> (f64, f64) {
+        let agent = cpu_s(self.agent_pid).unwrap_or(f64::NAN);
+        let servers = self
+            .servers
+            .iter()
+            .map(|s| cpu_s(s.pid).unwrap_or(f64::NAN))
+            .sum();
+        (agent, servers)
+    }
+
+    /// Status of every server.
+    fn statuses(&self) -> Res<Vec<ServerStatus>> {
+        self.servers.iter().map(|s| s.status()).collect()
+    }
+
+    /// Waits until no server has anything left to drain.
+    fn wait_drained(&mut self, timeout: Duration) -> Res<f64> {
+        let t0 = Instant::now();
+        loop {
+            let st = self.statuses()?;
+            if st
+                .iter()
+                .all(|s| s.pending_files == 0 && s.pending_checkpoints == 0)
+            {
+                return Ok(t0.elapsed().as_secs_f64());
+            }
+            self.check()?;
+            if t0.elapsed() > timeout {
+                let last: Vec<String> = st.iter().filter_map(|s| s.last_error.clone()).collect();
+                return err(format!(
+                    "the staging servers still have {} file(s) to drain after {:.0} s; last \
+                     errors: {}",
+                    st.iter().map(|s| s.pending_files).sum::<u64>(),
+                    timeout.as_secs_f64(),
+                    if last.is_empty() {
+                        "none".into()
+                    } else {
+                        last.join("; ")
+                    }
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) -> Res<()> {
+        let mut result = Ok(());
+        if let Some(mut a) = self.agent.take() {
+            result = terminate(&mut a, "cascade agent", 30);
+        }
+        self.handle = None;
+        if self.initialized {
+            self.initialized = false;
+            if let Err(e) = self.run_ok(&["destroy", "--force"]) {
+                result = result.and(Err(e));
+            }
+        }
+        for mut s in self.servers.drain(..) {
+            if let Err(e) = s.stop() {
+                result = result.and(Err(e));
+            }
+            let _ = std::fs::remove_dir_all(&s.dir);
+            let _ = std::fs::remove_file(&s.log);
+        }
+        let _ = std::fs::remove_file(&self.agent_log);
+        result
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            eprintln!("staging cleanup: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watching the node store and the servers during a measurement.
+
+/// What the store watcher saw, CLOCK_MONOTONIC ns.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    /// When each file (by path) was first seen safe (staged or durable).
+    file_safe_ns: Vec<(String, u64)>,
+    /// When all `files` files were safe (and, for a checkpoint, its file list accepted).
+    staged_ns: Option<u64>,
+    /// When all files were durable (and, for a checkpoint, it was complete).
+    durable_ns: Option<u64>,
+}
+
+/// Looks at the life cycle state of `root` in the node store every 2 ms on a thread of its
+/// own, until it is durable, stopped or `timeout`.
+struct StoreWatch {
+    stop: Arc<AtomicBool>,
+    /// Set once everything is staged.
+    staged: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Seen>,
+}
+
+impl StoreWatch {
+    /// `checkpoint`: `root` is committed by the writer; staged then also needs its file list
+    /// pushed to a server (`checkpoint_safe`), durable its marker (`complete`).
+    fn start(
+        store: Store,
+        root: &str,
+        files: usize,
+        checkpoint: bool,
+        timeout: Duration,
+    ) -> StoreWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let staged = Arc::new(AtomicBool::new(false));
+        let staged_flag = staged.clone();
+        let root = root.to_string();
+        let handle = std::thread::spawn(move || {
+            let mut seen = Seen::default();
+            let deadline = Instant::now() + timeout;
+            while !flag.load(Ordering::Relaxed) && Instant::now() < deadline {
+                let t = now_ns();
+                if let Ok(tree) = store.life_tree(&root) {
+                    let fs: Vec<_> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
+                    for f in &fs {
+                        if f.safe() && !seen.file_safe_ns.iter().any(|(p, _)| *p == f.path) {
+                            seen.file_safe_ns.push((f.path.clone(), t));
+                        }
+                    }
+                    let all = fs.len() == files;
+                    let r = &tree[0];
+                    if seen.staged_ns.is_none()
+                        && all
+                        && fs.iter().all(|f| f.safe())
+                        && (!checkpoint || r.checkpoint_safe() || r.complete())
+                    {
+                        seen.staged_ns = Some(t);
+                        staged_flag.store(true, Ordering::Release);
+                    }
+                    if seen.durable_ns.is_none()
+                        && all
+                        && fs.iter().all(|f| f.durable())
+                        && (!checkpoint || r.complete())
+                    {
+                        seen.durable_ns = Some(t);
+                        break;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen
+        });
+        StoreWatch {
+            stop,
+            staged,
+            handle,
+        }
+    }
+
+    fn is_staged(&self) -> bool {
+        self.staged.load(Ordering::Acquire)
+    }
+
+    fn stop(self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or_default()
+    }
+
+    /// Waits until the watcher ends by itself (durable or timeout).
+    fn join(self) -> Seen {
+        self.handle.join().unwrap_or_default()
+    }
+
+    fn finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+}
+
+/// Samples the servers' absorbed bytes every 20 ms on a thread of its own: (time, absorbed
+/// bytes of each server).
+struct AbsorbWatch {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<(u64, Vec<u64>)>>,
+}
+
+impl AbsorbWatch {
+    fn start(servers: &[ServerProc]) -> Res<AbsorbWatch> {
+        let mut conns = Vec::new();
+        for s in servers {
+            conns.push(s.connect()?);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            loop {
+                let t = now_ns();
+                let mut row = Vec::with_capacity(conns.len());
+                for c in conns.iter_mut() {
+                    row.push(c.status().map(|s| s.absorbed_bytes).unwrap_or(u64::MAX));
+                }
+                v.push((t, row));
+                if flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for c in conns {
+                c.goodbye();
+            }
+            v
+        });
+        Ok(AbsorbWatch { stop, handle })
+    }
+
+    /// (first sample after the servers' absorbed bytes rose, first sample at which they had
+    /// risen by `total`), CLOCK_MONOTONIC ns.
+    fn finish(self, total: u64) -> Option<(u64, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        let v = self.handle.join().ok()?;
+        let sum = |row: &Vec<u64>| -> Option<u64> {
+            row.iter()
+                .try_fold(0u64, |a, &b| (b != u64::MAX).then(|| a + b))
+        };
+        let base = sum(&v.first()?.1)?;
+        let rise = v.iter().find(|(_, r)| sum(r).is_some_and(|s| s > base))?.0;
+        let full = v
+            .iter()
+            .find(|(_, r)| sum(r).is_some_and(|s| s >= base + total))?
+            .0;
+        Some((rise, full))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurements.
+
+/// One throughput point: N writers, one file each, until every file is staged.
+#[derive(Debug, Clone)]
+struct TpSample {
+    /// From the common start until every file was staged.
+    staged_s: f64,
+    /// From the common start until the last writer closed its file.
+    written_s: f64,
+    /// When the first and the last file were seen staged, from the common start.
+    first_file_s: f64,
+    last_file_s: f64,
+    /// The servers' absorb window: first rise of their absorbed bytes until all bytes were
+    /// absorbed (appended, before the final fdatasync).
+    absorb_s: Option<(f64, f64)>,
+    /// Bytes each server absorbed.
+    absorbed: Vec<u64>,
+    agent_cpu_s: f64,
+    server_cpu_s: f64,
+    /// Until the servers had drained everything (to tmpfs), after staged.
+    drained_after_s: f64,
+}
+
+fn parse_json_lines<T: serde::de::DeserializeOwned>(out: &[u8]) -> Vec<T> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn throughput_point(
+    o: &SOpts,
+    p: &Programs,
+    rig: &mut Rig,
+    datafile: &Path,
+    n: usize,
+    total: u64,
+    tag: &str,
+) -> Res<TpSample> {
+    rig.check()?;
+    let size = total / n as u64;
+    let root = format!("/{tag}");
+    let timeout = Duration::from_secs(o.wait_timeout_s);
+    let before: Vec<u64> = rig.statuses()?.iter().map(|s| s.absorbed_bytes).collect();
+    durable::settle();
+    let absorb = AbsorbWatch::start(&rig.servers)?;
+    let cpu0 = rig.cpu();
+    let watch = StoreWatch::start(rig.store()?, &root, n, false, timeout);
+    let out = rig
+        .cmd()
+        .arg("run")
+        .arg("--")
+        .arg(&p.stage_writer)
+        .arg(format!("{}{root}", rig.mount))
+        .arg(n.to_string())
+        .arg(size.to_string())
+        .arg(o.piece.to_string())
+        .arg(datafile)
+        .stdin(Stdio::null())
+        .output()
+        .ctx(|| "running cascade run -- stagewriter");
+    let out = match out {
+        Ok(x) if x.status.success() => x,
+        Ok(x) => {
+            let _ = watch.stop();
+            let _ = absorb.finish(total);
+            return err(format!(
+                "cascade run -- stagewriter {n} x {} failed ({}): {}",
+                size_str(size),
+                x.status,
+                durable::one_line(&x.stderr)
+            ));
+        }
+        Err(e) => {
+            let _ = watch.stop();
+            let _ = absorb.finish(total);
+            return Err(e);
+        }
+    };
+    let lines: Vec<RankOut> = parse_json_lines(&out.stdout);
+    let Some(start) = lines.iter().find(|l| l.rank.is_none()).map(|l| l.start_ns) else {
+        let _ = watch.stop();
+        let _ = absorb.finish(total);
+        return err(format!(
+            "stagewriter printed no start line: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    };
+    let closed = lines
+        .iter()
+        .filter(|l| l.rank.is_some())
+        .filter_map(|l| l.closed_ns)
+        .max()
+        .unwrap_or(start);
+    let earliest = lines
+        .iter()
+        .filter(|l| l.rank.is_some())
+        .map(|l| l.start_ns)
+        .min()
+        .unwrap_or(start);
+    // Staged: wait for the watcher to see it; the CPU and absorb figures end there (the drain
+    // follows). The watcher goes on until durable.
+    let staged_deadline = Instant::now() + timeout;
+    while !watch.is_staged() && !watch.finished() && Instant::now() < staged_deadline {
+        if let Err(e) = rig.check() {
+            let _ = watch.stop();
+            let _ = absorb.finish(total);
+            return Err(e);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let cpu1 = rig.cpu();
+    let window = absorb.finish(total);
+    let mut seen = loop {
+        if watch.finished() {
+            break watch.join();
+        }
+        if rig.check().is_err() || Instant::now() > staged_deadline {
+            break watch.stop();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let Some(staged) = seen.staged_ns else {
+        return err(format!(
+            "{root}: {} of {n} files staged after {} s; agent log: {}",
+            seen.file_safe_ns.len(),
+            o.wait_timeout_s,
+            durable::tail(&rig.agent_log, 3)
+        ));
+    };
+    let t_drained = rig.wait_drained(timeout)?;
+    let after: Vec<u64> = rig.statuses()?.iter().map(|s| s.absorbed_bytes).collect();
+    let absorbed: Vec<u64> = after
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    // The writers started within microseconds of the release; count from the earliest.
+    let t0 = earliest.min(start);
+    let rel = |t: u64| t.saturating_sub(t0) as f64 / 1e9;
+    seen.file_safe_ns.sort_by_key(|x| x.1);
+    let first_file = seen.file_safe_ns.first().map_or(f64::NAN, |x| rel(x.1));
+    let last_file = seen.file_safe_ns.last().map_or(f64::NAN, |x| rel(x.1));
+    let durable_wait = seen.durable_ns.map_or(t_drained, |d| rel(d) - rel(staged));
+    // Clean up: the files in the store and what the servers drained to tmpfs.
+    if let Err(e) = rig.run_ok(&["rm", "-r", &root]) {
+        eprintln!("  warning: {e}");
+    }
+    let drained = Path::new(&rig.durable).join(tag);
+    if drained.exists() {
+        std::fs::remove_dir_all(&drained).ctx(|| format!("removing {}", drained.display()))?;
+    }
+    Ok(TpSample {
+        staged_s: rel(staged),
+        written_s: rel(closed),
+        first_file_s: first_file,
+        last_file_s: last_file,
+        absorb_s: window.map(|(a, b)| (rel(a), rel(b))),
+        absorbed,
+        agent_cpu_s: cpu1.0 - cpu0.0,
+        server_cpu_s: cpu1.1 - cpu0.1,
+        drained_after_s: durable_wait.max(0.0),
+    })
+}
+
+/// memcpy of `data` into a pre-faulted private buffer, seconds.
+fn memcpy_s(data: &[u8], buf: &mut [u8]) -> f64 {
+    durable::settle();
+    let t0 = now_ns();
+    buf.copy_from_slice(data);
+    let t1 = now_ns();
+    std::hint::black_box(&buf);
+    (t1 - t0) as f64 / 1e9
+}
+
+/// write(2) of `data` in `piece`-byte calls into a new tmpfs file, then close; seconds.
+fn tmpfs_s(path: &Path, data: &[u8], piece: usize) -> Res<f64> {
+    let _ = std::fs::remove_file(path);
+    durable::settle();
+    let t0 = now_ns();
+    let mut f = std::fs::File::create(path).ctx(|| format!("creating {}", path.display()))?;
+    for c in data.chunks(piece) {
+        f.write_all(c)
+            .ctx(|| format!("writing {}", path.display()))?;
+    }
+    drop(f);
+    let t1 = now_ns();
+    std::fs::remove_file(path).ctx(|| format!("removing {}", path.display()))?;
+    Ok((t1 - t0) as f64 / 1e9)
+}
+
+/// A fio variant of the disk baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fio {
+    /// Buffered sequential writes, fsync at the end (--end_fsync=1).
+    EndFsync,
+    /// Buffered, fdatasync every 256 MiB and fsync at the end, like the server's group
+    /// fdatasync on each Sync the agent sends every 256 MiB.
+    Sync,
+    /// O_DIRECT writes (no page cache).
+    Direct,
+}
+
+/// Runs fio once: sequential 1 MiB writes of `bytes` into a new file in `dir`; GB/s as fio
+/// reports it (bytes / its job run time, which includes the final fsync).
+fn fio_gbps(o: &SOpts, kind: Fio, bytes: u64) -> Res<f64> {
+    let file = o.arena_dir.join(format!("{}-fio", prefix(o.pid)));
+    let _ = std::fs::remove_file(&file);
+    let mut c = Command::new(&o.fio);
+    c.arg("--name=cascade-bench")
+        .arg(format!("--filename={}", file.display()))
+        .args(["--rw=write", "--bs=1M", "--ioengine=psync"])
+        .arg(format!("--size={}M", bytes / MIB))
+        .arg("--output-format=json");
+    match kind {
+        Fio::EndFsync => {
+            c.arg("--end_fsync=1");
+        }
+        Fio::Sync => {
+            c.arg(format!("--fdatasync={}", o.fio_sync_mib))
+                .arg("--end_fsync=1");
+        }
+        Fio::Direct => {
+            c.arg("--direct=1");
+        }
+    }
+    durable::settle();
+    let out = c.output().ctx(|| format!("running {}", o.fio));
+    let _ = std::fs::remove_file(&file);
+    let out = out?;
+    if !out.status.success() {
+        return err(format!(
+            "fio failed ({}): {}",
+            out.status,
+            durable::one_line(&out.stderr)
+        ));
+    }
+    // fio may print warnings before the JSON.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text.find('{').map_or("", |i| &text[i..]);
+    let v: serde_json::Value = serde_json::from_str(json).ctx(|| "reading fio's JSON output")?;
+    let bw = v["jobs"][0]["write"]["bw_bytes"]
+        .as_f64()
+        .ok_or_else(|| util::BenchError("fio's JSON has no jobs[0].write.bw_bytes".into()))?;
+    Ok(bw / 1e9)
+}
+
+fn fio_version(fio: &str) -> String {
+    Command::new(fio)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "not found".into())
+}
+
+/// One checkpoint under Cascade, seconds from the start of the write.
+#[derive(Debug, Clone, Copy)]
+struct CkSample {
+    stall: f64,
+    write: f64,
+    commit: f64,
+    staged: f64,
+    durable: f64,
+    wait_staged: Option<f64>,
+    wait_durable: Option<f64>,
+    /// The completion marker's own timestamp (`completed_unix_ns`).
+    marker: Option<f64>,
+    /// When the bytes of the upload or drain started and finished going over the S3 link.
+    wire_start: Option<f64>,
+    wire_end: Option<f64>,
+}
+
+/// Runs `cascade wait PATH --level L` for each level at once; returns when each returned
+/// (CLOCK_MONOTONIC ns), failing if one fails or the rig breaks meanwhile.
+fn cascade_waits(rig: &mut Rig, path: &str, levels: &[&str], timeout_s: u64) -> Res<Vec<u64>> {
+    let timeout = timeout_s.to_string();
+    let mut children = Vec::new();
+    for level in levels {
+        let args = ["wait", path, "--level", level, "--timeout", &timeout];
+        let child = rig
+            .cmd()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .ctx(|| format!("running cascade {}", args.join(" ")))?;
+        children.push((level.to_string(), Some(child), 0u64));
+    }
+    loop {
+        let mut running = 0;
+        for (level, slot, at) in children.iter_mut() {
+            let Some(child) = slot.as_mut() else { continue };
+            match child.try_wait().ctx(|| "waiting for cascade wait")? {
+                Some(status) => {
+                    *at = now_ns();
+                    if !status.success() {
+                        let mut text = Vec::new();
+                        if let Some(mut e) = child.stderr.take() {
+                            let _ = e.read_to_end(&mut text);
+                        }
+                        return err(format!(
+                            "cascade wait {path} --level {level} failed ({status}): {}",
+                            durable::one_line(&text)
+                        ));
+                    }
+                    *slot = None;
+                }
+                None => running += 1,
+            }
+        }
+        if running == 0 {
+            return Ok(children.into_iter().map(|c| c.2).collect());
+        }
+        if let Err(e) = rig.check() {
+            for (_, slot, _) in children.iter_mut() {
+                if let Some(c) = slot.as_mut() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+            }
+            return Err(e);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// One checkpoint written by ckptwriter under `cascade run` (write + close +
+/// cascade_commit()), then watched until staged and durable.
+#[allow(clippy::too_many_arguments)]
+fn checkpoint_cascade(
+    o: &SOpts,
+    p: &Programs,
+    rig: &mut Rig,
+    durable: &DurableStore,
+    datafile: &Path,
+    size: u64,
+    name: &str,
+    wait_staged: bool,
+) -> Res<CkSample> {
+    rig.check()?;
+    let store_path = format!("/{name}");
+    durable::clear_remote(durable, name)?;
+    durable::settle();
+    let timeout = Duration::from_secs(o.wait_timeout_s);
+    let watch = StoreWatch::start(rig.store()?, &store_path, 1, true, timeout);
+    let wire = WireWatch::start(&o.link_dev);
+    let file = format!("{}/{name}/data.bin", rig.mount);
+    let out = rig
+        .cmd()
+        .arg("run")
+        .arg("--")
+        .arg(&p.ckpt_writer)
+        .arg(&file)
+        .arg(size.to_string())
+        .arg(o.piece.to_string())
+        .arg(datafile)
+        .arg("lib")
+        .arg(&rig.bin)
+        .arg(&store_path)
+        .stdin(Stdio::null())
+        .output()
+        .ctx(|| "running cascade run -- ckptwriter");
+    let fail = |watch: StoreWatch, wire: Option<WireWatch>| {
+        let _ = watch.stop();
+        let _ = wire.and_then(|w| w.finish());
+    };
+    let out = match out {
+        Ok(x) if x.status.success() => x,
+        Ok(x) => {
+            fail(watch, wire);
+            return err(format!(
+                "cascade run -- ckptwriter {file} failed ({}): {}",
+                x.status,
+                durable::one_line(&x.stderr)
+            ));
+        }
+        Err(e) => {
+            fail(watch, wire);
+            return Err(e);
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(w) = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str::<WriterOut>(l).ok())
+    else {
+        fail(watch, wire);
+        return err(format!("ckptwriter printed no timing line: {stdout:?}"));
+    };
+    let mut levels = Vec::new();
+    if wait_staged {
+        levels.push("staged");
+    }
+    levels.push("durable");
+    let waits = cascade_waits(rig, &store_path, &levels, o.wait_timeout_s);
+    let seen = watch.join();
+    let wire = wire.and_then(|x| x.finish());
+    let waits = waits?;
+    let rel = |t: u64| (t as f64 - w.start_ns as f64) / 1e9;
+    let (Some(staged), Some(dur)) = (seen.staged_ns, seen.durable_ns) else {
+        return err(format!(
+            "{store_path}: `cascade wait` returned but the store watcher saw staged {:?}, \
+             durable {:?}",
+            seen.staged_ns.map(rel),
+            seen.durable_ns.map(rel)
+        ));
+    };
+    let marker = durable
+        .read_marker(name)
+        .ok()
+        .flatten()
+        .map(|m| (m.completed_unix_ns as f64 - w.start_unix_ns as f64) / 1e9);
+    if let Err(e) = rig.run_ok(&["rm", "-r", &store_path]) {
+        eprintln!("  warning: {e}");
+    }
+    rig.wait_drained(timeout)?;
+    durable::clear_remote(durable, name)?;
+    Ok(CkSample {
+        stall: (w.committed_ns - w.start_ns) as f64 / 1e9,
+        write: (w.written_ns - w.start_ns) as f64 / 1e9,
+        commit: (w.committed_ns - w.written_ns) as f64 / 1e9,
+        staged: rel(staged),
+        durable: rel(dur),
+        wait_staged: wait_staged.then(|| rel(waits[0])),
+        wait_durable: waits.last().map(|&t| rel(t)),
+        marker,
+        wire_start: wire.map(|(a, _)| rel(a)),
+        wire_end: wire.map(|(_, b)| rel(b)),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results.
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Baseline {
+    pub name: String,
+    pub what: String,
+    pub gbps: Stats,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TpRow {
+    pub servers: usize,
+    pub procs: usize,
+    pub file_bytes: u64,
+    pub total_bytes: u64,
+    /// total / (first write until every file staged).
+    pub gbps: Stats,
+    pub staged_s: Stats,
+    /// total / (first write until the last close): the node store.
+    pub write_gbps: Stats,
+    /// From the last close until every file was staged.
+    pub after_close_s: Stats,
+    /// total / the servers' absorb window (absorbed bytes sampled every 20 ms).
+    pub absorb_gbps: Option<Stats>,
+    /// From the first write until the servers' absorbed bytes first rose.
+    pub absorb_start_s: Option<Stats>,
+    pub first_file_s: Stats,
+    pub last_file_s: Stats,
+    /// Servers that received data, per repetition.
+    pub servers_used: Vec<usize>,
+    /// Absorbed bytes summed over the servers / total, per repetition (1 = each byte once).
+    pub absorbed_ratio: Vec<f64>,
+    pub agent_cpu_s: Stats,
+    pub server_cpu_s: Stats,
+    pub drained_after_s: Stats,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CkMethod {
+    pub stall_s: Stats,
+    pub write_s: Stats,
+    pub commit_s: Stats,
+    pub staged_s: Stats,
+    pub durable_s: Stats,
+    pub wait_staged_s: Option<Stats>,
+    pub wait_durable_s: Option<Stats>,
+    /// From the start of the write until the marker's own timestamp.
+    pub marker_s: Option<Stats>,
+    pub wire_start_s: Option<Stats>,
+    pub wire_end_s: Option<Stats>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CkRow {
+    pub bytes: u64,
+    pub direct_s3_s: Option<Stats>,
+    pub direct_s3_wire_s: Option<Stats>,
+    /// Cascade with one staging server draining to S3.
+    pub staging: Option<CkMethod>,
+    /// Cascade whose agent uploads to S3 itself.
+    pub agent_s3: Option<CkMethod>,
+    pub link_min_nominal_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkInfo {
+    pub name: String,
+    pub nominal_bytes_per_s: Option<f64>,
+    /// tc tbf of the host end and of the namespace end.
+    pub out: String,
+    pub back: String,
+    pub offloads: String,
+    pub linktest_bytes: u64,
+    pub goodput: Option<Stats>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct SResults {
+    pub baselines: Vec<Baseline>,
+    /// One writer, one file of `total` bytes, one server, in turns with the baselines.
+    pub stream: Option<TpRow>,
+    pub throughput: Vec<TpRow>,
+    pub links: Vec<LinkInfo>,
+    pub checkpoint: Vec<CkRow>,
+    /// Whether `cascade wait --level staged` exists in the CLI measured.
+    pub wait_staged_cli: bool,
+    /// What did not run or failed, one line each.
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report<'a> {
+    pub suite: &'static str,
+    pub generated_utc: String,
+    pub duration_s: f64,
+    pub command: String,
+    pub source: String,
+    pub cascade_cli: String,
+    pub library: String,
+    pub fio: String,
+    pub s3_server: String,
+    pub s3_server_cpu_pct: f64,
+    pub machine: &'a Machine,
+    pub interference: Interference,
+    pub options: &'a SOpts,
+    pub results: &'a SResults,
+}
+
+fn stats_opt(v: &[f64]) -> Option<Stats> {
+    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    (!v.is_empty()).then(|| Stats::of(&v))
+}
+
+fn tp_row(servers: usize, procs: usize, total: u64, xs: &[TpSample]) -> TpRow {
+    let col = |f: &dyn Fn(&TpSample) -> f64| Stats::of(&xs.iter().map(f).collect::<Vec<_>>());
+    let b = total as f64;
+    TpRow {
+        servers,
+        procs,
+        file_bytes: total / procs as u64,
+        total_bytes: total,
+        gbps: col(&|x| b / x.staged_s / 1e9),
+        staged_s: col(&|x| x.staged_s),
+        write_gbps: col(&|x| b / x.written_s / 1e9),
+        after_close_s: col(&|x| x.staged_s - x.written_s),
+        absorb_gbps: stats_opt(
+            &xs.iter()
+                .filter_map(|x| x.absorb_s.map(|(a, e)| b / (e - a) / 1e9))
+                .collect::<Vec<_>>(),
+        ),
+        absorb_start_s: stats_opt(
+            &xs.iter()
+                .filter_map(|x| x.absorb_s.map(|(a, _)| a))
+                .collect::<Vec<_>>(),
+        ),
+        first_file_s: col(&|x| x.first_file_s),
+        last_file_s: col(&|x| x.last_file_s),
+        servers_used: xs
+            .iter()
+            .map(|x| x.absorbed.iter().filter(|&&a| a > 0).count())
+            .collect(),
+        absorbed_ratio: xs
+            .iter()
+            .map(|x| x.absorbed.iter().sum::<u64>() as f64 / b)
+            .collect(),
+        agent_cpu_s: col(&|x| x.agent_cpu_s),
+        server_cpu_s: col(&|x| x.server_cpu_s),
+        drained_after_s: col(&|x| x.drained_after_s),
+    }
+}
+
+fn ck_method(xs: &[CkSample]) -> Option<CkMethod> {
+    if xs.is_empty() {
+        return None;
+    }
+    let col = |f: &dyn Fn(&CkSample) -> f64| Stats::of(&xs.iter().map(f).collect::<Vec<_>>());
+    let opt = |f: &dyn Fn(&CkSample) -> Option<f64>| {
+        stats_opt(&xs.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    Some(CkMethod {
+        stall_s: col(&|x| x.stall),
+        write_s: col(&|x| x.write),
+        commit_s: col(&|x| x.commit),
+        staged_s: col(&|x| x.staged),
+        durable_s: col(&|x| x.durable),
+        wait_staged_s: opt(&|x| x.wait_staged),
+        wait_durable_s: opt(&|x| x.wait_durable),
+        marker_s: opt(&|x| x.marker),
+        wire_start_s: opt(&|x| x.wire_start),
+        wire_end_s: opt(&|x| x.wire_end),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running the parts.
+
+/// The shaping and the TCP goodput of a link from this namespace to `netns` (at `ip`).
+fn measure_link(
+    o: &SOpts,
+    name: &str,
+    netns: &str,
+    dev: &str,
+    ip: Option<std::net::IpAddr>,
+    src: &[u8],
+) -> LinkInfo {
+    let out = durable::tbf_of(None, Some(dev));
+    let back = durable::tbf_of(Some(netns), None);
+    let mut link = LinkInfo {
+        name: name.to_string(),
+        nominal_bytes_per_s: out.as_ref().map(|u| u.0),
+        out: out.map_or_else(|| format!("no tbf on {dev}"), |u| u.1),
+        back: back.map_or_else(|| format!("no tbf in namespace {netns}"), |d| d.1),
+        offloads: durable::offloads_of(dev),
+        linktest_bytes: o.linktest_bytes,
+        goodput: None,
+        error: None,
+    };
+    let Some(ip) = ip else {
+        link.error = Some("no address to test".into());
+        return link;
+    };
+    if o.linktest_bytes == 0 {
+        return link;
+    }
+    let mut samples = Vec::new();
+    for rep in 0..o.reps {
+        durable::settle();
+        match durable::linktest(netns, ip, src, o.linktest_bytes) {
+            Ok(s) => {
+                let g = o.linktest_bytes as f64 / s;
+                eprintln!(
+                    "  link test {name} {}/{}: {} in {s:.3} s = {:.1} MB/s",
+                    rep + 1,
+                    o.reps,
+                    size_str(o.linktest_bytes),
+                    g / 1e6
+                );
+                samples.push(g);
+            }
+            Err(e) => {
+                eprintln!("  link test {name} failed: {e}");
+                link.error = Some(e.0);
+                break;
+            }
+        }
+    }
+    link.goodput = stats_opt(&samples);
+    link
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SsdMethod {
+    Memcpy,
+    Tmpfs,
+    Disk,
+    Fio(Fio),
+    Stream,
+}
+
+/// The disk and memory baselines and the single stream, in turns within each repetition.
+fn ssd_part(
+    o: &SOpts,
+    p: &Programs,
+    mut rig: Option<&mut Rig>,
+    data: &[u8],
+    datafile: &Path,
+    r: &mut SResults,
+) -> Res<()> {
+    let total = o.total;
+    let bytes = &data[..total as usize];
+    // Pre-faulted and written once: memory that has held data before.
+    let mut buf = vec![1u8; total as usize];
+    let tmpfs = PathBuf::from(format!("/dev/shm/{}-tmpfs", prefix(o.pid)));
+    let disk_dir = o.arena_dir.join(format!("{}-disk", prefix(o.pid)));
+    let methods = [
+        SsdMethod::Memcpy,
+        SsdMethod::Tmpfs,
+        SsdMethod::Disk,
+        SsdMethod::Fio(Fio::EndFsync),
+        SsdMethod::Fio(Fio::Sync),
+        SsdMethod::Fio(Fio::Direct),
+        SsdMethod::Stream,
+    ];
+    let mut got: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
+    let mut stream: Vec<TpSample> = Vec::new();
+    let mut fio_ok = true;
+    for rep in 0..o.reps {
+        for k in 0..methods.len() {
+            let i = (rep + k) % methods.len();
+            let gb = total as f64 / 1e9;
+            let label = format!("  ssd rep {}/{}", rep + 1, o.reps);
+            match methods[i] {
+                SsdMethod::Memcpy => {
+                    let s = memcpy_s(bytes, &mut buf);
+                    eprintln!("{label}: memcpy {:.2} GB/s", gb / s);
+                    got[i].push(gb / s);
+                }
+                SsdMethod::Tmpfs => {
+                    let s = tmpfs_s(&tmpfs, bytes, o.piece as usize)?;
+                    eprintln!("{label}: tmpfs write {:.2} GB/s", gb / s);
+                    got[i].push(gb / s);
+                }
+                SsdMethod::Disk => {
+                    let (_, s) = durable::direct_dir(&disk_dir, bytes, o.piece as usize)?;
+                    eprintln!("{label}: disk write+fsync {:.2} GB/s", gb / s);
+                    got[i].push(gb / s);
+                }
+                SsdMethod::Fio(kind) => {
+                    if !fio_ok {
+                        continue;
+                    }
+                    match fio_gbps(o, kind, total) {
+                        Ok(g) => {
+                            eprintln!("{label}: fio {kind:?} {g:.2} GB/s");
+                            got[i].push(g);
+                        }
+                        Err(e) => {
+                            r.notes.push(format!("fio baselines not measured: {e}"));
+                            eprintln!("fio: {e}; skipping the fio baselines");
+                            fio_ok = false;
+                        }
+                    }
+                }
+                SsdMethod::Stream => {
+                    let Some(rig) = rig.as_deref_mut() else {
+                        continue;
+                    };
+                    let tag = format!("stream-r{rep}");
+                    let x = throughput_point(o, p, rig, datafile, 1, total, &tag)?;
+                    eprintln!(
+                        "{label}: one stream {:.2} GB/s to staged ({:.2} s; written after {:.2} s)",
+                        gb / x.staged_s,
+                        x.staged_s,
+                        x.written_s
+                    );
+                    stream.push(x);
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&disk_dir);
+    let names: [(&str, String); 7] = [
+        (
+            "memcpy",
+            "memcpy into a pre-faulted private buffer (one thread)".into(),
+        ),
+        (
+            "tmpfs",
+            format!(
+                "write(2) in {} pieces into a new file in /dev/shm, close",
+                size_str(o.piece)
+            ),
+        ),
+        (
+            "disk write+fsync",
+            format!(
+                "write(2) in {} pieces into a new file in the arena directory, fsync, close",
+                size_str(o.piece)
+            ),
+        ),
+        (
+            "fio end_fsync",
+            "fio, buffered sequential 1 MiB writes, fsync at the end (--end_fsync=1)".into(),
+        ),
+        (
+            "fio fdatasync/256MiB",
+            format!(
+                "fio, buffered sequential 1 MiB writes, fdatasync every {} MiB and fsync at the \
+                 end (--fdatasync={} --end_fsync=1): the server's Sync rhythm",
+                o.fio_sync_mib, o.fio_sync_mib
+            ),
+        ),
+        (
+            "fio O_DIRECT",
+            "fio, sequential 1 MiB O_DIRECT writes (--direct=1)".into(),
+        ),
+        ("", String::new()),
+    ];
+    for (i, (name, what)) in names.iter().enumerate() {
+        if !name.is_empty() && !got[i].is_empty() {
+            r.baselines.push(Baseline {
+                name: name.to_string(),
+                what: what.clone(),
+                gbps: Stats::of(&got[i]),
+            });
+        }
+    }
+    if !stream.is_empty() {
+        r.stream = Some(tp_row(1, 1, total, &stream));
+    }
+    Ok(())
+}
+
+/// Bytes of the untimed warm-up each rig gets first (connections, arenas, the agent's page
+/// tables, the first drain).
+const WARMUP: u64 = 64 * MIB;
+
+/// A throughput rig: `k` servers on loopback, draining to a directory in /dev/shm, after one
+/// untimed warm-up point.
+fn tp_rig(o: &SOpts, p: &Programs, k: usize, datafile: &Path) -> Res<Rig> {
+    let drain = o.drain_dir.join(format!("k{k}"));
+    std::fs::create_dir_all(&drain).ctx(|| format!("creating {}", drain.display()))?;
+    let servers: Vec<(String, PathBuf)> = (0..k)
+        .map(|i| {
+            (
+                format!("127.0.0.1:{}", o.port_base as usize + 10 * k + i),
+                o.arena_dir
+                    .join(format!("{}-stage-k{k}-{i}", prefix(o.pid))),
+            )
+        })
+        .collect();
+    let mut rig = Rig::start(
+        o,
+        p,
+        &format!("tp{k}"),
+        o.total + 256 * MIB,
+        &drain.display().to_string(),
+        &servers,
+        None,
+    )?;
+    throughput_point(o, p, &mut rig, datafile, 1, WARMUP.min(o.total), "warmup")
+        .ctx(|| "warm-up")?;
+    Ok(rig)
+}
+
+fn throughput_part(
+    o: &SOpts,
+    p: &Programs,
+    rig: &mut Rig,
+    k: usize,
+    datafile: &Path,
+    r: &mut SResults,
+) -> Res<()> {
+    let mut got: Vec<Vec<TpSample>> = vec![Vec::new(); o.procs.len()];
+    for rep in 0..o.reps {
+        for j in 0..o.procs.len() {
+            let i = (rep + j) % o.procs.len();
+            let n = o.procs[i];
+            let tag = format!("tp-s{k}-p{n}-r{rep}");
+            let x = throughput_point(o, p, rig, datafile, n, o.total, &tag)?;
+            eprintln!(
+                "  throughput rep {}/{} {k} server(s), {n} writer(s): {:.2} GB/s to staged ({:.2} s; written {:.2} s, files staged {:.2}..{:.2} s; absorbed {})",
+                rep + 1,
+                o.reps,
+                o.total as f64 / 1e9 / x.staged_s,
+                x.staged_s,
+                x.written_s,
+                x.first_file_s,
+                x.last_file_s,
+                x.absorbed
+                    .iter()
+                    .map(|&b| size_str(b))
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            );
+            got[i].push(x);
+        }
+    }
+    for (i, xs) in got.iter().enumerate() {
+        if !xs.is_empty() {
+            r.throughput.push(tp_row(k, o.procs[i], o.total, xs));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CkMethodKind {
+    S3,
+    Staging,
+    AgentS3,
+}
+
+fn checkpoint_part(
+    o: &SOpts,
+    p: &Programs,
+    data: &[u8],
+    datafile: &Path,
+    r: &mut SResults,
+) -> Res<()> {
+    let Some(url) = o.url.clone() else {
+        r.notes.push(
+            "checkpoint part not run: no S3 store (bench/netns-s3.sh up; eval \"$(bench/netns-s3.sh \
+             env)\"; or bench/run.sh --suite staging)"
+                .into(),
+        );
+        return Ok(());
+    };
+    if !Path::new(&format!("/run/netns/{}", o.stage_netns)).exists() {
+        r.notes.push(format!(
+            "checkpoint part not run: no network namespace {} (bench/netns-staging.sh up)",
+            o.stage_netns
+        ));
+        return Ok(());
+    }
+    eprintln!("links: TCP goodput to the staging namespace and to the S3 namespace");
+    let stage_ip: Option<std::net::IpAddr> = o.stage_ip.parse().ok();
+    r.links.push(measure_link(
+        o,
+        "node → staging server",
+        &o.stage_netns,
+        &o.stage_link_dev,
+        stage_ip,
+        data,
+    ));
+    r.links.push(measure_link(
+        o,
+        "node or staging server → S3",
+        &o.netns,
+        &o.link_dev,
+        durable::endpoint_ip(&url).ok(),
+        data,
+    ));
+    let nominal = r.links[1].nominal_bytes_per_s;
+    let durable = DurableStore::open(&url).ctx(|| "opening the S3 store")?;
+    let max = o.sizes.iter().copied().max().unwrap_or(0);
+    let capacity = max + 256 * MIB;
+    let server = (
+        format!("{}:{}", o.stage_ip, o.port_base as usize + 100),
+        o.arena_dir.join(format!("{}-stage-ck", prefix(o.pid))),
+    );
+    let mut stg = match Rig::start(
+        o,
+        p,
+        "ckstg",
+        capacity,
+        &url,
+        &[server],
+        Some(&o.stage_netns),
+    ) {
+        Ok(x) => Some(x),
+        Err(e) => {
+            r.notes
+                .push(format!("cascade with staging not measured: {e}"));
+            None
+        }
+    };
+    let mut s3 = match Rig::start(o, p, "cks3", capacity, &url, &[], None) {
+        Ok(x) => Some(x),
+        Err(e) => {
+            r.notes
+                .push(format!("cascade without staging not measured: {e}"));
+            None
+        }
+    };
+    // An untimed warm-up checkpoint through each rig.
+    for (slot, what) in [(&mut stg, "staging"), (&mut s3, "agent → S3")] {
+        let Some(rig) = slot.as_mut() else { continue };
+        let name = format!(
+            "{}-warmup-{}",
+            prefix(o.pid),
+            rig.store.rsplit('-').next().unwrap_or("x")
+        );
+        let size = WARMUP.min(max);
+        if let Err(e) = checkpoint_cascade(
+            o,
+            p,
+            rig,
+            &durable,
+            datafile,
+            size,
+            &name,
+            r.wait_staged_cli,
+        ) {
+            r.notes.push(format!(
+                "cascade ({what}) not measured: warm-up failed: {e}"
+            ));
+            *slot = None;
+        }
+    }
+    let methods = [
+        CkMethodKind::S3,
+        CkMethodKind::Staging,
+        CkMethodKind::AgentS3,
+    ];
+    let mut s3_s: Vec<Vec<f64>> = vec![Vec::new(); o.sizes.len()];
+    let mut s3_wire: Vec<Vec<f64>> = vec![Vec::new(); o.sizes.len()];
+    let mut with: Vec<Vec<CkSample>> = vec![Vec::new(); o.sizes.len()];
+    let mut without: Vec<Vec<CkSample>> = vec![Vec::new(); o.sizes.len()];
+    let mut n = 0usize;
+    for rep in 0..o.reps {
+        for (si, &size) in o.sizes.iter().enumerate() {
+            for k in 0..methods.len() {
+                let label = format!("  checkpoint rep {}/{} {}", rep + 1, o.reps, size_str(size));
+                match methods[(rep + k) % methods.len()] {
+                    CkMethodKind::S3 => {
+                        let name = format!("{}-direct-{}", prefix(o.pid), size / MIB);
+                        let (s, wire) = durable::direct_s3(
+                            &durable,
+                            &data[..size as usize],
+                            &name,
+                            &o.link_dev,
+                        )?;
+                        eprintln!("{label}: direct-s3 stall {s:.2} s");
+                        s3_s[si].push(s);
+                        s3_wire[si].extend(wire);
+                    }
+                    kind => {
+                        let (slot, out, what) = if kind == CkMethodKind::Staging {
+                            (&mut stg, &mut with[si], "staging")
+                        } else {
+                            (&mut s3, &mut without[si], "agent → S3")
+                        };
+                        let Some(rig) = slot.as_mut() else { continue };
+                        n += 1;
+                        let name = format!("{}-ck{n:03}", prefix(o.pid));
+                        match checkpoint_cascade(
+                            o,
+                            p,
+                            rig,
+                            &durable,
+                            datafile,
+                            size,
+                            &name,
+                            r.wait_staged_cli,
+                        ) {
+                            Ok(x) => {
+                                eprintln!(
+                                    "{label}: cascade ({what}) stall {:.2} s, staged after {:.2} s, durable after {:.2} s",
+                                    x.stall, x.staged, x.durable
+                                );
+                                out.push(x);
+                            }
+                            Err(e) => {
+                                eprintln!("cascade ({what}): {e}; not measured from here");
+                                r.notes.push(format!(
+                                    "cascade ({what}) failed at {label}: {e}",
+                                    label = label.trim()
+                                ));
+                                *slot = None;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for rig in [stg.take(), s3.take()].into_iter().flatten() {
+        let mut rig = rig;
+        if let Err(e) = rig.stop() {
+            r.notes.push(format!("stopping a rig: {e}"));
+        }
+    }
+    for (si, &bytes) in o.sizes.iter().enumerate() {
+        r.checkpoint.push(CkRow {
+            bytes,
+            direct_s3_s: stats_opt(&s3_s[si]),
+            direct_s3_wire_s: stats_opt(&s3_wire[si]),
+            staging: ck_method(&with[si]),
+            agent_s3: ck_method(&without[si]),
+            link_min_nominal_s: nominal.map(|b| bytes as f64 / b),
+        });
+    }
+    Ok(())
+}
+
+fn run_all(o: &SOpts, data: &[u8], datafile: &Path, r: &mut SResults) -> Res<()> {
+    let p = Programs::prepare(o)?;
+    r.wait_staged_cli = p.wait_knows_staged();
+    let ssd = o.parts.contains(&Part::Ssd);
+    let tp = o.parts.contains(&Part::Throughput);
+    let mut ks: Vec<usize> = if tp { o.servers.clone() } else { Vec::new() };
+    if ssd && !ks.contains(&1) {
+        ks.push(1);
+    }
+    ks.sort_unstable();
+    ks.dedup();
+    if ssd && ks.is_empty() {
+        ks.push(1);
+    }
+    for k in ks {
+        eprintln!("rig: {k} staging server(s) on loopback");
+        let mut rig = match tp_rig(o, &p, k, datafile) {
+            Ok(x) => Some(x),
+            Err(e) => {
+                eprintln!("rig with {k} server(s): {e}");
+                r.notes
+                    .push(format!("rig with {k} staging server(s) did not start: {e}"));
+                None
+            }
+        };
+        if ssd && k == 1 {
+            if let Err(e) = ssd_part(o, &p, rig.as_mut(), data, datafile, r) {
+                eprintln!("ssd part: {e}");
+                r.notes.push(format!("ssd part failed: {e}"));
+            }
+        }
+        if tp && o.servers.contains(&k) {
+            if let Some(rig) = rig.as_mut() {
+                if let Err(e) = throughput_part(o, &p, rig, k, datafile, r) {
+                    eprintln!("throughput with {k} server(s): {e}");
+                    r.notes
+                        .push(format!("throughput with {k} server(s) failed: {e}"));
+                }
+            }
+        }
+        if let Some(mut rig) = rig {
+            if let Err(e) = rig.stop() {
+                r.notes
+                    .push(format!("stopping the rig with {k} server(s): {e}"));
+            }
+        }
+    }
+    if o.parts.contains(&Part::Checkpoint) {
+        if let Err(e) = checkpoint_part(o, &p, data, datafile, r) {
+            eprintln!("checkpoint part: {e}");
+            r.notes.push(format!("checkpoint part failed: {e}"));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+/// "1.23 [1.10–1.40]" (two decimals), or "1.23" for one sample.
+fn st(s: &Stats) -> String {
+    if s.samples.len() <= 1 {
+        format!("{:.2}", s.median)
+    } else {
+        format!("{:.2} [{:.2}–{:.2}]", s.median, s.min, s.max)
+    }
+}
+
+fn st_opt(s: &Option<Stats>) -> String {
+    s.as_ref().map_or_else(|| "n/a".into(), st)
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    let r = a / b;
+    if r.is_finite() {
+        format!("{r:.2}x")
+    } else {
+        "n/a".into()
+    }
+}
+
+fn secs_gbps(s: &Stats, bytes: u64) -> String {
+    format!("{} ({:.3} GB/s)", st(s), bytes as f64 / s.median / 1e9)
+}
+
+fn used(v: &[usize]) -> String {
+    let mut u = v.to_vec();
+    u.sort_unstable();
+    u.dedup();
+    u.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn baseline<'a>(r: &'a SResults, name: &str) -> Option<&'a Baseline> {
+    r.baselines.iter().find(|b| b.name == name)
+}
+
+fn markdown(rep: &Report) -> String {
+    let o = rep.options;
+    let r = rep.results;
+    let m = rep.machine;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Cascade staging servers (L1): throughput, SSD ingest, checkpoint time\n"
+    );
+    let _ = writeln!(
+        s,
+        "Generated by `bench/run.sh --suite staging` ({}) on {} UTC from commit {}; the run \
+         took {:.0} s.\n",
+        rep.command, rep.generated_utc, rep.source, rep.duration_s
+    );
+    let _ = writeln!(
+        s,
+        "**This machine has {} cores.** The writers, the node agent, every staging server (a \
+         `cascade stage-server` process each), the S3 server and the kernel's TCP and tc work \
+         all share them, so the figures show how far two cores carry the whole pipeline, not \
+         what separate server machines would do. Everything runs for real: node stores \
+         written by C programs under `cascade run` (LD_PRELOAD), `cascade agent --staging`, \
+         `cascade stage-server` with arenas on local disk. {}; GB/s = 10^9 bytes/s; ratios \
+         divide medians measured in this run. See bench/README.md.\n",
+        m.cores,
+        if o.reps > 1 {
+            format!(
+                "Each figure is the median of {} runs, [min–max] in brackets",
+                o.reps
+            )
+        } else {
+            "One run per figure".to_string()
+        }
+    );
+    if rep.interference.other_cpu_pct > 10.0 {
+        let _ = writeln!(
+            s,
+            "**Warning:** other processes and kernel threads used {:.0} % of the CPUs during \
+             this run; the figures are disturbed by them.\n",
+            rep.interference.other_cpu_pct
+        );
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(s, "**Not measured / failed:**\n");
+        for n in &r.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s.push('\n');
+    }
+    let fio_end = baseline(r, "fio end_fsync").map(|b| b.gbps.median);
+    let disk = baseline(r, "disk write+fsync").map(|b| b.gbps.median);
+
+    // Throughput.
+    if !r.throughput.is_empty() {
+        let _ = writeln!(s, "## Staging throughput by writer processes and servers\n");
+        let _ = writeln!(
+            s,
+            "N writer processes each write one file of {}/N into the node store (write(2) in {} \
+             pieces, released together by a pipe barrier) under `cascade run`; the node agent \
+             (`--placement stripe`: file by file round robin over the servers) sends each \
+             closed file to a staging server on loopback (127.0.0.1, no shaping), each server \
+             with its own arena directory in {} ({}). **GB/s** = {} / (first write until every \
+             file is staged, i.e. on a server's SSD after its fdatasync and recorded by the \
+             agent, as the node store shows it). The servers drain to a directory in /dev/shm; \
+             each point waits until they have drained, so the next starts with idle servers. \
+             Plot: staging-throughput.png.\n",
+            size_str(o.total),
+            size_str(o.piece),
+            o.arena_dir.display(),
+            m.disk_fs,
+            size_str(o.total)
+        );
+        let mut ks: Vec<usize> = r.throughput.iter().map(|t| t.servers).collect();
+        ks.sort_unstable();
+        ks.dedup();
+        let _ = write!(s, "| writers × file |");
+        for k in &ks {
+            let _ = write!(s, " {k} server{}, GB/s |", if *k == 1 { "" } else { "s" });
+        }
+        let _ = write!(s, "\n|---|");
+        for _ in &ks {
+            let _ = write!(s, "---|");
+        }
+        s.push('\n');
+        for &n in &o.procs {
+            let _ = write!(s, "| {n} × {} |", size_str(o.total / n as u64));
+            for &k in &ks {
+                let cell = r
+                    .throughput
+                    .iter()
+                    .find(|t| t.servers == k && t.procs == n)
+                    .map_or_else(|| "n/a".into(), |t| st(&t.gbps));
+                let _ = write!(s, " {cell} |");
+            }
+            s.push('\n');
+        }
+        let base11 = r
+            .throughput
+            .iter()
+            .find(|t| t.servers == 1 && t.procs == 1)
+            .map(|t| t.gbps.median);
+        let _ = writeln!(
+            s,
+            "\nDetails. *Written*: total / (first write until the last writer closed its file): \
+             the node store. *After the last close*: until every file was staged. *Files \
+             staged*: when the first and the last file was seen staged. *Absorb*: total / the \
+             servers' absorb window (their `absorbed_bytes`, sampled every 20 ms: from the \
+             first rise until all bytes had been appended, before the last fdatasync), and \
+             when that window opened. *Servers used*: how many received data (per repetition, \
+             distinct values). CPU: seconds of CPU the agent and all servers used from the \
+             start until every file was staged (out of {} cores × that time).\n",
+            m.cores
+        );
+        let _ = writeln!(
+            s,
+            "| servers | writers × file | GB/s to staged | s to staged | written, GB/s | after \
+             the last close, s | files staged first / last, s | absorb GB/s | absorb from, s \
+             | servers used | agent / servers CPU, s | vs fio end_fsync | vs disk write+fsync \
+             | vs 1 writer, 1 server |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for t in &r.throughput {
+            let _ = writeln!(
+                s,
+                "| {} | {} × {} | {} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} | {:.2} / \
+                 {:.2} | {} | {} | {} |",
+                t.servers,
+                t.procs,
+                size_str(t.file_bytes),
+                st(&t.gbps),
+                st(&t.staged_s),
+                st(&t.write_gbps),
+                st(&t.after_close_s),
+                t.first_file_s.median,
+                t.last_file_s.median,
+                st_opt(&t.absorb_gbps),
+                t.absorb_start_s
+                    .as_ref()
+                    .map_or_else(|| "n/a".into(), |x| format!("{:.2}", x.median)),
+                used(&t.servers_used),
+                t.agent_cpu_s.median,
+                t.server_cpu_s.median,
+                fio_end.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)),
+                disk.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)),
+                base11.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)),
+            );
+        }
+        let resent: Vec<String> = r
+            .throughput
+            .iter()
+            .filter(|t| t.absorbed_ratio.iter().any(|&x| (x - 1.0).abs() > 0.001))
+            .map(|t| {
+                format!(
+                    "{} server(s), {} writer(s): absorbed {} of the bytes",
+                    t.servers,
+                    t.procs,
+                    t.absorbed_ratio
+                        .iter()
+                        .map(|x| format!("{x:.3}x"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
+            .collect();
+        if resent.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nIn every run the servers absorbed exactly the bytes written (nothing sent \
+                 twice)."
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "\nAbsorbed bytes differ from those written: {}.",
+                resent.join("; ")
+            );
+        }
+        s.push('\n');
+    }
+
+    // SSD.
+    if !r.baselines.is_empty() || r.stream.is_some() {
+        let _ = writeln!(s, "## Server SSD ingest vs the disk under the arenas\n");
+        let _ = writeln!(
+            s,
+            "The baselines write {} each, in the arena directory ({}) or in memory; within each \
+             repetition every method runs once, in an order that rotates, because this VM's \
+             disk bandwidth changes from run to run (see the ranges). *One stream*: one writer, \
+             one {} file, one staging server; GB/s from its first write until it is staged, and \
+             the server's absorb rate (appending to its arena, before the last fdatasync).\n",
+            size_str(o.total),
+            m.disk_fs,
+            size_str(o.total)
+        );
+        let _ = writeln!(s, "| method | GB/s | what |\n|---|---|---|");
+        for b in &r.baselines {
+            let _ = writeln!(s, "| {} | {} | {} |", b.name, st(&b.gbps), b.what);
+        }
+        if let Some(t) = &r.stream {
+            let _ = writeln!(
+                s,
+                "| **one stream, to staged** | {} | 1 writer, 1 server: first write until the \
+                 file is staged (written at {:.2} GB/s; staged {:.2} s after its close) |",
+                st(&t.gbps),
+                t.write_gbps.median,
+                t.after_close_s.median
+            );
+            let _ = writeln!(
+                s,
+                "| **one stream, server absorb** | {} | the server's absorb window (from {:.2} s \
+                 after the first write) |",
+                st_opt(&t.absorb_gbps),
+                t.absorb_start_s.as_ref().map_or(f64::NAN, |x| x.median)
+            );
+            let _ = writeln!(
+                s,
+                "\n| one stream / | memcpy | tmpfs | disk write+fsync | fio end_fsync | fio \
+                 fdatasync/256MiB | fio O_DIRECT |\n|---|---|---|---|---|---|---|"
+            );
+            for (label, v) in [
+                ("to staged", Some(t.gbps.median)),
+                ("server absorb", t.absorb_gbps.as_ref().map(|x| x.median)),
+            ] {
+                let Some(v) = v else { continue };
+                let _ = write!(s, "| {label} |");
+                for name in [
+                    "memcpy",
+                    "tmpfs",
+                    "disk write+fsync",
+                    "fio end_fsync",
+                    "fio fdatasync/256MiB",
+                    "fio O_DIRECT",
+                ] {
+                    let cell =
+                        baseline(r, name).map_or_else(|| "n/a".into(), |b| ratio(v, b.gbps.median));
+                    let _ = write!(s, " {cell} |");
+                }
+                s.push('\n');
+            }
+        }
+        s.push('\n');
+    }
+
+    // Checkpoint.
+    if !r.checkpoint.is_empty() {
+        let _ = writeln!(
+            s,
+            "## Checkpoint time: staging vs a durable store behind 1 Gbit/s\n"
+        );
+        let stage_link = r.links.first();
+        let _ = writeln!(
+            s,
+            "The durable store is the S3 server (versitygw) of bench/netns-s3.sh behind a veth \
+             link shaped with `tc tbf` to {}; one staging server runs in the network namespace \
+             of bench/netns-staging.sh, reached from the node over a veth link shaped to {} \
+             (measured TCP goodput: {}), and drains to that S3 store through the root namespace, \
+             i.e. over the same 1 Gbit/s link. The application writes one checkpoint file \
+             (write(2) in {} pieces), closes it and calls `cascade_commit()` of the preloaded \
+             library: **stall** = write + close + commit. **direct-s3**: the application uploads \
+             the file itself (`DurableStore::upload_checkpoint`: data, BLAKE3 object, marker): \
+             its stall is also when it is safe. **staged** = safe from the loss of the node: the \
+             file on the server's SSD and the checkpoint's file list accepted by the server \
+             (`LifeEntry::checkpoint_safe()`, seen in the node store every 2 ms; `cascade wait \
+             --level staged` agrees, below). **durable** = the checkpoint's completion marker \
+             in S3 (written by the server after draining) and recorded in the node store. \
+             *Agent → S3* is Cascade without staging servers: the node agent uploads to S3 \
+             itself, so it is safe from node loss only once durable. All times from the start \
+             of the write.\n",
+            r.links
+                .get(1)
+                .and_then(|l| l.nominal_bytes_per_s)
+                .map_or_else(|| "?".into(), |b| format!("{:.0} Mbit/s", b * 8.0 / 1e6)),
+            stage_link
+                .and_then(|l| l.nominal_bytes_per_s)
+                .map_or_else(|| "?".into(), |b| format!("{:.0} Gbit/s", b * 8.0 / 1e9)),
+            stage_link
+                .and_then(|l| l.goodput.as_ref())
+                .map_or_else(|| "n/a".into(), |g| format!("{:.2} GB/s", g.median / 1e9)),
+            size_str(o.piece)
+        );
+        let _ = writeln!(
+            s,
+            "| checkpoint | direct-s3 stall, s (GB/s) | cascade + staging stall, s (GB/s) | \
+             stall ratio direct-s3 / cascade | staged (safe from node loss), s | safe: \
+             direct-s3 / staging | durable with staging, s | cascade agent → S3: stall, s | \
+             agent → S3: durable (= safe), s | safe: agent → S3 / staging | durable: staging / \
+             agent → S3 | link minimum, s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for row in &r.checkpoint {
+            let b = row.bytes;
+            let s3 = row.direct_s3_s.as_ref();
+            let stg = row.staging.as_ref();
+            let a3 = row.agent_s3.as_ref();
+            let na = || "n/a".to_string();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                size_str(b),
+                s3.map_or_else(na, |x| secs_gbps(x, b)),
+                stg.map_or_else(na, |x| secs_gbps(&x.stall_s, b)),
+                match (s3, stg) {
+                    (Some(a), Some(c)) => format!("**{}**", ratio(a.median, c.stall_s.median)),
+                    _ => na(),
+                },
+                stg.map_or_else(na, |x| st(&x.staged_s)),
+                match (s3, stg) {
+                    (Some(a), Some(c)) => ratio(a.median, c.staged_s.median),
+                    _ => na(),
+                },
+                stg.map_or_else(na, |x| st(&x.durable_s)),
+                a3.map_or_else(na, |x| st(&x.stall_s)),
+                a3.map_or_else(na, |x| st(&x.durable_s)),
+                match (a3, stg) {
+                    (Some(a), Some(c)) => ratio(a.durable_s.median, c.staged_s.median),
+                    _ => na(),
+                },
+                match (a3, stg) {
+                    (Some(a), Some(c)) => ratio(c.durable_s.median, a.durable_s.median),
+                    _ => na(),
+                },
+                row.link_min_nominal_s
+                    .map_or_else(na, |x| format!("{x:.2}")),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nWhere the time goes, every time from the start of the write. *On the wire*: \
+             when the S3 link's host end (tx_bytes, sampled every 2 ms) started carrying the \
+             data (first 64 KiB) and had carried 99 % of it: for staging that is the server's \
+             drain, for agent → S3 the agent's upload, for direct-s3 the application's upload. \
+             *Marker written*: the completion marker's own timestamp \
+             (`completed_unix_ns`; the staging server writes it after draining, the agent after \
+             uploading); *durable (store)*: when the node store recorded it (with staging the \
+             agent asks the servers every 0.5 s). The `cascade wait` columns: when `cascade \
+             wait --level staged` / `--level durable`, started right after the writer exited, \
+             returned (they look every 20 ms).\n"
+        );
+        let _ = writeln!(
+            s,
+            "| checkpoint | method | write + close, s | commit, s | staged (store), s | `cascade \
+             wait --level staged` returned, s | on the wire from, s | on the wire until, s | \
+             marker written, s | marker − on the wire until, s | durable (store), s | `cascade wait \
+             --level durable` returned, s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for row in &r.checkpoint {
+            if let Some(x) = &row.direct_s3_s {
+                let _ = writeln!(
+                    s,
+                    "| {} | direct-s3 | n/a | n/a | n/a | n/a | n/a | {} | n/a | {} | {} (the \
+                     stall) | n/a |",
+                    size_str(row.bytes),
+                    st_opt(&row.direct_s3_wire_s),
+                    row.direct_s3_wire_s.as_ref().map_or_else(
+                        || "n/a".into(),
+                        |w| format!("{:.2} (stall − wire)", x.median - w.median)
+                    ),
+                    st(x)
+                );
+            }
+            for (label, m) in [("staging", &row.staging), ("agent → S3", &row.agent_s3)] {
+                let Some(m) = m else { continue };
+                let _ = writeln!(
+                    s,
+                    "| {} | {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    size_str(row.bytes),
+                    st(&m.write_s),
+                    st(&m.commit_s),
+                    st(&m.staged_s),
+                    st_opt(&m.wait_staged_s),
+                    st_opt(&m.wire_start_s),
+                    st_opt(&m.wire_end_s),
+                    st_opt(&m.marker_s),
+                    match (&m.marker_s, &m.wire_end_s) {
+                        (Some(a), Some(b)) => format!("{:.2}", a.median - b.median),
+                        _ => "n/a".into(),
+                    },
+                    st(&m.durable_s),
+                    st_opt(&m.wait_durable_s),
+                );
+            }
+        }
+        s.push('\n');
+    }
+
+    if !r.checkpoint.is_empty() {
+        let _ = writeln!(
+            s,
+            "Reading it: with staging, the drain of a file starts once the server has it \
+             sealed (all of it received), so the time until durable is about the time until \
+             staged plus the drain over the 1 Gbit/s link plus what the upload costs after its \
+             last byte. The server drains with `DurableStore::put_file` (a multipart upload \
+             for files over 8 MiB, which this S3 server reassembles at completion: the \
+             *marker − on the wire until* column), while the agent uploads a file held in \
+             memory in one request (`put_buffers`), as the durable suite describes.\n"
+        );
+    }
+
+    if !r.links.is_empty() {
+        let _ = writeln!(s, "## Links\n");
+        let _ = writeln!(
+            s,
+            "| link | nominal | host end | namespace end | offloads (host end) | TCP goodput, \
+             one connection ({} per test) |\n|---|---|---|---|---|---|",
+            size_str(o.linktest_bytes)
+        );
+        for l in &r.links {
+            let good = match (&l.goodput, &l.error) {
+                (Some(g), _) => {
+                    let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
+                        format!(" ({:.1} % of nominal)", 100.0 * g.median / n)
+                    });
+                    format!(
+                        "{:.1} [{:.1}–{:.1}] MB/s{pct}",
+                        g.median / 1e6,
+                        g.min / 1e6,
+                        g.max / 1e6
+                    )
+                }
+                (None, Some(e)) => format!("failed: {e}"),
+                (None, None) => "not measured".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {good} |",
+                l.name,
+                l.nominal_bytes_per_s.map_or_else(
+                    || "unknown".into(),
+                    |n| format!("{:.0} Mbit/s", n * 8.0 / 1e6)
+                ),
+                l.out,
+                l.back,
+                l.offloads
+            );
+        }
+        s.push('\n');
+    }
+
+    let _ = writeln!(s, "## Set-up\n");
+    let _ = writeln!(
+        s,
+        "- Staging servers: `cascade stage-server --listen ADDR --dir DIR --drain-to URL` with \
+         the defaults (arenas of 256 MiB, 8 receive buffers of 17 MiB, 2 IO threads), one \
+         process per server, each with its own arena directory under {}. Throughput and \
+         single stream: loopback servers draining to {}/k<servers>; checkpoint part: one \
+         server at {}:{} in namespace {} draining to the S3 store.",
+        o.arena_dir.display(),
+        o.drain_dir.display(),
+        o.stage_ip,
+        o.port_base as usize + 100,
+        o.stage_netns
+    );
+    let _ = writeln!(
+        s,
+        "- Node: one store per rig (`{}`-store-tp<k>, -ckstg, -cks3), memory only (no spill \
+         file), with `cascade agent --staging ...` started by the bench (so `cascade run` \
+         embeds none); the agent's defaults: Write frames of 8 MiB, a Sync every 256 MiB and \
+         at the end of each batch, placement stripe.",
+        prefix(o.pid)
+    );
+    let _ = writeln!(
+        s,
+        "- Staged is taken from the node store (`Store::life_tree` every 2 ms: all files \
+         `safe()`; for a committed checkpoint also `checkpoint_safe()`), the predicates of \
+         `cascade wait --level staged`{}.",
+        if r.wait_staged_cli {
+            ", which the checkpoint part also runs"
+        } else {
+            " (not in the CLI measured)"
+        }
+    );
+
+    let disk_fs = util::fs_of(&o.arena_dir);
+    machine_table(
+        &mut s,
+        m,
+        &[
+            (
+                format!("arena directory ({})", o.arena_dir.display()),
+                disk_fs,
+            ),
+            ("fio".into(), rep.fio.clone()),
+            ("cascade CLI".into(), rep.cascade_cli.clone()),
+            ("preload library".into(), rep.library.clone()),
+            (
+                "durable store (checkpoint part)".into(),
+                format!(
+                    "{} ({})",
+                    o.durable.clone().unwrap_or_else(|| "none".into()),
+                    rep.s3_server
+                ),
+            ),
+            (
+                "CPU used by the S3 server during the run (not counted below)".into(),
+                format!("{:.1} % of all cores", rep.s3_server_cpu_pct),
+            ),
+        ],
+        &rep.interference,
+    );
+    s
+}
+
+pub fn run(a: StagingArgs) -> Res<()> {
+    let pid = std::process::id();
+    let o = build_opts(&a, pid)?;
+    let dirs = vec![PathBuf::from("/var/tmp"), o.arena_dir.clone()];
+    for what in util::cleanup(None, &dirs) {
+        eprintln!("cleanup: removed {what} (left by an earlier run)");
+    }
+    let _guard = crate::CleanupGuard {
+        pid,
+        dirs: dirs.clone(),
+    };
+    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let machine = util::machine(&o.arena_dir, &o.arena_dir);
+    eprintln!(
+        "cascade-bench staging: {} ({} cores), kernel {}, {} GiB RAM; parts {:?}; names {}-*",
+        machine.cpu_model,
+        machine.cores,
+        machine.kernel,
+        machine.ram_gib,
+        o.parts,
+        prefix(pid)
+    );
+    // The data, once: a /dev/shm file the C writers map, non-zero xorshift (not compressible).
+    let max = o
+        .sizes
+        .iter()
+        .copied()
+        .chain([o.total])
+        .max()
+        .unwrap_or(o.total);
+    let datafile = PathBuf::from(format!("/dev/shm/{}-data", prefix(pid)));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&datafile)
+        .ctx(|| format!("creating {}", datafile.display()))?;
+    f.set_len(max)
+        .ctx(|| format!("sizing {}", datafile.display()))?;
+    // SAFETY: the file was just created by this process, which alone writes it; it is not
+    // truncated while mapped.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }
+        .ctx(|| format!("mapping {}", datafile.display()))?;
+    fill_pattern(&mut map, 0x57a9_1e5e_bead_f00d);
+    let load0 = util::loadavg();
+    let cpu0 = util::cpu_snap();
+    let server0 = durable::server_ticks();
+    let t0 = now_ns();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut results = SResults::default();
+    let outcome = run_all(&o, &map, &datafile, &mut results);
+    drop(map);
+    let duration_s = (now_ns() - t0) as f64 / 1e9;
+    let mut interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    let server_cpu_pct = match (server0, durable::server_ticks()) {
+        (Some(a), Some(b)) => {
+            let wall_ticks = duration_s * 100.0 * machine.cores.max(1) as f64;
+            (b.saturating_sub(a) as f64 / wall_ticks * 1000.0).round() / 10.0
+        }
+        _ => f64::NAN,
+    };
+    if server_cpu_pct.is_finite() {
+        interference.other_cpu_pct =
+            ((interference.other_cpu_pct - server_cpu_pct).max(0.0) * 10.0).round() / 10.0;
+    }
+    if let Err(e) = &outcome {
+        results.notes.push(format!("the run stopped: {e}"));
+    }
+    let rep = Report {
+        suite: "staging",
+        generated_utc: utc_string(started),
+        duration_s,
+        command: durable::command_line(),
+        source: crate::source_version_of(&[
+            "crates/cascade-staging",
+            "crates/cascade-agent",
+            "crates/cascade-cli",
+            "crates/cascade-store",
+            "crates/cascade-preload",
+            "crates/cascade-durable",
+            "bench",
+        ]),
+        cascade_cli: durable::describe(&o.cascade),
+        library: durable::describe(&o.cascade.with_file_name("libcascade.so")),
+        fio: fio_version(&o.fio),
+        s3_server: if o.url.is_some() {
+            durable::s3_server()
+        } else {
+            "not used".into()
+        },
+        s3_server_cpu_pct: server_cpu_pct,
+        machine: &machine,
+        interference,
+        options: &o,
+        results: &results,
+    };
+    let md = markdown(&rep);
+    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
+    let md_path = a.out.join("staging.md");
+    let json_path = a.out.join("staging.json");
+    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
+    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
+    eprintln!(
+        "wrote {} and {} ({duration_s:.0} s)",
+        md_path.display(),
+        json_path.display()
+    );
+    outcome?;
+    if !results.notes.is_empty() {
+        return err(format!(
+            "some measurements failed or did not run: {}",
+            results.notes.join("; ")
+        ));
+    }
+    Ok(())
+}
