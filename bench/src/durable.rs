@@ -407,32 +407,50 @@ fn measure_link(o: &DOpts, src: &[u8]) -> Link {
             return link;
         }
     };
+    (link.goodput, link.linktest_error) =
+        link_goodput("", &o.netns, ip, src, o.linktest_bytes, o.reps);
+    link
+}
+
+/// TCP goodput through a shaped link, `reps` times ([`linktest`]), logged as it goes
+/// (`label` names the link, "" for the only one): the statistics, and the error that cut the
+/// series short, if any.
+pub(crate) fn link_goodput(
+    label: &str,
+    netns: &str,
+    ip: IpAddr,
+    src: &[u8],
+    bytes: u64,
+    reps: usize,
+) -> (Option<Stats>, Option<String>) {
+    let label = if label.is_empty() {
+        String::new()
+    } else {
+        format!(" {label}")
+    };
     let mut samples = Vec::new();
-    for rep in 0..o.reps {
+    let mut error = None;
+    for rep in 0..reps {
         settle();
-        match linktest(&o.netns, ip, src, o.linktest_bytes) {
+        match linktest(netns, ip, src, bytes) {
             Ok(s) => {
-                let g = o.linktest_bytes as f64 / s;
+                let g = bytes as f64 / s;
                 eprintln!(
-                    "  link test {}/{}: {} in {s:.3} s = {:.1} MB/s",
+                    "  link test{label} {}/{reps}: {} in {s:.3} s = {:.1} MB/s",
                     rep + 1,
-                    o.reps,
-                    size_str(o.linktest_bytes),
+                    size_str(bytes),
                     g / 1e6
                 );
                 samples.push(g);
             }
             Err(e) => {
-                eprintln!("  link test failed: {e}");
-                link.linktest_error = Some(e.0);
+                eprintln!("  link test{label} failed: {e}");
+                error = Some(e.0);
                 break;
             }
         }
     }
-    if !samples.is_empty() {
-        link.goodput = Some(Stats::of(&samples));
-    }
-    link
+    ((!samples.is_empty()).then(|| Stats::of(&samples)), error)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1698,29 +1698,8 @@ fn measure_link(
     if o.linktest_bytes == 0 {
         return link;
     }
-    let mut samples = Vec::new();
-    for rep in 0..o.reps {
-        durable::settle();
-        match durable::linktest(netns, ip, src, o.linktest_bytes) {
-            Ok(s) => {
-                let g = o.linktest_bytes as f64 / s;
-                eprintln!(
-                    "  link test {name} {}/{}: {} in {s:.3} s = {:.1} MB/s",
-                    rep + 1,
-                    o.reps,
-                    size_str(o.linktest_bytes),
-                    g / 1e6
-                );
-                samples.push(g);
-            }
-            Err(e) => {
-                eprintln!("  link test {name} failed: {e}");
-                link.error = Some(e.0);
-                break;
-            }
-        }
-    }
-    link.goodput = stats_opt(&samples);
+    (link.goodput, link.error) =
+        durable::link_goodput(name, netns, ip, src, o.linktest_bytes, o.reps);
     link
 }
 

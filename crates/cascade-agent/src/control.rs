@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cascade_durable::FileDigest;
-use cascade_store::{OpenOptions, Store};
+use cascade_store::Store;
 
 use crate::daemon::Agent;
-use crate::restore::StoreWriter;
+use crate::restore::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
 
 /// Longest request line accepted.
@@ -64,39 +64,15 @@ impl Agent {
         let key = path.trim_start_matches('/');
         let store = self.store();
         let durable = self.durable();
+        let started = Instant::now();
+        let cut = path.rfind('/').unwrap_or(0);
+        let (parent, name) = (&path[..cut], &path[cut + 1..]);
+        let tmp = format!("{parent}/.{name}.cascade-fetch-{}", std::process::id());
         if let Some(staging) = self.staging() {
             // A staging server may hold a newer version than the durable tier, or the only
             // one (drain not finished when this job's previous node was lost).
-            let started = Instant::now();
-            let cut = path.rfind('/').unwrap_or(0);
-            let (parent, name) = (&path[..cut], &path[cut + 1..]);
-            let tmp = format!("{parent}/.{name}.cascade-fetch-{}", std::process::id());
-            if let Some((size, level)) = self.fetch_from_staging(staging, key, parent, &tmp)? {
-                store
-                    .rename(&tmp, path)
-                    .map_err(|e| Error::store(path, e))?;
-                if let Some(e) = store
-                    .life_tree(path)
-                    .ok()
-                    .and_then(|t| t.into_iter().next())
-                {
-                    if level == cascade_staging::protocol::Level::Durable {
-                        store.mark_durable(e.ino, e.generation, e.mod_seq);
-                    } else {
-                        store.mark_staged(e.ino, e.generation, e.mod_seq);
-                    }
-                }
-                if let Ok(mut s) = self.stats.lock() {
-                    s.fetched_files += 1;
-                    s.fetched_bytes += size;
-                }
-                self.log(|| {
-                    format!(
-                        "fetched {path} ({size} bytes, verified) from a staging server in {:.3} s",
-                        started.elapsed().as_secs_f64()
-                    )
-                });
-                return Ok(());
+            if let Some(size) = self.fetch_from_staging(staging, key, &tmp)? {
+                return self.install_fetched(&tmp, path, size, true, started);
             }
         }
         let is_file = match durable.size(key) {
@@ -116,54 +92,55 @@ impl Agent {
                 .create_dir_all(path, 0o755)
                 .map_err(|e| Error::store(path, e));
         }
-        let started = Instant::now();
-        let cut = path.rfind('/').unwrap_or(0);
-        let (parent, name) = (&path[..cut], &path[cut + 1..]);
-        if !parent.is_empty() {
-            store
-                .create_dir_all(parent, 0o755)
-                .map_err(|e| Error::store(parent, e))?;
-        }
-        let tmp = format!("{parent}/.{name}.cascade-fetch-{}", std::process::id());
         let digest = (|| -> Result<FileDigest> {
-            let options = OpenOptions::new()
-                .read(false)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o644);
-            let file = store
-                .open(&tmp, &options)
-                .map_err(|e| Error::store(&tmp, e))?;
+            let file = create_for_writing(store, &tmp)?;
             let mut out = StoreWriter::new(&file, &tmp);
             durable.download_to(key, &mut out).map_err(Error::Durable)
         })();
-        let digest = match digest {
-            Ok(d) => d,
+        match digest {
+            Ok(d) => self.install_fetched(&tmp, path, d.size, false, started),
             Err(e) => {
                 let _ = store.unlink(&tmp);
-                return Err(e);
+                Err(e)
             }
-        };
-        store
-            .rename(&tmp, path)
-            .map_err(|e| Error::store(path, e))?;
-        // It came from the durable tier: record it as durable so it is not uploaded back.
+        }
+    }
+
+    /// Renames a verified fetched file into place and records the level it came from
+    /// (staged only, or durable), so it is not sent back down.
+    fn install_fetched(
+        &self,
+        tmp: &str,
+        path: &str,
+        size: u64,
+        staged_only: bool,
+        started: Instant,
+    ) -> Result<()> {
+        let store = self.store();
+        store.rename(tmp, path).map_err(|e| Error::store(path, e))?;
         if let Some(e) = store
             .life_tree(path)
             .ok()
             .and_then(|t| t.into_iter().next())
         {
-            store.mark_durable(e.ino, e.generation, e.mod_seq);
+            if staged_only {
+                store.mark_staged(e.ino, e.generation, e.mod_seq);
+            } else {
+                store.mark_durable(e.ino, e.generation, e.mod_seq);
+            }
         }
         if let Ok(mut s) = self.stats.lock() {
             s.fetched_files += 1;
-            s.fetched_bytes += digest.size;
+            s.fetched_bytes += size;
         }
+        let from = if staged_only {
+            " from a staging server"
+        } else {
+            ""
+        };
         self.log(|| {
             format!(
-                "fetched {path} ({} bytes, verified) in {:.3} s",
-                digest.size,
+                "fetched {path} ({size} bytes, verified){from} in {:.3} s",
                 started.elapsed().as_secs_f64()
             )
         });

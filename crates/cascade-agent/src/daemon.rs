@@ -618,16 +618,10 @@ impl Agent {
 
     /// Writes the marker of `root` if every file below it is durable; true if it did.
     fn complete_checkpoint(&self, root: &LifeEntry) -> Result<bool> {
-        // A fresh look: the snapshot may be older than this pass's uploads.
-        let tree = match self.store.life_tree(&root.path) {
-            Ok(t) => t,
-            Err(e) if e.errno() == libc::ENOENT => return Ok(false),
-            Err(e) => return Err(Error::store(&root.path, e)),
+        let Some(tree) = self.fresh_tree(root)? else {
+            return Ok(false);
         };
         let now_root = &tree[0];
-        if now_root.ino != root.ino || now_root.generation != root.generation {
-            return Ok(false);
-        }
         let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
         if files
             .iter()
@@ -659,6 +653,18 @@ impl Agent {
             )
         });
         Ok(true)
+    }
+
+    /// A fresh look at checkpoint `root` (the pass's snapshot may be older than its uploads):
+    /// its tree, root first, or None if it is gone or was replaced.
+    pub(crate) fn fresh_tree(&self, root: &LifeEntry) -> Result<Option<Vec<LifeEntry>>> {
+        let tree = match self.store.life_tree(&root.path) {
+            Ok(t) => t,
+            Err(e) if e.errno() == libc::ENOENT => return Ok(None),
+            Err(e) => return Err(Error::store(&root.path, e)),
+        };
+        let same = tree[0].ino == root.ino && tree[0].generation == root.generation;
+        Ok(same.then_some(tree))
     }
 
     /// The marker entries of checkpoint `root` (whose files are `files`): whether it is a

@@ -49,6 +49,26 @@ impl<W: Write> Write for Counting<'_, W> {
 }
 
 /// Sequential writes into a store file.
+/// Creates (or empties) `path` in the store, after its parent directories, for a file
+/// being fetched or restored into it.
+pub(crate) fn create_for_writing(store: &Store, path: &str) -> Result<File> {
+    if let Some(cut) = path.rfind('/').filter(|&c| c > 0) {
+        let parent = &path[..cut];
+        store
+            .create_dir_all(parent, 0o755)
+            .map_err(|e| Error::store(parent, e))?;
+    }
+    let options = OpenOptions::new()
+        .read(false)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644);
+    store
+        .open(path, &options)
+        .map_err(|e| Error::store(path, e))
+}
+
 pub(crate) struct StoreWriter<'a> {
     file: &'a File,
     offset: u64,
@@ -191,22 +211,8 @@ pub fn restore_into_store(
             } else {
                 format!("{dest_dir}/{rel}")
             };
-            if let Some(cut) = final_path.rfind('/').filter(|&c| c > 0) {
-                let parent = &final_path[..cut];
-                store
-                    .create_dir_all(parent, 0o755)
-                    .map_err(|e| Error::store(parent, e))?;
-            }
             let tmp = format!("{final_path}{suffix}");
-            let options = OpenOptions::new()
-                .read(false)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o644);
-            let file = store
-                .open(&tmp, &options)
-                .map_err(|e| Error::store(&tmp, e))?;
+            let file = create_for_writing(store, &tmp)?;
             staged.push((tmp.clone(), final_path));
             let mut out = Counting {
                 inner: StoreWriter::new(&file, &tmp),

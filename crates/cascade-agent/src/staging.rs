@@ -23,7 +23,7 @@ use cascade_store::{FileKind, LifeEntry, OpenOptions};
 
 use crate::daemon::{key_of, Agent};
 use crate::reader::StoreFileReader;
-use crate::restore::StoreWriter;
+use crate::restore::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
 
 /// How a node's files are spread over the servers.
@@ -66,9 +66,7 @@ pub struct StagingOptions {
 
 impl StagingOptions {
     pub fn new(servers: Vec<String>, secret: &str) -> StagingOptions {
-        let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default();
+        let node = cascade_staging::host_name();
         StagingOptions {
             servers,
             secret: secret.to_string(),
@@ -536,15 +534,10 @@ impl Agent {
     /// Hands a checkpoint whose files are all staged (or durable) to a server, which writes
     /// its marker once they have drained. True if a server took it.
     pub(crate) fn push_checkpoint(&self, staging: &Staging, root: &LifeEntry) -> Result<bool> {
-        let tree = match self.store().life_tree(&root.path) {
-            Ok(t) => t,
-            Err(e) if e.errno() == libc::ENOENT => return Ok(false),
-            Err(e) => return Err(Error::store(&root.path, e)),
+        let Some(tree) = self.fresh_tree(root)? else {
+            return Ok(false);
         };
         let now_root = &tree[0];
-        if now_root.ino != root.ino || now_root.generation != root.generation {
-            return Ok(false);
-        }
         let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
         if files.iter().any(|f| !f.safe() || f.torn) {
             return Ok(false);
@@ -605,7 +598,12 @@ impl Agent {
     /// Asks the servers which staged files and pushed checkpoints reached the durable tier
     /// and records it. At most every [`PULL_EVERY`] unless `force`. True if anything
     /// became durable.
-    pub(crate) fn pull_levels(&self, staging: &Staging, tree: &[LifeEntry], force: bool) -> bool {
+    pub(crate) fn pull_levels<'a>(
+        &self,
+        staging: &Staging,
+        tree: &'a [LifeEntry],
+        force: bool,
+    ) -> bool {
         {
             let mut last = lock(&staging.last_pull);
             if !force && last.is_some_and(|t| t.elapsed() < PULL_EVERY) {
@@ -613,38 +611,37 @@ impl Agent {
             }
             *last = Some(Instant::now());
         }
-        let staged: Vec<&LifeEntry> = tree
-            .iter()
-            .filter(|e| e.kind == FileKind::File && e.staged())
-            .collect();
-        let roots: Vec<&LifeEntry> = tree
-            .iter()
-            .filter(|e| e.committed && e.pushed_flag && e.staged())
-            .collect();
+        // Each with the server it went to, if this agent knows (else every server is asked).
+        let staged: Vec<(&LifeEntry, Option<usize>)> = {
+            let placed = lock(&staging.placed);
+            tree.iter()
+                .filter(|e| e.kind == FileKind::File && e.staged())
+                .map(|f| (f, placed.get(&(f.ino, f.generation, f.mod_seq)).copied()))
+                .collect()
+        };
+        let roots: Vec<(&LifeEntry, Option<usize>)> = {
+            let pushed = lock(&staging.pushed);
+            tree.iter()
+                .filter(|e| e.committed && e.pushed_flag && e.staged())
+                .map(|r| (r, pushed.get(&(r.ino, r.generation)).copied()))
+                .collect()
+        };
         if staged.is_empty() && roots.is_empty() {
             return false;
         }
+        let on = |i: usize, list: &[(&'a LifeEntry, Option<usize>)]| -> Vec<&'a LifeEntry> {
+            list.iter()
+                .filter(|(_, at)| at.map_or(true, |p| p == i))
+                .map(|(e, _)| *e)
+                .collect()
+        };
         let mut changed = false;
         for i in 0..staging.count() {
             if !staging.up(i) {
                 continue;
             }
-            let placed = lock(&staging.placed).clone();
-            let pushed = lock(&staging.pushed).clone();
-            let mine_f: Vec<&LifeEntry> = staged
-                .iter()
-                .copied()
-                .filter(|f| {
-                    placed
-                        .get(&(f.ino, f.generation, f.mod_seq))
-                        .map_or(true, |&p| p == i)
-                })
-                .collect();
-            let mine_r: Vec<&LifeEntry> = roots
-                .iter()
-                .copied()
-                .filter(|r| pushed.get(&(r.ino, r.generation)).map_or(true, |&p| p == i))
-                .collect();
+            let mine_f = on(i, &staged);
+            let mine_r = on(i, &roots);
             if mine_f.is_empty() && mine_r.is_empty() {
                 continue;
             }
@@ -706,45 +703,31 @@ impl Agent {
     }
 
     /// Read-through from the staging servers: the newest version of `key` staged and not yet
-    /// drained, written into `tmp` in the store and checked against its BLAKE3. None if no
-    /// server has one (the durable store decides then).
+    /// drained, written into `tmp` in the store and checked against its BLAKE3; its size.
+    /// None if no server has one (the durable store decides then).
     pub(crate) fn fetch_from_staging(
         &self,
         staging: &Staging,
         key: &str,
-        parent: &str,
         tmp: &str,
-    ) -> Result<Option<(u64, Level)>> {
-        let mut best: Option<(usize, u64, Level)> = None;
+    ) -> Result<Option<u64>> {
+        let mut best: Option<(usize, u64)> = None;
         for i in 0..staging.count() {
             if let Ok(states) = staging.with_conn(i, |c| c.pull(&[(PullKind::File, key)])) {
                 // Only versions not yet drained: a drained one is in the durable store, which
                 // may since hold a newer version uploaded directly.
                 if let Some(st) = states.first().filter(|s| s.level == Level::Staged) {
-                    if best.map_or(true, |(_, stamp, _)| st.stamp > stamp) {
-                        best = Some((i, st.stamp, st.level));
+                    if best.map_or(true, |(_, stamp)| st.stamp > stamp) {
+                        best = Some((i, st.stamp));
                     }
                 }
             }
         }
-        let Some((i, _, level)) = best else {
+        let Some((i, _)) = best else {
             return Ok(None);
         };
         let store = self.store();
-        if !parent.is_empty() {
-            store
-                .create_dir_all(parent, 0o755)
-                .map_err(|e| Error::store(parent, e))?;
-        }
-        let options = OpenOptions::new()
-            .read(false)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644);
-        let file = store
-            .open(tmp, &options)
-            .map_err(|e| Error::store(tmp, e))?;
+        let file = create_for_writing(store, tmp)?;
         let mut out = StoreWriter::new(&file, tmp);
         let mut hasher = blake3::Hasher::new();
         let mut offset = 0u64;
@@ -781,6 +764,6 @@ impl Agent {
                 ),
             });
         }
-        Ok(Some((meta.size, level)))
+        Ok(Some(meta.size))
     }
 }

@@ -27,78 +27,6 @@ use cascade_durable::DurableStore;
 use cascade_store::{OpenOptions, Store};
 use harness::*;
 
-const MIB: usize = 1 << 20;
-
-/// The bytes and BLAKE3 of one file of a checkpoint.
-struct Expected {
-    rel: String,
-    data: Vec<u8>,
-    blake3: String,
-}
-
-fn expected(rel: &str, data: Vec<u8>) -> Expected {
-    Expected {
-        rel: rel.to_string(),
-        blake3: b3(&data),
-        data,
-    }
-}
-
-/// Stops an agent with SIGTERM and reaps it. It must exit by itself or die of that SIGTERM:
-/// the latter is a bug of its own, checked by `agent_stops_cleanly_on_sigterm`, and not what
-/// the other tests are about.
-fn stop_agent(agent: &mut Daemon) {
-    let status = agent.term(Duration::from_secs(30));
-    let died_of_term =
-        std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGTERM);
-    assert!(
-        status.success() || died_of_term,
-        "agent: {status}\n{}",
-        agent.log()
-    );
-}
-
-/// The checkpoint `ckpt` in `durable` is complete, its marker lists exactly `files` with
-/// their sizes and BLAKE3, and every object downloads to the expected bytes.
-fn assert_durable_checkpoint(durable: &DurableStore, ckpt: &str, files: &[&Expected]) {
-    let marker = durable
-        .read_marker(ckpt)
-        .unwrap_or_else(|e| panic!("read the marker of {ckpt}: {e}"))
-        .unwrap_or_else(|| panic!("{ckpt} has no completion marker"));
-    let mut listed: Vec<(String, u64, String)> = marker
-        .files
-        .iter()
-        .map(|f| (f.path.clone(), f.size, f.blake3.clone()))
-        .collect();
-    listed.sort();
-    let mut want: Vec<(String, u64, String)> = files
-        .iter()
-        .map(|f| (f.rel.clone(), f.data.len() as u64, f.blake3.clone()))
-        .collect();
-    want.sort();
-    assert_eq!(listed, want, "the marker of {ckpt} lists the wrong files");
-    assert_eq!(
-        marker.total_bytes,
-        files.iter().map(|f| f.data.len() as u64).sum::<u64>()
-    );
-    for f in files {
-        let key = format!("{ckpt}/{}", f.rel);
-        let got = durable
-            .get_bytes(&key)
-            .unwrap_or_else(|e| panic!("download {key}: {e}"));
-        assert!(
-            got.len() == f.data.len() && got[..] == f.data[..],
-            "{key}: the downloaded bytes differ from the store's ({} bytes, BLAKE3 {}, want {})",
-            got.len(),
-            b3(&got),
-            f.blake3
-        );
-    }
-    durable
-        .verify_checkpoint(ckpt)
-        .unwrap_or_else(|e| panic!("verify_checkpoint {ckpt}: {e}"));
-}
-
 /// After a crash: no marker for `ckpt`, and every object of it that exists is whole and equal
 /// to the store's bytes; those with a checksum object beside it verify against it.
 /// Returns the data objects present (relative to the checkpoint).
@@ -308,15 +236,6 @@ fn agent_killed_mid_upload_then_restarted() {
         "agent_killed_mid_upload_then_restarted: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// Removes a directory when dropped (the mount prefix `cascade run` creates on the host).
-struct RemoveDir(String);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 /// The program of test 2: writes and commits ckpt.1 (through cascade_commit of the preloaded

@@ -41,16 +41,8 @@ use cascade_staging::protocol::Level;
 use cascade_staging::ServerStatus;
 use harness::*;
 
-const MIB: usize = 1 << 20;
 const SHARED_SECRET: &str = "staging-tests-shared-secret";
 const WAIT: Duration = Duration::from_secs(90);
-
-/// The bytes and BLAKE3 of one file of a checkpoint (`rel` relative to it).
-struct Expected {
-    rel: String,
-    data: Vec<u8>,
-    blake3: String,
-}
 
 /// Pseudo-random bytes, fast in a debug build (BLAKE3's extendable output).
 fn bytes(len: usize, seed: u64) -> Vec<u8> {
@@ -65,14 +57,7 @@ fn bytes(len: usize, seed: u64) -> Vec<u8> {
 fn files(spec: &[(&str, usize)], seed: u64) -> Vec<Expected> {
     spec.iter()
         .enumerate()
-        .map(|(i, (rel, len))| {
-            let data = bytes(*len, seed * 1000 + i as u64);
-            Expected {
-                rel: rel.to_string(),
-                blake3: b3(&data),
-                data,
-            }
-        })
+        .map(|(i, (rel, len))| expected(rel, bytes(*len, seed * 1000 + i as u64)))
         .collect()
 }
 
@@ -147,18 +132,6 @@ fn logs(agent_logs: &[&str], servers: &[&StageServer]) -> String {
     out
 }
 
-/// Stops an agent with SIGTERM; it must exit cleanly (or of that SIGTERM).
-fn stop_agent(agent: &mut Daemon) {
-    let status = agent.term(Duration::from_secs(30));
-    let died_of_term =
-        std::os::unix::process::ExitStatusExt::signal(&status) == Some(libc::SIGTERM);
-    assert!(
-        status.success() || died_of_term,
-        "agent: {status}\n{}",
-        agent.log()
-    );
-}
-
 /// `cascade wait CKPT --level durable`, which must succeed; the logs otherwise.
 fn wait_durable(env: &Env, ckpt: &str, agent: &Daemon, servers: &[&StageServer]) {
     let out = env.cascade(
@@ -179,53 +152,10 @@ fn wait_durable(env: &Env, ckpt: &str, agent: &Daemon, servers: &[&StageServer])
     );
 }
 
-/// The checkpoint `ckpt` (durable name) in the directory store at `url` is complete, its
-/// marker lists exactly `files` with sizes and BLAKE3, every object holds the original bytes
-/// and every `.blake3` object matches.
-fn assert_durable_checkpoint(url: &str, ckpt: &str, files: &[&Expected]) {
+/// [`assert_durable_checkpoint`] of the directory store at `url`.
+fn assert_durable_checkpoint_at(url: &str, ckpt: &str, files: &[&Expected]) {
     let durable = DurableStore::open(url).expect("open the durable store");
-    let marker = durable
-        .read_marker(ckpt)
-        .unwrap_or_else(|e| panic!("read the marker of {ckpt}: {e}"))
-        .unwrap_or_else(|| panic!("{ckpt} has no completion marker in {url}"));
-    let mut listed: Vec<(String, u64, String)> = marker
-        .files
-        .iter()
-        .map(|f| (f.path.clone(), f.size, f.blake3.clone()))
-        .collect();
-    listed.sort();
-    let mut want: Vec<(String, u64, String)> = files
-        .iter()
-        .map(|f| (f.rel.clone(), f.data.len() as u64, f.blake3.clone()))
-        .collect();
-    want.sort();
-    assert_eq!(listed, want, "the marker of {ckpt} lists the wrong files");
-    let bytes: u64 = files.iter().map(|f| f.data.len() as u64).sum();
-    assert_eq!(marker.total_bytes, bytes, "{ckpt}: marker total");
-    for f in files {
-        let key = format!("{ckpt}/{}", f.rel);
-        let got = durable
-            .get_bytes(&key)
-            .unwrap_or_else(|e| panic!("download {key}: {e}"));
-        assert!(
-            got.len() == f.data.len() && got[..] == f.data[..],
-            "{key}: the durable bytes differ from the original ({} bytes, BLAKE3 {}, want {} bytes, {})",
-            got.len(),
-            b3(&got),
-            f.data.len(),
-            f.blake3
-        );
-        assert_eq!(
-            durable
-                .recorded_checksum(&key)
-                .unwrap_or_else(|e| panic!("{key}.blake3: {e}")),
-            f.blake3,
-            "{key}.blake3"
-        );
-    }
-    durable
-        .verify_checkpoint(ckpt)
-        .unwrap_or_else(|e| panic!("verify_checkpoint {ckpt}: {e}"));
+    assert_durable_checkpoint(&durable, ckpt, files);
 }
 
 /// `cascade stage-server status ADDR --json`, parsed.
@@ -371,7 +301,7 @@ fn stripe_and_group_placement_over_two_servers() {
     let (sa, sb) = (a.status(), b.status());
     assert_eq!(sa.drained_bytes + sb.drained_bytes, total(&ck1));
     assert_eq!(sa.drain_failures + sb.drain_failures, 0, "{sa:?}\n{sb:?}");
-    assert_durable_checkpoint(&dirs.durable, "ck1", &refs(&ck1));
+    assert_durable_checkpoint_at(&dirs.durable, "ck1", &refs(&ck1));
     let levels = env.levels();
     for f in &ck1 {
         let p = format!("/ck1/{}", f.rel);
@@ -423,7 +353,7 @@ fn stripe_and_group_placement_over_two_servers() {
             s.addr
         );
     }
-    assert_durable_checkpoint(&dirs.durable, "ck2", &refs(&ck2));
+    assert_durable_checkpoint_at(&dirs.durable, "ck2", &refs(&ck2));
     stop_agent(&mut agent2);
     eprintln!(
         "stripe_and_group_placement_over_two_servers: {:.1} s",
@@ -612,7 +542,7 @@ fn kill_mid_transfer(test: &str, block_a_drain: bool) {
             );
         }
     }
-    assert_durable_checkpoint(&dirs.durable, "ck", &all);
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &all);
     phase(t0, "verified");
     // Whatever A still had (sealed before the kill) drains cleanly too.
     wait_for("the restarted A to have nothing pending", WAIT, || {
@@ -719,7 +649,7 @@ fn only_server_killed_before_draining_then_restarted() {
         "start line after the restart: {line}"
     );
     wait_durable(&env, "/ck", &agent, &[&s]);
-    assert_durable_checkpoint(&dirs.durable, "ck", &refs(&ck));
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
     let st = s.status();
     assert_eq!(
         st.absorbed_files, 0,
@@ -794,7 +724,7 @@ fn full_server_fails_over_to_the_other() {
     assert_eq!(staged.len(), ck.len(), "{}", all());
     assert!(staged.iter().all(|(_, s)| *s == big.addr), "{}", all());
     assert_eq!(big.status().absorbed_files as usize, ck.len());
-    assert_durable_checkpoint(&dirs.durable, "ck", &refs(&ck));
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
     wait_for("the small server to have nothing pending", WAIT, || {
         small.status().pending_files == 0
     });
@@ -856,7 +786,7 @@ fn full_only_server_sends_files_straight_to_durable() {
         all()
     );
     let ck: Vec<Expected> = first.into_iter().chain(rest).collect();
-    assert_durable_checkpoint(&dirs.durable, "ck", &refs(&ck));
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
     // Files staged there and files uploaded directly make up the checkpoint, once each.
     let staged: Vec<String> = staged_lines(&log).into_iter().map(|(p, _)| p).collect();
     let uploaded: Vec<String> = log
@@ -895,7 +825,7 @@ fn full_only_server_sends_files_straight_to_durable() {
         st.usage.capacity,
         logs(&[&agent.log()], &[&s])
     );
-    assert_durable_checkpoint(&dirs.durable, "ck2", &refs(&again));
+    assert_durable_checkpoint_at(&dirs.durable, "ck2", &refs(&again));
     stop_agent(&mut agent);
     eprintln!(
         "full_only_server_sends_files_straight_to_durable: {:.1} s",
@@ -940,7 +870,7 @@ fn wrong_secret_is_refused_and_data_goes_straight_down() {
     assert_eq!(st.absorbed_bytes, 0, "{st:?}");
     assert_eq!(st.absorbed_files, 0, "{st:?}");
     assert_eq!(st.usage.live_versions, 0, "{st:?}");
-    assert_durable_checkpoint(&dirs.durable, "ck", &refs(&ck));
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
     // `stage-server status` with the wrong secret: one line, exit 1.
     let out = env.cascade(
         &["stage-server", "status", &s.addr],
@@ -974,15 +904,6 @@ fn wrong_secret_is_refused_and_data_goes_straight_down() {
         "wrong_secret_is_refused_and_data_goes_straight_down: {:.1} s",
         started.elapsed().as_secs_f64()
     );
-}
-
-/// Removes a directory when dropped (the mount prefix `cascade run` creates on the host).
-struct RemoveDir(String);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 /// 6. A node's checkpoint is staged but not drained (broken drain target); the node store is

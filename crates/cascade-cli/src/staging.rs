@@ -66,15 +66,9 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     }
     let mut opts = ServerOptions::new(listen, PathBuf::from(dir), drain_to, secret(config)?);
     let capacity = config.number("stage_server.capacity");
-    let mut arena_size = config.number("stage_server.arena_size").max(1 << 20);
-    if capacity > 0 {
-        // An arena is deleted only once it is no longer written to and all its data has
-        // drained: with arenas as large as the capacity, the active one fills it and the
-        // server stays full for good. A quarter of it keeps room for the active arenas.
-        arena_size = arena_size.min((capacity / 4).max(1 << 20));
-    }
     opts.engine = EngineOptions {
-        arena_size,
+        // The engine lowers it to a quarter of the capacity, if one is set.
+        arena_size: config.number("stage_server.arena_size").max(1 << 20),
         capacity: (capacity > 0).then_some(capacity),
         writers: config.number("stage_server.io_threads").max(1) as usize,
         ..EngineOptions::default()

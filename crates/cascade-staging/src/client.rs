@@ -32,9 +32,7 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     pub fn new(secret: &str) -> ClientOptions {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into());
+        let host = crate::host_name();
         ClientOptions {
             secret: secret.to_string(),
             client: format!("{host}:{}", std::process::id()),

@@ -55,6 +55,14 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// This machine's host name ("localhost" if it cannot be read): server names, client names
+/// in server logs, staging groups.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
 /// `namespace/key`, or `key` with no namespace.
 pub fn namespaced(namespace: &str, key: &str) -> String {
     if namespace.is_empty() {

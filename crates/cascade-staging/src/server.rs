@@ -237,9 +237,7 @@ impl Server {
         let listen = listener
             .local_addr()
             .map_err(|e| Error::io("local address", e))?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into());
+        let host = crate::host_name();
         let queues = (0..opts.io_threads.max(1))
             .map(|_| IoQueue {
                 jobs: Mutex::new(VecDeque::new()),

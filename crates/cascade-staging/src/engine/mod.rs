@@ -41,7 +41,8 @@ const INDEX_TMP: &str = "index.log.tmp";
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
-    /// Arena file size at which the writer slot rotates to a new arena (default 256 MiB).
+    /// Arena file size at which the writer slot rotates to a new arena (default 256 MiB);
+    /// `open` lowers it to a quarter of `capacity` (but not below 1 MiB).
     pub arena_size: u64,
     /// Maximum total bytes of arena files on disk; an append past it fails with
     /// Error::Full (None = only the file system limits).
@@ -415,11 +416,17 @@ impl Engine {
     /// Creates `dir` if missing, takes an exclusive flock on `dir/LOCK`, replays the index
     /// (truncating a torn or garbled tail), drops versions that were never sealed, deletes
     /// arena files nothing live references and stray temp files.
-    pub fn open(dir: &Path, opts: EngineOptions) -> Result<Engine> {
+    pub fn open(dir: &Path, mut opts: EngineOptions) -> Result<Engine> {
         if opts.arena_size == 0 || opts.writers == 0 {
             return Err(invalid(
                 "staging engine options: arena_size and writers must be at least 1",
             ));
+        }
+        if let Some(capacity) = opts.capacity {
+            // An arena is deleted only once it is no longer written to and all its data has
+            // drained: with arenas as large as the capacity, the active one fills it and the
+            // engine stays full for good. A quarter of it keeps room for the active arenas.
+            opts.arena_size = opts.arena_size.min((capacity / 4).max(1 << 20));
         }
         let d = dir.display().to_string();
         std::fs::create_dir_all(dir).map_err(|e| io_err(format!("create {d}"), e))?;
