@@ -12,9 +12,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cascade_durable::{
-    DurableStore, FileDigest, MarkerFile, CHECKSUM_SUFFIX, MARKER_NAME, SINGLE_PUT_MAX,
-};
+use cascade_durable::{DurableStore, FileDigest, MarkerFile, SINGLE_PUT_MAX};
 use cascade_store::{AgentRegistration, FileKind, LifeEntry, OpenOptions, Store};
 use serde::{Deserialize, Serialize};
 
@@ -158,8 +156,7 @@ pub(crate) fn key_of(store_path: &str) -> &str {
 }
 
 fn reserved(path: &str) -> bool {
-    let base = path.rsplit('/').next().unwrap_or(path);
-    base == MARKER_NAME || base.ends_with(CHECKSUM_SUFFIX) || base.ends_with(MARKER_NAME)
+    cascade_durable::is_reserved_name(path.rsplit('/').next().unwrap_or(path))
 }
 
 impl Agent {
@@ -512,6 +509,11 @@ impl Agent {
             let reader = StoreFileReader::new(&self.store, &file)
                 .map_err(|err| Error::store(&e.path, err))?;
             let len = reader.len();
+            // Announced before the data, so a staging server holding an older version of
+            // this name never drains it over this one (docs/durable-layout.md).
+            self.durable
+                .put_version(key, cascade_durable::now_unix_ns())
+                .map_err(Error::Durable)?;
             let digest = match reader.memory_pieces() {
                 Some(pieces) if len > 0 && len <= SINGLE_PUT_MAX => {
                     self.put_from_memory(key, &pieces)?

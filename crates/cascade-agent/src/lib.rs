@@ -86,14 +86,14 @@ fn walk(store: &Store, dir: &str, rel: &str, out: &mut Vec<(String, String)>) ->
         match entry.kind {
             FileKind::Dir => walk(store, &child, &child_rel, out)?,
             FileKind::File => {
-                if entry.name == MARKER_NAME
-                    || entry.name.ends_with(cascade_durable::CHECKSUM_SUFFIX)
-                {
+                if cascade_durable::is_reserved_name(&entry.name) {
                     return Err(Error::InvalidCheckpoint {
                         path: child,
                         reason: format!(
-                            "the names {MARKER_NAME} and *{} are reserved in a checkpoint",
-                            cascade_durable::CHECKSUM_SUFFIX
+                            "the names {MARKER_NAME}, *{}, *{MARKER_NAME} and .*{} are \
+                             reserved in a checkpoint",
+                            cascade_durable::CHECKSUM_SUFFIX,
+                            cascade_durable::VERSION_SUFFIX
                         ),
                     });
                 }
@@ -138,6 +138,9 @@ pub fn drain_checkpoint(
         } else {
             format!("{ckpt}/{rel}")
         };
+        durable
+            .put_version(&key, cascade_durable::now_unix_ns())
+            .map_err(Error::Durable)?;
         let digest = durable
             .put_file(&key, reader, len)
             .map_err(Error::Durable)?;

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use cascade_staging::client::{ClientOptions, Connection, OutSegment};
 use cascade_staging::protocol::{Level, PullKind, PushFile, MAX_DATA};
@@ -153,7 +153,7 @@ impl Staging {
 
     fn up(&self, i: usize) -> bool {
         let down = *lock(&self.servers[i].down);
-        down.map_or(true, |(_, at)| Instant::now() >= at)
+        down.is_none_or(|(_, at)| Instant::now() >= at)
     }
 
     /// The first server at or after `start` that is up and not in `exclude`.
@@ -298,13 +298,6 @@ impl<'a> FrameBuilder<'a> {
         self.bytes = 0;
         sent
     }
-}
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 impl Agent {
@@ -466,7 +459,7 @@ impl Agent {
         let mut reader = StoreFileReader::new(self.store(), &file).map_err(|e| io("read", e))?;
         let size = reader.len();
         let key = key_of(&f.path);
-        let version = (now_ns(), size);
+        let version = (cascade_durable::now_unix_ns(), size);
         let region = self.store().data_region();
         let digest = match reader.memory_pieces() {
             Some(pieces) => {
@@ -631,7 +624,7 @@ impl Agent {
         }
         let on = |i: usize, list: &[(&'a LifeEntry, Option<usize>)]| -> Vec<&'a LifeEntry> {
             list.iter()
-                .filter(|(_, at)| at.map_or(true, |p| p == i))
+                .filter(|(_, at)| at.is_none_or(|p| p == i))
                 .map(|(e, _)| *e)
                 .collect()
         };
@@ -717,15 +710,26 @@ impl Agent {
                 // Only versions not yet drained: a drained one is in the durable store, which
                 // may since hold a newer version uploaded directly.
                 if let Some(st) = states.first().filter(|s| s.level == Level::Staged) {
-                    if best.map_or(true, |(_, stamp)| st.stamp > stamp) {
+                    if best.is_none_or(|(_, stamp)| st.stamp > stamp) {
                         best = Some((i, st.stamp));
                     }
                 }
             }
         }
-        let Some((i, _)) = best else {
+        let Some((i, stamp)) = best else {
             return Ok(None);
         };
+        // A server that was down while the file was rewritten may still hold an older
+        // version than the durable store's (it is retired when that server drains).
+        if self
+            .durable()
+            .recorded_version(key)
+            .ok()
+            .flatten()
+            .is_some_and(|newer| newer > stamp)
+        {
+            return Ok(None);
+        }
         let store = self.store();
         let file = create_for_writing(store, tmp)?;
         let mut out = StoreWriter::new(&file, tmp);

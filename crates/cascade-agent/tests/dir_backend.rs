@@ -206,6 +206,14 @@ fn drain_writes_the_plain_layout_and_restore_returns_the_same_bytes() {
         assert_eq!(sum, format!("{hex}  {base}\n"), "checksum of {rel}");
         expected_names.push(rel.clone());
         expected_names.push(format!("{rel}.blake3"));
+        // The hidden version object written before the data (docs/durable-layout.md).
+        let version = match rel.rsplit_once('/') {
+            Some((dir, base)) => format!("{dir}/.{base}.cascade-version"),
+            None => format!(".{rel}.cascade-version"),
+        };
+        let stamp = std::fs::read_to_string(root.join(&version)).unwrap();
+        assert!(stamp.trim().parse::<u64>().is_ok(), "{version}: {stamp:?}");
+        expected_names.push(version);
     }
     expected_names.sort();
     assert_eq!(local_files(&root), expected_names);

@@ -11,8 +11,9 @@
 //!    the rest to the other server, and nothing the killed server acknowledged is lost (it is
 //!    recovered at restart, drained, and the checkpoint completes) — once with the killed
 //!    server's files already drained, once with its drain blocked;
-//!    (2b, ignored: a known bug) an older version acknowledged by a server that comes back
-//!    late must not replace a newer one in the durable store;
+//!    2b. an older version held by a server cut off from the durable store must not
+//!    replace the newer one written meanwhile (through another server, or uploaded by the
+//!    agent), neither by read-through nor when that server drains after a restart;
 //! 3. the only server killed after acknowledging files and a checkpoint it had not drained
 //!    (its drain target broken): restarted with a good one, it drains them and completes;
 //! 4. a full server (tmpfs or --ssd-capacity): the agent fails over, or with no other server
@@ -575,6 +576,116 @@ fn server_killed_mid_transfer_keeps_what_it_acknowledged() {
     kill_mid_transfer("stage-killb", true);
     eprintln!(
         "server_killed_mid_transfer_keeps_what_it_acknowledged: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// 2b. Server A acknowledges version 1 of `ck/x.bin` and the checkpoint's file list but cannot
+///     drain (broken target). The file is rewritten; version 2 reaches the durable store
+///     (through server B, or uploaded by the agent itself) and the checkpoint completes. A
+///     new node reading the file through A gets version 2, not A's older one; A, killed and
+///     restarted with a working target, retires version 1 and the file list instead of
+///     draining them: the durable checkpoint stays version 2.
+fn stale_version_comes_back(test: &str, newer_through_server: bool) {
+    let env = Env::new(test, 64 << 20);
+    let dirs = Dirs::new(&env);
+    let mut a = StageServer::start(
+        &env,
+        &dirs.ssd("ssd-a"),
+        &path_str(&dirs.broken),
+        SHARED_SECRET,
+        &[],
+    );
+    break_drain_target(&dirs.broken);
+    let v1 = files(&[("x.bin", 3 * MIB + 5)], 21);
+    let v2 = files(&[("x.bin", 2 * MIB + 9)], 22);
+    write_files(&env, "/ck", &v1);
+    env.cascade_ok(&["commit", "/ck"], &[]);
+    let mut agent1 = staging_agent(&env, &dirs.durable, &[&a], SHARED_SECRET, "stripe");
+    agent1.wait_line("version 1 pushed to A", WAIT, |l| {
+        l.starts_with("cascade agent: checkpoint /ck staged")
+    });
+    stop_agent(&mut agent1);
+    assert_eq!(a.status().pending_checkpoints, 1, "{}", a.log());
+
+    write_files(&env, "/ck", &v2);
+    env.cascade_ok(&["commit", "/ck"], &[]);
+    let b = newer_through_server
+        .then(|| StageServer::start(&env, &dirs.ssd("ssd-b"), &dirs.durable, SHARED_SECRET, &[]));
+    let mut agent2 = match &b {
+        Some(b) => staging_agent(&env, &dirs.durable, &[b], SHARED_SECRET, "stripe"),
+        None => env.agent(&dirs.durable, &[]),
+    };
+    let servers: Vec<&StageServer> = b.iter().chain([&a]).collect();
+    wait_durable(&env, "/ck", &agent2, &servers);
+    stop_agent(&mut agent2);
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&v2));
+    let st = a.pull_file("ck/x.bin");
+    assert!(
+        st.level == Level::Staged && cascade_staging::hex(&st.blake3) == v1[0].blake3,
+        "A should still hold version 1 undrained: {st:?}"
+    );
+
+    // Read-through on a new node asks A, which holds an older version than the durable store.
+    let node2 = Env::new(&format!("{test}-n2"), 64 << 20);
+    let mut reader = staging_agent(&node2, &dirs.durable, &[&a], SHARED_SECRET, "stripe");
+    let reply = cascade_agent::request(&node2.name, "FETCH /ck/x.bin").expect("FETCH");
+    assert_eq!(reply, "OK", "{}", logs(&[&reader.log()], &servers));
+    assert!(
+        node2.read("/ck/x.bin") == v2[0].data,
+        "read-through returned A's older version\n{}",
+        logs(&[&reader.log()], &servers)
+    );
+    stop_agent(&mut reader);
+
+    // A comes back able to drain: version 1 and its file list are retired, not drained.
+    a.kill9();
+    a.restart(&env, &dirs.durable);
+    wait_for("A to retire version 1 and its file list", WAIT, || {
+        let s = a.status();
+        s.pending_files == 0 && s.pending_checkpoints == 0
+    });
+    let s = a.status();
+    assert_eq!(
+        (
+            s.superseded_files,
+            s.drained_files,
+            s.markers,
+            s.drain_failures
+        ),
+        (1, 0, 0, 0),
+        "{}",
+        a.log()
+    );
+    let log = a.log();
+    assert!(
+        log.contains("not drained ck/x.bin") && log.contains("checkpoint ck dropped"),
+        "{log}"
+    );
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&v2));
+    let on_disk = std::fs::read(Path::new(&dirs.durable).join("ck/x.bin")).expect("read");
+    assert!(
+        on_disk == v2[0].data,
+        "the durable ck/x.bin is not version 2"
+    );
+}
+
+#[test]
+fn stale_server_never_overwrites_a_newer_version_from_another_server() {
+    let (_serial, started) = begin();
+    stale_version_comes_back("stage-stale-b", true);
+    eprintln!(
+        "stale_server_never_overwrites_a_newer_version_from_another_server: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn stale_server_never_overwrites_a_newer_version_uploaded_directly() {
+    let (_serial, started) = begin();
+    stale_version_comes_back("stage-stale-d", false);
+    eprintln!(
+        "stale_server_never_overwrites_a_newer_version_uploaded_directly: {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

@@ -164,6 +164,12 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
         s.markers
     );
     println!("  pending    {}", pending_text(&s));
+    if s.superseded_files > 0 {
+        println!(
+            "  superseded {} older version(s) not drained: the durable store had newer ones",
+            s.superseded_files
+        );
+    }
     if s.drain_failures > 0 {
         println!("  failures   {} drain attempt(s) failed", s.drain_failures);
     }

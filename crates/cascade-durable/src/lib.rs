@@ -31,6 +31,8 @@ pub use spec::{S3Spec, Spec};
 pub const MARKER_NAME: &str = ".cascade-complete";
 /// Suffix of the checksum object beside each file.
 pub const CHECKSUM_SUFFIX: &str = ".blake3";
+/// Suffix of the hidden version object `<dir>/.<base>.cascade-version` beside each file.
+pub const VERSION_SUFFIX: &str = ".cascade-version";
 /// Largest object uploaded in one request (S3 allows 5 GiB).
 pub const SINGLE_PUT_MAX: u64 = 4 << 30;
 /// Format tag written in every marker.
@@ -190,11 +192,29 @@ fn join(dir: &str, rel: &str) -> String {
     }
 }
 
-fn now_unix_ns() -> u64 {
+/// Wall-clock time in ns since the Unix epoch: marker times and version stamps.
+pub fn now_unix_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// True for a base name the durable layout reserves inside a checkpoint: the marker, checksum
+/// objects, single-file markers and version objects.
+pub fn is_reserved_name(base: &str) -> bool {
+    base == MARKER_NAME
+        || base.ends_with(CHECKSUM_SUFFIX)
+        || base.ends_with(MARKER_NAME)
+        || (base.starts_with('.') && base.ends_with(VERSION_SUFFIX))
+}
+
+/// The version object of `rel` (already normalized): `<dir>/.<base>.cascade-version`.
+fn version_key(rel: &str) -> String {
+    match rel.rsplit_once('/') {
+        Some((dir, base)) => format!("{dir}/.{base}{VERSION_SUFFIX}"),
+        None => format!(".{rel}{VERSION_SUFFIX}"),
+    }
 }
 
 /// Parses the contents of a `.blake3` object: 64 hex digits, optionally followed by
@@ -528,6 +548,26 @@ impl AsyncDurableStore {
             .await
     }
 
+    /// Records that the version of `rel` stamped `stamp` (the writer's clock in ns when the
+    /// version was taken) is being written. Written before the data, so that a writer holding
+    /// an older version (a staging server restarted late) sees it and does not overwrite.
+    pub async fn put_version(&self, rel: &str, stamp: u64) -> Result<()> {
+        let rel = normalize_rel(rel)?;
+        self.put_bytes(&version_key(&rel), format!("{stamp}\n").into_bytes())
+            .await
+    }
+
+    /// The stamp last recorded by [`Self::put_version`] for `rel`; None if there is none or
+    /// it is unreadable (a version object is advisory: it only ever stops older writes).
+    pub async fn recorded_version(&self, rel: &str) -> Result<Option<u64>> {
+        let rel = normalize_rel(rel)?;
+        match self.get_bytes(&version_key(&rel)).await {
+            Ok(text) => Ok(String::from_utf8_lossy(&text).trim().parse().ok()),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads a whole (small) object.
     pub async fn get_bytes(&self, rel: &str) -> Result<Bytes> {
         let (rel, loc) = self.location(rel)?;
@@ -729,14 +769,16 @@ impl AsyncDurableStore {
         let mut entries = Vec::with_capacity(files.len());
         for mut item in files {
             let rel = normalize_rel(&item.rel)?;
-            if rel == MARKER_NAME || rel.ends_with(CHECKSUM_SUFFIX) {
+            if is_reserved_name(rel.rsplit('/').next().unwrap_or(&rel)) {
                 return Err(Error::InvalidPath {
                     path: rel,
                     reason: "name reserved by the durable layout".to_string(),
                 });
             }
+            let key = join(&ckpt, &rel);
+            self.put_version(&key, now_unix_ns()).await?;
             let digest = self
-                .put_reader(&join(&ckpt, &rel), item.reader.as_mut(), item.len)
+                .put_reader(&key, item.reader.as_mut(), item.len)
                 .await?;
             entries.push(MarkerFile {
                 path: rel,
@@ -899,6 +941,14 @@ impl DurableStore {
 
     pub fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {
         self.rt.block_on(self.inner.put_checksum(rel, digest))
+    }
+
+    pub fn put_version(&self, rel: &str, stamp: u64) -> Result<()> {
+        self.rt.block_on(self.inner.put_version(rel, stamp))
+    }
+
+    pub fn recorded_version(&self, rel: &str) -> Result<Option<u64>> {
+        self.rt.block_on(self.inner.recorded_version(rel))
     }
 
     pub fn get_bytes(&self, rel: &str) -> Result<Bytes> {

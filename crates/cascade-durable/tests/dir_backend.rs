@@ -69,8 +69,10 @@ fn bad_specs_and_paths_are_rejected() {
         let e = store.put_bytes(bad, b"x").unwrap_err();
         assert!(matches!(e, Error::InvalidPath { .. }), "{bad}: {e:?}");
     }
-    let e = store
-        .upload_checkpoint("c", vec![UploadItem::from_bytes("x.blake3", b"x")])
-        .unwrap_err();
-    assert!(e.to_string().contains("reserved"), "{e}");
+    for reserved in ["x.blake3", "a/.x.cascade-version", ".cascade-complete"] {
+        let e = store
+            .upload_checkpoint("c", vec![UploadItem::from_bytes(reserved, b"x")])
+            .unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{reserved}: {e}");
+    }
 }

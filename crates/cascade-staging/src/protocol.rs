@@ -512,10 +512,7 @@ impl<'a> Request<'a> {
                         1 => Some(digest),
                         f => return r.malformed(format!("seal flag {f}")),
                     };
-                    if offset
-                        .checked_add(len as u64)
-                        .map_or(true, |end| end > size)
-                    {
+                    if offset.checked_add(len as u64).is_none_or(|end| end > size) {
                         return r.malformed(format!(
                             "segment {offset}+{len} of {key:?} runs past its size {size}"
                         ));

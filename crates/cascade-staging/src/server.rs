@@ -79,6 +79,9 @@ pub struct ServerStatus {
     pub absorbed_bytes: u64,
     pub drained_files: u64,
     pub drained_bytes: u64,
+    /// Versions not drained because the durable store had a newer one.
+    #[serde(default)]
+    pub superseded_files: u64,
     pub markers: u64,
     /// Sealed files not yet in the durable tier.
     pub pending_files: u64,
@@ -170,6 +173,7 @@ struct Counters {
     absorbed_bytes: u64,
     drained_files: u64,
     drained_bytes: u64,
+    superseded_files: u64,
     markers: u64,
     drain_failures: u64,
     last_error: Option<String>,
@@ -383,6 +387,7 @@ impl Shared {
             absorbed_bytes: c.absorbed_bytes,
             drained_files: c.drained_files,
             drained_bytes: c.drained_bytes,
+            superseded_files: c.superseded_files,
             markers: c.markers,
             pending_files: drainable.len() as u64,
             pending_bytes: drainable.iter().map(|v| v.size).sum(),
@@ -879,10 +884,15 @@ impl Shared {
         }
     }
 
-    /// Rebuilds one staged file in the durable tier (data, then `.blake3`), checking that
-    /// what the arenas hold hashes to what the client sent.
+    /// Rebuilds one staged file in the durable tier (version, data, then `.blake3`), checking
+    /// that what the arenas hold hashes to what the client sent. A version older than the
+    /// one the durable store records is not drained (docs/staging.md, "Version order").
     fn drain_one(&self, v: &VersionInfo) -> Result<()> {
+        if let Some(newer) = self.newer_in_durable(v)? {
+            return self.supersede(v, newer);
+        }
         let started = Instant::now();
+        self.durable.put_version(&v.key, v.stamp)?;
         let reader = DrainReader {
             shared: self,
             id: v.id,
@@ -898,6 +908,10 @@ impl Shared {
                     v.key, digest.blake3
                 ),
             });
+        }
+        // A newer writer that started meanwhile owns the name: its checksum must stay.
+        if let Some(newer) = self.newer_in_durable(v)? {
+            return self.supersede(v, newer);
         }
         self.durable.put_checksum(&v.key, &digest)?;
         self.engine.mark_drained(v.id)?;
@@ -917,17 +931,53 @@ impl Shared {
         Ok(())
     }
 
+    /// The stamp the durable store records for `v.key` if it is newer than `v`.
+    fn newer_in_durable(&self, v: &VersionInfo) -> Result<Option<u64>> {
+        Ok(self
+            .durable
+            .recorded_version(&v.key)?
+            .filter(|&stamp| stamp > v.stamp))
+    }
+
+    /// Retires a version the durable store already has a newer one of (e.g. this server was
+    /// down while the file was rewritten and sent elsewhere): its space is reclaimed, and
+    /// every pending checkpoint listing it is dropped, since it can never complete as listed.
+    fn supersede(&self, v: &VersionInfo, newer: u64) -> Result<()> {
+        let durable_sum = self.durable.recorded_checksum(&v.key).ok();
+        for (id, m) in self.engine.pending_manifests() {
+            let lists_it = m
+                .files
+                .iter()
+                .any(|f| manifest_key(&m, f) == v.key && f.blake3 == v.blake3);
+            if lists_it && durable_sum.as_deref() != Some(hex(&v.blake3).as_str()) {
+                self.engine.mark_manifest_done(id)?;
+                self.log(|| {
+                    format!(
+                        "checkpoint {} dropped: it lists a version of {} older than the \
+                         durable store's",
+                        m.checkpoint, v.key
+                    )
+                });
+            }
+        }
+        self.engine.mark_drained(v.id)?;
+        lock(&self.counters).superseded_files += 1;
+        self.log(|| {
+            format!(
+                "not drained {} (stamp {}): the durable store has a newer version (stamp {newer})",
+                v.key, v.stamp
+            )
+        });
+        Ok(())
+    }
+
     /// Writes the marker of every pushed checkpoint whose files are all in the durable tier
     /// with the listed checksums (drained here, by another server, or uploaded by an agent).
     fn complete_manifests(&self) -> bool {
         let mut wrote = false;
         for (id, m) in self.engine.pending_manifests() {
             let all_there = m.files.iter().all(|f| {
-                let key = if m.single_file {
-                    m.checkpoint.clone()
-                } else {
-                    format!("{}/{}", m.checkpoint, f.path)
-                };
+                let key = manifest_key(&m, f);
                 match self.engine.lookup(&key) {
                     Some(v) if v.blake3 == f.blake3 && v.drained => true,
                     // Still to drain here.
@@ -965,6 +1015,15 @@ impl Shared {
             }
         }
         wrote
+    }
+}
+
+/// The key of a file listed in a pushed checkpoint.
+fn manifest_key(m: &Manifest, f: &ManifestFile) -> String {
+    if m.single_file {
+        m.checkpoint.clone()
+    } else {
+        format!("{}/{}", m.checkpoint, f.path)
     }
 }
 

@@ -91,17 +91,28 @@ pub fn checkpoint_round_trip(store: &DurableStore, disk_root: &Path) {
     assert_eq!(
         names,
         vec![
+            "ckpt.0001/.big.dat.cascade-version",
             "ckpt.0001/.cascade-complete",
+            "ckpt.0001/.empty.dat.cascade-version",
+            "ckpt.0001/.rank0.dat.cascade-version",
             "ckpt.0001/big.dat",
             "ckpt.0001/big.dat.blake3",
             "ckpt.0001/empty.dat",
             "ckpt.0001/empty.dat.blake3",
             "ckpt.0001/rank0.dat",
             "ckpt.0001/rank0.dat.blake3",
+            "ckpt.0001/sub/.rank1.dat.cascade-version",
             "ckpt.0001/sub/rank1.dat",
             "ckpt.0001/sub/rank1.dat.blake3",
         ]
     );
+    // Version objects: written before the data, newer stamps replace older ones.
+    let stamp = store.recorded_version("ckpt.0001/big.dat").unwrap();
+    assert!(stamp.is_some_and(|s| s > 0), "{stamp:?}");
+    assert_eq!(store.recorded_version("ckpt.0001/none.dat").unwrap(), None);
+    store.put_version("ckpt.0001/sub/x", 42).unwrap();
+    assert_eq!(store.recorded_version("ckpt.0001/sub/x").unwrap(), Some(42));
+    store.delete("ckpt.0001/sub/.x.cascade-version").unwrap();
     let big = &files[3].1;
     assert_eq!(store.size("ckpt.0001/big.dat").unwrap(), big.len() as u64);
     let r = store

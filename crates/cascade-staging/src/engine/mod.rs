@@ -647,7 +647,7 @@ impl Engine {
             if ver.seal.is_some() {
                 return Ok(()); // a resend of a sealed version
             }
-            if offset.checked_add(len).map_or(true, |end| end > ver.size) {
+            if offset.checked_add(len).is_none_or(|end| end > ver.size) {
                 return Err(invalid(format!(
                     "{}@{}: bytes {offset}..{} are past its size {}",
                     ver.key,
@@ -821,7 +821,7 @@ impl Engine {
     pub fn abandon(&self, v: VersionId) {
         let paths = {
             let mut g = lock(&self.state);
-            if !g.m.versions.get(&v.0).is_some_and(|x| x.seal.is_none()) {
+            if g.m.versions.get(&v.0).is_none_or(|x| x.seal.is_some()) {
                 return;
             }
             // Safe to reclaim at once: recovery drops unsealed versions anyway.

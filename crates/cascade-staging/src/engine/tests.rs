@@ -775,7 +775,7 @@ fn compaction_keeps_the_index_small_and_the_state_intact() {
         check(&e, key, *stamp, bytes);
     }
     assert_eq!(e.usage().live_versions, 4);
-    assert!(e.lookup("k0").map_or(true, |i| i.drained));
+    assert!(e.lookup("k0").is_none_or(|i| i.drained));
     let pending: Vec<String> = e
         .pending_manifests()
         .into_iter()
