@@ -277,6 +277,33 @@ the last one detaches."
         verbose: bool,
     },
 
+    /// Mount the node store as a FUSE file system, for programs the preload library cannot
+    /// reach (static binaries, Go); serves in the foreground until unmounted
+    #[command(long_about = MOUNT_ABOUT)]
+    Mount {
+        /// An existing directory to mount on
+        mountpoint: std::path::PathBuf,
+        /// Threads answering the kernel's requests
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+        threads: u16,
+        /// Let the kernel cache file data between opens: faster rereads, but a change made
+        /// through the preload library is seen only at the next open
+        #[arg(long)]
+        kernel_cache: bool,
+        /// Let users other than the one mounting use the mount
+        #[arg(long)]
+        allow_other: bool,
+    },
+
+    /// Unmount a Cascade FUSE mount; its `cascade mount` process then exits
+    Umount {
+        /// Where it is mounted
+        mountpoint: std::path::PathBuf,
+        /// Detach at once even with files open under it (it goes when they are closed)
+        #[arg(long)]
+        lazy: bool,
+    },
+
     /// Run the demo: a real simulation checkpoints straight to disk, then under Cascade,
     /// killed and restarted from memory and from the durable store; compares the stalls
     #[command(long_about = crate::demo::ABOUT)]
@@ -300,6 +327,14 @@ pub enum StageServerAction {
 }
 
 const STAGE_SERVER_ABOUT: &str = "Runs a staging server until SIGINT or SIGTERM. Node agents given the server (--staging, CASCADE_STAGING) send each closed file to it; the server appends the data to log-structured arenas in --dir, acknowledges once it is on the SSD (a batched fdatasync), and drains every file to --drain-to in the durable store's plain layout in the background, pausing while clients write. A checkpoint whose files are all staged is complete (its marker written by the server) once they have drained. Clients must present the shared secret (staging.secret, CASCADE_STAGING_SECRET). A restarted server recovers everything it acknowledged. See docs/staging.md and docs/staging-protocol.md.";
+
+const MOUNT_ABOUT: &str = "Mounts the node store (attached, or created from the configuration) \
+on MOUNTPOINT as a FUSE file system and serves it until 'cascade umount', umount, SIGINT or \
+SIGTERM. It is the same store the preload library serves: a file written through either is \
+seen through the other at once, and the agent drains it like any other. Meant for programs \
+LD_PRELOAD cannot reach (static binaries, Go); preloaded programs are faster. Needs root (it \
+mounts with mount(2)). A mount left by a killed 'cascade mount' is cleared by the next one; \
+files it had open for writing are marked torn, as after any crash. See docs/fuse.md.";
 
 const AGENT_ABOUT: &str = "Runs the node agent until SIGINT or SIGTERM. One agent per node \
 store (a second one is refused); 'cascade run' embeds one when none is running and a durable \

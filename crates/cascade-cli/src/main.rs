@@ -10,6 +10,7 @@ mod demo;
 mod failure;
 mod files;
 mod format;
+mod fuse;
 mod intercepted;
 mod io_functions;
 mod lifecycle;
@@ -133,6 +134,21 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             params,
             verbose,
         } => staging::serve(&load(&[&params.values])?, *verbose),
+        Command::Mount {
+            mountpoint,
+            threads,
+            kernel_cache,
+            allow_other,
+        } => fuse::mount(
+            &none()?,
+            mountpoint,
+            &cascade_fuse::MountOptions {
+                threads: *threads as usize,
+                kernel_cache: *kernel_cache,
+                allow_other: *allow_other,
+            },
+        ),
+        Command::Umount { mountpoint, lazy } => fuse::umount(mountpoint, *lazy),
         Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
     }
 }

@@ -291,6 +291,34 @@ impl Store {
         Ok(self.metadata_of(ino))
     }
 
+    /// Metadata and generation of inode `ino` if it is in use (a file, a directory, or one
+    /// removed while still open): the FUSE front end addresses files by inode number.
+    pub fn stat_inode(&self, ino: u64) -> Result<(Metadata, u32)> {
+        let b = &self.block;
+        let _g = b.lock_ns()?;
+        let gone = || Error::new(libc::ENOENT, format!("inode {ino} is not in use"));
+        let n = u32::try_from(ino)
+            .ok()
+            .filter(|&n| n < b.geo.max_inodes)
+            .ok_or_else(gone)?;
+        if b.inode(n).state.load(Acquire) == INODE_FREE {
+            return Err(gone());
+        }
+        Ok((self.metadata_of(n), b.inode(n).gen.load(Acquire)))
+    }
+
+    /// A store path that names inode `ino` of generation `gen` directly and then `rel` below
+    /// it ("" for the inode itself); it stays right across renames, and gives ENOENT once
+    /// that incarnation is gone.
+    pub fn inode_path(ino: u64, gen: u32, rel: &str) -> String {
+        let anchor = crate::namespace::ANCHOR;
+        if rel.is_empty() {
+            format!("{anchor}{ino}:{gen}")
+        } else {
+            format!("{anchor}{ino}:{gen}/{rel}")
+        }
+    }
+
     fn metadata_of(&self, ino: u32) -> Metadata {
         let i = self.block.inode(ino);
         Metadata {
