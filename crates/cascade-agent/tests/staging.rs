@@ -641,9 +641,10 @@ fn stale_version_comes_back(test: &str, newer_through_server: bool) {
     // A comes back able to drain: version 1 and its file list are retired, not drained.
     a.kill9();
     a.restart(&env, &dirs.durable);
+    // The counter is bumped just after the version is retired: wait for both.
     wait_for("A to retire version 1 and its file list", WAIT, || {
         let s = a.status();
-        s.pending_files == 0 && s.pending_checkpoints == 0
+        s.pending_files == 0 && s.pending_checkpoints == 0 && s.superseded_files > 0
     });
     let s = a.status();
     assert_eq!(

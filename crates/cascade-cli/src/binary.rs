@@ -94,7 +94,7 @@ pub fn check_binary(program: &OsStr) -> Result<ExitCode, Failure> {
         NotElf::Io(e) => usage(io_message(&shown, &e)),
     })?;
 
-    let mount_later = "the FUSE front end, 'cascade mount', will in a later release";
+    let mount_instead = "run it on a 'cascade mount' FUSE mount of the store instead";
     match linkage {
         Linkage::Go { static_linked } => {
             let linked = if static_linked {
@@ -104,14 +104,14 @@ pub fn check_binary(program: &OsStr) -> Result<ExitCode, Failure> {
             };
             println!(
                 "{shown} is a {linked}Go program: Go makes its system calls directly, not \
-through libc, so LD_PRELOAD cannot reach its file I/O ({mount_later})"
+through libc, so LD_PRELOAD cannot reach its file I/O ({mount_instead})"
             );
             Ok(ExitCode::from(EXIT_FAILURE))
         }
         Linkage::Static => {
             println!(
                 "{shown} is statically linked: there is no dynamic linker to load \
-libcascade.so, so LD_PRELOAD cannot reach it ({mount_later}; or relink it with the flags \
+libcascade.so, so LD_PRELOAD cannot reach it ({mount_instead}, or relink it with the flags \
 of 'cascade link-flags')"
             );
             Ok(ExitCode::from(EXIT_FAILURE))

@@ -130,9 +130,17 @@ pub(crate) fn wait_for_signal(set: &libc::sigset_t) {
 /// `cascade commit PATH`.
 pub fn commit(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
-    let seq = store
-        .commit(path, false)
-        .map_err(|e| Failure::store(path, &e))?;
+    // A file closed through a FUSE mount is released by the kernel a moment after close()
+    // returned (docs/fuse.md): such a writer gets a short while before EBUSY is reported.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let seq = loop {
+        match store.commit(path, false) {
+            Err(e) if e.errno() == libc::EBUSY && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            done => break done.map_err(|e| Failure::store(path, &e))?,
+        }
+    };
     let root = store
         .life_tree(path)
         .ok()

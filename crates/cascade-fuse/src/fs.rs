@@ -533,23 +533,28 @@ impl Filesystem for CascadeFs {
         let listed = self
             .inode(ino)
             .and_then(|(path, _, _)| self.store.read_dir(&path).map_err(errno));
-        let entries = match listed {
+        let mut entries = match listed {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
+        // The offset of an entry is its store inode + 3 (1 and 2 are the dots), in inode
+        // order: a listing resumed after entries were removed or added (a program unlinking
+        // what it reads, batch by batch) skips nothing and repeats nothing. An index would
+        // shift under such changes and skip as many entries as were removed.
+        entries.sort_unstable_by_key(|e| e.ino);
         let dots = [
-            (ino, FileType::Directory, "."),
-            (ino, FileType::Directory, ".."),
+            (ino, 1, FileType::Directory, "."),
+            (ino, 2, FileType::Directory, ".."),
         ];
         let all = dots.into_iter().chain(entries.iter().map(|e| {
             let kind = match e.kind {
                 FileKind::File => FileType::RegularFile,
                 FileKind::Dir => FileType::Directory,
             };
-            (INodeNo(e.ino + 1), kind, e.name.as_str())
+            (INodeNo(e.ino + 1), e.ino + 3, kind, e.name.as_str())
         }));
-        for (i, (ino, kind, name)) in all.enumerate().skip(offset as usize) {
-            if reply.add(ino, i as u64 + 1, kind, name) {
+        for (ino, next, kind, name) in all.filter(|&(_, next, _, _)| next > offset) {
+            if reply.add(ino, next, kind, name) {
                 break;
             }
         }

@@ -62,6 +62,18 @@ pub fn cascade_bin() -> &'static Path {
             .args(["build", "-p", "cascade-cli", "-p", "cascade-preload"])
             .env("CARGO_TARGET_DIR", &target_dir)
             .current_dir(repo_root());
+        // Cargo's per-package variables of this test would leak into build scripts (ring's
+        // reruns when CARGO_MANIFEST_DIR changes) and make every later build start over.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("CARGO_MANIFEST")
+                || k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_CRATE")
+                || k == "CARGO_PRIMARY_PACKAGE"
+            {
+                build.env_remove(&*k);
+            }
+        }
         match profile.as_str() {
             "debug" => {}
             "release" => {
