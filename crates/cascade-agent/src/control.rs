@@ -22,6 +22,15 @@ use crate::daemon::Agent;
 use crate::restore::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
 
+/// Infix of the temporary name a file is fetched under (`.NAME.cascade-fetch-PID`) before it
+/// is renamed into place: the agent's passes must never send such a file down.
+const FETCH_TEMP: &str = ".cascade-fetch-";
+
+/// True for the base name of a file being fetched.
+pub(crate) fn is_fetch_temp(base: &str) -> bool {
+    base.starts_with('.') && base.contains(FETCH_TEMP)
+}
+
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 8192;
 
@@ -67,7 +76,7 @@ impl Agent {
         let started = Instant::now();
         let cut = path.rfind('/').unwrap_or(0);
         let (parent, name) = (&path[..cut], &path[cut + 1..]);
-        let tmp = format!("{parent}/.{name}.cascade-fetch-{}", std::process::id());
+        let tmp = format!("{parent}/.{name}{FETCH_TEMP}{}", std::process::id());
         if let Some(staging) = self.staging() {
             // A staging server may hold a newer version than the durable tier, or the only
             // one (drain not finished when this job's previous node was lost).

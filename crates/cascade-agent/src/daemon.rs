@@ -155,8 +155,10 @@ pub(crate) fn key_of(store_path: &str) -> &str {
     store_path.trim_start_matches('/')
 }
 
+/// Names of the durable layout, and files being fetched: never uploaded or staged.
 fn reserved(path: &str) -> bool {
-    cascade_durable::is_reserved_name(path.rsplit('/').next().unwrap_or(path))
+    let base = path.rsplit('/').next().unwrap_or(path);
+    cascade_durable::is_reserved_name(base) || crate::control::is_fetch_temp(base)
 }
 
 impl Agent {
