@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Plots for bench/results/node-store.json (the chunk-size sweep and the spill-over curve),
-bench/results/interposition.json (calls per second and bandwidth by write size) and
-bench/results/staging.json (staging throughput by writer processes and servers).
+bench/results/interposition.json (calls per second and bandwidth by write size),
+bench/results/staging.json (staging throughput by writer processes and servers) and
+bench/results/fuse.json (FUSE vs LD_PRELOAD, tmpfs, disk and memcpy by operation, and by
+writer processes).
 
 usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
-Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, or staging-throughput.png,
-next to the JSON (or into OUT_DIR).
+Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, staging-throughput.png or
+fuse.png, next to the JSON (or into OUT_DIR).
 """
 
 import json
@@ -225,6 +227,78 @@ def plot_staging(rep, out):
     return path
 
 
+FUSE_PARTS = [("writes", "1 MiB\nwrites"), ("small-writes", "small\nwrites"),
+              ("reads", "1 MiB\nreads"), ("small-reads", "small\nreads"), ("cp", "cp")]
+FUSE_TARGETS = ["memcpy", "tmpfs", "tmpfs-rewrite", "fuse", "fuse-kcache", "preload", "disk",
+                "disk+fsync", "disk-cold"]
+
+
+def plot_fuse(rep, out):
+    rows = [r for r in rep["results"].get("rows", []) if ok(r)]
+    if not rows:
+        return None
+    small = rep.get("options", {}).get("small", 4096)
+    parts = [(k, lab.replace("small", size_label(small))) for k, lab in FUSE_PARTS
+             if any(r["part"] == k for r in rows)]
+    targets = [t for t in FUSE_TARGETS
+               if any(r["method"] == t and r["part"] != "scaling" for r in rows)]
+    scaling = [r for r in rows if r["part"] == "scaling"]
+    fig, axes = plt.subplots(1, 2 if scaling else 1, figsize=(14 if scaling else 10, 5.8),
+                             gridspec_kw={"width_ratios": [2.2, 1]} if scaling else None)
+    ax1 = axes[0] if scaling else axes
+    width = 0.8 / max(len(targets), 1)
+    for i, t in enumerate(targets):
+        xs, med, lo, hi = [], [], [], []
+        for j, (k, _) in enumerate(parts):
+            r = [x for x in rows if x["part"] == k and x["method"] == t and x["procs"] == 1]
+            if not r:
+                continue
+            g = r[0]["gbps"]
+            xs.append(j - 0.4 + width * (i + 0.5))
+            med.append(g["median"])
+            lo.append(g["median"] - g["min"])
+            hi.append(g["max"] - g["median"])
+        hatch = "//" if t.startswith("fuse") else None
+        ax1.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=f"C{i}", label=t,
+                hatch=hatch, edgecolor="black" if hatch else None, linewidth=0.5)
+    ax1.set_xticks(range(len(parts)))
+    ax1.set_xticklabels([lab for _, lab in parts])
+    ax1.set_yscale("log")
+    ax1.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax1.set_ylabel("GB/s (one process)")
+    ax1.grid(True, axis="y", which="both", alpha=0.3)
+    ax1.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.13))
+    ax1.set_title(f"{size_label(rep['options']['size'])} file, one process")
+    if scaling:
+        ax2 = axes[1]
+        for i, t in enumerate(targets):
+            rs = sorted((r for r in scaling if r["method"] == t), key=lambda r: r["procs"])
+            if not rs:
+                continue
+            med, err = errbars([r["gbps"] for r in rs])
+            ax2.errorbar([r["procs"] for r in rs], med, yerr=err, marker="o", capsize=3,
+                         color=f"C{i}", label=t)
+        procs = sorted({r["procs"] for r in scaling})
+        ax2.set_xscale("log", base=2)
+        ax2.set_xticks(procs)
+        ax2.set_xticklabels([str(p) for p in procs])
+        ax2.set_yscale("log")
+        ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax2.set_xlabel(f"writer processes ({size_label(rep['options']['size'])} in all)")
+        ax2.set_ylabel("aggregate GB/s, 1 MiB writes")
+        ax2.grid(True, which="both", alpha=0.3)
+        ax2.legend(fontsize=8)
+        cores = rep.get("machine", {}).get("cores", "?")
+        ax2.set_title(f"Writer processes ({cores} cores, {rep['options']['threads']} "
+                      "mount threads)")
+    fig.suptitle("FUSE (cascade mount) vs LD_PRELOAD, tmpfs, disk, memcpy (median, min-max)")
+    fig.tight_layout()
+    path = os.path.join(out, "fuse.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
@@ -235,6 +309,8 @@ def main():
         plots = (plot_interposition(rep, out),)
     elif rep.get("suite") == "staging":
         plots = (plot_staging(rep, out),)
+    elif rep.get("suite") == "fuse":
+        plots = (plot_fuse(rep, out),)
     else:
         plots = (plot_sweep(rep, out), plot_spill(rep, out))
     for path in plots:

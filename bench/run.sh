@@ -4,15 +4,20 @@
 #   interposition.{md,json}, interposition-sweep.png            (suite interposition)
 #   durable.{md,json}                                           (suite durable)
 #   staging.{md,json}, staging-throughput.png                   (suite staging)
-# usage: bench/run.sh [--suite node-store|interposition|durable|staging|all] [ARGS...]
+#   fuse.{md,json}, fuse.png                                    (suite fuse)
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|all] [ARGS...]
 # The suite defaults to all (node-store and interposition, one after the other; durable too
-# when CASCADE_BENCH_DURABLE=1 and staging when CASCADE_BENCH_STAGING=1, since they need root
-# and network namespaces). ARGS go to `cascade-bench run` (node-store), `cascade-bench
-# interposition`, `cascade-bench durable` or `cascade-bench staging`; with --suite all they go
-# to each, so use only options all know there (--out, --quick, --reps; --procs and --size-mib
-# with node-store and interposition only). The durable and staging suites bring the throttled
-# S3 store up with bench/netns-s3.sh up first (staging also the servers' namespace with
-# bench/netns-staging.sh up) and take them down at the end. E.g.
+# when CASCADE_BENCH_DURABLE=1, staging when CASCADE_BENCH_STAGING=1 and fuse when
+# CASCADE_BENCH_FUSE=1, since they need root, network namespaces or FUSE mounts). ARGS go to
+# `cascade-bench run` (node-store), `cascade-bench interposition`, `cascade-bench durable`,
+# `cascade-bench staging` or `cascade-bench fuse`; with --suite all they go to each, so use
+# only options all know there (--out, --quick, --reps; --procs and --size-mib with node-store
+# and interposition only). The durable and staging suites bring the throttled S3 store up with
+# bench/netns-s3.sh up first (staging also the servers' namespace with bench/netns-staging.sh
+# up) and take them down at the end. The fuse suite (root: it mounts) builds the CLI and the
+# library, mounts two fresh stores with `cascade mount` (direct I/O and --kernel-cache) and
+# compares them with LD_PRELOAD into the same store, tmpfs, local disk and memcpy; the stores
+# are unmounted and destroyed at the end, also after errors. E.g.
 #   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
 #   bench/run.sh --suite node-store --only writes,readback --reps 5
 #   bench/run.sh --suite interposition --only small,meta
@@ -20,6 +25,8 @@
 #   bench/run.sh --suite durable --quick --out /tmp/bench-durable
 #   bench/run.sh --suite staging --quick --out /tmp/bench-staging
 #   bench/run.sh --suite staging --only throughput --procs 1,8 --servers 1,3
+#   bench/run.sh --suite fuse --quick --out /tmp/bench-fuse
+#   bench/run.sh --suite fuse --only writes,reads --reps 3 --threads 4
 # See bench/README.md.
 set -euo pipefail
 
@@ -42,8 +49,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|staging|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable, staging or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|fuse|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse or all" >&2; exit 2 ;;
 esac
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
@@ -52,6 +59,10 @@ fi
 staging=0
 if [ "$suite" = staging ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_STAGING:-0}" = 1 ]; }; then
     staging=1
+fi
+fuse=0
+if [ "$suite" = fuse ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_FUSE:-0}" = 1 ]; }; then
+    fuse=1
 fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
@@ -76,6 +87,11 @@ if [ "$staging" = 1 ]; then
         echo "run.sh: installing fio for the disk baselines" >&2
         (apt-get install -y -qq fio || (apt-get update -qq && apt-get install -y -qq fio)) >&2 || true
     fi
+fi
+if [ "$fuse" = 1 ]; then
+    [ "$(id -u)" = 0 ] || { echo "run.sh: the fuse suite needs root (cascade mount)" >&2; exit 1; }
+    # `cascade mount` and, for the preload target, libcascade.so next to it.
+    cargo build --release -p cascade-cli -p cascade-preload
 fi
 bin=target/release/cascade-bench
 
@@ -169,5 +185,9 @@ fi
 if [ "$staging" = 1 ]; then
     run_suite staging staging.json
     echo "results: $out/staging.md"
+fi
+if [ "$fuse" = 1 ]; then
+    run_suite fuse fuse.json
+    echo "results: $out/fuse.md"
 fi
 trap - INT TERM

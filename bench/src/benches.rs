@@ -351,7 +351,7 @@ fn create_store(
 /// VM this was developed on, the first write into freshly pre-faulted pages was at times
 /// several times slower than later ones, which would otherwise land on whichever repetition
 /// happens to get never-used chunks.
-fn burn_in(store: &Store, capacity: u64) -> Res<()> {
+pub(crate) fn burn_in(store: &Store, capacity: u64) -> Res<()> {
     let t = now_ns();
     let path = "/burn-in";
     let f = store

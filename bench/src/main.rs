@@ -4,11 +4,13 @@
 //! children (hidden `child` subcommand) for every measurement, releases them together through
 //! a pipe barrier, and writes the results. `cascade-bench interposition` runs the
 //! benchmarks of the LD_PRELOAD library the same way (a C program instead of the Rust
-//! children for the I/O through the library). See bench/README.md.
+//! children for the I/O through the library). `durable`, `staging` and `fuse` run the other
+//! suites (bench/src/durable.rs, staging.rs, fuse.rs). See bench/README.md.
 
 mod benches;
 mod child;
 mod durable;
+mod fuse;
 mod harness;
 mod preload;
 mod preload_report;
@@ -46,6 +48,9 @@ enum Cmd {
     /// bench/netns-s3.sh and bench/netns-staging.sh up); write staging.md and staging.json
     /// into --out.
     Staging(Box<staging::StagingArgs>),
+    /// Run the FUSE front-end benchmark (needs root): `cascade mount` against LD_PRELOAD,
+    /// tmpfs, local disk and memcpy; write fuse.md and fuse.json into --out.
+    Fuse(Box<fuse::FuseArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -494,6 +499,7 @@ fn main() -> ExitCode {
         Cmd::Interposition(a) => run_interposition(*a),
         Cmd::Durable(a) => durable::run(*a),
         Cmd::Staging(a) => staging::run(*a),
+        Cmd::Fuse(a) => fuse::run(*a),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
             for what in cleanup(pid, &dir) {

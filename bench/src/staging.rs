@@ -415,7 +415,7 @@ struct Programs {
     ckpt_writer: PathBuf,
 }
 
-fn compile(cc: &str, src_text: &str, out: &Path) -> Res<()> {
+pub(crate) fn compile(cc: &str, src_text: &str, out: &Path) -> Res<()> {
     let src = out.with_extension("c");
     std::fs::write(&src, src_text).ctx(|| format!("writing {}", src.display()))?;
     let res = Command::new(cc)
@@ -495,7 +495,7 @@ impl Programs {
 
 /// A command of the CLI with only the given CASCADE_* settings: those of the caller (another
 /// CASCADE_DURABLE, a CASCADE_FLUSH_EVERY) would change what is measured.
-fn clean_cmd(bin: &Path) -> Command {
+pub(crate) fn clean_cmd(bin: &Path) -> Command {
     let mut c = Command::new(bin);
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("CASCADE_") {
@@ -507,7 +507,7 @@ fn clean_cmd(bin: &Path) -> Command {
 }
 
 /// utime + stime of a process, in seconds.
-fn cpu_s(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_s(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.rsplit_once(')')?.1;
     let f: Vec<u64> = after
@@ -518,7 +518,7 @@ fn cpu_s(pid: u32) -> Option<f64> {
 }
 
 /// Sends SIGTERM to a child and waits up to `secs` for it, then kills it.
-fn terminate(child: &mut Child, what: &str, secs: u64) -> Res<()> {
+pub(crate) fn terminate(child: &mut Child, what: &str, secs: u64) -> Res<()> {
     // SAFETY: plain kill(2) of our own child, which has not been reaped yet.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(secs);

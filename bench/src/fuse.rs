@@ -1,0 +1,2084 @@
+//! `cascade-bench fuse`: the FUSE front end (`cascade mount`, crates/cascade-fuse) against the
+//! LD_PRELOAD library into the same store, tmpfs, local disk and memcpy, all measured in the
+//! same run with one C program (`fuseio`, below) doing the I/O for every target. Writes
+//! fuse.md and fuse.json (bench/plot.py draws fuse.png from it). See bench/README.md.
+//!
+//! Targets: `fuse` (a fresh store mounted with `cascade mount`, direct I/O), `fuse-kcache`
+//! (another fresh store, `cascade mount --kernel-cache`), `preload` (LD_PRELOAD=libcascade.so
+//! into the store of `fuse`), `tmpfs` (a new file in /dev/shm; for reads an existing one),
+//! `tmpfs-rewrite` (overwriting a /dev/shm file whose pages exist), `disk` (a new file in
+//! /var/tmp: clock stopped after the last write, and `disk+fsync` with the final fsync; for
+//! reads from the page cache, and `disk-cold` after posix_fadvise(DONTNEED)) and `memcpy`
+//! (into / out of a pre-faulted MAP_SHARED /dev/shm object, the ceiling).
+//! Parts: 1 MiB and 4 KiB writes into a new file, 1 MiB and 4 KiB reads of an existing file,
+//! `cp` of a file from /dev/shm (an unmodified program) and multi-writer scaling.
+
+use crate::benches::burn_in;
+use crate::harness::{run_commands, Outcome};
+use crate::report::{machine_table, utc_string, Target};
+use crate::staging::{clean_cmd, compile, cpu_s, terminate};
+use crate::util::{
+    self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Interference, Machine,
+    Res, Stats, KIB, MIB,
+};
+use cascade_store::{OpenOptions, Store};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Parts of the suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    /// 1 MiB writes into a new file.
+    Writes,
+    /// Small (4 KiB) writes into a new file.
+    SmallWrites,
+    /// 1 MiB reads of an existing file.
+    Reads,
+    /// Small (4 KiB) reads of an existing file.
+    SmallReads,
+    /// `cp` of a file from /dev/shm into the target.
+    Cp,
+    /// 1, 2, 4 writer processes, 1 MiB writes.
+    Scaling,
+}
+
+impl Part {
+    fn title(self, small: u64) -> String {
+        match self {
+            Part::Writes => "1 MiB writes, new file".into(),
+            Part::SmallWrites => format!("{} writes, new file", size_str(small)),
+            Part::Reads => "1 MiB reads".into(),
+            Part::SmallReads => format!("{} reads", size_str(small)),
+            Part::Cp => "cp from /dev/shm".into(),
+            Part::Scaling => "1 MiB writes by N processes".into(),
+        }
+    }
+    fn is_write(self) -> bool {
+        matches!(self, Part::Writes | Part::SmallWrites | Part::Scaling)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct FuseArgs {
+    /// Directory for fuse.md and fuse.json.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Quick run: 256 MiB files, 1 repetition, scaling with 1 and 2 writers. Explicit flags
+    /// override.
+    #[arg(long)]
+    quick: bool,
+    /// Parts to run (all when not given).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median [default: 5; --quick: 1].
+    #[arg(long)]
+    reps: Option<usize>,
+    /// File size in MiB (every part; the scaling part splits it over the writers)
+    /// [default: 1024; --quick: 256].
+    #[arg(long)]
+    size_mib: Option<u64>,
+    /// Bytes per call of the small writes and reads, in KiB (a divisor of 1024).
+    #[arg(long, default_value_t = 4)]
+    small_kib: u64,
+    /// Writer processes of the scaling part [default: 1,2,4; --quick: 1,2].
+    #[arg(long, value_delimiter = ',')]
+    procs: Option<Vec<usize>>,
+    /// Request threads of each `cascade mount` (its --threads).
+    #[arg(long, default_value_t = 2)]
+    threads: u16,
+    /// The cascade CLI (its libcascade.so next to it).
+    #[arg(long, default_value = "target/release/cascade")]
+    cascade: PathBuf,
+    /// The C compiler for the I/O program.
+    #[arg(long, default_value = "cc")]
+    cc: String,
+    /// The cp of the cp part.
+    #[arg(long, default_value = "cp")]
+    cp: String,
+    /// Mount prefix (CASCADE_MOUNT) of the preloaded runs.
+    #[arg(long, default_value = "/cascade")]
+    mount: String,
+    /// Directory on local disk for the disk baselines.
+    #[arg(long, default_value = "/var/tmp")]
+    disk_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FOpts {
+    #[serde(skip)]
+    pub pid: u32,
+    pub parts: Vec<Part>,
+    pub reps: usize,
+    /// Bytes of every file (per process in the single-process parts; in all in scaling).
+    pub size: u64,
+    pub small: u64,
+    pub procs: Vec<usize>,
+    pub threads: u16,
+    /// Memory of each FUSE store: 2 x the file size.
+    pub capacity: u64,
+    pub cascade: PathBuf,
+    pub cc: String,
+    pub cp: String,
+    pub mount: String,
+    pub disk_dir: PathBuf,
+}
+
+fn build_opts(a: &FuseArgs, pid: u32) -> Res<FOpts> {
+    let q = a.quick;
+    let size = a.size_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
+    let small = a.small_kib * KIB;
+    if small == 0 || MIB % small != 0 {
+        return err("--small-kib must divide 1024");
+    }
+    let procs = a
+        .procs
+        .clone()
+        .unwrap_or_else(|| if q { vec![1, 2] } else { vec![1, 2, 4] });
+    if procs.is_empty() || procs.contains(&0) {
+        return err("--procs needs positive process counts");
+    }
+    if size == 0 || procs.iter().any(|&p| size % (p as u64 * MIB) != 0) {
+        return err("--size-mib must be a positive multiple of every process count");
+    }
+    if !a.mount.starts_with('/') || a.mount.len() < 2 {
+        return err("--mount must be an absolute path other than /");
+    }
+    if a.threads == 0 {
+        return err("--threads must be positive");
+    }
+    let parts = if a.only.is_empty() {
+        vec![
+            Part::Writes,
+            Part::SmallWrites,
+            Part::Reads,
+            Part::SmallReads,
+            Part::Cp,
+            Part::Scaling,
+        ]
+    } else {
+        a.only.clone()
+    };
+    Ok(FOpts {
+        pid,
+        parts,
+        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
+        size,
+        small,
+        procs,
+        threads: a.threads,
+        capacity: 2 * size,
+        cascade: a.cascade.clone(),
+        cc: a.cc.clone(),
+        cp: a.cp.clone(),
+        mount: a.mount.trim_end_matches('/').to_string(),
+        disk_dir: a.disk_dir.clone(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The I/O program.
+
+/// The one program doing the I/O of every target (compiled with `cc -O2` at the start). It
+/// speaks the protocol of the bench's children (bench/src/child.rs, bench/preload/pio.c).
+const FUSEIO_C: &str = r#"
+/* fuseio: the I/O of the FUSE benchmarks (bench/src/fuse.rs), the same program for every
+ * target: FUSE mounts, LD_PRELOAD, tmpfs, local disk. Protocol of the bench's children:
+ * set-up, "READY" on stdout, wait for "GO" on stdin, the timed part, one JSON line, wait for
+ * EOF on stdin, then check and clean up. Buffers are page-aligned.
+ *
+ * usage: fuseio MODE key=value...
+ *   write  path= bytes= io= [fsync=1] [rewrite=1] [warm=DIR]
+ *          open (a new file: O_CREAT|O_EXCL; rewrite=1: an existing one, not truncated),
+ *          bytes/io write() calls, [fsync, mark "write_end" before it], close. Afterwards the
+ *          size is checked and the file unlinked (kept with rewrite=1).
+ *   read   path= bytes= io= [dontneed=1] [warm=DIR]
+ *          open, bytes/io read() calls, close; the last buffer is checked (the file holds a
+ *          1 MiB pattern, seed 2, repeated). dontneed=1: posix_fadvise(DONTNEED) in set-up.
+ *   memcpy shm= bytes= io= read=0|1
+ *          memcpy into (read=1: out of) a MAP_SHARED /dev/shm object created, pre-faulted
+ *          (MADV_POPULATE_WRITE) and written once in set-up; removed at the end.
+ *   probe  path=   (no protocol) create path with 4 KiB and keep it.
+ * warm=DIR: stat(DIR) in set-up (with the library preloaded, that attaches the store) and
+ * wait until the store's populate thread is done, as pio does. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#define MIB ((uint64_t)1 << 20)
+
+static int g_argc;
+static char **g_argv;
+static pid_t g_parent;
+static uint64_t g_t_setup;
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "fuseio %s: ", g_argc > 1 ? g_argv[1] : "");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static const char *opt(const char *key) {
+    size_t n = strlen(key);
+    for (int i = 2; i < g_argc; i++)
+        if (strncmp(g_argv[i], key, n) == 0 && g_argv[i][n] == '=')
+            return g_argv[i] + n + 1;
+    return NULL;
+}
+
+static const char *need(const char *key) {
+    const char *v = opt(key);
+    if (!v)
+        die("missing %s=", key);
+    return v;
+}
+
+static uint64_t num(const char *key, const char *v) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || end == v)
+        die("%s=%s is not a number", key, v);
+    return x;
+}
+
+static uint64_t need_u64(const char *key) { return num(key, need(key)); }
+
+static uint64_t opt_u64(const char *key, uint64_t def) {
+    const char *v = opt(key);
+    return v ? num(key, v) : def;
+}
+
+/* The same pattern as fill_pattern in bench/src/util.rs (xorshift64, no zero bytes). */
+static void fill_pattern(unsigned char *buf, size_t len, uint64_t seed) {
+    uint64_t x = seed | 1;
+    for (size_t i = 0; i < len; i += 8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        uint64_t v = x | 0x0101010101010101ull;
+        size_t n = len - i < 8 ? len - i : 8;
+        for (size_t k = 0; k < n; k++)
+            buf[i + k] = (unsigned char)(v >> (8 * k));
+    }
+}
+
+static unsigned char *alloc_aligned(size_t len) {
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, len ? len : 1))
+        die("out of memory (%zu bytes)", len);
+    memset(p, 1, len);
+    return p;
+}
+
+static inline void clobber(const void *p) { __asm__ volatile("" : : "r"(p) : "memory"); }
+
+static void put(const char *s, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(1, s, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            die("writing to stdout: %s", strerror(errno));
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static uint64_t barrier(double *setup_s) {
+    *setup_s = (double)(now_ns() - g_t_setup) / 1e9;
+    put("READY\n", 6);
+    char line[16];
+    size_t n = 0;
+    for (;;) {
+        char c;
+        ssize_t r = read(0, &c, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0 || c == '\n')
+            break;
+        if (n < sizeof line - 1)
+            line[n++] = c;
+    }
+    uint64_t start = now_ns();
+    line[n] = 0;
+    if (strcmp(line, "GO") != 0 || getppid() != g_parent)
+        die("the parent did not release the start barrier");
+    return start;
+}
+
+/* The result line (fields of ChildResult in bench/src/child.rs), then wait for EOF. */
+static void finish(uint64_t start, uint64_t end, uint64_t bytes, uint64_t calls, double setup_s,
+                   uint64_t write_end) {
+    char js[512];
+    int n;
+    if (write_end)
+        n = snprintf(js, sizeof js,
+                     "{\"start_ns\":%llu,\"end_ns\":%llu,\"bytes\":%llu,\"calls\":%llu,"
+                     "\"setup_s\":%.6f,\"marks\":{\"write_end\":%llu}}\n",
+                     (unsigned long long)start, (unsigned long long)end,
+                     (unsigned long long)bytes, (unsigned long long)calls, setup_s,
+                     (unsigned long long)write_end);
+    else
+        n = snprintf(js, sizeof js,
+                     "{\"start_ns\":%llu,\"end_ns\":%llu,\"bytes\":%llu,\"calls\":%llu,"
+                     "\"setup_s\":%.6f}\n",
+                     (unsigned long long)start, (unsigned long long)end,
+                     (unsigned long long)bytes, (unsigned long long)calls, setup_s);
+    if (n < 0 || (size_t)n >= sizeof js)
+        die("result too long");
+    put(js, (size_t)n);
+    char junk[256];
+    for (;;) {
+        ssize_t r = read(0, junk, sizeof junk);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+    }
+}
+
+static int thread_count(void) {
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        die("opendir /proc/self/task: %s", strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+static void warm_up(void) {
+    const char *dir = opt("warm");
+    if (!dir)
+        return;
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die("warm-up: stat %s: %s", dir, strerror(errno));
+    uint64_t t0 = now_ns();
+    while (thread_count() > 1) {
+        if (now_ns() - t0 > 60000000000ull)
+            die("warm-up: the store's populate thread did not finish in 60 s");
+        usleep(2000);
+    }
+}
+
+static void write_full(int fd, const unsigned char *buf, size_t n, const char *path) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            die("write %s: %s", path, w < 0 ? strerror(errno) : "wrote nothing");
+        buf += w;
+        n -= (size_t)w;
+    }
+}
+
+static void read_full(int fd, unsigned char *buf, size_t n, const char *path) {
+    while (n > 0) {
+        ssize_t r = read(fd, buf, n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            die("read %s: %s", path, strerror(errno));
+        if (r == 0)
+            die("read %s: unexpected end of file", path);
+        buf += r;
+        n -= (size_t)r;
+    }
+}
+
+static void check_sizes(uint64_t bytes, uint64_t io) {
+    if (io == 0 || bytes % io != 0 || io > MIB || MIB % io != 0)
+        die("io=%llu must divide 1 MiB and bytes=%llu", (unsigned long long)io,
+            (unsigned long long)bytes);
+}
+
+static void mode_write(void) {
+    const char *path = need("path");
+    uint64_t bytes = need_u64("bytes"), io = need_u64("io");
+    int do_sync = opt_u64("fsync", 0) != 0, rewrite = opt_u64("rewrite", 0) != 0;
+    check_sizes(bytes, io);
+    unsigned char *src = alloc_aligned(io);
+    fill_pattern(src, io, 1);
+    warm_up();
+    struct stat st;
+    if (rewrite && (stat(path, &st) != 0 || (uint64_t)st.st_size < bytes))
+        die("rewrite: %s must exist with at least %llu bytes", path, (unsigned long long)bytes);
+    double setup_s;
+    uint64_t start = barrier(&setup_s);
+    int fd = open(path, rewrite ? O_WRONLY : O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        die("open %s: %s", path, strerror(errno));
+    for (uint64_t off = 0; off < bytes; off += io)
+        write_full(fd, src, io, path);
+    uint64_t wend = now_ns();
+    if (do_sync && fsync(fd) != 0)
+        die("fsync %s: %s", path, strerror(errno));
+    if (close(fd) != 0)
+        die("close %s: %s", path, strerror(errno));
+    uint64_t end = now_ns();
+    finish(start, end, bytes, bytes / io, setup_s, do_sync ? wend : 0);
+    if (stat(path, &st) != 0)
+        die("stat %s: %s", path, strerror(errno));
+    if (rewrite ? (uint64_t)st.st_size < bytes : (uint64_t)st.st_size != bytes)
+        die("%s has %lld bytes, expected %llu", path, (long long)st.st_size,
+            (unsigned long long)bytes);
+    if (!rewrite && unlink(path) != 0)
+        die("unlink %s: %s", path, strerror(errno));
+}
+
+static void mode_read(void) {
+    const char *path = need("path");
+    uint64_t bytes = need_u64("bytes"), io = need_u64("io");
+    check_sizes(bytes, io);
+    unsigned char *buf = alloc_aligned(io), *want = alloc_aligned(MIB);
+    fill_pattern(want, MIB, 2);
+    warm_up();
+    if (opt_u64("dontneed", 0)) {
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            die("open %s: %s", path, strerror(errno));
+        int e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        if (e != 0)
+            die("posix_fadvise %s: %s", path, strerror(e));
+        close(fd);
+    }
+    double setup_s;
+    uint64_t start = barrier(&setup_s);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        die("open %s: %s", path, strerror(errno));
+    for (uint64_t off = 0; off < bytes; off += io) {
+        read_full(fd, buf, io, path);
+        clobber(buf);
+    }
+    if (close(fd) != 0)
+        die("close %s: %s", path, strerror(errno));
+    uint64_t end = now_ns();
+    if (memcmp(buf, want + (bytes - io) % MIB, io) != 0)
+        die("%s: the data read back differs from what was written", path);
+    finish(start, end, bytes, bytes / io, setup_s, 0);
+}
+
+static void mode_memcpy(void) {
+    const char *shm = need("shm");
+    uint64_t bytes = need_u64("bytes"), io = need_u64("io"), rd = need_u64("read");
+    check_sizes(bytes, io);
+    unsigned char *buf = alloc_aligned(io), *block = alloc_aligned(MIB);
+    fill_pattern(buf, io, 1);
+    fill_pattern(block, MIB, 2);
+    int fd = open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        die("open %s: %s", shm, strerror(errno));
+    if (ftruncate(fd, (off_t)bytes) != 0)
+        die("ftruncate %s: %s", shm, strerror(errno));
+    unsigned char *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        die("mmap %s: %s", shm, strerror(errno));
+    close(fd);
+    if (madvise(map, bytes, MADV_POPULATE_WRITE) != 0)
+        die("madvise(MADV_POPULATE_WRITE) %s: %s", shm, strerror(errno));
+    for (uint64_t off = 0; off < bytes; off += MIB)
+        memcpy(map + off, block, bytes - off < MIB ? bytes - off : MIB);
+    double setup_s;
+    uint64_t start = barrier(&setup_s);
+    if (rd) {
+        for (uint64_t off = 0; off < bytes; off += io) {
+            memcpy(buf, map + off, io);
+            clobber(buf);
+        }
+    } else {
+        for (uint64_t off = 0; off < bytes; off += io)
+            memcpy(map + off, buf, io);
+        clobber(map);
+    }
+    uint64_t end = now_ns();
+    if (rd && memcmp(buf, block + (bytes - io) % MIB, io) != 0)
+        die("memcpy read: wrong data");
+    finish(start, end, bytes, bytes / io, setup_s, 0);
+    munmap(map, bytes);
+    if (unlink(shm) != 0)
+        die("unlink %s: %s", shm, strerror(errno));
+}
+
+static void mode_probe(void) {
+    const char *path = need("path");
+    unsigned char *src = alloc_aligned(4096);
+    fill_pattern(src, 4096, 1);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0)
+        die("open %s: %s", path, strerror(errno));
+    write_full(fd, src, 4096, path);
+    if (close(fd) != 0)
+        die("close %s: %s", path, strerror(errno));
+}
+
+int main(int argc, char **argv) {
+    g_t_setup = now_ns();
+    g_argc = argc;
+    g_argv = argv;
+    g_parent = getppid();
+    if (argc < 2)
+        die("usage: fuseio write|read|memcpy|probe key=value...");
+    const char *m = argv[1];
+    if (!strcmp(m, "write"))
+        mode_write();
+    else if (!strcmp(m, "read"))
+        mode_read();
+    else if (!strcmp(m, "memcpy"))
+        mode_memcpy();
+    else if (!strcmp(m, "probe"))
+        mode_probe();
+    else
+        die("unknown mode %s", m);
+    return 0;
+}
+"#;
+
+// ---------------------------------------------------------------------------------------------
+// Results.
+
+/// One target in one part: GB/s over the repetitions, its ratio to tmpfs within each
+/// repetition, and the CPU the mount process used.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub part: Part,
+    pub method: String,
+    pub procs: usize,
+    /// Bytes per call.
+    pub io: u64,
+    /// Bytes per process.
+    pub bytes: u64,
+    pub gbps: Stats,
+    /// This target / tmpfs within each repetition.
+    pub vs_tmpfs: Stats,
+    /// This target / tmpfs-rewrite within each repetition (writes).
+    pub vs_tmpfs_rewrite: Option<Stats>,
+    /// CPU seconds of the `cascade mount` process per GB moved (FUSE targets).
+    pub daemon_cpu_s_per_gb: Option<Stats>,
+    /// Median set-up time of a process before the start barrier.
+    pub setup_s: f64,
+}
+
+/// One `cascade mount` of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct MountRow {
+    pub target: String,
+    pub store: String,
+    pub mountpoint: String,
+    pub capacity: u64,
+    pub chunk_size: u64,
+    pub threads: u16,
+    pub kernel_cache: bool,
+    /// The line `cascade mount` printed.
+    pub line: String,
+    /// From starting `cascade mount` until it was mounted (store creation with its
+    /// foreground pre-fault included).
+    pub mount_s: f64,
+    /// Writing the whole store once through the store API (burn-in).
+    pub burn_in_s: f64,
+    /// How it ended: "unmounted", or what went wrong.
+    pub ended: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FResults {
+    pub mounts: Vec<MountRow>,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report<'a> {
+    pub suite: &'static str,
+    pub generated_utc: String,
+    pub duration_s: f64,
+    pub command: String,
+    pub source: String,
+    pub cascade_cli: String,
+    pub library: String,
+    pub cc: String,
+    pub cp: String,
+    /// Whether freed guest memory goes back to the host (see `free_page_reporting`).
+    pub free_page_reporting: String,
+    pub machine: &'a Machine,
+    pub interference: Interference,
+    pub options: &'a FOpts,
+    pub targets: Vec<Target>,
+    pub results: &'a FResults,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mounts.
+
+/// A store created and mounted by `cascade mount`; unmounted and destroyed by `close`, or
+/// when dropped (also after errors).
+struct Mount {
+    target: &'static str,
+    bin: PathBuf,
+    store: String,
+    capacity: u64,
+    dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    pid: u32,
+    handle: Option<Store>,
+    row: MountRow,
+    closed: bool,
+}
+
+impl Mount {
+    fn start(o: &FOpts, bin: &Path, target: &'static str, kernel_cache: bool) -> Res<Mount> {
+        let tag = if kernel_cache { "kcache" } else { "direct" };
+        let dir = PathBuf::from(format!("/var/tmp/{}-mnt-{tag}", prefix(o.pid)));
+        std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+        let store = store_name(o.pid, tag);
+        let log = PathBuf::from(format!("/var/tmp/{}-mount-{tag}.log", prefix(o.pid)));
+        let mut m = Mount {
+            target,
+            bin: bin.to_path_buf(),
+            store: store.clone(),
+            capacity: o.capacity,
+            dir: dir.clone(),
+            log: log.clone(),
+            child: None,
+            pid: 0,
+            handle: None,
+            row: MountRow {
+                target: target.into(),
+                store,
+                mountpoint: dir.display().to_string(),
+                capacity: o.capacity,
+                chunk_size: 0,
+                threads: o.threads,
+                kernel_cache,
+                line: String::new(),
+                mount_s: f64::NAN,
+                burn_in_s: f64::NAN,
+                ended: "not unmounted".into(),
+            },
+            closed: false,
+        };
+        let logf = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
+        let mut cmd = m.cmd();
+        cmd.arg("mount")
+            .arg(&dir)
+            .args(["--threads", &o.threads.to_string()]);
+        if kernel_cache {
+            cmd.arg("--kernel-cache");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(logf);
+        // SAFETY: prctl is async-signal-safe; the daemon gets SIGTERM (and unmounts) if the
+        // bench dies.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let t0 = Instant::now();
+        let child = cmd
+            .spawn()
+            .ctx(|| format!("starting {} mount", m.bin.display()))?;
+        m.pid = child.id();
+        m.child = Some(child);
+        loop {
+            if let Some(c) = m.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    m.child = None;
+                    return err(format!(
+                        "cascade mount {} exited ({status}): {}",
+                        dir.display(),
+                        crate::durable::tail(&log, 5)
+                    ));
+                }
+            }
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.starts_with("cascade mount: store")) {
+                if util::is_fuse_mount(&dir) {
+                    m.row.line = line.to_string();
+                    break;
+                }
+            }
+            if t0.elapsed() > Duration::from_secs(300) {
+                return err(format!(
+                    "cascade mount {} did not mount within 300 s: {}",
+                    dir.display(),
+                    crate::durable::tail(&log, 5)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        m.row.mount_s = t0.elapsed().as_secs_f64();
+        let st = Store::attach(&m.store).ctx(|| format!("attaching {}", m.store))?;
+        st.wait_prefault();
+        m.row.chunk_size = st.chunk_size();
+        let t = Instant::now();
+        burn_in(&st, m.capacity)?;
+        m.row.burn_in_s = t.elapsed().as_secs_f64();
+        m.handle = Some(st);
+        eprintln!(
+            "  {target}: {} (mounted after {:.2} s; burn-in {:.2} s)",
+            m.row.line, m.row.mount_s, m.row.burn_in_s
+        );
+        Ok(m)
+    }
+
+    /// A cascade command with this store's settings and no others.
+    fn cmd(&self) -> Command {
+        let mut c = clean_cmd(&self.bin);
+        c.env("CASCADE_STORE", &self.store)
+            .env("CASCADE_CAPACITY", self.capacity.to_string())
+            .env("CASCADE_SPILL_SIZE", "0")
+            .env("CASCADE_PREFAULT", "foreground");
+        c
+    }
+
+    fn store(&self) -> Res<&Store> {
+        self.handle
+            .as_ref()
+            .ok_or_else(|| util::BenchError(format!("{} is not attached", self.store)))
+    }
+
+    /// Fails if the daemon exited.
+    fn check(&mut self) -> Res<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                self.child = None;
+                return err(format!(
+                    "cascade mount {} exited ({status}): {}",
+                    self.dir.display(),
+                    crate::durable::tail(&self.log, 5)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// CPU seconds the daemon's threads have used so far (/proc/PID/task/*/schedstat: run
+    /// time in ns, finer than the 10 ms ticks of /proc/PID/stat).
+    fn cpu(&self) -> f64 {
+        let Ok(rd) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return cpu_s(self.pid).unwrap_or(f64::NAN);
+        };
+        let mut ns = 0u64;
+        for e in rd.filter_map(|e| e.ok()) {
+            let text = std::fs::read_to_string(e.path().join("schedstat")).unwrap_or_default();
+            ns += text
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        ns as f64 / 1e9
+    }
+
+    /// Unmounts (`cascade umount`, retried while files are still open), waits for the daemon
+    /// to exit, destroys the store (`cascade destroy --force`) and removes the mount point.
+    fn close(&mut self) -> Res<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        self.handle = None;
+        let mut problems = Vec::new();
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut last = String::new();
+            let mut unmounted = false;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                match self
+                    .cmd()
+                    .arg("umount")
+                    .arg(&self.dir)
+                    .stdin(Stdio::null())
+                    .output()
+                {
+                    Ok(out) if out.status.success() => {
+                        unmounted = true;
+                        break;
+                    }
+                    Ok(out) => last = crate::durable::one_line(&out.stderr),
+                    Err(e) => last = e.to_string(),
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if !unmounted {
+                problems.push(format!("cascade umount {}: {last}", self.dir.display()));
+            }
+            // The daemon exits once the kernel ends the session.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    _ => break None,
+                }
+            };
+            match status {
+                Some(s) if s.success() && unmounted => self.row.ended = "unmounted".into(),
+                Some(s) => {
+                    self.row.ended = format!("daemon exited ({s})");
+                    if !s.success() {
+                        problems.push(format!(
+                            "cascade mount {} exited ({s}): {}",
+                            self.dir.display(),
+                            crate::durable::tail(&self.log, 3)
+                        ));
+                    }
+                }
+                None => {
+                    self.row.ended = "daemon did not exit; terminated".into();
+                    if let Err(e) = terminate(&mut child, "cascade mount", 5) {
+                        problems.push(e.0);
+                    }
+                }
+            }
+        }
+        if util::is_fuse_mount(&self.dir) {
+            if let Err(e) = util::detach(&self.dir) {
+                problems.push(format!("detaching {}: {e}", self.dir.display()));
+            }
+        }
+        match self
+            .cmd()
+            .args(["destroy", "--force"])
+            .stdin(Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => problems.push(format!(
+                "cascade destroy --force {}: {}",
+                self.store,
+                crate::durable::one_line(&out.stderr)
+            )),
+            Err(e) => problems.push(format!("cascade destroy: {e}")),
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::remove_file(&self.log);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            err(problems.join("; "))
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            eprintln!("warning: {}: {e}", self.target);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Targets and runs.
+
+const MEMCPY: &str = "memcpy";
+const TMPFS: &str = "tmpfs";
+const REWRITE: &str = "tmpfs-rewrite";
+const FUSE: &str = "fuse";
+const KCACHE: &str = "fuse-kcache";
+const PRELOAD: &str = "preload";
+const DISK: &str = "disk";
+const DISK_SYNC: &str = "disk+fsync";
+const DISK_COLD: &str = "disk-cold";
+
+/// Rows in this order in every table.
+const ORDER: [&str; 9] = [
+    MEMCPY, TMPFS, REWRITE, FUSE, KCACHE, PRELOAD, DISK, DISK_SYNC, DISK_COLD,
+];
+
+struct Rig<'a> {
+    o: &'a FOpts,
+    exe: PathBuf,
+    lib: PathBuf,
+    direct: Mount,
+    kcache: Mount,
+}
+
+/// Per-method samples of one part.
+#[derive(Default)]
+struct Samples {
+    gbps: BTreeMap<String, Vec<f64>>,
+    cpu: BTreeMap<String, Vec<f64>>,
+    setup: BTreeMap<String, Vec<f64>>,
+}
+
+impl Samples {
+    fn add(&mut self, m: &str, gbps: f64, cpu_per_gb: Option<f64>, setup: &[f64]) {
+        self.gbps.entry(m.into()).or_default().push(gbps);
+        if let Some(c) = cpu_per_gb {
+            self.cpu.entry(m.into()).or_default().push(c);
+        }
+        self.setup
+            .entry(m.into())
+            .or_default()
+            .extend_from_slice(setup);
+    }
+
+    fn rows(&self, part: Part, procs: usize, io: u64, bytes: u64) -> Vec<Row> {
+        let base = self.gbps.get(TMPFS);
+        let rewrite = self.gbps.get(REWRITE);
+        ORDER
+            .iter()
+            .filter_map(|&m| {
+                let g = self.gbps.get(m)?;
+                let vs: Vec<f64> = match base {
+                    Some(b) => g.iter().zip(b).map(|(x, y)| x / y).collect(),
+                    None => Vec::new(),
+                };
+                let vs_rw = rewrite
+                    .filter(|_| m != REWRITE)
+                    .map(|b| Stats::of(&g.iter().zip(b).map(|(x, y)| x / y).collect::<Vec<_>>()));
+                Some(Row {
+                    part,
+                    method: m.into(),
+                    procs,
+                    io,
+                    bytes,
+                    gbps: Stats::of(g),
+                    vs_tmpfs: Stats::of(&vs),
+                    vs_tmpfs_rewrite: vs_rw,
+                    daemon_cpu_s_per_gb: self.cpu.get(m).map(|v| Stats::of(v)),
+                    setup_s: Stats::of(self.setup.get(m).map_or(&[][..], |v| &v[..])).median,
+                })
+            })
+            .collect()
+    }
+}
+
+/// `methods` rotated by `rep`, so that every method runs in every position in turn.
+fn rotated<'m>(methods: &[&'m str], rep: usize) -> Vec<&'m str> {
+    let n = methods.len().max(1);
+    (0..methods.len()).map(|k| methods[(k + rep) % n]).collect()
+}
+
+impl Rig<'_> {
+    fn shm(&self, what: &str) -> String {
+        format!("/dev/shm/{}-{what}", prefix(self.o.pid))
+    }
+
+    fn disk(&self, what: &str) -> String {
+        self.o
+            .disk_dir
+            .join(format!("{}-{what}", prefix(self.o.pid)))
+            .display()
+            .to_string()
+    }
+
+    fn mount_of(&self, m: &str) -> Option<&Mount> {
+        match m {
+            FUSE => Some(&self.direct),
+            KCACHE => Some(&self.kcache),
+            _ => None,
+        }
+    }
+
+    /// `fuseio MODE args...`: with the library preloaded (into the store of `fuse`) or with
+    /// no Cascade variables at all.
+    fn io(&self, preload: bool, mode: &str, args: &[(&str, String)]) -> Command {
+        let mut c = clean_cmd(&self.exe);
+        c.arg(mode);
+        for (k, v) in args {
+            c.arg(format!("{k}={v}"));
+        }
+        if preload {
+            c.env("LD_PRELOAD", &self.lib)
+                .env("CASCADE_STORE", &self.direct.store)
+                .env("CASCADE_MOUNT", &self.o.mount);
+        }
+        c
+    }
+
+    /// The path a method's file `name` has (for the preload target: under the mount prefix).
+    fn path_in(&self, m: &str, name: &str) -> String {
+        match m {
+            FUSE => format!("{}/{name}", self.direct.dir.display()),
+            KCACHE => format!("{}/{name}", self.kcache.dir.display()),
+            PRELOAD => format!("{}/{name}", self.o.mount),
+            DISK | DISK_COLD => self.disk(name),
+            _ => self.shm(name),
+        }
+    }
+
+    fn write_cmd(&self, m: &str, i: usize, rep: usize, bytes: u64, io: u64) -> Command {
+        let mut a = vec![("bytes", bytes.to_string()), ("io", io.to_string())];
+        match m {
+            MEMCPY => {
+                a.push(("shm", self.shm(&format!("mc-p{i}"))));
+                a.push(("read", "0".into()));
+                return self.io(false, "memcpy", &a);
+            }
+            REWRITE => {
+                a.push(("path", self.shm(&format!("rw-p{i}.dat"))));
+                a.push(("rewrite", "1".into()));
+            }
+            DISK => {
+                a.push(("path", self.disk(&format!("w-p{i}.dat"))));
+                a.push(("fsync", "1".into()));
+            }
+            TMPFS => a.push(("path", self.shm(&format!("w-p{i}.dat")))),
+            _ => a.push(("path", self.path_in(m, &format!("w-p{i}-r{rep}.dat")))),
+        }
+        if m == PRELOAD {
+            a.push(("warm", self.o.mount.clone()));
+        }
+        self.io(m == PRELOAD, "write", &a)
+    }
+
+    fn read_cmd(&self, m: &str, bytes: u64, io: u64) -> Command {
+        let mut a = vec![("bytes", bytes.to_string()), ("io", io.to_string())];
+        if m == MEMCPY {
+            a.push(("shm", self.shm("mc-p0")));
+            a.push(("read", "1".into()));
+            return self.io(false, "memcpy", &a);
+        }
+        a.push(("path", self.path_in(m, "rd.dat")));
+        if m == DISK_COLD {
+            a.push(("dontneed", "1".into()));
+        }
+        if m == PRELOAD {
+            a.push(("warm", self.o.mount.clone()));
+        }
+        self.io(m == PRELOAD, "read", &a)
+    }
+
+    fn check_mounts(&mut self) -> Res<()> {
+        self.direct.check()?;
+        self.kcache.check()
+    }
+
+    /// Runs one group for method `m`; returns the outcome and the mount daemon's CPU seconds.
+    fn run_group(&mut self, m: &str, cmds: Vec<Command>, what: &str) -> Res<(Outcome, f64)> {
+        let cpu0 = self.mount_of(m).map(Mount::cpu);
+        let out = run_commands(cmds).map_err(|e| util::BenchError(format!("{what}: {e}")));
+        let cpu1 = self.mount_of(m).map(Mount::cpu);
+        self.check_mounts()?;
+        let cpu = match (cpu0, cpu1) {
+            (Some(a), Some(b)) => b - a,
+            _ => f64::NAN,
+        };
+        Ok((out?, cpu))
+    }
+
+    /// A part of writes or reads: every method once per repetition, in rotating order.
+    fn part(
+        &mut self,
+        res: &mut FResults,
+        part: Part,
+        methods: &[&str],
+        procs: usize,
+        io: u64,
+    ) -> Res<()> {
+        let bytes = if part == Part::Scaling {
+            self.o.size / procs as u64
+        } else {
+            self.o.size
+        };
+        let mut s = Samples::default();
+        for rep in 0..self.o.reps {
+            for m in rotated(methods, rep) {
+                let cmds: Vec<Command> = (0..procs)
+                    .map(|i| {
+                        if part.is_write() {
+                            self.write_cmd(m, i, rep, bytes, io)
+                        } else {
+                            self.read_cmd(m, bytes, io)
+                        }
+                    })
+                    .collect();
+                let what = format!("{}: {m} with {procs} process(es)", part.title(io));
+                let (out, cpu) = self.run_group(m, cmds, &what)?;
+                let total = out.total_bytes() as f64;
+                let per_gb = cpu.is_finite().then(|| cpu / (total / 1e9));
+                let setup: Vec<f64> = out.children.iter().map(|c| c.setup_s).collect();
+                let g = out.gbps();
+                let mut line = format!("{g:7.2} GB/s");
+                if m == DISK && part.is_write() {
+                    let w = out.gbps_at("write_end");
+                    s.add(DISK, w, None, &setup);
+                    s.add(DISK_SYNC, g, None, &setup);
+                    line = format!("{w:7.2} GB/s, with fsync {g:.2} GB/s");
+                } else {
+                    s.add(m, g, per_gb, &setup);
+                }
+                if let Some(c) = per_gb {
+                    let _ = write!(line, " (mount daemon {c:.2} CPU s/GB)");
+                }
+                eprintln!(
+                    "  [{}] {m:<13} procs={procs} rep {}/{}: {line}",
+                    part_key(part),
+                    rep + 1,
+                    self.o.reps
+                );
+            }
+        }
+        res.rows.extend(s.rows(part, procs, io, bytes));
+        Ok(())
+    }
+
+    /// cp of a /dev/shm file into each target: a freshly started, unmodified program.
+    fn cp(&mut self, res: &mut FResults, src: &str) -> Res<()> {
+        let methods = [TMPFS, FUSE, KCACHE, PRELOAD, DISK];
+        let bytes = self.o.size;
+        let mut s = Samples::default();
+        for rep in 0..self.o.reps {
+            for m in rotated(&methods, rep) {
+                let name = format!("cp-r{rep}.dat");
+                let dst = self.path_in(m, &name);
+                let mut c = clean_cmd(Path::new(&self.o.cp));
+                c.arg(src).arg(&dst);
+                if m == PRELOAD {
+                    c.env("LD_PRELOAD", &self.lib)
+                        .env("CASCADE_STORE", &self.direct.store)
+                        .env("CASCADE_MOUNT", &self.o.mount);
+                }
+                c.stdin(Stdio::null());
+                util::settle();
+                let cpu0 = self.mount_of(m).map(Mount::cpu);
+                let t0 = now_ns();
+                let out = c.output().ctx(|| format!("running {}", self.o.cp))?;
+                let t1 = now_ns();
+                let cpu1 = self.mount_of(m).map(Mount::cpu);
+                self.check_mounts()?;
+                if !out.status.success() {
+                    return err(format!(
+                        "cp {src} {dst} ({m}) failed ({}): {}",
+                        out.status,
+                        crate::durable::one_line(&out.stderr)
+                    ));
+                }
+                // The copy must be where it belongs: in the store for preload (the host path
+                // must not exist), else on the host (FUSE mounts included).
+                let size = if m == PRELOAD {
+                    if Path::new(&dst).exists() {
+                        return err(format!("cp under LD_PRELOAD wrote {dst} on the host"));
+                    }
+                    let st = self.direct.store()?;
+                    let n = st.stat(&format!("/{name}")).map(|m| m.size);
+                    let _ = st.unlink(&format!("/{name}"));
+                    n.ctx(|| format!("/{name} in the store after cp"))?
+                } else {
+                    let n = std::fs::metadata(&dst)
+                        .map(|m| m.len())
+                        .ctx(|| format!("stat {dst}"))?;
+                    std::fs::remove_file(&dst).ctx(|| format!("removing {dst}"))?;
+                    n
+                };
+                if size != bytes {
+                    return err(format!("cp to {dst} ({m}): {size} bytes, expected {bytes}"));
+                }
+                let g = util::gbps(bytes, t1 - t0);
+                let per_gb = match (cpu0, cpu1) {
+                    (Some(a), Some(b)) => Some((b - a) / (bytes as f64 / 1e9)),
+                    _ => None,
+                };
+                s.add(m, g, per_gb, &[]);
+                eprintln!(
+                    "  [cp] {m:<13} rep {}/{}: {g:7.2} GB/s{}",
+                    rep + 1,
+                    self.o.reps,
+                    per_gb.map_or(String::new(), |c| format!(
+                        " (mount daemon {c:.2} CPU s/GB)"
+                    ))
+                );
+            }
+        }
+        res.rows.extend(s.rows(Part::Cp, 1, 0, bytes));
+        Ok(())
+    }
+
+    /// Checks that the library serves the mount prefix from the store of `fuse`, and that
+    /// each mount serves its store: a file created through each must be in the store.
+    fn probe(&self) -> Res<()> {
+        for (m, mount) in [
+            (PRELOAD, &self.direct),
+            (FUSE, &self.direct),
+            (KCACHE, &self.kcache),
+        ] {
+            let name = format!("probe-{}", std::process::id());
+            let path = self.path_in(m, &name);
+            let out = self
+                .io(m == PRELOAD, "probe", &[("path", path.clone())])
+                .stdin(Stdio::null())
+                .output()
+                .ctx(|| "running fuseio probe")?;
+            if !out.status.success() {
+                return err(format!(
+                    "{m}: could not create {path}: {}",
+                    crate::durable::one_line(&out.stderr)
+                ));
+            }
+            let st = mount.store()?;
+            let n = st.stat(&format!("/{name}")).map(|x| x.size);
+            let _ = st.unlink(&format!("/{name}"));
+            if m == PRELOAD && Path::new(&path).exists() {
+                let _ = std::fs::remove_file(&path);
+                return err(format!(
+                    "the library did not interpose: {path} went to the host file system"
+                ));
+            }
+            match n {
+                Ok(4096) => {}
+                Ok(n) => return err(format!("{m}: {path} has {n} bytes in the store")),
+                Err(e) => return err(format!("{m}: {path} is not in {} ({e})", mount.store)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn part_key(p: Part) -> &'static str {
+    match p {
+        Part::Writes => "writes",
+        Part::SmallWrites => "small-writes",
+        Part::Reads => "reads",
+        Part::SmallReads => "small-reads",
+        Part::Cp => "cp",
+        Part::Scaling => "scaling",
+    }
+}
+
+/// Writes `bytes` of the read pattern (1 MiB, seed 2, repeated) into a host file.
+fn write_host_file(path: &str, bytes: u64, sync: bool) -> Res<()> {
+    let mut block = vec![0u8; MIB as usize];
+    fill_pattern(&mut block, 2);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .ctx(|| format!("creating {path}"))?;
+    let mut off = 0;
+    while off < bytes {
+        let n = (bytes - off).min(MIB) as usize;
+        f.write_all(&block[..n]).ctx(|| format!("writing {path}"))?;
+        off += n as u64;
+    }
+    if sync {
+        f.sync_all().ctx(|| format!("fsync {path}"))?;
+    }
+    Ok(())
+}
+
+fn write_store_file(st: &Store, path: &str, bytes: u64) -> Res<()> {
+    let mut block = vec![0u8; MIB as usize];
+    fill_pattern(&mut block, 2);
+    let f = st
+        .open(path, &OpenOptions::new().write(true).create_new(true))
+        .ctx(|| format!("creating {path} in {}", st.name()))?;
+    let mut off = 0;
+    while off < bytes {
+        let n = (bytes - off).min(MIB) as usize;
+        f.write_all_at(&block[..n], off)
+            .ctx(|| format!("writing {path} in {}", st.name()))?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+/// Host files created for some parts, removed when dropped.
+struct Files(Vec<String>);
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+fn run_all(o: &FOpts, exe: &Path, bin: &Path, lib: &Path, res: &mut FResults) -> Res<()> {
+    eprintln!(
+        "stores ({} each, 2 x the file size), mounted with --threads {}:",
+        size_str(o.capacity),
+        o.threads
+    );
+    // Each FUSE target gets its own fresh store and mount; `Mount` unmounts and destroys it
+    // when dropped, also after errors.
+    let direct = Mount::start(o, bin, FUSE, false)?;
+    let kcache = Mount::start(o, bin, KCACHE, true)?;
+    let mut rig = Rig {
+        o,
+        exe: exe.to_path_buf(),
+        lib: lib.to_path_buf(),
+        direct,
+        kcache,
+    };
+    let outcome = (|| -> Res<()> {
+        rig.probe()?;
+        let want = |p: Part| o.parts.contains(&p);
+        let writers = [MEMCPY, TMPFS, REWRITE, FUSE, KCACHE, PRELOAD, DISK];
+        let readers = [MEMCPY, TMPFS, FUSE, KCACHE, PRELOAD, DISK, DISK_COLD];
+        if want(Part::Writes) || want(Part::SmallWrites) {
+            // The rewrite target's file, its pages present.
+            let rw = rig.shm("rw-p0.dat");
+            write_host_file(&rw, o.size, false)?;
+            let _files = Files(vec![rw]);
+            for (p, io) in [(Part::Writes, MIB), (Part::SmallWrites, o.small)] {
+                if want(p) {
+                    eprintln!("{}, {} per file:", p.title(io), size_str(o.size));
+                    rig.part(res, p, &writers, 1, io)?;
+                }
+            }
+        }
+        if want(Part::Reads) || want(Part::SmallReads) {
+            // The files to read: tmpfs, disk (written with fsync, so in the page cache and
+            // clean), and one in each store through the store API.
+            let files = Files(vec![rig.shm("rd.dat"), rig.disk("rd.dat")]);
+            write_host_file(&files.0[0], o.size, false)?;
+            write_host_file(&files.0[1], o.size, true)?;
+            write_store_file(rig.direct.store()?, "/rd.dat", o.size)?;
+            write_store_file(rig.kcache.store()?, "/rd.dat", o.size)?;
+            let r = (|| -> Res<()> {
+                for (p, io) in [(Part::Reads, MIB), (Part::SmallReads, o.small)] {
+                    if want(p) {
+                        eprintln!("{}, {} file:", p.title(io), size_str(o.size));
+                        rig.part(res, p, &readers, 1, io)?;
+                    }
+                }
+                Ok(())
+            })();
+            for m in [&rig.direct, &rig.kcache] {
+                if let Ok(st) = m.store() {
+                    let _ = st.unlink("/rd.dat");
+                }
+            }
+            drop(files);
+            r?;
+        }
+        if want(Part::Cp) {
+            let src = rig.shm("cp-src.dat");
+            write_host_file(&src, o.size, false)?;
+            let _files = Files(vec![src.clone()]);
+            eprintln!(
+                "cp of a {} file from /dev/shm ({}):",
+                size_str(o.size),
+                o.cp
+            );
+            rig.cp(res, &src)?;
+        }
+        if want(Part::Scaling) {
+            eprintln!(
+                "scaling: 1 MiB writes, {} in all split over the processes:",
+                size_str(o.size)
+            );
+            for &p in &o.procs {
+                rig.part(res, Part::Scaling, &[TMPFS, FUSE, KCACHE, PRELOAD], p, MIB)?;
+            }
+        }
+        Ok(())
+    })();
+    let Rig {
+        mut direct,
+        mut kcache,
+        ..
+    } = rig;
+    let c1 = direct.close();
+    let c2 = kcache.close();
+    res.mounts.push(direct.row.clone());
+    res.mounts.push(kcache.row.clone());
+    outcome?;
+    c1?;
+    c2
+}
+
+// ---------------------------------------------------------------------------------------------
+// The subcommand.
+
+/// Whether the VM reports freed guest memory to the host (virtio-balloon free page
+/// reporting): then memory the guest frees goes back to the host, and the next first touch
+/// of it faults on the host too, which makes fresh tmpfs pages expensive.
+fn free_page_reporting() -> String {
+    let Ok(rd) = std::fs::read_dir("/sys/bus/virtio/devices") else {
+        return "no virtio devices".into();
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let dev = std::fs::read_to_string(e.path().join("device")).unwrap_or_default();
+        if dev.trim() != "0x0005" {
+            continue;
+        }
+        let f = std::fs::read_to_string(e.path().join("features")).unwrap_or_default();
+        // One character per feature bit; VIRTIO_BALLOON_F_REPORTING is bit 5.
+        return match f.as_bytes().get(5) {
+            Some(b'1') => "on (virtio-balloon free page reporting: memory the guest frees is \
+                           returned to the host)"
+                .into(),
+            Some(_) => "off (virtio-balloon without free page reporting)".into(),
+            None => "unknown".into(),
+        };
+    }
+    "no virtio balloon".into()
+}
+
+fn tool_version(prog: &str) -> String {
+    Command::new(prog)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+pub fn run(a: FuseArgs) -> Res<()> {
+    let pid = std::process::id();
+    let o = build_opts(&a, pid)?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return err("the fuse suite needs root (cascade mount uses mount(2))");
+    }
+    let dirs = vec![PathBuf::from("/var/tmp"), o.disk_dir.clone()];
+    for what in util::cleanup(None, &dirs) {
+        eprintln!("cleanup: removed {what} (left by an earlier run)");
+    }
+    let _guard = crate::CleanupGuard {
+        pid,
+        dirs: dirs.clone(),
+    };
+    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    // Private copies of the CLI and the library: a rebuild of the workspace during the run
+    // must not swap them.
+    let base = Path::new("/var/tmp").join(prefix(pid));
+    let exe = PathBuf::from(format!("{}-fuseio", base.display()));
+    compile(&o.cc, FUSEIO_C, &exe)?;
+    if !o.cascade.is_file() {
+        return err(format!(
+            "{} does not exist (cargo build --release -p cascade-cli -p cascade-preload)",
+            o.cascade.display()
+        ));
+    }
+    let bin_dir = PathBuf::from(format!("{}-bin", base.display()));
+    std::fs::create_dir_all(&bin_dir).ctx(|| format!("creating {}", bin_dir.display()))?;
+    let bin = bin_dir.join("cascade");
+    std::fs::copy(&o.cascade, &bin)
+        .ctx(|| format!("copying {} to {}", o.cascade.display(), bin.display()))?;
+    let lib_src = o.cascade.with_file_name("libcascade.so");
+    let lib = bin_dir.join("libcascade.so");
+    std::fs::copy(&lib_src, &lib).ctx(|| format!("copying {}", lib_src.display()))?;
+    let has_mount = Command::new(&bin)
+        .args(["mount", "--help"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_mount {
+        return err(format!(
+            "{} has no `mount` (rebuild it: cargo build --release -p cascade-cli -p cascade-preload)",
+            o.cascade.display()
+        ));
+    }
+    let machine = util::machine(&o.disk_dir, &o.disk_dir);
+    eprintln!(
+        "cascade-bench fuse: {} ({} cores), kernel {}, {} GiB RAM; {} files, {} repetitions; names {}-*",
+        machine.cpu_model,
+        machine.cores,
+        machine.kernel,
+        machine.ram_gib,
+        size_str(o.size),
+        o.reps,
+        prefix(pid)
+    );
+    let load0 = util::loadavg();
+    let cpu0 = util::cpu_snap();
+    let t0 = now_ns();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut results = FResults::default();
+    let outcome = run_all(&o, &exe, &bin, &lib, &mut results);
+    let duration_s = (now_ns() - t0) as f64 / 1e9;
+    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    if interference.other_cpu_pct > 10.0 {
+        eprintln!(
+            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
+            interference.other_cpu_pct
+        );
+    }
+    if let Err(e) = &outcome {
+        results.notes.push(format!("the run stopped: {e}"));
+    }
+    let rep = Report {
+        suite: "fuse",
+        generated_utc: utc_string(started),
+        duration_s,
+        command: crate::durable::command_line(),
+        source: crate::source_version_of(&[
+            "crates/cascade-fuse",
+            "crates/cascade-cli",
+            "crates/cascade-store",
+            "crates/cascade-preload",
+            "bench",
+        ]),
+        cascade_cli: crate::durable::describe(&o.cascade),
+        library: crate::durable::describe(&lib_src),
+        cc: tool_version(&o.cc),
+        cp: tool_version(&o.cp),
+        free_page_reporting: free_page_reporting(),
+        machine: &machine,
+        interference,
+        options: &o,
+        targets: targets(&o, &results),
+        results: &results,
+    };
+    let md = markdown(&rep);
+    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
+    let md_path = a.out.join("fuse.md");
+    let json_path = a.out.join("fuse.json");
+    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
+    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
+    eprintln!("\nTargets:");
+    for t in &rep.targets {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not run",
+        };
+        eprintln!(
+            "  {:<34} {:<50} {met}\n      {}",
+            t.name, t.goal, t.measured
+        );
+    }
+    eprintln!(
+        "wrote {} and {} ({duration_s:.0} s)",
+        md_path.display(),
+        json_path.display()
+    );
+    outcome
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+fn find<'a>(r: &'a FResults, part: Part, m: &str, procs: usize) -> Option<&'a Row> {
+    r.rows
+        .iter()
+        .find(|x| x.part == part && x.method == m && x.procs == procs)
+}
+
+fn st(s: &Stats) -> String {
+    if s.samples.len() <= 1 {
+        format!("{:.2}", s.median)
+    } else {
+        format!("{:.2} [{:.2}–{:.2}]", s.median, s.min, s.max)
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    let r = a / b;
+    if !r.is_finite() {
+        "n/a".into()
+    } else if r < 0.1 {
+        format!("{r:.3}x")
+    } else {
+        format!("{r:.2}x")
+    }
+}
+
+/// A per-repetition ratio: "0.42x [0.19–0.81]".
+fn ratio_st(x: &Stats) -> String {
+    let p = if x.median < 0.1 { 3 } else { 2 };
+    if x.samples.len() <= 1 {
+        format!("{:.p$}x", x.median)
+    } else {
+        format!("{:.p$}x [{:.p$}–{:.p$}]", x.median, x.min, x.max)
+    }
+}
+
+fn targets(o: &FOpts, r: &FResults) -> Vec<Target> {
+    let (measured, met) = match (
+        find(r, Part::Writes, FUSE, 1),
+        find(r, Part::Writes, TMPFS, 1),
+    ) {
+        (Some(f), Some(t)) => {
+            let v = &f.vs_tmpfs;
+            let k = find(r, Part::Writes, KCACHE, 1).map_or(String::new(), |k| {
+                format!(
+                    "; with --kernel-cache {:.2} GB/s, {}",
+                    k.gbps.median,
+                    ratio_st(&k.vs_tmpfs)
+                )
+            });
+            let rw = match (&f.vs_tmpfs_rewrite, find(r, Part::Writes, REWRITE, 1)) {
+                (Some(v), Some(w)) => format!(
+                    ". Against overwriting an existing tmpfs file (no page allocation, {:.2} \
+                     GB/s): {} per repetition",
+                    w.gbps.median,
+                    ratio_st(v)
+                ),
+                _ => String::new(),
+            };
+            (
+                format!(
+                    "**{:.2}x** [{:.2}–{:.2}] per repetition ({:.2} vs {:.2} GB/s, {} writes of {} \
+                     into a new file{k}){rw}",
+                    v.median,
+                    v.min,
+                    v.max,
+                    f.gbps.median,
+                    t.gbps.median,
+                    size_str(f.io),
+                    size_str(o.size)
+                ),
+                Some(v.median >= 0.5),
+            )
+        }
+        _ => ("not run".to_string(), None),
+    };
+    vec![Target {
+        name: "FUSE 1 MiB writes".into(),
+        goal: ">= 0.5x write() into a new tmpfs file".into(),
+        measured,
+        met,
+    }]
+}
+
+fn markdown(rep: &Report) -> String {
+    let o = rep.options;
+    let r = rep.results;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Cascade FUSE front end (`cascade mount`) vs LD_PRELOAD, tmpfs and disk\n"
+    );
+    let _ = writeln!(
+        s,
+        "Generated by `bench/run.sh --suite fuse` ({}) on {} UTC from commit {}; the run took \
+         {:.0} s.\n",
+        rep.command, rep.generated_utc, rep.source, rep.duration_s
+    );
+    let _ = writeln!(
+        s,
+        "One small C program (`fuseio`, in bench/src/fuse.rs, compiled with `cc -O2`) does the \
+         I/O for every target with plain write()/read() calls from page-aligned buffers, timed \
+         from open to close; files of {}. **fuse**: a fresh store created and mounted by \
+         `cascade mount --threads {}` (direct I/O: every call is a FUSE request to the store); \
+         **fuse-kcache**: another fresh store, `cascade mount --threads {} --kernel-cache`; \
+         **preload**: the same program with `LD_PRELOAD=libcascade.so` into the store of \
+         `fuse`; **tmpfs**: a new file in /dev/shm (reads: an existing one); \
+         **tmpfs-rewrite**: overwriting a /dev/shm file whose pages exist; **disk**: a new \
+         file in {} (clock stopped after the last write; **disk+fsync**: with the final fsync, \
+         same runs); **memcpy**: into (out of) a pre-faulted MAP_SHARED /dev/shm object, the \
+         ceiling. {}; ratios divide by tmpfs in the same part (per repetition where marked); \
+         GB/s = 10^9 bytes/s. The methods take turns within each repetition, in rotating \
+         order. See bench/README.md.\n",
+        size_str(o.size),
+        o.threads,
+        o.threads,
+        o.disk_dir.display(),
+        if o.reps > 1 {
+            format!(
+                "Each figure is the median of {} runs, [min–max] in brackets",
+                o.reps
+            )
+        } else {
+            "One run per figure".to_string()
+        }
+    );
+    if rep.interference.other_cpu_pct > 10.0 {
+        let _ = writeln!(
+            s,
+            "**Warning:** other processes and kernel threads used {:.0} % of the CPUs during \
+             this run (load average {} at start); the figures are disturbed by them.\n",
+            rep.interference.other_cpu_pct, rep.interference.loadavg_start
+        );
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(s, "**Not measured / failed:**\n");
+        for n in &r.notes {
+            let _ = writeln!(s, "- {n}");
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(s, "## Target\n");
+    let _ = writeln!(
+        s,
+        "Paper 000 found FUSE at 5 % of RAM-disk bandwidth (2013). The ratio is taken within \
+         each repetition (fuse and tmpfs a few seconds apart).\n"
+    );
+    let _ = writeln!(s, "| target | goal | measured | met |\n|---|---|---|---|");
+    for t in &rep.targets {
+        let met = match t.met {
+            Some(true) => "**yes**",
+            Some(false) => "**NO**",
+            None => "not run",
+        };
+        let _ = writeln!(s, "| {} | {} | {} | {} |", t.name, t.goal, t.measured, met);
+    }
+    let _ = writeln!(
+        s,
+        "\nReading it: a write into a new tmpfs file allocates and zeroes every page inside \
+         the write() call (the first touch of that memory); a store's memory was pre-faulted \
+         once when it was created (see *Stores and mounts*) and is reused, so FUSE pays its \
+         request round trips and copies but no page allocation. On a VM that returns freed \
+         memory to the host (see the machine table), a first touch also faults on the host \
+         and becomes slow and erratic: hence the range of the tmpfs figures. tmpfs-rewrite \
+         (the same file system, pages present) is the comparison without that cost."
+    );
+    summary(&mut s, o, r);
+    machine_table(
+        &mut s,
+        rep.machine,
+        &[
+            (
+                "local disk".to_string(),
+                format!("{} ({})", o.disk_dir.display(), rep.machine.disk_fs),
+            ),
+            ("cascade CLI".to_string(), rep.cascade_cli.clone()),
+            ("preloaded library".to_string(), rep.library.clone()),
+            (
+                "FUSE mount threads".to_string(),
+                format!(
+                    "{} per mount (`cascade mount --threads {}`)",
+                    o.threads, o.threads
+                ),
+            ),
+            ("C compiler".to_string(), rep.cc.clone()),
+            ("cp".to_string(), rep.cp.clone()),
+            (
+                "freed memory back to the host".to_string(),
+                rep.free_page_reporting.clone(),
+            ),
+        ],
+        &rep.interference,
+    );
+    mounts(&mut s, r);
+    for p in [
+        Part::Writes,
+        Part::SmallWrites,
+        Part::Reads,
+        Part::SmallReads,
+    ] {
+        detail(&mut s, o, r, p);
+    }
+    cp(&mut s, o, r);
+    scaling(&mut s, o, r);
+    s
+}
+
+/// The matrix: every target by every part, GB/s and the ratio to tmpfs.
+fn summary(s: &mut String, o: &FOpts, r: &FResults) {
+    let parts: Vec<Part> = [
+        Part::Writes,
+        Part::SmallWrites,
+        Part::Reads,
+        Part::SmallReads,
+        Part::Cp,
+    ]
+    .into_iter()
+    .filter(|&p| r.rows.iter().any(|x| x.part == p))
+    .collect();
+    if parts.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## Summary\n");
+    let _ = writeln!(
+        s,
+        "GB/s (median) and, in brackets, the ratio to tmpfs in the same part (ratio of \
+         medians): for writes a new tmpfs file, for reads an existing one, for cp a copy into \
+         a new tmpfs file. — = not measured for that target.\n"
+    );
+    let mut head = "| target |".to_string();
+    let mut line = "|---|".to_string();
+    for p in &parts {
+        let _ = write!(head, " {} |", p.title(o.small));
+        line.push_str("---|");
+    }
+    let _ = writeln!(s, "{head}\n{line}");
+    for m in ORDER {
+        if !r
+            .rows
+            .iter()
+            .any(|x| x.method == m && parts.contains(&x.part))
+        {
+            continue;
+        }
+        let mut row = format!("| {m} |");
+        for &p in &parts {
+            let cell = match (find(r, p, m, 1), find(r, p, TMPFS, 1)) {
+                (Some(x), Some(t)) => {
+                    let rr = ratio(x.gbps.median, t.gbps.median);
+                    if m == FUSE || m == KCACHE || m == PRELOAD {
+                        format!("**{:.2}** ({rr})", x.gbps.median)
+                    } else {
+                        format!("{:.2} ({rr})", x.gbps.median)
+                    }
+                }
+                (Some(x), None) => format!("{:.2}", x.gbps.median),
+                _ => "—".into(),
+            };
+            let _ = write!(row, " {cell} |");
+        }
+        let _ = writeln!(s, "{row}");
+    }
+    // FUSE against the preload library, the other way into the same store.
+    let mut vs = Vec::new();
+    for &p in &parts {
+        for m in [FUSE, KCACHE] {
+            if let (Some(f), Some(pl)) = (find(r, p, m, 1), find(r, p, PRELOAD, 1)) {
+                vs.push(format!(
+                    "{} {m}: {}",
+                    p.title(o.small),
+                    ratio(f.gbps.median, pl.gbps.median)
+                ));
+            }
+        }
+    }
+    if !vs.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nFUSE / preload (the same store, medians): {}.",
+            vs.join("; ")
+        );
+    }
+}
+
+fn mounts(s: &mut String, r: &FResults) {
+    if r.mounts.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## Stores and mounts\n");
+    let _ = writeln!(
+        s,
+        "Each FUSE target gets its own store, created by `cascade mount` (CASCADE_STORE, \
+         CASCADE_CAPACITY = 2 x the file size, no spill file, pre-faulted in the foreground \
+         before it mounts), then written once in full through the store API and emptied \
+         (burn-in: memory that has held data, as in a store in service); both stay mounted \
+         for the whole run and are unmounted (`cascade umount`) and destroyed (`cascade \
+         destroy --force`) at the end. The preload target uses the store of `fuse`. \
+         \"Mounted after\" runs from starting `cascade mount` until the mount exists and is \
+         mostly the pre-fault of the store's memory: its GB/s is what touching memory for \
+         the first time costs on this machine, a cost tmpfs pays inside every write into a \
+         new file and the store pays once, at creation.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| target | store | memory | chunk | mounted after (s) | memory / that (GB/s) | burn-in (s) | `cascade mount` said | end |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for m in &r.mounts {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            m.target,
+            m.store,
+            size_str(m.capacity),
+            size_str(m.chunk_size),
+            m.mount_s,
+            m.capacity as f64 / m.mount_s / 1e9,
+            m.burn_in_s,
+            m.line,
+            m.ended
+        );
+    }
+}
+
+fn cpu_cell(x: &Row) -> String {
+    x.daemon_cpu_s_per_gb
+        .as_ref()
+        .map_or("".into(), |c| format!("{:.2}", c.median))
+}
+
+fn vs_cell(x: &Row) -> String {
+    if x.method == TMPFS || x.vs_tmpfs.samples.is_empty() {
+        return String::new();
+    }
+    ratio_st(&x.vs_tmpfs)
+}
+
+fn detail(s: &mut String, o: &FOpts, r: &FResults, p: Part) {
+    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.part == p).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## {}\n", p.title(o.small));
+    let text = match p {
+        Part::Writes | Part::SmallWrites => format!(
+            "One process writes {} with {} write() calls into a new file (open O_CREAT|O_EXCL \
+             + writes + close timed; the file is unlinked after the end barrier, so every \
+             repetition writes a new one). tmpfs-rewrite overwrites an existing /dev/shm file \
+             (no truncation; its pages were allocated before). fuse: each write() is one FUSE \
+             request (up to 1 MiB), copied by the kernel into the request, read by a daemon \
+             thread and copied into the store; the caller waits for the reply. fuse-kcache: \
+             the kernel also copies each write into page-cache pages it allocates for the \
+             file (write-through, no writeback cache), so it pays tmpfs's page allocation as \
+             well. disk: the same run timed until the last write (disk) and until fsync + \
+             close (disk+fsync). memcpy's set-up includes creating and touching its \
+             object.",
+            size_str(o.size),
+            size_str(rows[0].io)
+        ),
+        _ => format!(
+            "One process reads a {} file with {} read() calls (open + reads + close; the last \
+             buffer is checked). Cache state: tmpfs, memcpy and the stores hold the data in \
+             memory; for `fuse` every read is a FUSE request served from the store; \
+             `fuse-kcache` opens without FOPEN_KEEP_CACHE, so the kernel drops the file's \
+             cached pages at each open and every repetition reads through the daemon again \
+             (with the kernel's readahead, up to 1 MiB per request); `disk` reads from the \
+             page cache (the file was written and fsync'ed just before, nothing dropped); \
+             `disk-cold` calls posix_fadvise(DONTNEED) on the file first, so it comes from \
+             the device.",
+            size_str(o.size),
+            size_str(rows[0].io)
+        ),
+    };
+    let _ = writeln!(s, "{text}\n");
+    let w = p.is_write();
+    let _ = writeln!(
+        s,
+        "| target | GB/s | vs tmpfs (medians) | vs tmpfs (per repetition) |{} vs memcpy | mount daemon CPU s per GB | set-up (s) |\n|---|---|---|---|{}---|---|---|",
+        if w { " vs tmpfs-rewrite (per repetition) |" } else { "" },
+        if w { "---|" } else { "" }
+    );
+    let t = find(r, p, TMPFS, 1).map(|x| x.gbps.median);
+    let mc = find(r, p, MEMCPY, 1).map(|x| x.gbps.median);
+    for x in rows {
+        let rw = if w {
+            format!(
+                " {} |",
+                x.vs_tmpfs_rewrite.as_ref().map_or(String::new(), ratio_st)
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} |{rw} {} | {} | {:.3} |",
+            x.method,
+            st(&x.gbps),
+            t.map_or("n/a".into(), |t| ratio(x.gbps.median, t)),
+            vs_cell(x),
+            mc.map_or("n/a".into(), |m| ratio(x.gbps.median, m)),
+            cpu_cell(x),
+            x.setup_s
+        );
+    }
+}
+
+fn cp(s: &mut String, o: &FOpts, r: &FResults) {
+    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.part == Part::Cp).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## cp: an unmodified program\n");
+    let _ = writeln!(
+        s,
+        "`{} SRC DST` of a {} file in /dev/shm (its pages present) to a new file in each \
+         target, timed from the start of the process to its exit (a freshly started program: \
+         under LD_PRELOAD the library's start and the attach of the store are included). \
+         How cp copies differs by destination: GNU cp uses copy_file_range(2) when the kernel \
+         can copy between the two files (tmpfs to tmpfs: no copy through user space), else \
+         read()/write() with a buffer of the destination's st_blksize (1 MiB on the FUSE \
+         mounts, which report it; 128 KiB minimum, e.g. on ext4). Under LD_PRELOAD the library serves the \
+         writes into the store. The copy is checked (size) and removed after each run; disk \
+         is without fsync.\n",
+        o.cp,
+        size_str(o.size)
+    );
+    let _ = writeln!(
+        s,
+        "| target | GB/s | vs tmpfs (medians) | vs tmpfs (per repetition) | mount daemon CPU s per GB |\n|---|---|---|---|---|"
+    );
+    let t = find(r, Part::Cp, TMPFS, 1).map(|x| x.gbps.median);
+    for x in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            x.method,
+            st(&x.gbps),
+            t.map_or("n/a".into(), |t| ratio(x.gbps.median, t)),
+            vs_cell(x),
+            cpu_cell(x)
+        );
+    }
+}
+
+fn scaling(s: &mut String, o: &FOpts, r: &FResults) {
+    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.part == Part::Scaling).collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## Writer processes: 1 MiB writes\n");
+    let _ = writeln!(
+        s,
+        "N processes released together each write {}/N with 1 MiB write() calls into a new \
+         file of their own; aggregate GB/s = {} / (last close − common start). The machine \
+         has {} cores; each mount has {} request threads. `fuse.png` plots it.\n",
+        size_str(o.size),
+        size_str(o.size),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        o.threads
+    );
+    let methods = [TMPFS, FUSE, KCACHE, PRELOAD];
+    let mut head = "| processes |".to_string();
+    let mut line = "|---|".to_string();
+    for m in methods {
+        let _ = write!(head, " {m} GB/s |");
+        line.push_str("---|");
+    }
+    for m in [FUSE, KCACHE, PRELOAD] {
+        let _ = write!(head, " {m} vs tmpfs |");
+        line.push_str("---|");
+    }
+    let _ = write!(head, " fuse daemon CPU s/GB |");
+    line.push_str("---|");
+    let _ = writeln!(s, "{head}\n{line}");
+    for &p in &o.procs {
+        let mut row = format!("| {p} |");
+        for m in methods {
+            let cell = find(r, Part::Scaling, m, p).map_or("n/a".into(), |x| st(&x.gbps));
+            let _ = write!(row, " {cell} |");
+        }
+        let t = find(r, Part::Scaling, TMPFS, p).map(|x| x.gbps.median);
+        for m in [FUSE, KCACHE, PRELOAD] {
+            let cell = match (find(r, Part::Scaling, m, p), t) {
+                (Some(x), Some(t)) => ratio(x.gbps.median, t),
+                _ => "n/a".into(),
+            };
+            let _ = write!(row, " {cell} |");
+        }
+        let c = find(r, Part::Scaling, FUSE, p).map_or(String::new(), cpu_cell);
+        let _ = write!(row, " {c} |");
+        let _ = writeln!(s, "{row}");
+    }
+}
