@@ -44,6 +44,9 @@
 //! 8. `--kernel-cache`: a write through the preload library is seen at the next open;
 //! 9. a directory of 700 entries read with getdents64 in 4 KiB batches (a C program): every
 //!    name once, also when each batch is unlinked before the next one is read.
+//! 10. a store of 8 MiB memory + 16 MiB spill: a 20 MiB file written with `dd conv=fsync`
+//!    spills and reads back, `stat -f` counts memory and spill, writing past the capacity
+//!    fails with ENOSPC and leaves the earlier file intact.
 //!
 //! FUSE sends RELEASE asynchronously (close(2) returns before the daemon has released the
 //! file), so before a `cascade commit` or a kill the tests wait for the store to show no
@@ -1659,6 +1662,96 @@ fn listing_a_directory_in_batches_skips_nothing_while_entries_are_removed() {
     m.unmount(&env);
     eprintln!(
         "listing_a_directory_in_batches_skips_nothing_while_entries_are_removed: {:.1} s",
+        secs(t0)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. Spill-over, fsync and a full store through the mount
+// ---------------------------------------------------------------------------------------
+
+/// A store of 8 MiB of memory and a 16 MiB spill file: a 20 MiB file written through the
+/// mount spills, `fsync` (dd conv=fsync) succeeds and the bytes read back; df counts memory
+/// plus spill; writing past the whole capacity fails with ENOSPC (dd says "No space left on
+/// device") and leaves the earlier file intact.
+#[test]
+fn spilled_files_fsync_and_a_full_store_gives_enospc() {
+    let (_serial, t0) = start();
+    let name = format!("/cascade-faults-fuse-spill-{}", std::process::id());
+    let _ = Store::destroy_forced(&name);
+    let spill_dir = tempfile::tempdir().expect("spill dir");
+    let store = Store::create(&cascade_store::StoreConfig {
+        name: name.clone(),
+        capacity: 8 * MIB as u64,
+        chunk_size: 1 << 20,
+        max_files: 1024,
+        spill: Some(cascade_store::SpillConfig {
+            path: spill_dir.path().join("spill"),
+            size: 16 * MIB as u64,
+        }),
+        prefault: cascade_store::Prefault::Off,
+    })
+    .expect("create the store");
+    let env = Env::with(name, Some(store));
+    let mut m = Mount::start(&env, &[]);
+
+    let data = pattern_at(77, 0, 20 * MIB);
+    let src = env.tmp.path().join("src.bin");
+    write(&src, &data);
+    sh(
+        "dd",
+        &[
+            format!("if={}", s(&src)),
+            format!("of={}", m.p("big.bin")),
+            "bs=1M".to_string(),
+            "conv=fsync".to_string(),
+        ],
+    );
+    let status = env.store().status();
+    assert!(
+        status.spill_used >= 12 * MIB as u64,
+        "the file did not spill: {status:?}"
+    );
+    assert_bytes(
+        &read(&m.path("big.bin")),
+        &data,
+        "big.bin through the mount",
+    );
+    assert_bytes(&env.read("/big.bin"), &data, "store /big.bin");
+
+    // statvfs: memory and spill together.
+    let vfs = sh("stat", &["-f", "-c", "%b %S", &m.dir_str()]).stdout;
+    let (blocks, bsize) = vfs
+        .trim()
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("stat -f: {vfs:?}"));
+    let total: u64 = blocks.parse::<u64>().expect("blocks") * bsize.parse::<u64>().expect("bsize");
+    assert_eq!(total, 24 * MIB as u64, "stat -f: {vfs}");
+
+    // Full: 8 MiB more do not fit in the 4 MiB left.
+    let out = run_with_timeout(
+        command(
+            "dd",
+            &[
+                "if=/dev/zero".to_string(),
+                format!("of={}", m.p("overflow.bin")),
+                "bs=1M".to_string(),
+                "count=8".to_string(),
+            ],
+        ),
+        RUN,
+    );
+    assert!(!out.ok(), "dd past the capacity succeeded: {out}");
+    assert!(
+        out.stderr.contains("No space left on device"),
+        "dd past the capacity: {out}"
+    );
+    assert_bytes(&read(&m.path("big.bin")), &data, "big.bin after ENOSPC");
+    std::fs::remove_file(m.path("overflow.bin")).expect("rm overflow.bin");
+    assert_fsck_clean(&env);
+    m.unmount(&env);
+    eprintln!(
+        "spilled_files_fsync_and_a_full_store_gives_enospc: {:.1} s",
         secs(t0)
     );
 }

@@ -418,7 +418,7 @@ impl Env {
         Env::with(name, None)
     }
 
-    fn with(name: String, store: Option<Store>) -> Env {
+    pub fn with(name: String, store: Option<Store>) -> Env {
         let tmp = tempfile::tempdir().expect("tempdir");
         let config = tmp.path().join("config.toml");
         std::fs::write(&config, "").expect("config file");
