@@ -45,8 +45,8 @@
 //! 9. a directory of 700 entries read with getdents64 in 4 KiB batches (a C program): every
 //!    name once, also when each batch is unlinked before the next one is read.
 //! 10. a store of 8 MiB memory + 16 MiB spill: a 20 MiB file written with `dd conv=fsync`
-//!    spills and reads back, `stat -f` counts memory and spill, writing past the capacity
-//!    fails with ENOSPC and leaves the earlier file intact.
+//!     spills and reads back, `stat -f` counts memory and spill, writing past the
+//!     capacity fails with ENOSPC and leaves the earlier file intact.
 //!
 //! FUSE sends RELEASE asynchronously (close(2) returns before the daemon has released the
 //! file), so before a `cascade commit` or a kill the tests wait for the store to show no
