@@ -20,6 +20,8 @@ fi
 packages=(build-essential pkg-config python3)
 # Real programs the interposition tests run (crates/cascade-preload/tests/programs*.rs).
 packages+=(rsync fio gfortran python3-numpy python3-h5py openmpi-bin libopenmpi-dev)
+# Real programs that generate the checkpoint series of bench/datasets/make.sh.
+packages+=(python3-torch lammps)
 # `cascade check-binary` is tested on a Go program built with `go build`; Go may come from
 # Debian or from a Go distribution in /usr/local/go.
 if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
