@@ -52,6 +52,14 @@ fn errno(e: cascade_store::Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// Answers a request whose reply carries nothing but success or an errno.
+fn answer(reply: ReplyEmpty, result: Result<()>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
 fn name_str(name: &OsStr) -> Result<&str> {
     let name = name.to_str().ok_or(Errno::EINVAL)?;
     if name.is_empty() || name.contains('/') || name.contains('\0') {
@@ -323,23 +331,19 @@ impl Filesystem for CascadeFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self
-            .child(parent, name)
-            .and_then(|p| self.store.unlink(&p).map_err(errno))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let removed = self.child(parent, name);
+        answer(
+            reply,
+            removed.and_then(|p| self.store.unlink(&p).map_err(errno)),
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self
-            .child(parent, name)
-            .and_then(|p| self.store.rmdir(&p).map_err(errno))
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        let removed = self.child(parent, name);
+        answer(
+            reply,
+            removed.and_then(|p| self.store.rmdir(&p).map_err(errno)),
+        );
     }
 
     fn rename(
@@ -365,10 +369,7 @@ impl Filesystem for CascadeFs {
             }
             self.store.rename(&from, &to).map_err(errno)
         })();
-        match renamed {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(reply, renamed);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -516,10 +517,10 @@ impl Filesystem for CascadeFs {
         reply: ReplyEmpty,
     ) {
         // Memory chunks live as long as the node; spilled ones are synced to the SSD.
-        match self.handle(fh).and_then(|h| h.file.sync().map_err(errno)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer(
+            reply,
+            self.handle(fh).and_then(|h| h.file.sync().map_err(errno)),
+        );
     }
 
     fn readdir(
