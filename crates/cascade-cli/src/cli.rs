@@ -304,6 +304,11 @@ the last one detaches."
         lazy: bool,
     },
 
+    /// Analyse a series of checkpoints: dedup ratios (fixed and CDC chunks), compression,
+    /// new and duplicate chunks per snapshot, CDC chunk sizes, change heatmaps (--plot)
+    #[command(long_about = crate::analyze::ABOUT)]
+    Analyze(crate::analyze::AnalyzeArgs),
+
     /// Run the demo: a real simulation checkpoints straight to disk, then under Cascade,
     /// killed and restarted from memory and from the durable store; compares the stalls
     #[command(long_about = crate::demo::ABOUT)]

@@ -3,6 +3,7 @@
 //! exit code.
 
 mod admin;
+mod analyze;
 mod binary;
 mod checkpoint;
 mod cli;
@@ -149,6 +150,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             },
         ),
         Command::Umount { mountpoint, lazy } => fuse::umount(mountpoint, *lazy),
+        Command::Analyze(args) => analyze::analyze(args),
         Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
     }
 }

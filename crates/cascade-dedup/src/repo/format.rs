@@ -1,0 +1,318 @@
+//! Byte formats of the repository's objects: pack trailers, index objects and recipe blocks
+//! (docs/dedup.md, "Repository layout"). All integers little-endian.
+
+use crate::Score;
+
+/// What a blob in a pack holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlobKind {
+    /// File data (a chunk).
+    Data = 0,
+    /// A recipe block (a node of a file's Merkle tree).
+    Tree = 1,
+}
+
+/// How a blob is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stored {
+    Raw = 0,
+    Zstd = 1,
+}
+
+/// One blob of a pack: 48 bytes on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobEntry {
+    pub score: Score,
+    /// Offset of the stored bytes in the pack.
+    pub offset: u32,
+    pub stored_len: u32,
+    pub raw_len: u32,
+    pub kind: BlobKind,
+    pub stored: Stored,
+}
+
+pub const ENTRY_LEN: usize = 48;
+pub const PACK_MAGIC: &[u8; 4] = b"CPK1";
+pub const INDEX_MAGIC: &[u8; 4] = b"CIX1";
+pub const BLOCK_MAGIC: &[u8; 4] = b"CRB1";
+/// Children per recipe block: a block of 1024 entries is 40 KiB + 12 bytes.
+pub const BLOCK_FANOUT: usize = 1024;
+const BLOCK_ENTRY_LEN: usize = 40;
+const BLOCK_HEADER_LEN: usize = 12;
+
+/// Why bytes could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FormatError(pub String);
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn bad(what: impl Into<String>) -> FormatError {
+    FormatError(what.into())
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32, FormatError> {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| bad(format!("truncated at byte {at}")))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Result<u64, FormatError> {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| bad(format!("truncated at byte {at}")))
+}
+
+fn score_at(b: &[u8], at: usize) -> Result<Score, FormatError> {
+    b.get(at..at + 32)
+        .and_then(|s| s.try_into().ok())
+        .ok_or_else(|| bad(format!("truncated at byte {at}")))
+}
+
+impl BlobEntry {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.score);
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.stored_len.to_le_bytes());
+        out.extend_from_slice(&self.raw_len.to_le_bytes());
+        out.push(self.kind as u8);
+        out.push(self.stored as u8);
+        out.extend_from_slice(&[0, 0]);
+    }
+
+    pub fn decode(b: &[u8]) -> Result<BlobEntry, FormatError> {
+        if b.len() < ENTRY_LEN {
+            return Err(bad("truncated blob entry"));
+        }
+        let kind = match b[44] {
+            0 => BlobKind::Data,
+            1 => BlobKind::Tree,
+            k => return Err(bad(format!("unknown blob kind {k}"))),
+        };
+        let stored = match b[45] {
+            0 => Stored::Raw,
+            1 => Stored::Zstd,
+            s => return Err(bad(format!("unknown blob storage {s}"))),
+        };
+        Ok(BlobEntry {
+            score: score_at(b, 0)?,
+            offset: u32_at(b, 32)?,
+            stored_len: u32_at(b, 36)?,
+            raw_len: u32_at(b, 40)?,
+            kind,
+            stored,
+        })
+    }
+}
+
+/// The trailer closing a pack: entries, their count, the trailer's length, the magic.
+pub fn encode_pack_trailer(entries: &[BlobEntry], out: &mut Vec<u8>) {
+    for e in entries {
+        e.encode(out);
+    }
+    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    out.extend_from_slice(&((entries.len() * ENTRY_LEN) as u32).to_le_bytes());
+    out.extend_from_slice(PACK_MAGIC);
+}
+
+/// Reads a whole pack's trailer (checking every entry lies inside the blob area).
+pub fn decode_pack_trailer(pack: &[u8]) -> Result<Vec<BlobEntry>, FormatError> {
+    let n = pack.len();
+    if n < 12 || &pack[n - 4..] != PACK_MAGIC {
+        return Err(bad("not a pack (no CPK1 magic at the end)"));
+    }
+    let count = u32_at(pack, n - 12)? as usize;
+    let len = u32_at(pack, n - 8)? as usize;
+    if len != count * ENTRY_LEN || len + 12 > n {
+        return Err(bad("pack trailer length does not match its entry count"));
+    }
+    let start = n - 12 - len;
+    let entries: Vec<BlobEntry> = (0..count)
+        .map(|i| BlobEntry::decode(&pack[start + i * ENTRY_LEN..]))
+        .collect::<Result<_, _>>()?;
+    if entries
+        .iter()
+        .any(|e| e.offset as usize + e.stored_len as usize > start)
+    {
+        return Err(bad("a pack entry points past the blob area"));
+    }
+    Ok(entries)
+}
+
+/// An index object: for each pack written in one session, its id and blob entries.
+pub fn encode_index(packs: &[(Score, Vec<BlobEntry>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(INDEX_MAGIC);
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&(packs.len() as u32).to_le_bytes());
+    for (id, entries) in packs {
+        out.extend_from_slice(id);
+        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for e in entries {
+            e.encode(&mut out);
+        }
+    }
+    out
+}
+
+pub fn decode_index(b: &[u8]) -> Result<Vec<(Score, Vec<BlobEntry>)>, FormatError> {
+    if b.get(..4) != Some(INDEX_MAGIC.as_slice()) {
+        return Err(bad("not an index object (no CIX1 magic)"));
+    }
+    let version = u32_at(b, 4)?;
+    if version != 1 {
+        return Err(bad(format!(
+            "index format version {version} (this build reads 1)"
+        )));
+    }
+    let packs = u32_at(b, 8)? as usize;
+    let mut at = 12;
+    let mut out = Vec::with_capacity(packs.min(1 << 16));
+    for _ in 0..packs {
+        let id = score_at(b, at)?;
+        let count = u32_at(b, at + 32)? as usize;
+        at += 36;
+        let end = count
+            .checked_mul(ENTRY_LEN)
+            .and_then(|l| l.checked_add(at))
+            .filter(|&end| end <= b.len())
+            .ok_or_else(|| bad("index entries run past the end"))?;
+        let entries = (0..count)
+            .map(|i| BlobEntry::decode(&b[at + i * ENTRY_LEN..]))
+            .collect::<Result<Vec<_>, _>>()?;
+        at = end;
+        out.push((id, entries));
+    }
+    if at != b.len() {
+        return Err(bad("trailing bytes after the index"));
+    }
+    Ok(out)
+}
+
+/// A recipe block: the children of one node of a file's Merkle tree, each (score, bytes of
+/// the file it covers). Level 0 children are data chunks; level k children are level k-1
+/// blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    pub level: u8,
+    pub children: Vec<(Score, u64)>,
+}
+
+impl Block {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(BLOCK_HEADER_LEN + self.children.len() * 40);
+        out.extend_from_slice(BLOCK_MAGIC);
+        out.push(self.level);
+        out.extend_from_slice(&[0, 0, 0]);
+        out.extend_from_slice(&(self.children.len() as u32).to_le_bytes());
+        for (score, len) in &self.children {
+            out.extend_from_slice(score);
+            out.extend_from_slice(&len.to_le_bytes());
+        }
+        out
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Block, FormatError> {
+        if b.get(..4) != Some(BLOCK_MAGIC.as_slice()) {
+            return Err(bad("not a recipe block (no CRB1 magic)"));
+        }
+        let level = b[4];
+        let count = u32_at(b, 8)? as usize;
+        if count > BLOCK_FANOUT || b.len() != BLOCK_HEADER_LEN + count * BLOCK_ENTRY_LEN {
+            return Err(bad("recipe block length does not match its entry count"));
+        }
+        let children = (0..count)
+            .map(|i| {
+                let at = BLOCK_HEADER_LEN + i * BLOCK_ENTRY_LEN;
+                Ok((score_at(b, at)?, u64_at(b, at + 32)?))
+            })
+            .collect::<Result<_, FormatError>>()?;
+        Ok(Block { level, children })
+    }
+
+    /// Bytes of the file this block covers.
+    pub fn len(&self) -> u64 {
+        self.children.iter().map(|(_, l)| l).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u8) -> BlobEntry {
+        BlobEntry {
+            score: [i; 32],
+            offset: i as u32 * 100,
+            stored_len: 100,
+            raw_len: 150,
+            kind: if i % 2 == 0 {
+                BlobKind::Data
+            } else {
+                BlobKind::Tree
+            },
+            stored: if i % 3 == 0 {
+                Stored::Raw
+            } else {
+                Stored::Zstd
+            },
+        }
+    }
+
+    #[test]
+    fn pack_trailer_round_trips_and_rejects_damage() {
+        let entries: Vec<BlobEntry> = (0..5).map(entry).collect();
+        let mut pack = vec![7u8; 500];
+        encode_pack_trailer(&entries, &mut pack);
+        assert_eq!(decode_pack_trailer(&pack).unwrap(), entries);
+        let mut short = pack.clone();
+        short.truncate(pack.len() - 1);
+        assert!(decode_pack_trailer(&short).is_err());
+        // An entry past the blob area.
+        let mut past = vec![7u8; 400];
+        encode_pack_trailer(&entries, &mut past);
+        assert!(decode_pack_trailer(&past).is_err());
+    }
+
+    #[test]
+    fn index_round_trips_and_rejects_damage() {
+        let packs = vec![
+            ([1u8; 32], (0..3).map(entry).collect::<Vec<_>>()),
+            ([2u8; 32], vec![]),
+        ];
+        let b = encode_index(&packs);
+        assert_eq!(decode_index(&b).unwrap(), packs);
+        for cut in [0, 3, 11, 40, b.len() - 1] {
+            assert!(decode_index(&b[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut extra = b.clone();
+        extra.push(0);
+        assert!(decode_index(&extra).is_err());
+    }
+
+    #[test]
+    fn blocks_round_trip() {
+        let block = Block {
+            level: 2,
+            children: vec![([3; 32], 10), ([4; 32], 1 << 40)],
+        };
+        let b = block.encode();
+        assert_eq!(Block::decode(&b).unwrap(), block);
+        assert_eq!(block.len(), 10 + (1 << 40));
+        assert!(Block::decode(&b[..b.len() - 1]).is_err());
+        let empty = Block {
+            level: 0,
+            children: vec![],
+        };
+        assert_eq!(Block::decode(&empty.encode()).unwrap(), empty);
+    }
+}

@@ -1,0 +1,613 @@
+//! The content-addressed repository in the durable store: chunks stored once, compressed,
+//! in packs; files as Merkle trees of recipe blocks; checkpoints as manifests naming their
+//! files' roots. Layout and formats: docs/dedup.md, "Repository layout".
+//!
+//! Objects under `<prefix>/` (`.cascade-dedup` below the durable store's root):
+//! `config.json`, `packs/<hh>/<pack id>`, `index/<index id>`, `manifests/<checkpoint>.json`.
+//! Ids are the BLAKE3 of the object's bytes. Writes go in a crash-safe order — packs, then
+//! the index object naming them, then manifests — so a manifest never names a blob that is
+//! not reachable through an index, and a crash leaves at worst unreferenced packs.
+
+pub mod format;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use cascade_durable::DurableStore;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::score::{from_hex, to_hex};
+use crate::{score, Chunking, Compression, Score};
+use format::{BlobEntry, BlobKind, Block, Stored, BLOCK_FANOUT};
+
+/// Where the repository lives below the durable store's root.
+pub const DEFAULT_PREFIX: &str = ".cascade-dedup";
+/// Format tag of `config.json` and of manifests.
+pub const REPO_FORMAT: &str = "cascade-dedup/1";
+pub const MANIFEST_FORMAT: &str = "cascade-dedup-manifest/1";
+/// A pack is written once it holds this many bytes of blobs.
+pub const DEFAULT_PACK_SIZE: usize = 16 << 20;
+/// Chunks scored and compressed together (in parallel) while a file is added.
+const BATCH_BYTES: usize = 8 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Durable(#[from] cascade_durable::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{object}: {why}")]
+    Format { object: String, why: String },
+    #[error("blob {score} is corrupt: {why}")]
+    Corrupt { score: String, why: String },
+    #[error("blob {0} is in no index of the repository")]
+    Missing(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The errno a caller reports (EIO for anything about the repository's contents).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Durable(e) => e.errno(),
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc_eio()),
+            Error::Invalid(_) => 22, // EINVAL
+            _ => libc_eio(),
+        }
+    }
+}
+
+fn libc_eio() -> i32 {
+    5
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Where a blob is.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    pack: u32,
+    offset: u32,
+    stored_len: u32,
+    raw_len: u32,
+    stored: Stored,
+}
+
+/// Every blob the repository's index objects name. About 64 bytes of memory per blob
+/// (32-byte key, 20-byte location, hash-table overhead), plus 32 bytes per pack.
+#[derive(Default)]
+struct Index {
+    packs: Vec<Score>,
+    blobs: HashMap<Score, Loc>,
+}
+
+impl Index {
+    fn add_pack(&mut self, id: Score, entries: &[BlobEntry]) {
+        let pack = self.packs.len() as u32;
+        self.packs.push(id);
+        for e in entries {
+            self.blobs.entry(e.score).or_insert(Loc {
+                pack,
+                offset: e.offset,
+                stored_len: e.stored_len,
+                raw_len: e.raw_len,
+                stored: e.stored,
+            });
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepoConfigFile {
+    pub format: String,
+    pub created_unix_ns: u64,
+}
+
+/// A checkpoint as the repository records it: written last, after every blob it names.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    pub format: String,
+    pub checkpoint: String,
+    pub created_unix_ns: u64,
+    pub chunking: String,
+    pub compression: String,
+    pub files: Vec<FileRecipe>,
+}
+
+/// One file of a manifest: its size, whole-file BLAKE3 and the root of its Merkle tree.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileRecipe {
+    pub path: String,
+    pub size: u64,
+    pub blake3: String,
+    pub root: String,
+}
+
+/// What adding files cost and saved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct WriteStats {
+    pub files: u64,
+    /// Bytes of file data added, and the chunks they were cut into.
+    pub bytes: u64,
+    pub chunks: u64,
+    /// Chunks (and their bytes) the repository did not have.
+    pub new_chunks: u64,
+    pub new_bytes: u64,
+    /// Bytes written into packs for them (compressed where it paid), and for recipe blocks.
+    pub stored_data_bytes: u64,
+    pub stored_tree_bytes: u64,
+    pub packs: u64,
+}
+
+/// The repository: opened once, shared by writers and readers.
+pub struct Repo {
+    durable: Arc<DurableStore>,
+    prefix: String,
+    chunking: Chunking,
+    compression: Compression,
+    pack_size: usize,
+    index: RwLock<Index>,
+}
+
+impl Repo {
+    /// Opens the repository below `prefix` in `durable`, creating it when absent, and loads
+    /// every index object. New files are cut with `chunking` and stored with `compression`.
+    pub fn open(
+        durable: Arc<DurableStore>,
+        prefix: &str,
+        chunking: Chunking,
+        compression: Compression,
+    ) -> Result<Repo> {
+        chunking
+            .validate()
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let prefix = prefix.trim_matches('/').to_string();
+        let config_key = format!("{prefix}/config.json");
+        match durable.get_bytes(&config_key) {
+            Ok(bytes) => {
+                let cfg: RepoConfigFile =
+                    serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+                        object: config_key.clone(),
+                        why: e.to_string(),
+                    })?;
+                if cfg.format != REPO_FORMAT {
+                    return Err(Error::Format {
+                        object: config_key,
+                        why: format!("format {:?}, this build reads {REPO_FORMAT}", cfg.format),
+                    });
+                }
+            }
+            Err(e) if e.is_not_found() => {
+                let cfg = RepoConfigFile {
+                    format: REPO_FORMAT.to_string(),
+                    created_unix_ns: cascade_durable::now_unix_ns(),
+                };
+                let text =
+                    serde_json::to_vec_pretty(&cfg).map_err(|e| Error::Invalid(e.to_string()))?;
+                durable.put_bytes(&config_key, &text)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let repo = Repo {
+            durable,
+            prefix,
+            chunking,
+            compression,
+            pack_size: DEFAULT_PACK_SIZE,
+            index: RwLock::new(Index::default()),
+        };
+        repo.load_index()?;
+        Ok(repo)
+    }
+
+    /// A smaller pack size (tests: many packs from little data).
+    pub fn with_pack_size(mut self, bytes: usize) -> Repo {
+        self.pack_size = bytes.max(1);
+        self
+    }
+
+    pub fn chunking(&self) -> Chunking {
+        self.chunking
+    }
+
+    pub fn compression(&self) -> Compression {
+        self.compression
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    fn pack_key(&self, id: &Score) -> String {
+        let hex = to_hex(id);
+        self.key(&format!("packs/{}/{hex}", &hex[..2]))
+    }
+
+    /// Reads every index object (checking that its bytes hash to its name).
+    fn load_index(&self) -> Result<()> {
+        let objects = self.durable.list(&self.key("index"))?;
+        let mut index = Index::default();
+        for o in objects {
+            let bytes = self.durable.get_bytes(&o.path)?;
+            let name = o.path.rsplit('/').next().unwrap_or("");
+            if to_hex(&score(&bytes)) != name {
+                return Err(Error::Format {
+                    object: o.path.clone(),
+                    why: "its bytes do not hash to its name".to_string(),
+                });
+            }
+            let packs = format::decode_index(&bytes).map_err(|e| Error::Format {
+                object: o.path.clone(),
+                why: e.0,
+            })?;
+            for (id, entries) in packs {
+                index.add_pack(id, &entries);
+            }
+        }
+        *self.index.write().map_err(|_| poisoned())? = index;
+        Ok(())
+    }
+
+    /// Blobs the index knows (data chunks and recipe blocks).
+    pub fn blob_count(&self) -> usize {
+        self.index.read().map(|i| i.blobs.len()).unwrap_or(0)
+    }
+
+    /// Which of `scores` the repository lacks (the question an agent asks before sending).
+    pub fn missing(&self, scores: &[Score]) -> Vec<Score> {
+        match self.index.read() {
+            Ok(i) => scores
+                .iter()
+                .filter(|s| !i.blobs.contains_key(*s))
+                .copied()
+                .collect(),
+            Err(_) => scores.to_vec(),
+        }
+    }
+
+    /// A writer: add files, then [`RepoWriter::finish`], then [`Repo::write_manifest`].
+    pub fn writer(&self) -> RepoWriter<'_> {
+        RepoWriter {
+            repo: self,
+            pack: Vec::new(),
+            entries: Vec::new(),
+            written: HashSet::new(),
+            session: Vec::new(),
+            pack_size: self.pack_size,
+            stats: WriteStats::default(),
+        }
+    }
+
+    fn manifest_key(&self, checkpoint: &str) -> Result<String> {
+        let rel = cascade_durable::normalize_rel(checkpoint)?;
+        Ok(self.key(&format!("manifests/{rel}.json")))
+    }
+
+    /// Records a checkpoint: call only after the writer that added its files finished.
+    pub fn write_manifest(&self, checkpoint: &str, files: Vec<FileRecipe>) -> Result<Manifest> {
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT.to_string(),
+            checkpoint: cascade_durable::normalize_rel(checkpoint)?,
+            created_unix_ns: cascade_durable::now_unix_ns(),
+            chunking: self.chunking.to_string(),
+            compression: self.compression.to_string(),
+            files,
+        };
+        // Every root must be reachable: the crash-safe order, checked.
+        for f in &manifest.files {
+            let root = parse_score(&f.root)?;
+            if !self.missing(&[root]).is_empty() {
+                return Err(Error::Missing(f.root.clone()));
+            }
+        }
+        let text =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Invalid(e.to_string()))?;
+        self.durable
+            .put_bytes(&self.manifest_key(checkpoint)?, &text)?;
+        Ok(manifest)
+    }
+
+    /// The manifest of `checkpoint`, or None.
+    pub fn read_manifest(&self, checkpoint: &str) -> Result<Option<Manifest>> {
+        let key = self.manifest_key(checkpoint)?;
+        let bytes = match self.durable.get_bytes(&key) {
+            Ok(b) => b,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+            object: key.clone(),
+            why: e.to_string(),
+        })?;
+        if m.format != MANIFEST_FORMAT {
+            return Err(Error::Format {
+                object: key,
+                why: format!("format {:?}, this build reads {MANIFEST_FORMAT}", m.format),
+            });
+        }
+        Ok(Some(m))
+    }
+
+    /// One blob, decompressed and checked against its score.
+    pub fn read_blob(&self, score_wanted: &Score) -> Result<Vec<u8>> {
+        let (loc, pack) = {
+            let i = self.index.read().map_err(|_| poisoned())?;
+            let loc = *i
+                .blobs
+                .get(score_wanted)
+                .ok_or_else(|| Error::Missing(to_hex(score_wanted)))?;
+            (loc, i.packs[loc.pack as usize])
+        };
+        let start = loc.offset as u64;
+        let stored = self
+            .durable
+            .get_range(&self.pack_key(&pack), start..start + loc.stored_len as u64)?;
+        let corrupt = |why: String| Error::Corrupt {
+            score: to_hex(score_wanted),
+            why,
+        };
+        if stored.len() != loc.stored_len as usize {
+            return Err(corrupt(format!(
+                "pack {} gave {} of {} bytes",
+                to_hex(&pack),
+                stored.len(),
+                loc.stored_len
+            )));
+        }
+        let raw = match loc.stored {
+            Stored::Raw => stored.to_vec(),
+            Stored::Zstd => Compression::decompress(&stored, loc.raw_len as usize)
+                .map_err(|e| corrupt(format!("does not decompress: {e}")))?,
+        };
+        if score(&raw) != *score_wanted {
+            return Err(corrupt("its bytes do not hash to its score".to_string()));
+        }
+        Ok(raw)
+    }
+
+    /// Writes the file `recipe` describes into `out`, checking every blob's score and the
+    /// whole file's BLAKE3 and size; on an error the caller must discard what was written.
+    pub fn restore_file(&self, recipe: &FileRecipe, out: &mut dyn Write) -> Result<u64> {
+        let root = parse_score(&recipe.root)?;
+        let mut hasher = blake3::Hasher::new();
+        let mut written = 0u64;
+        self.restore_tree(&root, &mut |data: &[u8]| {
+            hasher.update(data);
+            written += data.len() as u64;
+            out.write_all(data).map_err(Error::from)
+        })?;
+        let got = hasher.finalize().to_hex().to_string();
+        if written != recipe.size || got != recipe.blake3 {
+            return Err(Error::Corrupt {
+                score: recipe.root.clone(),
+                why: format!(
+                    "{}: rebuilt {written} bytes with BLAKE3 {got}, the manifest says {} bytes \
+                     with {}",
+                    recipe.path, recipe.size, recipe.blake3
+                ),
+            });
+        }
+        Ok(written)
+    }
+
+    fn restore_tree(&self, node: &Score, emit: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let block = Block::decode(&self.read_blob(node)?).map_err(|e| Error::Corrupt {
+            score: to_hex(node),
+            why: e.0,
+        })?;
+        for (child, len) in &block.children {
+            if block.level == 0 {
+                let data = self.read_blob(child)?;
+                if data.len() as u64 != *len {
+                    return Err(Error::Corrupt {
+                        score: to_hex(child),
+                        why: format!("{} bytes, its recipe says {len}", data.len()),
+                    });
+                }
+                emit(&data)?;
+            } else {
+                self.restore_tree(child, emit)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Invalid("the repository index lock was poisoned by a panic".to_string())
+}
+
+fn parse_score(hex: &str) -> Result<Score> {
+    from_hex(hex).map_err(|e| Error::Invalid(e.to_string()))
+}
+
+/// Adds files to the repository: chunks are scored and compressed in parallel, stored once,
+/// and collected into packs; [`RepoWriter::finish`] writes the last pack and the index object.
+/// Dropped without `finish`, the packs already written stay unreferenced (garbage).
+pub struct RepoWriter<'r> {
+    repo: &'r Repo,
+    pack: Vec<u8>,
+    entries: Vec<BlobEntry>,
+    /// Blobs of this writer's packs (the repository's index learns them only once the index
+    /// object naming them is written, so a writer that fails never leaves blobs others would
+    /// dedup against but a reopened repository could not find).
+    written: HashSet<Score>,
+    session: Vec<(Score, Vec<BlobEntry>)>,
+    pack_size: usize,
+    stats: WriteStats,
+}
+
+impl RepoWriter<'_> {
+    /// This writer's pack size (tests: many packs from little data).
+    pub fn with_pack_size(mut self, bytes: usize) -> Self {
+        self.pack_size = bytes.max(1);
+        self
+    }
+
+    /// Chunks, scores and stores what `reader` yields; returns the file's recipe (`path` is
+    /// only recorded).
+    pub fn add_file(&mut self, path: &str, reader: impl Read) -> Result<FileRecipe> {
+        let mut hasher = blake3::Hasher::new();
+        let mut leaves: Vec<(Score, u64)> = Vec::new();
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut size = 0u64;
+        for item in self.repo.chunking.stream(reader) {
+            let (_, data) = item?;
+            hasher.update(&data);
+            size += data.len() as u64;
+            batch_bytes += data.len();
+            batch.push(data);
+            if batch_bytes >= BATCH_BYTES {
+                self.add_chunks(std::mem::take(&mut batch), &mut leaves)?;
+                batch_bytes = 0;
+            }
+        }
+        self.add_chunks(batch, &mut leaves)?;
+        let root = self.add_tree(leaves)?;
+        self.stats.files += 1;
+        Ok(FileRecipe {
+            path: path.to_string(),
+            size,
+            blake3: hasher.finalize().to_hex().to_string(),
+            root: to_hex(&root),
+        })
+    }
+
+    fn known(&self, s: &Score) -> bool {
+        self.written.contains(s)
+            || self
+                .repo
+                .index
+                .read()
+                .map(|i| i.blobs.contains_key(s))
+                .unwrap_or(false)
+    }
+
+    /// Scores a batch in parallel, compresses the chunks not yet stored in parallel, and
+    /// appends them to the pack in order.
+    fn add_chunks(&mut self, batch: Vec<Vec<u8>>, leaves: &mut Vec<(Score, u64)>) -> Result<()> {
+        let scores: Vec<Score> = batch.par_iter().map(|c| score(c)).collect();
+        let fresh: Vec<bool> = scores.iter().map(|s| !self.known(s)).collect();
+        let compression = self.repo.compression;
+        let compressed: Vec<Option<Vec<u8>>> = batch
+            .par_iter()
+            .zip(fresh.par_iter())
+            .map(|(c, &f)| if f { compression.compress(c) } else { None })
+            .collect();
+        for ((data, s), packed) in batch.iter().zip(&scores).zip(compressed) {
+            self.stats.bytes += data.len() as u64;
+            self.stats.chunks += 1;
+            leaves.push((*s, data.len() as u64));
+            // A chunk repeated within the batch is stored by its first occurrence.
+            if !self.known(s) {
+                self.stats.new_chunks += 1;
+                self.stats.new_bytes += data.len() as u64;
+                let stored = self.add_blob(*s, BlobKind::Data, data, packed)?;
+                self.stats.stored_data_bytes += stored;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the recipe blocks above `children` level by level; returns the root's score.
+    fn add_tree(&mut self, mut children: Vec<(Score, u64)>) -> Result<Score> {
+        let mut level = 0u8;
+        loop {
+            let groups: Vec<&[(Score, u64)]> = if children.is_empty() {
+                vec![&[]]
+            } else {
+                children.chunks(BLOCK_FANOUT).collect()
+            };
+            let mut parents = Vec::with_capacity(groups.len());
+            for group in groups {
+                let block = Block {
+                    level,
+                    children: group.to_vec(),
+                };
+                let bytes = block.encode();
+                let s = score(&bytes);
+                if !self.known(&s) {
+                    let packed = self.repo.compression.compress(&bytes);
+                    let stored = self.add_blob(s, BlobKind::Tree, &bytes, packed)?;
+                    self.stats.stored_tree_bytes += stored;
+                }
+                parents.push((s, block.len()));
+            }
+            if parents.len() == 1 {
+                return Ok(parents[0].0);
+            }
+            children = parents;
+            level = level
+                .checked_add(1)
+                .ok_or_else(|| Error::Invalid("file too large for a recipe".to_string()))?;
+        }
+    }
+
+    fn add_blob(
+        &mut self,
+        s: Score,
+        kind: BlobKind,
+        raw: &[u8],
+        packed: Option<Vec<u8>>,
+    ) -> Result<u64> {
+        let (bytes, stored): (&[u8], Stored) = match &packed {
+            Some(p) => (p, Stored::Zstd),
+            None => (raw, Stored::Raw),
+        };
+        self.entries.push(BlobEntry {
+            score: s,
+            offset: self.pack.len() as u32,
+            stored_len: bytes.len() as u32,
+            raw_len: raw.len() as u32,
+            kind,
+            stored,
+        });
+        self.pack.extend_from_slice(bytes);
+        self.written.insert(s);
+        if self.pack.len() >= self.pack_size {
+            self.flush_pack()?;
+        }
+        Ok(bytes.len() as u64)
+    }
+
+    /// Writes the pack being filled (its id is the BLAKE3 of its bytes).
+    fn flush_pack(&mut self) -> Result<()> {
+        if self.entries.is_empty() {
+            return Ok(());
+        }
+        let mut pack = std::mem::take(&mut self.pack);
+        format::encode_pack_trailer(&self.entries, &mut pack);
+        let id = score(&pack);
+        self.repo
+            .durable
+            .put_buffers(&self.repo.pack_key(&id), vec![Bytes::from(pack)])?;
+        let entries = std::mem::take(&mut self.entries);
+        self.session.push((id, entries));
+        self.stats.packs += 1;
+        Ok(())
+    }
+
+    /// Writes the last pack and one index object naming every pack of this writer, then
+    /// lets the repository's index know them. After this, manifests may name the files added.
+    pub fn finish(mut self) -> Result<WriteStats> {
+        self.flush_pack()?;
+        if !self.session.is_empty() {
+            let bytes = format::encode_index(&self.session);
+            let id = to_hex(&score(&bytes));
+            self.repo.durable.put_buffers(
+                &self.repo.key(&format!("index/{id}")),
+                vec![Bytes::from(bytes)],
+            )?;
+            let mut index = self.repo.index.write().map_err(|_| poisoned())?;
+            for (pack, entries) in &self.session {
+                index.add_pack(*pack, entries);
+            }
+        }
+        Ok(std::mem::take(&mut self.stats))
+    }
+}

@@ -1,0 +1,266 @@
+//! The content-addressed repository on a real durable store (a directory): a series of
+//! checkpoints is written and restored byte for byte; unchanged data is stored once;
+//! compressible data is compressed; a reopened repository dedups against what earlier
+//! sessions wrote; a writer dropped before `finish` (a crash) leaves earlier checkpoints
+//! intact and no manifest; every corruption of a pack or an index is reported, never
+//! returned as data.
+
+use std::sync::Arc;
+
+use cascade_dedup::repo::{FileRecipe, Repo, DEFAULT_PREFIX};
+use cascade_dedup::{Chunking, Compression};
+use cascade_durable::DurableStore;
+
+const MIB: usize = 1 << 20;
+
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let mut h = blake3::Hasher::new();
+    h.update(&seed.to_le_bytes());
+    h.finalize_xof().fill(&mut out);
+    out
+}
+
+/// Doubles holding small integers: compresses well (like MD restart files).
+fn compressible(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut i = seed;
+    while out.len() < len {
+        out.extend_from_slice(&((i % 1000) as f64).to_le_bytes());
+        i = i
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            >> 7;
+    }
+    out.truncate(len);
+    out
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+    durable: Arc<DurableStore>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("durable");
+    let durable = Arc::new(DurableStore::open(root.to_str().expect("utf-8")).expect("open"));
+    Fixture {
+        _dir: dir,
+        root,
+        durable,
+    }
+}
+
+fn open(f: &Fixture, chunking: &str, compression: &str) -> Repo {
+    Repo::open(
+        f.durable.clone(),
+        DEFAULT_PREFIX,
+        chunking.parse::<Chunking>().expect("chunking"),
+        compression.parse::<Compression>().expect("compression"),
+    )
+    .expect("open repo")
+}
+
+fn restore(repo: &Repo, r: &FileRecipe) -> Vec<u8> {
+    let mut out = Vec::new();
+    repo.restore_file(r, &mut out)
+        .unwrap_or_else(|e| panic!("restore {}: {e}", r.path));
+    out
+}
+
+fn write_checkpoint(
+    repo: &Repo,
+    name: &str,
+    files: &[(&str, &[u8])],
+) -> cascade_dedup::repo::WriteStats {
+    let mut w = repo.writer();
+    let recipes: Vec<FileRecipe> = files
+        .iter()
+        .map(|(p, d)| w.add_file(p, *d).expect("add_file"))
+        .collect();
+    let stats = w.finish().expect("finish");
+    repo.write_manifest(name, recipes).expect("manifest");
+    stats
+}
+
+fn assert_restores(repo: &Repo, name: &str, files: &[(&str, &[u8])]) {
+    let m = repo
+        .read_manifest(name)
+        .expect("read manifest")
+        .unwrap_or_else(|| panic!("no manifest for {name}"));
+    assert_eq!(m.files.len(), files.len());
+    for (r, (path, data)) in m.files.iter().zip(files) {
+        assert_eq!(r.path, *path);
+        assert!(restore(repo, r) == *data, "{name}/{path} differs");
+    }
+}
+
+#[test]
+fn a_series_restores_and_repeats_are_stored_once() {
+    let f = fixture();
+    let repo = open(&f, "cdc:avg=16KiB", "zstd:1").with_pack_size(MIB);
+    let base = random(3 * MIB + 17, 1);
+    let empty: Vec<u8> = Vec::new();
+    let small = b"tiny".to_vec();
+    // Snapshot 2: the same file with 64 KiB changed in the middle, and a copy of itself.
+    let mut changed = base.clone();
+    changed[MIB..MIB + 65536].copy_from_slice(&random(65536, 2));
+
+    let s1 = write_checkpoint(
+        &repo,
+        "ck/1",
+        &[("a.bin", &base), ("empty", &empty), ("small", &small)],
+    );
+    assert_eq!(s1.bytes, (base.len() + small.len()) as u64);
+    assert_eq!(s1.new_bytes, s1.bytes, "first snapshot: all new");
+    assert!(s1.packs >= 3, "1 MiB packs: {s1:?}");
+
+    let s2 = write_checkpoint(&repo, "ck/2", &[("a.bin", &changed), ("copy", &changed)]);
+    assert_eq!(s2.bytes, 2 * changed.len() as u64);
+    // CDC: only the chunks around the changed 64 KiB are new (a few average chunks each
+    // side), and the copy costs nothing.
+    assert!(
+        s2.new_bytes < 256 * 1024,
+        "a 64 KiB change stored {} new bytes",
+        s2.new_bytes
+    );
+
+    // Identical again: no new data at all, only nothing.
+    let s3 = write_checkpoint(&repo, "ck/3", &[("a.bin", &changed)]);
+    assert_eq!(
+        (s3.new_chunks, s3.stored_tree_bytes, s3.packs),
+        (0, 0, 0),
+        "{s3:?}"
+    );
+
+    assert_restores(
+        &repo,
+        "ck/1",
+        &[("a.bin", &base), ("empty", &empty), ("small", &small)],
+    );
+    assert_restores(&repo, "ck/2", &[("a.bin", &changed), ("copy", &changed)]);
+    assert_restores(&repo, "ck/3", &[("a.bin", &changed)]);
+    assert!(repo.read_manifest("ck/none").expect("read").is_none());
+
+    // A reopened repository knows every blob and dedups against them.
+    let again = open(&f, "cdc:avg=16KiB", "zstd:1");
+    assert_eq!(again.blob_count(), repo.blob_count());
+    assert_restores(&again, "ck/2", &[("a.bin", &changed), ("copy", &changed)]);
+    let s4 = write_checkpoint(&again, "ck/4", &[("b.bin", &base)]);
+    assert_eq!(s4.new_chunks, 0, "{s4:?}");
+}
+
+#[test]
+fn compression_pays_where_it_can_and_is_skipped_where_it_cannot() {
+    let f = fixture();
+    let repo = open(&f, "fixed:64KiB", "zstd:1");
+    let doubles = compressible(4 * MIB, 7);
+    let noise = random(4 * MIB, 8);
+    let s = write_checkpoint(&repo, "mixed", &[("doubles", &doubles)]);
+    assert!(
+        s.stored_data_bytes * 2 < s.new_bytes,
+        "small integers as doubles should compress 2x or better: {s:?}"
+    );
+    let s = write_checkpoint(&repo, "noise", &[("noise", &noise)]);
+    assert_eq!(
+        s.stored_data_bytes, s.new_bytes,
+        "noise is stored raw: {s:?}"
+    );
+    assert_restores(&repo, "mixed", &[("doubles", &doubles)]);
+    assert_restores(&repo, "noise", &[("noise", &noise)]);
+}
+
+#[test]
+fn a_file_of_many_chunks_gets_a_deep_tree() {
+    let f = fixture();
+    // 512-byte chunks: 3 MiB is 6144 leaves, more than one 1024-entry block: two levels.
+    let repo = open(&f, "fixed:512", "none");
+    let data = random(3 * MIB + 100, 9);
+    write_checkpoint(&repo, "deep", &[("d", &data)]);
+    assert_restores(&repo, "deep", &[("d", &data)]);
+}
+
+#[test]
+fn a_crash_before_finish_leaves_no_manifest_and_earlier_checkpoints_intact() {
+    let f = fixture();
+    let repo = open(&f, "cdc:avg=16KiB", "zstd:1").with_pack_size(256 * 1024);
+    let one = random(2 * MIB, 10);
+    write_checkpoint(&repo, "ck/1", &[("a", &one)]);
+    {
+        let mut w = repo.writer();
+        w.add_file("b", random(2 * MIB, 11).as_slice())
+            .expect("add");
+        // Dropped: packs were written, the index object was not.
+    }
+    let reopened = open(&f, "cdc:avg=16KiB", "zstd:1");
+    assert_restores(&reopened, "ck/1", &[("a", &one)]);
+    assert!(reopened.read_manifest("ck/2").expect("read").is_none());
+    // A manifest naming blobs no index object has is refused (the crash-safe order,
+    // enforced), also in the process whose writer failed after writing packs.
+    let mut w = reopened.writer().with_pack_size(64 * 1024);
+    let r = w.add_file("c", random(MIB, 12).as_slice()).expect("add");
+    drop(w);
+    let e = reopened
+        .write_manifest("ck/3", vec![r.clone()])
+        .unwrap_err();
+    assert!(e.to_string().contains("in no index"), "{e}");
+    // ... and a later writer in that process stores those chunks again rather than
+    // pointing at packs no index names.
+    let mut w = reopened.writer();
+    let again = w.add_file("c", random(MIB, 12).as_slice()).expect("add");
+    let stats = w.finish().expect("finish");
+    assert_eq!(stats.new_bytes, MIB as u64, "{stats:?}");
+    reopened
+        .write_manifest("ck/3", vec![again])
+        .expect("manifest");
+    let fresh = open(&f, "cdc:avg=16KiB", "zstd:1");
+    assert_restores(&fresh, "ck/3", &[("c", &random(MIB, 12))]);
+}
+
+#[test]
+fn corruption_is_reported_never_returned() {
+    let f = fixture();
+    let repo = open(&f, "fixed:64KiB", "zstd:1");
+    let data = compressible(MIB, 13);
+    write_checkpoint(&repo, "ck", &[("x", &data)]);
+    let m = repo.read_manifest("ck").expect("read").expect("manifest");
+
+    // Flip one byte in the middle of every pack.
+    let packs_dir = f.root.join(DEFAULT_PREFIX).join("packs");
+    let mut flipped = 0;
+    for sub in std::fs::read_dir(&packs_dir).expect("packs") {
+        for pack in std::fs::read_dir(sub.expect("entry").path()).expect("pack dir") {
+            let path = pack.expect("pack").path();
+            let mut bytes = std::fs::read(&path).expect("read pack");
+            let at = bytes.len() / 3;
+            bytes[at] ^= 0x40;
+            std::fs::write(&path, bytes).expect("write pack");
+            flipped += 1;
+        }
+    }
+    assert!(flipped > 0);
+    let mut out = Vec::new();
+    let e = repo.restore_file(&m.files[0], &mut out).unwrap_err();
+    assert!(e.to_string().contains("corrupt"), "{e}");
+    assert_eq!(e.errno(), 5);
+
+    // A damaged index object is refused when the repository is opened.
+    let index_dir = f.root.join(DEFAULT_PREFIX).join("index");
+    for entry in std::fs::read_dir(&index_dir).expect("index dir") {
+        let path = entry.expect("entry").path();
+        let mut bytes = std::fs::read(&path).expect("read index");
+        bytes.push(0);
+        std::fs::write(&path, bytes).expect("write index");
+    }
+    let e = Repo::open(
+        f.durable.clone(),
+        DEFAULT_PREFIX,
+        Chunking::cdc_with_avg(64 << 10),
+        Compression::None,
+    )
+    .err()
+    .expect("a damaged index must be refused");
+    assert!(e.to_string().contains("do not hash to its name"), "{e}");
+}
