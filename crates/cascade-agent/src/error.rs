@@ -36,6 +36,9 @@ pub enum Error {
     /// Gave up waiting.
     #[error("timed out {what}")]
     Timeout { what: String },
+    /// The dedup repository failed (the message names the object or blob).
+    #[error("dedup repository: {0}")]
+    Dedup(#[from] cascade_dedup::repo::Error),
 }
 
 impl Error {
@@ -73,6 +76,7 @@ impl Error {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Mismatch { .. } => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::Dedup(e) => e.errno(),
         }
     }
 }

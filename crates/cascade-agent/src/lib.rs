@@ -104,6 +104,56 @@ fn walk(store: &Store, dir: &str, rel: &str, out: &mut Vec<(String, String)>) ->
     Ok(())
 }
 
+/// Stores the checkpoint at `path` in the dedup repository `repo` under
+/// [`checkpoint_name`]`(path)` (docs/dedup.md): every file is cut into chunks read straight
+/// from the store, each chunk the repository lacks is stored once (compressed where it pays),
+/// then the index and, last, the manifest. Returns what was moved and what it cost.
+pub fn drain_checkpoint_dedup(
+    store: &Store,
+    path: &str,
+    repo: &cascade_dedup::repo::Repo,
+    progress: Progress<'_>,
+) -> Result<(Report, cascade_dedup::repo::WriteStats)> {
+    let started = Instant::now();
+    let ckpt = checkpoint_name(path)?;
+    let files = checkpoint_files(store, path)?;
+    let mut writer = repo.writer();
+    let mut recipes = Vec::with_capacity(files.len());
+    let mut done = 0u64;
+    for (rel, store_path) in &files {
+        let file = store
+            .open(store_path, &OpenOptions::new().read(true))
+            .map_err(|e| Error::store(store_path, e))?;
+        let reader = StoreFileReader::new(store, &file)
+            .map_err(|e| Error::store(store_path, e))?
+            .with_progress(done, progress);
+        let recipe = writer.add_file(rel, reader)?;
+        done += recipe.size;
+        progress(done);
+        recipes.push(recipe);
+    }
+    let stats = writer.finish()?;
+    let manifest = repo.write_manifest(&ckpt, recipes)?;
+    let files = manifest
+        .files
+        .iter()
+        .map(|f| MarkerFile {
+            path: f.path.clone(),
+            size: f.size,
+            blake3: f.blake3.clone(),
+        })
+        .collect();
+    Ok((
+        Report {
+            checkpoint: ckpt,
+            files,
+            bytes: done,
+            seconds: started.elapsed().as_secs_f64(),
+        },
+        stats,
+    ))
+}
+
 /// Uploads the checkpoint at `path` in the store (a directory, or a single file) to
 /// `durable` under [`checkpoint_name`]`(path)`: first removes an old marker, then uploads
 /// every file's data (read straight from the store) and its checksum, then the marker.

@@ -4,7 +4,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cascade_durable::{DurableStore, Marker, MARKER_NAME};
+use cascade_dedup::repo::{Manifest, Repo};
+use cascade_durable::{DurableStore, FileDigest, Marker, MarkerFile, MARKER_NAME};
 use cascade_store::{File, OpenOptions, Store};
 
 use crate::{Error, Progress, Report, Result};
@@ -15,18 +16,76 @@ fn staging_suffix() -> String {
     format!(".cascade-restore-{}", std::process::id())
 }
 
-/// The marker of a complete checkpoint, or [`Error::Incomplete`].
-fn complete_marker(durable: &DurableStore, ckpt: &str) -> Result<(String, Marker)> {
+/// Where a complete checkpoint's files come from: the plain layout (its completion marker)
+/// or the dedup repository (its manifest).
+enum Source<'a> {
+    Plain {
+        durable: &'a DurableStore,
+        marker: Marker,
+    },
+    Dedup {
+        repo: &'a Repo,
+        manifest: Manifest,
+    },
+}
+
+impl Source<'_> {
+    fn files(&self) -> Vec<MarkerFile> {
+        match self {
+            Source::Plain { marker, .. } => marker.files.clone(),
+            Source::Dedup { manifest, .. } => manifest
+                .files
+                .iter()
+                .map(|f| MarkerFile {
+                    path: f.path.clone(),
+                    size: f.size,
+                    blake3: f.blake3.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Writes file `i` into `out`, verified against its checksum (plain) or every chunk's
+    /// score and the file's BLAKE3 (dedup); on an error the output must be discarded.
+    fn write<W: Write + Send>(&self, i: usize, out: &mut W) -> Result<FileDigest> {
+        match self {
+            Source::Plain { durable, marker } => durable
+                .download_to(&marker.object_key(&marker.files[i]), out)
+                .map_err(Error::Durable),
+            Source::Dedup { repo, manifest } => {
+                let recipe = &manifest.files[i];
+                let size = repo.restore_file(recipe, out)?;
+                Ok(FileDigest {
+                    size,
+                    blake3: recipe.blake3.clone(),
+                })
+            }
+        }
+    }
+}
+
+/// The source of a complete checkpoint: its marker in the plain layout, else its manifest in
+/// the dedup repository (when one is given), else [`Error::Incomplete`].
+fn complete_source<'a>(
+    durable: &'a DurableStore,
+    repo: Option<&'a Repo>,
+    ckpt: &str,
+) -> Result<(String, Source<'a>)> {
     let ckpt =
         cascade_durable::normalize_rel(ckpt.trim_end_matches('/')).map_err(Error::Durable)?;
-    match durable.read_marker(&ckpt).map_err(Error::Durable)? {
-        Some(marker) => Ok((ckpt, marker)),
-        None => Err(Error::Incomplete {
-            store: durable.name().to_string(),
-            checkpoint: ckpt,
-            marker: MARKER_NAME,
-        }),
+    if let Some(marker) = durable.read_marker(&ckpt).map_err(Error::Durable)? {
+        return Ok((ckpt, Source::Plain { durable, marker }));
     }
+    if let Some(repo) = repo {
+        if let Some(manifest) = repo.read_manifest(&ckpt)? {
+            return Ok((ckpt, Source::Dedup { repo, manifest }));
+        }
+    }
+    Err(Error::Incomplete {
+        store: durable.name().to_string(),
+        checkpoint: ckpt,
+        marker: MARKER_NAME,
+    })
 }
 
 /// Counts bytes through to `progress` while writing to `inner`.
@@ -127,17 +186,19 @@ fn check_against_marker(
 /// failure leaves no restored file behind. An incomplete checkpoint (no marker) is refused.
 pub fn restore_checkpoint(
     durable: &DurableStore,
+    repo: Option<&Repo>,
     ckpt: &str,
     dest: &Path,
     progress: Progress<'_>,
 ) -> Result<Report> {
     let started = Instant::now();
-    let (ckpt, marker) = complete_marker(durable, ckpt)?;
+    let (ckpt, source) = complete_source(durable, repo, ckpt)?;
+    let files = source.files();
     let suffix = staging_suffix();
     let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();
     let mut done = 0u64;
     let result = (|| {
-        for entry in &marker.files {
+        for (i, entry) in files.iter().enumerate() {
             let rel = cascade_durable::normalize_rel(&entry.path).map_err(Error::Durable)?;
             let final_path = dest.join(&rel);
             if let Some(parent) = final_path.parent() {
@@ -155,9 +216,7 @@ pub fn restore_checkpoint(
                 done,
                 progress,
             };
-            let digest = durable
-                .download_to(&marker.object_key(entry), &mut out)
-                .map_err(Error::Durable)?;
+            let digest = source.write(i, &mut out)?;
             let file = out
                 .inner
                 .into_inner()
@@ -181,7 +240,7 @@ pub fn restore_checkpoint(
     }
     Ok(Report {
         checkpoint: ckpt,
-        files: marker.files,
+        files,
         bytes: done,
         seconds: started.elapsed().as_secs_f64(),
     })
@@ -192,19 +251,21 @@ pub fn restore_checkpoint(
 /// of the same names are replaced (atomically, by rename) only once every file verified.
 pub fn restore_into_store(
     durable: &DurableStore,
+    repo: Option<&Repo>,
     ckpt: &str,
     store: &Store,
     dest_path: &str,
     progress: Progress<'_>,
 ) -> Result<Report> {
     let started = Instant::now();
-    let (ckpt, marker) = complete_marker(durable, ckpt)?;
+    let (ckpt, source) = complete_source(durable, repo, ckpt)?;
+    let files = source.files();
     let dest_dir = format!("/{}", dest_path.trim_matches('/'));
     let suffix = staging_suffix();
     let mut staged: Vec<(String, String)> = Vec::new();
     let mut done = 0u64;
     let result = (|| {
-        for entry in &marker.files {
+        for (i, entry) in files.iter().enumerate() {
             let rel = cascade_durable::normalize_rel(&entry.path).map_err(Error::Durable)?;
             let final_path = if dest_dir == "/" {
                 format!("/{rel}")
@@ -219,9 +280,7 @@ pub fn restore_into_store(
                 done,
                 progress,
             };
-            let digest = durable
-                .download_to(&marker.object_key(entry), &mut out)
-                .map_err(Error::Durable)?;
+            let digest = source.write(i, &mut out)?;
             check_against_marker(&rel, &digest, entry)?;
             done += digest.size;
         }
@@ -240,7 +299,7 @@ pub fn restore_into_store(
     }
     Ok(Report {
         checkpoint: ckpt,
-        files: marker.files,
+        files,
         bytes: done,
         seconds: started.elapsed().as_secs_f64(),
     })

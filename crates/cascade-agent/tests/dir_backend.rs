@@ -225,7 +225,7 @@ fn drain_writes_the_plain_layout_and_restore_returns_the_same_bytes() {
     // Restore into a fresh local directory.
     let dest = tempfile::tempdir().unwrap();
     let out = dest.path().join("restored");
-    let restored = restore_checkpoint(&durable, "ckpt.0001", &out, &|_| {}).unwrap();
+    let restored = restore_checkpoint(&durable, None, "ckpt.0001", &out, &|_| {}).unwrap();
     assert_eq!(restored.bytes, total);
     let names: Vec<String> = files.iter().map(|(r, _)| r.clone()).collect();
     assert_eq!(local_files(&out), names);
@@ -237,7 +237,8 @@ fn drain_writes_the_plain_layout_and_restore_returns_the_same_bytes() {
     }
 
     // Restore into the store under another name.
-    let restored = restore_into_store(&durable, "/ckpt.0001/", &store, "/again", &|_| {}).unwrap();
+    let restored =
+        restore_into_store(&durable, None, "/ckpt.0001/", &store, "/again", &|_| {}).unwrap();
     assert_eq!(restored.bytes, total);
     for (rel, data) in &files {
         assert!(
@@ -273,7 +274,7 @@ fn a_single_file_is_a_checkpoint_of_one_file() {
         .join("solo.dat.cascade-complete")
         .is_file());
     let dest = tempfile::tempdir().unwrap();
-    restore_checkpoint(&durable, "solo.dat", dest.path(), &|_| {}).unwrap();
+    restore_checkpoint(&durable, None, "solo.dat", dest.path(), &|_| {}).unwrap();
     assert!(std::fs::read(dest.path().join("solo.dat")).unwrap() == data);
 }
 
@@ -287,13 +288,14 @@ fn an_incomplete_checkpoint_is_refused() {
     std::fs::remove_file(durable_dir.path().join("ckpt.0002/.cascade-complete")).unwrap();
 
     let dest = tempfile::tempdir().unwrap();
-    let err = restore_checkpoint(&durable, "ckpt.0002", dest.path(), &|_| {}).unwrap_err();
+    let err = restore_checkpoint(&durable, None, "ckpt.0002", dest.path(), &|_| {}).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("not complete"), "{msg}");
     assert!(!msg.contains('\n'), "{msg}");
     assert_eq!(err.errno(), libc_enoent());
     assert!(local_files(dest.path()).is_empty());
-    let err = restore_into_store(&durable, "ckpt.0002", &store, "/back", &|_| {}).unwrap_err();
+    let err =
+        restore_into_store(&durable, None, "ckpt.0002", &store, "/back", &|_| {}).unwrap_err();
     assert!(err.to_string().contains("not complete"), "{err}");
     assert!(store.stat("/back").is_err());
 }
@@ -318,7 +320,7 @@ fn a_corrupt_file_fails_restore_and_leaves_nothing_partial() {
     std::fs::write(&victim, &bytes).unwrap();
 
     let dest = tempfile::tempdir().unwrap();
-    let err = restore_checkpoint(&durable, "ckpt.0003", dest.path(), &|_| {}).unwrap_err();
+    let err = restore_checkpoint(&durable, None, "ckpt.0003", dest.path(), &|_| {}).unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("corrupt") && msg.contains("sub/rank1.dat"),
@@ -327,7 +329,8 @@ fn a_corrupt_file_fails_restore_and_leaves_nothing_partial() {
     assert!(!msg.contains('\n'), "{msg}");
     assert_eq!(local_files(dest.path()), Vec::<String>::new());
 
-    let err = restore_into_store(&durable, "ckpt.0003", &store, "/back", &|_| {}).unwrap_err();
+    let err =
+        restore_into_store(&durable, None, "ckpt.0003", &store, "/back", &|_| {}).unwrap_err();
     assert!(err.to_string().contains("corrupt"), "{err}");
     let mut left = Vec::new();
     let mut dirs = vec!["/back".to_string()];

@@ -79,12 +79,12 @@ fn drain_to_s3_and_restore_from_it() {
     durable.verify_checkpoint("ckpt.0007").unwrap();
 
     let dest = tmp.path().join("restored");
-    restore_checkpoint(&durable, "ckpt.0007", &dest, &|_| {}).unwrap();
+    restore_checkpoint(&durable, None, "ckpt.0007", &dest, &|_| {}).unwrap();
     for (rel, data) in &files {
         assert!(std::fs::read(dest.join(rel)).unwrap() == *data, "{rel}");
     }
     store.unlink("/ckpt.0007/sub/big.dat").unwrap();
-    restore_into_store(&durable, "ckpt.0007", &store, "/back", &|_| {}).unwrap();
+    restore_into_store(&durable, None, "ckpt.0007", &store, "/back", &|_| {}).unwrap();
     let f = store
         .open("/back/sub/big.dat", &OpenOptions::new().read(true))
         .unwrap();
@@ -97,6 +97,7 @@ fn drain_to_s3_and_restore_from_it() {
 
     // Incomplete on S3 too.
     durable.delete("ckpt.0007/.cascade-complete").unwrap();
-    let e = restore_checkpoint(&durable, "ckpt.0007", &tmp.path().join("x"), &|_| {}).unwrap_err();
+    let e = restore_checkpoint(&durable, None, "ckpt.0007", &tmp.path().join("x"), &|_| {})
+        .unwrap_err();
     assert!(e.to_string().contains("not complete"), "{e}");
 }

@@ -5,7 +5,11 @@ use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use cascade_config::{format_rate, format_size, Config};
+use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
+use cascade_dedup::{Chunking, Compression};
 use cascade_durable::DurableStore;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -59,11 +63,69 @@ fn store_bytes(store: &cascade_store::Store, path: &str) -> u64 {
     total
 }
 
+/// The dedup repository in `durable`, opened for writing with the configured chunking and
+/// compression; None when dedup is off.
+fn repo_for_writing(config: &Config, durable: &Arc<DurableStore>) -> Result<Option<Repo>, Failure> {
+    let chunking = config.text("dedup.chunking");
+    if chunking == "off" {
+        return Ok(None);
+    }
+    let bad = |e: String| Failure::new(e);
+    let chunking = chunking
+        .parse::<Chunking>()
+        .map_err(|e| bad(e.to_string()))?;
+    let compression = match config.text("dedup.compress") {
+        "off" => Compression::None,
+        spec => spec
+            .parse::<Compression>()
+            .map_err(|e| bad(e.to_string()))?,
+    };
+    Repo::open(durable.clone(), DEFAULT_PREFIX, chunking, compression)
+        .map(Some)
+        .map_err(|e| bad(format!("{}: dedup repository: {e}", durable.name())))
+}
+
+/// The dedup repository in `durable` if there is one (restore reads it when a checkpoint has
+/// no plain marker).
+fn repo_for_reading(durable: &Arc<DurableStore>) -> Result<Option<Repo>, Failure> {
+    Repo::open_existing(durable.clone(), DEFAULT_PREFIX)
+        .map_err(|e| Failure::new(format!("{}: dedup repository: {e}", durable.name())))
+}
+
 pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
     let ckpt = cascade_agent::checkpoint_name(path).map_err(agent_failure)?;
     store.stat(path).map_err(|err| Failure::store(path, &err))?;
-    let durable = open_durable(url)?;
+    let durable = Arc::new(open_durable(url)?);
+    if let Some(repo) = repo_for_writing(config, &durable)? {
+        let bar = progress_bar(store_bytes(&store, path));
+        let drained =
+            cascade_agent::drain_checkpoint_dedup(&store, path, &repo, &|n| bar.set_position(n));
+        let (report, stats) = match drained {
+            Ok(done) => done,
+            Err(err) => {
+                bar.abandon();
+                return Err(agent_failure(err));
+            }
+        };
+        bar.finish_and_clear();
+        let to = format!(
+            "{} (dedup repository, {}, {})",
+            durable.name().trim_end_matches('/'),
+            repo.chunking(),
+            repo.compression()
+        );
+        println!("{}", summary("drain", path, &to, &report));
+        let stored = stats.stored_data_bytes + stats.stored_tree_bytes;
+        println!(
+            "  {} of {} chunks new ({}), {} stored",
+            stats.new_chunks,
+            stats.chunks,
+            format_size(stats.new_bytes),
+            format_size(stored)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let bar = progress_bar(store_bytes(&store, path));
     let report = cascade_agent::drain_checkpoint(&store, path, &durable, &|n| bar.set_position(n));
     let report = match report {
@@ -79,12 +141,14 @@ pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure
     Ok(ExitCode::SUCCESS)
 }
 
-/// The checkpoint's size from its marker, or a clear error if it is not complete.
-fn marker_bytes(durable: &DurableStore, ckpt: &str) -> Result<u64, Failure> {
+/// The checkpoint's size from its marker (or its dedup manifest), for the progress bar.
+fn marker_bytes(durable: &DurableStore, repo: Option<&Repo>, ckpt: &str) -> Result<u64, Failure> {
     match durable.read_marker(ckpt) {
         Ok(Some(marker)) => Ok(marker.total_bytes),
-        // restore_* report the missing marker with the full message.
-        Ok(None) => Ok(0),
+        // restore_* report a missing checkpoint with the full message.
+        Ok(None) => Ok(repo
+            .and_then(|r| r.read_manifest(ckpt.trim_matches('/')).ok().flatten())
+            .map_or(0, |m| m.files.iter().map(|f| f.size).sum())),
         Err(e) => Err(Failure::new(e.to_string())),
     }
 }
@@ -98,10 +162,13 @@ fn last_component(ckpt: &str) -> &str {
 }
 
 pub fn restore_local(ckpt: &str, dest: Option<&str>, url: &str) -> Result<ExitCode, Failure> {
-    let durable = open_durable(url)?;
+    let durable = Arc::new(open_durable(url)?);
+    let repo = repo_for_reading(&durable)?;
     let dest = PathBuf::from(dest.unwrap_or_else(|| last_component(ckpt)));
-    let bar = progress_bar(marker_bytes(&durable, ckpt)?);
-    let report = cascade_agent::restore_checkpoint(&durable, ckpt, &dest, &|n| bar.set_position(n));
+    let bar = progress_bar(marker_bytes(&durable, repo.as_ref(), ckpt)?);
+    let report = cascade_agent::restore_checkpoint(&durable, repo.as_ref(), ckpt, &dest, &|n| {
+        bar.set_position(n)
+    });
     finish_restore(report, bar, ckpt, &dest.display().to_string())
 }
 
@@ -112,12 +179,15 @@ pub fn restore_into_store(
     url: &str,
 ) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
-    let durable = open_durable(url)?;
+    let durable = Arc::new(open_durable(url)?);
+    let repo = repo_for_reading(&durable)?;
     let default_dest = format!("/{}", ckpt.trim_matches('/'));
     let dest = dest.unwrap_or(&default_dest);
-    let bar = progress_bar(marker_bytes(&durable, ckpt)?);
+    let bar = progress_bar(marker_bytes(&durable, repo.as_ref(), ckpt)?);
     let report =
-        cascade_agent::restore_into_store(&durable, ckpt, &store, dest, &|n| bar.set_position(n));
+        cascade_agent::restore_into_store(&durable, repo.as_ref(), ckpt, &store, dest, &|n| {
+            bar.set_position(n)
+        });
     finish_restore(report, bar, ckpt, dest)
 }
 

@@ -231,6 +231,8 @@ the last one detaches."
         /// [default: the configured durable.url]
         #[arg(long, value_name = "URL")]
         to: Option<String>,
+        #[command(flatten)]
+        dedup: DedupParams,
     },
 
     /// Copy a complete checkpoint from the durable store to a local directory or the store
@@ -497,6 +499,18 @@ impl SettingGroup for StageServerGroup {
     }
 }
 
+/// Dedup and compression in the durable store (`drain`).
+#[derive(Debug, Clone)]
+pub struct DedupGroup;
+
+impl SettingGroup for DedupGroup {
+    const HEADING: Option<&'static str> = Some("Dedup");
+    fn includes(def: &SettingDef) -> bool {
+        def.key.starts_with("dedup.")
+    }
+}
+
+pub type DedupParams = SettingFlags<DedupGroup>;
 pub type AgentParams = SettingFlags<AgentGroup>;
 pub type StageServerParams = SettingFlags<StageServerGroup>;
 pub type StoreParams = SettingFlags<StoreGroup>;

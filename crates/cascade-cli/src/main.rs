@@ -100,8 +100,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             level,
             timeout,
         } => lifecycle::wait(&none()?, path, level, *timeout),
-        Command::Drain { path, to } => {
-            let config = none()?;
+        Command::Drain { path, to, dedup } => {
+            let config = load(&[&dedup.values])?;
             let to = durable_or_configured(&config, to.as_deref(), "--to")?;
             checkpoint::drain(&config, path, &to)
         }

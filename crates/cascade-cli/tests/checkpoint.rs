@@ -6,6 +6,8 @@ use std::process::{Command, Output};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 struct Sandbox {
     dir: tempfile::TempDir,
     store: String,
@@ -16,7 +18,12 @@ impl Sandbox {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("empty.toml"), "").unwrap();
         Sandbox {
-            store: format!("/cascade-ckpt-test-{}", std::process::id()),
+            // One store per test: the tests of this binary run in parallel.
+            store: format!(
+                "/cascade-ckpt-test-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
             dir,
         }
     }
@@ -146,4 +153,109 @@ fn drain_then_restore_round_trips_through_a_directory() {
         help.contains("--into-store") && help.contains("marker"),
         "{help}"
     );
+}
+
+/// Pseudo-random bytes (no repeats inside, so only what the test repeats dedups).
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+#[test]
+fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
+    let sb = Sandbox::new();
+    sb.ok(&[
+        "init",
+        "--capacity",
+        "32MiB",
+        "--max-files",
+        "64",
+        "--prefault",
+        "off",
+    ]);
+    let a = noise(3 << 20, 1);
+    let mut a2 = a.clone();
+    a2[1 << 20..(1 << 20) + 4096].copy_from_slice(&noise(4096, 2));
+    let b: Vec<u8> = (0..1_000_000u32).map(|i| (i % 7) as u8).collect();
+    let local = sb.dir.path().join("in");
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(local.join("a"), &a).unwrap();
+    std::fs::write(local.join("a2"), &a2).unwrap();
+    std::fs::write(local.join("b"), &b).unwrap();
+    sb.ok(&["mkdir", "-p", "/ck1", "/ck2"]);
+    sb.ok(&["put", s(&local.join("a")), "/ck1/a.dat"]);
+    sb.ok(&["put", s(&local.join("b")), "/ck1/b.dat"]);
+    sb.ok(&["put", s(&local.join("a2")), "/ck2/a.dat"]);
+    sb.ok(&["put", s(&local.join("b")), "/ck2/b.dat"]);
+
+    let durable = sb.dir.path().join("durable");
+    let url = format!("file://{}", durable.display());
+    let dedup = ["--dedup", "cdc:avg=16KiB", "--compress", "zstd:1"];
+    let out = sb.ok(&[&["drain", "/ck1", "--to", &url][..], &dedup[..]].concat());
+    assert!(
+        out.contains("2 files, 4145728 bytes") && out.contains("dedup repository"),
+        "{out}"
+    );
+    // The second checkpoint: only the chunks around the changed 4 KiB are new.
+    let out = sb.ok(&[&["drain", "/ck2", "--to", &url][..], &dedup[..]].concat());
+    let new_line = out
+        .lines()
+        .find(|l| l.contains("chunks new"))
+        .unwrap_or_else(|| panic!("no chunk line: {out}"));
+    let new_chunks: u64 = new_line
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{new_line}"));
+    assert!(
+        (1..=6).contains(&new_chunks),
+        "a 4 KiB change stored {new_chunks} chunks: {out}"
+    );
+    // Not the plain layout: no marker, no data objects; the repository holds it.
+    assert!(!durable.join("ck1/.cascade-complete").exists());
+    assert!(!durable.join("ck1/a.dat").exists());
+    assert!(durable.join(".cascade-dedup/manifests/ck2.json").exists());
+
+    let dest = sb.dir.path().join("restored");
+    let out = sb.ok(&["restore", "ck1", s(&dest), "--from", &url]);
+    assert!(out.contains("2 files, 4145728 bytes"), "{out}");
+    assert!(std::fs::read(dest.join("a.dat")).unwrap() == a);
+    assert!(std::fs::read(dest.join("b.dat")).unwrap() == b);
+    sb.ok(&["restore", "ck2", "/back", "--from", &url, "--into-store"]);
+    let got = sb.dir.path().join("got");
+    sb.ok(&["get", "/back/a.dat", s(&got)]);
+    assert!(std::fs::read(&got).unwrap() == a2);
+
+    // A flipped byte in a pack: one line, exit 1, nothing restored.
+    let packs = durable.join(".cascade-dedup/packs");
+    for sub in std::fs::read_dir(&packs).unwrap() {
+        for pack in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            let path = pack.unwrap().path();
+            let mut bytes = std::fs::read(&path).unwrap();
+            let at = bytes.len() / 2;
+            bytes[at] ^= 1;
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    let bad = sb.dir.path().join("bad");
+    let line = sb.fails(&["restore", "ck1", s(&bad), "--from", &url], 1);
+    assert!(line.contains("corrupt"), "{line}");
+    let left: Vec<_> = std::fs::read_dir(&bad)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a failed restore left {left:?}");
+
+    // Bad specs: one line each.
+    let line = sb.fails(&["drain", "/ck1", "--to", &url, "--dedup", "cdc:avg=1"], 1);
+    assert!(line.contains("cdc:avg=1"), "{line}");
+    let line = sb.fails(&["drain", "/ck1", "--to", &url, "--compress", "gzip"], 1);
+    assert!(line.contains("gzip"), "{line}");
 }

@@ -221,6 +221,40 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
+        key: "dedup.chunking",
+        env: "CASCADE_DEDUP",
+        flag: Some("dedup"),
+        value_name: "off|fixed:SIZE|cdc:avg=SIZE",
+        help: "Store checkpoints in the durable store's dedup repository, cut into chunks this way (fixed:4KiB, cdc:avg=64KiB, cdc:min=..,avg=..,max=..), each distinct chunk once",
+        default_help: "off: the plain layout",
+        parse: |t| {
+            if t == "off" {
+                return Ok(Value::Text(t.to_string()));
+            }
+            t.parse::<cascade_dedup::Chunking>()
+                .map(|c| Value::Text(c.to_string()))
+                .map_err(|e| e.to_string())
+        },
+        default: |_| (Value::Text("off".into()), String::new()),
+    },
+    SettingDef {
+        key: "dedup.compress",
+        env: "CASCADE_COMPRESS",
+        flag: Some("compress"),
+        value_name: "off|zstd[:LEVEL]",
+        help: "Compression of each new chunk in the dedup repository (skipped for a chunk it does not shrink by 1/8)",
+        default_help: "off",
+        parse: |t| {
+            if t == "off" {
+                return Ok(Value::Text(t.to_string()));
+            }
+            t.parse::<cascade_dedup::Compression>()
+                .map(|c| Value::Text(c.to_string()))
+                .map_err(|e| e.to_string())
+        },
+        default: |_| (Value::Text("off".into()), String::new()),
+    },
+    SettingDef {
         key: "stage_server.listen",
         env: "CASCADE_STAGE_LISTEN",
         flag: Some("listen"),

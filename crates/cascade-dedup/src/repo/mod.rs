@@ -162,6 +162,28 @@ impl Repo {
         chunking: Chunking,
         compression: Compression,
     ) -> Result<Repo> {
+        Self::open_or_create(durable, prefix, chunking, compression, true)?
+            .ok_or_else(|| Error::Invalid("the repository was not created".to_string()))
+    }
+
+    /// Opens the repository below `prefix` if there is one (for reading: never creates it).
+    pub fn open_existing(durable: Arc<DurableStore>, prefix: &str) -> Result<Option<Repo>> {
+        Self::open_or_create(
+            durable,
+            prefix,
+            Chunking::DEFAULT_CDC,
+            Compression::None,
+            false,
+        )
+    }
+
+    fn open_or_create(
+        durable: Arc<DurableStore>,
+        prefix: &str,
+        chunking: Chunking,
+        compression: Compression,
+        create: bool,
+    ) -> Result<Option<Repo>> {
         chunking
             .validate()
             .map_err(|e| Error::Invalid(e.to_string()))?;
@@ -181,6 +203,7 @@ impl Repo {
                     });
                 }
             }
+            Err(e) if e.is_not_found() && !create => return Ok(None),
             Err(e) if e.is_not_found() => {
                 let cfg = RepoConfigFile {
                     format: REPO_FORMAT.to_string(),
@@ -201,7 +224,7 @@ impl Repo {
             index: RwLock::new(Index::default()),
         };
         repo.load_index()?;
-        Ok(repo)
+        Ok(Some(repo))
     }
 
     /// A smaller pack size (tests: many packs from little data).
