@@ -259,3 +259,91 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
     let line = sb.fails(&["drain", "/ck1", "--to", &url, "--compress", "gzip"], 1);
     assert!(line.contains("gzip"), "{line}");
 }
+
+/// `cascade drain --dedup` killed with SIGKILL after it wrote packs but before its index and
+/// manifest: the earlier checkpoint still restores, the killed one has no manifest (restore
+/// refuses it), and draining it again completes and restores byte for byte.
+#[test]
+fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
+    let sb = Sandbox::new();
+    sb.ok(&[
+        "init",
+        "--capacity",
+        "400MiB",
+        "--max-files",
+        "64",
+        "--prefault",
+        "off",
+    ]);
+    let small = noise(1 << 20, 3);
+    let big = noise(300 << 20, 4);
+    let local = sb.dir.path().join("in");
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(local.join("small"), &small).unwrap();
+    std::fs::write(local.join("big"), &big).unwrap();
+    sb.ok(&["mkdir", "-p", "/ck1", "/ck2"]);
+    sb.ok(&["put", s(&local.join("small")), "/ck1/s.dat"]);
+    sb.ok(&["put", s(&local.join("big")), "/ck2/b.dat"]);
+    let durable = sb.dir.path().join("durable");
+    let url = format!("file://{}", durable.display());
+    sb.ok(&["drain", "/ck1", "--to", &url, "--dedup", "fixed:64KiB"]);
+
+    // Packs of 16 MiB: the first appears long before the last, and the index comes last.
+    let mut drain = Command::new(CASCADE)
+        .args(["drain", "/ck2", "--to", &url, "--dedup", "fixed:64KiB"])
+        .env_clear()
+        .env("HOME", sb.dir.path())
+        .env("CASCADE_STORE", &sb.store)
+        .env("CASCADE_CONFIG", sb.dir.path().join("empty.toml"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn drain");
+    let packs = durable.join(".cascade-dedup/packs");
+    let count_packs = || -> usize {
+        std::fs::read_dir(&packs)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| std::fs::read_dir(e.path()).map_or(0, |p| p.count()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    let before = count_packs();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while count_packs() < before + 2 {
+        assert!(
+            drain.try_wait().expect("try_wait").is_none(),
+            "the drain finished before it could be killed"
+        );
+        assert!(std::time::Instant::now() < deadline, "no pack appeared");
+        std::thread::yield_now();
+    }
+    assert!(
+        drain.try_wait().expect("try_wait").is_none(),
+        "finished too early"
+    );
+    drain.kill().expect("SIGKILL");
+    drain.wait().expect("reap");
+    assert!(!durable.join(".cascade-dedup/manifests/ck2.json").exists());
+
+    let dest = sb.dir.path().join("r1");
+    sb.ok(&["restore", "ck1", s(&dest), "--from", &url]);
+    assert!(std::fs::read(dest.join("s.dat")).unwrap() == small);
+    let line = sb.fails(
+        &[
+            "restore",
+            "ck2",
+            s(&sb.dir.path().join("r2")),
+            "--from",
+            &url,
+        ],
+        1,
+    );
+    assert!(line.contains("not complete"), "{line}");
+
+    sb.ok(&["drain", "/ck2", "--to", &url, "--dedup", "fixed:64KiB"]);
+    let dest = sb.dir.path().join("r2");
+    sb.ok(&["restore", "ck2", s(&dest), "--from", &url]);
+    assert!(std::fs::read(dest.join("b.dat")).unwrap() == big);
+}
