@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Plots for bench/results/node-store.json (the chunk-size sweep and the spill-over curve),
 bench/results/interposition.json (calls per second and bandwidth by write size),
-bench/results/staging.json (staging throughput by writer processes and servers) and
+bench/results/staging.json (staging throughput by writer processes and servers),
 bench/results/fuse.json (FUSE vs LD_PRELOAD, tmpfs, disk and memcpy by operation, and by
-writer processes).
+writer processes) and bench/results/dedup.json (stored bytes and ingest speed of the dedup
+repository against restic, borg, cp and zstd by series).
 
 usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
-Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, staging-throughput.png or
-fuse.png, next to the JSON (or into OUT_DIR).
+Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, staging-throughput.png,
+fuse.png or dedup.png, next to the JSON (or into OUT_DIR).
 """
 
 import json
@@ -299,6 +300,90 @@ def plot_fuse(rep, out):
     return path
 
 
+def plot_dedup(rep, out):
+    rows = [r for r in rep["results"].get("rows", []) if ok(r)]
+    if not rows:
+        return None
+    series = [x["name"] for x in rep["results"].get("series", [])]
+    configs = [c["label"] for c in rep["options"]["configs"]]
+    store0 = rep["options"]["stores"][0]
+
+    def get(s, method, store):
+        for r in rows:
+            if r["series"] == s and r["method"] == method and r["store"] == store:
+                return r
+        return None
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 6.6))
+    # Reduction: ours (each configuration, first store), restic, borg, zstd -1.
+    red = [(c, store0, f"ours {c}") for c in configs]
+    red += [("restic", "disk", "restic"), ("borg", "disk", "borg"),
+            ("zstd -1", "disk", "zstd -1 (no dedup)")]
+    red = [m for m in red if any(get(s, m[0], m[1]) for s in series)]
+    width = 0.8 / max(len(red), 1)
+    for i, (m, st, label) in enumerate(red):
+        xs, ys = [], []
+        for j, s in enumerate(series):
+            r = get(s, m, st)
+            if r:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                ys.append(r["reduction"])
+        hatch = None if label.startswith("ours") else "//"
+        ax1.bar(xs, ys, width, color=f"C{i}", label=label, hatch=hatch,
+                edgecolor="black" if hatch else None, linewidth=0.5)
+    goals = {"lammps": 1.7, "torch": 3.0}
+    for j, s in enumerate(series):
+        if s in goals:
+            ax1.plot([j - 0.45, j + 0.45], [goals[s]] * 2, "k--", linewidth=1)
+            ax1.annotate(f"goal {goals[s]}x", (j + 0.45, goals[s]), fontsize=8,
+                         ha="right", va="bottom")
+    ax1.set_xticks(range(len(series)))
+    ax1.set_xticklabels(series)
+    ax1.set_ylabel("reduction (input / stored)")
+    ax1.grid(True, axis="y", alpha=0.3)
+    ax1.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    ax1.set_title("Stored bytes: reduction by series (higher is better)")
+    # Ingest GB/s (log): ours default on each store, the other configurations on the first
+    # store, restic and borg raw, cp, zstd.
+    spd = [(configs[0], st, f"ours {configs[0]} ({st})") for st in rep["options"]["stores"]]
+    spd += [(c, store0, f"ours {c} ({store0})") for c in configs[1:]]
+    spd += [("restic", "disk", "restic"), ("borg", "disk", "borg"), ("cp -r", "disk", "cp -r (disk)"),
+            ("zstd -1", "disk", "zstd -1")]
+    spd = [m for m in spd if any(get(s, m[0], m[1]) for s in series)]
+    width = 0.8 / max(len(spd), 1)
+    for i, (m, st, label) in enumerate(spd):
+        xs, med, lo, hi = [], [], [], []
+        for j, s in enumerate(series):
+            r = get(s, m, st)
+            if r:
+                g = r["gbps"]
+                xs.append(j - 0.4 + width * (i + 0.5))
+                med.append(g["median"])
+                lo.append(g["median"] - g["min"])
+                hi.append(g["max"] - g["median"])
+        hatch = None if label.startswith("ours") else "//"
+        ax2.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=f"C{i}", label=label,
+                hatch=hatch, edgecolor="black" if hatch else None, linewidth=0.5)
+    ax2.axhline(1.0, color="k", linestyle="--", linewidth=1)
+    ax2.annotate("goal 1 GB/s", (len(series) - 0.5, 1.0), fontsize=8, ha="right", va="bottom")
+    ax2.set_xticks(range(len(series)))
+    ax2.set_xticklabels(series)
+    ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax2.set_ylabel("ingest GB/s (all snapshots, in order)")
+    ax2.grid(True, axis="y", which="both", alpha=0.3)
+    ax2.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    cores = rep.get("machine", {}).get("cores", "?")
+    ax2.set_title(f"Ingest speed ({cores} cores; median, min-max)")
+    fig.suptitle("Dedup repository (cascade-dedup) vs restic, borg, cp and zstd on real "
+                 "checkpoint series")
+    fig.tight_layout()
+    path = os.path.join(out, "dedup.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
@@ -311,6 +396,8 @@ def main():
         plots = (plot_staging(rep, out),)
     elif rep.get("suite") == "fuse":
         plots = (plot_fuse(rep, out),)
+    elif rep.get("suite") == "dedup":
+        plots = (plot_dedup(rep, out),)
     else:
         plots = (plot_sweep(rep, out), plot_spill(rep, out))
     for path in plots:

@@ -5,19 +5,26 @@
 #   durable.{md,json}                                           (suite durable)
 #   staging.{md,json}, staging-throughput.png                   (suite staging)
 #   fuse.{md,json}, fuse.png                                    (suite fuse)
-# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|all] [ARGS...]
+#   dedup.{md,json}, dedup.png                                  (suite dedup)
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|all] [ARGS...]
 # The suite defaults to all (node-store and interposition, one after the other; durable too
-# when CASCADE_BENCH_DURABLE=1, staging when CASCADE_BENCH_STAGING=1 and fuse when
-# CASCADE_BENCH_FUSE=1, since they need root, network namespaces or FUSE mounts). ARGS go to
-# `cascade-bench run` (node-store), `cascade-bench interposition`, `cascade-bench durable`,
-# `cascade-bench staging` or `cascade-bench fuse`; with --suite all they go to each, so use
-# only options all know there (--out, --quick, --reps; --procs and --size-mib with node-store
-# and interposition only). The durable and staging suites bring the throttled S3 store up with
-# bench/netns-s3.sh up first (staging also the servers' namespace with bench/netns-staging.sh
-# up) and take them down at the end. The fuse suite (root: it mounts) builds the CLI and the
-# library, mounts two fresh stores with `cascade mount` (direct I/O and --kernel-cache) and
-# compares them with LD_PRELOAD into the same store, tmpfs, local disk and memcpy; the stores
-# are unmounted and destroyed at the end, also after errors. E.g.
+# when CASCADE_BENCH_DURABLE=1, staging when CASCADE_BENCH_STAGING=1, fuse when
+# CASCADE_BENCH_FUSE=1, since they need root, network namespaces or FUSE mounts, and dedup when
+# CASCADE_BENCH_DEDUP=1, since it needs the generated checkpoint series and restic and borg).
+# ARGS go to `cascade-bench run` (node-store), `cascade-bench interposition`, `cascade-bench
+# durable`, `cascade-bench staging`, `cascade-bench fuse` or `cascade-bench dedup`; with
+# --suite all they go to each, so use only options all know there (--out, --quick, --reps;
+# --procs and --size-mib with node-store and interposition only). The durable and staging
+# suites bring the throttled S3 store up with bench/netns-s3.sh up first (staging also the
+# servers' namespace with bench/netns-staging.sh up) and take them down at the end. The fuse
+# suite (root: it mounts) builds the CLI and the library, mounts two fresh stores with
+# `cascade mount` (direct I/O and --kernel-cache) and compares them with LD_PRELOAD into the
+# same store, tmpfs, local disk and memcpy; the stores are unmounted and destroyed at the end,
+# also after errors. The dedup suite runs
+# bench/datasets/make.sh (idempotent; --quick series in /var/tmp/cascade-datasets-quick) and
+# compares the cascade-dedup repository (4 configurations, a durable store on /var/tmp and on
+# /dev/shm) with restic, borg, cp -r and zstd -1 on the torch, numpy and lammps series; as root
+# it installs restic, borgbackup and zstd with apt-get when they are missing. E.g.
 #   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
 #   bench/run.sh --suite node-store --only writes,readback --reps 5
 #   bench/run.sh --suite interposition --only small,meta
@@ -27,6 +34,8 @@
 #   bench/run.sh --suite staging --only throughput --procs 1,8 --servers 1,3
 #   bench/run.sh --suite fuse --quick --out /tmp/bench-fuse
 #   bench/run.sh --suite fuse --only writes,reads --reps 3 --threads 4
+#   bench/run.sh --suite dedup --quick --out /tmp/bench-dedup
+#   bench/run.sh --suite dedup --series torch --only cascade,breakdown --config cdc:avg=64KiB+zstd:1
 # See bench/README.md.
 set -euo pipefail
 
@@ -49,8 +58,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|staging|fuse|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|fuse|dedup|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup or all" >&2; exit 2 ;;
 esac
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
@@ -63,6 +72,10 @@ fi
 fuse=0
 if [ "$suite" = fuse ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_FUSE:-0}" = 1 ]; }; then
     fuse=1
+fi
+dedup=0
+if [ "$suite" = dedup ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DEDUP:-0}" = 1 ]; }; then
+    dedup=1
 fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
@@ -92,6 +105,17 @@ if [ "$fuse" = 1 ]; then
     [ "$(id -u)" = 0 ] || { echo "run.sh: the fuse suite needs root (cascade mount)" >&2; exit 1; }
     # `cascade mount` and, for the preload target, libcascade.so next to it.
     cargo build --release -p cascade-cli -p cascade-preload
+fi
+if [ "$dedup" = 1 ]; then
+    # The baselines: restic, borg and the zstd CLI (Debian packages).
+    need=()
+    command -v restic >/dev/null || need+=(restic)
+    command -v borg >/dev/null || need+=(borgbackup)
+    command -v zstd >/dev/null || need+=(zstd)
+    if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "run.sh: installing ${need[*]} for the dedup baselines" >&2
+        (apt-get install -y -qq "${need[@]}" || (apt-get update -qq && apt-get install -y -qq "${need[@]}")) >&2 || true
+    fi
 fi
 bin=target/release/cascade-bench
 
@@ -189,5 +213,9 @@ fi
 if [ "$fuse" = 1 ]; then
     run_suite fuse fuse.json
     echo "results: $out/fuse.md"
+fi
+if [ "$dedup" = 1 ]; then
+    run_suite dedup dedup.json
+    echo "results: $out/dedup.md"
 fi
 trap - INT TERM

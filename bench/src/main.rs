@@ -4,11 +4,12 @@
 //! children (hidden `child` subcommand) for every measurement, releases them together through
 //! a pipe barrier, and writes the results. `cascade-bench interposition` runs the
 //! benchmarks of the LD_PRELOAD library the same way (a C program instead of the Rust
-//! children for the I/O through the library). `durable`, `staging` and `fuse` run the other
-//! suites (bench/src/durable.rs, staging.rs, fuse.rs). See bench/README.md.
+//! children for the I/O through the library). `durable`, `staging`, `fuse` and `dedup` run the
+//! other suites (bench/src/durable.rs, staging.rs, fuse.rs, dedup.rs). See bench/README.md.
 
 mod benches;
 mod child;
+mod dedup;
 mod durable;
 mod fuse;
 mod harness;
@@ -51,6 +52,10 @@ enum Cmd {
     /// Run the FUSE front-end benchmark (needs root): `cascade mount` against LD_PRELOAD,
     /// tmpfs, local disk and memcpy; write fuse.md and fuse.json into --out.
     Fuse(Box<fuse::FuseArgs>),
+    /// Run the dedup-repository benchmark: `cascade-dedup` against restic, borg, cp and
+    /// zstd on real checkpoint series (bench/datasets); write dedup.md and dedup.json into
+    /// --out.
+    Dedup(Box<dedup::DedupArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -66,6 +71,9 @@ enum Cmd {
         #[arg(long)]
         job: String,
     },
+    /// Internal: run one job of the dedup suite (JSON on stdin, result on stdout).
+    #[command(hide = true)]
+    DedupJob,
 }
 
 #[derive(clap::Args)]
@@ -489,7 +497,7 @@ fn run_interposition(a: InterpArgs) -> Res<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let who = if matches!(cli.cmd, Cmd::Child { .. }) {
+    let who = if matches!(cli.cmd, Cmd::Child { .. } | Cmd::DedupJob) {
         "cascade-bench child"
     } else {
         "cascade-bench"
@@ -500,6 +508,8 @@ fn main() -> ExitCode {
         Cmd::Durable(a) => durable::run(*a),
         Cmd::Staging(a) => staging::run(*a),
         Cmd::Fuse(a) => fuse::run(*a),
+        Cmd::Dedup(a) => dedup::run(*a),
+        Cmd::DedupJob => dedup::run_job(),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
             for what in cleanup(pid, &dir) {
