@@ -616,6 +616,7 @@ mod tests {
                 MountGroup::includes(def),
                 AgentGroup::includes(def),
                 StageServerGroup::includes(def),
+                DedupGroup::includes(def),
             ];
             // The shared secret is given to agents and servers alike.
             let expected = if def.key == "staging.secret" { 2 } else { 1 };

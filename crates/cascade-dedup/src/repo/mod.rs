@@ -54,15 +54,11 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::Durable(e) => e.errno(),
-            Error::Io(e) => e.raw_os_error().unwrap_or(libc_eio()),
-            Error::Invalid(_) => 22, // EINVAL
-            _ => libc_eio(),
+            Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Error::Invalid(_) => libc::EINVAL,
+            _ => libc::EIO,
         }
     }
-}
-
-fn libc_eio() -> i32 {
-    5
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
