@@ -2105,14 +2105,7 @@ pub fn run(a: DedupArgs) -> Res<()> {
     let pid = std::process::id();
     let o = build_opts(&a, pid)?;
     let dirs = vec![o.disk_dir.clone(), o.tmpfs_dir.clone()];
-    for what in util::cleanup(None, &dirs) {
-        eprintln!("cleanup: removed {what} (left by an earlier run)");
-    }
-    let _guard = crate::CleanupGuard {
-        pid,
-        dirs: dirs.clone(),
-    };
-    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
     // A private copy of this executable for the children: a rebuild during the run must not
     // swap it.
     let exe = o.disk_dir.join(format!("{}-exe", prefix(pid)));
@@ -2193,28 +2186,7 @@ pub fn run(a: DedupArgs) -> Res<()> {
         results: &results,
     };
     let md = markdown(&rep);
-    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
-    let md_path = a.out.join("dedup.md");
-    let json_path = a.out.join("dedup.json");
-    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
-    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
-    eprintln!("\nGoals:");
-    for t in &rep.targets {
-        let met = match t.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "not run",
-        };
-        eprintln!(
-            "  {:<40} {:<40} {met}\n      {}",
-            t.name, t.goal, t.measured
-        );
-    }
-    eprintln!(
-        "wrote {} and {} ({duration_s:.0} s)",
-        md_path.display(),
-        json_path.display()
-    );
+    crate::report::write_results(&a.out, "dedup", &md, &rep, &rep.targets, duration_s)?;
     outcome
 }
 

@@ -1693,14 +1693,7 @@ pub fn run(a: DurableArgs) -> Res<()> {
     let pid = std::process::id();
     let o = build_opts(&a, pid)?;
     let dirs = vec![PathBuf::from("/var/tmp"), o.disk_dir.clone()];
-    for what in util::cleanup(None, &dirs) {
-        eprintln!("cleanup: removed {what} (left by an earlier run)");
-    }
-    let _guard = crate::CleanupGuard {
-        pid,
-        dirs: dirs.clone(),
-    };
-    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
     let machine = util::machine(&o.disk_dir, &o.disk_dir);
     eprintln!(
         "cascade-bench durable: {} ({} cores), kernel {}, {} GiB RAM; durable store {}; sizes {}",
@@ -1786,16 +1779,7 @@ pub fn run(a: DurableArgs) -> Res<()> {
         results: &results,
     };
     let md = markdown(&rep);
-    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
-    let md_path = a.out.join("durable.md");
-    let json_path = a.out.join("durable.json");
-    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
-    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
-    eprintln!(
-        "wrote {} and {} ({duration_s:.0} s)",
-        md_path.display(),
-        json_path.display()
-    );
+    crate::report::write_results(&a.out, "durable", &md, &rep, &[], duration_s)?;
     if results.cascade.state == "failed" {
         return err(format!(
             "the cascade runs failed: {}",

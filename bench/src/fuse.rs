@@ -1469,14 +1469,7 @@ pub fn run(a: FuseArgs) -> Res<()> {
         return err("the fuse suite needs root (cascade mount uses mount(2))");
     }
     let dirs = vec![PathBuf::from("/var/tmp"), o.disk_dir.clone()];
-    for what in util::cleanup(None, &dirs) {
-        eprintln!("cleanup: removed {what} (left by an earlier run)");
-    }
-    let _guard = crate::CleanupGuard {
-        pid,
-        dirs: dirs.clone(),
-    };
-    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
     // Private copies of the CLI and the library: a rebuild of the workspace during the run
     // must not swap them.
     let base = Path::new("/var/tmp").join(prefix(pid));
@@ -1563,28 +1556,7 @@ pub fn run(a: FuseArgs) -> Res<()> {
         results: &results,
     };
     let md = markdown(&rep);
-    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
-    let md_path = a.out.join("fuse.md");
-    let json_path = a.out.join("fuse.json");
-    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
-    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
-    eprintln!("\nTargets:");
-    for t in &rep.targets {
-        let met = match t.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "not run",
-        };
-        eprintln!(
-            "  {:<34} {:<50} {met}\n      {}",
-            t.name, t.goal, t.measured
-        );
-    }
-    eprintln!(
-        "wrote {} and {} ({duration_s:.0} s)",
-        md_path.display(),
-        json_path.display()
-    );
+    crate::report::write_results(&a.out, "fuse", &md, &rep, &rep.targets, duration_s)?;
     outcome
 }
 

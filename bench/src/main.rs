@@ -297,6 +297,20 @@ struct CleanupGuard {
     dirs: Vec<PathBuf>,
 }
 
+impl CleanupGuard {
+    /// The start of a suite run: removes what an earlier run left in `dirs` (saying so),
+    /// creates the output directory `out`, and returns the guard that removes what this run
+    /// leaves when it is dropped.
+    fn start(pid: u32, dirs: Vec<PathBuf>, out: &Path) -> Res<CleanupGuard> {
+        for what in cleanup(None, &dirs) {
+            eprintln!("cleanup: removed {what} (left by an earlier run)");
+        }
+        let guard = CleanupGuard { pid, dirs };
+        std::fs::create_dir_all(out).ctx(|| format!("creating {}", out.display()))?;
+        Ok(guard)
+    }
+}
+
 impl Drop for CleanupGuard {
     fn drop(&mut self) {
         for what in cleanup(Some(self.pid), &self.dirs) {
@@ -383,25 +397,7 @@ fn run(a: RunArgs) -> Res<()> {
         results: &results,
     };
     let md = report::markdown(&rep);
-    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
-    let md_path = a.out.join("node-store.md");
-    let json_path = a.out.join("node-store.json");
-    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
-    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
-    eprintln!("\nTargets:");
-    for t in &rep.targets {
-        let met = match t.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "not run",
-        };
-        eprintln!("  {:<28} {:<55} {:<40} {met}", t.name, t.goal, t.measured);
-    }
-    eprintln!(
-        "wrote {} and {} ({duration_s:.0} s)",
-        md_path.display(),
-        json_path.display()
-    );
+    crate::report::write_results(&a.out, "node-store", &md, &rep, &rep.targets, duration_s)?;
     Ok(())
 }
 
@@ -470,28 +466,7 @@ fn run_interposition(a: InterpArgs) -> Res<()> {
         results: &results,
     };
     let md = preload_report::markdown(&rep);
-    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
-    let md_path = a.out.join("interposition.md");
-    let json_path = a.out.join("interposition.json");
-    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
-    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
-    eprintln!("\nTargets:");
-    for t in &rep.targets {
-        let met = match t.met {
-            Some(true) => "met",
-            Some(false) => "MISSED",
-            None => "not run",
-        };
-        eprintln!(
-            "  {:<34} {:<50} {met}\n      {}",
-            t.name, t.goal, t.measured
-        );
-    }
-    eprintln!(
-        "wrote {} and {} ({duration_s:.0} s)",
-        md_path.display(),
-        json_path.display()
-    );
+    crate::report::write_results(&a.out, "interposition", &md, &rep, &rep.targets, duration_s)?;
     Ok(())
 }
 

@@ -537,3 +537,41 @@ pub fn utc_string(unix: u64) -> String {
         secs % 60
     )
 }
+
+/// Writes a suite's results as `<out>/<name>.md` and `<out>/<name>.json`, then prints its
+/// targets (if it has any) and the files written on stderr.
+pub fn write_results(
+    out: &std::path::Path,
+    name: &str,
+    md: &str,
+    rep: &impl Serialize,
+    targets: &[Target],
+    duration_s: f64,
+) -> crate::util::Res<()> {
+    use crate::util::Context;
+    let json = serde_json::to_string_pretty(rep).ctx(|| "encoding results as JSON")?;
+    let md_path = out.join(format!("{name}.md"));
+    let json_path = out.join(format!("{name}.json"));
+    std::fs::write(&md_path, md).ctx(|| format!("writing {}", md_path.display()))?;
+    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
+    if !targets.is_empty() {
+        eprintln!("\nTargets:");
+    }
+    for t in targets {
+        let met = match t.met {
+            Some(true) => "met",
+            Some(false) => "MISSED",
+            None => "not run",
+        };
+        eprintln!(
+            "  {:<40} {:<50} {met}\n      {}",
+            t.name, t.goal, t.measured
+        );
+    }
+    eprintln!(
+        "wrote {} and {} ({duration_s:.0} s)",
+        md_path.display(),
+        json_path.display()
+    );
+    Ok(())
+}

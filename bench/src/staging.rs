@@ -2712,14 +2712,7 @@ pub fn run(a: StagingArgs) -> Res<()> {
     let pid = std::process::id();
     let o = build_opts(&a, pid)?;
     let dirs = vec![PathBuf::from("/var/tmp"), o.arena_dir.clone()];
-    for what in util::cleanup(None, &dirs) {
-        eprintln!("cleanup: removed {what} (left by an earlier run)");
-    }
-    let _guard = crate::CleanupGuard {
-        pid,
-        dirs: dirs.clone(),
-    };
-    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
     let machine = util::machine(&o.arena_dir, &o.arena_dir);
     eprintln!(
         "cascade-bench staging: {} ({} cores), kernel {}, {} GiB RAM; parts {:?}; names {}-*",
@@ -2808,16 +2801,7 @@ pub fn run(a: StagingArgs) -> Res<()> {
         results: &results,
     };
     let md = markdown(&rep);
-    let json = serde_json::to_string_pretty(&rep).ctx(|| "encoding results as JSON")?;
-    let md_path = a.out.join("staging.md");
-    let json_path = a.out.join("staging.json");
-    std::fs::write(&md_path, &md).ctx(|| format!("writing {}", md_path.display()))?;
-    std::fs::write(&json_path, json + "\n").ctx(|| format!("writing {}", json_path.display()))?;
-    eprintln!(
-        "wrote {} and {} ({duration_s:.0} s)",
-        md_path.display(),
-        json_path.display()
-    );
+    crate::report::write_results(&a.out, "staging", &md, &rep, &[], duration_s)?;
     outcome?;
     if !results.notes.is_empty() {
         return err(format!(
