@@ -104,6 +104,33 @@ fn walk(store: &Store, dir: &str, rel: &str, out: &mut Vec<(String, String)>) ->
     Ok(())
 }
 
+/// Runs `f` on a reader of the store file `store_path` (straight from the store's memory),
+/// reporting `done` plus what it has read to `progress`.
+fn read_store_file<T>(
+    store: &Store,
+    store_path: &str,
+    done: u64,
+    progress: Progress<'_>,
+    f: impl FnOnce(StoreFileReader<'_>) -> Result<T>,
+) -> Result<T> {
+    let file = store
+        .open(store_path, &OpenOptions::new().read(true))
+        .map_err(|e| Error::store(store_path, e))?;
+    let reader = StoreFileReader::new(store, &file)
+        .map_err(|e| Error::store(store_path, e))?
+        .with_progress(done, progress);
+    f(reader)
+}
+
+/// A dedup manifest's file entry as a marker entry (path, size, BLAKE3).
+pub(crate) fn marker_file(recipe: &cascade_dedup::repo::FileRecipe) -> MarkerFile {
+    MarkerFile {
+        path: recipe.path.clone(),
+        size: recipe.size,
+        blake3: recipe.blake3.clone(),
+    }
+}
+
 /// Stores the checkpoint at `path` in the dedup repository `repo` under
 /// [`checkpoint_name`]`(path)` (docs/dedup.md): every file is cut into chunks read straight
 /// from the store, each chunk the repository lacks is stored once (compressed where it pays),
@@ -121,28 +148,16 @@ pub fn drain_checkpoint_dedup(
     let mut recipes = Vec::with_capacity(files.len());
     let mut done = 0u64;
     for (rel, store_path) in &files {
-        let file = store
-            .open(store_path, &OpenOptions::new().read(true))
-            .map_err(|e| Error::store(store_path, e))?;
-        let reader = StoreFileReader::new(store, &file)
-            .map_err(|e| Error::store(store_path, e))?
-            .with_progress(done, progress);
-        let recipe = writer.add_file(rel, reader)?;
+        let recipe = read_store_file(store, store_path, done, progress, |reader| {
+            Ok(writer.add_file(rel, reader)?)
+        })?;
         done += recipe.size;
         progress(done);
         recipes.push(recipe);
     }
     let stats = writer.finish()?;
     let manifest = repo.write_manifest(&ckpt, recipes)?;
-    let files = manifest
-        .files
-        .iter()
-        .map(|f| MarkerFile {
-            path: f.path.clone(),
-            size: f.size,
-            blake3: f.blake3.clone(),
-        })
-        .collect();
+    let files = manifest.files.iter().map(marker_file).collect();
     Ok((
         Report {
             checkpoint: ckpt,
@@ -176,24 +191,18 @@ pub fn drain_checkpoint(
     let mut entries = Vec::with_capacity(files.len());
     let mut done = 0u64;
     for (rel, store_path) in &files {
-        let file = store
-            .open(store_path, &OpenOptions::new().read(true))
-            .map_err(|e| Error::store(store_path, e))?;
-        let reader = StoreFileReader::new(store, &file)
-            .map_err(|e| Error::store(store_path, e))?
-            .with_progress(done, progress);
-        let len = reader.len();
         let key = if single_file {
             ckpt.clone()
         } else {
             format!("{ckpt}/{rel}")
         };
-        durable
-            .put_version(&key, cascade_durable::now_unix_ns())
-            .map_err(Error::Durable)?;
-        let digest = durable
-            .put_file(&key, reader, len)
-            .map_err(Error::Durable)?;
+        let digest = read_store_file(store, store_path, done, progress, |reader| {
+            let len = reader.len();
+            durable
+                .put_version(&key, cascade_durable::now_unix_ns())
+                .map_err(Error::Durable)?;
+            durable.put_file(&key, reader, len).map_err(Error::Durable)
+        })?;
         durable
             .put_checksum(&key, &digest)
             .map_err(Error::Durable)?;

@@ -33,15 +33,9 @@ impl Source<'_> {
     fn files(&self) -> Vec<MarkerFile> {
         match self {
             Source::Plain { marker, .. } => marker.files.clone(),
-            Source::Dedup { manifest, .. } => manifest
-                .files
-                .iter()
-                .map(|f| MarkerFile {
-                    path: f.path.clone(),
-                    size: f.size,
-                    blake3: f.blake3.clone(),
-                })
-                .collect(),
+            Source::Dedup { manifest, .. } => {
+                manifest.files.iter().map(crate::marker_file).collect()
+            }
         }
     }
 
