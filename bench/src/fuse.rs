@@ -729,7 +729,7 @@ impl Mount {
             }
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             if let Some(line) = text.lines().find(|l| l.starts_with("cascade mount: store")) {
-                if util::is_fuse_mount(&dir) {
+                if cascade_fuse::is_cascade_mount(&dir).unwrap_or(false) {
                     m.row.line = line.to_string();
                     break;
                 }
@@ -874,8 +874,8 @@ impl Mount {
                 }
             }
         }
-        if util::is_fuse_mount(&self.dir) {
-            if let Err(e) = util::detach(&self.dir) {
+        if cascade_fuse::is_cascade_mount(&self.dir).unwrap_or(true) {
+            if let Err(e) = cascade_fuse::unmount(&self.dir, true) {
                 problems.push(format!("detaching {}: {e}", self.dir.display()));
             }
         }

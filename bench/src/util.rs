@@ -224,13 +224,13 @@ pub fn cleanup(pid: Option<u32>, dirs: &[PathBuf]) -> Vec<String> {
     // FUSE mounts first (the fuse suite mounts stores under /var/tmp/<prefix>-mnt-*): a mount
     // left by a run that was killed is detached, so that nothing below walks into it and its
     // daemon exits once nobody uses it.
-    for mp in fuse_mounts() {
+    for mp in cascade_fuse::cascade_mounts().unwrap_or_default() {
         let name = mp
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if wanted(&name) {
-            match detach(&mp) {
+            match cascade_fuse::unmount(&mp, true) {
                 Ok(()) => removed.push(format!("mount {}", mp.display())),
                 Err(e) => eprintln!("cleanup: detaching the mount {}: {e}", mp.display()),
             }
@@ -282,67 +282,6 @@ pub fn cleanup(pid: Option<u32>, dirs: &[PathBuf]) -> Vec<String> {
         }
     }
     removed
-}
-
-/// Mount points of the FUSE file systems this process sees (from /proc/self/mountinfo).
-pub fn fuse_mounts() -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            // "id parent major:minor root MOUNTPOINT options [optional...] - FSTYPE SOURCE ..."
-            let (left, right) = line.split_once(" - ")?;
-            let mountpoint = left.split(' ').nth(4)?;
-            right
-                .split(' ')
-                .next()?
-                .starts_with("fuse")
-                .then(|| PathBuf::from(unescape_mountinfo(mountpoint)))
-        })
-        .collect()
-}
-
-/// mountinfo escapes space, tab, newline and backslash as \ooo.
-fn unescape_mountinfo(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (b[i], octal) {
-            (b'\\', Some(c)) => {
-                out.push(c);
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// True if a FUSE file system is mounted on `dir`.
-pub fn is_fuse_mount(dir: &Path) -> bool {
-    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    fuse_mounts().contains(&dir)
-}
-
-/// umount2(MNT_DETACH): detached at once, gone when the last user lets go.
-pub fn detach(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// CPU time counters, to tell how much other processes used the machine during a run.

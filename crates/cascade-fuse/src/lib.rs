@@ -13,7 +13,7 @@ use std::path::Path;
 use cascade_store::Store;
 
 pub use fs::CascadeFs;
-pub use mountpoint::{clear_dead_mount, is_cascade_mount, unmount};
+pub use mountpoint::{cascade_mounts, clear_dead_mount, is_cascade_mount, unmount};
 
 /// Largest write (and read) one FUSE request carries.
 pub const MAX_IO: u32 = 1 << 20;

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 /// The source a Cascade mount shows in /proc/self/mountinfo: `cascade:<store>`.
 pub(crate) const SOURCE_PREFIX: &str = "cascade:";
 
-/// Mount points of Cascade file systems, as the kernel lists them.
-fn cascade_mounts() -> io::Result<Vec<PathBuf>> {
+/// Mount points of Cascade file systems, as the kernel lists them (alive or left by a dead
+/// daemon).
+pub fn cascade_mounts() -> io::Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string("/proc/self/mountinfo")?;
     Ok(text
         .lines()
