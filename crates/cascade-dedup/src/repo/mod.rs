@@ -477,16 +477,15 @@ impl RepoWriter<'_> {
         let mut size = 0u64;
         for item in self.repo.chunking.stream(reader) {
             let (_, data) = item?;
-            hasher.update(&data);
             size += data.len() as u64;
             batch_bytes += data.len();
             batch.push(data);
             if batch_bytes >= BATCH_BYTES {
-                self.add_chunks(std::mem::take(&mut batch), &mut leaves)?;
+                self.add_chunks(std::mem::take(&mut batch), &mut hasher, &mut leaves)?;
                 batch_bytes = 0;
             }
         }
-        self.add_chunks(batch, &mut leaves)?;
+        self.add_chunks(batch, &mut hasher, &mut leaves)?;
         let root = self.add_tree(leaves)?;
         self.stats.files += 1;
         Ok(FileRecipe {
@@ -508,9 +507,22 @@ impl RepoWriter<'_> {
     }
 
     /// Scores a batch in parallel, compresses the chunks not yet stored in parallel, and
-    /// appends them to the pack in order.
-    fn add_chunks(&mut self, batch: Vec<Vec<u8>>, leaves: &mut Vec<(Score, u64)>) -> Result<()> {
-        let scores: Vec<Score> = batch.par_iter().map(|c| score(c)).collect();
+    /// appends them to the pack in order. The whole file's hash is carried on at the same
+    /// time as the chunks' scores, not before them on the reading thread.
+    fn add_chunks(
+        &mut self,
+        batch: Vec<Vec<u8>>,
+        file_hasher: &mut blake3::Hasher,
+        leaves: &mut Vec<(Score, u64)>,
+    ) -> Result<()> {
+        let (scores, ()) = rayon::join(
+            || batch.par_iter().map(|c| score(c)).collect::<Vec<Score>>(),
+            || {
+                for c in &batch {
+                    file_hasher.update(c);
+                }
+            },
+        );
         let fresh: Vec<bool> = scores.iter().map(|s| !self.known(s)).collect();
         let compression = self.repo.compression;
         let compressed: Vec<Option<Vec<u8>>> = batch
