@@ -126,18 +126,9 @@ impl Agent {
         started: Instant,
     ) -> Result<()> {
         let store = self.store();
-        store.rename(tmp, path).map_err(|e| Error::store(path, e))?;
-        if let Some(e) = store
-            .life_tree(path)
-            .ok()
-            .and_then(|t| t.into_iter().next())
-        {
-            if staged_only {
-                store.mark_staged(e.ino, e.generation, e.mod_seq);
-            } else {
-                store.mark_durable(e.ino, e.generation, e.mod_seq);
-            }
-        }
+        store
+            .rename_fetched(tmp, path, staged_only)
+            .map_err(|e| Error::store(path, e))?;
         if let Ok(mut s) = self.stats.lock() {
             s.fetched_files += 1;
             s.fetched_bytes += size;

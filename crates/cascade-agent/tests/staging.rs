@@ -642,10 +642,16 @@ fn stale_version_comes_back(test: &str, newer_through_server: bool) {
     a.kill9();
     a.restart(&env, &dirs.durable);
     // The counter is bumped just after the version is retired: wait for both.
-    wait_for("A to retire version 1 and its file list", WAIT, || {
+    let retired = wait_until(WAIT, || {
         let s = a.status();
         s.pending_files == 0 && s.pending_checkpoints == 0 && s.superseded_files > 0
     });
+    assert!(
+        retired,
+        "A did not retire version 1 and its file list: {:?}\n{}",
+        a.status(),
+        a.log()
+    );
     let s = a.status();
     assert_eq!(
         (

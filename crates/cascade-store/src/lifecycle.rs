@@ -431,6 +431,31 @@ impl Store {
         Ok(true)
     }
 
+    /// Renames a closed file fetched from a lower level (written under a temporary name)
+    /// to `to` and records that level for the renamed version: durable, or staged only.
+    /// One namespace-lock hold, so the agent's passes never see the file at `to` without
+    /// its level and send it back down. False if the file is open for writing (renamed,
+    /// nothing recorded).
+    pub fn rename_fetched(&self, from: &str, to: &str, staged_only: bool) -> Result<bool> {
+        let b = self.block();
+        let _g = b.lock_ns()?;
+        b.rename_locked(from, to)?;
+        let inode = b.inode(b.resolve(to)?);
+        if inode.state.load(Acquire) == INODE_DIR || inode.writers.load(Acquire) != 0 {
+            return Ok(false);
+        }
+        // Flag before version, as in mark_staged: a reader never sees the version without it.
+        if staged_only {
+            inode.life.fetch_or(LIFE_STAGED, AcqRel);
+        } else {
+            inode.life.fetch_and(!LIFE_STAGED, AcqRel);
+        }
+        inode
+            .durable_seq
+            .store(inode.mod_seq.load(Acquire), Release);
+        Ok(true)
+    }
+
     /// Records that the durable tier holds version `seq` of (ino, gen); false (nothing
     /// recorded) if the inode changed meanwhile.
     pub fn mark_durable(&self, ino: u64, generation: u32, seq: u64) -> bool {

@@ -547,3 +547,32 @@ fn unlinked_open_file_lives_until_its_last_description_closes() {
     );
     assert_clean(&s);
 }
+
+#[test]
+fn rename_fetched_records_the_level_of_the_renamed_version() {
+    let s = store(1 << 20, 4096, 0);
+    let level = |p: &str| {
+        let e = s.life_tree(p).unwrap().remove(0);
+        (e.durable(), e.staged())
+    };
+    for (staged_only, want) in [(false, (true, false)), (true, (false, true))] {
+        let f = s.open("/.x.tmp", &rw()).unwrap();
+        f.write_all_at(b"fetched", 0).unwrap();
+        drop(f);
+        assert_eq!(level("/.x.tmp"), (false, false));
+        assert!(s.rename_fetched("/.x.tmp", "/x", staged_only).unwrap());
+        assert_eq!(level("/x"), want, "staged_only {staged_only}");
+    }
+    // Open for writing: renamed, but no level is claimed for bytes still changing.
+    let f = s.open("/.y.tmp", &rw()).unwrap();
+    assert!(!s.rename_fetched("/.y.tmp", "/y", false).unwrap());
+    drop(f);
+    assert_eq!(level("/y"), (false, false));
+    assert_eq!(
+        s.rename_fetched("/.missing", "/z", false)
+            .unwrap_err()
+            .errno(),
+        libc::ENOENT
+    );
+    assert_clean(&s);
+}

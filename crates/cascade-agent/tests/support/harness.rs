@@ -101,16 +101,24 @@ pub fn cascade_bin() -> &'static Path {
 }
 
 /// Polls `cond` until it holds, failing the test after `timeout` with `what`.
-pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        wait_until(timeout, cond),
+        "timed out after {timeout:?} waiting for {what}"
+    );
+}
+
+/// Polls `cond` until it holds (true) or `timeout` passes (false), for callers that add
+/// their own diagnostics to the failure.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
-            return;
+            return true;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
