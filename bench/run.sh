@@ -6,7 +6,8 @@
 #   staging.{md,json}, staging-throughput.png                   (suite staging)
 #   fuse.{md,json}, fuse.png                                    (suite fuse)
 #   dedup.{md,json}, dedup.png                                  (suite dedup)
-# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|all] [ARGS...]
+#   dedup-link.{md,json}                                        (suite dedup-link)
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|all] [ARGS...]
 # The suite defaults to all (node-store and interposition, one after the other; durable too
 # when CASCADE_BENCH_DURABLE=1, staging when CASCADE_BENCH_STAGING=1, fuse when
 # CASCADE_BENCH_FUSE=1, since they need root, network namespaces or FUSE mounts, and dedup when
@@ -24,7 +25,10 @@
 # bench/datasets/make.sh (idempotent; --quick series in /var/tmp/cascade-datasets-quick) and
 # compares the cascade-dedup repository (4 configurations, a durable store on /var/tmp and on
 # /dev/shm) with restic, borg, cp -r and zstd -1 on the torch, numpy and lammps series; as root
-# it installs restic, borgbackup and zstd with apt-get when they are missing. E.g.
+# it installs restic, borgbackup and zstd with apt-get when they are missing. The dedup-link
+# suite (root: network namespaces) replays the same series through `cascade agent` into the
+# throttled S3 store (bench/netns-s3.sh), with and without --dedup, and times each snapshot
+# until durable; it makes the series first if they are missing. E.g.
 #   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
 #   bench/run.sh --suite node-store --only writes,readback --reps 5
 #   bench/run.sh --suite interposition --only small,meta
@@ -36,6 +40,7 @@
 #   bench/run.sh --suite fuse --only writes,reads --reps 3 --threads 4
 #   bench/run.sh --suite dedup --quick --out /tmp/bench-dedup
 #   bench/run.sh --suite dedup --series torch --only cascade,breakdown --config cdc:avg=64KiB+zstd:1
+#   bench/run.sh --suite dedup-link --quick --out /tmp/bench-dedup-link
 # See bench/README.md.
 set -euo pipefail
 
@@ -58,8 +63,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|staging|fuse|dedup|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|fuse|dedup|dedup-link|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link or all" >&2; exit 2 ;;
 esac
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
@@ -76,6 +81,10 @@ fi
 dedup=0
 if [ "$suite" = dedup ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DEDUP:-0}" = 1 ]; }; then
     dedup=1
+fi
+dedup_link=0
+if [ "$suite" = dedup-link ]; then
+    dedup_link=1
 fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
@@ -117,6 +126,12 @@ if [ "$dedup" = 1 ]; then
         (apt-get install -y -qq "${need[@]}" || (apt-get update -qq && apt-get install -y -qq "${need[@]}")) >&2 || true
     fi
 fi
+if [ "$dedup_link" = 1 ]; then
+    [ "$(id -u)" = 0 ] || { echo "run.sh: the dedup-link suite needs root (network namespaces)" >&2; exit 1; }
+    cargo build --release -p cascade-cli
+    # The series, full size (idempotent: keeps what is there).
+    bash bench/datasets/make.sh /var/tmp/cascade-datasets torch numpy lammps >&2
+fi
 bin=target/release/cascade-bench
 
 # The plots need matplotlib: use the first python3 that has it (a pyenv python3 on PATH may
@@ -130,8 +145,8 @@ find_python() {
     done
 }
 py=""
-[ "$suite" = durable ] || py=$(find_python)
-if [ "$suite" != durable ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+[ "$suite" = durable ] || [ "$suite" = dedup-link ] || py=$(find_python)
+if [ "$suite" != durable ] && [ "$suite" != dedup-link ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "run.sh: installing python3-matplotlib for the plots" >&2
     (apt-get update -qq && apt-get install -y -qq python3-matplotlib) >&2 || true
     py=$(find_python)
@@ -154,12 +169,13 @@ trap on_signal INT TERM
 # the suite's node store, which an interrupted run leaves behind).
 netns_down() {
     CASCADE_STORE=/cascade-bench-durable target/release/cascade destroy --force >/dev/null 2>&1 || true
+    CASCADE_STORE=/cascade-bench-dedup-link target/release/cascade destroy --force >/dev/null 2>&1 || true
     if [ "$staging" = 1 ]; then
         bench/netns-staging.sh down || true
     fi
     bench/netns-s3.sh down || true
 }
-if [ "$durable" = 1 ] || [ "$staging" = 1 ]; then
+if [ "$durable" = 1 ] || [ "$staging" = 1 ] || [ "$dedup_link" = 1 ]; then
     trap netns_down EXIT
     bench/netns-s3.sh up >/dev/null
     eval "$(bench/netns-s3.sh env)"
@@ -184,7 +200,7 @@ run_suite() {
         exit "$rc"
     fi
     pid=""
-    if [ "$sub" = durable ]; then
+    if [ "$sub" = durable ] || [ "$sub" = dedup-link ]; then
         return
     fi
     if [ -n "$py" ]; then
@@ -217,5 +233,9 @@ fi
 if [ "$dedup" = 1 ]; then
     run_suite dedup dedup.json
     echo "results: $out/dedup.md"
+fi
+if [ "$dedup_link" = 1 ]; then
+    run_suite dedup-link dedup-link.json
+    echo "results: $out/dedup-link.md"
 fi
 trap - INT TERM

@@ -277,7 +277,7 @@ pub struct Snap {
 }
 
 impl Snap {
-    fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
     }
 }
@@ -296,9 +296,9 @@ pub struct SeriesInfo {
     pub warm_s: f64,
 }
 
-struct Series {
-    info: SeriesInfo,
-    snaps: Vec<Snap>,
+pub(crate) struct Series {
+    pub(crate) info: SeriesInfo,
+    pub(crate) snaps: Vec<Snap>,
 }
 
 impl Series {
@@ -384,7 +384,7 @@ fn blake3_file(p: &Path) -> Res<(u64, String)> {
 }
 
 /// Scans `datasets/<name>/snap-*` and hashes every file.
-fn load_series(datasets: &Path, name: &str) -> Res<Series> {
+pub(crate) fn load_series(datasets: &Path, name: &str) -> Res<Series> {
     let dir = datasets.join(name);
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .ctx(|| format!("listing {}", dir.display()))?

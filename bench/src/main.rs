@@ -10,6 +10,7 @@
 mod benches;
 mod child;
 mod dedup;
+mod dedup_link;
 mod durable;
 mod fuse;
 mod harness;
@@ -56,6 +57,11 @@ enum Cmd {
     /// zstd on real checkpoint series (bench/datasets); write dedup.md and dedup.json into
     /// --out.
     Dedup(Box<dedup::DedupArgs>),
+    /// Run the end-to-end dedup benchmark (needs bench/netns-s3.sh up and the dedup suite's
+    /// datasets): time until durable over the shaped link per snapshot of each series, with
+    /// the agent's dedup repository and with the plain layout; write dedup-link.md and
+    /// dedup-link.json into --out.
+    DedupLink(Box<dedup_link::DedupLinkArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -484,6 +490,7 @@ fn main() -> ExitCode {
         Cmd::Staging(a) => staging::run(*a),
         Cmd::Fuse(a) => fuse::run(*a),
         Cmd::Dedup(a) => dedup::run(*a),
+        Cmd::DedupLink(a) => dedup_link::run(*a),
         Cmd::DedupJob => dedup::run_job(),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {

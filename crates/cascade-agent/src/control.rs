@@ -89,8 +89,32 @@ impl Agent {
             Err(e) if e.is_not_found() => false,
             Err(e) => return Err(Error::Durable(e)),
         };
+        if let Some(file) = self.find_in_repo(key)? {
+            // Both layouts hold the name (the checkpoint was drained plain, then with dedup,
+            // or the reverse): the newer one wins.
+            let plain_is_newer = is_file
+                && durable
+                    .recorded_version(key)
+                    .map_err(Error::Durable)?
+                    .is_some_and(|stamp| stamp > file.written_unix_ns);
+            if !plain_is_newer {
+                let result = self.restore_from_repo(&file, &tmp);
+                return match result {
+                    Ok(size) => self.install_fetched(&tmp, path, size, false, started),
+                    Err(e) => {
+                        let _ = store.unlink(&tmp);
+                        Err(e)
+                    }
+                };
+            }
+        }
         if !is_file {
             let below = durable.list(&format!("{key}/")).map_err(Error::Durable)?;
+            if below.is_empty() && self.is_dir_in_repo(key)? {
+                return store
+                    .create_dir_all(path, 0o755)
+                    .map_err(|e| Error::store(path, e));
+            }
             if below.is_empty() {
                 return Err(Error::Durable(cascade_durable::Error::NotFound {
                     store: durable.name().to_string(),

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,6 +16,7 @@ use cascade_durable::{DurableStore, FileDigest, MarkerFile, SINGLE_PUT_MAX};
 use cascade_store::{AgentRegistration, FileKind, LifeEntry, OpenOptions, Store};
 use serde::{Deserialize, Serialize};
 
+use crate::dedup::DedupOptions;
 use crate::reader::StoreFileReader;
 use crate::staging::{Staging, StagingOptions};
 use crate::{Error, Result};
@@ -40,6 +41,9 @@ pub struct AgentOptions {
     pub verbose: bool,
     /// Staging servers (L1) to send files to instead of the durable tier.
     pub staging: Option<StagingOptions>,
+    /// Store committed checkpoints in the durable store's dedup repository (chunks stored
+    /// once, compressed) instead of as plain files.
+    pub dedup: Option<DedupOptions>,
 }
 
 impl Default for AgentOptions {
@@ -54,6 +58,7 @@ impl Default for AgentOptions {
             retry_max: Duration::from_secs(30),
             verbose: false,
             staging: None,
+            dedup: None,
         }
     }
 }
@@ -85,6 +90,16 @@ pub struct AgentStats {
     pub last_error: Option<String>,
     /// Store paths being uploaded right now.
     pub uploading: Vec<String>,
+    /// Checkpoints stored in the dedup repository, their file bytes, the bytes of chunks the
+    /// repository lacked, and what those took in packs (compressed where it paid).
+    #[serde(default)]
+    pub dedup_checkpoints: u64,
+    #[serde(default)]
+    pub dedup_bytes: u64,
+    #[serde(default)]
+    pub dedup_new_bytes: u64,
+    #[serde(default)]
+    pub dedup_stored_bytes: u64,
 }
 
 /// A piece of the store's data region handed to the HTTP client as a request body; the
@@ -112,16 +127,16 @@ struct Retry {
 }
 
 /// A checkpoint root with its files, from one snapshot.
-struct Checkpoint<'a> {
-    root: &'a LifeEntry,
-    files: Vec<&'a LifeEntry>,
+pub(crate) struct Checkpoint<'a> {
+    pub(crate) root: &'a LifeEntry,
+    pub(crate) files: Vec<&'a LifeEntry>,
 }
 
 /// The node agent. Create with [`Agent::start`], run with [`Agent::run`] (or call
 /// [`Agent::pass`] / [`Agent::drain`] yourself), stop with [`Agent::stop`].
 pub struct Agent {
     store: Store,
-    durable: DurableStore,
+    durable: Arc<DurableStore>,
     opts: AgentOptions,
     pub(crate) stats: Mutex<AgentStats>,
     /// BLAKE3 of uploaded versions: (ino, generation, mod_seq) -> hex.
@@ -133,6 +148,8 @@ pub struct Agent {
     stop: AtomicBool,
     last_sweep: Mutex<Instant>,
     staging: Option<Staging>,
+    /// The dedup repository, opened at first use.
+    pub(crate) repo: Mutex<Option<Arc<cascade_dedup::repo::Repo>>>,
     _registration: AgentRegistration,
 }
 
@@ -151,12 +168,19 @@ pub struct PassOutcome {
     pub staged: usize,
 }
 
+impl PassOutcome {
+    /// Something failed and may be retried at `t`.
+    pub(crate) fn retry_at(&mut self, t: Instant) {
+        self.next_retry = Some(self.next_retry.map_or(t, |n| n.min(t)));
+    }
+}
+
 pub(crate) fn key_of(store_path: &str) -> &str {
     store_path.trim_start_matches('/')
 }
 
 /// Names of the durable layout, and files being fetched: never uploaded or staged.
-fn reserved(path: &str) -> bool {
+pub(crate) fn reserved(path: &str) -> bool {
     let base = path.rsplit('/').next().unwrap_or(path);
     cascade_durable::is_reserved_name(base) || crate::control::is_fetch_temp(base)
 }
@@ -183,7 +207,7 @@ impl Agent {
         };
         Ok(Agent {
             store,
-            durable,
+            durable: Arc::new(durable),
             opts,
             stats: Mutex::new(stats),
             digests: Mutex::new(HashMap::new()),
@@ -193,6 +217,7 @@ impl Agent {
             stop: AtomicBool::new(false),
             last_sweep: Mutex::new(Instant::now()),
             staging,
+            repo: Mutex::new(None),
             _registration: registration,
         })
     }
@@ -203,6 +228,14 @@ impl Agent {
 
     pub fn durable(&self) -> &DurableStore {
         &self.durable
+    }
+
+    pub(crate) fn durable_arc(&self) -> &Arc<DurableStore> {
+        &self.durable
+    }
+
+    pub fn options(&self) -> &AgentOptions {
+        &self.opts
     }
 
     pub fn stats(&self) -> AgentStats {
@@ -305,7 +338,9 @@ impl Agent {
         let root_of = |e: &LifeEntry| -> Option<&Checkpoint> {
             checkpoints.iter().find(|c| e.is_at_or_below(&c.root.path))
         };
-        let eager = self.opts.flush_every <= 1;
+        // Files go down as soon as they are closed, before their checkpoint is committed —
+        // except with dedup, where a checkpoint is stored whole once committed.
+        let eager = self.opts.flush_every <= 1 && self.opts.dedup.is_none();
 
         // 1. Uploads: closed files that are not durable and are meant for the durable tier.
         let now = Instant::now();
@@ -318,7 +353,8 @@ impl Agent {
             }
             let root = root_of(e);
             let wanted = match root {
-                Some(c) => c.root.flush,
+                // With dedup, a checkpoint goes into the repository whole (step 2).
+                Some(c) => c.root.flush && self.opts.dedup.is_none(),
                 None => eager,
             };
             if !wanted {
@@ -335,16 +371,8 @@ impl Agent {
                     stale_markers.push(c.root);
                 }
             }
-            let due = self
-                .retries
-                .lock()
-                .ok()
-                .and_then(|r| r.get(&(e.ino, e.generation)).map(|r| r.not_before))
-                .filter(|&t| t > now);
-            match due {
-                Some(t) => {
-                    outcome.next_retry = Some(outcome.next_retry.map_or(t, |n| n.min(t)));
-                }
+            match self.retry_not_before(e, now) {
+                Some(t) => outcome.retry_at(t),
                 None => ready.push(e),
             }
         }
@@ -383,6 +411,10 @@ impl Agent {
             .iter()
             .filter(|c| c.root.flush && !c.root.complete())
         {
+            if self.opts.dedup.is_some() {
+                self.dedup_pass(c, &mut outcome);
+                continue;
+            }
             // With no upload in this pass the snapshot is current: skip the fresh look.
             if uploaded > 0 || c.files.iter().all(|f| f.durable()) {
                 match self.complete_checkpoint(c.root) {
@@ -428,7 +460,7 @@ impl Agent {
             if outcome.staged > 0 {
                 // Ask the servers again soon what has drained.
                 let at = Instant::now() + crate::staging::PULL_EVERY;
-                outcome.next_retry = Some(outcome.next_retry.map_or(at, |n| n.min(at)));
+                outcome.retry_at(at);
             }
         }
 
@@ -535,9 +567,7 @@ impl Agent {
         }
         match result {
             Ok(Some(digest)) => {
-                if let Ok(mut r) = self.retries.lock() {
-                    r.remove(&(e.ino, e.generation));
-                }
+                self.forget_retry(e);
                 if !self.store.mark_durable(e.ino, e.generation, e.mod_seq) {
                     // Changed while uploading: the next pass uploads the new version.
                     return false;
@@ -605,7 +635,22 @@ impl Agent {
         })
     }
 
-    fn schedule_retry(&self, e: &LifeEntry) -> (u32, Duration) {
+    /// When a failed `e` may be tried again, if that is after `now`.
+    pub(crate) fn retry_not_before(&self, e: &LifeEntry, now: Instant) -> Option<Instant> {
+        self.retries
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&(e.ino, e.generation)).map(|r| r.not_before))
+            .filter(|&t| t > now)
+    }
+
+    pub(crate) fn forget_retry(&self, e: &LifeEntry) {
+        if let Ok(mut r) = self.retries.lock() {
+            r.remove(&(e.ino, e.generation));
+        }
+    }
+
+    pub(crate) fn schedule_retry(&self, e: &LifeEntry) -> (u32, Duration) {
         let Ok(mut retries) = self.retries.lock() else {
             return (1, self.opts.retry_min);
         };
@@ -681,15 +726,8 @@ impl Agent {
         let single_file = root.kind == FileKind::File;
         let mut entries = Vec::with_capacity(files.len());
         for f in files {
-            let rel = if single_file {
-                f.path.rsplit('/').next().unwrap_or(&f.path).to_string()
-            } else {
-                f.path[root.path.len()..]
-                    .trim_start_matches('/')
-                    .to_string()
-            };
             entries.push(MarkerFile {
-                path: rel,
+                path: path_in_checkpoint(root, f),
                 size: f.size,
                 blake3: self.digest_of(f)?,
             });
@@ -800,6 +838,18 @@ impl Agent {
                 false
             }
         }
+    }
+}
+
+/// The path of file `f` relative to its checkpoint `root` (its base name for a checkpoint
+/// that is a single file), as markers and manifests record it.
+pub(crate) fn path_in_checkpoint(root: &LifeEntry, f: &LifeEntry) -> String {
+    if root.kind == FileKind::File {
+        f.path.rsplit('/').next().unwrap_or(&f.path).to_string()
+    } else {
+        f.path[root.path.len()..]
+            .trim_start_matches('/')
+            .to_string()
     }
 }
 

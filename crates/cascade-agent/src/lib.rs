@@ -8,6 +8,8 @@
 
 mod control;
 mod daemon;
+mod dedup;
+mod dedup_staging;
 mod error;
 mod reader;
 mod restore;
@@ -20,6 +22,7 @@ use cascade_store::{FileKind, OpenOptions, Store};
 
 pub use control::{request, status};
 pub use daemon::{Agent, AgentOptions, AgentStats, PassOutcome};
+pub use dedup::DedupOptions;
 pub use error::{Error, Result};
 pub use reader::StoreFileReader;
 pub use restore::{restore_checkpoint, restore_into_store};
@@ -143,7 +146,15 @@ pub fn drain_checkpoint_dedup(
 ) -> Result<(Report, cascade_dedup::repo::WriteStats)> {
     let started = Instant::now();
     let ckpt = checkpoint_name(path)?;
+    let single_file = !store
+        .stat(path)
+        .map_err(|e| Error::store(path, e))?
+        .is_dir();
     let files = checkpoint_files(store, path)?;
+    // A plain marker of an earlier drain would be read instead of the new manifest.
+    repo.durable()
+        .delete_marker(&ckpt)
+        .map_err(Error::Durable)?;
     let mut writer = repo.writer();
     let mut recipes = Vec::with_capacity(files.len());
     let mut done = 0u64;
@@ -156,7 +167,11 @@ pub fn drain_checkpoint_dedup(
         recipes.push(recipe);
     }
     let stats = writer.finish()?;
-    let manifest = repo.write_manifest(&ckpt, recipes)?;
+    let manifest = if single_file && recipes.len() == 1 {
+        repo.write_single_file_manifest(&ckpt, recipes.remove(0))?
+    } else {
+        repo.write_manifest(&ckpt, recipes)?
+    };
     let files = manifest.files.iter().map(marker_file).collect();
     Ok((
         Report {

@@ -165,7 +165,7 @@ impl Staging {
 
     /// Runs `f` on server `i`'s connection (connecting first if needed). On failure the
     /// connection is dropped and the server marked down for a backoff.
-    fn with_conn<T>(
+    pub(crate) fn with_conn<T>(
         &self,
         i: usize,
         f: impl FnOnce(&mut Connection) -> cascade_staging::Result<T>,

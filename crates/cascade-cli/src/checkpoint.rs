@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use std::sync::Arc;
 
+use cascade_agent::DedupOptions;
 use cascade_config::{format_rate, format_size, Config};
 use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
@@ -63,9 +64,8 @@ fn store_bytes(store: &cascade_store::Store, path: &str) -> u64 {
     total
 }
 
-/// The dedup repository in `durable`, opened for writing with the configured chunking and
-/// compression; None when dedup is off.
-fn repo_for_writing(config: &Config, durable: &Arc<DurableStore>) -> Result<Option<Repo>, Failure> {
+/// The configured dedup settings (`dedup.chunking`, `dedup.compress`); None when dedup is off.
+pub fn dedup_options(config: &Config) -> Result<Option<DedupOptions>, Failure> {
     let chunking = config.text("dedup.chunking");
     if chunking == "off" {
         return Ok(None);
@@ -80,9 +80,21 @@ fn repo_for_writing(config: &Config, durable: &Arc<DurableStore>) -> Result<Opti
             .parse::<Compression>()
             .map_err(|e| bad(e.to_string()))?,
     };
-    Repo::open(durable.clone(), DEFAULT_PREFIX, chunking, compression)
+    Ok(Some(DedupOptions {
+        chunking,
+        compression,
+    }))
+}
+
+/// The dedup repository in `durable`, opened for writing with the configured chunking and
+/// compression; None when dedup is off.
+fn repo_for_writing(config: &Config, durable: &Arc<DurableStore>) -> Result<Option<Repo>, Failure> {
+    let Some(d) = dedup_options(config)? else {
+        return Ok(None);
+    };
+    Repo::open(durable.clone(), DEFAULT_PREFIX, d.chunking, d.compression)
         .map(Some)
-        .map_err(|e| bad(format!("{}: dedup repository: {e}", durable.name())))
+        .map_err(|e| Failure::new(format!("{}: dedup repository: {e}", durable.name())))
 }
 
 /// The dedup repository in `durable` if there is one (restore reads it when a checkpoint has

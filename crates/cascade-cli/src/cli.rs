@@ -192,6 +192,8 @@ the last one detaches."
     Agent {
         #[command(flatten)]
         agent: AgentParams,
+        #[command(flatten)]
+        dedup: DedupParams,
         /// Print one line per upload, completed checkpoint, eviction and fetch
         #[arg(short, long)]
         verbose: bool,
@@ -252,6 +254,30 @@ the last one detaches."
         /// DEST is a directory of the node store, not a local directory
         #[arg(long)]
         into_store: bool,
+    },
+
+    /// Forget old checkpoints of the durable store's dedup repository and delete the packs
+    /// only they used
+    #[command(after_help = crate::prune::DETAILS)]
+    Prune {
+        /// Checkpoints to forget, e.g. run1/ckpt.0042 (instead of --keep)
+        #[arg(
+            value_name = "CKPT",
+            required_unless_present = "keep",
+            conflicts_with = "keep"
+        )]
+        checkpoints: Vec<String>,
+        /// Keep the N newest checkpoints (by when their manifests were written), forget the
+        /// others; N is at least 1
+        #[arg(long, value_name = "N", value_parser = crate::prune::parse_keep)]
+        keep: Option<u64>,
+        /// Print what would be forgotten and deleted; change nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
+        /// [default: the configured durable.url]
+        #[arg(long, value_name = "URL")]
+        durable: Option<String>,
     },
 
     /// Print the linker flags that link a static program against Cascade's wrappers

@@ -24,6 +24,7 @@ pub fn agent_options(config: &Config, verbose: bool) -> Result<AgentOptions, Fai
         full_wait: Duration::from_millis(config.number("agent.full_wait")),
         verbose,
         staging: crate::staging::staging_options(config)?,
+        dedup: crate::checkpoint::dedup_options(config)?,
         ..AgentOptions::default()
     })
 }
@@ -66,8 +67,12 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         .serve_control()
         .map_err(|e| Failure::new(e.to_string()))?;
     let staging = agent.stats().staging;
+    let dedup = match &agent.options().dedup {
+        Some(d) => format!(" (dedup repository: {}, {})", d.chunking, d.compression),
+        None => String::new(),
+    };
     eprintln!(
-        "cascade agent: store {} -> {}{} (pid {})",
+        "cascade agent: store {} -> {}{}{dedup} (pid {})",
         agent.store().name(),
         if staging.is_empty() {
             String::new()
@@ -86,6 +91,15 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     agent.run();
     let _ = control.join();
     let s = agent.stats();
+    if s.dedup_checkpoints > 0 {
+        eprintln!(
+            "cascade agent: dedup: {} checkpoints, {} of file data, {} new, {} stored",
+            s.dedup_checkpoints,
+            format_size(s.dedup_bytes),
+            format_size(s.dedup_new_bytes),
+            format_size(s.dedup_stored_bytes)
+        );
+    }
     eprintln!(
         "cascade agent: stopped; uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} failures",
         s.uploaded_files,

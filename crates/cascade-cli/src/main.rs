@@ -15,6 +15,7 @@ mod fuse;
 mod intercepted;
 mod io_functions;
 mod lifecycle;
+mod prune;
 mod run;
 mod staging;
 mod transfer;
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
             | Command::Run { .. }
             | Command::Drain { .. }
             | Command::Restore { .. }
+            | Command::Prune { .. }
             | Command::Demo(..)
             | Command::Wait { .. }
             | Command::Status { .. }
@@ -93,7 +95,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             run::require_command(command)?;
             run::run(&load(&[&mount.values, &agent.values])?, command)
         }
-        Command::Agent { agent, verbose } => lifecycle::agent(&load(&[&agent.values])?, *verbose),
+        Command::Agent {
+            agent,
+            dedup,
+            verbose,
+        } => lifecycle::agent(&load(&[&agent.values, &dedup.values])?, *verbose),
         Command::Commit { path } => lifecycle::commit(&none()?, path),
         Command::Wait {
             path,
@@ -118,6 +124,16 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             } else {
                 checkpoint::restore_local(ckpt, dest.as_deref(), &from)
             }
+        }
+        Command::Prune {
+            checkpoints,
+            keep,
+            dry_run,
+            durable,
+        } => {
+            let config = none()?;
+            let url = durable_or_configured(&config, durable.as_deref(), "--durable")?;
+            prune::prune(&url, checkpoints, *keep, *dry_run)
         }
         Command::LinkFlags => binary::link_flags(),
         Command::CheckBinary { program } => binary::check_binary(program),

@@ -12,7 +12,8 @@ mod spec;
 
 use std::io::{Read, Write};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -231,6 +232,25 @@ pub struct AsyncDurableStore {
     spec: Spec,
     name: String,
     opts: Options,
+    trace: Arc<Trace>,
+}
+
+/// The requests a store made while tracing was on: tests measure with it what an operation
+/// reads and writes (garbage collection must not read every pack).
+#[derive(Default)]
+struct Trace {
+    on: AtomicBool,
+    requests: Mutex<Vec<(&'static str, String)>>,
+}
+
+impl Trace {
+    fn note(&self, op: &'static str, path: &str) {
+        if self.on.load(Ordering::Relaxed) {
+            if let Ok(mut r) = self.requests.lock() {
+                r.push((op, path.to_string()));
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for AsyncDurableStore {
@@ -321,6 +341,7 @@ impl AsyncDurableStore {
             spec,
             name,
             opts,
+            trace: Arc::default(),
         };
         // One request that needs the bucket and valid credentials.
         if let Spec::S3(_) = this.spec {
@@ -335,6 +356,25 @@ impl AsyncDurableStore {
     /// `file:///dir` or `s3://bucket/prefix`, for messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Starts recording every request (operation and path: `get`, `get_range`, `head`,
+    /// `put`, `delete`, `list` of a prefix), for tests that measure what an operation costs.
+    pub fn start_trace(&self) {
+        if let Ok(mut r) = self.trace.requests.lock() {
+            r.clear();
+        }
+        self.trace.on.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops recording; the requests made since [`Self::start_trace`], in order.
+    pub fn take_trace(&self) -> Vec<(&'static str, String)> {
+        self.trace.on.store(false, Ordering::Relaxed);
+        self.trace
+            .requests
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default()
     }
 
     pub fn spec(&self) -> &Spec {
@@ -410,6 +450,13 @@ impl AsyncDurableStore {
         }
     }
 
+    /// [`Self::location`], recording the request `op` while tracing is on.
+    fn traced(&self, op: &'static str, rel: &str) -> Result<(String, StorePath)> {
+        let (rel, loc) = self.location(rel)?;
+        self.trace.note(op, &rel);
+        Ok((rel, loc))
+    }
+
     fn location(&self, rel: &str) -> Result<(String, StorePath)> {
         let rel = normalize_rel(rel)?;
         let loc = StorePath::parse(&rel).map_err(|e| Error::InvalidPath {
@@ -429,7 +476,7 @@ impl AsyncDurableStore {
         reader: &mut (dyn Read + Send),
         len: u64,
     ) -> Result<FileDigest> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("put", rel)?;
         let part = self.opts.part_size;
         let mut hasher = blake3::Hasher::new();
         let read_part = |reader: &mut (dyn Read + Send),
@@ -511,7 +558,7 @@ impl AsyncDurableStore {
 
     /// Writes a small object in one request.
     pub async fn put_bytes(&self, rel: &str, data: Vec<u8>) -> Result<()> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("put", rel)?;
         self.store
             .put(&loc, PutPayload::from(data))
             .await
@@ -524,7 +571,7 @@ impl AsyncDurableStore {
     /// may reference memory owned elsewhere (`Bytes::from_owner`). At most
     /// [`SINGLE_PUT_MAX`] bytes.
     pub async fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("put", rel)?;
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         if total > SINGLE_PUT_MAX {
             return Err(Error::InvalidPath {
@@ -570,7 +617,7 @@ impl AsyncDurableStore {
 
     /// Reads a whole (small) object.
     pub async fn get_bytes(&self, rel: &str) -> Result<Bytes> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("get", rel)?;
         let got = self
             .store
             .get(&loc)
@@ -581,7 +628,7 @@ impl AsyncDurableStore {
 
     /// Reads `range` of an object.
     pub async fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("get_range", rel)?;
         if range.start >= range.end {
             return Ok(Bytes::new());
         }
@@ -593,7 +640,7 @@ impl AsyncDurableStore {
 
     /// Size of an object.
     pub async fn size(&self, rel: &str) -> Result<u64> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("head", rel)?;
         let meta = self
             .store
             .head(&loc)
@@ -606,9 +653,10 @@ impl AsyncDurableStore {
     pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let prefix = prefix.trim_matches('/');
         let loc = if prefix.is_empty() {
+            self.trace.note("list", "");
             None
         } else {
-            Some(self.location(prefix)?.1)
+            Some(self.traced("list", prefix)?.1)
         };
         let mut stream = self.store.list(loc.as_ref());
         let mut out = Vec::new();
@@ -625,11 +673,15 @@ impl AsyncDurableStore {
 
     /// Deletes an object; a missing one is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("delete", rel)?;
         match self.store.delete(&loc).await {
             Ok(()) => Ok(()),
             Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.classify("delete", &rel, e)),
+            Err(e) => match self.classify("delete", &rel, e) {
+                // E.g. `a/b` where `a` is a file in a directory store (ENOTDIR): absent too.
+                e if e.is_not_found() => Ok(()),
+                e => Err(e),
+            },
         }
     }
 
@@ -657,7 +709,7 @@ impl AsyncDurableStore {
     /// [`Error::Corrupt`] (EIO) and the caller must discard what was written.
     pub async fn download_to(&self, rel: &str, out: &mut (dyn Write + Send)) -> Result<FileDigest> {
         let expected = self.recorded_checksum(rel).await?;
-        let (rel, loc) = self.location(rel)?;
+        let (rel, loc) = self.traced("get", rel)?;
         let got = self
             .store
             .get(&loc)
@@ -913,6 +965,16 @@ impl DurableStore {
     /// The async API over the same store.
     pub fn async_store(&self) -> &AsyncDurableStore {
         &self.inner
+    }
+
+    /// See [`AsyncDurableStore::start_trace`].
+    pub fn start_trace(&self) {
+        self.inner.start_trace()
+    }
+
+    /// See [`AsyncDurableStore::take_trace`].
+    pub fn take_trace(&self) -> Vec<(&'static str, String)> {
+        self.inner.take_trace()
     }
 
     pub fn name(&self) -> &str {

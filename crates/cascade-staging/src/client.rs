@@ -6,13 +6,18 @@
 //! path) is answered by an Error frame and a closed connection; the client reports that
 //! reason rather than the broken pipe it may see first.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use cascade_dedup::repo::{FileRecipe, Manifest};
+use cascade_dedup::{Compression, Score};
+
 use crate::protocol::{
-    self, encode_segment_header, kind, read_frame, write_frame, BodyWriter, Header, NoSigPipe,
-    PullKind, PullState, PushFile, Reply, BLAKE3_LEN,
+    self, encode_segment_header, kind, read_frame, write_frame, BlobKind, BodyWriter, Header,
+    ManifestPart, ManifestState, NoSigPipe, PullKind, PullState, PushFile, RecipeEntry, Reply,
+    Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
 };
 use crate::server::ServerStatus;
 use crate::{Error, Result};
@@ -61,6 +66,71 @@ pub struct OutSegment<'a> {
     pub seal: Option<[u8; BLAKE3_LEN]>,
     pub data: &'a [&'a [u8]],
 }
+
+/// The server that owns `score` among `servers` (its index), by rendezvous (highest random
+/// weight) hashing: each server's weight for a score is the first 8 bytes (little-endian) of
+/// BLAKE3(server name || score), and the heaviest wins (the first on a tie). Agents and
+/// tests must pass the same names in any order-independent sense: the owner depends on the
+/// names, not on their positions, so adding a server moves only the scores the new one wins
+/// (about 1/(M+1) of them) and removing one moves only its own. With no server, 0.
+pub fn owner_of(score: &[u8; 32], servers: &[&str]) -> usize {
+    let mut best = (0usize, 0u64);
+    for (i, name) in servers.iter().enumerate() {
+        let mut h = blake3::Hasher::new();
+        h.update(name.as_bytes());
+        h.update(score);
+        let mut weight = [0u8; 8];
+        weight.copy_from_slice(&h.finalize().as_bytes()[..8]);
+        let weight = u64::from_le_bytes(weight);
+        if i == 0 || weight > best.1 {
+            best = (i, weight);
+        }
+    }
+    best.0
+}
+
+/// What [`Connection::put_chunks`] did with the chunks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PutChunksReport {
+    /// Chunks the server stored (durable on its SSD).
+    pub stored: u64,
+    /// Chunks it or the durable repository already had.
+    pub present: u64,
+}
+
+/// A chunk a server returned ([`Connection::get_chunks`]), in its stored form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedChunk {
+    pub score: Score,
+    pub kind: BlobKind,
+    pub stored: Stored,
+    pub raw_len: u32,
+    pub data: Vec<u8>,
+}
+
+impl FetchedChunk {
+    /// The chunk's raw bytes, decompressed and checked against its score (EINVAL-like
+    /// `InvalidData` when they do not match: read it from the durable store instead).
+    pub fn verified_raw(&self) -> io::Result<Vec<u8>> {
+        let raw = match self.stored {
+            Stored::Raw => self.data.clone(),
+            Stored::Zstd => Compression::decompress(&self.data, self.raw_len as usize)?,
+        };
+        if cascade_dedup::score(&raw) != self.score || raw.len() != self.raw_len as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("chunk {} does not match its score", crate::hex(&self.score)),
+            ));
+        }
+        Ok(raw)
+    }
+}
+
+/// Frames sent ahead of their replies by the batched dedup calls (replies are small, so the
+/// server never blocks writing them while the client is still sending).
+const PIPELINE: usize = 4;
+/// A PutManifest part carries file entries up to about this many bytes.
+const MANIFEST_PART_BYTES: usize = 8 << 20;
 
 pub struct Connection {
     stream: TcpStream,
@@ -270,6 +340,229 @@ impl Connection {
             server: self.server.clone(),
             why: format!("garbled status: {e}"),
         })
+    }
+
+    /// For each score, whether the server lacks it: it holds it neither in its chunk store
+    /// nor in the durable repository's index (as it last loaded it). Any number of scores:
+    /// sent in frames of up to 65,536, pipelined.
+    pub fn lacks(&mut self, scores: &[Score]) -> Result<Vec<bool>> {
+        let mut out = Vec::with_capacity(scores.len());
+        let mut sent: VecDeque<(u32, usize)> = VecDeque::new();
+        for batch in scores.chunks(MAX_ITEMS) {
+            if sent.len() == PIPELINE {
+                self.recv_lacks(&mut sent, &mut out)?;
+            }
+            let id = self.send(kind::LACKS, &[&protocol::encode_scores(batch)])?;
+            sent.push_back((id, batch.len()));
+        }
+        while !sent.is_empty() {
+            self.recv_lacks(&mut sent, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn recv_lacks(&mut self, sent: &mut VecDeque<(u32, usize)>, out: &mut Vec<bool>) -> Result<()> {
+        let Some((id, n)) = sent.pop_front() else {
+            return Ok(());
+        };
+        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            (Reply::LacksOk(flags), _) if flags.len() == n => {
+                out.extend(flags);
+                Ok(())
+            }
+            (other, _) => Err(unexpected(&self.server, &other)),
+        }
+    }
+
+    /// Sends chunks in their stored form (any number: split into frames within the
+    /// protocol's limits, pipelined) and returns once the server has made every one durable
+    /// on its SSD, or found it already there or in the durable repository. A chunk whose
+    /// bytes do not match its score is `Error::Refused` with code `BAD_CHUNK` (nothing of its
+    /// frame is stored; the server closes the connection).
+    pub fn put_chunks(&mut self, chunks: &[WireChunk]) -> Result<PutChunksReport> {
+        let mut report = PutChunksReport::default();
+        let mut sent: VecDeque<u32> = VecDeque::new();
+        let mut start = 0;
+        while start < chunks.len() {
+            let (mut end, mut len, mut raw) = (start, 4usize, 0u64);
+            while end < chunks.len() && end - start < MAX_ITEMS {
+                let c = &chunks[end];
+                let more = CHUNK_FIXED + c.data.len();
+                if end > start
+                    && (len + more > MAX_BODY || raw + u64::from(c.raw_len) > MAX_FRAME_RAW)
+                {
+                    break;
+                }
+                len += more;
+                raw += u64::from(c.raw_len);
+                end += 1;
+            }
+            let frame = &chunks[start..end];
+            let mut head = BodyWriter::default();
+            protocol::encode_chunk_descriptors(&mut head, frame);
+            let mut body: Vec<&[u8]> = Vec::with_capacity(frame.len() + 1);
+            body.push(&head.buf);
+            body.extend(frame.iter().map(|c| c.data));
+            if sent.len() == PIPELINE {
+                self.recv_put_chunks(&mut sent, &mut report)?;
+            }
+            sent.push_back(self.send(kind::PUT_CHUNKS, &body)?);
+            start = end;
+        }
+        while !sent.is_empty() {
+            self.recv_put_chunks(&mut sent, &mut report)?;
+        }
+        Ok(report)
+    }
+
+    fn recv_put_chunks(
+        &mut self,
+        sent: &mut VecDeque<u32>,
+        report: &mut PutChunksReport,
+    ) -> Result<()> {
+        let Some(id) = sent.pop_front() else {
+            return Ok(());
+        };
+        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            (Reply::PutChunksOk { stored, present }, _) => {
+                report.stored += u64::from(stored);
+                report.present += u64::from(present);
+                Ok(())
+            }
+            (other, _) => Err(unexpected(&self.server, &other)),
+        }
+    }
+
+    /// Records a checkpoint's dedup manifest on the server: its files' recipes and every blob
+    /// score the checkpoint references (data chunks and recipe blocks, on any server). Sent
+    /// in as many parts as needed; returns once the manifest is durable on the server, which
+    /// writes it into the durable repository once all those blobs are indexed there.
+    pub fn put_manifest(
+        &mut self,
+        checkpoint: &str,
+        single_file: bool,
+        chunking: &str,
+        compression: &str,
+        files: &[FileRecipe],
+        scores: &[Score],
+    ) -> Result<()> {
+        let mut entries = Vec::with_capacity(files.len());
+        for f in files {
+            let digest = |what: &str, text: &str| {
+                crate::unhex(text).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "{checkpoint}/{}: its {what} {text:?} is not 64 hex digits",
+                        f.path
+                    ))
+                })
+            };
+            entries.push(RecipeEntry {
+                path: f.path.clone(),
+                size: f.size,
+                blake3: digest("BLAKE3", &f.blake3)?,
+                root: digest("root", &f.root)?,
+            });
+        }
+        let mut sent: VecDeque<u32> = VecDeque::new();
+        let (mut next_file, mut next_score, mut part) = (0usize, 0usize, 0u32);
+        loop {
+            let first = next_file;
+            let mut bytes = 0usize;
+            while next_file < entries.len()
+                && next_file - first < MAX_ITEMS
+                && (next_file == first
+                    || bytes + entries[next_file].path.len() + 74 <= MANIFEST_PART_BYTES)
+            {
+                bytes += entries[next_file].path.len() + 74;
+                next_file += 1;
+            }
+            let take = (scores.len() - next_score).min(MAX_ITEMS);
+            let last = next_file == entries.len() && next_score + take == scores.len();
+            let body = protocol::encode_manifest_part(&ManifestPart {
+                checkpoint,
+                single_file,
+                chunking,
+                compression,
+                part,
+                last,
+                files: entries[first..next_file].to_vec(),
+                scores: scores[next_score..next_score + take].to_vec(),
+            });
+            next_score += take;
+            if sent.len() == PIPELINE {
+                self.recv_empty(&mut sent, kind::PUT_MANIFEST)?;
+            }
+            sent.push_back(self.send(kind::PUT_MANIFEST, &[&body])?);
+            part = part.wrapping_add(1);
+            if last {
+                break;
+            }
+        }
+        while !sent.is_empty() {
+            self.recv_empty(&mut sent, kind::PUT_MANIFEST)?;
+        }
+        Ok(())
+    }
+
+    fn recv_empty(&mut self, sent: &mut VecDeque<u32>, k: u8) -> Result<()> {
+        let Some(id) = sent.pop_front() else {
+            return Ok(());
+        };
+        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            (Reply::PutManifestOk, h) if h.kind == k | kind::REPLY => Ok(()),
+            (other, _) => Err(unexpected(&self.server, &other)),
+        }
+    }
+
+    /// The chunks the server holds among `scores` (any number), in request order, in their
+    /// stored form; the ones it does not hold (never sent to it, or pushed and reclaimed:
+    /// read them from the durable repository) are left out. Check them with
+    /// [`FetchedChunk::verified_raw`].
+    pub fn get_chunks(&mut self, scores: &[Score]) -> Result<Vec<FetchedChunk>> {
+        let mut out = Vec::new();
+        let mut next = 0;
+        while next < scores.len() {
+            let batch = &scores[next..(next + MAX_ITEMS).min(scores.len())];
+            let id = self.send(kind::GET_CHUNKS, &[&protocol::encode_scores(batch)])?;
+            match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+                (Reply::GetChunksOk { considered, chunks }, _)
+                    if considered as usize <= batch.len()
+                        && (considered > 0 || batch.is_empty()) =>
+                {
+                    out.extend(chunks.iter().map(|c| FetchedChunk {
+                        score: c.score,
+                        kind: c.kind,
+                        stored: c.stored,
+                        raw_len: c.raw_len,
+                        data: c.data.to_vec(),
+                    }));
+                    next += considered as usize;
+                }
+                (other, _) => return Err(unexpected(&self.server, &other)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The dedup manifest of `checkpoint` if the server has it pending (not yet in the
+    /// durable repository) or finds it written there; None otherwise.
+    pub fn get_manifest(&mut self, checkpoint: &str) -> Result<Option<(ManifestState, Manifest)>> {
+        let id = self.send(
+            kind::GET_MANIFEST,
+            &[&protocol::encode_get_manifest(checkpoint)],
+        )?;
+        let (state, json) = match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            (Reply::GetManifestOk { state, json }, _) => (state, json.to_string()),
+            (other, _) => return Err(unexpected(&self.server, &other)),
+        };
+        if state == ManifestState::Unknown {
+            return Ok(None);
+        }
+        let manifest = serde_json::from_str(&json).map_err(|e| Error::Protocol {
+            server: self.server.clone(),
+            why: format!("garbled manifest of {checkpoint}: {e}"),
+        })?;
+        Ok(Some((state, manifest)))
     }
 
     /// Says goodbye and closes.

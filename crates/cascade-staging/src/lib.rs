@@ -3,14 +3,17 @@
 //! A staging server absorbs checkpoint files from compute-node agents into log-structured
 //! arenas on its SSD (`engine`), acknowledges them once they are durable there, and drains
 //! them to the durable tier in the background (`server`). Agents talk to it with the binary
-//! protocol in `protocol` through `client`.
+//! protocol in `protocol` through `client`. With dedup, agents send chunks instead of files:
+//! each server keeps the chunks whose scores it owns (`client::owner_of`) in `chunks` and
+//! pushes them into the durable store's dedup repository.
 
+pub mod chunks;
 pub mod client;
 pub mod engine;
 pub mod protocol;
 pub mod server;
 
-pub use client::{ClientOptions, Connection};
+pub use client::{owner_of, ClientOptions, Connection};
 pub use server::{Server, ServerOptions, ServerStatus, Stopper};
 
 /// Failures talking to or running a staging server; each displays as one line.
@@ -20,6 +23,11 @@ pub enum Error {
     Engine(#[from] engine::Error),
     #[error("{0}")]
     Durable(#[from] cascade_durable::Error),
+    #[error("{0}")]
+    Repo(#[from] cascade_dedup::repo::Error),
+    /// An argument the client library cannot send (a recipe whose digests are not hex, ...).
+    #[error("{0}")]
+    Invalid(String),
     #[error("{what}: {source}")]
     Io {
         what: String,

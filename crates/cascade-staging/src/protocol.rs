@@ -8,6 +8,9 @@
 
 use std::io::{self, IoSlice, Read, Write};
 
+pub use cascade_dedup::repo::format::{BlobKind, Stored};
+pub use cascade_dedup::Score;
+
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"CSTG";
 /// The protocol version this build speaks (header byte 4).
@@ -34,6 +37,12 @@ pub mod kind {
     pub const PING: u8 = 7;
     pub const GOODBYE: u8 = 8;
     pub const STATUS: u8 = 9;
+    /// Dedup (docs/staging-protocol.md, "Dedup messages"): which scores the server lacks.
+    pub const LACKS: u8 = 0x0A;
+    pub const PUT_CHUNKS: u8 = 0x0B;
+    pub const PUT_MANIFEST: u8 = 0x0C;
+    pub const GET_CHUNKS: u8 = 0x0D;
+    pub const GET_MANIFEST: u8 = 0x0E;
     pub const REPLY: u8 = 0x80;
     pub const ERROR: u8 = 0xFF;
 }
@@ -50,6 +59,9 @@ pub mod code {
     pub const CORRUPT: u16 = 8;
     pub const INVALID: u16 = 9;
     pub const SHUTTING_DOWN: u16 = 10;
+    /// A PutChunks chunk whose bytes are not its score (or do not decompress to its raw
+    /// length): nothing of that frame was stored.
+    pub const BAD_CHUNK: u16 = 11;
 }
 
 /// Why a frame could not be decoded. Every variant means: reply Error(BAD_FRAME or
@@ -448,6 +460,279 @@ pub struct PullState {
     pub blake3: [u8; BLAKE3_LEN],
 }
 
+/// Bytes of one chunk descriptor in PutChunks and GetChunksOk: score, kind, storage,
+/// raw length, stored length.
+pub const CHUNK_FIXED: usize = BLAKE3_LEN + 1 + 1 + 4 + 4;
+/// Most raw bytes (after decompression) the chunks of one PutChunks or GetChunksOk may hold:
+/// bounds what verifying one frame decompresses.
+pub const MAX_FRAME_RAW: u64 = 256 << 20;
+/// Fewest bytes of one file entry of a PutManifest (a one-byte path).
+const RECIPE_FIXED: usize = 2 + 1 + 8 + BLAKE3_LEN + BLAKE3_LEN;
+
+/// A chunk (a blob of the dedup repository: file data, or a recipe block) as it travels:
+/// in its stored form, `data` being the raw bytes or a zstd frame of `raw_len` bytes whose
+/// BLAKE3 is `score`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireChunk<'a> {
+    pub score: Score,
+    pub kind: BlobKind,
+    pub stored: Stored,
+    pub raw_len: u32,
+    pub data: &'a [u8],
+}
+
+/// One file of a checkpoint's dedup manifest: the repository's `FileRecipe` in binary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipeEntry {
+    /// Relative to the checkpoint (a key; with single_file the file's base name).
+    pub path: String,
+    pub size: u64,
+    /// The whole file's BLAKE3.
+    pub blake3: [u8; BLAKE3_LEN],
+    /// The root of its recipe tree.
+    pub root: Score,
+}
+
+/// One PutManifest frame: a checkpoint's manifest is sent in parts 0, 1, ... on one
+/// connection, the last one flagged; files and scores of all parts add up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestPart<'a> {
+    pub checkpoint: &'a str,
+    pub single_file: bool,
+    /// Recorded in the manifest as given (e.g. `cdc:avg=64KiB`, `zstd:1`).
+    pub chunking: &'a str,
+    pub compression: &'a str,
+    pub part: u32,
+    pub last: bool,
+    pub files: Vec<RecipeEntry>,
+    /// Every blob the checkpoint references (data chunks and recipe blocks).
+    pub scores: Vec<Score>,
+}
+
+/// What a server knows of a dedup manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManifestState {
+    Unknown = 0,
+    /// Durable on the server, waiting for its blobs to reach the durable repository.
+    Pending = 1,
+    /// In the durable repository.
+    Written = 2,
+}
+
+/// `count: u32` then exactly `count` scores.
+fn decode_scores(body: &[u8], what: &'static str) -> Result<Vec<Score>, FrameError> {
+    let mut r = BodyReader::new(body, what);
+    let n = r.count()?;
+    if n.saturating_mul(BLAKE3_LEN) != r.buf.len() {
+        return r.malformed(format!(
+            "{n} scores need {} bytes, {} present",
+            n.saturating_mul(BLAKE3_LEN),
+            r.buf.len()
+        ));
+    }
+    let mut scores = Vec::with_capacity(n);
+    for _ in 0..n {
+        scores.push(r.digest()?);
+    }
+    Ok(scores)
+}
+
+/// `count: u32`, the descriptors, then the chunks' stored bytes back to back.
+fn decode_chunks<'a>(r: &mut BodyReader<'a>) -> Result<Vec<WireChunk<'a>>, FrameError> {
+    let n = r.count()?;
+    if n.saturating_mul(CHUNK_FIXED) > r.buf.len() {
+        return r.malformed(format!("{n} chunks cannot fit in the body"));
+    }
+    let mut heads = Vec::with_capacity(n);
+    let mut raw_total = 0u64;
+    for _ in 0..n {
+        let score = r.digest()?;
+        let kind = match r.u8()? {
+            0 => BlobKind::Data,
+            1 => BlobKind::Tree,
+            k => return r.malformed(format!("chunk kind {k}")),
+        };
+        let stored = match r.u8()? {
+            0 => Stored::Raw,
+            1 => Stored::Zstd,
+            s => return r.malformed(format!("chunk storage {s}")),
+        };
+        let raw_len = r.u32()?;
+        let stored_len = r.u32()? as usize;
+        if raw_len as usize > MAX_DATA || stored_len > MAX_DATA {
+            return r.malformed(format!("a chunk over {MAX_DATA} bytes"));
+        }
+        match stored {
+            Stored::Raw if stored_len != raw_len as usize => {
+                return r.malformed(format!(
+                    "a raw chunk of {raw_len} bytes stored in {stored_len}"
+                ))
+            }
+            Stored::Zstd if stored_len == 0 => return r.malformed("an empty zstd frame"),
+            _ => {}
+        }
+        raw_total += u64::from(raw_len);
+        if raw_total > MAX_FRAME_RAW {
+            return r.malformed(format!(
+                "the chunks hold more than {MAX_FRAME_RAW} raw bytes"
+            ));
+        }
+        heads.push((score, kind, stored, raw_len, stored_len));
+    }
+    let mut chunks = Vec::with_capacity(n);
+    for (score, kind, stored, raw_len, stored_len) in heads {
+        let data = match r.take(stored_len) {
+            Ok(d) => d,
+            Err(_) => return r.malformed("chunk data is shorter than its descriptors say"),
+        };
+        chunks.push(WireChunk {
+            score,
+            kind,
+            stored,
+            raw_len,
+            data,
+        });
+    }
+    Ok(chunks)
+}
+
+fn decode_manifest_part(body: &[u8]) -> Result<ManifestPart<'_>, FrameError> {
+    let mut r = BodyReader::new(body, "PutManifest");
+    let checkpoint = r.key()?;
+    let single_file = match r.u8()? {
+        0 => false,
+        1 => true,
+        f => return r.malformed(format!("single-file flag {f}")),
+    };
+    let chunking = r.str()?;
+    let compression = r.str()?;
+    let part = r.u32()?;
+    let last = match r.u8()? {
+        0 => false,
+        1 => true,
+        f => return r.malformed(format!("last-part flag {f}")),
+    };
+    let n = r.count()?;
+    if n.saturating_mul(RECIPE_FIXED) > r.buf.len() {
+        return r.malformed(format!("{n} files cannot fit in the body"));
+    }
+    let mut files = Vec::with_capacity(n);
+    for _ in 0..n {
+        files.push(RecipeEntry {
+            path: r.key()?.to_string(),
+            size: r.u64()?,
+            blake3: r.digest()?,
+            root: r.digest()?,
+        });
+    }
+    let rest = r.rest();
+    let scores = decode_scores(rest, "PutManifest")?;
+    Ok(ManifestPart {
+        checkpoint,
+        single_file,
+        chunking,
+        compression,
+        part,
+        last,
+        files,
+        scores,
+    })
+}
+
+/// Kinds whose bodies may exceed the 64 KiB the server allows other frames (it receives
+/// them into its pool of `MAX_BODY` buffers).
+pub fn is_large_kind(k: u8) -> bool {
+    matches!(
+        k,
+        kind::WRITE
+            | kind::PUSH
+            | kind::LACKS
+            | kind::PUT_CHUNKS
+            | kind::PUT_MANIFEST
+            | kind::GET_CHUNKS
+    )
+}
+
+/// Body of a Lacks or GetChunks request.
+pub fn encode_scores(scores: &[Score]) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u32(scores.len() as u32);
+    for s in scores {
+        w.bytes(s);
+    }
+    w.buf
+}
+
+/// Count and descriptors of chunks (PutChunks, and GetChunksOk after its `considered`);
+/// their data follows, back to back, in the same order.
+pub fn encode_chunk_descriptors(w: &mut BodyWriter, chunks: &[WireChunk]) {
+    w.u32(chunks.len() as u32);
+    for c in chunks {
+        w.bytes(&c.score)
+            .u8(c.kind as u8)
+            .u8(c.stored as u8)
+            .u32(c.raw_len)
+            .u32(c.data.len() as u32);
+    }
+}
+
+/// The head of a GetChunksOk body (the chunks' data follows).
+pub fn encode_get_chunks_ok_head(considered: u32, chunks: &[WireChunk]) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u32(considered);
+    encode_chunk_descriptors(&mut w, chunks);
+    w.buf
+}
+
+pub fn encode_manifest_part(m: &ManifestPart) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.str(m.checkpoint)
+        .u8(m.single_file as u8)
+        .str(m.chunking)
+        .str(m.compression)
+        .u32(m.part)
+        .u8(m.last as u8)
+        .u32(m.files.len() as u32);
+    for f in &m.files {
+        w.str(&f.path).u64(f.size).bytes(&f.blake3).bytes(&f.root);
+    }
+    w.u32(m.scores.len() as u32);
+    for s in &m.scores {
+        w.bytes(s);
+    }
+    w.buf
+}
+
+pub fn encode_get_manifest(checkpoint: &str) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.str(checkpoint);
+    w.buf
+}
+
+/// LacksOk: the count, then a bitmap (bit i of byte i/8, least significant first).
+pub fn encode_lacks_ok(lacks: &[bool]) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u32(lacks.len() as u32);
+    let mut bitmap = vec![0u8; lacks.len().div_ceil(8)];
+    for (i, _) in lacks.iter().enumerate().filter(|(_, l)| **l) {
+        bitmap[i / 8] |= 1 << (i % 8);
+    }
+    w.bytes(&bitmap);
+    w.buf
+}
+
+pub fn encode_put_chunks_ok(stored: u32, present: u32) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u32(stored).u32(present);
+    w.buf
+}
+
+pub fn encode_get_manifest_ok(state: ManifestState, json: &str) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u8(state as u8).bytes(json.as_bytes());
+    w.buf
+}
+
 /// A decoded request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
@@ -468,6 +753,13 @@ pub enum Request<'a> {
     Ping,
     Goodbye,
     Status,
+    Lacks(Vec<Score>),
+    PutChunks(Vec<WireChunk<'a>>),
+    PutManifest(ManifestPart<'a>),
+    GetChunks(Vec<Score>),
+    GetManifest {
+        checkpoint: &'a str,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -618,6 +910,21 @@ impl<'a> Request<'a> {
                 BodyReader::new(body, "Status").end()?;
                 Request::Status
             }
+            k::LACKS => Request::Lacks(decode_scores(body, "Lacks")?),
+            k::GET_CHUNKS => Request::GetChunks(decode_scores(body, "GetChunks")?),
+            k::PUT_CHUNKS => {
+                let mut r = BodyReader::new(body, "PutChunks");
+                let chunks = decode_chunks(&mut r)?;
+                r.end()?;
+                Request::PutChunks(chunks)
+            }
+            k::PUT_MANIFEST => Request::PutManifest(decode_manifest_part(body)?),
+            k::GET_MANIFEST => {
+                let mut r = BodyReader::new(body, "GetManifest");
+                let checkpoint = r.key()?;
+                r.end()?;
+                Request::GetManifest { checkpoint }
+            }
             other => return Err(FrameError::Kind(other)),
         };
         Ok(request)
@@ -678,6 +985,27 @@ pub enum Reply<'a> {
     Pong,
     GoodbyeOk,
     StatusOk(&'a str),
+    /// One flag per score asked, in order: true = the server lacks it.
+    LacksOk(Vec<bool>),
+    PutChunksOk {
+        /// Chunks stored now.
+        stored: u32,
+        /// Chunks the server or the durable repository already had (not stored again).
+        present: u32,
+    },
+    PutManifestOk,
+    GetChunksOk {
+        /// How many of the scores asked this reply covers (a prefix of the request): ask
+        /// again for the rest.
+        considered: u32,
+        /// The chunks of that prefix the server holds, in request order.
+        chunks: Vec<WireChunk<'a>>,
+    },
+    GetManifestOk {
+        state: ManifestState,
+        /// The manifest as docs/dedup.md describes it (JSON); empty when Unknown.
+        json: &'a str,
+    },
     Error {
         code: u16,
         message: &'a str,
@@ -743,6 +1071,59 @@ impl<'a> Reply<'a> {
                     Ok(s) => Ok(Reply::StatusOk(s)),
                     Err(_) => r.malformed("status is not UTF-8"),
                 }
+            }
+            x if x == k::LACKS | k::REPLY => {
+                let mut r = BodyReader::new(body, "LacksOk");
+                let n = r.count()?;
+                let bitmap = r.take(n.div_ceil(8))?;
+                r.end()?;
+                // Bits past the count are zero: one encoding per answer.
+                if n % 8 != 0 && bitmap[n / 8] >> (n % 8) != 0 {
+                    return r.malformed("bits set past the count");
+                }
+                Ok(Reply::LacksOk(
+                    (0..n)
+                        .map(|i| bitmap[i / 8] & (1 << (i % 8)) != 0)
+                        .collect(),
+                ))
+            }
+            x if x == k::PUT_CHUNKS | k::REPLY => {
+                let mut r = BodyReader::new(body, "PutChunksOk");
+                let stored = r.u32()?;
+                let present = r.u32()?;
+                r.end()?;
+                Ok(Reply::PutChunksOk { stored, present })
+            }
+            x if x == k::PUT_MANIFEST | k::REPLY => empty("PutManifestOk", Reply::PutManifestOk),
+            x if x == k::GET_CHUNKS | k::REPLY => {
+                let mut r = BodyReader::new(body, "GetChunksOk");
+                let considered = r.count()?;
+                let chunks = decode_chunks(&mut r)?;
+                r.end()?;
+                if chunks.len() > considered {
+                    return r.malformed(format!("{} chunks for {considered} scores", chunks.len()));
+                }
+                Ok(Reply::GetChunksOk {
+                    considered: considered as u32,
+                    chunks,
+                })
+            }
+            x if x == k::GET_MANIFEST | k::REPLY => {
+                let mut r = BodyReader::new(body, "GetManifestOk");
+                let state = match r.u8()? {
+                    0 => ManifestState::Unknown,
+                    1 => ManifestState::Pending,
+                    2 => ManifestState::Written,
+                    s => return r.malformed(format!("manifest state {s}")),
+                };
+                let json = match std::str::from_utf8(r.rest()) {
+                    Ok(s) => s,
+                    Err(_) => return r.malformed("manifest is not UTF-8"),
+                };
+                if (state == ManifestState::Unknown) != json.is_empty() {
+                    return r.malformed("a manifest must come with a known state, and only then");
+                }
+                Ok(Reply::GetManifestOk { state, json })
             }
             k::ERROR => {
                 let mut r = BodyReader::new(body, "Error");
@@ -964,6 +1345,218 @@ mod tests {
         for good in ["a", "ckpt.0001/rank-3.dat", "x/..y/z..", "..."] {
             assert!(check_key(good).is_ok(), "{good:?} refused");
         }
+    }
+
+    fn chunk(score: u8, stored: Stored, raw_len: u32, data: &[u8]) -> WireChunk<'_> {
+        WireChunk {
+            score: [score; 32],
+            kind: if score % 2 == 0 {
+                BlobKind::Data
+            } else {
+                BlobKind::Tree
+            },
+            stored,
+            raw_len,
+            data,
+        }
+    }
+
+    fn put_chunks_body(chunks: &[WireChunk]) -> Vec<u8> {
+        let mut w = BodyWriter::default();
+        encode_chunk_descriptors(&mut w, chunks);
+        for c in chunks {
+            w.bytes(c.data);
+        }
+        w.buf
+    }
+
+    #[test]
+    fn dedup_messages_round_trip() {
+        let scores: Vec<Score> = (0..9u8).map(|i| [i; 32]).collect();
+        let body = encode_scores(&scores);
+        assert_eq!(body.len(), 4 + 9 * 32);
+        assert_eq!(
+            Request::decode(kind::LACKS, &body).unwrap(),
+            Request::Lacks(scores.clone())
+        );
+        assert_eq!(
+            Request::decode(kind::GET_CHUNKS, &body).unwrap(),
+            Request::GetChunks(scores.clone())
+        );
+        let chunks = [
+            chunk(2, Stored::Raw, 3, b"abc"),
+            chunk(3, Stored::Zstd, 1000, b"frame"),
+            chunk(4, Stored::Raw, 0, b""),
+        ];
+        let body = put_chunks_body(&chunks);
+        assert_eq!(body.len(), 4 + 3 * CHUNK_FIXED + 8);
+        assert_eq!(
+            Request::decode(kind::PUT_CHUNKS, &body).unwrap(),
+            Request::PutChunks(chunks.to_vec())
+        );
+        let part = ManifestPart {
+            checkpoint: "run1/ckpt.0042",
+            single_file: false,
+            chunking: "cdc:avg=64KiB",
+            compression: "zstd:1",
+            part: 3,
+            last: true,
+            files: vec![RecipeEntry {
+                path: "rank0.dat".into(),
+                size: 77,
+                blake3: [1; 32],
+                root: [2; 32],
+            }],
+            scores: scores[..2].to_vec(),
+        };
+        let body = encode_manifest_part(&part);
+        assert_eq!(
+            Request::decode(kind::PUT_MANIFEST, &body).unwrap(),
+            Request::PutManifest(part)
+        );
+        assert_eq!(
+            Request::decode(kind::GET_MANIFEST, &encode_get_manifest("a/b")).unwrap(),
+            Request::GetManifest { checkpoint: "a/b" }
+        );
+
+        let flags = [true, false, false, true, true, false, true, false, true];
+        let body = encode_lacks_ok(&flags);
+        assert_eq!(body, [9, 0, 0, 0, 0b0101_1001, 1]);
+        assert_eq!(
+            Reply::decode(kind::LACKS | kind::REPLY, &body).unwrap(),
+            Reply::LacksOk(flags.to_vec())
+        );
+        assert_eq!(
+            Reply::decode(kind::PUT_CHUNKS | kind::REPLY, &encode_put_chunks_ok(5, 7)).unwrap(),
+            Reply::PutChunksOk {
+                stored: 5,
+                present: 7
+            }
+        );
+        let mut body = encode_get_chunks_ok_head(4, &chunks[..2]);
+        body.extend_from_slice(b"abcframe");
+        assert_eq!(
+            Reply::decode(kind::GET_CHUNKS | kind::REPLY, &body).unwrap(),
+            Reply::GetChunksOk {
+                considered: 4,
+                chunks: chunks[..2].to_vec()
+            }
+        );
+        for (state, json) in [
+            (ManifestState::Unknown, ""),
+            (ManifestState::Pending, "{}"),
+            (ManifestState::Written, "{\"a\":1}"),
+        ] {
+            let body = encode_get_manifest_ok(state, json);
+            assert_eq!(
+                Reply::decode(kind::GET_MANIFEST | kind::REPLY, &body).unwrap(),
+                Reply::GetManifestOk { state, json }
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_dedup_frames_are_refused() {
+        let bad = |k: u8, body: &[u8]| {
+            assert!(
+                matches!(Request::decode(k, body), Err(FrameError::Malformed { .. })),
+                "kind {k:#x} accepted {body:02x?}"
+            )
+        };
+        // Counts the body cannot hold, or over the limit; a partial score.
+        bad(kind::LACKS, &BodyWriter::default().u32(65_536).buf);
+        bad(kind::LACKS, &BodyWriter::default().u32(65_537).buf);
+        bad(
+            kind::GET_CHUNKS,
+            &BodyWriter::default().u32(1).bytes(&[0; 31]).buf,
+        );
+        bad(
+            kind::LACKS,
+            &BodyWriter::default().u32(1).bytes(&[0; 33]).buf,
+        );
+        bad(
+            kind::PUT_CHUNKS,
+            &BodyWriter::default().u32(1000).bytes(&[0; 100]).buf,
+        );
+        // A raw chunk whose stored length is not its raw length; an empty zstd frame; a
+        // chunk over 16 MiB; an unknown kind or storage; data shorter or longer.
+        bad(
+            kind::PUT_CHUNKS,
+            &put_chunks_body(&[chunk(1, Stored::Raw, 4, b"abc")]),
+        );
+        bad(
+            kind::PUT_CHUNKS,
+            &put_chunks_body(&[chunk(1, Stored::Zstd, 4, b"")]),
+        );
+        let mut w = BodyWriter::default();
+        w.u32(1)
+            .bytes(&[0; 32])
+            .u8(0)
+            .u8(1)
+            .u32(MAX_DATA as u32 + 1)
+            .u32(1)
+            .u8(0);
+        bad(kind::PUT_CHUNKS, &w.buf);
+        let mut b = put_chunks_body(&[chunk(2, Stored::Raw, 3, b"abc")]);
+        b[4 + 32] = 2;
+        bad(kind::PUT_CHUNKS, &b);
+        let mut b = put_chunks_body(&[chunk(2, Stored::Raw, 3, b"abc")]);
+        b[4 + 33] = 2;
+        bad(kind::PUT_CHUNKS, &b);
+        let b = put_chunks_body(&[chunk(2, Stored::Raw, 3, b"abc")]);
+        bad(kind::PUT_CHUNKS, &b[..b.len() - 1]);
+        let mut long = b.clone();
+        long.push(0);
+        bad(kind::PUT_CHUNKS, &long);
+        // More raw bytes than one frame may decompress to.
+        let zstd: Vec<WireChunk> = (0..17)
+            .map(|i| chunk(i, Stored::Zstd, MAX_DATA as u32, b"z"))
+            .collect();
+        bad(kind::PUT_CHUNKS, &put_chunks_body(&zstd));
+        // A manifest: bad flags, trailing bytes, a file count the body cannot hold.
+        let part = ManifestPart {
+            checkpoint: "c",
+            single_file: true,
+            chunking: "fixed:4KiB",
+            compression: "none",
+            part: 0,
+            last: true,
+            files: vec![],
+            scores: vec![[5; 32]],
+        };
+        let good = encode_manifest_part(&part);
+        assert!(Request::decode(kind::PUT_MANIFEST, &good).is_ok());
+        let mut b = good.clone();
+        b[3] = 2;
+        bad(kind::PUT_MANIFEST, &b);
+        let mut b = good.clone();
+        b.push(0);
+        bad(kind::PUT_MANIFEST, &b);
+        let mut w = BodyWriter::default();
+        w.str("c")
+            .u8(0)
+            .str("")
+            .str("")
+            .u32(0)
+            .u8(1)
+            .u32(60_000)
+            .u32(0);
+        bad(kind::PUT_MANIFEST, &w.buf);
+        assert!(matches!(
+            Request::decode(kind::GET_MANIFEST, &encode_get_manifest("../x")),
+            Err(FrameError::BadPath { .. })
+        ));
+        // Replies: bits past the count, more chunks than scores considered, a manifest
+        // with an unknown state or without its JSON.
+        let badr = |k: u8, body: &[u8]| assert!(Reply::decode(k, body).is_err(), "{body:02x?}");
+        badr(kind::LACKS | kind::REPLY, &[3, 0, 0, 0, 0b1000]);
+        badr(kind::LACKS | kind::REPLY, &[9, 0, 0, 0, 0]);
+        let mut b = encode_get_chunks_ok_head(0, &[chunk(2, Stored::Raw, 1, b"a")]);
+        b.push(b'a');
+        badr(kind::GET_CHUNKS | kind::REPLY, &b);
+        badr(kind::GET_MANIFEST | kind::REPLY, &[3, b'{', b'}']);
+        badr(kind::GET_MANIFEST | kind::REPLY, &[1]);
+        badr(kind::GET_MANIFEST | kind::REPLY, &[0, b'{', b'}']);
     }
 
     #[test]

@@ -2,7 +2,11 @@
 //! pre-faulted buffer pool, IO threads append Write data to the engine's arenas, a Sync is
 //! answered after a group fdatasync, and a drain thread rebuilds each sealed file in the
 //! durable tier's plain layout (pausing while clients write), then writes the completion
-//! markers of pushed checkpoints once all their files are there.
+//! markers of pushed checkpoints once all their files are there. Dedup chunks and manifests
+//! (`dedup`) go to a chunk store beside the arenas and are pushed into the durable
+//! repository by their own thread.
+
+mod dedup;
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read};
@@ -15,12 +19,15 @@ use std::time::{Duration, Instant};
 use cascade_durable::{DurableStore, MarkerFile};
 use serde::{Deserialize, Serialize};
 
+use crate::chunks::ChunkOptions;
 use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, Usage, VersionId, VersionInfo};
 use crate::protocol::{
     self, code, encode_error, kind, read_header, write_frame, Header, Level, NoSigPipe, PullKind,
     PullState, RecvError, Request,
 };
 use crate::{hex, namespaced, Error, Result};
+
+pub use dedup::DedupStatus;
 
 /// How a server is run (`cascade stage-server`, the `[stage_server]` config section).
 #[derive(Debug, Clone)]
@@ -42,6 +49,8 @@ pub struct ServerOptions {
     pub busy_window: Duration,
     /// While clients write, the drain reads at most one MiB per this pause.
     pub busy_pause: Duration,
+    /// The dedup chunk store (segments in `dir/dedup`).
+    pub chunks: ChunkOptions,
     pub verbose: bool,
 }
 
@@ -57,6 +66,7 @@ impl ServerOptions {
             io_threads: 2,
             busy_window: Duration::from_millis(50),
             busy_pause: Duration::from_millis(10),
+            chunks: ChunkOptions::default(),
             verbose: false,
         }
     }
@@ -90,6 +100,9 @@ pub struct ServerStatus {
     pub drain_failures: u64,
     pub last_error: Option<String>,
     pub usage: Usage,
+    /// Dedup chunks and manifests (docs/staging.md, "Dedup through the servers").
+    #[serde(default)]
+    pub dedup: DedupStatus,
 }
 
 /// Fixed receive buffers, faulted in once so receiving never page-faults or allocates.
@@ -142,6 +155,8 @@ struct ConnState {
     completed: Condvar,
     /// Versions begun on this connection and not sealed: abandoned if it goes away.
     open: Mutex<HashMap<(String, u64), VersionId>>,
+    /// A dedup manifest being received part by part (its temporary file goes with it).
+    upload: Mutex<Option<crate::chunks::manifests::Upload>>,
 }
 
 impl ConnState {
@@ -181,7 +196,8 @@ struct Counters {
 
 struct Shared {
     engine: Engine,
-    durable: DurableStore,
+    durable: Arc<DurableStore>,
+    dedup: dedup::Dedup,
     opts: ServerOptions,
     listen: SocketAddr,
     name: String,
@@ -213,6 +229,7 @@ impl Stopper {
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake_drain();
+        self.shared.wake_push();
         for q in &self.shared.queues {
             q.ready.notify_all();
         }
@@ -234,8 +251,12 @@ impl Server {
                 "no shared secret: set staging.secret (CASCADE_STAGING_SECRET) or --secret".into(),
             ));
         }
-        let durable = DurableStore::open(&opts.drain_to)?;
+        let durable = Arc::new(DurableStore::open(&opts.drain_to)?);
         let engine = Engine::open(&opts.dir, opts.engine.clone())?;
+        let (dedup, warnings) = dedup::Dedup::open(&opts.dir.join("dedup"), opts.chunks.clone())?;
+        for w in warnings {
+            eprintln!("cascade stage-server: recovered: {w}");
+        }
         let listener = TcpListener::bind(&opts.listen)
             .map_err(|e| Error::io(format!("cannot listen on {}", opts.listen), e))?;
         let listen = listener
@@ -251,6 +272,7 @@ impl Server {
         let shared = Shared {
             engine,
             durable,
+            dedup,
             listen,
             name: format!("{host}:{}", listen.port()),
             instance: random_u64(),
@@ -295,6 +317,10 @@ impl Server {
         {
             let s = shared.clone();
             workers.push(std::thread::spawn(move || s.drain_loop()));
+        }
+        {
+            let s = shared.clone();
+            workers.push(std::thread::spawn(move || s.dedup_push_loop()));
         }
         for stream in self.listener.incoming() {
             if shared.stop.load(Ordering::SeqCst) {
@@ -395,6 +421,7 @@ impl Shared {
             drain_failures: c.drain_failures,
             last_error: c.last_error.clone(),
             usage: self.engine.usage(),
+            dedup: self.dedup_status(),
         }
     }
 
@@ -418,6 +445,7 @@ impl Shared {
             done: Mutex::new((0, None)),
             completed: Condvar::new(),
             open: Mutex::new(HashMap::new()),
+            upload: Mutex::new(None),
         });
         let mut submitted = 0u64;
         let queue = &self.queues[(conn_id % self.queues.len() as u64) as usize];
@@ -441,8 +469,8 @@ impl Shared {
                 }
             };
             let len = header.body_len as usize;
-            if header.kind == kind::WRITE || header.kind == kind::PUSH || len > SMALL_BODY {
-                if header.kind != kind::WRITE && header.kind != kind::PUSH {
+            if protocol::is_large_kind(header.kind) || len > SMALL_BODY {
+                if !protocol::is_large_kind(header.kind) {
                     let msg = format!("a {len}-byte body is too large for this message");
                     self.reply_error(&stream, header.request, code::BAD_FRAME, &msg);
                     break;
@@ -486,8 +514,10 @@ impl Shared {
                 break;
             }
         }
-        // Let queued frames finish, then drop what this client never sealed.
+        // Let queued frames finish, then drop what this client never sealed (and a manifest
+        // it never finished sending).
         conn.wait_for(submitted);
+        lock(&conn.upload).take();
         let open: Vec<VersionId> = lock(&conn.open).drain().map(|(_, v)| v).collect();
         for v in open {
             self.engine.abandon(v);
@@ -667,6 +697,13 @@ impl Shared {
             Request::Goodbye => {
                 let _ = self.reply(stream, id, kind::GOODBYE, &[]);
                 return false;
+            }
+            Request::Lacks(scores) => return self.lacks(stream, id, ns, &scores),
+            Request::PutChunks(chunks) => return self.put_chunks(stream, id, ns, &chunks),
+            Request::PutManifest(part) => return self.put_manifest(stream, id, ns, &part, conn),
+            Request::GetChunks(scores) => return self.get_chunks(stream, id, ns, &scores),
+            Request::GetManifest { checkpoint } => {
+                return self.get_manifest(stream, id, ns, checkpoint)
             }
         };
         sent.is_ok()

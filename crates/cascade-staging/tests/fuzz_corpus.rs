@@ -13,9 +13,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use cascade_staging::protocol::{
-    code, encode_error, encode_hello, encode_hello_ok, encode_pull, encode_pull_ok, encode_push,
-    encode_read, encode_read_ok_head, encode_segment_header, kind, write_frame, BodyWriter, Header,
-    Level, PullKind, PullState, PushFile, HEADER_LEN,
+    code, encode_chunk_descriptors, encode_error, encode_get_chunks_ok_head, encode_get_manifest,
+    encode_get_manifest_ok, encode_hello, encode_hello_ok, encode_lacks_ok, encode_manifest_part,
+    encode_pull, encode_pull_ok, encode_push, encode_put_chunks_ok, encode_read,
+    encode_read_ok_head, encode_scores, encode_segment_header, kind, write_frame, BlobKind,
+    BodyWriter, Header, Level, ManifestPart, ManifestState, PullKind, PullState, PushFile,
+    RecipeEntry, Stored, WireChunk, HEADER_LEN,
 };
 
 const TARGETS: [&str; 2] = ["decode_frame", "read_frame"];
@@ -85,6 +88,57 @@ fn doc_write() -> Vec<u8> {
     frame(kind::WRITE, 2, &body)
 }
 
+/// The dedup frames shown byte by byte in docs/staging-protocol.md: a Lacks of the score of
+/// `hello`, its answer, and a PutChunks sending `hello` raw.
+fn doc_lacks() -> Vec<u8> {
+    frame(kind::LACKS, 3, &encode_scores(&[digest(b"hello")]))
+}
+
+fn doc_lacks_ok() -> Vec<u8> {
+    frame(kind::LACKS | kind::REPLY, 3, &encode_lacks_ok(&[true]))
+}
+
+fn hello_chunk() -> WireChunk<'static> {
+    WireChunk {
+        score: digest(b"hello"),
+        kind: BlobKind::Data,
+        stored: Stored::Raw,
+        raw_len: 5,
+        data: b"hello",
+    }
+}
+
+fn chunks_body(chunks: &[WireChunk]) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    encode_chunk_descriptors(&mut w, chunks);
+    for c in chunks {
+        w.bytes(c.data);
+    }
+    w.buf
+}
+
+fn doc_put_chunks() -> Vec<u8> {
+    frame(kind::PUT_CHUNKS, 4, &chunks_body(&[hello_chunk()]))
+}
+
+fn manifest_part(part: u32, last: bool) -> ManifestPart<'static> {
+    ManifestPart {
+        checkpoint: "run1/ckpt.0042",
+        single_file: false,
+        chunking: "cdc:avg=64KiB",
+        compression: "zstd:1",
+        part,
+        last,
+        files: vec![RecipeEntry {
+            path: "rank0.dat".into(),
+            size: 5,
+            blake3: digest(b"hello"),
+            root: digest(b"root"),
+        }],
+        scores: vec![digest(b"hello"), digest(b"root")],
+    }
+}
+
 /// Valid request frames of every kind.
 fn request_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let file = PushFile {
@@ -150,6 +204,64 @@ fn request_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("ping", frame(kind::PING, 11, &[])),
         ("goodbye", frame(kind::GOODBYE, 12, &[])),
         ("status", frame(kind::STATUS, 13, &[])),
+        ("lacks", doc_lacks()),
+        (
+            "lacks-three",
+            frame(
+                kind::LACKS,
+                14,
+                &encode_scores(&[[1; 32], digest(b"a"), [0xff; 32]]),
+            ),
+        ),
+        ("put-chunks", doc_put_chunks()),
+        (
+            "put-chunks-zstd-tree",
+            frame(
+                kind::PUT_CHUNKS,
+                15,
+                &chunks_body(&[
+                    WireChunk {
+                        score: [3; 32],
+                        kind: BlobKind::Tree,
+                        stored: Stored::Zstd,
+                        raw_len: 40_972,
+                        data: b"\x28\xb5\x2f\xfd zstd frame",
+                    },
+                    hello_chunk(),
+                ]),
+            ),
+        ),
+        (
+            "put-manifest",
+            frame(
+                kind::PUT_MANIFEST,
+                16,
+                &encode_manifest_part(&manifest_part(0, true)),
+            ),
+        ),
+        (
+            "put-manifest-part",
+            frame(
+                kind::PUT_MANIFEST,
+                17,
+                &encode_manifest_part(&ManifestPart {
+                    files: vec![],
+                    ..manifest_part(3, false)
+                }),
+            ),
+        ),
+        (
+            "get-chunks",
+            frame(kind::GET_CHUNKS, 18, &encode_scores(&[digest(b"hello")])),
+        ),
+        (
+            "get-manifest",
+            frame(
+                kind::GET_MANIFEST,
+                19,
+                &encode_get_manifest("run1/ckpt.0042"),
+            ),
+        ),
     ]
 }
 
@@ -219,6 +331,52 @@ fn reply_seeds() -> Vec<(&'static str, Vec<u8>)> {
                 kind::ERROR,
                 7,
                 &encode_error(code::NOT_FOUND, "job42/a: not staged here"),
+            ),
+        ),
+        ("lacks-ok", doc_lacks_ok()),
+        (
+            "lacks-ok-nine",
+            frame(
+                kind::LACKS | r,
+                10,
+                &encode_lacks_ok(&[true, false, false, true, true, false, true, false, true]),
+            ),
+        ),
+        (
+            "put-chunks-ok",
+            frame(kind::PUT_CHUNKS | r, 11, &encode_put_chunks_ok(3, 1021)),
+        ),
+        ("put-manifest-ok", frame(kind::PUT_MANIFEST | r, 12, &[])),
+        ("get-chunks-ok", {
+            let mut b = encode_get_chunks_ok_head(2, &[hello_chunk()]);
+            b.extend_from_slice(b"hello");
+            frame(kind::GET_CHUNKS | r, 13, &b)
+        }),
+        (
+            "get-manifest-ok",
+            frame(
+                kind::GET_MANIFEST | r,
+                14,
+                &encode_get_manifest_ok(
+                    ManifestState::Pending,
+                    r#"{"format":"cascade-dedup-manifest/1","checkpoint":"c","files":[]}"#,
+                ),
+            ),
+        ),
+        (
+            "get-manifest-ok-unknown",
+            frame(
+                kind::GET_MANIFEST | r,
+                15,
+                &encode_get_manifest_ok(ManifestState::Unknown, ""),
+            ),
+        ),
+        (
+            "error-bad-chunk",
+            frame(
+                kind::ERROR,
+                16,
+                &encode_error(code::BAD_CHUNK, "chunk ea8f...: its bytes hash to 0000..."),
             ),
         ),
     ]
@@ -345,7 +503,7 @@ fn every_corpus_file_decodes_without_panicking() {
             }
         }
     }
-    let every_kind: BTreeSet<u8> = (kind::HELLO..=kind::STATUS)
+    let every_kind: BTreeSet<u8> = (kind::HELLO..=kind::GET_MANIFEST)
         .flat_map(|k| [k, k | kind::REPLY])
         .chain([kind::ERROR])
         .collect();
@@ -383,7 +541,13 @@ fn hex_dump(bytes: &[u8]) -> String {
 fn doc_examples_are_exact() {
     let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/staging-protocol.md");
     let doc = std::fs::read_to_string(&doc_path).unwrap();
-    for (what, bytes) in [("Hello", doc_hello()), ("Write", doc_write())] {
+    for (what, bytes) in [
+        ("Hello", doc_hello()),
+        ("Write", doc_write()),
+        ("Lacks", doc_lacks()),
+        ("LacksOk", doc_lacks_ok()),
+        ("PutChunks", doc_put_chunks()),
+    ] {
         assert!(bytes.len() > HEADER_LEN);
         let dump = hex_dump(&bytes);
         assert!(

@@ -198,6 +198,38 @@ fn write_body(key: &str, stamp: u64, data: &[u8]) -> Vec<u8> {
     w.buf
 }
 
+fn hello_chunk() -> protocol::WireChunk<'static> {
+    protocol::WireChunk {
+        score: digest(b"hello"),
+        kind: protocol::BlobKind::Data,
+        stored: protocol::Stored::Raw,
+        raw_len: 5,
+        data: b"hello",
+    }
+}
+
+fn chunks_body(chunks: &[protocol::WireChunk]) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    protocol::encode_chunk_descriptors(&mut w, chunks);
+    for c in chunks {
+        w.bytes(c.data);
+    }
+    w.buf
+}
+
+fn manifest_body(part: u32, chunking: &'static str, checkpoint: &'static str) -> Vec<u8> {
+    protocol::encode_manifest_part(&protocol::ManifestPart {
+        checkpoint,
+        single_file: false,
+        chunking,
+        compression: "none",
+        part,
+        last: true,
+        files: vec![],
+        scores: vec![digest(b"hello")],
+    })
+}
+
 fn raw_header(magic: &[u8; 4], version: u8, k: u8, body_len: u32, request: u32) -> [u8; 16] {
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(magic);
@@ -289,6 +321,10 @@ fn only_hello_is_accepted_first() {
         (kind::WRITE, write_body("first", 1, b"x")),
         (kind::PULL, encode_pull(&[(PullKind::File, "a")])),
         (kind::GOODBYE, Vec::new()),
+        (kind::LACKS, protocol::encode_scores(&[[1; 32]])),
+        (kind::PUT_CHUNKS, chunks_body(&[hello_chunk()])),
+        (kind::GET_CHUNKS, protocol::encode_scores(&[[1; 32]])),
+        (kind::GET_MANIFEST, protocol::encode_get_manifest("c")),
         (kind::HELLO | kind::REPLY, Vec::new()),
         (kind::ERROR, Vec::new()),
         (0x42, Vec::new()),
@@ -899,4 +935,118 @@ fn a_stopping_server_says_so() {
         Ok(Reply::Error { code, .. }) if code == code::SHUTTING_DOWN
     ));
     assert_closed(&mut s);
+}
+
+#[test]
+fn malformed_dedup_frames_are_refused_and_close_the_connection() {
+    let srv = Running::start();
+    let mut lying_count = protocol::encode_scores(&[[1; 32], [2; 32]]);
+    lying_count[0] = 3;
+    let mut short_chunk = chunks_body(&[hello_chunk()]);
+    short_chunk.pop();
+    let mut raw_len_lie = chunks_body(&[hello_chunk()]);
+    raw_len_lie[4 + 34] = 6;
+    let mut bad_bits = protocol::encode_lacks_ok(&[true]);
+    bad_bits[4] = 0xff;
+    let cases: Vec<(u8, Vec<u8>, u16, &str)> = vec![
+        (
+            kind::LACKS,
+            lying_count.clone(),
+            code::BAD_FRAME,
+            "scores need",
+        ),
+        (
+            kind::GET_CHUNKS,
+            lying_count,
+            code::BAD_FRAME,
+            "scores need",
+        ),
+        (kind::LACKS, bad_bits, code::BAD_FRAME, ""),
+        (kind::PUT_CHUNKS, short_chunk, code::BAD_FRAME, "shorter"),
+        (kind::PUT_CHUNKS, raw_len_lie, code::BAD_FRAME, "raw chunk"),
+        (
+            kind::PUT_MANIFEST,
+            manifest_body(0, "cdc:avg=64KiB", "../x"),
+            code::BAD_PATH,
+            "bad path",
+        ),
+        (
+            kind::GET_MANIFEST,
+            protocol::encode_get_manifest("/etc"),
+            code::BAD_PATH,
+            "bad path",
+        ),
+        // Well formed, but refused by the server.
+        (
+            kind::PUT_MANIFEST,
+            manifest_body(1, "cdc:avg=64KiB", "c"),
+            code::INVALID,
+            "without part 0",
+        ),
+        (
+            kind::PUT_MANIFEST,
+            manifest_body(0, "cdc:avg=3", "c"),
+            code::INVALID,
+            "chunking",
+        ),
+        (
+            kind::PUT_CHUNKS,
+            chunks_body(&[protocol::WireChunk {
+                data: b"jello",
+                ..hello_chunk()
+            }]),
+            code::BAD_CHUNK,
+            "hash to",
+        ),
+    ];
+    for (k, body, want, says) in cases {
+        let mut s = srv.raw_hello("dd");
+        send(&mut s, k, 51, &body);
+        let (id, message) = expect_error(&mut s, want);
+        assert_eq!(id, 51, "kind {k:#x}");
+        assert!(message.contains(says), "kind {k:#x}: {message}");
+        assert_closed(&mut s);
+    }
+    // GetManifest is a small frame: more than 64 KiB is refused from its header; the large
+    // dedup kinds are bounded by MAX_BODY like Write.
+    let mut s = srv.raw_hello("");
+    let _ = s.write_all(&raw_header(
+        &protocol::MAGIC,
+        1,
+        kind::GET_MANIFEST,
+        SMALL_BODY as u32 + 1,
+        52,
+    ));
+    assert!(expect_error(&mut s, code::BAD_FRAME)
+        .1
+        .contains("too large"));
+    assert_closed(&mut s);
+    let mut s = srv.raw_hello("");
+    let _ = s.write_all(&raw_header(
+        &protocol::MAGIC,
+        1,
+        kind::PUT_CHUNKS,
+        MAX_BODY as u32 + 1,
+        53,
+    ));
+    expect_error(&mut s, code::BAD_FRAME);
+    assert_closed(&mut s);
+    // A Lacks of 65 536 scores (2 MiB, past the small-frame limit) is answered.
+    let mut s = srv.raw_hello("dd");
+    let many: Vec<[u8; 32]> = (0..65_536u32).map(|i| digest(&i.to_le_bytes())).collect();
+    send(&mut s, kind::LACKS, 54, &protocol::encode_scores(&many));
+    let (h, body) = recv(&mut s).unwrap();
+    assert_eq!((h.kind, h.request), (kind::LACKS | kind::REPLY, 54));
+    match Reply::decode(h.kind, &body).unwrap() {
+        Reply::LacksOk(flags) => assert!(flags.len() == 65_536 && flags.iter().all(|f| *f)),
+        other => panic!("{other:?}"),
+    }
+    // Nothing of it was stored, and the server still serves.
+    let mut c = srv.client("dd");
+    assert_eq!(c.lacks(&[digest(b"hello")]).unwrap(), [true]);
+    let st = c.status().unwrap();
+    assert_eq!((st.dedup.chunks_absorbed, st.dedup.refused_chunks), (0, 1));
+    assert_eq!(st.dedup.pending_manifests, 0);
+    srv.assert_serves();
+    srv.stop();
 }

@@ -11,11 +11,14 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 /// Bytes faulted in per step, so progress is visible and a background prefault can be joined.
 const PREFAULT_STEP: u64 = 256 << 20;
+/// Bytes mapped per step by an attaching process's populate thread (a few ms each), so a
+/// detach stops it within one step.
+const POPULATE_STEP: u64 = 16 << 20;
 
 pub(crate) struct Spill {
     pub file: OsFile,
@@ -41,6 +44,9 @@ pub(crate) struct Block {
     pub spill_dirty: AtomicBool,
     pub lease: Mutex<LeaseLocal>,
     pub prefault_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Tells this process's populate thread to stop: a short-lived process (a CLI command,
+    /// a preloaded `ls`) must not wait at exit for the whole block to be mapped.
+    pub stop_populate: Arc<AtomicBool>,
     /// When this process last looked for batches of dead processes (see alloc.rs).
     pub last_reclaim: Mutex<Option<std::time::Instant>>,
 }
@@ -181,6 +187,7 @@ impl Block {
             spill_dirty: AtomicBool::new(false),
             lease: Mutex::new(LeaseLocal { slot: 0, pid: 0 }),
             prefault_threads: Mutex::new(Vec::new()),
+            stop_populate: Arc::new(AtomicBool::new(false)),
             last_reclaim: Mutex::new(None),
         }
     }
@@ -390,13 +397,14 @@ impl Block {
             return;
         }
         let start = SendPtr(self.data_ptr());
+        let stop = Arc::clone(&self.stop_populate);
         let spawned = std::thread::Builder::new()
             .name("cascade-populate".into())
             .spawn(move || {
                 let start = start;
                 let mut at = 0;
-                while at < done {
-                    let n = PREFAULT_STEP.min(done - at);
+                while at < done && !stop.load(Ordering::Relaxed) {
+                    let n = POPULATE_STEP.min(done - at);
                     // SAFETY: the range lies inside this process's live mapping of the block;
                     // populating does not change its contents.
                     unsafe {

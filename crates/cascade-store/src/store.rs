@@ -21,6 +21,10 @@ pub struct Store {
 
 impl Drop for Block {
     fn drop(&mut self) {
+        // Mapping the rest of the block into a process that is detaching is wasted work;
+        // the creator's prefault (allocating the pages) still runs to its end.
+        self.stop_populate
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.wait_prefault();
         let _ = self.sync_spill();
         self.release_lease();

@@ -245,6 +245,42 @@ impl Block {
     }
 }
 
+/// The recipe blocks of a file whose chunks are `leaves` ((score, length) in file order),
+/// built as `RepoWriter::add_file` builds them: [`BLOCK_FANOUT`] children per block, level by
+/// level, until one block remains (an empty file is one empty level-0 block). Returns the
+/// root's score and every block as (score, encoded bytes), children before parents; a block
+/// repeated within the file is listed each time. For writers outside the repository (an
+/// agent sending chunks to staging servers) that must produce the same trees.
+pub fn recipe_blocks(leaves: &[(Score, u64)]) -> (Score, Vec<(Score, Vec<u8>)>) {
+    let mut blocks = Vec::new();
+    let mut children = leaves.to_vec();
+    let mut level = 0u8;
+    loop {
+        let groups: Vec<&[(Score, u64)]> = if children.is_empty() {
+            vec![&[]]
+        } else {
+            children.chunks(BLOCK_FANOUT).collect()
+        };
+        let mut parents = Vec::with_capacity(groups.len());
+        for group in groups {
+            let block = Block {
+                level,
+                children: group.to_vec(),
+            };
+            let bytes = block.encode();
+            let s = crate::score(&bytes);
+            parents.push((s, block.len()));
+            blocks.push((s, bytes));
+        }
+        if parents.len() == 1 {
+            return (parents[0].0, blocks);
+        }
+        children = parents;
+        // 1024^255 chunks cannot exist: the level never wraps.
+        level = level.saturating_add(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

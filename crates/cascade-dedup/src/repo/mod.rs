@@ -9,10 +9,15 @@
 //! not reachable through an index, and a crash leaves at worst unreferenced packs.
 
 pub mod format;
+pub mod gc;
+mod session;
+mod upload;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use cascade_durable::DurableStore;
@@ -22,14 +27,19 @@ use serde::{Deserialize, Serialize};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
 use format::{BlobEntry, BlobKind, Block, Stored, BLOCK_FANOUT};
+use gc::IndexPacks;
+pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
+pub use session::DEFAULT_SESSION_LEASE;
+use session::{BlobAt, FilePacks, Session};
 
 /// Where the repository lives below the durable store's root.
 pub const DEFAULT_PREFIX: &str = ".cascade-dedup";
 /// Format tag of `config.json` and of manifests.
 pub const REPO_FORMAT: &str = "cascade-dedup/1";
 pub const MANIFEST_FORMAT: &str = "cascade-dedup-manifest/1";
-/// A pack is written once it holds this many bytes of blobs.
-pub const DEFAULT_PACK_SIZE: usize = 16 << 20;
+/// A pack is written once it holds this many bytes of blobs (small enough that the first
+/// upload overlaps the chunking of a checkpoint of a few tens of MB).
+pub const DEFAULT_PACK_SIZE: usize = 4 << 20;
 /// Chunks scored and compressed together (in parallel) while a file is added.
 const BATCH_BYTES: usize = 8 << 20;
 
@@ -47,6 +57,9 @@ pub enum Error {
     Missing(String),
     #[error("{0}")]
     Invalid(String),
+    /// A writer raced with garbage collection (docs/dedup.md): store the files again.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl Error {
@@ -56,6 +69,7 @@ impl Error {
             Error::Durable(e) => e.errno(),
             Error::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             Error::Invalid(_) => libc::EINVAL,
+            Error::Conflict(_) => libc::EAGAIN,
             _ => libc::EIO,
         }
     }
@@ -78,21 +92,36 @@ struct Loc {
 #[derive(Default)]
 struct Index {
     packs: Vec<Score>,
+    /// The origin id of the index object naming each pack (`index/<origin>[-<id>]`).
+    origins: Vec<Score>,
     blobs: HashMap<Score, Loc>,
+    /// Packs garbage collection condemned: writers never dedup against them.
+    condemned: HashSet<Score>,
+    /// Ids of the index objects already loaded (or written by this process), so that
+    /// [`Repo::refresh_index`] reads only new ones.
+    loaded: HashSet<String>,
 }
 
 impl Index {
-    fn add_pack(&mut self, id: Score, entries: &[BlobEntry]) {
+    fn add_pack(&mut self, id: Score, origin: Score, entries: &[BlobEntry]) {
         let pack = self.packs.len() as u32;
         self.packs.push(id);
+        self.origins.push(origin);
         for e in entries {
-            self.blobs.entry(e.score).or_insert(Loc {
+            let loc = Loc {
                 pack,
                 offset: e.offset,
                 stored_len: e.stored_len,
                 raw_len: e.raw_len,
                 stored: e.stored,
-            });
+            };
+            // A copy outside the condemned packs (stored again by a writer) wins.
+            match self.blobs.get(&e.score) {
+                Some(old) if !self.condemned.contains(&self.packs[old.pack as usize]) => {}
+                _ => {
+                    self.blobs.insert(e.score, loc);
+                }
+            }
         }
     }
 }
@@ -112,6 +141,14 @@ pub struct Manifest {
     pub chunking: String,
     pub compression: String,
     pub files: Vec<FileRecipe>,
+    /// The packs the checkpoint's blobs (chunks and recipe blocks) are in, by index object:
+    /// what garbage collection keeps for it. Absent in manifests written before it existed
+    /// (the collector walks their trees instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packs: Option<Vec<PackGroup>>,
+    /// The checkpoint is one file (its one recipe is named after it), not a directory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub single_file: bool,
 }
 
 /// One file of a manifest: its size, whole-file BLAKE3 and the root of its Merkle tree.
@@ -147,6 +184,17 @@ pub struct Repo {
     compression: Compression,
     pack_size: usize,
     index: RwLock<Index>,
+    /// False until the index objects are read ([`Repo::open_for_maintenance`] defers it).
+    index_ready: AtomicBool,
+    session_lease: Duration,
+    /// Sessions of finished writers whose files no manifest names yet.
+    parked: Mutex<Vec<session::Parked>>,
+}
+
+impl Drop for Repo {
+    fn drop(&mut self) {
+        self.end_parked();
+    }
 }
 
 impl Repo {
@@ -158,12 +206,25 @@ impl Repo {
         chunking: Chunking,
         compression: Compression,
     ) -> Result<Repo> {
-        Self::open_or_create(durable, prefix, chunking, compression, true)?
-            .ok_or_else(|| Error::Invalid("the repository was not created".to_string()))
+        let repo = Self::open_or_create(durable, prefix, chunking, compression, true)?
+            .ok_or_else(|| Error::Invalid("the repository was not created".to_string()))?;
+        repo.load_index()?;
+        Ok(repo)
     }
 
     /// Opens the repository below `prefix` if there is one (for reading: never creates it).
     pub fn open_existing(durable: Arc<DurableStore>, prefix: &str) -> Result<Option<Repo>> {
+        let repo = Self::open_for_maintenance(durable, prefix)?;
+        if let Some(repo) = &repo {
+            repo.load_index()?;
+        }
+        Ok(repo)
+    }
+
+    /// Opens the repository below `prefix` if there is one, without reading its index
+    /// objects: forgetting checkpoints and collecting garbage need none (reading or writing
+    /// blobs loads them at first use).
+    pub fn open_for_maintenance(durable: Arc<DurableStore>, prefix: &str) -> Result<Option<Repo>> {
         Self::open_or_create(
             durable,
             prefix,
@@ -218,15 +279,29 @@ impl Repo {
             compression,
             pack_size: DEFAULT_PACK_SIZE,
             index: RwLock::new(Index::default()),
+            index_ready: AtomicBool::new(false),
+            session_lease: DEFAULT_SESSION_LEASE,
+            parked: Mutex::new(Vec::new()),
         };
-        repo.load_index()?;
         Ok(Some(repo))
+    }
+
+    /// The lease of this repository's writer sessions (tests: short ones). A collector must
+    /// use at least the same lease ([`GcOptions::session_lease`]).
+    pub fn with_session_lease(mut self, lease: Duration) -> Repo {
+        self.session_lease = lease;
+        self
     }
 
     /// A smaller pack size (tests: many packs from little data).
     pub fn with_pack_size(mut self, bytes: usize) -> Repo {
         self.pack_size = bytes.max(1);
         self
+    }
+
+    /// The durable store the repository lives in.
+    pub fn durable(&self) -> &Arc<DurableStore> {
+        &self.durable
     }
 
     pub fn chunking(&self) -> Chunking {
@@ -249,26 +324,109 @@ impl Repo {
     /// Reads every index object (checking that its bytes hash to its name).
     fn load_index(&self) -> Result<()> {
         let objects = self.durable.list(&self.key("index"))?;
-        let mut index = Index::default();
-        for o in objects {
-            let bytes = self.durable.get_bytes(&o.path)?;
-            let name = o.path.rsplit('/').next().unwrap_or("");
-            if to_hex(&score(&bytes)) != name {
-                return Err(Error::Format {
-                    object: o.path.clone(),
-                    why: "its bytes do not hash to its name".to_string(),
-                });
-            }
-            let packs = format::decode_index(&bytes).map_err(|e| Error::Format {
-                object: o.path.clone(),
-                why: e.0,
-            })?;
+        let named: Vec<(String, String)> = objects
+            .into_iter()
+            .map(|o| {
+                let name = o.path.rsplit('/').next().unwrap_or("").to_string();
+                (o.path, name)
+            })
+            .collect();
+        let decoded = self.read_index_objects(&named)?;
+        // Known condemned packs lose to other copies of their blobs (Index::add_pack).
+        let condemned = self.index.read().map_err(|_| poisoned())?.condemned.clone();
+        let mut index = Index {
+            condemned,
+            ..Index::default()
+        };
+        for (origin, packs) in decoded {
             for (id, entries) in packs {
-                index.add_pack(id, &entries);
+                index.add_pack(id, origin, &entries);
             }
         }
-        *self.index.write().map_err(|_| poisoned())? = index;
+        index.loaded.extend(named.into_iter().map(|(_, name)| name));
+        let mut current = self.index.write().map_err(|_| poisoned())?;
+        index.condemned = std::mem::take(&mut current.condemned);
+        *current = index;
+        self.index_ready.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Reads the index objects `named` ((path, base name)): the packs of each origin. Versions
+    /// of one origin left by an interrupted rewrite give the packs every version names.
+    fn read_index_objects(&self, named: &[(String, String)]) -> Result<Vec<(Score, IndexPacks)>> {
+        let mut by_origin: HashMap<Score, Vec<IndexPacks>> = HashMap::new();
+        for (path, name) in named {
+            let (origin, packs) = self.read_index_object(path, name)?;
+            by_origin.entry(origin).or_default().push(packs);
+        }
+        Ok(by_origin
+            .into_iter()
+            .map(|(origin, versions)| (origin, gc::common_packs(versions)))
+            .collect())
+    }
+
+    /// Reads the index objects unless that was done.
+    pub(crate) fn ensure_index(&self) -> Result<()> {
+        if !self.index_ready.load(Ordering::Acquire) {
+            self.load_index()?;
+        }
+        Ok(())
+    }
+
+    /// Loads the index objects that appeared since the repository was opened or last
+    /// refreshed (other writers' sessions, e.g. another staging server's pushes); objects
+    /// already loaded are not read again. Returns how many were loaded.
+    /// Index objects that garbage collection rewrote or deleted since (a loaded one is gone,
+    /// or a new version of a loaded one appeared) make it read every index object again, so
+    /// blobs of deleted packs are forgotten.
+    pub fn refresh_index(&self) -> Result<usize> {
+        if !self.index_ready.load(Ordering::Acquire) {
+            self.load_index()?;
+            return Ok(self.index.read().map_err(|_| poisoned())?.loaded.len());
+        }
+        let objects = self.durable.list(&self.key("index"))?;
+        let listed: HashSet<String> = objects
+            .iter()
+            .map(|o| o.path.rsplit('/').next().unwrap_or("").to_string())
+            .collect();
+        let (fresh, rewritten): (Vec<(String, String)>, bool) = {
+            let index = self.index.read().map_err(|_| poisoned())?;
+            let origins: HashSet<Score> = index
+                .loaded
+                .iter()
+                .filter_map(|n| gc::parse_index_name(n).map(|(origin, _)| origin))
+                .collect();
+            let fresh: Vec<(String, String)> = objects
+                .into_iter()
+                .filter_map(|o| {
+                    let name = o.path.rsplit('/').next().unwrap_or("").to_string();
+                    (!index.loaded.contains(&name)).then_some((o.path, name))
+                })
+                .collect();
+            let rewritten = index.loaded.iter().any(|n| !listed.contains(n))
+                || fresh.iter().any(|(_, n)| {
+                    gc::parse_index_name(n).is_some_and(|(origin, _)| origins.contains(&origin))
+                });
+            (fresh, rewritten)
+        };
+        if rewritten {
+            self.load_index()?;
+            return Ok(fresh.len());
+        }
+        let decoded = self.read_index_objects(&fresh)?;
+        let mut index = self.index.write().map_err(|_| poisoned())?;
+        // Another refresh may have loaded them meanwhile.
+        if fresh.iter().any(|(_, n)| index.loaded.contains(n)) {
+            return Ok(0);
+        }
+        for (origin, packs) in decoded {
+            for (id, entries) in packs {
+                index.add_pack(id, origin, &entries);
+            }
+        }
+        let loaded = fresh.len();
+        index.loaded.extend(fresh.into_iter().map(|(_, name)| name));
+        Ok(loaded)
     }
 
     /// Blobs the index knows (data chunks and recipe blocks).
@@ -288,16 +446,30 @@ impl Repo {
         }
     }
 
+    /// Records a manifest another process described (a staging server writing an agent's
+    /// checkpoint: its `chunking` and `compression` are kept as the agent gave them). The
+    /// same check as [`Repo::write_manifest`]: every root must be in the index.
+    pub fn write_prepared_manifest(&self, mut manifest: Manifest) -> Result<Manifest> {
+        manifest.format = MANIFEST_FORMAT.to_string();
+        manifest.checkpoint = cascade_durable::normalize_rel(&manifest.checkpoint)?;
+        self.record_manifest(&mut manifest)?;
+        Ok(manifest)
+    }
+
     /// A writer: add files, then [`RepoWriter::finish`], then [`Repo::write_manifest`].
     pub fn writer(&self) -> RepoWriter<'_> {
         RepoWriter {
             repo: self,
             pack: Vec::new(),
             entries: Vec::new(),
-            written: HashSet::new(),
+            written: HashMap::new(),
             session: Vec::new(),
             pack_size: self.pack_size,
             stats: WriteStats::default(),
+            registration: None,
+            file_packs: FilePacks::default(),
+            files: Vec::new(),
+            uploads: upload::PackUploader::new(Arc::clone(&self.durable)),
         }
     }
 
@@ -308,26 +480,54 @@ impl Repo {
 
     /// Records a checkpoint: call only after the writer that added its files finished.
     pub fn write_manifest(&self, checkpoint: &str, files: Vec<FileRecipe>) -> Result<Manifest> {
-        let manifest = Manifest {
+        self.put_manifest(checkpoint, files, false)
+    }
+
+    /// Records a checkpoint that is a single file (`recipe`), like [`Repo::write_manifest`].
+    pub fn write_single_file_manifest(
+        &self,
+        checkpoint: &str,
+        recipe: FileRecipe,
+    ) -> Result<Manifest> {
+        self.put_manifest(checkpoint, vec![recipe], true)
+    }
+
+    fn put_manifest(
+        &self,
+        checkpoint: &str,
+        files: Vec<FileRecipe>,
+        single_file: bool,
+    ) -> Result<Manifest> {
+        let mut manifest = Manifest {
+            single_file,
             format: MANIFEST_FORMAT.to_string(),
             checkpoint: cascade_durable::normalize_rel(checkpoint)?,
             created_unix_ns: cascade_durable::now_unix_ns(),
             chunking: self.chunking.to_string(),
             compression: self.compression.to_string(),
             files,
+            packs: None,
         };
-        // Every root must be reachable: the crash-safe order, checked.
-        for f in &manifest.files {
-            let root = parse_score(&f.root)?;
-            if !self.missing(&[root]).is_empty() {
-                return Err(Error::Missing(f.root.clone()));
-            }
-        }
-        let text =
-            serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Invalid(e.to_string()))?;
-        self.durable
-            .put_bytes(&self.manifest_key(checkpoint)?, &text)?;
+        self.record_manifest(&mut manifest)?;
         Ok(manifest)
+    }
+
+    /// Takes back the manifest of `checkpoint` (absent already is fine): a writer whose
+    /// checkpoint changed while it was being stored, or retention. Its packs are recorded
+    /// for garbage collection first (`gc/forgotten-<id>.json`), then the manifest goes.
+    pub fn forget(&self, checkpoint: &str) -> Result<()> {
+        self.forget_with(checkpoint, &mut gc::Changes::new(None))
+            .map(|_| ())
+    }
+
+    /// True if some manifest's checkpoint lies below the directory `dir` (read-through of a
+    /// directory whose checkpoints are only in the repository).
+    pub fn has_manifests_below(&self, dir: &str) -> Result<bool> {
+        let rel = cascade_durable::normalize_rel(dir)?;
+        Ok(!self
+            .durable
+            .list(&self.key(&format!("manifests/{rel}/")))?
+            .is_empty())
     }
 
     /// The manifest of `checkpoint`, or None.
@@ -351,8 +551,21 @@ impl Repo {
         Ok(Some(m))
     }
 
-    /// One blob, decompressed and checked against its score.
+    /// One blob, decompressed and checked against its score. A blob the loaded index lacks,
+    /// or whose pack is gone (garbage collection deleted a copy), makes it refresh the index
+    /// once.
     pub fn read_blob(&self, score_wanted: &Score) -> Result<Vec<u8>> {
+        self.ensure_index()?;
+        match self.read_blob_once(score_wanted) {
+            Err(Error::Missing(_)) => {}
+            Err(Error::Durable(e)) if e.is_not_found() => {}
+            done => return done,
+        }
+        self.refresh_index()?;
+        self.read_blob_once(score_wanted)
+    }
+
+    fn read_blob_once(&self, score_wanted: &Score) -> Result<Vec<u8>> {
         let (loc, pack) = {
             let i = self.index.read().map_err(|_| poisoned())?;
             let loc = *i
@@ -453,11 +666,27 @@ pub struct RepoWriter<'r> {
     entries: Vec<BlobEntry>,
     /// Blobs of this writer's packs (the repository's index learns them only once the index
     /// object naming them is written, so a writer that fails never leaves blobs others would
-    /// dedup against but a reopened repository could not find).
-    written: HashSet<Score>,
+    /// dedup against but a reopened repository could not find), with the position of the
+    /// pack each is in among this writer's packs.
+    written: HashMap<Score, u32>,
     session: Vec<(Score, Vec<BlobEntry>)>,
     pack_size: usize,
     stats: WriteStats,
+    /// The session registered before the first blob (docs/dedup.md, "Garbage collection").
+    registration: Option<Session>,
+    /// The packs the blobs of the file being added are in, and of each file added (by root).
+    file_packs: FilePacks,
+    files: Vec<(Score, FilePacks)>,
+    /// Writes full packs beside the chunking.
+    uploads: upload::PackUploader,
+}
+
+impl Drop for RepoWriter<'_> {
+    fn drop(&mut self) {
+        if let Some(session) = self.registration.take() {
+            session.end(self.repo);
+        }
+    }
 }
 
 impl RepoWriter<'_> {
@@ -470,6 +699,8 @@ impl RepoWriter<'_> {
     /// Chunks, scores and stores what `reader` yields; returns the file's recipe (`path` is
     /// only recorded).
     pub fn add_file(&mut self, path: &str, reader: impl Read) -> Result<FileRecipe> {
+        self.register()?;
+        self.file_packs = FilePacks::default();
         let mut hasher = blake3::Hasher::new();
         let mut leaves: Vec<(Score, u64)> = Vec::new();
         let mut batch: Vec<Vec<u8>> = Vec::new();
@@ -487,6 +718,8 @@ impl RepoWriter<'_> {
         }
         self.add_chunks(batch, &mut hasher, &mut leaves)?;
         let root = self.add_tree(leaves)?;
+        self.files
+            .push((root, std::mem::take(&mut self.file_packs)));
         self.stats.files += 1;
         Ok(FileRecipe {
             path: path.to_string(),
@@ -496,14 +729,48 @@ impl RepoWriter<'_> {
         })
     }
 
+    /// Registers this writer's session before its first dedup decision.
+    fn register(&mut self) -> Result<()> {
+        if self.registration.is_none() {
+            self.registration = Some(Session::start(self.repo)?);
+        }
+        Ok(())
+    }
+
+    /// Renews the session now and then; fails once it lapsed.
+    fn keep_alive(&mut self) -> Result<()> {
+        match self.registration.as_mut() {
+            Some(session) => session.keep_alive(self.repo),
+            None => Ok(()),
+        }
+    }
+
     fn known(&self, s: &Score) -> bool {
-        self.written.contains(s)
-            || self
-                .repo
-                .index
-                .read()
-                .map(|i| i.blobs.contains_key(s))
-                .unwrap_or(false)
+        self.locate(s).is_some()
+    }
+
+    /// Where blob `s` is, if this writer or the index has it outside the condemned packs.
+    fn locate(&self, s: &Score) -> Option<BlobAt> {
+        if let Some(slot) = self.written.get(s) {
+            return Some(BlobAt::Own(*slot));
+        }
+        let index = self.repo.index.read().ok()?;
+        let loc = index.blobs.get(s)?;
+        let pack = index.packs[loc.pack as usize];
+        if index.condemned.contains(&pack) {
+            return None;
+        }
+        Some(BlobAt::Indexed {
+            pack,
+            origin: index.origins[loc.pack as usize],
+        })
+    }
+
+    /// Starts a pack with 16 unique bytes (session::pack_nonce).
+    fn open_pack(&mut self) {
+        if self.pack.is_empty() {
+            self.pack.extend_from_slice(&session::pack_nonce());
+        }
     }
 
     /// Scores a batch in parallel, compresses the chunks not yet stored in parallel, and
@@ -515,6 +782,7 @@ impl RepoWriter<'_> {
         file_hasher: &mut blake3::Hasher,
         leaves: &mut Vec<(Score, u64)>,
     ) -> Result<()> {
+        self.keep_alive()?;
         let (scores, ()) = rayon::join(
             || batch.par_iter().map(|c| score(c)).collect::<Vec<Score>>(),
             || {
@@ -535,7 +803,9 @@ impl RepoWriter<'_> {
             self.stats.chunks += 1;
             leaves.push((*s, data.len() as u64));
             // A chunk repeated within the batch is stored by its first occurrence.
-            if !self.known(s) {
+            if let Some(at) = self.locate(s) {
+                self.file_packs.note(at);
+            } else {
                 self.stats.new_chunks += 1;
                 self.stats.new_bytes += data.len() as u64;
                 let stored = self.add_blob(*s, BlobKind::Data, data, packed)?;
@@ -562,7 +832,9 @@ impl RepoWriter<'_> {
                 };
                 let bytes = block.encode();
                 let s = score(&bytes);
-                if !self.known(&s) {
+                if let Some(at) = self.locate(&s) {
+                    self.file_packs.note(at);
+                } else {
                     let packed = self.repo.compression.compress(&bytes);
                     let stored = self.add_blob(s, BlobKind::Tree, &bytes, packed)?;
                     self.stats.stored_tree_bytes += stored;
@@ -590,6 +862,7 @@ impl RepoWriter<'_> {
             Some(p) => (p, Stored::Zstd),
             None => (raw, Stored::Raw),
         };
+        self.open_pack();
         self.entries.push(BlobEntry {
             score: s,
             offset: self.pack.len() as u32,
@@ -599,11 +872,55 @@ impl RepoWriter<'_> {
             stored,
         });
         self.pack.extend_from_slice(bytes);
-        self.written.insert(s);
+        let slot = self.session.len() as u32;
+        self.written.insert(s, slot);
+        self.file_packs.note(BlobAt::Own(slot));
         if self.pack.len() >= self.pack_size {
             self.flush_pack()?;
         }
         Ok(bytes.len() as u64)
+    }
+
+    /// Adds a blob already scored and in its stored form (`bytes`: raw, or a zstd frame of
+    /// `raw_len` bytes), as a staging server pushes the chunks agents sent it: the same packs
+    /// and entries [`RepoWriter::add_file`] writes. Skipped (false) when the repository or
+    /// this writer already has `s`. The caller has checked that `bytes` is `s`.
+    pub fn add_stored(
+        &mut self,
+        s: Score,
+        kind: BlobKind,
+        raw_len: u32,
+        stored: Stored,
+        bytes: &[u8],
+    ) -> Result<bool> {
+        self.register()?;
+        self.keep_alive()?;
+        if self.known(&s) {
+            return Ok(false);
+        }
+        self.open_pack();
+        self.entries.push(BlobEntry {
+            score: s,
+            offset: self.pack.len() as u32,
+            stored_len: bytes.len() as u32,
+            raw_len,
+            kind,
+            stored,
+        });
+        self.pack.extend_from_slice(bytes);
+        self.written.insert(s, self.session.len() as u32);
+        match kind {
+            BlobKind::Data => {
+                self.stats.new_chunks += 1;
+                self.stats.new_bytes += u64::from(raw_len);
+                self.stats.stored_data_bytes += bytes.len() as u64;
+            }
+            BlobKind::Tree => self.stats.stored_tree_bytes += bytes.len() as u64,
+        }
+        if self.pack.len() >= self.pack_size {
+            self.flush_pack()?;
+        }
+        Ok(true)
     }
 
     /// Writes the pack being filled (its id is the BLAKE3 of its bytes).
@@ -614,30 +931,49 @@ impl RepoWriter<'_> {
         let mut pack = std::mem::take(&mut self.pack);
         format::encode_pack_trailer(&self.entries, &mut pack);
         let id = score(&pack);
-        self.repo
-            .durable
-            .put_buffers(&self.repo.pack_key(&id), vec![Bytes::from(pack)])?;
+        self.uploads
+            .send(self.repo.pack_key(&id), Bytes::from(pack))?;
         let entries = std::mem::take(&mut self.entries);
         self.session.push((id, entries));
         self.stats.packs += 1;
-        Ok(())
+        self.keep_alive()
     }
 
     /// Writes the last pack and one index object naming every pack of this writer, then
     /// lets the repository's index know them. After this, manifests may name the files added.
+    /// The writer's session stays open (parked in the repository) until manifests name every
+    /// file it added, so garbage collection keeps what they use meanwhile.
     pub fn finish(mut self) -> Result<WriteStats> {
         self.flush_pack()?;
+        // The index names only packs that are written.
+        self.uploads.wait()?;
+        let mut origin = None;
         if !self.session.is_empty() {
             let bytes = format::encode_index(&self.session);
-            let id = to_hex(&score(&bytes));
+            let id = score(&bytes);
+            origin = Some(id);
+            let name = to_hex(&id);
             self.repo.durable.put_buffers(
-                &self.repo.key(&format!("index/{id}")),
+                &self.repo.key(&format!("index/{name}")),
                 vec![Bytes::from(bytes)],
             )?;
             let mut index = self.repo.index.write().map_err(|_| poisoned())?;
-            for (pack, entries) in &self.session {
-                index.add_pack(*pack, entries);
+            if index.loaded.insert(name) {
+                for (pack, entries) in &self.session {
+                    index.add_pack(*pack, id, entries);
+                }
             }
+        }
+        if let Some(session) = self.registration.take() {
+            let own_packs: Vec<Score> = self.session.iter().map(|(id, _)| *id).collect();
+            let mut roots: HashMap<Score, gc::PackSet> = HashMap::new();
+            for (root, packs) in &self.files {
+                session::merge(
+                    roots.entry(*root).or_default(),
+                    &packs.resolve(&own_packs, origin),
+                );
+            }
+            self.repo.park(session, roots);
         }
         Ok(std::mem::take(&mut self.stats))
     }

@@ -9,10 +9,12 @@
 use std::io::{self, Read};
 
 use cascade_staging::protocol::{
-    check_key, code, decode_request_frame, encode_hello, encode_hello_ok, encode_pull,
-    encode_pull_ok, encode_push, encode_read, encode_read_ok_head, encode_segment_header, kind,
-    read_frame, BodyWriter, FrameError, Header, Reply, Request, BLAKE3_LEN, HEADER_LEN, MAX_BODY,
-    MAX_DATA, MAX_ITEMS, MAX_KEY,
+    check_key, code, decode_request_frame, encode_chunk_descriptors, encode_get_chunks_ok_head,
+    encode_get_manifest, encode_get_manifest_ok, encode_hello, encode_hello_ok, encode_lacks_ok,
+    encode_manifest_part, encode_pull, encode_pull_ok, encode_push, encode_put_chunks_ok,
+    encode_read, encode_read_ok_head, encode_scores, encode_segment_header, kind, read_frame,
+    BodyWriter, FrameError, Header, ManifestState, Reply, Request, Stored, WireChunk, BLAKE3_LEN,
+    HEADER_LEN, MAX_BODY, MAX_DATA, MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY,
 };
 
 /// What decoding one input as a frame gave.
@@ -25,7 +27,7 @@ pub struct Decoded {
 }
 
 /// Every request and reply kind, and one unknown kind.
-const KINDS: [u8; 20] = [
+const KINDS: [u8; 30] = [
     kind::HELLO,
     kind::WRITE,
     kind::SYNC,
@@ -35,6 +37,11 @@ const KINDS: [u8; 20] = [
     kind::PING,
     kind::GOODBYE,
     kind::STATUS,
+    kind::LACKS,
+    kind::PUT_CHUNKS,
+    kind::PUT_MANIFEST,
+    kind::GET_CHUNKS,
+    kind::GET_MANIFEST,
     kind::HELLO | kind::REPLY,
     kind::WRITE | kind::REPLY,
     kind::SYNC | kind::REPLY,
@@ -44,9 +51,38 @@ const KINDS: [u8; 20] = [
     kind::PING | kind::REPLY,
     kind::GOODBYE | kind::REPLY,
     kind::STATUS | kind::REPLY,
+    kind::LACKS | kind::REPLY,
+    kind::PUT_CHUNKS | kind::REPLY,
+    kind::PUT_MANIFEST | kind::REPLY,
+    kind::GET_CHUNKS | kind::REPLY,
+    kind::GET_MANIFEST | kind::REPLY,
     kind::ERROR,
     0x42,
 ];
+
+/// What a chunk list decoder must have enforced.
+fn check_chunks(chunks: &[WireChunk<'_>]) {
+    assert!(chunks.len() <= MAX_ITEMS);
+    let mut raw = 0u64;
+    for c in chunks {
+        assert!(c.data.len() <= MAX_DATA && c.raw_len as usize <= MAX_DATA);
+        match c.stored {
+            Stored::Raw => assert_eq!(c.data.len(), c.raw_len as usize),
+            Stored::Zstd => assert!(!c.data.is_empty()),
+        }
+        raw += u64::from(c.raw_len);
+    }
+    assert!(raw <= MAX_FRAME_RAW);
+}
+
+fn chunks_body(head: BodyWriter, chunks: &[WireChunk<'_>]) -> Vec<u8> {
+    let mut w = head;
+    encode_chunk_descriptors(&mut w, chunks);
+    for c in chunks {
+        w.bytes(c.data);
+    }
+    w.buf
+}
 
 /// Decodes `data` as a request frame, as a reply frame, and (both `data` and `data` after
 /// a header's worth of bytes) as the body of every request and reply kind.
@@ -304,6 +340,35 @@ fn check_request(k: u8, request: &Request<'_>, body: &[u8]) {
             assert_eq!(k, kind::STATUS);
             Vec::new()
         }
+        Request::Lacks(scores) => {
+            assert_eq!(k, kind::LACKS);
+            assert!(scores.len() <= MAX_ITEMS);
+            encode_scores(scores)
+        }
+        Request::GetChunks(scores) => {
+            assert_eq!(k, kind::GET_CHUNKS);
+            assert!(scores.len() <= MAX_ITEMS);
+            encode_scores(scores)
+        }
+        Request::PutChunks(chunks) => {
+            assert_eq!(k, kind::PUT_CHUNKS);
+            check_chunks(chunks);
+            chunks_body(BodyWriter::default(), chunks)
+        }
+        Request::PutManifest(part) => {
+            assert_eq!(k, kind::PUT_MANIFEST);
+            assert!(check_key(part.checkpoint).is_ok());
+            assert!(part.files.len() <= MAX_ITEMS && part.scores.len() <= MAX_ITEMS);
+            for f in &part.files {
+                assert!(check_key(&f.path).is_ok());
+            }
+            encode_manifest_part(part)
+        }
+        Request::GetManifest { checkpoint } => {
+            assert_eq!(k, kind::GET_MANIFEST);
+            assert!(check_key(checkpoint).is_ok());
+            encode_get_manifest(checkpoint)
+        }
     };
     assert_eq!(again, body, "{request:?} does not re-encode");
 }
@@ -346,6 +411,31 @@ fn check_reply(k: u8, reply: &Reply<'_>, body: &[u8]) {
             w.u16(*code).str(message);
             w.buf
         }
+        Reply::LacksOk(flags) => {
+            assert_eq!(k, kind::LACKS | kind::REPLY);
+            assert!(flags.len() <= MAX_ITEMS);
+            encode_lacks_ok(flags)
+        }
+        Reply::PutChunksOk { stored, present } => {
+            assert_eq!(k, kind::PUT_CHUNKS | kind::REPLY);
+            encode_put_chunks_ok(*stored, *present)
+        }
+        Reply::GetChunksOk { considered, chunks } => {
+            assert_eq!(k, kind::GET_CHUNKS | kind::REPLY);
+            assert!(chunks.len() <= *considered as usize && *considered as usize <= MAX_ITEMS);
+            check_chunks(chunks);
+            let mut b = encode_get_chunks_ok_head(*considered, chunks);
+            for c in chunks {
+                b.extend_from_slice(c.data);
+            }
+            b
+        }
+        Reply::GetManifestOk { state, json } => {
+            assert_eq!(k, kind::GET_MANIFEST | kind::REPLY);
+            assert_eq!(*state == ManifestState::Unknown, json.is_empty());
+            encode_get_manifest_ok(*state, json)
+        }
+        Reply::PutManifestOk => empty(kind::PUT_MANIFEST),
         Reply::WriteOk => empty(kind::WRITE),
         Reply::SyncOk => empty(kind::SYNC),
         Reply::PushOk => empty(kind::PUSH),

@@ -1,0 +1,561 @@
+//! `cascade-bench dedup-link`: how long each checkpoint of a real series takes to become
+//! durable over a 1 Gbit/s link, with the agent's dedup repository against the plain layout,
+//! and against the time the raw bytes need on that link. Writes dedup-link.md and
+//! dedup-link.json. See bench/README.md.
+//!
+//! The durable store is bench/netns-s3.sh's versitygw behind `tc tbf` (1 Gbit/s each way).
+//! Per series (bench/datasets: torch, numpy, lammps) and mode (plain, dedup), a fresh node
+//! store and `cascade agent --durable URL/<fresh prefix>` (with `--dedup ... --compress ...`
+//! in dedup mode); then, snapshot by snapshot: `cascade put` of each file into `/ck.NN/`,
+//! `cascade commit /ck.NN`, `cascade wait /ck.NN --level durable`. Measured: from the first
+//! put until `cascade wait` returned (time until durable), and the bytes the host end of the
+//! link sent meanwhile (its tx_bytes counter). The raw-bytes minimum is the snapshot's bytes
+//! at the tbf rate.
+
+use crate::dedup::{load_series, Series};
+use crate::durable::{clear_remote, describe, one_line, settle, tail, tbf_of};
+use crate::report::{machine_table, utc_string};
+use crate::util::{self, err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
+use cascade_durable::{DurableStore, Spec};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct DedupLinkArgs {
+    /// Directory for dedup-link.md and dedup-link.json.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Quick run: the first 3 snapshots of each series.
+    #[arg(long)]
+    quick: bool,
+    /// Series to replay (directories of --datasets).
+    #[arg(long, value_delimiter = ',', default_value = "torch,numpy,lammps")]
+    series: Vec<String>,
+    /// Where bench/datasets/make.sh put the series (`bench/run.sh --suite dedup` makes them).
+    #[arg(long, default_value = "/var/tmp/cascade-datasets")]
+    datasets: PathBuf,
+    /// Snapshots per series [default: all; --quick: 3].
+    #[arg(long)]
+    snapshots: Option<usize>,
+    /// Repetitions of each series and mode; tables show the median [default: 1].
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// The agent's dedup setting in dedup mode.
+    #[arg(long, default_value = "cdc:avg=64KiB")]
+    dedup: String,
+    /// The agent's compression setting in dedup mode.
+    #[arg(long, default_value = "zstd:1")]
+    compress: String,
+    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
+    #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// Host end of the shaped link, whose tbf rate is the nominal rate.
+    #[arg(long, env = "CASCADE_BENCH_LINK_DEV", default_value = "cs3-host")]
+    link_dev: String,
+    /// The cascade CLI.
+    #[arg(long, default_value = "target/release/cascade")]
+    cascade: PathBuf,
+    /// Name of the node store (created and destroyed by the run).
+    #[arg(long, default_value = "/cascade-bench-dedup-link")]
+    store: String,
+    /// Seconds `cascade wait --level durable` may take.
+    #[arg(long, default_value_t = 600)]
+    wait_timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Plain,
+    Dedup,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Dedup => "dedup",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapRow {
+    pub snapshot: String,
+    pub bytes: u64,
+    /// bytes / tbf rate.
+    pub link_min_s: Option<f64>,
+    pub plain_s: Stats,
+    pub dedup_s: Stats,
+    /// Bytes the link carried per mode (median over repetitions).
+    pub plain_wire: u64,
+    pub dedup_wire: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SeriesRow {
+    pub series: String,
+    pub snapshots: usize,
+    pub bytes: u64,
+    pub link_min_s: Option<f64>,
+    /// Sums over the series of the per-snapshot medians.
+    pub plain_s: f64,
+    pub dedup_s: f64,
+    pub plain_wire: u64,
+    pub dedup_wire: u64,
+    pub snaps: Vec<SnapRow>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    suite: &'static str,
+    generated_utc: String,
+    duration_s: f64,
+    source: String,
+    cascade_cli: String,
+    durable: String,
+    link: String,
+    link_bytes_per_s: Option<f64>,
+    dedup: String,
+    compress: String,
+    reps: usize,
+    machine: &'a util::Machine,
+    interference: util::Interference,
+    series: &'a [SeriesRow],
+}
+
+/// One run of a series in one mode: per snapshot, (seconds until durable, wire bytes).
+type RunOut = Vec<(f64, u64)>;
+
+/// The node side of one run: a node store and its agent; both go when dropped.
+struct Node {
+    bin: PathBuf,
+    store: String,
+    url: String,
+    agent: Option<Child>,
+    agent_log: PathBuf,
+    wait_timeout_s: u64,
+}
+
+impl Node {
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("CASCADE_") {
+                c.env_remove(key);
+            }
+        }
+        c.env("CASCADE_STORE", &self.store)
+            .env("CASCADE_DURABLE", &self.url)
+            .env("CASCADE_SPILL_SIZE", "0")
+            .env_remove("LD_PRELOAD");
+        c
+    }
+
+    fn run_ok(&self, args: &[&str]) -> Res<()> {
+        let out = self
+            .cmd()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .ctx(|| format!("running cascade {}", args.join(" ")))?;
+        if !out.status.success() {
+            return err(format!(
+                "cascade {} failed ({}): {}; agent log: {}",
+                args.join(" "),
+                out.status,
+                one_line(&out.stderr),
+                tail(&self.agent_log, 3)
+            ));
+        }
+        Ok(())
+    }
+
+    fn start(bin: &Path, a: &DedupLinkArgs, url: String, capacity: u64, mode: Mode) -> Res<Node> {
+        let pid = std::process::id();
+        let mut node = Node {
+            bin: bin.to_path_buf(),
+            store: a.store.clone(),
+            url,
+            agent: None,
+            agent_log: Path::new("/var/tmp").join(format!("{}-agent.log", prefix(pid))),
+            wait_timeout_s: a.wait_timeout,
+        };
+        let _ = node.run_ok(&["destroy", "--force"]);
+        node.run_ok(&["init", "--capacity", &capacity.to_string()])?;
+        let log = std::fs::File::create(&node.agent_log)
+            .ctx(|| format!("creating {}", node.agent_log.display()))?;
+        let log2 = log.try_clone().ctx(|| "agent log")?;
+        let mut cmd = node.cmd();
+        cmd.args(["agent", "--verbose", "--durable", &node.url]);
+        if mode == Mode::Dedup {
+            cmd.args(["--dedup", &a.dedup, "--compress", &a.compress]);
+        }
+        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
+        // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        node.agent = Some(cmd.spawn().ctx(|| "starting cascade agent")?);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !std::fs::read_to_string(&node.agent_log)
+            .unwrap_or_default()
+            .contains("cascade agent: store ")
+        {
+            if let Some(Ok(Some(status))) = node.agent.as_mut().map(|c| c.try_wait()) {
+                return err(format!(
+                    "cascade agent exited ({status}): {}",
+                    tail(&node.agent_log, 5)
+                ));
+            }
+            if Instant::now() > deadline {
+                return err("cascade agent printed no start line within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(node)
+    }
+
+    fn wait_durable(&mut self, store_path: &str) -> Res<()> {
+        let timeout = self.wait_timeout_s.to_string();
+        let mut child = self
+            .cmd()
+            .args([
+                "wait",
+                store_path,
+                "--level",
+                "durable",
+                "--timeout",
+                &timeout,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .ctx(|| "running cascade wait")?;
+        loop {
+            if let Some(status) = child.try_wait().ctx(|| "waiting for cascade wait")? {
+                if status.success() {
+                    return Ok(());
+                }
+                let mut text = Vec::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_end(&mut text);
+                }
+                return err(format!(
+                    "cascade wait {store_path} failed ({status}): {}; agent log: {}",
+                    one_line(&text),
+                    tail(&self.agent_log, 3)
+                ));
+            }
+            if let Some(Ok(Some(status))) = self.agent.as_mut().map(|c| c.try_wait()) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return err(format!(
+                    "cascade agent exited ({status}): {}",
+                    tail(&self.agent_log, 5)
+                ));
+            }
+            // Polling every millisecond adds at most a millisecond to what is measured.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            // SAFETY: kill(2) of our own child, not reaped yet.
+            unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = a.wait();
+        }
+        let _ = self.run_ok(&["destroy", "--force"]);
+    }
+}
+
+fn tx_bytes(dev: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_bytes"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The durable URL with `rel` appended to its path (`s3://bucket/rel?...`).
+fn url_below(url: &str, rel: &str) -> String {
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let base = format!("{}/{rel}", base.trim_end_matches('/'));
+    match query {
+        Some(q) => format!("{base}?{q}"),
+        None => base,
+    }
+}
+
+fn run_once(
+    bin: &Path,
+    a: &DedupLinkArgs,
+    s: &Series,
+    snaps: usize,
+    mode: Mode,
+    rep: usize,
+) -> Res<RunOut> {
+    let pid = std::process::id();
+    let url = a.url.clone().unwrap_or_default();
+    let rel = format!("{}-{}-{}-{rep}", prefix(pid), s.info.name, mode.name());
+    let sub = url_below(&url, &rel);
+    let remote = DurableStore::open(&sub).ctx(|| "opening the durable store")?;
+    clear_remote(&remote, "")?;
+    let biggest = s.snaps.iter().map(|x| x.bytes()).max().unwrap_or(0);
+    // Three checkpoints in memory (the agent keeps 2), and room to write the next.
+    let capacity = (4 * biggest + 256 * MIB).div_ceil(MIB) * MIB;
+    let mut node = Node::start(bin, a, sub, capacity, mode)?;
+    let mut out = Vec::new();
+    for (i, snap) in s.snaps.iter().take(snaps).enumerate() {
+        let ckpt = format!("/ck.{i:02}");
+        settle();
+        let tx0 = tx_bytes(&a.link_dev);
+        let t0 = now_ns();
+        for f in &snap.files {
+            let local = f.path.to_string_lossy().into_owned();
+            node.run_ok(&["put", "-p", &local, &format!("{ckpt}/{}", f.rel)])?;
+        }
+        node.run_ok(&["commit", &ckpt])?;
+        node.wait_durable(&ckpt)?;
+        let secs = (now_ns() - t0) as f64 / 1e9;
+        let wire = tx_bytes(&a.link_dev).saturating_sub(tx0);
+        eprintln!(
+            "  {} {} {}: {} in {secs:.2} s, {} on the link",
+            s.info.name,
+            mode.name(),
+            snap.name,
+            size_str(snap.bytes()),
+            size_str(wire)
+        );
+        out.push((secs, wire));
+    }
+    drop(node);
+    clear_remote(&remote, "")?;
+    Ok(out)
+}
+
+fn median_u64(v: &[u64]) -> u64 {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+pub fn run(a: DedupLinkArgs) -> Res<()> {
+    let pid = std::process::id();
+    if a.url.as_deref().is_none_or(str::is_empty) {
+        return err(
+            "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
+             (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite dedup-link does both)",
+        );
+    }
+    let durable = Spec::parse(a.url.as_deref().unwrap_or_default())
+        .ctx(|| "--url")?
+        .describe();
+    let dirs = vec![PathBuf::from("/var/tmp")];
+    let _guard = crate::CleanupGuard::start(pid, dirs, &a.out)?;
+    // A private copy of the CLI: a rebuild during the run must not swap it.
+    let bin = Path::new("/var/tmp").join(format!("{}-cascade", prefix(pid)));
+    std::fs::copy(&a.cascade, &bin).ctx(|| format!("copying {}", a.cascade.display()))?;
+    let machine = util::machine(Path::new("/var/tmp"), Path::new("/var/tmp"));
+    let tbf = tbf_of(None, Some(&a.link_dev));
+    let rate = tbf.as_ref().map(|t| t.0);
+    eprintln!(
+        "cascade-bench dedup-link: {} ({} cores); durable store {durable}; link {}",
+        machine.cpu_model,
+        machine.cores,
+        tbf.as_ref()
+            .map_or("not shaped (no tbf found)".to_string(), |t| t.1.clone())
+    );
+    let snapshots = a.snapshots.or(a.quick.then_some(3));
+    let load0 = util::loadavg();
+    let cpu0 = util::cpu_snap();
+    let t0 = now_ns();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut rows = Vec::new();
+    for name in &a.series {
+        let s = load_series(&a.datasets, name).ctx(|| {
+            "the series are made by bench/datasets/make.sh (bench/run.sh --suite dedup runs it)"
+        })?;
+        let n = snapshots.unwrap_or(s.snaps.len()).min(s.snaps.len());
+        let mut runs: Vec<(Mode, RunOut)> = Vec::new();
+        for rep in 0..a.reps.max(1) {
+            // The mode that goes first alternates with the repetition.
+            let order = if rep % 2 == 0 {
+                [Mode::Plain, Mode::Dedup]
+            } else {
+                [Mode::Dedup, Mode::Plain]
+            };
+            for mode in order {
+                runs.push((mode, run_once(&bin, &a, &s, n, mode, rep)?));
+            }
+        }
+        let per = |mode: Mode, i: usize| -> (Vec<f64>, Vec<u64>) {
+            runs.iter().filter(|r| r.0 == mode).map(|r| r.1[i]).unzip()
+        };
+        let mut snaps = Vec::new();
+        for (i, snap) in s.snaps.iter().take(n).enumerate() {
+            let (ps, pw) = per(Mode::Plain, i);
+            let (ds, dw) = per(Mode::Dedup, i);
+            snaps.push(SnapRow {
+                snapshot: snap.name.clone(),
+                bytes: snap.bytes(),
+                link_min_s: rate.map(|r| snap.bytes() as f64 / r),
+                plain_s: Stats::of(&ps),
+                dedup_s: Stats::of(&ds),
+                plain_wire: median_u64(&pw),
+                dedup_wire: median_u64(&dw),
+            });
+        }
+        let bytes = snaps.iter().map(|r| r.bytes).sum();
+        rows.push(SeriesRow {
+            series: name.clone(),
+            snapshots: n,
+            bytes,
+            link_min_s: rate.map(|r| bytes as f64 / r),
+            plain_s: snaps.iter().map(|r| r.plain_s.median).sum(),
+            dedup_s: snaps.iter().map(|r| r.dedup_s.median).sum(),
+            plain_wire: snaps.iter().map(|r| r.plain_wire).sum(),
+            dedup_wire: snaps.iter().map(|r| r.dedup_wire).sum(),
+            snaps,
+        });
+    }
+    let duration_s = (now_ns() - t0) as f64 / 1e9;
+    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    let rep = Report {
+        suite: "dedup-link",
+        generated_utc: utc_string(started),
+        duration_s,
+        source: crate::source_version_of(&[
+            "crates/cascade-dedup",
+            "crates/cascade-agent",
+            "crates/cascade-cli",
+            "bench",
+        ]),
+        cascade_cli: describe(&a.cascade),
+        durable,
+        link: tbf.map_or("not shaped".to_string(), |t| t.1),
+        link_bytes_per_s: rate,
+        dedup: a.dedup.clone(),
+        compress: a.compress.clone(),
+        reps: a.reps.max(1),
+        machine: &machine,
+        interference,
+        series: &rows,
+    };
+    let targets: Vec<crate::report::Target> = rows
+        .iter()
+        .map(|r| crate::report::Target {
+            name: format!("{}: durable over the link with dedup", r.series),
+            goal: "below the time the raw bytes need on the link".to_string(),
+            measured: format!(
+                "{:.2} s with dedup, {:.2} s plain, raw bytes need {}",
+                r.dedup_s,
+                r.plain_s,
+                r.link_min_s
+                    .map_or("?".to_string(), |m| format!("{m:.2} s"))
+            ),
+            met: r.link_min_s.map(|m| r.dedup_s < m),
+        })
+        .collect();
+    let md = markdown(&rep, &targets);
+    crate::report::write_results(&a.out, "dedup-link", &md, &rep, &targets, duration_s)
+}
+
+fn opt_s(x: Option<f64>) -> String {
+    x.map_or("–".to_string(), |v| format!("{v:.2}"))
+}
+
+fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Time until durable over a 1 Gbit/s link, with and without dedup\n\n\
+         Generated {} by `bench/run.sh --suite dedup-link` ({:.0} s; source {}). Durable store \
+         {} behind {}. Dedup mode: `cascade agent --dedup {} --compress {}`; plain mode: the \
+         agent's plain layout (files uploaded as they are closed). Each snapshot of a series is \
+         put into a fresh node store (`cascade put`), committed, and waited for (`cascade wait \
+         --level durable`); **seconds** run from the first put until the wait returned, \
+         **on the link** is what the host end of the shaped link sent meanwhile (its tx_bytes: \
+         payload and protocol overhead), **raw minimum** is the snapshot's bytes at the link's \
+         rate. Median of {} repetition(s) per snapshot; series totals are sums.\n",
+        rep.generated_utc,
+        rep.duration_s,
+        rep.source,
+        rep.durable,
+        rep.link,
+        rep.dedup,
+        rep.compress,
+        rep.reps
+    );
+    let _ = writeln!(
+        s,
+        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | dedup / raw minimum | on the link plain | on the link dedup |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for r in rep.series {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} | **{:.2}** | {} | {} | {} |",
+            r.series,
+            r.snapshots,
+            size_str(r.bytes),
+            opt_s(r.link_min_s),
+            r.plain_s,
+            r.dedup_s,
+            r.link_min_s
+                .map_or("–".to_string(), |m| format!("{:.2}x", r.dedup_s / m)),
+            size_str(r.plain_wire),
+            size_str(r.dedup_wire)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n## Targets\n\n| target | goal | measured | met |\n|---|---|---|---|"
+    );
+    for t in targets {
+        let met = match t.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not run",
+        };
+        let _ = writeln!(s, "| {} | {} | {} | {met} |", t.name, t.goal, t.measured);
+    }
+    for r in rep.series {
+        let _ = writeln!(
+            s,
+            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | on the link plain | on the link dedup |\n|---|---|---|---|---|---|---|",
+            r.series
+        );
+        for x in &r.snaps {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.2} | {:.2} | {} | {} |",
+                x.snapshot,
+                size_str(x.bytes),
+                opt_s(x.link_min_s),
+                x.plain_s.median,
+                x.dedup_s.median,
+                size_str(x.plain_wire),
+                size_str(x.dedup_wire)
+            );
+        }
+    }
+    let _ = writeln!(s, "\n## Machine\n");
+    machine_table(&mut s, rep.machine, &[], &rep.interference);
+    s
+}

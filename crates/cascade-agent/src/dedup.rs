@@ -1,0 +1,298 @@
+//! Checkpoints in the durable store's dedup repository (docs/dedup.md, "In the agent").
+//!
+//! With dedup configured, the agent stores each committed checkpoint to flush whole: every
+//! file is cut into chunks read straight from the store, each chunk the repository lacks is
+//! stored once (compressed where it pays), then the index, then the manifest — the
+//! checkpoint's completion record. Read-through rebuilds a missing file from its recipe,
+//! verifying every chunk's score and the file's BLAKE3.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
+use cascade_dedup::{Chunking, Compression};
+use cascade_store::{FileKind, LifeEntry, OpenOptions};
+
+use crate::daemon::{key_of, path_in_checkpoint, reserved, Agent, Checkpoint, PassOutcome};
+use crate::reader::StoreFileReader;
+use crate::restore::{create_for_writing, StoreWriter};
+use crate::{Error, Result};
+
+/// How checkpoints are cut and stored in the repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DedupOptions {
+    pub chunking: Chunking,
+    pub compression: Compression,
+}
+
+/// A checkpoint file found in a manifest of the repository.
+pub(crate) struct RepoFile {
+    repo: Arc<Repo>,
+    recipe: FileRecipe,
+    /// When its manifest was written.
+    pub(crate) written_unix_ns: u64,
+}
+
+impl Agent {
+    /// The dedup repository: opened (and created, when dedup is on) at first use. None when
+    /// dedup is off and the durable store has no repository.
+    pub(crate) fn repo(&self) -> Result<Option<Arc<Repo>>> {
+        let mut cached = self
+            .repo
+            .lock()
+            .map_err(|_| Error::io("dedup", std::io::Error::other("lock poisoned")))?;
+        if let Some(repo) = cached.as_ref() {
+            return Ok(Some(Arc::clone(repo)));
+        }
+        let durable = Arc::clone(self.durable_arc());
+        let repo = match self.options().dedup {
+            Some(d) => Some(Repo::open(
+                durable,
+                DEFAULT_PREFIX,
+                d.chunking,
+                d.compression,
+            )?),
+            None => Repo::open_existing(durable, DEFAULT_PREFIX)?,
+        };
+        *cached = repo.map(Arc::new);
+        Ok(cached.clone())
+    }
+
+    /// Drops the cached repository, so the next use reloads every index object (blobs that
+    /// other writers added since it was opened).
+    fn reopen_repo(&self) {
+        if let Ok(mut cached) = self.repo.lock() {
+            *cached = None;
+        }
+    }
+
+    /// Step 2 of a pass for checkpoint `c` with dedup on: store it once nothing writes it.
+    pub(crate) fn dedup_pass(&self, c: &Checkpoint, outcome: &mut PassOutcome) {
+        if c.files.iter().any(|f| f.writers > 0 || f.torn) {
+            outcome.blocked += 1;
+            return;
+        }
+        outcome.pending += 1;
+        if let Some(t) = self.retry_not_before(c.root, Instant::now()) {
+            outcome.retry_at(t);
+            return;
+        }
+        let result = match (self.staging(), self.options().dedup) {
+            (Some(staging), Some(_)) if c.root.pushed_flag => {
+                match self.complete_staged_dedup(staging, c.root) {
+                    Ok(false) => {
+                        // Its server writes the manifest once the blobs are pushed.
+                        outcome.pending -= 1;
+                        outcome.staged += 1;
+                        outcome.retry_at(Instant::now() + crate::staging::PULL_EVERY);
+                        return;
+                    }
+                    other => other,
+                }
+            }
+            (Some(staging), Some(d)) => match self.stage_checkpoint_dedup(staging, d, c.root) {
+                Err(e) => {
+                    // Unacknowledged: the checkpoint goes straight to the durable store.
+                    self.record_failure(format!(
+                        "sending {} to the staging servers failed: {e}; storing it in the \
+                         durable store's dedup repository instead",
+                        c.root.path
+                    ));
+                    self.store_checkpoint_dedup(c.root)
+                }
+                other => other,
+            },
+            _ => self.store_checkpoint_dedup(c.root),
+        };
+        match result {
+            Ok(true) => {
+                self.forget_retry(c.root);
+                outcome.pending -= 1;
+                outcome.progressed = true;
+            }
+            // Changed meanwhile: the next pass sees the new version.
+            Ok(false) => outcome.progressed = true,
+            Err(e) => {
+                let (attempts, delay) = self.schedule_retry(c.root);
+                outcome.retry_at(Instant::now() + delay);
+                self.record_failure(format!(
+                    "storing {} in the dedup repository failed (attempt {attempts}): {e}; \
+                     retrying in {:.1} s",
+                    c.root.path,
+                    delay.as_secs_f64()
+                ));
+            }
+        }
+    }
+
+    /// Stores checkpoint `root` in the repository and records it complete; false if it
+    /// changed or went away meanwhile (nothing recorded; a manifest already written for a
+    /// version that changed under the reads is taken back).
+    fn store_checkpoint_dedup(&self, root: &LifeEntry) -> Result<bool> {
+        let started = Instant::now();
+        let Some(tree) = self.fresh_tree(root)? else {
+            return Ok(false);
+        };
+        let now_root = &tree[0];
+        let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
+        if files
+            .iter()
+            .any(|f| f.writers > 0 || f.torn || reserved(&f.path))
+        {
+            return Ok(false);
+        }
+        let Some(repo) = self.repo()? else {
+            return Ok(false);
+        };
+        let ckpt = key_of(&now_root.path);
+        // A plain marker of an earlier drain would be read instead of the new manifest.
+        self.durable().delete_marker(ckpt).map_err(Error::Durable)?;
+        let store = self.store();
+        let mut writer = repo.writer();
+        let mut recipes = Vec::with_capacity(files.len());
+        for f in &files {
+            let file = match store.open(&f.path, &OpenOptions::new().read(true)) {
+                Ok(file) => file,
+                Err(e) if e.errno() == libc::ENOENT => return Ok(false),
+                Err(e) => return Err(Error::store(&f.path, e)),
+            };
+            if file.ino() != f.ino || file.generation() != f.generation {
+                return Ok(false);
+            }
+            let reader =
+                StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
+            recipes.push(writer.add_file(&path_in_checkpoint(now_root, f), reader)?);
+        }
+        let stats = writer.finish()?;
+        let manifest = if now_root.kind == FileKind::File && recipes.len() == 1 {
+            repo.write_single_file_manifest(ckpt, recipes.remove(0))?
+        } else {
+            repo.write_manifest(ckpt, recipes)?
+        };
+        // Reads of a version that changed meanwhile may mix old and new bytes: such a
+        // manifest must not stay (opening a file for writing bumps its version).
+        let mut unchanged = true;
+        for (f, recipe) in files.iter().zip(&manifest.files) {
+            unchanged &= self.store().mark_durable(f.ino, f.generation, f.mod_seq);
+            self.remember_digest(f, recipe.blake3.clone());
+        }
+        unchanged = unchanged
+            && self
+                .store()
+                .mark_complete(now_root.ino, now_root.generation, now_root.mod_seq);
+        if !unchanged {
+            repo.forget(ckpt)?;
+            return Ok(false);
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            s.uploaded_files += files.len() as u64;
+            s.uploaded_bytes += stats.bytes;
+            s.markers += 1;
+            s.dedup_checkpoints += 1;
+            s.dedup_bytes += stats.bytes;
+            s.dedup_new_bytes += stats.new_bytes;
+            s.dedup_stored_bytes += stats.stored_data_bytes + stats.stored_tree_bytes;
+        }
+        self.log(|| {
+            format!(
+                "checkpoint {} complete in the dedup repository ({} files, {} bytes; {} of {} \
+                 chunks new, {} bytes stored) in {:.3} s",
+                now_root.path,
+                files.len(),
+                stats.bytes,
+                stats.new_chunks,
+                stats.chunks,
+                stats.stored_data_bytes + stats.stored_tree_bytes,
+                started.elapsed().as_secs_f64()
+            )
+        });
+        Ok(true)
+    }
+
+    /// The manifests that could hold `key` (a durable name): its own (a single-file
+    /// checkpoint, or a directory checkpoint) and each ancestor's, nearest first.
+    fn manifests_around(&self, repo: &Repo, key: &str) -> Result<Vec<(String, Manifest)>> {
+        let mut found = Vec::new();
+        let mut candidate = key;
+        loop {
+            if let Some(m) = repo.read_manifest(candidate)? {
+                found.push((candidate.to_string(), m));
+            }
+            match candidate.rfind('/') {
+                Some(cut) => candidate = &candidate[..cut],
+                None => return Ok(found),
+            }
+        }
+    }
+
+    /// The recipe of file `key` in a checkpoint of the repository, if one holds it.
+    pub(crate) fn find_in_repo(&self, key: &str) -> Result<Option<RepoFile>> {
+        let Some(repo) = self.repo()? else {
+            return Ok(None);
+        };
+        for (ckpt, m) in self.manifests_around(&repo, key)? {
+            let rel = if m.single_file {
+                (ckpt == key).then(|| ckpt.rsplit('/').next().unwrap_or(&ckpt).to_string())
+            } else {
+                key.strip_prefix(&ckpt)
+                    .and_then(|r| r.strip_prefix('/'))
+                    .map(str::to_string)
+            };
+            let Some(rel) = rel else { continue };
+            let written_unix_ns = m.created_unix_ns;
+            if let Some(recipe) = m.files.into_iter().find(|f| f.path == rel) {
+                return Ok(Some(RepoFile {
+                    repo,
+                    recipe,
+                    written_unix_ns,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// True if `key` is a directory of some checkpoint in the repository (a directory
+    /// checkpoint, a directory inside one, or a directory above checkpoints).
+    pub(crate) fn is_dir_in_repo(&self, key: &str) -> Result<bool> {
+        let Some(repo) = self.repo()? else {
+            return Ok(false);
+        };
+        if repo.has_manifests_below(key)? {
+            return Ok(true);
+        }
+        for (ckpt, m) in self.manifests_around(&repo, key)? {
+            if m.single_file {
+                continue;
+            }
+            if ckpt == key {
+                return Ok(true);
+            }
+            let inside = format!("{}/", &key[ckpt.len() + 1..]);
+            if m.files.iter().any(|f| f.path.starts_with(&inside)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Rebuilds `file` into the store file `tmp`, verifying every chunk and the whole file;
+    /// its size. A blob the loaded index does not name (written by another node since) makes
+    /// it reload the index once.
+    pub(crate) fn restore_from_repo(&self, file: &RepoFile, tmp: &str) -> Result<u64> {
+        let attempt = |repo: &Repo| -> Result<u64> {
+            let out_file = create_for_writing(self.store(), tmp)?;
+            let mut out = StoreWriter::new(&out_file, tmp);
+            Ok(repo.restore_file(&file.recipe, &mut out)?)
+        };
+        match attempt(&file.repo) {
+            Err(Error::Dedup(cascade_dedup::repo::Error::Missing(_))) => {
+                self.reopen_repo();
+                let repo = self.repo()?.ok_or_else(|| {
+                    Error::io("dedup", std::io::Error::other("the repository went away"))
+                })?;
+                attempt(&repo)
+            }
+            other => other,
+        }
+    }
+}

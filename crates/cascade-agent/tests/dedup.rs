@@ -1,0 +1,447 @@
+//! The agent with dedup on, on real parts: `cascade agent --dedup ... --compress ...` on a
+//! node store, a directory as the durable store, `cascade restore`, read-through (FETCH) on a
+//! new node whose agent has no dedup setting, and kill -9 of the agent in the middle of
+//! storing a checkpoint. No mocks, no sleeps as synchronisation: waits poll the agent's log
+//! lines or the durable directory with a deadline.
+//!
+//! 1. two committed checkpoints sharing most bytes: each is stored in the repository once
+//!    (no plain objects), the second adds only the changed chunks; `cascade restore` and a
+//!    new node's read-through rebuild every file bit for bit (directory checkpoints, a
+//!    single-file checkpoint, directories); a corrupt pack is EIO with nothing left behind;
+//! 2. the agent killed with SIGKILL after writing packs of a checkpoint but before its
+//!    manifest: the earlier checkpoint still restores, the interrupted one is not complete;
+//!    a restarted agent stores it and it restores bit for bit;
+//! 3. through two staging servers (`cascade stage-server`), one of them killed with SIGKILL
+//!    after acknowledging blobs it could not push yet.
+
+#[path = "../../cascade-durable/tests/support/versitygw.rs"]
+mod versitygw;
+
+#[path = "support/harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use harness::*;
+
+const WAIT: Duration = Duration::from_secs(120);
+const DEDUP: [(&str, &str); 2] = [
+    ("CASCADE_DEDUP", "cdc:avg=16KiB"),
+    ("CASCADE_COMPRESS", "zstd:1"),
+];
+
+/// Pseudo-random bytes, fast in a debug build (BLAKE3's extendable output).
+fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    let mut h = blake3::Hasher::new();
+    h.update(b"cascade dedup test");
+    h.update(&seed.to_le_bytes());
+    h.finalize_xof().fill(&mut v);
+    v
+}
+
+/// Compressible but not constant bytes (about 3x with zstd).
+fn text_like(len: usize, seed: u64) -> Vec<u8> {
+    let words = [
+        "pressure",
+        "velocity",
+        "0.000125",
+        "-3.25e-07",
+        "step",
+        "rank",
+        "\n",
+    ];
+    let noise = bytes(len / 4 + 1, seed);
+    let mut out = Vec::with_capacity(len + 16);
+    let mut i = 0;
+    while out.len() < len {
+        out.extend_from_slice(words[noise[i % noise.len()] as usize % words.len()].as_bytes());
+        out.push(b' ');
+        i += 1;
+    }
+    out.truncate(len);
+    out
+}
+
+fn write_checkpoint(env: &Env, ckpt: &str, files: &[(&str, &[u8])]) {
+    for (rel, data) in files {
+        let path = format!("{ckpt}/{rel}");
+        let parent = &path[..path.rfind('/').expect("absolute")];
+        env.store()
+            .create_dir_all(parent, 0o755)
+            .unwrap_or_else(|e| panic!("mkdir {parent}: {e}"));
+        env.write(&path, data);
+    }
+    env.cascade_ok(&["commit", ckpt], &[]);
+}
+
+fn wait_complete(agent: &mut Daemon, ckpt: &str) -> String {
+    let want = format!("cascade agent: checkpoint {ckpt} complete in the dedup repository");
+    agent.wait_line(&want, WAIT, |l| l.starts_with(&want))
+}
+
+/// "N of M chunks new" from a completion line.
+fn chunks_new(line: &str) -> (u64, u64) {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "chunks")
+        .unwrap_or_else(|| panic!("no chunk counts in {line:?}"));
+    let num = |w: &str| w.parse::<u64>().unwrap_or_else(|_| panic!("{line:?}"));
+    (num(words[at - 3]), num(words[at - 1]))
+}
+
+fn objects_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn packs(durable: &Path) -> Vec<PathBuf> {
+    objects_below(&durable.join(".cascade-dedup/packs"))
+}
+
+fn fetch(env: &Env, path: &str) -> String {
+    cascade_agent::request(&env.name, &format!("FETCH {path}")).expect("FETCH")
+}
+
+#[test]
+fn committed_checkpoints_are_stored_once_and_rebuilt_by_restore_and_read_through() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-agent", 96 << 20);
+    let durable = tempfile::tempdir().expect("durable dir");
+    let url = durable.path().to_str().expect("utf-8").to_string();
+    let mut agent = env.agent(&url, &DEDUP);
+
+    let model = bytes(3 << 20, 1);
+    let optimizer = text_like(2 << 20, 2);
+    let log = text_like(100_000, 3);
+    write_checkpoint(
+        &env,
+        "/run/ck.1",
+        &[
+            ("model.bin", &model),
+            ("opt/state.txt", &optimizer),
+            ("log", &log),
+        ],
+    );
+    let first = wait_complete(&mut agent, "/run/ck.1");
+    let (new1, all1) = chunks_new(&first);
+    assert_eq!(new1, all1, "a first checkpoint is all new: {first}");
+
+    // The next epoch changes 64 KiB of the model and appends to the log.
+    let mut model2 = model.clone();
+    model2[1 << 20..(1 << 20) + (64 << 10)].copy_from_slice(&bytes(64 << 10, 9));
+    let mut log2 = log.clone();
+    log2.extend_from_slice(&text_like(5000, 4));
+    write_checkpoint(
+        &env,
+        "/run/ck.2",
+        &[
+            ("model.bin", &model2),
+            ("opt/state.txt", &optimizer),
+            ("log", &log2),
+        ],
+    );
+    let second = wait_complete(&mut agent, "/run/ck.2");
+    let (new2, all2) = chunks_new(&second);
+    assert!(
+        new2 * 10 < all2,
+        "the second checkpoint should add only the changed chunks: {second}"
+    );
+    // A single file as a checkpoint.
+    let weights = bytes(700_000, 5);
+    env.write("/weights.pt", &weights);
+    env.cascade_ok(&["commit", "/weights.pt"], &[]);
+    wait_complete(&mut agent, "/weights.pt");
+
+    let status = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(status.dedup_checkpoints, 3, "{status:?}");
+    assert!(
+        status.dedup_stored_bytes < status.dedup_bytes * 3 / 4,
+        "repeats and compression should store well under the file bytes: {status:?}"
+    );
+    stop_agent(&mut agent);
+
+    // Nothing went down in the plain layout: the repository holds it all.
+    for plain in ["run/ck.1/model.bin", "run/ck.2/log", "weights.pt"] {
+        assert!(
+            !durable.path().join(plain).exists(),
+            "{plain} was uploaded as a plain object"
+        );
+    }
+    assert!(durable
+        .path()
+        .join(".cascade-dedup/manifests/run/ck.2.json")
+        .is_file());
+
+    // `cascade restore` to a local directory.
+    let dest = env.tmp.path().join("restored");
+    env.cascade_ok(
+        &[
+            "restore",
+            "run/ck.2",
+            dest.to_str().expect("utf-8"),
+            "--from",
+            &url,
+        ],
+        &[],
+    );
+    assert!(std::fs::read(dest.join("model.bin")).expect("model") == model2);
+    assert!(std::fs::read(dest.join("opt/state.txt")).expect("opt") == optimizer);
+    assert!(std::fs::read(dest.join("log")).expect("log") == log2);
+
+    // Read-through on a new node whose agent has no dedup setting.
+    let node2 = Env::new("dedup-agent-n2", 96 << 20);
+    let mut reader = node2.agent(&url, &[]);
+    assert_eq!(fetch(&node2, "/run"), "OK");
+    assert_eq!(fetch(&node2, "/run/ck.1/opt"), "OK");
+    assert_eq!(fetch(&node2, "/run/ck.1/opt/state.txt"), "OK");
+    assert_eq!(fetch(&node2, "/run/ck.1/model.bin"), "OK");
+    assert_eq!(fetch(&node2, "/weights.pt"), "OK");
+    assert!(node2.read("/run/ck.1/model.bin") == model);
+    assert!(node2.read("/run/ck.1/opt/state.txt") == optimizer);
+    assert!(node2.read("/weights.pt") == weights);
+    assert!(
+        fetch(&node2, "/run/ck.3/model.bin").starts_with("ERR 2 "),
+        "a file no manifest holds is ENOENT"
+    );
+    let levels = node2.levels();
+    assert!(
+        levels_line(&levels, "/run/ck.1/model.bin").is_some_and(|l| l.contains("durable")),
+        "a fetched file is recorded durable, not sent back down:\n{levels}"
+    );
+
+    // Corrupt packs (a byte flipped every 256 bytes of the blobs, so every blob is hit):
+    // every file fails with EIO and leaves nothing in the store.
+    for pack in packs(durable.path()) {
+        let mut data = std::fs::read(&pack).expect("pack");
+        let n = u32::from_le_bytes(data[data.len() - 12..data.len() - 8].try_into().expect("4"));
+        let blobs_end = data.len() - 12 - 48 * n as usize;
+        for at in (0..blobs_end).step_by(256) {
+            data[at] ^= 0xff;
+        }
+        std::fs::write(&pack, data).expect("write pack");
+    }
+    let reply = fetch(&node2, "/run/ck.2/model.bin");
+    assert!(reply.starts_with("ERR 5 "), "{reply}\n{}", reader.log());
+    assert!(
+        node2.ls("/run/ck.2").is_empty(),
+        "a failed fetch left files behind: {:?}",
+        node2.ls("/run/ck.2")
+    );
+    stop_agent(&mut reader);
+}
+
+#[test]
+fn agent_killed_while_storing_a_checkpoint_loses_nothing_complete() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-kill", 160 << 20);
+    let durable = tempfile::tempdir().expect("durable dir");
+    let url = durable.path().to_str().expect("utf-8").to_string();
+    let mut agent = env.agent(&url, &DEDUP);
+    let first = bytes(4 << 20, 11);
+    write_checkpoint(&env, "/ck.1", &[("state.bin", &first)]);
+    wait_complete(&mut agent, "/ck.1");
+    let packs_before = packs(durable.path()).len();
+
+    // Big enough to fill many packs before its manifest.
+    let big: Vec<Vec<u8>> = (0..3).map(|i| bytes(24 << 20, 20 + i)).collect();
+    let manifest = durable.path().join(".cascade-dedup/manifests/ck.2.json");
+    write_checkpoint(
+        &env,
+        "/ck.2",
+        &[("a.bin", &big[0]), ("b.bin", &big[1]), ("c.bin", &big[2])],
+    );
+    wait_for("a pack of /ck.2 in the durable store", WAIT, || {
+        packs(durable.path()).len() > packs_before
+    });
+    agent.kill9();
+    assert!(
+        !manifest.exists(),
+        "the manifest was written before the agent was killed; the test needs a bigger checkpoint"
+    );
+
+    // The earlier checkpoint is intact; the interrupted one is not complete.
+    let dest = env.tmp.path().join("r1");
+    env.cascade_ok(
+        &[
+            "restore",
+            "ck.1",
+            dest.to_str().expect("utf-8"),
+            "--from",
+            &url,
+        ],
+        &[],
+    );
+    assert!(std::fs::read(dest.join("state.bin")).expect("state") == first);
+    let refused = env.cascade(
+        &[
+            "restore",
+            "ck.2",
+            env.tmp.path().join("r2").to_str().expect("utf-8"),
+            "--from",
+            &url,
+        ],
+        &[],
+    );
+    assert!(
+        !refused.ok(),
+        "an interrupted checkpoint restored: {refused}"
+    );
+
+    // A new agent stores it again, and it restores bit for bit.
+    let mut agent2 = env.agent(&url, &DEDUP);
+    wait_complete(&mut agent2, "/ck.2");
+    stop_agent(&mut agent2);
+    let dest2 = env.tmp.path().join("r2");
+    env.cascade_ok(
+        &[
+            "restore",
+            "ck.2",
+            dest2.to_str().expect("utf-8"),
+            "--from",
+            &url,
+        ],
+        &[],
+    );
+    for (name, data) in ["a.bin", "b.bin", "c.bin"].iter().zip(&big) {
+        assert!(
+            std::fs::read(dest2.join(name)).expect("restored") == *data,
+            "{name} differs"
+        );
+    }
+}
+
+fn wait_line_with(agent: &mut Daemon, what: &str) -> String {
+    agent.wait_line(what, WAIT, |l| l.starts_with(what))
+}
+
+/// "N of M blobs sent" from a "pushed to the staging servers as chunks" line.
+fn blobs_sent(line: &str) -> (u64, u64) {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "blobs")
+        .unwrap_or_else(|| panic!("no blob counts in {line:?}"));
+    let num = |w: &str| w.parse::<u64>().unwrap_or_else(|_| panic!("{line:?}"));
+    (num(words[at - 3]), num(words[at - 1]))
+}
+
+/// 3. Through two staging servers: chunks are cut and scored on the node, each blob goes to
+///    the server owning its score and only if it lacks it; server A cannot reach the durable
+///    store, so nothing completes; A is killed with SIGKILL and restarted with a good target:
+///    it pushes every blob it acknowledged, the manifests are written, the agent records the
+///    checkpoints complete, and both restore bit for bit.
+#[test]
+fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-stage", 96 << 20);
+    let root = env.tmp.path().to_path_buf();
+    let durable = root.join("durable");
+    let broken = root.join("unreachable");
+    for d in [&durable, &broken, &root.join("ssd-a"), &root.join("ssd-b")] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let url = durable.to_str().expect("utf-8").to_string();
+    let secret = "dedup-staging-test-secret";
+    let mut a = StageServer::start(
+        &env,
+        &root.join("ssd-a"),
+        broken.to_str().expect("utf-8"),
+        secret,
+        &[],
+    );
+    // The directory becomes a file: every push of A fails until it is restarted.
+    std::fs::remove_dir_all(&broken).expect("rm");
+    std::fs::write(&broken, b"not a directory\n").expect("file");
+    let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
+    let list = format!("{},{}", a.addr, b.addr);
+    let mut envs = vec![
+        ("CASCADE_STAGING", list.as_str()),
+        ("CASCADE_STAGING_SECRET", secret),
+    ];
+    envs.extend(DEDUP);
+    let mut agent = env.agent(&url, &envs);
+
+    let model = bytes(3 << 20, 31);
+    let text = text_like(1 << 20, 32);
+    write_checkpoint(
+        &env,
+        "/ck.1",
+        &[("model.bin", &model), ("notes.txt", &text)],
+    );
+    let first = wait_line_with(
+        &mut agent,
+        "cascade agent: checkpoint /ck.1 pushed to the staging servers as chunks",
+    );
+    let (sent1, all1) = blobs_sent(&first);
+    assert_eq!(sent1, all1, "{first}");
+    let mut model2 = model.clone();
+    model2[2 << 20..(2 << 20) + 10_000].copy_from_slice(&bytes(10_000, 33));
+    write_checkpoint(
+        &env,
+        "/ck.2",
+        &[("model.bin", &model2), ("notes.txt", &text)],
+    );
+    let second = wait_line_with(
+        &mut agent,
+        "cascade agent: checkpoint /ck.2 pushed to the staging servers as chunks",
+    );
+    let (sent2, all2) = blobs_sent(&second);
+    assert!(
+        sent2 * 5 < all2,
+        "only the changed blobs go out again: {second}"
+    );
+    let status = a.status();
+    assert!(status.pending_files == 0, "{status:?}");
+    assert!(
+        !durable.join(".cascade-dedup/manifests/ck.1.json").exists()
+            && !durable.join(".cascade-dedup/manifests/ck.2.json").exists(),
+        "a manifest was written while A could not push its blobs"
+    );
+
+    a.kill9();
+    a.restart(&env, &url);
+    for ck in ["/ck.1", "/ck.2"] {
+        wait_line_with(
+            &mut agent,
+            &format!(
+                "cascade agent: checkpoint {ck} complete in the dedup repository (written by a \
+                 staging server)"
+            ),
+        );
+    }
+    stop_agent(&mut agent);
+    for (ck, want) in [("ck.1", &model), ("ck.2", &model2)] {
+        let dest = root.join(format!("restored-{ck}"));
+        env.cascade_ok(
+            &["restore", ck, dest.to_str().expect("utf-8"), "--from", &url],
+            &[],
+        );
+        assert!(
+            std::fs::read(dest.join("model.bin")).expect("model") == *want,
+            "{ck}"
+        );
+        assert!(
+            std::fs::read(dest.join("notes.txt")).expect("notes") == text,
+            "{ck}"
+        );
+    }
+    drop(b);
+}

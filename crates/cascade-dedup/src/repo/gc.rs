@@ -1,0 +1,707 @@
+//! Retention: forgetting checkpoints and collecting the packs no remaining manifest needs
+//! (docs/dedup.md, "Garbage collection").
+//!
+//! `forget` moves a manifest's pack set into `gc/forgotten-<id>.json` and deletes the
+//! manifest. `collect_garbage` turns forgotten records into a condemned record
+//! (`gc/condemned-<id>.json`: candidate packs, then the sessions open when it was written),
+//! and deletes a condemned record's packs once none of those sessions is open and no
+//! manifest names them: index objects first (rewritten without the packs), then the packs,
+//! then the record. Its cost follows the garbage: it reads the records, the session objects,
+//! the manifests (their pack sets) and the index objects naming dead packs — never a pack.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::format::{self, BlobEntry};
+use super::session::{unique_id, SessionRecord, DEFAULT_SESSION_LEASE};
+use super::{parse_score, poisoned, Error, Manifest, Repo, Result, MANIFEST_FORMAT};
+use crate::score::{from_hex, to_hex};
+use crate::{score, Score};
+
+/// Packs by the index object (its origin id) that names them.
+pub(crate) type PackSet = BTreeMap<Score, BTreeSet<Score>>;
+
+/// The packs of an index object, each with its blob entries.
+pub(crate) type IndexPacks = Vec<(Score, Vec<BlobEntry>)>;
+
+pub(crate) const FORGOTTEN_PREFIX: &str = "forgotten-";
+pub(crate) const CONDEMNED_PREFIX: &str = "condemned-";
+const FORGOTTEN_FORMAT: &str = "cascade-dedup-forgotten/1";
+const CONDEMNED_FORMAT: &str = "cascade-dedup-condemned/1";
+
+/// Packs named by one index object, as manifests and the collector's records list them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PackGroup {
+    /// Origin id of the index object: the name it was first written under (`index/<id>`);
+    /// a rewrite by the collector is `index/<id>-<new id>`.
+    pub index: String,
+    pub packs: Vec<String>,
+}
+
+pub(crate) fn groups_of(set: &PackSet) -> Vec<PackGroup> {
+    set.iter()
+        .filter(|(_, packs)| !packs.is_empty())
+        .map(|(origin, packs)| PackGroup {
+            index: to_hex(origin),
+            packs: packs.iter().map(to_hex).collect(),
+        })
+        .collect()
+}
+
+pub(crate) fn set_of(groups: &[PackGroup]) -> Result<PackSet> {
+    let mut set = PackSet::new();
+    for g in groups {
+        let packs = set.entry(parse_score(&g.index)?).or_default();
+        for p in &g.packs {
+            packs.insert(parse_score(p)?);
+        }
+    }
+    Ok(set)
+}
+
+/// `gc/forgotten-<id>.json`: a forgotten checkpoint's packs, until a collection takes them up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ForgottenRecord {
+    pub format: String,
+    pub checkpoint: String,
+    /// The forgotten manifest's `created_unix_ns` (a newer manifest of the same name is not
+    /// the one forgotten).
+    pub manifest_created_unix_ns: u64,
+    pub forgotten_unix_ns: u64,
+    pub packs: Vec<PackGroup>,
+}
+
+/// `gc/condemned-<id>.json`: packs to delete once no session that may use them is open.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CondemnedRecord {
+    pub format: String,
+    pub created_unix_ns: u64,
+    /// The forgotten records it took up (their names under `gc/`).
+    pub forgotten: Vec<String>,
+    pub packs: Vec<PackGroup>,
+    /// Sessions open after the record was written (null until the collector listed them).
+    pub waiting_for: Option<Vec<String>>,
+}
+
+/// `index/<origin>` (as written by its session) or `index/<origin>-<id>` (rewritten by the
+/// collector): (origin, id), where id must be the BLAKE3 of the object's bytes.
+pub(crate) fn parse_index_name(name: &str) -> Option<(Score, Score)> {
+    match name.split_once('-') {
+        None => from_hex(name).ok().map(|id| (id, id)),
+        Some((origin, id)) => Some((from_hex(origin).ok()?, from_hex(id).ok()?)),
+    }
+}
+
+/// The packs every version of one index object names (a rewrite interrupted before the old
+/// version was deleted leaves two: the newer names a subset), in the first version's order.
+pub(crate) fn common_packs(mut versions: Vec<IndexPacks>) -> IndexPacks {
+    let Some(first) = versions.pop() else {
+        return Vec::new();
+    };
+    let others: Vec<HashSet<Score>> = versions
+        .iter()
+        .map(|v| v.iter().map(|(id, _)| *id).collect())
+        .collect();
+    first
+        .into_iter()
+        .filter(|(id, _)| others.iter().all(|o| o.contains(id)))
+        .collect()
+}
+
+/// How a collection runs.
+pub struct GcOptions<'a> {
+    /// A session not renewed for this long is dead. Must be at least the writers' lease
+    /// ([`DEFAULT_SESSION_LEASE`] unless [`Repo::with_session_lease`] changed it).
+    pub session_lease: Duration,
+    /// Work out and report what would be deleted; change nothing.
+    pub dry_run: bool,
+    /// Called before each change to the store with its ordinal (1, 2, ...), forgets
+    /// included: the crash tests stop the process there.
+    pub before_change: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl Default for GcOptions<'_> {
+    fn default() -> Self {
+        GcOptions {
+            session_lease: DEFAULT_SESSION_LEASE,
+            dry_run: false,
+            before_change: None,
+        }
+    }
+}
+
+/// What a collection did (or, dry, would do now).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    pub dry_run: bool,
+    /// Forgotten checkpoints whose packs this run condemned.
+    pub forgotten_taken: u64,
+    pub packs_deleted: u64,
+    pub bytes_freed: u64,
+    /// Packs forgotten checkpoints used that stay because a remaining manifest names them too
+    /// (only whole packs are deleted): at most this many bytes of garbage stay in them.
+    pub packs_unreclaimed: u64,
+    pub bytes_unreclaimed: u64,
+    /// Condemned packs left for a later run: a writer session that may use them is open.
+    pub packs_waiting: u64,
+    pub sessions_waited_for: u64,
+    pub index_objects_rewritten: u64,
+    /// Session objects not renewed within the lease, deleted.
+    pub sessions_expired: u64,
+    /// Objects written or deleted (forgets included when run through [`Repo::prune`]).
+    pub changes: u64,
+}
+
+/// Which checkpoints [`Repo::prune`] forgets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PruneSelection {
+    /// All but the N newest (by the manifests' `created_unix_ns`).
+    KeepNewest(usize),
+    /// These (each must have a manifest).
+    Checkpoints(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// Checkpoints forgotten (dry: that would be), oldest first.
+    pub forgotten: Vec<String>,
+    pub kept: Vec<String>,
+    pub gc: GcReport,
+}
+
+/// Counts the changes a run makes and calls the test hook before each.
+pub(crate) struct Changes<'a> {
+    made: u64,
+    hook: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl<'a> Changes<'a> {
+    pub fn new(hook: Option<&'a (dyn Fn(u64) + Sync)>) -> Changes<'a> {
+        Changes { made: 0, hook }
+    }
+
+    fn next(&mut self) {
+        self.made += 1;
+        if let Some(hook) = self.hook {
+            hook(self.made);
+        }
+    }
+}
+
+fn format_error(object: &str, why: impl ToString) -> Error {
+    Error::Format {
+        object: object.to_string(),
+        why: why.to_string(),
+    }
+}
+
+impl Repo {
+    /// Reads index object `path` (base name `name`), checking its bytes against its name;
+    /// its origin and packs.
+    pub(crate) fn read_index_object(&self, path: &str, name: &str) -> Result<(Score, IndexPacks)> {
+        let (origin, id) =
+            parse_index_name(name).ok_or_else(|| format_error(path, "not an index object name"))?;
+        let bytes = self.durable.get_bytes(path)?;
+        if score(&bytes) != id {
+            return Err(format_error(path, "its bytes do not hash to its name"));
+        }
+        let packs = format::decode_index(&bytes).map_err(|e| format_error(path, e.0))?;
+        Ok((origin, packs))
+    }
+
+    /// Every manifest of the repository, oldest first (by `created_unix_ns`, then name).
+    pub fn manifests(&self) -> Result<Vec<Manifest>> {
+        let mut out = Vec::new();
+        for o in self.durable.list(&self.key("manifests"))? {
+            if let Some((m, _)) = self.read_manifest_object(&o.path)? {
+                out.push(m);
+            }
+        }
+        out.sort_by(|a, b| {
+            (a.created_unix_ns, &a.checkpoint).cmp(&(b.created_unix_ns, &b.checkpoint))
+        });
+        Ok(out)
+    }
+
+    /// A manifest object and its bytes; None if it is gone (or not a `.json`).
+    fn read_manifest_object(&self, path: &str) -> Result<Option<(Manifest, Bytes)>> {
+        if !path.ends_with(".json") {
+            return Ok(None);
+        }
+        let bytes = match self.durable.get_bytes(path) {
+            Ok(b) => b,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| format_error(path, e))?;
+        if m.format != MANIFEST_FORMAT {
+            return Err(format_error(
+                path,
+                format!("format {:?}, this build reads {MANIFEST_FORMAT}", m.format),
+            ));
+        }
+        Ok(Some((m, bytes)))
+    }
+
+    /// The packs a manifest's blobs are in: its `packs`, or for a manifest written before
+    /// they were recorded, a walk of its trees through the loaded index.
+    fn pack_set_of(&self, m: &Manifest) -> Result<PackSet> {
+        match &m.packs {
+            Some(groups) => set_of(groups),
+            None => {
+                let roots: Vec<Score> = m
+                    .files
+                    .iter()
+                    .map(|f| parse_score(&f.root))
+                    .collect::<Result<_>>()?;
+                self.walk_pack_set(&roots)
+            }
+        }
+    }
+
+    /// Forgets `checkpoint`: records its packs for the collector, then deletes its manifest
+    /// (unless a newer one replaced it meanwhile). False if it has no manifest.
+    pub(crate) fn forget_with(&self, checkpoint: &str, changes: &mut Changes) -> Result<bool> {
+        let key = self.manifest_key(checkpoint)?;
+        let Some((manifest, bytes)) = self.read_manifest_object(&key)? else {
+            return Ok(false);
+        };
+        let record = ForgottenRecord {
+            format: FORGOTTEN_FORMAT.to_string(),
+            checkpoint: manifest.checkpoint.clone(),
+            manifest_created_unix_ns: manifest.created_unix_ns,
+            forgotten_unix_ns: cascade_durable::now_unix_ns(),
+            packs: groups_of(&self.pack_set_of(&manifest)?),
+        };
+        let text = serde_json::to_vec_pretty(&record).map_err(|e| Error::Invalid(e.to_string()))?;
+        changes.next();
+        self.durable.put_bytes(
+            &self.key(&format!("gc/{FORGOTTEN_PREFIX}{}.json", unique_id())),
+            &text,
+        )?;
+        let still_it = match self.durable.get_bytes(&key) {
+            Ok(now) => now == bytes,
+            Err(e) if e.is_not_found() => false,
+            Err(e) => return Err(e.into()),
+        };
+        if still_it {
+            changes.next();
+            self.durable.delete(&key)?;
+        }
+        Ok(true)
+    }
+
+    /// Forgets the checkpoints `selection` picks, then collects garbage (dry: reports what
+    /// would go, changing nothing).
+    pub fn prune(&self, selection: &PruneSelection, opts: &GcOptions) -> Result<PruneReport> {
+        let manifests = self.manifests()?;
+        let forget: Vec<bool> = match selection {
+            PruneSelection::KeepNewest(n) => {
+                let cut = manifests.len().saturating_sub(*n);
+                (0..manifests.len()).map(|i| i < cut).collect()
+            }
+            PruneSelection::Checkpoints(names) => {
+                let mut wanted = HashSet::new();
+                for name in names {
+                    let rel = cascade_durable::normalize_rel(name.trim_end_matches('/'))?;
+                    if !manifests.iter().any(|m| m.checkpoint == rel) {
+                        return Err(Error::Invalid(format!(
+                            "no checkpoint {rel} in the dedup repository"
+                        )));
+                    }
+                    wanted.insert(rel);
+                }
+                manifests
+                    .iter()
+                    .map(|m| wanted.contains(&m.checkpoint))
+                    .collect()
+            }
+        };
+        let mut gone = Vec::new();
+        let mut kept = Vec::new();
+        for (m, f) in manifests.into_iter().zip(forget) {
+            if f {
+                gone.push(m);
+            } else {
+                kept.push(m.checkpoint);
+            }
+        }
+        let mut changes = Changes::new(opts.before_change);
+        if !opts.dry_run {
+            for m in &gone {
+                self.forget_with(&m.checkpoint, &mut changes)?;
+            }
+        }
+        let pretend: &[Manifest] = if opts.dry_run { &gone } else { &[] };
+        let gc = self.collect(opts, pretend, &mut changes)?;
+        Ok(PruneReport {
+            forgotten: gone.iter().map(|m| m.checkpoint.clone()).collect(),
+            kept,
+            gc,
+        })
+    }
+
+    /// Collects garbage: condemns the packs of forgotten checkpoints that no manifest names,
+    /// and deletes condemned packs no open writer session may use (docs/dedup.md). Packs
+    /// still waiting for a session are left for a later run.
+    pub fn collect_garbage(&self, opts: &GcOptions) -> Result<GcReport> {
+        self.collect(opts, &[], &mut Changes::new(opts.before_change))
+    }
+
+    /// The collection; `pretend` are manifests a dry run treats as forgotten.
+    fn collect(
+        &self,
+        opts: &GcOptions,
+        pretend: &[Manifest],
+        changes: &mut Changes,
+    ) -> Result<GcReport> {
+        let dry = opts.dry_run;
+        let mut report = GcReport {
+            dry_run: dry,
+            ..GcReport::default()
+        };
+        let (forgotten, mut condemned) = self.read_gc_records()?;
+
+        // 1. Forgotten records no condemned record took up yet become one (candidates).
+        let taken: HashSet<&str> = condemned
+            .iter()
+            .flat_map(|(_, c)| c.forgotten.iter().map(String::as_str))
+            .collect();
+        let mut candidates = PackSet::new();
+        let mut fresh = Vec::new();
+        for (name, f) in &forgotten {
+            if !taken.contains(name.as_str()) {
+                super::session::merge(&mut candidates, &set_of(&f.packs)?);
+                fresh.push(name.clone());
+            }
+        }
+        for m in pretend {
+            super::session::merge(&mut candidates, &self.pack_set_of(m)?);
+        }
+        report.forgotten_taken = (fresh.len() + pretend.len()) as u64;
+        if !candidates.is_empty() || !fresh.is_empty() {
+            let record = CondemnedRecord {
+                format: CONDEMNED_FORMAT.to_string(),
+                created_unix_ns: cascade_durable::now_unix_ns(),
+                forgotten: fresh,
+                packs: groups_of(&candidates),
+                waiting_for: None,
+            };
+            let name = format!("{CONDEMNED_PREFIX}{}.json", unique_id());
+            if !dry {
+                self.put_condemned(&name, &record, changes)?;
+            }
+            condemned.push((name, record));
+        }
+
+        // 2. Finish the forgets (a forget killed between its two steps left its manifest),
+        //    then drop the forgotten records: a condemned record holds their packs now.
+        let mut forgetting: HashSet<(String, u64)> = pretend
+            .iter()
+            .map(|m| (m.checkpoint.clone(), m.created_unix_ns))
+            .collect();
+        for (name, f) in &forgotten {
+            forgetting.insert((f.checkpoint.clone(), f.manifest_created_unix_ns));
+            if dry {
+                continue;
+            }
+            let key = self.manifest_key(&f.checkpoint)?;
+            if let Some((m, _)) = self.read_manifest_object(&key)? {
+                if m.created_unix_ns == f.manifest_created_unix_ns {
+                    changes.next();
+                    self.durable.delete(&key)?;
+                }
+            }
+            changes.next();
+            self.durable.delete(&self.key(&format!("gc/{name}")))?;
+        }
+
+        // 3. Open sessions, listed after every condemned record was written.
+        let (open, expired) = self.open_sessions(opts.session_lease)?;
+
+        // 4. A record's wait set: the sessions open after it was written. A session that
+        //    started later loaded it and never dedups against its packs.
+        for (name, c) in condemned.iter_mut() {
+            if c.waiting_for.is_none() {
+                let mut ids: Vec<String> = open.iter().cloned().collect();
+                ids.sort();
+                c.waiting_for = Some(ids);
+                if !dry {
+                    self.put_condemned(name, c, changes)?;
+                }
+            }
+        }
+
+        // 5. What the manifests name, read after the wait sets were checked: a session
+        //    writes its manifest before it ends.
+        let live = self.live_packs(&forgetting)?;
+
+        // 6. Each record, oldest first.
+        condemned.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut versions: Option<HashMap<Score, Vec<String>>> = None;
+        let mut counted_kept = HashSet::new();
+        let mut waiting_packs = HashSet::new();
+        let mut waited_for = HashSet::new();
+        let mut deleted = HashSet::new();
+        for (name, mut c) in condemned {
+            let set = set_of(&c.packs)?;
+            let mut dead = PackSet::new();
+            for (origin, packs) in &set {
+                for p in packs {
+                    if live.contains(p) {
+                        if counted_kept.insert(*p) {
+                            report.packs_unreclaimed += 1;
+                            report.bytes_unreclaimed += self.pack_bytes(p)?.unwrap_or(0);
+                        }
+                    } else {
+                        dead.entry(*origin).or_default().insert(*p);
+                    }
+                }
+            }
+            let waiting: Vec<&String> = c
+                .waiting_for
+                .iter()
+                .flatten()
+                .filter(|s| open.contains(*s))
+                .collect();
+            if !waiting.is_empty() {
+                waited_for.extend(waiting.into_iter().cloned());
+                waiting_packs.extend(dead.values().flatten().copied());
+                if !dry && dead != set {
+                    // Packs a manifest names again are no longer condemned.
+                    c.packs = groups_of(&dead);
+                    self.put_condemned(&name, &c, changes)?;
+                }
+                continue;
+            }
+            if dry {
+                for p in dead.values().flatten() {
+                    if deleted.insert(*p) {
+                        report.packs_deleted += 1;
+                        report.bytes_freed += self.pack_bytes(p)?.unwrap_or(0);
+                    }
+                }
+                continue;
+            }
+            // Index objects first (a reopened repository never lists a deleted pack), then
+            // the packs, then the record.
+            if !dead.is_empty() && versions.is_none() {
+                versions = Some(self.index_versions()?);
+            }
+            if let Some(versions) = versions.as_mut() {
+                for (origin, packs) in &dead {
+                    if self.drop_packs_from_index(origin, packs, versions, changes)? {
+                        report.index_objects_rewritten += 1;
+                    }
+                }
+            }
+            for p in dead.values().flatten() {
+                if let Some(bytes) = self.pack_bytes(p)? {
+                    changes.next();
+                    self.durable.delete(&self.pack_key(p))?;
+                    report.packs_deleted += 1;
+                    report.bytes_freed += bytes;
+                }
+                deleted.insert(*p);
+            }
+            changes.next();
+            self.durable.delete(&self.key(&format!("gc/{name}")))?;
+        }
+        report.packs_waiting = waiting_packs.difference(&deleted).count() as u64;
+        report.sessions_waited_for = waited_for.len() as u64;
+
+        // 7. Session objects of writers that died (their lease ran out).
+        if !dry {
+            for key in &expired {
+                changes.next();
+                self.durable.delete(key)?;
+            }
+            report.sessions_expired = expired.len() as u64;
+        }
+        self.forget_packs_in_memory(&deleted);
+        report.changes = changes.made;
+        Ok(report)
+    }
+
+    fn put_condemned(
+        &self,
+        name: &str,
+        record: &CondemnedRecord,
+        changes: &mut Changes,
+    ) -> Result<()> {
+        let text = serde_json::to_vec_pretty(record).map_err(|e| Error::Invalid(e.to_string()))?;
+        changes.next();
+        self.durable
+            .put_bytes(&self.key(&format!("gc/{name}")), &text)?;
+        Ok(())
+    }
+
+    /// The forgotten and condemned records under `gc/` (a record deleted meanwhile by
+    /// another collector is skipped).
+    #[allow(clippy::type_complexity)]
+    fn read_gc_records(
+        &self,
+    ) -> Result<(
+        Vec<(String, ForgottenRecord)>,
+        Vec<(String, CondemnedRecord)>,
+    )> {
+        let mut forgotten = Vec::new();
+        let mut condemned = Vec::new();
+        for o in self.durable.list(&self.key("gc"))? {
+            let name = o.path.rsplit('/').next().unwrap_or("").to_string();
+            let is_forgotten = name.starts_with(FORGOTTEN_PREFIX);
+            if !is_forgotten && !name.starts_with(CONDEMNED_PREFIX) {
+                continue;
+            }
+            let bytes = match self.durable.get_bytes(&o.path) {
+                Ok(b) => b,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if is_forgotten {
+                let f: ForgottenRecord =
+                    serde_json::from_slice(&bytes).map_err(|e| format_error(&o.path, e))?;
+                forgotten.push((name, f));
+            } else {
+                let c: CondemnedRecord =
+                    serde_json::from_slice(&bytes).map_err(|e| format_error(&o.path, e))?;
+                condemned.push((name, c));
+            }
+        }
+        Ok((forgotten, condemned))
+    }
+
+    /// Sessions renewed within `lease` (ids), and the keys of those that were not.
+    fn open_sessions(&self, lease: Duration) -> Result<(HashSet<String>, Vec<String>)> {
+        let now = cascade_durable::now_unix_ns();
+        let lease_ns = u64::try_from(lease.as_nanos()).unwrap_or(u64::MAX);
+        let mut open = HashSet::new();
+        let mut expired = Vec::new();
+        for o in self.durable.list(&self.key("sessions"))? {
+            let bytes = match self.durable.get_bytes(&o.path) {
+                Ok(b) => b,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let s: SessionRecord =
+                serde_json::from_slice(&bytes).map_err(|e| format_error(&o.path, e))?;
+            if now.saturating_sub(s.refreshed_unix_ns) > lease_ns {
+                expired.push(o.path);
+            } else {
+                open.insert(s.id);
+            }
+        }
+        Ok((open, expired))
+    }
+
+    /// Every pack a manifest names, but those being forgotten ((checkpoint, created)).
+    fn live_packs(&self, forgetting: &HashSet<(String, u64)>) -> Result<HashSet<Score>> {
+        let mut live = HashSet::new();
+        for o in self.durable.list(&self.key("manifests"))? {
+            let Some((m, _)) = self.read_manifest_object(&o.path)? else {
+                continue;
+            };
+            if forgetting.contains(&(m.checkpoint.clone(), m.created_unix_ns)) {
+                continue;
+            }
+            live.extend(self.pack_set_of(&m)?.into_values().flatten());
+        }
+        Ok(live)
+    }
+
+    /// The names of the index objects by origin.
+    fn index_versions(&self) -> Result<HashMap<Score, Vec<String>>> {
+        let mut versions: HashMap<Score, Vec<String>> = HashMap::new();
+        for o in self.durable.list(&self.key("index"))? {
+            let name = o.path.rsplit('/').next().unwrap_or("").to_string();
+            let (origin, _) = parse_index_name(&name)
+                .ok_or_else(|| format_error(&o.path, "not an index object name"))?;
+            versions.entry(origin).or_default().push(name);
+        }
+        Ok(versions)
+    }
+
+    /// Rewrites index object `origin` without `dead`: the new version is written, then the
+    /// old ones deleted (a reader seeing both takes the packs every version names). True if
+    /// anything changed.
+    fn drop_packs_from_index(
+        &self,
+        origin: &Score,
+        dead: &BTreeSet<Score>,
+        versions: &mut HashMap<Score, Vec<String>>,
+        changes: &mut Changes,
+    ) -> Result<bool> {
+        let Some(names) = versions.get(origin).cloned() else {
+            return Ok(false);
+        };
+        let mut contents = Vec::with_capacity(names.len());
+        for name in &names {
+            let (_, packs) = self.read_index_object(&self.key(&format!("index/{name}")), name)?;
+            contents.push(packs);
+        }
+        let ids = |packs: &[(Score, Vec<BlobEntry>)]| -> Vec<Score> {
+            packs.iter().map(|(id, _)| *id).collect()
+        };
+        let version_ids: Vec<Vec<Score>> = contents.iter().map(|c| ids(c)).collect();
+        let wanted: IndexPacks = common_packs(contents)
+            .into_iter()
+            .filter(|(id, _)| !dead.contains(id))
+            .collect();
+        let wanted_ids = ids(&wanted);
+        let target = if wanted.is_empty() {
+            None
+        } else if let Some(i) = version_ids.iter().position(|v| *v == wanted_ids) {
+            Some(names[i].clone())
+        } else {
+            let bytes = format::encode_index(&wanted);
+            let name = format!("{}-{}", to_hex(origin), to_hex(&score(&bytes)));
+            changes.next();
+            self.durable.put_buffers(
+                &self.key(&format!("index/{name}")),
+                vec![Bytes::from(bytes)],
+            )?;
+            Some(name)
+        };
+        let mut changed = target.as_ref().is_some_and(|t| !names.contains(t));
+        for name in &names {
+            if Some(name) != target.as_ref() {
+                changes.next();
+                self.durable.delete(&self.key(&format!("index/{name}")))?;
+                changed = true;
+            }
+        }
+        versions.insert(*origin, target.into_iter().collect());
+        Ok(changed)
+    }
+
+    /// Size of pack `id`; None if it is gone.
+    fn pack_bytes(&self, id: &Score) -> Result<Option<u64>> {
+        match self.durable.size(&self.pack_key(id)) {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Drops the blobs of deleted packs from the loaded index (a blob also stored elsewhere
+    /// is found again at the next refresh).
+    fn forget_packs_in_memory(&self, deleted: &HashSet<Score>) {
+        if deleted.is_empty() {
+            return;
+        }
+        let Ok(mut index) = self.index.write().map_err(|_| poisoned()) else {
+            return;
+        };
+        let gone: HashSet<u32> = index
+            .packs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| deleted.contains(*p))
+            .map(|(i, _)| i as u32)
+            .collect();
+        index.blobs.retain(|_, loc| !gone.contains(&loc.pack));
+    }
+}

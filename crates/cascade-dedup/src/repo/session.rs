@@ -1,0 +1,407 @@
+//! Writer sessions: the writers' half of the protocol that lets garbage collection delete packs
+//! beside them (docs/dedup.md, "Garbage collection").
+//!
+//! A session registers `sessions/<id>.json` before its first dedup decision, then loads the
+//! condemned packs (never deduped against) and the index objects that changed. It renews the
+//! object while it writes and ends (deletes it) once the manifest naming its files is written:
+//! the collector deletes a condemned pack only after every session that might have deduped
+//! against it has ended or let its lease run out.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::format::Block;
+use super::gc::{groups_of, CondemnedRecord, PackSet, CONDEMNED_PREFIX};
+use super::{parse_score, poisoned, Error, Manifest, Repo, Result};
+use crate::score::to_hex;
+use crate::{score, Score};
+
+/// How long a session lives without being renewed. Writers renew every eighth of it and fail
+/// once half of it went by without a renewal; the collector takes a session not renewed for
+/// a whole lease for dead. The margin covers clocks that disagree by up to a quarter lease.
+pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(15 * 60);
+
+pub(crate) const SESSION_FORMAT: &str = "cascade-dedup-session/1";
+
+/// A name nothing else will choose: the time (so names sort by age) and 16 hex digits of a
+/// hash of the time, the process, a counter and the thread.
+pub(crate) fn unique_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = cascade_durable::now_unix_ns();
+    let mut h = blake3::Hasher::new();
+    h.update(&now.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    h.update(format!("{:?}", std::thread::current().id()).as_bytes());
+    let hex = h.finalize().to_hex();
+    format!("{now:020}-{}", &hex[..16])
+}
+
+/// `sessions/<id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SessionRecord {
+    pub format: String,
+    pub id: String,
+    pub pid: u32,
+    pub started_unix_ns: u64,
+    pub refreshed_unix_ns: u64,
+}
+
+/// A registered session of this process.
+pub(crate) struct Session {
+    pub id: String,
+    key: String,
+    started_unix_ns: u64,
+    /// When the last renewal that succeeded was started.
+    renewed_at: Instant,
+    lease: Duration,
+}
+
+impl Session {
+    /// Registers a session, then learns what the collector condemned and which index objects
+    /// changed — in that order, so that a collection either sees this session or has already
+    /// rewritten the index objects this process reads (docs/dedup.md).
+    pub fn start(repo: &Repo) -> Result<Session> {
+        repo.ensure_index()?;
+        let id = unique_id();
+        let now = cascade_durable::now_unix_ns();
+        let mut session = Session {
+            key: repo.key(&format!("sessions/{id}.json")),
+            id,
+            started_unix_ns: now,
+            renewed_at: Instant::now(),
+            lease: repo.session_lease,
+        };
+        session.put(repo, now)?;
+        let synced = repo.sync_condemned().and_then(|()| repo.refresh_index());
+        if let Err(e) = synced {
+            session.end(repo);
+            return Err(e);
+        }
+        Ok(session)
+    }
+
+    fn put(&mut self, repo: &Repo, now_unix_ns: u64) -> Result<()> {
+        let record = SessionRecord {
+            format: SESSION_FORMAT.to_string(),
+            id: self.id.clone(),
+            pid: std::process::id(),
+            started_unix_ns: self.started_unix_ns,
+            refreshed_unix_ns: now_unix_ns,
+        };
+        let text = serde_json::to_vec_pretty(&record).map_err(|e| Error::Invalid(e.to_string()))?;
+        let started = Instant::now();
+        repo.durable.put_bytes(&self.key, &text)?;
+        self.renewed_at = started;
+        Ok(())
+    }
+
+    /// True once half a lease went by without a renewal: the collector may since have taken
+    /// the session for dead, so what it deduped against may be gone.
+    pub fn lapsed(&self) -> bool {
+        self.renewed_at.elapsed() > self.lease / 2
+    }
+
+    /// Renews the session when an eighth of the lease went by; fails once it lapsed.
+    pub fn keep_alive(&mut self, repo: &Repo) -> Result<()> {
+        if self.lapsed() {
+            return Err(Error::Conflict(format!(
+                "writer session {} was not renewed for {:.0} s (lease {} s): garbage \
+                 collection may have deleted what it deduplicated against; store the files \
+                 again",
+                self.id,
+                self.renewed_at.elapsed().as_secs_f64(),
+                self.lease.as_secs()
+            )));
+        }
+        if self.renewed_at.elapsed() >= self.lease / 8 {
+            self.put(repo, cascade_durable::now_unix_ns())?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the session object. A failure only delays collection: the collector waits for
+    /// a session it still sees until its lease runs out.
+    pub fn end(self, repo: &Repo) {
+        let _ = repo.durable.delete(&self.key);
+    }
+}
+
+/// A writer's session kept after `finish` until manifests name the files it added: the
+/// collector must not delete what those files use before the manifest is visible to it.
+pub(crate) struct Parked {
+    pub session: Session,
+    /// Root of each file added, and the packs (by index object) its blobs were found in.
+    pub roots: HashMap<Score, PackSet>,
+}
+
+/// Where a blob a writer uses is: in a pack of this writer (its position among the packs the
+/// writer wrote) or in a pack the index names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlobAt {
+    Own(u32),
+    Indexed { pack: Score, origin: Score },
+}
+
+/// The packs one file's blobs are in, gathered while the file is added.
+#[derive(Debug, Default)]
+pub(crate) struct FilePacks {
+    pub own: BTreeSet<u32>,
+    pub indexed: HashSet<(Score, Score)>,
+    last: Option<BlobAt>,
+}
+
+impl FilePacks {
+    pub fn note(&mut self, at: BlobAt) {
+        // Consecutive blobs are mostly in the same pack: skip the set for them.
+        if self.last == Some(at) {
+            return;
+        }
+        self.last = Some(at);
+        match at {
+            BlobAt::Own(slot) => {
+                self.own.insert(slot);
+            }
+            BlobAt::Indexed { pack, origin } => {
+                self.indexed.insert((pack, origin));
+            }
+        }
+    }
+
+    /// The pack set, given the ids of this writer's packs and of its index object.
+    pub fn resolve(&self, own_packs: &[Score], own_origin: Option<Score>) -> PackSet {
+        let mut set = PackSet::new();
+        if let Some(origin) = own_origin {
+            for slot in &self.own {
+                if let Some(pack) = own_packs.get(*slot as usize) {
+                    set.entry(origin).or_default().insert(*pack);
+                }
+            }
+        }
+        for (pack, origin) in &self.indexed {
+            set.entry(*origin).or_default().insert(*pack);
+        }
+        set
+    }
+}
+
+pub(crate) fn merge(into: &mut PackSet, from: &PackSet) {
+    for (origin, packs) in from {
+        into.entry(*origin)
+            .or_default()
+            .extend(packs.iter().copied());
+    }
+}
+
+impl Repo {
+    /// Reads every condemned record: the packs no session that starts now may dedup against.
+    pub(crate) fn sync_condemned(&self) -> Result<()> {
+        let mut condemned = HashSet::new();
+        for o in self.durable.list(&self.key("gc"))? {
+            let name = o.path.rsplit('/').next().unwrap_or("");
+            if !name.starts_with(CONDEMNED_PREFIX) {
+                continue;
+            }
+            let bytes = match self.durable.get_bytes(&o.path) {
+                Ok(b) => b,
+                // Finished by a collector meanwhile: its packs are out of the index objects.
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let record: CondemnedRecord =
+                serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+                    object: o.path.clone(),
+                    why: e.to_string(),
+                })?;
+            for group in &record.packs {
+                for pack in &group.packs {
+                    condemned.insert(parse_score(pack)?);
+                }
+            }
+        }
+        self.index.write().map_err(|_| poisoned())?.condemned = condemned;
+        Ok(())
+    }
+
+    /// Keeps a finished writer's session until manifests name its files.
+    pub(crate) fn park(&self, session: Session, roots: HashMap<Score, PackSet>) {
+        if roots.is_empty() {
+            session.end(self);
+            return;
+        }
+        match self.parked.lock() {
+            Ok(mut parked) => parked.push(Parked { session, roots }),
+            Err(_) => session.end(self),
+        }
+    }
+
+    /// Ends every parked session (the repository is going away).
+    pub(crate) fn end_parked(&self) {
+        let parked = match self.parked.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => return,
+        };
+        for p in parked {
+            p.session.end(self);
+        }
+    }
+
+    /// Writes `manifest` with the set of packs its blobs are in (`packs`), safely beside
+    /// garbage collection. Files added by a writer of this process whose session is still
+    /// parked take its pack sets (no reads). Any other root is walked under a session of its
+    /// own, after the condemned packs and the index were refreshed, and refused if it needs a
+    /// condemned pack (a collector may be deleting it). Parked sessions whose every file is
+    /// now named end after the write.
+    pub(crate) fn record_manifest(&self, manifest: &mut Manifest) -> Result<()> {
+        self.ensure_index()?;
+        let roots: Vec<Score> = manifest
+            .files
+            .iter()
+            .map(|f| parse_score(&f.root))
+            .collect::<Result<_>>()?;
+        // Every root must be reachable: the crash-safe order, checked.
+        {
+            let index = self.index.read().map_err(|_| poisoned())?;
+            if let Some(i) = roots.iter().position(|r| !index.blobs.contains_key(r)) {
+                return Err(Error::Missing(manifest.files[i].root.clone()));
+            }
+        }
+        let mut packs = PackSet::new();
+        let mut uncovered = Vec::new();
+        {
+            let mut parked = self.parked.lock().map_err(|_| poisoned())?;
+            // A lapsed session protects nothing any more; the collector treats it as dead.
+            let (live, lapsed): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
+                .into_iter()
+                .partition(|p| !p.session.lapsed());
+            *parked = live;
+            for p in lapsed {
+                p.session.end(self);
+            }
+            let mut used = HashSet::new();
+            for root in &roots {
+                match parked.iter().position(|p| p.roots.contains_key(root)) {
+                    Some(i) => {
+                        merge(&mut packs, &parked[i].roots[root]);
+                        used.insert(i);
+                    }
+                    None => uncovered.push(*root),
+                }
+            }
+            for i in used {
+                parked[i].session.keep_alive(self)?;
+            }
+        }
+        let own_session = if uncovered.is_empty() {
+            None
+        } else {
+            let session = Session::start(self)?;
+            let walked = self.walk_pack_set(&uncovered).and_then(|walked| {
+                let index = self.index.read().map_err(|_| poisoned())?;
+                match walked
+                    .values()
+                    .flatten()
+                    .find(|p| index.condemned.contains(*p))
+                {
+                    Some(p) => Err(Error::Conflict(format!(
+                        "checkpoint {} uses pack {} that garbage collection is deleting; \
+                         store its files again",
+                        manifest.checkpoint,
+                        to_hex(p)
+                    ))),
+                    None => Ok(walked),
+                }
+            });
+            match walked {
+                Ok(walked) => merge(&mut packs, &walked),
+                Err(e) => {
+                    session.end(self);
+                    return Err(e);
+                }
+            }
+            Some(session)
+        };
+        manifest.packs = Some(groups_of(&packs));
+        let written = serde_json::to_vec_pretty(&*manifest)
+            .map_err(|e| Error::Invalid(e.to_string()))
+            .and_then(|text| {
+                self.durable
+                    .put_bytes(&self.manifest_key(&manifest.checkpoint)?, &text)
+                    .map_err(Error::from)
+            });
+        if let Some(session) = own_session {
+            session.end(self);
+        }
+        written?;
+        let finished: Vec<Parked> = {
+            let mut parked = self.parked.lock().map_err(|_| poisoned())?;
+            for p in parked.iter_mut() {
+                for root in &roots {
+                    p.roots.remove(root);
+                }
+            }
+            let (done, open): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
+                .into_iter()
+                .partition(|p| p.roots.is_empty());
+            *parked = open;
+            done
+        };
+        for p in finished {
+            p.session.end(self);
+        }
+        Ok(())
+    }
+
+    /// The packs (by index object) the trees of `roots` are in, from the loaded index: every
+    /// recipe block is read (about 40 bytes per chunk), data chunks are only looked up.
+    pub(crate) fn walk_pack_set(&self, roots: &[Score]) -> Result<PackSet> {
+        self.ensure_index()?;
+        let mut set = PackSet::new();
+        let mut seen_blocks = HashSet::new();
+        let mut stack: Vec<Score> = roots.to_vec();
+        let note = |set: &mut PackSet, s: &Score| -> Result<()> {
+            let index = self.index.read().map_err(|_| poisoned())?;
+            let loc = index
+                .blobs
+                .get(s)
+                .ok_or_else(|| Error::Missing(to_hex(s)))?;
+            let n = loc.pack as usize;
+            set.entry(index.origins[n])
+                .or_default()
+                .insert(index.packs[n]);
+            Ok(())
+        };
+        while let Some(node) = stack.pop() {
+            if !seen_blocks.insert(node) {
+                continue;
+            }
+            note(&mut set, &node)?;
+            let block = Block::decode(&self.read_blob(&node)?).map_err(|e| Error::Corrupt {
+                score: to_hex(&node),
+                why: e.0,
+            })?;
+            for (child, _) in &block.children {
+                if block.level == 0 {
+                    note(&mut set, child)?;
+                } else {
+                    stack.push(*child);
+                }
+            }
+        }
+        Ok(set)
+    }
+}
+
+/// Sixteen bytes that make every pack unique: two sessions storing the same blobs in the same
+/// order must not write one pack id that two index objects name (the collector rewrites only
+/// the index object a manifest names for a pack).
+pub(crate) fn pack_nonce() -> [u8; 16] {
+    let id = unique_id();
+    let digest = score(id.as_bytes());
+    let mut nonce = [0u8; 16];
+    nonce.copy_from_slice(&digest[..16]);
+    nonce
+}

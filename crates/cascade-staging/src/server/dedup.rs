@@ -1,0 +1,751 @@
+//! The dedup side of a staging server (docs/staging.md, "Dedup through the servers"): the
+//! Lacks, PutChunks, PutManifest, GetChunks and GetManifest requests, and the push thread
+//! that writes the chunk store's records into the durable repository (one per namespace, at
+//! `<drain-to>/<namespace>/.cascade-dedup`) as packs and index objects, then the manifests
+//! whose blobs are all indexed there.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX, MANIFEST_FORMAT};
+use cascade_dedup::score::to_hex;
+use cascade_dedup::{score, Chunking, Compression, Score};
+use serde::{Deserialize, Serialize};
+
+use super::{engine_code, lock, ConnState, Shared};
+use crate::chunks::manifests::{ManifestStore, PendingManifest};
+use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
+use crate::protocol::{
+    self, code, kind, ManifestPart, ManifestState, Stored, WireChunk, CHUNK_FIXED, MAX_BODY,
+};
+use crate::{hex, Error, Result};
+
+/// Stored bytes one push round reads and writes as one repository session (two packs and
+/// one index object at the repository's 16 MiB packs).
+const PUSH_BATCH: u64 = 32 << 20;
+/// While clients send, a round starts only with this much waiting, or after this long.
+const PUSH_WHEN_BUSY: u64 = 64 << 20;
+const PUSH_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
+/// How often other writers' index objects are looked for: often while a manifest waits.
+const REFRESH_WAITING: Duration = Duration::from_secs(1);
+const REFRESH_IDLE: Duration = Duration::from_secs(5);
+/// A namespace whose repository did not exist is looked for again after this.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+/// Scores of a pending manifest checked against the index per read of its file.
+const CHECK_BATCH: usize = 8192;
+
+/// What `cascade stage-server status` shows about dedup (counters since the server started,
+/// levels now).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupStatus {
+    /// Chunks stored on this server's SSD, and their raw and stored bytes.
+    pub chunks_absorbed: u64,
+    pub chunk_bytes_raw: u64,
+    pub chunk_bytes_stored: u64,
+    /// Chunks sent that this server or the durable repository already had.
+    pub chunks_deduplicated: u64,
+    /// Chunks written into packs of the durable repository, and their stored bytes.
+    pub chunks_pushed: u64,
+    pub pushed_bytes: u64,
+    /// Chunks the push found in the repository already (another writer pushed them first).
+    pub chunks_already_durable: u64,
+    /// Acknowledged chunks not yet pushed, and their stored bytes.
+    pub pending_chunks: u64,
+    pub pending_bytes: u64,
+    /// Manifests waiting for their blobs, and manifests written into the repository.
+    pub pending_manifests: u64,
+    pub manifests_written: u64,
+    /// Chunks refused because their bytes did not match their scores.
+    pub refused_chunks: u64,
+    /// Acknowledged chunks whose records failed their checksum when pushed.
+    pub lost_chunks: u64,
+    pub push_failures: u64,
+    pub segment_files: u64,
+    pub segment_bytes: u64,
+    /// Chunks in the in-memory score index and the memory its tables take.
+    pub index_chunks: u64,
+    pub index_memory_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    chunks_absorbed: u64,
+    chunk_bytes_raw: u64,
+    chunk_bytes_stored: u64,
+    chunks_deduplicated: u64,
+    chunks_pushed: u64,
+    pushed_bytes: u64,
+    chunks_already_durable: u64,
+    manifests_written: u64,
+    refused_chunks: u64,
+    lost_chunks: u64,
+    push_failures: u64,
+}
+
+/// A namespace's repository: None while the durable store has none (looked again later).
+struct RepoSlot {
+    repo: Option<Arc<Repo>>,
+    looked: Instant,
+}
+
+pub(super) struct Dedup {
+    chunks: ChunkStore,
+    manifests: ManifestStore,
+    repos: Mutex<HashMap<String, RepoSlot>>,
+    counters: Mutex<Counters>,
+    wake: (Mutex<u64>, Condvar),
+}
+
+impl Dedup {
+    /// Opens the chunk store and the pending manifests in `dir` (recovering both); the
+    /// recovery warnings, one line each.
+    pub(super) fn open(dir: &Path, opts: ChunkOptions) -> Result<(Dedup, Vec<String>)> {
+        let chunks = ChunkStore::open(dir, opts)?;
+        let (manifests, mut warnings) = ManifestStore::open(&dir.join("manifests"))?;
+        warnings.extend(chunks.recovery_warnings());
+        Ok((
+            Dedup {
+                chunks,
+                manifests,
+                repos: Mutex::new(HashMap::new()),
+                counters: Mutex::new(Counters::default()),
+                wake: (Mutex::new(0), Condvar::new()),
+            },
+            warnings,
+        ))
+    }
+}
+
+/// Checks that a chunk's stored bytes are its score: decompressed to exactly `raw_len`
+/// bytes when zstd, then hashed.
+fn verify(c: &WireChunk) -> std::result::Result<(), String> {
+    let got = match c.stored {
+        Stored::Raw => score(c.data),
+        Stored::Zstd => {
+            let raw = Compression::decompress(c.data, c.raw_len as usize).map_err(|e| {
+                format!(
+                    "chunk {}: its zstd frame does not decompress to {} bytes: {e}",
+                    hex(&c.score),
+                    c.raw_len
+                )
+            })?;
+            score(&raw)
+        }
+    };
+    if got != c.score {
+        return Err(format!(
+            "chunk {}: its bytes hash to {}; nothing of this frame was stored",
+            hex(&c.score),
+            hex(&got)
+        ));
+    }
+    Ok(())
+}
+
+/// The repository's manifest for a pending one.
+fn manifest_of(m: &PendingManifest, created_unix_ns: u64) -> Manifest {
+    Manifest {
+        format: MANIFEST_FORMAT.to_string(),
+        checkpoint: m.checkpoint.clone(),
+        created_unix_ns,
+        chunking: m.chunking.clone(),
+        compression: m.compression.clone(),
+        files: m
+            .files
+            .iter()
+            .map(|f| FileRecipe {
+                path: f.path.clone(),
+                size: f.size,
+                blake3: hex(&f.blake3),
+                root: to_hex(&f.root),
+            })
+            .collect(),
+        // Filled in by the repository when it records the manifest.
+        packs: None,
+        single_file: m.single_file,
+    }
+}
+
+impl Shared {
+    pub(super) fn wake_push(&self) {
+        let (m, cv) = &self.dedup.wake;
+        *lock(m) += 1;
+        cv.notify_all();
+    }
+
+    pub(super) fn dedup_status(&self) -> DedupStatus {
+        let u = self.dedup.chunks.usage();
+        let c = lock(&self.dedup.counters);
+        DedupStatus {
+            chunks_absorbed: c.chunks_absorbed,
+            chunk_bytes_raw: c.chunk_bytes_raw,
+            chunk_bytes_stored: c.chunk_bytes_stored,
+            chunks_deduplicated: c.chunks_deduplicated,
+            chunks_pushed: c.chunks_pushed,
+            pushed_bytes: c.pushed_bytes,
+            chunks_already_durable: c.chunks_already_durable,
+            pending_chunks: u.pending_chunks,
+            pending_bytes: u.pending_bytes,
+            pending_manifests: self.dedup.manifests.pending().len() as u64,
+            manifests_written: c.manifests_written,
+            refused_chunks: c.refused_chunks,
+            lost_chunks: c.lost_chunks,
+            push_failures: c.push_failures,
+            segment_files: u.segment_files,
+            segment_bytes: u.segment_bytes,
+            index_chunks: u.index_chunks,
+            index_memory_bytes: u.index_memory_bytes,
+        }
+    }
+
+    /// The durable repository of `namespace` (`<drain-to>/<namespace>/.cascade-dedup`):
+    /// created with `create`, else None while there is none (looked for again after a
+    /// second). The first use of a namespace reads its index objects.
+    fn repo_for(&self, namespace: &str, create: bool) -> Result<Option<Arc<Repo>>> {
+        {
+            let repos = lock(&self.dedup.repos);
+            if let Some(slot) = repos.get(namespace) {
+                if slot.repo.is_some() || (!create && slot.looked.elapsed() < LOOK_AGAIN) {
+                    return Ok(slot.repo.clone());
+                }
+            }
+        }
+        // Outside the lock: this reads the durable store.
+        let prefix = crate::namespaced(namespace, DEFAULT_PREFIX);
+        let opened = if create {
+            Repo::open(
+                self.durable.clone(),
+                &prefix,
+                Chunking::DEFAULT_CDC,
+                Compression::None,
+            )
+            .map(Some)
+        } else {
+            Repo::open_existing(self.durable.clone(), &prefix)
+        };
+        let mut repos = lock(&self.dedup.repos);
+        let slot = repos.entry(namespace.to_string()).or_insert(RepoSlot {
+            repo: None,
+            looked: Instant::now(),
+        });
+        // A failure too waits a second before the next look: requests must not each wait
+        // for a durable store that is down.
+        slot.looked = Instant::now();
+        let opened = opened?;
+        // Someone else may have opened it meanwhile: keep theirs (its index knows their
+        // pushes).
+        if slot.repo.is_none() {
+            slot.repo = opened.map(Arc::new);
+        }
+        Ok(slot.repo.clone())
+    }
+
+    /// The repository of `namespace` if it can be had now; failures are logged (answers then
+    /// rest on the chunk store alone).
+    fn repo_if_any(&self, namespace: &str) -> Option<Arc<Repo>> {
+        match self.repo_for(namespace, false) {
+            Ok(r) => r,
+            Err(e) => {
+                self.log(|| format!("dedup repository of namespace {namespace:?}: {e}"));
+                None
+            }
+        }
+    }
+
+    // ---- requests ----
+
+    pub(super) fn lacks(&self, stream: &TcpStream, id: u32, ns: &str, scores: &[Score]) -> bool {
+        let held = self.dedup.chunks.held(ns, scores);
+        let candidates: Vec<Score> = scores
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| !**h)
+            .map(|(s, _)| *s)
+            .collect();
+        let missing: HashSet<Score> = match self.repo_if_any(ns) {
+            Some(repo) => repo.missing(&candidates).into_iter().collect(),
+            None => candidates.into_iter().collect(),
+        };
+        let lacks: Vec<bool> = scores
+            .iter()
+            .zip(&held)
+            .map(|(s, h)| !h && missing.contains(s))
+            .collect();
+        self.reply(
+            stream,
+            id,
+            kind::LACKS,
+            &[&protocol::encode_lacks_ok(&lacks)],
+        )
+        .is_ok()
+    }
+
+    pub(super) fn put_chunks(
+        &self,
+        stream: &TcpStream,
+        id: u32,
+        ns: &str,
+        chunks: &[WireChunk],
+    ) -> bool {
+        self.last_write_ms
+            .store(self.now_ms().max(1), Ordering::Relaxed);
+        // Every chunk is checked before any is stored: a bad frame leaves nothing behind.
+        for c in chunks {
+            if let Err(why) = verify(c) {
+                lock(&self.dedup.counters).refused_chunks += 1;
+                self.log(|| format!("refused a PutChunks: {why}"));
+                self.reply_error(stream, id, code::BAD_CHUNK, &why);
+                return false;
+            }
+        }
+        let in_repo: HashSet<Score> = match self.repo_if_any(ns) {
+            Some(repo) => {
+                let scores: Vec<Score> = chunks.iter().map(|c| c.score).collect();
+                let missing: HashSet<Score> = repo.missing(&scores).into_iter().collect();
+                scores
+                    .into_iter()
+                    .filter(|s| !missing.contains(s))
+                    .collect()
+            }
+            None => HashSet::new(),
+        };
+        let to_store: Vec<WireChunk> = chunks
+            .iter()
+            .filter(|c| !in_repo.contains(&c.score))
+            .copied()
+            .collect();
+        let durable_already = (chunks.len() - to_store.len()) as u32;
+        match self.dedup.chunks.put(ns, &to_store) {
+            Ok(o) => {
+                {
+                    let mut c = lock(&self.dedup.counters);
+                    c.chunks_absorbed += u64::from(o.stored);
+                    c.chunk_bytes_raw += o.raw_bytes;
+                    c.chunk_bytes_stored += o.stored_bytes;
+                    c.chunks_deduplicated += u64::from(o.present + durable_already);
+                }
+                if o.stored > 0 {
+                    self.wake_push();
+                }
+                let body = protocol::encode_put_chunks_ok(o.stored, o.present + durable_already);
+                self.reply(stream, id, kind::PUT_CHUNKS, &[&body]).is_ok()
+            }
+            Err(e) => {
+                let (c, why) = engine_code(&e);
+                if c != code::FULL {
+                    self.fail(format!("cannot store chunks: {why}"));
+                }
+                self.reply_error(stream, id, c, &why);
+                false
+            }
+        }
+    }
+
+    pub(super) fn put_manifest(
+        &self,
+        stream: &TcpStream,
+        id: u32,
+        ns: &str,
+        part: &ManifestPart,
+        conn: &ConnState,
+    ) -> bool {
+        let mut upload = lock(&conn.upload);
+        let received = (|| -> Result<()> {
+            if part.part == 0 {
+                part.chunking
+                    .parse::<Chunking>()
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                part.compression
+                    .parse::<Compression>()
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                // A new manifest drops one this connection left unfinished.
+                *upload = None;
+                let mut up = self.dedup.manifests.begin(ns, part)?;
+                self.dedup.manifests.add(&mut up, part)?;
+                *upload = Some(up);
+            } else {
+                let Some(up) = upload.as_mut() else {
+                    return Err(Error::Invalid(format!(
+                        "manifest part {} of {} without part 0 on this connection",
+                        part.part, part.checkpoint
+                    )));
+                };
+                self.dedup.manifests.add(up, part)?;
+            }
+            if part.last {
+                if let Some(up) = upload.take() {
+                    let m = self.dedup.manifests.commit(up)?;
+                    self.log(|| {
+                        format!(
+                            "dedup manifest of {} ({} files, {} blobs) is pending",
+                            crate::namespaced(ns, &m.checkpoint),
+                            m.files.len(),
+                            m.score_count
+                        )
+                    });
+                    self.wake_push();
+                }
+            }
+            Ok(())
+        })();
+        match received {
+            Ok(()) => self.reply(stream, id, kind::PUT_MANIFEST, &[]).is_ok(),
+            Err(e) => {
+                *upload = None;
+                let (c, why) = match &e {
+                    Error::Engine(e) => engine_code(e),
+                    Error::Invalid(why) => (code::INVALID, why.clone()),
+                    other => (code::IO, other.to_string()),
+                };
+                if c == code::IO {
+                    self.fail(format!("cannot record a dedup manifest: {why}"));
+                }
+                self.reply_error(stream, id, c, &why);
+                false
+            }
+        }
+    }
+
+    pub(super) fn get_chunks(
+        &self,
+        stream: &TcpStream,
+        id: u32,
+        ns: &str,
+        scores: &[Score],
+    ) -> bool {
+        let mut found = Vec::new();
+        let mut body_len = 8usize;
+        let mut considered = 0u32;
+        for s in scores {
+            match self.dedup.chunks.get(ns, s) {
+                Ok(Some(c)) => {
+                    let len = CHUNK_FIXED + c.data.len();
+                    if body_len + len > MAX_BODY {
+                        break;
+                    }
+                    body_len += len;
+                    found.push((*s, c));
+                }
+                Ok(None) => {}
+                Err(crate::engine::Error::Corrupt { what }) => {
+                    // Not served: the client reads it from the durable store, or resends it.
+                    self.fail(format!("GetChunks: {what}"));
+                    self.dedup.chunks.forget(ns, s);
+                }
+                Err(e) => {
+                    let (c, why) = engine_code(&e);
+                    self.fail(format!("GetChunks: {why}"));
+                    self.reply_error(stream, id, c, &why);
+                    return true;
+                }
+            }
+            considered += 1;
+        }
+        let wire: Vec<WireChunk> = found
+            .iter()
+            .map(|(s, c)| WireChunk {
+                score: *s,
+                kind: c.kind,
+                stored: c.stored,
+                raw_len: c.raw_len,
+                data: &c.data,
+            })
+            .collect();
+        let head = protocol::encode_get_chunks_ok_head(considered, &wire);
+        let mut body: Vec<&[u8]> = Vec::with_capacity(wire.len() + 1);
+        body.push(&head);
+        body.extend(wire.iter().map(|w| w.data));
+        self.reply(stream, id, kind::GET_CHUNKS, &body).is_ok()
+    }
+
+    pub(super) fn get_manifest(
+        &self,
+        stream: &TcpStream,
+        id: u32,
+        ns: &str,
+        checkpoint: &str,
+    ) -> bool {
+        let found = match self.dedup.manifests.find(ns, checkpoint) {
+            Some(m) => Ok(Some((
+                ManifestState::Pending,
+                manifest_of(&m, m.received_unix_ns),
+            ))),
+            None => match self.repo_for(ns, false) {
+                Ok(Some(repo)) => repo
+                    .read_manifest(checkpoint)
+                    .map(|m| m.map(|m| (ManifestState::Written, m)))
+                    .map_err(Error::from),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            },
+        };
+        let (state, json) = match found {
+            Ok(Some((state, m))) => match serde_json::to_string(&m) {
+                Ok(json) => (state, json),
+                Err(e) => {
+                    self.reply_error(stream, id, code::IO, &e.to_string());
+                    return true;
+                }
+            },
+            Ok(None) => (ManifestState::Unknown, String::new()),
+            Err(e) => {
+                // Like a Read's: the connection stays.
+                self.reply_error(stream, id, code::IO, &e.to_string());
+                return true;
+            }
+        };
+        if json.len() + 1 > MAX_BODY {
+            let why = format!("the manifest of {checkpoint} is too large for one reply");
+            self.reply_error(stream, id, code::INVALID, &why);
+            return true;
+        }
+        let body = protocol::encode_get_manifest_ok(state, &json);
+        self.reply(stream, id, kind::GET_MANIFEST, &[&body]).is_ok()
+    }
+
+    // ---- the push ----
+
+    /// Pushes acknowledged chunks into the durable repository (yielding to clients that
+    /// send), looks for other writers' index objects, and writes pending manifests whose
+    /// blobs are all indexed; failures are retried with backoff (0.5 s doubling to 30 s).
+    pub(super) fn dedup_push_loop(self: Arc<Self>) {
+        let mut failures = 0u32;
+        let mut retry_at = Instant::now();
+        let mut last_push = Instant::now();
+        let mut last_refresh = Instant::now();
+        let mut manifest_retry: HashMap<u64, (u32, Instant)> = HashMap::new();
+        let mut checked_at_wake = u64::MAX;
+        while !self.stop.load(Ordering::SeqCst) {
+            let seen = *lock(&self.dedup.wake.0);
+            let mut progressed = false;
+            if Instant::now() >= retry_at {
+                match self.push_round(&mut last_push) {
+                    Ok(pushed) => {
+                        progressed = pushed;
+                        failures = 0;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        let delay = Duration::from_millis(500)
+                            .saturating_mul(1 << failures.min(6))
+                            .min(Duration::from_secs(30));
+                        retry_at = Instant::now() + delay;
+                        lock(&self.dedup.counters).push_failures += 1;
+                        self.fail(format!(
+                            "push of dedup chunks failed (attempt {failures}): {e}; retrying in {:.1} s",
+                            delay.as_secs_f64()
+                        ));
+                    }
+                }
+            }
+            let waiting = !self.dedup.manifests.pending().is_empty();
+            let every = if waiting {
+                REFRESH_WAITING
+            } else {
+                REFRESH_IDLE
+            };
+            let mut refreshed = false;
+            if last_refresh.elapsed() >= every {
+                last_refresh = Instant::now();
+                self.refresh_repos();
+                refreshed = true;
+            }
+            // Checked when something may have changed: a push, other writers' index
+            // objects, or a request that woke this thread (a new manifest, new chunks).
+            if waiting && (progressed || refreshed || seen != checked_at_wake) {
+                checked_at_wake = seen;
+                if self.complete_dedup_manifests(&mut manifest_retry) {
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                let (m, cv) = &self.dedup.wake;
+                let g = lock(m);
+                if *g == seen {
+                    let _ = cv.wait_timeout(g, Duration::from_millis(250));
+                }
+            }
+        }
+    }
+
+    /// One push round: up to [`PUSH_BATCH`] of records after the cursor, one repository
+    /// session per namespace (packs, then the index object), then the cursor is moved
+    /// (durably) and wholly pushed segments are deleted. True if it moved the cursor.
+    fn push_round(&self, last_push: &mut Instant) -> Result<bool> {
+        let (cursor, end) = self.dedup.chunks.push_window();
+        if cursor >= end {
+            return Ok(false);
+        }
+        let waiting = self.dedup.chunks.usage().pending_bytes;
+        if self.ingest_active()
+            && waiting < PUSH_WHEN_BUSY
+            && last_push.elapsed() < PUSH_AT_LEAST_EVERY
+        {
+            return Ok(false);
+        }
+        let mut since_pause = 0u64;
+        let mut pace = |bytes: u64| {
+            since_pause += bytes;
+            if since_pause >= 1 << 20 {
+                since_pause = 0;
+                if self.ingest_active() {
+                    std::thread::sleep(self.opts.busy_pause);
+                }
+            }
+        };
+        let batch = self
+            .dedup
+            .chunks
+            .read_for_push(cursor, PUSH_BATCH, &mut pace)?;
+        let mut by_namespace: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, r) in batch.records.iter().enumerate() {
+            match r {
+                Scanned::Chunk { namespace, .. } => {
+                    by_namespace.entry(namespace.clone()).or_default().push(i)
+                }
+                Scanned::Corrupt { at, why } => {
+                    lock(&self.dedup.counters).lost_chunks += 1;
+                    self.fail(format!(
+                        "dedup segment {} at {}: {why}; the rest of that segment is lost",
+                        at.segment, at.offset
+                    ));
+                }
+            }
+        }
+        let (mut pushed, mut pushed_bytes, mut already) = (0u64, 0u64, 0u64);
+        for (namespace, records) in &by_namespace {
+            let repo = self
+                .repo_for(namespace, true)?
+                .ok_or_else(|| Error::Invalid(format!("no dedup repository for {namespace:?}")))?;
+            let mut writer = repo.writer();
+            for &i in records {
+                let Scanned::Chunk {
+                    score,
+                    kind,
+                    stored,
+                    raw_len,
+                    data,
+                    ..
+                } = &batch.records[i]
+                else {
+                    continue;
+                };
+                if writer.add_stored(*score, *kind, *raw_len, *stored, data)? {
+                    pushed += 1;
+                    pushed_bytes += data.len() as u64;
+                } else {
+                    already += 1;
+                }
+            }
+            // Packs first, then the index object naming them: only then may the cursor move.
+            writer.finish()?;
+        }
+        {
+            let mut c = lock(&self.dedup.counters);
+            c.chunks_pushed += pushed;
+            c.pushed_bytes += pushed_bytes;
+            c.chunks_already_durable += already;
+        }
+        if batch.next == cursor {
+            return Ok(false);
+        }
+        self.dedup
+            .chunks
+            .mark_pushed(batch.next, batch.chunks, batch.bytes)?;
+        *last_push = Instant::now();
+        self.log(|| {
+            format!(
+                "pushed {pushed} dedup chunks ({pushed_bytes} bytes; {already} already in the repository) up to segment {} offset {}",
+                batch.next.segment, batch.next.offset
+            )
+        });
+        Ok(true)
+    }
+
+    /// Loads other writers' new index objects into every open repository.
+    fn refresh_repos(&self) {
+        let repos: Vec<(String, Arc<Repo>)> = lock(&self.dedup.repos)
+            .iter()
+            .filter_map(|(ns, slot)| slot.repo.clone().map(|r| (ns.clone(), r)))
+            .collect();
+        for (ns, repo) in repos {
+            if let Err(e) = repo.refresh_index() {
+                self.log(|| format!("cannot refresh the dedup index of {ns:?}: {e}"));
+            }
+        }
+    }
+
+    /// Writes every pending manifest whose blobs are all in its repository's index; true if
+    /// one was written. A manifest whose write failed is tried again after a backoff (0.5 s
+    /// doubling to 30 s, in `retry`).
+    fn complete_dedup_manifests(&self, retry: &mut HashMap<u64, (u32, Instant)>) -> bool {
+        let mut wrote = false;
+        let pending = self.dedup.manifests.pending();
+        retry.retain(|id, _| pending.iter().any(|m| m.id == *id));
+        for m in pending {
+            if retry.get(&m.id).is_some_and(|(_, at)| *at > Instant::now()) {
+                continue;
+            }
+            let Some(repo) = self.repo_if_any(&m.namespace) else {
+                continue;
+            };
+            match self.write_if_complete(&repo, &m) {
+                Ok(true) => {
+                    retry.remove(&m.id);
+                    lock(&self.dedup.counters).manifests_written += 1;
+                    self.log(|| {
+                        format!(
+                            "dedup manifest of {} written",
+                            crate::namespaced(&m.namespace, &m.checkpoint)
+                        )
+                    });
+                    wrote = true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let entry = retry.entry(m.id).or_insert((0, Instant::now()));
+                    entry.0 += 1;
+                    let delay = Duration::from_millis(500)
+                        .saturating_mul(1 << entry.0.min(6))
+                        .min(Duration::from_secs(30));
+                    entry.1 = Instant::now() + delay;
+                    self.fail(format!(
+                        "cannot write the dedup manifest of {} (attempt {}): {e}; retrying in {:.1} s",
+                        crate::namespaced(&m.namespace, &m.checkpoint),
+                        entry.0,
+                        delay.as_secs_f64()
+                    ));
+                }
+            }
+        }
+        wrote
+    }
+
+    fn write_if_complete(&self, repo: &Repo, m: &PendingManifest) -> Result<bool> {
+        let mut checked = m.checked();
+        while checked < m.score_count {
+            let scores = self.dedup.manifests.read_scores(m, checked, CHECK_BATCH)?;
+            if scores.is_empty() {
+                break;
+            }
+            let missing: HashSet<Score> = repo.missing(&scores).into_iter().collect();
+            let present = scores.iter().take_while(|s| !missing.contains(*s)).count();
+            checked += present as u64;
+            m.checked.store(checked, Ordering::Relaxed);
+            if present < scores.len() {
+                return Ok(false);
+            }
+        }
+        let roots: Vec<Score> = m.files.iter().map(|f| f.root).collect();
+        if !repo.missing(&roots).is_empty() {
+            return Ok(false);
+        }
+        repo.write_prepared_manifest(manifest_of(m, cascade_durable::now_unix_ns()))?;
+        self.dedup.manifests.done(m.id)?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,872 @@
+//! Dedup through staging servers (docs/staging.md, "Dedup through the servers"), with real
+//! servers on 127.0.0.1 — in this process, or as separate processes killed with SIGKILL —
+//! and a real directory as the durable store. The tests play the agent: they cut files into
+//! chunks and recipe blocks with cascade-dedup, route each score to the server that owns it
+//! (`owner_of`), ask it what it lacks, send only that, and record the manifest. No mocks;
+//! every wait polls a server's status (or the durable store) with a deadline.
+//!
+//! 1. two servers: each blob is sent once, to its owner, even when two checkpoints share it;
+//!    both servers push packs and index objects; the manifest stays pending until the last
+//!    blob it names is indexed, and every file restores bit for bit from the repository;
+//! 2. a chunk whose bytes do not match its score is refused and nothing of its frame stored;
+//! 3. a server killed with SIGKILL after acknowledging chunks and a manifest it could not
+//!    push (a broken durable store), with a torn record appended to its log: restarted, it
+//!    serves every acknowledged chunk and the manifest; restarted with a good store, it
+//!    pushes them all and writes the manifest;
+//! 4. GetChunks and GetManifest answer before the push and after it;
+//! 5. `owner_of` moves about a quarter of the scores when a fourth server joins three.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cascade_dedup::repo::format::{decode_index, decode_pack_trailer, recipe_blocks};
+use cascade_dedup::repo::{FileRecipe, Repo, DEFAULT_PREFIX};
+use cascade_dedup::score::to_hex;
+use cascade_dedup::{score, Chunking, Compression, Score};
+use cascade_durable::DurableStore;
+use cascade_staging::chunks::ChunkOptions;
+use cascade_staging::protocol::{code, BlobKind, ManifestState, Stored, WireChunk};
+use cascade_staging::{
+    owner_of, ClientOptions, Connection, Error, Server, ServerOptions, ServerStatus, Stopper,
+};
+
+const SECRET: &str = "dedup-secret";
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Environment of a server process started by [`ServerProcess::start`].
+const CHILD_DIR: &str = "CASCADE_DEDUP_TEST_SERVER_DIR";
+const CHILD_DRAIN: &str = "CASCADE_DEDUP_TEST_SERVER_DRAIN";
+
+/// Pseudo-random bytes.
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let mut h = blake3::Hasher::new();
+    h.update(b"staging dedup test");
+    h.update(&seed.to_le_bytes());
+    h.finalize_xof().fill(&mut out);
+    out
+}
+
+/// Doubles holding small integers: compresses well.
+fn compressible(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut i = seed;
+    while out.len() < len {
+        out.extend_from_slice(&((i % 1000) as f64).to_le_bytes());
+        i = i
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            >> 7;
+    }
+    out.truncate(len);
+    out
+}
+
+// ---- the agent's side, played by the test ----
+
+/// A blob as the agent sends it.
+struct Blob {
+    score: Score,
+    kind: BlobKind,
+    raw: Vec<u8>,
+    stored: Stored,
+    data: Vec<u8>,
+}
+
+impl Blob {
+    fn new(kind: BlobKind, raw: Vec<u8>, compression: Compression) -> Blob {
+        let (stored, data) = match compression.compress(&raw) {
+            Some(frame) => (Stored::Zstd, frame),
+            None => (Stored::Raw, raw.clone()),
+        };
+        Blob {
+            score: score(&raw),
+            kind,
+            raw,
+            stored,
+            data,
+        }
+    }
+
+    fn wire(&self) -> WireChunk<'_> {
+        WireChunk {
+            score: self.score,
+            kind: self.kind,
+            stored: self.stored,
+            raw_len: self.raw.len() as u32,
+            data: &self.data,
+        }
+    }
+}
+
+/// A checkpoint cut into blobs: its files, their recipes, and every distinct blob.
+struct Cut {
+    name: String,
+    files: Vec<(String, Vec<u8>)>,
+    recipes: Vec<FileRecipe>,
+    blobs: Vec<Blob>,
+}
+
+const CHUNKING: &str = "cdc:avg=16KiB";
+const COMPRESSION: &str = "zstd:1";
+
+fn cut(name: &str, files: Vec<(String, Vec<u8>)>) -> Cut {
+    let chunking: Chunking = CHUNKING.parse().unwrap();
+    let compression: Compression = COMPRESSION.parse().unwrap();
+    let mut seen = HashSet::new();
+    let mut blobs = Vec::new();
+    let mut recipes = Vec::new();
+    let mut add = |kind, raw: Vec<u8>| {
+        if seen.insert(score(&raw)) {
+            blobs.push(Blob::new(kind, raw, compression));
+        }
+    };
+    for (path, data) in &files {
+        let mut leaves = Vec::new();
+        for range in chunking.split(data) {
+            let chunk = data[range].to_vec();
+            leaves.push((score(&chunk), chunk.len() as u64));
+            add(BlobKind::Data, chunk);
+        }
+        let (root, blocks) = recipe_blocks(&leaves);
+        for (_, bytes) in blocks {
+            add(BlobKind::Tree, bytes);
+        }
+        recipes.push(FileRecipe {
+            path: path.clone(),
+            size: data.len() as u64,
+            blake3: blake3::hash(data).to_hex().to_string(),
+            root: to_hex(&root),
+        });
+    }
+    Cut {
+        name: name.to_string(),
+        files,
+        recipes,
+        blobs,
+    }
+}
+
+impl Cut {
+    fn scores(&self) -> Vec<Score> {
+        self.blobs.iter().map(|b| b.score).collect()
+    }
+}
+
+/// Asks each server (of `names`, reached through `conns`) about the blobs it owns, among
+/// those for which `include(owner)` holds, and sends it the ones it lacks. Returns the blobs
+/// sent per server.
+fn send_blobs(
+    conns: &mut [Connection],
+    names: &[&str],
+    blobs: &[Blob],
+    include: impl Fn(usize) -> bool,
+) -> Vec<Vec<Score>> {
+    let mut by_owner: Vec<Vec<&Blob>> = vec![Vec::new(); names.len()];
+    for b in blobs {
+        by_owner[owner_of(&b.score, names)].push(b);
+    }
+    let mut sent = vec![Vec::new(); names.len()];
+    for (i, owned) in by_owner.iter().enumerate() {
+        if !include(i) || owned.is_empty() {
+            continue;
+        }
+        let scores: Vec<Score> = owned.iter().map(|b| b.score).collect();
+        let lacks = conns[i].lacks(&scores).unwrap();
+        let wire: Vec<WireChunk> = owned
+            .iter()
+            .zip(&lacks)
+            .filter(|(_, l)| **l)
+            .map(|(b, _)| b.wire())
+            .collect();
+        let report = conns[i].put_chunks(&wire).unwrap();
+        assert_eq!(
+            (report.stored, report.present),
+            (wire.len() as u64, 0),
+            "server {i} stored something else than what it lacked"
+        );
+        sent[i] = wire.iter().map(|w| w.score).collect();
+    }
+    sent
+}
+
+fn put_manifest(conn: &mut Connection, c: &Cut) {
+    conn.put_manifest(
+        &c.name,
+        false,
+        CHUNKING,
+        COMPRESSION,
+        &c.recipes,
+        &c.scores(),
+    )
+    .unwrap();
+}
+
+/// Every file of `c` restores bit for bit from the repository at `durable_root`.
+fn assert_restores(durable_root: &Path, c: &Cut) {
+    let durable = Arc::new(DurableStore::open(durable_root.to_str().unwrap()).unwrap());
+    let repo = Repo::open_existing(durable, DEFAULT_PREFIX)
+        .unwrap()
+        .expect("a repository");
+    let manifest = repo.read_manifest(&c.name).unwrap().expect("its manifest");
+    assert_eq!(manifest.files, c.recipes);
+    assert_eq!(
+        (manifest.chunking.as_str(), manifest.compression.as_str()),
+        (CHUNKING, COMPRESSION)
+    );
+    for (recipe, (path, data)) in manifest.files.iter().zip(&c.files) {
+        let mut out = Vec::new();
+        repo.restore_file(recipe, &mut out)
+            .unwrap_or_else(|e| panic!("restore {path}: {e}"));
+        assert!(out == *data, "{path} restored different bytes");
+    }
+}
+
+/// The blob entries of every index object of the repository at `repo_dir`, and checks that
+/// every pack ends with a trailer listing exactly those entries.
+fn repository_entries(repo_dir: &Path) -> Vec<Score> {
+    let mut scores = Vec::new();
+    let index_dir = repo_dir.join("index");
+    for entry in std::fs::read_dir(&index_dir).unwrap() {
+        let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+        for (pack, entries) in decode_index(&bytes).unwrap() {
+            let hex = to_hex(&pack);
+            let pack_bytes = std::fs::read(repo_dir.join("packs").join(&hex[..2]).join(&hex))
+                .unwrap_or_else(|e| panic!("pack {hex}: {e}"));
+            assert_eq!(
+                score(&pack_bytes),
+                pack,
+                "pack {hex} is not named by its hash"
+            );
+            assert_eq!(decode_pack_trailer(&pack_bytes).unwrap(), entries);
+            scores.extend(entries.iter().map(|e| e.score));
+        }
+    }
+    scores
+}
+
+// ---- servers ----
+
+fn options(namespace: &str) -> ClientOptions {
+    let mut o = ClientOptions::new(SECRET);
+    o.namespace = namespace.to_string();
+    o.io_timeout = DEADLINE;
+    o
+}
+
+fn connect(addr: &str, namespace: &str) -> Connection {
+    Connection::connect(addr, &options(namespace)).unwrap()
+}
+
+fn status(addr: &str) -> ServerStatus {
+    let mut c = connect(addr, "");
+    let s = c.status().unwrap();
+    c.goodbye();
+    s
+}
+
+/// Polls the server's status until `done` holds.
+fn wait_for(addr: &str, what: &str, done: impl Fn(&ServerStatus) -> bool) -> ServerStatus {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let s = status(addr);
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}: {what} did not happen: {:#?}",
+            s.dedup
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct InProcess {
+    addr: String,
+    stopper: Stopper,
+    thread: Option<JoinHandle<cascade_staging::Result<()>>>,
+}
+
+impl InProcess {
+    fn start(dir: &Path, drain_to: &Path, segment_size: u64) -> InProcess {
+        let mut opts = ServerOptions::new(
+            "127.0.0.1:0",
+            dir.to_path_buf(),
+            drain_to.to_str().unwrap(),
+            SECRET,
+        );
+        opts.buffers = 2;
+        opts.chunks = ChunkOptions {
+            segment_size,
+            ..ChunkOptions::default()
+        };
+        let server = Server::bind(opts).unwrap();
+        let addr = server.local_addr().to_string();
+        let stopper = server.stopper();
+        let thread = Some(std::thread::spawn(move || server.run()));
+        InProcess {
+            addr,
+            stopper,
+            thread,
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.stopper.stop();
+        if let Some(t) = self.thread.take() {
+            let run = t.join().expect("server thread");
+            if !std::thread::panicking() {
+                run.expect("server run");
+            }
+        }
+    }
+}
+
+/// A server in its own process (this test binary run again as [`child_server_process`]),
+/// so that it can be killed with SIGKILL.
+struct ServerProcess {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    fn start(dir: &Path, drain_to: &Path, log: &Path) -> ServerProcess {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_server_process",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_DIR, dir)
+            .env(CHILD_DRAIN, drain_to)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the address line, then keeps draining so the child never blocks on stdout.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // libtest may have printed "test child_server_process ... " before it.
+                if let Some((_, addr)) = line.split_once("LISTENING ") {
+                    let _ = tx.send(addr.trim().to_string());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(DEADLINE) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "the server process did not start:\n{}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+        };
+        ServerProcess {
+            child,
+            addr,
+            log: log.to_path_buf(),
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(!status.success(), "{status}");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Not a test of its own: the body of the server processes [`ServerProcess::start`] runs
+/// (this binary started again with `CASCADE_DEDUP_TEST_SERVER_DIR` set, 1 MiB segments).
+/// Run without that variable, as in every `cargo test`, it returns at once.
+#[test]
+fn child_server_process() {
+    let (Some(dir), Some(drain)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_DRAIN))
+    else {
+        return;
+    };
+    let mut opts = ServerOptions::new(
+        "127.0.0.1:0",
+        PathBuf::from(dir),
+        drain.to_str().unwrap(),
+        SECRET,
+    );
+    opts.buffers = 2;
+    opts.verbose = true;
+    opts.chunks.segment_size = 1 << 20;
+    let server = Server::bind(opts).unwrap();
+    println!("LISTENING {}", server.local_addr());
+    server.run().unwrap();
+}
+
+/// Makes every push to the repository at `repo_dir` fail (and every look at it): a file
+/// takes its place. The durable store itself stays valid, so a server still starts on it.
+fn block_repository(repo_dir: &Path) {
+    if let Some(parent) = repo_dir.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::write(repo_dir, b"not a repository\n").unwrap();
+}
+
+fn unblock_repository(repo_dir: &Path) {
+    std::fs::remove_file(repo_dir).unwrap();
+}
+
+// ---- the tests ----
+
+#[test]
+fn two_servers_store_each_blob_once_and_write_the_manifest_after_both_pushed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let a = InProcess::start(&tmp.path().join("a"), &durable, 64 << 20);
+    let b = InProcess::start(&tmp.path().join("b"), &durable, 64 << 20);
+    let names = [a.addr.as_str(), b.addr.as_str()];
+    let ns = "job7";
+    let mut conns = vec![connect(&a.addr, ns), connect(&b.addr, ns)];
+
+    let rank0 = random(3 << 20, 1);
+    let rank1 = compressible(2 << 20, 2);
+    let first = cut(
+        "run/ckpt.1",
+        vec![
+            ("rank0.dat".into(), rank0.clone()),
+            ("rank1.dat".into(), rank1.clone()),
+            ("meta.json".into(), b"{\"step\": 1}".to_vec()),
+            ("empty".into(), Vec::new()),
+        ],
+    );
+    let owned: Vec<usize> = first
+        .blobs
+        .iter()
+        .map(|b| owner_of(&b.score, &names))
+        .collect();
+    assert!(
+        owned.contains(&0) && owned.contains(&1),
+        "both servers own blobs"
+    );
+    assert!(first.blobs.iter().any(|b| b.stored == Stored::Zstd));
+    assert!(first.blobs.iter().any(|b| b.stored == Stored::Raw));
+
+    // Server A gets its blobs and the manifest; B has nothing yet.
+    let sent_a = send_blobs(&mut conns, &names, &first.blobs, |i| i == 0);
+    put_manifest(&mut conns[0], &first);
+    let a_share = owned.iter().filter(|o| **o == 0).count() as u64;
+    assert_eq!(sent_a[0].len() as u64, a_share);
+    wait_for(&a.addr, "A pushed its blobs", |s| {
+        s.dedup.chunks_pushed == a_share && s.dedup.pending_chunks == 0
+    });
+    // A pushed all it had, but the manifest names B's blobs too: it waits.
+    let (state, pending) = conns[0].get_manifest(&first.name).unwrap().unwrap();
+    assert_eq!(state, ManifestState::Pending);
+    assert_eq!(pending.files, first.recipes);
+    let manifest_object = durable
+        .join(ns)
+        .join(DEFAULT_PREFIX)
+        .join("manifests/run/ckpt.1.json");
+    assert!(!manifest_object.exists(), "written before B pushed");
+    let sa = status(&a.addr);
+    assert_eq!(
+        (sa.dedup.pending_manifests, sa.dedup.manifests_written),
+        (1, 0)
+    );
+
+    let sent_b = send_blobs(&mut conns, &names, &first.blobs, |i| i == 1);
+    assert_eq!(sent_b[1].len() as u64, first.blobs.len() as u64 - a_share);
+    let sa = wait_for(&a.addr, "A wrote the manifest", |s| {
+        s.dedup.manifests_written == 1 && s.dedup.pending_manifests == 0
+    });
+    assert!(manifest_object.is_file());
+    let sb = status(&b.addr);
+    assert_eq!(sb.dedup.chunks_pushed, first.blobs.len() as u64 - a_share);
+    assert_eq!(
+        sa.dedup.chunks_absorbed + sb.dedup.chunks_absorbed,
+        first.blobs.len() as u64
+    );
+    let (state, written) = conns[0].get_manifest(&first.name).unwrap().unwrap();
+    assert_eq!(state, ManifestState::Written);
+    assert_eq!(written.files, first.recipes);
+    assert_restores(&durable.join(ns), &first);
+
+    // The next checkpoint shares most of its data: only new blobs are lacking, and they are
+    // sent once, to their owners.
+    let mut rank0b = rank0.clone();
+    rank0b[1 << 20..(1 << 20) + 100_000].copy_from_slice(&random(100_000, 3));
+    let second = cut(
+        "run/ckpt.2",
+        vec![
+            ("rank0.dat".into(), rank0b),
+            ("rank1.dat".into(), rank1),
+            ("meta.json".into(), b"{\"step\": 2}".to_vec()),
+            ("copy.dat".into(), rank0[..1 << 20].to_vec()),
+        ],
+    );
+    let old: HashSet<Score> = first.scores().into_iter().collect();
+    let new: HashSet<Score> = second
+        .scores()
+        .into_iter()
+        .filter(|s| !old.contains(s))
+        .collect();
+    assert!(
+        !new.is_empty() && new.len() * 4 < second.blobs.len(),
+        "{} new of {}",
+        new.len(),
+        second.blobs.len()
+    );
+    let sent = send_blobs(&mut conns, &names, &second.blobs, |_| true);
+    let sent_all: HashSet<Score> = sent.iter().flatten().copied().collect();
+    assert_eq!(sent_all, new, "Lacks asked for exactly the new blobs");
+    assert_eq!(sent.iter().map(Vec::len).sum::<usize>(), new.len());
+    put_manifest(&mut conns[1], &second);
+    wait_for(&b.addr, "B wrote the second manifest", |s| {
+        s.dedup.manifests_written == 1
+    });
+    assert_restores(&durable.join(ns), &second);
+    assert_restores(&durable.join(ns), &first);
+
+    // Every blob of both checkpoints is in the repository exactly once, in packs with
+    // trailers, named by index objects, as docs/dedup.md lays them out.
+    let entries = repository_entries(&durable.join(ns).join(DEFAULT_PREFIX));
+    let distinct: HashSet<Score> = entries.iter().copied().collect();
+    assert_eq!(entries.len(), distinct.len(), "a blob was pushed twice");
+    let expected: HashSet<Score> = old.union(&new).copied().collect();
+    assert_eq!(distinct, expected);
+    let (sa, sb) = (status(&a.addr), status(&b.addr));
+    assert_eq!(
+        sa.dedup.chunks_pushed + sb.dedup.chunks_pushed,
+        expected.len() as u64
+    );
+    assert_eq!(
+        sa.dedup.chunks_deduplicated + sb.dedup.chunks_deduplicated,
+        0
+    );
+    assert!(
+        sa.dedup.chunk_bytes_stored < sa.dedup.chunk_bytes_raw,
+        "{:?}",
+        sa.dedup
+    );
+    assert!(sa.dedup.index_memory_bytes > 0);
+    // Sending a blob again anyway is acknowledged without storing it.
+    let again = conns[0].put_chunks(&[second.blobs[0].wire()]).unwrap();
+    assert_eq!((again.stored, again.present), (0, 1));
+    for c in conns {
+        c.goodbye();
+    }
+}
+
+#[test]
+fn a_chunk_that_does_not_match_its_score_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 1 << 20);
+    let good = Blob::new(BlobKind::Data, random(5000, 1), Compression::None);
+    let other = random(5000, 2);
+    let squeezable = Blob::new(
+        BlobKind::Data,
+        compressible(20_000, 3),
+        "zstd:1".parse().unwrap(),
+    );
+    assert_eq!(squeezable.stored, Stored::Zstd);
+    let frame_of_other = "zstd:1"
+        .parse::<Compression>()
+        .unwrap()
+        .compress(&compressible(20_000, 4))
+        .unwrap();
+    let wrong_score = WireChunk {
+        data: &other,
+        ..good.wire()
+    };
+    let zstd_of_other = WireChunk {
+        data: &frame_of_other,
+        ..squeezable.wire()
+    };
+    let zstd_garbage = WireChunk {
+        data: &other[..100],
+        ..squeezable.wire()
+    };
+    let zstd_short = WireChunk {
+        raw_len: 19_999,
+        ..squeezable.wire()
+    };
+    for bad in [wrong_score, zstd_of_other, zstd_garbage, zstd_short] {
+        let mut c = connect(&srv.addr, "");
+        // The good chunk first in the same frame: nothing of it may be stored either.
+        match c.put_chunks(&[good.wire(), bad]) {
+            Err(Error::Refused { code, message, .. }) => {
+                assert_eq!(code, code::BAD_CHUNK, "{message}");
+                assert!(message.contains(&to_hex(&bad.score)), "{message}");
+            }
+            other => panic!("a bad chunk was accepted: {other:?}"),
+        }
+        // The server closed the connection.
+        assert!(c.ping().is_err());
+    }
+    let mut c = connect(&srv.addr, "");
+    assert_eq!(
+        c.lacks(&[good.score, squeezable.score]).unwrap(),
+        [true, true]
+    );
+    let s = c.status().unwrap();
+    assert_eq!(
+        (
+            s.dedup.refused_chunks,
+            s.dedup.chunks_absorbed,
+            s.dedup.segment_bytes
+        ),
+        (4, 0, 0)
+    );
+    // The same chunks with their own bytes are taken.
+    let ok = c.put_chunks(&[good.wire(), squeezable.wire()]).unwrap();
+    assert_eq!(ok.stored, 2);
+    assert_eq!(
+        c.lacks(&[good.score, squeezable.score]).unwrap(),
+        [false, false]
+    );
+    c.goodbye();
+}
+
+#[test]
+fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("srv");
+    let broken = tmp.path().join("broken-durable");
+    let good = tmp.path().join("durable");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::create_dir_all(&good).unwrap();
+    let log = tmp.path().join("server.log");
+    let ckpt = cut(
+        "ckpt.9",
+        vec![
+            ("a.dat".into(), random(3 << 20, 9)),
+            ("b.dat".into(), compressible(1 << 20, 10)),
+        ],
+    );
+    let n = ckpt.blobs.len() as u64;
+
+    // The server cannot push: everything it acknowledges stays on its SSD.
+    block_repository(&broken.join(DEFAULT_PREFIX));
+    let srv = ServerProcess::start(&dir, &broken, &log);
+    let mut c = connect(&srv.addr, "");
+    let names = [srv.addr.as_str()];
+    send_blobs(std::slice::from_mut(&mut c), &names, &ckpt.blobs, |_| true);
+    put_manifest(&mut c, &ckpt);
+    let s = wait_for(&srv.addr, "a push attempt failed", |s| {
+        s.dedup.push_failures >= 1
+    });
+    assert_eq!(
+        (
+            s.dedup.chunks_absorbed,
+            s.dedup.pending_chunks,
+            s.dedup.chunks_pushed
+        ),
+        (n, n, 0)
+    );
+    assert_eq!(s.dedup.pending_manifests, 1);
+    assert!(s.dedup.segment_files >= 3, "{:?}", s.dedup);
+    srv.kill9();
+
+    // A write the kill cut short: half a record at the end of the newest segment.
+    let newest = std::fs::read_dir(dir.join("dedup"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".log"))
+        .max()
+        .unwrap();
+    let acknowledged_len = std::fs::metadata(&newest).unwrap().len();
+    let mut torn = b"CCK1".to_vec();
+    torn.extend_from_slice(&random(3000, 11));
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&newest)
+        .unwrap();
+    std::io::Write::write_all(&mut f, &torn).unwrap();
+    drop(f);
+
+    // Restarted (still unable to push): every acknowledged chunk and the manifest are back.
+    let srv = ServerProcess::start(&dir, &broken, &log);
+    assert!(
+        srv.log().contains("cut an incomplete tail"),
+        "{}",
+        srv.log()
+    );
+    assert_eq!(std::fs::metadata(&newest).unwrap().len(), acknowledged_len);
+    let mut c = connect(&srv.addr, "");
+    let s = c.status().unwrap();
+    assert_eq!((s.dedup.pending_chunks, s.dedup.index_chunks), (n, n));
+    assert_eq!(s.dedup.pending_manifests, 1);
+    assert!(c.lacks(&ckpt.scores()).unwrap().iter().all(|l| !l));
+    let fetched = c.get_chunks(&ckpt.scores()).unwrap();
+    assert_eq!(fetched.len() as u64, n);
+    for (f, b) in fetched.iter().zip(&ckpt.blobs) {
+        assert_eq!((f.score, f.kind, f.stored), (b.score, b.kind, b.stored));
+        assert!(f.verified_raw().unwrap() == b.raw);
+    }
+    let (state, m) = c.get_manifest(&ckpt.name).unwrap().unwrap();
+    assert_eq!(
+        (state, m.files),
+        (ManifestState::Pending, ckpt.recipes.clone())
+    );
+    srv.kill9();
+
+    // Restarted with a durable store it can reach: it pushes everything and writes the
+    // manifest.
+    let srv = ServerProcess::start(&dir, &good, &log);
+    let s = wait_for(&srv.addr, "the manifest was written", |s| {
+        s.dedup.manifests_written == 1
+    });
+    assert_eq!((s.dedup.chunks_pushed, s.dedup.pending_chunks), (n, 0));
+    assert!(s.dedup.segment_files <= 1, "{:?}", s.dedup);
+    assert_restores(&good, &ckpt);
+    let entries = repository_entries(&good.join(DEFAULT_PREFIX));
+    assert_eq!(entries.len() as u64, n);
+    srv.kill9();
+}
+
+#[test]
+fn get_chunks_and_get_manifest_answer_before_and_after_the_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let repo_dir = durable.join("ns").join(DEFAULT_PREFIX);
+    block_repository(&repo_dir);
+    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 1 << 20);
+    let ckpt = cut(
+        "dir/ckpt.3",
+        vec![
+            ("x.dat".into(), random(4 << 20, 20)),
+            ("y.dat".into(), compressible(300_000, 21)),
+        ],
+    );
+    let mut c = connect(&srv.addr, "ns");
+    let names = [srv.addr.as_str()];
+    send_blobs(std::slice::from_mut(&mut c), &names, &ckpt.blobs, |_| true);
+    put_manifest(&mut c, &ckpt);
+    wait_for(&srv.addr, "a push attempt failed", |s| {
+        s.dedup.push_failures >= 1
+    });
+
+    // Before the push: every acknowledged chunk, in request order; unknown scores left out.
+    let mut asked = ckpt.scores();
+    asked.insert(3, [0xee; 32]);
+    let fetched = c.get_chunks(&asked).unwrap();
+    assert_eq!(fetched.len(), ckpt.blobs.len());
+    for (f, b) in fetched.iter().zip(&ckpt.blobs) {
+        assert_eq!(
+            (f.score, f.kind, f.stored, f.raw_len),
+            (b.score, b.kind, b.stored, b.raw.len() as u32)
+        );
+        assert!(f.data == b.data && f.verified_raw().unwrap() == b.raw);
+    }
+    let (state, m) = c.get_manifest(&ckpt.name).unwrap().unwrap();
+    assert_eq!(state, ManifestState::Pending);
+    assert_eq!(m.files, ckpt.recipes);
+    assert_eq!(
+        (m.chunking.as_str(), m.compression.as_str()),
+        (CHUNKING, COMPRESSION)
+    );
+    assert!(c.get_manifest("dir/ckpt.0").unwrap().is_none());
+    // Another namespace sees nothing of it.
+    let mut other = connect(&srv.addr, "other");
+    assert!(other.get_chunks(&ckpt.scores()).unwrap().is_empty());
+    assert!(other.get_manifest(&ckpt.name).unwrap().is_none());
+
+    // After the push: the manifest from the repository; the chunks of segments not yet
+    // reclaimed (the active one) still from the server, the others from the repository.
+    unblock_repository(&repo_dir);
+    wait_for(&srv.addr, "the manifest was written", |s| {
+        s.dedup.manifests_written == 1
+    });
+    let (state, m) = c.get_manifest(&ckpt.name).unwrap().unwrap();
+    assert_eq!(state, ManifestState::Written);
+    assert_eq!(m.files, ckpt.recipes);
+    let fetched: HashMap<Score, _> = c
+        .get_chunks(&ckpt.scores())
+        .unwrap()
+        .into_iter()
+        .map(|f| (f.score, f))
+        .collect();
+    assert!(
+        !fetched.is_empty() && fetched.len() < ckpt.blobs.len(),
+        "{} of {} still held",
+        fetched.len(),
+        ckpt.blobs.len()
+    );
+    let repo = Repo::open_existing(
+        Arc::new(DurableStore::open(durable.join("ns").to_str().unwrap()).unwrap()),
+        DEFAULT_PREFIX,
+    )
+    .unwrap()
+    .unwrap();
+    for b in &ckpt.blobs {
+        match fetched.get(&b.score) {
+            Some(f) => assert!(f.verified_raw().unwrap() == b.raw),
+            None => assert!(repo.read_blob(&b.score).unwrap() == b.raw),
+        }
+    }
+    assert_restores(&durable.join("ns"), &ckpt);
+    c.goodbye();
+}
+
+#[test]
+fn owner_of_moves_about_a_quarter_of_the_scores_when_a_fourth_server_joins() {
+    let three = ["10.0.0.5:7070", "10.0.0.6:7070", "10.0.0.7:7070"];
+    let four = [
+        "10.0.0.5:7070",
+        "10.0.0.6:7070",
+        "10.0.0.7:7070",
+        "10.0.0.8:7070",
+    ];
+    let scores: Vec<Score> = (0..10_000u64).map(|i| score(&i.to_le_bytes())).collect();
+    let mut moved = 0;
+    let mut load = BTreeMap::new();
+    for s in &scores {
+        let before = owner_of(s, &three);
+        let after = owner_of(s, &four);
+        *load.entry(after).or_insert(0) += 1;
+        if before != after {
+            moved += 1;
+            // Rendezvous hashing: a score only ever moves to the new server.
+            assert_eq!(after, 3, "a score moved between old servers");
+        }
+        // The owner depends on the names, not on their order.
+        let reversed: Vec<&str> = four.iter().rev().copied().collect();
+        assert_eq!(four[after], reversed[owner_of(s, &reversed)]);
+    }
+    // Expected 2 500 (1/4), standard deviation 43: a band of about 5 sigma.
+    assert!((2_280..=2_720).contains(&moved), "{moved} of 10000 moved");
+    assert!(
+        load.values().all(|n| (2_280..=2_720).contains(n)),
+        "{load:?}"
+    );
+    assert_eq!(owner_of(&scores[0], &["only"]), 0);
+    assert_eq!(owner_of(&scores[0], &[]), 0);
+}
