@@ -258,14 +258,13 @@ the last one detaches."
 
     /// Forget old checkpoints of the durable store's dedup repository and delete the packs
     /// only they used
-    #[command(after_help = crate::prune::DETAILS)]
+    #[command(
+        after_help = crate::prune::DETAILS,
+        group = clap::ArgGroup::new("which").required(true).args(["checkpoints", "keep"])
+    )]
     Prune {
         /// Checkpoints to forget, e.g. run1/ckpt.0042 (instead of --keep)
-        #[arg(
-            value_name = "CKPT",
-            required_unless_present = "keep",
-            conflicts_with = "keep"
-        )]
+        #[arg(value_name = "CKPT")]
         checkpoints: Vec<String>,
         /// Keep the N newest checkpoints (by when their manifests were written), forget the
         /// others; N is at least 1

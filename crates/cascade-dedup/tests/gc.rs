@@ -537,6 +537,74 @@ fn a_writer_open_during_collection_keeps_what_it_dedups_against() {
     assert_restores(&writer_repo, "ck3", &ck3);
 }
 
+/// A writer of blobs only (a staging server: `add_stored`, `finish`, then a manifest
+/// prepared elsewhere) keeps its session after `finish`: its manifest may use condemned packs
+/// it deduplicated against while the collector waits for it. Without such a session, a
+/// manifest needing a condemned pack is refused, never written over a pack being deleted.
+#[test]
+fn a_blob_writer_keeps_what_its_prepared_manifest_uses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("durable");
+    let first = open(&durable_at(&root));
+    let x = random(256 * KIB, 5);
+    let ck1: Files = vec![("x.bin".into(), x.clone())];
+    write_checkpoint(&first, "ck1", &ck1);
+    let m1 = first.read_manifest("ck1").expect("read").expect("ck1");
+
+    // The staging server's writer: every blob of x is known, so nothing is stored.
+    let server = open(&durable_at(&root));
+    let mut w = server.writer();
+    let known = w
+        .add_stored(
+            from_hex(&m1.files[0].root).expect("root"),
+            cascade_dedup::repo::format::BlobKind::Tree,
+            0,
+            cascade_dedup::repo::format::Stored::Raw,
+            &[],
+        )
+        .expect("add_stored");
+    assert!(!known, "the root is in the index");
+
+    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
+        .expect("open")
+        .expect("repo");
+    collector.forget("ck1").expect("forget");
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert_eq!((r.packs_deleted, r.sessions_waited_for), (0, 1), "{r:?}");
+
+    // Another process without a session the collector waits for is refused.
+    let other = open(&durable_at(&root));
+    let prepared = |name: &str| Manifest {
+        checkpoint: name.to_string(),
+        packs: None,
+        ..m1.clone()
+    };
+    let e = other
+        .write_prepared_manifest(prepared("ck-other"))
+        .unwrap_err();
+    assert!(e.to_string().contains("garbage collection"), "{e}");
+    assert!(other.read_manifest("ck-other").expect("read").is_none());
+
+    // The server's finished writer is waited for: its manifest goes in and keeps the packs.
+    w.finish().expect("finish");
+    server
+        .write_prepared_manifest(prepared("ck2"))
+        .expect("prepared manifest");
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert_eq!(r.packs_deleted, 0, "{r:?}");
+    drop(server);
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert_eq!((r.packs_deleted, r.packs_waiting), (0, 0), "{r:?}");
+    no_gc_records_or_sessions(&root);
+    assert_restores(&open(&durable_at(&root)), "ck2", &ck1);
+}
+
 /// A writer that died (its session object left behind, never renewed) holds collection back
 /// only until its lease ran out; then its session object is removed.
 #[test]

@@ -3,7 +3,8 @@
 //! files' roots. Layout and formats: docs/dedup.md, "Repository layout".
 //!
 //! Objects under `<prefix>/` (`.cascade-dedup` below the durable store's root):
-//! `config.json`, `packs/<hh>/<pack id>`, `index/<index id>`, `manifests/<checkpoint>.json`.
+//! `config.json`, `packs/<hh>/<pack id>`, `index/<index id>`, `manifests/<checkpoint>.json`;
+//! for garbage collection `gc/` and `sessions/` (gc.rs, session.rs).
 //! Ids are the BLAKE3 of the object's bytes. Writes go in a crash-safe order — packs, then
 //! the index object naming them, then manifests — so a manifest never names a blob that is
 //! not reachable through an index, and a crash leaves at worst unreferenced packs.

@@ -131,11 +131,14 @@ impl Session {
 }
 
 /// A writer's session kept after `finish` until manifests name the files it added: the
-/// collector must not delete what those files use before the manifest is visible to it.
+/// collector must not delete what those files use before the manifest is visible to it. A
+/// writer that added no files (blobs only: `add_stored`) stays until its lease lapses or
+/// the repository is dropped, since any manifest may use its blobs.
 pub(crate) struct Parked {
     pub session: Session,
     /// Root of each file added, and the packs (by index object) its blobs were found in.
     pub roots: HashMap<Score, PackSet>,
+    pub blobs_only: bool,
 }
 
 /// Where a blob a writer uses is: in a pack of this writer (its position among the packs the
@@ -200,22 +203,7 @@ impl Repo {
     /// Reads every condemned record: the packs no session that starts now may dedup against.
     pub(crate) fn sync_condemned(&self) -> Result<()> {
         let mut condemned = HashSet::new();
-        for o in self.durable.list(&self.key("gc"))? {
-            let name = o.path.rsplit('/').next().unwrap_or("");
-            if !name.starts_with(CONDEMNED_PREFIX) {
-                continue;
-            }
-            let bytes = match self.durable.get_bytes(&o.path) {
-                Ok(b) => b,
-                // Finished by a collector meanwhile: its packs are out of the index objects.
-                Err(e) if e.is_not_found() => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let record: CondemnedRecord =
-                serde_json::from_slice(&bytes).map_err(|e| Error::Format {
-                    object: o.path.clone(),
-                    why: e.to_string(),
-                })?;
+        for record in self.condemned_records()? {
             for group in &record.packs {
                 for pack in &group.packs {
                     condemned.insert(parse_score(pack)?);
@@ -226,14 +214,68 @@ impl Repo {
         Ok(())
     }
 
-    /// Keeps a finished writer's session until manifests name its files.
-    pub(crate) fn park(&self, session: Session, roots: HashMap<Score, PackSet>) {
-        if roots.is_empty() {
-            session.end(self);
-            return;
+    /// The condemned records under `gc/` (one finished by a collector meanwhile is skipped:
+    /// its packs are out of the index objects).
+    fn condemned_records(&self) -> Result<Vec<CondemnedRecord>> {
+        let mut records = Vec::new();
+        for o in self.durable.list(&self.key("gc"))? {
+            let name = o.path.rsplit('/').next().unwrap_or("");
+            if !name.starts_with(CONDEMNED_PREFIX) {
+                continue;
+            }
+            let bytes = match self.durable.get_bytes(&o.path) {
+                Ok(b) => b,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let record: CondemnedRecord =
+                serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+                    object: o.path.clone(),
+                    why: e.to_string(),
+                })?;
+            records.push(record);
         }
+        Ok(records)
+    }
+
+    /// Whether a parked session of this process keeps `packs` (condemned, needed by a
+    /// manifest about to be written) from being deleted until after the write: it must be
+    /// in the wait set of every condemned record naming one of them (or the record has none
+    /// yet: the collector will list the session). That session is renewed here.
+    fn parked_session_guards(&self, packs: &HashSet<Score>) -> Result<bool> {
+        let mut waits: Vec<Option<HashSet<String>>> = Vec::new();
+        for record in self.condemned_records()? {
+            let names_one = record
+                .packs
+                .iter()
+                .flat_map(|g| g.packs.iter())
+                .any(|p| parse_score(p).is_ok_and(|p| packs.contains(&p)));
+            if names_one {
+                waits.push(record.waiting_for.map(|w| w.into_iter().collect()));
+            }
+        }
+        let mut parked = self.parked.lock().map_err(|_| poisoned())?;
+        for p in parked.iter_mut() {
+            let in_every = waits
+                .iter()
+                .all(|w| w.as_ref().is_none_or(|ids| ids.contains(&p.session.id)));
+            if !p.session.lapsed() && in_every && p.session.keep_alive(self).is_ok() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Keeps a finished writer's session until manifests name its files (or, for a writer
+    /// of blobs only, until it lapses).
+    pub(crate) fn park(&self, session: Session, roots: HashMap<Score, PackSet>) {
+        let blobs_only = roots.is_empty();
         match self.parked.lock() {
-            Ok(mut parked) => parked.push(Parked { session, roots }),
+            Ok(mut parked) => parked.push(Parked {
+                session,
+                roots,
+                blobs_only,
+            }),
             Err(_) => session.end(self),
         }
     }
@@ -253,8 +295,9 @@ impl Repo {
     /// garbage collection. Files added by a writer of this process whose session is still
     /// parked take its pack sets (no reads). Any other root is walked under a session of its
     /// own, after the condemned packs and the index were refreshed, and refused if it needs a
-    /// condemned pack (a collector may be deleting it). Parked sessions whose every file is
-    /// now named end after the write.
+    /// condemned pack (a collector may be deleting it) — unless a parked session of this
+    /// process that the collector waits for keeps it. Parked sessions whose every file is now
+    /// named end after the write.
     pub(crate) fn record_manifest(&self, manifest: &mut Manifest) -> Result<()> {
         self.ensure_index()?;
         let roots: Vec<Score> = manifest
@@ -300,20 +343,24 @@ impl Repo {
         } else {
             let session = Session::start(self)?;
             let walked = self.walk_pack_set(&uncovered).and_then(|walked| {
-                let index = self.index.read().map_err(|_| poisoned())?;
-                match walked
-                    .values()
-                    .flatten()
-                    .find(|p| index.condemned.contains(*p))
-                {
-                    Some(p) => Err(Error::Conflict(format!(
-                        "checkpoint {} uses pack {} that garbage collection is deleting; \
-                         store its files again",
-                        manifest.checkpoint,
-                        to_hex(p)
-                    ))),
-                    None => Ok(walked),
+                let condemned: HashSet<Score> = {
+                    let index = self.index.read().map_err(|_| poisoned())?;
+                    walked
+                        .values()
+                        .flatten()
+                        .filter(|p| index.condemned.contains(*p))
+                        .copied()
+                        .collect()
+                };
+                if condemned.is_empty() || self.parked_session_guards(&condemned)? {
+                    return Ok(walked);
                 }
+                let first = condemned.iter().next().map(to_hex).unwrap_or_default();
+                Err(Error::Conflict(format!(
+                    "checkpoint {} uses pack {first} that garbage collection is deleting; \
+                     store its files again",
+                    manifest.checkpoint
+                )))
             });
             match walked {
                 Ok(walked) => merge(&mut packs, &walked),
@@ -345,7 +392,7 @@ impl Repo {
             }
             let (done, open): (Vec<Parked>, Vec<Parked>) = std::mem::take(&mut *parked)
                 .into_iter()
-                .partition(|p| p.roots.is_empty());
+                .partition(|p| p.roots.is_empty() && !p.blobs_only);
             *parked = open;
             done
         };
