@@ -180,7 +180,7 @@ pub(crate) fn key_of(store_path: &str) -> &str {
 }
 
 /// Names of the durable layout, and files being fetched: never uploaded or staged.
-pub(crate) fn reserved(path: &str) -> bool {
+fn reserved(path: &str) -> bool {
     let base = path.rsplit('/').next().unwrap_or(path);
     cascade_durable::is_reserved_name(base) || crate::control::is_fetch_temp(base)
 }
@@ -531,15 +531,10 @@ impl Agent {
             s.uploading.push(e.path.clone());
         }
         let result = (|| -> Result<Option<FileDigest>> {
-            let file = match self.store.open(&e.path, &OpenOptions::new()) {
-                Ok(f) => f,
-                // Removed or replaced since the snapshot: nothing to do.
-                Err(err) if err.errno() == libc::ENOENT => return Ok(None),
-                Err(err) => return Err(Error::store(&e.path, err)),
-            };
-            if file.ino() != e.ino || file.generation() != e.generation {
+            // Removed or replaced since the snapshot: nothing to do.
+            let Some(file) = self.open_snapshot_file(e)? else {
                 return Ok(None);
-            }
+            };
             let reader = StoreFileReader::new(&self.store, &file)
                 .map_err(|err| Error::store(&e.path, err))?;
             let len = reader.len();
@@ -702,6 +697,30 @@ impl Agent {
             )
         });
         Ok(true)
+    }
+
+    /// Opens the file `e` of a snapshot for reading; None if it was removed or replaced since.
+    pub(crate) fn open_snapshot_file(&self, e: &LifeEntry) -> Result<Option<cascade_store::File>> {
+        let file = match self.store.open(&e.path, &OpenOptions::new()) {
+            Ok(f) => f,
+            Err(err) if err.errno() == libc::ENOENT => return Ok(None),
+            Err(err) => return Err(Error::store(&e.path, err)),
+        };
+        Ok((file.ino() == e.ino && file.generation() == e.generation).then_some(file))
+    }
+
+    /// A fresh snapshot of checkpoint `root` (root first) if every file below it is closed,
+    /// whole and not a reserved name: what a checkpoint stored whole is read from. None if
+    /// it went away, was replaced, or is being written.
+    pub(crate) fn closed_checkpoint(&self, root: &LifeEntry) -> Result<Option<Vec<LifeEntry>>> {
+        let Some(tree) = self.fresh_tree(root)? else {
+            return Ok(None);
+        };
+        let busy = tree
+            .iter()
+            .filter(|e| e.kind == FileKind::File)
+            .any(|f| f.writers > 0 || f.torn || reserved(&f.path));
+        Ok((!busy).then_some(tree))
     }
 
     /// A fresh look at checkpoint `root` (the pass's snapshot may be older than its uploads):

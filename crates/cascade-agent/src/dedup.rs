@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
-use cascade_store::{FileKind, LifeEntry, OpenOptions};
+use cascade_store::{FileKind, LifeEntry};
 
-use crate::daemon::{key_of, path_in_checkpoint, reserved, Agent, Checkpoint, PassOutcome};
+use crate::daemon::{key_of, path_in_checkpoint, Agent, Checkpoint, PassOutcome};
 use crate::reader::StoreFileReader;
 use crate::restore::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
@@ -130,17 +130,11 @@ impl Agent {
     /// version that changed under the reads is taken back).
     fn store_checkpoint_dedup(&self, root: &LifeEntry) -> Result<bool> {
         let started = Instant::now();
-        let Some(tree) = self.fresh_tree(root)? else {
+        let Some(tree) = self.closed_checkpoint(root)? else {
             return Ok(false);
         };
         let now_root = &tree[0];
         let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
-        if files
-            .iter()
-            .any(|f| f.writers > 0 || f.torn || reserved(&f.path))
-        {
-            return Ok(false);
-        }
         let Some(repo) = self.repo()? else {
             return Ok(false);
         };
@@ -151,14 +145,9 @@ impl Agent {
         let mut writer = repo.writer();
         let mut recipes = Vec::with_capacity(files.len());
         for f in &files {
-            let file = match store.open(&f.path, &OpenOptions::new().read(true)) {
-                Ok(file) => file,
-                Err(e) if e.errno() == libc::ENOENT => return Ok(false),
-                Err(e) => return Err(Error::store(&f.path, e)),
-            };
-            if file.ino() != f.ino || file.generation() != f.generation {
+            let Some(file) = self.open_snapshot_file(f)? else {
                 return Ok(false);
-            }
+            };
             let reader =
                 StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
             recipes.push(writer.add_file(&path_in_checkpoint(now_root, f), reader)?);

@@ -13,9 +13,9 @@ use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
 use cascade_dedup::repo::FileRecipe;
 use cascade_dedup::{score, Score};
 use cascade_staging::protocol::{ManifestState, WireChunk};
-use cascade_store::{FileKind, LifeEntry, OpenOptions};
+use cascade_store::{FileKind, LifeEntry};
 
-use crate::daemon::{key_of, path_in_checkpoint, reserved, Agent};
+use crate::daemon::{key_of, path_in_checkpoint, Agent};
 use crate::dedup::DedupOptions;
 use crate::reader::StoreFileReader;
 use crate::staging::Staging;
@@ -123,17 +123,11 @@ impl Agent {
         root: &LifeEntry,
     ) -> Result<bool> {
         let started = Instant::now();
-        let Some(tree) = self.fresh_tree(root)? else {
+        let Some(tree) = self.closed_checkpoint(root)? else {
             return Ok(false);
         };
         let now_root = &tree[0];
         let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
-        if files
-            .iter()
-            .any(|f| f.writers > 0 || f.torn || reserved(&f.path))
-        {
-            return Ok(false);
-        }
         let mut sender = Sender {
             staging,
             names: staging.opts.servers.iter().map(String::as_str).collect(),
@@ -149,14 +143,9 @@ impl Agent {
         let mut recipes = Vec::with_capacity(files.len());
         let mut total = 0u64;
         for f in &files {
-            let file = match store.open(&f.path, &OpenOptions::new().read(true)) {
-                Ok(file) => file,
-                Err(e) if e.errno() == libc::ENOENT => return Ok(false),
-                Err(e) => return Err(Error::store(&f.path, e)),
-            };
-            if file.ino() != f.ino || file.generation() != f.generation {
+            let Some(file) = self.open_snapshot_file(f)? else {
                 return Ok(false);
-            }
+            };
             let reader =
                 StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
             let mut hasher = blake3::Hasher::new();

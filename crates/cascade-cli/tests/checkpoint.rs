@@ -1,83 +1,13 @@
 //! `cascade drain` and `cascade restore`, run as the real binary against a real store and the
 //! durable tier's directory backend.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
-
-static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-struct Sandbox {
-    dir: tempfile::TempDir,
-    store: String,
-}
-
-impl Sandbox {
-    fn new() -> Sandbox {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("empty.toml"), "").unwrap();
-        Sandbox {
-            // One store per test: the tests of this binary run in parallel.
-            store: format!(
-                "/cascade-ckpt-test-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            ),
-            dir,
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(CASCADE)
-            .args(args)
-            .env_clear()
-            .env("HOME", self.dir.path())
-            .env("CASCADE_STORE", &self.store)
-            .env("CASCADE_CONFIG", self.dir.path().join("empty.toml"))
-            .env("CASCADE_SPILL_PATH", self.dir.path().join("store.spill"))
-            .output()
-            .expect("run cascade")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "cascade {args:?} failed ({:?}): {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Must fail with `code` and exactly one line on stderr; returns it.
-    fn fails(&self, args: &[&str], code: i32) -> String {
-        let out = self.run(args);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(code), "cascade {args:?}: {stderr}");
-        assert_eq!(
-            stderr.lines().count(),
-            1,
-            "one line from {args:?}: {stderr}"
-        );
-        stderr
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = self.run(&["destroy", "--force"]);
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+#[path = "support/sandbox.rs"]
+mod sandbox;
+use sandbox::{s, Sandbox};
 
 #[test]
 fn drain_then_restore_round_trips_through_a_directory() {
-    let sb = Sandbox::new();
+    let sb = Sandbox::new("ckpt");
     // 256 KiB of memory and a spill file, so the bigger file spills.
     sb.ok(&[
         "init",
@@ -171,7 +101,7 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
-    let sb = Sandbox::new();
+    let sb = Sandbox::new("ckpt");
     sb.ok(&[
         "init",
         "--capacity",
@@ -265,7 +195,7 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
 /// refuses it), and draining it again completes and restores byte for byte.
 #[test]
 fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
-    let sb = Sandbox::new();
+    let sb = Sandbox::new("ckpt");
     sb.ok(&[
         "init",
         "--capacity",
@@ -288,13 +218,9 @@ fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
     let url = format!("file://{}", durable.display());
     sb.ok(&["drain", "/ck1", "--to", &url, "--dedup", "fixed:64KiB"]);
 
-    // Packs of 16 MiB: the first appears long before the last, and the index comes last.
-    let mut drain = Command::new(CASCADE)
-        .args(["drain", "/ck2", "--to", &url, "--dedup", "fixed:64KiB"])
-        .env_clear()
-        .env("HOME", sb.dir.path())
-        .env("CASCADE_STORE", &sb.store)
-        .env("CASCADE_CONFIG", sb.dir.path().join("empty.toml"))
+    // Many packs: the first appears long before the last, and the index comes last.
+    let mut drain = sb
+        .command(&["drain", "/ck2", "--to", &url, "--dedup", "fixed:64KiB"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

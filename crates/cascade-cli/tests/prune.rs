@@ -5,71 +5,10 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
-
-struct Sandbox {
-    dir: tempfile::TempDir,
-    store: String,
-}
-
-impl Sandbox {
-    fn new() -> Sandbox {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("empty.toml"), "").expect("config file");
-        Sandbox {
-            store: format!("/cascade-prune-test-{}", std::process::id()),
-            dir,
-        }
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(CASCADE)
-            .args(args)
-            .env_clear()
-            .env("HOME", self.dir.path())
-            .env("CASCADE_STORE", &self.store)
-            .env("CASCADE_CONFIG", self.dir.path().join("empty.toml"))
-            .env("CASCADE_SPILL_PATH", self.dir.path().join("store.spill"))
-            .output()
-            .expect("run cascade")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "cascade {args:?} failed ({:?}): {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Must fail with `code` and exactly one line on stderr; returns it.
-    fn fails(&self, args: &[&str], code: i32) -> String {
-        let out = self.run(args);
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(code), "cascade {args:?}: {stderr}");
-        assert_eq!(
-            stderr.lines().count(),
-            1,
-            "one line from {args:?}: {stderr}"
-        );
-        stderr
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = self.run(&["destroy", "--force"]);
-    }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
+#[path = "support/sandbox.rs"]
+mod sandbox;
+use sandbox::{s, Sandbox};
 
 /// Pseudo-random bytes (no repeats inside, so only what the test repeats dedups).
 fn noise(len: usize, seed: u64) -> Vec<u8> {
@@ -126,7 +65,7 @@ fn pack_size(durable: &Path, id: &str) -> u64 {
 
 #[test]
 fn prune_keeps_the_newest_checkpoints_and_frees_what_only_the_others_used() {
-    let sb = Sandbox::new();
+    let sb = Sandbox::new("prune");
     sb.ok(&[
         "init",
         "--capacity",

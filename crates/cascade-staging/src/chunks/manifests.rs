@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cascade_dedup::Score;
 
+use super::io_err;
 use crate::engine::Error;
 use crate::protocol::{ManifestPart, RecipeEntry};
 
@@ -98,13 +99,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn io_err(what: impl Into<String>, source: io::Error) -> Error {
-    Error::Io {
-        what: what.into(),
-        source,
-    }
-}
-
 fn invalid(what: impl Into<String>) -> Error {
     Error::Invalid { what: what.into() }
 }
@@ -135,22 +129,8 @@ impl ManifestStore {
     /// Opens (creating) the directory, deletes uploads a crash cut short and loads every
     /// manifest; one that does not check is renamed `*.corrupt` with a warning.
     pub fn open(dir: &Path) -> Result<(ManifestStore, Vec<String>)> {
-        let d = dir.display().to_string();
-        std::fs::create_dir_all(dir).map_err(|e| io_err(format!("create {d}"), e))?;
         let mut warnings = Vec::new();
-        let mut ids = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(|e| io_err(format!("list {d}"), e))? {
-            let entry = entry.map_err(|e| io_err(format!("list {d}"), e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.ends_with(".tmp") {
-                std::fs::remove_file(entry.path())
-                    .map_err(|e| io_err(format!("remove {}", entry.path().display()), e))?;
-            } else if let Some(id) = parse_manifest_name(name) {
-                ids.push(id);
-            }
-        }
-        ids.sort_unstable();
+        let ids = super::scan_dir(dir, parse_manifest_name)?;
         let store = ManifestStore {
             dir: dir.to_path_buf(),
             state: Mutex::new(State {
@@ -177,7 +157,7 @@ impl ManifestStore {
                 }
             }
         }
-        fsync_dir(dir).map_err(|e| io_err(format!("fsync {d}"), e))?;
+        fsync_dir(dir).map_err(|e| io_err(format!("fsync {}", dir.display()), e))?;
         Ok((store, warnings))
     }
 

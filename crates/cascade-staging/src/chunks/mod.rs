@@ -239,6 +239,27 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Creates `dir` if needed, deletes the `*.tmp` files a crash left there, and returns the
+/// numbers `parse` finds in the other names, sorted.
+fn scan_dir<T: Ord>(dir: &Path, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
+    let d = dir.display().to_string();
+    std::fs::create_dir_all(dir).map_err(|e| io_err(format!("create {d}"), e))?;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| io_err(format!("list {d}"), e))? {
+        let entry = entry.map_err(|e| io_err(format!("list {d}"), e))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.ends_with(".tmp") {
+            std::fs::remove_file(entry.path())
+                .map_err(|e| io_err(format!("remove {}", entry.path().display()), e))?;
+        } else if let Some(n) = parse(name) {
+            found.push(n);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
 fn io_err(what: impl Into<String>, source: io::Error) -> Error {
     Error::Io {
         what: what.into(),
@@ -311,21 +332,8 @@ impl ChunkStore {
     pub fn open(dir: &Path, mut opts: ChunkOptions) -> Result<ChunkStore> {
         opts.segment_size = opts.segment_size.clamp(1 << 20, 1 << 30);
         let d = dir.display().to_string();
-        std::fs::create_dir_all(dir).map_err(|e| io_err(format!("create {d}"), e))?;
         let mut warnings = Vec::new();
-        let mut on_disk = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(|e| io_err(format!("list {d}"), e))? {
-            let entry = entry.map_err(|e| io_err(format!("list {d}"), e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name.ends_with(".tmp") {
-                std::fs::remove_file(entry.path())
-                    .map_err(|e| io_err(format!("remove {}", entry.path().display()), e))?;
-            } else if let Some(n) = parse_segment_name(name) {
-                on_disk.push(n);
-            }
-        }
-        on_disk.sort_unstable();
+        let on_disk = scan_dir(dir, parse_segment_name)?;
         let cursor = match read_cursor(&dir.join(CURSOR)) {
             Ok(c) => c,
             Err(why) => {
