@@ -9,11 +9,13 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
+use cascade_dedup::ingest::Ingest;
 use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
 use cascade_dedup::repo::FileRecipe;
 use cascade_dedup::{score, Score};
 use cascade_staging::protocol::{ManifestState, WireChunk};
 use cascade_store::{FileKind, LifeEntry};
+use rayon::prelude::*;
 
 use crate::daemon::{key_of, path_in_checkpoint, Agent};
 use crate::dedup::DedupOptions;
@@ -73,11 +75,15 @@ impl Sender<'_> {
                 .staging
                 .with_conn(server, |c| c.lacks(&scores))
                 .map_err(|e| staging_error(self.staging, server, e))?;
-            let packed: Vec<(Option<Vec<u8>>, &Blob)> = blobs
+            let lacked: Vec<&Blob> = blobs
                 .into_iter()
                 .zip(lacking)
-                .filter(|(_, lacks)| *lacks)
-                .map(|(b, _)| (self.dedup.compression.compress(&b.2), b))
+                .filter_map(|(b, lacks)| lacks.then_some(b))
+                .collect();
+            let compression = self.dedup.compression;
+            let packed: Vec<(Option<Vec<u8>>, &Blob)> = lacked
+                .into_par_iter()
+                .map(|b| (compression.compress(&b.2), b))
                 .collect();
             let wire: Vec<WireChunk> = packed
                 .iter()
@@ -103,6 +109,18 @@ impl Sender<'_> {
                 .map_err(|e| staging_error(self.staging, server, e))?;
         }
         Ok(())
+    }
+}
+
+/// Why cutting a file for the servers stopped.
+enum Failed {
+    Reading(std::io::Error),
+    Sending(Error),
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Failed {
+        Failed::Reading(e)
     }
 }
 
@@ -140,6 +158,8 @@ impl Agent {
             sent_chunks: 0,
         };
         let store = self.store();
+        // Cut and scored here; compressed only once a server says it lacks the chunk.
+        let mut ingest = Ingest::new(dedup.chunking, cascade_dedup::Compression::None);
         let mut recipes = Vec::with_capacity(files.len());
         let mut total = 0u64;
         for f in &files {
@@ -148,17 +168,22 @@ impl Agent {
             };
             let reader =
                 StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
-            let mut hasher = blake3::Hasher::new();
             let mut leaves = Vec::new();
-            let mut size = 0u64;
-            for item in dedup.chunking.stream(reader) {
-                let (_, data) = item.map_err(|e| Error::io(&f.path, e))?;
-                hasher.update(&data);
-                size += data.len() as u64;
-                let s = score(&data);
-                leaves.push((s, data.len() as u64));
-                sender.add(s, BlobKind::Data, data)?;
-            }
+            let digest = ingest
+                .run(reader, &|_| false, &mut |window, chunks| {
+                    for c in chunks {
+                        leaves.push((c.score, c.range.len() as u64));
+                        sender
+                            .add(c.score, BlobKind::Data, window[c.range].to_vec())
+                            .map_err(Failed::Sending)?;
+                    }
+                    Ok(())
+                })
+                .map_err(|e| match e {
+                    Failed::Reading(e) => Error::io(&f.path, e),
+                    Failed::Sending(e) => e,
+                })?;
+            let size = digest.size;
             let (tree_root, blocks) = recipe_blocks(&leaves);
             for (s, bytes) in blocks {
                 sender.add(s, BlobKind::Tree, bytes)?;
@@ -167,7 +192,7 @@ impl Agent {
             recipes.push(FileRecipe {
                 path: path_in_checkpoint(now_root, f),
                 size,
-                blake3: hasher.finalize().to_hex().to_string(),
+                blake3: cascade_dedup::score::to_hex(&digest.blake3),
                 root: cascade_dedup::score::to_hex(&tree_root),
             });
         }

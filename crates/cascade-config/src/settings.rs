@@ -242,7 +242,7 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_COMPRESS",
         flag: Some("compress"),
         value_name: "off|zstd[:LEVEL]",
-        help: "Compression of each new chunk in the dedup repository (skipped for a chunk it does not shrink by 1/8)",
+        help: "Compression of each new chunk in the dedup repository (skipped for a chunk it does not shrink by 1/8); LEVEL 1..=19, or -1..=-7 for zstd's fast levels",
         default_help: "off",
         parse: |t| {
             if t == "off" {

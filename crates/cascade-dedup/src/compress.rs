@@ -15,8 +15,9 @@ use std::str::FromStr;
 
 /// Default zstd level when the spec is just `zstd`.
 pub const ZSTD_DEFAULT_LEVEL: i32 = 3;
-/// Levels accepted in specs.
-pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = 1..=19;
+/// Levels accepted in specs: zstd's fast levels -7 ..= -1 (its `--fast=N` is level -N:
+/// faster, larger) and its regular levels 1 ..= 19.
+pub const ZSTD_LEVELS: std::ops::RangeInclusive<i32> = -7..=19;
 
 /// How chunks are compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -24,7 +25,7 @@ pub enum Compression {
     /// Stored as they are.
     #[default]
     None,
-    /// A zstd frame per chunk, at `level` (1 fastest ..= 19 smallest).
+    /// A zstd frame per chunk, at `level` (-7 fastest ..= 19 smallest; never 0).
     Zstd { level: i32 },
 }
 
@@ -60,9 +61,9 @@ impl Compression {
         let Compression::Zstd { level } = *self else {
             return None;
         };
-        let mut out = vec![0u8; max_compressed_len(chunk.len())];
-        let len = compress_into(level, chunk, &mut out)?;
-        out.truncate(len);
+        // zstd writes into the spare capacity: no zeroing of a buffer it overwrites.
+        let mut out = Vec::with_capacity(max_compressed_len(chunk.len()));
+        compress_into(level, chunk, &mut out)?;
         Some(out)
     }
 
@@ -115,8 +116,12 @@ impl Compression {
 /// Compresses `chunk` into `out` (as long as the paying limit) with this thread's context:
 /// the frame's length, or `None` when it does not fit (zstd stops with "destination buffer
 /// too small" as soon as it would not pay) or zstd fails.
-fn compress_into(level: i32, chunk: &[u8], out: &mut [u8]) -> Option<usize> {
-    if chunk.is_empty() || out.is_empty() {
+fn compress_into<C: zstd::zstd_safe::WriteBuf + ?Sized>(
+    level: i32,
+    chunk: &[u8],
+    out: &mut C,
+) -> Option<usize> {
+    if chunk.is_empty() || out.capacity() == 0 {
         return None;
     }
     COMPRESSOR.with(|cell| {
@@ -153,7 +158,7 @@ impl fmt::Display for Compression {
 impl FromStr for Compression {
     type Err = ParseCompressionError;
 
-    /// `none`, `zstd` (level 3) or `zstd:1` ..= `zstd:19`.
+    /// `none`, `zstd` (level 3), `zstd:1` ..= `zstd:19` or `zstd:-7` ..= `zstd:-1`.
     fn from_str(spec: &str) -> Result<Compression, ParseCompressionError> {
         let err = |why: &str| ParseCompressionError(format!("invalid compression '{spec}': {why}"));
         let trimmed = spec.trim().to_ascii_lowercase();
@@ -167,10 +172,14 @@ impl FromStr for Compression {
                 level: ZSTD_DEFAULT_LEVEL,
             }),
             ("zstd", Some(level)) => match level.parse::<i32>() {
-                Ok(level) if ZSTD_LEVELS.contains(&level) => Ok(Compression::Zstd { level }),
-                _ => Err(err("the zstd level must be a whole number from 1 to 19")),
+                Ok(level) if level != 0 && ZSTD_LEVELS.contains(&level) => {
+                    Ok(Compression::Zstd { level })
+                }
+                _ => Err(err(
+                    "the zstd level must be a whole number from 1 to 19, or -7 to -1 for the fast levels",
+                )),
             },
-            _ => Err(err("expected none, zstd or zstd:LEVEL (1..=19)")),
+            _ => Err(err("expected none, zstd or zstd:LEVEL (1..=19, or -7..=-1)")),
         }
     }
 }

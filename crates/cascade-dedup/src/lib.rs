@@ -14,6 +14,7 @@ pub mod analyze;
 pub mod chunking;
 pub mod compress;
 pub mod heatmap;
+pub mod ingest;
 pub mod repo;
 pub mod score;
 

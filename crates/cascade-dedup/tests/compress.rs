@@ -31,7 +31,8 @@ fn specs_parse_and_print_back() {
     assert_eq!("zstd".parse(), Ok(Compression::Zstd { level: 3 }));
     assert_eq!("zstd:1".parse(), Ok(Compression::Zstd { level: 1 }));
     assert_eq!("ZSTD:19".parse(), Ok(Compression::Zstd { level: 19 }));
-    for spec in ["none", "zstd:1", "zstd:3", "zstd:19"] {
+    assert_eq!("zstd:-3".parse(), Ok(Compression::Zstd { level: -3 }));
+    for spec in ["none", "zstd:1", "zstd:3", "zstd:19", "zstd:-1", "zstd:-7"] {
         let c: Compression = spec.parse().expect(spec);
         assert_eq!(c.to_string(), spec);
     }
@@ -39,7 +40,7 @@ fn specs_parse_and_print_back() {
     for (spec, why) in [
         ("zstd:0", "1 to 19"),
         ("zstd:20", "1 to 19"),
-        ("zstd:-1", "1 to 19"),
+        ("zstd:-8", "-7 to -1"),
         ("zstd:fast", "1 to 19"),
         ("lz4", "expected none, zstd or zstd:LEVEL"),
         ("none:1", "expected none, zstd or zstd:LEVEL"),
@@ -62,7 +63,7 @@ fn the_limit_is_seven_eighths() {
 #[test]
 fn compressible_chunks_shrink_and_round_trip() {
     let chunk = compressible(64 << 10);
-    for level in [1, 3, 19] {
+    for level in [-7, -1, 1, 3, 19] {
         let codec = Compression::Zstd { level };
         let packed = codec.compress(&chunk).expect("compressible data pays");
         assert!(packed.len() <= max_compressed_len(chunk.len()));

@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cascade_durable::DurableStore;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::ingest::{Chunk, Ingest};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
 use format::{BlobEntry, BlobKind, Block, Stored, BLOCK_FANOUT};
@@ -41,8 +41,6 @@ pub const MANIFEST_FORMAT: &str = "cascade-dedup-manifest/1";
 /// A pack is written once it holds this many bytes of blobs (small enough that the first
 /// upload overlaps the chunking of a checkpoint of a few tens of MB).
 pub const DEFAULT_PACK_SIZE: usize = 4 << 20;
-/// Chunks scored and compressed together (in parallel) while a file is added.
-const BATCH_BYTES: usize = 8 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -190,6 +188,8 @@ pub struct Repo {
     session_lease: Duration,
     /// Sessions of finished writers whose files no manifest names yet.
     parked: Mutex<Vec<session::Parked>>,
+    /// Ingest pipelines (their window buffers) of finished writers, for the next ones.
+    idle_ingests: Mutex<Vec<Ingest>>,
 }
 
 impl Drop for Repo {
@@ -283,6 +283,7 @@ impl Repo {
             index_ready: AtomicBool::new(false),
             session_lease: DEFAULT_SESSION_LEASE,
             parked: Mutex::new(Vec::new()),
+            idle_ingests: Mutex::new(Vec::new()),
         };
         Ok(Some(repo))
     }
@@ -318,8 +319,7 @@ impl Repo {
     }
 
     fn pack_key(&self, id: &Score) -> String {
-        let hex = to_hex(id);
-        self.key(&format!("packs/{}/{hex}", &hex[..2]))
+        pack_key(&self.prefix, id)
     }
 
     /// Reads every index object (checking that its bytes hash to its name).
@@ -430,6 +430,24 @@ impl Repo {
         Ok(loaded)
     }
 
+    /// Whether a writer would store blob `s`: the index does not have it outside the packs
+    /// garbage collection condemned (a writer also checks its own blobs).
+    fn lacks(&self, s: &Score) -> bool {
+        let Ok(index) = self.index.read() else {
+            return true;
+        };
+        match index.blobs.get(s) {
+            Some(loc) => index.condemned.contains(&index.packs[loc.pack as usize]),
+            None => true,
+        }
+    }
+
+    /// An ingest pipeline of a finished writer, or a new one.
+    fn idle_ingest(&self) -> Ingest {
+        let idle = self.idle_ingests.lock().ok().and_then(|mut i| i.pop());
+        idle.unwrap_or_else(|| Ingest::new(self.chunking, self.compression))
+    }
+
     /// Blobs the index knows (data chunks and recipe blocks).
     pub fn blob_count(&self) -> usize {
         self.index.read().map(|i| i.blobs.len()).unwrap_or(0)
@@ -464,13 +482,14 @@ impl Repo {
             pack: Vec::new(),
             entries: Vec::new(),
             written: HashMap::new(),
-            session: Vec::new(),
+            packs: Vec::new(),
             pack_size: self.pack_size,
             stats: WriteStats::default(),
             registration: None,
             file_packs: FilePacks::default(),
             files: Vec::new(),
-            uploads: upload::PackUploader::new(Arc::clone(&self.durable)),
+            uploads: upload::PackUploader::new(Arc::clone(&self.durable), self.prefix.clone()),
+            ingest: None,
         }
     }
 
@@ -650,6 +669,12 @@ impl Repo {
     }
 }
 
+/// Where pack `id` is: `<prefix>/packs/<first two hex digits>/<hex>`.
+fn pack_key(prefix: &str, id: &Score) -> String {
+    let hex = to_hex(id);
+    format!("{prefix}/packs/{}/{hex}", &hex[..2])
+}
+
 fn poisoned() -> Error {
     Error::Invalid("the repository index lock was poisoned by a panic".to_string())
 }
@@ -658,8 +683,9 @@ fn parse_score(hex: &str) -> Result<Score> {
     from_hex(hex).map_err(|e| Error::Invalid(e.to_string()))
 }
 
-/// Adds files to the repository: chunks are scored and compressed in parallel, stored once,
-/// and collected into packs; [`RepoWriter::finish`] writes the last pack and the index object.
+/// Adds files to the repository: chunks are cut, scored and compressed by the ingest pipeline
+/// (crate::ingest), stored once, and collected into packs that a thread writes meanwhile;
+/// [`RepoWriter::finish`] writes the last pack and the index object.
 /// Dropped without `finish`, the packs already written stay unreferenced (garbage).
 pub struct RepoWriter<'r> {
     repo: &'r Repo,
@@ -670,7 +696,8 @@ pub struct RepoWriter<'r> {
     /// dedup against but a reopened repository could not find), with the position of the
     /// pack each is in among this writer's packs.
     written: HashMap<Score, u32>,
-    session: Vec<(Score, Vec<BlobEntry>)>,
+    /// The entries of each pack sent to the uploader (whose ids it returns at `finish`).
+    packs: Vec<Vec<BlobEntry>>,
     pack_size: usize,
     stats: WriteStats,
     /// The session registered before the first blob (docs/dedup.md, "Garbage collection").
@@ -680,12 +707,17 @@ pub struct RepoWriter<'r> {
     files: Vec<(Score, FilePacks)>,
     /// Writes full packs beside the chunking.
     uploads: upload::PackUploader,
+    /// Taken from the repository at the first file, given back when the writer goes.
+    ingest: Option<Ingest>,
 }
 
 impl Drop for RepoWriter<'_> {
     fn drop(&mut self) {
         if let Some(session) = self.registration.take() {
             session.end(self.repo);
+        }
+        if let (Some(ingest), Ok(mut idle)) = (self.ingest.take(), self.repo.idle_ingests.lock()) {
+            idle.push(ingest);
         }
     }
 }
@@ -699,33 +731,28 @@ impl RepoWriter<'_> {
 
     /// Chunks, scores and stores what `reader` yields; returns the file's recipe (`path` is
     /// only recorded).
-    pub fn add_file(&mut self, path: &str, reader: impl Read) -> Result<FileRecipe> {
+    pub fn add_file(&mut self, path: &str, reader: impl Read + Send) -> Result<FileRecipe> {
         self.register()?;
         self.file_packs = FilePacks::default();
-        let mut hasher = blake3::Hasher::new();
+        let mut ingest = match self.ingest.take() {
+            Some(ingest) => ingest,
+            None => self.repo.idle_ingest(),
+        };
+        let repo = self.repo;
         let mut leaves: Vec<(Score, u64)> = Vec::new();
-        let mut batch: Vec<Vec<u8>> = Vec::new();
-        let mut batch_bytes = 0usize;
-        let mut size = 0u64;
-        for item in self.repo.chunking.stream(reader) {
-            let (_, data) = item?;
-            size += data.len() as u64;
-            batch_bytes += data.len();
-            batch.push(data);
-            if batch_bytes >= BATCH_BYTES {
-                self.add_chunks(std::mem::take(&mut batch), &mut hasher, &mut leaves)?;
-                batch_bytes = 0;
-            }
-        }
-        self.add_chunks(batch, &mut hasher, &mut leaves)?;
+        let digest = ingest.run(reader, &|s| repo.lacks(s), &mut |window, chunks| {
+            self.add_chunks(window, chunks, &mut leaves)
+        });
+        self.ingest = Some(ingest);
+        let digest = digest?;
         let root = self.add_tree(leaves)?;
         self.files
             .push((root, std::mem::take(&mut self.file_packs)));
         self.stats.files += 1;
         Ok(FileRecipe {
             path: path.to_string(),
-            size,
-            blake3: hasher.finalize().to_hex().to_string(),
+            size: digest.size,
+            blake3: to_hex(&digest.blake3),
             root: to_hex(&root),
         })
     }
@@ -770,46 +797,36 @@ impl RepoWriter<'_> {
     /// Starts a pack with 16 unique bytes (session::pack_nonce).
     fn open_pack(&mut self) {
         if self.pack.is_empty() {
+            if self.pack.capacity() == 0 {
+                // Room for a full pack, the chunk that overflows it and its trailer.
+                self.pack = self
+                    .uploads
+                    .buffer(self.pack_size + (self.pack_size >> 1) + (4 << 20));
+            }
             self.pack.extend_from_slice(&session::pack_nonce());
         }
     }
 
-    /// Scores a batch in parallel, compresses the chunks not yet stored in parallel, and
-    /// appends them to the pack in order. The whole file's hash is carried on at the same
-    /// time as the chunks' scores, not before them on the reading thread.
+    /// Stores a window's chunks the repository and this writer do not have yet, in order.
     fn add_chunks(
         &mut self,
-        batch: Vec<Vec<u8>>,
-        file_hasher: &mut blake3::Hasher,
+        window: &[u8],
+        chunks: Vec<Chunk>,
         leaves: &mut Vec<(Score, u64)>,
     ) -> Result<()> {
         self.keep_alive()?;
-        let (scores, ()) = rayon::join(
-            || batch.par_iter().map(|c| score(c)).collect::<Vec<Score>>(),
-            || {
-                for c in &batch {
-                    file_hasher.update(c);
-                }
-            },
-        );
-        let fresh: Vec<bool> = scores.iter().map(|s| !self.known(s)).collect();
-        let compression = self.repo.compression;
-        let compressed: Vec<Option<Vec<u8>>> = batch
-            .par_iter()
-            .zip(fresh.par_iter())
-            .map(|(c, &f)| if f { compression.compress(c) } else { None })
-            .collect();
-        for ((data, s), packed) in batch.iter().zip(&scores).zip(compressed) {
+        for chunk in chunks {
+            let data = &window[chunk.range];
             self.stats.bytes += data.len() as u64;
             self.stats.chunks += 1;
-            leaves.push((*s, data.len() as u64));
-            // A chunk repeated within the batch is stored by its first occurrence.
-            if let Some(at) = self.locate(s) {
+            leaves.push((chunk.score, data.len() as u64));
+            // A chunk repeated within the file is stored by its first occurrence.
+            if let Some(at) = self.locate(&chunk.score) {
                 self.file_packs.note(at);
             } else {
                 self.stats.new_chunks += 1;
                 self.stats.new_bytes += data.len() as u64;
-                let stored = self.add_blob(*s, BlobKind::Data, data, packed)?;
+                let stored = self.add_blob(chunk.score, BlobKind::Data, data, chunk.packed)?;
                 self.stats.stored_data_bytes += stored;
             }
         }
@@ -873,7 +890,7 @@ impl RepoWriter<'_> {
             stored,
         });
         self.pack.extend_from_slice(bytes);
-        let slot = self.session.len() as u32;
+        let slot = self.packs.len() as u32;
         self.written.insert(s, slot);
         self.file_packs.note(BlobAt::Own(slot));
         if self.pack.len() >= self.pack_size {
@@ -909,7 +926,7 @@ impl RepoWriter<'_> {
             stored,
         });
         self.pack.extend_from_slice(bytes);
-        self.written.insert(s, self.session.len() as u32);
+        self.written.insert(s, self.packs.len() as u32);
         match kind {
             BlobKind::Data => {
                 self.stats.new_chunks += 1;
@@ -931,11 +948,8 @@ impl RepoWriter<'_> {
         }
         let mut pack = std::mem::take(&mut self.pack);
         format::encode_pack_trailer(&self.entries, &mut pack);
-        let id = score(&pack);
-        self.uploads
-            .send(self.repo.pack_key(&id), Bytes::from(pack))?;
-        let entries = std::mem::take(&mut self.entries);
-        self.session.push((id, entries));
+        self.uploads.send(pack)?;
+        self.packs.push(std::mem::take(&mut self.entries));
         self.stats.packs += 1;
         self.keep_alive()
     }
@@ -947,10 +961,15 @@ impl RepoWriter<'_> {
     pub fn finish(mut self) -> Result<WriteStats> {
         self.flush_pack()?;
         // The index names only packs that are written.
-        self.uploads.wait()?;
+        let own_packs: Vec<Score> = self.uploads.wait()?.to_vec();
+        let session: Vec<(Score, Vec<BlobEntry>)> = own_packs
+            .iter()
+            .copied()
+            .zip(std::mem::take(&mut self.packs))
+            .collect();
         let mut origin = None;
-        if !self.session.is_empty() {
-            let bytes = format::encode_index(&self.session);
+        if !session.is_empty() {
+            let bytes = format::encode_index(&session);
             let id = score(&bytes);
             origin = Some(id);
             let name = to_hex(&id);
@@ -960,13 +979,12 @@ impl RepoWriter<'_> {
             )?;
             let mut index = self.repo.index.write().map_err(|_| poisoned())?;
             if index.loaded.insert(name) {
-                for (pack, entries) in &self.session {
+                for (pack, entries) in &session {
                     index.add_pack(*pack, id, entries);
                 }
             }
         }
         if let Some(session) = self.registration.take() {
-            let own_packs: Vec<Score> = self.session.iter().map(|(id, _)| *id).collect();
             let mut roots: HashMap<Score, gc::PackSet> = HashMap::new();
             for (root, packs) in &self.files {
                 session::merge(
