@@ -83,6 +83,10 @@ impl Agent {
             if let Some(size) = self.fetch_from_staging(staging, key, &tmp)? {
                 return self.install_fetched(&tmp, path, size, true, started);
             }
+            // Or the chunks of a checkpoint stored with dedup whose manifest is not durable.
+            if let Some(size) = self.fetch_from_staging_dedup(staging, key, &tmp)? {
+                return self.install_fetched(&tmp, path, size, true, started);
+            }
         }
         let is_file = match durable.size(key) {
             Ok(_) => true,

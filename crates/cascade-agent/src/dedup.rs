@@ -33,6 +33,19 @@ pub(crate) struct RepoFile {
     pub(crate) written_unix_ns: u64,
 }
 
+/// The recipe of file `key` in manifest `m` of checkpoint `ckpt` (`key` itself, or a
+/// directory above it), if it names the file.
+pub(crate) fn recipe_in(ckpt: &str, m: Manifest, key: &str) -> Option<FileRecipe> {
+    let rel = if m.single_file {
+        (ckpt == key).then(|| ckpt.rsplit('/').next().unwrap_or(ckpt).to_string())
+    } else {
+        key.strip_prefix(ckpt)
+            .and_then(|r| r.strip_prefix('/'))
+            .map(str::to_string)
+    }?;
+    m.files.into_iter().find(|f| f.path == rel)
+}
+
 impl Agent {
     /// The dedup repository: opened (and created, when dedup is on) at first use. None when
     /// dedup is off and the durable store has no repository.
@@ -220,16 +233,8 @@ impl Agent {
             return Ok(None);
         };
         for (ckpt, m) in self.manifests_around(&repo, key)? {
-            let rel = if m.single_file {
-                (ckpt == key).then(|| ckpt.rsplit('/').next().unwrap_or(&ckpt).to_string())
-            } else {
-                key.strip_prefix(&ckpt)
-                    .and_then(|r| r.strip_prefix('/'))
-                    .map(str::to_string)
-            };
-            let Some(rel) = rel else { continue };
             let written_unix_ns = m.created_unix_ns;
-            if let Some(recipe) = m.files.into_iter().find(|f| f.path == rel) {
+            if let Some(recipe) = recipe_in(&ckpt, m, key) {
                 return Ok(Some(RepoFile {
                     repo,
                     recipe,

@@ -6,20 +6,22 @@
 //! push packs and index objects to the durable repository and write the manifest once all
 //! its blobs are there.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use cascade_dedup::ingest::Ingest;
 use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
-use cascade_dedup::repo::FileRecipe;
+use cascade_dedup::repo::{rebuild_file, FileRecipe};
+use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Score};
 use cascade_staging::protocol::{ManifestState, WireChunk};
 use cascade_store::{FileKind, LifeEntry};
 use rayon::prelude::*;
 
 use crate::daemon::{key_of, path_in_checkpoint, Agent};
-use crate::dedup::DedupOptions;
+use crate::dedup::{recipe_in, DedupOptions};
 use crate::reader::StoreFileReader;
+use crate::restore::{create_for_writing, StoreWriter};
 use crate::staging::Staging;
 use crate::{Error, Result};
 
@@ -192,8 +194,8 @@ impl Agent {
             recipes.push(FileRecipe {
                 path: path_in_checkpoint(now_root, f),
                 size,
-                blake3: cascade_dedup::score::to_hex(&digest.blake3),
-                root: cascade_dedup::score::to_hex(&tree_root),
+                blake3: to_hex(&digest.blake3),
+                root: to_hex(&tree_root),
             });
         }
         sender.flush()?;
@@ -239,6 +241,94 @@ impl Agent {
             )
         });
         Ok(true)
+    }
+
+    /// Rebuilds file `key` into the store file `tmp` from a checkpoint whose manifest a
+    /// staging server holds but has not written to the durable repository yet (its server
+    /// could not push everything: the blobs are on the servers' SSDs, or already in the
+    /// repository). Every blob comes from its owner's chunk store, else from the repository,
+    /// and is checked against its score. The file's size, or None when no server holds such
+    /// a manifest naming the file (or the plain layout holds a newer version).
+    pub(crate) fn fetch_from_staging_dedup(
+        &self,
+        staging: &Staging,
+        key: &str,
+        tmp: &str,
+    ) -> Result<Option<u64>> {
+        let Some((created_unix_ns, recipe)) = self.pending_recipe(staging, key) else {
+            return Ok(None);
+        };
+        let plain_is_newer = self
+            .durable()
+            .recorded_version(key)
+            .map_err(Error::Durable)?
+            .is_some_and(|stamp| stamp > created_unix_ns);
+        if plain_is_newer {
+            return Ok(None);
+        }
+        // The repository holds the blobs the servers pushed already (None: unreachable, or
+        // nothing pushed yet).
+        let repo = self.repo().ok().flatten();
+        let names: Vec<&str> = staging.opts.servers.iter().map(String::as_str).collect();
+        let mut fetch = |scores: &[Score]| -> cascade_dedup::repo::Result<Vec<Vec<u8>>> {
+            let mut by_owner: Vec<Vec<Score>> = vec![Vec::new(); names.len()];
+            for s in scores {
+                by_owner[cascade_staging::owner_of(s, &names)].push(*s);
+            }
+            let mut found: HashMap<Score, Vec<u8>> = HashMap::new();
+            for (server, wanted) in by_owner.iter().enumerate() {
+                if wanted.is_empty() {
+                    continue;
+                }
+                // A server down or a chunk it lost: the repository may have it.
+                if let Ok(chunks) = staging.with_conn(server, |c| c.get_chunks(wanted)) {
+                    for c in chunks {
+                        if let Ok(raw) = c.verified_raw() {
+                            found.insert(c.score, raw);
+                        }
+                    }
+                }
+            }
+            scores
+                .iter()
+                .map(|s| match (found.get(s), &repo) {
+                    (Some(raw), _) => Ok(raw.clone()),
+                    (None, Some(repo)) => repo.read_blob(s),
+                    (None, None) => Err(cascade_dedup::repo::Error::Missing(to_hex(s))),
+                })
+                .collect()
+        };
+        let rebuilt = (|| -> Result<u64> {
+            let out_file = create_for_writing(self.store(), tmp)?;
+            let mut out = StoreWriter::new(&out_file, tmp);
+            Ok(rebuild_file(&recipe, &mut out, &mut fetch)?)
+        })();
+        match rebuilt {
+            Ok(size) => Ok(Some(size)),
+            Err(e) => {
+                let _ = self.store().unlink(tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// The newest manifest a staging server holds, not yet written to the repository, of a
+    /// checkpoint naming file `key` (the checkpoint `key` itself, or a directory above it):
+    /// when it was made and the file's recipe. Servers that do not answer are skipped.
+    fn pending_recipe(&self, staging: &Staging, key: &str) -> Option<(u64, FileRecipe)> {
+        let mut candidate = key;
+        loop {
+            let owner = self.manifest_owner(staging, candidate);
+            if let Ok(Some((ManifestState::Pending, m))) =
+                staging.with_conn(owner, |c| c.get_manifest(candidate))
+            {
+                let created = m.created_unix_ns;
+                if let Some(recipe) = recipe_in(candidate, m, key) {
+                    return Some((created, recipe));
+                }
+            }
+            candidate = &candidate[..candidate.rfind('/')?];
+        }
     }
 
     /// The server that writes the manifest of `ckpt`: the owner of its name's score.

@@ -12,7 +12,8 @@
 //!    manifest: the earlier checkpoint still restores, the interrupted one is not complete;
 //!    a restarted agent stores it and it restores bit for bit;
 //! 3. through two staging servers (`cascade stage-server`), one of them killed with SIGKILL
-//!    after acknowledging blobs it could not push yet.
+//!    after acknowledging blobs it could not push yet; before that, a new node reads the
+//!    checkpoints through from the servers' chunk stores (manifests not durable yet).
 
 #[path = "../../cascade-durable/tests/support/versitygw.rs"]
 mod versitygw;
@@ -415,6 +416,35 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
             && !durable.join(".cascade-dedup/manifests/ck.2.json").exists(),
         "a manifest was written while A could not push its blobs"
     );
+
+    // A new node (no dedup setting) reads the checkpoints through: the manifests are only on
+    // a server, the blobs on A's SSD or already in the repository (B pushed its own).
+    let node2 = Env::new("dedup-stage-n2", 96 << 20);
+    let mut reader = node2.agent(
+        &url,
+        &[
+            ("CASCADE_STAGING", list.as_str()),
+            ("CASCADE_STAGING_SECRET", secret),
+        ],
+    );
+    for (ck, want) in [("/ck.1", &model), ("/ck.2", &model2)] {
+        for (file, want) in [("model.bin", want), ("notes.txt", &text)] {
+            let path = format!("{ck}/{file}");
+            assert_eq!(fetch(&node2, &path), "OK", "{path}\n{}", reader.log());
+            assert!(node2.read(&path) == *want, "{path}");
+            wait_line_with(&mut reader, &format!("cascade agent: fetched {path} ("));
+        }
+    }
+    assert!(
+        reader.log().contains("verified) from a staging server"),
+        "{}",
+        reader.log()
+    );
+    assert!(
+        fetch(&node2, "/ck.3/model.bin").starts_with("ERR 2 "),
+        "a file no manifest holds is ENOENT"
+    );
+    stop_agent(&mut reader);
 
     a.kill9();
     a.restart(&env, &url);

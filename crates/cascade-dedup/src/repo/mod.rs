@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cascade_durable::DurableStore;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::ingest::{Chunk, Ingest};
@@ -624,49 +625,197 @@ impl Repo {
     /// Writes the file `recipe` describes into `out`, checking every blob's score and the
     /// whole file's BLAKE3 and size; on an error the caller must discard what was written.
     pub fn restore_file(&self, recipe: &FileRecipe, out: &mut dyn Write) -> Result<u64> {
-        let root = parse_score(&recipe.root)?;
-        let mut hasher = blake3::Hasher::new();
-        let mut written = 0u64;
-        self.restore_tree(&root, &mut |data: &[u8]| {
-            hasher.update(data);
-            written += data.len() as u64;
-            out.write_all(data).map_err(Error::from)
-        })?;
-        let got = hasher.finalize().to_hex().to_string();
-        if written != recipe.size || got != recipe.blake3 {
-            return Err(Error::Corrupt {
-                score: recipe.root.clone(),
-                why: format!(
-                    "{}: rebuilt {written} bytes with BLAKE3 {got}, the manifest says {} bytes \
-                     with {}",
-                    recipe.path, recipe.size, recipe.blake3
-                ),
-            });
-        }
-        Ok(written)
+        rebuild_file(recipe, out, &mut |scores| self.read_blobs_unchecked(scores))
     }
 
-    fn restore_tree(&self, node: &Score, emit: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
-        let block = Block::decode(&self.read_blob(node)?).map_err(|e| Error::Corrupt {
-            score: to_hex(node),
-            why: e.0,
-        })?;
-        for (child, len) in &block.children {
-            if block.level == 0 {
-                let data = self.read_blob(child)?;
-                if data.len() as u64 != *len {
+    /// Blobs decompressed, in the order named, NOT checked against their scores (the caller
+    /// does: [`rebuild_file`]). Blobs next to each other in a pack (at most
+    /// [`COALESCE_GAP`] apart) are read with one ranged read, and decompressed in parallel.
+    /// A blob the loaded index lacks makes it refresh the index once.
+    fn read_blobs_unchecked(&self, scores: &[Score]) -> Result<Vec<Vec<u8>>> {
+        self.ensure_index()?;
+        match self.read_blobs_once(scores) {
+            Err(Error::Missing(_)) => {}
+            Err(Error::Durable(e)) if e.is_not_found() => {}
+            done => return done,
+        }
+        self.refresh_index()?;
+        self.read_blobs_once(scores)
+    }
+
+    fn read_blobs_once(&self, scores: &[Score]) -> Result<Vec<Vec<u8>>> {
+        let mut wanted: Vec<(Score, Loc)> = Vec::with_capacity(scores.len());
+        let mut packs: Vec<Score> = Vec::new();
+        {
+            let i = self.index.read().map_err(|_| poisoned())?;
+            for s in scores {
+                let loc = *i.blobs.get(s).ok_or_else(|| Error::Missing(to_hex(s)))?;
+                wanted.push((*s, loc));
+            }
+            packs.extend(wanted.iter().map(|(_, loc)| i.packs[loc.pack as usize]));
+        }
+        // Reading order: by pack, then offset; runs of close blobs become one read.
+        let mut order: Vec<usize> = (0..wanted.len()).collect();
+        order.sort_by_key(|&k| (wanted[k].1.pack, wanted[k].1.offset));
+        let mut stored: Vec<Option<Bytes>> = vec![None; wanted.len()];
+        let mut run_start = 0;
+        while run_start < order.len() {
+            let first = wanted[order[run_start]].1;
+            let mut end = u64::from(first.offset) + u64::from(first.stored_len);
+            let mut run_end = run_start + 1;
+            while let Some(&k) = order.get(run_end) {
+                let loc = wanted[k].1;
+                if loc.pack != first.pack || u64::from(loc.offset) > end + COALESCE_GAP {
+                    break;
+                }
+                end = end.max(u64::from(loc.offset) + u64::from(loc.stored_len));
+                run_end += 1;
+            }
+            let start = u64::from(first.offset);
+            let pack = packs[order[run_start]];
+            let bytes = self.durable.get_range(&self.pack_key(&pack), start..end)?;
+            for &k in &order[run_start..run_end] {
+                let loc = wanted[k].1;
+                let from = (u64::from(loc.offset) - start) as usize;
+                let to = from + loc.stored_len as usize;
+                if to > bytes.len() {
                     return Err(Error::Corrupt {
-                        score: to_hex(child),
-                        why: format!("{} bytes, its recipe says {len}", data.len()),
+                        score: to_hex(&wanted[k].0),
+                        why: format!("pack {} ends before the blob", to_hex(&pack)),
                     });
                 }
-                emit(&data)?;
-            } else {
-                self.restore_tree(child, emit)?;
+                stored[k] = Some(bytes.slice(from..to));
             }
+            run_start = run_end;
         }
-        Ok(())
+        wanted
+            .par_iter()
+            .zip(stored.par_iter())
+            .map(|((s, loc), bytes)| {
+                let bytes = bytes.as_deref().unwrap_or_default();
+                match loc.stored {
+                    Stored::Raw => Ok(bytes.to_vec()),
+                    Stored::Zstd => {
+                        Compression::decompress(bytes, loc.raw_len as usize).map_err(|e| {
+                            Error::Corrupt {
+                                score: to_hex(s),
+                                why: format!("does not decompress: {e}"),
+                            }
+                        })
+                    }
+                }
+            })
+            .collect()
     }
+}
+
+/// Blobs of a pack at most this far apart are read with one ranged read (the bytes between
+/// them are read and dropped: cheaper than another request).
+pub const COALESCE_GAP: u64 = 256 << 10;
+
+/// Bytes of chunks asked of a blob source at once while a file is rebuilt.
+const REBUILD_BATCH_BYTES: u64 = 8 << 20;
+
+/// Gives the raw bytes of the blobs named, in order (any source: the repository's packs, the
+/// staging servers' chunk stores); [`rebuild_file`] checks them.
+pub type BlobSource<'a> = dyn FnMut(&[Score]) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// Writes the file `recipe` describes into `out` from the blobs `fetch` gives, checking every
+/// blob against its score (and each chunk's length against its recipe entry) and the whole
+/// file's size and BLAKE3 against the recipe; on an error the caller must discard what was
+/// written. Chunks are asked for in batches of about 8 MiB.
+pub fn rebuild_file(
+    recipe: &FileRecipe,
+    out: &mut dyn Write,
+    fetch: &mut BlobSource,
+) -> Result<u64> {
+    let root = parse_score(&recipe.root)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut written = 0u64;
+    rebuild_tree(&root, fetch, &mut |data: &[u8]| {
+        hasher.update(data);
+        written += data.len() as u64;
+        out.write_all(data).map_err(Error::from)
+    })?;
+    let got = hasher.finalize().to_hex().to_string();
+    if written != recipe.size || got != recipe.blake3 {
+        return Err(Error::Corrupt {
+            score: recipe.root.clone(),
+            why: format!(
+                "{}: rebuilt {written} bytes with BLAKE3 {got}, the manifest says {} bytes \
+                 with {}",
+                recipe.path, recipe.size, recipe.blake3
+            ),
+        });
+    }
+    Ok(written)
+}
+
+/// `fetch`'s blobs for `scores`, each checked against its score and, given, its length.
+fn fetch_checked(
+    fetch: &mut BlobSource,
+    scores: &[Score],
+    lens: Option<&[u64]>,
+) -> Result<Vec<Vec<u8>>> {
+    let blobs = fetch(scores)?;
+    if blobs.len() != scores.len() {
+        return Err(Error::Invalid(format!(
+            "asked for {} blobs, got {}",
+            scores.len(),
+            blobs.len()
+        )));
+    }
+    for (i, (s, raw)) in scores.iter().zip(&blobs).enumerate() {
+        let corrupt = |why: String| Error::Corrupt {
+            score: to_hex(s),
+            why,
+        };
+        if score(raw) != *s {
+            return Err(corrupt("its bytes do not hash to its score".to_string()));
+        }
+        if let Some(len) = lens.map(|l| l[i]).filter(|len| *len != raw.len() as u64) {
+            return Err(corrupt(format!(
+                "{} bytes, its recipe says {len}",
+                raw.len()
+            )));
+        }
+    }
+    Ok(blobs)
+}
+
+fn rebuild_tree(
+    node: &Score,
+    fetch: &mut BlobSource,
+    emit: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let raw = fetch_checked(fetch, std::slice::from_ref(node), None)?;
+    let block = Block::decode(&raw[0]).map_err(|e| Error::Corrupt {
+        score: to_hex(node),
+        why: e.0,
+    })?;
+    if block.level > 0 {
+        for (child, _) in &block.children {
+            rebuild_tree(child, fetch, emit)?;
+        }
+        return Ok(());
+    }
+    let mut rest = block.children.as_slice();
+    while !rest.is_empty() {
+        let mut take = 0;
+        let mut bytes = 0u64;
+        while take < rest.len() && (take == 0 || bytes + rest[take].1 <= REBUILD_BATCH_BYTES) {
+            bytes += rest[take].1;
+            take += 1;
+        }
+        let (batch, tail) = rest.split_at(take);
+        let scores: Vec<Score> = batch.iter().map(|(s, _)| *s).collect();
+        let lens: Vec<u64> = batch.iter().map(|(_, l)| *l).collect();
+        for data in fetch_checked(fetch, &scores, Some(&lens))? {
+            emit(&data)?;
+        }
+        rest = tail;
+    }
+    Ok(())
 }
 
 /// Where pack `id` is: `<prefix>/packs/<first two hex digits>/<hex>`.
