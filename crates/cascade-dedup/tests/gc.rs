@@ -334,6 +334,8 @@ fn a_dry_run_reports_what_a_real_run_then_does_and_changes_nothing() {
     for (name, files) in &series(4) {
         write_checkpoint(&repo, name, files);
     }
+    // The writers' session objects go in the background; a collection waits for that too.
+    repo.wait_session_ends();
     let before = files_below(&root);
     let dry = repo
         .prune(

@@ -358,6 +358,8 @@ impl Repo {
         pretend: &[Manifest],
         changes: &mut Changes,
     ) -> Result<GcReport> {
+        // This process's finished writers are not sessions to wait for.
+        self.wait_session_ends();
         let dry = opts.dry_run;
         let mut report = GcReport {
             dry_run: dry,

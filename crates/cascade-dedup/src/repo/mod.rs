@@ -191,6 +191,8 @@ pub struct Repo {
     parked: Mutex<Vec<session::Parked>>,
     /// Ingest pipelines (their window buffers) of finished writers, for the next ones.
     idle_ingests: Mutex<Vec<Ingest>>,
+    /// Threads deleting the session objects of writers whose files manifests now name.
+    ending_sessions: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Drop for Repo {
@@ -285,6 +287,7 @@ impl Repo {
             session_lease: DEFAULT_SESSION_LEASE,
             parked: Mutex::new(Vec::new()),
             idle_ingests: Mutex::new(Vec::new()),
+            ending_sessions: Mutex::new(Vec::new()),
         };
         Ok(Some(repo))
     }

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -127,6 +128,35 @@ impl Session {
     /// a session it still sees until its lease runs out.
     pub fn end(self, repo: &Repo) {
         let _ = repo.durable.delete(&self.key);
+    }
+
+    /// [`Session::end`] on a thread of its own, off the writer's way to a durable checkpoint
+    /// (a request's round trip); [`Repo::wait_session_ends`] waits for it.
+    pub fn end_in_background(self, repo: &Repo) {
+        let durable = Arc::clone(&repo.durable);
+        let key = self.key.clone();
+        let spawned = std::thread::Builder::new()
+            .name("cascade-session-end".to_string())
+            .spawn(move || {
+                let _ = durable.delete(&key);
+            });
+        match (spawned, repo.ending_sessions.lock()) {
+            (Ok(handle), Ok(mut ending)) => {
+                // Reap the threads done since (a joinable thread keeps its stack until joined).
+                let (done, running) = std::mem::take(&mut *ending)
+                    .into_iter()
+                    .partition::<Vec<_>, _>(|h| h.is_finished());
+                *ending = running;
+                ending.push(handle);
+                for h in done {
+                    let _ = h.join();
+                }
+            }
+            (Ok(handle), Err(_)) => {
+                let _ = handle.join();
+            }
+            (Err(_), _) => self.end(repo),
+        }
     }
 }
 
@@ -280,8 +310,21 @@ impl Repo {
         }
     }
 
+    /// Waits until the sessions ended in the background are deleted (before a collection,
+    /// which must not wait for this process's own finished sessions).
+    pub fn wait_session_ends(&self) {
+        let ending = match self.ending_sessions.lock() {
+            Ok(mut e) => std::mem::take(&mut *e),
+            Err(_) => return,
+        };
+        for handle in ending {
+            let _ = handle.join();
+        }
+    }
+
     /// Ends every parked session (the repository is going away).
     pub(crate) fn end_parked(&self) {
+        self.wait_session_ends();
         let parked = match self.parked.lock() {
             Ok(mut p) => std::mem::take(&mut *p),
             Err(_) => return,
@@ -397,7 +440,7 @@ impl Repo {
             done
         };
         for p in finished {
-            p.session.end(self);
+            p.session.end_in_background(self);
         }
         Ok(())
     }
