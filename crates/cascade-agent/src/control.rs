@@ -15,11 +15,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cascade_durable::FileDigest;
 use cascade_store::Store;
 
 use crate::daemon::Agent;
-use crate::restore::{create_for_writing, StoreWriter};
+use crate::restore::write_fetched;
 use crate::{Error, Result};
 
 /// Infix of the temporary name a file is fetched under (`.NAME.cascade-fetch-PID`) before it
@@ -102,14 +101,8 @@ impl Agent {
                     .map_err(Error::Durable)?
                     .is_some_and(|stamp| stamp > file.written_unix_ns);
             if !plain_is_newer {
-                let result = self.restore_from_repo(&file, &tmp);
-                return match result {
-                    Ok(size) => self.install_fetched(&tmp, path, size, false, started),
-                    Err(e) => {
-                        let _ = store.unlink(&tmp);
-                        Err(e)
-                    }
-                };
+                let size = self.restore_from_repo(&file, &tmp)?;
+                return self.install_fetched(&tmp, path, size, false, started);
             }
         }
         if !is_file {
@@ -129,18 +122,10 @@ impl Agent {
                 .create_dir_all(path, 0o755)
                 .map_err(|e| Error::store(path, e));
         }
-        let digest = (|| -> Result<FileDigest> {
-            let file = create_for_writing(store, &tmp)?;
-            let mut out = StoreWriter::new(&file, &tmp);
-            durable.download_to(key, &mut out).map_err(Error::Durable)
-        })();
-        match digest {
-            Ok(d) => self.install_fetched(&tmp, path, d.size, false, started),
-            Err(e) => {
-                let _ = store.unlink(&tmp);
-                Err(e)
-            }
-        }
+        let digest = write_fetched(store, &tmp, |out| {
+            durable.download_to(key, out).map_err(Error::Durable)
+        })?;
+        self.install_fetched(&tmp, path, digest.size, false, started)
     }
 
     /// Renames a verified fetched file into place and records the level it came from

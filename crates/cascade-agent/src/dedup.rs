@@ -15,7 +15,7 @@ use cascade_store::{FileKind, LifeEntry};
 
 use crate::daemon::{key_of, path_in_checkpoint, Agent, Checkpoint, PassOutcome};
 use crate::reader::StoreFileReader;
-use crate::restore::{create_for_writing, StoreWriter};
+use crate::restore::write_fetched;
 use crate::{Error, Result};
 
 /// How checkpoints are cut and stored in the repository.
@@ -270,13 +270,13 @@ impl Agent {
     }
 
     /// Rebuilds `file` into the store file `tmp`, verifying every chunk and the whole file;
-    /// its size. A blob the loaded index does not name (written by another node since) makes
-    /// it reload the index once.
+    /// its size (on an error `tmp` is removed). A blob the loaded index does not name
+    /// (written by another node since) makes it reload the index once.
     pub(crate) fn restore_from_repo(&self, file: &RepoFile, tmp: &str) -> Result<u64> {
         let attempt = |repo: &Repo| -> Result<u64> {
-            let out_file = create_for_writing(self.store(), tmp)?;
-            let mut out = StoreWriter::new(&out_file, tmp);
-            Ok(repo.restore_file(&file.recipe, &mut out)?)
+            write_fetched(self.store(), tmp, |out| {
+                Ok(repo.restore_file(&file.recipe, out)?)
+            })
         };
         match attempt(&file.repo) {
             Err(Error::Dedup(cascade_dedup::repo::Error::Missing(_))) => {

@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use crate::daemon::{key_of, path_in_checkpoint, Agent};
 use crate::dedup::{recipe_in, DedupOptions};
 use crate::reader::StoreFileReader;
-use crate::restore::{create_for_writing, StoreWriter};
+use crate::restore::write_fetched;
 use crate::staging::Staging;
 use crate::{Error, Result};
 
@@ -300,18 +300,10 @@ impl Agent {
                 })
                 .collect()
         };
-        let rebuilt = (|| -> Result<u64> {
-            let out_file = create_for_writing(self.store(), tmp)?;
-            let mut out = StoreWriter::new(&out_file, tmp);
-            Ok(rebuild_file(&recipe, &mut out, &mut fetch)?)
-        })();
-        match rebuilt {
-            Ok(size) => Ok(Some(size)),
-            Err(e) => {
-                let _ = self.store().unlink(tmp);
-                Err(e)
-            }
-        }
+        let size = write_fetched(self.store(), tmp, |out| {
+            Ok(rebuild_file(&recipe, out, &mut fetch)?)
+        })?;
+        Ok(Some(size))
     }
 
     /// The newest manifest a staging server holds, not yet written to the repository, of a

@@ -122,6 +122,21 @@ pub(crate) fn create_for_writing(store: &Store, path: &str) -> Result<File> {
         .map_err(|e| Error::store(path, e))
 }
 
+/// Writes a file being fetched into the store file `tmp` (created or emptied first) with
+/// `write`; on an error removes `tmp`, so that a failed fetch leaves nothing behind.
+pub(crate) fn write_fetched<T>(
+    store: &Store,
+    tmp: &str,
+    write: impl FnOnce(&mut StoreWriter<'_>) -> Result<T>,
+) -> Result<T> {
+    let written =
+        create_for_writing(store, tmp).and_then(|file| write(&mut StoreWriter::new(&file, tmp)));
+    if written.is_err() {
+        let _ = store.unlink(tmp);
+    }
+    written
+}
+
 pub(crate) struct StoreWriter<'a> {
     file: &'a File,
     offset: u64,

@@ -3,7 +3,7 @@
 
 #[path = "support/sandbox.rs"]
 mod sandbox;
-use sandbox::{s, Sandbox};
+use sandbox::{noise, s, Sandbox};
 
 #[test]
 fn drain_then_restore_round_trips_through_a_directory() {
@@ -83,20 +83,6 @@ fn drain_then_restore_round_trips_through_a_directory() {
         help.contains("--into-store") && help.contains("marker"),
         "{help}"
     );
-}
-
-/// Pseudo-random bytes (no repeats inside, so only what the test repeats dedups).
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 #[test]

@@ -9,13 +9,9 @@ use cascade_dedup::analyze::{ChunkingReport, Options, Report};
 use cascade_dedup::{analyze, scan, Chunking};
 use tempfile::TempDir;
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&seed.to_le_bytes());
-    hasher.finalize_xof().fill(&mut out);
-    out
-}
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
 fn compressible(len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 8);

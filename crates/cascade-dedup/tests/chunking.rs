@@ -9,13 +9,9 @@ use cascade_dedup::chunking::{format_size, parse_size};
 use cascade_dedup::score::{from_hex, short_key, to_hex};
 use cascade_dedup::{score, Chunking};
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&seed.to_le_bytes());
-    hasher.finalize_xof().fill(&mut out);
-    out
-}
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
 fn parse(spec: &str) -> Chunking {
     spec.parse()

@@ -5,13 +5,9 @@
 use cascade_dedup::compress::max_compressed_len;
 use cascade_dedup::Compression;
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&seed.to_le_bytes());
-    hasher.finalize_xof().fill(&mut out);
-    out
-}
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
 /// Doubles holding small integers, as molecular-dynamics restart files store them.
 fn compressible(len: usize) -> Vec<u8> {

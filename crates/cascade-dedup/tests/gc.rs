@@ -20,15 +20,11 @@ use cascade_dedup::score::{from_hex, to_hex};
 use cascade_dedup::{Chunking, Compression, Score};
 use cascade_durable::DurableStore;
 
-const KIB: usize = 1 << 10;
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut out);
-    out
-}
+const KIB: usize = 1 << 10;
 
 fn durable_at(root: &Path) -> Arc<DurableStore> {
     Arc::new(DurableStore::open(root.to_str().expect("utf-8")).expect("open durable store"))

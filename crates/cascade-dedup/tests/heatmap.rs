@@ -13,13 +13,9 @@ use cascade_dedup::heatmap::{
 use cascade_dedup::{analyze, scan};
 use tempfile::TempDir;
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&seed.to_le_bytes());
-    hasher.finalize_xof().fill(&mut out);
-    out
-}
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
 /// (width, height, RGB pixels) of a PNG.
 fn decode(path: &Path) -> (u32, u32, Vec<u8>) {

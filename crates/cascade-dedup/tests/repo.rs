@@ -11,15 +11,11 @@ use cascade_dedup::repo::{FileRecipe, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
 use cascade_durable::DurableStore;
 
-const MIB: usize = 1 << 20;
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut out);
-    out
-}
+const MIB: usize = 1 << 20;
 
 /// Doubles holding small integers: compresses well (like MD restart files).
 fn compressible(len: usize, seed: u64) -> Vec<u8> {

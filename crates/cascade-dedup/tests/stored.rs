@@ -11,13 +11,9 @@ use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression};
 use cascade_durable::DurableStore;
 
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut out);
-    out
-}
+#[path = "support/data.rs"]
+mod data;
+use data::random;
 
 fn compressible(len: usize) -> Vec<u8> {
     (0..len / 8)

@@ -1032,23 +1032,37 @@ impl RepoWriter<'_> {
             Some(p) => (p, Stored::Zstd),
             None => (raw, Stored::Raw),
         };
+        let slot = self.append(s, kind, raw.len() as u32, stored, bytes)?;
+        self.file_packs.note(BlobAt::Own(slot));
+        Ok(bytes.len() as u64)
+    }
+
+    /// Appends a blob in its stored form to the pack being filled, and writes the pack once
+    /// full; the position among this writer's packs of the pack it went into.
+    fn append(
+        &mut self,
+        s: Score,
+        kind: BlobKind,
+        raw_len: u32,
+        stored: Stored,
+        bytes: &[u8],
+    ) -> Result<u32> {
         self.open_pack();
         self.entries.push(BlobEntry {
             score: s,
             offset: self.pack.len() as u32,
             stored_len: bytes.len() as u32,
-            raw_len: raw.len() as u32,
+            raw_len,
             kind,
             stored,
         });
         self.pack.extend_from_slice(bytes);
         let slot = self.packs.len() as u32;
         self.written.insert(s, slot);
-        self.file_packs.note(BlobAt::Own(slot));
         if self.pack.len() >= self.pack_size {
             self.flush_pack()?;
         }
-        Ok(bytes.len() as u64)
+        Ok(slot)
     }
 
     /// Adds a blob already scored and in its stored form (`bytes`: raw, or a zstd frame of
@@ -1068,17 +1082,6 @@ impl RepoWriter<'_> {
         if self.known(&s) {
             return Ok(false);
         }
-        self.open_pack();
-        self.entries.push(BlobEntry {
-            score: s,
-            offset: self.pack.len() as u32,
-            stored_len: bytes.len() as u32,
-            raw_len,
-            kind,
-            stored,
-        });
-        self.pack.extend_from_slice(bytes);
-        self.written.insert(s, self.packs.len() as u32);
         match kind {
             BlobKind::Data => {
                 self.stats.new_chunks += 1;
@@ -1087,9 +1090,7 @@ impl RepoWriter<'_> {
             }
             BlobKind::Tree => self.stats.stored_tree_bytes += bytes.len() as u64,
         }
-        if self.pack.len() >= self.pack_size {
-            self.flush_pack()?;
-        }
+        self.append(s, kind, raw_len, stored, bytes)?;
         Ok(true)
     }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cascade_dedup::Score;
 
 use super::io_err;
-use crate::engine::Error;
+use crate::engine::{fsync_dir, Error};
 use crate::protocol::{ManifestPart, RecipeEntry};
 
 type Result<T> = std::result::Result<T, Error>;
@@ -113,10 +113,6 @@ fn parse_manifest_name(name: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
-}
-
-fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

@@ -22,7 +22,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use cascade_dedup::repo::format::{BlobKind, Stored};
 use cascade_dedup::Score;
 
-use crate::engine::Error;
+use crate::engine::{fsync_dir, Error};
 use crate::protocol::WireChunk;
 
 type Result<T> = std::result::Result<T, Error>;
@@ -281,10 +281,6 @@ fn parse_segment_name(name: &str) -> Option<u32> {
         return None;
     }
     digits.parse().ok()
-}
-
-fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// Memory of a hash table holding `capacity` entries of `entry` bytes: hashbrown keeps a

@@ -172,7 +172,8 @@ fn parse_arena_name(name: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-fn fsync_dir(dir: &Path) -> io::Result<()> {
+/// Makes a directory's entries (files created, renamed or removed in it) durable.
+pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
