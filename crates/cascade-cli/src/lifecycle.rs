@@ -247,6 +247,8 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(timeout);
     loop {
+        // Read before looking, so a level reached meanwhile ends the sleep below at once.
+        let progress = store.progress_counter();
         let tree = match store.life_tree(path) {
             Ok(t) => t,
             Err(e) if e.errno() == libc::ENOENT && level != "memory" => {
@@ -305,7 +307,9 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
                     .unwrap_or_default()
             )));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // Woken when a level is reached; the timeout still notices a dead agent.
+        let left = deadline.saturating_duration_since(Instant::now());
+        store.wait_for_progress(progress, Duration::from_millis(100).min(left));
     }
 }
 

@@ -260,3 +260,44 @@ fn corruption_is_reported_never_returned() {
     .expect("a damaged index must be refused");
     assert!(e.to_string().contains("do not hash to its name"), "{e}");
 }
+
+/// The sizes of the pack objects in the repository, smallest first.
+fn pack_sizes(f: &Fixture) -> Vec<u64> {
+    let mut sizes = Vec::new();
+    let packs = f.root.join(DEFAULT_PREFIX).join("packs");
+    for dir in std::fs::read_dir(&packs).expect("packs/") {
+        for pack in std::fs::read_dir(dir.expect("entry").path()).expect("packs/<hh>/") {
+            sizes.push(pack.expect("entry").metadata().expect("stat").len());
+        }
+    }
+    sizes.sort_unstable();
+    sizes
+}
+
+#[test]
+fn a_writer_starts_with_small_packs_and_many_packs_restore_in_order() {
+    let f = fixture();
+    let repo = open(&f, "fixed:16KiB", "none").with_pack_size(MIB);
+    // Incompressible and without repeats: every chunk goes into a pack as it is.
+    let data = random(12 * MIB, 7);
+    let stats = write_checkpoint(&repo, "ck", &[("big", &data)]);
+    let sizes = pack_sizes(&f);
+    assert_eq!(sizes.len() as u64, stats.packs);
+    // The first three packs fill to an eighth, a quarter and half of the pack size (plus the
+    // chunk that crossed the mark, and the trailer), the others to the pack size, but the
+    // last (what was left).
+    let full = MIB as u64;
+    let near = |size: u64, target: u64| size >= target && size < target + 64 * 1024;
+    for target in [full / 8, full / 4, full / 2] {
+        assert!(
+            sizes.iter().any(|s| near(*s, target)),
+            "no ~{target} in {sizes:?}"
+        );
+    }
+    let full_packs = sizes.iter().filter(|s| near(**s, full)).count();
+    assert!(full_packs >= sizes.len() - 4, "{sizes:?}");
+    // Written by two upload threads at once: the index still names each pack's own blobs.
+    assert_restores(&repo, "ck", &[("big", &data)]);
+    let reopened = open(&f, "fixed:16KiB", "none");
+    assert_restores(&reopened, "ck", &[("big", &data)]);
+}

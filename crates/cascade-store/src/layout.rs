@@ -188,6 +188,9 @@ pub(crate) struct Header {
     /// How long a writer on a full store waits for the agent to free space, in ms (0 = fail
     /// with ENOSPC at once).
     pub full_wait_ms: AtomicU32,
+    /// Bumped, then futex-woken, whenever a file or checkpoint reached a level (staged,
+    /// durable, complete): `cascade wait` sleeps on it.
+    pub progress_wake: AtomicU32,
 }
 
 #[repr(C)]

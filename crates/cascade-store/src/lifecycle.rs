@@ -464,6 +464,7 @@ impl Store {
         };
         inode.durable_seq.store(seq, Release);
         inode.life.fetch_and(!LIFE_STAGED, AcqRel);
+        self.progressed();
         true
     }
 
@@ -479,6 +480,7 @@ impl Store {
         // Flag first: a reader never sees `durable_seq == seq` without it.
         inode.life.fetch_or(LIFE_STAGED, AcqRel);
         inode.durable_seq.store(seq, Release);
+        self.progressed();
         inode.mod_seq.load(Acquire) == seq
     }
 
@@ -501,6 +503,7 @@ impl Store {
         }
         inode.life.fetch_or(LIFE_STAGED | LIFE_PUSHED, AcqRel);
         inode.durable_seq.store(seq, Release);
+        self.progressed();
         inode.mod_seq.load(Acquire) == seq
     }
 
@@ -531,6 +534,7 @@ impl Store {
         inode.life.fetch_or(LIFE_COMPLETE, AcqRel);
         inode.durable_seq.store(seq, Release);
         inode.life.fetch_and(!LIFE_STAGED, AcqRel);
+        self.progressed();
         inode.mod_seq.load(Acquire) == seq
     }
 
@@ -652,6 +656,22 @@ impl Store {
     /// Sleeps until someone calls for the agent after `seen` was read, or `timeout` passes.
     pub fn wait_for_work(&self, seen: u32, timeout: Duration) {
         futex_wait(&self.block().header().agent_wake, seen, timeout);
+    }
+
+    /// The progress counter: read it, look at the tree, then `wait_for_progress(seen)`.
+    pub fn progress_counter(&self) -> u32 {
+        self.block().header().progress_wake.load(Acquire)
+    }
+
+    /// Sleeps until a file or checkpoint reached a level after `seen` was read, or `timeout`
+    /// passes (an agent of an older build never wakes it: poll as well).
+    pub fn wait_for_progress(&self, seen: u32, timeout: Duration) {
+        futex_wait(&self.block().header().progress_wake, seen, timeout);
+    }
+
+    /// Wakes whoever waits for a level (`cascade wait`).
+    fn progressed(&self) {
+        futex_wake_all(&self.block().header().progress_wake);
     }
 
     /// Wakes the agent (new work, or a request to look again).

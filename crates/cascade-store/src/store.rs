@@ -171,6 +171,7 @@ impl Store {
     }
 
     pub fn data_region(&self) -> DataRegion {
+        self.block.will_touch_data();
         let g = &self.block.geo;
         DataRegion {
             addr: self.block.data_ptr(),

@@ -403,13 +403,14 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Header, commit_counter),
         offset_of!(Header, flush_every),
         offset_of!(Header, full_wait_ms),
+        offset_of!(Header, progress_wake),
     ];
     assert_eq!(
         header,
         [
             0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 168, 176, 1216, 1280, 1344,
             1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404, 1408, 1412, 1416,
-            1420, 1424, 1432, 1440, 1444
+            1420, 1424, 1432, 1440, 1444, 1448
         ]
     );
     let inode = [
@@ -575,4 +576,30 @@ fn rename_fetched_records_the_level_of_the_renamed_version() {
         libc::ENOENT
     );
     assert_clean(&s);
+}
+
+#[test]
+fn reaching_a_level_wakes_whoever_waits_for_progress() {
+    use std::time::{Duration, Instant};
+    let s = store(1 << 20, 4096, 0);
+    let f = s.open("/f", &rw()).unwrap();
+    f.write_all_at(b"data", 0).unwrap();
+    drop(f);
+    let e = s.life_tree("/f").unwrap().remove(0);
+    let seen = s.progress_counter();
+    let watcher: Store = (*s).clone();
+    let waiter = std::thread::spawn(move || {
+        let started = Instant::now();
+        watcher.wait_for_progress(seen, Duration::from_secs(60));
+        started.elapsed()
+    });
+    assert!(s.mark_durable(e.ino, e.generation, e.mod_seq));
+    assert_ne!(s.progress_counter(), seen);
+    // Woken by the mark (or never asleep: the counter had moved), not by its timeout.
+    let slept = waiter.join().unwrap();
+    assert!(slept < Duration::from_secs(30), "slept {slept:?}");
+    // A mark that records nothing (a stale version) wakes nobody.
+    let now = s.progress_counter();
+    assert!(!s.mark_complete(e.ino, e.generation, e.mod_seq + 1));
+    assert_eq!(s.progress_counter(), now);
 }

@@ -42,6 +42,8 @@ pub const MANIFEST_FORMAT: &str = "cascade-dedup-manifest/1";
 /// A pack is written once it holds this many bytes of blobs (small enough that the first
 /// upload overlaps the chunking of a checkpoint of a few tens of MB).
 pub const DEFAULT_PACK_SIZE: usize = 4 << 20;
+/// A writer's first packs that are smaller than the pack size (halving back from it).
+const RAMP_PACKS: usize = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -1059,10 +1061,19 @@ impl RepoWriter<'_> {
         self.pack.extend_from_slice(bytes);
         let slot = self.packs.len() as u32;
         self.written.insert(s, slot);
-        if self.pack.len() >= self.pack_size {
+        if self.pack.len() >= self.pack_target() {
             self.flush_pack()?;
         }
         Ok(slot)
+    }
+
+    /// The size at which the pack being filled is written: a writer's first packs are an
+    /// eighth, a quarter and half of the pack size, so its first upload starts after a few
+    /// hundred KiB instead of 4 MiB (over a 1 Gbit/s link that was 30 ms of idle link per
+    /// checkpoint).
+    fn pack_target(&self) -> usize {
+        let halvings = RAMP_PACKS.saturating_sub(self.packs.len());
+        (self.pack_size >> halvings).max(1)
     }
 
     /// Adds a blob already scored and in its stored form (`bytes`: raw, or a zstd frame of
