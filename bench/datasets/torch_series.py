@@ -2,16 +2,17 @@
 """PyTorch (CPU) training-checkpoint series: fine-tuning a small text classifier.
 
 The model, in the order of its state_dict:
-  embed   nn.Embedding(VOCAB, 64, sparse=True), trained with SparseAdam: a step changes only
-          the rows (and their Adam moments) of the tokens in its batch, so rows of tokens not
-          seen in an epoch stay bit-identical between checkpoints.
-  frozen  nn.Linear(16 * 64, HIDDEN), requires_grad False and not given to any optimizer (a
+  embed   nn.Embedding(VOCAB, 128, sparse=True), trained with SparseAdam: a step changes only
+          the rows (and their Adam moments) of the tokens in its batch, so rows of tokens the
+          fine-tuning set never uses stay bit-identical between checkpoints.
+  frozen  nn.Linear(16 * 128, HIDDEN), requires_grad False and not given to any optimizer (a
           pretrained first layer over the concatenated 16-token window): never changes.
   fc1/fc2/head  trainable nn.Linear layers, trained with Adam: every value changes every step.
 
-Token ids follow a Zipf law (exponent 1.2) by id, as in a BPE vocabulary whose ids are
-ordered roughly by frequency. Labels come from a fixed random teacher, so the loss falls.
-After each epoch it writes SERIES_DIR/snap-NN/model.pt with
+The fine-tuning set is fixed: SAMPLES windows of 16 token ids drawn once from a Zipf law
+(exponent 1.2) by id, as in a BPE vocabulary whose ids are ordered roughly by frequency; each
+epoch goes over all of it in a new order. Labels come from a fixed random teacher, so the
+loss falls. After each epoch it writes SERIES_DIR/snap-NN/model.pt with
   torch.save({'model': model.state_dict(),
               'optim': {'dense': adam.state_dict(), 'sparse': sparse_adam.state_dict()},
               'epoch': e}, path)
@@ -27,14 +28,14 @@ import torch
 import torch.nn as nn
 
 WINDOW = 16  # tokens per sample
-DIM = 64  # embedding width
+DIM = 128  # embedding width (a row is 512 bytes)
 CLASSES = 100
 ZIPF = 1.2
 
 CONFIGS = {
-    # vocab, frozen output width, fc1/fc2 width, steps per epoch, batch, epochs
-    "full": dict(vocab=50_000, hidden=4096, width=256, steps=250, batch=32, epochs=8),
-    "quick": dict(vocab=8_000, hidden=512, width=256, steps=60, batch=32, epochs=3),
+    # vocab, frozen output width, fc1/fc2 width, fine-tuning windows, batch, epochs
+    "full": dict(vocab=32_000, hidden=4096, width=256, samples=4000, batch=32, epochs=8),
+    "quick": dict(vocab=8_000, hidden=512, width=256, samples=960, batch=32, epochs=3),
 }
 
 
@@ -86,12 +87,15 @@ def main():
     probs /= probs.sum()
     loss_fn = nn.CrossEntropyLoss()
 
+    dataset = rng.choice(vocab, size=(cfg["samples"], WINDOW), p=probs)
+    steps = cfg["samples"] // cfg["batch"]
     for epoch in range(cfg["epochs"]):
         t0 = time.monotonic()
         total = 0.0
         seen = np.zeros(vocab, dtype=bool)
-        for _ in range(cfg["steps"]):
-            ids = rng.choice(vocab, size=(cfg["batch"], WINDOW), p=probs)
+        order = rng.permutation(cfg["samples"])
+        for step in range(steps):
+            ids = dataset[order[step * cfg["batch"] : (step + 1) * cfg["batch"]]]
             seen[ids] = True
             tokens = torch.from_numpy(ids)
             labels = (teacher_vec[tokens].mean(1) @ teacher_proj).argmax(1)
@@ -113,7 +117,7 @@ def main():
             os.path.join(snap, "model.pt"),
         )
         print(
-            f"torch: epoch {epoch} loss {total / cfg['steps']:.4f} "
+            f"torch: epoch {epoch} loss {total / steps:.4f} "
             f"embedding rows touched {seen.mean() * 100:.1f}% "
             f"{os.path.getsize(os.path.join(snap, 'model.pt'))} bytes "
             f"{time.monotonic() - t0:.1f} s",

@@ -291,3 +291,83 @@ fn errors_are_one_line() {
     );
     assert_one_line_failure(&out, 2, "binary units");
 }
+
+/// The snapshot directories of the quick series `name` made by bench/datasets/make.sh (real
+/// programs: a PyTorch training loop, LAMMPS), in order.
+fn real_series(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let make = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/datasets/make.sh");
+    let out = Command::new("bash")
+        .arg(&make)
+        .arg("--quick")
+        .arg(dir)
+        .arg(name)
+        .output()
+        .expect("run make.sh");
+    assert!(
+        out.status.success(),
+        "make.sh --quick {name} (CI installs python3-torch and lammps): {}",
+        text(&out.stderr)
+    );
+    let mut snaps: Vec<PathBuf> = fs::read_dir(dir.join(name))
+        .expect("series")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("snap-"))
+        })
+        .collect();
+    snaps.sort();
+    snaps
+}
+
+#[test]
+fn real_series_show_what_the_papers_measured() {
+    let dir = TempDir::new().expect("tempdir");
+    let report = |name: &str| -> Value {
+        let paths = real_series(dir.path(), name);
+        assert_eq!(paths.len(), 3, "{name}: {paths:?}");
+        let mut args = vec!["analyze", "--json"];
+        args.extend(strs(&paths));
+        let out = cascade(&args, dir.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let same_offset = |r: &Value, i: usize| {
+        r["snapshots"][i]["same_offset_fraction_4k"]
+            .as_f64()
+            .expect("fraction")
+    };
+    let zstd1 = |r: &Value| {
+        r["compression"]["codecs"]
+            .as_array()
+            .expect("codecs")
+            .iter()
+            .find(|c| c["codec"] == "zstd:1")
+            .and_then(|c| c["compression_ratio"].as_f64())
+            .expect("zstd:1 ratio")
+    };
+
+    // Molecular dynamics: every atom moves, so no 4 KiB block repeats between restarts, but
+    // integers stored as doubles compress 1.5-1.8x.
+    let lammps = report("lammps");
+    for i in 1..3 {
+        assert!(same_offset(&lammps, i) < 0.01, "lammps snapshot {i}");
+    }
+    let ratio = zstd1(&lammps);
+    assert!((1.5..2.2).contains(&ratio), "lammps zstd:1 {ratio}");
+
+    // Training with a frozen layer and a sparsely updated embedding: a large share of the
+    // 4 KiB blocks repeats at the same offset.
+    let torch = report("torch");
+    for i in 1..3 {
+        let f = same_offset(&torch, i);
+        assert!(f > 0.3, "torch snapshot {i}: {f}");
+    }
+    let fixed4k = &torch["chunkings"][1];
+    assert_eq!(fixed4k["spec"], "fixed:4KiB");
+    assert!(
+        fixed4k["dedup_ratio"].as_f64().expect("ratio") > 1.3,
+        "{fixed4k}"
+    );
+}
