@@ -260,11 +260,11 @@ the last one detaches."
     /// only they used
     #[command(
         after_help = crate::prune::DETAILS,
-        group = clap::ArgGroup::new("which").required(true).args(["checkpoints", "keep"])
+        group = clap::ArgGroup::new("which").args(["checkpoints", "keep"])
     )]
     Prune {
         /// Checkpoints to forget, e.g. run1/ckpt.0042 (instead of --keep)
-        #[arg(value_name = "CKPT")]
+        #[arg(value_name = "CKPT", required_unless_present_any = ["keep", "orphans"])]
         checkpoints: Vec<String>,
         /// Keep the N newest checkpoints (by when their manifests were written), forget the
         /// others; N is at least 1
@@ -273,6 +273,10 @@ the last one detaches."
         /// Print what would be forgotten and deleted; change nothing
         #[arg(long)]
         dry_run: bool,
+        /// Also look for packs no index names (left by writers that died before writing their
+        /// index); a later prune deletes them. Lists every pack of the repository
+        #[arg(long)]
+        orphans: bool,
         /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
         /// [default: the configured durable.url]
         #[arg(long, value_name = "URL")]

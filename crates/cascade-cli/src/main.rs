@@ -129,11 +129,12 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             checkpoints,
             keep,
             dry_run,
+            orphans,
             durable,
         } => {
             let config = none()?;
             let url = durable_or_configured(&config, durable.as_deref(), "--durable")?;
-            prune::prune(&url, checkpoints, *keep, *dry_run)
+            prune::prune(&url, checkpoints, *keep, *dry_run, *orphans)
         }
         Command::LinkFlags => binary::link_flags(),
         Command::CheckBinary { program } => binary::check_binary(program),

@@ -44,6 +44,7 @@ pub fn prune(
     checkpoints: &[String],
     keep: Option<u64>,
     dry_run: bool,
+    orphans: bool,
 ) -> Result<ExitCode, Failure> {
     let selection = match keep {
         Some(n) => PruneSelection::KeepNewest(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -63,6 +64,7 @@ pub fn prune(
             &selection,
             &GcOptions {
                 dry_run,
+                orphans,
                 ..GcOptions::default()
             },
         )
@@ -85,7 +87,7 @@ fn summary(report: &PruneReport) -> String {
     } else {
         ("prune", "forgot", "deleted", "freed")
     };
-    format!(
+    let mut line = format!(
         "{head}: {forgot} {} of {total} checkpoints, {delete} {} packs, {free} {}, {} \
          unreclaimed in {} packs kept checkpoints share, {} packs waiting for {} writers",
         report.forgotten.len(),
@@ -95,5 +97,16 @@ fn summary(report: &PruneReport) -> String {
         gc.packs_unreclaimed,
         gc.packs_waiting,
         gc.sessions_waited_for
-    )
+    );
+    if gc.orphans_found + gc.orphans_deleted + gc.orphans_waiting > 0 {
+        line.push_str(&format!(
+            "; orphaned packs (no index names them): {delete} {} ({free} {}), {} found for \
+             a later prune, {} waiting for writers",
+            gc.orphans_deleted,
+            bytes(gc.orphan_bytes_freed),
+            gc.orphans_found,
+            gc.orphans_waiting
+        ));
+    }
+    line
 }

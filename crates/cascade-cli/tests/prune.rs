@@ -189,4 +189,10 @@ fn prune_keeps_the_newest_checkpoints_and_frees_what_only_the_others_used() {
         help.contains("--keep") && help.contains("unreclaimed") && help.contains("2^20"),
         "{help}"
     );
+
+    // A sweep for packs no index names needs no checkpoint; every pack is indexed here.
+    let out = sb.ok(&["prune", "--orphans", "--durable", &url]);
+    assert!(out.starts_with("prune: forgot 0 of 1 checkpoints"), "{out}");
+    assert!(!out.contains("orphaned"), "{out}");
+    assert!(help.contains("--orphans"), "{help}");
 }

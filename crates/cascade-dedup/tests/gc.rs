@@ -115,6 +115,10 @@ fn packs_on_disk(root: &Path) -> Packs {
         home: HashMap::new(),
     };
     for path in files_below(&repo_dir(root).join("packs")) {
+        if path.to_string_lossy().contains('#') {
+            // A pack being written (the directory store renames it into place when done).
+            continue;
+        }
         let bytes = std::fs::read(&path).expect("read pack");
         let id = from_hex(&path.file_name().expect("name").to_string_lossy()).expect("hex id");
         let entries = decode_pack_trailer(&bytes).expect("pack trailer");
@@ -512,7 +516,9 @@ fn a_writer_open_during_collection_keeps_what_it_dedups_against() {
         "ck4 deduped against ck1"
     );
 
-    // Its session ended: the next run deletes the condemned packs ck4 does not name.
+    // Its session ended (the writer deletes the session object on a thread of its own):
+    // the next run deletes the condemned packs ck4 does not name.
+    writer_repo.wait_session_ends();
     let r = collector
         .collect_garbage(&GcOptions::default())
         .expect("gc");
@@ -837,4 +843,110 @@ fn a_collector_killed_after_any_change_leaves_every_manifest_restorable() {
     let run = dir.path().join("run-last");
     copy_dir(&template, &run);
     assert!(!run_child_until(&run, changes + 1));
+}
+
+fn pack_ids(root: &Path) -> HashSet<Score> {
+    packs_on_disk(root).size.keys().copied().collect()
+}
+
+/// Packs no index object names — a writer that failed before its index — are found by a
+/// sweep (`orphans`), recorded with the sessions open then, and deleted by a later run once
+/// those sessions ended; a writer still open at the sweep keeps its packs, which its index
+/// names by then.
+#[test]
+fn packs_no_index_names_are_swept_once_their_writers_sessions_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("durable");
+    let repo = open(&durable_at(&root));
+    let kept: Files = vec![("k.bin".into(), random(256 * KIB, 1))];
+    write_checkpoint(&repo, "kept", &kept);
+    let before_failed = pack_ids(&root);
+
+    // A writer that fails after writing packs: dropped without finish, no index names them.
+    let mut failed = repo.writer();
+    failed
+        .add_file("f.bin", random(512 * KIB, 2).as_slice())
+        .expect("add");
+    drop(failed);
+    let orphans: HashSet<Score> = pack_ids(&root)
+        .difference(&before_failed)
+        .copied()
+        .collect();
+    assert!(orphans.len() >= 4, "{} packs", orphans.len());
+
+    // A writer still at work in another process, with packs written but no index yet.
+    let writer_repo = open(&durable_at(&root));
+    let mut open_writer = writer_repo.writer();
+    let b = random(384 * KIB, 3);
+    let recipe = open_writer.add_file("b.bin", b.as_slice()).expect("add");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pack_ids(&root).len() == before_failed.len() + orphans.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pack of the open writer"
+        );
+        std::thread::yield_now();
+    }
+    let open_packs: HashSet<Score> = pack_ids(&root)
+        .difference(&before_failed)
+        .filter(|p| !orphans.contains(*p))
+        .copied()
+        .collect();
+
+    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
+        .expect("open")
+        .expect("repo");
+    let sweep = GcOptions {
+        orphans: true,
+        ..GcOptions::default()
+    };
+    // A dry run finds them and writes nothing.
+    let r = collector
+        .collect_garbage(&GcOptions {
+            dry_run: true,
+            ..sweep
+        })
+        .expect("dry gc");
+    assert!(r.orphans_found >= orphans.len() as u64, "{r:?}");
+    assert!(files_below(&repo_dir(&root).join("gc")).is_empty());
+
+    let r = collector.collect_garbage(&sweep).expect("gc");
+    let found = r.orphans_found;
+    assert!(
+        found >= (orphans.len() + open_packs.len()) as u64,
+        "{r:?}: {} failed, {} open",
+        orphans.len(),
+        open_packs.len()
+    );
+    assert_eq!(r.orphans_deleted, 0, "{r:?}");
+    // The open writer's session holds the record back.
+    let r = collector.collect_garbage(&sweep).expect("gc");
+    assert_eq!((r.orphans_deleted, r.orphans_waiting), (0, found), "{r:?}");
+    // Recorded packs are not found twice; only packs the open writer wrote since may be new.
+    let since: HashSet<Score> = pack_ids(&root)
+        .difference(&before_failed)
+        .filter(|p| !orphans.contains(*p) && !open_packs.contains(*p))
+        .copied()
+        .collect();
+    assert!(r.orphans_found <= since.len() as u64, "{r:?}");
+    assert!(orphans.is_subset(&pack_ids(&root)));
+
+    // The writer finishes: its index names its packs, its manifest its file.
+    open_writer.finish().expect("finish");
+    writer_repo
+        .write_manifest("b", vec![recipe])
+        .expect("manifest");
+    writer_repo.wait_session_ends();
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert_eq!(r.orphans_deleted, orphans.len() as u64, "{r:?}");
+    let on_disk = pack_ids(&root);
+    assert!(on_disk.is_disjoint(&orphans));
+    assert!(open_packs.is_subset(&on_disk));
+    no_gc_records_or_sessions(&root);
+    index_names_only_existing_packs(&root);
+    let fresh = open(&durable_at(&root));
+    assert_restores(&fresh, "kept", &kept);
+    assert_restores(&fresh, "b", &vec![("b.bin".into(), b)]);
 }

@@ -29,8 +29,10 @@ pub(crate) type IndexPacks = Vec<(Score, Vec<BlobEntry>)>;
 
 pub(crate) const FORGOTTEN_PREFIX: &str = "forgotten-";
 pub(crate) const CONDEMNED_PREFIX: &str = "condemned-";
+const ORPHANED_PREFIX: &str = "orphaned-";
 const FORGOTTEN_FORMAT: &str = "cascade-dedup-forgotten/1";
 const CONDEMNED_FORMAT: &str = "cascade-dedup-condemned/1";
+const ORPHANED_FORMAT: &str = "cascade-dedup-orphaned/1";
 
 /// Packs named by one index object, as manifests and the collector's records list them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -86,6 +88,25 @@ pub(crate) struct CondemnedRecord {
     pub waiting_for: Option<Vec<String>>,
 }
 
+/// `gc/orphaned-<id>.json`: packs no index object named when a sweep listed them (left by a
+/// writer that died before its index), and the writer sessions open right after: one of them
+/// may still be about to write the index naming them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OrphanedRecord {
+    format: String,
+    created_unix_ns: u64,
+    packs: Vec<String>,
+    waiting_for: Vec<String>,
+}
+
+/// The records under `gc/`, each with its name there.
+#[derive(Default)]
+struct GcRecords {
+    forgotten: Vec<(String, ForgottenRecord)>,
+    condemned: Vec<(String, CondemnedRecord)>,
+    orphaned: Vec<(String, OrphanedRecord)>,
+}
+
 /// `index/<origin>` (as written by its session) or `index/<origin>-<id>` (rewritten by the
 /// collector): (origin, id), where id must be the BLAKE3 of the object's bytes.
 pub(crate) fn parse_index_name(name: &str) -> Option<(Score, Score)> {
@@ -118,6 +139,11 @@ pub struct GcOptions<'a> {
     pub session_lease: Duration,
     /// Work out and report what would be deleted; change nothing.
     pub dry_run: bool,
+    /// Also sweep for packs no index object names (left by writers that died before writing
+    /// their index). Lists every pack, so its cost follows the repository's size, not the
+    /// garbage; what it finds is deleted by a later run, once the writer sessions open at
+    /// this one have ended.
+    pub orphans: bool,
     /// Called before each change to the store with its ordinal (1, 2, ...), forgets
     /// included: the crash tests stop the process there.
     pub before_change: Option<&'a (dyn Fn(u64) + Sync)>,
@@ -128,6 +154,7 @@ impl Default for GcOptions<'_> {
         GcOptions {
             session_lease: DEFAULT_SESSION_LEASE,
             dry_run: false,
+            orphans: false,
             before_change: None,
         }
     }
@@ -151,6 +178,14 @@ pub struct GcReport {
     pub index_objects_rewritten: u64,
     /// Session objects not renewed within the lease, deleted.
     pub sessions_expired: u64,
+    /// Packs no index names, found by this run's sweep (`orphans`), recorded for a later run.
+    pub orphans_found: u64,
+    /// Packs an earlier sweep found, deleted now (their writers' sessions ended without an
+    /// index naming them), and their bytes.
+    pub orphans_deleted: u64,
+    pub orphan_bytes_freed: u64,
+    /// Packs an earlier sweep found whose writers' sessions are still open.
+    pub orphans_waiting: u64,
     /// Objects written or deleted (forgets included when run through [`Repo::prune`]).
     pub changes: u64,
 }
@@ -365,7 +400,11 @@ impl Repo {
             dry_run: dry,
             ..GcReport::default()
         };
-        let (forgotten, mut condemned) = self.read_gc_records()?;
+        let GcRecords {
+            forgotten,
+            mut condemned,
+            orphaned,
+        } = self.read_gc_records()?;
 
         // 1. Forgotten records no condemned record took up yet become one (candidates).
         let taken: HashSet<&str> = condemned
@@ -524,8 +563,105 @@ impl Repo {
             report.sessions_expired = expired.len() as u64;
         }
         self.forget_packs_in_memory(&deleted);
+        self.collect_orphans(opts, orphaned, &open, &mut report, changes)?;
         report.changes = changes.made;
         Ok(report)
+    }
+
+    /// Deletes the packs of orphan records whose sessions all ended and that no index names
+    /// now; then, with `opts.orphans`, records the packs no index names for a later run.
+    fn collect_orphans(
+        &self,
+        opts: &GcOptions,
+        records: Vec<(String, OrphanedRecord)>,
+        open: &HashSet<String>,
+        report: &mut GcReport,
+        changes: &mut Changes,
+    ) -> Result<()> {
+        let dry = opts.dry_run;
+        let mut recorded = HashSet::new();
+        let mut indexed = None;
+        for (name, record) in records {
+            let packs: Vec<Score> = record
+                .packs
+                .iter()
+                .map(|p| parse_score(p))
+                .collect::<Result<_>>()?;
+            if record.waiting_for.iter().any(|s| open.contains(s)) {
+                report.orphans_waiting += packs.len() as u64;
+                recorded.extend(packs);
+                continue;
+            }
+            // Every session that might have been about to index them has ended: whatever no
+            // index names now never will be.
+            if indexed.is_none() {
+                indexed = Some(self.indexed_packs()?);
+            }
+            let indexed = indexed.as_ref().ok_or_else(poisoned)?;
+            for p in packs.iter().filter(|p| !indexed.contains(*p)) {
+                if let Some(bytes) = self.pack_bytes(p)? {
+                    if !dry {
+                        changes.next();
+                        self.durable.delete(&self.pack_key(p))?;
+                    }
+                    report.orphans_deleted += 1;
+                    report.orphan_bytes_freed += bytes;
+                }
+            }
+            if dry {
+                recorded.extend(packs);
+            } else {
+                changes.next();
+                self.durable.delete(&self.key(&format!("gc/{name}")))?;
+            }
+        }
+        if !opts.orphans {
+            return Ok(());
+        }
+        // Packs first, then sessions, then the index: a pack listed here whose writer is not
+        // open any more was indexed before its session ended, or never will be.
+        let mut listed = Vec::new();
+        for o in self.durable.list(&self.key("packs"))? {
+            // Anything else there is not this repository's to delete.
+            if let Ok(id) = parse_score(o.path.rsplit('/').next().unwrap_or("")) {
+                listed.push(id);
+            }
+        }
+        let (open_now, _) = self.open_sessions(opts.session_lease)?;
+        let indexed = self.indexed_packs()?;
+        let mut orphans: Vec<String> = listed
+            .iter()
+            .filter(|p| !indexed.contains(*p) && !recorded.contains(*p))
+            .map(to_hex)
+            .collect();
+        orphans.sort();
+        report.orphans_found = orphans.len() as u64;
+        if orphans.is_empty() || dry {
+            return Ok(());
+        }
+        let mut waiting_for: Vec<String> = open_now.into_iter().collect();
+        waiting_for.sort();
+        let record = OrphanedRecord {
+            format: ORPHANED_FORMAT.to_string(),
+            created_unix_ns: cascade_durable::now_unix_ns(),
+            packs: orphans,
+            waiting_for,
+        };
+        let text = serde_json::to_vec_pretty(&record).map_err(|e| Error::Invalid(e.to_string()))?;
+        changes.next();
+        self.durable.put_bytes(
+            &self.key(&format!("gc/{ORPHANED_PREFIX}{}.json", unique_id())),
+            &text,
+        )?;
+        Ok(())
+    }
+
+    /// Every pack an index object names now (reloading the index objects that changed); a
+    /// pack the collector dropped from the index meanwhile may still be in it (a superset).
+    fn indexed_packs(&self) -> Result<HashSet<Score>> {
+        self.refresh_index()?;
+        let index = self.index.read().map_err(|_| poisoned())?;
+        Ok(index.packs.iter().copied().collect())
     }
 
     fn put_condemned(
@@ -541,39 +677,36 @@ impl Repo {
         Ok(())
     }
 
-    /// The forgotten and condemned records under `gc/` (a record deleted meanwhile by
-    /// another collector is skipped).
-    #[allow(clippy::type_complexity)]
-    fn read_gc_records(
-        &self,
-    ) -> Result<(
-        Vec<(String, ForgottenRecord)>,
-        Vec<(String, CondemnedRecord)>,
-    )> {
-        let mut forgotten = Vec::new();
-        let mut condemned = Vec::new();
+    /// The records under `gc/` (a record deleted meanwhile by another collector is skipped).
+    fn read_gc_records(&self) -> Result<GcRecords> {
+        let mut records = GcRecords::default();
         for o in self.durable.list(&self.key("gc"))? {
             let name = o.path.rsplit('/').next().unwrap_or("").to_string();
-            let is_forgotten = name.starts_with(FORGOTTEN_PREFIX);
-            if !is_forgotten && !name.starts_with(CONDEMNED_PREFIX) {
+            let kind = [FORGOTTEN_PREFIX, CONDEMNED_PREFIX, ORPHANED_PREFIX]
+                .iter()
+                .position(|prefix| name.starts_with(prefix));
+            let Some(kind) = kind else {
                 continue;
-            }
+            };
             let bytes = match self.durable.get_bytes(&o.path) {
                 Ok(b) => b,
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e.into()),
             };
-            if is_forgotten {
-                let f: ForgottenRecord =
-                    serde_json::from_slice(&bytes).map_err(|e| format_error(&o.path, e))?;
-                forgotten.push((name, f));
-            } else {
-                let c: CondemnedRecord =
-                    serde_json::from_slice(&bytes).map_err(|e| format_error(&o.path, e))?;
-                condemned.push((name, c));
+            let bad = |e: serde_json::Error| format_error(&o.path, e);
+            match kind {
+                0 => records
+                    .forgotten
+                    .push((name, serde_json::from_slice(&bytes).map_err(bad)?)),
+                1 => records
+                    .condemned
+                    .push((name, serde_json::from_slice(&bytes).map_err(bad)?)),
+                _ => records
+                    .orphaned
+                    .push((name, serde_json::from_slice(&bytes).map_err(bad)?)),
             }
         }
-        Ok((forgotten, condemned))
+        Ok(records)
     }
 
     /// Sessions renewed within `lease` (ids), and the keys of those that were not.
