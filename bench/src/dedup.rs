@@ -3249,10 +3249,10 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
             s,
             "**The torch reduction goal against the data.** The best of ours, `{}`, reaches \
              {:.2}x: dedup {d:.2}x (only {:.0} % of the input is found again) times zstd \
-             {c:.2}x on the new bytes. bench/datasets/README.md measures 35-39 % of the 4 KiB \
-             blocks unchanged from one snapshot to the next, and zstd -3 at 1.36x on a \
-             snapshot: chunk dedup plus per-chunk compression cannot go much beyond about 2x \
-             on this series. 3x with compression {c:.2}x would need dedup of {:.2}x, i.e. \
+             {c:.2}x on the new bytes. bench/datasets/README.md measures 51-54 % of the 4 KiB \
+             blocks unchanged from one snapshot to the next (version 2 of the series), and \
+             zstd -3 at 1.48x on a snapshot. 3x with compression {c:.2}x would need dedup of \
+             {:.2}x, i.e. \
              {:.0} % of the bytes repeated; the embedding rows and Adam moments that change \
              every epoch are new bytes for any content-addressed store (a delta or XOR \
              encoding against the previous snapshot, or a float-aware compressor, would be \

@@ -580,24 +580,24 @@ impl Repo {
     ) -> Result<()> {
         let dry = opts.dry_run;
         let mut recorded = HashSet::new();
-        let mut indexed = None;
+        let held = |r: &OrphanedRecord| r.waiting_for.iter().any(|s| open.contains(s));
+        // Records whose sessions all ended: whatever no index names now never will be.
+        let indexed = if records.iter().any(|(_, r)| !held(r)) {
+            self.indexed_packs()?
+        } else {
+            HashSet::new()
+        };
         for (name, record) in records {
             let packs: Vec<Score> = record
                 .packs
                 .iter()
                 .map(|p| parse_score(p))
                 .collect::<Result<_>>()?;
-            if record.waiting_for.iter().any(|s| open.contains(s)) {
+            if held(&record) {
                 report.orphans_waiting += packs.len() as u64;
                 recorded.extend(packs);
                 continue;
             }
-            // Every session that might have been about to index them has ended: whatever no
-            // index names now never will be.
-            if indexed.is_none() {
-                indexed = Some(self.indexed_packs()?);
-            }
-            let indexed = indexed.as_ref().ok_or_else(poisoned)?;
             for p in packs.iter().filter(|p| !indexed.contains(*p)) {
                 if let Some(bytes) = self.pack_bytes(p)? {
                     if !dry {
