@@ -25,6 +25,9 @@ mod versitygw;
 #[path = "support/harness.rs"]
 mod harness;
 
+#[path = "../../cascade-cli/tests/support/real_series.rs"]
+mod real_series;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -499,25 +502,8 @@ fn files_below(dir: &Path) -> Vec<String> {
 #[test]
 fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
     let (_serial, _) = begin();
-    // Real programs write the series (CI installs python3-torch, python3-numpy and lammps).
     let series_dir = tempfile::tempdir().expect("series dir");
-    let make = repo_root().join("bench/datasets/make.sh");
-    let made = run_with_timeout(
-        {
-            let mut c = std::process::Command::new("bash");
-            c.arg(&make)
-                .arg("--quick")
-                .arg(series_dir.path())
-                .args(["torch", "numpy", "lammps"]);
-            c
-        },
-        Duration::from_secs(600),
-    );
-    assert!(
-        made.ok(),
-        "bench/datasets/make.sh --quick failed: {}",
-        made.stderr
-    );
+    real_series::make_quick(series_dir.path(), &["torch", "numpy", "lammps"]);
 
     let env = Env::new("dedup-real", 256 << 20);
     let durable = tempfile::tempdir().expect("durable dir");
@@ -526,16 +512,7 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
     let mut stored: Vec<(String, String)> = Vec::new();
     for series in ["torch", "numpy", "lammps"] {
         let before = cascade_agent::status(&env.name).expect("status");
-        let mut snaps: Vec<PathBuf> = std::fs::read_dir(series_dir.path().join(series))
-            .expect("series")
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("snap-"))
-            })
-            .collect();
-        snaps.sort();
+        let snaps = real_series::snapshots(series_dir.path(), series);
         assert_eq!(snaps.len(), 3, "{series}: {snaps:?}");
         let mut added = Vec::new();
         for snap in &snaps {

@@ -8,6 +8,9 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use tempfile::TempDir;
 
+#[path = "support/real_series.rs"]
+mod real_series;
+
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// viridis(0): the colour of regions that never changed.
 const UNCHANGED: [u8; 3] = [0x44, 0x01, 0x54];
@@ -292,40 +295,12 @@ fn errors_are_one_line() {
     assert_one_line_failure(&out, 2, "binary units");
 }
 
-/// The snapshot directories of the quick series `name` made by bench/datasets/make.sh (real
-/// programs: a PyTorch training loop, LAMMPS), in order.
-fn real_series(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let make = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/datasets/make.sh");
-    let out = Command::new("bash")
-        .arg(&make)
-        .arg("--quick")
-        .arg(dir)
-        .arg(name)
-        .output()
-        .expect("run make.sh");
-    assert!(
-        out.status.success(),
-        "make.sh --quick {name} (CI installs python3-torch and lammps): {}",
-        text(&out.stderr)
-    );
-    let mut snaps: Vec<PathBuf> = fs::read_dir(dir.join(name))
-        .expect("series")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("snap-"))
-        })
-        .collect();
-    snaps.sort();
-    snaps
-}
-
 #[test]
 fn real_series_show_what_the_papers_measured() {
     let dir = TempDir::new().expect("tempdir");
     let report = |name: &str| -> Value {
-        let paths = real_series(dir.path(), name);
+        real_series::make_quick(dir.path(), &[name]);
+        let paths = real_series::snapshots(dir.path(), name);
         assert_eq!(paths.len(), 3, "{name}: {paths:?}");
         let mut args = vec!["analyze", "--json"];
         args.extend(strs(&paths));

@@ -311,12 +311,8 @@ impl Repo {
             forgotten_unix_ns: cascade_durable::now_unix_ns(),
             packs: groups_of(&self.pack_set_of(&manifest)?),
         };
-        let text = serde_json::to_vec_pretty(&record).map_err(|e| Error::Invalid(e.to_string()))?;
-        changes.next();
-        self.durable.put_bytes(
-            &self.key(&format!("gc/{FORGOTTEN_PREFIX}{}.json", unique_id())),
-            &text,
-        )?;
+        let name = format!("{FORGOTTEN_PREFIX}{}.json", unique_id());
+        self.put_record(&name, &record, changes)?;
         let still_it = match self.durable.get_bytes(&key) {
             Ok(now) => now == bytes,
             Err(e) if e.is_not_found() => false,
@@ -433,7 +429,7 @@ impl Repo {
             };
             let name = format!("{CONDEMNED_PREFIX}{}.json", unique_id());
             if !dry {
-                self.put_condemned(&name, &record, changes)?;
+                self.put_record(&name, &record, changes)?;
             }
             condemned.push((name, record));
         }
@@ -471,7 +467,7 @@ impl Repo {
                 ids.sort();
                 c.waiting_for = Some(ids);
                 if !dry {
-                    self.put_condemned(name, c, changes)?;
+                    self.put_record(name, c, changes)?;
                 }
             }
         }
@@ -514,7 +510,7 @@ impl Repo {
                 if !dry && dead != set {
                     // Packs a manifest names again are no longer condemned.
                     c.packs = groups_of(&dead);
-                    self.put_condemned(&name, &c, changes)?;
+                    self.put_record(&name, &c, changes)?;
                 }
                 continue;
             }
@@ -647,13 +643,8 @@ impl Repo {
             packs: orphans,
             waiting_for,
         };
-        let text = serde_json::to_vec_pretty(&record).map_err(|e| Error::Invalid(e.to_string()))?;
-        changes.next();
-        self.durable.put_bytes(
-            &self.key(&format!("gc/{ORPHANED_PREFIX}{}.json", unique_id())),
-            &text,
-        )?;
-        Ok(())
+        let name = format!("{ORPHANED_PREFIX}{}.json", unique_id());
+        self.put_record(&name, &record, changes)
     }
 
     /// Every pack an index object names now (reloading the index objects that changed); a
@@ -664,12 +655,8 @@ impl Repo {
         Ok(index.packs.iter().copied().collect())
     }
 
-    fn put_condemned(
-        &self,
-        name: &str,
-        record: &CondemnedRecord,
-        changes: &mut Changes,
-    ) -> Result<()> {
+    /// Writes a record as `gc/<name>` (JSON).
+    fn put_record(&self, name: &str, record: &impl Serialize, changes: &mut Changes) -> Result<()> {
         let text = serde_json::to_vec_pretty(record).map_err(|e| Error::Invalid(e.to_string()))?;
         changes.next();
         self.durable
