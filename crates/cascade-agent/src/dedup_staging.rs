@@ -161,7 +161,7 @@ impl Agent {
         };
         let store = self.store();
         // Cut and scored here; compressed only once a server says it lacks the chunk.
-        let mut ingest = Ingest::new(dedup.chunking, cascade_dedup::Compression::None);
+        let mut ingest = Ingest::new(dedup.chunking);
         let mut recipes = Vec::with_capacity(files.len());
         let mut total = 0u64;
         for f in &files {
@@ -172,7 +172,7 @@ impl Agent {
                 StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
             let mut leaves = Vec::new();
             let digest = ingest
-                .run(reader, &|_| false, &mut |window, chunks| {
+                .run(reader, &|_, _, _| None, &mut |window, chunks| {
                     for c in chunks {
                         leaves.push((c.score, c.range.len() as u64));
                         sender

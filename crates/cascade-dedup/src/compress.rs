@@ -58,11 +58,17 @@ impl Compression {
     /// The chunk compressed, or `None` when it does not pay (the compressed frame would be
     /// more than 7/8 of the chunk, the chunk is empty, or this is [`Compression::None`]).
     pub fn compress(&self, chunk: &[u8]) -> Option<Vec<u8>> {
+        self.compress_within(chunk, usize::MAX)
+    }
+
+    /// Like [`Compression::compress`], and `None` as well when the frame would be longer than
+    /// `limit` bytes (a delta blob competing with the chunk compressed alone).
+    pub fn compress_within(&self, chunk: &[u8], limit: usize) -> Option<Vec<u8>> {
         let Compression::Zstd { level } = *self else {
             return None;
         };
         // zstd writes into the spare capacity: no zeroing of a buffer it overwrites.
-        let mut out = Vec::with_capacity(max_compressed_len(chunk.len()));
+        let mut out = Vec::with_capacity(limit.min(max_compressed_len(chunk.len())));
         compress_into(level, chunk, &mut out)?;
         Some(out)
     }

@@ -14,20 +14,33 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::{score, Chunking, Compression, Score};
+use crate::repo::format::DeltaBase;
+use crate::{score, Chunking, Score};
 
 /// Bytes per window, at least (and at least twice the largest chunk, so that every window
 /// holds one final chunk besides the one carried over).
 pub const WINDOW_BYTES: usize = 4 << 20;
 
-/// One chunk of a window: where it is in the window's bytes, its score, and its bytes
-/// compressed when the caller said it was new and compression paid.
+/// One chunk of a window: where it is in the window's bytes, its score, and its stored form
+/// when the caller's packer gave one.
 #[derive(Debug)]
 pub struct Chunk {
     pub range: Range<usize>,
     pub score: Score,
-    pub packed: Option<Vec<u8>>,
+    pub packed: Option<Packed>,
 }
+
+/// A chunk's stored form other than its raw bytes: a zstd frame of the chunk, or with a
+/// `base`, of the chunk XORed with that base (repo::format::Stored::Delta).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Packed {
+    pub bytes: Vec<u8>,
+    pub base: Option<DeltaBase>,
+}
+
+/// Gives the stored form of a chunk (its score, its offset in the file, its bytes), or `None`
+/// to keep it raw or because it is not new. Runs on every core at once.
+pub type Packer<'p> = dyn Fn(&Score, u64, &[u8]) -> Option<Packed> + Sync + 'p;
 
 /// Takes each window's bytes and chunks, in order.
 pub type Sink<'s, E> = dyn FnMut(&[u8], Vec<Chunk>) -> Result<(), E> + Send + 's;
@@ -54,44 +67,41 @@ struct Slot {
 /// Cuts, scores and compresses files; holds the window buffers between files.
 pub struct Ingest {
     chunking: Chunking,
-    compression: Compression,
     window: usize,
     slots: [Slot; 3],
 }
 
 impl Ingest {
-    pub fn new(chunking: Chunking, compression: Compression) -> Ingest {
-        Ingest::with_window(chunking, compression, WINDOW_BYTES)
+    pub fn new(chunking: Chunking) -> Ingest {
+        Ingest::with_window(chunking, WINDOW_BYTES)
     }
 
     /// A pipeline with windows of `window` bytes (raised to twice the largest chunk): tests
     /// use small windows to put many window ends inside small files.
-    pub fn with_window(chunking: Chunking, compression: Compression, window: usize) -> Ingest {
+    pub fn with_window(chunking: Chunking, window: usize) -> Ingest {
         let chunking = chunking.clamped();
         Ingest {
             chunking,
-            compression,
             window: window.max(2 * chunking.max_chunk()),
             slots: Default::default(),
         }
     }
 
     /// Reads `reader` to its end and hands every chunk, in order, to `sink` a window at a
-    /// time (the window's bytes and its chunks). A chunk is compressed only when `is_new`
-    /// says so for its score (it may be asked twice for one score, and may answer from a
-    /// state `sink` has since changed: `sink` decides what is stored). `sink` for one window
-    /// runs while the next is scored. The first error, from reading or from `sink`, ends it.
+    /// time (the window's bytes and its chunks). Each chunk's stored form comes from `pack`
+    /// (it may be asked twice for one score, and may answer from a state `sink` has since
+    /// changed: `sink` decides what is stored). `sink` for one window runs while the next is
+    /// scored. The first error, from reading or from `sink`, ends it.
     pub fn run<E>(
         &mut self,
         mut reader: impl Read + Send,
-        is_new: &(dyn Fn(&Score) -> bool + Sync),
+        pack: &Packer<'_>,
         sink: &mut Sink<'_, E>,
     ) -> Result<FileDigest, E>
     where
         E: From<io::Error> + Send,
     {
         let chunking = self.chunking;
-        let compression = self.compression;
         let window = self.window;
         let mut hasher = blake3::Hasher::new();
         let mut size = 0u64;
@@ -99,6 +109,7 @@ impl Ingest {
         let mut turn = 0usize;
         loop {
             let (prev, cur, next) = ring(&mut self.slots, turn);
+            let window_offset = size;
             size += cur.final_len as u64;
             let cur_data = &cur.buf[..cur.final_len];
             let carry = &cur.buf[cur.final_len..cur.len];
@@ -115,11 +126,7 @@ impl Ingest {
                                 .map(|r| {
                                     let data = &cur_data[r.clone()];
                                     let s = score(data);
-                                    let packed = if is_new(&s) {
-                                        compression.compress(data)
-                                    } else {
-                                        None
-                                    };
+                                    let packed = pack(&s, window_offset + r.start as u64, data);
                                     Chunk {
                                         range: r.clone(),
                                         score: s,
@@ -210,6 +217,7 @@ fn fill(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Compression;
 
     fn bytes(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -243,6 +251,7 @@ mod tests {
     #[test]
     fn windows_cut_where_the_whole_file_is_cut_and_hash_it_whole() {
         let data = bytes(700_000, 3);
+        let data_ref = &data;
         for chunking in [
             "cdc:min=2KiB,avg=8KiB,max=32KiB",
             "cdc:avg=16KiB",
@@ -252,22 +261,28 @@ mod tests {
             let chunking: Chunking = chunking.parse().unwrap();
             let expected: Vec<Range<usize>> = chunking.split(&data).collect();
             for (window, step) in [(1, 1 << 20), (100_000, 7_777), (1 << 20, 65_536)] {
-                let mut ingest =
-                    Ingest::with_window(chunking, Compression::Zstd { level: 1 }, window);
+                let mut ingest = Ingest::with_window(chunking, window);
+                let zstd = Compression::Zstd { level: 1 };
                 for _file in 0..2 {
                     let mut got: Vec<Range<usize>> = Vec::new();
                     let mut offset = 0usize;
                     let digest = ingest
                         .run::<io::Error>(
                             Trickle(&data, step),
-                            &|s| s[0] % 2 == 0,
+                            &|s, offset, data| {
+                                let at = offset as usize;
+                                assert_eq!(data, &data_ref[at..at + data.len()], "offset");
+                                let bytes = zstd.compress(data).filter(|_| s[0] % 2 == 0)?;
+                                Some(Packed { bytes, base: None })
+                            },
                             &mut |w, chunks| {
                                 for c in chunks {
                                     let part = &w[c.range.clone()];
                                     assert_eq!(c.score, score(part));
                                     if let Some(z) = &c.packed {
                                         assert_eq!(c.score[0] % 2, 0, "compressed a chunk not new");
-                                        let raw = Compression::decompress(z, part.len()).unwrap();
+                                        let raw =
+                                            Compression::decompress(&z.bytes, part.len()).unwrap();
                                         assert_eq!(raw, part);
                                     }
                                     got.push(offset + c.range.start..offset + c.range.end);
@@ -287,10 +302,10 @@ mod tests {
 
     #[test]
     fn empty_input_has_no_chunks_and_errors_stop_it() {
-        let mut ingest = Ingest::new(Chunking::DEFAULT_CDC, Compression::None);
+        let mut ingest = Ingest::new(Chunking::DEFAULT_CDC);
         let mut windows = 0;
         let digest = ingest
-            .run::<io::Error>(&[][..], &|_| true, &mut |_, chunks| {
+            .run::<io::Error>(&[][..], &|_, _, _| None, &mut |_, chunks| {
                 assert!(chunks.is_empty());
                 windows += 1;
                 Ok(())
@@ -306,14 +321,14 @@ mod tests {
             }
         }
         let err = ingest
-            .run::<io::Error>(Failing, &|_| true, &mut |_, _| Ok(()))
+            .run::<io::Error>(Failing, &|_, _, _| None, &mut |_, _| Ok(()))
             .unwrap_err();
         assert_eq!(err.to_string(), "disk on fire");
 
         let data = bytes(3 * WINDOW_BYTES, 5);
         let mut calls = 0;
         let err = ingest
-            .run::<io::Error>(&data[..], &|_| true, &mut |_, _| {
+            .run::<io::Error>(&data[..], &|_, _, _| None, &mut |_, _| {
                 calls += 1;
                 Err(io::Error::other("store is full"))
             })

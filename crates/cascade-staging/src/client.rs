@@ -115,6 +115,13 @@ impl FetchedChunk {
         let raw = match self.stored {
             Stored::Raw => self.data.clone(),
             Stored::Zstd => Compression::decompress(&self.data, self.raw_len as usize)?,
+            // The wire protocol has no delta blobs (staging servers keep chunks whole).
+            Stored::Delta => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("chunk {} came as a delta blob", crate::hex(&self.score)),
+                ))
+            }
         };
         if cascade_dedup::score(&raw) != self.score || raw.len() != self.raw_len as usize {
             return Err(io::Error::new(

@@ -17,9 +17,20 @@ pub enum BlobKind {
 pub enum Stored {
     Raw = 0,
     Zstd = 1,
+    /// A zstd frame of the blob XORed with another blob, its base ([`DeltaBase`]).
+    Delta = 2,
 }
 
-/// One blob of a pack: 48 bytes on disk.
+/// The blob a [`Stored::Delta`] blob was XORed with: byte `i` of the blob was XORed with
+/// byte `from + i` of the base, for every `i` the base has (`from + i < base length`); the
+/// blob's bytes past the base's end are as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeltaBase {
+    pub score: Score,
+    pub from: u32,
+}
+
+/// One blob of a pack: 48 bytes on disk, 88 for a [`Stored::Delta`] blob (its base follows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlobEntry {
     pub score: Score,
@@ -29,9 +40,15 @@ pub struct BlobEntry {
     pub raw_len: u32,
     pub kind: BlobKind,
     pub stored: Stored,
+    /// Set exactly when `stored` is [`Stored::Delta`].
+    pub base: Option<DeltaBase>,
 }
 
+/// Bytes of an entry, and of the base that follows a delta blob's entry.
 pub const ENTRY_LEN: usize = 48;
+pub const DELTA_BASE_LEN: usize = 40;
+/// The index format version written; version 1 (no delta blobs) is read too.
+pub const INDEX_VERSION: u32 = 2;
 pub const PACK_MAGIC: &[u8; 4] = b"CPK1";
 pub const INDEX_MAGIC: &[u8; 4] = b"CIX1";
 pub const BLOCK_MAGIC: &[u8; 4] = b"CRB1";
@@ -83,8 +100,19 @@ impl BlobEntry {
         out.push(self.kind as u8);
         out.push(self.stored as u8);
         out.extend_from_slice(&[0, 0]);
+        if let Some(base) = self.base {
+            out.extend_from_slice(&base.score);
+            out.extend_from_slice(&base.from.to_le_bytes());
+            out.extend_from_slice(&[0; 4]);
+        }
     }
 
+    /// Bytes [`BlobEntry::encode`] writes.
+    pub fn encoded_len(&self) -> usize {
+        ENTRY_LEN + self.base.map_or(0, |_| DELTA_BASE_LEN)
+    }
+
+    /// The entry at the start of `b`.
     pub fn decode(b: &[u8]) -> Result<BlobEntry, FormatError> {
         if b.len() < ENTRY_LEN {
             return Err(bad("truncated blob entry"));
@@ -97,7 +125,15 @@ impl BlobEntry {
         let stored = match b[45] {
             0 => Stored::Raw,
             1 => Stored::Zstd,
+            2 => Stored::Delta,
             s => return Err(bad(format!("unknown blob storage {s}"))),
+        };
+        let base = match stored {
+            Stored::Delta => Some(DeltaBase {
+                score: score_at(b, ENTRY_LEN)?,
+                from: u32_at(b, ENTRY_LEN + 32)?,
+            }),
+            _ => None,
         };
         Ok(BlobEntry {
             score: score_at(b, 0)?,
@@ -106,17 +142,35 @@ impl BlobEntry {
             raw_len: u32_at(b, 40)?,
             kind,
             stored,
+            base,
         })
     }
 }
 
+/// Entries back to back in `b`, exactly `count` of them filling it.
+fn decode_entries(b: &[u8], count: usize) -> Result<Vec<BlobEntry>, FormatError> {
+    let mut entries = Vec::with_capacity(count.min(b.len() / ENTRY_LEN));
+    let mut at = 0;
+    for _ in 0..count {
+        let e = BlobEntry::decode(&b[at.min(b.len())..])?;
+        at += e.encoded_len();
+        entries.push(e);
+    }
+    if at != b.len() {
+        return Err(bad("blob entries do not fill their space"));
+    }
+    Ok(entries)
+}
+
 /// The trailer closing a pack: entries, their count, the trailer's length, the magic.
 pub fn encode_pack_trailer(entries: &[BlobEntry], out: &mut Vec<u8>) {
+    let start = out.len();
     for e in entries {
         e.encode(out);
     }
+    let len = out.len() - start;
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    out.extend_from_slice(&((entries.len() * ENTRY_LEN) as u32).to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
     out.extend_from_slice(PACK_MAGIC);
 }
 
@@ -128,13 +182,12 @@ pub fn decode_pack_trailer(pack: &[u8]) -> Result<Vec<BlobEntry>, FormatError> {
     }
     let count = u32_at(pack, n - 12)? as usize;
     let len = u32_at(pack, n - 8)? as usize;
-    if len != count * ENTRY_LEN || len + 12 > n {
-        return Err(bad("pack trailer length does not match its entry count"));
+    if len + 12 > n {
+        return Err(bad("pack trailer longer than the pack"));
     }
     let start = n - 12 - len;
-    let entries: Vec<BlobEntry> = (0..count)
-        .map(|i| BlobEntry::decode(&pack[start + i * ENTRY_LEN..]))
-        .collect::<Result<_, _>>()?;
+    let entries = decode_entries(&pack[start..n - 12], count)
+        .map_err(|e| bad(format!("pack trailer: {e}")))?;
     if entries
         .iter()
         .any(|e| e.offset as usize + e.stored_len as usize > start)
@@ -148,7 +201,7 @@ pub fn decode_pack_trailer(pack: &[u8]) -> Result<Vec<BlobEntry>, FormatError> {
 pub fn encode_index(packs: &[(Score, Vec<BlobEntry>)]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(INDEX_MAGIC);
-    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&INDEX_VERSION.to_le_bytes());
     out.extend_from_slice(&(packs.len() as u32).to_le_bytes());
     for (id, entries) in packs {
         out.extend_from_slice(id);
@@ -165,9 +218,9 @@ pub fn decode_index(b: &[u8]) -> Result<Vec<(Score, Vec<BlobEntry>)>, FormatErro
         return Err(bad("not an index object (no CIX1 magic)"));
     }
     let version = u32_at(b, 4)?;
-    if version != 1 {
+    if !(1..=INDEX_VERSION).contains(&version) {
         return Err(bad(format!(
-            "index format version {version} (this build reads 1)"
+            "index format version {version} (this build reads 1 to {INDEX_VERSION})"
         )));
     }
     let packs = u32_at(b, 8)? as usize;
@@ -177,15 +230,15 @@ pub fn decode_index(b: &[u8]) -> Result<Vec<(Score, Vec<BlobEntry>)>, FormatErro
         let id = score_at(b, at)?;
         let count = u32_at(b, at + 32)? as usize;
         at += 36;
-        let end = count
-            .checked_mul(ENTRY_LEN)
-            .and_then(|l| l.checked_add(at))
-            .filter(|&end| end <= b.len())
-            .ok_or_else(|| bad("index entries run past the end"))?;
-        let entries = (0..count)
-            .map(|i| BlobEntry::decode(&b[at + i * ENTRY_LEN..]))
-            .collect::<Result<Vec<_>, _>>()?;
-        at = end;
+        let mut entries = Vec::with_capacity(count.min(b.len() / ENTRY_LEN));
+        for _ in 0..count {
+            let e = BlobEntry::decode(&b[at.min(b.len())..])?;
+            if version == 1 && e.base.is_some() {
+                return Err(bad("a delta blob in an index of version 1"));
+            }
+            at += e.encoded_len();
+            entries.push(e);
+        }
         out.push((id, entries));
     }
     if at != b.len() {
@@ -296,11 +349,15 @@ mod tests {
             } else {
                 BlobKind::Tree
             },
-            stored: if i % 3 == 0 {
-                Stored::Raw
-            } else {
-                Stored::Zstd
+            stored: match i % 3 {
+                0 => Stored::Raw,
+                1 => Stored::Zstd,
+                _ => Stored::Delta,
             },
+            base: (i % 3 == 2).then_some(DeltaBase {
+                score: [i + 1; 32],
+                from: i as u32 * 7,
+            }),
         }
     }
 

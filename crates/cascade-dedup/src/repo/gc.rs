@@ -825,5 +825,7 @@ impl Repo {
             .map(|(i, _)| i as u32)
             .collect();
         index.blobs.retain(|_, loc| !gone.contains(&loc.pack));
+        let index = &mut *index;
+        index.deltas.retain(|s, _| index.blobs.contains_key(s));
     }
 }

@@ -9,6 +9,7 @@
 //! the index object naming them, then manifests — so a manifest never names a blob that is
 //! not reachable through an index, and a crash leaves at worst unreferenced packs.
 
+mod delta;
 pub mod format;
 pub mod gc;
 mod session;
@@ -25,10 +26,12 @@ use cascade_durable::DurableStore;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::ingest::{Chunk, Ingest};
+use crate::ingest::{Chunk, Ingest, Packed};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
-use format::{BlobEntry, BlobKind, Block, Stored, BLOCK_FANOUT};
+use delta::BaseFile;
+pub use delta::MAX_DELTA_DEPTH;
+use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored, BLOCK_FANOUT};
 use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
 pub use session::DEFAULT_SESSION_LEASE;
@@ -97,6 +100,8 @@ struct Index {
     /// The origin id of the index object naming each pack (`index/<origin>[-<id>]`).
     origins: Vec<Score>,
     blobs: HashMap<Score, Loc>,
+    /// The base of every delta blob of `blobs` (about 100 bytes each).
+    deltas: HashMap<Score, DeltaBase>,
     /// Packs garbage collection condemned: writers never dedup against them.
     condemned: HashSet<Score>,
     /// Ids of the index objects already loaded (or written by this process), so that
@@ -122,9 +127,46 @@ impl Index {
                 Some(old) if !self.condemned.contains(&self.packs[old.pack as usize]) => {}
                 _ => {
                     self.blobs.insert(e.score, loc);
+                    match e.base {
+                        Some(base) => self.deltas.insert(e.score, base),
+                        None => self.deltas.remove(&e.score),
+                    };
                 }
             }
         }
+    }
+
+    /// Walks blob `s` and the blobs it depends on (a delta blob's base, its base, ...),
+    /// calling `each` with the number of each one's pack. `None` when one is missing, the
+    /// chain is longer than [`MAX_DELTA_DEPTH`] or, unless `condemned_too`, one is in a
+    /// condemned pack (writers neither dedup against such a blob nor use it as a base);
+    /// else the depth of `s` (0: not a delta).
+    fn chain(&self, s: &Score, condemned_too: bool, mut each: impl FnMut(usize)) -> Option<usize> {
+        let mut at = *s;
+        for depth in 0..=MAX_DELTA_DEPTH {
+            let pack = self.blobs.get(&at)?.pack as usize;
+            if !condemned_too && self.condemned.contains(&self.packs[pack]) {
+                return None;
+            }
+            each(pack);
+            match self.deltas.get(&at) {
+                Some(base) => at = base.score,
+                None => return Some(depth),
+            }
+        }
+        None
+    }
+
+    /// Where blob `s` and the blobs it depends on are, as [`Index::chain`] walks them.
+    fn chain_packs(&self, s: &Score, condemned_too: bool) -> Option<Vec<BlobAt>> {
+        let mut at = Vec::new();
+        self.chain(s, condemned_too, |n| {
+            at.push(BlobAt::Indexed {
+                pack: self.packs[n],
+                origin: self.origins[n],
+            })
+        })?;
+        Some(at)
     }
 }
 
@@ -162,6 +204,14 @@ pub struct FileRecipe {
     pub root: String,
 }
 
+/// The previous version of a file being added ([`RepoWriter::add_file_with_base`]): its
+/// recipe in this repository and its bytes (e.g. the previous checkpoint still in memory).
+#[derive(Debug, Clone, Copy)]
+pub struct FileBase<'a> {
+    pub recipe: &'a FileRecipe,
+    pub bytes: &'a [u8],
+}
+
 /// What adding files cost and saved.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct WriteStats {
@@ -176,6 +226,8 @@ pub struct WriteStats {
     pub stored_data_bytes: u64,
     pub stored_tree_bytes: u64,
     pub packs: u64,
+    /// New chunks stored as deltas against the previous version's (docs/dedup.md).
+    pub delta_chunks: u64,
 }
 
 /// The repository: opened once, shared by writers and readers.
@@ -442,16 +494,32 @@ impl Repo {
         let Ok(index) = self.index.read() else {
             return true;
         };
-        match index.blobs.get(s) {
-            Some(loc) => index.condemned.contains(&index.packs[loc.pack as usize]),
-            None => true,
+        index.chain(s, false, |_| ()).is_none()
+    }
+
+    /// The chunks of the file whose tree is `root` ((score, length) in file order), from its
+    /// recipe blocks.
+    pub fn file_chunks(&self, root: &Score) -> Result<Vec<(Score, u64)>> {
+        let mut leaves = Vec::new();
+        let mut stack = vec![*root];
+        while let Some(node) = stack.pop() {
+            let block = Block::decode(&self.read_blob(&node)?).map_err(|e| Error::Corrupt {
+                score: to_hex(&node),
+                why: e.0,
+            })?;
+            if block.level == 0 {
+                leaves.extend_from_slice(&block.children);
+            } else {
+                stack.extend(block.children.iter().rev().map(|(child, _)| *child));
+            }
         }
+        Ok(leaves)
     }
 
     /// An ingest pipeline of a finished writer, or a new one.
     fn idle_ingest(&self) -> Ingest {
         let idle = self.idle_ingests.lock().ok().and_then(|mut i| i.pop());
-        idle.unwrap_or_else(|| Ingest::new(self.chunking, self.compression))
+        idle.unwrap_or_else(|| Ingest::new(self.chunking))
     }
 
     /// Blobs the index knows (data chunks and recipe blocks).
@@ -488,6 +556,7 @@ impl Repo {
             pack: Vec::new(),
             entries: Vec::new(),
             written: HashMap::new(),
+            own_bases: HashMap::new(),
             packs: Vec::new(),
             pack_size: self.pack_size,
             stats: WriteStats::default(),
@@ -592,37 +661,15 @@ impl Repo {
     }
 
     fn read_blob_once(&self, score_wanted: &Score) -> Result<Vec<u8>> {
-        let (loc, pack) = {
-            let i = self.index.read().map_err(|_| poisoned())?;
-            let loc = *i
-                .blobs
-                .get(score_wanted)
-                .ok_or_else(|| Error::Missing(to_hex(score_wanted)))?;
-            (loc, i.packs[loc.pack as usize])
-        };
-        let start = loc.offset as u64;
-        let stored = self
-            .durable
-            .get_range(&self.pack_key(&pack), start..start + loc.stored_len as u64)?;
-        let corrupt = |why: String| Error::Corrupt {
-            score: to_hex(score_wanted),
-            why,
-        };
-        if stored.len() != loc.stored_len as usize {
-            return Err(corrupt(format!(
-                "pack {} gave {} of {} bytes",
-                to_hex(&pack),
-                stored.len(),
-                loc.stored_len
-            )));
-        }
-        let raw = match loc.stored {
-            Stored::Raw => stored.to_vec(),
-            Stored::Zstd => Compression::decompress(&stored, loc.raw_len as usize)
-                .map_err(|e| corrupt(format!("does not decompress: {e}")))?,
-        };
+        let raw = self
+            .read_blobs_once(std::slice::from_ref(score_wanted), 0)?
+            .pop()
+            .unwrap_or_default();
         if score(&raw) != *score_wanted {
-            return Err(corrupt("its bytes do not hash to its score".to_string()));
+            return Err(Error::Corrupt {
+                score: to_hex(score_wanted),
+                why: "its bytes do not hash to its score".to_string(),
+            });
         }
         Ok(raw)
     }
@@ -639,25 +686,37 @@ impl Repo {
     /// A blob the loaded index lacks makes it refresh the index once.
     fn read_blobs_unchecked(&self, scores: &[Score]) -> Result<Vec<Vec<u8>>> {
         self.ensure_index()?;
-        match self.read_blobs_once(scores) {
+        match self.read_blobs_once(scores, 0) {
             Err(Error::Missing(_)) => {}
             Err(Error::Durable(e)) if e.is_not_found() => {}
             done => return done,
         }
         self.refresh_index()?;
-        self.read_blobs_once(scores)
+        self.read_blobs_once(scores, 0)
     }
 
-    fn read_blobs_once(&self, scores: &[Score]) -> Result<Vec<Vec<u8>>> {
+    /// Blobs as [`Repo::read_blobs_unchecked`] gives them; `depth` is how many delta blobs
+    /// asked for these as their bases, one inside the other.
+    fn read_blobs_once(&self, scores: &[Score], depth: usize) -> Result<Vec<Vec<u8>>> {
         let mut wanted: Vec<(Score, Loc)> = Vec::with_capacity(scores.len());
         let mut packs: Vec<Score> = Vec::new();
+        let mut bases: Vec<(usize, DeltaBase)> = Vec::new();
         {
             let i = self.index.read().map_err(|_| poisoned())?;
             for s in scores {
                 let loc = *i.blobs.get(s).ok_or_else(|| Error::Missing(to_hex(s)))?;
+                if let Some(base) = i.deltas.get(s) {
+                    bases.push((wanted.len(), *base));
+                }
                 wanted.push((*s, loc));
             }
             packs.extend(wanted.iter().map(|(_, loc)| i.packs[loc.pack as usize]));
+        }
+        if !bases.is_empty() && depth >= MAX_DELTA_DEPTH {
+            return Err(Error::Corrupt {
+                score: to_hex(&wanted[bases[0].0].0),
+                why: format!("its chain of delta bases is longer than {MAX_DELTA_DEPTH}"),
+            });
         }
         // Reading order: by pack, then offset; runs of close blobs become one read.
         let mut order: Vec<usize> = (0..wanted.len()).collect();
@@ -693,14 +752,14 @@ impl Repo {
             }
             run_start = run_end;
         }
-        wanted
+        let mut raw: Vec<Vec<u8>> = wanted
             .par_iter()
             .zip(stored.par_iter())
             .map(|((s, loc), bytes)| {
                 let bytes = bytes.as_deref().unwrap_or_default();
                 match loc.stored {
                     Stored::Raw => Ok(bytes.to_vec()),
-                    Stored::Zstd => {
+                    Stored::Zstd | Stored::Delta => {
                         Compression::decompress(bytes, loc.raw_len as usize).map_err(|e| {
                             Error::Corrupt {
                                 score: to_hex(s),
@@ -710,7 +769,22 @@ impl Repo {
                     }
                 }
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        if !bases.is_empty() {
+            // The bases are not checked here either: a wrong base makes a wrong chunk, which
+            // the caller's check of the chunk catches.
+            let base_scores: Vec<Score> = bases.iter().map(|(_, b)| b.score).collect();
+            let base_bytes = self.read_blobs_once(&base_scores, depth + 1)?;
+            for ((k, base), base_raw) in bases.iter().zip(&base_bytes) {
+                delta::xor_with_base(&mut raw[*k], base_raw, base.from).map_err(|why| {
+                    Error::Corrupt {
+                        score: to_hex(&wanted[*k].0),
+                        why,
+                    }
+                })?;
+            }
+        }
+        Ok(raw)
     }
 }
 
@@ -850,6 +924,8 @@ pub struct RepoWriter<'r> {
     /// dedup against but a reopened repository could not find), with the position of the
     /// pack each is in among this writer's packs.
     written: HashMap<Score, u32>,
+    /// The bases of this writer's delta blobs.
+    own_bases: HashMap<Score, DeltaBase>,
     /// The entries of each pack sent to the uploader (whose ids it returns at `finish`).
     packs: Vec<Vec<BlobEntry>>,
     pack_size: usize,
@@ -886,15 +962,52 @@ impl RepoWriter<'_> {
     /// Chunks, scores and stores what `reader` yields; returns the file's recipe (`path` is
     /// only recorded).
     pub fn add_file(&mut self, path: &str, reader: impl Read + Send) -> Result<FileRecipe> {
+        self.add_file_with_base(path, reader, None)
+    }
+
+    /// [`RepoWriter::add_file`], given the previous version of the file (`base`): a new chunk
+    /// may then be stored as a delta against the previous version's chunk at its offset
+    /// (docs/dedup.md, "Delta blobs"). Only chunks of `base.bytes` that hash to the recipe's
+    /// scores are used, so wrong bytes cost ratio, never data.
+    pub fn add_file_with_base(
+        &mut self,
+        path: &str,
+        reader: impl Read + Send,
+        base: Option<FileBase<'_>>,
+    ) -> Result<FileRecipe> {
         self.register()?;
         self.file_packs = FilePacks::default();
+        let base = match base {
+            Some(b) if self.repo.compression != Compression::None => {
+                let leaves = self.repo.file_chunks(&parse_score(&b.recipe.root)?)?;
+                let index = self.repo.index.read().map_err(|_| poisoned())?;
+                Some(BaseFile::new(b.bytes, &leaves, |s| {
+                    index
+                        .chain(s, false, |_| ())
+                        .is_some_and(|depth| depth < MAX_DELTA_DEPTH)
+                }))
+            }
+            _ => None,
+        };
         let mut ingest = match self.ingest.take() {
             Some(ingest) => ingest,
             None => self.repo.idle_ingest(),
         };
         let repo = self.repo;
+        let compression = repo.compression;
+        let pack = |s: &Score, offset: u64, data: &[u8]| -> Option<Packed> {
+            if !repo.lacks(s) {
+                return None;
+            }
+            match &base {
+                Some(base) => base.pack(compression, offset, data),
+                None => compression
+                    .compress(data)
+                    .map(|bytes| Packed { bytes, base: None }),
+            }
+        };
         let mut leaves: Vec<(Score, u64)> = Vec::new();
-        let digest = ingest.run(reader, &|s| repo.lacks(s), &mut |window, chunks| {
+        let digest = ingest.run(reader, &pack, &mut |window, chunks| {
             self.add_chunks(window, chunks, &mut leaves)
         });
         self.ingest = Some(ingest);
@@ -927,25 +1040,33 @@ impl RepoWriter<'_> {
         }
     }
 
-    fn known(&self, s: &Score) -> bool {
-        self.locate(s).is_some()
-    }
-
-    /// Where blob `s` is, if this writer or the index has it outside the condemned packs.
-    fn locate(&self, s: &Score) -> Option<BlobAt> {
+    /// Where blob `s` and the blobs it depends on are (a delta blob's bases), if this writer
+    /// or the index has it outside the condemned packs.
+    fn locate(&self, s: &Score) -> Option<Vec<BlobAt>> {
         if let Some(slot) = self.written.get(s) {
-            return Some(BlobAt::Own(*slot));
+            let mut at = vec![BlobAt::Own(*slot)];
+            if let Some(base) = self.own_bases.get(s) {
+                // Usable when this writer stored the delta: its session keeps it so.
+                let index = self.repo.index.read().ok()?;
+                at.extend(index.chain_packs(&base.score, true)?);
+            }
+            return Some(at);
         }
         let index = self.repo.index.read().ok()?;
-        let loc = index.blobs.get(s)?;
-        let pack = index.packs[loc.pack as usize];
-        if index.condemned.contains(&pack) {
-            return None;
+        index.chain_packs(s, false)
+    }
+
+    /// Whether blob `s` is had already; if so, the file being added uses its packs.
+    fn use_known(&mut self, s: &Score) -> bool {
+        match self.locate(s) {
+            Some(at) => {
+                for at in at {
+                    self.file_packs.note(at);
+                }
+                true
+            }
+            None => false,
         }
-        Some(BlobAt::Indexed {
-            pack,
-            origin: index.origins[loc.pack as usize],
-        })
     }
 
     /// Starts a pack with 16 unique bytes (session::pack_nonce).
@@ -975,9 +1096,7 @@ impl RepoWriter<'_> {
             self.stats.chunks += 1;
             leaves.push((chunk.score, data.len() as u64));
             // A chunk repeated within the file is stored by its first occurrence.
-            if let Some(at) = self.locate(&chunk.score) {
-                self.file_packs.note(at);
-            } else {
+            if !self.use_known(&chunk.score) {
                 self.stats.new_chunks += 1;
                 self.stats.new_bytes += data.len() as u64;
                 let stored = self.add_blob(chunk.score, BlobKind::Data, data, chunk.packed)?;
@@ -1004,10 +1123,12 @@ impl RepoWriter<'_> {
                 };
                 let bytes = block.encode();
                 let s = score(&bytes);
-                if let Some(at) = self.locate(&s) {
-                    self.file_packs.note(at);
-                } else {
-                    let packed = self.repo.compression.compress(&bytes);
+                if !self.use_known(&s) {
+                    let packed = self
+                        .repo
+                        .compression
+                        .compress(&bytes)
+                        .map(|bytes| Packed { bytes, base: None });
                     let stored = self.add_blob(s, BlobKind::Tree, &bytes, packed)?;
                     self.stats.stored_tree_bytes += stored;
                 }
@@ -1023,19 +1144,39 @@ impl RepoWriter<'_> {
         }
     }
 
+    /// Stores a blob in its packed form (a delta only while its base is still usable: else
+    /// raw); the bytes it takes in the pack.
     fn add_blob(
         &mut self,
         s: Score,
         kind: BlobKind,
         raw: &[u8],
-        packed: Option<Vec<u8>>,
+        packed: Option<Packed>,
     ) -> Result<u64> {
-        let (bytes, stored): (&[u8], Stored) = match &packed {
-            Some(p) => (p, Stored::Zstd),
-            None => (raw, Stored::Raw),
+        let base_packs = match packed.as_ref().and_then(|p| p.base) {
+            Some(base) => {
+                let index = self.repo.index.read().map_err(|_| poisoned())?;
+                index.chain_packs(&base.score, false)
+            }
+            None => None,
         };
-        let slot = self.append(s, kind, raw.len() as u32, stored, bytes)?;
+        let (bytes, stored, base): (&[u8], Stored, Option<DeltaBase>) = match &packed {
+            Some(Packed { bytes, base: None }) => (bytes, Stored::Zstd, None),
+            Some(Packed {
+                bytes,
+                base: Some(base),
+            }) if base_packs.is_some() => (bytes, Stored::Delta, Some(*base)),
+            _ => (raw, Stored::Raw, None),
+        };
+        let slot = self.append(s, kind, raw.len() as u32, stored, base, bytes)?;
         self.file_packs.note(BlobAt::Own(slot));
+        for at in base_packs.into_iter().flatten() {
+            self.file_packs.note(at);
+        }
+        if let Some(base) = base {
+            self.own_bases.insert(s, base);
+            self.stats.delta_chunks += 1;
+        }
         Ok(bytes.len() as u64)
     }
 
@@ -1047,6 +1188,7 @@ impl RepoWriter<'_> {
         kind: BlobKind,
         raw_len: u32,
         stored: Stored,
+        base: Option<DeltaBase>,
         bytes: &[u8],
     ) -> Result<u32> {
         self.open_pack();
@@ -1057,6 +1199,7 @@ impl RepoWriter<'_> {
             raw_len,
             kind,
             stored,
+            base,
         });
         self.pack.extend_from_slice(bytes);
         let slot = self.packs.len() as u32;
@@ -1088,9 +1231,15 @@ impl RepoWriter<'_> {
         stored: Stored,
         bytes: &[u8],
     ) -> Result<bool> {
+        if stored == Stored::Delta {
+            return Err(Error::Invalid(format!(
+                "blob {}: delta blobs are written only by add_file_with_base",
+                to_hex(&s)
+            )));
+        }
         self.register()?;
         self.keep_alive()?;
-        if self.known(&s) {
+        if self.locate(&s).is_some() {
             return Ok(false);
         }
         match kind {
@@ -1101,7 +1250,7 @@ impl RepoWriter<'_> {
             }
             BlobKind::Tree => self.stats.stored_tree_bytes += bytes.len() as u64,
         }
-        self.append(s, kind, raw_len, stored, bytes)?;
+        self.append(s, kind, raw_len, stored, None, bytes)?;
         Ok(true)
     }
 

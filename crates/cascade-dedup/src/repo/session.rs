@@ -452,17 +452,17 @@ impl Repo {
         let mut set = PackSet::new();
         let mut seen_blocks = HashSet::new();
         let mut stack: Vec<Score> = roots.to_vec();
+        // A blob and the blobs it depends on (a delta blob's bases).
         let note = |set: &mut PackSet, s: &Score| -> Result<()> {
             let index = self.index.read().map_err(|_| poisoned())?;
-            let loc = index
-                .blobs
-                .get(s)
-                .ok_or_else(|| Error::Missing(to_hex(s)))?;
-            let n = loc.pack as usize;
-            set.entry(index.origins[n])
-                .or_default()
-                .insert(index.packs[n]);
-            Ok(())
+            index
+                .chain(s, true, |n| {
+                    set.entry(index.origins[n])
+                        .or_default()
+                        .insert(index.packs[n]);
+                })
+                .map(|_| ())
+                .ok_or_else(|| Error::Missing(to_hex(s)))
         };
         while let Some(node) = stack.pop() {
             if !seen_blocks.insert(node) {

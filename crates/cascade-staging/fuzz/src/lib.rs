@@ -69,6 +69,7 @@ fn check_chunks(chunks: &[WireChunk<'_>]) {
         match c.stored {
             Stored::Raw => assert_eq!(c.data.len(), c.raw_len as usize),
             Stored::Zstd => assert!(!c.data.is_empty()),
+            Stored::Delta => panic!("the wire protocol has no delta blobs"),
         }
         raw += u64::from(c.raw_len);
     }

@@ -135,6 +135,8 @@ fn verify(c: &WireChunk) -> std::result::Result<(), String> {
             })?;
             score(&raw)
         }
+        // The wire protocol decodes no delta blobs: staging servers keep chunks whole.
+        Stored::Delta => return Err(format!("chunk {}: a delta blob", hex(&c.score))),
     };
     if got != c.score {
         return Err(format!(

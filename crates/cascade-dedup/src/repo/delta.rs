@@ -1,0 +1,183 @@
+//! Delta blobs (docs/dedup.md, "Delta blobs"): a new chunk of a file whose previous version
+//! the repository holds may be stored as a zstd frame of its XOR with the previous version's
+//! chunk at the same offset, its *base*. Where a training step nudged every float a little,
+//! sign, exponent and high mantissa bits stay put, and the XOR is mostly zero bytes.
+
+use std::cell::RefCell;
+
+use crate::compress::max_compressed_len;
+use crate::ingest::Packed;
+use crate::repo::format::DeltaBase;
+use crate::{score, Compression, Score};
+
+/// The most blobs a delta blob depends on (its base, the base's base, ...): reading one reads
+/// at most this many more. A chunk whose base is this deep is stored on its own.
+pub const MAX_DELTA_DEPTH: usize = 4;
+
+/// A delta is kept without trying the chunk on its own when its frame is at most this
+/// fraction of the chunk (1/4): compressing the chunk as well could not gain much.
+const CLEAR_WIN_DIVISOR: usize = 4;
+
+/// One chunk of the previous version, and whether a delta may use it as its base (it is in
+/// the index outside condemned packs, less than [`MAX_DELTA_DEPTH`] deep).
+#[derive(Debug, Clone)]
+pub(crate) struct BaseChunk {
+    pub offset: u64,
+    pub len: u64,
+    pub score: Score,
+    pub usable: bool,
+}
+
+/// The previous version of a file being added: its bytes and its chunks, in file order.
+pub(crate) struct BaseFile<'a> {
+    bytes: &'a [u8],
+    chunks: Vec<BaseChunk>,
+}
+
+thread_local! {
+    static XORED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<'a> BaseFile<'a> {
+    /// `leaves` are the previous version's chunks ((score, length), as its recipe lists them);
+    /// `usable` says which may be a base.
+    pub fn new(bytes: &'a [u8], leaves: &[(Score, u64)], usable: impl Fn(&Score) -> bool) -> Self {
+        let mut offset = 0u64;
+        let chunks = leaves
+            .iter()
+            .map(|&(score, len)| {
+                let chunk = BaseChunk {
+                    offset,
+                    len,
+                    score,
+                    usable: usable(&score),
+                };
+                offset += len;
+                chunk
+            })
+            .collect();
+        BaseFile { bytes, chunks }
+    }
+
+    /// The usable base chunk covering file offset `offset`, with its bytes, if they are what
+    /// its score says (the caller's bytes are checked, never trusted).
+    fn base_at(&self, offset: u64) -> Option<(&BaseChunk, &'a [u8])> {
+        let i = self.chunks.partition_point(|c| c.offset + c.len <= offset);
+        let chunk = self.chunks.get(i).filter(|c| c.usable)?;
+        let start = usize::try_from(chunk.offset).ok()?;
+        let end = usize::try_from(chunk.offset + chunk.len).ok()?;
+        let bytes = self.bytes.get(start..end)?;
+        (score(bytes) == chunk.score).then_some((chunk, bytes))
+    }
+
+    /// The stored form of a new chunk at file offset `offset`: a delta against the base chunk
+    /// covering that offset when its frame is smaller than the chunk compressed alone, else
+    /// the chunk compressed alone (`None`: neither saves an eighth, store it raw).
+    pub fn pack(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Packed> {
+        let delta = self.delta(compression, offset, data);
+        let limit = match &delta {
+            Some(d) if d.bytes.len() <= data.len() / CLEAR_WIN_DIVISOR => return delta,
+            Some(d) => d.bytes.len().saturating_sub(1),
+            None => max_compressed_len(data.len()),
+        };
+        match compression.compress_within(data, limit) {
+            Some(bytes) => Some(Packed { bytes, base: None }),
+            None => delta,
+        }
+    }
+
+    fn delta(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Packed> {
+        let (base, base_bytes) = self.base_at(offset)?;
+        let from = u32::try_from(offset - base.offset).ok()?;
+        XORED.with(|xored| {
+            let mut xored = xored.borrow_mut();
+            xored.clear();
+            xored.extend_from_slice(data);
+            xor_with_base(&mut xored, base_bytes, from).ok()?;
+            let bytes = compression.compress_within(&xored, max_compressed_len(data.len()))?;
+            Some(Packed {
+                bytes,
+                base: Some(DeltaBase {
+                    score: base.score,
+                    from,
+                }),
+            })
+        })
+    }
+}
+
+/// XORs `data[i]` with `base[from + i]` wherever the base has that byte: makes a delta of a
+/// chunk, and the chunk of a delta again. Fails when `from` is past the base's end (a corrupt
+/// entry).
+pub(crate) fn xor_with_base(data: &mut [u8], base: &[u8], from: u32) -> Result<(), String> {
+    let tail = base.get(from as usize..).ok_or_else(|| {
+        format!(
+            "its delta starts at byte {from} of a base of {} bytes",
+            base.len()
+        )
+    })?;
+    for (d, b) in data.iter_mut().zip(tail) {
+        *d ^= b;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn floats(n: usize, nudge: f32) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (((i as f32) * 0.37).sin() * (1.0 + nudge)).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_nudged_chunk_is_a_small_delta_that_comes_back_whole() {
+        let old = floats(16384, 0.0);
+        let new = floats(16384, 1e-4);
+        let zstd = Compression::Zstd { level: 1 };
+        let half = old.len() as u64 / 2;
+        let base = BaseFile::new(
+            &old,
+            &[
+                (score(&old[..half as usize]), half),
+                (score(&old[half as usize..]), half),
+            ],
+            |_| true,
+        );
+        // A chunk starting 100 bytes into the second base chunk, running past its end.
+        let at = half + 100;
+        let chunk = &new[at as usize..];
+        let packed = base.pack(zstd, at, chunk).expect("packed");
+        let delta = packed.base.expect("a delta");
+        assert_eq!(
+            (delta.score, delta.from),
+            (score(&old[half as usize..]), 100)
+        );
+        let alone = zstd.compress(chunk).map_or(chunk.len(), |z| z.len());
+        assert!(
+            packed.bytes.len() * 4 < alone * 3,
+            "{} vs {alone}",
+            packed.bytes.len()
+        );
+        let mut back = Compression::decompress(&packed.bytes, chunk.len()).unwrap();
+        xor_with_base(&mut back, &old[half as usize..], delta.from).unwrap();
+        assert_eq!(back, chunk);
+    }
+
+    #[test]
+    fn bases_that_are_not_what_their_scores_say_or_unusable_are_not_used() {
+        let old = floats(4096, 0.0);
+        let new = floats(4096, 1e-4);
+        let zstd = Compression::Zstd { level: 1 };
+        let len = old.len() as u64;
+        let lying = BaseFile::new(&new, &[(score(&old), len)], |_| true);
+        assert_eq!(lying.pack(zstd, 0, &new).and_then(|p| p.base), None);
+        let unusable = BaseFile::new(&old, &[(score(&old), len)], |_| false);
+        assert_eq!(unusable.pack(zstd, 0, &new).and_then(|p| p.base), None);
+        let none = BaseFile::new(&old, &[(score(&old), len)], |_| true);
+        assert_eq!(none.pack(Compression::None, 0, &new), None);
+        assert!(xor_with_base(&mut [0u8; 4], &[1, 2], 3).is_err());
+    }
+}
