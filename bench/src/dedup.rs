@@ -18,12 +18,12 @@
 
 use crate::report::{machine_table, utc_string, Target};
 use crate::util::{self, err, prefix, Context, Interference, Machine, Res, Stats};
-use cascade_dedup::repo::{FileRecipe, Repo, DEFAULT_PREFIX};
+use cascade_dedup::repo::{FileBase, FileRecipe, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
 use cascade_durable::DurableStore;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{BufWriter, Read, Write as _};
 use std::os::unix::io::AsRawFd;
@@ -73,9 +73,11 @@ impl StoreKind {
     }
 }
 
-const DEFAULT_CONFIGS: [&str; 5] = [
+const DEFAULT_CONFIGS: [&str; 7] = [
     "cdc:avg=64KiB+zstd:1",
+    "cdc:avg=64KiB+zstd:1+delta",
     "fixed:4KiB+zstd:1",
+    "fixed:4KiB+zstd:1+delta",
     "cdc:avg=16KiB+zstd:1",
     "cdc:avg=64KiB+zstd:-3",
     "cdc:avg=64KiB+none",
@@ -99,10 +101,12 @@ pub struct DedupArgs {
     /// Series (made by bench/datasets/make.sh).
     #[arg(long, value_delimiter = ',', default_value = "torch,numpy,lammps")]
     series: Vec<String>,
-    /// A configuration of ours, CHUNKING+COMPRESSION (e.g. cdc:avg=64KiB+zstd:1); repeat the
-    /// flag for several. The first one is the one the goals are checked on [default:
-    /// cdc:avg=64KiB+zstd:1, fixed:4KiB+zstd:1, cdc:avg=16KiB+zstd:1, cdc:avg=64KiB+zstd:-3,
-    /// cdc:avg=64KiB+none].
+    /// A configuration of ours, CHUNKING+COMPRESSION[+delta] (e.g. cdc:avg=64KiB+zstd:1;
+    /// +delta: each file is added with the previous snapshot's as its base, docs/dedup.md
+    /// "Delta blobs"); repeat the flag for several. The first one is the one the goals are
+    /// checked on [default: cdc:avg=64KiB+zstd:1, cdc:avg=64KiB+zstd:1+delta,
+    /// fixed:4KiB+zstd:1, fixed:4KiB+zstd:1+delta, cdc:avg=16KiB+zstd:1,
+    /// cdc:avg=64KiB+zstd:-3, cdc:avg=64KiB+none].
     #[arg(long = "config")]
     configs: Vec<String>,
     /// Durable stores for our repository and for cp.
@@ -138,6 +142,8 @@ pub struct Config {
     pub label: String,
     pub chunking: String,
     pub compression: String,
+    /// Files are added with the previous snapshot's as their base (delta blobs).
+    pub delta: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -173,9 +179,13 @@ impl DOpts {
 }
 
 fn parse_config(spec: &str) -> Res<Config> {
+    let (spec, delta) = match spec.strip_suffix("+delta") {
+        Some(rest) => (rest, true),
+        None => (spec, false),
+    };
     let Some((c, z)) = spec.split_once('+') else {
         return err(format!(
-            "--config {spec}: expected CHUNKING+COMPRESSION, e.g. cdc:avg=64KiB+zstd:1"
+            "--config {spec}: expected CHUNKING+COMPRESSION[+delta], e.g. cdc:avg=64KiB+zstd:1"
         ));
     };
     let chunking: Chunking = c
@@ -185,9 +195,13 @@ fn parse_config(spec: &str) -> Res<Config> {
         .parse()
         .map_err(|e: cascade_dedup::ParseCompressionError| util::BenchError(e.0))?;
     Ok(Config {
-        label: format!("{chunking}+{compression}"),
+        label: format!(
+            "{chunking}+{compression}{}",
+            if delta { "+delta" } else { "" }
+        ),
         chunking: chunking.to_string(),
         compression: compression.to_string(),
+        delta,
     })
 }
 
@@ -451,6 +465,8 @@ struct IngestJob {
     restore_dir: PathBuf,
     chunking: String,
     compression: String,
+    /// Each file added with the previous snapshot's file of the same name as its base.
+    delta: bool,
     /// Restore and check every snapshot, not only the last.
     verify_all: bool,
     /// syncfs(2) the store's file system after the ingest, timed apart.
@@ -490,6 +506,8 @@ pub struct WStats {
     pub stored_data_bytes: u64,
     pub stored_tree_bytes: u64,
     pub packs: u64,
+    #[serde(default)]
+    pub delta_chunks: u64,
 }
 
 impl WStats {
@@ -502,6 +520,7 @@ impl WStats {
         self.stored_data_bytes += o.stored_data_bytes;
         self.stored_tree_bytes += o.stored_tree_bytes;
         self.packs += o.packs;
+        self.delta_chunks += o.delta_chunks;
     }
 }
 
@@ -709,6 +728,15 @@ fn check_recipe(r: &FileRecipe, f: &SrcFile, what: &str, problems: &mut Vec<Stri
     }
 }
 
+/// A read-only map of a snapshot file (a delta's base: its pages are in the page cache, as a
+/// previous checkpoint is in the agent's store).
+fn map_file(path: &Path) -> Res<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ctx(|| format!("opening {}", path.display()))?;
+    // SAFETY: the series' files are not changed while the bench runs; a file changed under
+    // the map would only make its chunks fail the base check (scores), never corrupt data.
+    unsafe { memmap2::Mmap::map(&file) }.ctx(|| format!("mapping {}", path.display()))
+}
+
 fn ingest(j: &IngestJob) -> Res<IngestOut> {
     let (chunking, compression) = parse_pair(&j.chunking, &j.compression)?;
     let mut out = IngestOut::default();
@@ -717,16 +745,34 @@ fn ingest(j: &IngestJob) -> Res<IngestOut> {
     out.open_s = t.elapsed().as_secs_f64();
     let (u0, s0, _) = rusage(libc::RUSAGE_SELF);
     let t0 = Instant::now();
-    let mut all_recipes = Vec::new();
-    for snap in &j.snaps {
+    let mut all_recipes: Vec<Vec<FileRecipe>> = Vec::new();
+    for (k, snap) in j.snaps.iter().enumerate() {
         let ts = Instant::now();
         let mut w = repo.writer();
         let mut recipes = Vec::with_capacity(snap.files.len());
+        // The previous snapshot's files by name, mapped as the agent has them in its store.
+        let previous: HashMap<&str, (&SrcFile, &FileRecipe)> = match k.checked_sub(1) {
+            Some(p) if j.delta => j.snaps[p]
+                .files
+                .iter()
+                .zip(&all_recipes[p])
+                .map(|(f, r)| (f.rel.as_str(), (f, r)))
+                .collect(),
+            _ => HashMap::new(),
+        };
         for f in &snap.files {
             let file =
                 std::fs::File::open(&f.path).ctx(|| format!("opening {}", f.path.display()))?;
+            let base_map = match previous.get(f.rel.as_str()) {
+                Some((pf, _)) => Some(map_file(&pf.path)?),
+                None => None,
+            };
+            let base = previous
+                .get(f.rel.as_str())
+                .zip(base_map.as_deref())
+                .map(|((_, recipe), bytes)| FileBase { recipe, bytes });
             recipes.push(
-                w.add_file(&f.rel, file)
+                w.add_file_with_base(&f.rel, file, base)
                     .ctx(|| format!("add_file {}", f.path.display()))?,
             );
         }
@@ -746,6 +792,7 @@ fn ingest(j: &IngestJob) -> Res<IngestOut> {
                 stored_data_bytes: st.stored_data_bytes,
                 stored_tree_bytes: st.stored_tree_bytes,
                 packs: st.packs,
+                delta_chunks: st.delta_chunks,
             },
         });
         all_recipes.push(recipes);
@@ -1436,6 +1483,7 @@ impl Rig<'_> {
             restore_dir: work.0.join("restore"),
             chunking: c.chunking.clone(),
             compression: c.compression.clone(),
+            delta: c.delta,
             verify_all: rep == 0,
             sync: store == StoreKind::Disk,
         });
@@ -1623,6 +1671,7 @@ impl Rig<'_> {
             restore_dir: work.0.join("restore"),
             chunking: c.chunking.clone(),
             compression: c.compression.clone(),
+            delta: c.delta,
             verify_all: false,
             sync: false,
         });

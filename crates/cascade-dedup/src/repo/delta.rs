@@ -4,6 +4,7 @@
 //! sign, exponent and high mantissa bits stay put, and the XOR is mostly zero bytes.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::compress::max_compressed_len;
 use crate::ingest::Packed;
@@ -17,6 +18,12 @@ pub const MAX_DELTA_DEPTH: usize = 4;
 /// A delta is kept without trying the chunk on its own when its frame is at most this
 /// fraction of the chunk (1/4): compressing the chunk as well could not gain much.
 const CLEAR_WIN_DIVISOR: usize = 4;
+
+/// Deltas tried in a file before their record decides whether to go on trying them.
+const TRIALS: u64 = 16;
+/// Once deltas lose (in a file whose data does not drift, e.g. molecular-dynamics restarts
+/// where every value moves), one chunk in this many still tries one, to notice a change.
+const PROBE_EVERY: u64 = 16;
 
 /// One chunk of the previous version, and whether a delta may use it as its base (it is in
 /// the index outside condemned packs, less than [`MAX_DELTA_DEPTH`] deep).
@@ -32,6 +39,10 @@ pub(crate) struct BaseChunk {
 pub(crate) struct BaseFile<'a> {
     bytes: &'a [u8],
     chunks: Vec<BaseChunk>,
+    /// Deltas tried in this file, and those that won: smaller than the chunk compressed
+    /// alone by at least an eighth (trying costs a second compression).
+    tried: AtomicU64,
+    won: AtomicU64,
 }
 
 thread_local! {
@@ -56,7 +67,19 @@ impl<'a> BaseFile<'a> {
                 chunk
             })
             .collect();
-        BaseFile { bytes, chunks }
+        BaseFile {
+            bytes,
+            chunks,
+            tried: AtomicU64::new(0),
+            won: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether the next chunk tries a delta: always for the first [`TRIALS`], then while at
+    /// least a quarter won, else one in [`PROBE_EVERY`].
+    fn worth_trying(&self) -> bool {
+        let tried = self.tried.load(Ordering::Relaxed);
+        tried < TRIALS || self.won.load(Ordering::Relaxed) * 4 >= tried || tried % PROBE_EVERY == 0
     }
 
     /// The usable base chunk covering file offset `offset`, with its bytes, if they are what
@@ -72,17 +95,34 @@ impl<'a> BaseFile<'a> {
 
     /// The stored form of a new chunk at file offset `offset`: a delta against the base chunk
     /// covering that offset when its frame is smaller than the chunk compressed alone, else
-    /// the chunk compressed alone (`None`: neither saves an eighth, store it raw).
+    /// the chunk compressed alone (`None`: neither saves an eighth, store it raw). A delta
+    /// frame of at most a quarter of the chunk is kept without compressing the chunk alone;
+    /// in a file where deltas mostly lose, most chunks do not try one (`worth_trying`).
     pub fn pack(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Packed> {
-        let delta = self.delta(compression, offset, data);
-        let limit = match &delta {
-            Some(d) if d.bytes.len() <= data.len() / CLEAR_WIN_DIVISOR => return delta,
-            Some(d) => d.bytes.len().saturating_sub(1),
-            None => max_compressed_len(data.len()),
+        let alone = |limit| {
+            compression
+                .compress_within(data, limit)
+                .map(|bytes| Packed { bytes, base: None })
         };
-        match compression.compress_within(data, limit) {
-            Some(bytes) => Some(Packed { bytes, base: None }),
-            None => delta,
+        if !self.worth_trying() {
+            return alone(max_compressed_len(data.len()));
+        }
+        let Some(delta) = self.delta(compression, offset, data) else {
+            return alone(max_compressed_len(data.len()));
+        };
+        self.tried.fetch_add(1, Ordering::Relaxed);
+        if delta.bytes.len() <= data.len() / CLEAR_WIN_DIVISOR {
+            self.won.fetch_add(1, Ordering::Relaxed);
+            return Some(delta);
+        }
+        match alone(max_compressed_len(data.len())) {
+            Some(packed) if packed.bytes.len() < delta.bytes.len() => Some(packed),
+            packed => {
+                if packed.is_none_or(|p| delta.bytes.len() <= max_compressed_len(p.bytes.len())) {
+                    self.won.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(delta)
+            }
         }
     }
 
