@@ -31,7 +31,7 @@ use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
 use delta::BaseFile;
 pub use delta::MAX_DELTA_DEPTH;
-use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored, BLOCK_FANOUT};
+use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored};
 use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
 pub use session::DEFAULT_SESSION_LEASE;
@@ -136,37 +136,56 @@ impl Index {
         }
     }
 
-    /// Walks blob `s` and the blobs it depends on (a delta blob's base, its base, ...),
-    /// calling `each` with the number of each one's pack. `None` when one is missing, the
-    /// chain is longer than [`MAX_DELTA_DEPTH`] or, unless `condemned_too`, one is in a
-    /// condemned pack (writers neither dedup against such a blob nor use it as a base);
-    /// else the depth of `s` (0: not a delta).
-    fn chain(&self, s: &Score, condemned_too: bool, mut each: impl FnMut(usize)) -> Option<usize> {
+    /// The packs of blob `s` and of the blobs it depends on (a delta blob's base, its base,
+    /// ...). `None` when one is missing, the chain is longer than [`MAX_DELTA_DEPTH`] or,
+    /// unless `condemned_too`, one is in a condemned pack (writers neither dedup against
+    /// such a blob nor use it as a base).
+    fn chain(&self, s: &Score, condemned_too: bool) -> Option<PackChain> {
+        let mut chain = PackChain {
+            packs: [0; MAX_DELTA_DEPTH + 1],
+            len: 0,
+        };
         let mut at = *s;
-        for depth in 0..=MAX_DELTA_DEPTH {
-            let pack = self.blobs.get(&at)?.pack as usize;
-            if !condemned_too && self.condemned.contains(&self.packs[pack]) {
+        for slot in &mut chain.packs {
+            let pack = self.blobs.get(&at)?.pack;
+            if !condemned_too && self.condemned.contains(&self.packs[pack as usize]) {
                 return None;
             }
-            each(pack);
+            *slot = pack;
+            chain.len += 1;
             match self.deltas.get(&at) {
                 Some(base) => at = base.score,
-                None => return Some(depth),
+                None => return Some(chain),
             }
         }
         None
     }
 
-    /// Where blob `s` and the blobs it depends on are, as [`Index::chain`] walks them.
-    fn chain_packs(&self, s: &Score, condemned_too: bool) -> Option<Vec<BlobAt>> {
-        let mut at = Vec::new();
-        self.chain(s, condemned_too, |n| {
-            at.push(BlobAt::Indexed {
-                pack: self.packs[n],
-                origin: self.origins[n],
-            })
-        })?;
-        Some(at)
+    /// Where the pack numbered `n` is, for a writer's pack set.
+    fn blob_at(&self, n: u32) -> BlobAt {
+        BlobAt::Indexed {
+            pack: self.packs[n as usize],
+            origin: self.origins[n as usize],
+        }
+    }
+}
+
+/// The pack numbers of a blob and of its bases, the blob's own first: on the stack, since
+/// writers look one up for every chunk.
+#[derive(Debug, Clone, Copy)]
+struct PackChain {
+    packs: [u32; MAX_DELTA_DEPTH + 1],
+    len: usize,
+}
+
+impl PackChain {
+    fn packs(&self) -> &[u32] {
+        &self.packs[..self.len]
+    }
+
+    /// 0 for a blob stored whole, else 1 + its base's.
+    fn depth(&self) -> usize {
+        self.len - 1
     }
 }
 
@@ -494,7 +513,7 @@ impl Repo {
         let Ok(index) = self.index.read() else {
             return true;
         };
-        index.chain(s, false, |_| ()).is_none()
+        index.chain(s, false).is_none()
     }
 
     /// The chunks of the file whose tree is `root` ((score, length) in file order), from its
@@ -983,8 +1002,8 @@ impl RepoWriter<'_> {
                 let index = self.repo.index.read().map_err(|_| poisoned())?;
                 Some(BaseFile::new(b.bytes, &leaves, |s| {
                     index
-                        .chain(s, false, |_| ())
-                        .is_some_and(|depth| depth < MAX_DELTA_DEPTH)
+                        .chain(s, false)
+                        .is_some_and(|chain| chain.depth() < MAX_DELTA_DEPTH)
                 }))
             }
             _ => None,
@@ -1012,7 +1031,7 @@ impl RepoWriter<'_> {
         });
         self.ingest = Some(ingest);
         let digest = digest?;
-        let root = self.add_tree(leaves)?;
+        let root = self.add_tree(&leaves)?;
         self.files
             .push((root, std::mem::take(&mut self.file_packs)));
         self.stats.files += 1;
@@ -1040,33 +1059,34 @@ impl RepoWriter<'_> {
         }
     }
 
-    /// Where blob `s` and the blobs it depends on are (a delta blob's bases), if this writer
-    /// or the index has it outside the condemned packs.
-    fn locate(&self, s: &Score) -> Option<Vec<BlobAt>> {
-        if let Some(slot) = self.written.get(s) {
-            let mut at = vec![BlobAt::Own(*slot)];
-            if let Some(base) = self.own_bases.get(s) {
-                // Usable when this writer stored the delta: its session keeps it so.
-                let index = self.repo.index.read().ok()?;
-                at.extend(index.chain_packs(&base.score, true)?);
-            }
-            return Some(at);
-        }
-        let index = self.repo.index.read().ok()?;
-        index.chain_packs(s, false)
-    }
-
-    /// Whether blob `s` is had already; if so, the file being added uses its packs.
+    /// Whether this writer or the index has blob `s` (and the blobs it depends on: a delta
+    /// blob's bases) outside the condemned packs; if so, the file being added uses its packs.
     fn use_known(&mut self, s: &Score) -> bool {
-        match self.locate(s) {
-            Some(at) => {
-                for at in at {
-                    self.file_packs.note(at);
-                }
-                true
-            }
-            None => false,
+        let repo = self.repo;
+        let Ok(index) = repo.index.read() else {
+            return false;
+        };
+        let (own, chain) = match self.written.get(s) {
+            // A base this writer took stays usable: its session keeps it.
+            Some(&slot) => match self.own_bases.get(s) {
+                Some(base) => match index.chain(&base.score, true) {
+                    Some(chain) => (Some(slot), Some(chain)),
+                    None => return false,
+                },
+                None => (Some(slot), None),
+            },
+            None => match index.chain(s, false) {
+                Some(chain) => (None, Some(chain)),
+                None => return false,
+            },
+        };
+        if let Some(slot) = own {
+            self.file_packs.note(BlobAt::Own(slot));
         }
+        for &n in chain.iter().flat_map(PackChain::packs) {
+            self.file_packs.note(index.blob_at(n));
+        }
+        true
     }
 
     /// Starts a pack with 16 unique bytes (session::pack_nonce).
@@ -1106,42 +1126,22 @@ impl RepoWriter<'_> {
         Ok(())
     }
 
-    /// Stores the recipe blocks above `children` level by level; returns the root's score.
-    fn add_tree(&mut self, mut children: Vec<(Score, u64)>) -> Result<Score> {
-        let mut level = 0u8;
-        loop {
-            let groups: Vec<&[(Score, u64)]> = if children.is_empty() {
-                vec![&[]]
-            } else {
-                children.chunks(BLOCK_FANOUT).collect()
-            };
-            let mut parents = Vec::with_capacity(groups.len());
-            for group in groups {
-                let block = Block {
-                    level,
-                    children: group.to_vec(),
-                };
-                let bytes = block.encode();
-                let s = score(&bytes);
-                if !self.use_known(&s) {
-                    let packed = self
-                        .repo
-                        .compression
-                        .compress(&bytes)
-                        .map(|bytes| Packed { bytes, base: None });
-                    let stored = self.add_blob(s, BlobKind::Tree, &bytes, packed)?;
-                    self.stats.stored_tree_bytes += stored;
-                }
-                parents.push((s, block.len()));
+    /// Stores the recipe blocks above `leaves` (format::recipe_blocks) that neither the
+    /// repository nor this writer has; returns the root's score.
+    fn add_tree(&mut self, leaves: &[(Score, u64)]) -> Result<Score> {
+        let (root, blocks) = format::recipe_blocks(leaves);
+        for (s, bytes) in blocks {
+            if !self.use_known(&s) {
+                let packed = self
+                    .repo
+                    .compression
+                    .compress(&bytes)
+                    .map(|bytes| Packed { bytes, base: None });
+                let stored = self.add_blob(s, BlobKind::Tree, &bytes, packed)?;
+                self.stats.stored_tree_bytes += stored;
             }
-            if parents.len() == 1 {
-                return Ok(parents[0].0);
-            }
-            children = parents;
-            level = level
-                .checked_add(1)
-                .ok_or_else(|| Error::Invalid("file too large for a recipe".to_string()))?;
         }
+        Ok(root)
     }
 
     /// Stores a blob in its packed form (a delta only while its base is still usable: else
@@ -1153,10 +1153,12 @@ impl RepoWriter<'_> {
         raw: &[u8],
         packed: Option<Packed>,
     ) -> Result<u64> {
-        let base_packs = match packed.as_ref().and_then(|p| p.base) {
+        let base_packs: Option<Vec<BlobAt>> = match packed.as_ref().and_then(|p| p.base) {
             Some(base) => {
                 let index = self.repo.index.read().map_err(|_| poisoned())?;
-                index.chain_packs(&base.score, false)
+                index
+                    .chain(&base.score, false)
+                    .map(|chain| chain.packs().iter().map(|&n| index.blob_at(n)).collect())
             }
             None => None,
         };
@@ -1239,7 +1241,13 @@ impl RepoWriter<'_> {
         }
         self.register()?;
         self.keep_alive()?;
-        if self.locate(&s).is_some() {
+        let indexed = || {
+            self.repo
+                .index
+                .read()
+                .is_ok_and(|index| index.chain(&s, false).is_some())
+        };
+        if self.written.contains_key(&s) || indexed() {
             return Ok(false);
         }
         match kind {

@@ -455,14 +455,15 @@ impl Repo {
         // A blob and the blobs it depends on (a delta blob's bases).
         let note = |set: &mut PackSet, s: &Score| -> Result<()> {
             let index = self.index.read().map_err(|_| poisoned())?;
-            index
-                .chain(s, true, |n| {
-                    set.entry(index.origins[n])
-                        .or_default()
-                        .insert(index.packs[n]);
-                })
-                .map(|_| ())
-                .ok_or_else(|| Error::Missing(to_hex(s)))
+            let chain = index
+                .chain(s, true)
+                .ok_or_else(|| Error::Missing(to_hex(s)))?;
+            for &n in chain.packs() {
+                set.entry(index.origins[n as usize])
+                    .or_default()
+                    .insert(index.packs[n as usize]);
+            }
+            Ok(())
         };
         while let Some(node) = stack.pop() {
             if !seen_blocks.insert(node) {

@@ -272,15 +272,11 @@ fn is_no_space(e: &io::Error) -> bool {
 }
 
 fn segment_name(n: u32) -> String {
-    format!("seg-{n:08}.log")
+    crate::engine::numbered_log_name("seg", n)
 }
 
 fn parse_segment_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("seg-")?.strip_suffix(".log")?;
-    if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    crate::engine::parse_numbered_log_name("seg", name)
 }
 
 /// Memory of a hash table holding `capacity` entries of `entry` bytes: hashbrown keeps a

@@ -160,12 +160,25 @@ fn human(bytes: u64) -> String {
 }
 
 fn arena_name(n: u32) -> String {
-    format!("arena-{n:08}.log")
+    numbered_log_name("arena", n)
 }
 
 /// The arena number of a file name `arena-NNNNNNNN.log`.
 fn parse_arena_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("arena-")?.strip_suffix(".log")?;
+    parse_numbered_log_name("arena", name)
+}
+
+/// `STEM-NNNNNNNN.log`: a numbered log file (arenas here, the chunk store's segments).
+pub(crate) fn numbered_log_name(stem: &str, n: u32) -> String {
+    format!("{stem}-{n:08}.log")
+}
+
+/// The number of a file named `STEM-NNNNNNNN.log` (exactly eight digits).
+pub(crate) fn parse_numbered_log_name(stem: &str, name: &str) -> Option<u32> {
+    let digits = name
+        .strip_prefix(stem)?
+        .strip_prefix('-')?
+        .strip_suffix(".log")?;
     if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
