@@ -769,7 +769,7 @@ fn ingest(j: &IngestJob) -> Res<IngestOut> {
             };
             let base = previous
                 .get(f.rel.as_str())
-                .zip(base_map.as_deref())
+                .zip(base_map.as_ref())
                 .map(|((_, recipe), bytes)| FileBase { recipe, bytes });
             recipes.push(
                 w.add_file_with_base(&f.rel, file, base)

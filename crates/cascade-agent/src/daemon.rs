@@ -100,6 +100,9 @@ pub struct AgentStats {
     pub dedup_new_bytes: u64,
     #[serde(default)]
     pub dedup_stored_bytes: u64,
+    /// Of the chunks stored, those stored as deltas against the previous checkpoint.
+    #[serde(default)]
+    pub dedup_delta_chunks: u64,
 }
 
 /// A piece of the store's data region handed to the HTTP client as a request body; the
@@ -150,6 +153,9 @@ pub struct Agent {
     staging: Option<Staging>,
     /// The dedup repository, opened at first use.
     pub(crate) repo: Mutex<Option<Arc<cascade_dedup::repo::Repo>>>,
+    /// Per series (directory), the checkpoint last stored in the repository and its
+    /// manifest: the base of the next one's deltas, without reading it back.
+    pub(crate) latest_manifests: Mutex<HashMap<String, (String, cascade_dedup::repo::Manifest)>>,
     _registration: AgentRegistration,
 }
 
@@ -218,6 +224,7 @@ impl Agent {
             last_sweep: Mutex::new(Instant::now()),
             staging,
             repo: Mutex::new(None),
+            latest_manifests: Mutex::new(HashMap::new()),
             _registration: registration,
         })
     }
@@ -412,7 +419,7 @@ impl Agent {
             .filter(|c| c.root.flush && !c.root.complete())
         {
             if self.opts.dedup.is_some() {
-                self.dedup_pass(c, &mut outcome);
+                self.dedup_pass(c, previous_in_series(&checkpoints, c), &mut outcome);
                 continue;
             }
             // With no upload in this pass the snapshot is current: skip the fresh look.
@@ -870,6 +877,23 @@ pub(crate) fn path_in_checkpoint(root: &LifeEntry, f: &LifeEntry) -> String {
             .trim_start_matches('/')
             .to_string()
     }
+}
+
+/// The newest complete checkpoint of `c`'s series (its directory) committed before it, of the
+/// same kind (a directory, or a single file): what `c` may be stored as deltas against.
+fn previous_in_series<'s, 'a>(
+    checkpoints: &'s [Checkpoint<'a>],
+    c: &Checkpoint,
+) -> Option<&'s Checkpoint<'a>> {
+    checkpoints
+        .iter()
+        .filter(|p| {
+            p.root.parent_dir() == c.root.parent_dir()
+                && p.root.kind == c.root.kind
+                && p.root.commit_seq < c.root.commit_seq
+                && p.root.complete()
+        })
+        .max_by_key(|p| p.root.commit_seq)
 }
 
 /// Committed checkpoint roots of a snapshot, each with the files below it.

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
+use cascade_dedup::repo::{FileBase, FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
 use cascade_store::{FileKind, LifeEntry};
 
@@ -23,6 +23,37 @@ use crate::{Error, Result};
 pub struct DedupOptions {
     pub chunking: Chunking,
     pub compression: Compression,
+    /// Add each file with the same file of the previous checkpoint in its series as its base
+    /// (docs/dedup.md, "Delta blobs"); only with compression.
+    pub delta: bool,
+}
+
+/// The checkpoint before the one being stored, in its series: the base of its deltas.
+struct PreviousVersion<'a> {
+    checkpoint: String,
+    root: &'a LifeEntry,
+    files: Vec<&'a LifeEntry>,
+    /// Its files as its manifest records them.
+    recipes: Vec<FileRecipe>,
+}
+
+impl PreviousVersion<'_> {
+    /// The previous version of the file at `path` (in a checkpoint of `files` files): the
+    /// file at the same path, or the one file of a checkpoint that is one file; its recipe
+    /// and its store entry, if the store still holds the version the recipe describes.
+    fn base_of(&self, path: &str, files: usize) -> Option<(&FileRecipe, &LifeEntry)> {
+        let recipe = match self.recipes.iter().find(|r| r.path == path) {
+            Some(r) => r,
+            None if files == 1 && self.recipes.len() == 1 => &self.recipes[0],
+            None => return None,
+        };
+        let entry = self
+            .files
+            .iter()
+            .find(|f| path_in_checkpoint(self.root, f) == recipe.path)
+            .filter(|f| f.durable() && f.size == recipe.size)?;
+        Some((recipe, entry))
+    }
 }
 
 /// A checkpoint file found in a manifest of the repository.
@@ -79,8 +110,14 @@ impl Agent {
         }
     }
 
-    /// Step 2 of a pass for checkpoint `c` with dedup on: store it once nothing writes it.
-    pub(crate) fn dedup_pass(&self, c: &Checkpoint, outcome: &mut PassOutcome) {
+    /// Step 2 of a pass for checkpoint `c` with dedup on: store it once nothing writes it
+    /// (against `previous`, the complete checkpoint before it in its series, with deltas).
+    pub(crate) fn dedup_pass(
+        &self,
+        c: &Checkpoint,
+        previous: Option<&Checkpoint>,
+        outcome: &mut PassOutcome,
+    ) {
         if c.files.iter().any(|f| f.writers > 0 || f.torn) {
             outcome.blocked += 1;
             return;
@@ -111,11 +148,11 @@ impl Agent {
                          durable store's dedup repository instead",
                         c.root.path
                     ));
-                    self.store_checkpoint_dedup(c.root)
+                    self.store_checkpoint_dedup(c.root, previous)
                 }
                 other => other,
             },
-            _ => self.store_checkpoint_dedup(c.root),
+            _ => self.store_checkpoint_dedup(c.root, previous),
         };
         match result {
             Ok(true) => {
@@ -140,8 +177,13 @@ impl Agent {
 
     /// Stores checkpoint `root` in the repository and records it complete; false if it
     /// changed or went away meanwhile (nothing recorded; a manifest already written for a
-    /// version that changed under the reads is taken back).
-    fn store_checkpoint_dedup(&self, root: &LifeEntry) -> Result<bool> {
+    /// version that changed under the reads is taken back). With deltas on, each file is
+    /// added with the same file of `previous` as its base.
+    fn store_checkpoint_dedup(
+        &self,
+        root: &LifeEntry,
+        previous: Option<&Checkpoint>,
+    ) -> Result<bool> {
         let started = Instant::now();
         let Some(tree) = self.closed_checkpoint(root)? else {
             return Ok(false);
@@ -154,6 +196,12 @@ impl Agent {
         let ckpt = key_of(&now_root.path);
         // A plain marker of an earlier drain would be read instead of the new manifest.
         self.durable().delete_marker(ckpt).map_err(Error::Durable)?;
+        let previous = match self.options().dedup {
+            Some(d) if d.delta && d.compression != Compression::None => {
+                previous.and_then(|p| self.previous_version(&repo, p))
+            }
+            _ => None,
+        };
         let store = self.store();
         let mut writer = repo.writer();
         let mut recipes = Vec::with_capacity(files.len());
@@ -163,7 +211,20 @@ impl Agent {
             };
             let reader =
                 StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
-            recipes.push(writer.add_file(&path_in_checkpoint(now_root, f), reader)?);
+            let path = path_in_checkpoint(now_root, f);
+            // The base is read like the file itself, straight from the store; a base that
+            // went away or changed costs deltas only (its bytes are checked).
+            let base = previous
+                .as_ref()
+                .and_then(|p| p.base_of(&path, files.len()));
+            let base_file = base.and_then(|(_, e)| self.open_snapshot_file(e).ok().flatten());
+            let base_reader = base_file
+                .as_ref()
+                .and_then(|file| StoreFileReader::new(store, file).ok());
+            let base = base
+                .zip(base_reader.as_ref())
+                .map(|((recipe, _), bytes)| FileBase { recipe, bytes });
+            recipes.push(writer.add_file_with_base(&path, reader, base)?);
         }
         let stats = writer.finish()?;
         let manifest = if now_root.kind == FileKind::File && recipes.len() == 1 {
@@ -186,6 +247,12 @@ impl Agent {
             repo.forget(ckpt)?;
             return Ok(false);
         }
+        if let Ok(mut latest) = self.latest_manifests.lock() {
+            latest.insert(
+                now_root.parent_dir().to_string(),
+                (ckpt.to_string(), manifest),
+            );
+        }
         if let Ok(mut s) = self.stats.lock() {
             s.uploaded_files += files.len() as u64;
             s.uploaded_bytes += stats.bytes;
@@ -194,11 +261,18 @@ impl Agent {
             s.dedup_bytes += stats.bytes;
             s.dedup_new_bytes += stats.new_bytes;
             s.dedup_stored_bytes += stats.stored_data_bytes + stats.stored_tree_bytes;
+            s.dedup_delta_chunks += stats.delta_chunks;
         }
         self.log(|| {
+            let against = previous.as_ref().map_or(String::new(), |p| {
+                format!(
+                    ", {} as deltas against {}",
+                    stats.delta_chunks, p.checkpoint
+                )
+            });
             format!(
                 "checkpoint {} complete in the dedup repository ({} files, {} bytes; {} of {} \
-                 chunks new, {} bytes stored) in {:.3} s",
+                 chunks new{against}, {} bytes stored) in {:.3} s",
                 now_root.path,
                 files.len(),
                 stats.bytes,
@@ -209,6 +283,30 @@ impl Agent {
             )
         });
         Ok(true)
+    }
+
+    /// Checkpoint `p` as the previous version of the next one in its series: its manifest
+    /// (remembered from storing it, else read back) and its files, still in the store. None
+    /// if the repository does not hold it; a failure to read it only costs deltas.
+    fn previous_version<'c>(&self, repo: &Repo, p: &Checkpoint<'c>) -> Option<PreviousVersion<'c>> {
+        let ckpt = key_of(&p.root.path);
+        let remembered = self
+            .latest_manifests
+            .lock()
+            .ok()
+            .and_then(|latest| latest.get(p.root.parent_dir()).cloned())
+            .filter(|(key, _)| key == ckpt)
+            .map(|(_, m)| m);
+        let manifest = match remembered {
+            Some(m) => m,
+            None => repo.read_manifest(ckpt).ok()??,
+        };
+        Some(PreviousVersion {
+            checkpoint: p.root.path.clone(),
+            root: p.root,
+            files: p.files.clone(),
+            recipes: manifest.files,
+        })
     }
 
     /// The manifests that could hold `key` (a durable name): its own (a single-file

@@ -2,6 +2,7 @@
 
 use std::io::{self, Read};
 
+use cascade_dedup::repo::BaseBytes;
 use cascade_store::{ChunkInfo, ChunkLocation, File, Store};
 
 use crate::Progress;
@@ -24,8 +25,6 @@ pub struct StoreFileReader<'a> {
     chunk_size: u64,
     len: u64,
     pos: u64,
-    /// Index into `chunks` of the first chunk not entirely before `pos`.
-    cursor: usize,
     progress: Option<(u64, Progress<'a>)>,
 }
 
@@ -44,7 +43,6 @@ impl<'a> StoreFileReader<'a> {
             chunk_size: store.chunk_size(),
             len,
             pos: 0,
-            cursor: 0,
             progress: None,
         })
     }
@@ -97,21 +95,19 @@ impl<'a> StoreFileReader<'a> {
         (pos == self.len).then_some(pieces)
     }
 
-    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.pos >= self.len || buf.is_empty() {
+    /// Reads at `pos`, at most up to the end of the store chunk holding it.
+    fn read_some_at(&self, pos: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if pos >= self.len || buf.is_empty() {
             return Ok(0);
         }
-        let index = self.pos / self.chunk_size;
-        let within = self.pos % self.chunk_size;
-        while self.cursor < self.chunks.len() && self.chunks[self.cursor].index < index {
-            self.cursor += 1;
-        }
+        let index = pos / self.chunk_size;
+        let within = pos % self.chunk_size;
         // Never cross a chunk boundary or the end of file in one step.
         let to_boundary = self.chunk_size - within;
-        let want = (buf.len() as u64).min(to_boundary).min(self.len - self.pos) as usize;
+        let want = (buf.len() as u64).min(to_boundary).min(self.len - pos) as usize;
         let chunk = self
             .chunks
-            .get(self.cursor)
+            .get(self.chunks.partition_point(|c| c.index < index))
             .filter(|c| c.index == index)
             .copied();
         let n = match chunk {
@@ -135,7 +131,8 @@ impl<'a> StoreFileReader<'a> {
                 // `region_addr` for as long as the `Store` this reader borrows is alive, and
                 // `start + n <= region_len` was checked above. The bytes belong to a chunk of
                 // this file (from its chunk list); the agent reads only files that are no
-                // longer being written, so no one writes them while we copy.
+                // longer being written, so no one writes them while we copy (a delta base,
+                // which its owner may remove meanwhile, is checked against its scores).
                 let src = unsafe {
                     std::slice::from_raw_parts((self.region_addr as *const u8).add(start), n)
                 };
@@ -147,20 +144,40 @@ impl<'a> StoreFileReader<'a> {
             _ => {
                 let n = self
                     .file
-                    .read_at(&mut buf[..want], self.pos)
+                    .read_at(&mut buf[..want], pos)
                     .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
                 if n == 0 {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         format!(
-                            "file shrank while being read (at {} of {} bytes)",
-                            self.pos, self.len
+                            "file shrank while being read (at {pos} of {} bytes)",
+                            self.len
                         ),
                     ));
                 }
                 n
             }
         };
+        Ok(n)
+    }
+
+    /// Reads at `pos` as much of `buf` as the file has (a read may span several chunks).
+    pub fn read_at(&self, pos: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = self.read_some_at(pos + filled as u64, &mut buf[filled..])?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        Ok(filled)
+    }
+}
+
+impl Read for StoreFileReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.read_at(self.pos, buf)?;
         self.pos += n as u64;
         if let Some((base, progress)) = self.progress {
             progress(base + self.pos);
@@ -169,17 +186,10 @@ impl<'a> StoreFileReader<'a> {
     }
 }
 
-impl Read for StoreFileReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        // Fill as much of `buf` as possible (a read may span several chunks).
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = self.read_some(&mut buf[filled..])?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
-        Ok(filled)
+/// A stored checkpoint file as the base of its next version's deltas (docs/dedup.md,
+/// "Delta blobs"): read by offset straight out of the store.
+impl BaseBytes for StoreFileReader<'_> {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> bool {
+        matches!(self.read_at(offset, buf), Ok(n) if n == buf.len())
     }
 }

@@ -17,7 +17,12 @@
 //!    their chunks;
 //! 4. through two staging servers (`cascade stage-server`), one of them killed with SIGKILL
 //!    after acknowledging blobs it could not push yet; before that, a new node reads the
-//!    checkpoints through from the servers' chunk stores (manifests not durable yet).
+//!    checkpoints through from the servers' chunk stores (manifests not durable yet);
+//! 5. deltas (docs/dedup.md, "Delta blobs") on the quick PyTorch series: each checkpoint is
+//!    stored against the previous one of its directory, still in the node store (directory
+//!    checkpoints, and single files of different names), also by a restarted agent that
+//!    reads the previous manifest back; fewer bytes are stored than with `--delta off`, and
+//!    every checkpoint restores bit for bit.
 
 #[path = "../../cascade-durable/tests/support/versitygw.rs"]
 mod versitygw;
@@ -590,5 +595,133 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
                 "{ckpt}/{rel} differs"
             );
         }
+    }
+}
+
+/// From a completion line: how many chunks were stored as deltas, and against which
+/// checkpoint; None if the line names no base.
+fn deltas_against(line: &str) -> Option<(u64, String)> {
+    let (before, after) = line.split_once(" as deltas against ")?;
+    let count = before.rsplit(' ').next()?.parse().ok()?;
+    let base = after.split([',', ' ']).next()?.to_string();
+    Some((count, base))
+}
+
+#[test]
+fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
+    let (_serial, _) = begin();
+    let series_dir = tempfile::tempdir().expect("series dir");
+    real_series::make_quick(series_dir.path(), &["torch"]);
+    let models: Vec<Vec<u8>> = real_series::snapshots(series_dir.path(), "torch")
+        .iter()
+        .map(|snap| std::fs::read(snap.join("model.pt")).expect("model.pt"))
+        .collect();
+    assert_eq!(models.len(), 3);
+
+    // The series stored without deltas, for comparison.
+    let plain_env = Env::new("dedup-nodelta", 256 << 20);
+    let plain_durable = tempfile::tempdir().expect("durable dir");
+    let plain_url = plain_durable.path().to_str().expect("utf-8").to_string();
+    let no_delta = [DEDUP[0], DEDUP[1], ("CASCADE_DEDUP_DELTA", "off")];
+    let mut agent = plain_env.agent(&plain_url, &no_delta);
+    for (i, model) in models.iter().enumerate() {
+        let ckpt = format!("/torch/snap-{i:02}");
+        write_checkpoint(&plain_env, &ckpt, &[("model.pt", model)]);
+        let line = wait_complete(&mut agent, &ckpt);
+        assert_eq!(deltas_against(&line), None, "{line}");
+    }
+    let without = cascade_agent::status(&plain_env.name).expect("status");
+    assert_eq!(without.dedup_delta_chunks, 0, "{without:?}");
+    stop_agent(&mut agent);
+
+    let env = Env::new("dedup-delta", 256 << 20);
+    let durable = tempfile::tempdir().expect("durable dir");
+    let url = durable.path().to_str().expect("utf-8").to_string();
+    let mut agent = env.agent(&url, &DEDUP);
+    write_checkpoint(&env, "/torch/snap-00", &[("model.pt", &models[0])]);
+    let first = wait_complete(&mut agent, "/torch/snap-00");
+    assert_eq!(deltas_against(&first), None, "nothing before it: {first}");
+    write_checkpoint(&env, "/torch/snap-01", &[("model.pt", &models[1])]);
+    let second = wait_complete(&mut agent, "/torch/snap-01");
+    let (deltas, base) = deltas_against(&second).unwrap_or_else(|| panic!("{second}"));
+    assert_eq!(base, "/torch/snap-00", "{second}");
+    assert!(deltas > 0, "{second}");
+    let with = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(with.dedup_delta_chunks, deltas, "{with:?}");
+    stop_agent(&mut agent);
+
+    // A restarted agent knows no manifest yet: it reads snap-01's back from the repository.
+    let mut agent = env.agent(&url, &DEDUP);
+    write_checkpoint(&env, "/torch/snap-02", &[("model.pt", &models[2])]);
+    let third = wait_complete(&mut agent, "/torch/snap-02");
+    let (deltas, base) = deltas_against(&third).unwrap_or_else(|| panic!("{third}"));
+    assert_eq!(base, "/torch/snap-01", "{third}");
+    assert!(deltas > 0, "{third}");
+    let restarted = cascade_agent::status(&env.name).expect("status");
+    let stored = with.dedup_stored_bytes + restarted.dedup_stored_bytes;
+    eprintln!(
+        "torch quick series: {stored} bytes stored with deltas, {} without",
+        without.dedup_stored_bytes
+    );
+    assert!(
+        stored * 100 < without.dedup_stored_bytes * 90,
+        "with deltas {stored} bytes stored, without {}",
+        without.dedup_stored_bytes
+    );
+
+    stop_agent(&mut agent);
+
+    // Single-file checkpoints of one directory, named per epoch (in a repository of their
+    // own: this one has their chunks already).
+    let files_env = Env::new("dedup-delta-files", 256 << 20);
+    let files_durable = tempfile::tempdir().expect("durable dir");
+    let files_url = files_durable.path().to_str().expect("utf-8").to_string();
+    let mut agent = files_env.agent(&files_url, &DEDUP);
+    files_env
+        .store()
+        .create_dir_all("/weights", 0o755)
+        .expect("mkdir /weights");
+    for (i, model) in models.iter().take(2).enumerate() {
+        let path = format!("/weights/model-{i}.pt");
+        files_env.write(&path, model);
+        files_env.cascade_ok(&["commit", &path], &[]);
+        let line = wait_complete(&mut agent, &path);
+        if i == 1 {
+            let (deltas, base) = deltas_against(&line).unwrap_or_else(|| panic!("{line}"));
+            assert_eq!(base, "/weights/model-0.pt", "{line}");
+            assert!(deltas > 0, "{line}");
+        }
+    }
+    stop_agent(&mut agent);
+    let dest = files_env.tmp.path().join("restored");
+    files_env.cascade_ok(
+        &[
+            "restore",
+            "weights/model-1.pt",
+            dest.to_str().expect("utf-8"),
+            "--from",
+            &files_url,
+        ],
+        &[],
+    );
+    assert!(std::fs::read(dest.join("model-1.pt")).expect("restored") == models[1]);
+
+    for (i, model) in models.iter().enumerate() {
+        let dest = env.tmp.path().join(format!("restored-{i}"));
+        let dest = dest.to_str().expect("utf-8");
+        env.cascade_ok(
+            &[
+                "restore",
+                &format!("torch/snap-{i:02}"),
+                dest,
+                "--from",
+                &url,
+            ],
+            &[],
+        );
+        assert!(
+            std::fs::read(Path::new(dest).join("model.pt")).expect("restored") == *model,
+            "snap-{i:02} differs"
+        );
     }
 }

@@ -64,7 +64,8 @@ fn store_bytes(store: &cascade_store::Store, path: &str) -> u64 {
     total
 }
 
-/// The configured dedup settings (`dedup.chunking`, `dedup.compress`); None when dedup is off.
+/// The configured dedup settings (`dedup.chunking`, `dedup.compress`, `dedup.delta`); None
+/// when dedup is off.
 pub fn dedup_options(config: &Config) -> Result<Option<DedupOptions>, Failure> {
     let chunking = config.text("dedup.chunking");
     if chunking == "off" {
@@ -83,6 +84,7 @@ pub fn dedup_options(config: &Config) -> Result<Option<DedupOptions>, Failure> {
     Ok(Some(DedupOptions {
         chunking,
         compression,
+        delta: config.text("dedup.delta") == "on",
     }))
 }
 

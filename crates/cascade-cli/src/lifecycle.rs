@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use cascade_agent::{Agent, AgentOptions};
 use cascade_config::{format_size, Config};
+use cascade_dedup::Compression;
 use cascade_durable::{DurableStore, Options as DurableOptions, Spec};
 use cascade_store::{FileKind, LifeEntry, Store};
 
@@ -68,7 +69,16 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::new(e.to_string()))?;
     let staging = agent.stats().staging;
     let dedup = match &agent.options().dedup {
-        Some(d) => format!(" (dedup repository: {}, {})", d.chunking, d.compression),
+        Some(d) => format!(
+            " (dedup repository: {}, {}{})",
+            d.chunking,
+            d.compression,
+            if d.delta && d.compression != Compression::None {
+                ", deltas"
+            } else {
+                ""
+            }
+        ),
         None => String::new(),
     };
     eprintln!(
@@ -93,11 +103,13 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let s = agent.stats();
     if s.dedup_checkpoints > 0 {
         eprintln!(
-            "cascade agent: dedup: {} checkpoints, {} of file data, {} new, {} stored",
+            "cascade agent: dedup: {} checkpoints, {} of file data, {} new, {} stored ({} chunks \
+             as deltas)",
             s.dedup_checkpoints,
             format_size(s.dedup_bytes),
             format_size(s.dedup_new_bytes),
-            format_size(s.dedup_stored_bytes)
+            format_size(s.dedup_stored_bytes),
+            s.dedup_delta_chunks
         );
     }
     eprintln!(

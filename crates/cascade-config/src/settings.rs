@@ -255,6 +255,19 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text("off".into()), String::new()),
     },
     SettingDef {
+        key: "dedup.delta",
+        env: "CASCADE_DEDUP_DELTA",
+        flag: Some("delta"),
+        value_name: "on|off",
+        help: "With compression on, the agent may store a new chunk of a checkpoint file as a compressed XOR with the same file of the previous checkpoint in its directory (still in memory), where that is smaller",
+        default_help: "on",
+        parse: |t| match t {
+            "on" | "off" => Ok(Value::Text(t.to_string())),
+            _ => Err("expected on or off".into()),
+        },
+        default: |_| (Value::Text("on".into()), String::new()),
+    },
+    SettingDef {
         key: "stage_server.listen",
         env: "CASCADE_STAGE_LISTEN",
         flag: Some("listen"),

@@ -25,6 +25,31 @@ const TRIALS: u64 = 16;
 /// where every value moves), one chunk in this many still tries one, to notice a change.
 const PROBE_EVERY: u64 = 16;
 
+/// The bytes of a file's previous version, read by offset: a slice or a mapped file
+/// (`AsRef<[u8]>`), or e.g. a file in the node store whose pieces are not contiguous.
+/// Whatever they yield is checked against the previous version's scores before use, so a
+/// source that changes under the reads costs ratio, never data.
+pub trait BaseBytes: Sync {
+    /// Fills `buf` with the bytes at `offset`; false if the source does not have them all.
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> bool;
+}
+
+impl<T: AsRef<[u8]> + Sync + ?Sized> BaseBytes for T {
+    fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> bool {
+        let bytes = self.as_ref();
+        let found = usize::try_from(offset)
+            .ok()
+            .and_then(|start| bytes.get(start..start.checked_add(buf.len())?));
+        match found {
+            Some(found) => {
+                buf.copy_from_slice(found);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// One chunk of the previous version, and whether a delta may use it as its base (it is in
 /// the index outside condemned packs, less than [`MAX_DELTA_DEPTH`] deep).
 #[derive(Debug, Clone)]
@@ -37,7 +62,7 @@ pub(crate) struct BaseChunk {
 
 /// The previous version of a file being added: its bytes and its chunks, in file order.
 pub(crate) struct BaseFile<'a> {
-    bytes: &'a [u8],
+    bytes: &'a dyn BaseBytes,
     chunks: Vec<BaseChunk>,
     /// Deltas tried in this file, and those that won: smaller than the chunk compressed
     /// alone by at least an eighth (trying costs a second compression).
@@ -46,13 +71,19 @@ pub(crate) struct BaseFile<'a> {
 }
 
 thread_local! {
-    static XORED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// The chunk being XORed, and the base chunk it is XORed with (copied out of the base's
+    /// source, then checked against its score).
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl<'a> BaseFile<'a> {
     /// `leaves` are the previous version's chunks ((score, length), as its recipe lists them);
     /// `usable` says which may be a base.
-    pub fn new(bytes: &'a [u8], leaves: &[(Score, u64)], usable: impl Fn(&Score) -> bool) -> Self {
+    pub fn new(
+        bytes: &'a dyn BaseBytes,
+        leaves: &[(Score, u64)],
+        usable: impl Fn(&Score) -> bool,
+    ) -> Self {
         let mut offset = 0u64;
         let chunks = leaves
             .iter()
@@ -82,15 +113,10 @@ impl<'a> BaseFile<'a> {
         tried < TRIALS || self.won.load(Ordering::Relaxed) * 4 >= tried || tried % PROBE_EVERY == 0
     }
 
-    /// The usable base chunk covering file offset `offset`, with its bytes, if they are what
-    /// its score says (the caller's bytes are checked, never trusted).
-    fn base_at(&self, offset: u64) -> Option<(&BaseChunk, &'a [u8])> {
+    /// The usable base chunk covering file offset `offset`.
+    fn base_at(&self, offset: u64) -> Option<&BaseChunk> {
         let i = self.chunks.partition_point(|c| c.offset + c.len <= offset);
-        let chunk = self.chunks.get(i).filter(|c| c.usable)?;
-        let start = usize::try_from(chunk.offset).ok()?;
-        let end = usize::try_from(chunk.offset + chunk.len).ok()?;
-        let bytes = self.bytes.get(start..end)?;
-        (score(bytes) == chunk.score).then_some((chunk, bytes))
+        self.chunks.get(i).filter(|c| c.usable)
     }
 
     /// The stored form of a new chunk at file offset `offset`: a delta against the base chunk
@@ -126,15 +152,22 @@ impl<'a> BaseFile<'a> {
         }
     }
 
+    /// `data` as a delta against the base chunk covering `offset`, if there is one and its
+    /// bytes are what its score says (the source's bytes are checked, never trusted).
     fn delta(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Packed> {
-        let (base, base_bytes) = self.base_at(offset)?;
+        let base = self.base_at(offset)?;
         let from = u32::try_from(offset - base.offset).ok()?;
-        XORED.with(|xored| {
-            let mut xored = xored.borrow_mut();
+        SCRATCH.with(|scratch| {
+            let (xored, base_bytes) = &mut *scratch.borrow_mut();
+            base_bytes.resize(usize::try_from(base.len).ok()?, 0);
+            if !self.bytes.read_exact_at(base.offset, base_bytes) || score(base_bytes) != base.score
+            {
+                return None;
+            }
             xored.clear();
             xored.extend_from_slice(data);
-            xor_with_base(&mut xored, base_bytes, from).ok()?;
-            let bytes = compression.compress_within(&xored, max_compressed_len(data.len()))?;
+            xor_with_base(xored, base_bytes, from).ok()?;
+            let bytes = compression.compress_within(xored, max_compressed_len(data.len()))?;
             Some(Packed {
                 bytes,
                 base: Some(DeltaBase {

@@ -30,7 +30,7 @@ use crate::ingest::{Chunk, Ingest, Packed};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
 use delta::BaseFile;
-pub use delta::MAX_DELTA_DEPTH;
+pub use delta::{BaseBytes, MAX_DELTA_DEPTH};
 use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored};
 use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
@@ -225,10 +225,10 @@ pub struct FileRecipe {
 
 /// The previous version of a file being added ([`RepoWriter::add_file_with_base`]): its
 /// recipe in this repository and its bytes (e.g. the previous checkpoint still in memory).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct FileBase<'a> {
     pub recipe: &'a FileRecipe,
-    pub bytes: &'a [u8],
+    pub bytes: &'a dyn BaseBytes,
 }
 
 /// What adding files cost and saved.
@@ -987,7 +987,8 @@ impl RepoWriter<'_> {
     /// [`RepoWriter::add_file`], given the previous version of the file (`base`): a new chunk
     /// may then be stored as a delta against the previous version's chunk at its offset
     /// (docs/dedup.md, "Delta blobs"). Only chunks of `base.bytes` that hash to the recipe's
-    /// scores are used, so wrong bytes cost ratio, never data.
+    /// scores are used, so wrong bytes cost ratio, never data; so does a recipe that cannot
+    /// be read.
     pub fn add_file_with_base(
         &mut self,
         path: &str,
@@ -996,17 +997,24 @@ impl RepoWriter<'_> {
     ) -> Result<FileRecipe> {
         self.register()?;
         self.file_packs = FilePacks::default();
-        let base = match base {
-            Some(b) if self.repo.compression != Compression::None => {
-                let leaves = self.repo.file_chunks(&parse_score(&b.recipe.root)?)?;
+        // A base whose recipe cannot be read (e.g. its checkpoint was pruned meanwhile) is
+        // no base: it would only have saved bytes.
+        let leaves = base
+            .filter(|_| self.repo.compression != Compression::None)
+            .and_then(|b| {
+                let root = parse_score(&b.recipe.root).ok()?;
+                Some((b.bytes, self.repo.file_chunks(&root).ok()?))
+            });
+        let base = match leaves {
+            Some((bytes, leaves)) => {
                 let index = self.repo.index.read().map_err(|_| poisoned())?;
-                Some(BaseFile::new(b.bytes, &leaves, |s| {
+                Some(BaseFile::new(bytes, &leaves, |s| {
                     index
                         .chain(s, false)
                         .is_some_and(|chain| chain.depth() < MAX_DELTA_DEPTH)
                 }))
             }
-            _ => None,
+            None => None,
         };
         let mut ingest = match self.ingest.take() {
             Some(ingest) => ingest,
