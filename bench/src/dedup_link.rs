@@ -4,9 +4,9 @@
 //! dedup-link.json. See bench/README.md.
 //!
 //! The durable store is bench/netns-s3.sh's versitygw behind `tc tbf` (1 Gbit/s each way).
-//! Per series (bench/datasets: torch, numpy, lammps) and mode (plain, dedup), a fresh node
-//! store and `cascade agent --durable URL/<fresh prefix>` (with `--dedup ... --compress ...`
-//! in dedup mode); then, snapshot by snapshot: `cascade put` of each file into `/ck.NN/`,
+//! Per series (bench/datasets: torch, numpy, lammps) and mode (plain; dedup, with
+//! `--dedup ... --compress ... --delta off`; delta, the same with `--delta on`, the default), a
+//! fresh node store and `cascade agent --durable URL/<fresh prefix>`; then, snapshot by snapshot: `cascade put` of each file into `/ck.NN/`,
 //! `cascade commit /ck.NN`, `cascade wait /ck.NN --level durable`. Measured: from the first
 //! put until `cascade wait` returned (time until durable), and the bytes the host end of the
 //! link sent meanwhile (its tx_bytes counter). The raw-bytes minimum is the snapshot's bytes
@@ -72,16 +72,30 @@ pub struct DedupLinkArgs {
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Plain,
+    /// Dedup and compression, no deltas.
     Dedup,
+    /// Dedup and compression with deltas against the previous checkpoint (the default).
+    Delta,
 }
+
+const MODES: [Mode; 3] = [Mode::Plain, Mode::Dedup, Mode::Delta];
 
 impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::Plain => "plain",
             Mode::Dedup => "dedup",
+            Mode::Delta => "delta",
         }
     }
+}
+
+/// One snapshot in one mode: seconds until durable, and the bytes the link carried (median
+/// over repetitions).
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeRow {
+    pub seconds: Stats,
+    pub wire: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,11 +104,16 @@ pub struct SnapRow {
     pub bytes: u64,
     /// bytes / tbf rate.
     pub link_min_s: Option<f64>,
-    pub plain_s: Stats,
-    pub dedup_s: Stats,
-    /// Bytes the link carried per mode (median over repetitions).
-    pub plain_wire: u64,
-    pub dedup_wire: u64,
+    pub plain: ModeRow,
+    pub dedup: ModeRow,
+    pub delta: ModeRow,
+}
+
+/// A series in one mode: sums over its snapshots of the per-snapshot medians.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ModeTotal {
+    pub seconds: f64,
+    pub wire: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -103,11 +122,9 @@ pub struct SeriesRow {
     pub snapshots: usize,
     pub bytes: u64,
     pub link_min_s: Option<f64>,
-    /// Sums over the series of the per-snapshot medians.
-    pub plain_s: f64,
-    pub dedup_s: f64,
-    pub plain_wire: u64,
-    pub dedup_wire: u64,
+    pub plain: ModeTotal,
+    pub dedup: ModeTotal,
+    pub delta: ModeTotal,
     pub snaps: Vec<SnapRow>,
 }
 
@@ -193,8 +210,20 @@ impl Node {
         let log2 = log.try_clone().ctx(|| "agent log")?;
         let mut cmd = node.cmd();
         cmd.args(["agent", "--verbose", "--durable", &node.url]);
-        if mode == Mode::Dedup {
-            cmd.args(["--dedup", &a.dedup, "--compress", &a.compress]);
+        let delta = match mode {
+            Mode::Plain => None,
+            Mode::Dedup => Some("off"),
+            Mode::Delta => Some("on"),
+        };
+        if let Some(delta) = delta {
+            cmd.args([
+                "--dedup",
+                &a.dedup,
+                "--compress",
+                &a.compress,
+                "--delta",
+                delta,
+            ]);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
         // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies.
@@ -395,43 +424,43 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
         let n = snapshots.unwrap_or(s.snaps.len()).min(s.snaps.len());
         let mut runs: Vec<(Mode, RunOut)> = Vec::new();
         for rep in 0..a.reps.max(1) {
-            // The mode that goes first alternates with the repetition.
-            let order = if rep % 2 == 0 {
-                [Mode::Plain, Mode::Dedup]
-            } else {
-                [Mode::Dedup, Mode::Plain]
-            };
-            for mode in order {
+            // The mode that goes first rotates with the repetition.
+            for k in 0..MODES.len() {
+                let mode = MODES[(k + rep) % MODES.len()];
                 runs.push((mode, run_once(&bin, &a, &s, n, mode, rep)?));
             }
         }
-        let per = |mode: Mode, i: usize| -> (Vec<f64>, Vec<u64>) {
-            runs.iter().filter(|r| r.0 == mode).map(|r| r.1[i]).unzip()
+        let per = |mode: Mode, i: usize| -> ModeRow {
+            let (secs, wire): (Vec<f64>, Vec<u64>) =
+                runs.iter().filter(|r| r.0 == mode).map(|r| r.1[i]).unzip();
+            ModeRow {
+                seconds: Stats::of(&secs),
+                wire: median_u64(&wire),
+            }
         };
-        let mut snaps = Vec::new();
-        for (i, snap) in s.snaps.iter().take(n).enumerate() {
-            let (ps, pw) = per(Mode::Plain, i);
-            let (ds, dw) = per(Mode::Dedup, i);
-            snaps.push(SnapRow {
+        let snaps: Vec<SnapRow> = (s.snaps.iter().take(n).enumerate())
+            .map(|(i, snap)| SnapRow {
                 snapshot: snap.name.clone(),
                 bytes: snap.bytes(),
                 link_min_s: rate.map(|r| snap.bytes() as f64 / r),
-                plain_s: Stats::of(&ps),
-                dedup_s: Stats::of(&ds),
-                plain_wire: median_u64(&pw),
-                dedup_wire: median_u64(&dw),
-            });
-        }
+                plain: per(Mode::Plain, i),
+                dedup: per(Mode::Dedup, i),
+                delta: per(Mode::Delta, i),
+            })
+            .collect();
+        let total = |row: fn(&SnapRow) -> &ModeRow| ModeTotal {
+            seconds: snaps.iter().map(|r| row(r).seconds.median).sum(),
+            wire: snaps.iter().map(|r| row(r).wire).sum(),
+        };
         let bytes = snaps.iter().map(|r| r.bytes).sum();
         rows.push(SeriesRow {
             series: name.clone(),
             snapshots: n,
             bytes,
             link_min_s: rate.map(|r| bytes as f64 / r),
-            plain_s: snaps.iter().map(|r| r.plain_s.median).sum(),
-            dedup_s: snaps.iter().map(|r| r.dedup_s.median).sum(),
-            plain_wire: snaps.iter().map(|r| r.plain_wire).sum(),
-            dedup_wire: snaps.iter().map(|r| r.dedup_wire).sum(),
+            plain: total(|r| &r.plain),
+            dedup: total(|r| &r.dedup),
+            delta: total(|r| &r.delta),
             snaps,
         });
     }
@@ -464,13 +493,15 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             name: format!("{}: durable over the link with dedup", r.series),
             goal: "below the time the raw bytes need on the link".to_string(),
             measured: format!(
-                "{:.2} s with dedup, {:.2} s plain, raw bytes need {}",
-                r.dedup_s,
-                r.plain_s,
+                "{:.2} s with dedup and deltas (the default), {:.2} s without deltas, {:.2} s \
+                 plain, raw bytes need {}",
+                r.delta.seconds,
+                r.dedup.seconds,
+                r.plain.seconds,
                 r.link_min_s
                     .map_or("?".to_string(), |m| format!("{m:.2} s"))
             ),
-            met: r.link_min_s.map(|m| r.dedup_s < m),
+            met: r.link_min_s.map(|m| r.delta.seconds < m),
         })
         .collect();
     let md = markdown(&rep, &targets);
@@ -487,8 +518,10 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
         s,
         "# Time until durable over a 1 Gbit/s link, with and without dedup\n\n\
          Generated {} by `bench/run.sh --suite dedup-link` ({:.0} s; source {}). Durable store \
-         {} behind {}. Dedup mode: `cascade agent --dedup {} --compress {}`; plain mode: the \
-         agent's plain layout (files uploaded as they are closed). Each snapshot of a series is \
+         {} behind {}. Dedup mode: `cascade agent --dedup {} --compress {} --delta off`; delta \
+         mode: the same with `--delta on` (the default: changed chunks as compressed XORs with \
+         the previous checkpoint, docs/dedup.md); plain mode: the agent's plain layout (files \
+         uploaded as they are closed). Each snapshot of a series is \
          put into a fresh node store (`cascade put`), committed, and waited for (`cascade wait \
          --level durable`); **seconds** run from the first put until the wait returned, \
          **on the link** is what the host end of the shaped link sent meanwhile (its tx_bytes: \
@@ -505,22 +538,26 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
     );
     let _ = writeln!(
         s,
-        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | dedup / raw minimum | on the link plain | on the link dedup |\n|---|---|---|---|---|---|---|---|---|"
+        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rep.series {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} | **{:.2}** | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {} | {} | {} | {} |",
             r.series,
             r.snapshots,
             size_str(r.bytes),
             opt_s(r.link_min_s),
-            r.plain_s,
-            r.dedup_s,
-            r.link_min_s
-                .map_or("–".to_string(), |m| format!("{:.2}x", r.dedup_s / m)),
-            size_str(r.plain_wire),
-            size_str(r.dedup_wire)
+            r.plain.seconds,
+            r.dedup.seconds,
+            r.delta.seconds,
+            r.link_min_s.map_or("–".to_string(), |m| format!(
+                "{:.2}x",
+                r.delta.seconds / m
+            )),
+            size_str(r.plain.wire),
+            size_str(r.dedup.wire),
+            size_str(r.delta.wire)
         );
     }
     let _ = writeln!(
@@ -538,20 +575,22 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
     for r in rep.series {
         let _ = writeln!(
             s,
-            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | on the link plain | on the link dedup |\n|---|---|---|---|---|---|---|",
+            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | on the link plain | on the link dedup | on the link delta |\n|---|---|---|---|---|---|---|---|---|",
             r.series
         );
         for x in &r.snaps {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.2} | {:.2} | {} | {} |",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
                 x.snapshot,
                 size_str(x.bytes),
                 opt_s(x.link_min_s),
-                x.plain_s.median,
-                x.dedup_s.median,
-                size_str(x.plain_wire),
-                size_str(x.dedup_wire)
+                x.plain.seconds.median,
+                x.dedup.seconds.median,
+                x.delta.seconds.median,
+                size_str(x.plain.wire),
+                size_str(x.dedup.wire),
+                size_str(x.delta.wire)
             );
         }
     }
