@@ -22,7 +22,11 @@
 //!    stored against the previous one of its directory, still in the node store (directory
 //!    checkpoints, and single files of different names), also by a restarted agent that
 //!    reads the previous manifest back; fewer bytes are stored than with `--delta off`, and
-//!    every checkpoint restores bit for bit.
+//!    every checkpoint restores bit for bit;
+//! 6. the agent killed with SIGKILL while storing a checkpoint as deltas (after some of its
+//!    packs are written, before its manifest): the base checkpoint still restores, the
+//!    interrupted one is not complete, and a restarted agent stores it again as deltas
+//!    against the same base; it restores bit for bit.
 
 #[path = "../../cascade-durable/tests/support/versitygw.rs"]
 mod versitygw;
@@ -724,4 +728,98 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
             "snap-{i:02} differs"
         );
     }
+}
+
+/// `len` bytes of float32 "weights" (a smooth function of the index, shifted by `seed`), each
+/// scaled by `1 + nudge`: a training step that moves every value a little.
+fn weights(len: usize, seed: u64, nudge: f32) -> Vec<u8> {
+    (0..len / 4)
+        .flat_map(|i| {
+            let x = (i as f32 * 0.37 + seed as f32).sin() * (1.0 + nudge);
+            x.to_le_bytes()
+        })
+        .collect()
+}
+
+#[test]
+fn agent_killed_while_storing_deltas_loses_nothing_complete() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-kill-delta", 256 << 20);
+    let durable = tempfile::tempdir().expect("durable dir");
+    let url = durable.path().to_str().expect("utf-8").to_string();
+    let names = ["a.bin", "b.bin", "c.bin"];
+    let version = |nudge: f32| -> Vec<Vec<u8>> {
+        (0..names.len() as u64)
+            .map(|i| weights(24 << 20, i, nudge))
+            .collect()
+    };
+    let files = |data: &[Vec<u8>]| -> Vec<(&str, Vec<u8>)> {
+        names.iter().copied().zip(data.iter().cloned()).collect()
+    };
+    let first = version(0.0);
+    let second = version(1e-4);
+    let mut agent = env.agent(&url, &DEDUP);
+    let refs = files(&first);
+    let refs: Vec<(&str, &[u8])> = refs.iter().map(|(n, d)| (*n, d.as_slice())).collect();
+    write_checkpoint(&env, "/ck.1", &refs);
+    wait_complete(&mut agent, "/ck.1");
+    let packs_before = packs(durable.path()).len();
+
+    let manifest = durable.path().join(".cascade-dedup/manifests/ck.2.json");
+    let refs = files(&second);
+    let refs: Vec<(&str, &[u8])> = refs.iter().map(|(n, d)| (*n, d.as_slice())).collect();
+    write_checkpoint(&env, "/ck.2", &refs);
+    wait_for("a pack of /ck.2 in the durable store", WAIT, || {
+        packs(durable.path()).len() > packs_before
+    });
+    agent.kill9();
+    assert!(
+        !manifest.exists(),
+        "the manifest was written before the agent was killed; the test needs a bigger checkpoint"
+    );
+
+    let restore = |ckpt: &str, dest: &Path| {
+        env.cascade(
+            &[
+                "restore",
+                ckpt,
+                dest.to_str().expect("utf-8"),
+                "--from",
+                &url,
+            ],
+            &[],
+        )
+    };
+    let check = |dest: &Path, data: &[Vec<u8>]| {
+        for (name, want) in names.iter().zip(data) {
+            assert!(
+                std::fs::read(dest.join(name)).expect("restored") == *want,
+                "{} differs",
+                dest.join(name).display()
+            );
+        }
+    };
+    let r1 = env.tmp.path().join("r1");
+    let out = restore("ck.1", &r1);
+    assert!(out.ok(), "{out}");
+    check(&r1, &first);
+    let refused = restore("ck.2", &env.tmp.path().join("r2-early"));
+    assert!(
+        !refused.ok(),
+        "an interrupted checkpoint restored: {refused}"
+    );
+
+    // A new agent reads /ck.1's manifest back and stores /ck.2 as deltas against it again.
+    let mut agent2 = env.agent(&url, &DEDUP);
+    let line = wait_complete(&mut agent2, "/ck.2");
+    let (deltas, base) = deltas_against(&line).unwrap_or_else(|| panic!("{line}"));
+    assert_eq!(base, "/ck.1", "{line}");
+    assert!(deltas > 0, "{line}");
+    stop_agent(&mut agent2);
+    let r2 = env.tmp.path().join("r2");
+    let out = restore("ck.2", &r2);
+    assert!(out.ok(), "{out}");
+    check(&r2, &second);
+    let out = restore("ck.1", &env.tmp.path().join("r1-again"));
+    assert!(out.ok(), "{out}");
 }
