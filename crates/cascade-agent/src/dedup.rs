@@ -42,17 +42,28 @@ impl PreviousVersion<'_> {
     /// file at the same path, or the one file of a checkpoint that is one file; its recipe
     /// and its store entry, if the store still holds the version the recipe describes.
     fn base_of(&self, path: &str, files: usize) -> Option<(&FileRecipe, &LifeEntry)> {
-        let recipe = match self.recipes.iter().find(|r| r.path == path) {
-            Some(r) => r,
-            None if files == 1 && self.recipes.len() == 1 => &self.recipes[0],
-            None => return None,
-        };
+        let recipe = matching_recipe(&self.recipes, path, files)?;
         let entry = self
             .files
             .iter()
             .find(|f| path_in_checkpoint(self.root, f) == recipe.path)
             .filter(|f| f.durable() && f.size == recipe.size)?;
         Some((recipe, entry))
+    }
+}
+
+/// Of the previous checkpoint's `recipes`, the previous version of the file at `path` (in a
+/// checkpoint of `files` files): the file at the same path, or the one file when both
+/// checkpoints are one file each (single files named per epoch, say).
+pub(crate) fn matching_recipe<'r>(
+    recipes: &'r [FileRecipe],
+    path: &str,
+    files: usize,
+) -> Option<&'r FileRecipe> {
+    match recipes.iter().find(|r| r.path == path) {
+        Some(r) => Some(r),
+        None if files == 1 && recipes.len() == 1 => recipes.first(),
+        None => None,
     }
 }
 

@@ -134,16 +134,23 @@ pub(crate) fn marker_file(recipe: &cascade_dedup::repo::FileRecipe) -> MarkerFil
     }
 }
 
+/// What [`drain_checkpoint_dedup`] moved, what it cost, and the checkpoint its deltas are
+/// against (durable name), if any.
+pub type DedupDrain = (Report, cascade_dedup::repo::WriteStats, Option<String>);
+
 /// Stores the checkpoint at `path` in the dedup repository `repo` under
 /// [`checkpoint_name`]`(path)` (docs/dedup.md): every file is cut into chunks read straight
 /// from the store, each chunk the repository lacks is stored once (compressed where it pays),
-/// then the index and, last, the manifest. Returns what was moved and what it cost.
+/// then the index and, last, the manifest. With `delta`, each file is added with the same
+/// file of the previous drained checkpoint of its directory as its base ([`previous_drained`]).
+/// Returns what was moved and what it cost.
 pub fn drain_checkpoint_dedup(
     store: &Store,
     path: &str,
     repo: &cascade_dedup::repo::Repo,
+    delta: bool,
     progress: Progress<'_>,
-) -> Result<(Report, cascade_dedup::repo::WriteStats)> {
+) -> Result<DedupDrain> {
     let started = Instant::now();
     let ckpt = checkpoint_name(path)?;
     let single_file = !store
@@ -151,6 +158,11 @@ pub fn drain_checkpoint_dedup(
         .map_err(|e| Error::store(path, e))?
         .is_dir();
     let files = checkpoint_files(store, path)?;
+    let previous = if delta && repo.compression() != cascade_dedup::Compression::None {
+        previous_drained(store, repo, path)
+    } else {
+        None
+    };
     // A plain marker of an earlier drain would be read instead of the new manifest.
     repo.durable()
         .delete_marker(&ckpt)
@@ -159,8 +171,29 @@ pub fn drain_checkpoint_dedup(
     let mut recipes = Vec::with_capacity(files.len());
     let mut done = 0u64;
     for (rel, store_path) in &files {
+        // The previous version, read straight from the store; bytes that are not what its
+        // recipe says cost deltas, never data.
+        let base = previous.as_ref().and_then(|(prev_path, manifest)| {
+            let recipe = dedup::matching_recipe(&manifest.files, rel, files.len())?;
+            let base_path = if manifest.single_file {
+                prev_path.clone()
+            } else {
+                format!("{prev_path}/{}", recipe.path)
+            };
+            let file = store
+                .open(&base_path, &OpenOptions::new().read(true))
+                .ok()?;
+            Some((recipe, file))
+        });
+        let base_reader = base
+            .as_ref()
+            .and_then(|(_, file)| StoreFileReader::new(store, file).ok());
+        let base = base
+            .as_ref()
+            .zip(base_reader.as_ref())
+            .map(|((recipe, _), bytes)| cascade_dedup::repo::FileBase { recipe, bytes });
         let recipe = read_store_file(store, store_path, done, progress, |reader| {
-            Ok(writer.add_file(rel, reader)?)
+            Ok(writer.add_file_with_base(rel, reader, base)?)
         })?;
         done += recipe.size;
         progress(done);
@@ -173,15 +206,44 @@ pub fn drain_checkpoint_dedup(
         repo.write_manifest(&ckpt, recipes)?
     };
     let files = manifest.files.iter().map(marker_file).collect();
-    Ok((
-        Report {
-            checkpoint: ckpt,
-            files,
-            bytes: done,
-            seconds: started.elapsed().as_secs_f64(),
-        },
-        stats,
-    ))
+    let report = Report {
+        checkpoint: ckpt,
+        files,
+        bytes: done,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let against = previous.and_then(|(p, _)| checkpoint_name(&p).ok());
+    Ok((report, stats, against))
+}
+
+/// The previous checkpoint of `path`'s series for a drain: of the committed checkpoints of
+/// the same kind (a directory, or a file) in the same store directory, committed before it
+/// (or any, if it is not committed), the newest of the three newest that has a manifest in
+/// `repo`; its store path and manifest.
+pub fn previous_drained(
+    store: &Store,
+    repo: &cascade_dedup::repo::Repo,
+    path: &str,
+) -> Option<(String, cascade_dedup::repo::Manifest)> {
+    let root = store.life_tree(path).ok()?.into_iter().next()?;
+    let parent = root.parent_dir().to_string();
+    let mut siblings: Vec<_> = store
+        .life_tree(&parent)
+        .ok()?
+        .into_iter()
+        .filter(|e| {
+            e.parent_dir() == parent
+                && e.path != root.path
+                && e.kind == root.kind
+                && e.committed
+                && (!root.committed || e.commit_seq < root.commit_seq)
+        })
+        .collect();
+    siblings.sort_by_key(|e| std::cmp::Reverse(e.commit_seq));
+    siblings.into_iter().take(3).find_map(|e| {
+        let manifest = repo.read_manifest(&checkpoint_name(&e.path).ok()?).ok()??;
+        Some((e.path, manifest))
+    })
 }
 
 /// Uploads the checkpoint at `path` in the store (a directory, or a single file) to

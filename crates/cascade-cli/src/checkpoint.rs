@@ -113,9 +113,11 @@ pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure
     let durable = Arc::new(open_durable(url)?);
     if let Some(repo) = repo_for_writing(config, &durable)? {
         let bar = progress_bar(store_bytes(&store, path));
-        let drained =
-            cascade_agent::drain_checkpoint_dedup(&store, path, &repo, &|n| bar.set_position(n));
-        let (report, stats) = match drained {
+        let delta = dedup_options(config)?.is_some_and(|d| d.delta);
+        let drained = cascade_agent::drain_checkpoint_dedup(&store, path, &repo, delta, &|n| {
+            bar.set_position(n)
+        });
+        let (report, stats, against) = match drained {
             Ok(done) => done,
             Err(err) => {
                 bar.abandon();
@@ -131,8 +133,11 @@ pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure
         );
         println!("{}", summary("drain", path, &to, &report));
         let stored = stats.stored_data_bytes + stats.stored_tree_bytes;
+        let against = against.map_or(String::new(), |base| {
+            format!(", {} as deltas against {base}", stats.delta_chunks)
+        });
         println!(
-            "  {} of {} chunks new ({}), {} stored",
+            "  {} of {} chunks new ({}){against}, {} stored",
             stats.new_chunks,
             stats.chunks,
             format_size(stats.new_bytes),

@@ -259,3 +259,92 @@ fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
     sb.ok(&["restore", "ck2", s(&dest), "--from", &url]);
     assert!(std::fs::read(dest.join("b.dat")).unwrap() == big);
 }
+
+/// `len` bytes of float32 "weights", each scaled by `1 + nudge`: a training step that moves
+/// every value a little.
+fn weights(len: usize, nudge: f32) -> Vec<u8> {
+    (0..len / 4)
+        .flat_map(|i| ((i as f32 * 0.37).sin() * (1.0 + nudge)).to_le_bytes())
+        .collect()
+}
+
+/// "D as deltas against CKPT" from drain's output, if it names a base.
+fn deltas_in(out: &str) -> Option<(u64, String)> {
+    let (before, after) = out.split_once(" as deltas against ")?;
+    let count = before.rsplit(' ').next()?.parse().ok()?;
+    let base = after.split([',', ' ']).next()?.to_string();
+    Some((count, base))
+}
+
+/// Bytes stored, from drain's "..., N stored" line.
+fn stored_in(out: &str) -> String {
+    let line = out
+        .lines()
+        .find(|l| l.contains("chunks new"))
+        .unwrap_or_else(|| panic!("no chunk line: {out}"));
+    line.rsplit(", ").next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn drain_with_dedup_stores_the_next_checkpoint_as_deltas_against_the_previous_one() {
+    let sb = Sandbox::new("ckpt-delta");
+    sb.ok(&["init", "--capacity", "64MiB", "--prefault", "off"]);
+    let local = sb.dir.path().join("in");
+    std::fs::create_dir_all(&local).unwrap();
+    let versions = [weights(4 << 20, 0.0), weights(4 << 20, 1e-6)];
+    sb.ok(&["mkdir", "-p", "/run/ck.1", "/run/ck.2"]);
+    for (i, data) in versions.iter().enumerate() {
+        let file = local.join(format!("v{i}"));
+        std::fs::write(&file, data).unwrap();
+        let ckpt = format!("/run/ck.{}", i + 1);
+        sb.ok(&["put", s(&file), &format!("{ckpt}/model.bin")]);
+        sb.ok(&["commit", &ckpt]);
+    }
+    // Fixed chunks: a chunk of the next version lies exactly on its base (a content-defined
+    // cut may straddle two base chunks; the part past the first is not XORed).
+    let dedup = ["--dedup", "fixed:16KiB", "--compress", "zstd:1"];
+    let drain = |ckpt: &str, repo: &str, extra: &[&str]| {
+        let url = format!("file://{}", sb.dir.path().join(repo).display());
+        sb.ok(&[&["drain", ckpt, "--to", &url][..], &dedup[..], extra].concat())
+    };
+    // Without deltas, then with (the default).
+    drain("/run/ck.1", "plain", &["--delta", "off"]);
+    let without = drain("/run/ck.2", "plain", &["--delta", "off"]);
+    assert_eq!(deltas_in(&without), None, "{without}");
+    let first = drain("/run/ck.1", "delta", &[]);
+    assert_eq!(deltas_in(&first), None, "nothing before it: {first}");
+    let with = drain("/run/ck.2", "delta", &[]);
+    let (deltas, base) = deltas_in(&with).unwrap_or_else(|| panic!("{with}"));
+    assert_eq!(base, "run/ck.1", "{with}");
+    assert!(deltas > 0, "{with}");
+    let bytes = |text: String| -> u64 {
+        let n = text.trim_end_matches(" stored");
+        n.parse::<u64>()
+            .ok()
+            .or_else(|| cascade_config::parse_size(n).ok())
+            .unwrap_or_else(|| panic!("{text}"))
+    };
+    let (with_bytes, without_bytes) = (bytes(stored_in(&with)), bytes(stored_in(&without)));
+    eprintln!("ck.2: {with_bytes} bytes stored with deltas, {without_bytes} without");
+    assert!(
+        with_bytes * 2 < without_bytes,
+        "with deltas {with_bytes} bytes stored, without {without_bytes}"
+    );
+
+    let url = format!("file://{}", sb.dir.path().join("delta").display());
+    for (i, data) in versions.iter().enumerate() {
+        let dest = sb.dir.path().join(format!("restored-{i}"));
+        sb.ok(&[
+            "restore",
+            &format!("run/ck.{}", i + 1),
+            s(&dest),
+            "--from",
+            &url,
+        ]);
+        assert!(
+            std::fs::read(dest.join("model.bin")).unwrap() == *data,
+            "ck.{} differs",
+            i + 1
+        );
+    }
+}

@@ -259,7 +259,7 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_DEDUP_DELTA",
         flag: Some("delta"),
         value_name: "on|off",
-        help: "With compression on, the agent may store a new chunk of a checkpoint file as a compressed XOR with the same file of the previous checkpoint in its directory (still in memory), where that is smaller",
+        help: "With compression on, a new chunk of a checkpoint file may be stored as a compressed XOR with the same file of the previous checkpoint in its directory (still in the store), where that is smaller",
         default_help: "on",
         parse: |t| match t {
             "on" | "off" => Ok(Value::Text(t.to_string())),
