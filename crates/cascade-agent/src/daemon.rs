@@ -153,9 +153,10 @@ pub struct Agent {
     staging: Option<Staging>,
     /// The dedup repository, opened at first use.
     pub(crate) repo: Mutex<Option<Arc<cascade_dedup::repo::Repo>>>,
-    /// Per series (directory), the checkpoint last stored in the repository and its
-    /// manifest: the base of the next one's deltas, without reading it back.
-    pub(crate) latest_manifests: Mutex<HashMap<String, (String, cascade_dedup::repo::Manifest)>>,
+    /// Per series (directory), the checkpoint last stored in the repository and its files'
+    /// recipes (from its manifest): the base of the next one's deltas, without a read.
+    pub(crate) latest_manifests:
+        Mutex<HashMap<String, (String, Vec<cascade_dedup::repo::FileRecipe>)>>,
     _registration: AgentRegistration,
 }
 

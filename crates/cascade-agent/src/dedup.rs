@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use cascade_dedup::repo::{FileBase, FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
-use cascade_store::{FileKind, LifeEntry};
+use cascade_store::{FileKind, LifeEntry, Store};
 
 use crate::daemon::{key_of, path_in_checkpoint, Agent, Checkpoint, PassOutcome};
 use crate::reader::StoreFileReader;
@@ -65,6 +65,19 @@ pub(crate) fn matching_recipe<'r>(
         None if files == 1 && recipes.len() == 1 => recipes.first(),
         None => None,
     }
+}
+
+/// Runs `f` with the delta base made of a recipe and the open store file it describes (read
+/// by offset straight from the store), if there is one.
+pub(crate) fn with_base<T>(
+    store: &Store,
+    base: Option<&(&FileRecipe, cascade_store::File)>,
+    f: impl FnOnce(Option<FileBase<'_>>) -> T,
+) -> T {
+    let reader = base.and_then(|(_, file)| StoreFileReader::new(store, file).ok());
+    f(base
+        .zip(reader.as_ref())
+        .map(|((recipe, _), bytes)| FileBase { recipe, bytes }))
 }
 
 /// A checkpoint file found in a manifest of the repository.
@@ -228,14 +241,11 @@ impl Agent {
             let base = previous
                 .as_ref()
                 .and_then(|p| p.base_of(&path, files.len()));
-            let base_file = base.and_then(|(_, e)| self.open_snapshot_file(e).ok().flatten());
-            let base_reader = base_file
-                .as_ref()
-                .and_then(|file| StoreFileReader::new(store, file).ok());
             let base = base
-                .zip(base_reader.as_ref())
-                .map(|((recipe, _), bytes)| FileBase { recipe, bytes });
-            recipes.push(writer.add_file_with_base(&path, reader, base)?);
+                .and_then(|(recipe, e)| Some((recipe, self.open_snapshot_file(e).ok().flatten()?)));
+            recipes.push(with_base(store, base.as_ref(), |base| {
+                writer.add_file_with_base(&path, reader, base)
+            })?);
         }
         let stats = writer.finish()?;
         let manifest = if now_root.kind == FileKind::File && recipes.len() == 1 {
@@ -261,7 +271,7 @@ impl Agent {
         if let Ok(mut latest) = self.latest_manifests.lock() {
             latest.insert(
                 now_root.parent_dir().to_string(),
-                (ckpt.to_string(), manifest),
+                (ckpt.to_string(), manifest.files),
             );
         }
         if let Ok(mut s) = self.stats.lock() {
@@ -307,16 +317,16 @@ impl Agent {
             .ok()
             .and_then(|latest| latest.get(p.root.parent_dir()).cloned())
             .filter(|(key, _)| key == ckpt)
-            .map(|(_, m)| m);
-        let manifest = match remembered {
-            Some(m) => m,
-            None => repo.read_manifest(ckpt).ok()??,
+            .map(|(_, recipes)| recipes);
+        let recipes = match remembered {
+            Some(recipes) => recipes,
+            None => repo.read_manifest(ckpt).ok()??.files,
         };
         Some(PreviousVersion {
             checkpoint: p.root.path.clone(),
             root: p.root,
             files: p.files.clone(),
-            recipes: manifest.files,
+            recipes,
         })
     }
 

@@ -185,15 +185,10 @@ pub fn drain_checkpoint_dedup(
                 .ok()?;
             Some((recipe, file))
         });
-        let base_reader = base
-            .as_ref()
-            .and_then(|(_, file)| StoreFileReader::new(store, file).ok());
-        let base = base
-            .as_ref()
-            .zip(base_reader.as_ref())
-            .map(|((recipe, _), bytes)| cascade_dedup::repo::FileBase { recipe, bytes });
         let recipe = read_store_file(store, store_path, done, progress, |reader| {
-            Ok(writer.add_file_with_base(rel, reader, base)?)
+            dedup::with_base(store, base.as_ref(), |base| {
+                Ok(writer.add_file_with_base(rel, reader, base)?)
+            })
         })?;
         done += recipe.size;
         progress(done);
