@@ -13,8 +13,8 @@
 //! the last snapshot restored into files and checked against the source's BLAKE3, and (in
 //! the first repetition) every snapshot restored and checked. restic, borg, cp and zstd run as
 //! processes (fresh repositories; CPU from getrusage(RUSAGE_CHILDREN)). Parts `breakdown` and
-//! `profile` explain where the ingest time goes: each stage of the ingest path timed on its
-//! own, and `perf record` of one ingest.
+//! `profile` put the ingest time in proportion: each step of the ingest's work timed alone on
+//! one thread (reference passes), and `perf record` of one ingest.
 
 use crate::report::{machine_table, utc_string, Target};
 use crate::util::{self, err, prefix, Context, Interference, Machine, Res, Stats};
@@ -48,7 +48,7 @@ pub enum Part {
     Zstd,
     /// Reading and BLAKE3-hashing the series (the floor of any dedup).
     Hash,
-    /// Each stage of the ingest path timed on its own.
+    /// Each step of the ingest's work timed alone on one thread (reference passes).
     Breakdown,
     /// `perf record` of one ingest per series (default configuration, disk store).
     Profile,
@@ -588,35 +588,50 @@ pub struct HashOut {
     pub threads: usize,
 }
 
-/// One stage of the ingest path, timed on its own over the whole series.
+/// One step of the ingest's work, timed alone on one thread over the whole series.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Stage {
+    /// "read", "cut-points", "score-1t", "hash-1t", "compress-1t", "pack-hash-1t",
+    /// "pack-write-1t".
     pub key: String,
-    /// The store of the instrumented writer's pass (None: a reference pass in memory).
+    /// The store written to ("pack-write-1t"; None: a pass over the series in memory, or the
+    /// read).
     pub store: Option<String>,
     pub seconds: f64,
-    pub threads: usize,
-    /// Bytes the stage processed.
+    /// Bytes the step processed.
     pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BreakdownOut {
     pub input: u64,
+    /// rayon's threads in the child (one per core).
+    pub threads: usize,
     pub chunks: u64,
+    /// The first occurrence of each score in the series: what the writer stores.
     pub fresh_chunks: u64,
     pub fresh_bytes: u64,
     /// New chunks zstd was tried on but that did not pay (stored raw).
     pub raw_chunks: u64,
     pub raw_bytes: u64,
+    /// Bytes into packs (the new chunks in their stored form).
     pub stored_bytes: u64,
+    /// Packs of DEFAULT_PACK_SIZE bytes (the last one smaller).
     pub packs: u64,
     pub stages: Vec<Stage>,
 }
 
 impl BreakdownOut {
-    /// A reference stage (no store).
-    pub fn stage(&self, key: &str) -> Option<&Stage> {
+    fn push(&mut self, key: &str, store: Option<&str>, seconds: f64, bytes: u64) {
+        self.stages.push(Stage {
+            key: key.to_string(),
+            store: store.map(str::to_string),
+            seconds,
+            bytes,
+        });
+    }
+    /// A pass in memory (or the read).
+    fn stage(&self, key: &str) -> Option<&Stage> {
         self.stages
             .iter()
             .find(|s| s.key == key && s.store.is_none())
@@ -624,14 +639,14 @@ impl BreakdownOut {
     fn secs(&self, key: &str) -> f64 {
         self.stage(key).map_or(0.0, |s| s.seconds)
     }
-    /// A step of the instrumented writer's pass into `store`.
-    pub fn step(&self, key: &str, store: StoreKind) -> Option<&Stage> {
+    /// The pack writes into `store`.
+    fn pack_writes(&self, store: StoreKind) -> Option<&Stage> {
         self.stages
             .iter()
-            .find(|s| s.key == key && s.store.as_deref() == Some(store.name()))
+            .find(|s| s.key == "pack-write-1t" && s.store.as_deref() == Some(store.name()))
     }
-    fn step_secs(&self, key: &str, store: StoreKind) -> f64 {
-        self.step(key, store).map_or(0.0, |s| s.seconds)
+    fn write_secs(&self, store: StoreKind) -> f64 {
+        self.pack_writes(store).map_or(0.0, |s| s.seconds)
     }
 }
 
@@ -974,201 +989,25 @@ fn hash_job(j: &HashJob) -> Res<HashOut> {
     Ok(out)
 }
 
-/// Chunks scored and compressed together in the repository (its BATCH_BYTES).
-const BATCH_BYTES: usize = 8 << 20;
+/// read() calls of the reference read pass: 8 MiB into one reused buffer.
+const READ_BYTES: usize = 8 << 20;
 /// The repository's pack size (DEFAULT_PACK_SIZE).
 const PACK_BYTES: usize = cascade_dedup::repo::DEFAULT_PACK_SIZE;
 
-/// A copy of `RepoWriter::add_file` + `finish` (cascade-dedup/src/repo/mod.rs) with a timer
-/// around each step: the same reads, chunk iterator, batches, rayon calls, allocations, packs
-/// and durable-store writes, in the same order. Not in it: recipe trees, pack trailers, the
-/// index object and manifests (small), and the index's lock.
-struct Replica<'a> {
-    compression: Compression,
-    durable: &'a DurableStore,
-    written: HashSet<[u8; 32]>,
-    pack: Vec<u8>,
-    packs: u64,
-    stored: u64,
-    chunks: u64,
-    fresh_chunks: u64,
-    fresh_bytes: u64,
-    raw_chunks: u64,
-    raw_bytes: u64,
-    /// Seconds by step.
-    t: BTreeMap<&'static str, f64>,
-}
-
-impl Replica<'_> {
-    fn add(&mut self, step: &'static str, since: Instant) {
-        *self.t.entry(step).or_default() += since.elapsed().as_secs_f64();
-    }
-
-    fn file(&mut self, chunking: Chunking, path: &Path) -> Res<()> {
-        let f = std::fs::File::open(path).ctx(|| format!("opening {}", path.display()))?;
-        let mut hasher = blake3::Hasher::new();
-        let mut batch: Vec<Vec<u8>> = Vec::new();
-        let mut batch_bytes = 0;
-        let mut chunks = chunking.stream(f);
-        loop {
-            let t = Instant::now();
-            let next = chunks.next();
-            self.add("stream-chunk", t);
-            let Some(item) = next else { break };
-            let (_, data) = item.ctx(|| format!("chunking {}", path.display()))?;
-            let t = Instant::now();
-            hasher.update(&data);
-            self.add("file-hash", t);
-            batch_bytes += data.len();
-            batch.push(data);
-            if batch_bytes >= BATCH_BYTES {
-                self.batch(std::mem::take(&mut batch))?;
-                batch_bytes = 0;
-            }
-        }
-        self.batch(batch)?;
-        std::hint::black_box(hasher.finalize());
-        Ok(())
-    }
-
-    fn batch(&mut self, batch: Vec<Vec<u8>>) -> Res<()> {
-        let t = Instant::now();
-        let scores: Vec<[u8; 32]> = batch
-            .par_iter()
-            .map(|c| *blake3::hash(c).as_bytes())
-            .collect();
-        self.add("score", t);
-        let t = Instant::now();
-        let fresh: Vec<bool> = scores.iter().map(|s| !self.written.contains(s)).collect();
-        self.add("dedup-index", t);
-        let t = Instant::now();
-        let compression = self.compression;
-        let compressed: Vec<Option<Vec<u8>>> = batch
-            .par_iter()
-            .zip(fresh.par_iter())
-            .map(|(c, &f)| if f { compression.compress(c) } else { None })
-            .collect();
-        self.add("compress", t);
-        for ((data, s), packed) in batch.iter().zip(&scores).zip(compressed) {
-            self.chunks += 1;
-            let t = Instant::now();
-            let new = !self.written.contains(s);
-            if new {
-                self.written.insert(*s);
-            }
-            self.add("dedup-index", t);
-            if new {
-                self.fresh_chunks += 1;
-                self.fresh_bytes += data.len() as u64;
-                if packed.is_none() && self.compression != Compression::None {
-                    self.raw_chunks += 1;
-                    self.raw_bytes += data.len() as u64;
-                }
-                let t = Instant::now();
-                let bytes: &[u8] = packed.as_deref().unwrap_or(data);
-                self.pack.extend_from_slice(bytes);
-                self.stored += bytes.len() as u64;
-                self.add("pack-copy", t);
-                if self.pack.len() >= PACK_BYTES {
-                    self.flush()?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Res<()> {
-        if self.pack.is_empty() {
-            return Ok(());
-        }
-        let t = Instant::now();
-        let id = blake3::hash(&self.pack);
-        self.add("pack-hash", t);
-        let pack = std::mem::take(&mut self.pack);
-        let t = Instant::now();
-        self.durable
-            .put_buffers(
-                &format!("packs/{}/{}", &id.to_hex()[..2], id.to_hex()),
-                vec![bytes::Bytes::from(pack)],
-            )
-            .ctx(|| "writing a pack")?;
-        self.add("put", t);
-        self.packs += 1;
-        Ok(())
-    }
-}
-
-/// Where the ingest time goes: the instrumented copy of the writer (once per store), then
-/// reference passes over the series in memory (read, cut points, scores and zstd on one
-/// thread).
+/// What the ingest's work costs, each step alone on one thread over the whole series: read()
+/// of the files, then with the series in memory the cut points, the chunk scores, the
+/// whole-file BLAKE3, zstd of the new chunks and the packs' ids, then (once per store) the
+/// pack writes. The writer runs these steps overlapped in its pipeline (crates/cascade-dedup:
+/// ingest.rs, repo/upload.rs); these passes time the work, not the pipeline.
 fn breakdown(j: &BreakdownJob) -> Res<BreakdownOut> {
     let (chunking, compression) = parse_pair(&j.chunking, &j.compression)?;
-    let threads = rayon::current_num_threads();
-    let mut out = BreakdownOut::default();
-    for (name, dir) in &j.stores {
-        let spec = dir.to_string_lossy().into_owned();
-        let durable = DurableStore::open(&spec).ctx(|| format!("opening {spec}"))?;
-        let mut r = Replica {
-            compression,
-            durable: &durable,
-            written: HashSet::new(),
-            pack: Vec::new(),
-            packs: 0,
-            stored: 0,
-            chunks: 0,
-            fresh_chunks: 0,
-            fresh_bytes: 0,
-            raw_chunks: 0,
-            raw_bytes: 0,
-            t: BTreeMap::new(),
-        };
-        let t = Instant::now();
-        for p in &j.files {
-            r.file(chunking, p)?;
-        }
-        r.flush()?;
-        let total = t.elapsed().as_secs_f64();
-        out.chunks = r.chunks;
-        out.fresh_chunks = r.fresh_chunks;
-        out.fresh_bytes = r.fresh_bytes;
-        out.raw_chunks = r.raw_chunks;
-        out.raw_bytes = r.raw_bytes;
-        out.stored_bytes = r.stored;
-        out.packs = r.packs;
-        for (k, secs) in &r.t {
-            let par = matches!(*k, "score" | "compress");
-            out.stages.push(Stage {
-                key: k.to_string(),
-                store: Some(name.clone()),
-                seconds: *secs,
-                threads: if par { threads } else { 1 },
-                bytes: 0,
-            });
-        }
-        out.stages.push(Stage {
-            key: "total".into(),
-            store: Some(name.clone()),
-            seconds: total,
-            threads,
-            bytes: 0,
-        });
-        drop(r);
-        drop(durable);
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    let mut stage = |key: &str, seconds: f64, threads: usize, bytes: u64| {
-        out.stages.push(Stage {
-            key: key.to_string(),
-            store: None,
-            seconds,
-            threads,
-            bytes,
-        })
+    let mut out = BreakdownOut {
+        threads: rayon::current_num_threads(),
+        ..BreakdownOut::default()
     };
-    // References: read() into one reused 8 MiB buffer (no fresh memory), then the series in
-    // memory.
+    // read() into one reused 8 MiB buffer (no fresh memory), from the page cache.
     let t = Instant::now();
-    let mut buf = vec![0u8; BATCH_BYTES];
+    let mut buf = vec![0u8; READ_BYTES];
     let mut n = 0u64;
     for p in &j.files {
         let mut f = std::fs::File::open(p).ctx(|| format!("opening {}", p.display()))?;
@@ -1182,14 +1021,16 @@ fn breakdown(j: &BreakdownJob) -> Res<BreakdownOut> {
             n += k as u64;
         }
     }
-    stage("read", t.elapsed().as_secs_f64(), 1, n);
+    out.push("read", None, t.elapsed().as_secs_f64(), n);
     drop(buf);
+    // The series in memory from here on.
     let data = read_all(&j.files)?;
     let input: u64 = data.iter().map(|d| d.len() as u64).sum();
+    out.input = input;
     let t = Instant::now();
     let ranges: Vec<Vec<std::ops::Range<usize>>> =
         data.iter().map(|d| chunking.split(d).collect()).collect();
-    stage("cut-points", t.elapsed().as_secs_f64(), 1, input);
+    out.push("cut-points", None, t.elapsed().as_secs_f64(), input);
     let chunks: Vec<&[u8]> = data
         .iter()
         .zip(&ranges)
@@ -1197,25 +1038,107 @@ fn breakdown(j: &BreakdownJob) -> Res<BreakdownOut> {
         .collect();
     let t = Instant::now();
     let scores: Vec<[u8; 32]> = chunks.iter().map(|c| *blake3::hash(c).as_bytes()).collect();
-    stage("score-1t", t.elapsed().as_secs_f64(), 1, input);
+    out.push("score-1t", None, t.elapsed().as_secs_f64(), input);
     let t = Instant::now();
     for d in &data {
         std::hint::black_box(blake3::hash(d));
     }
-    stage("hash-1t", t.elapsed().as_secs_f64(), 1, input);
-    if compression != Compression::None {
-        let mut seen: HashSet<[u8; 32]> = HashSet::new();
-        let mut fresh_bytes = 0u64;
+    out.push("hash-1t", None, t.elapsed().as_secs_f64(), input);
+    // The new chunks: the first occurrence of each score in the series (the writer stores a
+    // chunk neither the repository nor itself has).
+    let mut seen: HashSet<[u8; 32]> = HashSet::new();
+    let fresh: Vec<&[u8]> = chunks
+        .iter()
+        .zip(&scores)
+        .filter(|(_, s)| seen.insert(**s))
+        .map(|(c, _)| *c)
+        .collect();
+    out.chunks = chunks.len() as u64;
+    out.fresh_chunks = fresh.len() as u64;
+    out.fresh_bytes = fresh.iter().map(|c| c.len() as u64).sum();
+    // zstd of the new chunks as the writer does it: `compress` gives a frame only where it
+    // saves an eighth of the chunk.
+    let packed: Vec<Option<Vec<u8>>> = if compression == Compression::None {
+        vec![None; fresh.len()]
+    } else {
         let t = Instant::now();
-        for (c, s) in chunks.iter().zip(&scores) {
-            if seen.insert(*s) {
-                fresh_bytes += c.len() as u64;
-                std::hint::black_box(compression.compressed_len(c));
+        let v: Vec<Option<Vec<u8>>> = fresh.iter().map(|c| compression.compress(c)).collect();
+        out.push(
+            "compress-1t",
+            None,
+            t.elapsed().as_secs_f64(),
+            out.fresh_bytes,
+        );
+        v
+    };
+    // Packs: the stored form of each new chunk (its frame, or the chunk itself where
+    // compression did not pay), appended until a pack holds DEFAULT_PACK_SIZE bytes.
+    let mut packs: Vec<Vec<u8>> = Vec::new();
+    let mut pack: Vec<u8> = Vec::new();
+    for (c, z) in fresh.iter().zip(&packed) {
+        let bytes: &[u8] = match z {
+            Some(z) => z,
+            None => {
+                if compression != Compression::None {
+                    out.raw_chunks += 1;
+                    out.raw_bytes += c.len() as u64;
+                }
+                c
             }
+        };
+        pack.extend_from_slice(bytes);
+        if pack.len() >= PACK_BYTES {
+            packs.push(std::mem::take(&mut pack));
         }
-        stage("compress-1t", t.elapsed().as_secs_f64(), 1, fresh_bytes);
     }
-    out.input = input;
+    if !pack.is_empty() {
+        packs.push(pack);
+    }
+    drop(packed);
+    drop(fresh);
+    drop(chunks);
+    drop(data);
+    out.stored_bytes = packs.iter().map(|p| p.len() as u64).sum();
+    out.packs = packs.len() as u64;
+    // The packs' ids (the BLAKE3 of each pack, which names its object).
+    let t = Instant::now();
+    let ids: Vec<blake3::Hash> = packs.iter().map(|p| blake3::hash(p)).collect();
+    out.push(
+        "pack-hash-1t",
+        None,
+        t.elapsed().as_secs_f64(),
+        out.stored_bytes,
+    );
+    let keys: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            let hex = id.to_hex();
+            format!("{DEFAULT_PREFIX}/packs/{}/{hex}", &hex[..2])
+        })
+        .collect();
+    let packs: Vec<bytes::Bytes> = packs.into_iter().map(bytes::Bytes::from).collect();
+    // The pack writes: one `put_buffers` after the other into a fresh durable store, from a
+    // clean start (a syncfs first, untimed: each measured ingest on the disk ends with one).
+    for (name, dir) in &j.stores {
+        let spec = dir.to_string_lossy().into_owned();
+        let durable = DurableStore::open(&spec).ctx(|| format!("opening {spec}"))?;
+        std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+        syncfs(dir)?;
+        let t = Instant::now();
+        for (key, p) in keys.iter().zip(&packs) {
+            durable
+                .put_buffers(key, vec![p.clone()])
+                .ctx(|| format!("writing a pack into {spec}"))?;
+        }
+        out.push(
+            "pack-write-1t",
+            Some(name),
+            t.elapsed().as_secs_f64(),
+            out.stored_bytes,
+        );
+        drop(durable);
+        let _ = std::fs::remove_dir_all(dir);
+    }
     Ok(out)
 }
 
@@ -2028,8 +1951,8 @@ fn run_series(rig: &Rig, s: &Series, res: &mut DResults) {
         });
     }
     if o.want(Part::Breakdown) {
-        // The instrumented replica of add_file has no deltas: +delta rows would repeat
-        // their configuration without it.
+        // The reference passes have no deltas: +delta rows would repeat their configuration
+        // without them.
         for (i, c) in o.configs.iter().enumerate().filter(|(_, c)| !c.delta) {
             util::settle();
             match rig.breakdown(s, i) {
@@ -2520,7 +2443,7 @@ fn markdown(rep: &Report) -> String {
     reduction_section(&mut s, o, r);
     startup(&mut s, o, r);
     hashing(&mut s, r);
-    breakdown_section(&mut s, o, r);
+    work_section(&mut s, o, r);
     profile_section(&mut s, r);
     analysis(&mut s, o, r);
     let _ = writeln!(s, "\n## Datasets\n");
@@ -2960,59 +2883,102 @@ fn measured_s(r: &DResults, series: &str, method: &str, store: StoreKind) -> Opt
         .map(|y| Stats::of(&y.samples.iter().map(|z| z.seconds).collect::<Vec<_>>()).median)
 }
 
-/// The steps of the writer's path, in order (key, label).
-const PATH_STAGES: [(&str, &str); 8] = [
-    (
-        "stream-chunk",
-        "chunking as add_file does it: `Chunking::stream` over the `File` (read() + cut points + a `Vec` per chunk), 1 thread",
-    ),
-    ("file-hash", "whole-file BLAKE3, updated chunk by chunk, 1 thread"),
-    ("score", "chunk scores (BLAKE3 per chunk), all cores per 8 MiB batch"),
-    ("dedup-index", "dedup lookups and inserts (hash set), 1 thread"),
-    ("compress", "zstd of the new chunks, all cores per 8 MiB batch"),
-    ("pack-copy", "appending new chunks to the pack buffer, 1 thread"),
-    ("pack-hash", "BLAKE3 of each 16 MiB pack (its id), 1 thread"),
-    ("put", "`put_buffers` of each pack into the durable store, 1 thread"),
-];
-
-/// Predicted ingest seconds for `store`: the sum of the instrumented writer's steps.
-fn predicted(b: &BreakdownOut, store: StoreKind) -> f64 {
-    PATH_STAGES.iter().map(|(k, _)| b.step_secs(k, store)).sum()
+/// Median CPU seconds (all threads) of the ingest of `method` on `series` in `store`.
+fn measured_cpu_s(r: &DResults, series: &str, method: &str, store: StoreKind) -> Option<f64> {
+    find(r, series, method, store)
+        .map(|y| Stats::of(&y.samples.iter().map(|z| z.cpu_s).collect::<Vec<_>>()).median)
 }
 
+/// The reference passes in memory (and the read), in the writer's order (key, label).
+const REFERENCES: [(&str, &str); 6] = [
+    (
+        "read",
+        "read() of the files, 8 MiB calls into one reused buffer (page cache)",
+    ),
+    ("cut-points", "cut points (`Chunking::split`)"),
+    ("score-1t", "chunk scores (BLAKE3 of each chunk)"),
+    ("hash-1t", "whole-file BLAKE3"),
+    (
+        "compress-1t",
+        "zstd of the new chunks (`Compression::compress`; GB/s of the new bytes)",
+    ),
+    (
+        "pack-hash-1t",
+        "pack ids (BLAKE3 of each pack; GB/s of the bytes into packs)",
+    ),
+];
+
 /// Seconds if each necessary step ran once, spread over all cores: read + cut points + chunk
-/// scores + compression of new chunks + pack writes (first store).
-fn ideal_s(b: &BreakdownOut, threads: usize, store: StoreKind) -> f64 {
+/// scores + compression of new chunks + pack writes into `store`.
+fn ideal_s(b: &BreakdownOut, store: StoreKind) -> f64 {
     (b.secs("read")
         + b.secs("cut-points")
         + b.secs("score-1t")
         + b.secs("compress-1t")
-        + b.step_secs("put", store))
-        / threads.max(1) as f64
+        + b.write_secs(store))
+        / b.threads.max(1) as f64
 }
 
-fn breakdown_section(s: &mut String, o: &DOpts, r: &DResults) {
-    if r.breakdown.is_empty() {
+/// Seconds of every step the writer runs, once each on one thread: the reference passes
+/// (with the whole-file BLAKE3 and the pack ids) and the pack writes into `store`.
+fn steps_s(b: &BreakdownOut, store: StoreKind) -> f64 {
+    REFERENCES.iter().map(|(k, _)| b.secs(k)).sum::<f64>() + b.write_secs(store)
+}
+
+fn work_section(s: &mut String, o: &DOpts, r: &DResults) {
+    let Some(first) = r.breakdown.first() else {
         return;
-    }
-    let threads = r.hashing.first().map_or(2, |h| h.threads);
-    let _ = writeln!(s, "\n## Where the ingest time goes\n");
+    };
+    let threads = first.out.threads.max(1);
+    let window_mib = cascade_dedup::ingest::WINDOW_BYTES >> 20;
+    let pack_mib = PACK_BYTES >> 20;
+    let _ = writeln!(s, "\n## What the work costs\n");
     let _ = writeln!(
         s,
-        "`RepoWriter::add_file` reads the file through `Chunking::stream` on the caller's \
-         thread and feeds every chunk into a whole-file BLAKE3 hasher on that thread; every \
-         8 MiB of chunks it scores them (BLAKE3) and compresses the new ones on all cores \
-         (rayon), then appends the new ones to the 16 MiB pack buffer; a full pack is hashed \
-         (its id) and written with a synchronous `put_buffers`, again on the caller's thread. \
-         None of these steps overlap. To see what each costs, a child process runs an \
-         instrumented copy of that loop (bench/src/dedup.rs, `Replica`: the same reads, \
-         chunk iterator, batches, rayon calls, allocations and durable-store writes, with a \
-         timer around each step; without recipe trees, trailers, index and manifests) over \
-         the whole series, once per store, and then reference passes over the series in \
-         memory. Cells: seconds for the whole series and, in brackets, the share of the \
-         measured ingest (the median of the runs above, same series, configuration and \
-         store); steps of the disk pass unless said. The residual is what the real writer \
-         spends beyond the steps (index lock, recipe trees, manifests, timer gaps, noise).\n"
+        "**How the writer runs** (crates/cascade-dedup/src/ingest.rs, repo/mod.rs, \
+         repo/upload.rs; docs/dedup.md, \"Ingest pipeline\" and \"Order of writes\"). \
+         `RepoWriter::add_file` reads the file with read() into windows of {window_mib} MiB \
+         (`WINDOW_BYTES`, at least twice the largest chunk): three buffers, reused, that \
+         turn in a ring. Each turn starts three things together (`rayon::join`, on rayon's \
+         pool of {threads} threads here): window *i*'s chunks are scored (BLAKE3 of each \
+         chunk) and those whose score the repository's index lacks are compressed \
+         (`Compression::compress`: a zstd frame, kept only where it saves an eighth; with \
+         `add_file_with_base`, possibly a delta against the base), chunk by chunk on every \
+         thread, beside one task that adds window *i* to the whole-file \
+         BLAKE3; window *i+1* is read and its cut points found (one task); and window *i−1* \
+         is handed to the writer (one task), which looks each chunk up, appends the new ones \
+         in their stored form to the pack being filled and, once the pack holds {pack_mib} \
+         MiB (`DEFAULT_PACK_SIZE`; a writer's first three packs an eighth, a quarter and a \
+         half of that), queues it for two uploader threads, which hash it (its id) and write \
+         it with `put_buffers` while the writer fills the next; one pack at most waits in \
+         the queue, beyond that the writer waits. A turn ends when all three are done. After \
+         each file the writer stores its recipe blocks; `finish` waits for the uploads, then \
+         writes the index object. So the work spreads over every core, except three tasks \
+         per window that each run on one thread (the read and cut points of the next \
+         window, the whole-file BLAKE3 of this one, the writer's bookkeeping of the previous \
+         one), and the pack writes run beside all of it on threads of their own.\n"
+    );
+    let _ = writeln!(
+        s,
+        "**The work, step by step.** To put the measured ingest in proportion, a child \
+         process times each step of that work alone, on one thread, over the whole series \
+         (every snapshot's files in order; configurations with `+delta` are left out): \
+         read() of the files from the page cache; with the series in memory, the cut points, \
+         the chunk scores, the whole-file BLAKE3, zstd of the new chunks (each score's first \
+         occurrence in the series: the chunks the writer stores) and the pack ids; and per \
+         store the pack writes: the new chunks in their stored form (the zstd frame, or the \
+         chunk where compression does not pay) concatenated into objects of {pack_mib} MiB, \
+         written one after the other with `DurableStore::put_buffers` into a fresh directory \
+         on the store (after an untimed syncfs of it: each measured ingest on the disk ends \
+         with one). Not timed: dedup lookups, pack copies, recipe blocks, the index object \
+         and manifests. Each pass runs once per configuration (not repeated). Cells: seconds for the whole series and, in brackets, GB/s of the \
+         bytes the step processed (the input unless said). *Each necessary step once, spread \
+         over {threads} cores*: read + cut points + scores + zstd + pack writes, divided by \
+         the cores (the goals analysis below uses the same sum; the whole-file BLAKE3 and the \
+         pack ids, which the format asks for, are outside it). *Every step above once, one \
+         thread*: the sum of all rows, the CPU time the work itself takes. The measured \
+         ingest is the median of the runs above (same series, configuration and store), with \
+         its CPU time (all threads).\n"
     );
     for x in &r.series {
         let rows: Vec<&BreakdownRow> = r.breakdown.iter().filter(|b| b.series == x.name).collect();
@@ -3020,130 +2986,83 @@ fn breakdown_section(s: &mut String, o: &DOpts, r: &DResults) {
             continue;
         }
         let _ = writeln!(s, "**{}** ({}):\n", x.name, mb(x.input_bytes));
-        let mut head = "| step |".to_string();
+        let mut head = "| step (one thread) |".to_string();
         let mut line = "|---|".to_string();
         for b in &rows {
             let _ = write!(head, " `{}` |", b.config);
             line.push_str("---|");
         }
         let _ = writeln!(s, "{head}\n{line}");
-        let meas = |b: &BreakdownRow, st: StoreKind| measured_s(r, &x.name, &b.config, st);
-        let cell = |secs: f64, of: Option<f64>| match of {
-            Some(m) if m > 0.0 => format!("{secs:.2} ({:.0} %)", 100.0 * secs / m),
-            _ => format!("{secs:.2}"),
+        let cell = |stg: Option<&Stage>, none: &str| match stg {
+            Some(stg) => format!(
+                "{:.2} ({:.2} GB/s)",
+                stg.seconds,
+                gbps(stg.bytes, stg.seconds)
+            ),
+            None => none.to_string(),
         };
-        let first = o.stores[0];
-        for (k, label) in PATH_STAGES {
-            let stores: Vec<StoreKind> = if k == "put" {
-                o.stores.clone()
-            } else {
-                vec![first]
-            };
-            for st in stores {
-                let label = if k == "put" || o.stores.len() == 1 {
-                    format!("{label} ({})", st.name())
-                } else {
-                    label.to_string()
-                };
-                let mut row = format!("| {label} |");
-                for b in &rows {
-                    let c = match b.out.step(k, st) {
-                        Some(stg) => cell(stg.seconds, meas(b, st)),
-                        None if k == "compress" => "— (none)".into(),
-                        None => "—".into(),
-                    };
-                    let _ = write!(row, " {c} |");
-                }
-                let _ = writeln!(s, "{row}");
-            }
-        }
-        for &store in &o.stores {
-            let n = store.name();
-            let mut p = format!("| **sum of the steps, {n} pass** |");
-            let mut w = format!("| the {n} pass, wall time (timer gaps included) |");
-            let mut m = format!("| **measured ingest, {n}** (median) |");
-            let mut d = format!("| residual (measured − sum of the steps), {n} |");
-            for b in &rows {
-                let pr = predicted(&b.out, store);
-                let me = meas(b, store);
-                let _ = write!(
-                    p,
-                    " **{}** ({:.3} GB/s) |",
-                    cell(pr, me),
-                    gbps(b.out.input, pr)
-                );
-                let _ = write!(w, " {} |", cell(b.out.step_secs("total", store), me));
-                match me {
-                    Some(v) => {
-                        let _ = write!(m, " **{v:.2}** ({:.3} GB/s) |", gbps(b.out.input, v));
-                        let _ = write!(d, " {} |", cell(v - pr, Some(v)));
-                    }
-                    None => {
-                        m.push_str(" — |");
-                        d.push_str(" — |");
-                    }
-                }
-            }
-            let _ = writeln!(s, "{p}\n{w}\n{m}\n{d}");
-        }
-        let mut row =
-            "| steps on the caller's thread (all but scores and zstd), disk pass |".to_string();
-        for b in &rows {
-            let st = first;
-            let serial = predicted(&b.out, st)
-                - b.out.step_secs("score", st)
-                - b.out.step_secs("compress", st);
-            let _ = write!(row, " {} |", cell(serial, meas(b, st)));
-        }
-        let _ = writeln!(s, "{row}");
-        let refs: [(&str, &str); 5] = [
-            (
-                "read",
-                "*reference:* read() of the files, 8 MiB calls into one buffer, 1 thread",
-            ),
-            (
-                "cut-points",
-                "*reference:* cut points alone, data in memory, 1 thread",
-            ),
-            (
-                "hash-1t",
-                "*reference:* BLAKE3 of each file in memory, 1 thread",
-            ),
-            ("score-1t", "*reference:* chunk scores, 1 thread"),
-            (
-                "compress-1t",
-                "*reference:* zstd of the new chunks, 1 thread",
-            ),
-        ];
-        for (k, label) in refs {
+        for (k, label) in REFERENCES {
             let mut row = format!("| {label} |");
             for b in &rows {
-                let c = b.out.stage(k).map_or("—".into(), |stg| {
-                    format!(
-                        "{:.2} ({:.2} GB/s)",
-                        stg.seconds,
-                        gbps(stg.bytes, stg.seconds)
-                    )
-                });
-                let _ = write!(row, " {c} |");
+                let none = if k == "compress-1t" {
+                    "— (none)"
+                } else {
+                    "—"
+                };
+                let _ = write!(row, " {} |", cell(b.out.stage(k), none));
             }
             let _ = writeln!(s, "{row}");
         }
-        let mut row = format!(
-            "| *reference:* each necessary step once, spread over {threads} cores (read + cut \
-             points + scores + zstd of new chunks + pack writes on {}) |",
-            first.name()
-        );
-        for b in &rows {
-            let i = ideal_s(&b.out, threads, first);
-            let _ = write!(row, " {i:.2} ({:.2} GB/s) |", gbps(b.out.input, i));
+        for &st in &o.stores {
+            let mut row = format!(
+                "| pack writes: `put_buffers` of each pack into the {} store (GB/s of the bytes \
+                 into packs) |",
+                st.name()
+            );
+            for b in &rows {
+                let _ = write!(row, " {} |", cell(b.out.pack_writes(st), "—"));
+            }
+            let _ = writeln!(s, "{row}");
         }
-        let _ = writeln!(s, "{row}");
-        let mut row = "| chunks; new chunks (new bytes); bytes into packs; packs |".to_string();
+        for &st in &o.stores {
+            let n = st.name();
+            let mut all = format!("| every step above once, one thread (pack writes: {n}) |");
+            let mut ideal = format!(
+                "| **each necessary step once, spread over {threads} cores** (read + cut points \
+                 + scores + zstd of new chunks + pack writes: {n}) |"
+            );
+            let mut meas = format!("| **measured ingest, {n}** (median; CPU s of all threads) |");
+            for b in &rows {
+                let a = steps_s(&b.out, st);
+                let i = ideal_s(&b.out, st);
+                let _ = write!(all, " {a:.2} ({:.2} GB/s) |", gbps(b.out.input, a));
+                let _ = write!(ideal, " **{i:.2}** ({:.2} GB/s) |", gbps(b.out.input, i));
+                match measured_s(r, &x.name, &b.config, st) {
+                    Some(m) => {
+                        let cpu = measured_cpu_s(r, &x.name, &b.config, st)
+                            .map_or(String::new(), |c| format!("; {c:.2} CPU s"));
+                        let _ = write!(
+                            meas,
+                            " **{m:.2}** ({:.3} GB/s{cpu}) |",
+                            gbps(b.out.input, m)
+                        );
+                    }
+                    None => meas.push_str(" — |"),
+                }
+            }
+            let _ = writeln!(s, "{all}\n{ideal}\n{meas}");
+        }
+        let mut row =
+            "| chunks; new chunks (new bytes); bytes into packs (new bytes stored raw); packs |"
+                .to_string();
         for b in &rows {
+            let raw = match b.out.stage("compress-1t") {
+                Some(_) => mb(b.out.raw_bytes),
+                None => "no zstd".to_string(),
+            };
             let _ = write!(
                 row,
-                " {}; {} ({}); {}; {} |",
+                " {}; {} ({}); {} ({raw}); {} |",
                 b.out.chunks,
                 b.out.fresh_chunks,
                 mb(b.out.fresh_bytes),
@@ -3224,16 +3143,16 @@ fn profile_section(s: &mut String, r: &DResults) {
 }
 
 fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
-    if r.breakdown.is_empty() {
+    let Some(first) = r.breakdown.first() else {
         return;
-    }
-    let threads = r.hashing.first().map_or(2, |h| h.threads);
+    };
+    let threads = first.out.threads.max(1);
     let st = if o.stores.contains(&StoreKind::Disk) {
         StoreKind::Disk
     } else {
         o.stores[0]
     };
-    let _ = writeln!(s, "\n## What is slow, and what to change\n");
+    let _ = writeln!(s, "\n## What bounds the ingest\n");
     // Can the goals be reached with this work at all?
     let def = &o.configs[0].label;
     let defs: Vec<&BreakdownRow> = r.breakdown.iter().filter(|b| b.config == *def).collect();
@@ -3242,7 +3161,7 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
             s,
             "**The ingest goal against the work itself.** 1 GB/s on {threads} cores leaves \
              {threads}.0 CPU seconds per GB. What `{def}` cannot avoid, each step once on one \
-             thread (reference rows of the breakdown), per GB of input:\n"
+             thread (reference rows of \"What the work costs\"), per GB of input:\n"
         );
         let _ = writeln!(
             s,
@@ -3253,11 +3172,7 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
             let x = &b.out;
             let gb = x.input as f64 / 1e9;
             let per = |v: f64| v / gb;
-            let sum = x.secs("read")
-                + x.secs("cut-points")
-                + x.secs("score-1t")
-                + x.secs("compress-1t")
-                + x.step_secs("put", st);
+            let sum = ideal_s(x, st) * threads as f64;
             let rate = find(r, &b.series, def, st)
                 .map_or("—".into(), |y| format!("{:.2} GB/s", 1.0 / y.reduction));
             let cp = find(r, &b.series, CP, st)
@@ -3270,7 +3185,7 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
                 per(x.secs("cut-points")),
                 per(x.secs("score-1t")),
                 per(x.secs("compress-1t")),
-                per(x.step_secs("put", st)),
+                per(x.write_secs(st)),
                 per(sum),
                 threads as f64 / per(sum),
                 measured_s(r, &b.series, def, st)
@@ -3280,12 +3195,12 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
         let _ = writeln!(
             s,
             "\nPack writes are the durable store's own cost: `put_buffers` into a directory is \
-             a buffered write of a new file (no fsync), and on this VM writing new files on \
-             the disk runs at about the speed of `cp -r` into it (last column; the kernel's \
-             copy into the page cache, `copy_folio_from_iter_atomic`, leads the profile). At \
-             1 GB/s of input the store has to take 1 / reduction GB/s; off the caller's \
-             thread that is feasible where it is below the `cp -r` figure, on it, it adds \
-             directly to the ingest time.\n"
+             a buffered write of a new file (no fsync: the kernel copies the bytes into the \
+             page cache, on the CPU of the thread that writes). At 1 GB/s of input the store \
+             has to take 1 / reduction GB/s (second-last column); `cp -r` into the same store \
+             (last column) shows what it takes from a plain copy. The writer hands full packs \
+             to two uploader threads, so the writes overlap the chunking, but on {threads} \
+             cores they take CPU time from it.\n"
         );
     }
     if let Some(best) = r
@@ -3320,130 +3235,107 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
             100.0 * (1.0 - 1.0 / d),
         );
     }
+    if defs.is_empty() {
+        return;
+    }
     let _ = writeln!(
         s,
-        "From the breakdown above ({} pass), per series and configuration: the measured \
-         ingest, the share of the steps that run on the caller's thread while the other \
-         core waits, the largest steps, and what the same work would take done once and \
-         spread over {threads} cores.\n",
+        "**What bounds the ingest now** (`{def}`, {} store; the reference passes of \"What \
+         the work costs\" against the measured runs). Three limits follow from the pipeline: \
+         the cores (every step the writer runs, once each, divided by the {threads} cores), \
+         the one-thread tasks of each window (a turn lasts at least as long as the read and \
+         cut points of the next window, and as the whole-file BLAKE3 of this one), and the \
+         store (its pack writes, here on one thread).\n",
         st.name()
     );
-    let _ = writeln!(
-        s,
-        "| series | configuration | measured GB/s | on the caller's thread | stream chunking (of which copies and reads beyond the cut points) | whole-file BLAKE3 | scores ({threads} cores) | zstd ({threads} cores) | pack copy + pack hash | pack writes | each step once on {threads} cores |\n|---|---|---|---|---|---|---|---|---|---|---|"
-    );
-    for b in &r.breakdown {
-        let Some(meas) = measured_s(r, &b.series, &b.config, st) else {
-            continue;
-        };
+    for b in &defs {
         let x = &b.out;
-        let pct = |v: f64| format!("{v:.2} s ({:.0} %)", 100.0 * v / meas);
-        let serial = predicted(x, st) - x.step_secs("score", st) - x.step_secs("compress", st);
-        let stream = x.step_secs("stream-chunk", st);
-        let extra = (stream - x.secs("cut-points")).max(0.0);
-        let ideal = ideal_s(x, threads, st);
-        let _ = writeln!(
-            s,
-            "| {} | `{}` | {:.3} | {} | {} ({:.2} s) | {} | {} | {} | {} | {} | {:.2} s ({:.2} GB/s) |",
-            b.series,
-            b.config,
-            gbps(x.input, meas),
-            pct(serial),
-            pct(stream),
-            extra,
-            pct(x.step_secs("file-hash", st)),
-            pct(x.step_secs("score", st)),
-            if x.step("compress", st).is_some() {
-                pct(x.step_secs("compress", st))
-            } else {
-                "—".into()
-            },
-            pct(x.step_secs("pack-copy", st) + x.step_secs("pack-hash", st)),
-            pct(x.step_secs("put", st)),
-            ideal,
-            gbps(x.input, ideal)
+        let gb = x.input as f64 / 1e9;
+        let steps = steps_s(x, st) / gb;
+        let share = |v: f64| 100.0 * v / gb / steps;
+        let cores = threads as f64 / steps;
+        let read_cut = (x.secs("read") + x.secs("cut-points")) / gb;
+        let hash = x.secs("hash-1t") / gb;
+        let one_thread = 1.0 / read_cut.max(hash);
+        let stored_per_input = x.stored_bytes as f64 / x.input.max(1) as f64;
+        let store_gbps = x.pack_writes(st).map(|p| gbps(p.bytes, p.seconds));
+        let store_bound = store_gbps.map(|g| g / stored_per_input.max(1e-9));
+        let mut line = format!("- **{}**: ", b.series);
+        match (
+            measured_s(r, &b.series, def, st),
+            measured_cpu_s(r, &b.series, def, st),
+        ) {
+            (Some(m), Some(cpu)) => {
+                let _ = write!(
+                    line,
+                    "measured {:.3} GB/s with {:.2} CPU s/GB, {:.2} of {threads} cores busy on \
+                     average. ",
+                    gbps(x.input, m),
+                    cpu / gb,
+                    cpu / m
+                );
+                let _ = write!(
+                    line,
+                    "The steps take {steps:.2} CPU s/GB ({}pack writes {:.0} %, whole-file \
+                     BLAKE3 and pack ids {:.0} %): at most {cores:.2} GB/s on {threads} cores \
+                     with nothing else, of which the measured ingest reaches {:.0} %; ",
+                    if x.stage("compress-1t").is_some() {
+                        format!("zstd {:.0} %, ", share(x.secs("compress-1t")))
+                    } else {
+                        "no zstd, ".to_string()
+                    },
+                    share(x.write_secs(st)),
+                    share(x.secs("hash-1t") + x.secs("pack-hash-1t")),
+                    100.0 * gbps(x.input, m) / cores
+                );
+                let beyond = cpu / gb - steps;
+                if beyond > 0.0 {
+                    let _ = write!(
+                        line,
+                        "the ingest's other {beyond:.2} CPU s/GB are not in the passes (such \
+                         as dedup lookups, pack copies, recipe blocks, index and manifests, page \
+                         faults, rayon's threads looking for work, and run-to-run noise). "
+                    );
+                } else {
+                    line.push_str(
+                        "the ingest used less CPU than the passes add up to (they ran at other \
+                         times, and on a shared machine both vary). ",
+                    );
+                }
+            }
+            _ => {
+                let _ = write!(
+                    line,
+                    "not measured in this run. The steps take {steps:.2} CPU s/GB: at most \
+                     {cores:.2} GB/s on {threads} cores with nothing else. "
+                );
+            }
+        }
+        let _ = write!(
+            line,
+            "The one-thread tasks allow {one_thread:.2} GB/s (read + cut points \
+             {read_cut:.2} s/GB, whole-file BLAKE3 {hash:.2} s/GB). "
         );
+        if let (Some(g), Some(bound)) = (store_gbps, store_bound) {
+            let cp = find(r, &b.series, CP, st).map_or(String::new(), |y| {
+                format!("; `cp -r` {:.2} GB/s", y.gbps.median)
+            });
+            let _ = write!(
+                line,
+                "The {} store took the packs at {g:.2} GB/s on one thread{cp}: with {:.0} % of \
+                 the input going into packs, that keeps up with {bound:.2} GB/s of input. ",
+                st.name(),
+                100.0 * stored_per_input
+            );
+        }
+        let mut bounds = vec![("the cores", cores), ("the one-thread tasks", one_thread)];
+        if let Some(bound) = store_bound {
+            bounds.push(("the store", bound));
+        }
+        if let Some((what, v)) = bounds.into_iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
+            let _ = write!(line, "Tightest: {what}, {v:.2} GB/s.");
+        }
+        let _ = writeln!(s, "{line}");
     }
-    let def = &o.configs[0].label;
-    let busy: Vec<String> = r
-        .series
-        .iter()
-        .filter_map(|x| {
-            find(r, &x.name, def, st)
-                .map(|y| format!("{} {:.2}", x.name, y.cpu_s_per_gb.median * y.gbps.median))
-        })
-        .collect();
-    let zstd: Vec<String> = r
-        .breakdown
-        .iter()
-        .filter(|b| b.config == *def)
-        .filter_map(|b| {
-            b.out.stage("compress-1t").map(|c| {
-                format!(
-                    "{} {:.2} GB/s per core, {:.0} % of the new bytes then stored raw",
-                    b.series,
-                    gbps(c.bytes, c.seconds),
-                    100.0 * b.out.raw_bytes as f64 / b.out.fresh_bytes.max(1) as f64
-                )
-            })
-        })
-        .collect();
-    let restores: Vec<String> = r
-        .series
-        .first()
-        .map(|x| {
-            o.configs
-                .iter()
-                .filter_map(|c| {
-                    find(r, &x.name, &c.label, st).and_then(|y| {
-                        y.restore_gbps
-                            .as_ref()
-                            .map(|g| format!("`{}` {:.2} GB/s", c.label, g.median))
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let _ = writeln!(
-        s,
-        "\nWhat it means for `crates/cascade-dedup/src/repo/mod.rs` (the bench does not change \
-         it):\n\n\
-         1. **Nothing overlaps.** Chunking, the whole-file hash, pack hashing and the pack \
-         writes run one after the other on the caller's thread, and the parallel steps \
-         (scores, zstd) wait for them: of {threads} cores the ingest keeps busy on average \
-         (CPU s/GB x GB/s, `{def}`, {} store) {}. Pipeline it: cut batch N+1 while batch N \
-         is scored and compressed (`rayon::join`, or a chunker thread feeding a bounded \
-         channel), and hand full packs to a writer thread (pack id + `put_buffers` off the \
-         caller's thread, one or two packs in flight).\n\
-         2. **`Chunking::stream` costs more than the cut points.** fastcdc's `StreamCDC` \
-         copies every chunk out of its buffer (`drain(..).collect()`, byte by byte: the \
-         `Vec::from_iter` in the profile), moves the rest of its buffer down (memmove) and \
-         zero-fills it again, and reads in pieces of up to one chunk; with `fixed:` sizes \
-         every chunk is one read() and one `Vec`. Read the file in large blocks (8-16 MiB \
-         into a reused buffer, or mmap) and cut with `FastCDC` over the slice (carrying the \
-         tail into the next block), chunks as slices (or `Bytes`) of the block: the stream \
-         row against the cut-points row of the breakdown is what that saves.\n\
-         3. **The whole-file BLAKE3 is a second full hash, on one thread.** With the batch \
-         in one contiguous block, `Hasher::update_rayon` (blake3's `rayon` feature) hashes \
-         it on all cores; or drop it and name files by their Merkle root, which already \
-         covers every byte through the chunk scores. Likewise the pack id hashes every \
-         stored byte once more on the caller's thread (it could move to the writer thread \
-         proposed in 1).\n\
-         4. **zstd is the largest CPU cost that remains.** Level 1 on the new chunks: {}. \
-         Chunks that zstd does not shrink by an eighth are stored raw after the attempt has \
-         been paid for. A cheap probe (compress a 4 KiB sample of a chunk, or remember per \
-         file region that it did not pay, and skip the rest) or zstd's fast (negative) \
-         levels would cut it; `cdc:avg=64KiB+none` shows the ingest without compression.\n\
-         5. **Small fixed chunks** (`fixed:4KiB`) multiply the per-chunk costs: a read() and \
-         a `Vec` per chunk, a zstd frame per 4 KiB, an index entry and two index-lock \
-         acquisitions per chunk. **Restores** read every blob with its own `get_range` (an \
-         open and a read of the pack file through object_store and the runtime, per \
-         chunk), so restore speed falls with the chunk size ({}: {}). Reading a pack's \
-         consecutive blobs with one range (or keeping packs open) would fix it.\n",
-        st.name(),
-        busy.join(", "),
-        zstd.join("; "),
-        r.series.first().map_or("", |x| x.name.as_str()),
-        restores.join(", ")
-    );
+    s.push('\n');
 }
