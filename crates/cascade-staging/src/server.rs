@@ -1037,14 +1037,19 @@ impl Shared {
                     blake3: hex(&f.blake3),
                 })
                 .collect();
-            let done = self
+            let written = self
                 .durable
                 .write_marker_of(&m.checkpoint, m.single_file, entries)
-                .map_err(Error::from)
-                .and_then(|_| self.engine.mark_manifest_done(id).map_err(Error::from));
+                .map_err(Error::from);
+            if written.is_ok() {
+                // Counted before the checkpoint reads durable, so a status taken once it does
+                // counts its marker.
+                lock(&self.counters).markers += 1;
+            }
+            let done =
+                written.and_then(|_| self.engine.mark_manifest_done(id).map_err(Error::from));
             match done {
                 Ok(()) => {
-                    lock(&self.counters).markers += 1;
                     self.log(|| format!("checkpoint {} complete", m.checkpoint));
                     wrote = true;
                 }
