@@ -133,6 +133,18 @@ fn packs(durable: &Path) -> Vec<PathBuf> {
     objects_below(&durable.join(".cascade-dedup/packs"))
 }
 
+/// `cascade restore CKPT DEST --from URL`.
+fn restore(env: &Env, ckpt: &str, dest: &Path, url: &str) -> Out {
+    let dest = dest.to_str().expect("utf-8");
+    env.cascade(&["restore", ckpt, dest, "--from", url], &[])
+}
+
+/// [`restore`], asserting success.
+fn restore_ok(env: &Env, ckpt: &str, dest: &Path, url: &str) {
+    let out = restore(env, ckpt, dest, url);
+    assert!(out.ok(), "cascade restore {ckpt} failed: {out}");
+}
+
 fn fetch(env: &Env, path: &str) -> String {
     cascade_agent::request(&env.name, &format!("FETCH {path}")).expect("FETCH")
 }
@@ -209,16 +221,7 @@ fn committed_checkpoints_are_stored_once_and_rebuilt_by_restore_and_read_through
 
     // `cascade restore` to a local directory.
     let dest = env.tmp.path().join("restored");
-    env.cascade_ok(
-        &[
-            "restore",
-            "run/ck.2",
-            dest.to_str().expect("utf-8"),
-            "--from",
-            &url,
-        ],
-        &[],
-    );
+    restore_ok(&env, "run/ck.2", &dest, &url);
     assert!(std::fs::read(dest.join("model.bin")).expect("model") == model2);
     assert!(std::fs::read(dest.join("opt/state.txt")).expect("opt") == optimizer);
     assert!(std::fs::read(dest.join("log")).expect("log") == log2);
@@ -296,27 +299,9 @@ fn agent_killed_while_storing_a_checkpoint_loses_nothing_complete() {
 
     // The earlier checkpoint is intact; the interrupted one is not complete.
     let dest = env.tmp.path().join("r1");
-    env.cascade_ok(
-        &[
-            "restore",
-            "ck.1",
-            dest.to_str().expect("utf-8"),
-            "--from",
-            &url,
-        ],
-        &[],
-    );
+    restore_ok(&env, "ck.1", &dest, &url);
     assert!(std::fs::read(dest.join("state.bin")).expect("state") == first);
-    let refused = env.cascade(
-        &[
-            "restore",
-            "ck.2",
-            env.tmp.path().join("r2").to_str().expect("utf-8"),
-            "--from",
-            &url,
-        ],
-        &[],
-    );
+    let refused = restore(&env, "ck.2", &env.tmp.path().join("r2"), &url);
     assert!(
         !refused.ok(),
         "an interrupted checkpoint restored: {refused}"
@@ -327,16 +312,7 @@ fn agent_killed_while_storing_a_checkpoint_loses_nothing_complete() {
     wait_complete(&mut agent2, "/ck.2");
     stop_agent(&mut agent2);
     let dest2 = env.tmp.path().join("r2");
-    env.cascade_ok(
-        &[
-            "restore",
-            "ck.2",
-            dest2.to_str().expect("utf-8"),
-            "--from",
-            &url,
-        ],
-        &[],
-    );
+    restore_ok(&env, "ck.2", &dest2, &url);
     for (name, data) in ["a.bin", "b.bin", "c.bin"].iter().zip(&big) {
         assert!(
             std::fs::read(dest2.join(name)).expect("restored") == *data,
@@ -476,10 +452,7 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     stop_agent(&mut agent);
     for (ck, want) in [("ck.1", &model), ("ck.2", &model2)] {
         let dest = root.join(format!("restored-{ck}"));
-        env.cascade_ok(
-            &["restore", ck, dest.to_str().expect("utf-8"), "--from", &url],
-            &[],
-        );
+        restore_ok(&env, ck, &dest, &url);
         assert!(
             std::fs::read(dest.join("model.bin")).expect("model") == *want,
             "{ck}"
@@ -579,16 +552,7 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
 
     for (ckpt, source) in &stored {
         let dest = env.tmp.path().join("restored").join(ckpt);
-        env.cascade_ok(
-            &[
-                "restore",
-                ckpt,
-                dest.to_str().expect("utf-8"),
-                "--from",
-                &url,
-            ],
-            &[],
-        );
+        restore_ok(&env, ckpt, &dest, &url);
         let source = Path::new(source);
         let files = files_below(source);
         assert_eq!(files_below(&dest), files, "{ckpt}: restored files");
@@ -698,33 +662,14 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
     }
     stop_agent(&mut agent);
     let dest = files_env.tmp.path().join("restored");
-    files_env.cascade_ok(
-        &[
-            "restore",
-            "weights/model-1.pt",
-            dest.to_str().expect("utf-8"),
-            "--from",
-            &files_url,
-        ],
-        &[],
-    );
+    restore_ok(&files_env, "weights/model-1.pt", &dest, &files_url);
     assert!(std::fs::read(dest.join("model-1.pt")).expect("restored") == models[1]);
 
     for (i, model) in models.iter().enumerate() {
         let dest = env.tmp.path().join(format!("restored-{i}"));
-        let dest = dest.to_str().expect("utf-8");
-        env.cascade_ok(
-            &[
-                "restore",
-                &format!("torch/snap-{i:02}"),
-                dest,
-                "--from",
-                &url,
-            ],
-            &[],
-        );
+        restore_ok(&env, &format!("torch/snap-{i:02}"), &dest, &url);
         assert!(
-            std::fs::read(Path::new(dest).join("model.pt")).expect("restored") == *model,
+            std::fs::read(dest.join("model.pt")).expect("restored") == *model,
             "snap-{i:02} differs"
         );
     }
@@ -778,18 +723,6 @@ fn agent_killed_while_storing_deltas_loses_nothing_complete() {
         "the manifest was written before the agent was killed; the test needs a bigger checkpoint"
     );
 
-    let restore = |ckpt: &str, dest: &Path| {
-        env.cascade(
-            &[
-                "restore",
-                ckpt,
-                dest.to_str().expect("utf-8"),
-                "--from",
-                &url,
-            ],
-            &[],
-        )
-    };
     let check = |dest: &Path, data: &[Vec<u8>]| {
         for (name, want) in names.iter().zip(data) {
             assert!(
@@ -800,10 +733,9 @@ fn agent_killed_while_storing_deltas_loses_nothing_complete() {
         }
     };
     let r1 = env.tmp.path().join("r1");
-    let out = restore("ck.1", &r1);
-    assert!(out.ok(), "{out}");
+    restore_ok(&env, "ck.1", &r1, &url);
     check(&r1, &first);
-    let refused = restore("ck.2", &env.tmp.path().join("r2-early"));
+    let refused = restore(&env, "ck.2", &env.tmp.path().join("r2-early"), &url);
     assert!(
         !refused.ok(),
         "an interrupted checkpoint restored: {refused}"
@@ -817,9 +749,7 @@ fn agent_killed_while_storing_deltas_loses_nothing_complete() {
     assert!(deltas > 0, "{line}");
     stop_agent(&mut agent2);
     let r2 = env.tmp.path().join("r2");
-    let out = restore("ck.2", &r2);
-    assert!(out.ok(), "{out}");
+    restore_ok(&env, "ck.2", &r2, &url);
     check(&r2, &second);
-    let out = restore("ck.1", &env.tmp.path().join("r1-again"));
-    assert!(out.ok(), "{out}");
+    restore_ok(&env, "ck.1", &env.tmp.path().join("r1-again"), &url);
 }

@@ -8,27 +8,17 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use tempfile::TempDir;
 
+#[path = "support/noise.rs"]
+mod noise;
 #[path = "support/real_series.rs"]
 mod real_series;
+use noise::noise;
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// viridis(0): the colour of regions that never changed.
 const UNCHANGED: [u8; 3] = [0x44, 0x01, 0x54];
 /// viridis(1): regions that changed in every transition.
 const ALWAYS: [u8; 3] = [0xfd, 0xe7, 0x25];
-
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 fn cascade(args: &[&str], home: &Path) -> Output {
     Command::new(CASCADE)
@@ -46,14 +36,14 @@ fn text(bytes: &[u8]) -> String {
 /// Three checkpoint directories: `frozen.bin` never changes, `state.bin` changes its second
 /// half at every step.
 fn series(dir: &Path) -> Vec<PathBuf> {
-    let frozen = random(256 * 1024, 1);
-    let mut state = random(512 * 1024, 2);
+    let frozen = noise(256 * 1024, 1);
+    let mut state = noise(512 * 1024, 2);
     (1..=3)
         .map(|step| {
             let ckpt = dir.join(format!("ckpt.{step}"));
             fs::create_dir_all(ckpt.join("rank0")).expect("mkdir");
             let half = state.len() / 2;
-            let fresh = random(state.len() - half, 100 + step);
+            let fresh = noise(state.len() - half, 100 + step);
             state[half..].copy_from_slice(&fresh);
             fs::write(ckpt.join("frozen.bin"), &frozen).expect("write");
             fs::write(ckpt.join("rank0/state.bin"), &state).expect("write");

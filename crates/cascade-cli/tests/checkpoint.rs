@@ -1,9 +1,12 @@
 //! `cascade drain` and `cascade restore`, run as the real binary against a real store and the
 //! durable tier's directory backend.
 
+#[path = "support/noise.rs"]
+mod noise;
 #[path = "support/sandbox.rs"]
 mod sandbox;
-use sandbox::{noise, s, Sandbox};
+use noise::noise;
+use sandbox::{s, Sandbox};
 
 #[test]
 fn drain_then_restore_round_trips_through_a_directory() {

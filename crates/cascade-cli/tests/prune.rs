@@ -6,9 +6,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+#[path = "support/noise.rs"]
+mod noise;
 #[path = "support/sandbox.rs"]
 mod sandbox;
-use sandbox::{noise, s, Sandbox};
+use noise::noise;
+use sandbox::{s, Sandbox};
 
 fn files_below(dir: &Path) -> BTreeSet<PathBuf> {
     let mut out = BTreeSet::new();

@@ -18,12 +18,11 @@ use cascade_durable::DurableStore;
 
 #[path = "support/data.rs"]
 mod data;
+#[path = "support/durable.rs"]
+mod durable;
+use durable::durable_at;
 
 const FLOATS: usize = 256 * 1024;
-
-fn durable_at(root: &Path) -> Arc<DurableStore> {
-    Arc::new(DurableStore::open(root.to_str().expect("utf-8")).expect("open durable store"))
-}
 
 /// 16 KiB fixed chunks, zstd:1, 64 KiB packs: bases and the deltas on them land in many packs.
 fn open(durable: &Arc<DurableStore>) -> Repo {

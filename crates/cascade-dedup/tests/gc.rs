@@ -22,13 +22,12 @@ use cascade_durable::DurableStore;
 
 #[path = "support/data.rs"]
 mod data;
+#[path = "support/durable.rs"]
+mod durable;
 use data::random;
+use durable::durable_at;
 
 const KIB: usize = 1 << 10;
-
-fn durable_at(root: &Path) -> Arc<DurableStore> {
-    Arc::new(DurableStore::open(root.to_str().expect("utf-8")).expect("open durable store"))
-}
 
 /// 16 KiB fixed chunks, no compression, 64 KiB packs: every pack holds a few chunks, so which
 /// pack dies is decided by which chunks the checkpoints share.
