@@ -575,6 +575,15 @@ fn deltas_against(line: &str) -> Option<(u64, String)> {
     Some((count, base))
 }
 
+/// Asserts that completion line `line` names `base` and stored some chunks as deltas on it;
+/// how many.
+fn assert_deltas_against(line: &str, base: &str) -> u64 {
+    let (deltas, named) = deltas_against(line).unwrap_or_else(|| panic!("no deltas: {line}"));
+    assert_eq!(named, base, "{line}");
+    assert!(deltas > 0, "{line}");
+    deltas
+}
+
 #[test]
 fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
     let (_serial, _) = begin();
@@ -611,9 +620,7 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
     assert_eq!(deltas_against(&first), None, "nothing before it: {first}");
     write_checkpoint(&env, "/torch/snap-01", &[("model.pt", &models[1])]);
     let second = wait_complete(&mut agent, "/torch/snap-01");
-    let (deltas, base) = deltas_against(&second).unwrap_or_else(|| panic!("{second}"));
-    assert_eq!(base, "/torch/snap-00", "{second}");
-    assert!(deltas > 0, "{second}");
+    let deltas = assert_deltas_against(&second, "/torch/snap-00");
     let with = cascade_agent::status(&env.name).expect("status");
     assert_eq!(with.dedup_delta_chunks, deltas, "{with:?}");
     stop_agent(&mut agent);
@@ -622,9 +629,7 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
     let mut agent = env.agent(&url, &DEDUP);
     write_checkpoint(&env, "/torch/snap-02", &[("model.pt", &models[2])]);
     let third = wait_complete(&mut agent, "/torch/snap-02");
-    let (deltas, base) = deltas_against(&third).unwrap_or_else(|| panic!("{third}"));
-    assert_eq!(base, "/torch/snap-01", "{third}");
-    assert!(deltas > 0, "{third}");
+    assert_deltas_against(&third, "/torch/snap-01");
     let restarted = cascade_agent::status(&env.name).expect("status");
     let stored = with.dedup_stored_bytes + restarted.dedup_stored_bytes;
     eprintln!(
@@ -655,9 +660,7 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
         files_env.cascade_ok(&["commit", &path], &[]);
         let line = wait_complete(&mut agent, &path);
         if i == 1 {
-            let (deltas, base) = deltas_against(&line).unwrap_or_else(|| panic!("{line}"));
-            assert_eq!(base, "/weights/model-0.pt", "{line}");
-            assert!(deltas > 0, "{line}");
+            assert_deltas_against(&line, "/weights/model-0.pt");
         }
     }
     stop_agent(&mut agent);
@@ -744,9 +747,7 @@ fn agent_killed_while_storing_deltas_loses_nothing_complete() {
     // A new agent reads /ck.1's manifest back and stores /ck.2 as deltas against it again.
     let mut agent2 = env.agent(&url, &DEDUP);
     let line = wait_complete(&mut agent2, "/ck.2");
-    let (deltas, base) = deltas_against(&line).unwrap_or_else(|| panic!("{line}"));
-    assert_eq!(base, "/ck.1", "{line}");
-    assert!(deltas > 0, "{line}");
+    assert_deltas_against(&line, "/ck.1");
     stop_agent(&mut agent2);
     let r2 = env.tmp.path().join("r2");
     restore_ok(&env, "ck.2", &r2, &url);
