@@ -29,8 +29,8 @@ pub struct DedupOptions {
 }
 
 /// The checkpoint before the one being stored, in its series: the base of its deltas.
-struct PreviousVersion<'a> {
-    checkpoint: String,
+pub(crate) struct PreviousVersion<'a> {
+    pub(crate) checkpoint: String,
     root: &'a LifeEntry,
     files: Vec<&'a LifeEntry>,
     /// Its files as its manifest records them.
@@ -41,7 +41,7 @@ impl PreviousVersion<'_> {
     /// The previous version of the file at `path` (in a checkpoint of `files` files): the
     /// file at the same path, or the one file of a checkpoint that is one file; its recipe
     /// and its store entry, if the store still holds the version the recipe describes.
-    fn base_of(&self, path: &str, files: usize) -> Option<(&FileRecipe, &LifeEntry)> {
+    pub(crate) fn base_of(&self, path: &str, files: usize) -> Option<(&FileRecipe, &LifeEntry)> {
         let recipe = matching_recipe(&self.recipes, path, files)?;
         let entry = self
             .files
@@ -164,18 +164,20 @@ impl Agent {
                     other => other,
                 }
             }
-            (Some(staging), Some(d)) => match self.stage_checkpoint_dedup(staging, d, c.root) {
-                Err(e) => {
-                    // Unacknowledged: the checkpoint goes straight to the durable store.
-                    self.record_failure(format!(
-                        "sending {} to the staging servers failed: {e}; storing it in the \
+            (Some(staging), Some(d)) => {
+                match self.stage_checkpoint_dedup(staging, d, c.root, previous) {
+                    Err(e) => {
+                        // Unacknowledged: the checkpoint goes straight to the durable store.
+                        self.record_failure(format!(
+                            "sending {} to the staging servers failed: {e}; storing it in the \
                          durable store's dedup repository instead",
-                        c.root.path
-                    ));
-                    self.store_checkpoint_dedup(c.root, previous)
+                            c.root.path
+                        ));
+                        self.store_checkpoint_dedup(c.root, previous)
+                    }
+                    other => other,
                 }
-                other => other,
-            },
+            }
             _ => self.store_checkpoint_dedup(c.root, previous),
         };
         match result {
@@ -268,12 +270,7 @@ impl Agent {
             repo.forget(ckpt)?;
             return Ok(false);
         }
-        if let Ok(mut latest) = self.latest_manifests.lock() {
-            latest.insert(
-                now_root.parent_dir().to_string(),
-                (ckpt.to_string(), manifest.files),
-            );
-        }
+        self.remember_manifest(now_root, ckpt, manifest.files);
         if let Ok(mut s) = self.stats.lock() {
             s.uploaded_files += files.len() as u64;
             s.uploaded_bytes += stats.bytes;
@@ -306,10 +303,22 @@ impl Agent {
         Ok(true)
     }
 
+    /// Keeps checkpoint `ckpt`'s file recipes as the latest of its series (the next
+    /// checkpoint's deltas need them; else they are read back from the repository).
+    pub(crate) fn remember_manifest(&self, root: &LifeEntry, ckpt: &str, files: Vec<FileRecipe>) {
+        if let Ok(mut latest) = self.latest_manifests.lock() {
+            latest.insert(root.parent_dir().to_string(), (ckpt.to_string(), files));
+        }
+    }
+
     /// Checkpoint `p` as the previous version of the next one in its series: its manifest
     /// (remembered from storing it, else read back) and its files, still in the store. None
     /// if the repository does not hold it; a failure to read it only costs deltas.
-    fn previous_version<'c>(&self, repo: &Repo, p: &Checkpoint<'c>) -> Option<PreviousVersion<'c>> {
+    pub(crate) fn previous_version<'c>(
+        &self,
+        repo: &Repo,
+        p: &Checkpoint<'c>,
+    ) -> Option<PreviousVersion<'c>> {
         let ckpt = key_of(&p.root.path);
         let remembered = self
             .latest_manifests

@@ -11,14 +11,14 @@ use std::time::Instant;
 
 use cascade_dedup::ingest::Ingest;
 use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
-use cascade_dedup::repo::{rebuild_file, FileRecipe};
+use cascade_dedup::repo::{rebuild_file, undo_delta, BaseFile, FileBase, FileRecipe};
 use cascade_dedup::score::to_hex;
-use cascade_dedup::{score, Score};
-use cascade_staging::protocol::{ManifestState, WireChunk};
+use cascade_dedup::{score, Compression, Score};
+use cascade_staging::protocol::{delta_data, ManifestState, WireChunk};
 use cascade_store::{FileKind, LifeEntry};
 use rayon::prelude::*;
 
-use crate::daemon::{key_of, path_in_checkpoint, Agent};
+use crate::daemon::{key_of, path_in_checkpoint, Agent, Checkpoint};
 use crate::dedup::{recipe_in, DedupOptions};
 use crate::reader::StoreFileReader;
 use crate::restore::write_fetched;
@@ -28,14 +28,41 @@ use crate::{Error, Result};
 /// Chunks scored, asked about and sent together.
 const BATCH_BYTES: usize = 8 << 20;
 
-/// A blob waiting to be sent: its score, kind and raw bytes.
-type Blob = (Score, BlobKind, Vec<u8>);
+/// A blob waiting to be sent.
+struct Blob {
+    score: Score,
+    kind: BlobKind,
+    raw: Vec<u8>,
+    /// For a data chunk: its file (an index into `Sender::bases`) and its offset there.
+    at: Option<(usize, u64)>,
+}
+
+/// A blob in the form it is sent in.
+struct Packed<'b> {
+    blob: &'b Blob,
+    stored: Stored,
+    data: Option<Vec<u8>>,
+}
+
+impl Packed<'_> {
+    fn wire(&self) -> WireChunk<'_> {
+        WireChunk {
+            score: self.blob.score,
+            kind: self.blob.kind,
+            stored: self.stored,
+            raw_len: self.blob.raw.len() as u32,
+            data: self.data.as_deref().unwrap_or(&self.blob.raw),
+        }
+    }
+}
 
 /// Blobs on their way to their owners, grouped by server.
 struct Sender<'a> {
     staging: &'a Staging,
     names: Vec<&'a str>,
     dedup: DedupOptions,
+    /// Per file of the checkpoint, the previous version as a source of delta bases.
+    bases: &'a [Option<BaseFile<'a>>],
     /// Every blob score of the checkpoint (the manifest lists them all).
     all: Vec<Score>,
     seen: HashSet<Score>,
@@ -43,36 +70,71 @@ struct Sender<'a> {
     batch_bytes: usize,
     sent_bytes: u64,
     sent_chunks: u64,
+    sent_deltas: u64,
 }
 
 impl Sender<'_> {
-    fn add(&mut self, s: Score, kind: BlobKind, data: Vec<u8>) -> Result<()> {
-        if !self.seen.insert(s) {
+    fn add(&mut self, blob: Blob) -> Result<()> {
+        if !self.seen.insert(blob.score) {
             return Ok(());
         }
-        self.all.push(s);
-        self.batch_bytes += data.len();
-        self.batch.push((s, kind, data));
+        self.all.push(blob.score);
+        self.batch_bytes += blob.raw.len();
+        self.batch.push(blob);
         if self.batch_bytes >= BATCH_BYTES {
             self.flush()?;
         }
         Ok(())
     }
 
+    /// A blob's stored form: a delta against the previous version of its file where that
+    /// wins (and `deltas`), else compressed where that pays, else raw.
+    fn pack<'b>(&self, blob: &'b Blob, deltas: bool) -> Packed<'b> {
+        let compression = self.dedup.compression;
+        let base = blob
+            .at
+            .filter(|_| deltas)
+            .and_then(|(file, offset)| Some((self.bases.get(file)?.as_ref()?, offset)));
+        let packed = match base {
+            Some((base, offset)) => base.pack(compression, offset, &blob.raw),
+            None => compression
+                .compress(&blob.raw)
+                .map(|bytes| cascade_dedup::ingest::Packed { bytes, base: None }),
+        };
+        match packed {
+            Some(p) => match p.base {
+                Some(base) => Packed {
+                    blob,
+                    stored: Stored::Delta,
+                    data: Some(delta_data(&base, &p.bytes)),
+                },
+                None => Packed {
+                    blob,
+                    stored: Stored::Zstd,
+                    data: Some(p.bytes),
+                },
+            },
+            None => Packed {
+                blob,
+                stored: Stored::Raw,
+                data: None,
+            },
+        }
+    }
+
     /// Per owner: which of the batch it lacks, then those, compressed where it pays.
     fn flush(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
-        let mut by_owner: Vec<Vec<&(Score, BlobKind, Vec<u8>)>> =
-            vec![Vec::new(); self.names.len()];
+        let mut by_owner: Vec<Vec<&Blob>> = vec![Vec::new(); self.names.len()];
         for b in &batch {
-            by_owner[cascade_staging::owner_of(&b.0, &self.names)].push(b);
+            by_owner[cascade_staging::owner_of(&b.score, &self.names)].push(b);
         }
         for (server, blobs) in by_owner.into_iter().enumerate() {
             if blobs.is_empty() {
                 continue;
             }
-            let scores: Vec<Score> = blobs.iter().map(|b| b.0).collect();
+            let scores: Vec<Score> = blobs.iter().map(|b| b.score).collect();
             let lacking = self
                 .staging
                 .with_conn(server, |c| c.lacks(&scores))
@@ -82,35 +144,42 @@ impl Sender<'_> {
                 .zip(lacking)
                 .filter_map(|(b, lacks)| lacks.then_some(b))
                 .collect();
-            let compression = self.dedup.compression;
-            let packed: Vec<(Option<Vec<u8>>, &Blob)> = lacked
-                .into_par_iter()
-                .map(|b| (compression.compress(&b.2), b))
-                .collect();
-            let wire: Vec<WireChunk> = packed
-                .iter()
-                .map(|(z, b)| WireChunk {
-                    score: b.0,
-                    kind: b.1,
-                    stored: if z.is_some() {
-                        Stored::Zstd
-                    } else {
-                        Stored::Raw
-                    },
-                    raw_len: b.2.len() as u32,
-                    data: z.as_deref().unwrap_or(&b.2),
-                })
-                .collect();
-            if wire.is_empty() {
+            if lacked.is_empty() {
                 continue;
             }
-            self.sent_chunks += wire.len() as u64;
-            self.sent_bytes += wire.iter().map(|w| w.data.len() as u64).sum::<u64>();
-            self.staging
-                .with_conn(server, |c| c.put_chunks(&wire))
-                .map_err(|e| staging_error(self.staging, server, e))?;
+            let packed: Vec<Packed> = lacked.par_iter().map(|b| self.pack(b, true)).collect();
+            let packed = match self.put(server, &packed) {
+                // A base the server does not hold as one (pruned meanwhile, or pushed where
+                // it has not looked yet): the same chunks again, whole.
+                Err(cascade_staging::Error::Refused { code, .. })
+                    if code == cascade_staging::protocol::code::BASE_UNKNOWN =>
+                {
+                    let whole: Vec<Packed> =
+                        lacked.par_iter().map(|b| self.pack(b, false)).collect();
+                    self.put(server, &whole)
+                        .map_err(|e| staging_error(self.staging, server, e))?;
+                    whole
+                }
+                other => {
+                    other.map_err(|e| staging_error(self.staging, server, e))?;
+                    packed
+                }
+            };
+            self.sent_chunks += packed.len() as u64;
+            self.sent_deltas += packed.iter().filter(|p| p.stored == Stored::Delta).count() as u64;
+            self.sent_bytes += packed
+                .iter()
+                .map(|p| p.wire().data.len() as u64)
+                .sum::<u64>();
         }
         Ok(())
+    }
+
+    fn put(&self, server: usize, packed: &[Packed]) -> cascade_staging::Result<()> {
+        let wire: Vec<WireChunk> = packed.iter().map(Packed::wire).collect();
+        self.staging
+            .with_conn(server, |c| c.put_chunks(&wire))
+            .map(|_| ())
     }
 }
 
@@ -141,6 +210,7 @@ impl Agent {
         staging: &Staging,
         dedup: DedupOptions,
         root: &LifeEntry,
+        previous: Option<&Checkpoint>,
     ) -> Result<bool> {
         let started = Instant::now();
         let Some(tree) = self.closed_checkpoint(root)? else {
@@ -148,36 +218,79 @@ impl Agent {
         };
         let now_root = &tree[0];
         let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
+        let store = self.store();
+        // Deltas against the previous checkpoint of the series: complete, so the servers
+        // pushed its blobs into the repository, whose index is read again to know them. No
+        // repository (the durable store unreachable from here): no deltas.
+        let repo = previous
+            .filter(|_| dedup.delta && dedup.compression != Compression::None)
+            .and_then(|_| self.repo().ok().flatten())
+            .filter(|repo| repo.refresh_index().is_ok());
+        let previous = repo
+            .as_ref()
+            .zip(previous)
+            .and_then(|(repo, p)| self.previous_version(repo, p));
+        let base_files: Vec<Option<(&FileRecipe, cascade_store::File)>> = files
+            .iter()
+            .map(|f| {
+                let path = path_in_checkpoint(now_root, f);
+                let (recipe, entry) = previous.as_ref()?.base_of(&path, files.len())?;
+                Some((recipe, self.open_snapshot_file(entry).ok().flatten()?))
+            })
+            .collect();
+        let base_readers: Vec<Option<(&FileRecipe, StoreFileReader)>> = base_files
+            .iter()
+            .map(|b| {
+                let (recipe, file) = b.as_ref()?;
+                Some((*recipe, StoreFileReader::new(store, file).ok()?))
+            })
+            .collect();
+        let bases: Vec<Option<BaseFile>> = base_readers
+            .iter()
+            .map(|b| {
+                let (recipe, bytes) = b.as_ref()?;
+                repo.as_ref()?.base_file(FileBase { recipe, bytes })
+            })
+            .collect();
         let mut sender = Sender {
             staging,
             names: staging.opts.servers.iter().map(String::as_str).collect(),
             dedup,
+            bases: &bases,
             all: Vec::new(),
             seen: HashSet::new(),
             batch: Vec::new(),
             batch_bytes: 0,
             sent_bytes: 0,
             sent_chunks: 0,
+            sent_deltas: 0,
         };
-        let store = self.store();
         // Cut and scored here; compressed only once a server says it lacks the chunk.
         let mut ingest = Ingest::new(dedup.chunking);
         let mut recipes = Vec::with_capacity(files.len());
         let mut total = 0u64;
-        for f in &files {
+        for (i, f) in files.iter().enumerate() {
             let Some(file) = self.open_snapshot_file(f)? else {
                 return Ok(false);
             };
             let reader =
                 StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
             let mut leaves = Vec::new();
+            let mut offset = 0u64;
             let digest = ingest
                 .run(reader, &|_, _, _| None, &mut |window, chunks| {
                     for c in chunks {
-                        leaves.push((c.score, c.range.len() as u64));
+                        let len = c.range.len() as u64;
+                        leaves.push((c.score, len));
                         sender
-                            .add(c.score, BlobKind::Data, window[c.range].to_vec())
+                            .add(Blob {
+                                score: c.score,
+                                kind: BlobKind::Data,
+                                raw: window[c.range].to_vec(),
+                                at: Some((i, offset)),
+                            })
                             .map_err(Failed::Sending)?;
+                        offset += len;
                     }
                     Ok(())
                 })
@@ -187,8 +300,13 @@ impl Agent {
                 })?;
             let size = digest.size;
             let (tree_root, blocks) = recipe_blocks(&leaves);
-            for (s, bytes) in blocks {
-                sender.add(s, BlobKind::Tree, bytes)?;
+            for (score, raw) in blocks {
+                sender.add(Blob {
+                    score,
+                    kind: BlobKind::Tree,
+                    raw,
+                    at: None,
+                })?;
             }
             total += size;
             recipes.push(FileRecipe {
@@ -222,16 +340,24 @@ impl Agent {
         if !(unchanged && store.mark_pushed(now_root.ino, now_root.generation, now_root.mod_seq)) {
             return Ok(false);
         }
+        self.remember_manifest(now_root, ckpt, recipes);
         if let Ok(mut s) = self.stats.lock() {
             s.staged_files += files.len() as u64;
             s.staged_bytes += total;
             s.dedup_bytes += total;
             s.dedup_new_bytes += sender.sent_bytes;
+            s.dedup_delta_chunks += sender.sent_deltas;
         }
         self.log(|| {
+            let against = previous.as_ref().map_or(String::new(), |p| {
+                format!(
+                    ", {} as deltas against {}",
+                    sender.sent_deltas, p.checkpoint
+                )
+            });
             format!(
                 "checkpoint {} pushed to the staging servers as chunks ({} files, {total} bytes; \
-                 {} of {} blobs sent, {} bytes) in {:.3} s",
+                 {} of {} blobs sent{against}, {} bytes) in {:.3} s",
                 now_root.path,
                 files.len(),
                 sender.sent_chunks,
@@ -285,7 +411,16 @@ impl Agent {
                 // A server down or a chunk it lost: the repository may have it.
                 if let Ok(chunks) = staging.with_conn(server, |c| c.get_chunks(wanted)) {
                     for c in chunks {
-                        if let Ok(raw) = c.verified_raw() {
+                        // A delta chunk's base is in the repository (a server takes no other).
+                        let raw = match c.delta() {
+                            Some((base, frame)) => repo
+                                .as_ref()
+                                .and_then(|repo| repo.read_blob(&base.score).ok())
+                                .and_then(|b| undo_delta(frame, c.raw_len, &b, base.from).ok())
+                                .filter(|raw| score(raw) == c.score),
+                            None => c.verified_raw().ok(),
+                        };
+                        if let Some(raw) = raw {
                             found.insert(c.score, raw);
                         }
                     }

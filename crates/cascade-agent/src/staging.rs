@@ -183,6 +183,13 @@ impl Staging {
         })();
         match &result {
             Ok(_) => *lock(&slot.down) = None,
+            // The server is up: it refused delta chunks (closing the connection), which are
+            // sent whole at once.
+            Err(cascade_staging::Error::Refused { code, .. })
+                if *code == cascade_staging::protocol::code::BASE_UNKNOWN =>
+            {
+                *conn = None;
+            }
             Err(_) => {
                 *conn = None;
                 let mut down = lock(&slot.down);

@@ -8,12 +8,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cascade_dedup::repo::format::{decode_pack_trailer, BlobEntry, Stored};
-use cascade_dedup::repo::{
-    FileBase, FileRecipe, GcOptions, PruneSelection, Repo, WriteStats, DEFAULT_PREFIX,
-    MAX_DELTA_DEPTH,
+use cascade_dedup::ingest::Packed;
+use cascade_dedup::repo::format::{
+    decode_pack_trailer, recipe_blocks, BlobEntry, BlobKind, DeltaBase, Stored,
 };
-use cascade_dedup::{Chunking, Compression, Score};
+use cascade_dedup::repo::{
+    Error as RepoError, FileBase, FileRecipe, GcOptions, PruneSelection, Repo, WriteStats,
+    DEFAULT_PREFIX, MAX_DELTA_DEPTH,
+};
+use cascade_dedup::score::to_hex;
+use cascade_dedup::{score, Chunking, Compression, Score};
 use cascade_durable::DurableStore;
 
 #[path = "support/data.rs"]
@@ -255,4 +259,145 @@ fn a_corrupt_base_makes_its_deltas_fail_to_restore() {
     assert!(err.contains("corrupt"), "{err}");
     let err = restore(&reopened, "v0").expect_err("v0 holds the corrupt base");
     assert!(err.contains("corrupt"), "{err}");
+}
+
+/// A blob as a staging server receives it from an agent: in its stored form.
+enum Sent {
+    Whole(Score, BlobKind, Stored, Vec<u8>, u32),
+    Delta(Score, DeltaBase, Vec<u8>, u32),
+}
+
+/// What an agent sends for `new`, the next version of the file `base_recipe` describes
+/// (`old` its bytes): every chunk and recipe block, the data chunks the repository lacks as
+/// deltas against `old` where that wins. Also the new file's recipe.
+fn sent_by_an_agent(
+    repo: &Repo,
+    base_recipe: &FileRecipe,
+    old: &[u8],
+    new: &[u8],
+) -> (Vec<Sent>, FileRecipe) {
+    let chunking: Chunking = "fixed:16KiB".parse().expect("chunking");
+    let zstd = Compression::Zstd { level: 1 };
+    let base = repo
+        .base_file(FileBase {
+            recipe: base_recipe,
+            bytes: &old,
+        })
+        .expect("the old version's chunks");
+    let whole = |s, kind, raw: &[u8]| match zstd.compress(raw) {
+        Some(z) => Sent::Whole(s, kind, Stored::Zstd, z, raw.len() as u32),
+        None => Sent::Whole(s, kind, Stored::Raw, raw.to_vec(), raw.len() as u32),
+    };
+    let mut sent = Vec::new();
+    let mut leaves = Vec::new();
+    for r in chunking.split(new) {
+        let raw = &new[r.clone()];
+        let s = score(raw);
+        leaves.push((s, raw.len() as u64));
+        sent.push(match base.pack(zstd, r.start as u64, raw) {
+            Some(Packed {
+                bytes,
+                base: Some(b),
+            }) => Sent::Delta(s, b, bytes, raw.len() as u32),
+            _ => whole(s, BlobKind::Data, raw),
+        });
+    }
+    let (root, blocks) = recipe_blocks(&leaves);
+    sent.extend(blocks.iter().map(|(s, b)| whole(*s, BlobKind::Tree, b)));
+    let recipe = FileRecipe {
+        path: "model.pt".to_string(),
+        size: new.len() as u64,
+        blake3: blake3::hash(new).to_hex().to_string(),
+        root: to_hex(&root),
+    };
+    (sent, recipe)
+}
+
+/// Pushes `sent` as a staging server does (one writer of blobs only); the writer's stats.
+fn push(repo: &Repo, sent: &[Sent]) -> WriteStats {
+    let mut w = repo.writer();
+    for blob in sent {
+        match blob {
+            Sent::Whole(s, kind, stored, bytes, raw_len) => w
+                .add_stored(*s, *kind, *raw_len, *stored, bytes)
+                .expect("add_stored"),
+            Sent::Delta(s, base, frame, raw_len) => w
+                .add_stored_delta(*s, *raw_len, *base, frame)
+                .expect("add_stored_delta"),
+        };
+    }
+    w.finish().expect("finish")
+}
+
+#[test]
+fn deltas_made_elsewhere_are_kept_as_they_came_or_stored_whole_once_their_base_is_condemned() {
+    let (old, new) = (version(0), version(1));
+
+    // The base usable: the deltas are stored as they came.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let durable = durable_at(dir.path());
+    let repo = open(&durable);
+    let (recipes, _) = write_series(&repo, 1, true);
+    let (sent, recipe) = sent_by_an_agent(&repo, &recipes[0], &old, &new);
+    // Unchanged chunks (the frozen quarter) are in the repository already: not stored.
+    let deltas = sent
+        .iter()
+        .filter(|b| matches!(b, Sent::Delta(s, ..) if !repo.missing(&[*s]).is_empty()))
+        .count() as u64;
+    assert!(deltas > 0);
+    let server = open(&durable);
+    let stats = push(&server, &sent);
+    assert_eq!(stats.delta_chunks, deltas, "{stats:?}");
+    server
+        .write_manifest("v1", vec![recipe.clone()])
+        .expect("manifest");
+    let fresh = open(&durable);
+    assert!(restore(&fresh, "v1").expect("restore") == new);
+    let on_disk = entries_on_disk(dir.path());
+    assert!(on_disk.values().any(|(_, e)| e.stored == Stored::Delta));
+
+    // A delta on a base the repository does not have is refused, and the writer goes on.
+    let mut w = server.writer();
+    let nowhere = DeltaBase {
+        score: [7; 32],
+        from: 0,
+    };
+    match w.add_stored_delta([8; 32], 100, nowhere, b"frame") {
+        Err(RepoError::Missing(_)) => {}
+        other => panic!("a delta on a missing base: {other:?}"),
+    }
+    w.finish().expect("finish");
+
+    // The base condemned after the server checked it (its hold keeps the pack): the
+    // chunks are rebuilt with the base and stored whole, and the base's pack can go.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let durable = durable_at(dir.path());
+    let repo = open(&durable);
+    let (recipes, _) = write_series(&repo, 1, true);
+    let (sent, recipe) = sent_by_an_agent(&repo, &recipes[0], &old, &new);
+    let server = open(&durable);
+    let hold = server.hold().expect("hold");
+    let collector = Repo::open_for_maintenance(durable.clone(), DEFAULT_PREFIX)
+        .expect("open")
+        .expect("repo");
+    collector.forget("v0").expect("forget");
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert_eq!(r.packs_deleted, 0, "{r:?}");
+    assert!(r.packs_waiting > 0 && r.sessions_waited_for == 1, "{r:?}");
+    let stats = push(&server, &sent);
+    assert_eq!(stats.delta_chunks, 0, "{stats:?}");
+    server.write_manifest("v1", vec![recipe]).expect("manifest");
+    hold.end(&server);
+    server.wait_session_ends();
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert!(r.packs_deleted > 0, "{r:?}");
+    let fresh = open(&durable);
+    assert!(restore(&fresh, "v1").expect("restore") == new);
+    assert!(entries_on_disk(dir.path())
+        .values()
+        .all(|(_, e)| e.stored != Stored::Delta));
 }

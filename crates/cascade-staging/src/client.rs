@@ -15,9 +15,9 @@ use cascade_dedup::repo::{FileRecipe, Manifest};
 use cascade_dedup::{Compression, Score};
 
 use crate::protocol::{
-    self, encode_segment_header, kind, read_frame, write_frame, BlobKind, BodyWriter, Header,
-    ManifestPart, ManifestState, NoSigPipe, PullKind, PullState, PushFile, RecipeEntry, Reply,
-    Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
+    self, encode_segment_header, kind, read_frame, write_frame, BlobKind, BodyWriter, DeltaBase,
+    Header, ManifestPart, ManifestState, NoSigPipe, PullKind, PullState, PushFile, RecipeEntry,
+    Reply, Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
 };
 use crate::server::ServerStatus;
 use crate::{Error, Result};
@@ -109,17 +109,29 @@ pub struct FetchedChunk {
 }
 
 impl FetchedChunk {
+    /// A delta chunk's base and zstd frame ([`cascade_dedup::repo::undo_delta`] rebuilds the
+    /// chunk from them and the base's bytes); None for a chunk stored whole.
+    pub fn delta(&self) -> Option<(DeltaBase, &[u8])> {
+        match self.stored {
+            Stored::Delta => protocol::split_delta(&self.data),
+            _ => None,
+        }
+    }
+
     /// The chunk's raw bytes, decompressed and checked against its score (EINVAL-like
     /// `InvalidData` when they do not match: read it from the durable store instead).
     pub fn verified_raw(&self) -> io::Result<Vec<u8>> {
         let raw = match self.stored {
             Stored::Raw => self.data.clone(),
             Stored::Zstd => Compression::decompress(&self.data, self.raw_len as usize)?,
-            // The wire protocol has no delta blobs (staging servers keep chunks whole).
+            // Its base is in the durable repository: see `delta`.
             Stored::Delta => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("chunk {} came as a delta blob", crate::hex(&self.score)),
+                    format!(
+                        "chunk {} came as a delta blob: rebuild it with its base",
+                        crate::hex(&self.score)
+                    ),
                 ))
             }
         };

@@ -8,7 +8,7 @@
 
 use std::io::{self, IoSlice, Read, Write};
 
-pub use cascade_dedup::repo::format::{BlobKind, Stored};
+pub use cascade_dedup::repo::format::{BlobKind, DeltaBase, Stored};
 pub use cascade_dedup::Score;
 
 /// First four bytes of every frame.
@@ -62,6 +62,10 @@ pub mod code {
     /// A PutChunks chunk whose bytes are not its score (or do not decompress to its raw
     /// length): nothing of that frame was stored.
     pub const BAD_CHUNK: u16 = 11;
+    /// A PutChunks delta blob whose base the durable repository does not hold as a usable
+    /// base (absent, being deleted, or too deep a chain): nothing of that frame was stored;
+    /// send those chunks whole.
+    pub const BASE_UNKNOWN: u16 = 12;
 }
 
 /// Why a frame could not be decoded. Every variant means: reply Error(BAD_FRAME or
@@ -481,6 +485,33 @@ pub struct WireChunk<'a> {
     pub data: &'a [u8],
 }
 
+/// Bytes before the zstd frame in the data of a delta chunk ([`Stored::Delta`]): its base's
+/// score (32) and the base byte its XOR starts at (`from`, u32).
+pub const DELTA_PREFIX: usize = BLAKE3_LEN + 4;
+
+/// The data of a delta chunk as it travels and as a server keeps it: base score · `from` ·
+/// the zstd frame of the chunk XORed with that base.
+pub fn delta_data(base: &DeltaBase, frame: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(DELTA_PREFIX + frame.len());
+    data.extend_from_slice(&base.score);
+    data.extend_from_slice(&base.from.to_le_bytes());
+    data.extend_from_slice(frame);
+    data
+}
+
+/// The base and the zstd frame of a delta chunk's data; None when it is too short to hold
+/// both.
+pub fn split_delta(data: &[u8]) -> Option<(DeltaBase, &[u8])> {
+    if data.len() <= DELTA_PREFIX {
+        return None;
+    }
+    let (head, frame) = data.split_at(DELTA_PREFIX);
+    let mut score = [0u8; BLAKE3_LEN];
+    score.copy_from_slice(&head[..BLAKE3_LEN]);
+    let from = u32::from_le_bytes([head[32], head[33], head[34], head[35]]);
+    Some((DeltaBase { score, from }, frame))
+}
+
 /// One file of a checkpoint's dedup manifest: the repository's `FileRecipe` in binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecipeEntry {
@@ -555,6 +586,7 @@ fn decode_chunks<'a>(r: &mut BodyReader<'a>) -> Result<Vec<WireChunk<'a>>, Frame
         let stored = match r.u8()? {
             0 => Stored::Raw,
             1 => Stored::Zstd,
+            2 => Stored::Delta,
             s => return r.malformed(format!("chunk storage {s}")),
         };
         let raw_len = r.u32()?;
@@ -569,6 +601,9 @@ fn decode_chunks<'a>(r: &mut BodyReader<'a>) -> Result<Vec<WireChunk<'a>>, Frame
                 ))
             }
             Stored::Zstd if stored_len == 0 => return r.malformed("an empty zstd frame"),
+            Stored::Delta if stored_len <= DELTA_PREFIX => {
+                return r.malformed(format!("a delta chunk of {stored_len} bytes"))
+            }
             _ => {}
         }
         raw_total += u64::from(raw_len);

@@ -60,8 +60,9 @@ pub(crate) struct BaseChunk {
     pub usable: bool,
 }
 
-/// The previous version of a file being added: its bytes and its chunks, in file order.
-pub(crate) struct BaseFile<'a> {
+/// The previous version of a file being added: its bytes and its chunks, in file order
+/// ([`crate::repo::Repo::base_file`]).
+pub struct BaseFile<'a> {
     bytes: &'a dyn BaseBytes,
     chunks: Vec<BaseChunk>,
     /// Deltas tried in this file, and those that won: smaller than the chunk compressed
@@ -79,7 +80,7 @@ thread_local! {
 impl<'a> BaseFile<'a> {
     /// `leaves` are the previous version's chunks ((score, length), as its recipe lists them);
     /// `usable` says which may be a base.
-    pub fn new(
+    pub(crate) fn new(
         bytes: &'a dyn BaseBytes,
         leaves: &[(Score, u64)],
         usable: impl Fn(&Score) -> bool,
@@ -177,6 +178,16 @@ impl<'a> BaseFile<'a> {
             })
         })
     }
+}
+
+/// The chunk a delta blob stands for: its zstd frame decompressed to `raw_len` bytes and
+/// XORed with its base's raw bytes from byte `from` on. Not checked: the caller checks the
+/// chunk against its score.
+pub fn undo_delta(frame: &[u8], raw_len: u32, base: &[u8], from: u32) -> Result<Vec<u8>, String> {
+    let mut raw = Compression::decompress(frame, raw_len as usize)
+        .map_err(|e| format!("its delta frame does not decompress to {raw_len} bytes: {e}"))?;
+    xor_with_base(&mut raw, base, from)?;
+    Ok(raw)
 }
 
 /// XORs `data[i]` with `base[from + i]` wherever the base has that byte: makes a delta of a

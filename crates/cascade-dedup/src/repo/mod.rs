@@ -29,13 +29,12 @@ use serde::{Deserialize, Serialize};
 use crate::ingest::{Chunk, Ingest, Packed};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
-use delta::BaseFile;
-pub use delta::{BaseBytes, MAX_DELTA_DEPTH};
+pub use delta::{undo_delta, BaseBytes, BaseFile, MAX_DELTA_DEPTH};
 use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored};
 use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
-pub use session::DEFAULT_SESSION_LEASE;
 use session::{BlobAt, FilePacks, Session};
+pub use session::{Hold, DEFAULT_SESSION_LEASE};
 
 /// Where the repository lives below the durable store's root.
 pub const DEFAULT_PREFIX: &str = ".cascade-dedup";
@@ -47,6 +46,9 @@ pub const MANIFEST_FORMAT: &str = "cascade-dedup-manifest/1";
 pub const DEFAULT_PACK_SIZE: usize = 4 << 20;
 /// A writer's first packs that are smaller than the pack size (halving back from it).
 const RAMP_PACKS: usize = 3;
+/// How a chunk rebuilt from a delta blob whose base became unusable is stored
+/// ([`RepoWriter::add_stored_delta`]): the agent's level is not known there.
+const REBUILT_COMPRESSION: Compression = Compression::Zstd { level: 1 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -159,6 +161,12 @@ impl Index {
             }
         }
         None
+    }
+
+    /// Whether a delta blob may be built on blob `s` (see [`Repo::usable_as_base`]).
+    fn usable_as_base(&self, s: &Score) -> bool {
+        self.chain(s, false)
+            .is_some_and(|chain| chain.depth() < MAX_DELTA_DEPTH)
     }
 
     /// Where the pack numbered `n` is, for a writer's pack set.
@@ -514,6 +522,24 @@ impl Repo {
             return true;
         };
         index.chain(s, false).is_none()
+    }
+
+    /// Whether a delta blob may have blob `s` as its base: `s` is in the index outside
+    /// condemned packs, and less than [`MAX_DELTA_DEPTH`] deep.
+    pub fn usable_as_base(&self, s: &Score) -> bool {
+        self.index.read().is_ok_and(|index| index.usable_as_base(s))
+    }
+
+    /// The previous version of a file as a source of delta bases: its chunks, read from its
+    /// recipe, and its bytes. None when the recipe cannot be read (its checkpoint was pruned
+    /// meanwhile, say): a base only ever saves bytes.
+    pub fn base_file<'b>(&self, base: FileBase<'b>) -> Option<BaseFile<'b>> {
+        let root = parse_score(&base.recipe.root).ok()?;
+        let leaves = self.file_chunks(&root).ok()?;
+        let index = self.index.read().ok()?;
+        Some(BaseFile::new(base.bytes, &leaves, |s| {
+            index.usable_as_base(s)
+        }))
     }
 
     /// The chunks of the file whose tree is `root` ((score, length) in file order), from its
@@ -999,23 +1025,9 @@ impl RepoWriter<'_> {
         self.file_packs = FilePacks::default();
         // A base whose recipe cannot be read (e.g. its checkpoint was pruned meanwhile) is
         // no base: it would only have saved bytes.
-        let leaves = base
+        let base = base
             .filter(|_| self.repo.compression != Compression::None)
-            .and_then(|b| {
-                let root = parse_score(&b.recipe.root).ok()?;
-                Some((b.bytes, self.repo.file_chunks(&root).ok()?))
-            });
-        let base = match leaves {
-            Some((bytes, leaves)) => {
-                let index = self.repo.index.read().map_err(|_| poisoned())?;
-                Some(BaseFile::new(bytes, &leaves, |s| {
-                    index
-                        .chain(s, false)
-                        .is_some_and(|chain| chain.depth() < MAX_DELTA_DEPTH)
-                }))
-            }
-            None => None,
-        };
+            .and_then(|b| self.repo.base_file(b));
         let mut ingest = match self.ingest.take() {
             Some(ingest) => ingest,
             None => self.repo.idle_ingest(),
@@ -1249,13 +1261,7 @@ impl RepoWriter<'_> {
         }
         self.register()?;
         self.keep_alive()?;
-        let indexed = || {
-            self.repo
-                .index
-                .read()
-                .is_ok_and(|index| index.chain(&s, false).is_some())
-        };
-        if self.written.contains_key(&s) || indexed() {
+        if self.has(&s) {
             return Ok(false);
         }
         match kind {
@@ -1268,6 +1274,74 @@ impl RepoWriter<'_> {
         }
         self.append(s, kind, raw_len, stored, None, bytes)?;
         Ok(true)
+    }
+
+    /// Adds a delta blob another process made (`frame`: a zstd frame of the chunk, `raw_len`
+    /// bytes, XORed with `base`), as a staging server pushes one an agent sent; the caller
+    /// cannot check it against `s` without the base. While the base is usable
+    /// ([`Repo::usable_as_base`]) the blob is stored as it came. Otherwise (its pack was
+    /// condemned since, say) the chunk is rebuilt with the base read from the repository,
+    /// checked against `s` and stored whole. Skipped (false) when the repository or this
+    /// writer already has `s`. An error `Missing` or `Corrupt` concerns this blob only: its
+    /// base cannot be read, or the delta does not rebuild `s`.
+    pub fn add_stored_delta(
+        &mut self,
+        s: Score,
+        raw_len: u32,
+        base: DeltaBase,
+        frame: &[u8],
+    ) -> Result<bool> {
+        self.register()?;
+        self.keep_alive()?;
+        if self.has(&s) {
+            return Ok(false);
+        }
+        let base_packs: Option<Vec<BlobAt>> = {
+            let index = self.repo.index.read().map_err(|_| poisoned())?;
+            index
+                .chain(&base.score, false)
+                .filter(|chain| chain.depth() < MAX_DELTA_DEPTH)
+                .map(|chain| chain.packs().iter().map(|&n| index.blob_at(n)).collect())
+        };
+        let Some(base_packs) = base_packs else {
+            let base_raw = self.repo.read_blob(&base.score)?;
+            let corrupt = |why: String| Error::Corrupt {
+                score: to_hex(&s),
+                why,
+            };
+            let raw = delta::undo_delta(frame, raw_len, &base_raw, base.from).map_err(corrupt)?;
+            if score(&raw) != s {
+                return Err(corrupt(format!(
+                    "its delta on {} does not rebuild it",
+                    to_hex(&base.score)
+                )));
+            }
+            return match REBUILT_COMPRESSION.compress(&raw) {
+                Some(z) => self.add_stored(s, BlobKind::Data, raw_len, Stored::Zstd, &z),
+                None => self.add_stored(s, BlobKind::Data, raw_len, Stored::Raw, &raw),
+            };
+        };
+        self.stats.new_chunks += 1;
+        self.stats.new_bytes += u64::from(raw_len);
+        self.stats.stored_data_bytes += frame.len() as u64;
+        self.stats.delta_chunks += 1;
+        let slot = self.append(s, BlobKind::Data, raw_len, Stored::Delta, Some(base), frame)?;
+        self.file_packs.note(BlobAt::Own(slot));
+        for at in base_packs {
+            self.file_packs.note(at);
+        }
+        self.own_bases.insert(s, base);
+        Ok(true)
+    }
+
+    /// Whether this writer or the index (outside condemned packs) has blob `s`.
+    fn has(&self, s: &Score) -> bool {
+        self.written.contains_key(s)
+            || self
+                .repo
+                .index
+                .read()
+                .is_ok_and(|index| index.chain(s, false).is_some())
     }
 
     /// Writes the pack being filled (its id is the BLAKE3 of its bytes).

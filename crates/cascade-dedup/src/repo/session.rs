@@ -160,6 +160,26 @@ impl Session {
     }
 }
 
+/// Keeps garbage collection from deleting any pack it condemns from now on, until ended or
+/// until its lease lapses ([`Hold::renew`] renews it): a staging server holds one while it
+/// keeps delta blobs whose bases it checked, so a base condemned meanwhile can still be read
+/// to store its chunk whole (docs/dedup.md, "Through staging servers"). Taking one also
+/// learns the condemned packs and new index objects, as a writer's session does.
+pub struct Hold(Session);
+
+impl Hold {
+    /// Renews the hold when an eighth of its lease went by; fails once it lapsed (the
+    /// collector may have taken it for dead: take a new one).
+    pub fn renew(&mut self, repo: &Repo) -> Result<()> {
+        self.0.keep_alive(repo)
+    }
+
+    /// Lets the collector go on (deletes the session object).
+    pub fn end(self, repo: &Repo) {
+        self.0.end(repo)
+    }
+}
+
 /// A writer's session kept after `finish` until manifests name the files it added: the
 /// collector must not delete what those files use before the manifest is visible to it. A
 /// writer that added no files (blobs only: `add_stored`) stays until its lease lapses or
@@ -308,6 +328,11 @@ impl Repo {
             }),
             Err(_) => session.end(self),
         }
+    }
+
+    /// Takes a [`Hold`].
+    pub fn hold(&self) -> Result<Hold> {
+        Session::start(self).map(Hold)
     }
 
     /// Waits until the sessions ended in the background are deleted (before a collection,

@@ -115,6 +115,8 @@ pub struct PutOutcome {
     pub stored: u32,
     /// Chunks this namespace already had (or that a concurrent write is making durable).
     pub present: u32,
+    /// Of the `stored` ones, the delta chunks.
+    pub deltas: u64,
     /// Their raw and stored bytes (of the `stored` ones).
     pub raw_bytes: u64,
     pub stored_bytes: u64,
@@ -518,6 +520,7 @@ impl ChunkStore {
                 );
                 records.push((start, buf.len() - start));
                 outcome.raw_bytes += u64::from(c.raw_len);
+                outcome.deltas += u64::from(c.stored == Stored::Delta);
                 outcome.stored_bytes += c.data.len() as u64;
             }
             let mut next = 0;

@@ -75,6 +75,7 @@ pub(crate) fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
     let stored = match b[9] {
         0 => Stored::Raw,
         1 => Stored::Zstd,
+        2 => Stored::Delta,
         s => return Err(format!("unknown chunk storage {s}")),
     };
     let ns_len = u16::from_le_bytes([b[10], b[11]]) as usize;
@@ -89,6 +90,9 @@ pub(crate) fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, String> {
         return Err(format!(
             "raw chunk of {raw_len} bytes stored in {stored_len}"
         ));
+    }
+    if stored == Stored::Delta && stored_len <= crate::protocol::DELTA_PREFIX {
+        return Err(format!("delta chunk of {stored_len} bytes"));
     }
     let mut score = [0u8; 32];
     score.copy_from_slice(&b[20..52]);

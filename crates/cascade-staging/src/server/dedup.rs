@@ -11,7 +11,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX, MANIFEST_FORMAT};
+use cascade_dedup::repo::{
+    Error as RepoError, FileRecipe, Hold, Manifest, Repo, DEFAULT_PREFIX, MANIFEST_FORMAT,
+};
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
 use serde::{Deserialize, Serialize};
@@ -37,6 +39,9 @@ const REFRESH_IDLE: Duration = Duration::from_secs(5);
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// Scores of a pending manifest checked against the index per read of its file.
 const CHECK_BATCH: usize = 8192;
+/// A hold on a repository ends once every chunk is pushed and no delta was checked for
+/// this long.
+const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
 
 /// What `cascade stage-server status` shows about dedup (counters since the server started,
 /// levels now).
@@ -46,6 +51,9 @@ pub struct DedupStatus {
     pub chunks_absorbed: u64,
     pub chunk_bytes_raw: u64,
     pub chunk_bytes_stored: u64,
+    /// Of the chunks stored, those that came as deltas against a base in the repository.
+    #[serde(default)]
+    pub delta_chunks_absorbed: u64,
     /// Chunks sent that this server or the durable repository already had.
     pub chunks_deduplicated: u64,
     /// Chunks written into packs of the durable repository, and their stored bytes.
@@ -76,6 +84,7 @@ struct Counters {
     chunks_absorbed: u64,
     chunk_bytes_raw: u64,
     chunk_bytes_stored: u64,
+    delta_chunks_absorbed: u64,
     chunks_deduplicated: u64,
     chunks_pushed: u64,
     pushed_bytes: u64,
@@ -96,6 +105,9 @@ pub(super) struct Dedup {
     chunks: ChunkStore,
     manifests: ManifestStore,
     repos: Mutex<HashMap<String, RepoSlot>>,
+    /// Per namespace, while delta chunks whose bases were checked may wait to be pushed:
+    /// the hold and when a delta was last checked under it.
+    holds: Mutex<HashMap<String, (Hold, Instant)>>,
     counters: Mutex<Counters>,
     wake: (Mutex<u64>, Condvar),
 }
@@ -112,6 +124,7 @@ impl Dedup {
                 chunks,
                 manifests,
                 repos: Mutex::new(HashMap::new()),
+                holds: Mutex::new(HashMap::new()),
                 counters: Mutex::new(Counters::default()),
                 wake: (Mutex::new(0), Condvar::new()),
             },
@@ -135,8 +148,20 @@ fn verify(c: &WireChunk) -> std::result::Result<(), String> {
             })?;
             score(&raw)
         }
-        // The wire protocol decodes no delta blobs: staging servers keep chunks whole.
-        Stored::Delta => return Err(format!("chunk {}: a delta blob", hex(&c.score))),
+        // Its score cannot be checked without its base (the repository has it): its frame
+        // must at least be a chunk of the right length.
+        Stored::Delta => {
+            let frame = protocol::split_delta(c.data).map(|(_, frame)| frame);
+            return match frame.map(|f| Compression::decompress(f, c.raw_len as usize)) {
+                Some(Ok(_)) => Ok(()),
+                Some(Err(e)) => Err(format!(
+                    "delta chunk {}: its zstd frame does not decompress to {} bytes: {e}",
+                    hex(&c.score),
+                    c.raw_len
+                )),
+                None => Err(format!("delta chunk {}: no frame", hex(&c.score))),
+            };
+        }
     };
     if got != c.score {
         return Err(format!(
@@ -186,6 +211,7 @@ impl Shared {
             chunks_absorbed: c.chunks_absorbed,
             chunk_bytes_raw: c.chunk_bytes_raw,
             chunk_bytes_stored: c.chunk_bytes_stored,
+            delta_chunks_absorbed: c.delta_chunks_absorbed,
             chunks_deduplicated: c.chunks_deduplicated,
             chunks_pushed: c.chunks_pushed,
             pushed_bytes: c.pushed_bytes,
@@ -304,6 +330,11 @@ impl Shared {
                 return false;
             }
         }
+        if let Err(why) = self.check_delta_bases(ns, chunks) {
+            self.log(|| format!("refused a PutChunks: {why}"));
+            self.reply_error(stream, id, code::BASE_UNKNOWN, &why);
+            return false;
+        }
         let in_repo: HashSet<Score> = match self.repo_if_any(ns) {
             Some(repo) => {
                 let scores: Vec<Score> = chunks.iter().map(|c| c.score).collect();
@@ -326,6 +357,7 @@ impl Shared {
                 {
                     let mut c = lock(&self.dedup.counters);
                     c.chunks_absorbed += u64::from(o.stored);
+                    c.delta_chunks_absorbed += o.deltas;
                     c.chunk_bytes_raw += o.raw_bytes;
                     c.chunk_bytes_stored += o.stored_bytes;
                     c.chunks_deduplicated += u64::from(o.present + durable_already);
@@ -343,6 +375,86 @@ impl Shared {
                 }
                 self.reply_error(stream, id, c, &why);
                 false
+            }
+        }
+    }
+
+    /// Checks that every delta chunk of a PutChunks has a base the durable repository holds
+    /// as a usable base (loading other writers' index objects once if one is not known yet),
+    /// under a hold taken first: a base condemned after this check stays readable until the
+    /// push, which then stores the chunk whole (docs/staging.md, "Delta blobs").
+    fn check_delta_bases(&self, ns: &str, chunks: &[WireChunk]) -> std::result::Result<(), String> {
+        let bases: Vec<(Score, Score)> = chunks
+            .iter()
+            .filter(|c| c.stored == Stored::Delta)
+            .filter_map(|c| protocol::split_delta(c.data).map(|(b, _)| (c.score, b.score)))
+            .collect();
+        if bases.is_empty() {
+            return Ok(());
+        }
+        let no_base = |(chunk, base): &(Score, Score), why: &str| {
+            format!(
+                "delta chunk {}: its base {} {why}; nothing of this frame was stored",
+                hex(chunk),
+                hex(base)
+            )
+        };
+        let Some(repo) = self.repo_if_any(ns) else {
+            return Err(no_base(&bases[0], "has no durable repository to be in"));
+        };
+        self.hold_bases(ns, &repo)
+            .map_err(|e| no_base(&bases[0], &format!("cannot be held: {e}")))?;
+        let unusable = || bases.iter().find(|(_, b)| !repo.usable_as_base(b));
+        if unusable().is_some() {
+            // Pushed by another server since this one last looked.
+            repo.refresh_index()
+                .map_err(|e| no_base(&bases[0], &e.to_string()))?;
+        }
+        match unusable() {
+            Some(b) => Err(no_base(b, "is not a usable base in the durable repository")),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes a hold on `ns`'s repository unless one is held (ended once nothing waits to be
+    /// pushed).
+    fn hold_bases(&self, ns: &str, repo: &Repo) -> cascade_dedup::repo::Result<()> {
+        let mut holds = lock(&self.dedup.holds);
+        match holds.get_mut(ns) {
+            Some((_, used)) => *used = Instant::now(),
+            None => {
+                holds.insert(ns.to_string(), (repo.hold()?, Instant::now()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Renews the holds while chunks wait to be pushed, ends them once none does.
+    fn tend_holds(&self) {
+        let mut holds = lock(&self.dedup.holds);
+        if holds.is_empty() {
+            return;
+        }
+        let pushed_all = self.dedup.chunks.usage().pending_chunks == 0;
+        for (ns, (mut hold, used)) in std::mem::take(&mut *holds) {
+            let Some(repo) = self.repo_if_any(&ns) else {
+                continue;
+            };
+            // A delta checked just now may not be in the chunk store yet.
+            if pushed_all && used.elapsed() >= HOLD_AFTER_LAST_DELTA {
+                hold.end(&repo);
+                continue;
+            }
+            match hold.renew(&repo) {
+                Ok(()) => {
+                    holds.insert(ns, (hold, used));
+                }
+                Err(e) => {
+                    self.log(|| format!("hold on the dedup repository of {ns:?}: {e}"));
+                    if let Ok(hold) = repo.hold() {
+                        holds.insert(ns, (hold, used));
+                    }
+                }
             }
         }
     }
@@ -550,6 +662,7 @@ impl Shared {
             } else {
                 REFRESH_IDLE
             };
+            self.tend_holds();
             let mut refreshed = false;
             if last_refresh.elapsed() >= every {
                 last_refresh = Instant::now();
@@ -570,6 +683,14 @@ impl Shared {
                 if *g == seen {
                     let _ = cv.wait_timeout(g, Duration::from_millis(250));
                 }
+            }
+        }
+        // Stopping: the collector need not wait for these holds' leases to run out. A
+        // restarted server pushes what waits before garbage collection can delete a base
+        // unless it stays down longer than a lease.
+        for (ns, (hold, _)) in std::mem::take(&mut *lock(&self.dedup.holds)) {
+            if let Some(repo) = self.repo_if_any(&ns) {
+                hold.end(&repo);
             }
         }
     }
@@ -636,7 +757,24 @@ impl Shared {
                 else {
                     continue;
                 };
-                if writer.add_stored(*score, *kind, *raw_len, *stored, data)? {
+                let added = match protocol::split_delta(data).filter(|_| *stored == Stored::Delta) {
+                    Some((base, frame)) => {
+                        match writer.add_stored_delta(*score, *raw_len, base, frame) {
+                            Err(e @ (RepoError::Missing(_) | RepoError::Corrupt { .. })) => {
+                                // This chunk only: the rest of the round goes on.
+                                lock(&self.dedup.counters).lost_chunks += 1;
+                                self.fail(format!(
+                                    "delta chunk {} cannot be pushed: {e}; it is lost unless sent again",
+                                    hex(score)
+                                ));
+                                continue;
+                            }
+                            other => other?,
+                        }
+                    }
+                    None => writer.add_stored(*score, *kind, *raw_len, *stored, data)?,
+                };
+                if added {
                     pushed += 1;
                     pushed_bytes += data.len() as u64;
                 } else {
