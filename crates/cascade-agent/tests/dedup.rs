@@ -678,6 +678,86 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
     }
 }
 
+/// Through two staging servers, each checkpoint of a real PyTorch series after the first
+/// goes as deltas against the previous one (complete, so in the repository); server A is
+/// killed with SIGKILL right after acknowledging the second and restarted: every checkpoint
+/// completes and restores bit for bit.
+#[test]
+fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_loses_none() {
+    let (_serial, _) = begin();
+    let series_dir = tempfile::tempdir().expect("series dir");
+    real_series::make_quick(series_dir.path(), &["torch"]);
+    let models: Vec<Vec<u8>> = real_series::snapshots(series_dir.path(), "torch")
+        .iter()
+        .map(|snap| std::fs::read(snap.join("model.pt")).expect("model.pt"))
+        .collect();
+    let env = Env::new("dedup-stage-delta", 256 << 20);
+    let root = env.tmp.path().to_path_buf();
+    let durable = root.join("durable");
+    for d in [&durable, &root.join("ssd-a"), &root.join("ssd-b")] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let url = durable.to_str().expect("utf-8").to_string();
+    let secret = "dedup-staging-delta-secret";
+    let mut a = StageServer::start(&env, &root.join("ssd-a"), &url, secret, &[]);
+    let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
+    let list = format!("{},{}", a.addr, b.addr);
+    let mut envs = vec![
+        ("CASCADE_STAGING", list.as_str()),
+        ("CASCADE_STAGING_SECRET", secret),
+    ];
+    envs.extend(DEDUP);
+    let mut agent = env.agent(&url, &envs);
+    let pushed = |i: usize| {
+        format!(
+            "cascade agent: checkpoint /torch/snap-{i:02} pushed to the staging servers as chunks"
+        )
+    };
+    let absorbed = |servers: &[&StageServer]| -> u64 {
+        servers
+            .iter()
+            .map(|s| s.status().dedup.delta_chunks_absorbed)
+            .sum()
+    };
+
+    write_checkpoint(&env, "/torch/snap-00", &[("model.pt", &models[0])]);
+    let first = wait_line_with(&mut agent, &pushed(0));
+    assert_eq!(deltas_against(&first), None, "nothing before it: {first}");
+    wait_complete(&mut agent, "/torch/snap-00");
+
+    write_checkpoint(&env, "/torch/snap-01", &[("model.pt", &models[1])]);
+    let second = wait_line_with(&mut agent, &pushed(1));
+    let mut deltas = assert_deltas_against(&second, "/torch/snap-00");
+    assert_eq!(absorbed(&[&a, &b]), deltas, "{second}");
+    let waiting = a.status().dedup.pending_chunks;
+    a.kill9();
+    eprintln!("server A killed with {waiting} acknowledged chunks not pushed yet");
+    a.restart(&env, &url);
+    wait_complete(&mut agent, "/torch/snap-01");
+
+    write_checkpoint(&env, "/torch/snap-02", &[("model.pt", &models[2])]);
+    let third = wait_line_with(&mut agent, &pushed(2));
+    deltas += assert_deltas_against(&third, "/torch/snap-01");
+    wait_complete(&mut agent, "/torch/snap-02");
+    let status = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(status.dedup_delta_chunks, deltas, "{status:?}");
+    for server in [&a, &b] {
+        let s = server.status().dedup;
+        assert_eq!((s.lost_chunks, s.pending_chunks), (0, 0), "{s:?}");
+    }
+    stop_agent(&mut agent);
+
+    for (i, model) in models.iter().enumerate() {
+        let dest = root.join(format!("restored-{i}"));
+        restore_ok(&env, &format!("torch/snap-{i:02}"), &dest, &url);
+        assert!(
+            std::fs::read(dest.join("model.pt")).expect("restored") == *model,
+            "snap-{i:02} differs"
+        );
+    }
+    drop(b);
+}
+
 /// `len` bytes of float32 "weights" (a smooth function of the index, shifted by `seed`), each
 /// scaled by `1 + nudge`: a training step that moves every value a little.
 fn weights(len: usize, seed: u64, nudge: f32) -> Vec<u8> {

@@ -14,7 +14,10 @@
 //!    serves every acknowledged chunk and the manifest; restarted with a good store, it
 //!    pushes them all and writes the manifest;
 //! 4. GetChunks and GetManifest answer before the push and after it;
-//! 5. `owner_of` moves about a quarter of the scores when a fourth server joins three.
+//! 5. `owner_of` moves about a quarter of the scores when a fourth server joins three;
+//! 6. delta chunks: one on a base the repository lacks, or whose frame has the wrong length,
+//!    is refused with nothing of its frame stored; good ones are stored, served back and
+//!    pushed as deltas, and the checkpoint restores bit for bit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -24,13 +27,14 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cascade_dedup::ingest::Packed;
 use cascade_dedup::repo::format::{decode_index, decode_pack_trailer, recipe_blocks};
-use cascade_dedup::repo::{FileRecipe, Repo, DEFAULT_PREFIX};
+use cascade_dedup::repo::{undo_delta, FileBase, FileRecipe, Repo, DEFAULT_PREFIX};
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
 use cascade_durable::DurableStore;
 use cascade_staging::chunks::ChunkOptions;
-use cascade_staging::protocol::{code, BlobKind, ManifestState, Stored, WireChunk};
+use cascade_staging::protocol::{code, delta_data, BlobKind, ManifestState, Stored, WireChunk};
 use cascade_staging::{
     owner_of, ClientOptions, Connection, Error, Server, ServerOptions, ServerStatus, Stopper,
 };
@@ -869,4 +873,148 @@ fn owner_of_moves_about_a_quarter_of_the_scores_when_a_fourth_server_joins() {
     );
     assert_eq!(owner_of(&scores[0], &["only"]), 0);
     assert_eq!(owner_of(&scores[0], &[]), 0);
+}
+
+/// 2 MiB of float32 "weights", each scaled by `1 + nudge`: a training step moves every value
+/// a little, so the XOR with the previous version is mostly zero bytes.
+fn weights(nudge: f32) -> Vec<u8> {
+    (0..(2 << 20) / 4)
+        .flat_map(|i| (((i as f32) * 0.37).sin() * (1.0 + nudge)).to_le_bytes())
+        .collect()
+}
+
+#[test]
+fn delta_chunks_are_checked_against_their_bases_and_pushed_as_deltas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 64 << 20);
+    let (old, new) = (weights(0.0), weights(1e-4));
+    let first = cut("w/v1", vec![("w.bin".into(), old.clone())]);
+    let mut c = connect(&srv.addr, "");
+    send_blobs(
+        std::slice::from_mut(&mut c),
+        &[&srv.addr],
+        &first.blobs,
+        |_| true,
+    );
+    put_manifest(&mut c, &first);
+    wait_for(&srv.addr, "v1 was written", |s| {
+        s.dedup.manifests_written == 1
+    });
+
+    // The agent's side: v2's chunks as deltas against v1, whose bytes it still has.
+    let repo = Repo::open_existing(
+        Arc::new(DurableStore::open(durable.to_str().unwrap()).unwrap()),
+        DEFAULT_PREFIX,
+    )
+    .unwrap()
+    .expect("a repository");
+    let base = repo
+        .base_file(FileBase {
+            recipe: &first.recipes[0],
+            bytes: &old,
+        })
+        .expect("v1's chunks");
+    let zstd: Compression = COMPRESSION.parse().unwrap();
+    let chunking: Chunking = CHUNKING.parse().unwrap();
+    let second = cut("w/v2", vec![("w.bin".into(), new.clone())]);
+    let mut deltas: Vec<(Score, u32, Vec<u8>, Vec<u8>)> = Vec::new();
+    for r in chunking.split(&new) {
+        let raw = &new[r.clone()];
+        if let Some(Packed {
+            bytes,
+            base: Some(b),
+        }) = base.pack(zstd, r.start as u64, raw)
+        {
+            deltas.push((
+                score(raw),
+                raw.len() as u32,
+                delta_data(&b, &bytes),
+                raw.to_vec(),
+            ));
+        }
+    }
+    assert!(deltas.len() > 10, "{} deltas", deltas.len());
+    let wire: Vec<WireChunk> = deltas
+        .iter()
+        .map(|(s, raw_len, data, _)| WireChunk {
+            score: *s,
+            kind: BlobKind::Data,
+            stored: Stored::Delta,
+            raw_len: *raw_len,
+            data,
+        })
+        .collect();
+
+    // A base the repository does not have, and a frame of the wrong length: nothing of
+    // either frame is stored.
+    let (s0, raw_len0, data0, _) = &deltas[0];
+    let mut unknown = data0.clone();
+    unknown[..32].copy_from_slice(&[9; 32]);
+    let bad_base = WireChunk {
+        data: &unknown,
+        ..wire[0]
+    };
+    let bad_len = WireChunk {
+        raw_len: raw_len0 + 1,
+        ..wire[0]
+    };
+    for (bad, want) in [(bad_base, code::BASE_UNKNOWN), (bad_len, code::BAD_CHUNK)] {
+        let mut c = connect(&srv.addr, "");
+        match c.put_chunks(&[wire[1], bad]) {
+            Err(Error::Refused { code, message, .. }) => {
+                assert_eq!(code, want, "{message}");
+                assert!(message.contains(&to_hex(s0)), "{message}");
+            }
+            other => panic!("a bad delta chunk was accepted: {other:?}"),
+        }
+        assert!(c.ping().is_err(), "the server closed the connection");
+    }
+    let mut c = connect(&srv.addr, "");
+    assert_eq!(c.lacks(&[wire[1].score]).unwrap(), [true]);
+
+    // The good ones are taken as deltas and served back as such.
+    let report = c.put_chunks(&wire).unwrap();
+    assert_eq!(report.stored, deltas.len() as u64);
+    let s = c.status().unwrap();
+    assert_eq!(
+        s.dedup.delta_chunks_absorbed,
+        deltas.len() as u64,
+        "{:?}",
+        s.dedup
+    );
+    let fetched = c.get_chunks(&[deltas[0].0]).unwrap();
+    let (b, frame) = fetched[0].delta().expect("a delta chunk");
+    let rebuilt = undo_delta(
+        frame,
+        fetched[0].raw_len,
+        &repo.read_blob(&b.score).unwrap(),
+        b.from,
+    );
+    assert!(rebuilt.unwrap() == deltas[0].3);
+
+    // The rest of v2 and its manifest: v2 is written, its deltas kept as such, and it
+    // restores bit for bit.
+    send_blobs(
+        std::slice::from_mut(&mut c),
+        &[&srv.addr],
+        &second.blobs,
+        |_| true,
+    );
+    put_manifest(&mut c, &second);
+    let s = wait_for(&srv.addr, "v2 was written", |s| {
+        s.dedup.manifests_written == 2
+    });
+    assert_eq!(s.dedup.lost_chunks, 0, "{:?}", s.dedup);
+    assert_restores(&durable, &second);
+    assert_restores(&durable, &first);
+    let index_dir = durable.join(DEFAULT_PREFIX).join("index");
+    let delta_entries = std::fs::read_dir(&index_dir)
+        .unwrap()
+        .flat_map(|e| decode_index(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+        .flat_map(|(_, entries)| entries)
+        .filter(|e| e.stored == Stored::Delta)
+        .count();
+    assert_eq!(delta_entries, deltas.len());
 }
