@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use cascade_dedup::ingest::Ingest;
+use cascade_dedup::ingest::{Ingest, Packed};
 use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
 use cascade_dedup::repo::{rebuild_file, undo_delta, BaseFile, FileBase, FileRecipe};
 use cascade_dedup::score::to_hex;
@@ -38,13 +38,13 @@ struct Blob {
 }
 
 /// A blob in the form it is sent in.
-struct Packed<'b> {
+struct Outgoing<'b> {
     blob: &'b Blob,
     stored: Stored,
     data: Option<Vec<u8>>,
 }
 
-impl Packed<'_> {
+impl Outgoing<'_> {
     fn wire(&self) -> WireChunk<'_> {
         WireChunk {
             score: self.blob.score,
@@ -89,7 +89,7 @@ impl Sender<'_> {
 
     /// A blob's stored form: a delta against the previous version of its file where that
     /// wins (and `deltas`), else compressed where that pays, else raw.
-    fn pack<'b>(&self, blob: &'b Blob, deltas: bool) -> Packed<'b> {
+    fn pack<'b>(&self, blob: &'b Blob, deltas: bool) -> Outgoing<'b> {
         let compression = self.dedup.compression;
         let base = blob
             .at
@@ -99,22 +99,22 @@ impl Sender<'_> {
             Some((base, offset)) => base.pack(compression, offset, &blob.raw),
             None => compression
                 .compress(&blob.raw)
-                .map(|bytes| cascade_dedup::ingest::Packed { bytes, base: None }),
+                .map(|bytes| Packed { bytes, base: None }),
         };
         match packed {
             Some(p) => match p.base {
-                Some(base) => Packed {
+                Some(base) => Outgoing {
                     blob,
                     stored: Stored::Delta,
                     data: Some(delta_data(&base, &p.bytes)),
                 },
-                None => Packed {
+                None => Outgoing {
                     blob,
                     stored: Stored::Zstd,
                     data: Some(p.bytes),
                 },
             },
-            None => Packed {
+            None => Outgoing {
                 blob,
                 stored: Stored::Raw,
                 data: None,
@@ -147,14 +147,14 @@ impl Sender<'_> {
             if lacked.is_empty() {
                 continue;
             }
-            let packed: Vec<Packed> = lacked.par_iter().map(|b| self.pack(b, true)).collect();
+            let packed: Vec<Outgoing> = lacked.par_iter().map(|b| self.pack(b, true)).collect();
             let packed = match self.put(server, &packed) {
                 // A base the server does not hold as one (pruned meanwhile, or pushed where
                 // it has not looked yet): the same chunks again, whole.
                 Err(cascade_staging::Error::Refused { code, .. })
                     if code == cascade_staging::protocol::code::BASE_UNKNOWN =>
                 {
-                    let whole: Vec<Packed> =
+                    let whole: Vec<Outgoing> =
                         lacked.par_iter().map(|b| self.pack(b, false)).collect();
                     self.put(server, &whole)
                         .map_err(|e| staging_error(self.staging, server, e))?;
@@ -175,8 +175,8 @@ impl Sender<'_> {
         Ok(())
     }
 
-    fn put(&self, server: usize, packed: &[Packed]) -> cascade_staging::Result<()> {
-        let wire: Vec<WireChunk> = packed.iter().map(Packed::wire).collect();
+    fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_staging::Result<()> {
+        let wire: Vec<WireChunk> = packed.iter().map(Outgoing::wire).collect();
         self.staging
             .with_conn(server, |c| c.put_chunks(&wire))
             .map(|_| ())

@@ -1255,7 +1255,7 @@ impl RepoWriter<'_> {
     ) -> Result<bool> {
         if stored == Stored::Delta {
             return Err(Error::Invalid(format!(
-                "blob {}: delta blobs are written only by add_file_with_base",
+                "blob {}: delta blobs are written by add_file_with_base or add_stored_delta",
                 to_hex(&s)
             )));
         }

@@ -12,7 +12,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cascade_dedup::repo::{
-    Error as RepoError, FileRecipe, Hold, Manifest, Repo, DEFAULT_PREFIX, MANIFEST_FORMAT,
+    Error as RepoError, FileRecipe, Hold, Manifest, Repo, RepoWriter, DEFAULT_PREFIX,
+    MANIFEST_FORMAT,
 };
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
@@ -382,7 +383,7 @@ impl Shared {
     /// Checks that every delta chunk of a PutChunks has a base the durable repository holds
     /// as a usable base (loading other writers' index objects once if one is not known yet),
     /// under a hold taken first: a base condemned after this check stays readable until the
-    /// push, which then stores the chunk whole (docs/staging.md, "Delta blobs").
+    /// push, which then stores the chunk whole (docs/staging.md, "Delta chunks").
     fn check_delta_bases(&self, ns: &str, chunks: &[WireChunk]) -> std::result::Result<(), String> {
         let bases: Vec<(Score, Score)> = chunks
             .iter()
@@ -757,22 +758,12 @@ impl Shared {
                 else {
                     continue;
                 };
-                let added = match protocol::split_delta(data).filter(|_| *stored == Stored::Delta) {
-                    Some((base, frame)) => {
-                        match writer.add_stored_delta(*score, *raw_len, base, frame) {
-                            Err(e @ (RepoError::Missing(_) | RepoError::Corrupt { .. })) => {
-                                // This chunk only: the rest of the round goes on.
-                                lock(&self.dedup.counters).lost_chunks += 1;
-                                self.fail(format!(
-                                    "delta chunk {} cannot be pushed: {e}; it is lost unless sent again",
-                                    hex(score)
-                                ));
-                                continue;
-                            }
-                            other => other?,
-                        }
-                    }
-                    None => writer.add_stored(*score, *kind, *raw_len, *stored, data)?,
+                let added = match stored {
+                    Stored::Delta => match self.push_delta(&mut writer, score, *raw_len, data)? {
+                        Some(added) => added,
+                        None => continue,
+                    },
+                    _ => writer.add_stored(*score, *kind, *raw_len, *stored, data)?,
                 };
                 if added {
                     pushed += 1;
@@ -804,6 +795,36 @@ impl Shared {
             )
         });
         Ok(true)
+    }
+
+    /// Pushes a delta chunk (`data`: base, `from`, frame); None when it is lost (its base
+    /// cannot be read, or it does not rebuild its score): this chunk only, the round goes on.
+    fn push_delta(
+        &self,
+        writer: &mut RepoWriter,
+        score: &Score,
+        raw_len: u32,
+        data: &[u8],
+    ) -> Result<Option<bool>> {
+        let pushed = match protocol::split_delta(data) {
+            Some((base, frame)) => writer.add_stored_delta(*score, raw_len, base, frame),
+            None => Err(RepoError::Corrupt {
+                score: hex(score),
+                why: "a delta record without a frame".to_string(),
+            }),
+        };
+        match pushed {
+            Ok(added) => Ok(Some(added)),
+            Err(e @ (RepoError::Missing(_) | RepoError::Corrupt { .. })) => {
+                lock(&self.dedup.counters).lost_chunks += 1;
+                self.fail(format!(
+                    "delta chunk {} cannot be pushed: {e}; it is lost unless sent again",
+                    hex(score)
+                ));
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Loads other writers' new index objects into every open repository.
