@@ -27,8 +27,9 @@
 # /dev/shm) with restic, borg, cp -r and zstd -1 on the torch, numpy and lammps series; as root
 # it installs restic, borgbackup and zstd with apt-get when they are missing. The dedup-link
 # suite (root: network namespaces) replays the same series through `cascade agent` into the
-# throttled S3 store (bench/netns-s3.sh), with and without --dedup, and times each snapshot
-# until durable; it makes the series first if they are missing. E.g.
+# throttled S3 store (bench/netns-s3.sh), with and without --dedup (and deltas), directly and
+# through two local staging servers, and times each snapshot until durable; it makes the series
+# first if they are missing. E.g.
 #   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
 #   bench/run.sh --suite node-store --only writes,readback --reps 5
 #   bench/run.sh --suite interposition --only small,meta

@@ -1867,6 +1867,9 @@ fn run_series(rig: &Rig, s: &Series, res: &mut DResults) {
     for rep in 0..o.reps {
         for m in rotated(&methods, rep) {
             let k = methods.iter().position(|x| *x == m).unwrap_or(0);
+            // The previous method's writes and deletions reach the disk first (untimed):
+            // ext4 with `discard` otherwise makes the next writer pay for them.
+            let _ = syncfs(&o.disk_dir);
             util::settle();
             let label = format!("{} ({})", m.label(o), m.store().name());
             let r = match m {
@@ -2380,7 +2383,9 @@ fn markdown(rep: &Report) -> String {
          bytes = apparent sizes of all files in the repository or copy (packs, index, \
          manifests, config; for restic and borg everything in the repository directory). \
          Reduction = input / stored. {}; GB/s = 10^9 bytes/s. The methods take turns within \
-         each repetition, in rotating order, after a wait for an idle machine. See \
+         each repetition, in rotating order, each after a syncfs(2) of the disk (untimed: the \
+         previous method's writes and deletions reach the disk first) and a wait for an idle \
+         machine. See \
          bench/README.md.\n",
         if o.quick { " --quick" } else { "" },
         r.series

@@ -1,16 +1,20 @@
 //! `cascade-bench dedup-link`: how long each checkpoint of a real series takes to become
 //! durable over a 1 Gbit/s link, with the agent's dedup repository against the plain layout,
-//! and against the time the raw bytes need on that link. Writes dedup-link.md and
-//! dedup-link.json. See bench/README.md.
+//! directly and through staging servers, and against the time the raw bytes need on that
+//! link. Writes dedup-link.md and dedup-link.json. See bench/README.md.
 //!
 //! The durable store is bench/netns-s3.sh's versitygw behind `tc tbf` (1 Gbit/s each way).
 //! Per series (bench/datasets: torch, numpy, lammps) and mode (plain; dedup, with
-//! `--dedup ... --compress ... --delta off`; delta, the same with `--delta on`, the default), a
-//! fresh node store and `cascade agent --durable URL/<fresh prefix>`; then, snapshot by snapshot: `cascade put` of each file into `/ck.NN/`,
-//! `cascade commit /ck.NN`, `cascade wait /ck.NN --level durable`. Measured: from the first
-//! put until `cascade wait` returned (time until durable), and the bytes the host end of the
-//! link sent meanwhile (its tx_bytes counter). The raw-bytes minimum is the snapshot's bytes
-//! at the tbf rate.
+//! `--dedup ... --compress ... --delta off`; delta, the same with `--delta on`, the default;
+//! staged-dedup and staged-delta, the same as dedup and delta plus two `cascade stage-server`
+//! on 127.0.0.1 that the agent sends the chunks to, `CASCADE_STAGING`, and that push packs,
+//! index and manifest to the durable store), a fresh node store and `cascade agent --durable
+//! URL/<fresh prefix>` (the servers drain to the same prefix); then, snapshot by snapshot:
+//! `cascade put` of each file into `/ck.NN/`, `cascade commit /ck.NN`, `cascade wait /ck.NN
+//! --level durable`. Measured: from the first put until `cascade wait` returned (time until
+//! durable), and the bytes the host end of the link sent meanwhile (its tx_bytes counter; the
+//! agent's loopback traffic to the servers is not on it). The raw-bytes minimum is the
+//! snapshot's bytes at the tbf rate.
 
 use crate::dedup::{load_series, Series};
 use crate::durable::{clear_remote, describe, one_line, settle, tail, tbf_of};
@@ -69,16 +73,29 @@ pub struct DedupLinkArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Mode {
     Plain,
     /// Dedup and compression, no deltas.
     Dedup,
     /// Dedup and compression with deltas against the previous checkpoint (the default).
     Delta,
+    /// Dedup's settings, the chunks sent through two staging servers.
+    StagedDedup,
+    /// Delta's settings, the chunks (and deltas) sent through two staging servers.
+    StagedDelta,
 }
 
-const MODES: [Mode; 3] = [Mode::Plain, Mode::Dedup, Mode::Delta];
+const MODES: [Mode; 5] = [
+    Mode::Plain,
+    Mode::Dedup,
+    Mode::Delta,
+    Mode::StagedDedup,
+    Mode::StagedDelta,
+];
+
+/// Staging servers per node in the staged modes.
+const STAGE_SERVERS: usize = 2;
 
 impl Mode {
     fn name(self) -> &'static str {
@@ -86,7 +103,22 @@ impl Mode {
             Mode::Plain => "plain",
             Mode::Dedup => "dedup",
             Mode::Delta => "delta",
+            Mode::StagedDedup => "staged-dedup",
+            Mode::StagedDelta => "staged-delta",
         }
+    }
+
+    /// The agent's `--delta` setting (None: the plain layout, no dedup).
+    fn delta(self) -> Option<&'static str> {
+        match self {
+            Mode::Plain => None,
+            Mode::Dedup | Mode::StagedDedup => Some("off"),
+            Mode::Delta | Mode::StagedDelta => Some("on"),
+        }
+    }
+
+    fn staged(self) -> bool {
+        matches!(self, Mode::StagedDedup | Mode::StagedDelta)
     }
 }
 
@@ -107,6 +139,8 @@ pub struct SnapRow {
     pub plain: ModeRow,
     pub dedup: ModeRow,
     pub delta: ModeRow,
+    pub staged_dedup: ModeRow,
+    pub staged_delta: ModeRow,
 }
 
 /// A series in one mode: sums over its snapshots of the per-snapshot medians.
@@ -125,6 +159,8 @@ pub struct SeriesRow {
     pub plain: ModeTotal,
     pub dedup: ModeTotal,
     pub delta: ModeTotal,
+    pub staged_dedup: ModeTotal,
+    pub staged_delta: ModeTotal,
     pub snaps: Vec<SnapRow>,
 }
 
@@ -149,29 +185,172 @@ struct Report<'a> {
 /// One run of a series in one mode: per snapshot, (seconds until durable, wire bytes).
 type RunOut = Vec<(f64, u64)>;
 
-/// The node side of one run: a node store and its agent; both go when dropped.
+/// The cascade CLI without the CASCADE_* settings (and LD_PRELOAD) the bench inherited.
+fn clean_cmd(bin: &Path) -> Command {
+    let mut c = Command::new(bin);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("CASCADE_") {
+            c.env_remove(key);
+        }
+    }
+    c.env_remove("LD_PRELOAD");
+    c
+}
+
+/// Makes the process `cmd` starts get SIGTERM when the bench dies.
+fn die_with_bench(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe; the child gets SIGTERM if the bench dies.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}
+
+/// A staging server of the staged modes: `cascade stage-server` on 127.0.0.1, draining to
+/// the run's durable prefix. Stopped, its arena directory and log removed, when dropped.
+struct StageServer {
+    child: Option<Child>,
+    /// 127.0.0.1:PORT, from its start line.
+    addr: String,
+    dir: PathBuf,
+    log: PathBuf,
+}
+
+impl StageServer {
+    /// Starts `cascade stage-server` with a fresh arena directory `dir` and its stderr in
+    /// `log`; [`StageServer::wait_listening`] waits for its address.
+    fn spawn(bin: &Path, dir: PathBuf, log: PathBuf, drain_to: &str, secret: &str) -> Res<Self> {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+        let out = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
+        let out2 = out.try_clone().ctx(|| "stage-server log")?;
+        let mut cmd = clean_cmd(bin);
+        cmd.args([
+            "stage-server",
+            "-v",
+            "--listen",
+            "127.0.0.1:0",
+            "--drain-to",
+            drain_to,
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .env("CASCADE_STAGING_SECRET", secret)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(out2);
+        die_with_bench(&mut cmd);
+        let mut server = StageServer {
+            child: None,
+            addr: String::new(),
+            dir,
+            log,
+        };
+        server.child = Some(cmd.spawn().ctx(|| "starting cascade stage-server")?);
+        Ok(server)
+    }
+
+    /// Waits (30 s at most) for the start line, `cascade stage-server: listening on ADDR ...`.
+    fn wait_listening(&mut self) -> Res<()> {
+        const START: &str = "cascade stage-server: listening on ";
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let addr = text
+                .lines()
+                .find_map(|l| l.strip_prefix(START))
+                .and_then(|rest| rest.split_whitespace().next());
+            if let Some(addr) = addr {
+                self.addr = addr.to_string();
+                return Ok(());
+            }
+            self.alive()?;
+            if Instant::now() > deadline {
+                return err(format!(
+                    "cascade stage-server printed no start line within 30 s: {}",
+                    tail(&self.log, 5)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// An error with the end of its log if the server has exited.
+    fn alive(&mut self) -> Res<()> {
+        if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+            self.child = None;
+            return err(format!(
+                "cascade stage-server {} exited ({status}): {}",
+                self.addr,
+                tail(&self.log, 5)
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StageServer {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            if let Err(e) = crate::staging::terminate(&mut c, "cascade stage-server", 30) {
+                eprintln!("dedup-link: {e}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The node side of one run: a node store, its agent and, in the staged modes, the staging
+/// servers; all go when dropped.
 struct Node {
     bin: PathBuf,
     store: String,
     url: String,
     agent: Option<Child>,
     agent_log: PathBuf,
+    servers: Vec<StageServer>,
     wait_timeout_s: u64,
 }
 
 impl Node {
     fn cmd(&self) -> Command {
-        let mut c = Command::new(&self.bin);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("CASCADE_") {
-                c.env_remove(key);
-            }
-        }
+        let mut c = clean_cmd(&self.bin);
         c.env("CASCADE_STORE", &self.store)
             .env("CASCADE_DURABLE", &self.url)
-            .env("CASCADE_SPILL_SIZE", "0")
-            .env_remove("LD_PRELOAD");
+            .env("CASCADE_SPILL_SIZE", "0");
         c
+    }
+
+    /// The end of the agent's log, and of the staging servers' logs.
+    fn logs(&self) -> String {
+        let mut s = format!("agent log: {}", tail(&self.agent_log, 3));
+        for server in &self.servers {
+            let _ = write!(
+                s,
+                "; stage-server {} log: {}",
+                server.addr,
+                tail(&server.log, 3)
+            );
+        }
+        s
+    }
+
+    /// An error if the agent or a staging server has exited.
+    fn alive(&mut self) -> Res<()> {
+        if let Some(Ok(Some(status))) = self.agent.as_mut().map(|c| c.try_wait()) {
+            self.agent = None;
+            return err(format!(
+                "cascade agent exited ({status}): {}",
+                tail(&self.agent_log, 5)
+            ));
+        }
+        for server in &mut self.servers {
+            server.alive()?;
+        }
+        Ok(())
     }
 
     fn run_ok(&self, args: &[&str]) -> Res<()> {
@@ -183,11 +362,11 @@ impl Node {
             .ctx(|| format!("running cascade {}", args.join(" ")))?;
         if !out.status.success() {
             return err(format!(
-                "cascade {} failed ({}): {}; agent log: {}",
+                "cascade {} failed ({}): {}; {}",
                 args.join(" "),
                 out.status,
                 one_line(&out.stderr),
-                tail(&self.agent_log, 3)
+                self.logs()
             ));
         }
         Ok(())
@@ -201,21 +380,41 @@ impl Node {
             url,
             agent: None,
             agent_log: Path::new("/var/tmp").join(format!("{}-agent.log", prefix(pid))),
+            servers: Vec::new(),
             wait_timeout_s: a.wait_timeout,
         };
         let _ = node.run_ok(&["destroy", "--force"]);
         node.run_ok(&["init", "--capacity", &capacity.to_string()])?;
+        // The staged modes: the servers first (the agent needs their addresses). Names under
+        // the run's prefix, so that the cleanup finds what a killed run left.
+        let secret = format!("{}-{}", prefix(pid), now_ns());
+        if mode.staged() {
+            for i in 0..STAGE_SERVERS {
+                let base = Path::new("/var/tmp").join(format!("{}-stage-{i}", prefix(pid)));
+                let server = StageServer::spawn(
+                    bin,
+                    base.clone(),
+                    base.with_extension("log"),
+                    &node.url,
+                    &secret,
+                )?;
+                node.servers.push(server);
+            }
+            for server in &mut node.servers {
+                server.wait_listening()?;
+            }
+        }
         let log = std::fs::File::create(&node.agent_log)
             .ctx(|| format!("creating {}", node.agent_log.display()))?;
         let log2 = log.try_clone().ctx(|| "agent log")?;
         let mut cmd = node.cmd();
         cmd.args(["agent", "--verbose", "--durable", &node.url]);
-        let delta = match mode {
-            Mode::Plain => None,
-            Mode::Dedup => Some("off"),
-            Mode::Delta => Some("on"),
-        };
-        if let Some(delta) = delta {
+        if mode.staged() {
+            let addrs: Vec<&str> = node.servers.iter().map(|s| s.addr.as_str()).collect();
+            cmd.env("CASCADE_STAGING", addrs.join(","))
+                .env("CASCADE_STAGING_SECRET", &secret);
+        }
+        if let Some(delta) = mode.delta() {
             cmd.args([
                 "--dedup",
                 &a.dedup,
@@ -226,25 +425,14 @@ impl Node {
             ]);
         }
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
-        // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
+        die_with_bench(&mut cmd);
         node.agent = Some(cmd.spawn().ctx(|| "starting cascade agent")?);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !std::fs::read_to_string(&node.agent_log)
             .unwrap_or_default()
             .contains("cascade agent: store ")
         {
-            if let Some(Ok(Some(status))) = node.agent.as_mut().map(|c| c.try_wait()) {
-                return err(format!(
-                    "cascade agent exited ({status}): {}",
-                    tail(&node.agent_log, 5)
-                ));
-            }
+            node.alive()?;
             if Instant::now() > deadline {
                 return err("cascade agent printed no start line within 30 s");
             }
@@ -280,18 +468,15 @@ impl Node {
                     let _ = e.read_to_end(&mut text);
                 }
                 return err(format!(
-                    "cascade wait {store_path} failed ({status}): {}; agent log: {}",
+                    "cascade wait {store_path} failed ({status}): {}; {}",
                     one_line(&text),
-                    tail(&self.agent_log, 3)
+                    self.logs()
                 ));
             }
-            if let Some(Ok(Some(status))) = self.agent.as_mut().map(|c| c.try_wait()) {
+            if let Err(e) = self.alive() {
                 let _ = child.kill();
                 let _ = child.wait();
-                return err(format!(
-                    "cascade agent exited ({status}): {}",
-                    tail(&self.agent_log, 5)
-                ));
+                return Err(e);
             }
             // Polling every millisecond adds at most a millisecond to what is measured.
             std::thread::sleep(Duration::from_millis(1));
@@ -306,6 +491,8 @@ impl Drop for Node {
             unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGTERM) };
             let _ = a.wait();
         }
+        // Stopped (SIGTERM, waited for) and their directories and logs removed.
+        self.servers.clear();
         let _ = self.run_ok(&["destroy", "--force"]);
     }
 }
@@ -446,6 +633,8 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
                 plain: per(Mode::Plain, i),
                 dedup: per(Mode::Dedup, i),
                 delta: per(Mode::Delta, i),
+                staged_dedup: per(Mode::StagedDedup, i),
+                staged_delta: per(Mode::StagedDelta, i),
             })
             .collect();
         let total = |row: fn(&SnapRow) -> &ModeRow| ModeTotal {
@@ -461,6 +650,8 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             plain: total(|r| &r.plain),
             dedup: total(|r| &r.dedup),
             delta: total(|r| &r.delta),
+            staged_dedup: total(|r| &r.staged_dedup),
+            staged_delta: total(|r| &r.staged_delta),
             snaps,
         });
     }
@@ -494,12 +685,15 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             goal: "below the time the raw bytes need on the link".to_string(),
             measured: format!(
                 "{:.2} s with dedup and deltas (the default), {:.2} s without deltas, {:.2} s \
-                 plain, raw bytes need {}",
+                 plain, raw bytes need {}; through two staging servers {:.2} s with deltas, \
+                 {:.2} s without",
                 r.delta.seconds,
                 r.dedup.seconds,
                 r.plain.seconds,
                 r.link_min_s
-                    .map_or("?".to_string(), |m| format!("{m:.2} s"))
+                    .map_or("?".to_string(), |m| format!("{m:.2} s")),
+                r.staged_delta.seconds,
+                r.staged_dedup.seconds
             ),
             met: r.link_min_s.map(|m| r.delta.seconds < m),
         })
@@ -521,7 +715,13 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
          {} behind {}. Dedup mode: `cascade agent --dedup {} --compress {} --delta off`; delta \
          mode: the same with `--delta on` (the default: changed chunks as compressed XORs with \
          the previous checkpoint, docs/dedup.md); plain mode: the agent's plain layout (files \
-         uploaded as they are closed). Each snapshot of a series is \
+         uploaded as they are closed). Staged-dedup and staged-delta modes: the settings of \
+         dedup and delta plus two `cascade stage-server` on 127.0.0.1 (`CASCADE_STAGING`): the \
+         agent sends each chunk only to the server owning its score and only if that server \
+         lacks it (changed chunks as deltas in staged-delta), and the servers push packs, index \
+         and manifest to the durable store over the link, so their **seconds** include the \
+         servers' push and manifest write; the agent's loopback traffic to the servers is not \
+         on the link. Each snapshot of a series is \
          put into a fresh node store (`cascade put`), committed, and waited for (`cascade wait \
          --level durable`); **seconds** run from the first put until the wait returned, \
          **on the link** is what the host end of the shaped link sent meanwhile (its tx_bytes: \
@@ -538,12 +738,12 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
     );
     let _ = writeln!(
         s,
-        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rep.series {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
             r.series,
             r.snapshots,
             size_str(r.bytes),
@@ -551,13 +751,17 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
             r.plain.seconds,
             r.dedup.seconds,
             r.delta.seconds,
+            r.staged_dedup.seconds,
+            r.staged_delta.seconds,
             r.link_min_s.map_or("–".to_string(), |m| format!(
                 "{:.2}x",
                 r.delta.seconds / m
             )),
             size_str(r.plain.wire),
             size_str(r.dedup.wire),
-            size_str(r.delta.wire)
+            size_str(r.delta.wire),
+            size_str(r.staged_dedup.wire),
+            size_str(r.staged_delta.wire)
         );
     }
     let _ = writeln!(
@@ -575,22 +779,26 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
     for r in rep.series {
         let _ = writeln!(
             s,
-            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | on the link plain | on the link dedup | on the link delta |\n|---|---|---|---|---|---|---|---|---|",
+            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             r.series
         );
         for x in &r.snaps {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
                 x.snapshot,
                 size_str(x.bytes),
                 opt_s(x.link_min_s),
                 x.plain.seconds.median,
                 x.dedup.seconds.median,
                 x.delta.seconds.median,
+                x.staged_dedup.seconds.median,
+                x.staged_delta.seconds.median,
                 size_str(x.plain.wire),
                 size_str(x.dedup.wire),
-                size_str(x.delta.wire)
+                size_str(x.delta.wire),
+                size_str(x.staged_dedup.wire),
+                size_str(x.staged_delta.wire)
             );
         }
     }
