@@ -465,6 +465,52 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     drop(b);
 }
 
+/// A staging server whose dedup chunk store is full (`--chunk-capacity`) refuses the chunks;
+/// the agent says so in one line and stores the checkpoint in the durable repository itself,
+/// from where it restores bit for bit.
+#[test]
+fn a_full_staging_chunk_store_sends_the_checkpoint_to_the_durable_store_instead() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-stage-full", 96 << 20);
+    let root = env.tmp.path().to_path_buf();
+    let durable = root.join("durable");
+    for d in [&durable, &root.join("ssd")] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let url = durable.to_str().expect("utf-8").to_string();
+    let secret = "dedup-staging-full-secret";
+    let server = StageServer::start(
+        &env,
+        &root.join("ssd"),
+        &url,
+        secret,
+        &["--chunk-capacity", "1MiB", "--chunk-segment-size", "1MiB"],
+    );
+    let mut envs = vec![
+        ("CASCADE_STAGING", server.addr.as_str()),
+        ("CASCADE_STAGING_SECRET", secret),
+    ];
+    envs.extend(DEDUP);
+    let mut agent = env.agent(&url, &envs);
+    let model = bytes(4 << 20, 41);
+    write_checkpoint(&env, "/full.1", &[("model.bin", &model)]);
+    let refused = wait_line_with(
+        &mut agent,
+        "cascade agent: sending /full.1 to the staging servers failed",
+    );
+    assert!(
+        refused.contains("staging chunk store") && refused.contains("is full"),
+        "{refused}"
+    );
+    wait_complete(&mut agent, "/full.1");
+    let s = server.status().dedup;
+    assert!(s.segment_bytes <= 1 << 20, "{s:?}");
+    stop_agent(&mut agent);
+    let dest = root.join("restored");
+    restore_ok(&env, "full.1", &dest, &url);
+    assert!(std::fs::read(dest.join("model.bin")).expect("restored") == model);
+}
+
 /// The files of a snapshot directory, relative paths sorted.
 fn files_below(dir: &Path) -> Vec<String> {
     let mut files: Vec<String> = objects_below(dir)
@@ -584,9 +630,9 @@ fn assert_deltas_against(line: &str, base: &str) -> u64 {
     deltas
 }
 
-#[test]
-fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
-    let (_serial, _) = begin();
+/// The model.pt of each of the three snapshots of the quick PyTorch series, made by a real
+/// training loop (bench/datasets/make.sh --quick).
+fn quick_torch_models() -> Vec<Vec<u8>> {
     let series_dir = tempfile::tempdir().expect("series dir");
     real_series::make_quick(series_dir.path(), &["torch"]);
     let models: Vec<Vec<u8>> = real_series::snapshots(series_dir.path(), "torch")
@@ -594,6 +640,13 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
         .map(|snap| std::fs::read(snap.join("model.pt")).expect("model.pt"))
         .collect();
     assert_eq!(models.len(), 3);
+    models
+}
+
+#[test]
+fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
+    let (_serial, _) = begin();
+    let models = quick_torch_models();
 
     // The series stored without deltas, for comparison.
     let plain_env = Env::new("dedup-nodelta", 256 << 20);
@@ -685,12 +738,7 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
 #[test]
 fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_loses_none() {
     let (_serial, _) = begin();
-    let series_dir = tempfile::tempdir().expect("series dir");
-    real_series::make_quick(series_dir.path(), &["torch"]);
-    let models: Vec<Vec<u8>> = real_series::snapshots(series_dir.path(), "torch")
-        .iter()
-        .map(|snap| std::fs::read(snap.join("model.pt")).expect("model.pt"))
-        .collect();
+    let models = quick_torch_models();
     let env = Env::new("dedup-stage-delta", 256 << 20);
     let root = env.tmp.path().to_path_buf();
     let durable = root.join("durable");

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use cascade_agent::{Placement, StagingOptions};
 use cascade_config::{format_size, Config};
+use cascade_staging::chunks::ChunkOptions;
 use cascade_staging::engine::EngineOptions;
 use cascade_staging::{ClientOptions, Connection, Server, ServerOptions};
 
@@ -72,6 +73,13 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         capacity: (capacity > 0).then_some(capacity),
         writers: config.number("stage_server.io_threads").max(1) as usize,
         ..EngineOptions::default()
+    };
+    let chunk_capacity = config.number("stage_server.chunk_capacity");
+    opts.chunks = ChunkOptions {
+        segment_size: config.number("stage_server.chunk_segment_size"),
+        capacity: (chunk_capacity > 0).then_some(chunk_capacity),
+        max_chunks: usize::try_from(config.number("stage_server.chunk_index_limit"))
+            .unwrap_or(usize::MAX),
     };
     opts.buffers = config.number("stage_server.buffers").max(1) as usize;
     opts.io_threads = config.number("stage_server.io_threads").max(1) as usize;

@@ -337,6 +337,36 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: |t| parse_count_in(t, 1, 64),
         default: |_| (Value::Count(2), String::new()),
     },
+    SettingDef {
+        key: "stage_server.chunk_capacity",
+        env: "CASCADE_STAGE_CHUNK_CAPACITY",
+        flag: Some("chunk-capacity"),
+        value_name: "SIZE",
+        help: "Most bytes of dedup chunk segments the staging server keeps on its SSD (0 = as much as the file system holds); chunks past it are refused as full",
+        default_help: "0",
+        parse: parse_bytes,
+        default: |_| (Value::Bytes(0), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.chunk_segment_size",
+        env: "CASCADE_STAGE_CHUNK_SEGMENT_SIZE",
+        flag: Some("chunk-segment-size"),
+        value_name: "SIZE",
+        help: "Size of one dedup chunk segment file on the staging server (1MiB to 1GiB)",
+        default_help: "64MiB",
+        parse: parse_segment_size,
+        default: |_| (Value::Bytes(64 << 20), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.chunk_index_limit",
+        env: "CASCADE_STAGE_CHUNK_INDEX_LIMIT",
+        flag: Some("chunk-index-limit"),
+        value_name: "N",
+        help: "Most dedup chunks the staging server holds at once (its in-memory score index takes 51 to 103 bytes per chunk); chunks past it are refused as full",
+        default_help: "8388608",
+        parse: |t| parse_count_in(t, 1, 1 << 32),
+        default: |_| (Value::Count(8 << 20), String::new()),
+    },
 ];
 
 /// Where the store appears to programs run under `cascade run` unless configured otherwise.
@@ -374,6 +404,14 @@ fn parse_chunk_size(text: &str) -> Result<Value, String> {
     let bytes = parse_size(text)?;
     if !bytes.is_power_of_two() || !(4 << 10..=64 << 20).contains(&bytes) {
         return Err("chunk size must be a power of two from 4KiB to 64MiB".to_string());
+    }
+    Ok(Value::Bytes(bytes))
+}
+
+fn parse_segment_size(text: &str) -> Result<Value, String> {
+    let bytes = parse_size(text)?;
+    if !(1 << 20..=1 << 30).contains(&bytes) {
+        return Err("segment size must be from 1MiB to 1GiB".to_string());
     }
     Ok(Value::Bytes(bytes))
 }
