@@ -258,7 +258,9 @@ impl StageServer {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let addr = text
+            // Whole lines only: the start line may be read half written.
+            let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+            let addr = whole
                 .lines()
                 .find_map(|l| l.strip_prefix(START))
                 .and_then(|rest| rest.split_whitespace().next());
