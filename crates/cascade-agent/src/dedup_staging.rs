@@ -9,9 +9,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use cascade_dedup::ingest::{Ingest, Packed};
+use cascade_dedup::ingest::Ingest;
 use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
-use cascade_dedup::repo::{rebuild_file, undo_delta, BaseFile, FileBase, FileRecipe};
+use cascade_dedup::repo::{pack_chunk, rebuild_file, undo_delta, BaseFile, FileBase, FileRecipe};
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Compression, Score};
 use cascade_staging::protocol::{delta_data, ManifestState, WireChunk};
@@ -90,18 +90,11 @@ impl Sender<'_> {
     /// A blob's stored form: a delta against the previous version of its file where that
     /// wins (and `deltas`), else compressed where that pays, else raw.
     fn pack<'b>(&self, blob: &'b Blob, deltas: bool) -> Outgoing<'b> {
-        let compression = self.dedup.compression;
-        let base = blob
-            .at
-            .filter(|_| deltas)
-            .and_then(|(file, offset)| Some((self.bases.get(file)?.as_ref()?, offset)));
-        let packed = match base {
-            Some((base, offset)) => base.pack(compression, offset, &blob.raw),
-            None => compression
-                .compress(&blob.raw)
-                .map(|bytes| Packed { bytes, base: None }),
+        let (base, offset) = match blob.at.filter(|_| deltas) {
+            Some((file, offset)) => (self.bases.get(file).and_then(Option::as_ref), offset),
+            None => (None, 0),
         };
-        match packed {
+        match pack_chunk(self.dedup.compression, base, offset, &blob.raw) {
             Some(p) => match p.base {
                 Some(base) => Outgoing {
                     blob,
@@ -150,12 +143,17 @@ impl Sender<'_> {
             let packed: Vec<Outgoing> = lacked.par_iter().map(|b| self.pack(b, true)).collect();
             let packed = match self.put(server, &packed) {
                 // A base the server does not hold as one (pruned meanwhile, or pushed where
-                // it has not looked yet): the same chunks again, whole.
+                // it has not looked yet): the same chunks again, the deltas among them whole.
                 Err(cascade_staging::Error::Refused { code, .. })
                     if code == cascade_staging::protocol::code::BASE_UNKNOWN =>
                 {
-                    let whole: Vec<Outgoing> =
-                        lacked.par_iter().map(|b| self.pack(b, false)).collect();
+                    let whole: Vec<Outgoing> = packed
+                        .into_par_iter()
+                        .map(|p| match p.stored {
+                            Stored::Delta => self.pack(p.blob, false),
+                            _ => p,
+                        })
+                        .collect();
                     self.put(server, &whole)
                         .map_err(|e| staging_error(self.staging, server, e))?;
                     whole

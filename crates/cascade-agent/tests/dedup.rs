@@ -325,6 +325,24 @@ fn wait_line_with(agent: &mut Daemon, what: &str) -> String {
     agent.wait_line(what, WAIT, |l| l.starts_with(what))
 }
 
+/// An agent of `env` with settings `extra` that sends through `servers` (sharing `secret`).
+fn agent_through(
+    env: &Env,
+    url: &str,
+    secret: &str,
+    servers: &[&StageServer],
+    extra: &[(&str, &str)],
+) -> Daemon {
+    let list: Vec<&str> = servers.iter().map(|s| s.addr.as_str()).collect();
+    let list = list.join(",");
+    let mut envs = vec![
+        ("CASCADE_STAGING", list.as_str()),
+        ("CASCADE_STAGING_SECRET", secret),
+    ];
+    envs.extend_from_slice(extra);
+    env.agent(url, &envs)
+}
+
 /// "N of M blobs sent" from a "pushed to the staging servers as chunks" line.
 fn blobs_sent(line: &str) -> (u64, u64) {
     let words: Vec<&str> = line.split_whitespace().collect();
@@ -364,13 +382,7 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     std::fs::remove_dir_all(&broken).expect("rm");
     std::fs::write(&broken, b"not a directory\n").expect("file");
     let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
-    let list = format!("{},{}", a.addr, b.addr);
-    let mut envs = vec![
-        ("CASCADE_STAGING", list.as_str()),
-        ("CASCADE_STAGING_SECRET", secret),
-    ];
-    envs.extend(DEDUP);
-    let mut agent = env.agent(&url, &envs);
+    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &DEDUP);
 
     let model = bytes(3 << 20, 31);
     let text = text_like(1 << 20, 32);
@@ -412,13 +424,7 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     // A new node (no dedup setting) reads the checkpoints through: the manifests are only on
     // a server, the blobs on A's SSD or already in the repository (B pushed its own).
     let node2 = Env::new("dedup-stage-n2", 96 << 20);
-    let mut reader = node2.agent(
-        &url,
-        &[
-            ("CASCADE_STAGING", list.as_str()),
-            ("CASCADE_STAGING_SECRET", secret),
-        ],
-    );
+    let mut reader = agent_through(&node2, &url, secret, &[&a, &b], &[]);
     for (ck, want) in [("/ck.1", &model), ("/ck.2", &model2)] {
         for (file, want) in [("model.bin", want), ("notes.txt", &text)] {
             let path = format!("{ck}/{file}");
@@ -486,12 +492,7 @@ fn a_full_staging_chunk_store_sends_the_checkpoint_to_the_durable_store_instead(
         secret,
         &["--chunk-capacity", "1MiB", "--chunk-segment-size", "1MiB"],
     );
-    let mut envs = vec![
-        ("CASCADE_STAGING", server.addr.as_str()),
-        ("CASCADE_STAGING_SECRET", secret),
-    ];
-    envs.extend(DEDUP);
-    let mut agent = env.agent(&url, &envs);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
     let model = bytes(4 << 20, 41);
     write_checkpoint(&env, "/full.1", &[("model.bin", &model)]);
     let refused = wait_line_with(
@@ -749,13 +750,7 @@ fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_lo
     let secret = "dedup-staging-delta-secret";
     let mut a = StageServer::start(&env, &root.join("ssd-a"), &url, secret, &[]);
     let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
-    let list = format!("{},{}", a.addr, b.addr);
-    let mut envs = vec![
-        ("CASCADE_STAGING", list.as_str()),
-        ("CASCADE_STAGING_SECRET", secret),
-    ];
-    envs.extend(DEDUP);
-    let mut agent = env.agent(&url, &envs);
+    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &DEDUP);
     let pushed = |i: usize| {
         format!(
             "cascade agent: checkpoint /torch/snap-{i:02} pushed to the staging servers as chunks"

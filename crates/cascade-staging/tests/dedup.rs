@@ -210,6 +210,13 @@ fn put_manifest(conn: &mut Connection, c: &Cut) {
     .unwrap();
 }
 
+/// Sends checkpoint `c` to the one server at `addr` (through `conn`): the blobs it lacks,
+/// then the manifest.
+fn send_checkpoint(conn: &mut Connection, addr: &str, c: &Cut) {
+    send_blobs(std::slice::from_mut(conn), &[addr], &c.blobs, |_| true);
+    put_manifest(conn, c);
+}
+
 /// Every file of `c` restores bit for bit from the repository at `durable_root`.
 fn assert_restores(durable_root: &Path, c: &Cut) {
     let durable = Arc::new(DurableStore::open(durable_root.to_str().unwrap()).unwrap());
@@ -680,9 +687,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
     block_repository(&broken.join(DEFAULT_PREFIX));
     let srv = ServerProcess::start(&dir, &broken, &log);
     let mut c = connect(&srv.addr, "");
-    let names = [srv.addr.as_str()];
-    send_blobs(std::slice::from_mut(&mut c), &names, &ckpt.blobs, |_| true);
-    put_manifest(&mut c, &ckpt);
+    send_checkpoint(&mut c, &srv.addr, &ckpt);
     let s = wait_for(&srv.addr, "a push attempt failed", |s| {
         s.dedup.push_failures >= 1
     });
@@ -771,9 +776,7 @@ fn get_chunks_and_get_manifest_answer_before_and_after_the_push() {
         ],
     );
     let mut c = connect(&srv.addr, "ns");
-    let names = [srv.addr.as_str()];
-    send_blobs(std::slice::from_mut(&mut c), &names, &ckpt.blobs, |_| true);
-    put_manifest(&mut c, &ckpt);
+    send_checkpoint(&mut c, &srv.addr, &ckpt);
     wait_for(&srv.addr, "a push attempt failed", |s| {
         s.dedup.push_failures >= 1
     });
@@ -892,13 +895,7 @@ fn delta_chunks_are_checked_against_their_bases_and_pushed_as_deltas() {
     let (old, new) = (weights(0.0), weights(1e-4));
     let first = cut("w/v1", vec![("w.bin".into(), old.clone())]);
     let mut c = connect(&srv.addr, "");
-    send_blobs(
-        std::slice::from_mut(&mut c),
-        &[&srv.addr],
-        &first.blobs,
-        |_| true,
-    );
-    put_manifest(&mut c, &first);
+    send_checkpoint(&mut c, &srv.addr, &first);
     wait_for(&srv.addr, "v1 was written", |s| {
         s.dedup.manifests_written == 1
     });
@@ -996,13 +993,7 @@ fn delta_chunks_are_checked_against_their_bases_and_pushed_as_deltas() {
 
     // The rest of v2 and its manifest: v2 is written, its deltas kept as such, and it
     // restores bit for bit.
-    send_blobs(
-        std::slice::from_mut(&mut c),
-        &[&srv.addr],
-        &second.blobs,
-        |_| true,
-    );
-    put_manifest(&mut c, &second);
+    send_checkpoint(&mut c, &srv.addr, &second);
     let s = wait_for(&srv.addr, "v2 was written", |s| {
         s.dedup.manifests_written == 2
     });

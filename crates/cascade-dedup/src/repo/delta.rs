@@ -180,6 +180,22 @@ impl<'a> BaseFile<'a> {
     }
 }
 
+/// A new chunk's stored form: with a `base`, a delta where that wins ([`BaseFile::pack`]),
+/// else the chunk compressed alone where that pays; `None`: store it raw.
+pub fn pack_chunk(
+    compression: Compression,
+    base: Option<&BaseFile>,
+    offset: u64,
+    data: &[u8],
+) -> Option<Packed> {
+    match base {
+        Some(base) => base.pack(compression, offset, data),
+        None => compression
+            .compress(data)
+            .map(|bytes| Packed { bytes, base: None }),
+    }
+}
+
 /// The chunk a delta blob stands for: its zstd frame decompressed to `raw_len` bytes and
 /// XORed with its base's raw bytes from byte `from` on. Not checked: the caller checks the
 /// chunk against its score.

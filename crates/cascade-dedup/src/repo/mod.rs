@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::ingest::{Chunk, Ingest, Packed};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Chunking, Compression, Score};
-pub use delta::{undo_delta, BaseBytes, BaseFile, MAX_DELTA_DEPTH};
+pub use delta::{pack_chunk, undo_delta, BaseBytes, BaseFile, MAX_DELTA_DEPTH};
 use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored};
 use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
@@ -1038,12 +1038,7 @@ impl RepoWriter<'_> {
             if !repo.lacks(s) {
                 return None;
             }
-            match &base {
-                Some(base) => base.pack(compression, offset, data),
-                None => compression
-                    .compress(data)
-                    .map(|bytes| Packed { bytes, base: None }),
-            }
+            delta::pack_chunk(compression, base.as_ref(), offset, data)
         };
         let mut leaves: Vec<(Score, u64)> = Vec::new();
         let digest = ingest.run(reader, &pack, &mut |window, chunks| {
@@ -1173,13 +1168,8 @@ impl RepoWriter<'_> {
         raw: &[u8],
         packed: Option<Packed>,
     ) -> Result<u64> {
-        let base_packs: Option<Vec<BlobAt>> = match packed.as_ref().and_then(|p| p.base) {
-            Some(base) => {
-                let index = self.repo.index.read().map_err(|_| poisoned())?;
-                index
-                    .chain(&base.score, false)
-                    .map(|chain| chain.packs().iter().map(|&n| index.blob_at(n)).collect())
-            }
+        let base_packs = match packed.as_ref().and_then(|p| p.base) {
+            Some(base) => self.base_packs(&base.score)?,
             None => None,
         };
         let (bytes, stored, base): (&[u8], Stored, Option<DeltaBase>) = match &packed {
@@ -1296,14 +1286,7 @@ impl RepoWriter<'_> {
         if self.has(&s) {
             return Ok(false);
         }
-        let base_packs: Option<Vec<BlobAt>> = {
-            let index = self.repo.index.read().map_err(|_| poisoned())?;
-            index
-                .chain(&base.score, false)
-                .filter(|chain| chain.depth() < MAX_DELTA_DEPTH)
-                .map(|chain| chain.packs().iter().map(|&n| index.blob_at(n)).collect())
-        };
-        let Some(base_packs) = base_packs else {
+        let Some(base_packs) = self.base_packs(&base.score)? else {
             let base_raw = self.repo.read_blob(&base.score)?;
             let corrupt = |why: String| Error::Corrupt {
                 score: to_hex(&s),
@@ -1332,6 +1315,16 @@ impl RepoWriter<'_> {
         }
         self.own_bases.insert(s, base);
         Ok(true)
+    }
+
+    /// The packs of blob `base` and of the blobs it depends on, while it is usable as a base
+    /// ([`Repo::usable_as_base`]); None once it is not (condemned since, say).
+    fn base_packs(&self, base: &Score) -> Result<Option<Vec<BlobAt>>> {
+        let index = self.repo.index.read().map_err(|_| poisoned())?;
+        Ok(index
+            .chain(base, false)
+            .filter(|chain| chain.depth() < MAX_DELTA_DEPTH)
+            .map(|chain| chain.packs().iter().map(|&n| index.blob_at(n)).collect()))
     }
 
     /// Whether this writer or the index (outside condemned packs) has blob `s`.
