@@ -5,7 +5,7 @@ use std::io::{self, Read};
 use cascade_dedup::repo::BaseBytes;
 use cascade_store::{ChunkInfo, ChunkLocation, File, Store};
 
-use crate::Progress;
+use crate::report::Progress;
 
 /// A [`Read`] over a store file that copies memory chunks directly from the store's data
 /// region (located with `File::chunk_list`), and reads spilled chunks and holes through

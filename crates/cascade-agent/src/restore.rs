@@ -6,9 +6,11 @@ use std::time::Instant;
 
 use cascade_dedup::repo::{Manifest, Repo};
 use cascade_durable::{DurableStore, FileDigest, Marker, MarkerFile, MARKER_NAME};
-use cascade_store::{File, OpenOptions, Store};
+use cascade_store::Store;
 
-use crate::{Error, Progress, Report, Result};
+use crate::report::{marker_file, Progress, Report};
+use crate::store_write::{create_for_writing, StoreWriter};
+use crate::{Error, Result};
 
 /// Suffix of files being restored; they are renamed into place only once every file of the
 /// checkpoint has been downloaded and verified.
@@ -33,9 +35,7 @@ impl Source<'_> {
     fn files(&self) -> Vec<MarkerFile> {
         match self {
             Source::Plain { marker, .. } => marker.files.clone(),
-            Source::Dedup { manifest, .. } => {
-                manifest.files.iter().map(crate::marker_file).collect()
-            }
+            Source::Dedup { manifest, .. } => manifest.files.iter().map(marker_file).collect(),
         }
     }
 
@@ -98,74 +98,6 @@ impl<W: Write> Write for Counting<'_, W> {
     }
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
-    }
-}
-
-/// Sequential writes into a store file.
-/// Creates (or empties) `path` in the store, after its parent directories, for a file
-/// being fetched or restored into it.
-pub(crate) fn create_for_writing(store: &Store, path: &str) -> Result<File> {
-    if let Some(cut) = path.rfind('/').filter(|&c| c > 0) {
-        let parent = &path[..cut];
-        store
-            .create_dir_all(parent, 0o755)
-            .map_err(|e| Error::store(parent, e))?;
-    }
-    let options = OpenOptions::new()
-        .read(false)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644);
-    store
-        .open(path, &options)
-        .map_err(|e| Error::store(path, e))
-}
-
-/// Writes a file being fetched into the store file `tmp` (created or emptied first) with
-/// `write`; on an error removes `tmp`, so that a failed fetch leaves nothing behind.
-pub(crate) fn write_fetched<T>(
-    store: &Store,
-    tmp: &str,
-    write: impl FnOnce(&mut StoreWriter<'_>) -> Result<T>,
-) -> Result<T> {
-    let written =
-        create_for_writing(store, tmp).and_then(|file| write(&mut StoreWriter::new(&file, tmp)));
-    if written.is_err() {
-        let _ = store.unlink(tmp);
-    }
-    written
-}
-
-pub(crate) struct StoreWriter<'a> {
-    file: &'a File,
-    offset: u64,
-    path: &'a str,
-}
-
-impl<'a> StoreWriter<'a> {
-    pub(crate) fn new(file: &'a File, path: &'a str) -> StoreWriter<'a> {
-        StoreWriter {
-            file,
-            offset: 0,
-            path,
-        }
-    }
-}
-
-impl Write for StoreWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file.write_all_at(buf, self.offset).map_err(|e| {
-            io::Error::new(
-                io::Error::from_raw_os_error(e.errno()).kind(),
-                format!("{}: {}", self.path, cascade_store::errno_text(e.errno())),
-            )
-        })?;
-        self.offset += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 

@@ -13,194 +13,31 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use cascade_staging::client::{ClientOptions, Connection, OutSegment};
-use cascade_staging::protocol::{Level, PullKind, PushFile, MAX_DATA};
+use cascade_staging::client::{Connection, OutSegment};
+use cascade_staging::protocol::{Level as WireLevel, PullKind, PushFile, MAX_DATA};
 use cascade_store::{FileKind, LifeEntry, OpenOptions};
 
-use crate::daemon::{key_of, Agent};
+use crate::level::{Found, Level, Poll, Step, Unit};
+use crate::node::{files_of, key_of, Checkpoint, Node};
 use crate::reader::StoreFileReader;
-use crate::restore::{create_for_writing, StoreWriter};
+use crate::servers::{lock, ServerPool, PULL_EVERY};
+use crate::store_write::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
 
-/// How a node's files are spread over the servers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// File by file, round robin over every server: a node's stream uses them all.
-    Stripe,
-    /// Every file of this node goes to one server chosen by the node's name (a staging
-    /// group: each server serves the nodes that hash to it); the others are fallbacks.
-    Group,
-}
-
-impl std::str::FromStr for Placement {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Placement, String> {
-        match s {
-            "stripe" => Ok(Placement::Stripe),
-            "group" => Ok(Placement::Group),
-            other => Err(format!("{other:?} is not a placement (stripe or group)")),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct StagingOptions {
-    /// `host:port` of every staging server.
-    pub servers: Vec<String>,
-    pub secret: String,
-    /// Key prefix of this job on the servers ("" = none); the servers drain to
-    /// `<drain-to>/<namespace>/...`.
-    pub namespace: String,
-    pub placement: Placement,
-    /// Data bytes per Write frame.
-    pub frame_bytes: usize,
-    /// Data bytes sent between Syncs (each Sync acknowledges the files sealed before it).
-    pub sync_bytes: u64,
-    /// This node's name (staging groups).
-    pub node: String,
-}
-
-impl StagingOptions {
-    pub fn new(servers: Vec<String>, secret: &str) -> StagingOptions {
-        let node = cascade_staging::host_name();
-        StagingOptions {
-            servers,
-            secret: secret.to_string(),
-            namespace: String::new(),
-            placement: Placement::Stripe,
-            frame_bytes: 8 << 20,
-            sync_bytes: 256 << 20,
-            node,
-        }
-    }
-}
-
-struct ServerSlot {
-    addr: String,
-    conn: Mutex<Option<Connection>>,
-    /// Consecutive failures and when to try again.
-    down: Mutex<Option<(u32, Instant)>>,
-}
-
-/// Connections to the staging servers and what the agent placed where.
-pub(crate) struct Staging {
-    pub(crate) opts: StagingOptions,
-    client: ClientOptions,
-    servers: Vec<ServerSlot>,
-    next: AtomicUsize,
+/// Staging servers taking plain files.
+pub(crate) struct StagingServers {
+    pool: Arc<ServerPool>,
+    /// False with dedup on: checkpoints go through the servers as chunks (the staged-dedup
+    /// level), this level only serves files staged before.
+    sends: bool,
     /// Server holding each staged version: (ino, generation, mod_seq) -> server index.
     placed: Mutex<HashMap<(u64, u32, u64), usize>>,
     /// Server each checkpoint root was pushed to: (ino, generation) -> server index.
     pushed: Mutex<HashMap<(u64, u32), usize>>,
     last_pull: Mutex<Option<Instant>>,
-}
-
-/// How often the agent asks the servers what has drained.
-pub(crate) const PULL_EVERY: Duration = Duration::from_millis(500);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Staging {
-    pub(crate) fn new(opts: StagingOptions) -> Staging {
-        let mut client = ClientOptions::new(&opts.secret);
-        client.namespace = opts.namespace.clone();
-        let servers = opts
-            .servers
-            .iter()
-            .map(|a| ServerSlot {
-                addr: a.clone(),
-                conn: Mutex::new(None),
-                down: Mutex::new(None),
-            })
-            .collect();
-        Staging {
-            opts,
-            client,
-            servers,
-            next: AtomicUsize::new(0),
-            placed: Mutex::new(HashMap::new()),
-            pushed: Mutex::new(HashMap::new()),
-            last_pull: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn describe(&self) -> String {
-        format!("staging servers {}", self.opts.servers.join(","))
-    }
-
-    fn count(&self) -> usize {
-        self.servers.len()
-    }
-
-    /// The server a file would go to first.
-    fn home(&self) -> usize {
-        match self.opts.placement {
-            Placement::Stripe => self.next.fetch_add(1, Ordering::Relaxed) % self.count(),
-            Placement::Group => {
-                let h = blake3::hash(self.opts.node.as_bytes());
-                let b = h.as_bytes();
-                u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as usize
-                    % self.count()
-            }
-        }
-    }
-
-    fn up(&self, i: usize) -> bool {
-        let down = *lock(&self.servers[i].down);
-        down.is_none_or(|(_, at)| Instant::now() >= at)
-    }
-
-    /// The first server at or after `start` that is up and not in `exclude`.
-    fn next_up(&self, start: usize, exclude: &[usize]) -> Option<usize> {
-        (0..self.count())
-            .map(|k| (start + k) % self.count())
-            .find(|i| !exclude.contains(i) && self.up(*i))
-    }
-
-    /// Runs `f` on server `i`'s connection (connecting first if needed). On failure the
-    /// connection is dropped and the server marked down for a backoff.
-    pub(crate) fn with_conn<T>(
-        &self,
-        i: usize,
-        f: impl FnOnce(&mut Connection) -> cascade_staging::Result<T>,
-    ) -> cascade_staging::Result<T> {
-        let slot = &self.servers[i];
-        let mut conn = lock(&slot.conn);
-        let result = (|| {
-            if conn.is_none() {
-                *conn = Some(Connection::connect(&slot.addr, &self.client)?);
-            }
-            match conn.as_mut() {
-                Some(c) => f(c),
-                None => unreachable!("connected above"),
-            }
-        })();
-        match &result {
-            Ok(_) => *lock(&slot.down) = None,
-            // The server is up: it refused delta chunks (closing the connection), which are
-            // sent whole at once.
-            Err(cascade_staging::Error::Refused { code, .. })
-                if *code == cascade_staging::protocol::code::BASE_UNKNOWN =>
-            {
-                *conn = None;
-            }
-            Err(_) => {
-                *conn = None;
-                let mut down = lock(&slot.down);
-                let failures = down.map_or(0, |(n, _)| n) + 1;
-                let delay = (Duration::from_millis(500) * (1 << failures.min(6)))
-                    .min(Duration::from_secs(30));
-                *down = Some((failures, Instant::now() + delay));
-            }
-        }
-        result
-    }
 }
 
 /// A piece of file data on its way into a frame.
@@ -307,23 +144,33 @@ impl<'a> FrameBuilder<'a> {
     }
 }
 
-impl Agent {
+impl StagingServers {
+    pub(crate) fn new(pool: Arc<ServerPool>, sends: bool) -> StagingServers {
+        StagingServers {
+            pool,
+            sends,
+            placed: Mutex::new(HashMap::new()),
+            pushed: Mutex::new(HashMap::new()),
+            last_pull: Mutex::new(None),
+        }
+    }
+
     /// Stages `files` (closed, not yet safe) on the servers; whatever no server takes is
-    /// uploaded straight to the durable tier. Returns how many reached a level below memory.
-    pub(crate) fn stage_all(&self, staging: &Staging, files: &[&LifeEntry]) -> usize {
-        let n = staging.count();
-        let mut todo: Vec<Vec<&LifeEntry>> = vec![Vec::new(); n];
-        let mut direct: Vec<&LifeEntry> = Vec::new();
+    /// left for the next level. Returns how many were staged, and those left.
+    fn stage_all<'t>(&self, node: &Node, files: Vec<&'t LifeEntry>) -> (usize, Vec<&'t LifeEntry>) {
+        let n = self.pool.count();
+        let mut todo: Vec<Vec<&'t LifeEntry>> = vec![Vec::new(); n];
+        let mut direct: Vec<&'t LifeEntry> = Vec::new();
         for f in files {
-            match staging.next_up(staging.home(), &[]) {
+            match self.pool.next_up(self.pool.home(), &[]) {
                 Some(i) => todo[i].push(f),
                 None => direct.push(f),
             }
         }
         let mut failed_servers: Vec<usize> = Vec::new();
         let mut done = 0;
-        while todo.iter().any(|t| !t.is_empty()) && !self.stopping() {
-            let results: Vec<(usize, usize, Vec<&LifeEntry>)> = std::thread::scope(|scope| {
+        while todo.iter().any(|t| !t.is_empty()) && !node.stopping() {
+            let results: Vec<(usize, usize, Vec<&'t LifeEntry>)> = std::thread::scope(|scope| {
                 let handles: Vec<_> = todo
                     .iter()
                     .enumerate()
@@ -331,7 +178,7 @@ impl Agent {
                     .map(|(i, t)| {
                         let t = t.clone();
                         scope.spawn(move || {
-                            let (acked, left) = self.stage_batch(staging, i, &t);
+                            let (acked, left) = self.stage_batch(node, i, &t);
                             (i, acked, left)
                         })
                     })
@@ -347,14 +194,14 @@ impl Agent {
                     continue;
                 }
                 failed_servers.push(i);
-                match staging.next_up(i + 1, &failed_servers) {
+                match self.pool.next_up(i + 1, &failed_servers) {
                     Some(j) => {
-                        self.log(|| {
+                        node.log(|| {
                             format!(
                                 "sending {} file(s) meant for {} to {}",
                                 left.len(),
-                                staging.servers[i].addr,
-                                staging.servers[j].addr
+                                self.pool.addr(i),
+                                self.pool.addr(j)
                             )
                         });
                         todo[j].extend(left);
@@ -363,17 +210,16 @@ impl Agent {
                 }
             }
         }
-        if !direct.is_empty() && !self.stopping() {
-            self.log(|| {
+        if !direct.is_empty() && !node.stopping() {
+            node.log(|| {
                 format!(
                     "no staging server takes {} file(s): uploading them to {}",
                     direct.len(),
-                    self.durable().name()
+                    node.durable.name()
                 )
             });
-            done += self.upload_all(&direct);
         }
-        done
+        (done, direct)
     }
 
     /// Sends `files` to server `i`, syncing every `sync_bytes`. Returns how many were
@@ -381,30 +227,30 @@ impl Agent {
     /// before the first Sync).
     fn stage_batch<'f>(
         &self,
-        staging: &Staging,
+        node: &Node,
         i: usize,
         files: &[&'f LifeEntry],
     ) -> (usize, Vec<&'f LifeEntry>) {
         let mut acked = 0usize;
-        let addr = &staging.servers[i].addr;
-        let result = staging.with_conn(i, |conn| {
-            let mut frame = FrameBuilder::new(staging.opts.frame_bytes);
+        let addr = &self.pool.addr(i);
+        let result = self.pool.with_conn(i, |conn| {
+            let mut frame = FrameBuilder::new(self.pool.opts.frame_bytes);
             let mut sealed: Vec<(&LifeEntry, [u8; 32])> = Vec::new();
             let mut unsynced = 0u64;
             for (k, f) in files.iter().enumerate() {
-                if self.stopping() {
+                if node.stopping() {
                     break;
                 }
-                if let Some(digest) = self.send_file(conn, &mut frame, f)? {
+                if let Some(digest) = self.send_file(node, conn, &mut frame, f)? {
                     sealed.push((f, digest));
                 }
                 unsynced += f.size;
-                if unsynced >= staging.opts.sync_bytes || k + 1 == files.len() {
+                if unsynced >= self.pool.opts.sync_bytes || k + 1 == files.len() {
                     frame.flush(conn)?;
                     conn.sync()?;
                     unsynced = 0;
                     for (f, digest) in sealed.drain(..) {
-                        self.record_staged(staging, i, f, &digest);
+                        self.record_staged(node, i, f, &digest);
                     }
                     acked = k + 1;
                 }
@@ -414,7 +260,7 @@ impl Agent {
         match result {
             Ok(()) => (acked, files[acked..].to_vec()),
             Err(e) => {
-                self.record_failure(format!(
+                node.record_failure(format!(
                     "staging server {addr} failed after {acked} of {} file(s): {e}",
                     files.len()
                 ));
@@ -423,20 +269,22 @@ impl Agent {
         }
     }
 
-    fn record_staged(&self, staging: &Staging, i: usize, f: &LifeEntry, digest: &[u8; 32]) {
-        if !self.store().mark_staged(f.ino, f.generation, f.mod_seq) {
+    fn record_staged(&self, node: &Node, i: usize, f: &LifeEntry, digest: &[u8; 32]) {
+        if !node.store.mark_staged(f.ino, f.generation, f.mod_seq) {
             return; // Changed while it was sent: the next pass sends the new version.
         }
-        lock(&staging.placed).insert((f.ino, f.generation, f.mod_seq), i);
-        self.remember_digest(f, cascade_staging::hex(digest));
-        if let Ok(mut s) = self.stats.lock() {
+        lock(&self.placed).insert((f.ino, f.generation, f.mod_seq), i);
+        node.remember_digest(f, cascade_staging::hex(digest));
+        node.count(|s| {
             s.staged_files += 1;
             s.staged_bytes += f.size;
-        }
-        self.log(|| {
+        });
+        node.log(|| {
             format!(
                 "staged {} ({} bytes) on {}",
-                f.path, f.size, staging.servers[i].addr
+                f.path,
+                f.size,
+                self.pool.addr(i)
             )
         });
     }
@@ -444,7 +292,8 @@ impl Agent {
     /// Streams one file version into `frame` and seals it; None if it was removed or
     /// replaced since the snapshot.
     fn send_file<'s>(
-        &'s self,
+        &self,
+        node: &'s Node,
         conn: &mut Connection,
         frame: &mut FrameBuilder<'s>,
         f: &LifeEntry,
@@ -455,7 +304,7 @@ impl Agent {
                 std::io::Error::from_raw_os_error(e.errno()),
             )
         };
-        let file = match self.store().open(&f.path, &OpenOptions::new()) {
+        let file = match node.store.open(&f.path, &OpenOptions::new()) {
             Ok(file) => file,
             Err(e) if e.errno() == libc::ENOENT => return Ok(None),
             Err(e) => return Err(io("open", e)),
@@ -463,11 +312,11 @@ impl Agent {
         if file.ino() != f.ino || file.generation() != f.generation {
             return Ok(None);
         }
-        let mut reader = StoreFileReader::new(self.store(), &file).map_err(|e| io("read", e))?;
+        let mut reader = StoreFileReader::new(&node.store, &file).map_err(|e| io("read", e))?;
         let size = reader.len();
         let key = key_of(&f.path);
         let version = (cascade_durable::now_unix_ns(), size);
-        let region = self.store().data_region();
+        let region = node.store.data_region();
         let digest = match reader.memory_pieces() {
             Some(pieces) => {
                 let slices: Vec<&'s [u8]> = pieces
@@ -533,16 +382,16 @@ impl Agent {
 
     /// Hands a checkpoint whose files are all staged (or durable) to a server, which writes
     /// its marker once they have drained. True if a server took it.
-    pub(crate) fn push_checkpoint(&self, staging: &Staging, root: &LifeEntry) -> Result<bool> {
-        let Some(tree) = self.fresh_tree(root)? else {
+    fn push_checkpoint(&self, node: &Node, root: &LifeEntry) -> Result<bool> {
+        let Some(tree) = node.fresh_tree(root)? else {
             return Ok(false);
         };
         let now_root = &tree[0];
-        let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
+        let files: Vec<&LifeEntry> = files_of(&tree).collect();
         if files.iter().any(|f| !f.safe() || f.torn) {
             return Ok(false);
         }
-        let (single_file, entries) = self.marker_entries(now_root, &files)?;
+        let (single_file, entries) = node.marker_entries(now_root, &files)?;
         let push: Vec<PushFile> = entries
             .iter()
             .map(|e| PushFile {
@@ -552,43 +401,45 @@ impl Agent {
             })
             .collect();
         // The server holding most of its files, else any that is up.
-        let mut votes = vec![0usize; staging.count()];
+        let mut votes = vec![0usize; self.pool.count()];
         {
-            let placed = lock(&staging.placed);
+            let placed = lock(&self.placed);
             for f in &files {
                 if let Some(&i) = placed.get(&(f.ino, f.generation, f.mod_seq)) {
                     votes[i] += 1;
                 }
             }
         }
-        let first = (0..staging.count()).max_by_key(|&i| votes[i]).unwrap_or(0);
+        let first = (0..self.pool.count())
+            .max_by_key(|&i| votes[i])
+            .unwrap_or(0);
         let key = key_of(&now_root.path);
         let mut tried = Vec::new();
-        while let Some(i) = staging.next_up(first, &tried) {
+        while let Some(i) = self.pool.next_up(first, &tried) {
             tried.push(i);
-            match staging.with_conn(i, |c| c.push(key, single_file, &push)) {
+            match self.pool.with_conn(i, |c| c.push(key, single_file, &push)) {
                 Ok(()) => {
-                    if !self.store().mark_pushed(
-                        now_root.ino,
-                        now_root.generation,
-                        now_root.mod_seq,
-                    ) {
+                    if !node
+                        .store
+                        .mark_pushed(now_root.ino, now_root.generation, now_root.mod_seq)
+                    {
                         return Ok(false);
                     }
-                    lock(&staging.pushed).insert((now_root.ino, now_root.generation), i);
-                    self.log(|| {
+                    lock(&self.pushed).insert((now_root.ino, now_root.generation), i);
+                    node.log(|| {
                         format!(
                             "checkpoint {} staged ({} files); {} completes it",
                             now_root.path,
                             files.len(),
-                            staging.servers[i].addr
+                            self.pool.addr(i)
                         )
                     });
                     return Ok(true);
                 }
-                Err(e) => self.record_failure(format!(
+                Err(e) => node.record_failure(format!(
                     "cannot push checkpoint {} to {}: {e}",
-                    now_root.path, staging.servers[i].addr
+                    now_root.path,
+                    self.pool.addr(i)
                 )),
             }
         }
@@ -596,31 +447,25 @@ impl Agent {
     }
 
     /// Asks the servers which staged files and pushed checkpoints reached the durable tier
-    /// and records it. At most every [`PULL_EVERY`] unless `force`. True if anything
-    /// became durable.
-    pub(crate) fn pull_levels<'a>(
-        &self,
-        staging: &Staging,
-        tree: &'a [LifeEntry],
-        force: bool,
-    ) -> bool {
+    /// and records it. At most every [`PULL_EVERY`]. True if anything became durable.
+    fn pull_levels<'a>(&self, node: &Node, tree: &'a [LifeEntry]) -> bool {
         {
-            let mut last = lock(&staging.last_pull);
-            if !force && last.is_some_and(|t| t.elapsed() < PULL_EVERY) {
+            let mut last = lock(&self.last_pull);
+            if last.is_some_and(|t| t.elapsed() < PULL_EVERY) {
                 return false;
             }
             *last = Some(Instant::now());
         }
         // Each with the server it went to, if this agent knows (else every server is asked).
         let staged: Vec<(&LifeEntry, Option<usize>)> = {
-            let placed = lock(&staging.placed);
+            let placed = lock(&self.placed);
             tree.iter()
                 .filter(|e| e.kind == FileKind::File && e.staged())
                 .map(|f| (f, placed.get(&(f.ino, f.generation, f.mod_seq)).copied()))
                 .collect()
         };
         let roots: Vec<(&LifeEntry, Option<usize>)> = {
-            let pushed = lock(&staging.pushed);
+            let pushed = lock(&self.pushed);
             tree.iter()
                 .filter(|e| e.committed && e.pushed_flag && e.staged())
                 .map(|r| (r, pushed.get(&(r.ino, r.generation)).copied()))
@@ -636,8 +481,8 @@ impl Agent {
                 .collect()
         };
         let mut changed = false;
-        for i in 0..staging.count() {
-            if !staging.up(i) {
+        for i in 0..self.pool.count() {
+            if !self.pool.up(i) {
                 continue;
             }
             let mine_f = on(i, &staged);
@@ -654,32 +499,32 @@ impl Agent {
                     .iter()
                     .map(|r| (PullKind::Checkpoint, key_of(&r.path))),
             );
-            let states = match staging.with_conn(i, |c| c.pull(&queries)) {
+            let states = match self.pool.with_conn(i, |c| c.pull(&queries)) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.record_failure(format!(
+                    node.record_failure(format!(
                         "cannot ask {} what has drained: {e}",
-                        staging.servers[i].addr
+                        self.pool.addr(i)
                     ));
                     continue;
                 }
             };
             let (file_states, root_states) = states.split_at(mine_f.len());
             for (f, st) in mine_f.iter().zip(file_states) {
-                if st.level != Level::Durable {
+                if st.level != WireLevel::Durable {
                     continue;
                 }
-                let Ok(ours) = self.digest_of(f) else {
+                let Ok(ours) = node.digest_of(f) else {
                     continue;
                 };
                 if cascade_staging::hex(&st.blake3) == ours
-                    && self.store().mark_durable(f.ino, f.generation, f.mod_seq)
+                    && node.store.mark_durable(f.ino, f.generation, f.mod_seq)
                 {
                     changed = true;
                 }
             }
             for (r, st) in mine_r.iter().zip(root_states) {
-                if st.level != Level::Durable {
+                if st.level != WireLevel::Durable {
                     continue;
                 }
                 // The server wrote the marker for the version pushed; the root's version
@@ -688,62 +533,47 @@ impl Agent {
                     .iter()
                     .filter(|e| e.kind == FileKind::File && e.is_at_or_below(&r.path))
                 {
-                    self.store().mark_durable(f.ino, f.generation, f.mod_seq);
+                    node.store.mark_durable(f.ino, f.generation, f.mod_seq);
                 }
-                if self.store().mark_complete(r.ino, r.generation, r.mod_seq) {
+                if node.store.mark_complete(r.ino, r.generation, r.mod_seq) {
                     changed = true;
-                    if let Ok(mut s) = self.stats.lock() {
-                        s.markers += 1;
-                    }
-                    self.log(|| format!("checkpoint {} complete (marker by its server)", r.path));
+                    node.count(|s| s.markers += 1);
+                    node.log(|| format!("checkpoint {} complete (marker by its server)", r.path));
                 }
             }
         }
         changed
     }
 
-    /// Read-through from the staging servers: the newest version of `key` staged and not yet
-    /// drained, written into `tmp` in the store and checked against its BLAKE3; its size.
-    /// None if no server has one (the durable store decides then).
-    pub(crate) fn fetch_from_staging(
-        &self,
-        staging: &Staging,
-        key: &str,
-        tmp: &str,
-    ) -> Result<Option<u64>> {
+    /// The server holding the newest version of `key` staged and not yet drained, and that
+    /// version's stamp. Servers that do not answer are skipped.
+    fn newest_staged(&self, key: &str) -> Option<(usize, u64)> {
         let mut best: Option<(usize, u64)> = None;
-        for i in 0..staging.count() {
-            if let Ok(states) = staging.with_conn(i, |c| c.pull(&[(PullKind::File, key)])) {
+        for i in 0..self.pool.count() {
+            if let Ok(states) = self.pool.with_conn(i, |c| c.pull(&[(PullKind::File, key)])) {
                 // Only versions not yet drained: a drained one is in the durable store, which
                 // may since hold a newer version uploaded directly.
-                if let Some(st) = states.first().filter(|s| s.level == Level::Staged) {
+                if let Some(st) = states.first().filter(|s| s.level == WireLevel::Staged) {
                     if best.is_none_or(|(_, stamp)| st.stamp > stamp) {
                         best = Some((i, st.stamp));
                     }
                 }
             }
         }
-        let Some((i, stamp)) = best else {
-            return Ok(None);
-        };
-        // A server that was down while the file was rewritten may still hold an older
-        // version than the durable store's (it is retired when that server drains).
-        if self
-            .durable()
-            .recorded_version(key)
-            .ok()
-            .flatten()
-            .is_some_and(|newer| newer > stamp)
-        {
-            return Ok(None);
-        }
-        let store = self.store();
+        best
+    }
+
+    /// Reads file `key` from server `i` into the store file `tmp`, checked against its
+    /// BLAKE3; its size. None if the server no longer has it or failed (the levels below
+    /// decide then).
+    fn download(&self, node: &Node, i: usize, key: &str, tmp: &str) -> Result<Option<u64>> {
+        let store = &node.store;
         let file = create_for_writing(store, tmp)?;
         let mut out = StoreWriter::new(&file, tmp);
         let mut hasher = blake3::Hasher::new();
         let mut offset = 0u64;
         let mut buf = Vec::new();
-        let fetched = staging.with_conn(i, |c| loop {
+        let fetched = self.pool.with_conn(i, |c| loop {
             let Some(meta) = c.read(key, offset, MAX_DATA as u32, &mut buf)? else {
                 return Ok(None);
             };
@@ -759,7 +589,7 @@ impl Agent {
         });
         let meta = match fetched {
             Ok(Some(m)) => m,
-            // Gone (drained and reclaimed) or the server failed: the durable tier decides.
+            // Gone (drained and reclaimed) or the server failed.
             Ok(None) | Err(_) => {
                 let _ = store.unlink(tmp);
                 return Ok(None);
@@ -771,10 +601,81 @@ impl Agent {
                 path: key.to_string(),
                 reason: format!(
                     "the copy on staging server {} does not match its BLAKE3",
-                    staging.servers[i].addr
+                    self.pool.addr(i)
                 ),
             });
         }
         Ok(Some(meta.size))
+    }
+}
+
+impl Level for StagingServers {
+    fn name(&self) -> String {
+        self.pool.describe()
+    }
+
+    fn takes(&self) -> Option<Unit> {
+        self.sends.then_some(Unit::Files)
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+
+    fn holds(&self, e: &LifeEntry) -> bool {
+        e.safe()
+    }
+
+    fn send_files<'t>(
+        &self,
+        node: &Node,
+        files: Vec<&'t LifeEntry>,
+    ) -> (usize, Vec<&'t LifeEntry>) {
+        self.stage_all(node, files)
+    }
+
+    /// A checkpoint whose files are all staged is pushed to a server, which writes its
+    /// marker; one whose files are all durable is left to the durable store's level.
+    fn send_checkpoint(&self, node: &Node, c: &Checkpoint, _previous: Option<&Checkpoint>) -> Step {
+        let all_durable = match node.fresh_tree(c.root) {
+            Ok(Some(tree)) => files_of(&tree).all(|f| f.durable()),
+            Ok(None) => false,
+            Err(e) => {
+                node.record_failure(format!("cannot read checkpoint {}: {e}", c.root.path));
+                return Step::NotReady;
+            }
+        };
+        if all_durable {
+            return Step::Next;
+        }
+        if c.root.checkpoint_safe() {
+            // Its server writes the marker once the files have drained.
+            return Step::Waiting(Instant::now() + PULL_EVERY);
+        }
+        match self.push_checkpoint(node, c.root) {
+            Ok(true) => Step::Handed,
+            Ok(false) => Step::NotReady,
+            Err(e) => {
+                node.record_failure(format!("cannot push checkpoint {}: {e}", c.root.path));
+                Step::NotReady
+            }
+        }
+    }
+
+    fn poll(&self, node: &Node, tree: &[LifeEntry]) -> Poll {
+        let progressed = self.pull_levels(node, tree);
+        let waiting = files_of(tree).filter(|e| e.staged()).count();
+        Poll {
+            progressed,
+            waiting,
+            ask_again: (waiting > 0).then(|| Instant::now() + PULL_EVERY),
+        }
+    }
+
+    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+        Ok(self.newest_staged(key).map(|(i, stamp)| Found {
+            stamp,
+            fetch: Box::new(move |tmp| self.download(node, i, key, tmp)),
+        }))
     }
 }

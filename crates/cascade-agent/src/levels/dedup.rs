@@ -1,0 +1,172 @@
+//! The durable store's dedup repository as a level (docs/dedup.md, "In the agent").
+//!
+//! With dedup configured, the agent stores each committed checkpoint to flush whole: every
+//! file is cut into chunks read straight from the store, each chunk the repository lacks is
+//! stored once (compressed where it pays), then the index, then the manifest — the
+//! checkpoint's completion record. Read-through rebuilds a missing file from its recipe,
+//! verifying every chunk's score and the file's BLAKE3.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cascade_store::{FileKind, LifeEntry};
+
+use crate::deltas::with_base;
+use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
+use crate::node::{files_of, key_of, path_in_checkpoint, Checkpoint, Node};
+use crate::reader::StoreFileReader;
+use crate::repository::Repository;
+use crate::{Error, Result};
+
+pub(crate) struct DedupRepository {
+    repository: Arc<Repository>,
+}
+
+impl DedupRepository {
+    pub(crate) fn new(repository: Arc<Repository>) -> DedupRepository {
+        DedupRepository { repository }
+    }
+
+    /// Stores checkpoint `root` in the repository and records it complete; false if it
+    /// changed or went away meanwhile (nothing recorded; a manifest already written for a
+    /// version that changed under the reads is taken back). With deltas on, each file is
+    /// added with the same file of `previous` as its base.
+    fn store_checkpoint(
+        &self,
+        node: &Node,
+        root: &LifeEntry,
+        previous: Option<&Checkpoint>,
+    ) -> Result<bool> {
+        let started = Instant::now();
+        let Some(tree) = node.closed_checkpoint(root)? else {
+            return Ok(false);
+        };
+        let now_root = &tree[0];
+        let files: Vec<&LifeEntry> = files_of(&tree).collect();
+        let Some(repo) = self.repository.get()? else {
+            return Ok(false);
+        };
+        let ckpt = key_of(&now_root.path);
+        // A plain marker of an earlier drain would be read instead of the new manifest.
+        node.durable.delete_marker(ckpt).map_err(Error::Durable)?;
+        let previous = previous
+            .filter(|_| self.repository.deltas())
+            .and_then(|p| self.repository.previous_version(&repo, p));
+        let store = &node.store;
+        let mut writer = repo.writer();
+        let mut recipes = Vec::with_capacity(files.len());
+        for f in &files {
+            let Some(file) = node.open_snapshot_file(f)? else {
+                return Ok(false);
+            };
+            let reader =
+                StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
+            let path = path_in_checkpoint(now_root, f);
+            // The base is read like the file itself, straight from the store; a base that
+            // went away or changed costs deltas only (its bytes are checked).
+            let base = previous
+                .as_ref()
+                .and_then(|p| p.base_of(&path, files.len()));
+            let base = base
+                .and_then(|(recipe, e)| Some((recipe, node.open_snapshot_file(e).ok().flatten()?)));
+            recipes.push(with_base(store, base.as_ref(), |base| {
+                writer.add_file_with_base(&path, reader, base)
+            })?);
+        }
+        let stats = writer.finish()?;
+        let manifest = if now_root.kind == FileKind::File && recipes.len() == 1 {
+            repo.write_single_file_manifest(ckpt, recipes.remove(0))?
+        } else {
+            repo.write_manifest(ckpt, recipes)?
+        };
+        // Reads of a version that changed meanwhile may mix old and new bytes: such a
+        // manifest must not stay (opening a file for writing bumps its version).
+        let mut unchanged = true;
+        for (f, recipe) in files.iter().zip(&manifest.files) {
+            unchanged &= store.mark_durable(f.ino, f.generation, f.mod_seq);
+            node.remember_digest(f, recipe.blake3.clone());
+        }
+        unchanged =
+            unchanged && store.mark_complete(now_root.ino, now_root.generation, now_root.mod_seq);
+        if !unchanged {
+            repo.forget(ckpt)?;
+            return Ok(false);
+        }
+        self.repository
+            .remember_manifest(now_root, ckpt, manifest.files);
+        node.count(|s| {
+            s.uploaded_files += files.len() as u64;
+            s.uploaded_bytes += stats.bytes;
+            s.markers += 1;
+            s.dedup_checkpoints += 1;
+            s.dedup_bytes += stats.bytes;
+            s.dedup_new_bytes += stats.new_bytes;
+            s.dedup_stored_bytes += stats.stored_data_bytes + stats.stored_tree_bytes;
+            s.dedup_delta_chunks += stats.delta_chunks;
+        });
+        node.log(|| {
+            let against = previous.as_ref().map_or(String::new(), |p| {
+                format!(
+                    ", {} as deltas against {}",
+                    stats.delta_chunks, p.checkpoint
+                )
+            });
+            format!(
+                "checkpoint {} complete in the dedup repository ({} files, {} bytes; {} of {} \
+                 chunks new{against}, {} bytes stored) in {:.3} s",
+                now_root.path,
+                files.len(),
+                stats.bytes,
+                stats.new_chunks,
+                stats.chunks,
+                stats.stored_data_bytes + stats.stored_tree_bytes,
+                started.elapsed().as_secs_f64()
+            )
+        });
+        Ok(true)
+    }
+}
+
+impl Level for DedupRepository {
+    fn name(&self) -> String {
+        "the dedup repository".to_string()
+    }
+
+    fn takes(&self) -> Option<Unit> {
+        self.repository.options().map(|_| Unit::Checkpoints)
+    }
+
+    fn holds(&self, e: &LifeEntry) -> bool {
+        e.durable()
+    }
+
+    fn send_checkpoint(&self, node: &Node, c: &Checkpoint, previous: Option<&Checkpoint>) -> Step {
+        if let Some(step) = not_yet_whole(node, c) {
+            return step;
+        }
+        match self.store_checkpoint(node, c.root, previous) {
+            Ok(true) => Step::Complete,
+            Ok(false) => Step::Changed,
+            Err(e) => retry_later(
+                node,
+                c.root,
+                &format!("storing {} in the dedup repository", c.root.path),
+                &e,
+            ),
+        }
+    }
+
+    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+        let Some(file) = self.repository.find_file(key)? else {
+            return Ok(None);
+        };
+        Ok(Some(Found {
+            stamp: file.written_unix_ns,
+            fetch: Box::new(move |tmp| self.repository.restore(&node.store, &file, tmp).map(Some)),
+        }))
+    }
+
+    fn is_dir(&self, _node: &Node, key: &str) -> Result<bool> {
+        self.repository.is_dir(key)
+    }
+}

@@ -1,0 +1,616 @@
+//! Dedup through the staging servers (docs/dedup.md, "Through staging servers"): the agent
+//! cuts a committed checkpoint into chunks and scores them here on the compute node, asks the
+//! server that owns each score (rendezvous hashing over `staging.servers`) which ones it
+//! lacks, and sends only those, compressed; then the recipe blocks the same way, then the
+//! manifest with every score it names to the server owning the checkpoint's name. The servers
+//! push packs and index objects to the durable repository and write the manifest once all
+//! its blobs are there.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cascade_dedup::ingest::Ingest;
+use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
+use cascade_dedup::repo::{
+    pack_chunk, rebuild_file, undo_delta, BaseFile, FileBase, FileRecipe, Repo,
+};
+use cascade_dedup::score::to_hex;
+use cascade_dedup::{score, Score};
+use cascade_staging::protocol::{delta_data, ManifestState, WireChunk};
+use cascade_store::{FileKind, LifeEntry};
+use rayon::prelude::*;
+
+use crate::deltas::{recipe_in, PreviousVersion};
+use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
+use crate::node::{files_of, key_of, path_in_checkpoint, Checkpoint, Node};
+use crate::options::DedupOptions;
+use crate::reader::StoreFileReader;
+use crate::repository::Repository;
+use crate::servers::{ServerPool, PULL_EVERY};
+use crate::store_write::write_fetched;
+use crate::{Error, Result};
+
+/// Chunks scored, asked about and sent together.
+const BATCH_BYTES: usize = 8 << 20;
+
+/// A blob waiting to be sent.
+struct Blob {
+    score: Score,
+    kind: BlobKind,
+    raw: Vec<u8>,
+    /// For a data chunk: its file (an index into `Sender::bases`) and its offset there.
+    at: Option<(usize, u64)>,
+}
+
+/// A blob in the form it is sent in.
+struct Outgoing<'b> {
+    blob: &'b Blob,
+    stored: Stored,
+    data: Option<Vec<u8>>,
+}
+
+impl Outgoing<'_> {
+    fn wire(&self) -> WireChunk<'_> {
+        WireChunk {
+            score: self.blob.score,
+            kind: self.blob.kind,
+            stored: self.stored,
+            raw_len: self.blob.raw.len() as u32,
+            data: self.data.as_deref().unwrap_or(&self.blob.raw),
+        }
+    }
+}
+
+/// Blobs on their way to their owners, grouped by server.
+struct Sender<'a> {
+    pool: &'a ServerPool,
+    dedup: DedupOptions,
+    /// Per file of the checkpoint, the previous version as a source of delta bases.
+    bases: &'a [Option<BaseFile<'a>>],
+    /// Every blob score of the checkpoint (the manifest lists them all).
+    all: Vec<Score>,
+    seen: HashSet<Score>,
+    batch: Vec<Blob>,
+    batch_bytes: usize,
+    sent_bytes: u64,
+    sent_chunks: u64,
+    sent_deltas: u64,
+}
+
+impl Sender<'_> {
+    fn add(&mut self, blob: Blob) -> Result<()> {
+        if !self.seen.insert(blob.score) {
+            return Ok(());
+        }
+        self.all.push(blob.score);
+        self.batch_bytes += blob.raw.len();
+        self.batch.push(blob);
+        if self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// A blob's stored form: a delta against the previous version of its file where that
+    /// wins (and `deltas`), else compressed where that pays, else raw.
+    fn pack<'b>(&self, blob: &'b Blob, deltas: bool) -> Outgoing<'b> {
+        let (base, offset) = match blob.at.filter(|_| deltas) {
+            Some((file, offset)) => (self.bases.get(file).and_then(Option::as_ref), offset),
+            None => (None, 0),
+        };
+        match pack_chunk(self.dedup.compression, base, offset, &blob.raw) {
+            Some(p) => match p.base {
+                Some(base) => Outgoing {
+                    blob,
+                    stored: Stored::Delta,
+                    data: Some(delta_data(&base, &p.bytes)),
+                },
+                None => Outgoing {
+                    blob,
+                    stored: Stored::Zstd,
+                    data: Some(p.bytes),
+                },
+            },
+            None => Outgoing {
+                blob,
+                stored: Stored::Raw,
+                data: None,
+            },
+        }
+    }
+
+    /// Per owner: which of the batch it lacks, then those, compressed where it pays.
+    fn flush(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        let mut by_owner: Vec<Vec<&Blob>> = vec![Vec::new(); self.pool.count()];
+        for b in &batch {
+            by_owner[self.pool.owner_of(&b.score)].push(b);
+        }
+        for (server, blobs) in by_owner.into_iter().enumerate() {
+            if blobs.is_empty() {
+                continue;
+            }
+            let scores: Vec<Score> = blobs.iter().map(|b| b.score).collect();
+            let lacking = self
+                .pool
+                .with_conn(server, |c| c.lacks(&scores))
+                .map_err(|e| self.pool.error(server, e))?;
+            let lacked: Vec<&Blob> = blobs
+                .into_iter()
+                .zip(lacking)
+                .filter_map(|(b, lacks)| lacks.then_some(b))
+                .collect();
+            if lacked.is_empty() {
+                continue;
+            }
+            let packed: Vec<Outgoing> = lacked.par_iter().map(|b| self.pack(b, true)).collect();
+            let packed = match self.put(server, &packed) {
+                // A base the server does not hold as one (pruned meanwhile, or pushed where
+                // it has not looked yet): the same chunks again, the deltas among them whole.
+                Err(cascade_staging::Error::Refused { code, .. })
+                    if code == cascade_staging::protocol::code::BASE_UNKNOWN =>
+                {
+                    let whole: Vec<Outgoing> = packed
+                        .into_par_iter()
+                        .map(|p| match p.stored {
+                            Stored::Delta => self.pack(p.blob, false),
+                            _ => p,
+                        })
+                        .collect();
+                    self.put(server, &whole)
+                        .map_err(|e| self.pool.error(server, e))?;
+                    whole
+                }
+                other => {
+                    other.map_err(|e| self.pool.error(server, e))?;
+                    packed
+                }
+            };
+            self.sent_chunks += packed.len() as u64;
+            self.sent_deltas += packed.iter().filter(|p| p.stored == Stored::Delta).count() as u64;
+            self.sent_bytes += packed
+                .iter()
+                .map(|p| p.wire().data.len() as u64)
+                .sum::<u64>();
+        }
+        Ok(())
+    }
+
+    fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_staging::Result<()> {
+        let wire: Vec<WireChunk> = packed.iter().map(Outgoing::wire).collect();
+        self.pool
+            .with_conn(server, |c| c.put_chunks(&wire))
+            .map(|_| ())
+    }
+}
+
+/// Why cutting a file for the servers stopped.
+enum Failed {
+    Reading(std::io::Error),
+    Sending(Error),
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Failed {
+        Failed::Reading(e)
+    }
+}
+
+/// Checkpoints through the staging servers as chunks.
+pub(crate) struct StagedDedup {
+    pool: Arc<ServerPool>,
+    repository: Arc<Repository>,
+}
+
+/// What sending a checkpoint's files cost.
+struct Sent {
+    recipes: Vec<FileRecipe>,
+    bytes: u64,
+}
+
+impl StagedDedup {
+    pub(crate) fn new(pool: Arc<ServerPool>, repository: Arc<Repository>) -> StagedDedup {
+        StagedDedup { pool, repository }
+    }
+
+    /// Sends checkpoint `root` through the staging servers as chunks and its manifest;
+    /// records its files staged and the checkpoint pushed. False if it changed meanwhile.
+    fn stage_checkpoint(
+        &self,
+        node: &Node,
+        dedup: DedupOptions,
+        root: &LifeEntry,
+        previous: Option<&Checkpoint>,
+    ) -> Result<bool> {
+        let started = Instant::now();
+        let Some(tree) = node.closed_checkpoint(root)? else {
+            return Ok(false);
+        };
+        let now_root = &tree[0];
+        let files: Vec<&LifeEntry> = files_of(&tree).collect();
+        let (repo, previous) = self.previous_in_repo(previous);
+        // Each file's previous version, read straight from the store.
+        let base_files = open_bases(node, now_root, &files, previous.as_ref());
+        let base_readers: Vec<Option<(&FileRecipe, StoreFileReader)>> = base_files
+            .iter()
+            .map(|b| {
+                let (recipe, file) = b.as_ref()?;
+                Some((*recipe, StoreFileReader::new(&node.store, file).ok()?))
+            })
+            .collect();
+        let bases: Vec<Option<BaseFile>> = base_readers
+            .iter()
+            .map(|b| {
+                let (recipe, bytes) = b.as_ref()?;
+                repo.as_ref()?.base_file(FileBase { recipe, bytes })
+            })
+            .collect();
+        let mut sender = Sender {
+            pool: &self.pool,
+            dedup,
+            bases: &bases,
+            all: Vec::new(),
+            seen: HashSet::new(),
+            batch: Vec::new(),
+            batch_bytes: 0,
+            sent_bytes: 0,
+            sent_chunks: 0,
+            sent_deltas: 0,
+        };
+        let Some(sent) = send_files(node, dedup, now_root, &files, &mut sender)? else {
+            return Ok(false);
+        };
+        let ckpt = key_of(&now_root.path);
+        self.send_manifest(
+            ckpt,
+            now_root.kind == FileKind::File,
+            dedup,
+            &sent.recipes,
+            &sender.all,
+        )?;
+        let store = &node.store;
+        let mut unchanged = true;
+        for (f, r) in files.iter().zip(&sent.recipes) {
+            unchanged &= store.mark_staged(f.ino, f.generation, f.mod_seq);
+            node.remember_digest(f, r.blake3.clone());
+        }
+        if !(unchanged && store.mark_pushed(now_root.ino, now_root.generation, now_root.mod_seq)) {
+            return Ok(false);
+        }
+        let total = sent.bytes;
+        self.repository
+            .remember_manifest(now_root, ckpt, sent.recipes);
+        node.count(|s| {
+            s.staged_files += files.len() as u64;
+            s.staged_bytes += total;
+            s.dedup_bytes += total;
+            s.dedup_new_bytes += sender.sent_bytes;
+            s.dedup_delta_chunks += sender.sent_deltas;
+        });
+        node.log(|| {
+            let against = previous.as_ref().map_or(String::new(), |p| {
+                format!(
+                    ", {} as deltas against {}",
+                    sender.sent_deltas, p.checkpoint
+                )
+            });
+            format!(
+                "checkpoint {} pushed to the staging servers as chunks ({} files, {total} bytes; \
+                 {} of {} blobs sent{against}, {} bytes) in {:.3} s",
+                now_root.path,
+                files.len(),
+                sender.sent_chunks,
+                sender.all.len(),
+                sender.sent_bytes,
+                started.elapsed().as_secs_f64()
+            )
+        });
+        Ok(true)
+    }
+
+    /// The repository and the previous checkpoint's version in it, for deltas: only when
+    /// deltas are on and the previous checkpoint is complete, so the servers pushed its blobs
+    /// into the repository, whose index is read again to know them. No repository (the
+    /// durable store unreachable from here): no deltas.
+    fn previous_in_repo<'c>(
+        &self,
+        previous: Option<&Checkpoint<'c>>,
+    ) -> (Option<Arc<Repo>>, Option<PreviousVersion<'c>>) {
+        let repo = previous
+            .filter(|_| self.repository.deltas())
+            .and_then(|_| self.repository.get().ok().flatten())
+            .filter(|repo| repo.refresh_index().is_ok());
+        let previous = repo
+            .as_ref()
+            .zip(previous)
+            .and_then(|(repo, p)| self.repository.previous_version(repo, p));
+        (repo, previous)
+    }
+
+    /// Sends the manifest of checkpoint `ckpt` with every score it names to the server that
+    /// owns the checkpoint's name.
+    fn send_manifest(
+        &self,
+        ckpt: &str,
+        single_file: bool,
+        dedup: DedupOptions,
+        recipes: &[FileRecipe],
+        scores: &[Score],
+    ) -> Result<()> {
+        let owner = self.manifest_owner(ckpt);
+        self.pool
+            .with_conn(owner, |c| {
+                c.put_manifest(
+                    ckpt,
+                    single_file,
+                    &dedup.chunking.to_string(),
+                    &dedup.compression.to_string(),
+                    recipes,
+                    scores,
+                )
+            })
+            .map_err(|e| self.pool.error(owner, e))?;
+        Ok(())
+    }
+
+    /// Rebuilds file `recipe` (of a manifest made at `created_unix_ns` that a server holds
+    /// but has not written to the durable repository yet: its server could not push
+    /// everything) into the store file `tmp`. Every blob comes from its owner's chunk store,
+    /// else from the repository, and is checked against its score.
+    fn rebuild(&self, node: &Node, recipe: &FileRecipe, tmp: &str) -> Result<u64> {
+        // The repository holds the blobs the servers pushed already (None: unreachable, or
+        // nothing pushed yet).
+        let repo = self.repository.get().ok().flatten();
+        let mut fetch = |scores: &[Score]| -> cascade_dedup::repo::Result<Vec<Vec<u8>>> {
+            let found = self.chunks_from_servers(scores, repo.as_deref());
+            scores
+                .iter()
+                .map(|s| match (found.get(s), &repo) {
+                    (Some(raw), _) => Ok(raw.clone()),
+                    (None, Some(repo)) => repo.read_blob(s),
+                    (None, None) => Err(cascade_dedup::repo::Error::Missing(to_hex(s))),
+                })
+                .collect()
+        };
+        write_fetched(&node.store, tmp, |out| {
+            Ok(rebuild_file(recipe, out, &mut fetch)?)
+        })
+    }
+
+    /// The blobs of `scores` their owners still hold, checked against their scores (a delta
+    /// chunk rebuilt against its base from `repo`). A server down or a chunk it lost is
+    /// skipped: the repository may have it.
+    fn chunks_from_servers(
+        &self,
+        scores: &[Score],
+        repo: Option<&Repo>,
+    ) -> HashMap<Score, Vec<u8>> {
+        let mut by_owner: Vec<Vec<Score>> = vec![Vec::new(); self.pool.count()];
+        for s in scores {
+            by_owner[self.pool.owner_of(s)].push(*s);
+        }
+        let mut found = HashMap::new();
+        for (server, wanted) in by_owner.iter().enumerate() {
+            if wanted.is_empty() {
+                continue;
+            }
+            let Ok(chunks) = self.pool.with_conn(server, |c| c.get_chunks(wanted)) else {
+                continue;
+            };
+            for c in chunks {
+                // A delta chunk's base is in the repository (a server takes no other).
+                let raw = match c.delta() {
+                    Some((base, frame)) => repo
+                        .and_then(|repo| repo.read_blob(&base.score).ok())
+                        .and_then(|b| undo_delta(frame, c.raw_len, &b, base.from).ok())
+                        .filter(|raw| score(raw) == c.score),
+                    None => c.verified_raw().ok(),
+                };
+                if let Some(raw) = raw {
+                    found.insert(c.score, raw);
+                }
+            }
+        }
+        found
+    }
+
+    /// The newest manifest a staging server holds, not yet written to the repository, of a
+    /// checkpoint naming file `key` (the checkpoint `key` itself, or a directory above it):
+    /// when it was made and the file's recipe. Servers that do not answer are skipped.
+    fn pending_recipe(&self, key: &str) -> Option<(u64, FileRecipe)> {
+        let mut candidate = key;
+        loop {
+            let owner = self.manifest_owner(candidate);
+            if let Ok(Some((ManifestState::Pending, m))) =
+                self.pool.with_conn(owner, |c| c.get_manifest(candidate))
+            {
+                let created = m.created_unix_ns;
+                if let Some(recipe) = recipe_in(candidate, m, key) {
+                    return Some((created, recipe));
+                }
+            }
+            candidate = &candidate[..candidate.rfind('/')?];
+        }
+    }
+
+    /// The server that writes the manifest of `ckpt`: the owner of its name's score.
+    fn manifest_owner(&self, ckpt: &str) -> usize {
+        self.pool.owner_of(&score(ckpt.as_bytes()))
+    }
+
+    /// For a checkpoint pushed as chunks: once its manifest is in the durable repository,
+    /// records its files durable and it complete. True if it did.
+    fn complete_staged(&self, node: &Node, root: &LifeEntry) -> Result<bool> {
+        let ckpt = key_of(&root.path);
+        let owner = self.manifest_owner(ckpt);
+        let state = self
+            .pool
+            .with_conn(owner, |c| c.get_manifest(ckpt))
+            .map_err(|e| self.pool.error(owner, e))?;
+        if !matches!(state, Some((ManifestState::Written, _))) {
+            return Ok(false);
+        }
+        let Some(tree) = node.fresh_tree(root)? else {
+            return Ok(false);
+        };
+        if !node.record_complete(&tree) {
+            return Ok(false);
+        }
+        node.count(|s| {
+            s.markers += 1;
+            s.dedup_checkpoints += 1;
+        });
+        node.log(|| {
+            format!(
+                "checkpoint {} complete in the dedup repository (written by a staging server)",
+                root.path
+            )
+        });
+        Ok(true)
+    }
+}
+
+/// Per file of a checkpoint, its previous version (its recipe and the open store file), if
+/// the store still holds it.
+fn open_bases<'p>(
+    node: &Node,
+    root: &LifeEntry,
+    files: &[&LifeEntry],
+    previous: Option<&'p PreviousVersion>,
+) -> Vec<Option<(&'p FileRecipe, cascade_store::File)>> {
+    files
+        .iter()
+        .map(|f| {
+            let path = path_in_checkpoint(root, f);
+            let (recipe, entry) = previous?.base_of(&path, files.len())?;
+            Some((recipe, node.open_snapshot_file(entry).ok().flatten()?))
+        })
+        .collect()
+}
+
+/// Cuts and scores every file of a checkpoint here, handing its chunks and recipe blocks to
+/// `sender` (compressed only once a server says it lacks one); the files' recipes, or None
+/// if a file went away meanwhile.
+fn send_files(
+    node: &Node,
+    dedup: DedupOptions,
+    root: &LifeEntry,
+    files: &[&LifeEntry],
+    sender: &mut Sender,
+) -> Result<Option<Sent>> {
+    let mut ingest = Ingest::new(dedup.chunking);
+    let mut recipes = Vec::with_capacity(files.len());
+    let mut bytes = 0u64;
+    for (i, f) in files.iter().enumerate() {
+        let Some(file) = node.open_snapshot_file(f)? else {
+            return Ok(None);
+        };
+        let reader =
+            StoreFileReader::new(&node.store, &file).map_err(|e| Error::store(&f.path, e))?;
+        let mut leaves = Vec::new();
+        let mut offset = 0u64;
+        let digest = ingest
+            .run(reader, &|_, _, _| None, &mut |window, chunks| {
+                for c in chunks {
+                    let len = c.range.len() as u64;
+                    leaves.push((c.score, len));
+                    sender
+                        .add(Blob {
+                            score: c.score,
+                            kind: BlobKind::Data,
+                            raw: window[c.range].to_vec(),
+                            at: Some((i, offset)),
+                        })
+                        .map_err(Failed::Sending)?;
+                    offset += len;
+                }
+                Ok(())
+            })
+            .map_err(|e| match e {
+                Failed::Reading(e) => Error::io(&f.path, e),
+                Failed::Sending(e) => e,
+            })?;
+        let (tree_root, blocks) = recipe_blocks(&leaves);
+        for (score, raw) in blocks {
+            sender.add(Blob {
+                score,
+                kind: BlobKind::Tree,
+                raw,
+                at: None,
+            })?;
+        }
+        bytes += digest.size;
+        recipes.push(FileRecipe {
+            path: path_in_checkpoint(root, f),
+            size: digest.size,
+            blake3: to_hex(&digest.blake3),
+            root: to_hex(&tree_root),
+        });
+    }
+    sender.flush()?;
+    Ok(Some(Sent { recipes, bytes }))
+}
+
+impl Level for StagedDedup {
+    fn name(&self) -> String {
+        self.pool.describe()
+    }
+
+    fn takes(&self) -> Option<Unit> {
+        self.repository.options().map(|_| Unit::Checkpoints)
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+
+    fn holds(&self, e: &LifeEntry) -> bool {
+        e.safe()
+    }
+
+    /// A checkpoint is sent as chunks and its manifest, then waits for its server to write
+    /// the manifest; if the servers fail to take it, the repository level stores it.
+    fn send_checkpoint(&self, node: &Node, c: &Checkpoint, previous: Option<&Checkpoint>) -> Step {
+        let Some(dedup) = self.repository.options() else {
+            return Step::Next;
+        };
+        if let Some(step) = not_yet_whole(node, c) {
+            return step;
+        }
+        if c.root.pushed_flag {
+            return match self.complete_staged(node, c.root) {
+                Ok(true) => Step::Complete,
+                // Its server writes the manifest once the blobs are pushed.
+                Ok(false) => Step::Waiting(Instant::now() + PULL_EVERY),
+                Err(e) => retry_later(
+                    node,
+                    c.root,
+                    &format!("storing {} in the dedup repository", c.root.path),
+                    &e,
+                ),
+            };
+        }
+        match self.stage_checkpoint(node, dedup, c.root, previous) {
+            Ok(true) => Step::Handed,
+            Ok(false) => Step::Changed,
+            Err(e) => {
+                // Unacknowledged: the checkpoint goes straight to the durable store.
+                node.record_failure(format!(
+                    "sending {} to the staging servers failed: {e}; storing it in the durable \
+                     store's dedup repository instead",
+                    c.root.path
+                ));
+                Step::Next
+            }
+        }
+    }
+
+    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+        Ok(self.pending_recipe(key).map(|(stamp, recipe)| Found {
+            stamp,
+            fetch: Box::new(move |tmp| self.rebuild(node, &recipe, tmp).map(Some)),
+        }))
+    }
+}

@@ -1,0 +1,154 @@
+//! What the agent is told to do: its options (flags, environment and config file map onto
+//! them in the CLI), and the counters it reports.
+
+use std::time::Duration;
+
+use cascade_dedup::{Chunking, Compression};
+use serde::{Deserialize, Serialize};
+
+/// What the agent does and how hard it may work.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// Files uploaded at once (each by its own thread).
+    pub uploads: usize,
+    /// Newest committed checkpoints of each directory kept in memory.
+    pub keep: usize,
+    /// Every Nth commit is flushed to the durable tier.
+    pub flush_every: u32,
+    /// How long writers on a full store wait for the agent.
+    pub full_wait: Duration,
+    /// Safety rescan (and sweep of dead writers) when nothing wakes the agent.
+    pub rescan: Duration,
+    /// Backoff after a failed upload: first and longest delay.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// Print one line per event (uploads, markers, evictions, failures) on stderr.
+    pub verbose: bool,
+    /// Staging servers (L1) to send files to instead of the durable tier.
+    pub staging: Option<StagingOptions>,
+    /// Store committed checkpoints in the durable store's dedup repository (chunks stored
+    /// once, compressed) instead of as plain files.
+    pub dedup: Option<DedupOptions>,
+}
+
+impl Default for AgentOptions {
+    fn default() -> Self {
+        AgentOptions {
+            uploads: 1,
+            keep: 2,
+            flush_every: 1,
+            full_wait: Duration::from_secs(60),
+            rescan: Duration::from_secs(2),
+            retry_min: Duration::from_millis(500),
+            retry_max: Duration::from_secs(30),
+            verbose: false,
+            staging: None,
+            dedup: None,
+        }
+    }
+}
+
+/// Counters since the agent started (the `STATUS` reply and `cascade status`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AgentStats {
+    pub pid: u32,
+    pub durable: String,
+    /// The staging servers, if any ("" = none).
+    #[serde(default)]
+    pub staging: String,
+    pub uploaded_files: u64,
+    pub uploaded_bytes: u64,
+    /// Files acknowledged by a staging server.
+    #[serde(default)]
+    pub staged_files: u64,
+    #[serde(default)]
+    pub staged_bytes: u64,
+    pub markers: u64,
+    pub evicted_checkpoints: u64,
+    pub evicted_bytes: u64,
+    pub fetched_files: u64,
+    pub fetched_bytes: u64,
+    pub failures: u64,
+    /// Files waiting for upload at the end of the last pass (not counting files in writing).
+    pub pending_files: u64,
+    pub pending_bytes: u64,
+    pub last_error: Option<String>,
+    /// Store paths being uploaded right now.
+    pub uploading: Vec<String>,
+    /// Checkpoints stored in the dedup repository, their file bytes, the bytes of chunks the
+    /// repository lacked, and what those took in packs (compressed where it paid).
+    #[serde(default)]
+    pub dedup_checkpoints: u64,
+    #[serde(default)]
+    pub dedup_bytes: u64,
+    #[serde(default)]
+    pub dedup_new_bytes: u64,
+    #[serde(default)]
+    pub dedup_stored_bytes: u64,
+    /// Of the chunks stored, those stored as deltas against the previous checkpoint.
+    #[serde(default)]
+    pub dedup_delta_chunks: u64,
+}
+
+/// How checkpoints are cut and stored in the repository.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DedupOptions {
+    pub chunking: Chunking,
+    pub compression: Compression,
+    /// Add each file with the same file of the previous checkpoint in its series as its base
+    /// (docs/dedup.md, "Delta blobs"); only with compression.
+    pub delta: bool,
+}
+
+/// How a node's files are spread over the servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// File by file, round robin over every server: a node's stream uses them all.
+    Stripe,
+    /// Every file of this node goes to one server chosen by the node's name (a staging
+    /// group: each server serves the nodes that hash to it); the others are fallbacks.
+    Group,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Placement, String> {
+        match s {
+            "stripe" => Ok(Placement::Stripe),
+            "group" => Ok(Placement::Group),
+            other => Err(format!("{other:?} is not a placement (stripe or group)")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StagingOptions {
+    /// `host:port` of every staging server.
+    pub servers: Vec<String>,
+    pub secret: String,
+    /// Key prefix of this job on the servers ("" = none); the servers drain to
+    /// `<drain-to>/<namespace>/...`.
+    pub namespace: String,
+    pub placement: Placement,
+    /// Data bytes per Write frame.
+    pub frame_bytes: usize,
+    /// Data bytes sent between Syncs (each Sync acknowledges the files sealed before it).
+    pub sync_bytes: u64,
+    /// This node's name (staging groups).
+    pub node: String,
+}
+
+impl StagingOptions {
+    pub fn new(servers: Vec<String>, secret: &str) -> StagingOptions {
+        let node = cascade_staging::host_name();
+        StagingOptions {
+            servers,
+            secret: secret.to_string(),
+            namespace: String::new(),
+            placement: Placement::Stripe,
+            frame_bytes: 8 << 20,
+            sync_bytes: 256 << 20,
+            node,
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Read-through (docs/agent.md, "Read-through and the control socket"): a store path the
+//! application looks for and the store lacks is fetched from the levels below. Every level
+//! is asked; the newest version found wins (the nearest level on a tie), is written under a
+//! temporary name, verified, and renamed into place.
+
+use std::cmp::Reverse;
+use std::time::Instant;
+
+use crate::agent::Agent;
+use crate::node::key_of;
+use crate::store_write::fetch_temp_name;
+use crate::{Error, Result};
+
+impl Agent {
+    /// Makes `path` (a store path) exist in the store from the levels below: a file is
+    /// fetched, verified (against its `.blake3` object, or every chunk and the file's
+    /// BLAKE3), and renamed into place; a directory (a prefix with objects below it) is
+    /// created. ENOENT if no level has either, EIO if the data does not match its checksum.
+    pub fn fetch(&self, path: &str) -> Result<()> {
+        let path = format!("/{}", path.trim_matches('/'));
+        if self.store().stat(&path).is_ok() {
+            return Ok(());
+        }
+        // One download per path: later requests wait for the first.
+        {
+            let mut busy = self
+                .fetching
+                .lock()
+                .map_err(|_| Error::io("fetch", std::io::Error::other("lock poisoned")))?;
+            while busy.contains(&path) {
+                busy = self
+                    .fetched
+                    .wait(busy)
+                    .map_err(|_| Error::io("fetch", std::io::Error::other("lock poisoned")))?;
+            }
+            if self.store().stat(&path).is_ok() {
+                return Ok(());
+            }
+            busy.insert(path.clone());
+        }
+        let result = self.fetch_uncached(&path);
+        if let Ok(mut busy) = self.fetching.lock() {
+            busy.remove(&path);
+        }
+        self.fetched.notify_all();
+        result
+    }
+
+    fn fetch_uncached(&self, path: &str) -> Result<()> {
+        let key = key_of(path);
+        let started = Instant::now();
+        let tmp = fetch_temp_name(path);
+        let mut found = Vec::new();
+        for (i, level) in self.levels.iter().enumerate() {
+            if let Some(f) = level.find(&self.node, key)? {
+                found.push((i, f));
+            }
+        }
+        found.sort_by_key(|(i, f)| (Reverse(f.stamp), *i));
+        for (i, f) in found {
+            // None: gone meanwhile (drained and reclaimed, or the server failed).
+            if let Some(size) = (f.fetch)(&tmp)? {
+                let staged_only = !self.levels[i].durable();
+                return self.install_fetched(&tmp, path, size, staged_only, started);
+            }
+        }
+        for level in &self.levels {
+            if level.is_dir(&self.node, key)? {
+                return self
+                    .store()
+                    .create_dir_all(path, 0o755)
+                    .map_err(|e| Error::store(path, e));
+            }
+        }
+        Err(Error::Durable(cascade_durable::Error::NotFound {
+            store: self.durable().name().to_string(),
+            path: key.to_string(),
+        }))
+    }
+
+    /// Renames a verified fetched file into place and records the level it came from
+    /// (staged only, or durable), so it is not sent back down.
+    fn install_fetched(
+        &self,
+        tmp: &str,
+        path: &str,
+        size: u64,
+        staged_only: bool,
+        started: Instant,
+    ) -> Result<()> {
+        self.store()
+            .rename_fetched(tmp, path, staged_only)
+            .map_err(|e| Error::store(path, e))?;
+        self.node.count(|s| {
+            s.fetched_files += 1;
+            s.fetched_bytes += size;
+        });
+        let from = if staged_only {
+            " from a staging server"
+        } else {
+            ""
+        };
+        self.node.log(|| {
+            format!(
+                "fetched {path} ({size} bytes, verified){from} in {:.3} s",
+                started.elapsed().as_secs_f64()
+            )
+        });
+        Ok(())
+    }
+}

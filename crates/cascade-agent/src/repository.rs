@@ -1,0 +1,201 @@
+//! The durable store's dedup repository as the agent's dedup levels share it: opened at
+//! first use, reopened when another writer added blobs, and the latest manifest of each
+//! series remembered as the base of the next checkpoint's deltas.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
+use cascade_dedup::Compression;
+use cascade_durable::DurableStore;
+use cascade_store::{LifeEntry, Store};
+
+use crate::deltas::{recipe_in, PreviousVersion};
+use crate::node::{key_of, Checkpoint};
+use crate::options::DedupOptions;
+use crate::store_write::write_fetched;
+use crate::{Error, Result};
+
+/// A checkpoint file found in a manifest of the repository.
+pub(crate) struct RepoFile {
+    repo: Arc<Repo>,
+    recipe: FileRecipe,
+    /// When its manifest was written.
+    pub(crate) written_unix_ns: u64,
+}
+
+pub(crate) struct Repository {
+    durable: Arc<DurableStore>,
+    /// None: dedup off (the repository is only read, if there is one).
+    dedup: Option<DedupOptions>,
+    repo: Mutex<Option<Arc<Repo>>>,
+    /// Per series (directory), the checkpoint last stored in the repository and its files'
+    /// recipes (from its manifest): the base of the next one's deltas, without a read.
+    latest_manifests: Mutex<HashMap<String, (String, Vec<FileRecipe>)>>,
+}
+
+impl Repository {
+    pub(crate) fn new(durable: Arc<DurableStore>, dedup: Option<DedupOptions>) -> Repository {
+        Repository {
+            durable,
+            dedup,
+            repo: Mutex::new(None),
+            latest_manifests: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn options(&self) -> Option<DedupOptions> {
+        self.dedup
+    }
+
+    /// True if checkpoints are to be stored against the previous one of their series.
+    pub(crate) fn deltas(&self) -> bool {
+        self.dedup
+            .is_some_and(|d| d.delta && d.compression != Compression::None)
+    }
+
+    /// The repository: opened (and created, when dedup is on) at first use. None when
+    /// dedup is off and the durable store has no repository.
+    pub(crate) fn get(&self) -> Result<Option<Arc<Repo>>> {
+        let mut cached = self
+            .repo
+            .lock()
+            .map_err(|_| Error::io("dedup", std::io::Error::other("lock poisoned")))?;
+        if let Some(repo) = cached.as_ref() {
+            return Ok(Some(Arc::clone(repo)));
+        }
+        let durable = Arc::clone(&self.durable);
+        let repo = match self.dedup {
+            Some(d) => Some(Repo::open(
+                durable,
+                DEFAULT_PREFIX,
+                d.chunking,
+                d.compression,
+            )?),
+            None => Repo::open_existing(durable, DEFAULT_PREFIX)?,
+        };
+        *cached = repo.map(Arc::new);
+        Ok(cached.clone())
+    }
+
+    /// Drops the cached repository, so the next use reloads every index object (blobs that
+    /// other writers added since it was opened).
+    fn reopen(&self) {
+        if let Ok(mut cached) = self.repo.lock() {
+            *cached = None;
+        }
+    }
+
+    /// Keeps checkpoint `ckpt`'s file recipes as the latest of its series (the next
+    /// checkpoint's deltas need them; else they are read back from the repository).
+    pub(crate) fn remember_manifest(&self, root: &LifeEntry, ckpt: &str, files: Vec<FileRecipe>) {
+        if let Ok(mut latest) = self.latest_manifests.lock() {
+            latest.insert(root.parent_dir().to_string(), (ckpt.to_string(), files));
+        }
+    }
+
+    /// Checkpoint `p` as the previous version of the next one in its series: its manifest
+    /// (remembered from storing it, else read back) and its files, still in the store. None
+    /// if the repository does not hold it; a failure to read it only costs deltas.
+    pub(crate) fn previous_version<'c>(
+        &self,
+        repo: &Repo,
+        p: &Checkpoint<'c>,
+    ) -> Option<PreviousVersion<'c>> {
+        let ckpt = key_of(&p.root.path);
+        let remembered = self
+            .latest_manifests
+            .lock()
+            .ok()
+            .and_then(|latest| latest.get(p.root.parent_dir()).cloned())
+            .filter(|(key, _)| key == ckpt)
+            .map(|(_, recipes)| recipes);
+        let recipes = match remembered {
+            Some(recipes) => recipes,
+            None => repo.read_manifest(ckpt).ok()??.files,
+        };
+        Some(PreviousVersion {
+            checkpoint: p.root.path.clone(),
+            root: p.root,
+            files: p.files.clone(),
+            recipes,
+        })
+    }
+
+    /// The manifests that could hold `key` (a durable name): its own (a single-file
+    /// checkpoint, or a directory checkpoint) and each ancestor's, nearest first.
+    fn manifests_around(&self, repo: &Repo, key: &str) -> Result<Vec<(String, Manifest)>> {
+        let mut found = Vec::new();
+        let mut candidate = key;
+        loop {
+            if let Some(m) = repo.read_manifest(candidate)? {
+                found.push((candidate.to_string(), m));
+            }
+            match candidate.rfind('/') {
+                Some(cut) => candidate = &candidate[..cut],
+                None => return Ok(found),
+            }
+        }
+    }
+
+    /// The recipe of file `key` in a checkpoint of the repository, if one holds it.
+    pub(crate) fn find_file(&self, key: &str) -> Result<Option<RepoFile>> {
+        let Some(repo) = self.get()? else {
+            return Ok(None);
+        };
+        for (ckpt, m) in self.manifests_around(&repo, key)? {
+            let written_unix_ns = m.created_unix_ns;
+            if let Some(recipe) = recipe_in(&ckpt, m, key) {
+                return Ok(Some(RepoFile {
+                    repo,
+                    recipe,
+                    written_unix_ns,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// True if `key` is a directory of some checkpoint in the repository (a directory
+    /// checkpoint, a directory inside one, or a directory above checkpoints).
+    pub(crate) fn is_dir(&self, key: &str) -> Result<bool> {
+        let Some(repo) = self.get()? else {
+            return Ok(false);
+        };
+        if repo.has_manifests_below(key)? {
+            return Ok(true);
+        }
+        for (ckpt, m) in self.manifests_around(&repo, key)? {
+            if m.single_file {
+                continue;
+            }
+            if ckpt == key {
+                return Ok(true);
+            }
+            let inside = format!("{}/", &key[ckpt.len() + 1..]);
+            if m.files.iter().any(|f| f.path.starts_with(&inside)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Rebuilds `file` into the store file `tmp`, verifying every chunk and the whole file;
+    /// its size (on an error `tmp` is removed). A blob the loaded index does not name
+    /// (written by another node since) makes it reload the index once.
+    pub(crate) fn restore(&self, store: &Store, file: &RepoFile, tmp: &str) -> Result<u64> {
+        let attempt = |repo: &Repo| -> Result<u64> {
+            write_fetched(store, tmp, |out| Ok(repo.restore_file(&file.recipe, out)?))
+        };
+        match attempt(&file.repo) {
+            Err(Error::Dedup(cascade_dedup::repo::Error::Missing(_))) => {
+                self.reopen();
+                let repo = self.get()?.ok_or_else(|| {
+                    Error::io("dedup", std::io::Error::other("the repository went away"))
+                })?;
+                attempt(&repo)
+            }
+            other => other,
+        }
+    }
+}
