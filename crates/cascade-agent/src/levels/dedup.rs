@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use cascade_dedup::repo::{FileRecipe, Manifest, Repo, WriteStats};
 use cascade_store::{FileKind, LifeEntry};
 
-use crate::deltas::with_base;
+use crate::deltas::{with_base, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
 use crate::node::{files_of, key_of, path_in_checkpoint, Checkpoint, Node};
 use crate::reader::StoreFileReader;
@@ -52,79 +53,116 @@ impl DedupRepository {
         let previous = previous
             .filter(|_| self.repository.deltas())
             .and_then(|p| self.repository.previous_version(&repo, p));
-        let store = &node.store;
-        let mut writer = repo.writer();
-        let mut recipes = Vec::with_capacity(files.len());
-        for f in &files {
-            let Some(file) = node.open_snapshot_file(f)? else {
-                return Ok(false);
-            };
-            let reader =
-                StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
-            let path = path_in_checkpoint(now_root, f);
-            // The base is read like the file itself, straight from the store; a base that
-            // went away or changed costs deltas only (its bytes are checked).
-            let base = previous
-                .as_ref()
-                .and_then(|p| p.base_of(&path, files.len()));
-            let base = base
-                .and_then(|(recipe, e)| Some((recipe, node.open_snapshot_file(e).ok().flatten()?)));
-            recipes.push(with_base(store, base.as_ref(), |base| {
-                writer.add_file_with_base(&path, reader, base)
-            })?);
-        }
-        let stats = writer.finish()?;
-        let manifest = if now_root.kind == FileKind::File && recipes.len() == 1 {
-            repo.write_single_file_manifest(ckpt, recipes.remove(0))?
-        } else {
-            repo.write_manifest(ckpt, recipes)?
+        let Some((stats, manifest)) =
+            write_checkpoint(node, &repo, now_root, &files, previous.as_ref())?
+        else {
+            return Ok(false);
         };
         // Reads of a version that changed meanwhile may mix old and new bytes: such a
         // manifest must not stay (opening a file for writing bumps its version).
-        let mut unchanged = true;
-        for (f, recipe) in files.iter().zip(&manifest.files) {
-            unchanged &= store.mark_durable(f.ino, f.generation, f.mod_seq);
-            node.remember_digest(f, recipe.blake3.clone());
-        }
-        unchanged =
-            unchanged && store.mark_complete(now_root.ino, now_root.generation, now_root.mod_seq);
-        if !unchanged {
+        if !record_stored(node, now_root, &files, &manifest.files) {
             repo.forget(ckpt)?;
             return Ok(false);
         }
+        report_stored(node, now_root, &stats, previous.as_ref(), started);
         self.repository
             .remember_manifest(now_root, ckpt, manifest.files);
-        node.count(|s| {
-            s.uploaded_files += files.len() as u64;
-            s.uploaded_bytes += stats.bytes;
-            s.markers += 1;
-            s.dedup_checkpoints += 1;
-            s.dedup_bytes += stats.bytes;
-            s.dedup_new_bytes += stats.new_bytes;
-            s.dedup_stored_bytes += stats.stored_data_bytes + stats.stored_tree_bytes;
-            s.dedup_delta_chunks += stats.delta_chunks;
-        });
-        node.log(|| {
-            let against = previous.as_ref().map_or(String::new(), |p| {
-                format!(
-                    ", {} as deltas against {}",
-                    stats.delta_chunks, p.checkpoint
-                )
-            });
-            format!(
-                "checkpoint {} complete in the dedup repository ({} files, {} bytes; {} of {} \
-                 chunks new{against}, {} bytes stored) in {:.3} s",
-                now_root.path,
-                files.len(),
-                stats.bytes,
-                stats.new_chunks,
-                stats.chunks,
-                stats.stored_data_bytes + stats.stored_tree_bytes,
-                started.elapsed().as_secs_f64()
-            )
-        });
         Ok(true)
     }
+}
+
+/// Adds every file of checkpoint `root` to the repository (with the same file of `previous`
+/// as its base, if any), then its manifest; None if a file went away meanwhile.
+fn write_checkpoint(
+    node: &Node,
+    repo: &Repo,
+    root: &LifeEntry,
+    files: &[&LifeEntry],
+    previous: Option<&PreviousVersion>,
+) -> Result<Option<(WriteStats, Manifest)>> {
+    let store = &node.store;
+    let mut writer = repo.writer();
+    let mut recipes = Vec::with_capacity(files.len());
+    for f in files {
+        let Some(file) = node.open_snapshot_file(f)? else {
+            return Ok(None);
+        };
+        let reader = StoreFileReader::new(store, &file).map_err(|e| Error::store(&f.path, e))?;
+        let path = path_in_checkpoint(root, f);
+        // The base is read like the file itself, straight from the store; a base that went
+        // away or changed costs deltas only (its bytes are checked).
+        let base = previous.and_then(|p| p.base_of(&path, files.len()));
+        let base =
+            base.and_then(|(recipe, e)| Some((recipe, node.open_snapshot_file(e).ok().flatten()?)));
+        recipes.push(with_base(store, base.as_ref(), |base| {
+            writer.add_file_with_base(&path, reader, base)
+        })?);
+    }
+    let stats = writer.finish()?;
+    let ckpt = key_of(&root.path);
+    let manifest = if root.kind == FileKind::File && recipes.len() == 1 {
+        repo.write_single_file_manifest(ckpt, recipes.remove(0))?
+    } else {
+        repo.write_manifest(ckpt, recipes)?
+    };
+    Ok(Some((stats, manifest)))
+}
+
+/// Records the files of checkpoint `root` durable (their BLAKE3 from `recipes`) and the
+/// checkpoint complete; false if any of it changed meanwhile.
+fn record_stored(
+    node: &Node,
+    root: &LifeEntry,
+    files: &[&LifeEntry],
+    recipes: &[FileRecipe],
+) -> bool {
+    let store = &node.store;
+    let mut unchanged = true;
+    for (f, recipe) in files.iter().zip(recipes) {
+        unchanged &= store.mark_durable(f.ino, f.generation, f.mod_seq);
+        node.remember_digest(f, recipe.blake3.clone());
+    }
+    unchanged && store.mark_complete(root.ino, root.generation, root.mod_seq)
+}
+
+/// Counts and logs a checkpoint stored in the repository.
+fn report_stored(
+    node: &Node,
+    root: &LifeEntry,
+    stats: &WriteStats,
+    previous: Option<&PreviousVersion>,
+    started: Instant,
+) {
+    let files = stats.files;
+    node.count(|s| {
+        s.uploaded_files += files;
+        s.uploaded_bytes += stats.bytes;
+        s.markers += 1;
+        s.dedup_checkpoints += 1;
+        s.dedup_bytes += stats.bytes;
+        s.dedup_new_bytes += stats.new_bytes;
+        s.dedup_stored_bytes += stats.stored_data_bytes + stats.stored_tree_bytes;
+        s.dedup_delta_chunks += stats.delta_chunks;
+    });
+    node.log(|| {
+        let against = previous.map_or(String::new(), |p| {
+            format!(
+                ", {} as deltas against {}",
+                stats.delta_chunks, p.checkpoint
+            )
+        });
+        format!(
+            "checkpoint {} complete in the dedup repository ({} files, {} bytes; {} of {} \
+                 chunks new{against}, {} bytes stored) in {:.3} s",
+            root.path,
+            files,
+            stats.bytes,
+            stats.new_chunks,
+            stats.chunks,
+            stats.stored_data_bytes + stats.stored_tree_bytes,
+            started.elapsed().as_secs_f64()
+        )
+    });
 }
 
 impl Level for DedupRepository {

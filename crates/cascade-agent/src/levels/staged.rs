@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use cascade_staging::client::{Connection, OutSegment};
 use cascade_staging::protocol::{Level as WireLevel, PullKind, PushFile, MAX_DATA};
-use cascade_store::{FileKind, LifeEntry, OpenOptions};
+use cascade_store::{LifeEntry, OpenOptions};
 
 use crate::level::{Found, Level, Poll, Step, Unit};
 use crate::node::{files_of, key_of, Checkpoint, Node};
@@ -448,7 +448,7 @@ impl StagingServers {
 
     /// Asks the servers which staged files and pushed checkpoints reached the durable tier
     /// and records it. At most every [`PULL_EVERY`]. True if anything became durable.
-    fn pull_levels<'a>(&self, node: &Node, tree: &'a [LifeEntry]) -> bool {
+    fn pull_levels(&self, node: &Node, tree: &[LifeEntry]) -> bool {
         {
             let mut last = lock(&self.last_pull);
             if last.is_some_and(|t| t.elapsed() < PULL_EVERY) {
@@ -459,8 +459,8 @@ impl StagingServers {
         // Each with the server it went to, if this agent knows (else every server is asked).
         let staged: Vec<(&LifeEntry, Option<usize>)> = {
             let placed = lock(&self.placed);
-            tree.iter()
-                .filter(|e| e.kind == FileKind::File && e.staged())
+            files_of(tree)
+                .filter(|e| e.staged())
                 .map(|f| (f, placed.get(&(f.ino, f.generation, f.mod_seq)).copied()))
                 .collect()
         };
@@ -471,75 +471,73 @@ impl StagingServers {
                 .map(|r| (r, pushed.get(&(r.ino, r.generation)).copied()))
                 .collect()
         };
-        if staged.is_empty() && roots.is_empty() {
-            return false;
-        }
-        let on = |i: usize, list: &[(&'a LifeEntry, Option<usize>)]| -> Vec<&'a LifeEntry> {
-            list.iter()
-                .filter(|(_, at)| at.is_none_or(|p| p == i))
-                .map(|(e, _)| *e)
-                .collect()
-        };
         let mut changed = false;
-        for i in 0..self.pool.count() {
-            if !self.pool.up(i) {
-                continue;
+        for i in (0..self.pool.count()).filter(|&i| self.pool.up(i)) {
+            let files = placed_on(i, &staged);
+            let roots = placed_on(i, &roots);
+            if !files.is_empty() || !roots.is_empty() {
+                changed |= self.pull_from(node, i, tree, &files, &roots);
             }
-            let mine_f = on(i, &staged);
-            let mine_r = on(i, &roots);
-            if mine_f.is_empty() && mine_r.is_empty() {
-                continue;
-            }
-            let mut queries: Vec<(PullKind, &str)> = mine_f
-                .iter()
-                .map(|f| (PullKind::File, key_of(&f.path)))
-                .collect();
-            queries.extend(
-                mine_r
+        }
+        changed
+    }
+
+    /// Asks server `i` about `files` and checkpoint `roots` and records what it drained.
+    fn pull_from(
+        &self,
+        node: &Node,
+        i: usize,
+        tree: &[LifeEntry],
+        files: &[&LifeEntry],
+        roots: &[&LifeEntry],
+    ) -> bool {
+        let queries: Vec<(PullKind, &str)> = files
+            .iter()
+            .map(|f| (PullKind::File, key_of(&f.path)))
+            .chain(
+                roots
                     .iter()
                     .map(|r| (PullKind::Checkpoint, key_of(&r.path))),
-            );
-            let states = match self.pool.with_conn(i, |c| c.pull(&queries)) {
-                Ok(s) => s,
-                Err(e) => {
-                    node.record_failure(format!(
-                        "cannot ask {} what has drained: {e}",
-                        self.pool.addr(i)
-                    ));
-                    continue;
-                }
-            };
-            let (file_states, root_states) = states.split_at(mine_f.len());
-            for (f, st) in mine_f.iter().zip(file_states) {
-                if st.level != WireLevel::Durable {
-                    continue;
-                }
-                let Ok(ours) = node.digest_of(f) else {
-                    continue;
-                };
-                if cascade_staging::hex(&st.blake3) == ours
-                    && node.store.mark_durable(f.ino, f.generation, f.mod_seq)
-                {
-                    changed = true;
-                }
+            )
+            .collect();
+        let states = match self.pool.with_conn(i, |c| c.pull(&queries)) {
+            Ok(s) => s,
+            Err(e) => {
+                node.record_failure(format!(
+                    "cannot ask {} what has drained: {e}",
+                    self.pool.addr(i)
+                ));
+                return false;
             }
-            for (r, st) in mine_r.iter().zip(root_states) {
-                if st.level != WireLevel::Durable {
-                    continue;
-                }
-                // The server wrote the marker for the version pushed; the root's version
-                // still equals it (it is `staged`), so nothing below changed since.
-                for f in tree
-                    .iter()
-                    .filter(|e| e.kind == FileKind::File && e.is_at_or_below(&r.path))
-                {
-                    node.store.mark_durable(f.ino, f.generation, f.mod_seq);
-                }
-                if node.store.mark_complete(r.ino, r.generation, r.mod_seq) {
-                    changed = true;
-                    node.count(|s| s.markers += 1);
-                    node.log(|| format!("checkpoint {} complete (marker by its server)", r.path));
-                }
+        };
+        let (file_states, root_states) = states.split_at(files.len());
+        let mut changed = false;
+        for (f, st) in files.iter().zip(file_states) {
+            if st.level != WireLevel::Durable {
+                continue;
+            }
+            let Ok(ours) = node.digest_of(f) else {
+                continue;
+            };
+            if cascade_staging::hex(&st.blake3) == ours
+                && node.store.mark_durable(f.ino, f.generation, f.mod_seq)
+            {
+                changed = true;
+            }
+        }
+        for (r, st) in roots.iter().zip(root_states) {
+            if st.level != WireLevel::Durable {
+                continue;
+            }
+            // The server wrote the marker for the version pushed; the root's version still
+            // equals it (it is `staged`), so nothing below changed since.
+            for f in files_of(tree).filter(|e| e.is_at_or_below(&r.path)) {
+                node.store.mark_durable(f.ino, f.generation, f.mod_seq);
+            }
+            if node.store.mark_complete(r.ino, r.generation, r.mod_seq) {
+                changed = true;
+                node.count(|s| s.markers += 1);
+                node.log(|| format!("checkpoint {} complete (marker by its server)", r.path));
             }
         }
         changed
@@ -607,6 +605,15 @@ impl StagingServers {
         }
         Ok(Some(meta.size))
     }
+}
+
+/// Of `list` (entries with the server they were sent to, if known), those to ask server
+/// `i` about.
+fn placed_on<'a>(i: usize, list: &[(&'a LifeEntry, Option<usize>)]) -> Vec<&'a LifeEntry> {
+    list.iter()
+        .filter(|(_, at)| at.is_none_or(|p| p == i))
+        .map(|(e, _)| *e)
+        .collect()
 }
 
 impl Level for StagingServers {

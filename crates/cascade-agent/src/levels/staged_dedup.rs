@@ -78,7 +78,26 @@ struct Sender<'a> {
     sent_deltas: u64,
 }
 
-impl Sender<'_> {
+impl<'a> Sender<'a> {
+    fn new(
+        pool: &'a ServerPool,
+        dedup: DedupOptions,
+        bases: &'a [Option<BaseFile<'a>>],
+    ) -> Sender<'a> {
+        Sender {
+            pool,
+            dedup,
+            bases,
+            all: Vec::new(),
+            seen: HashSet::new(),
+            batch: Vec::new(),
+            batch_bytes: 0,
+            sent_bytes: 0,
+            sent_chunks: 0,
+            sent_deltas: 0,
+        }
+    }
+
     fn add(&mut self, blob: Blob) -> Result<()> {
         if !self.seen.insert(blob.score) {
             return Ok(());
@@ -247,18 +266,7 @@ impl StagedDedup {
                 repo.as_ref()?.base_file(FileBase { recipe, bytes })
             })
             .collect();
-        let mut sender = Sender {
-            pool: &self.pool,
-            dedup,
-            bases: &bases,
-            all: Vec::new(),
-            seen: HashSet::new(),
-            batch: Vec::new(),
-            batch_bytes: 0,
-            sent_bytes: 0,
-            sent_chunks: 0,
-            sent_deltas: 0,
-        };
+        let mut sender = Sender::new(&self.pool, dedup, &bases);
         let Some(sent) = send_files(node, dedup, now_root, &files, &mut sender)? else {
             return Ok(false);
         };
@@ -270,43 +278,12 @@ impl StagedDedup {
             &sent.recipes,
             &sender.all,
         )?;
-        let store = &node.store;
-        let mut unchanged = true;
-        for (f, r) in files.iter().zip(&sent.recipes) {
-            unchanged &= store.mark_staged(f.ino, f.generation, f.mod_seq);
-            node.remember_digest(f, r.blake3.clone());
-        }
-        if !(unchanged && store.mark_pushed(now_root.ino, now_root.generation, now_root.mod_seq)) {
+        if !record_pushed(node, now_root, &files, &sent.recipes) {
             return Ok(false);
         }
-        let total = sent.bytes;
+        report_pushed(node, now_root, &sent, &sender, previous.as_ref(), started);
         self.repository
             .remember_manifest(now_root, ckpt, sent.recipes);
-        node.count(|s| {
-            s.staged_files += files.len() as u64;
-            s.staged_bytes += total;
-            s.dedup_bytes += total;
-            s.dedup_new_bytes += sender.sent_bytes;
-            s.dedup_delta_chunks += sender.sent_deltas;
-        });
-        node.log(|| {
-            let against = previous.as_ref().map_or(String::new(), |p| {
-                format!(
-                    ", {} as deltas against {}",
-                    sender.sent_deltas, p.checkpoint
-                )
-            });
-            format!(
-                "checkpoint {} pushed to the staging servers as chunks ({} files, {total} bytes; \
-                 {} of {} blobs sent{against}, {} bytes) in {:.3} s",
-                now_root.path,
-                files.len(),
-                sender.sent_chunks,
-                sender.all.len(),
-                sender.sent_bytes,
-                started.elapsed().as_secs_f64()
-            )
-        });
         Ok(true)
     }
 
@@ -488,6 +465,60 @@ fn open_bases<'p>(
             Some((recipe, node.open_snapshot_file(entry).ok().flatten()?))
         })
         .collect()
+}
+
+/// Records the files of checkpoint `root` staged (their BLAKE3 from `recipes`) and the
+/// checkpoint pushed; false if any of it changed meanwhile.
+fn record_pushed(
+    node: &Node,
+    root: &LifeEntry,
+    files: &[&LifeEntry],
+    recipes: &[FileRecipe],
+) -> bool {
+    let store = &node.store;
+    let mut unchanged = true;
+    for (f, r) in files.iter().zip(recipes) {
+        unchanged &= store.mark_staged(f.ino, f.generation, f.mod_seq);
+        node.remember_digest(f, r.blake3.clone());
+    }
+    unchanged && store.mark_pushed(root.ino, root.generation, root.mod_seq)
+}
+
+/// Counts and logs a checkpoint pushed as chunks.
+fn report_pushed(
+    node: &Node,
+    root: &LifeEntry,
+    sent: &Sent,
+    sender: &Sender,
+    previous: Option<&PreviousVersion>,
+    started: Instant,
+) {
+    let total = sent.bytes;
+    let files = sent.recipes.len();
+    node.count(|s| {
+        s.staged_files += files as u64;
+        s.staged_bytes += total;
+        s.dedup_bytes += total;
+        s.dedup_new_bytes += sender.sent_bytes;
+        s.dedup_delta_chunks += sender.sent_deltas;
+    });
+    node.log(|| {
+        let against = previous.map_or(String::new(), |p| {
+            format!(
+                ", {} as deltas against {}",
+                sender.sent_deltas, p.checkpoint
+            )
+        });
+        format!(
+            "checkpoint {} pushed to the staging servers as chunks ({files} files, {total} bytes; \
+             {} of {} blobs sent{against}, {} bytes) in {:.3} s",
+            root.path,
+            sender.sent_chunks,
+            sender.all.len(),
+            sender.sent_bytes,
+            started.elapsed().as_secs_f64()
+        )
+    });
 }
 
 /// Cuts and scores every file of a checkpoint here, handing its chunks and recipe blocks to
