@@ -4,7 +4,7 @@
 //! Regions, in order (each starts on a 64-byte boundary, the data region on a 2 MiB one):
 //! header | inodes | chunk states | node states | map nodes | free-memory-chunk stack |
 //! free-spill-chunk stack | free-node stack | free-inode stack | name hash index | lease slots |
-//! data chunks
+//! open file descriptions | data chunks
 
 use crate::error::{Error, Result};
 use crate::lock::ShmMutex;
