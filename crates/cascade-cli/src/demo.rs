@@ -110,35 +110,7 @@ pub fn demo(
     store: Option<&str>,
     config: Option<&Path>,
 ) -> Result<ExitCode, Failure> {
-    let checkpoints = args.steps / args.every;
-    if checkpoints < 2 {
-        return Err(Failure {
-            message: format!(
-                "demo: --steps {} with --every {} makes {checkpoints} checkpoint(s); the demo \
-                 needs at least 2",
-                args.steps, args.every
-            ),
-            code: EXIT_USAGE,
-        });
-    }
-    let checkpoint_bytes = 8 * u64::from(args.n) * u64::from(args.n);
-    let capacity = parse_size(&args.capacity).map_err(|e| Failure {
-        message: format!("demo: --capacity {:?}: {e}", args.capacity),
-        code: EXIT_USAGE,
-    })?;
-    if capacity < 4 * checkpoint_bytes {
-        return Err(Failure {
-            message: format!(
-                "demo: --capacity {} is too small for checkpoints of {} (--n {}): give at \
-                 least four checkpoints' worth, {}",
-                args.capacity,
-                format_size(checkpoint_bytes),
-                args.n,
-                format_size(4 * checkpoint_bytes)
-            ),
-            code: EXIT_USAGE,
-        });
-    }
+    let (checkpoints, checkpoint_bytes) = checkpoint_sizes(args)?;
     let cascade = std::env::current_exe().map_err(|e| Failure::io("the cascade executable", &e))?;
     // Fails now, in one line, rather than in phase B.
     crate::run::find_preload_lib()?;
@@ -147,18 +119,7 @@ pub fn demo(
     let store = store.map_or_else(|| format!("/cascade-demo-{uid}"), str::to_string);
     let work = make_work_dir(uid)?;
 
-    let mut env: Vec<(&'static str, OsString)> = vec![
-        ("CASCADE_STORE", store.clone().into()),
-        ("CASCADE_MOUNT", MOUNT.into()),
-        ("CASCADE_CAPACITY", args.capacity.clone().into()),
-        ("CASCADE_SPILL_SIZE", "0".into()),
-        ("CASCADE_SPILL_PATH", work.join("store.spill").into()),
-        ("CASCADE_KEEP", "2".into()),
-        ("CASCADE_FLUSH_EVERY", "1".into()),
-    ];
-    if let Some(config) = config {
-        env.push(("CASCADE_CONFIG", config.into()));
-    }
+    let mut env = store_env(args, &store, &work, config);
     let cleanup = Arc::new(Cleanup {
         cascade: cascade.clone(),
         env: env.clone(),
@@ -201,6 +162,64 @@ pub fn demo(
     }
     cleanup.run();
     result
+}
+
+/// The number of checkpoints and a checkpoint's size, once the arguments make at least
+/// two checkpoints and the store's memory holds four.
+fn checkpoint_sizes(args: &DemoArgs) -> Result<(u32, u64), Failure> {
+    let checkpoints = args.steps / args.every;
+    if checkpoints < 2 {
+        return Err(Failure {
+            message: format!(
+                "demo: --steps {} with --every {} makes {checkpoints} checkpoint(s); the demo \
+                 needs at least 2",
+                args.steps, args.every
+            ),
+            code: EXIT_USAGE,
+        });
+    }
+    let checkpoint_bytes = 8 * u64::from(args.n) * u64::from(args.n);
+    let capacity = parse_size(&args.capacity).map_err(|e| Failure {
+        message: format!("demo: --capacity {:?}: {e}", args.capacity),
+        code: EXIT_USAGE,
+    })?;
+    if capacity < 4 * checkpoint_bytes {
+        return Err(Failure {
+            message: format!(
+                "demo: --capacity {} is too small for checkpoints of {} (--n {}): give at \
+                 least four checkpoints' worth, {}",
+                args.capacity,
+                format_size(checkpoint_bytes),
+                args.n,
+                format_size(4 * checkpoint_bytes)
+            ),
+            code: EXIT_USAGE,
+        });
+    }
+    Ok((checkpoints, checkpoint_bytes))
+}
+
+/// The environment of the programs the demo runs: its store, its mount and its settings
+/// (the caller adds the durable store).
+fn store_env(
+    args: &DemoArgs,
+    store: &str,
+    work: &Path,
+    config: Option<&Path>,
+) -> Vec<(&'static str, OsString)> {
+    let mut env: Vec<(&'static str, OsString)> = vec![
+        ("CASCADE_STORE", store.into()),
+        ("CASCADE_MOUNT", MOUNT.into()),
+        ("CASCADE_CAPACITY", args.capacity.clone().into()),
+        ("CASCADE_SPILL_SIZE", "0".into()),
+        ("CASCADE_SPILL_PATH", work.join("store.spill").into()),
+        ("CASCADE_KEEP", "2".into()),
+        ("CASCADE_FLUSH_EVERY", "1".into()),
+    ];
+    if let Some(config) = config {
+        env.push(("CASCADE_CONFIG", config.into()));
+    }
+    env
 }
 
 /// A fresh directory `cascade-demo-<uid>-<pid>` under $TMPDIR, or /var/tmp (a disk, unlike
@@ -570,15 +589,77 @@ impl Demo<'_> {
         self.execute(&self.cascade, "cascade", &args, 14)
     }
 
+    /// `cascade init` of the demo's store (memory only); `doing` names it in the failure.
+    fn init_store(&self, doing: &str) -> Result<(), Failure> {
+        let created = self.cascade(&[
+            "init",
+            "--capacity",
+            &self.args.capacity,
+            "--spill-size",
+            "0",
+        ])?;
+        if !created.status.success() {
+            return Err(Failure::new(format!(
+                "demo: {doing} the store {} failed: cascade init {}",
+                self.store,
+                created.reason()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `cascade wait CKPT --level durable`, for at most WAIT_SECONDS.
+    fn wait_durable(&self, ckpt: &str) -> Result<Ran, Failure> {
+        self.cascade(&[
+            "wait",
+            ckpt,
+            "--level",
+            "durable",
+            "--timeout",
+            WAIT_SECONDS,
+        ])
+    }
+
     fn ckpt(step: u32) -> String {
         format!("ckpt.{step:06}")
     }
 
+    /// The step of heat's last checkpoint.
+    fn last_step(&self) -> u32 {
+        self.checkpoints * self.args.every
+    }
+
+    /// Phase B kills heat halfway through the checkpoint of this step, past the middle of
+    /// the run.
+    fn kill_step(&self) -> u32 {
+        self.args.every * (self.checkpoints / 2 + 1)
+    }
+
+    /// The checkpoint before the kill: complete in the durable store, where C restarts.
+    fn before_kill_step(&self) -> u32 {
+        self.kill_step() - self.args.every
+    }
+
+    /// heat's checkpoint directory in the store: "/heat".
+    fn job_dir(&self) -> String {
+        format!("/{}", self.job)
+    }
+
     fn run(&mut self) -> Result<ExitCode, Failure> {
+        self.introduce();
+        self.prepare_store()?;
+        self.build_heat()?;
+        let (baseline, reference) = self.phase_a()?;
+        let phase_b = self.phase_b()?;
+        let (phase_c, drained) = self.phase_c(&reference)?;
+        self.phase_d(&reference)?;
+        self.summary(&baseline, &phase_b, &phase_c, drained);
+        self.verdict()
+    }
+
+    /// What the demo runs, and where.
+    fn introduce(&self) {
         let a = self.args;
-        let last = self.checkpoints * a.every;
-        let kill_at = a.every * (self.checkpoints / 2 + 1);
-        let before_kill = kill_at - a.every;
         self.say(format!(
             "Cascade demo: heat (examples/heat/heat.c), a 2-D heat-equation simulation on a \
              {n} x {n} grid, {steps} steps,\na checkpoint of {size} every {every} steps \
@@ -595,8 +676,10 @@ impl Demo<'_> {
             self.store, a.capacity
         ));
         self.say(format!("  durable  {}", self.short(&self.durable)));
+    }
 
-        // A leftover store of an interrupted demo.
+    /// Removes a leftover store of an interrupted demo and picks the job's directory.
+    fn prepare_store(&mut self) -> Result<(), Failure> {
         let _ = Command::new(&self.cascade)
             .args(["destroy", "--force"])
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -605,7 +688,11 @@ impl Demo<'_> {
             .stderr(Stdio::null())
             .status();
         self.job = self.free_job_name()?;
+        Ok(())
+    }
 
+    /// Compiles heat.c into the work dir.
+    fn build_heat(&self) -> Result<(), Failure> {
         self.heading("build the simulation");
         let source = self.work.join("heat.c");
         std::fs::write(&source, HEAT_C)
@@ -621,8 +708,11 @@ impl Demo<'_> {
                 built.reason()
             )));
         }
+        Ok(())
+    }
 
-        // ---- A
+    /// A: heat straight to local disk; returns its output and the reference checksum.
+    fn phase_a(&mut self) -> Result<(HeatOutput, String), Failure> {
         self.heading(
             "A. baseline: heat writes its checkpoints straight to a directory on local disk \
              ($WORK/pfs stands in for the parallel file system), no Cascade",
@@ -657,42 +747,44 @@ impl Demo<'_> {
                 self.checkpoints
             ),
         );
+        Ok((baseline, reference))
+    }
 
-        // ---- B
+    /// B: heat under Cascade, SIGKILLed halfway through a checkpoint; the one before must
+    /// reach the durable store complete.
+    fn phase_b(&mut self) -> Result<HeatOutput, Failure> {
+        let kill_at = self.kill_step();
         self.heading(format!(
             "B. under Cascade, killed (SIGKILL) halfway through writing the checkpoint of step \
              {kill_at}"
         ));
-        self.cascade(&["init", "--capacity", &a.capacity, "--spill-size", "0"])
-            .and_then(|r| {
-                if r.status.success() {
-                    Ok(())
-                } else {
-                    Err(Failure::new(format!(
-                        "demo: creating the store {} failed: cascade init {}",
-                        self.store,
-                        r.reason()
-                    )))
-                }
-            })?;
+        self.init_store("creating")?;
         let killed =
             self.heat_under_cascade(&["--kill-at-step".to_string(), kill_at.to_string()])?;
         let phase_b = parse_heat(&killed);
-        let job_dir = format!("/{}", self.job);
-        let durable_ckpt = format!("{job_dir}/{}", Self::ckpt(before_kill));
-        if !a.quiet {
+        let job_dir = self.job_dir();
+        let durable_ckpt = format!("{job_dir}/{}", Self::ckpt(self.before_kill_step()));
+        if !self.args.quiet {
             self.cascade_showing(&["ls", "--levels", &job_dir], 24)?;
         }
-        let waited = self.cascade(&[
-            "wait",
-            &durable_ckpt,
-            "--level",
-            "durable",
-            "--timeout",
-            WAIT_SECONDS,
-        ])?;
+        let waited = self.wait_durable(&durable_ckpt)?;
         let marker = self.durable_complete(&durable_ckpt);
-        let (pass, detail) = match (killed.status.code(), waited.status.success(), marker) {
+        let (pass, detail) = self.killed_verdict(&killed, &waited, marker);
+        self.check("B killed mid-checkpoint", pass, detail);
+        Ok(phase_b)
+    }
+
+    /// Whether B ended as it should: heat killed, and the checkpoint before the kill in
+    /// the durable store with its completion marker.
+    fn killed_verdict(
+        &self,
+        killed: &Ran,
+        waited: &Ran,
+        marker: Result<bool, String>,
+    ) -> (bool, String) {
+        let kill_at = self.kill_step();
+        let before_kill = self.before_kill_step();
+        match (killed.status.code(), waited.status.success(), marker) {
             (Some(137), _, _) if killed.heat_warnings().is_some() => {
                 (false, killed.heat_warnings().unwrap_or_default())
             }
@@ -727,59 +819,68 @@ impl Demo<'_> {
                     killed.reason()
                 ),
             ),
-        };
-        self.check("B killed mid-checkpoint", pass, detail);
+        }
+    }
 
-        // ---- C
+    /// C: the same command without the kill restarts from the node store's memory; returns
+    /// its output and how long the drain took after heat's last checkpoint.
+    fn phase_c(&mut self, reference: &str) -> Result<(HeatOutput, Option<f64>), Failure> {
         self.heading("C. restart from memory: the same command, without the kill");
         let restarted = self.heat_under_cascade(&[])?;
         let phase_c = parse_heat(&restarted);
-        let want = Self::ckpt(before_kill);
+        let want = Self::ckpt(self.before_kill_step());
         let detail = if !restarted.status.success() {
             Err(format!("cascade run {}", restarted.reason()))
         } else if let Some(warnings) = restarted.heat_warnings() {
             Err(warnings)
         } else {
-            self.restart_verdict(&phase_c, &want, &reference)
+            self.restart_verdict(&phase_c, &want, reference)
         };
         self.check_result("C restart from memory", detail);
         // From heat's last checkpoint line to `cascade run` exiting, which it does once the
         // job's checkpoints are in the durable store.
         let drained = phase_c
             .stalls
-            .get(&last)
+            .get(&self.last_step())
             .filter(|_| restarted.status.success())
             .map(|(_, at)| restarted.ended.duration_since(*at).as_secs_f64());
+        Ok((phase_c, drained))
+    }
 
-        // ---- D
+    /// D: the node store is destroyed and re-created; heat restarts from the durable store
+    /// through read-through.
+    fn phase_d(&mut self, reference: &str) -> Result<(), Failure> {
         self.heading(
             "D. the node is lost: destroy the node store, create an empty one, restart from \
              the durable store",
         );
+        let last = self.last_step();
+        let job_dir = self.job_dir();
         let final_ckpt = format!("{job_dir}/{}", Self::ckpt(last));
-        let waited = self.cascade(&[
-            "wait",
-            &final_ckpt,
-            "--level",
-            "durable",
-            "--timeout",
-            WAIT_SECONDS,
-        ])?;
+        let waited = self.wait_durable(&final_ckpt)?;
         self.cascade(&["destroy", "--force"])?;
-        let created = self.cascade(&["init", "--capacity", &a.capacity, "--spill-size", "0"])?;
-        if !created.status.success() {
-            return Err(Failure::new(format!(
-                "demo: re-creating the store {} failed: cascade init {}",
-                self.store,
-                created.reason()
-            )));
-        }
+        self.init_store("re-creating")?;
         let recovered = self.heat_under_cascade(&[])?;
         let phase_d = parse_heat(&recovered);
-        if !a.quiet {
+        if !self.args.quiet {
             self.cascade_showing(&["ls", "--levels", &job_dir], 24)?;
         }
-        let detail = if !waited.status.success() {
+        let detail = self.recovered_verdict(&waited, &recovered, &phase_d, reference);
+        self.check_result("D restart from the durable store", detail);
+        Ok(())
+    }
+
+    /// Whether D ended as it should: the last checkpoint was durable before the node store
+    /// was lost, and heat restarted from it through read-through.
+    fn recovered_verdict(
+        &self,
+        waited: &Ran,
+        recovered: &Ran,
+        phase_d: &HeatOutput,
+        reference: &str,
+    ) -> Result<String, String> {
+        let last = self.last_step();
+        if !waited.status.success() {
             Err(format!(
                 "{} was not in the durable store before the node store was destroyed: {}",
                 Self::ckpt(last),
@@ -796,12 +897,13 @@ impl Demo<'_> {
                 self.job
             ))
         } else {
-            self.restart_verdict(&phase_d, &Self::ckpt(last), &reference)
+            self.restart_verdict(phase_d, &Self::ckpt(last), reference)
                 .map(|d| format!("{d}; its files came from the durable store"))
-        };
-        self.check_result("D restart from the durable store", detail);
+        }
+    }
 
-        self.summary(&baseline, &phase_b, &phase_c, drained);
+    /// Success when every phase passed, else a failure naming the phases that did not.
+    fn verdict(&self) -> Result<ExitCode, Failure> {
         let failed: Vec<String> = self
             .checks
             .iter()
@@ -899,6 +1001,41 @@ impl Demo<'_> {
             size = format_size(self.checkpoint_bytes),
             c = self.checkpoints
         );
+        let (direct_mean, cascade_mean) = Self::stall_table(baseline, phase_b, phase_c);
+        if let (Some(d), Some(c)) = (direct_mean, cascade_mean) {
+            if c > 0.0 {
+                println!(
+                    "the mean stall under Cascade is {:.1}x {} than writing straight to disk \
+                     (which, without fsync, ends in the page cache: an optimistic baseline)",
+                    if d >= c { d / c } else { c / d },
+                    if d >= c { "shorter" } else { "longer" }
+                );
+            }
+        }
+        println!("(B) run B, before the kill; (C) run C, after the restart");
+        if let Some(seconds) = drained {
+            println!(
+                "last checkpoint in the durable store at most {seconds:.3} s after heat wrote it \
+                 (heat's last checkpoint line to 'cascade run' exiting, which waits for the drain)"
+            );
+        }
+        for c in &self.checks {
+            println!(
+                "{}  phase {}: {}",
+                if c.pass { "PASS" } else { "FAIL" },
+                c.phase,
+                self.short(&c.detail)
+            );
+        }
+    }
+
+    /// Prints heat's stall per checkpoint, straight to disk and under Cascade (B, then C
+    /// for the steps B did not reach), with their means; returns the means.
+    fn stall_table(
+        baseline: &HeatOutput,
+        phase_b: &HeatOutput,
+        phase_c: &HeatOutput,
+    ) -> (Option<f64>, Option<f64>) {
         println!("stall per checkpoint (heat's stall_ms: creating the directory, writing grid.bin and meta.txt, commit, rename onto latest)");
         println!(
             "{:>8}  {:>18}  {:>18}",
@@ -937,31 +1074,7 @@ impl Demo<'_> {
             show(direct_mean),
             show(cascade_mean)
         );
-        if let (Some(d), Some(c)) = (direct_mean, cascade_mean) {
-            if c > 0.0 {
-                println!(
-                    "the mean stall under Cascade is {:.1}x {} than writing straight to disk \
-                     (which, without fsync, ends in the page cache: an optimistic baseline)",
-                    if d >= c { d / c } else { c / d },
-                    if d >= c { "shorter" } else { "longer" }
-                );
-            }
-        }
-        println!("(B) run B, before the kill; (C) run C, after the restart");
-        if let Some(seconds) = drained {
-            println!(
-                "last checkpoint in the durable store at most {seconds:.3} s after heat wrote it \
-                 (heat's last checkpoint line to 'cascade run' exiting, which waits for the drain)"
-            );
-        }
-        for c in &self.checks {
-            println!(
-                "{}  phase {}: {}",
-                if c.pass { "PASS" } else { "FAIL" },
-                c.phase,
-                self.short(&c.detail)
-            );
-        }
+        (direct_mean, cascade_mean)
     }
 }
 

@@ -1,6 +1,10 @@
-//! `cascade`: a thin command-line front end over the node store (`cascade-store`) and the
-//! configuration (`cascade-config`). Every failure ends as one line on stderr and a non-zero
-//! exit code.
+//! `cascade`: the command line of every Cascade level. It creates, inspects, checks and fills
+//! the node store (`cascade-store`, settings from `cascade-config`); runs programs under
+//! libcascade.so (`run`) and checks or links binaries for it; runs the node agent
+//! (`cascade-agent`), a staging server (`cascade-staging`) and the FUSE mount
+//! (`cascade-fuse`); commits, waits for, drains, restores and prunes checkpoints in the
+//! durable store and the dedup repository (`cascade-durable`, `cascade-dedup`); and carries
+//! `analyze` and `demo`. Every failure ends as one line on stderr and a non-zero exit code.
 
 mod admin;
 mod analyze;

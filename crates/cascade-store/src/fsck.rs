@@ -13,70 +13,186 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
-    let mut r = FsckReport::default();
-    let g = &b.geo;
+    let mut fsck = Fsck {
+        b,
+        g: &b.geo,
+        repair,
+        r: FsckReport::default(),
+    };
     let ns = b.lock_ns()?;
+    fsck.check_namespace();
+    let refs = fsck.check_chunk_maps()?;
+    let leaks = fsck.check_allocator(&refs)?;
+    fsck.report_leaks(&leaks, &refs.recount)?;
+    let unlinked = fsck.check_open_counts();
+    drop(ns);
+    fsck.reap_unlinked(unlinked)?;
+    Ok(fsck.r)
+}
 
-    // ---- namespace ----
-    let mut live_children = 0u64;
-    let mut free_inodes = 0u64;
-    let mut index_stale = false;
-    if b.inode(ROOT_INO).state.load(Acquire) != INODE_DIR {
-        r.errors
-            .push("inode 0 (the root) is not a directory".into());
+/// One fsck pass: the block it checks and the report it fills.
+struct Fsck<'a> {
+    b: &'a Block,
+    g: &'a Geometry,
+    repair: bool,
+    r: FsckReport,
+}
+
+/// The inodes by state, as the namespace check found them.
+#[derive(Default)]
+struct InodeCensus {
+    /// Live inodes other than the root (each has a name in a directory).
+    linked: u64,
+    free: u64,
+    /// Some linked inode is missing from the name hash.
+    unindexed: bool,
+}
+
+/// What the files' chunk maps reference, and the files whose chunk counters disagree.
+struct MapRefs {
+    chunks: Vec<bool>,
+    nodes: Vec<bool>,
+    recount: BTreeSet<u32>,
+}
+
+/// Chunks and map nodes marked used by a file whose map does not reference them.
+#[derive(Default)]
+struct Leaks {
+    /// Owners that are still files.
+    live: BTreeSet<u32>,
+    /// How many belong to removed files.
+    removed: u64,
+}
+
+impl Leaks {
+    fn add(&mut self, b: &Block, owner: u32) {
+        if matches!(
+            b.inode(owner).state.load(Acquire),
+            INODE_FILE | INODE_ORPHAN
+        ) {
+            self.live.insert(owner);
+        } else {
+            self.removed += 1;
+        }
     }
-    for ino in 0..g.max_inodes {
+}
+
+/// What the chunk states say about the free pool.
+#[derive(Default)]
+struct FreePool {
+    /// Some free chunk is on no free stack.
+    stack_incomplete: bool,
+    /// Lease slots of dead processes that still hold chunks.
+    dead_leases: BTreeSet<u32>,
+}
+
+impl Fsck<'_> {
+    // ---- namespace ----
+
+    /// Every inode's state, parent and name, then the index over them (name hash,
+    /// directory lists, free inodes).
+    fn check_namespace(&mut self) {
+        if self.b.inode(ROOT_INO).state.load(Acquire) != INODE_DIR {
+            self.r
+                .errors
+                .push("inode 0 (the root) is not a directory".into());
+        }
+        let census = self.check_inodes();
+        if census.unindexed || self.index_disagrees(&census) {
+            self.r.warnings.push(
+                "namespace index (name hash, directory lists, free inodes) is out of date".into(),
+            );
+            if self.repair {
+                self.b.rebuild_namespace_index();
+                self.r.repaired.push("rebuilt the namespace index".into());
+            }
+        }
+    }
+
+    /// Counts the inodes by state and checks each linked one.
+    fn check_inodes(&mut self) -> InodeCensus {
+        let mut census = InodeCensus::default();
+        for ino in 0..self.g.max_inodes {
+            let state = self.b.inode(ino).state.load(Acquire);
+            match state {
+                INODE_FREE => {
+                    census.free += 1;
+                    continue;
+                }
+                INODE_FILE => self.r.files += 1,
+                INODE_DIR => self.r.dirs += 1,
+                // Unlinked while open: outside the namespace; checked with the open counts.
+                INODE_ORPHAN => {
+                    self.r.files += 1;
+                    continue;
+                }
+                INODE_ORPHAN_DIR => {
+                    self.r.dirs += 1;
+                    continue;
+                }
+                s => {
+                    self.r
+                        .errors
+                        .push(format!("inode {ino}: invalid state {s}"));
+                    continue;
+                }
+            }
+            if ino == ROOT_INO {
+                continue;
+            }
+            census.linked += 1;
+            if !self.check_linked_inode(ino, state) {
+                census.unindexed = true;
+            }
+        }
+        census
+    }
+
+    /// Checks a linked inode's parent, name and path to the root; false when the name
+    /// index does not find it under its name.
+    fn check_linked_inode(&mut self, ino: u32, state: u32) -> bool {
+        let (b, g) = (self.b, self.g);
         let inode = b.inode(ino);
-        let state = inode.state.load(Acquire);
-        match state {
-            INODE_FREE => {
-                free_inodes += 1;
-                continue;
-            }
-            INODE_FILE => r.files += 1,
-            INODE_DIR => r.dirs += 1,
-            // Unlinked while open: outside the namespace; checked with the open counts below.
-            INODE_ORPHAN => {
-                r.files += 1;
-                continue;
-            }
-            INODE_ORPHAN_DIR => {
-                r.dirs += 1;
-                continue;
-            }
-            s => {
-                r.errors.push(format!("inode {ino}: invalid state {s}"));
-                continue;
-            }
-        }
-        if ino == ROOT_INO {
-            continue;
-        }
-        live_children += 1;
-        let link = inode.link.load(Acquire);
-        let parent = link_parent(link);
+        let parent = link_parent(inode.link.load(Acquire));
         let name = b.name_of(ino);
         if parent >= g.max_inodes || b.inode(parent).state.load(Acquire) != INODE_DIR {
-            r.errors.push(format!(
+            self.r.errors.push(format!(
                 "inode {ino}: parent {parent} is not a live directory"
             ));
-            continue;
+            return true;
         }
         if name.is_empty() || name.len() > NAME_MAX || name.contains(&b'/') || name.contains(&0) {
-            r.errors.push(format!(
+            self.r.errors.push(format!(
                 "inode {ino}: invalid name {:?}",
                 String::from_utf8_lossy(&name)
             ));
-            continue;
+            return true;
         }
+        let mut indexed = true;
         match b.lookup(parent, &String::from_utf8_lossy(&name)) {
             Some(found) if found == ino => {}
-            Some(other) => r.errors.push(format!(
+            Some(other) => self.r.errors.push(format!(
                 "inode {ino} and inode {other} both have the name {:?} in directory {parent}",
                 String::from_utf8_lossy(&name)
             )),
-            None => index_stale = true,
+            None => indexed = false,
         }
+        if !self.reaches_root(ino) {
+            self.r.errors.push(format!(
+                "inode {ino}: not connected to the root (directory cycle)"
+            ));
+        }
+        if state == INODE_DIR && inode.map.load(Acquire) != 0 {
+            self.r
+                .errors
+                .push(format!("directory inode {ino} has a chunk map"));
+        }
+        indexed
+    }
+
+    /// Follows the parent links up from `ino`; false on a cycle or a link out of range.
+    fn reaches_root(&self, ino: u32) -> bool {
+        let (b, g) = (self.b, self.g);
         let mut cur = ino;
         let mut steps = 0;
         while cur != ROOT_INO && steps <= g.max_inodes {
@@ -86,103 +202,119 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
                 break;
             }
         }
-        if cur != ROOT_INO {
-            r.errors.push(format!(
-                "inode {ino}: not connected to the root (directory cycle)"
-            ));
-        }
-        if state == INODE_DIR && inode.map.load(Acquire) != 0 {
-            r.errors
-                .push(format!("directory inode {ino} has a chunk map"));
-        }
+        cur == ROOT_INO
     }
-    let mut listed = 0u64;
-    for dir in 0..g.max_inodes {
-        if b.inode(dir).state.load(Acquire) != INODE_DIR {
-            continue;
-        }
-        for e in b.list_dir(dir) {
-            listed += 1;
-            if link_parent(b.inode(e.ino as u32).link.load(Acquire)) != dir {
-                index_stale = true;
+
+    /// Whether the directory lists, the name hash or the free inode stack disagree with
+    /// the inodes' own parent links and counts.
+    fn index_disagrees(&self, census: &InodeCensus) -> bool {
+        let (b, g) = (self.b, self.g);
+        let mut stale = false;
+        let mut listed = 0u64;
+        for dir in 0..g.max_inodes {
+            if b.inode(dir).state.load(Acquire) != INODE_DIR {
+                continue;
+            }
+            for e in b.list_dir(dir) {
+                listed += 1;
+                if link_parent(b.inode(e.ino as u32).link.load(Acquire)) != dir {
+                    stale = true;
+                }
             }
         }
-    }
-    let hashed = b
-        .hash_slots()
-        .iter()
-        .filter(|s| s.load(Relaxed) != 0)
-        .count() as u64;
-    let free_top = b.header().free_inode_top.load(Acquire) as u64;
-    if listed != live_children || hashed != live_children || free_top != free_inodes {
-        index_stale = true;
-    }
-    if index_stale {
-        r.warnings.push(
-            "namespace index (name hash, directory lists, free inodes) is out of date".into(),
-        );
-        if repair {
-            b.rebuild_namespace_index();
-            r.repaired.push("rebuilt the namespace index".into());
-        }
+        let hashed = b
+            .hash_slots()
+            .iter()
+            .filter(|s| s.load(Relaxed) != 0)
+            .count() as u64;
+        let free_top = b.header().free_inode_top.load(Acquire) as u64;
+        stale || listed != census.linked || hashed != census.linked || free_top != census.free
     }
 
     // ---- each file's chunk map (under its lock) ----
-    let total = g.total_chunks() as usize;
-    let mut referenced = vec![false; total];
-    let mut node_referenced = vec![false; g.map_nodes as usize];
-    let mut recount = BTreeSet::new();
-    for ino in 0..g.max_inodes {
-        if !matches!(b.inode(ino).state.load(Acquire), INODE_FILE | INODE_ORPHAN) {
-            continue;
+
+    /// Each file's map, under the file's lock.
+    fn check_chunk_maps(&mut self) -> Result<MapRefs> {
+        let (b, g) = (self.b, self.g);
+        let mut refs = MapRefs {
+            chunks: vec![false; g.total_chunks() as usize],
+            nodes: vec![false; g.map_nodes as usize],
+            recount: BTreeSet::new(),
+        };
+        for ino in 0..g.max_inodes {
+            if !matches!(b.inode(ino).state.load(Acquire), INODE_FILE | INODE_ORPHAN) {
+                continue;
+            }
+            let _fl = b.lock_inode(ino)?;
+            self.check_file_map(ino, &mut refs);
         }
-        let _fl = b.lock_inode(ino)?;
+        Ok(refs)
+    }
+
+    /// Walks one file's map: its chunks must be marked used by it at their index, and its
+    /// chunk counters must match what the map holds.
+    fn check_file_map(&mut self, ino: u32, refs: &mut MapRefs) {
+        let b = self.b;
         let inode = b.inode(ino);
         let m = inode.map.load(Acquire);
-        if map_height(m) > 0 {
-            let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
-            check_tree(
-                b,
-                ino,
-                map_root(m) - 1,
-                map_height(m) - 1,
-                0,
-                &mut chunks,
-                &mut nodes,
-                &mut r,
-            );
-            for n in nodes {
-                node_referenced[n as usize] = true;
+        if map_height(m) == 0 {
+            return;
+        }
+        let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
+        check_tree(
+            b,
+            ino,
+            map_root(m) - 1,
+            map_height(m) - 1,
+            0,
+            &mut chunks,
+            &mut nodes,
+            &mut self.r,
+        );
+        for n in nodes {
+            refs.nodes[n as usize] = true;
+        }
+        let (mut mem, mut spill) = (0u32, 0u32);
+        for (idx, c) in chunks {
+            refs.chunks[c as usize] = true;
+            let s = b.chunk_states()[c as usize].load(Acquire);
+            if s != used(ino, idx as u32) {
+                self.r.errors.push(format!(
+                    "inode {ino}: chunk {c} at index {idx} is in its map but marked {}",
+                    describe_state(s)
+                ));
             }
-            let (mut mem, mut spill) = (0u32, 0u32);
-            for (idx, c) in chunks {
-                referenced[c as usize] = true;
-                let s = b.chunk_states()[c as usize].load(Acquire);
-                if s != used(ino, idx as u32) {
-                    r.errors.push(format!(
-                        "inode {ino}: chunk {c} at index {idx} is in its map but marked {}",
-                        describe_state(s)
-                    ));
-                }
-                if b.is_spill(c) {
-                    spill += 1
-                } else {
-                    mem += 1
-                }
+            if b.is_spill(c) {
+                spill += 1
+            } else {
+                mem += 1
             }
-            if mem != inode.chunks_mem.load(Relaxed) || spill != inode.chunks_spill.load(Relaxed) {
-                recount.insert(ino);
-            }
+        }
+        if mem != inode.chunks_mem.load(Relaxed) || spill != inode.chunks_spill.load(Relaxed) {
+            refs.recount.insert(ino);
         }
     }
 
     // ---- allocator ----
-    let mut leaked_live = BTreeSet::new();
-    let mut leaked_removed = 0u64;
-    {
-        let _al = b.lock_alloc()?;
+
+    /// Under the allocator lock: the free stacks, the chunk and node states against them
+    /// and against the maps, then the free pool's leftovers (repaired with `repair`).
+    fn check_allocator(&mut self, refs: &MapRefs) -> Result<Leaks> {
+        let _al = self.b.lock_alloc()?;
+        let in_stack = self.check_free_stacks();
+        let mut leaks = Leaks::default();
+        let pool = self.check_chunk_states(&in_stack, &refs.chunks, &mut leaks);
+        self.check_node_states(&refs.nodes, &mut leaks);
+        self.report_free_pool(&pool);
+        Ok(leaks)
+    }
+
+    /// Each free stack holds distinct free chunks of its own range; returns which chunks
+    /// are on a stack.
+    fn check_free_stacks(&mut self) -> Vec<bool> {
+        let (b, g) = (self.b, self.g);
         let h = b.header();
-        let mut in_stack = vec![false; total];
+        let mut in_stack = vec![false; g.total_chunks() as usize];
         let stacks = [
             (
                 b.free_mem_stack(),
@@ -197,7 +329,7 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
         ];
         for (stack, top, range) in stacks {
             if top as usize > stack.len() {
-                r.errors.push(format!(
+                self.r.errors.push(format!(
                     "free stack top {top} exceeds its size {}",
                     stack.len()
                 ));
@@ -206,195 +338,248 @@ pub(crate) fn run(b: &Block, repair: bool) -> Result<FsckReport> {
             for e in &stack[..top as usize] {
                 let c = e.load(Relaxed);
                 if !range.contains(&c) {
-                    r.errors
+                    self.r
+                        .errors
                         .push(format!("free stack holds chunk {c} outside its range"));
                     continue;
                 }
                 if in_stack[c as usize] {
-                    r.errors.push(format!("chunk {c} is on a free stack twice"));
+                    self.r
+                        .errors
+                        .push(format!("chunk {c} is on a free stack twice"));
                 }
                 in_stack[c as usize] = true;
                 let s = b.chunk_states()[c as usize].load(Acquire);
                 if s != 0 {
-                    r.errors.push(format!(
+                    self.r.errors.push(format!(
                         "chunk {c} is both on a free stack and marked {}",
                         describe_state(s)
                     ));
                 }
             }
         }
-        let mut stack_incomplete = false;
-        let mut dead_leases = BTreeSet::new();
+        in_stack
+    }
+
+    /// Counts the chunks by state; a used chunk no map references is a leak.
+    fn check_chunk_states(
+        &mut self,
+        in_stack: &[bool],
+        referenced: &[bool],
+        leaks: &mut Leaks,
+    ) -> FreePool {
+        let (b, g) = (self.b, self.g);
+        let mut pool = FreePool::default();
         for (c, st) in b.chunk_states().iter().enumerate() {
             let s = st.load(Acquire);
             match state_tag(s) {
                 TAG_FREE => {
-                    r.chunks_free += 1;
+                    self.r.chunks_free += 1;
                     if !in_stack[c] {
-                        stack_incomplete = true;
+                        pool.stack_incomplete = true;
                     }
                 }
                 TAG_LEASED => {
-                    r.chunks_leased += 1;
+                    self.r.chunks_leased += 1;
                     let slot = lease_of(s);
                     if slot >= g.lease_slots {
-                        r.errors.push(format!(
+                        self.r.errors.push(format!(
                             "chunk {c} leased to slot {slot}, which does not exist"
                         ));
                         continue;
                     }
                     let ls = b.lease_slot(slot);
                     if !process_alive(ls.pid.load(Acquire), ls.start_time.load(Acquire)) {
-                        dead_leases.insert(slot);
+                        pool.dead_leases.insert(slot);
                     }
                 }
                 TAG_USED => {
-                    r.chunks_used += 1;
+                    self.r.chunks_used += 1;
                     let owner = used_ino(s);
                     if owner >= g.max_inodes {
-                        r.errors.push(format!(
+                        self.r.errors.push(format!(
                             "chunk {c} owned by inode {owner}, which does not exist"
                         ));
                     } else if !referenced[c] {
-                        if matches!(
-                            b.inode(owner).state.load(Acquire),
-                            INODE_FILE | INODE_ORPHAN
-                        ) {
-                            leaked_live.insert(owner);
-                        } else {
-                            leaked_removed += 1;
-                        }
+                        leaks.add(b, owner);
                     }
                 }
-                _ => r.errors.push(format!("chunk {c}: invalid state {s:#x}")),
+                _ => self
+                    .r
+                    .errors
+                    .push(format!("chunk {c}: invalid state {s:#x}")),
             }
         }
+        pool
+    }
+
+    /// A used map node no map references is a leak.
+    fn check_node_states(&mut self, referenced: &[bool], leaks: &mut Leaks) {
+        let (b, g) = (self.b, self.g);
         for (n, st) in b.node_states().iter().enumerate() {
             let s = st.load(Acquire);
-            if s == 0 || node_referenced[n] {
+            if s == 0 || referenced[n] {
                 continue;
             }
             let owner = used_ino(s);
             if state_tag(s) != TAG_USED || owner >= g.max_inodes {
-                r.errors.push(format!("map node {n}: invalid state {s:#x}"));
-            } else if matches!(
-                b.inode(owner).state.load(Acquire),
-                INODE_FILE | INODE_ORPHAN
-            ) {
-                leaked_live.insert(owner);
+                self.r
+                    .errors
+                    .push(format!("map node {n}: invalid state {s:#x}"));
             } else {
-                leaked_removed += 1;
+                leaks.add(b, owner);
             }
         }
-        if stack_incomplete {
-            r.warnings
+    }
+
+    fn report_free_pool(&mut self, pool: &FreePool) {
+        if pool.stack_incomplete {
+            self.r
+                .warnings
                 .push("free chunks missing from the free stacks".into());
         }
-        if !dead_leases.is_empty() {
-            r.warnings.push(format!(
+        if !pool.dead_leases.is_empty() {
+            self.r.warnings.push(format!(
                 "{} batch(es) of free chunks held by dead processes",
-                dead_leases.len()
+                pool.dead_leases.len()
             ));
         }
-        if repair && (stack_incomplete || !dead_leases.is_empty()) {
-            let n = b.reclaim_dead_leases();
-            b.rebuild_free_stacks();
-            r.repaired.push(format!(
+        if self.repair && (pool.stack_incomplete || !pool.dead_leases.is_empty()) {
+            let n = self.b.reclaim_dead_leases();
+            self.b.rebuild_free_stacks();
+            self.r.repaired.push(format!(
                 "rebuilt the free stacks and reclaimed {n} dead batch(es)"
             ));
         }
     }
-    if leaked_removed > 0 {
-        r.warnings.push(format!(
-            "{leaked_removed} chunk(s)/node(s) still owned by removed files"
-        ));
-        if repair {
-            b.sweep_removed_inodes()?;
-            r.repaired.push(format!(
-                "freed {leaked_removed} chunk(s)/node(s) of removed files"
+
+    /// Warns about (and with `repair` frees) the leaked chunks and nodes, and recounts the
+    /// files whose counters disagree.
+    fn report_leaks(&mut self, leaks: &Leaks, recount: &BTreeSet<u32>) -> Result<()> {
+        let b = self.b;
+        let removed = leaks.removed;
+        if removed > 0 {
+            self.r.warnings.push(format!(
+                "{removed} chunk(s)/node(s) still owned by removed files"
+            ));
+            if self.repair {
+                b.sweep_removed_inodes()?;
+                self.r
+                    .repaired
+                    .push(format!("freed {removed} chunk(s)/node(s) of removed files"));
+            }
+        }
+        // A chunk marked USED but unpublished may be a live writer's allocation in flight; it
+        // is only a leak if it is still unpublished once we hold that file's lock (repair
+        // rechecks).
+        for &ino in leaks.live.iter().chain(recount.iter()) {
+            self.r.warnings.push(format!(
+                "inode {ino}: chunk accounting needs repair (unpublished chunks or counters)"
             ));
         }
-    }
-    // A chunk marked USED but unpublished may be a live writer's allocation in flight; it is
-    // only a leak if it is still unpublished once we hold that file's lock (repair rechecks).
-    for &ino in leaked_live.iter().chain(recount.iter()) {
-        r.warnings.push(format!(
-            "inode {ino}: chunk accounting needs repair (unpublished chunks or counters)"
-        ));
-    }
-    if repair {
-        for ino in leaked_live.union(&recount) {
-            let _fl = b.lock_inode(*ino)?;
-            b.repair_inode(*ino)?;
-            r.repaired.push(format!(
-                "inode {ino}: freed unpublished chunks and recounted"
-            ));
+        if self.repair {
+            for ino in leaks.live.union(recount) {
+                let _fl = b.lock_inode(*ino)?;
+                b.repair_inode(*ino)?;
+                self.r.repaired.push(format!(
+                    "inode {ino}: freed unpublished chunks and recounted"
+                ));
+            }
         }
+        Ok(())
     }
 
     // ---- open counts (interposition) and files unlinked while open ----
-    let counts = crate::descriptions::count_descriptions(b);
-    // Writable handles of the CLI/API are counted as writers without a description; only on
-    // a store nobody else is attached to can a surplus be told from a live writer.
-    let quiet = (0..g.lease_slots).all(|s| {
-        let slot = b.lease_slot(s);
-        let pid = slot.pid.load(Acquire);
-        pid == 0
-            || pid == crate::block::my_pid()
-            || !process_alive(pid, slot.start_time.load(Acquire))
-    });
-    let mut reap = Vec::new();
-    for ino in 0..g.max_inodes {
-        let inode = b.inode(ino);
-        let state = inode.state.load(Acquire);
-        if !matches!(
-            state,
-            INODE_FILE | INODE_ORPHAN | INODE_DIR | INODE_ORPHAN_DIR
-        ) {
-            continue;
+
+    /// Each inode's open and writer counts against the open descriptions; returns the
+    /// files unlinked while open that nobody has open any more, as (inode, generation).
+    fn check_open_counts(&mut self) -> Vec<(u32, u32)> {
+        let b = self.b;
+        let counts = crate::descriptions::count_descriptions(b);
+        let quiet = self.nobody_else_attached();
+        let mut unlinked = Vec::new();
+        for ino in 0..self.g.max_inodes {
+            let inode = b.inode(ino);
+            let state = inode.state.load(Acquire);
+            if !matches!(
+                state,
+                INODE_FILE | INODE_ORPHAN | INODE_DIR | INODE_ORPHAN_DIR
+            ) {
+                continue;
+            }
+            let gen = inode.gen.load(Acquire);
+            let (live, live_writes) = counts.get(&(ino, gen)).copied().unwrap_or((0, 0));
+            self.check_writer_count(ino, live_writes, quiet);
+            self.check_open_count(ino, live);
+            if matches!(state, INODE_ORPHAN | INODE_ORPHAN_DIR) && live == 0 {
+                self.r.warnings.push(format!(
+                    "inode {ino}: unlinked while open, and no longer open"
+                ));
+                unlinked.push((ino, gen));
+            }
         }
-        let gen = inode.gen.load(Acquire);
-        let (live, live_writes) = counts.get(&(ino, gen)).copied().unwrap_or((0, 0));
+        unlinked
+    }
+
+    /// Writable handles of the CLI/API are counted as writers without a description; only
+    /// on a store nobody else is attached to can a surplus be told from a live writer.
+    fn nobody_else_attached(&self) -> bool {
+        (0..self.g.lease_slots).all(|s| {
+            let slot = self.b.lease_slot(s);
+            let pid = slot.pid.load(Acquire);
+            pid == 0
+                || pid == crate::block::my_pid()
+                || !process_alive(pid, slot.start_time.load(Acquire))
+        })
+    }
+
+    fn check_writer_count(&mut self, ino: u32, live_writes: u32, quiet: bool) {
+        let inode = self.b.inode(ino);
         let writers = inode.writers.load(Acquire);
         // A surplus is checked only by a repairing fsck (the CLI's, a process of its own that
         // holds no handles), on a store nobody else is attached to.
-        if writers < live_writes || (repair && quiet && writers > live_writes) {
-            r.warnings.push(format!(
+        if writers < live_writes || (self.repair && quiet && writers > live_writes) {
+            self.r.warnings.push(format!(
                 "inode {ino}: writer count {writers} but {live_writes} write descriptions"
             ));
-            if repair {
+            if self.repair {
                 inode.writers.store(live_writes, Release);
-                r.repaired
+                self.r
+                    .repaired
                     .push(format!("inode {ino}: writer count set to {live_writes}"));
             }
         }
+    }
+
+    fn check_open_count(&mut self, ino: u32, live: u32) {
+        let inode = self.b.inode(ino);
         let recorded = inode.opens.load(Acquire);
         if recorded != live {
-            r.warnings.push(format!(
+            self.r.warnings.push(format!(
                 "inode {ino}: open count {recorded} but {live} open descriptions"
             ));
-            if repair {
+            if self.repair {
                 inode.opens.store(live, Release);
-                r.repaired
+                self.r
+                    .repaired
                     .push(format!("inode {ino}: open count set to {live}"));
             }
         }
-        if matches!(state, INODE_ORPHAN | INODE_ORPHAN_DIR) && live == 0 {
-            r.warnings.push(format!(
-                "inode {ino}: unlinked while open, and no longer open"
-            ));
-            reap.push((ino, gen));
-        }
     }
-    drop(ns);
-    if repair {
-        for (ino, gen) in reap {
-            b.reap_orphan(ino, gen)?;
-            r.repaired
-                .push(format!("inode {ino}: freed (unlinked, no longer open)"));
+
+    /// With `repair`, frees the files unlinked while open that nobody has open any more
+    /// (after the namespace lock is released).
+    fn reap_unlinked(&mut self, unlinked: Vec<(u32, u32)>) -> Result<()> {
+        if self.repair {
+            for (ino, gen) in unlinked {
+                self.b.reap_orphan(ino, gen)?;
+                self.r
+                    .repaired
+                    .push(format!("inode {ino}: freed (unlinked, no longer open)"));
+            }
         }
+        Ok(())
     }
-    Ok(r)
 }
 
 fn describe_state(s: u64) -> String {

@@ -4,7 +4,7 @@
 //! Regions, in order (each starts on a 64-byte boundary, the data region on a 2 MiB one):
 //! header | inodes | chunk states | node states | map nodes | free-memory-chunk stack |
 //! free-spill-chunk stack | free-node stack | free-inode stack | name hash index | lease slots |
-//! data chunks
+//! open file descriptions | data chunks
 
 use crate::error::{Error, Result};
 use crate::lock::ShmMutex;
@@ -329,33 +329,7 @@ impl Geometry {
         spill_chunks: u64,
         max_inodes: u64,
     ) -> Result<Geometry> {
-        if !chunk_size.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
-            return Err(Error::new(
-                libc::EINVAL,
-                format!("chunk size {chunk_size} must be a power of two from 4 KiB to 64 MiB"),
-            ));
-        }
-        if mem_chunks == 0 {
-            return Err(Error::new(
-                libc::EINVAL,
-                format!("capacity must hold at least one chunk of {chunk_size} bytes"),
-            ));
-        }
-        if mem_chunks + spill_chunks > MAX_TOTAL_CHUNKS {
-            return Err(Error::new(
-                libc::EINVAL,
-                format!(
-                    "too many chunks ({}); use a larger chunk size",
-                    mem_chunks + spill_chunks
-                ),
-            ));
-        }
-        if !(2..=MAX_INODES as u64).contains(&max_inodes) {
-            return Err(Error::new(
-                libc::EINVAL,
-                format!("max files {max_inodes} must be between 2 and {MAX_INODES}"),
-            ));
-        }
+        Self::check_params(chunk_size, mem_chunks, spill_chunks, max_inodes)?;
         let total = mem_chunks + spill_chunks;
         // Every file with data has a root node; leaves cover FANOUT chunks each; files with
         // more than FANOUT chunks need at most a few interior nodes (bounded by total/16).
@@ -411,6 +385,43 @@ impl Geometry {
             },
             block_size,
         })
+    }
+
+    /// The creation parameters a geometry can be computed from (EINVAL otherwise).
+    fn check_params(
+        chunk_size: u64,
+        mem_chunks: u64,
+        spill_chunks: u64,
+        max_inodes: u64,
+    ) -> Result<()> {
+        if !chunk_size.is_power_of_two() || !(MIN_CHUNK..=MAX_CHUNK).contains(&chunk_size) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("chunk size {chunk_size} must be a power of two from 4 KiB to 64 MiB"),
+            ));
+        }
+        if mem_chunks == 0 {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("capacity must hold at least one chunk of {chunk_size} bytes"),
+            ));
+        }
+        if mem_chunks + spill_chunks > MAX_TOTAL_CHUNKS {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!(
+                    "too many chunks ({}); use a larger chunk size",
+                    mem_chunks + spill_chunks
+                ),
+            ));
+        }
+        if !(2..=MAX_INODES as u64).contains(&max_inodes) {
+            return Err(Error::new(
+                libc::EINVAL,
+                format!("max files {max_inodes} must be between 2 and {MAX_INODES}"),
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn total_chunks(&self) -> u32 {

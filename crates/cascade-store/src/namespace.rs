@@ -487,6 +487,16 @@ impl Block {
 
     /// Atomic rename (namespace lock held).
     pub(crate) fn rename_locked(&self, from: &str, to: &str) -> Result<()> {
+        match self.check_rename(from, to)? {
+            Some(rename) => self.move_entry(rename),
+            // Already that name.
+            None => Ok(()),
+        }
+    }
+
+    /// What a rename moves, after the checks it makes in the kernel's order of errors; None
+    /// when `to` already names `from`'s inode.
+    fn check_rename<'n>(&self, from: &str, to: &'n str) -> Result<Option<Rename<'n>>> {
         // Both parents first, then the names: the kernel's order of errors.
         let (src_dir, src_name) = self.resolve_parent_unchecked(from)?;
         let (dst_dir, dst_name) = self.resolve_parent_unchecked(to)?;
@@ -515,7 +525,7 @@ impl Block {
         }
         let victim = self.lookup(dst_dir, dst_name);
         if victim == Some(src) {
-            return Ok(());
+            return Ok(None);
         }
         if victim.is_some_and(|v| self.is_within(src, v)) {
             return Err(Error::new(libc::ENOTEMPTY, to.to_string()));
@@ -531,6 +541,25 @@ impl Block {
                 _ => {}
             }
         }
+        Ok(Some(Rename {
+            src_dir,
+            src,
+            dst_dir,
+            dst_name,
+            victim,
+        }))
+    }
+
+    /// Moves the entry (replacing the victim through the rename journal), then updates
+    /// what is keyed by its name and the times.
+    fn move_entry(&self, rename: Rename) -> Result<()> {
+        let Rename {
+            src_dir,
+            src,
+            dst_dir,
+            dst_name,
+            victim,
+        } = rename;
         let inode = self.inode(src);
         let old_link = inode.link.load(Acquire);
         let slot = 1 - link_slot(old_link);
@@ -570,4 +599,14 @@ impl Block {
         self.touch_dir(dst_dir, now);
         Ok(())
     }
+}
+
+/// A checked rename: `src` (in `src_dir`) becomes `dst_name` in `dst_dir`, replacing
+/// `victim`.
+struct Rename<'n> {
+    src_dir: u32,
+    src: u32,
+    dst_dir: u32,
+    dst_name: &'n str,
+    victim: Option<u32>,
 }

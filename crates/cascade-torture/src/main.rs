@@ -79,13 +79,7 @@ fn clock_seed() -> u64 {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Cmd::Destroy = cli.cmd {
-        return match Store::destroy(&cli.store) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("cascade-torture: destroy {}: {e}", cli.store);
-                ExitCode::from(1)
-            }
-        };
+        return destroy(&cli.store);
     }
     let store = match Store::attach(&cli.store) {
         Ok(s) => s,
@@ -106,19 +100,11 @@ fn main() -> ExitCode {
             max_depth,
             shared,
             verify_every,
-        } => {
-            if max_file_size == 0 || max_write == 0 || max_dirs == 0 {
-                eprintln!("cascade-torture: sizes and --max-dirs must be positive");
-                return ExitCode::from(1);
-            }
-            let seed = seed.unwrap_or_else(clock_seed);
-            eprintln!(
-                "cascade-torture: pid {} seed {seed} root {root}",
-                std::process::id()
-            );
-            let params = RunParams {
+        } => run(
+            &store,
+            RunParams {
                 root,
-                seed,
+                seed: seed.unwrap_or_else(clock_seed),
                 ops,
                 max_file_size,
                 max_write,
@@ -127,51 +113,84 @@ fn main() -> ExitCode {
                 max_depth,
                 shared,
                 verify_every,
-            };
-            let result = Torture::new(&store, params).and_then(|mut t| t.run());
-            match result {
-                Ok(stats) => {
-                    println!("{stats}");
-                    ExitCode::SUCCESS
-                }
-                Err(f) => {
-                    eprintln!("cascade-torture: seed {seed}: {f}");
-                    match f {
-                        Failure::Violation(_) => ExitCode::from(3),
-                        Failure::Unexpected(_) => ExitCode::from(4),
-                    }
-                }
-            }
-        }
+            },
+        ),
         Cmd::Check {
             root,
             max_file_size,
-        } => match check_tree(&store, &root, max_file_size) {
-            Ok(s) => {
-                println!(
-                    "ok: {} files, {} directories, {} bytes ({} written), {} allocated",
-                    s.files, s.dirs, s.bytes, s.written_bytes, s.allocated_bytes
-                );
-                ExitCode::SUCCESS
-            }
-            Err(problems) => {
-                for p in problems {
-                    eprintln!("VIOLATION: {p}");
-                }
-                ExitCode::from(3)
-            }
-        },
+        } => check(&store, &root, max_file_size),
         Cmd::Destroy => ExitCode::SUCCESS, // handled before attaching
-        Cmd::Serve => {
-            let stdin = std::io::stdin().lock();
-            let stdout = std::io::stdout().lock();
-            match serve(&store, stdin, stdout) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("cascade-torture: serve: {e}");
-                    ExitCode::from(1)
-                }
+        Cmd::Serve => serve_stdio(&store),
+    }
+}
+
+/// `destroy`: removes the store without attaching it (it may be damaged).
+fn destroy(name: &str) -> ExitCode {
+    match Store::destroy(name) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cascade-torture: destroy {name}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `run`: the random operations; prints their statistics.
+fn run(store: &Store, params: RunParams) -> ExitCode {
+    if params.max_file_size == 0 || params.max_write == 0 || params.max_dirs == 0 {
+        eprintln!("cascade-torture: sizes and --max-dirs must be positive");
+        return ExitCode::from(1);
+    }
+    let seed = params.seed;
+    eprintln!(
+        "cascade-torture: pid {} seed {seed} root {}",
+        std::process::id(),
+        params.root
+    );
+    let result = Torture::new(store, params).and_then(|mut t| t.run());
+    match result {
+        Ok(stats) => {
+            println!("{stats}");
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("cascade-torture: seed {seed}: {f}");
+            match f {
+                Failure::Violation(_) => ExitCode::from(3),
+                Failure::Unexpected(_) => ExitCode::from(4),
             }
+        }
+    }
+}
+
+/// `check`: the content check of every file under `root`.
+fn check(store: &Store, root: &str, max_file_size: u64) -> ExitCode {
+    match check_tree(store, root, max_file_size) {
+        Ok(s) => {
+            println!(
+                "ok: {} files, {} directories, {} bytes ({} written), {} allocated",
+                s.files, s.dirs, s.bytes, s.written_bytes, s.allocated_bytes
+            );
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            for p in problems {
+                eprintln!("VIOLATION: {p}");
+            }
+            ExitCode::from(3)
+        }
+    }
+}
+
+/// `serve`: scripted commands from stdin, answers on stdout.
+fn serve_stdio(store: &Store) -> ExitCode {
+    let stdin = std::io::stdin().lock();
+    let stdout = std::io::stdout().lock();
+    match serve(store, stdin, stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cascade-torture: serve: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -391,260 +391,37 @@ impl Repo {
     ) -> Result<GcReport> {
         // This process's finished writers are not sessions to wait for.
         self.wait_session_ends();
-        let dry = opts.dry_run;
-        let mut report = GcReport {
-            dry_run: dry,
-            ..GcReport::default()
+        let mut run = Collection {
+            repo: self,
+            dry: opts.dry_run,
+            changes,
+            report: GcReport {
+                dry_run: opts.dry_run,
+                ..GcReport::default()
+            },
         };
         let GcRecords {
             forgotten,
             mut condemned,
             orphaned,
         } = self.read_gc_records()?;
-
-        // 1. Forgotten records no condemned record took up yet become one (candidates).
-        let taken: HashSet<&str> = condemned
-            .iter()
-            .flat_map(|(_, c)| c.forgotten.iter().map(String::as_str))
-            .collect();
-        let mut candidates = PackSet::new();
-        let mut fresh = Vec::new();
-        for (name, f) in &forgotten {
-            if !taken.contains(name.as_str()) {
-                super::session::merge(&mut candidates, &set_of(&f.packs)?);
-                fresh.push(name.clone());
-            }
-        }
-        for m in pretend {
-            super::session::merge(&mut candidates, &self.pack_set_of(m)?);
-        }
-        report.forgotten_taken = (fresh.len() + pretend.len()) as u64;
-        if !candidates.is_empty() || !fresh.is_empty() {
-            let record = CondemnedRecord {
-                format: CONDEMNED_FORMAT.to_string(),
-                created_unix_ns: cascade_durable::now_unix_ns(),
-                forgotten: fresh,
-                packs: groups_of(&candidates),
-                waiting_for: None,
-            };
-            let name = format!("{CONDEMNED_PREFIX}{}.json", unique_id());
-            if !dry {
-                self.put_record(&name, &record, changes)?;
-            }
-            condemned.push((name, record));
-        }
-
-        // 2. Finish the forgets (a forget killed between its two steps left its manifest),
-        //    then drop the forgotten records: a condemned record holds their packs now.
-        let mut forgetting: HashSet<(String, u64)> = pretend
-            .iter()
-            .map(|m| (m.checkpoint.clone(), m.created_unix_ns))
-            .collect();
-        for (name, f) in &forgotten {
-            forgetting.insert((f.checkpoint.clone(), f.manifest_created_unix_ns));
-            if dry {
-                continue;
-            }
-            let key = self.manifest_key(&f.checkpoint)?;
-            if let Some((m, _)) = self.read_manifest_object(&key)? {
-                if m.created_unix_ns == f.manifest_created_unix_ns {
-                    changes.next();
-                    self.durable.delete(&key)?;
-                }
-            }
-            changes.next();
-            self.durable.delete(&self.key(&format!("gc/{name}")))?;
-        }
-
+        run.condemn_forgotten(&forgotten, pretend, &mut condemned)?;
+        let forgetting = run.finish_forgets(&forgotten, pretend)?;
         // 3. Open sessions, listed after every condemned record was written.
         let (open, expired) = self.open_sessions(opts.session_lease)?;
-
-        // 4. A record's wait set: the sessions open after it was written. A session that
-        //    started later loaded it and never dedups against its packs.
-        for (name, c) in condemned.iter_mut() {
-            if c.waiting_for.is_none() {
-                let mut ids: Vec<String> = open.iter().cloned().collect();
-                ids.sort();
-                c.waiting_for = Some(ids);
-                if !dry {
-                    self.put_record(name, c, changes)?;
-                }
-            }
-        }
-
+        run.set_wait_sets(&mut condemned, &open)?;
         // 5. What the manifests name, read after the wait sets were checked: a session
         //    writes its manifest before it ends.
         let live = self.live_packs(&forgetting)?;
-
-        // 6. Each record, oldest first.
-        condemned.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut versions: Option<HashMap<Score, Vec<String>>> = None;
-        let mut counted_kept = HashSet::new();
-        let mut waiting_packs = HashSet::new();
-        let mut waited_for = HashSet::new();
-        let mut deleted = HashSet::new();
-        for (name, mut c) in condemned {
-            let set = set_of(&c.packs)?;
-            let mut dead = PackSet::new();
-            for (origin, packs) in &set {
-                for p in packs {
-                    if live.contains(p) {
-                        if counted_kept.insert(*p) {
-                            report.packs_unreclaimed += 1;
-                            report.bytes_unreclaimed += self.pack_bytes(p)?.unwrap_or(0);
-                        }
-                    } else {
-                        dead.entry(*origin).or_default().insert(*p);
-                    }
-                }
-            }
-            let waiting: Vec<&String> = c
-                .waiting_for
-                .iter()
-                .flatten()
-                .filter(|s| open.contains(*s))
-                .collect();
-            if !waiting.is_empty() {
-                waited_for.extend(waiting.into_iter().cloned());
-                waiting_packs.extend(dead.values().flatten().copied());
-                if !dry && dead != set {
-                    // Packs a manifest names again are no longer condemned.
-                    c.packs = groups_of(&dead);
-                    self.put_record(&name, &c, changes)?;
-                }
-                continue;
-            }
-            if dry {
-                for p in dead.values().flatten() {
-                    if deleted.insert(*p) {
-                        report.packs_deleted += 1;
-                        report.bytes_freed += self.pack_bytes(p)?.unwrap_or(0);
-                    }
-                }
-                continue;
-            }
-            // Index objects first (a reopened repository never lists a deleted pack), then
-            // the packs, then the record.
-            if !dead.is_empty() && versions.is_none() {
-                versions = Some(self.index_versions()?);
-            }
-            if let Some(versions) = versions.as_mut() {
-                for (origin, packs) in &dead {
-                    if self.drop_packs_from_index(origin, packs, versions, changes)? {
-                        report.index_objects_rewritten += 1;
-                    }
-                }
-            }
-            for p in dead.values().flatten() {
-                if let Some(bytes) = self.pack_bytes(p)? {
-                    changes.next();
-                    self.durable.delete(&self.pack_key(p))?;
-                    report.packs_deleted += 1;
-                    report.bytes_freed += bytes;
-                }
-                deleted.insert(*p);
-            }
-            changes.next();
-            self.durable.delete(&self.key(&format!("gc/{name}")))?;
-        }
-        report.packs_waiting = waiting_packs.difference(&deleted).count() as u64;
-        report.sessions_waited_for = waited_for.len() as u64;
-
-        // 7. Session objects of writers that died (their lease ran out).
-        if !dry {
-            for key in &expired {
-                changes.next();
-                self.durable.delete(key)?;
-            }
-            report.sessions_expired = expired.len() as u64;
-        }
+        let deleted = run.settle_condemned(condemned, &live, &open)?;
+        run.delete_expired_sessions(&expired)?;
         self.forget_packs_in_memory(&deleted);
-        self.collect_orphans(opts, orphaned, &open, &mut report, changes)?;
-        report.changes = changes.made;
-        Ok(report)
-    }
-
-    /// Deletes the packs of orphan records whose sessions all ended and that no index names
-    /// now; then, with `opts.orphans`, records the packs no index names for a later run.
-    fn collect_orphans(
-        &self,
-        opts: &GcOptions,
-        records: Vec<(String, OrphanedRecord)>,
-        open: &HashSet<String>,
-        report: &mut GcReport,
-        changes: &mut Changes,
-    ) -> Result<()> {
-        let dry = opts.dry_run;
-        let mut recorded = HashSet::new();
-        let held = |r: &OrphanedRecord| r.waiting_for.iter().any(|s| open.contains(s));
-        // Records whose sessions all ended: whatever no index names now never will be.
-        let indexed = if records.iter().any(|(_, r)| !held(r)) {
-            self.indexed_packs()?
-        } else {
-            HashSet::new()
-        };
-        for (name, record) in records {
-            let packs: Vec<Score> = record
-                .packs
-                .iter()
-                .map(|p| parse_score(p))
-                .collect::<Result<_>>()?;
-            if held(&record) {
-                report.orphans_waiting += packs.len() as u64;
-                recorded.extend(packs);
-                continue;
-            }
-            for p in packs.iter().filter(|p| !indexed.contains(*p)) {
-                if let Some(bytes) = self.pack_bytes(p)? {
-                    if !dry {
-                        changes.next();
-                        self.durable.delete(&self.pack_key(p))?;
-                    }
-                    report.orphans_deleted += 1;
-                    report.orphan_bytes_freed += bytes;
-                }
-            }
-            if dry {
-                recorded.extend(packs);
-            } else {
-                changes.next();
-                self.durable.delete(&self.key(&format!("gc/{name}")))?;
-            }
+        let recorded = run.settle_orphans(orphaned, &open)?;
+        if opts.orphans {
+            run.sweep_orphans(opts.session_lease, &recorded)?;
         }
-        if !opts.orphans {
-            return Ok(());
-        }
-        // Packs first, then sessions, then the index: a pack listed here whose writer is not
-        // open any more was indexed before its session ended, or never will be.
-        let mut listed = Vec::new();
-        for o in self.durable.list(&self.key("packs"))? {
-            // Anything else there is not this repository's to delete.
-            if let Ok(id) = parse_score(o.path.rsplit('/').next().unwrap_or("")) {
-                listed.push(id);
-            }
-        }
-        let (open_now, _) = self.open_sessions(opts.session_lease)?;
-        let indexed = self.indexed_packs()?;
-        let mut orphans: Vec<String> = listed
-            .iter()
-            .filter(|p| !indexed.contains(*p) && !recorded.contains(*p))
-            .map(to_hex)
-            .collect();
-        orphans.sort();
-        report.orphans_found = orphans.len() as u64;
-        if orphans.is_empty() || dry {
-            return Ok(());
-        }
-        let mut waiting_for: Vec<String> = open_now.into_iter().collect();
-        waiting_for.sort();
-        let record = OrphanedRecord {
-            format: ORPHANED_FORMAT.to_string(),
-            created_unix_ns: cascade_durable::now_unix_ns(),
-            packs: orphans,
-            waiting_for,
-        };
-        let name = format!("{ORPHANED_PREFIX}{}.json", unique_id());
-        self.put_record(&name, &record, changes)
+        run.report.changes = run.changes.made;
+        Ok(run.report)
     }
 
     /// Every pack an index object names now (reloading the index objects that changed); a
@@ -827,5 +604,336 @@ impl Repo {
         index.blobs.retain(|_, loc| !gone.contains(&loc.pack));
         let index = &mut *index;
         index.deltas.retain(|s, _| index.blobs.contains_key(s));
+    }
+}
+
+/// One collection's steps over the condemned records (docs/dedup.md): what they change
+/// and what they report.
+struct Collection<'a, 'h> {
+    repo: &'a Repo,
+    /// Change nothing: work out and report.
+    dry: bool,
+    changes: &'a mut Changes<'h>,
+    report: GcReport,
+}
+
+/// What step 6 gathers across the condemned records.
+#[derive(Default)]
+struct Settled {
+    /// The index objects' names by origin, listed once the first record deletes packs.
+    versions: Option<HashMap<Score, Vec<String>>>,
+    /// Packs a manifest names again, counted once.
+    counted_kept: HashSet<Score>,
+    /// Dead packs of records that wait for open sessions.
+    waiting_packs: HashSet<Score>,
+    waited_for: HashSet<String>,
+    /// Packs deleted (dry: that would be).
+    deleted: HashSet<Score>,
+}
+
+impl Collection<'_, '_> {
+    /// 1. Forgotten records no condemned record took up yet become one (candidates).
+    fn condemn_forgotten(
+        &mut self,
+        forgotten: &[(String, ForgottenRecord)],
+        pretend: &[Manifest],
+        condemned: &mut Vec<(String, CondemnedRecord)>,
+    ) -> Result<()> {
+        let taken: HashSet<&str> = condemned
+            .iter()
+            .flat_map(|(_, c)| c.forgotten.iter().map(String::as_str))
+            .collect();
+        let mut candidates = PackSet::new();
+        let mut fresh = Vec::new();
+        for (name, f) in forgotten {
+            if !taken.contains(name.as_str()) {
+                super::session::merge(&mut candidates, &set_of(&f.packs)?);
+                fresh.push(name.clone());
+            }
+        }
+        for m in pretend {
+            super::session::merge(&mut candidates, &self.repo.pack_set_of(m)?);
+        }
+        self.report.forgotten_taken = (fresh.len() + pretend.len()) as u64;
+        if !candidates.is_empty() || !fresh.is_empty() {
+            let record = CondemnedRecord {
+                format: CONDEMNED_FORMAT.to_string(),
+                created_unix_ns: cascade_durable::now_unix_ns(),
+                forgotten: fresh,
+                packs: groups_of(&candidates),
+                waiting_for: None,
+            };
+            let name = format!("{CONDEMNED_PREFIX}{}.json", unique_id());
+            if !self.dry {
+                self.repo.put_record(&name, &record, self.changes)?;
+            }
+            condemned.push((name, record));
+        }
+        Ok(())
+    }
+
+    /// 2. Finish the forgets (a forget killed between its two steps left its manifest),
+    ///    then drop the forgotten records: a condemned record holds their packs now.
+    ///    Returns the manifests being forgotten, as (checkpoint, created).
+    fn finish_forgets(
+        &mut self,
+        forgotten: &[(String, ForgottenRecord)],
+        pretend: &[Manifest],
+    ) -> Result<HashSet<(String, u64)>> {
+        let repo = self.repo;
+        let mut forgetting: HashSet<(String, u64)> = pretend
+            .iter()
+            .map(|m| (m.checkpoint.clone(), m.created_unix_ns))
+            .collect();
+        for (name, f) in forgotten {
+            forgetting.insert((f.checkpoint.clone(), f.manifest_created_unix_ns));
+            if self.dry {
+                continue;
+            }
+            let key = repo.manifest_key(&f.checkpoint)?;
+            if let Some((m, _)) = repo.read_manifest_object(&key)? {
+                if m.created_unix_ns == f.manifest_created_unix_ns {
+                    self.changes.next();
+                    repo.durable.delete(&key)?;
+                }
+            }
+            self.changes.next();
+            repo.durable.delete(&repo.key(&format!("gc/{name}")))?;
+        }
+        Ok(forgetting)
+    }
+
+    /// 4. A record's wait set: the sessions open after it was written. A session that
+    ///    started later loaded it and never dedups against its packs.
+    fn set_wait_sets(
+        &mut self,
+        condemned: &mut [(String, CondemnedRecord)],
+        open: &HashSet<String>,
+    ) -> Result<()> {
+        for (name, c) in condemned.iter_mut() {
+            if c.waiting_for.is_none() {
+                let mut ids: Vec<String> = open.iter().cloned().collect();
+                ids.sort();
+                c.waiting_for = Some(ids);
+                if !self.dry {
+                    self.repo.put_record(name, c, self.changes)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// 6. Each record, oldest first; returns the packs deleted (dry: that would be).
+    fn settle_condemned(
+        &mut self,
+        mut condemned: Vec<(String, CondemnedRecord)>,
+        live: &HashSet<Score>,
+        open: &HashSet<String>,
+    ) -> Result<HashSet<Score>> {
+        condemned.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut settled = Settled::default();
+        for (name, c) in condemned {
+            self.settle_record(&name, c, live, open, &mut settled)?;
+        }
+        self.report.packs_waiting =
+            settled.waiting_packs.difference(&settled.deleted).count() as u64;
+        self.report.sessions_waited_for = settled.waited_for.len() as u64;
+        Ok(settled.deleted)
+    }
+
+    /// One condemned record: its packs no manifest names are deleted, unless a session of
+    /// its wait set is still open.
+    fn settle_record(
+        &mut self,
+        name: &str,
+        mut c: CondemnedRecord,
+        live: &HashSet<Score>,
+        open: &HashSet<String>,
+        settled: &mut Settled,
+    ) -> Result<()> {
+        let set = set_of(&c.packs)?;
+        let dead = self.dead_packs(&set, live, settled)?;
+        let waiting: Vec<&String> = c
+            .waiting_for
+            .iter()
+            .flatten()
+            .filter(|s| open.contains(*s))
+            .collect();
+        if !waiting.is_empty() {
+            settled.waited_for.extend(waiting.into_iter().cloned());
+            settled
+                .waiting_packs
+                .extend(dead.values().flatten().copied());
+            if !self.dry && dead != set {
+                // Packs a manifest names again are no longer condemned.
+                c.packs = groups_of(&dead);
+                self.repo.put_record(name, &c, self.changes)?;
+            }
+            return Ok(());
+        }
+        if self.dry {
+            for p in dead.values().flatten() {
+                if settled.deleted.insert(*p) {
+                    self.report.packs_deleted += 1;
+                    self.report.bytes_freed += self.repo.pack_bytes(p)?.unwrap_or(0);
+                }
+            }
+            return Ok(());
+        }
+        self.delete_condemned(name, &dead, settled)
+    }
+
+    /// The packs of `set` no manifest names; counts those a manifest names again as
+    /// unreclaimed (once each).
+    fn dead_packs(
+        &mut self,
+        set: &PackSet,
+        live: &HashSet<Score>,
+        settled: &mut Settled,
+    ) -> Result<PackSet> {
+        let mut dead = PackSet::new();
+        for (origin, packs) in set {
+            for p in packs {
+                if live.contains(p) {
+                    if settled.counted_kept.insert(*p) {
+                        self.report.packs_unreclaimed += 1;
+                        self.report.bytes_unreclaimed += self.repo.pack_bytes(p)?.unwrap_or(0);
+                    }
+                } else {
+                    dead.entry(*origin).or_default().insert(*p);
+                }
+            }
+        }
+        Ok(dead)
+    }
+
+    /// Deletes a record's dead packs: index objects first (a reopened repository never
+    /// lists a deleted pack), then the packs, then the record.
+    fn delete_condemned(
+        &mut self,
+        name: &str,
+        dead: &PackSet,
+        settled: &mut Settled,
+    ) -> Result<()> {
+        let repo = self.repo;
+        if !dead.is_empty() && settled.versions.is_none() {
+            settled.versions = Some(repo.index_versions()?);
+        }
+        if let Some(versions) = settled.versions.as_mut() {
+            for (origin, packs) in dead {
+                if repo.drop_packs_from_index(origin, packs, versions, self.changes)? {
+                    self.report.index_objects_rewritten += 1;
+                }
+            }
+        }
+        for p in dead.values().flatten() {
+            if let Some(bytes) = repo.pack_bytes(p)? {
+                self.changes.next();
+                repo.durable.delete(&repo.pack_key(p))?;
+                self.report.packs_deleted += 1;
+                self.report.bytes_freed += bytes;
+            }
+            settled.deleted.insert(*p);
+        }
+        self.changes.next();
+        repo.durable.delete(&repo.key(&format!("gc/{name}")))?;
+        Ok(())
+    }
+
+    /// 7. Session objects of writers that died (their lease ran out).
+    fn delete_expired_sessions(&mut self, expired: &[String]) -> Result<()> {
+        if !self.dry {
+            for key in expired {
+                self.changes.next();
+                self.repo.durable.delete(key)?;
+            }
+            self.report.sessions_expired = expired.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// 8. Deletes the packs of orphan records whose sessions all ended and that no index
+    ///    names now; returns the packs the records still hold (dry: all of them), which a
+    ///    sweep does not record again.
+    fn settle_orphans(
+        &mut self,
+        records: Vec<(String, OrphanedRecord)>,
+        open: &HashSet<String>,
+    ) -> Result<HashSet<Score>> {
+        let repo = self.repo;
+        let mut recorded = HashSet::new();
+        let held = |r: &OrphanedRecord| r.waiting_for.iter().any(|s| open.contains(s));
+        // Records whose sessions all ended: whatever no index names now never will be.
+        let indexed = if records.iter().any(|(_, r)| !held(r)) {
+            repo.indexed_packs()?
+        } else {
+            HashSet::new()
+        };
+        for (name, record) in records {
+            let packs: Vec<Score> = record
+                .packs
+                .iter()
+                .map(|p| parse_score(p))
+                .collect::<Result<_>>()?;
+            if held(&record) {
+                self.report.orphans_waiting += packs.len() as u64;
+                recorded.extend(packs);
+                continue;
+            }
+            for p in packs.iter().filter(|p| !indexed.contains(*p)) {
+                if let Some(bytes) = repo.pack_bytes(p)? {
+                    if !self.dry {
+                        self.changes.next();
+                        repo.durable.delete(&repo.pack_key(p))?;
+                    }
+                    self.report.orphans_deleted += 1;
+                    self.report.orphan_bytes_freed += bytes;
+                }
+            }
+            if self.dry {
+                recorded.extend(packs);
+            } else {
+                self.changes.next();
+                repo.durable.delete(&repo.key(&format!("gc/{name}")))?;
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// 9. (`orphans`) Records the packs no index names and no record holds, with the
+    ///    sessions open now, for a later run.
+    fn sweep_orphans(&mut self, session_lease: Duration, recorded: &HashSet<Score>) -> Result<()> {
+        let repo = self.repo;
+        // Packs first, then sessions, then the index: a pack listed here whose writer is not
+        // open any more was indexed before its session ended, or never will be.
+        let mut listed = Vec::new();
+        for o in repo.durable.list(&repo.key("packs"))? {
+            // Anything else there is not this repository's to delete.
+            if let Ok(id) = parse_score(o.path.rsplit('/').next().unwrap_or("")) {
+                listed.push(id);
+            }
+        }
+        let (open_now, _) = repo.open_sessions(session_lease)?;
+        let indexed = repo.indexed_packs()?;
+        let mut orphans: Vec<String> = listed
+            .iter()
+            .filter(|p| !indexed.contains(*p) && !recorded.contains(*p))
+            .map(to_hex)
+            .collect();
+        orphans.sort();
+        self.report.orphans_found = orphans.len() as u64;
+        if orphans.is_empty() || self.dry {
+            return Ok(());
+        }
+        let mut waiting_for: Vec<String> = open_now.into_iter().collect();
+        waiting_for.sort();
+        let record = OrphanedRecord {
+            format: ORPHANED_FORMAT.to_string(),
+            created_unix_ns: cascade_durable::now_unix_ns(),
+            packs: orphans,
+            waiting_for,
+        };
+        let name = format!("{ORPHANED_PREFIX}{}.json", unique_id());
+        repo.put_record(&name, &record, self.changes)
     }
 }

@@ -1,6 +1,6 @@
 //! Interposition: wrappers that serve paths under the mount prefix from the node store and
 //! pass everything else to the next definition (normally glibc's). Design and semantics:
-//! docs/interposition-design.md.
+//! docs/interposition.md.
 //!
 //! Families: `sysio` (open, read, write, seek, truncate, sync), `fds` (dup, fcntl, flock),
 //! `stat` (the stat family, statfs, access), `names` (unlink, rename, mkdir, chmod...),
