@@ -220,8 +220,8 @@ pub fn write_frame(w: &mut impl Write, header: Header, body: &[&[u8]]) -> io::Re
 /// At most this many slices per `writev` (Linux's IOV_MAX; std caps it there anyway).
 const MAX_IOV: usize = 1024;
 
-/// `write_all` over `parts` with vectored writes. (`IoSlice::advance_slices` would do, but
-/// it is newer than the workspace's MSRV, 1.80.)
+/// `write_all` over `parts` with vectored writes (what the unstable
+/// `Write::write_all_vectored` does), at most [`MAX_IOV`] slices per call.
 fn write_all_vectored(w: &mut impl Write, parts: &[&[u8]]) -> io::Result<()> {
     // parts[first][skip..] is the first byte not yet written.
     let (mut first, mut skip) = (0, 0);
