@@ -238,7 +238,7 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
     };
     let durable = open_durable(url)?;
     durable
-        .is_complete(DurableKey::from_store_path(path))
+        .is_complete(&DurableKey::from_store_path(path))
         .map_err(|e| Failure::new(e.to_string()))
 }
 
@@ -392,7 +392,7 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     if let Some(url) = config.durable_url() {
         let durable = open_durable(url)?;
         let objects = durable
-            .list(DurableKey::from_store_path(path))
+            .list(&DurableKey::from_store_path(path))
             .map_err(|e| Failure::new(e.to_string()))?;
         for o in objects {
             let Some(ckpt) = o

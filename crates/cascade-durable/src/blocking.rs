@@ -64,162 +64,122 @@ impl DurableStore {
     /// See [`AsyncDurableStore::put_reader`].
     pub fn put_file(
         &self,
-        rel: impl AsRef<str>,
+        rel: &str,
         mut reader: impl Read + Send,
         len: u64,
     ) -> Result<FileDigest> {
-        let rel = rel.as_ref();
         self.rt
             .block_on(self.inner.put_reader(rel, &mut reader, len))
     }
 
     /// Uploads a file from memory (data only).
-    pub fn put_bytes(&self, rel: impl AsRef<str>, data: &[u8]) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub fn put_bytes(&self, rel: &str, data: &[u8]) -> Result<FileDigest> {
         self.put_file(rel, data, data.len() as u64)
     }
 
-    pub fn put_buffers(&self, rel: impl AsRef<str>, parts: Vec<Bytes>) -> Result<()> {
-        let rel = rel.as_ref();
+    pub fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
         self.rt.block_on(self.inner.put_buffers(rel, parts))
     }
 
-    pub fn put_checksum(&self, rel: impl AsRef<str>, digest: &FileDigest) -> Result<()> {
-        let rel = rel.as_ref();
+    pub fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {
         self.rt.block_on(self.inner.put_checksum(rel, digest))
     }
 
-    pub fn put_version(&self, rel: impl AsRef<str>, stamp: u64) -> Result<()> {
-        let rel = rel.as_ref();
+    pub fn put_version(&self, rel: &str, stamp: u64) -> Result<()> {
         self.rt.block_on(self.inner.put_version(rel, stamp))
     }
 
-    pub fn recorded_version(&self, rel: impl AsRef<str>) -> Result<Option<u64>> {
-        let rel = rel.as_ref();
+    pub fn recorded_version(&self, rel: &str) -> Result<Option<u64>> {
         self.rt.block_on(self.inner.recorded_version(rel))
     }
 
-    pub fn get_bytes(&self, rel: impl AsRef<str>) -> Result<Bytes> {
-        let rel = rel.as_ref();
+    pub fn get_bytes(&self, rel: &str) -> Result<Bytes> {
         self.rt.block_on(self.inner.get_bytes(rel))
     }
 
-    pub fn get_range(&self, rel: impl AsRef<str>, range: Range<u64>) -> Result<Bytes> {
-        let rel = rel.as_ref();
+    pub fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
         self.rt.block_on(self.inner.get_range(rel, range))
     }
 
-    pub fn size(&self, rel: impl AsRef<str>) -> Result<u64> {
-        let rel = rel.as_ref();
+    pub fn size(&self, rel: &str) -> Result<u64> {
         self.rt.block_on(self.inner.size(rel))
     }
 
-    pub fn list(&self, prefix: impl AsRef<str>) -> Result<Vec<ObjectInfo>> {
-        let prefix = prefix.as_ref();
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         self.rt.block_on(self.inner.list(prefix))
     }
 
-    pub fn delete(&self, rel: impl AsRef<str>) -> Result<()> {
-        let rel = rel.as_ref();
+    pub fn delete(&self, rel: &str) -> Result<()> {
         self.rt.block_on(self.inner.delete(rel))
     }
 
-    pub fn recorded_checksum(&self, rel: impl AsRef<str>) -> Result<String> {
-        let rel = rel.as_ref();
+    pub fn recorded_checksum(&self, rel: &str) -> Result<String> {
         self.rt.block_on(self.inner.recorded_checksum(rel))
     }
 
-    pub fn verify_file(&self, rel: impl AsRef<str>) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub fn verify_file(&self, rel: &str) -> Result<FileDigest> {
         self.rt.block_on(self.inner.verify_file(rel))
     }
 
-    pub fn download_to(
-        &self,
-        rel: impl AsRef<str>,
-        mut out: impl Write + Send,
-    ) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub fn download_to(&self, rel: &str, mut out: impl Write + Send) -> Result<FileDigest> {
         self.rt.block_on(self.inner.download_to(rel, &mut out))
     }
 
-    pub fn download_file(
-        &self,
-        rel: impl AsRef<str>,
-        dest: &std::path::Path,
-    ) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub fn download_file(&self, rel: &str, dest: &std::path::Path) -> Result<FileDigest> {
         self.rt.block_on(self.inner.download_file(rel, dest))
     }
 
-    pub fn read_marker(&self, checkpoint: impl AsRef<str>) -> Result<Option<Marker>> {
-        let checkpoint = checkpoint.as_ref();
+    pub fn read_marker(&self, checkpoint: &str) -> Result<Option<Marker>> {
         self.rt.block_on(self.inner.read_marker(checkpoint))
     }
 
-    pub fn is_complete(&self, checkpoint: impl AsRef<str>) -> Result<bool> {
-        let checkpoint = checkpoint.as_ref();
+    pub fn is_complete(&self, checkpoint: &str) -> Result<bool> {
         self.rt.block_on(self.inner.is_complete(checkpoint))
     }
 
     pub fn upload_checkpoint_data(
         &self,
-        checkpoint: impl AsRef<str>,
+        checkpoint: &str,
         files: Vec<UploadItem<'_>>,
     ) -> Result<Vec<MarkerFile>> {
-        let checkpoint = checkpoint.as_ref();
         self.rt
             .block_on(self.inner.upload_checkpoint_data(checkpoint, files))
     }
 
-    pub fn write_checksums(
-        &self,
-        checkpoint: impl AsRef<str>,
-        entries: &[MarkerFile],
-    ) -> Result<()> {
-        let checkpoint = checkpoint.as_ref();
+    pub fn write_checksums(&self, checkpoint: &str, entries: &[MarkerFile]) -> Result<()> {
         self.rt
             .block_on(self.inner.write_checksums(checkpoint, entries))
     }
 
-    pub fn write_marker(
-        &self,
-        checkpoint: impl AsRef<str>,
-        entries: Vec<MarkerFile>,
-    ) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
+    pub fn write_marker(&self, checkpoint: &str, entries: Vec<MarkerFile>) -> Result<Marker> {
         self.rt
             .block_on(self.inner.write_marker(checkpoint, entries))
     }
 
     pub fn write_marker_of(
         &self,
-        checkpoint: impl AsRef<str>,
+        checkpoint: &str,
         single_file: bool,
         entries: Vec<MarkerFile>,
     ) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
         self.rt
             .block_on(self.inner.write_marker_of(checkpoint, single_file, entries))
     }
 
-    pub fn delete_marker(&self, checkpoint: impl AsRef<str>) -> Result<()> {
-        let checkpoint = checkpoint.as_ref();
+    pub fn delete_marker(&self, checkpoint: &str) -> Result<()> {
         self.rt.block_on(self.inner.delete_marker(checkpoint))
     }
 
     pub fn upload_checkpoint(
         &self,
-        checkpoint: impl AsRef<str>,
+        checkpoint: &str,
         files: Vec<UploadItem<'_>>,
     ) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
         self.rt
             .block_on(self.inner.upload_checkpoint(checkpoint, files))
     }
 
-    pub fn verify_checkpoint(&self, checkpoint: impl AsRef<str>) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
+    pub fn verify_checkpoint(&self, checkpoint: &str) -> Result<Marker> {
         self.rt.block_on(self.inner.verify_checkpoint(checkpoint))
     }
 }

@@ -8,9 +8,9 @@ use crate::{Error, Result};
 /// A key of the durable store: a store path without its leading '/', relative to the store
 /// root (`ckpt.0001/rank0.dat` for the node-store path `/ckpt.0001/rank0.dat`).
 ///
-/// Every key-taking function of the store accepts one (they take `impl AsRef<str>`), as well
-/// as a plain `&str` key; [`DurableKey::parse`] checks a key the way the store does before
-/// using it.
+/// The store's key-taking functions take `&str`, which a `&DurableKey` turns into (it
+/// derefs to `str`); [`DurableKey::parse`] checks a key the way the store does before using
+/// it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DurableKey(String);
 

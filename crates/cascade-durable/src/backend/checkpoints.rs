@@ -15,12 +15,7 @@ use crate::{
 impl AsyncDurableStore {
     /// Streams `rel` into `out` and checks it against `<rel>.blake3`; on a mismatch returns
     /// [`Error::Corrupt`] (EIO) and the caller must discard what was written.
-    pub async fn download_to(
-        &self,
-        rel: impl AsRef<str>,
-        out: &mut (dyn Write + Send),
-    ) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub async fn download_to(&self, rel: &str, out: &mut (dyn Write + Send)) -> Result<FileDigest> {
         let expected = self.recorded_checksum(rel).await?;
         let (rel, loc) = self.traced("get", rel)?;
         let got = self
@@ -54,19 +49,13 @@ impl AsyncDurableStore {
     }
 
     /// Recomputes the BLAKE3 of `rel` and compares it with `<rel>.blake3`.
-    pub async fn verify_file(&self, rel: impl AsRef<str>) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub async fn verify_file(&self, rel: &str) -> Result<FileDigest> {
         self.download_to(rel, &mut std::io::sink()).await
     }
 
     /// Downloads `rel` to the local file `dest`, verified: the data goes to a temporary file
     /// beside `dest`, which is renamed into place only when the checksum matches.
-    pub async fn download_file(
-        &self,
-        rel: impl AsRef<str>,
-        dest: &std::path::Path,
-    ) -> Result<FileDigest> {
-        let rel = rel.as_ref();
+    pub async fn download_file(&self, rel: &str, dest: &std::path::Path) -> Result<FileDigest> {
         let tmp = {
             let mut name = dest.as_os_str().to_owned();
             name.push(format!(".cascade-part-{}", std::process::id()));
@@ -91,8 +80,7 @@ impl AsyncDurableStore {
 
     /// The marker of `checkpoint` (a directory's, else a single file's), or None if the
     /// checkpoint is not complete.
-    pub async fn read_marker(&self, checkpoint: impl AsRef<str>) -> Result<Option<Marker>> {
-        let checkpoint = checkpoint.as_ref();
+    pub async fn read_marker(&self, checkpoint: &str) -> Result<Option<Marker>> {
         let ckpt = normalize_rel(checkpoint)?;
         let mut found = None;
         for single_file in [false, true] {
@@ -125,8 +113,7 @@ impl AsyncDurableStore {
     }
 
     /// True once the checkpoint's completion marker exists (it is written last).
-    pub async fn is_complete(&self, checkpoint: impl AsRef<str>) -> Result<bool> {
-        let checkpoint = checkpoint.as_ref();
+    pub async fn is_complete(&self, checkpoint: &str) -> Result<bool> {
         Ok(self.read_marker(checkpoint).await?.is_some())
     }
 
@@ -134,10 +121,9 @@ impl AsyncDurableStore {
     /// first removing any old marker so that a re-upload is never seen as complete early.
     pub async fn upload_checkpoint_data(
         &self,
-        checkpoint: impl AsRef<str>,
+        checkpoint: &str,
         files: Vec<UploadItem<'_>>,
     ) -> Result<Vec<MarkerFile>> {
-        let checkpoint = checkpoint.as_ref();
         let ckpt = normalize_rel(checkpoint)?;
         self.delete_marker(&ckpt).await?;
         let mut entries = Vec::with_capacity(files.len());
@@ -164,12 +150,7 @@ impl AsyncDurableStore {
     }
 
     /// Writes the checksum objects of uploaded files (step 2).
-    pub async fn write_checksums(
-        &self,
-        checkpoint: impl AsRef<str>,
-        entries: &[MarkerFile],
-    ) -> Result<()> {
-        let checkpoint = checkpoint.as_ref();
+    pub async fn write_checksums(&self, checkpoint: &str, entries: &[MarkerFile]) -> Result<()> {
         let ckpt = normalize_rel(checkpoint)?;
         for e in entries {
             let digest = FileDigest {
@@ -182,31 +163,24 @@ impl AsyncDurableStore {
     }
 
     /// Deletes the marker of `checkpoint` (either kind): the first step of replacing it.
-    pub async fn delete_marker(&self, checkpoint: impl AsRef<str>) -> Result<()> {
-        let checkpoint = checkpoint.as_ref();
+    pub async fn delete_marker(&self, checkpoint: &str) -> Result<()> {
         let ckpt = normalize_rel(checkpoint)?;
         self.delete(&marker_key(&ckpt, false)).await?;
         self.delete(&marker_key(&ckpt, true)).await
     }
 
     /// Writes the completion marker of a directory checkpoint (step 3, last).
-    pub async fn write_marker(
-        &self,
-        checkpoint: impl AsRef<str>,
-        entries: Vec<MarkerFile>,
-    ) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
+    pub async fn write_marker(&self, checkpoint: &str, entries: Vec<MarkerFile>) -> Result<Marker> {
         self.write_marker_of(checkpoint, false, entries).await
     }
 
     /// Writes the completion marker of a directory or (`single_file`) one-file checkpoint.
     pub async fn write_marker_of(
         &self,
-        checkpoint: impl AsRef<str>,
+        checkpoint: &str,
         single_file: bool,
         entries: Vec<MarkerFile>,
     ) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
         let ckpt = normalize_rel(checkpoint)?;
         let marker = Marker {
             format: MARKER_FORMAT.to_string(),
@@ -231,10 +205,9 @@ impl AsyncDurableStore {
     /// Uploads a checkpoint: all data, then all checksums, then the marker.
     pub async fn upload_checkpoint(
         &self,
-        checkpoint: impl AsRef<str>,
+        checkpoint: &str,
         files: Vec<UploadItem<'_>>,
     ) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
         let entries = self.upload_checkpoint_data(checkpoint, files).await?;
         self.write_checksums(checkpoint, &entries).await?;
         self.write_marker(checkpoint, entries).await
@@ -242,8 +215,7 @@ impl AsyncDurableStore {
 
     /// Verifies every file listed in a checkpoint's marker against the marker and against its
     /// checksum object.
-    pub async fn verify_checkpoint(&self, checkpoint: impl AsRef<str>) -> Result<Marker> {
-        let checkpoint = checkpoint.as_ref();
+    pub async fn verify_checkpoint(&self, checkpoint: &str) -> Result<Marker> {
         let ckpt = normalize_rel(checkpoint)?;
         let Some(marker) = self.read_marker(&ckpt).await? else {
             return Err(Error::NotFound {

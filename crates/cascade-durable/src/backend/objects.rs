@@ -22,11 +22,10 @@ impl AsyncDurableStore {
     /// whole or not at all (S3 multipart completion; rename on a directory).
     pub async fn put_reader(
         &self,
-        rel: impl AsRef<str>,
+        rel: &str,
         reader: &mut (dyn Read + Send),
         len: u64,
     ) -> Result<FileDigest> {
-        let rel = rel.as_ref();
         let (rel, loc) = self.traced("put", rel)?;
         let part = self.opts.part_size;
         let mut hasher = blake3::Hasher::new();
@@ -108,8 +107,7 @@ impl AsyncDurableStore {
     }
 
     /// Writes a small object in one request.
-    pub async fn put_bytes(&self, rel: impl AsRef<str>, data: Vec<u8>) -> Result<()> {
-        let rel = rel.as_ref();
+    pub async fn put_bytes(&self, rel: &str, data: Vec<u8>) -> Result<()> {
         let (rel, loc) = self.traced("put", rel)?;
         self.store
             .put(&loc, PutPayload::from(data))
@@ -122,8 +120,7 @@ impl AsyncDurableStore {
     /// need not reassemble parts). The buffers are sent as they are, never copied, so they
     /// may reference memory owned elsewhere (`Bytes::from_owner`). At most
     /// [`SINGLE_PUT_MAX`] bytes.
-    pub async fn put_buffers(&self, rel: impl AsRef<str>, parts: Vec<Bytes>) -> Result<()> {
-        let rel = rel.as_ref();
+    pub async fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
         let (rel, loc) = self.traced("put", rel)?;
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         if total > SINGLE_PUT_MAX {
@@ -140,8 +137,7 @@ impl AsyncDurableStore {
     }
 
     /// Writes `<rel>.blake3` in the `b3sum` format (`<hex>  <file name>\n`).
-    pub async fn put_checksum(&self, rel: impl AsRef<str>, digest: &FileDigest) -> Result<()> {
-        let rel = rel.as_ref();
+    pub async fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {
         let rel = normalize_rel(rel)?;
         let base = rel.rsplit('/').next().unwrap_or(&rel);
         let text = format!("{}  {}\n", digest.blake3, base);
@@ -152,8 +148,7 @@ impl AsyncDurableStore {
     /// Records that the version of `rel` stamped `stamp` (the writer's clock in ns when the
     /// version was taken) is being written. Written before the data, so that a writer holding
     /// an older version (a staging server restarted late) sees it and does not overwrite.
-    pub async fn put_version(&self, rel: impl AsRef<str>, stamp: u64) -> Result<()> {
-        let rel = rel.as_ref();
+    pub async fn put_version(&self, rel: &str, stamp: u64) -> Result<()> {
         let rel = normalize_rel(rel)?;
         self.put_bytes(&version_key(&rel), format!("{stamp}\n").into_bytes())
             .await
@@ -161,8 +156,7 @@ impl AsyncDurableStore {
 
     /// The stamp last recorded by [`Self::put_version`] for `rel`; None if there is none or
     /// it is unreadable (a version object is advisory: it only ever stops older writes).
-    pub async fn recorded_version(&self, rel: impl AsRef<str>) -> Result<Option<u64>> {
-        let rel = rel.as_ref();
+    pub async fn recorded_version(&self, rel: &str) -> Result<Option<u64>> {
         let rel = normalize_rel(rel)?;
         match self.get_bytes(&version_key(&rel)).await {
             Ok(text) => Ok(String::from_utf8_lossy(&text).trim().parse().ok()),
@@ -172,8 +166,7 @@ impl AsyncDurableStore {
     }
 
     /// Reads a whole (small) object.
-    pub async fn get_bytes(&self, rel: impl AsRef<str>) -> Result<Bytes> {
-        let rel = rel.as_ref();
+    pub async fn get_bytes(&self, rel: &str) -> Result<Bytes> {
         let (rel, loc) = self.traced("get", rel)?;
         let got = self
             .store
@@ -184,8 +177,7 @@ impl AsyncDurableStore {
     }
 
     /// Reads `range` of an object.
-    pub async fn get_range(&self, rel: impl AsRef<str>, range: Range<u64>) -> Result<Bytes> {
-        let rel = rel.as_ref();
+    pub async fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
         let (rel, loc) = self.traced("get_range", rel)?;
         if range.start >= range.end {
             return Ok(Bytes::new());
@@ -197,8 +189,7 @@ impl AsyncDurableStore {
     }
 
     /// Size of an object.
-    pub async fn size(&self, rel: impl AsRef<str>) -> Result<u64> {
-        let rel = rel.as_ref();
+    pub async fn size(&self, rel: &str) -> Result<u64> {
         let (rel, loc) = self.traced("head", rel)?;
         let meta = self
             .store
@@ -209,8 +200,7 @@ impl AsyncDurableStore {
     }
 
     /// All objects under `prefix` (whole path components; "" for everything), sorted by path.
-    pub async fn list(&self, prefix: impl AsRef<str>) -> Result<Vec<ObjectInfo>> {
-        let prefix = prefix.as_ref();
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
         let prefix = prefix.trim_matches('/');
         let loc = if prefix.is_empty() {
             self.trace.note("list", "");
@@ -232,8 +222,7 @@ impl AsyncDurableStore {
     }
 
     /// Deletes an object; a missing one is not an error.
-    pub async fn delete(&self, rel: impl AsRef<str>) -> Result<()> {
-        let rel = rel.as_ref();
+    pub async fn delete(&self, rel: &str) -> Result<()> {
         let (rel, loc) = self.traced("delete", rel)?;
         match self.store.delete(&loc).await {
             Ok(()) => Ok(()),
@@ -247,8 +236,7 @@ impl AsyncDurableStore {
     }
 
     /// The recorded BLAKE3 of `rel`, from `<rel>.blake3`.
-    pub async fn recorded_checksum(&self, rel: impl AsRef<str>) -> Result<String> {
-        let rel = rel.as_ref();
+    pub async fn recorded_checksum(&self, rel: &str) -> Result<String> {
         let rel = normalize_rel(rel)?;
         let sum_path = format!("{rel}{CHECKSUM_SUFFIX}");
         let bad = |reason: String| Error::BadChecksum {
