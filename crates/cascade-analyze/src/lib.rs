@@ -2,7 +2,7 @@
 //! analyze"): how much of each snapshot repeats what came before under several chunkings,
 //! how well the new data compresses, and where in each file the changes are.
 //!
-//! - [`analyze`]: dedup and compression figures over an ordered series of snapshots (files or
+//! - [`analyze`](mod@analyze): dedup and compression figures over an ordered series of snapshots (files or
 //!   directories), built on cascade-dedup's chunkings, scores and compression.
 //! - [`heatmap`]: change heatmaps laid out on a Hilbert curve, written as PNGs.
 

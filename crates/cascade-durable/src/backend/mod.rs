@@ -27,7 +27,7 @@ pub struct Options {
     pub part_size: usize,
     /// Parts in flight per upload; memory per upload is at most `part_size * (this + 1)`.
     pub max_concurrency: usize,
-    /// Worker threads of the runtime that [`DurableStore`] owns.
+    /// Worker threads of the runtime that [`crate::DurableStore`] owns.
     pub io_threads: usize,
     /// Retries of a failed request (with exponential backoff), and the time after which a
     /// request is no longer retried.
