@@ -1,14 +1,14 @@
 //! `cascade analyze PATH...`: how much a series of checkpoints repeats itself (dedup under
 //! fixed and content-defined chunking), how well its unique data compresses, and where in
-//! each file the changes are. The engine is `cascade_dedup::analyze`; docs/dedup.md explains
+//! each file the changes are. The engine is the cascade-analyze crate; docs/dedup.md explains
 //! every figure.
 
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use cascade_dedup::analyze::Options;
-use cascade_dedup::heatmap;
+use cascade_analyze::analyze::Options;
+use cascade_analyze::heatmap;
 use cascade_dedup::Chunking;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -61,8 +61,8 @@ pub struct AnalyzeArgs {
 }
 
 pub fn analyze(args: &AnalyzeArgs) -> Result<ExitCode, Failure> {
-    let fail = |err: cascade_dedup::Error| Failure::new(err.to_string());
-    let series = cascade_dedup::scan(&args.paths).map_err(fail)?;
+    let fail = |err: cascade_analyze::Error| Failure::new(err.to_string());
+    let series = cascade_analyze::scan(&args.paths).map_err(fail)?;
     let mut options = Options::default();
     for chunking in &args.chunkings {
         options.add_chunking(*chunking);
@@ -73,7 +73,7 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<ExitCode, Failure> {
         std::fs::create_dir_all(dir).map_err(|e| Failure::io(&dir.display().to_string(), &e))?;
     }
     let bar = progress_bar(series.total_bytes());
-    let result = cascade_dedup::analyze(&series, &options, &|bytes| bar.inc(bytes));
+    let result = cascade_analyze::analyze(&series, &options, &|bytes| bar.inc(bytes));
     bar.finish_and_clear();
     let mut report = result.map_err(fail)?;
     if let Some(dir) = &args.plot {

@@ -11,7 +11,7 @@ use cascade_agent::DedupOptions;
 use cascade_config::{format_rate, format_size, Config};
 use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
-use cascade_durable::DurableStore;
+use cascade_durable::{DurableKey, DurableStore};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::admin::attach;
@@ -166,7 +166,11 @@ fn marker_bytes(durable: &DurableStore, repo: Option<&Repo>, ckpt: &str) -> Resu
         Ok(Some(marker)) => Ok(marker.total_bytes),
         // restore_* report a missing checkpoint with the full message.
         Ok(None) => Ok(repo
-            .and_then(|r| r.read_manifest(ckpt.trim_matches('/')).ok().flatten())
+            .and_then(|r| {
+                r.read_manifest(&DurableKey::from_store_path(ckpt))
+                    .ok()
+                    .flatten()
+            })
             .map_or(0, |m| m.files.iter().map(|f| f.size).sum())),
         Err(e) => Err(Failure::new(e.to_string())),
     }

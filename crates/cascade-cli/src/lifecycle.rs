@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use cascade_agent::{Agent, AgentOptions};
 use cascade_config::{format_size, Config};
 use cascade_dedup::Compression;
-use cascade_durable::{DurableStore, Options as DurableOptions, Spec};
+use cascade_durable::{DurableKey, DurableStore, Options as DurableOptions, Spec};
 use cascade_store::{FileKind, LifeEntry, Store};
 
 use crate::admin::attach;
@@ -238,7 +238,7 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
     };
     let durable = open_durable(url)?;
     durable
-        .is_complete(path.trim_matches('/'))
+        .is_complete(&DurableKey::from_store_path(path))
         .map_err(|e| Failure::new(e.to_string()))
 }
 
@@ -391,9 +391,8 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     }
     if let Some(url) = config.durable_url() {
         let durable = open_durable(url)?;
-        let prefix = path.trim_matches('/');
         let objects = durable
-            .list(prefix)
+            .list(&DurableKey::from_store_path(path))
             .map_err(|e| Failure::new(e.to_string()))?;
         for o in objects {
             let Some(ckpt) = o

@@ -1,5 +1,5 @@
-//! Dedup and compression building blocks for Cascade, and the analysis of checkpoint series
-//! behind `cascade analyze` (docs/dedup.md).
+//! Dedup and compression for Cascade (docs/dedup.md): the building blocks, and the dedup
+//! repository they fill in the durable tier.
 //!
 //! - [`Chunking`]: fixed-size chunks (512 B to 1 MiB) or content-defined chunks (FastCDC
 //!   v2020 with min/avg/max), parsed from specs such as `fixed:4KiB` and `cdc:avg=64KiB`;
@@ -7,18 +7,20 @@
 //! - [`Score`]: the BLAKE3 hash of a chunk, its identity in a dedup index.
 //! - [`Compression`]: `none` or `zstd:LEVEL`, applied per chunk and skipped when it does not
 //!   save at least an eighth of the chunk.
-//! - [`analyze`]: dedup and compression figures over an ordered series of snapshots (files or
-//!   directories), and change heatmaps laid out on a Hilbert curve ([`heatmap`]).
+//! - [`ingest`]: a file read in windows, chunked, scored and compressed on every core.
+//! - [`repo`]: the dedup repository (packs, indexes, manifests, recipes, deltas, garbage
+//!   collection); [`Repo`] opens one, [`Error`] is its failure.
+//!
+//! The analysis of checkpoint series (`cascade analyze`, heatmaps) is the cascade-analyze
+//! crate, built on these.
 
-pub mod analyze;
 pub mod chunking;
 pub mod compress;
-pub mod heatmap;
 pub mod ingest;
 pub mod repo;
 pub mod score;
 
-pub use analyze::{analyze, scan, Error, Options, Report, Series};
 pub use chunking::{Chunking, ParseChunkingError};
 pub use compress::{Compression, ParseCompressionError};
+pub use repo::{Error, FileRecipe, Manifest, Repo, RepoWriter, Result};
 pub use score::{score, Score};

@@ -17,17 +17,16 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cascade_durable::{DurableStore, MarkerFile};
-use serde::{Deserialize, Serialize};
 
 use crate::chunks::ChunkOptions;
-use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, Usage, VersionId, VersionInfo};
+use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, VersionId, VersionInfo};
 use crate::protocol::{
     self, code, encode_error, kind, read_header, write_frame, Header, Level, NoSigPipe, PullKind,
     PullState, RecvError, Request,
 };
-use crate::{hex, namespaced, Error, Result};
+use crate::{hex, namespaced, ServerError as Error, ServerResult as Result};
 
-pub use dedup::DedupStatus;
+pub use cascade_wire::status::{DedupStatus, ServerStatus};
 
 /// How a server is run (`cascade stage-server`, the `[stage_server]` config section).
 #[derive(Debug, Clone)]
@@ -70,39 +69,6 @@ impl ServerOptions {
             verbose: false,
         }
     }
-}
-
-/// What `cascade stage-server status` shows (the Status reply, JSON).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ServerStatus {
-    pub server: String,
-    pub pid: u32,
-    pub instance: u64,
-    pub listen: String,
-    pub dir: String,
-    pub drain_to: String,
-    pub uptime_s: f64,
-    pub clients: u64,
-    pub refused_clients: u64,
-    /// Files sealed and bytes appended since the server started.
-    pub absorbed_files: u64,
-    pub absorbed_bytes: u64,
-    pub drained_files: u64,
-    pub drained_bytes: u64,
-    /// Versions not drained because the durable store had a newer one.
-    #[serde(default)]
-    pub superseded_files: u64,
-    pub markers: u64,
-    /// Sealed files not yet in the durable tier.
-    pub pending_files: u64,
-    pub pending_bytes: u64,
-    pub pending_checkpoints: u64,
-    pub drain_failures: u64,
-    pub last_error: Option<String>,
-    pub usage: Usage,
-    /// Dedup chunks and manifests (docs/staging.md, "Dedup through the servers").
-    #[serde(default)]
-    pub dedup: DedupStatus,
 }
 
 /// Fixed receive buffers, faulted in once so receiving never page-faults or allocates.
@@ -938,7 +904,7 @@ impl Shared {
         let digest = self.durable.put_file(&v.key, reader, v.size)?;
         let expected = hex(&v.blake3);
         if digest.blake3 != expected {
-            return Err(Error::Protocol {
+            return Err(Error::Mismatch {
                 server: self.name.clone(),
                 why: format!(
                     "{}: staged bytes hash to {} but the client sent {expected}; not marked drained",

@@ -300,7 +300,7 @@ fn wait_for(addr: &str, what: &str, done: impl Fn(&ServerStatus) -> bool) -> Ser
 struct InProcess {
     addr: String,
     stopper: Stopper,
-    thread: Option<JoinHandle<cascade_staging::Result<()>>>,
+    thread: Option<JoinHandle<cascade_staging::ServerResult<()>>>,
 }
 
 impl InProcess {

@@ -27,7 +27,7 @@ const SMALL_BODY: usize = 64 << 10;
 struct Running {
     addr: SocketAddr,
     stopper: Stopper,
-    thread: Option<JoinHandle<cascade_staging::Result<()>>>,
+    thread: Option<JoinHandle<cascade_staging::ServerResult<()>>>,
     durable: PathBuf,
     dir: tempfile::TempDir,
 }

@@ -24,6 +24,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use model::Model;
 use record::Record;
 
+/// The arenas' levels, as a server's Status reply carries them.
+pub use cascade_wire::status::Usage;
+
 /// Appends longer than this are stored as several extents, so that a read never has to
 /// load (and checksum) more than this for one extent.
 pub const MAX_EXTENT: usize = 4 << 20;
@@ -98,18 +101,6 @@ pub struct Manifest {
     pub checkpoint: String,
     pub single_file: bool,
     pub files: Vec<ManifestFile>,
-}
-
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct Usage {
-    pub arena_files: u64,
-    pub arena_bytes: u64,
-    pub capacity: Option<u64>,
-    /// Sealed, not drained, not superseded.
-    pub live_versions: u64,
-    /// Bytes of the live versions (waiting to be drained).
-    pub pending_bytes: u64,
-    pub index_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,6 @@ use cascade_dedup::repo::{
 };
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
-use serde::{Deserialize, Serialize};
 
 use super::{engine_code, lock, ConnState, Shared};
 use crate::chunks::manifests::{ManifestStore, PendingManifest};
@@ -25,7 +24,9 @@ use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
 use crate::protocol::{
     self, code, kind, ManifestPart, ManifestState, Stored, WireChunk, CHUNK_FIXED, MAX_BODY,
 };
-use crate::{hex, Error, Result};
+pub use cascade_wire::status::DedupStatus;
+
+use crate::{hex, ServerError as Error, ServerResult as Result};
 
 /// Stored bytes one push round reads and writes as one repository session (two packs and
 /// one index object at the repository's 16 MiB packs).
@@ -43,42 +44,6 @@ const CHECK_BATCH: usize = 8192;
 /// A hold on a repository ends once every chunk is pushed and no delta was checked for
 /// this long.
 const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
-
-/// What `cascade stage-server status` shows about dedup (counters since the server started,
-/// levels now).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DedupStatus {
-    /// Chunks stored on this server's SSD, and their raw and stored bytes.
-    pub chunks_absorbed: u64,
-    pub chunk_bytes_raw: u64,
-    pub chunk_bytes_stored: u64,
-    /// Of the chunks stored, those that came as deltas against a base in the repository.
-    #[serde(default)]
-    pub delta_chunks_absorbed: u64,
-    /// Chunks sent that this server or the durable repository already had.
-    pub chunks_deduplicated: u64,
-    /// Chunks written into packs of the durable repository, and their stored bytes.
-    pub chunks_pushed: u64,
-    pub pushed_bytes: u64,
-    /// Chunks the push found in the repository already (another writer pushed them first).
-    pub chunks_already_durable: u64,
-    /// Acknowledged chunks not yet pushed, and their stored bytes.
-    pub pending_chunks: u64,
-    pub pending_bytes: u64,
-    /// Manifests waiting for their blobs, and manifests written into the repository.
-    pub pending_manifests: u64,
-    pub manifests_written: u64,
-    /// Chunks refused because their bytes did not match their scores.
-    pub refused_chunks: u64,
-    /// Acknowledged chunks whose records failed their checksum when pushed.
-    pub lost_chunks: u64,
-    pub push_failures: u64,
-    pub segment_files: u64,
-    pub segment_bytes: u64,
-    /// Chunks in the in-memory score index and the memory its tables take.
-    pub index_chunks: u64,
-    pub index_memory_bytes: u64,
-}
 
 #[derive(Default)]
 struct Counters {

@@ -1,5 +1,5 @@
 //! The checks behind the fuzz targets, shared with `tests/fuzz_corpus.rs` (which includes
-//! this file with `#[path]`, so it builds on stable with nothing but `cascade_staging`).
+//! this file with `#[path]`, so it builds on stable with nothing but `cascade_wire`).
 //!
 //! Decoding must never panic, and whatever a decoder accepts must be exactly what the
 //! matching encoder produces from the decoded values (so the decoders accept no frame the
@@ -8,7 +8,7 @@
 
 use std::io::{self, Read};
 
-use cascade_staging::protocol::{
+use cascade_wire::protocol::{
     check_key, code, decode_request_frame, encode_chunk_descriptors, encode_get_chunks_ok_head,
     encode_get_manifest, encode_get_manifest_ok, encode_hello, encode_hello_ok, encode_lacks_ok,
     encode_manifest_part, encode_pull, encode_pull_ok, encode_push, encode_put_chunks_ok,

@@ -5,12 +5,12 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use cascade_dedup::analyze::Options;
-use cascade_dedup::heatmap::{
+use cascade_analyze::analyze::Options;
+use cascade_analyze::heatmap::{
     file_name, hilbert_d2xy, viridis, write_all, Heatmap, ABSENT, BACKGROUND, LEGEND_HEIGHT,
     UNCHANGED,
 };
-use cascade_dedup::{analyze, scan};
+use cascade_analyze::{analyze, scan};
 use tempfile::TempDir;
 
 #[path = "support/data.rs"]

@@ -1,5 +1,5 @@
 //! Arbitrary bytes as a stream of frames read with `protocol::read_frame` (the first byte
-//! chooses how the reader splits the stream; see `cascade_staging_fuzz::read_frames`).
+//! chooses how the reader splits the stream; see `cascade_wire_fuzz::read_frames`).
 #![no_main]
 
 use std::cell::RefCell;
@@ -13,6 +13,6 @@ thread_local! {
 
 fuzz_target!(|data: &[u8]| {
     BODY.with(|b| {
-        cascade_staging_fuzz::read_frames(data, &mut b.borrow_mut());
+        cascade_wire_fuzz::read_frames(data, &mut b.borrow_mut());
     });
 });

@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    cascade_staging_fuzz::decode_frame(data);
+    cascade_wire_fuzz::decode_frame(data);
 });

@@ -3,7 +3,7 @@
 //! `cargo test` re-checks what the fuzzers found. Files named `valid-*` are seeds built from
 //! the protocol's encoders and must decode; everything else only must not panic.
 //!
-//! `CASCADE_WRITE_FUZZ_SEEDS=1 cargo test -p cascade-staging --test fuzz_corpus` rewrites
+//! `CASCADE_WRITE_FUZZ_SEEDS=1 cargo test -p cascade-wire --test fuzz_corpus` rewrites
 //! the seeds (after a protocol change, or after `cargo fuzz cmin` renamed them).
 
 #[path = "../fuzz/src/lib.rs"]
@@ -12,7 +12,7 @@ mod fuzz_checks;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use cascade_staging::protocol::{
+use cascade_wire::protocol::{
     code, encode_chunk_descriptors, encode_error, encode_get_chunks_ok_head, encode_get_manifest,
     encode_get_manifest_ok, encode_hello, encode_hello_ok, encode_lacks_ok, encode_manifest_part,
     encode_pull, encode_pull_ok, encode_push, encode_put_chunks_ok, encode_read,

@@ -30,10 +30,10 @@ use fastcdc::v2020::FastCDC;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::chunking::{format_size, Chunking};
-use crate::compress::Compression;
 use crate::heatmap::Heatmap;
-use crate::score::{score, short_key};
+use cascade_dedup::chunking::{format_size, Chunking};
+use cascade_dedup::compress::Compression;
+use cascade_dedup::score::{score, short_key};
 
 /// Bytes read and analysed at a time per file.
 pub const WINDOW: usize = 64 << 20;
@@ -355,7 +355,7 @@ pub struct CompressionReport {
 }
 
 /// One codec's result. A chunk is stored compressed only if that saves at least 1/8 of it
-/// (see [`crate::compress`]); stored_bytes counts the others at their full size.
+/// (see [`cascade_dedup::compress`]); stored_bytes counts the others at their full size.
 #[derive(Debug, Clone, Serialize)]
 pub struct CodecReport {
     /// e.g. `zstd:1`.

@@ -19,7 +19,7 @@ use crate::protocol::{
     Header, ManifestPart, ManifestState, NoSigPipe, PullKind, PullState, PushFile, RecipeEntry,
     Reply, Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
 };
-use crate::server::ServerStatus;
+use crate::status::ServerStatus;
 use crate::{Error, Result};
 
 /// How a client identifies itself.

@@ -5,8 +5,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use cascade_dedup::analyze::{ChunkingReport, Options, Report};
-use cascade_dedup::{analyze, scan, Chunking};
+use cascade_analyze::analyze::{ChunkingReport, Options, Report};
+use cascade_analyze::{analyze, scan};
+use cascade_dedup::Chunking;
 use tempfile::TempDir;
 
 #[path = "support/data.rs"]

@@ -1,0 +1,185 @@
+//! The blocking API: [`DurableStore`] runs [`AsyncDurableStore`] on a small tokio runtime of
+//! its own.
+
+use std::io::{Read, Write};
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::{
+    AsyncDurableStore, Error, FileDigest, Marker, MarkerFile, ObjectInfo, Options, Result, Spec,
+    UploadItem,
+};
+
+/// The durable tier with a blocking API; owns a small tokio runtime
+/// (`Options::io_threads` workers). Do not call it from inside another tokio runtime: use
+/// [`AsyncDurableStore`] there.
+pub struct DurableStore {
+    rt: tokio::runtime::Runtime,
+    inner: AsyncDurableStore,
+}
+
+impl std::fmt::Debug for DurableStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl DurableStore {
+    /// Opens and checks a store; see [`AsyncDurableStore::open`].
+    pub fn open(spec: &str) -> Result<Self> {
+        Self::open_with(Spec::parse(spec)?, Options::default())
+    }
+
+    pub fn open_with(spec: Spec, opts: Options) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(opts.io_threads.max(1))
+            .thread_name("cascade-durable")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the durable-store runtime", e))?;
+        let inner = rt.block_on(AsyncDurableStore::open_with(spec, opts))?;
+        Ok(DurableStore { rt, inner })
+    }
+
+    /// The async API over the same store.
+    pub fn async_store(&self) -> &AsyncDurableStore {
+        &self.inner
+    }
+
+    /// See [`AsyncDurableStore::start_trace`].
+    pub fn start_trace(&self) {
+        self.inner.start_trace()
+    }
+
+    /// See [`AsyncDurableStore::take_trace`].
+    pub fn take_trace(&self) -> Vec<(&'static str, String)> {
+        self.inner.take_trace()
+    }
+
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// See [`AsyncDurableStore::put_reader`].
+    pub fn put_file(
+        &self,
+        rel: &str,
+        mut reader: impl Read + Send,
+        len: u64,
+    ) -> Result<FileDigest> {
+        self.rt
+            .block_on(self.inner.put_reader(rel, &mut reader, len))
+    }
+
+    /// Uploads a file from memory (data only).
+    pub fn put_bytes(&self, rel: &str, data: &[u8]) -> Result<FileDigest> {
+        self.put_file(rel, data, data.len() as u64)
+    }
+
+    pub fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
+        self.rt.block_on(self.inner.put_buffers(rel, parts))
+    }
+
+    pub fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {
+        self.rt.block_on(self.inner.put_checksum(rel, digest))
+    }
+
+    pub fn put_version(&self, rel: &str, stamp: u64) -> Result<()> {
+        self.rt.block_on(self.inner.put_version(rel, stamp))
+    }
+
+    pub fn recorded_version(&self, rel: &str) -> Result<Option<u64>> {
+        self.rt.block_on(self.inner.recorded_version(rel))
+    }
+
+    pub fn get_bytes(&self, rel: &str) -> Result<Bytes> {
+        self.rt.block_on(self.inner.get_bytes(rel))
+    }
+
+    pub fn get_range(&self, rel: &str, range: Range<u64>) -> Result<Bytes> {
+        self.rt.block_on(self.inner.get_range(rel, range))
+    }
+
+    pub fn size(&self, rel: &str) -> Result<u64> {
+        self.rt.block_on(self.inner.size(rel))
+    }
+
+    pub fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        self.rt.block_on(self.inner.list(prefix))
+    }
+
+    pub fn delete(&self, rel: &str) -> Result<()> {
+        self.rt.block_on(self.inner.delete(rel))
+    }
+
+    pub fn recorded_checksum(&self, rel: &str) -> Result<String> {
+        self.rt.block_on(self.inner.recorded_checksum(rel))
+    }
+
+    pub fn verify_file(&self, rel: &str) -> Result<FileDigest> {
+        self.rt.block_on(self.inner.verify_file(rel))
+    }
+
+    pub fn download_to(&self, rel: &str, mut out: impl Write + Send) -> Result<FileDigest> {
+        self.rt.block_on(self.inner.download_to(rel, &mut out))
+    }
+
+    pub fn download_file(&self, rel: &str, dest: &std::path::Path) -> Result<FileDigest> {
+        self.rt.block_on(self.inner.download_file(rel, dest))
+    }
+
+    pub fn read_marker(&self, checkpoint: &str) -> Result<Option<Marker>> {
+        self.rt.block_on(self.inner.read_marker(checkpoint))
+    }
+
+    pub fn is_complete(&self, checkpoint: &str) -> Result<bool> {
+        self.rt.block_on(self.inner.is_complete(checkpoint))
+    }
+
+    pub fn upload_checkpoint_data(
+        &self,
+        checkpoint: &str,
+        files: Vec<UploadItem<'_>>,
+    ) -> Result<Vec<MarkerFile>> {
+        self.rt
+            .block_on(self.inner.upload_checkpoint_data(checkpoint, files))
+    }
+
+    pub fn write_checksums(&self, checkpoint: &str, entries: &[MarkerFile]) -> Result<()> {
+        self.rt
+            .block_on(self.inner.write_checksums(checkpoint, entries))
+    }
+
+    pub fn write_marker(&self, checkpoint: &str, entries: Vec<MarkerFile>) -> Result<Marker> {
+        self.rt
+            .block_on(self.inner.write_marker(checkpoint, entries))
+    }
+
+    pub fn write_marker_of(
+        &self,
+        checkpoint: &str,
+        single_file: bool,
+        entries: Vec<MarkerFile>,
+    ) -> Result<Marker> {
+        self.rt
+            .block_on(self.inner.write_marker_of(checkpoint, single_file, entries))
+    }
+
+    pub fn delete_marker(&self, checkpoint: &str) -> Result<()> {
+        self.rt.block_on(self.inner.delete_marker(checkpoint))
+    }
+
+    pub fn upload_checkpoint(
+        &self,
+        checkpoint: &str,
+        files: Vec<UploadItem<'_>>,
+    ) -> Result<Marker> {
+        self.rt
+            .block_on(self.inner.upload_checkpoint(checkpoint, files))
+    }
+
+    pub fn verify_checkpoint(&self, checkpoint: &str) -> Result<Marker> {
+        self.rt.block_on(self.inner.verify_checkpoint(checkpoint))
+    }
+}

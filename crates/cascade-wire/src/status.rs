@@ -1,0 +1,87 @@
+//! What a staging server answers a Status request with: JSON of [`ServerStatus`]
+//! (docs/staging-protocol.md, "Status (`0x09`)"). Servers fill it in, clients and
+//! `cascade stage-server status` read it; fields added later default when absent.
+
+use serde::{Deserialize, Serialize};
+
+/// What `cascade stage-server status` shows (the Status reply, JSON).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub server: String,
+    pub pid: u32,
+    pub instance: u64,
+    pub listen: String,
+    pub dir: String,
+    pub drain_to: String,
+    pub uptime_s: f64,
+    pub clients: u64,
+    pub refused_clients: u64,
+    /// Files sealed and bytes appended since the server started.
+    pub absorbed_files: u64,
+    pub absorbed_bytes: u64,
+    pub drained_files: u64,
+    pub drained_bytes: u64,
+    /// Versions not drained because the durable store had a newer one.
+    #[serde(default)]
+    pub superseded_files: u64,
+    pub markers: u64,
+    /// Sealed files not yet in the durable tier.
+    pub pending_files: u64,
+    pub pending_bytes: u64,
+    pub pending_checkpoints: u64,
+    pub drain_failures: u64,
+    pub last_error: Option<String>,
+    pub usage: Usage,
+    /// Dedup chunks and manifests (docs/staging.md, "Dedup through the servers").
+    #[serde(default)]
+    pub dedup: DedupStatus,
+}
+
+/// The arenas on a server's SSD (the engine's levels now).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub arena_files: u64,
+    pub arena_bytes: u64,
+    pub capacity: Option<u64>,
+    /// Sealed, not drained, not superseded.
+    pub live_versions: u64,
+    /// Bytes of the live versions (waiting to be drained).
+    pub pending_bytes: u64,
+    pub index_bytes: u64,
+}
+
+/// What `cascade stage-server status` shows about dedup (counters since the server started,
+/// levels now).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupStatus {
+    /// Chunks stored on this server's SSD, and their raw and stored bytes.
+    pub chunks_absorbed: u64,
+    pub chunk_bytes_raw: u64,
+    pub chunk_bytes_stored: u64,
+    /// Of the chunks stored, those that came as deltas against a base in the repository.
+    #[serde(default)]
+    pub delta_chunks_absorbed: u64,
+    /// Chunks sent that this server or the durable repository already had.
+    pub chunks_deduplicated: u64,
+    /// Chunks written into packs of the durable repository, and their stored bytes.
+    pub chunks_pushed: u64,
+    pub pushed_bytes: u64,
+    /// Chunks the push found in the repository already (another writer pushed them first).
+    pub chunks_already_durable: u64,
+    /// Acknowledged chunks not yet pushed, and their stored bytes.
+    pub pending_chunks: u64,
+    pub pending_bytes: u64,
+    /// Manifests waiting for their blobs, and manifests written into the repository.
+    pub pending_manifests: u64,
+    pub manifests_written: u64,
+    /// Chunks refused because their bytes did not match their scores.
+    pub refused_chunks: u64,
+    /// Acknowledged chunks whose records failed their checksum when pushed.
+    pub lost_chunks: u64,
+    pub push_failures: u64,
+    pub segment_files: u64,
+    pub segment_bytes: u64,
+    /// Chunks in the in-memory score index and the memory its tables take.
+    pub index_chunks: u64,
+    pub index_memory_bytes: u64,
+}
