@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use cascade_durable::DurableKey;
 use cascade_durable::DurableStore;
 use cascade_store::{AgentRegistration, FileKind, LifeEntry, Store};
 
@@ -20,7 +21,7 @@ use crate::levels::dedup::DedupRepository;
 use crate::levels::plain::PlainLayout;
 use crate::levels::staged::StagingServers;
 use crate::levels::staged_dedup::StagedDedup;
-use crate::node::{files_of, key_of, reserved, Checkpoint, Node};
+use crate::node::{files_of, reserved, Checkpoint, Node};
 use crate::options::{AgentOptions, AgentStats};
 use crate::repository::Repository;
 use crate::servers::ServerPool;
@@ -297,7 +298,11 @@ impl Agent {
         for root in stale_markers {
             // The durable copy is about to change: its old marker must go first.
             self.node.store.clear_complete(root.ino, root.generation);
-            if let Err(e) = self.node.durable.delete_marker(key_of(&root.path)) {
+            if let Err(e) = self
+                .node
+                .durable
+                .delete_marker(&DurableKey::from_store_path(&root.path))
+            {
                 self.node.record_failure(format!(
                     "cannot remove the old marker of {}: {e}",
                     root.path

@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use cascade_durable::DurableKey;
 use cascade_store::LifeEntry;
 
 use crate::node::{Checkpoint, Node};
@@ -141,10 +142,10 @@ pub(crate) trait Level: Send + Sync {
     }
 
     /// Read-through: the version of file `key` (a durable key) this level holds, if any.
-    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>>;
+    fn find<'a>(&'a self, node: &'a Node, key: &'a DurableKey) -> Result<Option<Found<'a>>>;
 
     /// Read-through, when no level holds a file `key`: true if it is a directory here.
-    fn is_dir(&self, _node: &Node, _key: &str) -> Result<bool> {
+    fn is_dir(&self, _node: &Node, _key: &DurableKey) -> Result<bool> {
         Ok(false)
     }
 }

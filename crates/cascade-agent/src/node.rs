@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cascade_durable::{DurableStore, MarkerFile};
+use cascade_durable::{DurableKey, DurableStore, MarkerFile};
 use cascade_store::{FileKind, LifeEntry, OpenOptions, Store};
 
 use crate::options::{AgentOptions, AgentStats};
@@ -30,18 +30,15 @@ impl Checkpoint<'_> {
     }
 }
 
-/// The durable key of a store path: the path without its leading '/'.
-pub(crate) fn key_of(store_path: &str) -> &str {
-    store_path.trim_start_matches('/')
-}
-
 /// The path of file `f` relative to its checkpoint `root` (its base name for a checkpoint
 /// that is a single file), as markers and manifests record it.
 pub(crate) fn path_in_checkpoint(root: &LifeEntry, f: &LifeEntry) -> String {
     if root.kind == FileKind::File {
         f.path.rsplit('/').next().unwrap_or(&f.path).to_string()
     } else {
-        key_of(&f.path[root.path.len()..]).to_string()
+        f.path[root.path.len()..]
+            .trim_start_matches('/')
+            .to_string()
     }
 }
 
@@ -228,7 +225,7 @@ impl Node {
             return Ok(digest);
         }
         self.durable
-            .recorded_checksum(key_of(&f.path))
+            .recorded_checksum(&DurableKey::from_store_path(&f.path))
             .map_err(Error::Durable)
     }
 

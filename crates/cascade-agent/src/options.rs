@@ -140,7 +140,7 @@ pub struct StagingOptions {
 
 impl StagingOptions {
     pub fn new(servers: Vec<String>, secret: &str) -> StagingOptions {
-        let node = cascade_staging::host_name();
+        let node = cascade_wire::host_name();
         StagingOptions {
             servers,
             secret: secret.to_string(),

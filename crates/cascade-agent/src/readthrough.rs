@@ -6,8 +6,9 @@
 use std::cmp::Reverse;
 use std::time::Instant;
 
+use cascade_durable::DurableKey;
+
 use crate::agent::Agent;
-use crate::node::key_of;
 use crate::store_write::fetch_temp_name;
 use crate::{Error, Result};
 
@@ -47,12 +48,12 @@ impl Agent {
     }
 
     fn fetch_uncached(&self, path: &str) -> Result<()> {
-        let key = key_of(path);
+        let key = DurableKey::from_store_path(path);
         let started = Instant::now();
         let tmp = fetch_temp_name(path);
         let mut found = Vec::new();
         for (i, level) in self.levels.iter().enumerate() {
-            if let Some(f) = level.find(&self.node, key)? {
+            if let Some(f) = level.find(&self.node, &key)? {
                 found.push((i, f));
             }
         }
@@ -65,7 +66,7 @@ impl Agent {
             }
         }
         for level in &self.levels {
-            if level.is_dir(&self.node, key)? {
+            if level.is_dir(&self.node, &key)? {
                 return self
                     .store()
                     .create_dir_all(path, 0o755)

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
+use cascade_durable::DurableKey;
 use cascade_durable::DurableStore;
 use cascade_store::{LifeEntry, Store};
 
 use crate::deltas::{recipe_in, PreviousVersion};
-use crate::node::{key_of, Checkpoint};
+use crate::node::Checkpoint;
 use crate::options::DedupOptions;
 use crate::store_write::write_fetched;
 use crate::{Error, Result};
@@ -102,17 +103,17 @@ impl Repository {
         repo: &Repo,
         p: &Checkpoint<'c>,
     ) -> Option<PreviousVersion<'c>> {
-        let ckpt = key_of(&p.root.path);
+        let ckpt = DurableKey::from_store_path(&p.root.path);
         let remembered = self
             .latest_manifests
             .lock()
             .ok()
             .and_then(|latest| latest.get(p.root.parent_dir()).cloned())
-            .filter(|(key, _)| key == ckpt)
+            .filter(|(key, _)| *key == *ckpt)
             .map(|(_, recipes)| recipes);
         let recipes = match remembered {
             Some(recipes) => recipes,
-            None => repo.read_manifest(ckpt).ok()??.files,
+            None => repo.read_manifest(&ckpt).ok()??.files,
         };
         Some(PreviousVersion {
             checkpoint: p.root.path.clone(),

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cascade_dedup::Score;
-use cascade_staging::client::{ClientOptions, Connection};
+use cascade_wire::client::{ClientOptions, Connection};
 
 use crate::options::{Placement, StagingOptions};
 use crate::Error;
@@ -63,11 +63,11 @@ impl ServerPool {
     /// The server that owns `score` (rendezvous hashing over the server addresses).
     pub(crate) fn owner_of(&self, score: &Score) -> usize {
         let names: Vec<&str> = self.opts.servers.iter().map(String::as_str).collect();
-        cascade_staging::owner_of(score, &names)
+        cascade_wire::owner_of(score, &names)
     }
 
     /// One line for a failure of server `i`.
-    pub(crate) fn error(&self, i: usize, e: cascade_staging::Error) -> Error {
+    pub(crate) fn error(&self, i: usize, e: cascade_wire::Error) -> Error {
         Error::io(
             format!("staging server {}", self.addr(i)),
             std::io::Error::other(e.to_string()),
@@ -112,8 +112,8 @@ impl ServerPool {
     pub(crate) fn with_conn<T>(
         &self,
         i: usize,
-        f: impl FnOnce(&mut Connection) -> cascade_staging::Result<T>,
-    ) -> cascade_staging::Result<T> {
+        f: impl FnOnce(&mut Connection) -> cascade_wire::Result<T>,
+    ) -> cascade_wire::Result<T> {
         let slot = &self.servers[i];
         let mut conn = lock(&slot.conn);
         let result = (|| {
@@ -129,8 +129,8 @@ impl ServerPool {
             Ok(_) => *lock(&slot.down) = None,
             // The server is up: it refused delta chunks (closing the connection), which are
             // sent whole at once.
-            Err(cascade_staging::Error::Refused { code, .. })
-                if *code == cascade_staging::protocol::code::BASE_UNKNOWN =>
+            Err(cascade_wire::Error::Refused { code, .. })
+                if *code == cascade_wire::protocol::code::BASE_UNKNOWN =>
             {
                 *conn = None;
             }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cascade_dedup::repo::{FileRecipe, Manifest, Repo, WriteStats};
+use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
 
 use crate::deltas::{with_base, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
-use crate::node::{files_of, key_of, path_in_checkpoint, Checkpoint, Node};
+use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node};
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
 use crate::{Error, Result};
@@ -47,9 +48,9 @@ impl DedupRepository {
         let Some(repo) = self.repository.get()? else {
             return Ok(false);
         };
-        let ckpt = key_of(&now_root.path);
+        let ckpt = DurableKey::from_store_path(&now_root.path);
         // A plain marker of an earlier drain would be read instead of the new manifest.
-        node.durable.delete_marker(ckpt).map_err(Error::Durable)?;
+        node.durable.delete_marker(&ckpt).map_err(Error::Durable)?;
         let previous = previous
             .filter(|_| self.repository.deltas())
             .and_then(|p| self.repository.previous_version(&repo, p));
@@ -61,12 +62,12 @@ impl DedupRepository {
         // Reads of a version that changed meanwhile may mix old and new bytes: such a
         // manifest must not stay (opening a file for writing bumps its version).
         if !record_stored(node, now_root, &files, &manifest.files) {
-            repo.forget(ckpt)?;
+            repo.forget(&ckpt)?;
             return Ok(false);
         }
         report_stored(node, now_root, &stats, previous.as_ref(), started);
         self.repository
-            .remember_manifest(now_root, ckpt, manifest.files);
+            .remember_manifest(now_root, &ckpt, manifest.files);
         Ok(true)
     }
 }
@@ -99,11 +100,11 @@ fn write_checkpoint(
         })?);
     }
     let stats = writer.finish()?;
-    let ckpt = key_of(&root.path);
+    let ckpt = DurableKey::from_store_path(&root.path);
     let manifest = if root.kind == FileKind::File && recipes.len() == 1 {
-        repo.write_single_file_manifest(ckpt, recipes.remove(0))?
+        repo.write_single_file_manifest(&ckpt, recipes.remove(0))?
     } else {
-        repo.write_manifest(ckpt, recipes)?
+        repo.write_manifest(&ckpt, recipes)?
     };
     Ok(Some((stats, manifest)))
 }
@@ -194,7 +195,7 @@ impl Level for DedupRepository {
         }
     }
 
-    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+    fn find<'a>(&'a self, node: &'a Node, key: &'a DurableKey) -> Result<Option<Found<'a>>> {
         let Some(file) = self.repository.find_file(key)? else {
             return Ok(None);
         };
@@ -204,7 +205,7 @@ impl Level for DedupRepository {
         }))
     }
 
-    fn is_dir(&self, _node: &Node, key: &str) -> Result<bool> {
+    fn is_dir(&self, _node: &Node, key: &DurableKey) -> Result<bool> {
         self.repository.is_dir(key)
     }
 }

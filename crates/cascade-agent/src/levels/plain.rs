@@ -6,11 +6,12 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use bytes::Bytes;
+use cascade_durable::DurableKey;
 use cascade_durable::{FileDigest, SINGLE_PUT_MAX};
 use cascade_store::{LifeEntry, Store};
 
 use crate::level::{Found, Level, Step, Unit};
-use crate::node::{files_of, key_of, reserved, Checkpoint, Node};
+use crate::node::{files_of, reserved, Checkpoint, Node};
 use crate::reader::StoreFileReader;
 use crate::store_write::write_fetched;
 use crate::{Error, Result};
@@ -121,7 +122,7 @@ fn upload_one(node: &Node, e: &LifeEntry) -> bool {
 /// The data and checksum of file version `e`; None if it was removed or replaced since the
 /// snapshot.
 fn upload_version(node: &Node, e: &LifeEntry) -> Result<Option<FileDigest>> {
-    let key = key_of(&e.path);
+    let key = DurableKey::from_store_path(&e.path);
     let Some(file) = node.open_snapshot_file(e)? else {
         return Ok(None);
     };
@@ -131,17 +132,17 @@ fn upload_version(node: &Node, e: &LifeEntry) -> Result<Option<FileDigest>> {
     // Announced before the data, so a staging server holding an older version of this name
     // never drains it over this one (docs/durable-layout.md).
     node.durable
-        .put_version(key, cascade_durable::now_unix_ns())
+        .put_version(&key, cascade_durable::now_unix_ns())
         .map_err(Error::Durable)?;
     let digest = match reader.memory_pieces() {
-        Some(pieces) if len > 0 && len <= SINGLE_PUT_MAX => put_from_memory(node, key, &pieces)?,
+        Some(pieces) if len > 0 && len <= SINGLE_PUT_MAX => put_from_memory(node, &key, &pieces)?,
         _ => node
             .durable
-            .put_file(key, reader, len)
+            .put_file(&key, reader, len)
             .map_err(Error::Durable)?,
     };
     node.durable
-        .put_checksum(key, &digest)
+        .put_checksum(&key, &digest)
         .map_err(Error::Durable)?;
     Ok(Some(digest))
 }
@@ -194,16 +195,16 @@ fn complete_checkpoint(node: &Node, root: &LifeEntry) -> Result<bool> {
         return Ok(false);
     }
     let (single_file, entries) = node.marker_entries(now_root, &files)?;
-    let ckpt = key_of(&now_root.path);
+    let ckpt = DurableKey::from_store_path(&now_root.path);
     node.durable
-        .write_marker_of(ckpt, single_file, entries)
+        .write_marker_of(&ckpt, single_file, entries)
         .map_err(Error::Durable)?;
     if !node
         .store
         .mark_complete(now_root.ino, now_root.generation, now_root.mod_seq)
     {
         // Changed after the check: the marker is stale, take it back.
-        node.durable.delete_marker(ckpt).map_err(Error::Durable)?;
+        node.durable.delete_marker(&ckpt).map_err(Error::Durable)?;
         return Ok(false);
     }
     node.count(|s| s.markers += 1);
@@ -253,7 +254,7 @@ impl Level for PlainLayout {
         }
     }
 
-    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+    fn find<'a>(&'a self, node: &'a Node, key: &'a DurableKey) -> Result<Option<Found<'a>>> {
         let durable = &node.durable;
         match durable.size(key) {
             Ok(_) => {}
@@ -276,7 +277,7 @@ impl Level for PlainLayout {
         }))
     }
 
-    fn is_dir(&self, node: &Node, key: &str) -> Result<bool> {
+    fn is_dir(&self, node: &Node, key: &DurableKey) -> Result<bool> {
         let below = node
             .durable
             .list(&format!("{key}/"))

@@ -16,12 +16,13 @@ use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use cascade_staging::client::{Connection, OutSegment};
-use cascade_staging::protocol::{Level as WireLevel, PullKind, PushFile, MAX_DATA};
+use cascade_durable::DurableKey;
 use cascade_store::{LifeEntry, OpenOptions};
+use cascade_wire::client::{Connection, OutSegment};
+use cascade_wire::protocol::{Level as WireLevel, PullKind, PushFile, MAX_DATA};
 
 use crate::level::{Found, Level, Poll, Step, Unit};
-use crate::node::{files_of, key_of, Checkpoint, Node};
+use crate::node::{files_of, Checkpoint, Node};
 use crate::reader::StoreFileReader;
 use crate::servers::{lock, ServerPool, PULL_EVERY};
 use crate::store_write::{create_for_writing, StoreWriter};
@@ -100,7 +101,7 @@ impl<'a> FrameBuilder<'a> {
         offset: u64,
         piece: Piece<'a>,
         seal: Option<[u8; 32]>,
-    ) -> cascade_staging::Result<()> {
+    ) -> cascade_wire::Result<()> {
         let len = piece.bytes().len();
         let start = self.pieces.len();
         self.pieces.push(piece);
@@ -119,7 +120,7 @@ impl<'a> FrameBuilder<'a> {
         Ok(())
     }
 
-    fn flush(&mut self, conn: &mut Connection) -> cascade_staging::Result<()> {
+    fn flush(&mut self, conn: &mut Connection) -> cascade_wire::Result<()> {
         if self.segments.is_empty() {
             return Ok(());
         }
@@ -274,7 +275,7 @@ impl StagingServers {
             return; // Changed while it was sent: the next pass sends the new version.
         }
         lock(&self.placed).insert((f.ino, f.generation, f.mod_seq), i);
-        node.remember_digest(f, cascade_staging::hex(digest));
+        node.remember_digest(f, cascade_wire::hex(digest));
         node.count(|s| {
             s.staged_files += 1;
             s.staged_bytes += f.size;
@@ -297,9 +298,9 @@ impl StagingServers {
         conn: &mut Connection,
         frame: &mut FrameBuilder<'s>,
         f: &LifeEntry,
-    ) -> cascade_staging::Result<Option<[u8; 32]>> {
+    ) -> cascade_wire::Result<Option<[u8; 32]>> {
         let io = |what: &str, e: cascade_store::Error| {
-            cascade_staging::Error::io(
+            cascade_wire::Error::io(
                 format!("{what} {}", f.path),
                 std::io::Error::from_raw_os_error(e.errno()),
             )
@@ -314,7 +315,7 @@ impl StagingServers {
         }
         let mut reader = StoreFileReader::new(&node.store, &file).map_err(|e| io("read", e))?;
         let size = reader.len();
-        let key = key_of(&f.path);
+        let key = DurableKey::from_store_path(&f.path);
         let version = (cascade_durable::now_unix_ns(), size);
         let region = node.store.data_region();
         let digest = match reader.memory_pieces() {
@@ -343,13 +344,13 @@ impl StagingServers {
                         while !rest.is_empty() {
                             let take = rest.len().min(frame.room());
                             let (now, later) = rest.split_at(take);
-                            frame.add(conn, key, version, offset, Piece::Shared(now), None)?;
+                            frame.add(conn, &key, version, offset, Piece::Shared(now), None)?;
                             offset += take as u64;
                             rest = later;
                         }
                     }
                     hashing.join().map_err(|_| {
-                        cascade_staging::Error::io("hash", std::io::Error::other("hashing failed"))
+                        cascade_wire::Error::io("hash", std::io::Error::other("hashing failed"))
                     })
                 })?
             }
@@ -361,9 +362,9 @@ impl StagingServers {
                     let mut buf = vec![0u8; take];
                     reader
                         .read_exact(&mut buf)
-                        .map_err(|e| cascade_staging::Error::io(format!("read {}", f.path), e))?;
+                        .map_err(|e| cascade_wire::Error::io(format!("read {}", f.path), e))?;
                     h.update(&buf);
-                    frame.add(conn, key, version, offset, Piece::Owned(buf), None)?;
+                    frame.add(conn, &key, version, offset, Piece::Owned(buf), None)?;
                     offset += take as u64;
                 }
                 *h.finalize().as_bytes()
@@ -371,7 +372,7 @@ impl StagingServers {
         };
         frame.add(
             conn,
-            key,
+            &key,
             version,
             size,
             Piece::Owned(Vec::new()),
@@ -397,7 +398,7 @@ impl StagingServers {
             .map(|e| PushFile {
                 path: e.path.clone(),
                 size: e.size,
-                blake3: cascade_staging::unhex(&e.blake3).unwrap_or([0; 32]),
+                blake3: cascade_wire::unhex(&e.blake3).unwrap_or([0; 32]),
             })
             .collect();
         // The server holding most of its files, else any that is up.
@@ -413,11 +414,11 @@ impl StagingServers {
         let first = (0..self.pool.count())
             .max_by_key(|&i| votes[i])
             .unwrap_or(0);
-        let key = key_of(&now_root.path);
+        let key = DurableKey::from_store_path(&now_root.path);
         let mut tried = Vec::new();
         while let Some(i) = self.pool.next_up(first, &tried) {
             tried.push(i);
-            match self.pool.with_conn(i, |c| c.push(key, single_file, &push)) {
+            match self.pool.with_conn(i, |c| c.push(&key, single_file, &push)) {
                 Ok(()) => {
                     if !node
                         .store
@@ -491,14 +492,18 @@ impl StagingServers {
         files: &[&LifeEntry],
         roots: &[&LifeEntry],
     ) -> bool {
-        let queries: Vec<(PullKind, &str)> = files
+        let keys: Vec<(PullKind, DurableKey)> = files
             .iter()
-            .map(|f| (PullKind::File, key_of(&f.path)))
+            .map(|f| (PullKind::File, DurableKey::from_store_path(&f.path)))
             .chain(
                 roots
                     .iter()
-                    .map(|r| (PullKind::Checkpoint, key_of(&r.path))),
+                    .map(|r| (PullKind::Checkpoint, DurableKey::from_store_path(&r.path))),
             )
+            .collect();
+        let queries: Vec<(PullKind, &str)> = keys
+            .iter()
+            .map(|(kind, key)| (*kind, key.as_str()))
             .collect();
         let states = match self.pool.with_conn(i, |c| c.pull(&queries)) {
             Ok(s) => s,
@@ -519,7 +524,7 @@ impl StagingServers {
             let Ok(ours) = node.digest_of(f) else {
                 continue;
             };
-            if cascade_staging::hex(&st.blake3) == ours
+            if cascade_wire::hex(&st.blake3) == ours
                 && node.store.mark_durable(f.ino, f.generation, f.mod_seq)
             {
                 changed = true;
@@ -578,7 +583,7 @@ impl StagingServers {
             if !buf.is_empty() {
                 hasher.update(&buf);
                 std::io::Write::write_all(&mut out, &buf)
-                    .map_err(|e| cascade_staging::Error::io(tmp, e))?;
+                    .map_err(|e| cascade_wire::Error::io(tmp, e))?;
                 offset += buf.len() as u64;
             }
             if offset >= meta.size || buf.is_empty() {
@@ -679,7 +684,7 @@ impl Level for StagingServers {
         }
     }
 
-    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+    fn find<'a>(&'a self, node: &'a Node, key: &'a DurableKey) -> Result<Option<Found<'a>>> {
         Ok(self.newest_staged(key).map(|(i, stamp)| Found {
             stamp,
             fetch: Box::new(move |tmp| self.download(node, i, key, tmp)),

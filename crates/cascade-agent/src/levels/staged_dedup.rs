@@ -17,13 +17,14 @@ use cascade_dedup::repo::{
 };
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Score};
-use cascade_staging::protocol::{delta_data, ManifestState, WireChunk};
+use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
+use cascade_wire::protocol::{delta_data, ManifestState, WireChunk};
 use rayon::prelude::*;
 
 use crate::deltas::{recipe_in, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
-use crate::node::{files_of, key_of, path_in_checkpoint, Checkpoint, Node};
+use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node};
 use crate::options::DedupOptions;
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
@@ -168,8 +169,8 @@ impl<'a> Sender<'a> {
             let packed = match self.put(server, &packed) {
                 // A base the server does not hold as one (pruned meanwhile, or pushed where
                 // it has not looked yet): the same chunks again, the deltas among them whole.
-                Err(cascade_staging::Error::Refused { code, .. })
-                    if code == cascade_staging::protocol::code::BASE_UNKNOWN =>
+                Err(cascade_wire::Error::Refused { code, .. })
+                    if code == cascade_wire::protocol::code::BASE_UNKNOWN =>
                 {
                     let whole: Vec<Outgoing> = packed
                         .into_par_iter()
@@ -197,7 +198,7 @@ impl<'a> Sender<'a> {
         Ok(())
     }
 
-    fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_staging::Result<()> {
+    fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_wire::Result<()> {
         let wire: Vec<WireChunk> = packed.iter().map(Outgoing::wire).collect();
         self.pool
             .with_conn(server, |c| c.put_chunks(&wire))
@@ -270,9 +271,9 @@ impl StagedDedup {
         let Some(sent) = send_files(node, dedup, now_root, &files, &mut sender)? else {
             return Ok(false);
         };
-        let ckpt = key_of(&now_root.path);
+        let ckpt = DurableKey::from_store_path(&now_root.path);
         self.send_manifest(
-            ckpt,
+            &ckpt,
             now_root.kind == FileKind::File,
             dedup,
             &sent.recipes,
@@ -283,7 +284,7 @@ impl StagedDedup {
         }
         report_pushed(node, now_root, &sent, &sender, previous.as_ref(), started);
         self.repository
-            .remember_manifest(now_root, ckpt, sent.recipes);
+            .remember_manifest(now_root, &ckpt, sent.recipes);
         Ok(true)
     }
 
@@ -420,11 +421,11 @@ impl StagedDedup {
     /// For a checkpoint pushed as chunks: once its manifest is in the durable repository,
     /// records its files durable and it complete. True if it did.
     fn complete_staged(&self, node: &Node, root: &LifeEntry) -> Result<bool> {
-        let ckpt = key_of(&root.path);
-        let owner = self.manifest_owner(ckpt);
+        let ckpt = DurableKey::from_store_path(&root.path);
+        let owner = self.manifest_owner(&ckpt);
         let state = self
             .pool
-            .with_conn(owner, |c| c.get_manifest(ckpt))
+            .with_conn(owner, |c| c.get_manifest(&ckpt))
             .map_err(|e| self.pool.error(owner, e))?;
         if !matches!(state, Some((ManifestState::Written, _))) {
             return Ok(false);
@@ -638,7 +639,7 @@ impl Level for StagedDedup {
         }
     }
 
-    fn find<'a>(&'a self, node: &'a Node, key: &'a str) -> Result<Option<Found<'a>>> {
+    fn find<'a>(&'a self, node: &'a Node, key: &'a DurableKey) -> Result<Option<Found<'a>>> {
         Ok(self.pending_recipe(key).map(|(stamp, recipe)| Found {
             stamp,
             fetch: Box::new(move |tmp| self.rebuild(node, &recipe, tmp).map(Some)),
