@@ -980,7 +980,7 @@ impl Demo<'_> {
         let _step = step();
         let durable = crate::lifecycle::open_durable(&self.durable).map_err(|f| f.message)?;
         durable
-            .is_complete(ckpt.trim_start_matches('/'))
+            .is_complete(&cascade_durable::DurableKey::from_store_path(ckpt))
             .map_err(|e| e.to_string())
     }
 
