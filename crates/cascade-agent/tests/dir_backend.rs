@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use cascade_agent::{drain_checkpoint, restore_checkpoint, restore_into_store, StoreFileReader};
 use cascade_durable::DurableStore;
 use cascade_store::{ChunkLocation, OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
+use cascade_testkit::pattern;
 
 const CHUNK: u64 = 64 << 10;
 
@@ -57,18 +58,6 @@ impl Drop for TestStore {
         self.store.take();
         let _ = Store::destroy(&self.name);
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn write(store: &Store, path: &str, data: &[u8], offset: u64) {

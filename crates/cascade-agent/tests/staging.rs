@@ -27,12 +27,6 @@
 //! regular file once the server has started (it checks the directory at start only): every
 //! drain then fails, acknowledged data stays pending on its SSD.
 
-#[path = "../../cascade-durable/tests/support/versitygw.rs"]
-mod versitygw;
-
-#[path = "support/harness.rs"]
-mod harness;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,25 +34,15 @@ use std::time::{Duration, Instant};
 use cascade_durable::DurableStore;
 use cascade_staging::protocol::Level;
 use cascade_staging::ServerStatus;
-use harness::*;
+use cascade_testkit::*;
 
 const SHARED_SECRET: &str = "staging-tests-shared-secret";
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Pseudo-random bytes, fast in a debug build (BLAKE3's extendable output).
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(b"cascade staging test");
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut v);
-    v
-}
-
 fn files(spec: &[(&str, usize)], seed: u64) -> Vec<Expected> {
     spec.iter()
         .enumerate()
-        .map(|(i, (rel, len))| expected(rel, bytes(*len, seed * 1000 + i as u64)))
+        .map(|(i, (rel, len))| expected(rel, random(*len, seed * 1000 + i as u64)))
         .collect()
 }
 

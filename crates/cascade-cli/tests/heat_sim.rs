@@ -15,13 +15,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use tempfile::TempDir;
 
-mod support;
-use support::{build_preload_library, repo_root};
+use cascade_testkit::{preload_library, repo_root};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// How long a child process may take before a test gives up on it.
@@ -433,13 +431,6 @@ fn keep_2_leaves_the_two_newest_checkpoints() {
 
 // ---------------------------------------------------------------------------------------
 // Under `cascade run`, on a real node store
-
-/// Builds libcascade.so with the cargo running these tests (once) and returns its path, as
-/// interposition.rs does.
-fn preload_library() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_preload_library(&["cascade-preload"]))
-}
 
 /// A temp dir, a private store name and an empty config file; `cascade` runs with only
 /// these (and PATH) in its environment. The store is destroyed on drop.

@@ -12,26 +12,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
 use tempfile::TempDir;
 
-mod support;
-use support::{build_preload_library, repo_root};
+use cascade_testkit::{build, preload_library, repo_root};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 const MIB: u64 = 1 << 20;
 /// How long a child process may take before a test gives up on it.
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Builds libcascade.so (and the static libcascade_wrap.a beside it) with the cargo running
-/// these tests (once) and returns the shared library's path.
-fn preload_library() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_preload_library(&["cascade-preload", "cascade-wrap"]))
-}
 
 /// The functions of intercepted.txt: (wrapped, covered through glibc).
 fn intercepted() -> (BTreeSet<String>, BTreeSet<String>) {
@@ -499,7 +490,7 @@ fn run_help_explains_the_environment_and_exit_codes() {
 
 #[test]
 fn link_flags_wrap_every_wrapped_function_and_no_glibc_covered_one() {
-    preload_library(); // builds libcascade_wrap.a too
+    build(&["cascade-preload", "cascade-wrap"]); // libcascade_wrap.a, which link-flags names
     let sb = Sandbox::new();
     let out = sb.run(&["link-flags"]);
     assert!(out.status.success(), "{out:?}");
