@@ -19,13 +19,7 @@ use cascade_dedup::repo::{FileRecipe, GcOptions, Manifest, PruneSelection, Repo,
 use cascade_dedup::score::{from_hex, to_hex};
 use cascade_dedup::{Chunking, Compression, Score};
 use cascade_durable::DurableStore;
-
-#[path = "support/data.rs"]
-mod data;
-#[path = "support/durable.rs"]
-mod durable;
-use data::random;
-use durable::durable_at;
+use cascade_testkit::{durable_at, random};
 
 const KIB: usize = 1 << 10;
 
