@@ -11,7 +11,9 @@
 //! - **Artifacts** ([`build`]): [`repo_root`], [`build`](build()) (`cargo build -p ...`
 //!   into the running test's target directory and profile), [`cascade_bin`] (the `cascade`
 //!   binary with libcascade.so next to it), [`preload_library`] (libcascade.so).
-//! - **Processes** ([`process`]): [`run_with_timeout`] and its [`Out`]; [`Daemon`], a
+//! - **Processes** ([`process`]): [`run_with_timeout`] and its [`Out`] (text), or
+//!   [`output_within`] and [`wait_output`] (a std `Output`): a command that hangs is killed
+//!   and fails the test; [`Daemon`], a
 //!   background process whose stderr is collected as whole lines (readiness is one whole
 //!   line it prints, [`Daemon::wait_line`]), always killed and reaped.
 //! - **A node** ([`node`]): [`Env`], a store of the test's own with the `cascade` binary run
@@ -43,7 +45,7 @@ pub use data::{b3, compressible, counting_doubles, pattern, random, MIB};
 pub use durable::{assert_durable_checkpoint, durable_at, expected, Expected};
 pub use fs::{RemoveDir, Tmpfs};
 pub use node::{begin, cascade_command, levels_line, serial, stop_agent, Env};
-pub use process::{run_with_timeout, Daemon, Out};
+pub use process::{output_within, run_with_timeout, wait_output, Daemon, Out};
 pub use stage_server::StageServer;
 pub use versitygw::{free_port, Versitygw};
 pub use wait::{poll, wait_for, wait_until};

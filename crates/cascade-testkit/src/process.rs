@@ -1,5 +1,5 @@
-//! Child processes of a test: commands run to the end with a timeout ([`run_with_timeout`])
-//! and background daemons ([`Daemon`]) whose stderr is collected line by line, always killed
+//! Child processes of a test: commands run to the end with a timeout ([`run_with_timeout`],
+//! [`output_within`], [`wait_output`]) and background daemons ([`Daemon`]) whose stderr is collected line by line, always killed
 //! and reaped when the test ends.
 
 use std::io::{BufRead, BufReader, Read};
@@ -77,6 +77,37 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Out {
         stdout: o,
         stderr: e,
         seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Runs `cmd` to the end (stdin closed, stdout and stderr collected), killing it and failing
+/// the test after `timeout`.
+pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    wait_output(child, timeout).unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+/// Waits for `child` to end and collects what it wrote to its piped stdout and stderr; after
+/// `timeout` it is killed (SIGKILL) and the error says so.
+pub fn wait_output(child: Child, timeout: Duration) -> Result<Output, String> {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(e)) => Err(format!("waiting for pid {pid}: {e}")),
+        Err(_) => {
+            // Not reaped yet: the waiting thread has not returned, so the pid is still ours.
+            signal(pid, libc::SIGKILL);
+            Err(format!("pid {pid} did not finish within {timeout:?}"))
+        }
     }
 }
 

@@ -13,6 +13,8 @@ use std::time::Duration;
 use cascade_store::{FsckReport, Prefault, SpillConfig, Store, StoreConfig};
 use cascade_torture::{check_tree, TreeSummary};
 
+pub use cascade_testkit::wait_output;
+
 pub const TORTURE: &str = env!("CARGO_BIN_EXE_cascade-torture");
 
 /// How long any single child process or reply may take before the test fails.
@@ -106,30 +108,6 @@ pub fn torture(store: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(TORTURE);
     cmd.arg("--store").arg(store).args(args);
     cmd
-}
-
-/// Waits for a child, killing it and failing if it takes longer than `timeout`.
-pub fn wait_with_timeout(child: Child, timeout: Duration) -> Result<Output, String> {
-    let pid = child.id();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(out)) => Ok(out),
-        Ok(Err(e)) => Err(format!("waiting for pid {pid}: {e}")),
-        Err(_) => {
-            kill_pid(pid);
-            Err(format!("pid {pid} did not finish within {timeout:?}"))
-        }
-    }
-}
-
-fn kill_pid(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
 }
 
 pub fn describe(out: &Output) -> String {
@@ -228,7 +206,7 @@ impl Server {
         self.ok("exit");
         self.stdin = None;
         if let Some(c) = self.child.take() {
-            let out = wait_with_timeout(c, CHILD_TIMEOUT).unwrap();
+            let out = wait_output(c, CHILD_TIMEOUT).unwrap();
             assert!(out.status.success(), "{}", describe(&out));
         }
     }
