@@ -90,28 +90,8 @@ fn chunks_new(line: &str) -> (u64, u64) {
     (num(words[at - 3]), num(words[at - 1]))
 }
 
-fn objects_below(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn packs(durable: &Path) -> Vec<PathBuf> {
-    objects_below(&durable.join(".cascade-dedup/packs"))
+    files_below(&durable.join(".cascade-dedup/packs"))
 }
 
 /// `cascade restore CKPT DEST --from URL`.
@@ -494,8 +474,8 @@ fn a_full_staging_chunk_store_sends_the_checkpoint_to_the_durable_store_instead(
 }
 
 /// The files of a snapshot directory, relative paths sorted.
-fn files_below(dir: &Path) -> Vec<String> {
-    let mut files: Vec<String> = objects_below(dir)
+fn relative_files_below(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = files_below(dir)
         .iter()
         .map(|p| {
             p.strip_prefix(dir)
@@ -528,7 +508,7 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
         for snap in &snaps {
             let name = snap.file_name().expect("name").to_string_lossy();
             let ckpt = format!("/{series}/{name}");
-            let files: Vec<(String, Vec<u8>)> = files_below(snap)
+            let files: Vec<(String, Vec<u8>)> = relative_files_below(snap)
                 .into_iter()
                 .map(|rel| {
                     let data = std::fs::read(snap.join(&rel)).expect("snapshot file");
@@ -582,8 +562,8 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
         let dest = env.tmp.path().join("restored").join(ckpt);
         restore_ok(&env, ckpt, &dest, &url);
         let source = Path::new(source);
-        let files = files_below(source);
-        assert_eq!(files_below(&dest), files, "{ckpt}: restored files");
+        let files = relative_files_below(source);
+        assert_eq!(relative_files_below(&dest), files, "{ckpt}: restored files");
         for rel in files {
             assert!(
                 std::fs::read(dest.join(&rel)).expect("restored")

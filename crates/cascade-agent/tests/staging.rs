@@ -648,11 +648,12 @@ fn stale_version_comes_back(test: &str, newer_through_server: bool) {
         "{}",
         a.log()
     );
+    // The server bumps the counter before it prints the line: wait for the line too.
+    let retired_lines =
+        |log: &str| log.contains("not drained ck/x.bin") && log.contains("checkpoint ck dropped");
+    wait_until(WAIT, || retired_lines(&a.log()));
     let log = a.log();
-    assert!(
-        log.contains("not drained ck/x.bin") && log.contains("checkpoint ck dropped"),
-        "{log}"
-    );
+    assert!(retired_lines(&log), "{log}");
     assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&v2));
     let on_disk = std::fs::read(Path::new(&dirs.durable).join("ck/x.bin")).expect("read");
     assert!(

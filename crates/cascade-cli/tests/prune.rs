@@ -4,30 +4,11 @@
 //! bad input is one line.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod support;
-use cascade_testkit::pattern;
+use cascade_testkit::{files_below, pattern};
 use support::{s, Sandbox};
-
-fn files_below(dir: &Path) -> BTreeSet<PathBuf> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p);
-            }
-        }
-    }
-    out
-}
 
 /// The pack ids a manifest records.
 fn manifest_packs(durable: &Path, ckpt: &str) -> BTreeSet<String> {

@@ -149,18 +149,7 @@ fn write(path: &Path, data: &[u8]) {
 /// The store's bytes of `path` through a fresh attach (not the test's own handle).
 fn store_read(name: &str, path: &str) -> Vec<u8> {
     let store = Store::attach(name).unwrap_or_else(|e| panic!("attach {name}: {e}"));
-    let f = store
-        .open(path, &OpenOptions::new().read(true))
-        .unwrap_or_else(|e| panic!("open {path} in the store: {e}"));
-    let len = f.len().expect("len") as usize;
-    let mut v = vec![0u8; len];
-    let mut off = 0;
-    while off < len {
-        let n = f.read_at(&mut v[off..], off as u64).expect("read");
-        assert!(n > 0, "{path}: short read at {off} of {len}");
-        off += n;
-    }
-    v
+    read_store_file(&store, path)
 }
 
 /// The errno of `Store::stat(path)`, None if it exists.

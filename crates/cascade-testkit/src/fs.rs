@@ -1,7 +1,28 @@
-//! Directories of a test that must not outlive it.
+//! Directories of a test: what is in one, and ones that must not outlive it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// Every file below `dir` (not directories), sorted; an unreadable or missing directory has
+/// none.
+pub fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for p in entries.flatten().map(|e| e.path()) {
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
 
 /// Removes a directory when dropped (the mount prefix `cascade run` creates on the host).
 pub struct RemoveDir(pub String);

@@ -19,7 +19,7 @@
 //! - **A node** ([`node`]): [`Env`], a store of the test's own with the `cascade` binary run
 //!   against it in a clean environment (commands, [`Env::agent`] ready after its start line);
 //!   [`cascade_command`], [`serial`] and [`begin`] (tests that must not run at once),
-//!   [`stop_agent`], [`levels_line`].
+//!   [`stop_agent`], [`levels_line`], [`read_store_file`].
 //! - **Servers**: [`StageServer`] (`cascade stage-server`, ready after its start line, the
 //!   address read from it; kill and restart on the same port), [`Versitygw`] (a real S3
 //!   server, ready when its port accepts; stop and restart on the same port), with
@@ -27,7 +27,8 @@
 //! - **Durable stores** ([`durable`]): [`durable_at`] (a directory as the durable store),
 //!   [`Expected`] and [`assert_durable_checkpoint`].
 //! - **Real checkpoint series** ([`real_series`]): bench/datasets/make.sh's quick series.
-//! - **File system** ([`fs`]): [`Tmpfs`] (a small full disk; root only) and [`RemoveDir`].
+//! - **File system** ([`fs`]): [`files_below`] (a tree's files), [`Tmpfs`] (a small full
+//!   disk; root only) and [`RemoveDir`].
 
 pub mod build;
 pub mod data;
@@ -43,8 +44,8 @@ pub mod wait;
 pub use build::{build, cascade_bin, preload_library, repo_root};
 pub use data::{b3, compressible, counting_doubles, pattern, random, MIB};
 pub use durable::{assert_durable_checkpoint, durable_at, expected, Expected};
-pub use fs::{RemoveDir, Tmpfs};
-pub use node::{begin, cascade_command, levels_line, serial, stop_agent, Env};
+pub use fs::{files_below, RemoveDir, Tmpfs};
+pub use node::{begin, cascade_command, levels_line, read_store_file, serial, stop_agent, Env};
 pub use process::{output_within, run_with_timeout, wait_output, Daemon, Out};
 pub use stage_server::StageServer;
 pub use versitygw::{free_port, Versitygw};

@@ -199,19 +199,7 @@ impl Env {
 
     /// The whole file `path` of the store.
     pub fn read(&self, path: &str) -> Vec<u8> {
-        let f = self
-            .store()
-            .open(path, &OpenOptions::new().read(true))
-            .unwrap_or_else(|e| panic!("open {path}: {e}"));
-        let len = f.len().expect("len") as usize;
-        let mut v = vec![0u8; len];
-        let mut off = 0;
-        while off < len {
-            let n = f.read_at(&mut v[off..], off as u64).expect("read");
-            assert!(n > 0, "{path}: short read at {off} of {len}");
-            off += n;
-        }
-        v
+        read_store_file(self.store(), path)
     }
 }
 
@@ -220,6 +208,22 @@ impl Drop for Env {
         self.store.take();
         let _ = Store::destroy_forced(&self.name);
     }
+}
+
+/// The whole file `path` of `store`, read through the store's API.
+pub fn read_store_file(store: &Store, path: &str) -> Vec<u8> {
+    let f = store
+        .open(path, &OpenOptions::new().read(true))
+        .unwrap_or_else(|e| panic!("open {path} in the store: {e}"));
+    let len = f.len().expect("len") as usize;
+    let mut v = vec![0u8; len];
+    let mut off = 0;
+    while off < len {
+        let n = f.read_at(&mut v[off..], off as u64).expect("read");
+        assert!(n > 0, "{path}: short read at {off} of {len}");
+        off += n;
+    }
+    v
 }
 
 /// The line of `cascade ls --levels` output for `path` (a file, or a directory with its "/").

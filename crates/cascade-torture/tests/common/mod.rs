@@ -13,7 +13,8 @@ use std::time::Duration;
 use cascade_store::{FsckReport, Prefault, SpillConfig, Store, StoreConfig};
 use cascade_torture::{check_tree, TreeSummary};
 
-pub use cascade_testkit::wait_output;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use cascade_testkit::{read_store_file as read_all, wait_output};
 
 pub const TORTURE: &str = env!("CARGO_BIN_EXE_cascade-torture");
 
@@ -308,20 +309,4 @@ pub fn create_detached(tag: &str, p: Params) -> DestroyOnDrop {
     let guard = DestroyOnDrop(name.clone());
     drop(Store::create(&config(&name, &p)).unwrap());
     guard
-}
-
-/// Reads a whole file through the Rust API.
-pub fn read_all(store: &Store, path: &str) -> Vec<u8> {
-    let f = store
-        .open(path, &cascade_store::OpenOptions::new())
-        .unwrap();
-    let size = f.len().unwrap() as usize;
-    let mut buf = vec![0u8; size];
-    let mut done = 0;
-    while done < size {
-        let n = f.read_at(&mut buf[done..], done as u64).unwrap();
-        assert!(n > 0, "{path}: read returned 0 at {done} of {size}");
-        done += n;
-    }
-    buf
 }
