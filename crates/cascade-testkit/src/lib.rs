@@ -8,7 +8,7 @@
 //!   [`MIB`].
 //! - **Waiting** ([`wait`]): [`wait_for`], [`wait_until`], [`poll`]: poll a condition with a
 //!   deadline; a test never sleeps a guessed time as synchronisation.
-//! - **Artifacts** ([`build`]): [`repo_root`], [`build`](build()) (`cargo build -p ...`
+//! - **Artifacts** ([`build`](mod@build)): [`repo_root`], [`build`](fn@build) (`cargo build -p ...`
 //!   into the running test's target directory and profile), [`cascade_bin`] (the `cascade`
 //!   binary with libcascade.so next to it), [`preload_library`] (libcascade.so).
 //! - **Processes** ([`process`]): [`run_with_timeout`] and its [`Out`] (text), or
