@@ -1,6 +1,6 @@
 //! Child processes of a test: commands run to the end with a timeout ([`run_with_timeout`],
-//! [`output_within`], [`wait_output`]) and background daemons ([`Daemon`]) whose stderr is collected line by line, always killed
-//! and reaped when the test ends.
+//! [`output_within`], [`wait_output`]) and background daemons ([`Daemon`]) whose stderr is
+//! collected line by line, always killed and reaped when the test ends.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
