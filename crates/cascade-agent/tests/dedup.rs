@@ -28,35 +28,16 @@
 //!    interrupted one is not complete, and a restarted agent stores it again as deltas
 //!    against the same base; it restores bit for bit.
 
-#[path = "../../cascade-durable/tests/support/versitygw.rs"]
-mod versitygw;
-
-#[path = "support/harness.rs"]
-mod harness;
-
-#[path = "../../cascade-cli/tests/support/real_series.rs"]
-mod real_series;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use harness::*;
+use cascade_testkit::*;
 
 const WAIT: Duration = Duration::from_secs(120);
 const DEDUP: [(&str, &str); 2] = [
     ("CASCADE_DEDUP", "cdc:avg=16KiB"),
     ("CASCADE_COMPRESS", "zstd:1"),
 ];
-
-/// Pseudo-random bytes, fast in a debug build (BLAKE3's extendable output).
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(b"cascade dedup test");
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut v);
-    v
-}
 
 /// Compressible but not constant bytes (about 3x with zstd).
 fn text_like(len: usize, seed: u64) -> Vec<u8> {
@@ -69,7 +50,7 @@ fn text_like(len: usize, seed: u64) -> Vec<u8> {
         "rank",
         "\n",
     ];
-    let noise = bytes(len / 4 + 1, seed);
+    let noise = random(len / 4 + 1, seed);
     let mut out = Vec::with_capacity(len + 16);
     let mut i = 0;
     while out.len() < len {
@@ -109,28 +90,8 @@ fn chunks_new(line: &str) -> (u64, u64) {
     (num(words[at - 3]), num(words[at - 1]))
 }
 
-fn objects_below(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 fn packs(durable: &Path) -> Vec<PathBuf> {
-    objects_below(&durable.join(".cascade-dedup/packs"))
+    files_below(&durable.join(".cascade-dedup/packs"))
 }
 
 /// `cascade restore CKPT DEST --from URL`.
@@ -157,7 +118,7 @@ fn committed_checkpoints_are_stored_once_and_rebuilt_by_restore_and_read_through
     let url = durable.path().to_str().expect("utf-8").to_string();
     let mut agent = env.agent(&url, &DEDUP);
 
-    let model = bytes(3 << 20, 1);
+    let model = random(3 << 20, 1);
     let optimizer = text_like(2 << 20, 2);
     let log = text_like(100_000, 3);
     write_checkpoint(
@@ -175,7 +136,7 @@ fn committed_checkpoints_are_stored_once_and_rebuilt_by_restore_and_read_through
 
     // The next epoch changes 64 KiB of the model and appends to the log.
     let mut model2 = model.clone();
-    model2[1 << 20..(1 << 20) + (64 << 10)].copy_from_slice(&bytes(64 << 10, 9));
+    model2[1 << 20..(1 << 20) + (64 << 10)].copy_from_slice(&random(64 << 10, 9));
     let mut log2 = log.clone();
     log2.extend_from_slice(&text_like(5000, 4));
     write_checkpoint(
@@ -194,7 +155,7 @@ fn committed_checkpoints_are_stored_once_and_rebuilt_by_restore_and_read_through
         "the second checkpoint should add only the changed chunks: {second}"
     );
     // A single file as a checkpoint.
-    let weights = bytes(700_000, 5);
+    let weights = random(700_000, 5);
     env.write("/weights.pt", &weights);
     env.cascade_ok(&["commit", "/weights.pt"], &[]);
     wait_complete(&mut agent, "/weights.pt");
@@ -275,13 +236,13 @@ fn agent_killed_while_storing_a_checkpoint_loses_nothing_complete() {
     let durable = tempfile::tempdir().expect("durable dir");
     let url = durable.path().to_str().expect("utf-8").to_string();
     let mut agent = env.agent(&url, &DEDUP);
-    let first = bytes(4 << 20, 11);
+    let first = random(4 << 20, 11);
     write_checkpoint(&env, "/ck.1", &[("state.bin", &first)]);
     wait_complete(&mut agent, "/ck.1");
     let packs_before = packs(durable.path()).len();
 
     // Big enough to fill many packs before its manifest.
-    let big: Vec<Vec<u8>> = (0..3).map(|i| bytes(24 << 20, 20 + i)).collect();
+    let big: Vec<Vec<u8>> = (0..3).map(|i| random(24 << 20, 20 + i)).collect();
     let manifest = durable.path().join(".cascade-dedup/manifests/ck.2.json");
     write_checkpoint(
         &env,
@@ -384,7 +345,7 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
     let mut agent = agent_through(&env, &url, secret, &[&a, &b], &DEDUP);
 
-    let model = bytes(3 << 20, 31);
+    let model = random(3 << 20, 31);
     let text = text_like(1 << 20, 32);
     write_checkpoint(
         &env,
@@ -398,7 +359,7 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     let (sent1, all1) = blobs_sent(&first);
     assert_eq!(sent1, all1, "{first}");
     let mut model2 = model.clone();
-    model2[2 << 20..(2 << 20) + 10_000].copy_from_slice(&bytes(10_000, 33));
+    model2[2 << 20..(2 << 20) + 10_000].copy_from_slice(&random(10_000, 33));
     write_checkpoint(
         &env,
         "/ck.2",
@@ -493,7 +454,7 @@ fn a_full_staging_chunk_store_sends_the_checkpoint_to_the_durable_store_instead(
         &["--chunk-capacity", "1MiB", "--chunk-segment-size", "1MiB"],
     );
     let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
-    let model = bytes(4 << 20, 41);
+    let model = random(4 << 20, 41);
     write_checkpoint(&env, "/full.1", &[("model.bin", &model)]);
     let refused = wait_line_with(
         &mut agent,
@@ -513,8 +474,8 @@ fn a_full_staging_chunk_store_sends_the_checkpoint_to_the_durable_store_instead(
 }
 
 /// The files of a snapshot directory, relative paths sorted.
-fn files_below(dir: &Path) -> Vec<String> {
-    let mut files: Vec<String> = objects_below(dir)
+fn relative_files_below(dir: &Path) -> Vec<String> {
+    let mut files: Vec<String> = files_below(dir)
         .iter()
         .map(|p| {
             p.strip_prefix(dir)
@@ -547,7 +508,7 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
         for snap in &snaps {
             let name = snap.file_name().expect("name").to_string_lossy();
             let ckpt = format!("/{series}/{name}");
-            let files: Vec<(String, Vec<u8>)> = files_below(snap)
+            let files: Vec<(String, Vec<u8>)> = relative_files_below(snap)
                 .into_iter()
                 .map(|rel| {
                     let data = std::fs::read(snap.join(&rel)).expect("snapshot file");
@@ -601,8 +562,8 @@ fn real_checkpoint_series_are_stored_and_restored_bit_for_bit() {
         let dest = env.tmp.path().join("restored").join(ckpt);
         restore_ok(&env, ckpt, &dest, &url);
         let source = Path::new(source);
-        let files = files_below(source);
-        assert_eq!(files_below(&dest), files, "{ckpt}: restored files");
+        let files = relative_files_below(source);
+        assert_eq!(relative_files_below(&dest), files, "{ckpt}: restored files");
         for rel in files {
             assert!(
                 std::fs::read(dest.join(&rel)).expect("restored")

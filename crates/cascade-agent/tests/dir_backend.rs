@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use cascade_agent::{drain_checkpoint, restore_checkpoint, restore_into_store, StoreFileReader};
 use cascade_durable::DurableStore;
 use cascade_store::{ChunkLocation, OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
+use cascade_testkit::{pattern, read_store_file as read_all};
 
 const CHUNK: u64 = 64 << 10;
 
@@ -59,37 +60,10 @@ impl Drop for TestStore {
     }
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn write(store: &Store, path: &str, data: &[u8], offset: u64) {
     let opts = OpenOptions::new().write(true).create(true).mode(0o644);
     let file = store.open(path, &opts).expect("open for write");
     file.write_all_at(data, offset).expect("write");
-}
-
-fn read_all(store: &Store, path: &str) -> Vec<u8> {
-    let file = store
-        .open(path, &OpenOptions::new().read(true))
-        .expect("open");
-    let len = file.len().expect("len") as usize;
-    let mut out = vec![0u8; len];
-    let mut off = 0;
-    while off < len {
-        let n = file.read_at(&mut out[off..], off as u64).expect("read");
-        assert!(n > 0);
-        off += n;
-    }
-    out
 }
 
 /// The checkpoint: files in memory, spilled, sparse, empty, in a subdirectory.

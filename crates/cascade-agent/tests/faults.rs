@@ -8,24 +8,18 @@
 //! - bad durable stores (wrong key, missing bucket, unwritable directory);
 //! - retention and a full store: nothing that is not durable is ever evicted.
 //!
-//! The `cascade` binary is built once by the harness (`cargo build -p cascade-cli -p
+//! The `cascade` binary is built once by the test kit (`cargo build -p cascade-cli -p
 //! cascade-preload` into this test's target directory and profile; see
-//! tests/support/harness.rs). Every test has a store of its own,
+//! crates/cascade-testkit/src/build.rs). Every test has a store of its own,
 //! `/cascade-faults-<test>-<pid>`, destroyed when it ends (pass or fail), and the tests run
 //! one at a time. Nothing waits by sleeping: every wait polls a condition with a deadline
 //! (an object or a line appearing, a process exiting, `cascade wait` returning).
-
-#[path = "../../cascade-durable/tests/support/versitygw.rs"]
-mod versitygw;
-
-#[path = "support/harness.rs"]
-mod harness;
 
 use std::time::{Duration, Instant};
 
 use cascade_durable::DurableStore;
 use cascade_store::{OpenOptions, Store};
-use harness::*;
+use cascade_testkit::*;
 
 /// After a crash: no marker for `ckpt`, and every object of it that exists is whole and equal
 /// to the store's bytes; those with a checksum object beside it verify against it.
@@ -110,7 +104,7 @@ enum Moment {
 #[test]
 fn agent_killed_mid_upload_then_restarted() {
     let (_serial, started) = begin();
-    let gw = Gw::start();
+    let gw = Versitygw::start();
     let files = [
         expected("a.dat", pattern(96 * MIB, 1)),
         expected("b.dat", pattern(96 * MIB, 2)),
@@ -399,7 +393,7 @@ fn failure_line(line: &str, path: &str) -> Option<(u32, f64)> {
 fn s3_server_killed_mid_drain_then_restarted() {
     let (_serial, started) = begin();
     let env = Env::new("s3down", 256 << 20);
-    let mut gw = Gw::start();
+    let mut gw = Versitygw::start();
     gw.create_bucket("bkt");
     let url = gw.url("bkt");
     let big = expected("big.dat", pattern(160 * MIB, 11));
@@ -506,7 +500,7 @@ fn s3_server_killed_mid_drain_then_restarted() {
 #[test]
 fn bad_durable_store_is_refused_with_one_line() {
     let (_serial, started) = begin();
-    let gw = Gw::start();
+    let gw = Versitygw::start();
     gw.create_bucket("bkt");
     let env = Env::new("baddur", 16 << 20);
     let plain = env.tmp.path().join("plain-file");
@@ -781,7 +775,7 @@ fn retention_never_evicts_data_that_is_not_durable() {
 fn agent_stops_cleanly_on_sigterm() {
     let (_serial, started) = begin();
     let env = Env::new("sigterm", 16 << 20);
-    let gw = Gw::start();
+    let gw = Versitygw::start();
     gw.create_bucket("bkt");
     let dir = env.tmp.path().join("durable");
     let urls = [dir.to_str().expect("utf-8").to_string(), gw.url("bkt")];
@@ -851,7 +845,7 @@ while not os.path.exists(sys.argv[1]):
 fn run_embedded_agent_survives_s3_server_restart() {
     let (_serial, started) = begin();
     let env = Env::new("runs3", 256 << 20);
-    let mut gw = Gw::start();
+    let mut gw = Versitygw::start();
     gw.create_bucket("bkt");
     let url = gw.url("bkt");
     let mount = format!("/cascade-faults-runs3-{}", std::process::id());

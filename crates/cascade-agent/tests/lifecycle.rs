@@ -8,6 +8,7 @@ use std::time::Duration;
 use cascade_agent::{Agent, AgentOptions};
 use cascade_durable::DurableStore;
 use cascade_store::{LifeEntry, OpenOptions, Prefault, Store, StoreConfig};
+use cascade_testkit::pattern;
 
 const CHUNK: u64 = 64 << 10;
 
@@ -61,18 +62,6 @@ impl Drop for Fixture {
         self.store.take();
         let _ = Store::destroy_forced(&self.name);
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Writes a whole file and closes it (the close hands it to the agent).

@@ -6,25 +6,12 @@ use cascade_agent::{drain_checkpoint, restore_checkpoint, restore_into_store};
 use cascade_durable::DurableStore;
 use cascade_store::{OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
 
-#[path = "../../cascade-durable/tests/support/versitygw.rs"]
-mod versitygw;
-use versitygw::*;
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use cascade_testkit::versitygw::SECRET;
+use cascade_testkit::{pattern, Versitygw};
 
 #[test]
 fn drain_to_s3_and_restore_from_it() {
-    let server = Server::start();
+    let server = Versitygw::start();
     server.create_bucket("cascade");
     let durable = DurableStore::open(&server.spec("cascade/job1", SECRET)).unwrap();
 

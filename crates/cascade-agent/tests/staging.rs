@@ -27,38 +27,22 @@
 //! regular file once the server has started (it checks the directory at start only): every
 //! drain then fails, acknowledged data stays pending on its SSD.
 
-#[path = "../../cascade-durable/tests/support/versitygw.rs"]
-mod versitygw;
-
-#[path = "support/harness.rs"]
-mod harness;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cascade_durable::DurableStore;
-use cascade_staging::protocol::Level;
-use cascade_staging::ServerStatus;
-use harness::*;
+use cascade_testkit::*;
+use cascade_wire::protocol::Level;
+use cascade_wire::ServerStatus;
 
 const SHARED_SECRET: &str = "staging-tests-shared-secret";
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Pseudo-random bytes, fast in a debug build (BLAKE3's extendable output).
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(b"cascade staging test");
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut v);
-    v
-}
-
 fn files(spec: &[(&str, usize)], seed: u64) -> Vec<Expected> {
     spec.iter()
         .enumerate()
-        .map(|(i, (rel, len))| expected(rel, bytes(*len, seed * 1000 + i as u64)))
+        .map(|(i, (rel, len))| expected(rel, random(*len, seed * 1000 + i as u64)))
         .collect()
 }
 
@@ -515,7 +499,7 @@ fn kill_mid_transfer(test: &str, block_a_drain: bool) {
             assert!(
                 st.level != Level::Unknown
                     && st.size == f.data.len() as u64
-                    && cascade_staging::hex(&st.blake3) == f.blake3,
+                    && cascade_wire::hex(&st.blake3) == f.blake3,
                 "restarted A does not hold ck/{} as acknowledged: {st:?}",
                 f.rel
             );
@@ -537,7 +521,7 @@ fn kill_mid_transfer(test: &str, block_a_drain: bool) {
                 st.level == Level::Unknown
                     || (st.level == Level::Durable
                         && st.size == f.data.len() as u64
-                        && cascade_staging::hex(&st.blake3) == f.blake3),
+                        && cascade_wire::hex(&st.blake3) == f.blake3),
                 "restarted A holds ck/{} in a state it did not acknowledge: {st:?}",
                 f.rel
             );
@@ -622,7 +606,7 @@ fn stale_version_comes_back(test: &str, newer_through_server: bool) {
     assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&v2));
     let st = a.pull_file("ck/x.bin");
     assert!(
-        st.level == Level::Staged && cascade_staging::hex(&st.blake3) == v1[0].blake3,
+        st.level == Level::Staged && cascade_wire::hex(&st.blake3) == v1[0].blake3,
         "A should still hold version 1 undrained: {st:?}"
     );
 
@@ -664,11 +648,12 @@ fn stale_version_comes_back(test: &str, newer_through_server: bool) {
         "{}",
         a.log()
     );
+    // The server bumps the counter before it prints the line: wait for the line too.
+    let retired_lines =
+        |log: &str| log.contains("not drained ck/x.bin") && log.contains("checkpoint ck dropped");
+    wait_until(WAIT, || retired_lines(&a.log()));
     let log = a.log();
-    assert!(
-        log.contains("not drained ck/x.bin") && log.contains("checkpoint ck dropped"),
-        "{log}"
-    );
+    assert!(retired_lines(&log), "{log}");
     assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&v2));
     let on_disk = std::fs::read(Path::new(&dirs.durable).join("ck/x.bin")).expect("read");
     assert!(

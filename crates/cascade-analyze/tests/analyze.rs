@@ -8,22 +8,8 @@ use std::path::{Path, PathBuf};
 use cascade_analyze::analyze::{ChunkingReport, Options, Report};
 use cascade_analyze::{analyze, scan};
 use cascade_dedup::Chunking;
+use cascade_testkit::{counting_doubles, random};
 use tempfile::TempDir;
-
-#[path = "support/data.rs"]
-mod data;
-use data::random;
-
-fn compressible(len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut i = 0u64;
-    while out.len() < len {
-        out.extend_from_slice(&((i * 7 % 1000) as f64).to_le_bytes());
-        i += 1;
-    }
-    out.truncate(len);
-    out
-}
 
 fn write(path: &Path, data: &[u8]) {
     if let Some(parent) = path.parent() {
@@ -218,7 +204,7 @@ fn random_data_has_ratio_one_and_does_not_compress() {
 fn compressible_data_compresses_and_repeats_within_a_snapshot_count() {
     let dir = TempDir::new().expect("tempdir");
     let path = dir.path().join("md.restart");
-    write(&path, &compressible(2 << 20));
+    write(&path, &counting_doubles(2 << 20, 7, 1000));
     let block = random(4096, 13);
     let repeated = dir.path().join("repeated.bin");
     write(&repeated, &block.repeat(100));
@@ -301,7 +287,7 @@ fn results_do_not_depend_on_the_window() {
     let base = random(5 << 20, 40);
     let mut data = base.clone();
     data.extend_from_slice(&base[12_345..(1 << 20) + 777]);
-    data.extend_from_slice(&compressible(700_001));
+    data.extend_from_slice(&counting_doubles(700_001, 7, 1000));
     let mut later = data.clone();
     later[3_000_000..3_100_000].copy_from_slice(&random(100_000, 41));
     let a = dir.path().join("a.bin");
@@ -464,7 +450,7 @@ fn the_histogram_counts_every_cdc_chunk_once() {
 fn the_text_report_has_every_section() {
     let dir = TempDir::new().expect("tempdir");
     let path = dir.path().join("x");
-    write(&path, &compressible(1 << 20));
+    write(&path, &counting_doubles(1 << 20, 7, 1000));
     let report = run(&[path.clone(), path], &Options::default());
     let text = report.to_text();
     for needle in [

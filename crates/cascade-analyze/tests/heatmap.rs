@@ -11,11 +11,8 @@ use cascade_analyze::heatmap::{
     UNCHANGED,
 };
 use cascade_analyze::{analyze, scan};
+use cascade_testkit::random;
 use tempfile::TempDir;
-
-#[path = "support/data.rs"]
-mod data;
-use data::random;
 
 /// (width, height, RGB pixels) of a PNG.
 fn decode(path: &Path) -> (u32, u32, Vec<u8>) {

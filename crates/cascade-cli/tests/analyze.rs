@@ -8,11 +8,8 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use tempfile::TempDir;
 
-#[path = "support/noise.rs"]
-mod noise;
-#[path = "support/real_series.rs"]
-mod real_series;
-use noise::noise;
+use cascade_testkit::pattern;
+use cascade_testkit::real_series;
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// viridis(0): the colour of regions that never changed.
@@ -36,14 +33,14 @@ fn text(bytes: &[u8]) -> String {
 /// Three checkpoint directories: `frozen.bin` never changes, `state.bin` changes its second
 /// half at every step.
 fn series(dir: &Path) -> Vec<PathBuf> {
-    let frozen = noise(256 * 1024, 1);
-    let mut state = noise(512 * 1024, 2);
+    let frozen = pattern(256 * 1024, 1);
+    let mut state = pattern(512 * 1024, 2);
     (1..=3)
         .map(|step| {
             let ckpt = dir.join(format!("ckpt.{step}"));
             fs::create_dir_all(ckpt.join("rank0")).expect("mkdir");
             let half = state.len() / 2;
-            let fresh = noise(state.len() - half, 100 + step);
+            let fresh = pattern(state.len() - half, 100 + step);
             state[half..].copy_from_slice(&fresh);
             fs::write(ckpt.join("frozen.bin"), &frozen).expect("write");
             fs::write(ckpt.join("rank0/state.bin"), &state).expect("write");

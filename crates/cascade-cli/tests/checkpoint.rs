@@ -1,12 +1,9 @@
 //! `cascade drain` and `cascade restore`, run as the real binary against a real store and the
 //! durable tier's directory backend.
 
-#[path = "support/noise.rs"]
-mod noise;
-#[path = "support/sandbox.rs"]
-mod sandbox;
-use noise::noise;
-use sandbox::{s, Sandbox};
+mod support;
+use cascade_testkit::pattern;
+use support::{s, Sandbox};
 
 #[test]
 fn drain_then_restore_round_trips_through_a_directory() {
@@ -100,9 +97,9 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
         "--prefault",
         "off",
     ]);
-    let a = noise(3 << 20, 1);
+    let a = pattern(3 << 20, 1);
     let mut a2 = a.clone();
-    a2[1 << 20..(1 << 20) + 4096].copy_from_slice(&noise(4096, 2));
+    a2[1 << 20..(1 << 20) + 4096].copy_from_slice(&pattern(4096, 2));
     let b: Vec<u8> = (0..1_000_000u32).map(|i| (i % 7) as u8).collect();
     let local = sb.dir.path().join("in");
     std::fs::create_dir_all(&local).unwrap();
@@ -194,8 +191,8 @@ fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
         "--prefault",
         "off",
     ]);
-    let small = noise(1 << 20, 3);
-    let big = noise(300 << 20, 4);
+    let small = pattern(1 << 20, 3);
+    let big = pattern(300 << 20, 4);
     let local = sb.dir.path().join("in");
     std::fs::create_dir_all(&local).unwrap();
     std::fs::write(local.join("small"), &small).unwrap();

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cascade_testkit::pattern;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -138,20 +139,6 @@ fn failure_line(out: Output, code: i32, args: &[&str]) -> String {
     assert!(stderr.starts_with("cascade: "), "{stderr:?}");
     assert!(!stderr.contains("panicked"), "{stderr:?}");
     stderr.trim_end().to_string()
-}
-
-/// Deterministic bytes that differ at every offset (xorshift), so misplaced chunks show.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut bytes = Vec::with_capacity(len + 8);
-    while bytes.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        bytes.extend_from_slice(&state.to_le_bytes());
-    }
-    bytes.truncate(len);
-    bytes
 }
 
 /// A temp path as a command-line argument (temp dirs are always UTF-8 here).

@@ -7,13 +7,12 @@
 //! temp dir) and a store name of its own, so it touches neither the default store nor a demo
 //! someone else is running.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-mod support;
-use support::build_preload_library;
+use cascade_testkit::preload_library;
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// The whole demo, four runs of heat and a dozen cascade commands, at most.
@@ -113,9 +112,4 @@ fn the_demo_passes_every_phase_and_cleans_up() {
         .collect();
     assert!(left.is_empty(), "the demo left {left:?} in its TMPDIR");
     assert!(!Path::new(&format!("/dev/shm{store}")).exists());
-}
-
-/// Builds libcascade.so with the cargo running these tests and returns its path.
-fn preload_library() -> PathBuf {
-    build_preload_library(&["cascade-preload"])
 }

@@ -13,15 +13,12 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::sync::OnceLock;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use tempfile::TempDir;
 
-mod support;
-use support::{build_preload_library, repo_root};
+use cascade_testkit::{output_within, preload_library, repo_root};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// How long a child process may take before a test gives up on it.
@@ -52,35 +49,6 @@ fn compile_heat(dir: &Path) -> PathBuf {
     exe
 }
 
-/// Waits for a child, killing it and failing the test if it takes longer than TIMEOUT.
-fn wait_within_timeout(child: Child) -> Output {
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(TIMEOUT) {
-        Ok(out) => out.expect("wait for child"),
-        Err(_) => {
-            if let Ok(pid) = libc::pid_t::try_from(pid) {
-                // SAFETY: signalling our own child, which has not been reaped.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            panic!("child {pid} still running after {TIMEOUT:?}");
-        }
-    }
-}
-
-fn output_within_timeout(mut command: Command) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    wait_within_timeout(child)
-}
-
 fn stdout_lines(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -96,7 +64,7 @@ fn stderr_text(out: &Output) -> String {
 fn heat(exe: &Path, dir: &Path, args: &[&str]) -> Output {
     let mut command = Command::new(exe);
     command.arg("--dir").arg(dir).args(args);
-    output_within_timeout(command)
+    output_within(command, TIMEOUT)
 }
 
 /// A run that must succeed; returns its stdout lines.
@@ -394,7 +362,7 @@ fn bad_arguments_are_a_one_line_usage_error() {
     ] {
         let mut command = Command::new(&exe);
         command.args(args);
-        let out = output_within_timeout(command);
+        let out = output_within(command, TIMEOUT);
         let err = failure_line(&out, 2, &format!("{args:?}"));
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(out.stdout.is_empty(), "{args:?}");
@@ -403,7 +371,7 @@ fn bad_arguments_are_a_one_line_usage_error() {
 
     let mut command = Command::new(&exe);
     command.arg("--help");
-    let out = output_within_timeout(command);
+    let out = output_within(command, TIMEOUT);
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
     for option in [
@@ -433,13 +401,6 @@ fn keep_2_leaves_the_two_newest_checkpoints() {
 
 // ---------------------------------------------------------------------------------------
 // Under `cascade run`, on a real node store
-
-/// Builds libcascade.so with the cargo running these tests (once) and returns its path, as
-/// interposition.rs does.
-fn preload_library() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_preload_library(&["cascade-preload"]))
-}
 
 /// A temp dir, a private store name and an empty config file; `cascade` runs with only
 /// these (and PATH) in its environment. The store is destroyed on drop.
@@ -483,7 +444,7 @@ impl Sandbox {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        output_within_timeout(self.command(args))
+        output_within(self.command(args), TIMEOUT)
     }
 
     /// Runs a command that must succeed; returns its stdout.

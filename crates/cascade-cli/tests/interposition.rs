@@ -9,29 +9,19 @@
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
 use tempfile::TempDir;
 
-mod support;
-use support::{build_preload_library, repo_root};
+use cascade_testkit::{build, output_within, preload_library, repo_root, wait_output};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 const MIB: u64 = 1 << 20;
 /// How long a child process may take before a test gives up on it.
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Builds libcascade.so (and the static libcascade_wrap.a beside it) with the cargo running
-/// these tests (once) and returns the shared library's path.
-fn preload_library() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| build_preload_library(&["cascade-preload", "cascade-wrap"]))
-}
 
 /// The functions of intercepted.txt: (wrapped, covered through glibc).
 fn intercepted() -> (BTreeSet<String>, BTreeSet<String>) {
@@ -106,7 +96,7 @@ impl Sandbox {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        output_within_timeout(self.command(args))
+        output_within(self.command(args), TIMEOUT)
     }
 
     /// Runs a command that must succeed; returns its stdout.
@@ -164,35 +154,6 @@ fn failure_line(out: &Output, code: i32, what: &str) -> String {
     stderr.trim_end().to_string()
 }
 
-/// Waits for a child, killing it and failing the test if it takes longer than TIMEOUT.
-fn wait_within_timeout(child: Child) -> Output {
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(TIMEOUT) {
-        Ok(out) => out.expect("wait for child"),
-        Err(_) => {
-            if let Ok(pid) = libc::pid_t::try_from(pid) {
-                // SAFETY: signalling our own child, which has not been reaped.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            panic!("child {pid} still running after {TIMEOUT:?}");
-        }
-    }
-}
-
-fn output_within_timeout(mut command: Command) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    wait_within_timeout(child)
-}
-
 fn stdout_lines(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -247,11 +208,14 @@ fn run_gives_the_child_the_library_store_and_mount() {
     let out = sb.ok(&["run", "--mount", "/scratch//ckpt/", "--", "sh", "-c", show]);
     assert!(out.ends_with("\n/scratch/ckpt\n"), "{out}");
     let out = succeeded(
-        output_within_timeout({
-            let mut c = sb.command(&["run", "--", "sh", "-c", show]);
-            c.env("CASCADE_MOUNT", "/from/env");
-            c
-        }),
+        output_within(
+            {
+                let mut c = sb.command(&["run", "--", "sh", "-c", show]);
+                c.env("CASCADE_MOUNT", "/from/env");
+                c
+            },
+            TIMEOUT,
+        ),
         &["run"],
     );
     assert!(out.ends_with("\n/from/env\n"), "{out}");
@@ -266,7 +230,7 @@ fn run_gives_the_child_the_library_store_and_mount() {
     // An LD_PRELOAD already set stays, after ours; ours is not added twice.
     let mut command = sb.command(&["run", "--", "sh", "-c", "echo \"$LD_PRELOAD\""]);
     command.env("LD_PRELOAD", format!("libm.so.6 {lib}"));
-    let out = succeeded(output_within_timeout(command), &["run"]);
+    let out = succeeded(output_within(command, TIMEOUT), &["run"]);
     let entries: Vec<&str> = out.trim_end().split([':', ' ']).collect();
     assert_eq!(entries, [lib.as_str(), "libm.so.6"]);
 
@@ -302,7 +266,7 @@ fn run_creates_the_store_when_missing_keeps_it_attached_and_leaves_it() {
         .spawn()
         .expect("spawn cascade run");
     let run_pid = u64::from(child.id());
-    let out = wait_within_timeout(child);
+    let out = wait_output(child, TIMEOUT).expect("the child");
     let stdout = succeeded(out, &["run", "--", "cascade", "status"]);
     let inner: Value = serde_json::from_str(&stdout).expect("status --json is JSON");
     assert_eq!(inner["name"], sb.store.as_str());
@@ -388,7 +352,7 @@ fn run_finds_the_library_next_to_the_executable_or_in_lib() {
     let mut command = sb.command(&show);
     command.env("CASCADE_PRELOAD_LIB", sb.path("missing.so"));
     let err = failure_line(
-        &output_within_timeout(command),
+        &output_within(command, TIMEOUT),
         1,
         "missing CASCADE_PRELOAD_LIB",
     );
@@ -406,7 +370,7 @@ fn run_finds_the_library_next_to_the_executable_or_in_lib() {
     let alone = |exe: &Path| {
         let mut command = sb.command_of(exe, &show);
         command.env_remove("CASCADE_PRELOAD_LIB");
-        output_within_timeout(command)
+        output_within(command, TIMEOUT)
     };
     let err = failure_line(&alone(&exe), 1, "no library");
     assert!(err.contains("cannot find libcascade.so"), "{err}");
@@ -448,7 +412,7 @@ fn run_forwards_termination_signals_to_the_child() {
         let pid = libc::pid_t::try_from(child.id()).expect("pid fits");
         // SAFETY: signalling our own child process (cascade run), not yet reaped.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-        let out = wait_within_timeout(child);
+        let out = wait_output(child, TIMEOUT).expect("the child");
         drop(stdin);
         let status: ExitStatus = out.status;
         // cascade run itself exits normally, with the code of a child killed by `signal`.
@@ -499,7 +463,7 @@ fn run_help_explains_the_environment_and_exit_codes() {
 
 #[test]
 fn link_flags_wrap_every_wrapped_function_and_no_glibc_covered_one() {
-    preload_library(); // builds libcascade_wrap.a too
+    build(&["cascade-preload", "cascade-wrap"]); // libcascade_wrap.a, which link-flags names
     let sb = Sandbox::new();
     let out = sb.run(&["link-flags"]);
     assert!(out.status.success(), "{out:?}");

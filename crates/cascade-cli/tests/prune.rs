@@ -4,33 +4,11 @@
 //! bad input is one line.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-#[path = "support/noise.rs"]
-mod noise;
-#[path = "support/sandbox.rs"]
-mod sandbox;
-use noise::noise;
-use sandbox::{s, Sandbox};
-
-fn files_below(dir: &Path) -> BTreeSet<PathBuf> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.insert(p);
-            }
-        }
-    }
-    out
-}
+mod support;
+use cascade_testkit::{files_below, pattern};
+use support::{s, Sandbox};
 
 /// The pack ids a manifest records.
 fn manifest_packs(durable: &Path, ckpt: &str) -> BTreeSet<String> {
@@ -66,7 +44,7 @@ fn prune_keeps_the_newest_checkpoints_and_frees_what_only_the_others_used() {
     ]);
     // Every checkpoint: a file they all share, and one of its own. 16 MiB packs: each drain
     // writes one pack, and ck1's holds the shared file too.
-    let shared = noise(1 << 20, 1);
+    let shared = pattern(1 << 20, 1);
     let local = sb.dir.path().join("in");
     std::fs::create_dir_all(&local).expect("mkdir");
     std::fs::write(local.join("shared"), &shared).expect("write");
@@ -74,7 +52,7 @@ fn prune_keeps_the_newest_checkpoints_and_frees_what_only_the_others_used() {
     let url = format!("file://{}", durable.display());
     let mut own = Vec::new();
     for i in 1..=4u64 {
-        let data = noise(512 << 10, 10 + i);
+        let data = pattern(512 << 10, 10 + i);
         let file = local.join(format!("own{i}"));
         std::fs::write(&file, &data).expect("write");
         own.push(data);

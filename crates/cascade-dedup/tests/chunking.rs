@@ -8,10 +8,7 @@ use std::io::Read;
 use cascade_dedup::chunking::{format_size, parse_size};
 use cascade_dedup::score::{from_hex, short_key, to_hex};
 use cascade_dedup::{score, Chunking};
-
-#[path = "support/data.rs"]
-mod data;
-use data::random;
+use cascade_testkit::random;
 
 fn parse(spec: &str) -> Chunking {
     spec.parse()

@@ -4,22 +4,7 @@
 
 use cascade_dedup::compress::max_compressed_len;
 use cascade_dedup::Compression;
-
-#[path = "support/data.rs"]
-mod data;
-use data::random;
-
-/// Doubles holding small integers, as molecular-dynamics restart files store them.
-fn compressible(len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut i = 0u64;
-    while out.len() < len {
-        out.extend_from_slice(&((i * 7 % 1000) as f64).to_le_bytes());
-        i += 1;
-    }
-    out.truncate(len);
-    out
-}
+use cascade_testkit::{counting_doubles, random};
 
 #[test]
 fn specs_parse_and_print_back() {
@@ -58,7 +43,7 @@ fn the_limit_is_seven_eighths() {
 
 #[test]
 fn compressible_chunks_shrink_and_round_trip() {
-    let chunk = compressible(64 << 10);
+    let chunk = counting_doubles(64 << 10, 7, 1000);
     for level in [-7, -1, 1, 3, 19] {
         let codec = Compression::Zstd { level };
         let packed = codec.compress(&chunk).expect("compressible data pays");
@@ -95,15 +80,21 @@ fn chunks_that_do_not_pay_are_skipped() {
     // An empty chunk, a tiny one, and no compression at all are never compressed.
     assert_eq!(codec.compress(&[]), None);
     assert_eq!(codec.compress(b"abc"), None);
-    assert_eq!(Compression::None.compress(&compressible(4096)), None);
-    assert_eq!(Compression::None.compressed_len(&compressible(4096)), None);
+    assert_eq!(
+        Compression::None.compress(&counting_doubles(4096, 7, 1000)),
+        None
+    );
+    assert_eq!(
+        Compression::None.compressed_len(&counting_doubles(4096, 7, 1000)),
+        None
+    );
 }
 
 #[test]
 fn levels_can_alternate_on_one_thread() {
     // A skipped chunk leaves zstd's context mid-frame; changing the level must still work.
     let noise = random(64 << 10, 4);
-    let data = compressible(64 << 10);
+    let data = counting_doubles(64 << 10, 7, 1000);
     for _ in 0..3 {
         for level in [1, 3, 9] {
             let codec = Compression::Zstd { level };
@@ -119,7 +110,7 @@ fn levels_can_alternate_on_one_thread() {
 
 #[test]
 fn corrupt_or_mismatched_frames_are_errors() {
-    let data = compressible(16 << 10);
+    let data = counting_doubles(16 << 10, 7, 1000);
     let packed = Compression::Zstd { level: 1 }
         .compress(&data)
         .expect("pays");
@@ -135,7 +126,7 @@ fn corrupt_or_mismatched_frames_are_errors() {
 
 #[test]
 fn compression_runs_on_many_threads() {
-    let data = compressible(256 << 10);
+    let data = counting_doubles(256 << 10, 7, 1000);
     std::thread::scope(|scope| {
         for level in 1..=4 {
             let data = &data;

@@ -19,12 +19,7 @@ use cascade_dedup::repo::{
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
 use cascade_durable::DurableStore;
-
-#[path = "support/data.rs"]
-mod data;
-#[path = "support/durable.rs"]
-mod durable;
-use durable::durable_at;
+use cascade_testkit::durable_at;
 
 const FLOATS: usize = 256 * 1024;
 
@@ -44,7 +39,7 @@ fn open(durable: &Arc<DurableStore>) -> Repo {
 /// rest are weights that every version nudges a little (an optimizer step), so their sign,
 /// exponent and high mantissa bits stay while the low bits change.
 fn version(v: u32) -> Vec<u8> {
-    let noise = data::random(FLOATS * 4, 7);
+    let noise = cascade_testkit::random(FLOATS * 4, 7);
     (0..FLOATS)
         .flat_map(|i| {
             let n = u32::from_le_bytes(noise[i * 4..i * 4 + 4].try_into().expect("4 bytes"));

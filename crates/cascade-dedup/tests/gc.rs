@@ -19,13 +19,7 @@ use cascade_dedup::repo::{FileRecipe, GcOptions, Manifest, PruneSelection, Repo,
 use cascade_dedup::score::{from_hex, to_hex};
 use cascade_dedup::{Chunking, Compression, Score};
 use cascade_durable::DurableStore;
-
-#[path = "support/data.rs"]
-mod data;
-#[path = "support/durable.rs"]
-mod durable;
-use data::random;
-use durable::durable_at;
+use cascade_testkit::{durable_at, files_below, random};
 
 const KIB: usize = 1 << 10;
 
@@ -71,26 +65,6 @@ fn assert_restores(repo: &Repo, name: &str, files: &Files) {
 
 fn repo_dir(root: &Path) -> PathBuf {
     root.join(DEFAULT_PREFIX)
-}
-
-fn files_below(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 fn base_names(dir: &Path) -> BTreeSet<String> {

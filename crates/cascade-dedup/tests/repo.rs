@@ -10,27 +10,9 @@ use std::sync::Arc;
 use cascade_dedup::repo::{FileRecipe, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
 use cascade_durable::DurableStore;
-
-#[path = "support/data.rs"]
-mod data;
-use data::random;
+use cascade_testkit::{compressible, random};
 
 const MIB: usize = 1 << 20;
-
-/// Doubles holding small integers: compresses well (like MD restart files).
-fn compressible(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    let mut i = seed;
-    while out.len() < len {
-        out.extend_from_slice(&((i % 1000) as f64).to_le_bytes());
-        i = i
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407)
-            >> 7;
-    }
-    out.truncate(len);
-    out
-}
 
 struct Fixture {
     _dir: tempfile::TempDir,

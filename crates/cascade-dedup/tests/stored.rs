@@ -10,16 +10,7 @@ use cascade_dedup::repo::{FileRecipe, Manifest, Repo, MANIFEST_FORMAT};
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression};
 use cascade_durable::DurableStore;
-
-#[path = "support/data.rs"]
-mod data;
-use data::random;
-
-fn compressible(len: usize) -> Vec<u8> {
-    (0..len / 8)
-        .flat_map(|i| ((i % 97) as f64).to_le_bytes())
-        .collect()
-}
+use cascade_testkit::{counting_doubles, random};
 
 fn store(dir: &tempfile::TempDir) -> Arc<DurableStore> {
     Arc::new(DurableStore::open(dir.path().join("durable").to_str().unwrap()).unwrap())
@@ -68,7 +59,7 @@ fn stored_blobs_restore_and_a_described_manifest_keeps_its_specs() {
     let chunking: Chunking = "cdc:avg=16KiB".parse().unwrap();
     let zstd: Compression = "zstd:1".parse().unwrap();
     let mut data = random(300_000, 2);
-    data.extend(compressible(200_000));
+    data.extend(counting_doubles(200_000, 1, 97));
     let mut w = repo.writer();
     let mut leaves = Vec::new();
     let mut compressed = 0;

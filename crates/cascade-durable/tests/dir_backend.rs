@@ -27,12 +27,12 @@ fn directory_checkpoint_layout_and_verification() {
 fn put_file_from_a_local_file_and_delete() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src.bin");
-    let d = common::data(20 * 1024 * 1024 + 3, 11);
+    let d = cascade_testkit::pattern(20 * 1024 * 1024 + 3, 11);
     std::fs::write(&src, &d).unwrap();
     let store = DurableStore::open(tmp.path().join("d").to_str().unwrap()).unwrap();
     let item = UploadItem::from_path("x/src.bin", &src).unwrap();
     let digest = store.put_file(&item.rel, item.reader, item.len).unwrap();
-    assert_eq!(digest.blake3, common::hex(&d));
+    assert_eq!(digest.blake3, cascade_testkit::b3(&d));
     store.put_checksum("x/src.bin", &digest).unwrap();
     assert_eq!(store.verify_file("x/src.bin").unwrap(), digest);
     store.delete("x/src.bin").unwrap();

@@ -7,14 +7,12 @@ mod common;
 use std::time::Duration;
 
 use cascade_durable::{DurableStore, Error, Options, Spec};
-
-#[path = "support/versitygw.rs"]
-mod versitygw;
-use versitygw::*;
+use cascade_testkit::versitygw::SECRET;
+use cascade_testkit::{free_port, Versitygw};
 
 #[test]
 fn s3_checkpoint_layout_errors_and_verification() {
-    let server = Server::start();
+    let server = Versitygw::start();
     server.create_bucket("cascade");
 
     let store = DurableStore::open(&server.spec("cascade/jobs/job1", SECRET)).unwrap();

@@ -3,7 +3,7 @@
 //! Python, a static C program and a Go program, next to the preload library (`cascade run`),
 //! the store API and the agent. No mocks, no sleeps as synchronisation: every wait polls a
 //! log line, the store or a process's exit with a deadline. The tests run one at a time (the
-//! harness's serial lock): they kill processes and the machine has two cores.
+//! test kit's serial lock): they kill processes and the machine has two cores.
 //!
 //! 1. coreutils: `mkdir -p`, `cp` (a 5 MiB file, an empty one, a small one), `mv` of files
 //!    and directories across directories (also over an existing file), `rm`, `rmdir`,
@@ -52,23 +52,16 @@
 //! file), so before a `cascade commit` or a kill the tests wait for the store to show no
 //! writer.
 
-#[path = "../../cascade-durable/tests/support/versitygw.rs"]
-mod versitygw;
-
-#[path = "../../cascade-agent/tests/support/harness.rs"]
-mod harness;
-
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use cascade_store::{OpenOptions, Store};
-use harness::*;
+use cascade_testkit::*;
 
 /// Every store of these tests: 256 MiB of memory, no spill (so it is also what df reports).
 const CAPACITY: u64 = 256 << 20;
@@ -156,18 +149,7 @@ fn write(path: &Path, data: &[u8]) {
 /// The store's bytes of `path` through a fresh attach (not the test's own handle).
 fn store_read(name: &str, path: &str) -> Vec<u8> {
     let store = Store::attach(name).unwrap_or_else(|e| panic!("attach {name}: {e}"));
-    let f = store
-        .open(path, &OpenOptions::new().read(true))
-        .unwrap_or_else(|e| panic!("open {path} in the store: {e}"));
-    let len = f.len().expect("len") as usize;
-    let mut v = vec![0u8; len];
-    let mut off = 0;
-    while off < len {
-        let n = f.read_at(&mut v[off..], off as u64).expect("read");
-        assert!(n > 0, "{path}: short read at {off} of {len}");
-        off += n;
-    }
-    v
+    read_store_file(&store, path)
 }
 
 /// The errno of `Store::stat(path)`, None if it exists.
@@ -227,39 +209,6 @@ fn names(dir: &Path) -> Vec<String> {
 
 fn errno_of(r: std::io::Result<impl Sized>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
-}
-
-/// The start of a test: like the harness's `begin` (the serial lock, then the `cascade`
-/// binary built once), but the nested `cargo build` does not see the variables cargo sets
-/// for a running test. ring's build script reruns when CARGO_MANIFEST_DIR changes, so with
-/// them every run of this test rebuilt ring and everything above it (object_store, the agent,
-/// the CLI) twice: once for the test and once for `cascade`, alternately.
-fn start() -> (std::sync::MutexGuard<'static, ()>, Instant) {
-    let guard = serial();
-    static SCRUBBED: OnceLock<()> = OnceLock::new();
-    SCRUBBED.get_or_init(|| {
-        let set_by_cargo: Vec<_> = std::env::vars_os()
-            .map(|(k, _)| k)
-            .filter(|k| {
-                let k = k.to_string_lossy();
-                k.starts_with("CARGO_PKG_")
-                    || [
-                        "CARGO_MANIFEST_DIR",
-                        "CARGO_MANIFEST_PATH",
-                        "CARGO_CRATE_NAME",
-                        "CARGO_PRIMARY_PACKAGE",
-                        "CARGO_TARGET_TMPDIR",
-                    ]
-                    .contains(&k.as_ref())
-            })
-            .collect();
-        // Under the serial lock, before any other thread of this binary runs a process.
-        for k in set_by_cargo {
-            std::env::remove_var(k);
-        }
-    });
-    cascade_bin();
-    (guard, Instant::now())
 }
 
 fn secs(t: Instant) -> f64 {
@@ -385,7 +334,7 @@ impl Drop for Mount {
 
 #[test]
 fn coreutils_work_through_the_mount() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-coreutils", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let src = env.tmp.path().join("src");
@@ -718,7 +667,7 @@ fn assert_same_tree(got: &Path, want: &Path, entries: usize) {
 
 #[test]
 fn tar_round_trips_a_tree_through_the_mount() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-tar", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let src = env.tmp.path().join("src");
@@ -768,7 +717,7 @@ fn tar_round_trips_a_tree_through_the_mount() {
 
 #[test]
 fn python_fsync_rename_stat_mmap_and_statvfs() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-python", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let script = programs().join("posix_ops.py");
@@ -932,7 +881,7 @@ fn checkpoint_program(env: &Env, m: &Mount, exe: &Path, dir: &str) {
 
 #[test]
 fn static_c_program_writes_and_verifies_a_checkpoint() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-static-c", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let exe = env.tmp.path().join("ckpt-static");
@@ -973,7 +922,7 @@ fn go() -> PathBuf {
 
 #[test]
 fn go_program_writes_and_verifies_a_checkpoint() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-go", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let exe = env.tmp.path().join("ckpt-go");
@@ -1028,7 +977,7 @@ fn preloaded_ok(env: &Env, prefix: &str, args: &[&str]) -> Out {
 
 #[test]
 fn fuse_preload_and_store_api_see_each_others_changes_at_once() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-mix", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let prefix = format!("/cascade-fusemix-{}", std::process::id());
@@ -1228,7 +1177,7 @@ fn fuse_preload_and_store_api_see_each_others_changes_at_once() {
 
 #[test]
 fn daemon_killed_mid_write_loses_nothing_closed_and_mounts_again() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-kill9", CAPACITY);
     let mut m = Mount::start(&env, &[]);
 
@@ -1373,7 +1322,7 @@ fn one_line_failure(out: &Out) -> String {
 
 #[test]
 fn umount_refuses_while_files_are_open_and_errors_are_one_line() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-umount", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     write(&m.path("f.txt"), b"x");
@@ -1497,7 +1446,7 @@ fn umount_refuses_while_files_are_open_and_errors_are_one_line() {
 
 #[test]
 fn agent_drains_a_checkpoint_written_through_the_mount() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-agent", CAPACITY);
     let durable = env.tmp.path().join("durable");
     std::fs::create_dir(&durable).expect("mkdir durable");
@@ -1542,7 +1491,7 @@ fn agent_drains_a_checkpoint_written_through_the_mount() {
             object.display()
         );
     }
-    let store = cascade_durable::DurableStore::open(&s(&durable)).expect("open durable");
+    let store = durable_at(&durable);
     assert_durable_checkpoint(&store, "ckdir", &files.iter().collect::<Vec<_>>());
     let levels = env.levels();
     assert!(
@@ -1568,7 +1517,7 @@ fn agent_drains_a_checkpoint_written_through_the_mount() {
 
 #[test]
 fn kernel_cache_mount_sees_preload_writes_at_the_next_open() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-kcache", CAPACITY);
     let mut m = Mount::start(&env, &["--kernel-cache"]);
     assert!(
@@ -1612,7 +1561,7 @@ fn kernel_cache_mount_sees_preload_writes_at_the_next_open() {
 
 #[test]
 fn listing_a_directory_in_batches_skips_nothing_while_entries_are_removed() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let env = Env::new("fuse-listing", CAPACITY);
     let mut m = Mount::start(&env, &[]);
     let exe = env.tmp.path().join("listing");
@@ -1676,7 +1625,7 @@ fn listing_a_directory_in_batches_skips_nothing_while_entries_are_removed() {
 /// device") and leaves the earlier file intact.
 #[test]
 fn spilled_files_fsync_and_a_full_store_gives_enospc() {
-    let (_serial, t0) = start();
+    let (_serial, t0) = begin();
     let name = format!("/cascade-faults-fuse-spill-{}", std::process::id());
     let _ = Store::destroy_forced(&name);
     let spill_dir = tempfile::tempdir().expect("spill dir");

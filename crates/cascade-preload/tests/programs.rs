@@ -6,19 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
+use cascade_testkit::pattern;
 use common::env::Env;
 
 fn random_file(path: &Path, len: usize, seed: u64) {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, data).expect("write source file");
+    std::fs::write(path, pattern(len, seed)).expect("write source file");
 }
 
 #[test]

@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 mod common;
+use cascade_testkit::pattern;
 use common::env::Env;
 
 /// Fails the test when a program the test needs is not installed.
@@ -23,18 +24,6 @@ fn require(prog: &str, package: &str) {
         found || Path::new(prog).is_file(),
         "{prog} is not installed: install the Debian package {package} (scripts/test.sh does)"
     );
-}
-
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Compiles `source` with `compiler` (cc, mpicc, gfortran...) into the scratch dir.
@@ -65,10 +54,10 @@ fn rsync_tree_into_the_mount_and_back_out() {
     let t = &env.tmp;
     std::fs::create_dir_all(t.join("tree/ckpt/rank.0/deep")).unwrap();
     std::fs::create_dir_all(t.join("tree/emptydir")).unwrap();
-    let data = random_bytes(3_000_000, 11);
+    let data = pattern(3_000_000, 11);
     std::fs::write(t.join("tree/ckpt/rank.0/data"), &data).unwrap();
-    std::fs::write(t.join("tree/ckpt/rank.0/deep/small"), random_bytes(77, 12)).unwrap();
-    std::fs::write(t.join("tree/meta"), random_bytes(100_000, 13)).unwrap();
+    std::fs::write(t.join("tree/ckpt/rank.0/deep/small"), pattern(77, 12)).unwrap();
+    std::fs::write(t.join("tree/meta"), pattern(100_000, 13)).unwrap();
     std::fs::write(t.join("tree/empty"), b"").unwrap();
     // Modes and times rsync -a must carry (no symlinks: the store has none).
     env.ok("chmod 600 $T/tree/meta && chmod 700 $T/tree/ckpt && touch -d '2001-02-03 04:05:06' $T/tree/ckpt/rank.0/data");
@@ -78,7 +67,7 @@ fn rsync_tree_into_the_mount_and_back_out() {
     assert_eq!(env.read_store("/tree/ckpt/rank.0/data"), data);
     assert_eq!(
         env.read_store("/tree/ckpt/rank.0/deep/small"),
-        random_bytes(77, 12)
+        pattern(77, 12)
     );
     assert!(env.read_store("/tree/empty").is_empty());
     assert!(env.store().read_dir("/tree/emptydir").unwrap().is_empty());
@@ -95,7 +84,7 @@ fn rsync_tree_into_the_mount_and_back_out() {
     // A second run finds nothing to do: sizes, times and modes in the store all match.
     assert_eq!(env.ok("rsync -a -i $T/tree $M/"), "");
     // One file changed (same size, new time): rsync sends that one alone.
-    std::fs::write(t.join("tree/meta"), random_bytes(100_000, 14)).unwrap();
+    std::fs::write(t.join("tree/meta"), pattern(100_000, 14)).unwrap();
     env.ok("touch -d '2002-03-04 05:06:07' $T/tree/meta");
     let changed = env.ok("rsync -a -i $T/tree $M/");
     assert_eq!(
@@ -103,7 +92,7 @@ fn rsync_tree_into_the_mount_and_back_out() {
         [">f..t...... tree/meta"],
         "{changed}"
     );
-    assert_eq!(env.read_store("/tree/meta"), random_bytes(100_000, 14));
+    assert_eq!(env.read_store("/tree/meta"), pattern(100_000, 14));
 
     // Cascade -> host: the same tree, with the same modes and times.
     env.ok("rsync -a $M/tree $T/back/ && diff -r $T/tree $T/back/tree");

@@ -20,9 +20,8 @@
 //!    pushed as deltas, and the checkpoint restores bit for bit.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -38,37 +37,15 @@ use cascade_staging::protocol::{code, delta_data, BlobKind, ManifestState, Store
 use cascade_staging::{
     owner_of, ClientOptions, Connection, Error, Server, ServerOptions, ServerStatus, Stopper,
 };
+use cascade_testkit::{compressible, random, Daemon};
 
 const SECRET: &str = "dedup-secret";
 const DEADLINE: Duration = Duration::from_secs(60);
 /// Environment of a server process started by [`ServerProcess::start`].
 const CHILD_DIR: &str = "CASCADE_DEDUP_TEST_SERVER_DIR";
 const CHILD_DRAIN: &str = "CASCADE_DEDUP_TEST_SERVER_DRAIN";
-
-/// Pseudo-random bytes.
-fn random(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut h = blake3::Hasher::new();
-    h.update(b"staging dedup test");
-    h.update(&seed.to_le_bytes());
-    h.finalize_xof().fill(&mut out);
-    out
-}
-
-/// Doubles holding small integers: compresses well.
-fn compressible(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
-    let mut i = seed;
-    while out.len() < len {
-        out.extend_from_slice(&((i % 1000) as f64).to_le_bytes());
-        i = i
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407)
-            >> 7;
-    }
-    out.truncate(len);
-    out
-}
+/// The start of the line a server process prints once it listens, followed by its address.
+const LISTENING: &str = "LISTENING ";
 
 // ---- the agent's side, played by the test ----
 
@@ -341,77 +318,36 @@ impl Drop for InProcess {
 }
 
 /// A server in its own process (this test binary run again as [`child_server_process`]),
-/// so that it can be killed with SIGKILL.
+/// so that it can be killed with SIGKILL. Ready once it has printed its address.
 struct ServerProcess {
-    child: Child,
+    daemon: Daemon,
     addr: String,
-    log: PathBuf,
 }
 
 impl ServerProcess {
-    fn start(dir: &Path, drain_to: &Path, log: &Path) -> ServerProcess {
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "child_server_process",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_DIR, dir)
-            .env(CHILD_DRAIN, drain_to)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Reads the address line, then keeps draining so the child never blocks on stdout.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // libtest may have printed "test child_server_process ... " before it.
-                if let Some((_, addr)) = line.split_once("LISTENING ") {
-                    let _ = tx.send(addr.trim().to_string());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(DEADLINE) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!(
-                    "the server process did not start:\n{}",
-                    std::fs::read_to_string(log).unwrap_or_default()
-                );
-            }
-        };
-        ServerProcess {
-            child,
-            addr,
-            log: log.to_path_buf(),
-        }
+    fn start(dir: &Path, drain_to: &Path) -> ServerProcess {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "child_server_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_DRAIN, drain_to);
+        let mut daemon = Daemon::spawn(cmd, "the server process");
+        let line = daemon.wait_line("its address", DEADLINE, |l| l.starts_with(LISTENING));
+        let addr = line.trim_start_matches(LISTENING).trim().to_string();
+        ServerProcess { daemon, addr }
     }
 
     fn kill9(mut self) {
-        self.child.kill().unwrap();
-        let status = self.child.wait().unwrap();
+        let status = self.daemon.kill9();
         assert!(!status.success(), "{status}");
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.daemon.log()
     }
 }
 
@@ -434,7 +370,8 @@ fn child_server_process() {
     opts.verbose = true;
     opts.chunks.segment_size = 1 << 20;
     let server = Server::bind(opts).unwrap();
-    println!("LISTENING {}", server.local_addr());
+    // On stderr, after the recovery's lines: the parent reads them all from one pipe.
+    eprintln!("{LISTENING}{}", server.local_addr());
     server.run().unwrap();
 }
 
@@ -673,7 +610,6 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
     let good = tmp.path().join("durable");
     std::fs::create_dir_all(&broken).unwrap();
     std::fs::create_dir_all(&good).unwrap();
-    let log = tmp.path().join("server.log");
     let ckpt = cut(
         "ckpt.9",
         vec![
@@ -685,7 +621,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
 
     // The server cannot push: everything it acknowledges stays on its SSD.
     block_repository(&broken.join(DEFAULT_PREFIX));
-    let srv = ServerProcess::start(&dir, &broken, &log);
+    let srv = ServerProcess::start(&dir, &broken);
     let mut c = connect(&srv.addr, "");
     send_checkpoint(&mut c, &srv.addr, &ckpt);
     let s = wait_for(&srv.addr, "a push attempt failed", |s| {
@@ -721,7 +657,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
     drop(f);
 
     // Restarted (still unable to push): every acknowledged chunk and the manifest are back.
-    let srv = ServerProcess::start(&dir, &broken, &log);
+    let srv = ServerProcess::start(&dir, &broken);
     assert!(
         srv.log().contains("cut an incomplete tail"),
         "{}",
@@ -748,7 +684,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
 
     // Restarted with a durable store it can reach: it pushes everything and writes the
     // manifest.
-    let srv = ServerProcess::start(&dir, &good, &log);
+    let srv = ServerProcess::start(&dir, &good);
     let s = wait_for(&srv.addr, "the manifest was written", |s| {
         s.dedup.manifests_written == 1
     });

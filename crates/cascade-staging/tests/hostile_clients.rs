@@ -6,7 +6,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use cascade_staging::protocol::{
     MAX_BODY, MAX_KEY,
 };
 use cascade_staging::{ClientOptions, Connection, Error, Server, ServerOptions, Stopper};
+use cascade_testkit::files_below;
 
 const SECRET: &str = "secret";
 /// Long enough for a loaded CI machine, short enough that a hang fails the test.
@@ -242,21 +243,6 @@ fn raw_header(magic: &[u8; 4], version: u8, k: u8, body_len: u32, request: u32) 
 
 fn level_of(c: &mut Connection, what: PullKind, key: &str) -> protocol::PullState {
     c.pull(&[(what, key)]).unwrap().remove(0)
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                out.extend(files_under(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -534,13 +520,13 @@ fn paths_escaping_the_namespace_are_refused() {
         assert_eq!(c.read(key, 0, 10, &mut Vec::new()).unwrap(), None, "{key}");
     }
     assert_eq!(c.status().unwrap().absorbed_files, 0);
-    let stray: Vec<_> = files_under(srv.dir.path())
+    let stray: Vec<_> = files_below(srv.dir.path())
         .into_iter()
         .filter(|p| !p.starts_with(srv.dir.path().join("arenas")))
         .filter(|p| !p.starts_with(&srv.durable))
         .collect();
     assert!(stray.is_empty(), "{stray:?}");
-    assert!(files_under(&srv.durable).iter().all(|p| p
+    assert!(files_below(&srv.durable).iter().all(|p| p
         .file_name()
         .unwrap()
         .to_string_lossy()

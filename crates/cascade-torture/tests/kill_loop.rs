@@ -116,7 +116,7 @@ fn kill_loop(ts: &TestStore, p: &LoopParams, seed: u64) -> LoopStats {
             );
         }
         for child in std::mem::take(&mut kids.0) {
-            let out = wait_with_timeout(child, CHILD_TIMEOUT).unwrap();
+            let out = wait_output(child, CHILD_TIMEOUT).unwrap();
             assert!(
                 killed_by_sigkill(&out.status),
                 "round {round}: {}",

@@ -65,7 +65,7 @@ fn killed_lock_holders_do_not_wedge_a_fresh_process() {
             child.kill().unwrap();
         }
         for child in std::mem::take(&mut kids.0) {
-            let out = wait_with_timeout(child, CHILD_TIMEOUT).unwrap();
+            let out = wait_output(child, CHILD_TIMEOUT).unwrap();
             assert!(
                 killed_by_sigkill(&out.status),
                 "round {round}: {}",
@@ -101,7 +101,7 @@ fn killed_lock_holders_do_not_wedge_a_fresh_process() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-        let out = wait_with_timeout(fresh, BOUND)
+        let out = wait_output(fresh, BOUND)
             .unwrap_or_else(|e| panic!("round {round}: the store is wedged: {e}"));
         assert!(out.status.success(), "round {round}: {}", describe(&out));
         let stats = String::from_utf8_lossy(&out.stdout);

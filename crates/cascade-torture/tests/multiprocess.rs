@@ -124,7 +124,7 @@ fn torture_writers_run_to_completion_side_by_side() {
         );
     }
     for child in std::mem::take(&mut kids.0) {
-        let out = wait_with_timeout(child, CHILD_TIMEOUT).unwrap();
+        let out = wait_output(child, CHILD_TIMEOUT).unwrap();
         assert!(out.status.success(), "{}", describe(&out));
         let stats = String::from_utf8_lossy(&out.stdout);
         assert!(stats.contains("ops=800"), "{stats}");

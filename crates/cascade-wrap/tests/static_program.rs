@@ -7,37 +7,9 @@ use std::process::Command;
 
 use cascade_store::{OpenOptions, Prefault, Store, StoreConfig};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Builds the archive and the CLI with the cargo running this test; returns the CLI's path.
 fn build() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "cascade-wrap",
-            "-p",
-            "cascade-cli",
-            "--message-format=json",
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("run cargo build");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cascade")
-        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .next()
-        .expect("cargo reported no cascade executable")
+    cascade_testkit::build(&["cascade-wrap", "cascade-cli"]).join("cascade")
 }
 
 const PROGRAM: &str = r#"

@@ -1,46 +1,81 @@
-//! Shared by the CLI's integration tests: the repository root and the preload library built
-//! by the cargo that runs the tests.
+//! A store of the test's own, an empty config file and a HOME in a temporary directory, and
+//! the real `cascade` binary run against them with nothing inherited from the environment.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
-use serde_json::Value;
+const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    pub store: String,
 }
 
-/// Builds `packages` (which must include cascade-preload) with the cargo running these tests
-/// and returns the path of libcascade.so.
-pub fn build_preload_library(packages: &[&str]) -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut args = vec!["build"];
-    for p in packages {
-        args.extend(["-p", p]);
+impl Sandbox {
+    /// One store per sandbox (`/cascade-TAG-test-PID-N`): the tests of a binary run in
+    /// parallel.
+    pub fn new(tag: &str) -> Sandbox {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("empty.toml"), "").expect("config file");
+        Sandbox {
+            store: format!(
+                "/cascade-{tag}-test-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+            dir,
+        }
     }
-    args.push("--message-format=json");
-    let out = Command::new(cargo)
-        .args(&args)
-        .current_dir(repo_root())
-        .output()
-        .expect("run cargo build");
-    assert!(
-        out.status.success(),
-        "cargo build -p cascade-preload failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "cascade")
-        .flat_map(|m| {
-            m["filenames"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|f| f.as_str().map(PathBuf::from))
-        })
-        .find(|f| f.extension().is_some_and(|e| e == "so"))
-        .expect("cargo reported no libcascade.so")
+
+    /// `cascade ARGS` in the sandbox, not started yet.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(CASCADE);
+        c.args(args)
+            .env_clear()
+            .env("HOME", self.dir.path())
+            .env("CASCADE_STORE", &self.store)
+            .env("CASCADE_CONFIG", self.dir.path().join("empty.toml"))
+            .env("CASCADE_SPILL_PATH", self.dir.path().join("store.spill"));
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run cascade")
+    }
+
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "cascade {args:?} failed ({:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Must fail with `code` and exactly one line on stderr; returns it.
+    pub fn fails(&self, args: &[&str], code: i32) -> String {
+        let out = self.run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(code), "cascade {args:?}: {stderr}");
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "one line from {args:?}: {stderr}"
+        );
+        stderr
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.run(&["destroy", "--force"]);
+    }
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
 }

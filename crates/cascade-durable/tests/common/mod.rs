@@ -6,33 +6,22 @@
 use std::path::Path;
 
 use cascade_durable::{DurableStore, Error, UploadItem, MARKER_NAME};
-
-/// Deterministic pseudo-random bytes (xorshift64*), so data is not trivially compressible.
-pub fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-pub fn hex(d: &[u8]) -> String {
-    blake3::hash(d).to_hex().to_string()
-}
+use cascade_testkit::{b3, pattern};
 
 /// The files of the test checkpoint: a small one, an empty one, one in a subdirectory and one
 /// of more than two 8 MiB parts (multipart).
 pub fn checkpoint_files() -> Vec<(String, Vec<u8>)> {
     vec![
-        ("rank0.dat".to_string(), data(100_000, 1)),
+        ("rank0.dat".to_string(), pattern(100_000, 1)),
         ("empty.dat".to_string(), Vec::new()),
-        ("sub/rank1.dat".to_string(), data(3 * 1024 * 1024 + 17, 2)),
-        ("big.dat".to_string(), data(2 * 8 * 1024 * 1024 + 4321, 3)),
+        (
+            "sub/rank1.dat".to_string(),
+            pattern(3 * 1024 * 1024 + 17, 2),
+        ),
+        (
+            "big.dat".to_string(),
+            pattern(2 * 8 * 1024 * 1024 + 4321, 3),
+        ),
     ]
 }
 
@@ -61,7 +50,7 @@ pub fn checkpoint_round_trip(store: &DurableStore, disk_root: &Path) {
         let text =
             std::fs::read_to_string(disk_root.join(ckpt).join(format!("{rel}.blake3"))).unwrap();
         let base = rel.rsplit('/').next().unwrap();
-        assert_eq!(text, format!("{}  {}\n", hex(d), base));
+        assert_eq!(text, format!("{}  {}\n", b3(d), base));
     }
     // Then the marker, last.
     let marker = store.write_marker(ckpt, entries).unwrap();
@@ -76,7 +65,7 @@ pub fn checkpoint_round_trip(store: &DurableStore, disk_root: &Path) {
     for ((rel, d), f) in files.iter().zip(listed) {
         assert_eq!(f["path"], rel.as_str());
         assert_eq!(f["size"], d.len() as u64);
-        assert_eq!(f["blake3"], hex(d).as_str());
+        assert_eq!(f["blake3"], b3(d).as_str());
     }
     assert_eq!(
         marker.total_bytes,
@@ -125,7 +114,7 @@ pub fn checkpoint_round_trip(store: &DurableStore, disk_root: &Path) {
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("big.restored");
     let digest = store.download_file("/ckpt.0001/big.dat", &dest).unwrap();
-    assert_eq!(digest.blake3, hex(big));
+    assert_eq!(digest.blake3, b3(big));
     assert!(std::fs::read(&dest).unwrap() == *big);
     let mut buf = Vec::new();
     store.download_to("ckpt.0001/empty.dat", &mut buf).unwrap();
@@ -170,13 +159,13 @@ pub fn checkpoint_round_trip(store: &DurableStore, disk_root: &Path) {
 /// removed before any data is replaced) and a later full upload completes it.
 pub fn failed_reupload_is_not_complete(store: &DurableStore) {
     let ckpt = "ckpt.0002";
-    let a = data(50_000, 7);
+    let a = pattern(50_000, 7);
     store
         .upload_checkpoint(ckpt, vec![UploadItem::from_bytes("a.dat", &a)])
         .unwrap();
     assert!(store.is_complete(ckpt).unwrap());
 
-    let b = data(9 * 1024 * 1024, 8);
+    let b = pattern(9 * 1024 * 1024, 8);
     // Announce more bytes than the source has: the multipart upload is aborted.
     let short = UploadItem {
         rel: "b.dat".to_string(),

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc::channel;
+use std::process::Command;
 use std::time::Duration;
+
+pub use cascade_testkit::output_within;
 
 pub const DIFF: &str = env!("CARGO_BIN_EXE_cascade-posix-diff");
 
@@ -47,30 +48,6 @@ pub fn diff_command(seed: u64, ops: u64, a: &Path, b: &Path, extra: &[&str]) -> 
         .arg(b)
         .args(extra);
     cmd
-}
-
-/// Runs `cmd` to completion, collecting its output; kills it and panics after `limit`.
-pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let pid = child.id() as libc::pid_t;
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("waiting for the harness"),
-        Err(_) => {
-            // SAFETY: kill takes no pointers; pid is our own child, not yet reaped (the
-            // waiting thread has not returned), so the number cannot have been reused.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-    }
 }
 
 pub fn text(bytes: &[u8]) -> String {

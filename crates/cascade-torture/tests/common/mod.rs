@@ -13,6 +13,9 @@ use std::time::Duration;
 use cascade_store::{FsckReport, Prefault, SpillConfig, Store, StoreConfig};
 use cascade_torture::{check_tree, TreeSummary};
 
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use cascade_testkit::{read_store_file as read_all, wait_output};
+
 pub const TORTURE: &str = env!("CARGO_BIN_EXE_cascade-torture");
 
 /// How long any single child process or reply may take before the test fails.
@@ -106,30 +109,6 @@ pub fn torture(store: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(TORTURE);
     cmd.arg("--store").arg(store).args(args);
     cmd
-}
-
-/// Waits for a child, killing it and failing if it takes longer than `timeout`.
-pub fn wait_with_timeout(child: Child, timeout: Duration) -> Result<Output, String> {
-    let pid = child.id();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(timeout) {
-        Ok(Ok(out)) => Ok(out),
-        Ok(Err(e)) => Err(format!("waiting for pid {pid}: {e}")),
-        Err(_) => {
-            kill_pid(pid);
-            Err(format!("pid {pid} did not finish within {timeout:?}"))
-        }
-    }
-}
-
-fn kill_pid(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
 }
 
 pub fn describe(out: &Output) -> String {
@@ -228,7 +207,7 @@ impl Server {
         self.ok("exit");
         self.stdin = None;
         if let Some(c) = self.child.take() {
-            let out = wait_with_timeout(c, CHILD_TIMEOUT).unwrap();
+            let out = wait_output(c, CHILD_TIMEOUT).unwrap();
             assert!(out.status.success(), "{}", describe(&out));
         }
     }
@@ -330,20 +309,4 @@ pub fn create_detached(tag: &str, p: Params) -> DestroyOnDrop {
     let guard = DestroyOnDrop(name.clone());
     drop(Store::create(&config(&name, &p)).unwrap());
     guard
-}
-
-/// Reads a whole file through the Rust API.
-pub fn read_all(store: &Store, path: &str) -> Vec<u8> {
-    let f = store
-        .open(path, &cascade_store::OpenOptions::new())
-        .unwrap();
-    let size = f.len().unwrap() as usize;
-    let mut buf = vec![0u8; size];
-    let mut done = 0;
-    while done < size {
-        let n = f.read_at(&mut buf[done..], done as u64).unwrap();
-        assert!(n > 0, "{path}: read returned 0 at {done} of {size}");
-        done += n;
-    }
-    buf
 }

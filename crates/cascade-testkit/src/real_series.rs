@@ -1,12 +1,14 @@
-//! The quick checkpoint series of bench/datasets/make.sh, made here by real programs (a
-//! PyTorch training loop, a numpy simulation, LAMMPS). Shared by the CLI and agent tests.
+//! The quick checkpoint series of bench/datasets/make.sh, made by real programs (a PyTorch
+//! training loop, a numpy simulation, LAMMPS).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::build::repo_root;
+
 /// Makes the quick `series` in `dir` (CI installs python3-torch, python3-numpy and lammps).
 pub fn make_quick(dir: &Path, series: &[&str]) {
-    let make = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/datasets/make.sh");
+    let make = repo_root().join("bench/datasets/make.sh");
     let out = Command::new("bash")
         .arg(&make)
         .arg("--quick")

@@ -1,0 +1,176 @@
+//! A staging server, `cascade stage-server -v`, as a real process on 127.0.0.1.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cascade_wire::protocol::{PullKind, PullState};
+use cascade_wire::{ClientOptions, Connection, ServerStatus};
+
+use crate::node::Env;
+use crate::process::Daemon;
+
+/// The start of the line a server prints once it listens, followed by its address.
+const START_LINE: &str = "cascade stage-server: listening on ";
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A staging server started on any free port (the one it reports is kept), killed and
+/// restarted on the same port and arena directory, its status read with the shared secret
+/// over one kept connection. Ready when it has printed its start line, from which the
+/// address is read.
+pub struct StageServer {
+    pub daemon: Daemon,
+    /// 127.0.0.1:PORT
+    pub addr: String,
+    pub dir: PathBuf,
+    pub drain_to: String,
+    secret: String,
+    extra: Vec<String>,
+    /// Stderr lines of earlier incarnations (before a kill or restart).
+    earlier: Vec<String>,
+    conn: Mutex<Option<Connection>>,
+}
+
+impl StageServer {
+    /// Starts a server (run by `env`'s `cascade`) with arenas in `dir` draining to
+    /// `drain_to`, requiring `secret`; `extra` are more arguments (`--ssd-capacity 32MiB`).
+    /// Returns once it listens.
+    pub fn start(
+        env: &Env,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        extra: &[&str],
+    ) -> StageServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (daemon, addr) = Self::spawn(env, "127.0.0.1:0", dir, drain_to, secret, &extra);
+        StageServer {
+            daemon,
+            addr,
+            dir: dir.to_path_buf(),
+            drain_to: drain_to.to_string(),
+            secret: secret.to_string(),
+            extra,
+            earlier: Vec::new(),
+            conn: Mutex::new(None),
+        }
+    }
+
+    /// Spawns a server and waits for its start line; returns it and the address it listens
+    /// on.
+    fn spawn(
+        env: &Env,
+        listen: &str,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        extra: &[String],
+    ) -> (Daemon, String) {
+        let mut cmd = env.cli();
+        cmd.args([
+            "stage-server",
+            "-v",
+            "--listen",
+            listen,
+            "--drain-to",
+            drain_to,
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .env("CASCADE_STAGING_SECRET", secret);
+        let mut d = Daemon::spawn(
+            cmd,
+            &format!("cascade stage-server (dir {})", dir.display()),
+        );
+        let line = d.wait_line("its start line", START_TIMEOUT, |l| {
+            l.starts_with(START_LINE)
+        });
+        let addr = line
+            .strip_prefix(START_LINE)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in the start line {line:?}"))
+            .to_string();
+        (d, addr)
+    }
+
+    /// The start line of the running incarnation ("... recovered: N file(s) ...").
+    pub fn start_line(&self) -> String {
+        self.daemon
+            .lines()
+            .into_iter()
+            .find(|l| l.starts_with(START_LINE))
+            .unwrap_or_default()
+    }
+
+    /// SIGKILL (the arenas and index stay as the crash left them), then reap.
+    pub fn kill9(&mut self) -> ExitStatus {
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.daemon.kill9()
+    }
+
+    /// Starts the server again on the same port and directory, draining to `drain_to`
+    /// (after [`StageServer::kill9`], or killing the running one first).
+    pub fn restart(&mut self, env: &Env, drain_to: &str) {
+        if self.daemon.alive() {
+            self.kill9();
+        }
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let (d, _) = Self::spawn(
+            env,
+            &self.addr,
+            &self.dir,
+            drain_to,
+            &self.secret,
+            &self.extra,
+        );
+        let old = std::mem::replace(&mut self.daemon, d);
+        self.earlier.extend(old.lines());
+        self.earlier.push("--- restarted ---".to_string());
+        self.drain_to = drain_to.to_string();
+    }
+
+    /// Every stderr line of every incarnation.
+    pub fn log(&self) -> String {
+        let mut all = self.earlier.clone();
+        all.push(self.daemon.log());
+        all.join("\n")
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> cascade_wire::Result<T>,
+    ) -> cascade_wire::Result<T> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if conn.is_none() {
+            let mut opts = ClientOptions::new(&self.secret);
+            opts.connect_timeout = Duration::from_secs(2);
+            opts.io_timeout = Duration::from_secs(30);
+            *conn = Some(Connection::connect(&self.addr, &opts)?);
+        }
+        let result = f(conn.as_mut().expect("connected"));
+        if result.is_err() {
+            *conn = None;
+        }
+        result
+    }
+
+    /// The server's status (its Status reply), or the error reaching it.
+    pub fn try_status(&self) -> cascade_wire::Result<ServerStatus> {
+        self.with_conn(|c| c.status())
+    }
+
+    /// The server's status; fails the test if it does not answer.
+    pub fn status(&self) -> ServerStatus {
+        self.try_status()
+            .unwrap_or_else(|e| panic!("status of {}: {e}\nits stderr:\n{}", self.addr, self.log()))
+    }
+
+    /// What the server holds of `key` (a file's durable name): level, stamp, size, BLAKE3.
+    pub fn pull_file(&self, key: &str) -> PullState {
+        self.with_conn(|c| c.pull(&[(PullKind::File, key)]))
+            .unwrap_or_else(|e| panic!("pull {key} from {}: {e}", self.addr))
+            .remove(0)
+    }
+}
