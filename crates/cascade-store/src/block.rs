@@ -170,8 +170,9 @@ pub(crate) fn human(bytes: u64) -> String {
 
 fn free_space(path: &Path) -> Option<u64> {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: `st` is a valid out-pointer and `c` a valid C string.
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer and `c` a valid C string.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
         return None;
     }

@@ -97,10 +97,10 @@ mmap_wrapper!(mmap64, off64_t);
 fn sendfile_emulated(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t {
     let mut buf = vec![0u8; count.min(1 << 20)];
     let mut done = 0usize;
-    // SAFETY: `offset` is null or points at the caller's offset.
     let mut pos = if offset.is_null() {
         None
     } else {
+        // SAFETY: `offset` is not null, so it points at the caller's offset.
         Some(unsafe { *offset })
     };
     while done < count {

@@ -254,8 +254,8 @@ pub unsafe extern "C" fn statx(
             set_errno(libc::EFAULT);
             -1
         }
-        // SAFETY: the caller passes a writable struct statx.
         Ok(m) => {
+            // SAFETY: `buf` is not null (checked above): the caller's writable struct statx.
             fill_statx(&m, unsafe { &mut *buf });
             0
         }
