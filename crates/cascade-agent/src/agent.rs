@@ -18,6 +18,7 @@ use cascade_store::{AgentRegistration, FileKind, LifeEntry, Store};
 
 use crate::level::{Level, Step, Unit};
 use crate::levels::dedup::DedupRepository;
+use crate::levels::job::JobParts;
 use crate::levels::plain::PlainLayout;
 use crate::levels::staged::StagingServers;
 use crate::levels::staged_dedup::StagedDedup;
@@ -53,6 +54,9 @@ pub struct PassOutcome {
     pub next_retry: Option<Instant>,
     /// Files and checkpoints safe on staging servers, not yet in the durable tier.
     pub staged: usize,
+    /// Checkpoints of a job on several nodes whose part from this node is durable, waiting
+    /// for the other nodes' parts.
+    pub other_nodes: usize,
 }
 
 impl PassOutcome {
@@ -69,8 +73,12 @@ impl PassOutcome {
 fn levels_for(opts: &AgentOptions, durable: &Arc<DurableStore>) -> Vec<Box<dyn Level>> {
     let repository = Arc::new(Repository::new(Arc::clone(durable), opts.dedup));
     let sends_plain = opts.dedup.is_none();
+    let staging = opts.staging.clone().filter(|s| !s.servers.is_empty());
     let mut levels: Vec<Box<dyn Level>> = Vec::new();
-    if let Some(staging) = opts.staging.clone().filter(|s| !s.servers.is_empty()) {
+    if let Some(job) = opts.job.clone().filter(|j| j.nodes > 1 && sends_plain) {
+        levels.push(Box::new(JobParts::new(job, staging.is_some())));
+    }
+    if let Some(staging) = staging {
         let pool = Arc::new(ServerPool::new(staging));
         levels.push(Box::new(StagingServers::new(
             Arc::clone(&pool),
@@ -87,6 +95,15 @@ impl Agent {
     /// Registers as the store's agent (EBUSY if another one runs), sets the store's policy,
     /// and frees descriptions of writers that died before it started.
     pub fn start(store: Store, durable: DurableStore, opts: AgentOptions) -> Result<Agent> {
+        if let (Some(job), Some(_)) = (&opts.job, &opts.dedup) {
+            if job.nodes > 1 {
+                return Err(Error::Unsupported(format!(
+                    "dedup of checkpoints written by {} nodes is not supported yet: run the job \
+                     without dedup (each node's checkpoint would be complete on its own)",
+                    job.nodes
+                )));
+            }
+        }
         let registration = store
             .register_agent()
             .map_err(|e| Error::store(store.name(), e))?;
@@ -356,6 +373,10 @@ impl Agent {
                 }
                 Step::Waiting(at) => {
                     outcome.staged += 1;
+                    outcome.retry_at(at);
+                }
+                Step::OtherNodes(at) => {
+                    outcome.other_nodes += 1;
                     outcome.retry_at(at);
                 }
                 // No level took a step with it.

@@ -22,6 +22,13 @@ pub enum Error {
         checkpoint: String,
         marker: &'static str,
     },
+    /// A checkpoint of several nodes whose parts are not all durable.
+    #[error("{store}: checkpoint {checkpoint} is not complete ({parts}); refusing to restore it")]
+    IncompleteJob {
+        store: String,
+        checkpoint: String,
+        parts: String,
+    },
     #[error("{path}: not a checkpoint: {reason}")]
     InvalidCheckpoint { path: String, reason: String },
     /// A local file operation failed.
@@ -39,6 +46,9 @@ pub enum Error {
     /// The dedup repository failed (the message names the object or blob).
     #[error("dedup repository: {0}")]
     Dedup(#[from] cascade_dedup::repo::Error),
+    /// A combination of options this version cannot serve.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl Error {
@@ -71,12 +81,13 @@ impl Error {
         match self {
             Error::Store { source, .. } => source.errno(),
             Error::Durable(e) => e.errno(),
-            Error::Incomplete { .. } => libc::ENOENT,
+            Error::Incomplete { .. } | Error::IncompleteJob { .. } => libc::ENOENT,
             Error::InvalidCheckpoint { .. } => libc::EINVAL,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Mismatch { .. } => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::Dedup(e) => e.errno(),
+            Error::Unsupported(_) => libc::ENOTSUP,
         }
     }
 }

@@ -35,6 +35,9 @@ pub(crate) enum Step {
     Handed,
     /// This level holds it and completes it on its own; look again at the instant.
     Waiting(Instant),
+    /// This node's part of a checkpoint of several nodes is durable; the other nodes' parts
+    /// are not all there yet. Look again at the instant.
+    OtherNodes(Instant),
     /// Not ready yet (its files are not all there, or a send failed); the pass counts it
     /// pending.
     NotReady,

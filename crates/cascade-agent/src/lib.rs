@@ -32,7 +32,7 @@ pub use drain::{
     checkpoint_name, drain_checkpoint, drain_checkpoint_dedup, previous_drained, DedupDrain,
 };
 pub use error::{Error, Result};
-pub use options::{AgentOptions, AgentStats, DedupOptions, Placement, StagingOptions};
+pub use options::{AgentOptions, AgentStats, DedupOptions, JobOptions, Placement, StagingOptions};
 pub use reader::StoreFileReader;
 pub use report::{Progress, Report};
 pub use restore::{restore_checkpoint, restore_into_store};

@@ -29,6 +29,20 @@ pub struct AgentOptions {
     /// Store committed checkpoints in the durable store's dedup repository (chunks stored
     /// once, compressed) instead of as plain files.
     pub dedup: Option<DedupOptions>,
+    /// The job this node's checkpoints belong to, when it runs on several nodes: a
+    /// checkpoint is complete once every node's part is durable.
+    pub job: Option<JobOptions>,
+}
+
+/// The job a node's agent works for (from the launcher: Slurm, Open MPI, or CASCADE_JOB_*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOptions {
+    /// This node's name (one path component: it names the node's part of a checkpoint).
+    pub node: String,
+    /// How many nodes write each checkpoint.
+    pub nodes: u32,
+    /// Their names, when the launcher gives them (empty otherwise).
+    pub node_names: Vec<String>,
 }
 
 impl Default for AgentOptions {
@@ -44,6 +58,7 @@ impl Default for AgentOptions {
             verbose: false,
             staging: None,
             dedup: None,
+            job: None,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use cascade_dedup::repo::{Manifest, Repo};
-use cascade_durable::{DurableStore, FileDigest, Marker, MarkerFile, MARKER_NAME};
+use cascade_durable::{DurableStore, FileDigest, Marker, MarkerFile, PartsIn, MARKER_NAME};
 use cascade_store::Store;
 
 use crate::report::{marker_file, Progress, Report};
@@ -74,6 +74,14 @@ fn complete_source<'a>(
         if let Some(manifest) = repo.read_manifest(&ckpt)? {
             return Ok((ckpt, Source::Dedup { repo, manifest }));
         }
+    }
+    let parts = durable.read_parts(&ckpt).map_err(Error::Durable)?;
+    if !parts.is_empty() {
+        return Err(Error::IncompleteJob {
+            store: durable.name().to_string(),
+            checkpoint: ckpt,
+            parts: PartsIn::of(&parts).describe(),
+        });
     }
     Err(Error::Incomplete {
         store: durable.name().to_string(),

@@ -242,6 +242,16 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
         .map_err(|e| Failure::new(e.to_string()))
 }
 
+/// For a checkpoint of several nodes that is not complete, which nodes' parts are in the
+/// durable store ("parts from 1 of 2 nodes (a); missing b"); None for any other.
+fn job_parts(config: &Config, path: &str) -> Option<String> {
+    let durable = open_durable(config.durable_url()?).ok()?;
+    let parts = durable
+        .read_parts(&DurableKey::from_store_path(path))
+        .ok()?;
+    (!parts.is_empty()).then(|| cascade_durable::PartsIn::of(&parts).describe())
+}
+
 /// `cascade wait PATH --level LEVEL --timeout SECS`.
 pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<ExitCode, Failure> {
     if !matches!(level, "memory" | "staged" | "durable") {
@@ -312,9 +322,12 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
         if Instant::now() >= deadline {
             let last = cascade_agent::status(store.name()).and_then(|s| s.last_error);
             return Err(Failure::new(format!(
-                "{path}: timed out after {timeout} s: {} of {} files {level}{}",
+                "{path}: timed out after {timeout} s: {} of {} files {level}{}{}",
                 p.durable_files,
                 p.files,
+                job_parts(config, path)
+                    .map(|parts| format!("; the job's checkpoint has {parts}"))
+                    .unwrap_or_default(),
                 last.map(|e| format!("; the agent's last error: {e}"))
                     .unwrap_or_default()
             )));

@@ -7,8 +7,8 @@ use std::ops::Range;
 use bytes::Bytes;
 
 use crate::{
-    AsyncDurableStore, Error, FileDigest, Marker, MarkerFile, ObjectInfo, Options, Result, Spec,
-    UploadItem,
+    AsyncDurableStore, Error, FileDigest, JobProgress, Marker, MarkerFile, ObjectInfo, Options,
+    Part, Result, Spec, UploadItem,
 };
 
 /// The durable tier with a blocking API; owns a small tokio runtime
@@ -181,5 +181,17 @@ impl DurableStore {
 
     pub fn verify_checkpoint(&self, checkpoint: &str) -> Result<Marker> {
         self.rt.block_on(self.inner.verify_checkpoint(checkpoint))
+    }
+
+    pub fn write_part(&self, part: &Part) -> Result<()> {
+        self.rt.block_on(self.inner.write_part(part))
+    }
+
+    pub fn read_parts(&self, checkpoint: &str) -> Result<Vec<Part>> {
+        self.rt.block_on(self.inner.read_parts(checkpoint))
+    }
+
+    pub fn complete_job(&self, checkpoint: &str, nodes: u32) -> Result<JobProgress> {
+        self.rt.block_on(self.inner.complete_job(checkpoint, nodes))
     }
 }

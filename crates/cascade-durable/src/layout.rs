@@ -15,6 +15,11 @@ pub const VERSION_SUFFIX: &str = ".cascade-version";
 pub const SINGLE_PUT_MAX: u64 = 4 << 30;
 /// Format tag written in every marker.
 pub const MARKER_FORMAT: &str = "cascade-complete/1";
+/// Prefix of a node's part of a checkpoint written by several nodes:
+/// `<checkpoint>/.cascade-part.<node>`.
+pub const PART_PREFIX: &str = ".cascade-part.";
+/// Format tag written in every part.
+pub const PART_FORMAT: &str = "cascade-part/1";
 
 /// Size and BLAKE3 of a file, as recorded in the layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +60,35 @@ pub struct Marker {
     /// entry's `path` is the base name) and the marker is `<checkpoint>.cascade-complete`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub single_file: bool,
+    /// For a checkpoint written by several nodes: the nodes whose parts it joins, in name
+    /// order (empty for one node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+}
+
+/// One node's part of a directory checkpoint written by several nodes (a job's ranks on
+/// many nodes): the files this node wrote, written once they are all durable. The marker
+/// joins the parts once every expected node's is there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub format: String,
+    /// The checkpoint directory relative to the store root.
+    pub checkpoint: String,
+    /// The node that wrote it.
+    pub node: String,
+    /// How many nodes write the checkpoint.
+    pub nodes: u32,
+    /// Their names, when the launcher gives them (empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_names: Vec<String>,
+    /// When the part was written, nanoseconds since the Unix epoch.
+    pub written_unix_ns: u64,
+    pub files: Vec<MarkerFile>,
+}
+
+/// Key of node `node`'s part of `checkpoint` (normalized).
+pub fn part_key(checkpoint: &str, node: &str) -> String {
+    join(checkpoint, &format!("{PART_PREFIX}{node}"))
 }
 
 impl Marker {
@@ -100,10 +134,11 @@ pub fn now_unix_ns() -> u64 {
         .unwrap_or(0)
 }
 
-/// True for a base name the durable layout reserves inside a checkpoint: the marker, checksum
-/// objects, single-file markers and version objects.
+/// True for a base name the durable layout reserves inside a checkpoint: the marker, the
+/// nodes' parts, checksum objects, single-file markers and version objects.
 pub fn is_reserved_name(base: &str) -> bool {
     base == MARKER_NAME
+        || base.starts_with(PART_PREFIX)
         || base.ends_with(CHECKSUM_SUFFIX)
         || base.ends_with(MARKER_NAME)
         || (base.starts_with('.') && base.ends_with(VERSION_SUFFIX))

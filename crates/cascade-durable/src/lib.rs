@@ -14,13 +14,13 @@ mod key;
 mod layout;
 mod spec;
 
-pub use backend::{AsyncDurableStore, Options, UploadItem};
+pub use backend::{AsyncDurableStore, JobProgress, Options, PartsIn, UploadItem};
 pub use blocking::DurableStore;
 pub use error::{Error, Result};
 pub use key::DurableKey;
 pub use layout::{
-    is_reserved_name, marker_key, normalize_rel, now_unix_ns, parse_checksum, FileDigest, Marker,
-    MarkerFile, ObjectInfo, CHECKSUM_SUFFIX, MARKER_FORMAT, MARKER_NAME, SINGLE_PUT_MAX,
-    VERSION_SUFFIX,
+    is_reserved_name, marker_key, normalize_rel, now_unix_ns, parse_checksum, part_key, FileDigest,
+    Marker, MarkerFile, ObjectInfo, Part, CHECKSUM_SUFFIX, MARKER_FORMAT, MARKER_NAME, PART_FORMAT,
+    PART_PREFIX, SINGLE_PUT_MAX, VERSION_SUFFIX,
 };
 pub use spec::{S3Spec, Spec};

@@ -189,6 +189,7 @@ impl AsyncDurableStore {
             total_bytes: entries.iter().map(|e| e.size).sum(),
             files: entries,
             single_file,
+            nodes: Vec::new(),
         };
         let mut json = serde_json::to_vec_pretty(&marker).map_err(|e| Error::Store {
             store: self.name.clone(),

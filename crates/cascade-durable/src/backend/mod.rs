@@ -3,6 +3,9 @@
 
 mod checkpoints;
 mod objects;
+mod parts;
+
+pub use parts::{JobProgress, PartsIn};
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
