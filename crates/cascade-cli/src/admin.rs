@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use cascade_config::{format_rate, format_size, Config, Source, Value};
+use cascade_config::{format_rate, format_size, Config, JobIdentity, Source, Value};
 use cascade_store::{Prefault, Status, Store};
 use serde_json::json;
 
@@ -305,6 +305,8 @@ pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> 
         let document = json!({
             "config_file": config.file().to_string(),
             "settings": settings,
+            "job": config.job().map(|job| job_json(&job)),
+            "namespace": sourced_json(json!(config.namespace()), namespace_source(config)),
         });
         println!("{document}");
     } else {
@@ -324,8 +326,42 @@ pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> 
                 e.source
             );
         }
+        match config.job() {
+            Some(job) => println!(
+                "job: {} (name {}), node {} of {} nodes",
+                job.id.value, job.name.value, job.node.value, job.nodes.value
+            ),
+            None => println!("job: none (a single-node run)"),
+        }
+        match config.namespace() {
+            "" => println!("namespace: none ({})", namespace_source(config)),
+            ns => println!("namespace: {ns} ({})", namespace_source(config)),
+        }
     }
     // Each value can be fine alone and still not make a store (capacity below one chunk).
     config.store_config()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where `job.namespace` came from, as `cascade config` prints sources.
+fn namespace_source(config: &Config) -> String {
+    config
+        .get("job.namespace")
+        .map(|e| e.source.to_string())
+        .unwrap_or_default()
+}
+
+fn sourced_json(value: serde_json::Value, source: impl std::fmt::Display) -> serde_json::Value {
+    json!({ "value": value, "source": source.to_string() })
+}
+
+/// The job's identity for `cascade config --json`: each field's value and source.
+fn job_json(job: &JobIdentity) -> serde_json::Value {
+    json!({
+        "id": sourced_json(json!(job.id.value), &job.id.source),
+        "name": sourced_json(json!(job.name.value), &job.name.source),
+        "node": sourced_json(json!(job.node.value), &job.node.source),
+        "nodes": sourced_json(json!(job.nodes.value), &job.nodes.source),
+        "node_names": job.node_names.as_ref().map(|n| sourced_json(json!(n.value), &n.source)),
+    })
 }

@@ -14,7 +14,12 @@
 //! [mount]
 //! prefix = "/cascade"
 //! ```
+//!
+//! The job a process runs in (Slurm, Open MPI, or `CASCADE_JOB`) and this node's place in it
+//! are settings too (`job.*`), with the launcher's variables tried before the built-in
+//! default: [`Config::job`], [`Config::namespace`], module [`job`].
 
+pub mod job;
 pub mod machine;
 mod settings;
 mod size;
@@ -23,6 +28,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use job::{expand_hostlist, JobIdentity, NodeCount, Sourced};
 pub use settings::{find_by_flag, SettingDef, DEFAULT_MOUNT, SETTINGS};
 pub use size::{format_rate, format_size, parse_size, SIZE_HINT};
 
@@ -111,10 +117,15 @@ pub struct Inputs {
     pub flags: Vec<(&'static str, String)>,
     /// The `--config FILE` flag.
     pub config_flag: Option<PathBuf>,
-    /// Environment variables (only `CASCADE_*` and `HOME` are looked at).
+    /// Environment variables (only `CASCADE_*`, `HOME` and the launchers' variables of
+    /// [`job::LAUNCHER_ENV`] are looked at).
     pub env: BTreeMap<String, String>,
     /// The system-wide config file to fall back to.
     pub system_config: PathBuf,
+    /// This machine's host name (a job's default node name); None = ask the system.
+    pub host_name: Option<String>,
+    /// The calling user's name (in a job's default namespace); None = ask the system.
+    pub user_name: Option<String>,
 }
 
 impl Inputs {
@@ -122,14 +133,28 @@ impl Inputs {
     pub fn from_process() -> Inputs {
         let env = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .filter(|(k, _)| k.starts_with("CASCADE_") || k == "HOME")
+            .filter(|(k, _)| {
+                k.starts_with("CASCADE_") || k == "HOME" || job::LAUNCHER_ENV.contains(&k.as_str())
+            })
             .collect();
         Inputs {
             flags: Vec::new(),
             config_flag: None,
             env,
             system_config: PathBuf::from(SYSTEM_CONFIG),
+            host_name: None,
+            user_name: None,
         }
+    }
+
+    /// The host name given, else this machine's.
+    pub fn host_name(&self) -> String {
+        self.host_name.clone().unwrap_or_else(machine::host_name)
+    }
+
+    /// The user name given, else the calling user's.
+    pub fn user_name(&self) -> String {
+        self.user_name.clone().unwrap_or_else(machine::user_name)
     }
 
     /// Adds a flag value for the setting `key`.
@@ -196,6 +221,11 @@ impl Config {
                 };
                 let origin = format!("{}: {}", path.display(), def.key);
                 (raw, Source::File(path), origin)
+            } else if let Some((value, source)) =
+                job::detected(def.key, inputs, &Resolved(&entries))
+            {
+                entries.push(Entry { def, value, source });
+                continue;
             } else {
                 let (value, how) = (def.default)(&Resolved(&entries));
                 entries.push(Entry {
@@ -209,7 +239,9 @@ impl Config {
                 (def.parse)(raw).map_err(|why| ConfigError(format!("{origin}={raw:?}: {why}")))?;
             entries.push(Entry { def, value, source });
         }
-        Ok(Config { entries, file })
+        let config = Config { entries, file };
+        job::check(&config)?;
+        Ok(config)
     }
 
     /// Every setting, in table order.

@@ -47,6 +47,48 @@ pub fn uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// This machine's host name ("localhost" if it cannot be read).
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is a valid writable buffer of the length given; gethostname writes at most
+    // that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_string(),
+        _ => "localhost".to_string(),
+    }
+}
+
+/// The calling user's login name from the password database, else the uid as a number.
+pub fn user_name() -> String {
+    let uid = uid();
+    let mut buf = vec![0u8; 16 << 10];
+    // SAFETY: passwd is plain old data; zeroed is a valid value for it.
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: entry, buf (with its true length) and found are valid for the call; the strings
+    // entry points to live in buf, which outlives their use below.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            uid,
+            &mut entry,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() || entry.pw_name.is_null() {
+        return uid.to_string();
+    }
+    // SAFETY: getpwuid_r succeeded, so pw_name is a NUL-terminated string inside buf.
+    let name = unsafe { std::ffi::CStr::from_ptr(entry.pw_name) };
+    match name.to_str() {
+        Ok(name) if !name.is_empty() => name.to_string(),
+        _ => uid.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +113,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let missing = dir.path().join("not/yet/created.spill");
         assert!(free_space(&missing).is_some());
+    }
+
+    #[test]
+    fn this_machine_has_a_host_and_user_name() {
+        assert!(!host_name().is_empty());
+        assert!(!user_name().is_empty());
     }
 }

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::job;
 use crate::machine::{self, SHM_DIR};
 use crate::size::{format_size, parse_size};
 use crate::{Resolved, Value};
@@ -211,13 +212,7 @@ pub static SETTINGS: &[SettingDef] = &[
         value_name: "PREFIX",
         help: "Key prefix of this job on the staging servers; they drain its files to <drain-to>/<PREFIX>/",
         default_help: "none",
-        parse: |t| {
-            if t.is_empty() || t.split('/').all(|p| !p.is_empty() && p != "." && p != "..") {
-                Ok(Value::Text(t.to_string()))
-            } else {
-                Err("expected a relative path without empty, . or .. components".into())
-            }
-        },
+        parse: parse_namespace,
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
@@ -367,6 +362,59 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: |t| parse_count_in(t, 1, 1 << 32),
         default: |_| (Value::Count(8 << 20), String::new()),
     },
+    // The job rows: before their built-in default, a launcher's variable is tried
+    // (job::detected), so their sources may be e.g. "env SLURM_JOB_ID". job.id comes first:
+    // without one there is no job and the others stay empty.
+    SettingDef {
+        key: "job.id",
+        env: "CASCADE_JOB",
+        flag: None,
+        value_name: "ID",
+        help: "Id of the job this node's processes belong to (several nodes, one checkpoint)",
+        default_help: "SLURM_JOB_ID, else PMIX_NAMESPACE (Open MPI), else none: a single-node run",
+        parse: |t| job::check_job_id(t).map(|()| Value::Text(t.trim().to_string())),
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "job.name",
+        env: "CASCADE_JOB_NAME",
+        flag: None,
+        value_name: "NAME",
+        help: "Name of the job, the same in every run of it (it names the job's namespace)",
+        default_help: "SLURM_JOB_NAME, else the job id",
+        parse: |t| job::check_job_name(t).map(|()| Value::Text(t.trim().to_string())),
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "job.node",
+        env: "CASCADE_NODE",
+        flag: None,
+        value_name: "NAME",
+        help: "This node's name in the job",
+        default_help: "SLURMD_NODENAME, else PMIX_HOSTNAME, else the host name",
+        parse: |t| job::check_node_name(t.trim()).map(|()| Value::Text(t.trim().to_string())),
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "job.nodes",
+        env: "CASCADE_JOB_NODES",
+        flag: None,
+        value_name: "N|NAME,...",
+        help: "The job's nodes: their number, or their names separated by commas",
+        default_help: "SLURM_JOB_NODELIST (expanded), SLURM_JOB_NUM_NODES or SLURM_NNODES, else OMPI_MCA_orte_num_nodes, else OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE, else 1",
+        parse: job::parse_nodes,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "job.namespace",
+        env: "CASCADE_NAMESPACE",
+        flag: None,
+        value_name: "PREFIX",
+        help: "Key prefix of the job's files in the staging servers and the durable store, so two jobs that both write ckpt.1 do not collide; empty = none",
+        default_help: "<user>/<job name> in a job, else none",
+        parse: parse_namespace,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
 ];
 
 /// Where the store appears to programs run under `cascade run` unless configured otherwise.
@@ -394,6 +442,15 @@ fn parse_server_list(text: &str) -> Result<Value, String> {
         }
     }
     Ok(Value::Text(servers.join(",")))
+}
+
+/// A key prefix: a relative path without empty, `.` or `..` components; empty = none.
+fn parse_namespace(t: &str) -> Result<Value, String> {
+    if t.is_empty() || t.split('/').all(|p| !p.is_empty() && p != "." && p != "..") {
+        Ok(Value::Text(t.to_string()))
+    } else {
+        Err("expected a relative path without empty, . or .. components".into())
+    }
 }
 
 fn parse_bytes(text: &str) -> Result<Value, String> {

@@ -14,6 +14,8 @@ fn isolated() -> (TempDir, Inputs) {
         config_flag: None,
         env,
         system_config: dir.path().join("etc-cascade.toml"),
+        host_name: Some("thishost".to_string()),
+        user_name: Some("alice".to_string()),
     };
     (dir, inputs)
 }
@@ -471,4 +473,289 @@ fn secrets_in_urls_are_never_shown() {
         "s3://b?secret_access_key=***"
     );
     assert_eq!(crate::redacted("/plain/dir"), "/plain/dir");
+}
+
+/// Inputs with these environment variables and nothing else of this machine's.
+fn with_env(vars: &[(&str, &str)]) -> (TempDir, Inputs) {
+    let (dir, mut inputs) = isolated();
+    for (k, v) in vars {
+        inputs.env.insert(k.to_string(), v.to_string());
+    }
+    (dir, inputs)
+}
+
+fn job_of(vars: &[(&str, &str)]) -> (Config, Option<JobIdentity>) {
+    let (_dir, inputs) = with_env(vars);
+    let config = Config::load(&inputs).unwrap_or_else(|e| panic!("{vars:?}: {e}"));
+    let job = config.job();
+    (config, job)
+}
+
+fn sourced<T>(value: T, source: Source) -> Sourced<T> {
+    Sourced { value, source }
+}
+
+fn env(var: &'static str) -> Source {
+    Source::Env(var)
+}
+
+const SLURM: &[(&str, &str)] = &[
+    ("SLURM_JOB_ID", "4711"),
+    ("SLURM_JOB_NAME", "heat"),
+    ("SLURMD_NODENAME", "node02"),
+    ("SLURM_JOB_NUM_NODES", "5"),
+    ("SLURM_NNODES", "5"),
+    ("SLURM_JOB_NODELIST", "node[01-04],gpu3"),
+];
+
+const OMPI: &[(&str, &str)] = &[
+    ("PMIX_NAMESPACE", "1298989057"),
+    ("OMPI_MCA_ess_base_jobid", "1298989057"),
+    ("OMPI_COMM_WORLD_SIZE", "8"),
+    ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+    ("OMPI_COMM_WORLD_NODE_RANK", "1"),
+];
+
+#[test]
+fn no_launcher_means_no_job_and_no_namespace() {
+    let (config, job) = job_of(&[]);
+    assert_eq!(job, None);
+    assert_eq!(config.namespace(), "");
+    assert_eq!(config.staging_namespace(), "");
+    for key in [
+        "job.id",
+        "job.name",
+        "job.node",
+        "job.nodes",
+        "job.namespace",
+    ] {
+        assert_eq!(config.text(key), "", "{key}");
+        assert_eq!(
+            entry(&config, key).source,
+            Source::Default(String::new()),
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn slurm_gives_the_job_the_node_and_the_expanded_node_list() {
+    let (config, job) = job_of(SLURM);
+    let job = job.expect("a Slurm job");
+    assert_eq!(job.id, sourced("4711".into(), env("SLURM_JOB_ID")));
+    assert_eq!(job.name, sourced("heat".into(), env("SLURM_JOB_NAME")));
+    assert_eq!(job.node, sourced("node02".into(), env("SLURMD_NODENAME")));
+    assert_eq!(job.nodes, sourced(5, env("SLURM_JOB_NODELIST")));
+    let names: Vec<String> = ["node01", "node02", "node03", "node04", "gpu3"]
+        .map(String::from)
+        .to_vec();
+    assert_eq!(
+        job.node_names,
+        Some(sourced(names, env("SLURM_JOB_NODELIST")))
+    );
+    assert_eq!(config.namespace(), "alice/heat");
+    assert_eq!(
+        entry(&config, "job.namespace").source,
+        Source::Default("<user>/<job.name>".into())
+    );
+    assert_eq!(
+        job.to_string(),
+        "job 4711 (name heat) on node node02 of 5 nodes"
+    );
+
+    // Without a node list, the count; SLURM_NNODES when that is all there is.
+    let (_, job) = job_of(&[("SLURM_JOB_ID", "1"), ("SLURM_NNODES", "3")]);
+    let job = job.expect("a job");
+    assert_eq!(job.nodes, sourced(3, env("SLURM_NNODES")));
+    assert_eq!(job.node_names, None);
+    // No SLURMD_NODENAME or job name: the host name, the job id.
+    assert_eq!(
+        job.node,
+        sourced("thishost".into(), Source::Default("host name".into()))
+    );
+    assert_eq!(
+        job.name,
+        sourced("1".into(), Source::Default("the job id".into()))
+    );
+
+    // A node list that disagrees with the count is dropped; one that does not parse too.
+    for list in ["n[1-3]", "n[1-"] {
+        let (_, job) = job_of(&[
+            ("SLURM_JOB_ID", "1"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_JOB_NODELIST", list),
+        ]);
+        let job = job.expect("a job");
+        assert_eq!(job.nodes, sourced(2, env("SLURM_JOB_NUM_NODES")), "{list}");
+        assert_eq!(job.node_names, None, "{list}");
+    }
+}
+
+#[test]
+fn open_mpi_gives_the_job_and_the_node_count_from_world_and_local_sizes() {
+    let (config, job) = job_of(OMPI);
+    let job = job.expect("an Open MPI job");
+    assert_eq!(job.id, sourced("1298989057".into(), env("PMIX_NAMESPACE")));
+    assert_eq!(
+        job.name,
+        sourced("1298989057".into(), Source::Default("the job id".into()))
+    );
+    assert_eq!(
+        job.node,
+        sourced("thishost".into(), Source::Default("host name".into()))
+    );
+    assert_eq!(
+        job.nodes,
+        sourced(
+            4,
+            Source::Default("OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE".into())
+        )
+    );
+    assert_eq!(config.namespace(), "alice/1298989057");
+
+    // Open MPI 4's own count and PMIx's host name come first; uneven ranks round up.
+    let mut vars = OMPI.to_vec();
+    vars.extend([("OMPI_MCA_orte_num_nodes", "3"), ("PMIX_HOSTNAME", "vm7")]);
+    let (_, job) = job_of(&vars);
+    let job = job.expect("a job");
+    assert_eq!(job.nodes, sourced(3, env("OMPI_MCA_orte_num_nodes")));
+    assert_eq!(job.node, sourced("vm7".into(), env("PMIX_HOSTNAME")));
+    let (_, job) = job_of(&[
+        ("OMPI_MCA_ess_base_jobid", "77"),
+        ("OMPI_COMM_WORLD_SIZE", "5"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+    ]);
+    let job = job.expect("a job");
+    assert_eq!(job.id, sourced("77".into(), env("OMPI_MCA_ess_base_jobid")));
+    assert_eq!(job.nodes.value, 3);
+    assert!(
+        job.nodes.source.to_string().contains("rounded up"),
+        "{}",
+        job.nodes.source
+    );
+}
+
+#[test]
+fn cascade_variables_override_slurm_which_overrides_open_mpi() {
+    // Slurm and Open MPI both: Slurm's values.
+    let mut both = SLURM.to_vec();
+    both.extend_from_slice(OMPI);
+    let (_, job) = job_of(&both);
+    let job = job.expect("a job");
+    assert_eq!(job.id.source, env("SLURM_JOB_ID"));
+    assert_eq!(job.nodes.value, 5);
+
+    // CASCADE_* over both, field by field.
+    let mut all = both.clone();
+    all.extend([
+        ("CASCADE_JOB", "sim-7"),
+        ("CASCADE_NODE", "n2"),
+        ("CASCADE_JOB_NODES", "n1,n2,n3,n4"),
+    ]);
+    let (config, job) = job_of(&all);
+    let job = job.expect("a job");
+    assert_eq!(job.id, sourced("sim-7".into(), env("CASCADE_JOB")));
+    assert_eq!(job.name, sourced("heat".into(), env("SLURM_JOB_NAME")));
+    assert_eq!(job.node, sourced("n2".into(), env("CASCADE_NODE")));
+    assert_eq!(job.nodes, sourced(4, env("CASCADE_JOB_NODES")));
+    assert_eq!(
+        job.node_names.map(|n| n.value.len()),
+        Some(4),
+        "names from CASCADE_JOB_NODES"
+    );
+    assert_eq!(config.namespace(), "alice/heat");
+
+    // Only CASCADE_*: a count, the host name, the id as name.
+    let (config, job) = job_of(&[("CASCADE_JOB", "j1"), ("CASCADE_JOB_NODES", "2")]);
+    let job = job.expect("a job");
+    assert_eq!(job.nodes, sourced(2, env("CASCADE_JOB_NODES")));
+    assert_eq!(job.node_names, None);
+    assert_eq!(job.node.value, "thishost");
+    assert_eq!(config.namespace(), "alice/j1");
+
+    // CASCADE_JOB_NAME names the namespace, sanitised into one component.
+    let (config, _) = job_of(&[("CASCADE_JOB", "j1"), ("CASCADE_JOB_NAME", "my run/2")]);
+    assert_eq!(config.namespace(), "alice/my_run_2");
+
+    // A config file's [job] table sits between CASCADE_* and the launchers.
+    let (dir, mut inputs) = with_env(SLURM);
+    let file = write_file(&dir, "job.toml", "[job]\nnode = \"node04\"\n");
+    inputs.config_flag = Some(file.clone());
+    let config = Config::load(&inputs).expect("loads");
+    let job = config.job().expect("a job");
+    assert_eq!(job.node, sourced("node04".into(), Source::File(file)));
+    assert_eq!(job.id.source, env("SLURM_JOB_ID"));
+}
+
+#[test]
+fn the_namespace_can_be_set_or_turned_off_and_composes_with_the_staging_one() {
+    let mut vars = SLURM.to_vec();
+    vars.push(("CASCADE_NAMESPACE", "proj/run1"));
+    let (config, _) = job_of(&vars);
+    assert_eq!(config.namespace(), "proj/run1");
+    assert_eq!(
+        entry(&config, "job.namespace").source,
+        env("CASCADE_NAMESPACE")
+    );
+
+    // Set but empty: none, even in a job.
+    let mut vars = SLURM.to_vec();
+    vars.push(("CASCADE_NAMESPACE", ""));
+    let (config, job) = job_of(&vars);
+    assert!(job.is_some());
+    assert_eq!(config.namespace(), "");
+    assert_eq!(
+        entry(&config, "job.namespace").source,
+        env("CASCADE_NAMESPACE")
+    );
+
+    // Without a job, an explicit namespace still applies.
+    let (config, job) = job_of(&[("CASCADE_NAMESPACE", "mine")]);
+    assert_eq!(job, None);
+    assert_eq!(config.namespace(), "mine");
+
+    // staging.namespace is unchanged and goes in front for the servers.
+    let mut vars = SLURM.to_vec();
+    vars.push(("CASCADE_STAGING_NAMESPACE", "site"));
+    let (config, _) = job_of(&vars);
+    assert_eq!(config.text("staging.namespace"), "site");
+    assert_eq!(config.namespace(), "alice/heat");
+    assert_eq!(config.staging_namespace(), "site/alice/heat");
+
+    let (_dir, inputs) = with_env(&[("CASCADE_NAMESPACE", "a/../b")]);
+    assert!(load_err(&inputs).starts_with("CASCADE_NAMESPACE=\"a/../b\": "));
+}
+
+#[test]
+fn inconsistent_or_malformed_job_settings_are_errors() {
+    // Job settings by hand need a job id.
+    let (_dir, inputs) = with_env(&[("CASCADE_NODE", "n1")]);
+    let err = load_err(&inputs);
+    assert!(
+        err.starts_with("job.node = n1 (env CASCADE_NODE) but there is no job id"),
+        "{err}"
+    );
+    // A node that is not in the job's node list.
+    let (_dir, inputs) = with_env(&[
+        ("CASCADE_JOB", "j"),
+        ("CASCADE_NODE", "n9"),
+        ("CASCADE_JOB_NODES", "n1,n2"),
+    ]);
+    let err = load_err(&inputs);
+    assert!(err.contains("is not one of job.nodes = n1,n2"), "{err}");
+    // Malformed values name their variable.
+    for (var, value) in [
+        ("CASCADE_JOB_NODES", "0"),
+        ("CASCADE_JOB_NODES", "a,a"),
+        ("CASCADE_NODE", "a/b"),
+        ("CASCADE_NODE", "a,b"),
+        ("CASCADE_JOB", "x/y"),
+    ] {
+        let (_dir, inputs) = with_env(&[("CASCADE_JOB", "j"), (var, value)]);
+        let err = load_err(&inputs);
+        assert!(err.starts_with(&format!("{var}={value:?}: ")), "{err}");
+    }
+    // A launcher's unusable value is passed over, not an error.
+    let (_, job) = job_of(&[("SLURM_JOB_ID", "9"), ("SLURMD_NODENAME", "bad name")]);
+    assert_eq!(job.expect("a job").node.value, "thishost");
 }
