@@ -21,10 +21,10 @@
 # is a FAIL, not a hang.
 set -u
 
-# Debian 12's Open MPI 4.1.4 with PMIx 3 now and then (about 1 mpirun in 100 here) hangs in
-# mpirun's own finalize, its ranks already exited, on a lock of PMIx's shared-memory
+# Debian 12's Open MPI 4.1.4 with PMIx 3 rarely (once in about 300 mpirun runs here) hangs
+# in mpirun's own finalize, its ranks already exited, on a lock of PMIx's shared-memory
 # key-value store (pmix_ds21_lock_wr_get; cf. openpmix/openpmix#1233). The hash store
-# avoids that lock.
+# does not take that lock.
 export PMIX_MCA_gds="${PMIX_MCA_gds:-hash}"
 
 here=$(cd "$(dirname "$0")" && pwd)
