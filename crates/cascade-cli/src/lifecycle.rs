@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cascade_agent::{Agent, AgentOptions};
+use cascade_agent::{Agent, AgentOptions, JobOptions};
 use cascade_config::{format_size, Config};
 use cascade_dedup::Compression;
 use cascade_durable::{DurableKey, DurableStore, Options as DurableOptions, Spec};
@@ -26,7 +26,18 @@ pub fn agent_options(config: &Config, verbose: bool) -> Result<AgentOptions, Fai
         verbose,
         staging: crate::staging::staging_options(config)?,
         dedup: crate::checkpoint::dedup_options(config)?,
+        job: job_options(config),
         ..AgentOptions::default()
+    })
+}
+
+/// The job this node's agent works for, when the launcher (or CASCADE_JOB*) names one.
+fn job_options(config: &Config) -> Option<JobOptions> {
+    let job = config.job()?;
+    Some(JobOptions {
+        node: job.node.value,
+        nodes: job.nodes.value,
+        node_names: job.node_names.map(|n| n.value).unwrap_or_default(),
     })
 }
 
@@ -42,7 +53,7 @@ pub fn open_durable(url: &str) -> Result<DurableStore, Failure> {
     DurableStore::open_with(spec, opts).map_err(|e| Failure::new(e.to_string()))
 }
 
-fn require_durable(config: &Config) -> Result<&str, Failure> {
+fn require_durable(config: &Config) -> Result<String, Failure> {
     config.durable_url().ok_or_else(|| {
         Failure::new(
             "no durable store configured: give --durable URL or set CASCADE_DURABLE (a \
@@ -57,7 +68,7 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     // waiting thread takes them; the durable store is checked before a store is created.
     let signals = block_stop_signals()?;
     let url = require_durable(config)?;
-    let durable = open_durable(url)?;
+    let durable = open_durable(&url)?;
     let store = crate::run::attach_or_create(config)?;
     let agent = Arc::new(start_agent(
         store,
@@ -236,7 +247,7 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
     let Some(url) = config.durable_url() else {
         return Ok(false);
     };
-    let durable = open_durable(url)?;
+    let durable = open_durable(&url)?;
     durable
         .is_complete(&DurableKey::from_store_path(path))
         .map_err(|e| Failure::new(e.to_string()))
@@ -245,7 +256,7 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
 /// For a checkpoint of several nodes that is not complete, which nodes' parts are in the
 /// durable store ("parts from 1 of 2 nodes (a); missing b"); None for any other.
 fn job_parts(config: &Config, path: &str) -> Option<String> {
-    let durable = open_durable(config.durable_url()?).ok()?;
+    let durable = open_durable(&config.durable_url()?).ok()?;
     let parts = durable
         .read_parts(&DurableKey::from_store_path(path))
         .ok()?;
@@ -403,7 +414,7 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
         );
     }
     if let Some(url) = config.durable_url() {
-        let durable = open_durable(url)?;
+        let durable = open_durable(&url)?;
         let objects = durable
             .list(&DurableKey::from_store_path(path))
             .map_err(|e| Failure::new(e.to_string()))?;
@@ -438,7 +449,11 @@ impl EmbeddedAgent {
     /// The configured durable store, opened (and so checked) before `cascade run` touches
     /// the node store.
     pub fn open_configured(config: &Config) -> Result<Option<DurableStore>, Failure> {
-        config.durable_url().map(open_durable).transpose()
+        config
+            .durable_url()
+            .as_deref()
+            .map(open_durable)
+            .transpose()
     }
 
     /// Starts one on `durable` if the store has no live agent.

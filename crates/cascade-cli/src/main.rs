@@ -183,8 +183,8 @@ fn durable_or_configured(
     flag: &str,
 ) -> Result<String, Failure> {
     given
-        .or(config.durable_url())
         .map(str::to_string)
+        .or(config.durable_url())
         .ok_or_else(|| {
             Failure::new(format!(
                 "no durable store: give {flag} URL or set CASCADE_DURABLE (durable.url)"

@@ -36,7 +36,7 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
         return Ok(None);
     }
     let mut opts = StagingOptions::new(servers, secret(config)?);
-    opts.namespace = config.text("staging.namespace").to_string();
+    opts.namespace = config.staging_namespace();
     opts.placement = config
         .text("staging.placement")
         .parse::<Placement>()

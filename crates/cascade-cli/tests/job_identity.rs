@@ -84,10 +84,16 @@ fn cascade_variables_give_the_job_and_override_the_launchers() {
         job["node_names"],
         sourced(json!(["n1", "n2", "n3", "n4"]), "env CASCADE_JOB_NODES")
     );
+    // Known only by its id: no namespace (a restart, with a new id, must find its files).
+    assert_eq!(doc["namespace"], sourced(json!(""), "default"));
+    let named = config_json(
+        &sb,
+        &[simulated.as_slice(), &[("CASCADE_JOB_NAME", "sim")]].concat(),
+    );
     assert_eq!(
-        doc["namespace"],
+        named["namespace"],
         sourced(
-            json!(format!("{}/sim-1", user_name())),
+            json!(format!("{}/sim", user_name())),
             "default: <user>/<job.name>"
         )
     );

@@ -123,6 +123,17 @@ impl Config {
     }
 }
 
+/// A durable-store URL one namespace down: `/data` -> `/data/alice/heat`,
+/// `s3://bucket/p?endpoint=URL` -> `s3://bucket/p/alice/heat?endpoint=URL`; unchanged for an
+/// empty namespace.
+pub fn namespaced_url(url: &str, namespace: &str) -> String {
+    if namespace.is_empty() {
+        return url.to_string();
+    }
+    let (base, query) = url.split_at(url.find('?').unwrap_or(url.len()));
+    format!("{}/{namespace}{query}", base.trim_end_matches('/'))
+}
+
 /// `a/b`, or whichever of the two is not empty.
 pub fn join_namespaces(outer: &str, inner: &str) -> String {
     match (outer.is_empty(), inner.is_empty()) {
@@ -178,6 +189,9 @@ pub(crate) fn detected(key: &str, inputs: &Inputs, resolved: &Resolved) -> Optio
             },
         ),
         "job.nodes" => Some(detected_nodes(env)),
+        // A job known only by its id (a bare mpirun: a new id every run) gets no namespace:
+        // its restart, a new job, must find the checkpoints. Name the job to get one.
+        "job.namespace" if resolved.defaulted("job.name") => None,
         "job.namespace" => {
             let user = sanitized(&inputs.user_name());
             let name = sanitized(resolved.text("job.name"));
@@ -616,6 +630,21 @@ mod tests {
         assert_eq!(sanitized(".."), "_..");
         assert_eq!(sanitized(""), "_");
         assert_eq!(sanitized("prterun-vm-12@1"), "prterun-vm-12@1");
+    }
+
+    #[test]
+    fn durable_urls_go_one_namespace_down() {
+        assert_eq!(namespaced_url("/data", ""), "/data");
+        assert_eq!(namespaced_url("/data/", "u/j"), "/data/u/j");
+        assert_eq!(namespaced_url("file:///data", "u/j"), "file:///data/u/j");
+        assert_eq!(
+            namespaced_url("s3://b/p?endpoint=http://h:9000", "u/j"),
+            "s3://b/p/u/j?endpoint=http://h:9000"
+        );
+        assert_eq!(
+            namespaced_url("s3://b?endpoint=http://h", "u/j"),
+            "s3://b/u/j?endpoint=http://h"
+        );
     }
 
     #[test]

@@ -270,9 +270,11 @@ impl Config {
         }
     }
 
-    /// The durable store to drain to, if one is configured.
-    pub fn durable_url(&self) -> Option<&str> {
-        Some(self.text("durable.url")).filter(|u| !u.is_empty())
+    /// The durable store to drain to, if one is configured: `durable.url` with the job's
+    /// namespace appended ([`Config::namespace`]), so two jobs never share keys.
+    pub fn durable_url(&self) -> Option<String> {
+        let url = Some(self.text("durable.url")).filter(|u| !u.is_empty())?;
+        Some(job::namespaced_url(url, self.namespace()))
     }
 
     /// Which config file was read.
@@ -352,6 +354,15 @@ impl<'a> Resolved<'a> {
             Some(entry) => &entry.value,
             None => panic!("setting {key} used before it is resolved; reorder SETTINGS"),
         }
+    }
+
+    /// True if a setting resolved earlier in the table took its built-in default (no flag,
+    /// variable, file or launcher gave it).
+    pub fn defaulted(&self, key: &str) -> bool {
+        self.0
+            .iter()
+            .find(|e| e.def.key == key)
+            .is_some_and(|e| matches!(e.source, Source::Default(_)))
     }
 
     /// A size setting resolved earlier in the table.
