@@ -23,6 +23,16 @@ use crate::Result;
 /// How often a node whose part is in asks whether the others' are.
 const ASK_EVERY: Duration = Duration::from_millis(500);
 
+/// Where this node's part of a checkpoint stands.
+enum PartState {
+    /// Its files are not all durable yet.
+    NotReady,
+    /// Written by this pass.
+    WrittenNow,
+    /// Written by an earlier pass (this version).
+    WrittenBefore,
+}
+
 pub(crate) struct JobParts {
     job: JobOptions,
     /// Files go to staging servers first: a file needs no sending once it is safe there.
@@ -44,14 +54,14 @@ impl JobParts {
     }
 
     /// Writes this node's part of checkpoint `root` (once per version), if all its files are
-    /// durable; false if they are not yet.
-    fn write_part(&self, node: &Node, root: &LifeEntry) -> Result<bool> {
+    /// durable.
+    fn write_part(&self, node: &Node, root: &LifeEntry) -> Result<PartState> {
         let version = (root.ino, root.generation, root.mod_seq);
         if self.written.lock().is_ok_and(|w| w.contains(&version)) {
-            return Ok(true);
+            return Ok(PartState::WrittenBefore);
         }
         let Some(tree) = node.fresh_tree(root)? else {
-            return Ok(false);
+            return Ok(PartState::NotReady);
         };
         let now_root = &tree[0];
         let files: Vec<&LifeEntry> = files_of(&tree).collect();
@@ -59,7 +69,7 @@ impl JobParts {
             .iter()
             .any(|f| !f.durable() || f.torn || reserved(&f.path))
         {
-            return Ok(false);
+            return Ok(PartState::NotReady);
         }
         let (_, entries) = node.marker_entries(now_root, &files)?;
         let part = Part {
@@ -85,7 +95,13 @@ impl JobParts {
         if let Ok(mut w) = self.written.lock() {
             w.insert((now_root.ino, now_root.generation, now_root.mod_seq));
         }
-        Ok(true)
+        Ok(PartState::WrittenNow)
+    }
+
+    fn note_asked(&self, path: &str) {
+        if let Ok(mut asked) = self.asked.lock() {
+            asked.insert(path.to_string(), Instant::now());
+        }
     }
 
     /// True if checkpoint `path` asked for the other parts less than [`ASK_EVERY`] ago.
@@ -161,8 +177,8 @@ impl Level for JobParts {
         if c.root.kind == FileKind::File {
             return Step::Next;
         }
-        let written = match self.write_part(node, c.root) {
-            Ok(written) => written,
+        let part = match self.write_part(node, c.root) {
+            Ok(part) => part,
             Err(e) => {
                 node.record_failure(format!(
                     "cannot write this node's part of {}: {e}",
@@ -171,10 +187,18 @@ impl Level for JobParts {
                 return Step::NotReady;
             }
         };
-        if !written {
-            return Step::NotReady;
-        }
-        if self.asked_lately(&c.root.path) {
+        // Just written: ask at once. Every node lists the parts after writing its own, so
+        // the node that lists last sees them all and writes the marker, even if every node
+        // then stops (the end of a job).
+        let ask_now = match part {
+            PartState::NotReady => return Step::NotReady,
+            PartState::WrittenNow => {
+                self.note_asked(&c.root.path);
+                true
+            }
+            PartState::WrittenBefore => !self.asked_lately(&c.root.path),
+        };
+        if !ask_now {
             return Step::OtherNodes(Instant::now() + ASK_EVERY);
         }
         self.try_complete(node, c.root).unwrap_or_else(|e| {
