@@ -2,7 +2,9 @@
 //! the methods within a repetition so that slow drift of the machine hits them all alike.
 
 use crate::child::Job;
+use crate::format::{ratio, st, x};
 use crate::harness::{run_group, Outcome};
+use crate::report::{Table, Target};
 use crate::util::{
     fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
 };
@@ -1025,4 +1027,328 @@ fn fit_formula(results: &mut Results, first_row: usize, procs: usize, first_run_
         r.predicted_gbps = r.total_bytes as f64 / t / 1e9;
         r.deviation_pct = (r.gbps.median - r.predicted_gbps) / r.predicted_gbps * 100.0;
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Targets and tables of node-store.md.
+
+fn find<'a>(rows: &'a [Row], method: &str, procs: usize) -> Option<&'a Row> {
+    rows.iter().find(|r| r.method == method && r.procs == procs)
+}
+
+/// The median GB/s of `a` over that of `b`.
+fn row_ratio(a: Option<&Row>, b: Option<&Row>) -> Option<f64> {
+    ratio(a?.gbps.median, b?.gbps.median)
+}
+
+/// The targets of issue 2, judged on the paired runs (Cascade and memcpy-shm alternating inside
+/// the same processes; see bench/README.md).
+pub fn targets(opts: &Opts, r: &Results) -> Vec<Target> {
+    let per_proc = |rows: &[Row], kind: &str, ours: &str, base: &str| {
+        let (mut parts, mut met) = (Vec::new(), None);
+        for &p in &opts.procs {
+            let Some(tp) = r
+                .tight_pairs
+                .iter()
+                .find(|t| t.kind == kind && t.procs == p)
+            else {
+                continue;
+            };
+            let (q, sep) = (
+                tp.ratio.median,
+                row_ratio(find(rows, ours, p), find(rows, base, p)),
+            );
+            parts.push(format!(
+                "{p} proc: **{q:.2}x** [{:.2}–{:.2}] ({:.2} vs {:.2} GB/s; separate runs {})",
+                tp.ratio.min,
+                tp.ratio.max,
+                tp.cascade_gbps.median,
+                tp.memcpy_shm_gbps.median,
+                x(sep)
+            ));
+            met = Some(met.unwrap_or(true) && q >= 0.9);
+        }
+        (
+            if parts.is_empty() {
+                "not run".into()
+            } else {
+                parts.join("; ")
+            },
+            met,
+        )
+    };
+    let mut out = Vec::new();
+    let (m, met) = per_proc(&r.writes, "write", "cascade", "memcpy-shm");
+    out.push(Target::new(
+        "1 MiB writes",
+        ">= 0.9x memcpy into pre-faulted MAP_SHARED /dev/shm",
+        m,
+        met,
+    ));
+    let (m, met) = r.steady.as_ref().map_or(("not run".into(), None), |s| {
+        let (c, t) = (s.cascade.steady.median, s.tmpfs.steady.median);
+        (
+            format!("{:.2}x ({c:.2} vs {t:.2} GB/s)", c / t),
+            Some(c / t >= 3.0),
+        )
+    });
+    out.push(Target::new(
+        "steady-state checkpointing",
+        ">= 3x tmpfs (write new, delete oldest)",
+        m,
+        met,
+    ));
+    let worst = r
+        .spill
+        .iter()
+        .filter(|s| s.deviation_pct.is_finite())
+        .max_by(|a, b| a.deviation_pct.abs().total_cmp(&b.deviation_pct.abs()));
+    let (m, met) = worst.map_or(("not run".into(), None), |s| {
+        let d = s.deviation_pct;
+        (
+            format!(
+                "worst {d:+.1} % (at {} % spilled, {} proc)",
+                s.share_pct, s.procs
+            ),
+            Some(d.abs() <= 15.0),
+        )
+    });
+    out.push(Target::new(
+        "spill-over",
+        "within 15 % of size/(mem/T_mem + ssd/T_ssd)",
+        m,
+        met,
+    ));
+    let (m, met) = per_proc(&r.readback, "read", "cascade-read", "memcpy-shm-read");
+    out.push(Target::new(
+        "read-back",
+        ">= 0.9x memcpy from pre-faulted /dev/shm",
+        m,
+        met,
+    ));
+    out
+}
+
+/// The tables of node-store.md.
+pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
+    let mut out = Vec::new();
+    let mut t = Table::new(
+        "Diagnostic: Cascade / memcpy into the same chunks (chunk-list API), paired runs",
+        &[
+            "kind",
+            "procs",
+            "ratio",
+            "Cascade GB/s",
+            "chunks memcpy GB/s",
+        ],
+    );
+    for p in &r.tight_pairs {
+        let (c, k) = (p.cascade_gbps.median, p.store_chunks_gbps.median);
+        t.row([
+            p.kind.clone(),
+            p.procs.to_string(),
+            st(&p.ratio_chunks),
+            format!("{c:.2}"),
+            format!("{k:.2}"),
+        ]);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        "Store creation (`Prefault::Foreground`)",
+        &[
+            "store",
+            "memory",
+            "chunk",
+            "spill file",
+            "create time (s)",
+            "prefault GB/s",
+        ],
+    );
+    for c in &r.creation {
+        let spill = if c.spill_bytes > 0 {
+            size_str(c.spill_bytes)
+        } else {
+            "-".into()
+        };
+        let (cap, cs) = (size_str(c.capacity), size_str(c.chunk_size));
+        t.row([
+            c.store.clone(),
+            cap,
+            cs,
+            spill,
+            format!("{:.3}", c.seconds),
+            format!("{:.2}", c.gbps),
+        ]);
+    }
+    out.push(t);
+    let (io, size) = (size_str(o.io), size_str(o.size));
+    let mut t = Table::new(
+        format!("1. {io} writes, {size} per process"),
+        &[
+            "method",
+            "procs",
+            "GB/s",
+            "vs memcpy anon",
+            "vs memcpy shm",
+            "vs tmpfs write",
+            "set-up (s)",
+        ],
+    );
+    for row in &r.writes {
+        let vs = |b: &str| x(row_ratio(Some(row), find(&r.writes, b, row.procs)));
+        let (a, s, f) = (vs("memcpy-anon"), vs("memcpy-shm"), vs("tmpfs-write"));
+        t.row([
+            row.method.clone(),
+            row.procs.to_string(),
+            st(&row.gbps),
+            a,
+            s,
+            f,
+            format!("{:.2}", row.setup_s),
+        ]);
+    }
+    out.push(t);
+    if let Some(sd) = &r.steady {
+        let mut t = Table::new(
+            format!(
+                "2. Steady-state checkpointing, {} files, {} kept",
+                size_str(sd.bytes),
+                sd.keep
+            ),
+            &["round", "Cascade GB/s", "tmpfs GB/s", "Cascade / tmpfs"],
+        );
+        for (i, (c, f)) in sd
+            .cascade
+            .per_round
+            .iter()
+            .zip(&sd.tmpfs.per_round)
+            .enumerate()
+        {
+            t.row([
+                (i + 1).to_string(),
+                st(c),
+                st(f),
+                format!("{:.2}x", c.median / f.median),
+            ]);
+        }
+        let (c, f) = (&sd.cascade.steady, &sd.tmpfs.steady);
+        t.row([
+            "**steady state**".into(),
+            st(c),
+            st(f),
+            format!("{:.2}x", c.median / f.median),
+        ]);
+        out.push(t);
+    }
+    let mut head = vec![
+        "chunk".to_string(),
+        "write size".into(),
+        "create (s)".into(),
+    ];
+    for p in &o.procs {
+        head.extend([format!("{p} proc GB/s"), "vs memcpy shm".into()]);
+    }
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new(format!("3. Chunk-size sweep, {size} per process"), &head);
+    let mut sizes: Vec<u64> = r.sweep.iter().map(|x| x.chunk_size).collect();
+    sizes.dedup();
+    for cs in sizes {
+        let rows: Vec<_> = r.sweep.iter().filter(|x| x.chunk_size == cs).collect();
+        let Some(first) = rows.first() else { continue };
+        let mut cells = vec![
+            size_str(cs),
+            size_str(first.io),
+            format!("{:.3}", first.creation_s),
+        ];
+        for &p in &o.procs {
+            // memcpy-shm to compare with: the paired runs' median, else the table's.
+            let base = r
+                .tight_pairs
+                .iter()
+                .find(|t| t.kind == "write" && t.procs == p);
+            let base = base.map(|t| t.memcpy_shm_gbps.median);
+            let base = base.or_else(|| find(&r.writes, "memcpy-shm", p).map(|b| b.gbps.median));
+            match rows.iter().find(|x| x.procs == p) {
+                Some(row) => cells.extend([st(&row.gbps), x(ratio(row.gbps.median, base))]),
+                None => cells.extend(["-".into(), "-".into()]),
+            }
+        }
+        t.row(cells);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        format!(
+            "4. Spill-over, {} per process: model",
+            size_str(o.spill_size)
+        ),
+        &[
+            "procs",
+            "T_mem GB/s",
+            "T_ssd GB/s",
+            "first run (100 %, new spill file) GB/s",
+        ],
+    );
+    for m in &r.spill_model {
+        let f = |v: f64| format!("{v:.2}");
+        t.row([
+            m.procs.to_string(),
+            f(m.t_mem_gbps),
+            f(m.t_ssd_gbps),
+            f(m.first_run_gbps),
+        ]);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        format!("4. Spill-over, {} per process", size_str(o.spill_size)),
+        &[
+            "procs",
+            "spilled (target)",
+            "spilled (real)",
+            "measured GB/s",
+            "formula GB/s",
+            "deviation",
+            "writes (ms)",
+            "sync (ms)",
+        ],
+    );
+    for s in &r.spill {
+        let real = s.spilled_bytes as f64 * 100.0 / s.total_bytes as f64;
+        t.row([
+            s.procs.to_string(),
+            format!("{} %", s.share_pct),
+            format!("{real:.2} %"),
+            st(&s.gbps),
+            format!("{:.2}", s.predicted_gbps),
+            format!("{:+.1} %", s.deviation_pct),
+            format!("{:.0}", s.write_s.median * 1e3),
+            format!("{:.0}", s.sync_s.median * 1e3),
+        ]);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        format!("5. Read-back, {io} reads, {size} per process"),
+        &[
+            "method",
+            "procs",
+            "GB/s",
+            "vs memcpy shm",
+            "vs tmpfs read",
+            "set-up (s)",
+        ],
+    );
+    for row in &r.readback {
+        let vs = |b: &str| x(row_ratio(Some(row), find(&r.readback, b, row.procs)));
+        let (s, f) = (vs("memcpy-shm-read"), vs("tmpfs-read"));
+        t.row([
+            row.method.clone(),
+            row.procs.to_string(),
+            st(&row.gbps),
+            s,
+            f,
+            format!("{:.2}", row.setup_s),
+        ]);
+    }
+    out.push(t);
+    out.retain(|t| !t.rows.is_empty());
+    out
 }

@@ -16,15 +16,17 @@
 //! agent's loopback traffic to the servers is not on it). The raw-bytes minimum is the
 //! snapshot's bytes at the tbf rate.
 
+use crate::baselines::{clear_remote, settle};
 use crate::dedup::{load_series, Series};
-use crate::durable::{clear_remote, describe, one_line, settle, tail, tbf_of};
-use crate::report::{machine_table, utc_string};
-use crate::util::{self, err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
+use crate::format::median_u64;
+use crate::net::{tbf_of, tx_bytes};
+use crate::procs::{clean_cmd, die_with_bench, one_line, tail, terminate};
+use crate::report::{self, machine_table, Header, Md, RunClock, Target};
+use crate::util::{err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -167,9 +169,8 @@ pub struct SeriesRow {
 #[derive(Serialize)]
 struct Report<'a> {
     suite: &'static str,
-    generated_utc: String,
-    duration_s: f64,
-    source: String,
+    #[serde(flatten)]
+    header: Header,
     cascade_cli: String,
     durable: String,
     link: String,
@@ -177,36 +178,12 @@ struct Report<'a> {
     dedup: String,
     compress: String,
     reps: usize,
-    machine: &'a util::Machine,
-    interference: util::Interference,
+    targets: Vec<Target>,
     series: &'a [SeriesRow],
 }
 
 /// One run of a series in one mode: per snapshot, (seconds until durable, wire bytes).
 type RunOut = Vec<(f64, u64)>;
-
-/// The cascade CLI without the CASCADE_* settings (and LD_PRELOAD) the bench inherited.
-fn clean_cmd(bin: &Path) -> Command {
-    let mut c = Command::new(bin);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("CASCADE_") {
-            c.env_remove(key);
-        }
-    }
-    c.env_remove("LD_PRELOAD");
-    c
-}
-
-/// Makes the process `cmd` starts get SIGTERM when the bench dies.
-fn die_with_bench(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe; the child gets SIGTERM if the bench dies.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
-    }
-}
 
 /// A staging server of the staged modes: `cascade stage-server` on 127.0.0.1, draining to
 /// the run's durable prefix. Stopped, its arena directory and log removed, when dropped.
@@ -296,7 +273,7 @@ impl StageServer {
 impl Drop for StageServer {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            if let Err(e) = crate::staging::terminate(&mut c, "cascade stage-server", 30) {
+            if let Err(e) = terminate(&mut c, "cascade stage-server", 30) {
                 eprintln!("dedup-link: {e}");
             }
         }
@@ -499,13 +476,6 @@ impl Drop for Node {
     }
 }
 
-fn tx_bytes(dev: &str) -> u64 {
-    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_bytes"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// The durable URL with `rel` appended to its path (`s3://bucket/rel?...`).
 fn url_below(url: &str, rel: &str) -> String {
     let (base, query) = url
@@ -565,12 +535,6 @@ fn run_once(
     Ok(out)
 }
 
-fn median_u64(v: &[u64]) -> u64 {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
-}
-
 pub fn run(a: DedupLinkArgs) -> Res<()> {
     let pid = std::process::id();
     if a.url.as_deref().is_none_or(str::is_empty) {
@@ -587,24 +551,15 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
     // A private copy of the CLI: a rebuild during the run must not swap it.
     let bin = Path::new("/var/tmp").join(format!("{}-cascade", prefix(pid)));
     std::fs::copy(&a.cascade, &bin).ctx(|| format!("copying {}", a.cascade.display()))?;
-    let machine = util::machine(Path::new("/var/tmp"), Path::new("/var/tmp"));
+    let clock = RunClock::start(Path::new("/var/tmp"), Path::new("/var/tmp"));
     let tbf = tbf_of(None, Some(&a.link_dev));
     let rate = tbf.as_ref().map(|t| t.0);
     eprintln!(
-        "cascade-bench dedup-link: {} ({} cores); durable store {durable}; link {}",
-        machine.cpu_model,
-        machine.cores,
+        "cascade-bench dedup-link: durable store {durable}; link {}",
         tbf.as_ref()
             .map_or("not shaped (no tbf found)".to_string(), |t| t.1.clone())
     );
     let snapshots = a.snapshots.or(a.quick.then_some(3));
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let t0 = now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let mut rows = Vec::new();
     for name in &a.series {
         let s = load_series(&a.datasets, name).ctx(|| {
@@ -657,136 +612,77 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             snaps,
         });
     }
-    let duration_s = (now_ns() - t0) as f64 / 1e9;
-    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    let targets = rows.iter().map(target).collect();
     let rep = Report {
         suite: "dedup-link",
-        generated_utc: utc_string(started),
-        duration_s,
-        source: crate::source_version_of(&[
+        header: clock.finish(&[
             "crates/cascade-dedup",
             "crates/cascade-agent",
             "crates/cascade-cli",
             "bench",
         ]),
-        cascade_cli: describe(&a.cascade),
+        cascade_cli: report::describe(&a.cascade),
         durable,
         link: tbf.map_or("not shaped".to_string(), |t| t.1),
         link_bytes_per_s: rate,
         dedup: a.dedup.clone(),
         compress: a.compress.clone(),
         reps: a.reps.max(1),
-        machine: &machine,
-        interference,
+        targets,
         series: &rows,
     };
-    let targets: Vec<crate::report::Target> = rows
-        .iter()
-        .map(|r| crate::report::Target {
-            name: format!("{}: durable over the link with dedup", r.series),
-            goal: "below the time the raw bytes need on the link".to_string(),
-            measured: format!(
-                "{:.2} s with dedup and deltas (the default), {:.2} s without deltas, {:.2} s \
-                 plain, raw bytes need {}; through two staging servers {:.2} s with deltas, \
-                 {:.2} s without",
-                r.delta.seconds,
-                r.dedup.seconds,
-                r.plain.seconds,
-                r.link_min_s
-                    .map_or("?".to_string(), |m| format!("{m:.2} s")),
-                r.staged_delta.seconds,
-                r.staged_dedup.seconds
-            ),
-            met: r.link_min_s.map(|m| r.delta.seconds < m),
-        })
-        .collect();
-    let md = markdown(&rep, &targets);
-    crate::report::write_results(&a.out, "dedup-link", &md, &rep, &targets, duration_s)
+    let title = "Time until durable over a 1 Gbit/s link, with and without dedup";
+    report::write(&a.out, "dedup-link", title, &rep, tables(&rep))
+}
+
+/// Dedup (with deltas, the default) against the raw bytes at the link's rate.
+fn target(r: &SeriesRow) -> Target {
+    let min = r
+        .link_min_s
+        .map_or("?".to_string(), |m| format!("{m:.2} s"));
+    let measured = format!(
+        "{:.2} s with dedup and deltas (the default), {:.2} s without deltas, {:.2} s plain, raw \
+         bytes need {min}; through two staging servers {:.2} s with deltas, {:.2} s without",
+        r.delta.seconds,
+        r.dedup.seconds,
+        r.plain.seconds,
+        r.staged_delta.seconds,
+        r.staged_dedup.seconds
+    );
+    let name = format!("{}: durable over the link with dedup", r.series);
+    let goal = "below the time the raw bytes need on the link";
+    Target::new(
+        &name,
+        goal,
+        measured,
+        r.link_min_s.map(|m| r.delta.seconds < m),
+    )
 }
 
 fn opt_s(x: Option<f64>) -> String {
     x.map_or("–".to_string(), |v| format!("{v:.2}"))
 }
 
-fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Time until durable over a 1 Gbit/s link, with and without dedup\n\n\
-         Generated {} by `bench/run.sh --suite dedup-link` ({:.0} s; source {}). Durable store \
-         {} behind {}. Dedup mode: `cascade agent --dedup {} --compress {} --delta off`; delta \
-         mode: the same with `--delta on` (the default: changed chunks as compressed XORs with \
-         the previous checkpoint, docs/dedup.md); plain mode: the agent's plain layout (files \
-         uploaded as they are closed). Staged-dedup and staged-delta modes: the settings of \
-         dedup and delta plus two `cascade stage-server` on 127.0.0.1 (`CASCADE_STAGING`): the \
-         agent sends each chunk only to the server owning its score and only if that server \
-         lacks it (changed chunks as deltas in staged-delta), and the servers push packs, index \
-         and manifest to the durable store over the link, so their **seconds** include the \
-         servers' push and manifest write; the agent's loopback traffic to the servers is not \
-         on the link. Each snapshot of a series is \
-         put into a fresh node store (`cascade put`), committed, and waited for (`cascade wait \
-         --level durable`); **seconds** run from the first put until the wait returned, \
-         **on the link** is what the host end of the shaped link sent meanwhile (its tx_bytes: \
-         payload and protocol overhead), **raw minimum** is the snapshot's bytes at the link's \
-         rate. Median of {} repetition(s) per snapshot; series totals are sums.\n",
-        rep.generated_utc,
-        rep.duration_s,
-        rep.source,
-        rep.durable,
-        rep.link,
-        rep.dedup,
-        rep.compress,
-        rep.reps
-    );
-    let _ = writeln!(
-        s,
-        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    );
+/// The tables of dedup-link.md.
+fn tables(rep: &Report) -> Md {
+    let mut s = Md::default();
+    s.verdict(format!(
+        "durable store {} behind {}; dedup `--dedup {} --compress {}`; median of {} repetition(s) per snapshot, series totals are sums",
+        rep.durable, rep.link, rep.dedup, rep.compress, rep.reps
+    ));
+    s.title("Series".into());
+    s.head("| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
     for r in rep.series {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
-            r.series,
-            r.snapshots,
-            size_str(r.bytes),
-            opt_s(r.link_min_s),
-            r.plain.seconds,
-            r.dedup.seconds,
-            r.delta.seconds,
-            r.staged_dedup.seconds,
-            r.staged_delta.seconds,
-            r.link_min_s.map_or("–".to_string(), |m| format!(
+        s.row(format!("| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |", r.series, r.snapshots, size_str(r.bytes), opt_s(r.link_min_s), r.plain.seconds, r.dedup.seconds, r.delta.seconds, r.staged_dedup.seconds, r.staged_delta.seconds, r.link_min_s.map_or("–".to_string(), |m| format!(
                 "{:.2}x",
                 r.delta.seconds / m
-            )),
-            size_str(r.plain.wire),
-            size_str(r.dedup.wire),
-            size_str(r.delta.wire),
-            size_str(r.staged_dedup.wire),
-            size_str(r.staged_delta.wire)
-        );
-    }
-    let _ = writeln!(
-        s,
-        "\n## Targets\n\n| target | goal | measured | met |\n|---|---|---|---|"
-    );
-    for t in targets {
-        let met = match t.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "not run",
-        };
-        let _ = writeln!(s, "| {} | {} | {} | {met} |", t.name, t.goal, t.measured);
+            )), size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     for r in rep.series {
-        let _ = writeln!(
-            s,
-            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            r.series
-        );
+        s.title(format!("Snapshots of {}", r.series));
+        s.head("| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
         for x in &r.snaps {
-            let _ = writeln!(
-                s,
+            s.row(format!(
                 "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
                 x.snapshot,
                 size_str(x.bytes),
@@ -801,10 +697,9 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
                 size_str(x.delta.wire),
                 size_str(x.staged_dedup.wire),
                 size_str(x.staged_delta.wire)
-            );
+            ));
         }
     }
-    let _ = writeln!(s, "\n## Machine\n");
-    machine_table(&mut s, rep.machine, &[], &rep.interference);
+    s.push(machine_table(&rep.header, Vec::new()));
     s
 }
