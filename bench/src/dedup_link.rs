@@ -20,16 +20,12 @@ use crate::baselines::{clear_remote, settle};
 use crate::dedup::{load_series, Series};
 use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
-use crate::procs::{clean_cmd, die_with_bench, one_line, tail, terminate};
+use crate::procs::{clean_cmd, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
 use crate::util::{err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
-use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct DedupLinkArgs {
@@ -185,295 +181,55 @@ struct Report<'a> {
 /// One run of a series in one mode: per snapshot, (seconds until durable, wire bytes).
 type RunOut = Vec<(f64, u64)>;
 
-/// A staging server of the staged modes: `cascade stage-server` on 127.0.0.1, draining to
-/// the run's durable prefix. Stopped, its arena directory and log removed, when dropped.
-struct StageServer {
-    child: Option<Child>,
-    /// 127.0.0.1:PORT, from its start line.
-    addr: String,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl StageServer {
-    /// Starts `cascade stage-server` with a fresh arena directory `dir` and its stderr in
-    /// `log`; [`StageServer::wait_listening`] waits for its address.
-    fn spawn(bin: &Path, dir: PathBuf, log: PathBuf, drain_to: &str, secret: &str) -> Res<Self> {
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
-        let out = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
-        let out2 = out.try_clone().ctx(|| "stage-server log")?;
-        let mut cmd = clean_cmd(bin);
-        cmd.args([
-            "stage-server",
-            "-v",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-to",
-            drain_to,
-        ])
-        .arg("--dir")
-        .arg(&dir)
-        .env("CASCADE_STAGING_SECRET", secret)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(out2);
-        die_with_bench(&mut cmd);
-        let mut server = StageServer {
-            child: None,
-            addr: String::new(),
-            dir,
-            log,
-        };
-        server.child = Some(cmd.spawn().ctx(|| "starting cascade stage-server")?);
-        Ok(server)
+/// The node side of one run: a node store, its agent and, in the staged modes, two staging
+/// servers on 127.0.0.1 draining to the run's durable prefix; all go when dropped.
+fn start_node(bin: &Path, a: &DedupLinkArgs, url: &str, capacity: u64, mode: Mode) -> Res<Node> {
+    let pid = std::process::id();
+    let env = [
+        ("CASCADE_STORE", a.store.as_str()),
+        ("CASCADE_DURABLE", url),
+        ("CASCADE_SPILL_SIZE", "0"),
+    ];
+    let mut node = Node::init(bin, &env, &["--capacity", &capacity.to_string()])?;
+    // The staged modes: the servers first (the agent needs their addresses). Names under the
+    // run's prefix, so that the cleanup finds what a killed run left.
+    let secret = format!("{}-{}", prefix(pid), now_ns());
+    let mut agent_env = Vec::new();
+    if mode.staged() {
+        for i in 0..STAGE_SERVERS {
+            let base = Path::new("/var/tmp").join(format!("{}-stage-{i}", prefix(pid)));
+            let mut cmd = clean_cmd(bin);
+            cmd.env("CASCADE_STAGING_SECRET", &secret);
+            let args = ["--listen", "127.0.0.1:0", "--drain-to", url];
+            node.servers.push(StageServer::spawn(
+                cmd,
+                base.clone(),
+                base.with_extension("log"),
+                &args,
+            )?);
+        }
+        for server in &mut node.servers {
+            server.wait_listening()?;
+        }
+        let addrs: Vec<&str> = node.servers.iter().map(|s| s.addr.as_str()).collect();
+        agent_env = vec![
+            ("CASCADE_STAGING", addrs.join(",")),
+            ("CASCADE_STAGING_SECRET", secret),
+        ];
     }
-
-    /// Waits (30 s at most) for the start line, `cascade stage-server: listening on ADDR ...`.
-    fn wait_listening(&mut self) -> Res<()> {
-        const START: &str = "cascade stage-server: listening on ";
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            // Whole lines only: the start line may be read half written.
-            let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-            let addr = whole
-                .lines()
-                .find_map(|l| l.strip_prefix(START))
-                .and_then(|rest| rest.split_whitespace().next());
-            if let Some(addr) = addr {
-                self.addr = addr.to_string();
-                return Ok(());
-            }
-            self.alive()?;
-            if Instant::now() > deadline {
-                return err(format!(
-                    "cascade stage-server printed no start line within 30 s: {}",
-                    tail(&self.log, 5)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    let mut args = vec!["--durable", url];
+    if let Some(delta) = mode.delta() {
+        args.extend([
+            "--dedup",
+            &a.dedup,
+            "--compress",
+            &a.compress,
+            "--delta",
+            delta,
+        ]);
     }
-
-    /// An error with the end of its log if the server has exited.
-    fn alive(&mut self) -> Res<()> {
-        if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-            self.child = None;
-            return err(format!(
-                "cascade stage-server {} exited ({status}): {}",
-                self.addr,
-                tail(&self.log, 5)
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for StageServer {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            if let Err(e) = terminate(&mut c, "cascade stage-server", 30) {
-                eprintln!("dedup-link: {e}");
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// The node side of one run: a node store, its agent and, in the staged modes, the staging
-/// servers; all go when dropped.
-struct Node {
-    bin: PathBuf,
-    store: String,
-    url: String,
-    agent: Option<Child>,
-    agent_log: PathBuf,
-    servers: Vec<StageServer>,
-    wait_timeout_s: u64,
-}
-
-impl Node {
-    fn cmd(&self) -> Command {
-        let mut c = clean_cmd(&self.bin);
-        c.env("CASCADE_STORE", &self.store)
-            .env("CASCADE_DURABLE", &self.url)
-            .env("CASCADE_SPILL_SIZE", "0");
-        c
-    }
-
-    /// The end of the agent's log, and of the staging servers' logs.
-    fn logs(&self) -> String {
-        let mut s = format!("agent log: {}", tail(&self.agent_log, 3));
-        for server in &self.servers {
-            let _ = write!(
-                s,
-                "; stage-server {} log: {}",
-                server.addr,
-                tail(&server.log, 3)
-            );
-        }
-        s
-    }
-
-    /// An error if the agent or a staging server has exited.
-    fn alive(&mut self) -> Res<()> {
-        if let Some(Ok(Some(status))) = self.agent.as_mut().map(|c| c.try_wait()) {
-            self.agent = None;
-            return err(format!(
-                "cascade agent exited ({status}): {}",
-                tail(&self.agent_log, 5)
-            ));
-        }
-        for server in &mut self.servers {
-            server.alive()?;
-        }
-        Ok(())
-    }
-
-    fn run_ok(&self, args: &[&str]) -> Res<()> {
-        let out = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| format!("running cascade {}", args.join(" ")))?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade {} failed ({}): {}; {}",
-                args.join(" "),
-                out.status,
-                one_line(&out.stderr),
-                self.logs()
-            ));
-        }
-        Ok(())
-    }
-
-    fn start(bin: &Path, a: &DedupLinkArgs, url: String, capacity: u64, mode: Mode) -> Res<Node> {
-        let pid = std::process::id();
-        let mut node = Node {
-            bin: bin.to_path_buf(),
-            store: a.store.clone(),
-            url,
-            agent: None,
-            agent_log: Path::new("/var/tmp").join(format!("{}-agent.log", prefix(pid))),
-            servers: Vec::new(),
-            wait_timeout_s: a.wait_timeout,
-        };
-        let _ = node.run_ok(&["destroy", "--force"]);
-        node.run_ok(&["init", "--capacity", &capacity.to_string()])?;
-        // The staged modes: the servers first (the agent needs their addresses). Names under
-        // the run's prefix, so that the cleanup finds what a killed run left.
-        let secret = format!("{}-{}", prefix(pid), now_ns());
-        if mode.staged() {
-            for i in 0..STAGE_SERVERS {
-                let base = Path::new("/var/tmp").join(format!("{}-stage-{i}", prefix(pid)));
-                let server = StageServer::spawn(
-                    bin,
-                    base.clone(),
-                    base.with_extension("log"),
-                    &node.url,
-                    &secret,
-                )?;
-                node.servers.push(server);
-            }
-            for server in &mut node.servers {
-                server.wait_listening()?;
-            }
-        }
-        let log = std::fs::File::create(&node.agent_log)
-            .ctx(|| format!("creating {}", node.agent_log.display()))?;
-        let log2 = log.try_clone().ctx(|| "agent log")?;
-        let mut cmd = node.cmd();
-        cmd.args(["agent", "--verbose", "--durable", &node.url]);
-        if mode.staged() {
-            let addrs: Vec<&str> = node.servers.iter().map(|s| s.addr.as_str()).collect();
-            cmd.env("CASCADE_STAGING", addrs.join(","))
-                .env("CASCADE_STAGING_SECRET", &secret);
-        }
-        if let Some(delta) = mode.delta() {
-            cmd.args([
-                "--dedup",
-                &a.dedup,
-                "--compress",
-                &a.compress,
-                "--delta",
-                delta,
-            ]);
-        }
-        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
-        die_with_bench(&mut cmd);
-        node.agent = Some(cmd.spawn().ctx(|| "starting cascade agent")?);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !std::fs::read_to_string(&node.agent_log)
-            .unwrap_or_default()
-            .contains("cascade agent: store ")
-        {
-            node.alive()?;
-            if Instant::now() > deadline {
-                return err("cascade agent printed no start line within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(node)
-    }
-
-    fn wait_durable(&mut self, store_path: &str) -> Res<()> {
-        let timeout = self.wait_timeout_s.to_string();
-        let mut child = self
-            .cmd()
-            .args([
-                "wait",
-                store_path,
-                "--level",
-                "durable",
-                "--timeout",
-                &timeout,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .ctx(|| "running cascade wait")?;
-        loop {
-            if let Some(status) = child.try_wait().ctx(|| "waiting for cascade wait")? {
-                if status.success() {
-                    return Ok(());
-                }
-                let mut text = Vec::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = e.read_to_end(&mut text);
-                }
-                return err(format!(
-                    "cascade wait {store_path} failed ({status}): {}; {}",
-                    one_line(&text),
-                    self.logs()
-                ));
-            }
-            if let Err(e) = self.alive() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(e);
-            }
-            // Polling every millisecond adds at most a millisecond to what is measured.
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            // SAFETY: kill(2) of our own child, not reaped yet.
-            unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGTERM) };
-            let _ = a.wait();
-        }
-        // Stopped (SIGTERM, waited for) and their directories and logs removed.
-        self.servers.clear();
-        let _ = self.run_ok(&["destroy", "--force"]);
-    }
+    node.start_agent(&args, &agent_env)?;
+    Ok(node)
 }
 
 /// The durable URL with `rel` appended to its path (`s3://bucket/rel?...`).
@@ -505,7 +261,7 @@ fn run_once(
     let biggest = s.snaps.iter().map(|x| x.bytes()).max().unwrap_or(0);
     // Three checkpoints in memory (the agent keeps 2), and room to write the next.
     let capacity = (4 * biggest + 256 * MIB).div_ceil(MIB) * MIB;
-    let mut node = Node::start(bin, a, sub, capacity, mode)?;
+    let mut node = start_node(bin, a, &sub, capacity, mode)?;
     let mut out = Vec::new();
     for (i, snap) in s.snaps.iter().take(snaps).enumerate() {
         let ckpt = format!("/ck.{i:02}");
@@ -517,7 +273,7 @@ fn run_once(
             node.run_ok(&["put", "-p", &local, &format!("{ckpt}/{}", f.rel)])?;
         }
         node.run_ok(&["commit", &ckpt])?;
-        node.wait_durable(&ckpt)?;
+        node.wait_level(&ckpt, "durable", a.wait_timeout)?;
         let secs = (now_ns() - t0) as f64 / 1e9;
         let wire = tx_bytes(&a.link_dev).saturating_sub(tx0);
         eprintln!(

@@ -27,16 +27,13 @@ use crate::baselines::{
 };
 use crate::format::{num, ratio, secs_gbps, st as secs, x, x_prec};
 use crate::net::{endpoint_ip, link_goodput, offloads_of, s3_server, tbf_of, WireWatch};
-use crate::procs::{one_line, tail};
+use crate::procs::{compile, one_line, private_cli, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock};
-use crate::util::{self, err, gbps, now_ns, prefix, size_str, Context, Res, Stats, MIB};
+use crate::util::{self, err, gbps, prefix, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 /// Target: time until durable within this factor of the link's physical minimum.
 const TARGET_RATIO: f64 = 1.2;
@@ -254,19 +251,13 @@ struct CascadeSample {
 /// The Cascade side: node store, node agent, writer program. Stops the agent and destroys the
 /// store when dropped.
 struct Cascade {
-    bin: PathBuf,
-    store: String,
-    capacity: u64,
+    node: Node,
     mount: String,
-    url: String,
     writer: PathBuf,
     datafile: PathBuf,
     piece: u64,
     wait_timeout_s: u64,
-    agent: Option<Child>,
-    agent_log: PathBuf,
     link_dev: String,
-    initialized: bool,
 }
 
 impl Cascade {
@@ -299,125 +290,32 @@ impl Cascade {
         })
     }
 
-    /// A cascade command with this run's settings and no others: CASCADE_* variables of the
-    /// caller (a CASCADE_FLUSH_EVERY, another CASCADE_DURABLE) would change what is measured.
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(&self.bin);
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("CASCADE_") {
-                c.env_remove(key);
-            }
-        }
-        c.env("CASCADE_STORE", &self.store)
-            .env("CASCADE_DURABLE", &self.url)
-            .env("CASCADE_CAPACITY", self.capacity.to_string())
-            .env("CASCADE_SPILL_SIZE", "0")
-            .env("CASCADE_MOUNT", &self.mount)
-            .env_remove("LD_PRELOAD");
-        c
-    }
-
-    fn run_ok(&self, args: &[&str]) -> Res<String> {
-        let out = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| format!("running {} {}", self.bin.display(), args.join(" ")))?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                one_line(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
+    /// Compiles the writer, copies the CLI, creates the store and starts its agent.
     fn start(o: &DOpts, datafile: &Path) -> Res<Cascade> {
-        let base = Path::new("/var/tmp").join(format!("{}-ckptwriter", prefix(o.pid)));
-        let src = base.with_extension("c");
-        std::fs::write(&src, WRITER_C).ctx(|| format!("writing {}", src.display()))?;
-        let out = Command::new(&o.cc)
-            .args(["-O2", "-Wall", "-o"])
-            .arg(&base)
-            .arg(&src)
-            .arg("-ldl")
-            .output()
-            .ctx(|| format!("running {}", o.cc))?;
-        let _ = std::fs::remove_file(&src);
-        if !out.status.success() {
-            return err(format!(
-                "{} -O2 ckptwriter.c failed: {}",
-                o.cc,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        // Private copies of the CLI and the library beside it (where `cascade run` looks for
-        // it): a rebuild of the workspace during the run must not swap them.
-        let bin_dir = Path::new("/var/tmp").join(format!("{}-bin", prefix(o.pid)));
-        std::fs::create_dir_all(&bin_dir).ctx(|| format!("creating {}", bin_dir.display()))?;
-        let bin = bin_dir.join("cascade");
-        std::fs::copy(&o.cascade, &bin)
-            .ctx(|| format!("copying {} to {}", o.cascade.display(), bin.display()))?;
-        let lib = o.cascade.with_file_name("libcascade.so");
-        if lib.is_file() {
-            std::fs::copy(&lib, bin_dir.join("libcascade.so"))
-                .ctx(|| format!("copying {}", lib.display()))?;
-        }
-        let mut c = Cascade {
-            bin,
-            store: o.store.clone(),
-            capacity: o.capacity,
-            mount: o.mount.clone(),
-            url: o.url.clone(),
-            writer: base,
-            datafile: datafile.to_path_buf(),
+        let writer = Path::new("/var/tmp").join(format!("{}-ckptwriter", prefix(o.pid)));
+        compile(&o.cc, WRITER_C, &writer)?;
+        let bin = private_cli(&o.cascade, o.pid)?;
+        let capacity = o.capacity.to_string();
+        let env = [
+            ("CASCADE_STORE", o.store.as_str()),
+            ("CASCADE_DURABLE", &o.url),
+            ("CASCADE_CAPACITY", &capacity),
+            ("CASCADE_SPILL_SIZE", "0"),
+            ("CASCADE_MOUNT", &o.mount),
+        ];
+        let mut node = Node::init(&bin, &env, &[])?;
+        node.start_agent(&["--durable", &o.url], &[])?;
+        let (mount, datafile, link_dev) =
+            (o.mount.clone(), datafile.to_path_buf(), o.link_dev.clone());
+        Ok(Cascade {
+            node,
+            mount,
+            writer,
+            datafile,
             piece: o.piece,
             wait_timeout_s: o.wait_timeout_s,
-            agent: None,
-            agent_log: Path::new("/var/tmp").join(format!("{}-agent.log", prefix(o.pid))),
-            link_dev: o.link_dev.clone(),
-            initialized: false,
-        };
-        // A store of that name left by an interrupted run goes first.
-        let _ = c.run_ok(&["destroy", "--force"]);
-        c.run_ok(&["init"])?;
-        c.initialized = true;
-        let log = std::fs::File::create(&c.agent_log)
-            .ctx(|| format!("creating {}", c.agent_log.display()))?;
-        let log2 = log.try_clone().ctx(|| "agent log")?;
-        let mut cmd = c.cmd();
-        cmd.args(["agent", "--verbose", "--durable", &c.url])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies, so an
-        // interrupted run does not leave it running.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
-        }
-        c.agent = Some(cmd.spawn().ctx(|| "starting cascade agent")?);
-        std::thread::sleep(Duration::from_millis(500));
-        c.check_agent()?;
-        Ok(c)
-    }
-
-    fn check_agent(&mut self) -> Res<()> {
-        if let Some(a) = self.agent.as_mut() {
-            if let Ok(Some(status)) = a.try_wait() {
-                self.agent = None;
-                return err(format!(
-                    "cascade agent exited ({status}): {}",
-                    tail(&self.agent_log, 5)
-                ));
-            }
-        }
-        Ok(())
+            link_dev,
+        })
     }
 
     /// One checkpoint: write + commit under `cascade run`, then `cascade wait` until durable.
@@ -428,7 +326,7 @@ impl Cascade {
         n: usize,
         via: Commit,
     ) -> Res<CascadeSample> {
-        self.check_agent()?;
+        self.node.alive()?;
         let name = format!("ckpt{n:03}");
         let store_path = format!("/{name}");
         clear_remote(durable, &name)?;
@@ -436,6 +334,7 @@ impl Cascade {
         let file = format!("{}/{name}/data.bin", self.mount);
         let watch = WireWatch::start(&self.link_dev);
         let out = self
+            .node
             .cmd()
             .arg("run")
             .arg("--")
@@ -445,7 +344,7 @@ impl Cascade {
             .arg(self.piece.to_string())
             .arg(&self.datafile)
             .arg(via.arg())
-            .arg(&self.bin)
+            .arg(&self.node.bin)
             .arg(&store_path)
             .stdin(Stdio::null())
             .output()
@@ -466,7 +365,9 @@ impl Cascade {
             .ok_or_else(|| {
                 util::BenchError(format!("ckptwriter printed no timing line: {stdout:?}"))
             })?;
-        let durable_at = self.wait_durable(&store_path);
+        let durable_at = self
+            .node
+            .wait_level(&store_path, "durable", self.wait_timeout_s);
         let wire = watch.and_then(|w| w.finish());
         let durable_at = durable_at?;
         let until_marker = durable
@@ -477,7 +378,7 @@ impl Cascade {
         if until_marker.is_none() {
             eprintln!("  note: no completion marker at {name}/ after cascade wait returned");
         }
-        if let Err(e) = self.run_ok(&["rm", "-r", &store_path]) {
+        if let Err(e) = self.node.run_ok(&["rm", "-r", &store_path]) {
             eprintln!("  warning: {e}");
         }
         clear_remote(durable, &name)?;
@@ -490,90 +391,6 @@ impl Cascade {
             wire_start: wire.map(|(a, _)| (a as f64 - w.start_ns as f64) / 1e9),
             wire_end: wire.map(|(_, b)| (b as f64 - w.start_ns as f64) / 1e9),
         })
-    }
-
-    /// Runs `cascade wait PATH --level durable` and returns when it returned (CLOCK_MONOTONIC),
-    /// failing early if the agent exits meanwhile.
-    fn wait_durable(&mut self, store_path: &str) -> Res<u64> {
-        let timeout = self.wait_timeout_s.to_string();
-        let args = [
-            "wait",
-            store_path,
-            "--level",
-            "durable",
-            "--timeout",
-            &timeout,
-        ];
-        let mut child = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .ctx(|| format!("running cascade {}", args.join(" ")))?;
-        loop {
-            if let Some(status) = child.try_wait().ctx(|| "waiting for cascade wait")? {
-                let at = now_ns();
-                if !status.success() {
-                    let mut text = Vec::new();
-                    if let Some(mut e) = child.stderr.take() {
-                        let _ = e.read_to_end(&mut text);
-                    }
-                    return err(format!(
-                        "cascade {} failed ({status}): {}; agent log: {}",
-                        args.join(" "),
-                        one_line(&text),
-                        tail(&self.agent_log, 3)
-                    ));
-                }
-                return Ok(at);
-            }
-            if let Err(e) = self.check_agent() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(e);
-            }
-            // Polling `cascade wait` itself every millisecond costs nothing measurable and
-            // adds at most a millisecond to the time until durable.
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    fn stop(&mut self) -> Res<()> {
-        let mut result = Ok(());
-        if let Some(mut a) = self.agent.take() {
-            // SAFETY: plain kill(2) of our own child, which has not been reaped yet.
-            unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                match a.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    _ => {
-                        let _ = a.kill();
-                        let _ = a.wait();
-                        result = err("cascade agent did not exit within 30 s of SIGTERM");
-                        break;
-                    }
-                }
-            }
-        }
-        if self.initialized {
-            self.initialized = false;
-            self.run_ok(&["destroy", "--force"])?;
-        }
-        result
-    }
-}
-
-impl Drop for Cascade {
-    fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            eprintln!("cascade cleanup: {e}");
-        }
     }
 }
 
@@ -752,7 +569,7 @@ fn run_all(o: &DOpts, data: &[u8], datafile: &Path) -> Res<DResults> {
         }
     }
     if let Some(mut c) = cascade.take() {
-        if let Err(e) = c.stop() {
+        if let Err(e) = c.node.stop() {
             eprintln!("cascade: {e}");
             if status.state == "measured" {
                 status = CascadeStatus {

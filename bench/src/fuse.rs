@@ -16,7 +16,7 @@
 use crate::benches::burn_in;
 use crate::format::{ratio_fine as ratio, st};
 use crate::harness::{run_commands, Outcome};
-use crate::procs::{clean_cmd, compile, cpu_s, terminate};
+use crate::procs::{clean_cmd, compile, cpu_s, private_cli, terminate};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
 use crate::util::{
     self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Res, Stats, KIB, MIB,
@@ -1477,14 +1477,15 @@ pub fn run(a: FuseArgs) -> Res<()> {
             o.cascade.display()
         ));
     }
-    let bin_dir = PathBuf::from(format!("{}-bin", base.display()));
-    std::fs::create_dir_all(&bin_dir).ctx(|| format!("creating {}", bin_dir.display()))?;
-    let bin = bin_dir.join("cascade");
-    std::fs::copy(&o.cascade, &bin)
-        .ctx(|| format!("copying {} to {}", o.cascade.display(), bin.display()))?;
+    let bin = private_cli(&o.cascade, pid)?;
     let lib_src = o.cascade.with_file_name("libcascade.so");
-    let lib = bin_dir.join("libcascade.so");
-    std::fs::copy(&lib_src, &lib).ctx(|| format!("copying {}", lib_src.display()))?;
+    let lib = bin.with_file_name("libcascade.so");
+    if !lib.is_file() {
+        return err(format!(
+            "{} does not exist (cargo build --release -p cascade-preload)",
+            lib_src.display()
+        ));
+    }
     let has_mount = Command::new(&bin)
         .args(["mount", "--help"])
         .stdout(Stdio::null())

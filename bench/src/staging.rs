@@ -32,7 +32,7 @@ use crate::baselines::{self, data_file, memcpy_s, tmpfs_s, WriterOut, WRITER_C};
 use crate::format::{num, secs_gbps, st};
 use crate::net;
 use crate::net::{s3_server, WireWatch};
-use crate::procs::{self, clean_cmd, compile, cpu_s, terminate};
+use crate::procs::{self, clean_cmd, compile, cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
 use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
@@ -44,7 +44,7 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -475,164 +475,56 @@ impl Programs {
 // ---------------------------------------------------------------------------------------------
 // Staging servers and the node side (store + agent).
 
-/// One `cascade stage-server` process.
-struct ServerProc {
-    addr: String,
-    dir: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-    pid: u32,
-    client: ClientOptions,
-}
-
-impl ServerProc {
-    /// Starts a server (in `netns` when given) and waits until it answers Status.
-    fn start(
-        bin: &Path,
-        addr: &str,
-        dir: &Path,
-        drain_to: &str,
-        secret: &str,
-        netns: Option<&str>,
-    ) -> Res<ServerProc> {
-        std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
-        let log = dir.with_extension("log");
-        let out = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
-        let out2 = out.try_clone().ctx(|| "server log")?;
-        let ns_file = match netns {
-            Some(ns) => {
-                let p = format!("/run/netns/{ns}");
-                Some(
-                    std::fs::File::open(&p)
-                        .ctx(|| format!("opening {p} (bench/netns-staging.sh up creates it)"))?,
-                )
-            }
-            None => None,
-        };
-        let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
-        let mut cmd = clean_cmd(bin);
-        cmd.arg("stage-server")
-            .arg("--listen")
-            .arg(addr)
-            .arg("--dir")
-            .arg(dir)
-            .arg("--drain-to")
-            .arg(drain_to)
-            .arg("--verbose")
-            .env("CASCADE_STAGING_SECRET", secret)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(out2);
-        // SAFETY: prctl and setns are async-signal-safe; the server gets SIGTERM if the bench
-        // dies; setns moves only the child (before exec) into the namespace, whose file
-        // `ns_file` stays open until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                if let Some(fd) = ns_fd {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
+/// Starts `cascade stage-server` on `addr` (in network namespace `netns` when given) with
+/// the arena directory `dir`, draining to `drain_to`.
+fn start_server(
+    bin: &Path,
+    addr: &str,
+    dir: &Path,
+    drain_to: &str,
+    secret: &str,
+    netns: Option<&str>,
+) -> Res<StageServer> {
+    let ns_file = match netns {
+        Some(ns) => {
+            let p = format!("/run/netns/{ns}");
+            Some(
+                std::fs::File::open(&p)
+                    .ctx(|| format!("opening {p} (bench/netns-staging.sh up creates it)"))?,
+            )
         }
-        let child = cmd
-            .spawn()
-            .ctx(|| format!("starting cascade stage-server on {addr}"))?;
-        drop(ns_file);
-        let mut s = ServerProc {
-            addr: addr.to_string(),
-            dir: dir.to_path_buf(),
-            log,
-            pid: child.id(),
-            child: Some(child),
-            client: ClientOptions::new(secret),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if s.status().is_ok() {
-                return Ok(s);
-            }
-            if let Some(c) = s.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    s.child = None;
-                    return err(format!(
-                        "cascade stage-server on {addr} exited ({st}): {}",
-                        procs::tail(&s.log, 5)
-                    ));
+        None => None,
+    };
+    let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
+    let mut cmd = clean_cmd(bin);
+    cmd.env("CASCADE_STAGING_SECRET", secret);
+    // SAFETY: setns is async-signal-safe; it moves only the child (before exec) into the
+    // namespace, whose file `ns_file` stays open until the spawn has returned.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(fd) = ns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
             }
-            if Instant::now() > deadline {
-                return err(format!(
-                    "cascade stage-server on {addr} does not answer after 30 s: {}",
-                    procs::tail(&s.log, 5)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Ok(())
+        });
     }
-
-    fn connect(&self) -> Res<Connection> {
-        Connection::connect(&self.addr, &self.client)
-            .ctx(|| format!("connecting to the staging server {}", self.addr))
-    }
-
-    fn status(&self) -> Res<ServerStatus> {
-        let mut c = self.connect()?;
-        let s = c
-            .status()
-            .ctx(|| format!("status of the staging server {}", self.addr));
-        c.goodbye();
-        s
-    }
-
-    fn alive(&mut self) -> Res<()> {
-        if let Some(c) = self.child.as_mut() {
-            if let Ok(Some(st)) = c.try_wait() {
-                self.child = None;
-                return err(format!(
-                    "cascade stage-server on {} exited ({st}): {}",
-                    self.addr,
-                    procs::tail(&self.log, 5)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn stop(&mut self) -> Res<()> {
-        match self.child.take() {
-            Some(mut c) => terminate(&mut c, &format!("stage-server {}", self.addr), 30),
-            None => Ok(()),
-        }
-    }
+    let args = ["--listen", addr, "--drain-to", drain_to];
+    let mut server = StageServer::spawn(cmd, dir.to_path_buf(), dir.with_extension("log"), &args)?;
+    drop(ns_file);
+    server.wait_listening()?;
+    Ok(server)
 }
 
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            eprintln!("staging server cleanup: {e}");
-        }
-    }
-}
-
-/// A node store with its agent and staging servers. Stops them and destroys the store when
-/// dropped.
+/// A node store with its agent and staging servers, and the bench's own handle on the store.
+/// Stops them and destroys the store when dropped.
 struct Rig {
-    bin: PathBuf,
+    node: Node,
     store: String,
-    capacity: u64,
     mount: String,
     durable: String,
-    secret: String,
-    /// `host:port,...` of the staging servers the agent uses ("" = none).
-    staging: String,
-    servers: Vec<ServerProc>,
-    agent: Option<Child>,
-    agent_pid: u32,
-    agent_log: PathBuf,
-    initialized: bool,
+    client: ClientOptions,
     handle: Option<Store>,
 }
 
@@ -648,108 +540,54 @@ impl Rig {
         servers: &[(String, PathBuf)],
         netns: Option<&str>,
     ) -> Res<Rig> {
-        let mut rig = Rig {
-            bin: p.bin.clone(),
-            store: store_name(o.pid, tag),
-            capacity,
-            mount: o.mount.clone(),
-            durable: durable.to_string(),
-            secret: o.secret.clone(),
-            staging: servers
-                .iter()
-                .map(|s| s.0.clone())
-                .collect::<Vec<_>>()
-                .join(","),
-            servers: Vec::new(),
-            agent: None,
-            agent_pid: 0,
-            agent_log: Path::new("/var/tmp").join(format!("{}-agent-{tag}.log", prefix(o.pid))),
-            initialized: false,
-            handle: None,
-        };
+        let mut started = Vec::new();
         for (addr, dir) in servers {
-            rig.servers.push(ServerProc::start(
-                &p.bin, addr, dir, durable, &o.secret, netns,
-            )?);
+            started.push(start_server(&p.bin, addr, dir, durable, &o.secret, netns)?);
         }
-        // A store of that name left by an interrupted run goes first.
-        let _ = rig.run_ok(&["destroy", "--force"]);
-        rig.run_ok(&["init"])?;
-        rig.initialized = true;
-        let log = std::fs::File::create(&rig.agent_log)
-            .ctx(|| format!("creating {}", rig.agent_log.display()))?;
-        let log2 = log.try_clone().ctx(|| "agent log")?;
-        let mut cmd = rig.cmd();
-        cmd.args(["agent", "--verbose"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
+        let store = store_name(o.pid, tag);
+        let staging = servers
+            .iter()
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let capacity = capacity.to_string();
+        let mut env = vec![
+            ("CASCADE_STORE", store.as_str()),
+            ("CASCADE_DURABLE", durable),
+            ("CASCADE_CAPACITY", &capacity),
+            ("CASCADE_SPILL_SIZE", "0"),
+            ("CASCADE_MOUNT", &o.mount),
+        ];
+        if !staging.is_empty() {
+            env.extend([
+                ("CASCADE_STAGING", staging.as_str()),
+                ("CASCADE_STAGING_SECRET", &o.secret),
+            ]);
         }
-        let agent = cmd.spawn().ctx(|| "starting cascade agent")?;
-        rig.agent_pid = agent.id();
-        rig.agent = Some(agent);
-        let store = Store::attach(&rig.store).ctx(|| format!("attaching {}", rig.store))?;
-        store.wait_prefault();
-        rig.handle = Some(store);
-        std::thread::sleep(Duration::from_millis(500));
-        rig.check()?;
-        Ok(rig)
-    }
-
-    /// A cascade command with this rig's settings and no others.
-    fn cmd(&self) -> Command {
-        let mut c = clean_cmd(&self.bin);
-        c.env("CASCADE_STORE", &self.store)
-            .env("CASCADE_DURABLE", &self.durable)
-            .env("CASCADE_CAPACITY", self.capacity.to_string())
-            .env("CASCADE_SPILL_SIZE", "0")
-            .env("CASCADE_MOUNT", &self.mount);
-        if !self.staging.is_empty() {
-            c.env("CASCADE_STAGING", &self.staging)
-                .env("CASCADE_STAGING_SECRET", &self.secret);
-        }
-        c
-    }
-
-    fn run_ok(&self, args: &[&str]) -> Res<String> {
-        let out = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| format!("running {} {}", self.bin.display(), args.join(" ")))?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                procs::one_line(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let mut node = Node::init(&p.bin, &env, &[])?;
+        node.agent_log = Path::new("/var/tmp").join(format!("{}-agent-{tag}.log", prefix(o.pid)));
+        node.servers = started;
+        node.start_agent(&[], &[])?;
+        let handle = Store::attach(&store).ctx(|| format!("attaching {store}"))?;
+        handle.wait_prefault();
+        let (mount, durable, client) = (
+            o.mount.clone(),
+            durable.to_string(),
+            ClientOptions::new(&o.secret),
+        );
+        Ok(Rig {
+            node,
+            store,
+            mount,
+            durable,
+            client,
+            handle: Some(handle),
+        })
     }
 
     /// Fails if the agent or a server exited.
     fn check(&mut self) -> Res<()> {
-        if let Some(a) = self.agent.as_mut() {
-            if let Ok(Some(status)) = a.try_wait() {
-                self.agent = None;
-                return err(format!(
-                    "cascade agent exited ({status}): {}",
-                    procs::tail(&self.agent_log, 5)
-                ));
-            }
-        }
-        for s in &mut self.servers {
-            s.alive()?;
-        }
-        Ok(())
+        self.node.alive()
     }
 
     fn store(&self) -> Res<Store> {
@@ -760,18 +598,30 @@ impl Rig {
 
     /// CPU seconds used so far by the agent and by all servers together.
     fn cpu(&self) -> (f64, f64) {
-        let agent = cpu_s(self.agent_pid).unwrap_or(f64::NAN);
-        let servers = self
-            .servers
-            .iter()
-            .map(|s| cpu_s(s.pid).unwrap_or(f64::NAN))
-            .sum();
-        (agent, servers)
+        let cpu = |pid: Option<u32>| pid.and_then(cpu_s).unwrap_or(f64::NAN);
+        (
+            cpu(self.node.agent_pid()),
+            self.node.servers.iter().map(|s| cpu(s.pid())).sum(),
+        )
+    }
+
+    /// A connection to each server.
+    fn connect(&self) -> Res<Vec<Connection>> {
+        let connect = |s: &StageServer| {
+            Connection::connect(&s.addr, &self.client)
+                .ctx(|| format!("connecting to the staging server {}", s.addr))
+        };
+        self.node.servers.iter().map(connect).collect()
     }
 
     /// Status of every server.
     fn statuses(&self) -> Res<Vec<ServerStatus>> {
-        self.servers.iter().map(|s| s.status()).collect()
+        let status = |mut c: Connection| {
+            let s = c.status().ctx(|| "status of a staging server");
+            c.goodbye();
+            s
+        };
+        self.connect()?.into_iter().map(status).collect()
     }
 
     /// Waits until no server has anything left to drain.
@@ -788,16 +638,15 @@ impl Rig {
             self.check()?;
             if t0.elapsed() > timeout {
                 let last: Vec<String> = st.iter().filter_map(|s| s.last_error.clone()).collect();
+                let last = if last.is_empty() {
+                    "none".into()
+                } else {
+                    last.join("; ")
+                };
+                let pending = st.iter().map(|s| s.pending_files).sum::<u64>();
+                let secs = timeout.as_secs_f64();
                 return err(format!(
-                    "the staging servers still have {} file(s) to drain after {:.0} s; last \
-                     errors: {}",
-                    st.iter().map(|s| s.pending_files).sum::<u64>(),
-                    timeout.as_secs_f64(),
-                    if last.is_empty() {
-                        "none".into()
-                    } else {
-                        last.join("; ")
-                    }
+                    "the staging servers still have {pending} file(s) to drain after {secs:.0} s; last errors: {last}"
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -805,26 +654,10 @@ impl Rig {
     }
 
     fn stop(&mut self) -> Res<()> {
-        let mut result = Ok(());
-        if let Some(mut a) = self.agent.take() {
-            result = terminate(&mut a, "cascade agent", 30);
-        }
         self.handle = None;
-        if self.initialized {
-            self.initialized = false;
-            if let Err(e) = self.run_ok(&["destroy", "--force"]) {
-                result = result.and(Err(e));
-            }
-        }
-        for mut s in self.servers.drain(..) {
-            if let Err(e) = s.stop() {
-                result = result.and(Err(e));
-            }
-            let _ = std::fs::remove_dir_all(&s.dir);
-            let _ = std::fs::remove_file(&s.log);
-        }
-        let _ = std::fs::remove_file(&self.agent_log);
-        result
+        let stopped = self.node.stop();
+        let _ = std::fs::remove_file(&self.node.agent_log);
+        stopped
     }
 }
 
@@ -943,11 +776,8 @@ struct AbsorbWatch {
 }
 
 impl AbsorbWatch {
-    fn start(servers: &[ServerProc]) -> Res<AbsorbWatch> {
-        let mut conns = Vec::new();
-        for s in servers {
-            conns.push(s.connect()?);
-        }
+    fn start(rig: &Rig) -> Res<AbsorbWatch> {
+        let mut conns = rig.connect()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
@@ -1038,10 +868,11 @@ fn throughput_point(
     let timeout = Duration::from_secs(o.wait_timeout_s);
     let before: Vec<u64> = rig.statuses()?.iter().map(|s| s.absorbed_bytes).collect();
     baselines::settle();
-    let absorb = AbsorbWatch::start(&rig.servers)?;
+    let absorb = AbsorbWatch::start(rig)?;
     let cpu0 = rig.cpu();
     let watch = StoreWatch::start(rig.store()?, &root, n, false, timeout);
     let out = rig
+        .node
         .cmd()
         .arg("run")
         .arg("--")
@@ -1120,7 +951,7 @@ fn throughput_point(
             "{root}: {} of {n} files staged after {} s; agent log: {}",
             seen.file_safe_ns.len(),
             o.wait_timeout_s,
-            procs::tail(&rig.agent_log, 3)
+            procs::tail(&rig.node.agent_log, 3)
         ));
     };
     let t_drained = rig.wait_drained(timeout)?;
@@ -1138,7 +969,7 @@ fn throughput_point(
     let last_file = seen.file_safe_ns.last().map_or(f64::NAN, |x| rel(x.1));
     let durable_wait = seen.durable_ns.map_or(t_drained, |d| rel(d) - rel(staged));
     // Clean up: the files in the store and what the servers drained to tmpfs.
-    if let Err(e) = rig.run_ok(&["rm", "-r", &root]) {
+    if let Err(e) = rig.node.run_ok(&["rm", "-r", &root]) {
         eprintln!("  warning: {e}");
     }
     let drained = Path::new(&rig.durable).join(tag);
@@ -1241,61 +1072,6 @@ struct CkSample {
     wire_end: Option<f64>,
 }
 
-/// Runs `cascade wait PATH --level L` for each level at once; returns when each returned
-/// (CLOCK_MONOTONIC ns), failing if one fails or the rig breaks meanwhile.
-fn cascade_waits(rig: &mut Rig, path: &str, levels: &[&str], timeout_s: u64) -> Res<Vec<u64>> {
-    let timeout = timeout_s.to_string();
-    let mut children = Vec::new();
-    for level in levels {
-        let args = ["wait", path, "--level", level, "--timeout", &timeout];
-        let child = rig
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .ctx(|| format!("running cascade {}", args.join(" ")))?;
-        children.push((level.to_string(), Some(child), 0u64));
-    }
-    loop {
-        let mut running = 0;
-        for (level, slot, at) in children.iter_mut() {
-            let Some(child) = slot.as_mut() else { continue };
-            match child.try_wait().ctx(|| "waiting for cascade wait")? {
-                Some(status) => {
-                    *at = now_ns();
-                    if !status.success() {
-                        let mut text = Vec::new();
-                        if let Some(mut e) = child.stderr.take() {
-                            let _ = e.read_to_end(&mut text);
-                        }
-                        return err(format!(
-                            "cascade wait {path} --level {level} failed ({status}): {}",
-                            procs::one_line(&text)
-                        ));
-                    }
-                    *slot = None;
-                }
-                None => running += 1,
-            }
-        }
-        if running == 0 {
-            return Ok(children.into_iter().map(|c| c.2).collect());
-        }
-        if let Err(e) = rig.check() {
-            for (_, slot, _) in children.iter_mut() {
-                if let Some(c) = slot.as_mut() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
-            return Err(e);
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// One checkpoint written by ckptwriter under `cascade run` (write + close +
 /// cascade_commit()), then watched until staged and durable.
 #[allow(clippy::too_many_arguments)]
@@ -1318,6 +1094,7 @@ fn checkpoint_cascade(
     let wire = WireWatch::start(&o.link_dev);
     let file = format!("{}/{name}/data.bin", rig.mount);
     let out = rig
+        .node
         .cmd()
         .arg("run")
         .arg("--")
@@ -1327,7 +1104,7 @@ fn checkpoint_cascade(
         .arg(o.piece.to_string())
         .arg(datafile)
         .arg("lib")
-        .arg(&rig.bin)
+        .arg(&rig.node.bin)
         .arg(&store_path)
         .stdin(Stdio::null())
         .output()
@@ -1366,7 +1143,7 @@ fn checkpoint_cascade(
         levels.push("staged");
     }
     levels.push("durable");
-    let waits = cascade_waits(rig, &store_path, &levels, o.wait_timeout_s);
+    let waits = rig.node.wait_levels(&store_path, &levels, o.wait_timeout_s);
     let seen = watch.join();
     let wire = wire.and_then(|x| x.finish());
     let waits = waits?;
@@ -1384,7 +1161,7 @@ fn checkpoint_cascade(
         .ok()
         .flatten()
         .map(|m| (m.completed_unix_ns as f64 - w.start_unix_ns as f64) / 1e9);
-    if let Err(e) = rig.run_ok(&["rm", "-r", &store_path]) {
+    if let Err(e) = rig.node.run_ok(&["rm", "-r", &store_path]) {
         eprintln!("  warning: {e}");
     }
     rig.wait_drained(timeout)?;
