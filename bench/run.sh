@@ -95,8 +95,15 @@ fi
 if [ "$dedup_link" = 1 ]; then
     [ "$(id -u)" = 0 ] || { echo "run.sh: the dedup-link suite needs root (network namespaces)" >&2; exit 1; }
     cargo build --release -p cascade-cli
-    # The series, full size (idempotent: keeps what is there).
-    bash bench/datasets/make.sh /var/tmp/cascade-datasets torch numpy lammps >&2
+    # The series (idempotent: keeps what is there): full size, or with --quick the small
+    # series of the dedup suite's --quick.
+    case " ${args[*]} " in
+        *" --datasets"*) ;;
+        *" --quick "*)
+            bash bench/datasets/make.sh --quick /var/tmp/cascade-datasets-quick torch numpy lammps >&2
+            args+=(--datasets /var/tmp/cascade-datasets-quick) ;;
+        *) bash bench/datasets/make.sh /var/tmp/cascade-datasets torch numpy lammps >&2 ;;
+    esac
 fi
 bin=target/release/cascade-bench
 

@@ -17,8 +17,9 @@
 //! one thread (reference passes), and `perf record` of one ingest.
 
 use crate::format::{median_u64, ratio_fine as ratio, st_fine as st};
+use crate::procs::tool_version;
 use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
-use crate::util::{self, err, prefix, Context, Res, Stats};
+use crate::util::{self, err, prefix, rotated, Context, Res, Stats};
 use cascade_dedup::repo::{FileBase, FileRecipe, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
 use cascade_durable::DurableStore;
@@ -1715,12 +1716,6 @@ fn category(sym: &str, kernel: bool) -> &'static str {
     }
 }
 
-/// `methods` rotated by `rep`, so that each runs in every position in turn.
-fn rotated(methods: &[Method], rep: usize) -> Vec<Method> {
-    let n = methods.len().max(1);
-    (0..methods.len()).map(|k| methods[(k + rep) % n]).collect()
-}
-
 fn gbps(bytes: u64, s: f64) -> f64 {
     if s > 0.0 {
         bytes as f64 / s / 1e9
@@ -2055,22 +2050,6 @@ fn make_datasets(o: &DOpts) -> Res<String> {
     Ok(text)
 }
 
-fn tool_version(prog: &str, args: &[&str]) -> String {
-    Command::new(prog)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| {
-            let s = String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned();
-            s.lines()
-                .find(|l| !l.trim().is_empty())
-                .map(|l| l.trim().to_string())
-        })
-        .unwrap_or_else(|| "not found".into())
-}
-
 pub fn run(a: DedupArgs) -> Res<()> {
     let pid = std::process::id();
     let o = build_opts(&a, pid)?;
@@ -2151,131 +2130,83 @@ fn mb(b: u64) -> String {
     format!("{:.1} MB", b as f64 / 1e6)
 }
 
+/// The goals: ingest >= 1 GB/s (against restic and borg), and the reduction of what the
+/// agent stores by default (with deltas where that configuration was run).
 fn targets(o: &DOpts, r: &DResults) -> Vec<Target> {
     let def = &o.configs[0].label;
-    let mut out = Vec::new();
-    // Ingest speed.
     let store = if o.stores.contains(&StoreKind::Disk) {
         StoreKind::Disk
     } else {
         o.stores[0]
     };
-    let mut parts = Vec::new();
-    let mut met: Option<bool> = None;
+    let (mut parts, mut met) = (Vec::new(), None);
     for s in &o.series {
         let Some(x) = find(r, s, def, store) else {
             continue;
         };
-        let mut vs = Vec::new();
-        for t in [RESTIC, BORG] {
-            if let Some(b) = find(r, s, t, StoreKind::Disk) {
-                let raw = ratio(x.gbps.median, b.gbps.median);
-                let ns = b.gbps_without_startup.as_ref().map_or(String::new(), |n| {
-                    format!(", {} without its start-up", ratio(x.gbps.median, n.median))
-                });
-                vs.push(format!("{raw} {t}{ns}"));
-            }
-        }
-        let other = o
-            .stores
-            .iter()
-            .filter(|&&k| k != store)
-            .filter_map(|&k| {
-                find(r, s, def, k)
-                    .map(|y| format!("; {} store {:.2} GB/s", k.name(), y.gbps.median))
+        let vs: Vec<String> = [RESTIC, BORG]
+            .into_iter()
+            .filter_map(|t| find(r, s, t, StoreKind::Disk).map(|b| (t, b)))
+            .map(|(t, b)| {
+                let bare = b
+                    .gbps_without_startup
+                    .as_ref()
+                    .map(|n| ratio(x.gbps.median, n.median));
+                let bare = bare.map_or(String::new(), |n| format!(", {n} without its start-up"));
+                format!("{} {t}{bare}", ratio(x.gbps.median, b.gbps.median))
             })
-            .collect::<String>();
-        // The fastest configuration that compresses (ingest includes compression).
-        let fastest = r
-            .rows
-            .iter()
-            .filter(|y| y.series == *s && y.kind == "cascade" && y.store == store)
-            .filter(|y| !y.method.ends_with("+none"))
-            .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median))
-            .filter(|y| y.method != *def)
-            .map_or(String::new(), |y| {
-                format!(
-                    "; fastest of ours `{}` {:.2} GB/s ({:.2}x reduction)",
-                    y.method, y.gbps.median, y.reduction
-                )
-            });
-        parts.push(format!(
-            "{s} **{:.2}** GB/s ({}{other}{fastest})",
-            x.gbps.median,
-            if vs.is_empty() {
-                "no restic/borg".to_string()
-            } else {
-                vs.join(", ")
-            },
-        ));
+            .collect();
+        let vs = if vs.is_empty() {
+            "no restic/borg".to_string()
+        } else {
+            vs.join(", ")
+        };
+        parts.push(format!("{s} **{:.2}** GB/s ({vs})", x.gbps.median));
         met = Some(met.unwrap_or(true) && x.gbps.median >= 1.0);
     }
-    out.push(Target {
-        name: format!(
-            "Ingest (chunk + hash + compress + store), `{def}`, {} store",
-            store.name()
-        ),
-        goal: ">= 1 GB/s on this 2-core machine, about 8x restic and borg".into(),
-        measured: if parts.is_empty() {
-            "not run".into()
-        } else {
-            parts.join("; ")
-        },
-        met,
-    });
-    // Reduction: of what the agent stores by default, i.e. with deltas (`dedup.delta` is on)
-    // where that configuration was run.
+    let measured = if parts.is_empty() {
+        "not run".into()
+    } else {
+        parts.join("; ")
+    };
+    let name = format!(
+        "Ingest (chunk + hash + compress + store), `{def}`, {} store",
+        store.name()
+    );
+    let goal = ">= 1 GB/s on this 2-core machine, about 8x restic and borg";
+    let mut out = vec![Target::new(&name, goal, measured, met)];
     let with_delta = format!("{def}+delta");
-    let def = match o.configs.iter().any(|c| c.label == with_delta) {
-        true => &with_delta,
-        false => def,
+    let def = if o.configs.iter().any(|c| c.label == with_delta) {
+        &with_delta
+    } else {
+        def
     };
     for (series, goal, what) in [
         ("lammps", 1.7, "LAMMPS restarts"),
         ("torch", 3.0, "the ML series (torch)"),
     ] {
+        let name = format!("Reduction (input / stored) on {what}, `{def}`");
+        let goal_text = format!(">= {goal}x");
         let Some(x) = find_any(o, r, series, def) else {
-            out.push(Target {
-                name: format!("Reduction (input / stored) on {what}, `{def}`"),
-                goal: format!(">= {goal}x"),
-                measured: "not run".into(),
-                met: None,
-            });
+            out.push(Target::new(&name, &goal_text, "not run".into(), None));
             continue;
         };
-        let mut others = Vec::new();
-        for m in [RESTIC, BORG, ZSTD] {
-            if let Some(b) = find_any(o, r, series, m) {
-                others.push(format!("{m} {:.2}x", b.reduction));
-            }
-        }
-        let best = r
-            .rows
-            .iter()
-            .filter(|y| y.series == series && y.kind == "cascade")
-            .max_by(|a, b| a.reduction.total_cmp(&b.reduction));
-        if let Some(b) = best.filter(|b| b.method != *def) {
-            others.push(format!(
-                "best of ours {:.2}x with `{}`",
-                b.reduction, b.method
-            ));
-        }
-        out.push(Target {
-            name: format!("Reduction (input / stored) on {what}, `{def}`"),
-            goal: format!(">= {goal}x"),
-            measured: format!(
-                "**{:.2}x** ({} of {}){}",
-                x.reduction,
-                mb(x.stored_bytes),
-                mb(x.input_bytes),
-                if others.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {}", others.join(", "))
-                }
-            ),
-            met: Some(x.reduction >= goal),
-        });
+        let others: Vec<String> = [RESTIC, BORG, ZSTD]
+            .into_iter()
+            .filter_map(|m| find_any(o, r, series, m).map(|b| format!("{m} {:.2}x", b.reduction)))
+            .collect();
+        let (stored, input) = (mb(x.stored_bytes), mb(x.input_bytes));
+        let measured = format!(
+            "**{:.2}x** ({stored} of {input}); {}",
+            x.reduction,
+            others.join(", ")
+        );
+        out.push(Target::new(
+            &name,
+            &goal_text,
+            measured,
+            Some(x.reduction >= goal),
+        ));
     }
     out
 }

@@ -16,8 +16,9 @@
 use crate::benches::burn_in;
 use crate::format::{ratio_fine as ratio, st};
 use crate::harness::{run_commands, Outcome};
-use crate::procs::{clean_cmd, compile, cpu_s, private_cli, terminate};
+use crate::procs::{clean_cmd, compile, cpu_s, private_cli, terminate, tool_version};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
+use crate::util::rotated;
 use crate::util::{
     self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Res, Stats, KIB, MIB,
 };
@@ -984,12 +985,6 @@ impl Samples {
     }
 }
 
-/// `methods` rotated by `rep`, so that every method runs in every position in turn.
-fn rotated<'m>(methods: &[&'m str], rep: usize) -> Vec<&'m str> {
-    let n = methods.len().max(1);
-    (0..methods.len()).map(|k| methods[(k + rep) % n]).collect()
-}
-
 impl Rig<'_> {
     fn shm(&self, what: &str) -> String {
         format!("/dev/shm/{}-{what}", prefix(self.o.pid))
@@ -1447,16 +1442,6 @@ fn free_page_reporting() -> String {
     "no virtio balloon".into()
 }
 
-fn tool_version(prog: &str) -> String {
-    Command::new(prog)
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.lines().next().map(str::to_string))
-        .unwrap_or_else(|| "unknown".into())
-}
-
 pub fn run(a: FuseArgs) -> Res<()> {
     let pid = std::process::id();
     let o = build_opts(&a, pid)?;
@@ -1520,8 +1505,8 @@ pub fn run(a: FuseArgs) -> Res<()> {
         ]),
         cascade_cli: report::describe(&o.cascade),
         library: report::describe(&lib_src),
-        cc: tool_version(&o.cc),
-        cp: tool_version(&o.cp),
+        cc: tool_version(&o.cc, &["--version"]),
+        cp: tool_version(&o.cp, &["--version"]),
         free_page_reporting: free_page_reporting(),
         options: &o,
         targets: targets(&o, &results),

@@ -418,3 +418,14 @@ impl Drop for Node {
         }
     }
 }
+
+/// The first line `PROG ARGS` prints (on stdout or stderr), or "not found".
+pub(crate) fn tool_version(prog: &str, args: &[&str]) -> String {
+    let out = Command::new(prog).args(args).stdin(Stdio::null()).output();
+    let out = out.ok().filter(|o| o.status.success());
+    let text = out.map(|o| String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned());
+    let line = text
+        .as_deref()
+        .and_then(|s| s.lines().map(str::trim).find(|l| !l.is_empty()));
+    line.map_or_else(|| "not found".into(), str::to_string)
+}

@@ -32,7 +32,7 @@ use crate::baselines::{self, data_file, memcpy_s, tmpfs_s, WriterOut, WRITER_C};
 use crate::format::{num, secs_gbps, st};
 use crate::net;
 use crate::net::{s3_server, WireWatch};
-use crate::procs::{self, clean_cmd, compile, cpu_s, Node, StageServer};
+use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
 use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
@@ -1043,16 +1043,6 @@ fn fio_gbps(o: &SOpts, kind: Fio, bytes: u64) -> Res<f64> {
         .as_f64()
         .ok_or_else(|| util::BenchError("fio's JSON has no jobs[0].write.bw_bytes".into()))?;
     Ok(bw / 1e9)
-}
-
-fn fio_version(fio: &str) -> String {
-    Command::new(fio)
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "not found".into())
 }
 
 /// One checkpoint under Cascade, seconds from the start of the write.
@@ -2137,7 +2127,7 @@ pub fn run(a: StagingArgs) -> Res<()> {
         ]),
         cascade_cli: report::describe(&o.cascade),
         library: report::describe(&o.cascade.with_file_name("libcascade.so")),
-        fio: fio_version(&o.fio),
+        fio: tool_version(&o.fio, &["--version"]),
         s3_server: if o.url.is_some() {
             s3_server()
         } else {
