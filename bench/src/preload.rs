@@ -1360,10 +1360,12 @@ pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
             find(&r.writes, "store-api", p),
         ) {
             (Some(a), Some(b)) => format!(
-                "; separate runs {:.2} vs {:.2} GB/s, per repetition {}x",
+                "; separate runs {:.2} vs {:.2} GB/s, per repetition {}",
                 a.gbps.median,
                 b.gbps.median,
-                rep_ratio(r, "write preload/store-api", p).map_or("n/a".into(), st)
+                rep_ratio(r, "write preload/store-api", p).map_or("n/a".into(), |x| {
+                    format!("{:.2}x [{:.2}–{:.2}]", x.median, x.min, x.max)
+                })
             ),
             _ => String::new(),
         };

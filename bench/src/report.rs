@@ -253,8 +253,8 @@ pub fn markdown(name: &str, title: &str, v: &Value) -> String {
     let m = &v["machine"];
     let _ = writeln!(
         s,
-        "{} ({} cores, {} GiB RAM), kernel {}. `cascade-bench {name} {}` on {} UTC from {}; \
-         {:.0} s. How it measures: bench/README.md.\n",
+        "{} ({} cores, {} GiB RAM), kernel {}. Suite {name} (`{}`) on {} UTC from {}; {:.0} \
+         s. How it measures: bench/README.md.\n",
         text(&m["cpu_model"]),
         text(&m["cores"]),
         text(&m["ram_gib"]),

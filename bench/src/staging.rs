@@ -1863,11 +1863,8 @@ fn tables(rep: &Report) -> Md {
     let o = rep.options;
     let r = rep.results;
     let mut s = Md::default();
-    if !r.notes.is_empty() {
-        s.verdict("**Not measured / failed:**".to_string());
-        for n in &r.notes {
-            s.verdict(format!("- {n}"));
-        }
+    for n in &r.notes {
+        s.verdict(format!("not measured / failed: {n}"));
     }
     let fio_end = baseline(r, "fio end_fsync").map(|b| b.gbps.median);
     let disk = baseline(r, "disk write+fsync").map(|b| b.gbps.median);
