@@ -3,7 +3,7 @@
 
 use crate::child::Job;
 use crate::format::{ratio, st, x};
-use crate::harness::{run_group, Outcome};
+use crate::harness::{median_setup, run_group, Names, Outcome};
 use crate::report::{Table, Target};
 use crate::util::{
     fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
@@ -434,26 +434,6 @@ impl Drop for ShmBase {
             eprintln!("warning: removing {}: {e}", self.path.display());
         }
     }
-}
-
-struct Names {
-    pid: u32,
-    counter: u64,
-}
-
-impl Names {
-    fn next(&mut self, what: &str, i: usize) -> String {
-        self.counter += 1;
-        format!("{}-{what}-{i}-{}", prefix(self.pid), self.counter)
-    }
-}
-
-fn median_setup(out: &[Outcome]) -> f64 {
-    let v: Vec<f64> = out
-        .iter()
-        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
-        .collect();
-    Stats::of(&v).median
 }
 
 fn report(section: &str, what: &str, procs: usize, rep: usize, reps: usize, gbps: f64) {

@@ -2424,6 +2424,7 @@ fn series_table(s: &mut Md, o: &DOpts, r: &DResults, x: &SeriesInfo) {
     if ours.is_empty() {
         return;
     }
+    s.title(format!("{}: our repositories in detail", x.name));
     s.head("| configuration | chunks | new chunks | new bytes | written into packs (data + recipe trees) | packs | pack objects | index | manifests | open (s) | reopen (s) | verify all GB/s | child peak RSS |");
     for y in ours {
         let (Some(w), Some(b)) = (&y.stats, &y.repo) else {

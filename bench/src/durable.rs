@@ -673,7 +673,7 @@ fn tables(rep: &Report) -> Md {
     }
 
     s.title("Checkpoint time".into());
-    s.head("| checkpoint | direct-s3 stall, s (GB/s) | direct-dir stall, s (GB/s) | cascade, committed with | cascade stall, s (GB/s) | stall ratio direct-s3 / cascade | cascade time until durable, s | link minimum, s (nominal / measured goodput) | until durable / link minimum (nominal / measured) | target ≤ {TARGET_RATIO} |");
+    s.head(&format!("| checkpoint | direct-s3 stall, s (GB/s) | direct-dir stall, s (GB/s) | cascade, committed with | cascade stall, s (GB/s) | stall ratio direct-s3 / cascade | cascade time until durable, s | link minimum, s (nominal / measured goodput) | until durable / link minimum (nominal / measured) | target ≤ {TARGET_RATIO} |"));
     let na = if r.cascade.state == "measured" {
         "n/a"
     } else {
@@ -737,6 +737,7 @@ fn tables(rep: &Report) -> Md {
     }
     let any_cascade = r.sizes.iter().any(|x| !x.cascade.is_empty());
     if any_cascade {
+        s.title("Where the time goes: cascade".into());
         s.head("| checkpoint | committed with | write + close, s | commit, s | upload on the wire from, s | on the wire until, s | marker written, s | `cascade wait` returned, s | until durable / direct-s3 stall |");
         let o_s = |x: &Option<Stats>| x.as_ref().map_or_else(|| "n/a".into(), secs);
         for row in &r.sizes {

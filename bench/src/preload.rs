@@ -10,7 +10,7 @@ use crate::benches::{
 };
 use crate::child::Job;
 use crate::format::{count, count_st, pct_change, ratio, st, st_prec, x};
-use crate::harness::{job_command, run_commands, Outcome};
+use crate::harness::{job_command, median_setup, run_commands, Names, Outcome};
 use crate::report::{Header, Table, Target};
 use crate::util::{err, fill_pattern, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
 use cascade_store::{OpenOptions, Store};
@@ -299,19 +299,6 @@ impl Drop for Pio {
     }
 }
 
-/// Unique names for tmpfs files and directories of this run.
-struct Names {
-    pid: u32,
-    n: u64,
-}
-
-impl Names {
-    fn shm(&mut self, what: &str, i: usize) -> String {
-        self.n += 1;
-        format!("/dev/shm/{}-{what}-{i}-{}", prefix(self.pid), self.n)
-    }
-}
-
 fn run(cmds: Vec<Command>, what: impl FnOnce() -> String) -> Res<Outcome> {
     run_commands(cmds).ctx(what)
 }
@@ -360,14 +347,6 @@ fn phase_span(out: &Outcome, j: usize) -> Res<(String, u64, f64)> {
         last.saturating_sub(first),
         sum / out.children.len().max(1) as f64,
     ))
-}
-
-fn median_setup(out: &[Outcome]) -> f64 {
-    let v: Vec<f64> = out
-        .iter()
-        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
-        .collect();
-    Stats::of(&v).median
 }
 
 /// Collects per-method samples of whole-run measurements.
@@ -433,7 +412,7 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
     let mut res = PResults::default();
     let mut names = Names {
         pid: opts.pid,
-        n: 0,
+        counter: 0,
     };
     let want = |p: Part| opts.parts.contains(&p);
     let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
@@ -572,7 +551,11 @@ fn writes(
                             "write",
                             &a(pio.path(&format!("wc-p{i}-r{rep}.dat"))),
                         ),
-                        "tmpfs" => pio.cmd(None, "write", &a(names.shm("tmpfs", i))),
+                        "tmpfs" => pio.cmd(
+                            None,
+                            "write",
+                            &a(format!("/dev/shm/{}", names.next("tmpfs", i))),
+                        ),
                         "memcpy-shm" => job_command(&Job::MemcpyShm {
                             bytes,
                             io,
@@ -928,7 +911,10 @@ fn replay(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &S
                             "tmpfs" => pio.cmd(
                                 None,
                                 "replay",
-                                &[("path", names.shm("replay", i)), ("sizes", file.clone())],
+                                &[
+                                    ("path", format!("/dev/shm/{}", names.next("replay", i))),
+                                    ("sizes", file.clone()),
+                                ],
                             ),
                             _ => job_command(&Job::StoreReplay {
                                 store: st.name().to_string(),
@@ -991,7 +977,8 @@ fn meta(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &Sto
                             pio.cmd(Some(st.name()), "meta", &a)
                         }
                         "tmpfs" => {
-                            let mut a = vec![("dir", names.shm("meta", i))];
+                            let mut a =
+                                vec![("dir", format!("/dev/shm/{}", names.next("meta", i)))];
                             a.extend(common.iter().cloned());
                             pio.cmd(None, "meta", &a)
                         }
@@ -1219,7 +1206,7 @@ fn passthrough(
         };
         for with_lib in order {
             let args = [
-                ("path", names.shm("pass", 0)),
+                ("path", format!("/dev/shm/{}", names.next("pass", 0))),
                 ("region", opts.pass_region.to_string()),
                 ("calls64", opts.pass_calls64.to_string()),
                 ("calls4k", opts.pass_calls4k.to_string()),

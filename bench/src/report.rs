@@ -285,11 +285,15 @@ pub fn markdown(name: &str, title: &str, v: &Value) -> String {
         }
         s.push('\n');
     }
-    for line in v["verdicts"].as_array().into_iter().flatten() {
+    let verdicts = v["verdicts"].as_array().cloned().unwrap_or_default();
+    for line in &verdicts {
         let _ = writeln!(s, "- {}", text(line));
     }
+    if !verdicts.is_empty() {
+        s.push('\n');
+    }
     for t in v["tables"].as_array().into_iter().flatten() {
-        let _ = writeln!(s, "\n## {}\n", text(&t["title"]));
+        let _ = writeln!(s, "## {}\n", text(&t["title"]));
         let head: Vec<String> = t["head"]
             .as_array()
             .into_iter()
@@ -306,7 +310,10 @@ pub fn markdown(name: &str, title: &str, v: &Value) -> String {
             let cells: Vec<String> = row.as_array().into_iter().flatten().map(text).collect();
             let _ = writeln!(s, "| {} |", cells.join(" | "));
         }
+        s.push('\n');
     }
+    s.truncate(s.trim_end().len());
+    s.push('\n');
     s
 }
 
@@ -422,4 +429,31 @@ pub fn command_line() -> String {
         }
     }
     out.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_renders_targets_verdicts_and_tables_from_json() {
+        let mut md = Md::default();
+        md.verdict("fast enough".into());
+        md.title("Speeds".into());
+        md.head("| method | GB/s |");
+        md.row("| memcpy | 12.00 |".into());
+        let v = serde_json::json!({
+            "machine": {"cpu_model": "CPU X", "cores": 2, "ram_gib": 4.0, "kernel": "6.1"},
+            "command": "--quick", "generated_utc": "2026-01-01 00:00:00", "source": "abc1234",
+            "duration_s": 3.0, "interference": {"other_cpu_pct": 1.0},
+            "targets": [{"name": "writes", "goal": ">= 1x", "measured": "2x", "met": true}],
+            "verdicts": md.verdicts, "tables": md.tables,
+        });
+        let out = markdown("demo", "Demo", &v);
+        assert!(out.starts_with("# Demo\n\nCPU X (2 cores, 4.0 GiB RAM), kernel 6.1."));
+        assert!(out.contains("| writes | >= 1x | 2x | **yes** |"));
+        assert!(out.contains("- fast enough\n"));
+        assert!(out.contains("## Speeds\n\n| method | GB/s |\n|---|---|\n| memcpy | 12.00 |\n"));
+        assert!(!out.contains("Warning"));
+    }
 }

@@ -1937,6 +1937,7 @@ fn tables(rep: &Report) -> Md {
         if let Some(t) = &r.stream {
             s.row(format!("| **one stream, to staged** | {} | 1 writer, 1 server: first write until the file is staged (written at {:.2} GB/s; staged {:.2} s after its close) |", st(&t.gbps), t.write_gbps.median, t.after_close_s.median));
             s.row(format!("| **one stream, server absorb** | {} | the server's absorb window (from {:.2} s after the first write) |", st_opt_ref(&t.absorb_gbps), t.absorb_start_s.as_ref().map_or(f64::NAN, |x| x.median)));
+            s.title("Server SSD ingest: one stream against the baselines".into());
             s.head("| one stream / | memcpy | tmpfs | disk write+fsync | fio end_fsync | fio fdatasync/256MiB | fio O_DIRECT |");
             for (label, v) in [
                 ("to staged", Some(t.gbps.median)),
@@ -1999,6 +2000,7 @@ fn tables(rep: &Report) -> Md {
                     .map_or_else(na, |x| format!("{x:.2}"))
             ));
         }
+        s.title("Checkpoint time: the parts, per method".into());
         s.head("| checkpoint | method | write + close, s | commit, s | staged (store), s | `cascade wait --level staged` returned, s | on the wire from, s | on the wire until, s | marker written, s | marker − on the wire until, s | durable (store), s | `cascade wait --level durable` returned, s |");
         for row in &r.checkpoint {
             if let Some(x) = &row.direct_s3_s {
