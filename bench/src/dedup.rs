@@ -2608,13 +2608,17 @@ fn per_snapshot(s: &mut Md, o: &DOpts, r: &DResults) {
         let head: Vec<&str> = head.iter().map(String::as_str).collect();
         let input = x.bytes_per_snapshot.first().map_or("?".into(), |&b| mb(b));
         let title = format!(
-            "Bytes added per snapshot (MB): {} (input {input} MB per snapshot)",
+            "Bytes added per snapshot (MB): {} (input {input} per snapshot)",
             x.name
         );
         let mut t = Table::new(title, &head);
         for y in rows {
             let mut row = vec![y.method.clone()];
-            row.extend(y.per_snapshot_stored.iter().map(|&b| mb(b)));
+            row.extend(
+                y.per_snapshot_stored
+                    .iter()
+                    .map(|&b| format!("{:.1}", b as f64 / 1e6)),
+            );
             t.row(row);
         }
         s.push(t);
@@ -2636,7 +2640,7 @@ fn work_section(s: &mut Md, o: &DOpts, r: &DResults) {
         head.extend(rows.iter().map(|b| format!("`{}`", b.config)));
         let head: Vec<&str> = head.iter().map(String::as_str).collect();
         let mut t = Table::new(
-            format!("What the work costs: {} ({} MB)", x.name, mb(x.input_bytes)),
+            format!("What the work costs: {} ({})", x.name, mb(x.input_bytes)),
             &head,
         );
         let cell = |stg: Option<&Stage>, none: &str| match stg {
