@@ -17,7 +17,7 @@
 //! snapshot's bytes at the tbf rate.
 
 use crate::baselines::{clear_remote, settle};
-use crate::dedup::{load_series, Series};
+use crate::datasets::{load_series, Series};
 use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
 use crate::procs::{clean_cmd, Node, StageServer};

@@ -13,11 +13,11 @@
 //! Parts: 1 MiB and 4 KiB writes into a new file, 1 MiB and 4 KiB reads of an existing file,
 //! `cp` of a file from /dev/shm (an unmodified program) and multi-writer scaling.
 
-use crate::benches::burn_in;
 use crate::format::{ratio_fine as ratio, st};
 use crate::harness::{run_commands, Outcome};
 use crate::procs::{clean_cmd, compile, cpu_s, private_cli, terminate, tool_version};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
+use crate::stores::burn_in;
 use crate::util::rotated;
 use crate::util::{
     self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Res, Stats, KIB, MIB,

@@ -10,6 +10,7 @@
 mod baselines;
 mod benches;
 mod child;
+mod datasets;
 mod dedup;
 mod dedup_link;
 mod durable;
@@ -21,6 +22,7 @@ mod preload;
 mod procs;
 mod report;
 mod staging;
+mod stores;
 mod util;
 
 use benches::{Bench, Opts};

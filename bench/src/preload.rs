@@ -4,14 +4,13 @@
 //! the Rust children of the node-store benchmarks) and memcpy into pre-faulted shared memory
 //! are measured in the same run. See bench/README.md.
 
-use crate::benches::{
-    capacity_for, tight_pair_with, with_store_files, Creation, Results as StoreResults, ShmBase,
-    TightPair,
-};
 use crate::child::Job;
 use crate::format::{count, count_st, pct_change, ratio, st, st_prec, x};
 use crate::harness::{job_command, median_setup, run_commands, Names, Outcome};
 use crate::report::{Header, Table, Target};
+use crate::stores::{
+    capacity_for, tight_pair_with, with_store_files, Creation, ShmBase, TightPair,
+};
 use crate::util::{err, fill_pattern, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
 use cascade_store::{OpenOptions, Store};
 use serde::Serialize;
@@ -416,7 +415,7 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
     };
     let want = |p: Part| opts.parts.contains(&p);
     let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
-    let mut scratch = StoreResults::default();
+    let mut scratch: Vec<Creation> = Vec::new();
     let main_parts = [
         Part::Writes,
         Part::Small,
@@ -479,7 +478,7 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
             },
         )?;
     }
-    res.creation = scratch.creation;
+    res.creation = scratch;
     Ok(res)
 }
 
