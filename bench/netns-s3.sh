@@ -40,35 +40,12 @@ LOG=/run/cascade-s3.log
 # Written into the data directory by `up`; `down` removes only a directory that has it.
 DATA_TAG=.cascade-s3-data
 
-die() {
-    echo "netns-s3.sh: $*" >&2
-    exit 1
-}
-note() { echo "netns-s3.sh: $*" >&2; }
+ME=netns-s3.sh
+# shellcheck source=bench/netns-lib.sh
+. "$(dirname "$0")/netns-lib.sh"
 
 url() {
     echo "s3://$BUCKET?endpoint=http://$NS_IP:$PORT&access_key=$ACCESS&secret_key=$SECRET"
-}
-
-need_root_tools() {
-    [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, veth and tc need it)"
-    command -v ip >/dev/null || die "'ip' not found (install iproute2)"
-    command -v tc >/dev/null || die "'tc' not found (install iproute2)"
-}
-
-# Bytes per second of a tc rate ("1gbit", "500mbit", "100mbps", "1000000"): decimal units,
-# bit-based unless the unit ends in "bps" (bytes), as tc(8) reads them.
-rate_bytes() {
-    awk -v r="$1" 'BEGIN {
-        if (!match(r, /^[0-9]+(\.[0-9]+)?/)) exit 1
-        n = substr(r, 1, RLENGTH) + 0; u = tolower(substr(r, RLENGTH + 1))
-        m["bit"] = 1/8; m[""] = 1/8; m["kbit"] = 1e3/8; m["mbit"] = 1e6/8; m["gbit"] = 1e9/8
-        m["tbit"] = 1e12/8; m["kibit"] = 1024/8; m["mibit"] = 1048576/8
-        m["gibit"] = 1073741824/8; m["bps"] = 1; m["kbps"] = 1e3; m["mbps"] = 1e6
-        m["gbps"] = 1e9; m["tbps"] = 1e12
-        if (!(u in m)) exit 1
-        printf "%.0f\n", n * m[u]
-    }' || die "CASCADE_LINK_RATE=$1: not a tc rate (e.g. 1gbit, 500mbit, 100mbps)"
 }
 
 find_versitygw() {
@@ -121,29 +98,11 @@ ethtool_off() {
 
 up() {
     need_root_tools
-    local rate_b burst gw pid i p
-    rate_b=$(rate_bytes "$RATE")
-    # Burst: 2 ms at the rate (250 kB at 1 Gbit/s), at least 64 KiB. Well above one packet
-    # and the timer slack, and a negligible head start on a transfer of many MB.
-    burst=${CASCADE_LINK_BURST:-$(( rate_b / 500 > 65536 ? rate_b / 500 : 65536 ))}
-
-    [ -e "/run/netns/$NS" ] || ip netns add "$NS"
-    if ! ip link show "$HOST_DEV" >/dev/null 2>&1; then
-        # A half-made pair from an interrupted run: its peer may already sit in the namespace.
-        ip -n "$NS" link del "$NS_DEV" 2>/dev/null || true
-        ip link add "$HOST_DEV" type veth peer name "$NS_DEV"
-        ip link set "$NS_DEV" netns "$NS"
-    fi
-    ip addr replace "$HOST_IP/24" dev "$HOST_DEV"
-    ip link set "$HOST_DEV" up
-    ip -n "$NS" addr replace "$NS_IP/24" dev "$NS_DEV"
-    ip -n "$NS" link set "$NS_DEV" up
-    ip -n "$NS" link set lo up
+    local burst gw pid i p
+    burst=$(link_up "${CASCADE_LINK_BURST:-}")
     ethtool_off "$HOST_DEV"
     ethtool_off "$NS_DEV" ns
-    # Both directions: host -> S3 on the host end, S3 -> host inside the namespace.
-    tc qdisc replace dev "$HOST_DEV" root tbf rate "$RATE" burst "$burst" latency "$LATENCY"
-    tc -n "$NS" qdisc replace dev "$NS_DEV" root tbf rate "$RATE" burst "$burst" latency "$LATENCY"
+    shape "$burst"
 
     mkdir -p "$DATA/$BUCKET"
     touch "$DATA/$DATA_TAG"
@@ -185,7 +144,7 @@ up() {
 
 down() {
     need_root_tools
-    local pid i p
+    local pid i
     pid=$(server_pid)
     if [ -n "$pid" ]; then
         kill -TERM "$pid" 2>/dev/null || true
@@ -196,16 +155,9 @@ down() {
         kill -KILL "$pid" 2>/dev/null || true
     fi
     rm -f "$PIDFILE"
-    if [ -e "/run/netns/$NS" ]; then
-        # Anything else still running in the namespace was started by this script (a linktest
-        # receiver of an interrupted run).
-        for p in $(ip netns pids "$NS" 2>/dev/null); do
-            kill -KILL "$p" 2>/dev/null || true
-        done
-        ip netns del "$NS"
-    fi
-    # Deleting the namespace deletes the pair; this catches a pair whose peer never moved.
-    ip link del "$HOST_DEV" 2>/dev/null || true
+    # Anything else still running in the namespace was started by this script (a linktest
+    # receiver of an interrupted run).
+    link_down
     if [ -d "$DATA" ]; then
         if [ -e "$DATA/$DATA_TAG" ]; then
             rm -rf -- "$DATA"
@@ -233,9 +185,7 @@ env_lines() {
 
 status() {
     need_root_tools
-    [ -e "/run/netns/$NS" ] || die "namespace $NS does not exist (bench/netns-s3.sh up)"
-    tc -s qdisc show dev "$HOST_DEV"
-    tc -n "$NS" -s qdisc show dev "$NS_DEV"
+    show_shaping
     local pid
     pid=$(server_pid)
     if [ -n "$pid" ] && answers "$PORT"; then

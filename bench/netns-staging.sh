@@ -42,29 +42,9 @@ OFFLOADS=${CASCADE_STAGE_OFFLOADS:-on}
 # Whether `up` turned forwarding on for cs3-host (then `down` turns it off again).
 FWD_STATE=/run/cascade-stage.cs3-forwarding
 
-die() {
-    echo "netns-staging.sh: $*" >&2
-    exit 1
-}
-note() { echo "netns-staging.sh: $*" >&2; }
-
-need_root_tools() {
-    [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, veth and tc need it)"
-    command -v ip >/dev/null || die "'ip' not found (install iproute2)"
-    command -v tc >/dev/null || die "'tc' not found (install iproute2)"
-}
-
-# Bytes per second of a tc rate (decimal units, bits unless the unit ends in "bps").
-rate_bytes() {
-    awk -v r="$1" 'BEGIN {
-        if (!match(r, /^[0-9]+(\.[0-9]+)?/)) exit 1
-        n = substr(r, 1, RLENGTH) + 0; u = tolower(substr(r, RLENGTH + 1))
-        m["bit"] = 1/8; m[""] = 1/8; m["kbit"] = 1e3/8; m["mbit"] = 1e6/8; m["gbit"] = 1e9/8
-        m["tbit"] = 1e12/8; m["bps"] = 1; m["kbps"] = 1e3; m["mbps"] = 1e6; m["gbps"] = 1e9
-        if (!(u in m)) exit 1
-        printf "%.0f\n", n * m[u]
-    }' || die "CASCADE_STAGE_LINK_RATE=$1: not a tc rate (e.g. 10gbit, 25gbit, 1000mbit)"
-}
+ME=netns-staging.sh
+# shellcheck source=bench/netns-lib.sh
+. "$(dirname "$0")/netns-lib.sh"
 
 forwarding() {
     local f="/proc/sys/net/ipv4/conf/$1/forwarding"
@@ -74,28 +54,15 @@ forwarding() {
 
 up() {
     need_root_tools
-    local rate_b burst
-    rate_b=$(rate_bytes "$RATE")
-    burst=${CASCADE_STAGE_LINK_BURST:-$((rate_b / 500 > 65536 ? rate_b / 500 : 65536))}
-    [ -e "/run/netns/$NS" ] || ip netns add "$NS"
-    if ! ip link show "$HOST_DEV" >/dev/null 2>&1; then
-        ip -n "$NS" link del "$NS_DEV" 2>/dev/null || true
-        ip link add "$HOST_DEV" type veth peer name "$NS_DEV"
-        ip link set "$NS_DEV" netns "$NS"
-    fi
-    ip addr replace "$HOST_IP/24" dev "$HOST_DEV"
-    ip link set "$HOST_DEV" up
-    ip -n "$NS" addr replace "$NS_IP/24" dev "$NS_DEV"
-    ip -n "$NS" link set "$NS_DEV" up
-    ip -n "$NS" link set lo up
+    local burst
+    burst=$(link_up "${CASCADE_STAGE_LINK_BURST:-}")
     ip -n "$NS" route replace default via "$HOST_IP"
     if [ "$OFFLOADS" = off ]; then
         command -v ethtool >/dev/null || die "CASCADE_STAGE_OFFLOADS=off needs ethtool"
         ethtool -K "$HOST_DEV" tso off gso off gro off >/dev/null 2>&1 || true
         ip netns exec "$NS" ethtool -K "$NS_DEV" tso off gso off gro off >/dev/null 2>&1 || true
     fi
-    tc qdisc replace dev "$HOST_DEV" root tbf rate "$RATE" burst "$burst" latency "$LATENCY"
-    tc -n "$NS" qdisc replace dev "$NS_DEV" root tbf rate "$RATE" burst "$burst" latency "$LATENCY"
+    shape "$burst"
     # The drain: namespace -> cst-host -> (forwarded) -> cs3-host (1 Gbit/s) -> S3, and back.
     forwarding "$HOST_DEV" 1
     if [ -e "/run/netns/$S3_NS" ] && ip link show "$S3_HOST_DEV" >/dev/null 2>&1; then
@@ -112,19 +79,8 @@ up() {
 
 down() {
     need_root_tools
-    local p
-    if [ -e "/run/netns/$NS" ]; then
-        # Anything still running in the namespace is a server of an interrupted benchmark.
-        for p in $(ip netns pids "$NS" 2>/dev/null); do
-            kill -TERM "$p" 2>/dev/null || true
-        done
-        sleep 0.2
-        for p in $(ip netns pids "$NS" 2>/dev/null); do
-            kill -KILL "$p" 2>/dev/null || true
-        done
-        ip netns del "$NS"
-    fi
-    ip link del "$HOST_DEV" 2>/dev/null || true
+    # Anything still running in the namespace is a server of an interrupted benchmark.
+    link_down term
     if [ -e "/run/netns/$S3_NS" ]; then
         ip -n "$S3_NS" route del "$NET" 2>/dev/null || true
     fi
@@ -143,9 +99,7 @@ env_lines() {
 
 status() {
     need_root_tools
-    [ -e "/run/netns/$NS" ] || die "namespace $NS does not exist (bench/netns-staging.sh up)"
-    tc -s qdisc show dev "$HOST_DEV"
-    tc -n "$NS" -s qdisc show dev "$NS_DEV"
+    show_shaping
     ip -n "$NS" route
     echo "forwarding: $HOST_DEV $(cat "/proc/sys/net/ipv4/conf/$HOST_DEV/forwarding" 2>/dev/null || echo -)," \
         "$S3_HOST_DEV $(cat "/proc/sys/net/ipv4/conf/$S3_HOST_DEV/forwarding" 2>/dev/null || echo -)"

@@ -1,48 +1,13 @@
 #!/usr/bin/env bash
-# Builds and runs the benchmarks; writes into bench/results/:
-#   node-store.{md,json}, chunk-sweep.png, spill-over.png       (suite node-store)
-#   interposition.{md,json}, interposition-sweep.png            (suite interposition)
-#   durable.{md,json}                                           (suite durable)
-#   staging.{md,json}, staging-throughput.png                   (suite staging)
-#   fuse.{md,json}, fuse.png                                    (suite fuse)
-#   dedup.{md,json}, dedup.png                                  (suite dedup)
-#   dedup-link.{md,json}                                        (suite dedup-link)
+# Builds and runs the benchmarks; writes <suite>.md, <suite>.json and the plots into --out
+# (default bench/results).
 # usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|all] [ARGS...]
-# The suite defaults to all (node-store and interposition, one after the other; durable too
-# when CASCADE_BENCH_DURABLE=1, staging when CASCADE_BENCH_STAGING=1, fuse when
-# CASCADE_BENCH_FUSE=1, since they need root, network namespaces or FUSE mounts, and dedup when
-# CASCADE_BENCH_DEDUP=1, since it needs the generated checkpoint series and restic and borg).
-# ARGS go to `cascade-bench run` (node-store), `cascade-bench interposition`, `cascade-bench
-# durable`, `cascade-bench staging`, `cascade-bench fuse` or `cascade-bench dedup`; with
-# --suite all they go to each, so use only options all know there (--out, --quick, --reps;
-# --procs and --size-mib with node-store and interposition only). The durable and staging
-# suites bring the throttled S3 store up with bench/netns-s3.sh up first (staging also the
-# servers' namespace with bench/netns-staging.sh up) and take them down at the end. The fuse
-# suite (root: it mounts) builds the CLI and the library, mounts two fresh stores with
-# `cascade mount` (direct I/O and --kernel-cache) and compares them with LD_PRELOAD into the
-# same store, tmpfs, local disk and memcpy; the stores are unmounted and destroyed at the end,
-# also after errors. The dedup suite runs
-# bench/datasets/make.sh (idempotent; --quick series in /var/tmp/cascade-datasets-quick) and
-# compares the cascade-dedup repository (4 configurations, a durable store on /var/tmp and on
-# /dev/shm) with restic, borg, cp -r and zstd -1 on the torch, numpy and lammps series; as root
-# it installs restic, borgbackup and zstd with apt-get when they are missing. The dedup-link
-# suite (root: network namespaces) replays the same series through `cascade agent` into the
-# throttled S3 store (bench/netns-s3.sh), with and without --dedup (and deltas), directly and
-# through two local staging servers, and times each snapshot until durable; it makes the series
-# first if they are missing. E.g.
-#   bench/run.sh --quick --out /tmp/bench      (a minute or two; keeps the committed results)
-#   bench/run.sh --suite node-store --only writes,readback --reps 5
-#   bench/run.sh --suite interposition --only small,meta
-#   bench/run.sh --suite interposition --lib /path/to/libcascade.so
-#   bench/run.sh --suite durable --quick --out /tmp/bench-durable
-#   bench/run.sh --suite staging --quick --out /tmp/bench-staging
-#   bench/run.sh --suite staging --only throughput --procs 1,8 --servers 1,3
-#   bench/run.sh --suite fuse --quick --out /tmp/bench-fuse
-#   bench/run.sh --suite fuse --only writes,reads --reps 3 --threads 4
-#   bench/run.sh --suite dedup --quick --out /tmp/bench-dedup
-#   bench/run.sh --suite dedup --series torch --only cascade,breakdown --config cdc:avg=64KiB+zstd:1
-#   bench/run.sh --suite dedup-link --quick --out /tmp/bench-dedup-link
-# See bench/README.md.
+# `all` (the default) runs node-store and interposition, and durable, staging, fuse or dedup
+# when CASCADE_BENCH_DURABLE=1, _STAGING=1, _FUSE=1 or _DEDUP=1. ARGS go to the suite's
+# `cascade-bench` subcommand (with `all`, to each: use only --out, --quick, --reps there).
+# Quick trial runs: bench/run.sh --suite SUITE --quick --out /tmp/bench (keeps bench/results).
+# The suites, what they need (root, network namespaces, restic and borg) and how they measure:
+# bench/README.md.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -130,8 +95,15 @@ fi
 if [ "$dedup_link" = 1 ]; then
     [ "$(id -u)" = 0 ] || { echo "run.sh: the dedup-link suite needs root (network namespaces)" >&2; exit 1; }
     cargo build --release -p cascade-cli
-    # The series, full size (idempotent: keeps what is there).
-    bash bench/datasets/make.sh /var/tmp/cascade-datasets torch numpy lammps >&2
+    # The series (idempotent: keeps what is there): full size, or with --quick the small
+    # series of the dedup suite's --quick.
+    case " ${args[*]} " in
+        *" --datasets"*) ;;
+        *" --quick "*)
+            bash bench/datasets/make.sh --quick /var/tmp/cascade-datasets-quick torch numpy lammps >&2
+            args+=(--datasets /var/tmp/cascade-datasets-quick) ;;
+        *) bash bench/datasets/make.sh /var/tmp/cascade-datasets torch numpy lammps >&2 ;;
+    esac
 fi
 bin=target/release/cascade-bench
 

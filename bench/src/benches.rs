@@ -2,11 +2,14 @@
 //! the methods within a repetition so that slow drift of the machine hits them all alike.
 
 use crate::child::Job;
-use crate::harness::{run_group, Outcome};
-use crate::util::{
-    fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
+use crate::format::{ratio, st, x};
+use crate::harness::{median_setup, run_group, Names, Outcome};
+use crate::report::{Table, Target};
+use crate::stores::{
+    capacity_for, tight_pair_with, with_store_files, Creation, Creations, ShmBase, TightPair,
 };
-use cascade_store::{OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
+use crate::util::{fill_pattern, gbps, prefix, size_str, Context, Res, Stats};
+use cascade_store::{OpenOptions, SpillConfig, Store};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -52,40 +55,12 @@ pub struct Opts {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Creation {
-    pub store: String,
-    pub capacity: u64,
-    pub chunk_size: u64,
-    pub spill_bytes: u64,
-    /// Wall time of `Store::create` with `Prefault::Foreground`.
-    pub seconds: f64,
-    /// capacity / seconds.
-    pub gbps: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub method: String,
     pub procs: usize,
     pub gbps: Stats,
     /// Median set-up time of a child (attach, pre-faulting) before the barrier.
     pub setup_s: f64,
-}
-
-/// Cascade, memcpy-shm and store-chunks taking turns inside the same processes (see
-/// `Job::Paired`).
-#[derive(Debug, Clone, Serialize)]
-pub struct TightPair {
-    /// "write" or "read".
-    pub kind: String,
-    pub procs: usize,
-    pub cascade_gbps: Stats,
-    pub memcpy_shm_gbps: Stats,
-    pub store_chunks_gbps: Stats,
-    /// cascade / memcpy-shm within each round.
-    pub ratio: Stats,
-    /// cascade / store-chunks within each round (diagnostic: the store's own memory).
-    pub ratio_chunks: Stats,
 }
 
 /// Runs a paired job in `procs` processes and turns its phases into aggregate GB/s.
@@ -105,86 +80,6 @@ fn tight_pair(
         opts.io,
         opts.reps.max(3),
     )
-}
-
-/// [`tight_pair`] with explicit sizes: `bytes` per process in `io` calls, `pairs` rounds.
-/// Reads use the existing store files `/rb-p<i>.dat`.
-pub(crate) fn tight_pair_with(
-    store: &Store,
-    base: &ShmBase,
-    procs: usize,
-    read: bool,
-    bytes: u64,
-    io: u64,
-    pairs: usize,
-) -> Res<TightPair> {
-    let jobs: Vec<Job> = (0..procs)
-        .map(|i| Job::Paired {
-            store: store.name().to_string(),
-            prefix: if read {
-                format!("/rb-p{i}.dat")
-            } else {
-                format!("/pair-p{i}")
-            },
-            shm: base.name.clone(),
-            offset: i as u64 * bytes,
-            bytes,
-            io,
-            pairs,
-            read,
-        })
-        .collect();
-    let kind = if read { "read" } else { "write" };
-    let out = run_group(&jobs).ctx(|| format!("paired {kind}s with {procs} processes"))?;
-    let n = 3 * pairs;
-    // Per round: GB/s of each method (aggregated over the processes like every other figure).
-    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
-    for j in 0..n {
-        let mut first = u64::MAX;
-        let mut last = 0;
-        let mut name = String::new();
-        for c in &out.children {
-            let Some((m, s, e)) = c.phases.get(j) else {
-                return crate::util::err(format!("paired {kind}s: a child reported no phase {j}"));
-            };
-            first = first.min(*s);
-            last = last.max(*e);
-            name.clone_from(m);
-        }
-        rounds[j / 3].insert(name, gbps(bytes * procs as u64, last.saturating_sub(first)));
-    }
-    let series =
-        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
-    let ratios = |base: &str| -> Vec<f64> {
-        rounds
-            .iter()
-            .filter_map(|r| Some(r.get("cascade")? / r.get(base)?))
-            .collect()
-    };
-    let (cas, shm, chunks) = (
-        series("cascade"),
-        series("memcpy-shm"),
-        series("store-chunks"),
-    );
-    let (r_shm, r_chunks) = (ratios("memcpy-shm"), ratios("store-chunks"));
-    eprintln!(
-        "  [pairs] {kind}s procs={procs}: cascade {:.2}, memcpy-shm {:.2}, store-chunks {:.2} GB/s; cascade/memcpy-shm {:.2}x, cascade/store-chunks {:.2}x (medians of {} rounds)",
-        Stats::of(&cas).median,
-        Stats::of(&shm).median,
-        Stats::of(&chunks).median,
-        Stats::of(&r_shm).median,
-        Stats::of(&r_chunks).median,
-        pairs
-    );
-    Ok(TightPair {
-        kind: kind.to_string(),
-        procs,
-        cascade_gbps: Stats::of(&cas),
-        memcpy_shm_gbps: Stats::of(&shm),
-        store_chunks_gbps: Stats::of(&chunks),
-        ratio: Stats::of(&r_shm),
-        ratio_chunks: Stats::of(&r_chunks),
-    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -266,192 +161,6 @@ fn with_store<T>(
     f: impl FnOnce(&mut Results, &Store) -> Res<T>,
 ) -> Res<T> {
     with_store_files(results, pid, tag, capacity, chunk_size, 4096, spill, f)
-}
-
-/// [`with_store`] for a store with room for `max_files` files and directories.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn with_store_files<T>(
-    results: &mut Results,
-    pid: u32,
-    tag: &str,
-    capacity: u64,
-    chunk_size: u64,
-    max_files: u32,
-    spill: Option<SpillConfig>,
-    f: impl FnOnce(&mut Results, &Store) -> Res<T>,
-) -> Res<T> {
-    let has_spill = spill.is_some();
-    let store = create_store(results, pid, tag, capacity, chunk_size, max_files, spill)?;
-    let name = store.name().to_string();
-    let r = if has_spill {
-        f(results, &store)
-    } else {
-        burn_in(&store, capacity).and_then(|()| f(results, &store))
-    };
-    // Detach first: destroy refuses while a live process (this one) is attached.
-    drop(store);
-    let d = Store::destroy(&name).ctx(|| format!("destroying store {name}"));
-    let v = r?;
-    d?;
-    Ok(v)
-}
-
-/// Creates a store with `Prefault::Foreground` and records how long that took.
-fn create_store(
-    results: &mut Results,
-    pid: u32,
-    tag: &str,
-    capacity: u64,
-    chunk_size: u64,
-    max_files: u32,
-    spill: Option<SpillConfig>,
-) -> Res<Store> {
-    let name = store_name(pid, tag);
-    let spill_bytes = spill.as_ref().map_or(0, |s| s.size);
-    let cfg = StoreConfig {
-        name: name.clone(),
-        capacity,
-        chunk_size,
-        max_files,
-        spill,
-        prefault: Prefault::Foreground,
-    };
-    let t = now_ns();
-    let store = Store::create(&cfg).ctx(|| {
-        format!(
-            "creating store {name} ({} memory, {} chunks)",
-            size_str(capacity),
-            size_str(chunk_size)
-        )
-    })?;
-    let ns = now_ns() - t;
-    let c = Creation {
-        store: name,
-        capacity,
-        chunk_size,
-        spill_bytes,
-        seconds: ns as f64 / 1e9,
-        gbps: gbps(capacity, ns),
-    };
-    eprintln!(
-        "  created {} ({} memory, {} chunks): {:.3} s prefault = {:.2} GB/s",
-        c.store,
-        size_str(capacity),
-        size_str(chunk_size),
-        c.seconds,
-        c.gbps
-    );
-    results.creation.push(c);
-    Ok(store)
-}
-
-/// Writes the whole memory of a new store once through the API (a file that fills it, then
-/// unlinked), so that every measurement finds store memory that has held data before, like
-/// the memcpy-shm baseline object after its own burn-in and like a store in service. On the
-/// VM this was developed on, the first write into freshly pre-faulted pages was at times
-/// several times slower than later ones, which would otherwise land on whichever repetition
-/// happens to get never-used chunks.
-pub(crate) fn burn_in(store: &Store, capacity: u64) -> Res<()> {
-    let t = now_ns();
-    let path = "/burn-in";
-    let f = store
-        .open(path, &OpenOptions::new().write(true).create_new(true))
-        .ctx(|| format!("creating {path}"))?;
-    let mut src = vec![0u8; MIB as usize];
-    fill_pattern(&mut src, 5);
-    let mut off = 0;
-    while off < capacity {
-        match f.write_at(&src, off) {
-            Ok(0) => break,
-            Ok(n) => off += n as u64,
-            // Chunks parked in this process's batch may make the store "full" a bit early.
-            Err(e) if e.errno() == libc::ENOSPC => break,
-            Err(e) => return Err(e).ctx(|| format!("writing {path} at {off}")),
-        }
-    }
-    drop(f);
-    store.unlink(path).ctx(|| format!("unlinking {path}"))?;
-    eprintln!(
-        "  burn-in: wrote {} of store memory once in {:.3} s",
-        size_str(off),
-        (now_ns() - t) as f64 / 1e9
-    );
-    Ok(())
-}
-
-/// Memory for `files` files of `bytes` plus slack for chunks parked in per-process batches.
-pub(crate) fn capacity_for(bytes_needed: u64, chunk: u64) -> u64 {
-    let slack = (bytes_needed / 8).max(16 * chunk);
-    (bytes_needed + slack).div_ceil(chunk) * chunk
-}
-
-/// The /dev/shm object of the memcpy-shm baselines; removed when dropped.
-pub(crate) struct ShmBase {
-    pub(crate) name: String,
-    path: PathBuf,
-}
-
-impl ShmBase {
-    pub(crate) fn create(pid: u32, bytes: u64) -> Res<ShmBase> {
-        let name = format!("{}-shm-base", prefix(pid));
-        let path = PathBuf::from("/dev/shm").join(&name);
-        let t = now_ns();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .ctx(|| format!("creating {}", path.display()))?;
-        let base = ShmBase {
-            name,
-            path: path.clone(),
-        };
-        f.set_len(bytes)
-            .ctx(|| format!("sizing {}", path.display()))?;
-        // SAFETY: the object was just created by this process (create_new) under a name unique
-        // to this run; nothing else maps or resizes it while this short-lived mapping exists.
-        let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }
-            .ctx(|| format!("mapping {}", path.display()))?;
-        map.advise(memmap2::Advice::PopulateWrite)
-            .ctx(|| format!("pre-faulting {}", path.display()))?;
-        // Burn-in, as for the store: write it all once.
-        map.fill(0x5a);
-        eprintln!(
-            "  created the memcpy-shm baseline object /dev/shm/{} ({}): {:.3} s pre-fault",
-            base.name,
-            size_str(bytes),
-            (now_ns() - t) as f64 / 1e9
-        );
-        Ok(base)
-    }
-}
-
-impl Drop for ShmBase {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            eprintln!("warning: removing {}: {e}", self.path.display());
-        }
-    }
-}
-
-struct Names {
-    pid: u32,
-    counter: u64,
-}
-
-impl Names {
-    fn next(&mut self, what: &str, i: usize) -> String {
-        self.counter += 1;
-        format!("{}-{what}-{i}-{}", prefix(self.pid), self.counter)
-    }
-}
-
-fn median_setup(out: &[Outcome]) -> f64 {
-    let v: Vec<f64> = out
-        .iter()
-        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
-        .collect();
-    Stats::of(&v).median
 }
 
 fn report(section: &str, what: &str, procs: usize, rep: usize, reps: usize, gbps: f64) {
@@ -1024,5 +733,335 @@ fn fit_formula(results: &mut Results, first_row: usize, procs: usize, first_run_
         let t = mem * a + r.spilled_bytes as f64 * b;
         r.predicted_gbps = r.total_bytes as f64 / t / 1e9;
         r.deviation_pct = (r.gbps.median - r.predicted_gbps) / r.predicted_gbps * 100.0;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Targets and tables of node-store.md.
+
+fn find<'a>(rows: &'a [Row], method: &str, procs: usize) -> Option<&'a Row> {
+    rows.iter().find(|r| r.method == method && r.procs == procs)
+}
+
+/// The median GB/s of `a` over that of `b`.
+fn row_ratio(a: Option<&Row>, b: Option<&Row>) -> Option<f64> {
+    ratio(a?.gbps.median, b?.gbps.median)
+}
+
+/// The targets of issue 2, judged on the paired runs (Cascade and memcpy-shm alternating inside
+/// the same processes; see bench/README.md).
+pub fn targets(opts: &Opts, r: &Results) -> Vec<Target> {
+    let per_proc = |rows: &[Row], kind: &str, ours: &str, base: &str| {
+        let (mut parts, mut met) = (Vec::new(), None);
+        for &p in &opts.procs {
+            let Some(tp) = r
+                .tight_pairs
+                .iter()
+                .find(|t| t.kind == kind && t.procs == p)
+            else {
+                continue;
+            };
+            let (q, sep) = (
+                tp.ratio.median,
+                row_ratio(find(rows, ours, p), find(rows, base, p)),
+            );
+            parts.push(format!(
+                "{p} proc: **{q:.2}x** [{:.2}–{:.2}] ({:.2} vs {:.2} GB/s; separate runs {})",
+                tp.ratio.min,
+                tp.ratio.max,
+                tp.cascade_gbps.median,
+                tp.memcpy_shm_gbps.median,
+                x(sep)
+            ));
+            met = Some(met.unwrap_or(true) && q >= 0.9);
+        }
+        (
+            if parts.is_empty() {
+                "not run".into()
+            } else {
+                parts.join("; ")
+            },
+            met,
+        )
+    };
+    let mut out = Vec::new();
+    let (m, met) = per_proc(&r.writes, "write", "cascade", "memcpy-shm");
+    out.push(Target::new(
+        "1 MiB writes",
+        ">= 0.9x memcpy into pre-faulted MAP_SHARED /dev/shm",
+        m,
+        met,
+    ));
+    let (m, met) = r.steady.as_ref().map_or(("not run".into(), None), |s| {
+        let (c, t) = (s.cascade.steady.median, s.tmpfs.steady.median);
+        (
+            format!("{:.2}x ({c:.2} vs {t:.2} GB/s)", c / t),
+            Some(c / t >= 3.0),
+        )
+    });
+    out.push(Target::new(
+        "steady-state checkpointing",
+        ">= 3x tmpfs (write new, delete oldest)",
+        m,
+        met,
+    ));
+    let worst = r
+        .spill
+        .iter()
+        .filter(|s| s.deviation_pct.is_finite())
+        .max_by(|a, b| a.deviation_pct.abs().total_cmp(&b.deviation_pct.abs()));
+    let (m, met) = worst.map_or(("not run".into(), None), |s| {
+        let d = s.deviation_pct;
+        (
+            format!(
+                "worst {d:+.1} % (at {} % spilled, {} proc)",
+                s.share_pct, s.procs
+            ),
+            Some(d.abs() <= 15.0),
+        )
+    });
+    out.push(Target::new(
+        "spill-over",
+        "within 15 % of size/(mem/T_mem + ssd/T_ssd)",
+        m,
+        met,
+    ));
+    let (m, met) = per_proc(&r.readback, "read", "cascade-read", "memcpy-shm-read");
+    out.push(Target::new(
+        "read-back",
+        ">= 0.9x memcpy from pre-faulted /dev/shm",
+        m,
+        met,
+    ));
+    out
+}
+
+/// The tables of node-store.md.
+pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
+    let mut out = Vec::new();
+    let mut t = Table::new(
+        "Diagnostic: Cascade / memcpy into the same chunks (chunk-list API), paired runs",
+        &[
+            "kind",
+            "procs",
+            "ratio",
+            "Cascade GB/s",
+            "chunks memcpy GB/s",
+        ],
+    );
+    for p in &r.tight_pairs {
+        let (c, k) = (p.cascade_gbps.median, p.store_chunks_gbps.median);
+        t.row([
+            p.kind.clone(),
+            p.procs.to_string(),
+            st(&p.ratio_chunks),
+            format!("{c:.2}"),
+            format!("{k:.2}"),
+        ]);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        "Store creation (`Prefault::Foreground`)",
+        &[
+            "store",
+            "memory",
+            "chunk",
+            "spill file",
+            "create time (s)",
+            "prefault GB/s",
+        ],
+    );
+    for c in &r.creation {
+        let spill = if c.spill_bytes > 0 {
+            size_str(c.spill_bytes)
+        } else {
+            "-".into()
+        };
+        let (cap, cs) = (size_str(c.capacity), size_str(c.chunk_size));
+        t.row([
+            c.store.clone(),
+            cap,
+            cs,
+            spill,
+            format!("{:.3}", c.seconds),
+            format!("{:.2}", c.gbps),
+        ]);
+    }
+    out.push(t);
+    let (io, size) = (size_str(o.io), size_str(o.size));
+    let mut t = Table::new(
+        format!("1. {io} writes, {size} per process"),
+        &[
+            "method",
+            "procs",
+            "GB/s",
+            "vs memcpy anon",
+            "vs memcpy shm",
+            "vs tmpfs write",
+            "set-up (s)",
+        ],
+    );
+    for row in &r.writes {
+        let vs = |b: &str| x(row_ratio(Some(row), find(&r.writes, b, row.procs)));
+        let (a, s, f) = (vs("memcpy-anon"), vs("memcpy-shm"), vs("tmpfs-write"));
+        t.row([
+            row.method.clone(),
+            row.procs.to_string(),
+            st(&row.gbps),
+            a,
+            s,
+            f,
+            format!("{:.2}", row.setup_s),
+        ]);
+    }
+    out.push(t);
+    if let Some(sd) = &r.steady {
+        let mut t = Table::new(
+            format!(
+                "2. Steady-state checkpointing, {} files, {} kept",
+                size_str(sd.bytes),
+                sd.keep
+            ),
+            &["round", "Cascade GB/s", "tmpfs GB/s", "Cascade / tmpfs"],
+        );
+        for (i, (c, f)) in sd
+            .cascade
+            .per_round
+            .iter()
+            .zip(&sd.tmpfs.per_round)
+            .enumerate()
+        {
+            t.row([
+                (i + 1).to_string(),
+                st(c),
+                st(f),
+                format!("{:.2}x", c.median / f.median),
+            ]);
+        }
+        let (c, f) = (&sd.cascade.steady, &sd.tmpfs.steady);
+        t.row([
+            "**steady state**".into(),
+            st(c),
+            st(f),
+            format!("{:.2}x", c.median / f.median),
+        ]);
+        out.push(t);
+    }
+    let mut head = vec![
+        "chunk".to_string(),
+        "write size".into(),
+        "create (s)".into(),
+    ];
+    for p in &o.procs {
+        head.extend([format!("{p} proc GB/s"), "vs memcpy shm".into()]);
+    }
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new(format!("3. Chunk-size sweep, {size} per process"), &head);
+    let mut sizes: Vec<u64> = r.sweep.iter().map(|x| x.chunk_size).collect();
+    sizes.dedup();
+    for cs in sizes {
+        let rows: Vec<_> = r.sweep.iter().filter(|x| x.chunk_size == cs).collect();
+        let Some(first) = rows.first() else { continue };
+        let mut cells = vec![
+            size_str(cs),
+            size_str(first.io),
+            format!("{:.3}", first.creation_s),
+        ];
+        for &p in &o.procs {
+            // memcpy-shm to compare with: the paired runs' median, else the table's.
+            let base = r
+                .tight_pairs
+                .iter()
+                .find(|t| t.kind == "write" && t.procs == p);
+            let base = base.map(|t| t.memcpy_shm_gbps.median);
+            let base = base.or_else(|| find(&r.writes, "memcpy-shm", p).map(|b| b.gbps.median));
+            match rows.iter().find(|x| x.procs == p) {
+                Some(row) => cells.extend([st(&row.gbps), x(ratio(row.gbps.median, base))]),
+                None => cells.extend(["-".into(), "-".into()]),
+            }
+        }
+        t.row(cells);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        format!(
+            "4. Spill-over, {} per process: model",
+            size_str(o.spill_size)
+        ),
+        &[
+            "procs",
+            "T_mem GB/s",
+            "T_ssd GB/s",
+            "first run (100 %, new spill file) GB/s",
+        ],
+    );
+    for m in &r.spill_model {
+        let f = |v: f64| format!("{v:.2}");
+        t.row([
+            m.procs.to_string(),
+            f(m.t_mem_gbps),
+            f(m.t_ssd_gbps),
+            f(m.first_run_gbps),
+        ]);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        format!("4. Spill-over, {} per process", size_str(o.spill_size)),
+        &[
+            "procs",
+            "spilled (target)",
+            "spilled (real)",
+            "measured GB/s",
+            "formula GB/s",
+            "deviation",
+            "writes (ms)",
+            "sync (ms)",
+        ],
+    );
+    for s in &r.spill {
+        let real = s.spilled_bytes as f64 * 100.0 / s.total_bytes as f64;
+        t.row([
+            s.procs.to_string(),
+            format!("{} %", s.share_pct),
+            format!("{real:.2} %"),
+            st(&s.gbps),
+            format!("{:.2}", s.predicted_gbps),
+            format!("{:+.1} %", s.deviation_pct),
+            format!("{:.0}", s.write_s.median * 1e3),
+            format!("{:.0}", s.sync_s.median * 1e3),
+        ]);
+    }
+    out.push(t);
+    let mut t = Table::new(
+        format!("5. Read-back, {io} reads, {size} per process"),
+        &[
+            "method",
+            "procs",
+            "GB/s",
+            "vs memcpy shm",
+            "vs tmpfs read",
+            "set-up (s)",
+        ],
+    );
+    for row in &r.readback {
+        let vs = |b: &str| x(row_ratio(Some(row), find(&r.readback, b, row.procs)));
+        let (s, f) = (vs("memcpy-shm-read"), vs("tmpfs-read"));
+        t.row([
+            row.method.clone(),
+            row.procs.to_string(),
+            st(&row.gbps),
+            s,
+            f,
+            format!("{:.2}", row.setup_s),
+        ]);
+    }
+    out.push(t);
+    out.retain(|t| !t.rows.is_empty());
+    out
+}
+
+impl Creations for Results {
+    fn creations(&mut self) -> &mut Vec<Creation> {
+        &mut self.creation
     }
 }

@@ -16,8 +16,11 @@
 //! `profile` put the ingest time in proportion: each step of the ingest's work timed alone on
 //! one thread (reference passes), and `perf record` of one ingest.
 
-use crate::report::{machine_table, utc_string, Target};
-use crate::util::{self, err, prefix, Context, Interference, Machine, Res, Stats};
+use crate::datasets::{load_series, Series, SeriesInfo, Snap, SrcFile};
+use crate::format::{median_u64, ratio_fine as ratio, st_fine as st};
+use crate::procs::tool_version;
+use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
+use crate::util::{self, err, prefix, rotated, Context, Res, Stats};
 use cascade_dedup::repo::{FileBase, FileRecipe, Repo, DEFAULT_PREFIX};
 use cascade_dedup::{Chunking, Compression};
 use cascade_durable::DurableStore;
@@ -272,90 +275,7 @@ fn build_opts(a: &DedupArgs, pid: u32) -> Res<DOpts> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The series.
-
-/// One file of a snapshot, with the BLAKE3 of its bytes (computed by the parent, the
-/// reference every restore is checked against).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SrcFile {
-    /// Path inside the snapshot directory.
-    pub rel: String,
-    pub path: PathBuf,
-    pub size: u64,
-    pub blake3: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Snap {
-    /// "snap-00".
-    pub name: String,
-    pub files: Vec<SrcFile>,
-}
-
-impl Snap {
-    pub(crate) fn bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
-    }
-}
-
-/// A series as the report describes it.
-#[derive(Debug, Clone, Serialize)]
-pub struct SeriesInfo {
-    pub name: String,
-    pub dir: PathBuf,
-    pub snapshots: usize,
-    pub files: usize,
-    pub input_bytes: u64,
-    pub bytes_per_snapshot: Vec<u64>,
-    /// Reading and hashing the whole series once at the start (it also brings the series
-    /// into the page cache): seconds.
-    pub warm_s: f64,
-}
-
-pub(crate) struct Series {
-    pub(crate) info: SeriesInfo,
-    pub(crate) snaps: Vec<Snap>,
-}
-
-impl Series {
-    fn input(&self) -> u64 {
-        self.info.input_bytes
-    }
-    fn all_files(&self) -> Vec<PathBuf> {
-        self.snaps
-            .iter()
-            .flat_map(|s| s.files.iter().map(|f| f.path.clone()))
-            .collect()
-    }
-    fn snap_names(&self) -> Vec<String> {
-        self.snaps.iter().map(|s| s.name.clone()).collect()
-    }
-}
-
-/// Regular files under `dir`, recursively, as (path relative to `dir`, path), sorted.
-fn walk_files(dir: &Path) -> Res<Vec<(String, PathBuf)>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let rd = std::fs::read_dir(&d).ctx(|| format!("listing {}", d.display()))?;
-        for e in rd {
-            let e = e.ctx(|| format!("listing {}", d.display()))?;
-            let p = e.path();
-            let ft = e.file_type().ctx(|| format!("stat {}", p.display()))?;
-            if ft.is_dir() {
-                stack.push(p);
-            } else if ft.is_file() {
-                let rel = p
-                    .strip_prefix(dir)
-                    .map(|r| r.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                out.push((rel, p));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
+// Repository sizes.
 
 /// Files and bytes (apparent sizes) under `dir`; (0, 0) when it does not exist.
 fn tree_bytes(dir: &Path) -> (u64, u64) {
@@ -379,69 +299,6 @@ fn tree_bytes(dir: &Path) -> (u64, u64) {
         }
     }
     (files, bytes)
-}
-
-fn blake3_file(p: &Path) -> Res<(u64, String)> {
-    let mut f = std::fs::File::open(p).ctx(|| format!("opening {}", p.display()))?;
-    let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut n = 0u64;
-    loop {
-        let k = f
-            .read(&mut buf)
-            .ctx(|| format!("reading {}", p.display()))?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
-    Ok((n, h.finalize().to_hex().to_string()))
-}
-
-/// Scans `datasets/<name>/snap-*` and hashes every file.
-pub(crate) fn load_series(datasets: &Path, name: &str) -> Res<Series> {
-    let dir = datasets.join(name);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .ctx(|| format!("listing {}", dir.display()))?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("snap-"))
-        .collect();
-    names.sort();
-    if names.is_empty() {
-        return err(format!("no snap-NN directories in {}", dir.display()));
-    }
-    let t = Instant::now();
-    let mut snaps = Vec::new();
-    for n in &names {
-        let mut files = Vec::new();
-        for (rel, path) in walk_files(&dir.join(n))? {
-            let (size, b3) = blake3_file(&path)?;
-            files.push(SrcFile {
-                rel,
-                path,
-                size,
-                blake3: b3,
-            });
-        }
-        snaps.push(Snap {
-            name: n.clone(),
-            files,
-        });
-    }
-    let warm_s = t.elapsed().as_secs_f64();
-    let info = SeriesInfo {
-        name: name.to_string(),
-        dir,
-        snapshots: snaps.len(),
-        files: snaps.iter().map(|s| s.files.len()).sum(),
-        input_bytes: snaps.iter().map(Snap::bytes).sum(),
-        bytes_per_snapshot: snaps.iter().map(Snap::bytes).collect(),
-        warm_s,
-    };
-    Ok(Series { info, snaps })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1291,15 +1148,11 @@ pub struct DResults {
 #[derive(Debug, Serialize)]
 pub struct Report<'a> {
     pub suite: &'static str,
-    pub generated_utc: String,
-    pub duration_s: f64,
-    pub command: String,
-    pub source: String,
+    #[serde(flatten)]
+    pub header: Header,
     pub tools: BTreeMap<String, String>,
     /// What make.sh printed.
     pub make_output: String,
-    pub machine: &'a Machine,
-    pub interference: Interference,
     pub options: &'a DOpts,
     pub targets: Vec<Target>,
     pub results: &'a DResults,
@@ -1336,7 +1189,7 @@ fn timed(c: &mut Command, what: &str) -> Res<(f64, f64)> {
         return err(format!(
             "{what} failed ({}): {}",
             out.status,
-            crate::durable::one_line(&[out.stderr, out.stdout].concat())
+            crate::procs::one_line(&[out.stderr, out.stdout].concat())
         ));
     }
     Ok((s, cpu))
@@ -1384,7 +1237,7 @@ impl Rig<'_> {
             return err(format!(
                 "the child failed ({}): {}",
                 out.status,
-                crate::durable::one_line(&out.stderr)
+                crate::procs::one_line(&out.stderr)
             ));
         }
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1647,7 +1500,7 @@ impl Rig<'_> {
             return err(format!(
                 "{} report gave no samples: {}",
                 self.o.perf,
-                crate::durable::one_line(&report.stderr)
+                crate::procs::one_line(&report.stderr)
             ));
         }
         let mut cats: BTreeMap<String, f64> = BTreeMap::new();
@@ -1718,24 +1571,12 @@ fn category(sym: &str, kernel: bool) -> &'static str {
     }
 }
 
-/// `methods` rotated by `rep`, so that each runs in every position in turn.
-fn rotated(methods: &[Method], rep: usize) -> Vec<Method> {
-    let n = methods.len().max(1);
-    (0..methods.len()).map(|k| methods[(k + rep) % n]).collect()
-}
-
 fn gbps(bytes: u64, s: f64) -> f64 {
     if s > 0.0 {
         bytes as f64 / s / 1e9
     } else {
         f64::NAN
     }
-}
-
-fn median_u64(v: &[u64]) -> u64 {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
 fn make_row(o: &DOpts, s: &Series, m: Method, samples: Vec<Sample>) -> Row {
@@ -2058,26 +1899,10 @@ fn make_datasets(o: &DOpts) -> Res<String> {
             "{} failed ({}): {}",
             o.make.display(),
             out.status,
-            crate::durable::one_line(&out.stderr)
+            crate::procs::one_line(&out.stderr)
         ));
     }
     Ok(text)
-}
-
-fn tool_version(prog: &str, args: &[&str]) -> String {
-    Command::new(prog)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .and_then(|o| {
-            let s = String::from_utf8_lossy(&[o.stdout, o.stderr].concat()).into_owned();
-            s.lines()
-                .find(|l| !l.trim().is_empty())
-                .map(|l| l.trim().to_string())
-        })
-        .unwrap_or_else(|| "not found".into())
 }
 
 pub fn run(a: DedupArgs) -> Res<()> {
@@ -2091,7 +1916,7 @@ pub fn run(a: DedupArgs) -> Res<()> {
     let me = std::env::current_exe().ctx(|| "locating this executable")?;
     std::fs::copy(&me, &exe).ctx(|| format!("copying {} to {}", me.display(), exe.display()))?;
     let make_output = make_datasets(&o)?;
-    let machine = util::machine(&o.disk_dir, &o.tmpfs_dir);
+    let clock = RunClock::start(&o.disk_dir, &o.tmpfs_dir);
     let mut tools = BTreeMap::new();
     tools.insert(RESTIC.to_string(), tool_version(&o.restic, &["version"]));
     tools.insert(BORG.to_string(), tool_version(&o.borg, &["--version"]));
@@ -2102,24 +1927,11 @@ pub fn run(a: DedupArgs) -> Res<()> {
         "rayon threads".to_string(),
         rayon::current_num_threads().to_string(),
     );
+    let (series, datasets) = (o.series.join(","), o.datasets.display());
     eprintln!(
-        "cascade-bench dedup: {} ({} cores), kernel {}, {} GiB RAM; series {} in {}; {} repetitions; names {}-*",
-        machine.cpu_model,
-        machine.cores,
-        machine.kernel,
-        machine.ram_gib,
-        o.series.join(","),
-        o.datasets.display(),
-        o.reps,
-        prefix(pid)
+        "cascade-bench dedup: series {series} in {datasets}; {} repetitions",
+        o.reps
     );
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let t0 = util::now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let mut results = DResults::default();
     let rig = Rig { o: &o, exe };
     let outcome = (|| -> Res<()> {
@@ -2135,37 +1947,20 @@ pub fn run(a: DedupArgs) -> Res<()> {
         }
         Ok(())
     })();
-    let duration_s = (util::now_ns() - t0) as f64 / 1e9;
-    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
-    if interference.other_cpu_pct > 10.0 {
-        eprintln!(
-            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
-            interference.other_cpu_pct
-        );
-    }
     if let Err(e) = &outcome {
         results.notes.push(format!("the run stopped: {e}"));
     }
     let rep = Report {
         suite: "dedup",
-        generated_utc: utc_string(started),
-        duration_s,
-        command: crate::durable::command_line(),
-        source: crate::source_version_of(&[
-            "crates/cascade-dedup",
-            "crates/cascade-durable",
-            "bench",
-        ]),
+        header: clock.finish(&["crates/cascade-dedup", "crates/cascade-durable", "bench"]),
         tools,
         make_output,
-        machine: &machine,
-        interference,
         options: &o,
         targets: targets(&o, &results),
         results: &results,
     };
-    let md = markdown(&rep);
-    crate::report::write_results(&a.out, "dedup", &md, &rep, &rep.targets, duration_s)?;
+    let title = "Cascade dedup repository vs restic, borg, cp and zstd on checkpoint series";
+    report::write(&a.out, "dedup", title, &rep, tables(&rep))?;
     outcome
 }
 
@@ -2186,267 +1981,100 @@ fn find_any<'a>(o: &DOpts, r: &'a DResults, series: &str, method: &str) -> Optio
         .find_map(|&st| find(r, series, method, st))
 }
 
-fn st(s: &Stats) -> String {
-    let p = if s.median < 0.1 { 3 } else { 2 };
-    if s.samples.len() <= 1 {
-        format!("{:.p$}", s.median)
-    } else {
-        format!("{:.p$} [{:.p$}–{:.p$}]", s.median, s.min, s.max)
-    }
-}
-
-fn ratio(a: f64, b: f64) -> String {
-    let r = a / b;
-    if !r.is_finite() {
-        "n/a".into()
-    } else if r < 0.1 {
-        format!("{r:.3}x")
-    } else {
-        format!("{r:.2}x")
-    }
-}
-
 fn mb(b: u64) -> String {
     format!("{:.1} MB", b as f64 / 1e6)
 }
 
+/// The goals: ingest >= 1 GB/s (against restic and borg), and the reduction of what the
+/// agent stores by default (with deltas where that configuration was run).
 fn targets(o: &DOpts, r: &DResults) -> Vec<Target> {
     let def = &o.configs[0].label;
-    let mut out = Vec::new();
-    // Ingest speed.
     let store = if o.stores.contains(&StoreKind::Disk) {
         StoreKind::Disk
     } else {
         o.stores[0]
     };
-    let mut parts = Vec::new();
-    let mut met: Option<bool> = None;
+    let (mut parts, mut met) = (Vec::new(), None);
     for s in &o.series {
         let Some(x) = find(r, s, def, store) else {
             continue;
         };
-        let mut vs = Vec::new();
-        for t in [RESTIC, BORG] {
-            if let Some(b) = find(r, s, t, StoreKind::Disk) {
-                let raw = ratio(x.gbps.median, b.gbps.median);
-                let ns = b.gbps_without_startup.as_ref().map_or(String::new(), |n| {
-                    format!(", {} without its start-up", ratio(x.gbps.median, n.median))
-                });
-                vs.push(format!("{raw} {t}{ns}"));
-            }
-        }
-        let other = o
-            .stores
-            .iter()
-            .filter(|&&k| k != store)
-            .filter_map(|&k| {
-                find(r, s, def, k)
-                    .map(|y| format!("; {} store {:.2} GB/s", k.name(), y.gbps.median))
+        let vs: Vec<String> = [RESTIC, BORG]
+            .into_iter()
+            .filter_map(|t| find(r, s, t, StoreKind::Disk).map(|b| (t, b)))
+            .map(|(t, b)| {
+                let bare = b
+                    .gbps_without_startup
+                    .as_ref()
+                    .map(|n| ratio(x.gbps.median, n.median));
+                let bare = bare.map_or(String::new(), |n| format!(", {n} without its start-up"));
+                format!("{} {t}{bare}", ratio(x.gbps.median, b.gbps.median))
             })
-            .collect::<String>();
-        // The fastest configuration that compresses (ingest includes compression).
-        let fastest = r
-            .rows
-            .iter()
-            .filter(|y| y.series == *s && y.kind == "cascade" && y.store == store)
-            .filter(|y| !y.method.ends_with("+none"))
-            .max_by(|a, b| a.gbps.median.total_cmp(&b.gbps.median))
-            .filter(|y| y.method != *def)
-            .map_or(String::new(), |y| {
-                format!(
-                    "; fastest of ours `{}` {:.2} GB/s ({:.2}x reduction)",
-                    y.method, y.gbps.median, y.reduction
-                )
-            });
-        parts.push(format!(
-            "{s} **{:.2}** GB/s ({}{other}{fastest})",
-            x.gbps.median,
-            if vs.is_empty() {
-                "no restic/borg".to_string()
-            } else {
-                vs.join(", ")
-            },
-        ));
+            .collect();
+        let vs = if vs.is_empty() {
+            "no restic/borg".to_string()
+        } else {
+            vs.join(", ")
+        };
+        parts.push(format!("{s} **{:.2}** GB/s ({vs})", x.gbps.median));
         met = Some(met.unwrap_or(true) && x.gbps.median >= 1.0);
     }
-    out.push(Target {
-        name: format!(
-            "Ingest (chunk + hash + compress + store), `{def}`, {} store",
-            store.name()
-        ),
-        goal: ">= 1 GB/s on this 2-core machine, about 8x restic and borg".into(),
-        measured: if parts.is_empty() {
-            "not run".into()
-        } else {
-            parts.join("; ")
-        },
-        met,
-    });
-    // Reduction: of what the agent stores by default, i.e. with deltas (`dedup.delta` is on)
-    // where that configuration was run.
+    let measured = if parts.is_empty() {
+        "not run".into()
+    } else {
+        parts.join("; ")
+    };
+    let name = format!(
+        "Ingest (chunk + hash + compress + store), `{def}`, {} store",
+        store.name()
+    );
+    let goal = ">= 1 GB/s on this 2-core machine, about 8x restic and borg";
+    let mut out = vec![Target::new(&name, goal, measured, met)];
     let with_delta = format!("{def}+delta");
-    let def = match o.configs.iter().any(|c| c.label == with_delta) {
-        true => &with_delta,
-        false => def,
+    let def = if o.configs.iter().any(|c| c.label == with_delta) {
+        &with_delta
+    } else {
+        def
     };
     for (series, goal, what) in [
         ("lammps", 1.7, "LAMMPS restarts"),
         ("torch", 3.0, "the ML series (torch)"),
     ] {
+        let name = format!("Reduction (input / stored) on {what}, `{def}`");
+        let goal_text = format!(">= {goal}x");
         let Some(x) = find_any(o, r, series, def) else {
-            out.push(Target {
-                name: format!("Reduction (input / stored) on {what}, `{def}`"),
-                goal: format!(">= {goal}x"),
-                measured: "not run".into(),
-                met: None,
-            });
+            out.push(Target::new(&name, &goal_text, "not run".into(), None));
             continue;
         };
-        let mut others = Vec::new();
-        for m in [RESTIC, BORG, ZSTD] {
-            if let Some(b) = find_any(o, r, series, m) {
-                others.push(format!("{m} {:.2}x", b.reduction));
-            }
-        }
-        let best = r
-            .rows
-            .iter()
-            .filter(|y| y.series == series && y.kind == "cascade")
-            .max_by(|a, b| a.reduction.total_cmp(&b.reduction));
-        if let Some(b) = best.filter(|b| b.method != *def) {
-            others.push(format!(
-                "best of ours {:.2}x with `{}`",
-                b.reduction, b.method
-            ));
-        }
-        out.push(Target {
-            name: format!("Reduction (input / stored) on {what}, `{def}`"),
-            goal: format!(">= {goal}x"),
-            measured: format!(
-                "**{:.2}x** ({} of {}){}",
-                x.reduction,
-                mb(x.stored_bytes),
-                mb(x.input_bytes),
-                if others.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {}", others.join(", "))
-                }
-            ),
-            met: Some(x.reduction >= goal),
-        });
+        let others: Vec<String> = [RESTIC, BORG, ZSTD]
+            .into_iter()
+            .filter_map(|m| find_any(o, r, series, m).map(|b| format!("{m} {:.2}x", b.reduction)))
+            .collect();
+        let (stored, input) = (mb(x.stored_bytes), mb(x.input_bytes));
+        let measured = format!(
+            "**{:.2}x** ({stored} of {input}); {}",
+            x.reduction,
+            others.join(", ")
+        );
+        out.push(Target::new(
+            &name,
+            &goal_text,
+            measured,
+            Some(x.reduction >= goal),
+        ));
     }
     out
 }
 
-fn markdown(rep: &Report) -> String {
-    let o = rep.options;
-    let r = rep.results;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Cascade dedup repository (`cascade-dedup`) vs restic and borg on real checkpoint series\n"
-    );
-    let _ = writeln!(
-        s,
-        "Generated by `bench/run.sh --suite dedup` ({}) on {} UTC from commit {}; the run took \
-         {:.0} s.\n",
-        rep.command, rep.generated_utc, rep.source, rep.duration_s
-    );
-    let _ =
-        writeln!(
-        s,
-        "Series made on this machine by `bench/datasets/make.sh{}` (bench/datasets/README.md): \
-         {}. Each method ingests snap-00, snap-01, ... in order into a **fresh** repository \
-         (or directory). **Ours** (`cascade-dedup`, one configuration `CHUNKING+COMPRESSION` \
-         per row; `+delta`: each file of snap-NN is added with snap-(NN-1)'s file of the same \
-         name, mapped read-only, as its base, docs/dedup.md \"Delta blobs\"): a child \
-         process opens a durable store that is a directory on local disk \
-         ({}, *disk*) or on tmpfs ({}, *tmpfs*: the same code without the disk's write cost) \
-         and the repository in it, then per snapshot one writer session (`add_file` of every \
-         file, opened with `File::open`, then `finish`) and `write_manifest`; **ingest GB/s = \
-         input bytes / wall time of add_file + finish + write_manifest over all snapshots**; \
-         CPU s/GB from getrusage of the child (all its threads). The store does not fsync \
-         (object_store's local backend); *sync after* is a syncfs(2) of the disk right after, \
-         timed apart (restic and borg fsync their files inside their time). Then the \
-         repository is opened again, the last snapshot restored into files next to it \
-         (*restore GB/s*) and every file checked against the BLAKE3 of the source; in the \
-         first repetition every snapshot is restored and checked. **restic** and **borg** \
-         (Debian; settings of bench/datasets/restic_borg.sh: restic repository v2 with \
-         compression auto, borg `init -e none` with lz4; repository and cache on the disk): \
-         one process per snapshot (`restic backup SNAP`, `borg create REPO::SNAP SNAP`), \
-         timed as the sum of the backups, init excluded; their **start-up** (one backup of an \
-         empty directory into another fresh repository, same repetition) is reported apart, \
-         and their GB/s also with snapshots x start-up subtracted. **cp -r**: one `cp -r \
-         snap-*` into the store's directory (a durable store without dedup). **zstd -1**: \
-         `zstd -1 -r` of all snapshots (one thread, compression only) onto the disk. Stored \
-         bytes = apparent sizes of all files in the repository or copy (packs, index, \
-         manifests, config; for restic and borg everything in the repository directory). \
-         Reduction = input / stored. {}; GB/s = 10^9 bytes/s. The methods take turns within \
-         each repetition, in rotating order, each after a syncfs(2) of the disk (untimed: the \
-         previous method's writes and deletions reach the disk first) and a wait for an idle \
-         machine. See \
-         bench/README.md.\n",
-        if o.quick { " --quick" } else { "" },
-        r.series
-            .iter()
-            .map(|x| format!(
-                "**{}** ({} snapshots, {} files, {})",
-                x.name,
-                x.snapshots,
-                x.files,
-                mb(x.input_bytes)
-            ))
-            .collect::<Vec<_>>()
-            .join(", "),
-        o.disk_dir.display(),
-        o.tmpfs_dir.display(),
-        if o.reps > 1 {
-            format!("Each figure is the median of {} runs, [min–max] in brackets", o.reps)
-        } else {
-            "One run per figure".to_string()
-        }
-    );
+/// The tables of dedup.md.
+fn tables(rep: &Report) -> Md {
+    let (o, r) = (rep.options, rep.results);
+    let mut s = Md::default();
     if o.quick {
-        let _ = writeln!(
-            s,
-            "**Quick run:** the small --quick series (a few MB per snapshot); speeds are \
-             dominated by per-process and per-file costs and say little about the goals.\n"
-        );
+        s.verdict("quick run: the small --quick series; speeds are dominated by per-process and per-file costs".into());
     }
-    if rep.interference.other_cpu_pct > 10.0 {
-        let _ = writeln!(
-            s,
-            "**Warning:** other processes and kernel threads used {:.0} % of the CPUs during \
-             this run (load average {} at start); the figures are disturbed by them.\n",
-            rep.interference.other_cpu_pct, rep.interference.loadavg_start
-        );
-    }
-    if !r.notes.is_empty() {
-        let _ = writeln!(s, "**Not measured / failed:**\n");
-        for n in &r.notes {
-            let _ = writeln!(s, "- {n}");
-        }
-        s.push('\n');
-    }
-    let _ = writeln!(s, "## Goals\n");
-    let _ = writeln!(
-        s,
-        "From the issue: on the same series, side by side with restic and borg, stored bytes \
-         and ingest throughput. Checked on the first configuration (`{}`), ingest on the disk \
-         store, and the reductions on what the agent stores by default: the same with deltas \
-         (`+delta`; `dedup.delta` is on by default) where that was run; ratios are of \
-         medians.\n",
-        o.configs[0].label
-    );
-    let _ = writeln!(s, "| goal | target | measured | met |\n|---|---|---|---|");
-    for t in &rep.targets {
-        let met = match t.met {
-            Some(true) => "**yes**",
-            Some(false) => "**NO**",
-            None => "not run",
-        };
-        let _ = writeln!(s, "| {} | {} | {} | {} |", t.name, t.goal, t.measured, met);
+    for n in &r.notes {
+        s.verdict(format!("not measured / failed: {n}"));
     }
     summary(&mut s, o, r);
     for x in &r.series {
@@ -2459,25 +2087,14 @@ fn markdown(rep: &Report) -> String {
     work_section(&mut s, o, r);
     profile_section(&mut s, r);
     analysis(&mut s, o, r);
-    let _ = writeln!(s, "\n## Datasets\n");
-    let _ = writeln!(
-        s,
-        "`bench/datasets/make.sh{} {} {}` (idempotent: it generates only what is missing) \
-         printed:\n\n```\n{}```\n",
-        if o.quick { " --quick" } else { "" },
-        o.datasets.display(),
-        o.series.join(" "),
-        rep.make_output
-    );
-    let _ = writeln!(
-        s,
-        "| series | snapshots | files | input | bytes per snapshot | read + hash at start (s) |\n|---|---|---|---|---|---|"
+    s.title("Datasets".to_string());
+    s.head(
+        "| series | snapshots | files | input | bytes per snapshot | read + hash at start (s) |",
     );
     for x in &r.series {
         let per: Vec<u64> = x.bytes_per_snapshot.clone();
         let same = per.iter().all(|&b| b == per[0]);
-        let _ = writeln!(
-            s,
+        s.row(format!(
             "| {} | {} | {} | {} | {} | {:.2} |",
             x.name,
             x.snapshots,
@@ -2492,42 +2109,38 @@ fn markdown(rep: &Report) -> String {
                     .join(", ")
             },
             x.warm_s
-        );
+        ));
     }
     let mut extra: Vec<(String, String)> = vec![
         (
             "disk store".to_string(),
-            format!("{} ({})", o.disk_dir.display(), rep.machine.disk_fs),
+            format!("{} ({})", o.disk_dir.display(), rep.header.machine.disk_fs),
         ),
         (
             "tmpfs store".to_string(),
-            format!("{} ({})", o.tmpfs_dir.display(), rep.machine.spill_fs),
+            format!(
+                "{} ({})",
+                o.tmpfs_dir.display(),
+                rep.header.machine.spill_fs
+            ),
         ),
         ("datasets".to_string(), o.datasets.display().to_string()),
     ];
     for (k, v) in &rep.tools {
         extra.push((k.clone(), v.clone()));
     }
-    machine_table(&mut s, rep.machine, &extra, &rep.interference);
+    s.push(machine_table(&rep.header, extra));
+    s.tables.retain(|t| !t.rows.is_empty());
     s
 }
 
-fn summary(s: &mut String, o: &DOpts, r: &DResults) {
+fn summary(s: &mut Md, o: &DOpts, r: &DResults) {
     if r.rows.is_empty() {
         return;
     }
     let def = &o.configs[0].label;
-    let _ = writeln!(s, "\n## Summary\n");
-    let _ = writeln!(
-        s,
-        "Ours = `{def}`. Reduction = input / stored; ingest GB/s on the disk (ours also on \
-         tmpfs); restic and borg raw and, after the slash, with their start-up subtracted. \
-         Ratios are ours / theirs (medians).\n"
-    );
-    let _ = writeln!(
-        s,
-        "| series | input | ours stored (reduction) | restic | borg | zstd -1 | ours GB/s disk | ours GB/s tmpfs | restic GB/s | borg GB/s | ours / restic GB/s | ours / borg GB/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-    );
+    s.title("Summary".to_string());
+    s.head("| series | input | ours stored (reduction) | restic | borg | zstd -1 | ours GB/s disk | ours GB/s tmpfs | restic GB/s | borg GB/s | ours / restic GB/s | ours / borg GB/s |");
     for x in &r.series {
         let n = &x.name;
         let red = |m: &str| {
@@ -2557,8 +2170,7 @@ fn summary(s: &mut String, o: &DOpts, r: &DResults) {
             ),
             _ => "—".into(),
         };
-        let _ = writeln!(
-            s,
+        s.row(format!(
             "| {n} | {} | **{}** | {} | {} | {} | **{}** | {} | {} | {} | {} | {} |",
             mb(x.input_bytes),
             red(def),
@@ -2571,29 +2183,25 @@ fn summary(s: &mut String, o: &DOpts, r: &DResults) {
             tool(BORG),
             vs(RESTIC),
             vs(BORG)
-        );
+        ));
     }
 }
 
-fn series_table(s: &mut String, o: &DOpts, r: &DResults, x: &SeriesInfo) {
+fn series_table(s: &mut Md, o: &DOpts, r: &DResults, x: &SeriesInfo) {
     let rows: Vec<&Row> = r.rows.iter().filter(|y| y.series == x.name).collect();
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(
-        s,
-        "\n## {}: {} snapshots, {} in {} files\n",
+    s.title(format!(
+        "{}: {} snapshots, {} in {} files",
         x.name,
         x.snapshots,
         mb(x.input_bytes),
         x.files
-    );
+    ));
     let restic = find(r, &x.name, RESTIC, StoreKind::Disk);
     let borg = find(r, &x.name, BORG, StoreKind::Disk);
-    let _ = writeln!(
-        s,
-        "| method | store | stored | reduction | restic stores (x this) | borg stores (x this) | ingest GB/s | x restic (raw / w/o its start-up) | x borg (raw / w/o its start-up) | CPU s/GB | sync after (s) | restore GB/s | verified |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    );
+    s.head("| method | store | stored | reduction | restic stores (x this) | borg stores (x this) | ingest GB/s | x restic (raw / w/o its start-up) | x borg (raw / w/o its start-up) | CPU s/GB | sync after (s) | restore GB/s | verified |");
     let order = |y: &Row| match y.kind.as_str() {
         "cascade" => o
             .configs
@@ -2648,8 +2256,7 @@ fn series_table(s: &mut String, o: &DOpts, r: &DResults, x: &SeriesInfo) {
         } else {
             mb(y.stored_bytes)
         };
-        let _ = writeln!(
-            s,
+        s.row(format!(
             "| {name} | {} | {stored} | {:.2}x | {} | {} | {speed} | {} | {} | {} | {} | {} | {} |",
             y.store.name(),
             y.reduction,
@@ -2661,7 +2268,7 @@ fn series_table(s: &mut String, o: &DOpts, r: &DResults, x: &SeriesInfo) {
             y.sync_s.as_ref().map_or(String::new(), st),
             y.restore_gbps.as_ref().map_or(String::new(), st),
             y.verified.clone().unwrap_or_default()
-        );
+        ));
     }
     // Our repositories in detail.
     let ours: Vec<&Row> = r
@@ -2672,23 +2279,14 @@ fn series_table(s: &mut String, o: &DOpts, r: &DResults, x: &SeriesInfo) {
     if ours.is_empty() {
         return;
     }
-    let _ = writeln!(
-        s,
-        "\nOur repositories ({} store, last repetition): chunks cut, new ones stored, and the \
-         repository's objects.\n",
-        o.stores[0].name()
-    );
-    let _ = writeln!(
-        s,
-        "| configuration | chunks | new chunks | new bytes | written into packs (data + recipe trees) | packs | pack objects | index | manifests | open (s) | reopen (s) | verify all GB/s | child peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    );
+    s.title(format!("{}: our repositories in detail", x.name));
+    s.head("| configuration | chunks | new chunks | new bytes | written into packs (data + recipe trees) | packs | pack objects | index | manifests | open (s) | reopen (s) | verify all GB/s | child peak RSS |");
     for y in ours {
         let (Some(w), Some(b)) = (&y.stats, &y.repo) else {
             continue;
         };
         let last = y.samples.last().and_then(|z| z.ingest.as_ref());
-        let _ = writeln!(
-            s,
+        s.row(format!(
             "| `{}` | {} | {} | {} | {} + {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             y.method,
             w.chunks,
@@ -2704,63 +2302,11 @@ fn series_table(s: &mut String, o: &DOpts, r: &DResults, x: &SeriesInfo) {
             last.map_or(String::new(), |l| format!("{:.3}", l.reopen_s)),
             y.verify_gbps.as_ref().map_or(String::new(), st),
             last.map_or(String::new(), |l| format!("{} MiB", l.max_rss_kib / 1024))
-        );
+        ));
     }
 }
 
-fn per_snapshot(s: &mut String, o: &DOpts, r: &DResults) {
-    if r.rows.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## Bytes added per snapshot (MB)\n");
-    let _ = writeln!(
-        s,
-        "What each snapshot added to the store (last repetition): ours = bytes written into \
-         packs (chunk data and recipe trees; pack trailers, index and manifests not included), \
-         restic and borg = growth of the repository directory, cp and zstd = size of the \
-         snapshot's copy. The first snapshot shows compression alone, the later ones dedup \
-         against the earlier snapshots.\n"
-    );
-    for x in &r.series {
-        let rows: Vec<&Row> = r
-            .rows
-            .iter()
-            .filter(|y| {
-                y.series == x.name
-                    && (y.kind != "cascade" && y.kind != CP || y.store == o.stores[0])
-                    && !y.per_snapshot_stored.is_empty()
-            })
-            .collect();
-        if rows.is_empty() {
-            continue;
-        }
-        let _ = writeln!(
-            s,
-            "**{}** (input {} per snapshot):\n",
-            x.name,
-            x.bytes_per_snapshot
-                .first()
-                .map_or("?".into(), |&b| format!("{:.1} MB", b as f64 / 1e6))
-        );
-        let mut head = "| method |".to_string();
-        let mut line = "|---|".to_string();
-        for i in 0..x.snapshots {
-            let _ = write!(head, " {i:02} |");
-            line.push_str("---|");
-        }
-        let _ = writeln!(s, "{head}\n{line}");
-        for y in rows {
-            let mut row = format!("| {} |", y.method);
-            for b in &y.per_snapshot_stored {
-                let _ = write!(row, " {:.1} |", *b as f64 / 1e6);
-            }
-            let _ = writeln!(s, "{row}");
-        }
-        s.push('\n');
-    }
-}
-
-fn reduction_section(s: &mut String, o: &DOpts, r: &DResults) {
+fn reduction_section(s: &mut Md, o: &DOpts, r: &DResults) {
     let ours: Vec<&Row> = r
         .rows
         .iter()
@@ -2769,20 +2315,9 @@ fn reduction_section(s: &mut String, o: &DOpts, r: &DResults) {
     if ours.is_empty() {
         return;
     }
-    let _ = writeln!(s, "\n## Where the reduction comes from\n");
-    let _ = writeln!(
-        s,
-        "Ours, from the writer's statistics: **dedup** = input / bytes of the new chunks (what \
-         chunking and the index saved), **compression** = bytes of the new chunks / chunk \
-         data written into packs (what zstd saved on them; chunks it does not shrink by an \
-         eighth are stored raw), **overhead** = recipe trees, pack trailers, index objects, \
-         manifests and config. Reduction = input / stored. *Raw* is the share of the new \
-         bytes zstd tried but did not keep (from the breakdown pass). zstd -1 of the whole \
-         series (no dedup) for comparison.\n"
-    );
-    let _ = writeln!(
-        s,
-        "| series | method | dedup | compression | new bytes stored raw | overhead | reduction |\n|---|---|---|---|---|---|---|"
+    s.title("Where the reduction comes from".to_string());
+    s.head(
+        "| series | method | dedup | compression | new bytes stored raw | overhead | reduction |",
     );
     for x in &r.series {
         for y in ours.iter().filter(|y| y.series == x.name) {
@@ -2801,8 +2336,7 @@ fn reduction_section(s: &mut String, o: &DOpts, r: &DResults) {
                     )
                 });
             let overhead = b.total.saturating_sub(w.stored_data_bytes);
-            let _ = writeln!(
-                s,
+            s.row(format!(
                 "| {} | `{}` | {:.2}x | {:.2}x | {raw} | {} ({:.1} %) | **{:.2}x** |",
                 x.name,
                 y.method,
@@ -2811,34 +2345,26 @@ fn reduction_section(s: &mut String, o: &DOpts, r: &DResults) {
                 mb(overhead),
                 100.0 * overhead as f64 / b.total.max(1) as f64,
                 y.reduction
-            );
+            ));
         }
         for m in [RESTIC, BORG, ZSTD] {
             if let Some(y) = find_any(o, r, &x.name, m) {
-                let _ = writeln!(s, "| {} | {m} | | | | | {:.2}x |", x.name, y.reduction);
+                s.row(format!(
+                    "| {} | {m} | | | | | {:.2}x |",
+                    x.name, y.reduction
+                ));
             }
         }
     }
 }
 
-fn startup(s: &mut String, o: &DOpts, r: &DResults) {
+fn startup(s: &mut Md, o: &DOpts, r: &DResults) {
     let rows: Vec<&Row> = r.rows.iter().filter(|y| y.startup_s.is_some()).collect();
     if rows.is_empty() {
         return;
     }
-    let _ = writeln!(s, "\n## Start-up of restic and borg\n");
-    let _ = writeln!(
-        s,
-        "One backup of an empty directory into a fresh repository (process start, repository \
-         open and lock, snapshot written), measured in every repetition next to the series' \
-         backups. Each snapshot's backup is a process of its own and pays it once. Ours opens \
-         the durable store and the repository once per process (`open`).\n"
-    );
-    let _ = writeln!(
-        s,
-        "| series | tool | start-up (s) | backups of the series (s) | share of start-up | ours `{}` open (s) |\n|---|---|---|---|---|---|",
-        o.configs[0].label
-    );
+    s.title("Start-up of restic and borg".to_string());
+    s.head(&format!("| series | tool | start-up (s) | backups of the series (s) | share of start-up | ours `{}` open (s) |", o.configs[0].label));
     for y in rows {
         let Some(su) = &y.startup_s else { continue };
         let secs = Stats::of(&y.samples.iter().map(|z| z.seconds).collect::<Vec<_>>());
@@ -2846,38 +2372,25 @@ fn startup(s: &mut String, o: &DOpts, r: &DResults) {
         let ours = find_any(o, r, &y.series, &o.configs[0].label)
             .and_then(|z| z.open_s.as_ref())
             .map_or(String::new(), st);
-        let _ = writeln!(
-            s,
+        s.row(format!(
             "| {} | {} | {} | {} | {:.0} % | {ours} |",
             y.series,
             y.method,
             st(su),
             st(&secs),
             100.0 * n * su.median / secs.median
-        );
+        ));
     }
 }
 
-fn hashing(s: &mut String, r: &DResults) {
+fn hashing(s: &mut Md, r: &DResults) {
     if r.hashing.is_empty() {
         return;
     }
-    let _ = writeln!(s, "\n## Reading and hashing: the floor of any dedup\n");
-    let _ = writeln!(
-        s,
-        "A child process reads every file of the series with 1 MiB read() calls (page cache), \
-         then again with BLAKE3 of each buffer on one thread; then, with the files in memory, \
-         BLAKE3 of each whole file on one thread and BLAKE3 of every 64 KiB piece on all \
-         cores (rayon), as chunk scores are computed. Every dedup reads and hashes each byte \
-         at least once.\n"
-    );
-    let _ = writeln!(
-        s,
-        "| series | bytes | read GB/s | read + BLAKE3, 1 thread | BLAKE3 in memory, 1 thread | BLAKE3 of 64 KiB pieces, all cores |\n|---|---|---|---|---|---|"
-    );
+    s.title("Reading and hashing: the floor of any dedup".to_string());
+    s.head("| series | bytes | read GB/s | read + BLAKE3, 1 thread | BLAKE3 in memory, 1 thread | BLAKE3 of 64 KiB pieces, all cores |");
     for h in &r.hashing {
-        let _ = writeln!(
-            s,
+        s.row(format!(
             "| {} | {} | {} | {} | {} | {} ({} threads) |",
             h.series,
             mb(h.bytes),
@@ -2886,7 +2399,7 @@ fn hashing(s: &mut String, r: &DResults) {
             st(&h.hash1_gbps),
             st(&h.hash_par_gbps),
             h.threads
-        );
+        ));
     }
 }
 
@@ -2938,168 +2451,123 @@ fn steps_s(b: &BreakdownOut, store: StoreKind) -> f64 {
     REFERENCES.iter().map(|(k, _)| b.secs(k)).sum::<f64>() + b.write_secs(store)
 }
 
-fn work_section(s: &mut String, o: &DOpts, r: &DResults) {
+fn per_snapshot(s: &mut Md, o: &DOpts, r: &DResults) {
+    for x in &r.series {
+        let rows = r.rows.iter().filter(|y| {
+            y.series == x.name
+                && (y.kind != "cascade" && y.kind != CP || y.store == o.stores[0])
+                && !y.per_snapshot_stored.is_empty()
+        });
+        let mut head = vec!["method".to_string()];
+        head.extend((0..x.snapshots).map(|i| format!("{i:02}")));
+        let head: Vec<&str> = head.iter().map(String::as_str).collect();
+        let input = x.bytes_per_snapshot.first().map_or("?".into(), |&b| mb(b));
+        let title = format!(
+            "Bytes added per snapshot (MB): {} (input {input} per snapshot)",
+            x.name
+        );
+        let mut t = Table::new(title, &head);
+        for y in rows {
+            let mut row = vec![y.method.clone()];
+            row.extend(
+                y.per_snapshot_stored
+                    .iter()
+                    .map(|&b| format!("{:.1}", b as f64 / 1e6)),
+            );
+            t.row(row);
+        }
+        s.push(t);
+    }
+}
+
+/// The reference passes of one series, one column per configuration.
+fn work_section(s: &mut Md, o: &DOpts, r: &DResults) {
     let Some(first) = r.breakdown.first() else {
         return;
     };
     let threads = first.out.threads.max(1);
-    let window_mib = cascade_dedup::ingest::WINDOW_BYTES >> 20;
-    let pack_mib = PACK_BYTES >> 20;
-    let _ = writeln!(s, "\n## What the work costs\n");
-    let _ = writeln!(
-        s,
-        "**How the writer runs** (crates/cascade-dedup/src/ingest.rs, repo/mod.rs, \
-         repo/upload.rs; docs/dedup.md, \"Ingest pipeline\" and \"Order of writes\"). \
-         `RepoWriter::add_file` reads the file with read() into windows of {window_mib} MiB \
-         (`WINDOW_BYTES`, at least twice the largest chunk): three buffers, reused, that \
-         turn in a ring. Each turn starts three things together (`rayon::join`, on rayon's \
-         pool of {threads} threads here): window *i*'s chunks are scored (BLAKE3 of each \
-         chunk) and those whose score the repository's index lacks are compressed \
-         (`Compression::compress`: a zstd frame, kept only where it saves an eighth; with \
-         `add_file_with_base`, possibly a delta against the base), chunk by chunk on every \
-         thread, beside one task that adds window *i* to the whole-file \
-         BLAKE3; window *i+1* is read and its cut points found (one task); and window *i−1* \
-         is handed to the writer (one task), which looks each chunk up, appends the new ones \
-         in their stored form to the pack being filled and, once the pack holds {pack_mib} \
-         MiB (`DEFAULT_PACK_SIZE`; a writer's first three packs an eighth, a quarter and a \
-         half of that), queues it for two uploader threads, which hash it (its id) and write \
-         it with `put_buffers` while the writer fills the next; one pack at most waits in \
-         the queue, beyond that the writer waits. A turn ends when all three are done. After \
-         each file the writer stores its recipe blocks; `finish` waits for the uploads, then \
-         writes the index object. So the work spreads over every core, except three tasks \
-         per window that each run on one thread (the read and cut points of the next \
-         window, the whole-file BLAKE3 of this one, the writer's bookkeeping of the previous \
-         one), and the pack writes run beside all of it on threads of their own.\n"
-    );
-    let _ = writeln!(
-        s,
-        "**The work, step by step.** To put the measured ingest in proportion, a child \
-         process times each step of that work alone, on one thread, over the whole series \
-         (every snapshot's files in order; configurations with `+delta` are left out): \
-         read() of the files from the page cache; with the series in memory, the cut points, \
-         the chunk scores, the whole-file BLAKE3, zstd of the new chunks (each score's first \
-         occurrence in the series: the chunks the writer stores) and the pack ids; and per \
-         store the pack writes: the new chunks in their stored form (the zstd frame, or the \
-         chunk where compression does not pay) concatenated into objects of {pack_mib} MiB, \
-         written one after the other with `DurableStore::put_buffers` into a fresh directory \
-         on the store (after an untimed syncfs of it: each measured ingest on the disk ends \
-         with one). Not timed: dedup lookups, pack copies, recipe blocks, the index object \
-         and manifests. Each pass runs once per configuration (not repeated). Cells: seconds for the whole series and, in brackets, GB/s of the \
-         bytes the step processed (the input unless said). *Each necessary step once, spread \
-         over {threads} cores*: read + cut points + scores + zstd + pack writes, divided by \
-         the cores (the goals analysis below uses the same sum; the whole-file BLAKE3 and the \
-         pack ids, which the format asks for, are outside it). *Every step above once, one \
-         thread*: the sum of all rows, the CPU time the work itself takes. The measured \
-         ingest is the median of the runs above (same series, configuration and store), with \
-         its CPU time (all threads).\n"
-    );
     for x in &r.series {
         let rows: Vec<&BreakdownRow> = r.breakdown.iter().filter(|b| b.series == x.name).collect();
         if rows.is_empty() {
             continue;
         }
-        let _ = writeln!(s, "**{}** ({}):\n", x.name, mb(x.input_bytes));
-        let mut head = "| step (one thread) |".to_string();
-        let mut line = "|---|".to_string();
-        for b in &rows {
-            let _ = write!(head, " `{}` |", b.config);
-            line.push_str("---|");
-        }
-        let _ = writeln!(s, "{head}\n{line}");
+        let mut head = vec!["step (one thread): s (GB/s)".to_string()];
+        head.extend(rows.iter().map(|b| format!("`{}`", b.config)));
+        let head: Vec<&str> = head.iter().map(String::as_str).collect();
+        let mut t = Table::new(
+            format!("What the work costs: {} ({})", x.name, mb(x.input_bytes)),
+            &head,
+        );
         let cell = |stg: Option<&Stage>, none: &str| match stg {
-            Some(stg) => format!(
-                "{:.2} ({:.2} GB/s)",
-                stg.seconds,
-                gbps(stg.bytes, stg.seconds)
-            ),
+            Some(stg) => format!("{:.2} ({:.2})", stg.seconds, gbps(stg.bytes, stg.seconds)),
             None => none.to_string(),
         };
         for (k, label) in REFERENCES {
-            let mut row = format!("| {label} |");
-            for b in &rows {
-                let none = if k == "compress-1t" {
-                    "— (none)"
-                } else {
-                    "—"
-                };
-                let _ = write!(row, " {} |", cell(b.out.stage(k), none));
-            }
-            let _ = writeln!(s, "{row}");
-        }
-        for &st in &o.stores {
-            let mut row = format!(
-                "| pack writes: `put_buffers` of each pack into the {} store (GB/s of the bytes \
-                 into packs) |",
-                st.name()
-            );
-            for b in &rows {
-                let _ = write!(row, " {} |", cell(b.out.pack_writes(st), "—"));
-            }
-            let _ = writeln!(s, "{row}");
+            let none = if k == "compress-1t" {
+                "— (none)"
+            } else {
+                "—"
+            };
+            let mut row = vec![label.to_string()];
+            row.extend(rows.iter().map(|b| cell(b.out.stage(k), none)));
+            t.row(row);
         }
         for &st in &o.stores {
             let n = st.name();
-            let mut all = format!("| every step above once, one thread (pack writes: {n}) |");
-            let mut ideal = format!(
-                "| **each necessary step once, spread over {threads} cores** (read + cut points \
-                 + scores + zstd of new chunks + pack writes: {n}) |"
-            );
-            let mut meas = format!("| **measured ingest, {n}** (median; CPU s of all threads) |");
+            let mut row = vec![format!(
+                "pack writes into the {n} store (GB/s of the bytes into packs)"
+            )];
+            row.extend(rows.iter().map(|b| cell(b.out.pack_writes(st), "—")));
+            t.row(row);
+            let mut all = vec![format!("every step above once, one thread ({n})")];
+            let mut ideal = vec![format!(
+                "**each necessary step once, spread over {threads} cores** ({n})"
+            )];
+            let mut meas = vec![format!(
+                "**measured ingest, {n}** (median; CPU s of all threads)"
+            )];
             for b in &rows {
-                let a = steps_s(&b.out, st);
-                let i = ideal_s(&b.out, st);
-                let _ = write!(all, " {a:.2} ({:.2} GB/s) |", gbps(b.out.input, a));
-                let _ = write!(ideal, " **{i:.2}** ({:.2} GB/s) |", gbps(b.out.input, i));
-                match measured_s(r, &x.name, &b.config, st) {
+                let (a, i) = (steps_s(&b.out, st), ideal_s(&b.out, st));
+                all.push(format!("{a:.2} ({:.2})", gbps(b.out.input, a)));
+                ideal.push(format!("**{i:.2}** ({:.2})", gbps(b.out.input, i)));
+                meas.push(match measured_s(r, &x.name, &b.config, st) {
                     Some(m) => {
                         let cpu = measured_cpu_s(r, &x.name, &b.config, st)
                             .map_or(String::new(), |c| format!("; {c:.2} CPU s"));
-                        let _ = write!(
-                            meas,
-                            " **{m:.2}** ({:.3} GB/s{cpu}) |",
-                            gbps(b.out.input, m)
-                        );
+                        format!("**{m:.2}** ({:.3}{cpu})", gbps(b.out.input, m))
                     }
-                    None => meas.push_str(" — |"),
-                }
+                    None => "—".into(),
+                });
             }
-            let _ = writeln!(s, "{all}\n{ideal}\n{meas}");
+            t.row(all);
+            t.row(ideal);
+            t.row(meas);
         }
-        let mut row =
-            "| chunks; new chunks (new bytes); bytes into packs (new bytes stored raw); packs |"
-                .to_string();
+        let mut row = vec![
+            "chunks; new chunks (new bytes); bytes into packs (new bytes stored raw); packs"
+                .to_string(),
+        ];
         for b in &rows {
-            let raw = match b.out.stage("compress-1t") {
-                Some(_) => mb(b.out.raw_bytes),
-                None => "no zstd".to_string(),
-            };
-            let _ = write!(
-                row,
-                " {}; {} ({}); {} ({raw}); {} |",
-                b.out.chunks,
-                b.out.fresh_chunks,
-                mb(b.out.fresh_bytes),
-                mb(b.out.stored_bytes),
-                b.out.packs
-            );
+            let raw = b
+                .out
+                .stage("compress-1t")
+                .map_or("no zstd".to_string(), |_| mb(b.out.raw_bytes));
+            let o = &b.out;
+            row.push(format!(
+                "{}; {} ({}); {} ({raw}); {}",
+                o.chunks,
+                o.fresh_chunks,
+                mb(o.fresh_bytes),
+                mb(o.stored_bytes),
+                o.packs
+            ));
         }
-        let _ = writeln!(s, "{row}\n");
+        t.row(row);
+        s.push(t);
     }
 }
 
-fn profile_section(s: &mut String, r: &DResults) {
-    if r.profiles.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## Profile (perf)\n");
-    let _ = writeln!(
-        s,
-        "One ingest of each series (first configuration and store) in a child process under \
-         `perf record -F 999` (all threads; cpu-clock samples on this VM), `perf report \
-         --no-children --sort dso,sym`: the share of the samples (CPU time of all threads, \
-         not wall time) by category and the top symbols. The ingest time under perf (in the \
-         header) varies from run to run like the measurements above.\n"
-    );
+fn profile_section(s: &mut Md, r: &DResults) {
     let mut cats: Vec<String> = Vec::new();
     for p in &r.profiles {
         for (c, _) in &p.categories {
@@ -3108,54 +2576,54 @@ fn profile_section(s: &mut String, r: &DResults) {
             }
         }
     }
-    let mut head = "| category |".to_string();
-    let mut line = "|---|".to_string();
+    let mut head = vec!["category".to_string()];
     for p in &r.profiles {
-        let _ = write!(
-            head,
-            " {} (`{}`, {} store, {:.2} s, {:.3} GB/s) |",
+        let rate = gbps(p.input_bytes, p.ingest_s);
+        head.push(format!(
+            "{} (`{}`, {} store, {:.2} s, {rate:.3} GB/s)",
             p.series,
             p.config,
             p.store.name(),
-            p.ingest_s,
-            gbps(p.input_bytes, p.ingest_s)
-        );
-        line.push_str("---|");
+            p.ingest_s
+        ));
     }
-    let _ = writeln!(s, "{head}\n{line}");
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new("Profile (perf): share of samples", &head);
     for c in &cats {
-        let mut row = format!("| {c} |");
+        let mut row = vec![c.clone()];
         for p in &r.profiles {
             let v = p
                 .categories
                 .iter()
                 .find(|(k, _)| k == c)
                 .map_or(0.0, |(_, v)| *v);
-            let _ = write!(row, " {v:.1} % |");
+            row.push(format!("{v:.1} %"));
         }
-        let _ = writeln!(s, "{row}");
+        t.row(row);
     }
+    s.push(t);
     for p in &r.profiles {
-        let _ = writeln!(s, "\nTop symbols, {}:\n", p.series);
-        let _ = writeln!(
-            s,
-            "| self % | object | symbol | category |\n|---|---|---|---|"
-        );
+        let title = format!("Profile (perf): top symbols, {} `{}`", p.series, p.config);
+        let mut t = Table::new(title, &["self %", "object", "symbol", "category"]);
         for x in p.top.iter().take(15) {
             let mut sym = x.symbol.replace('|', "\\|");
             if sym.chars().count() > 100 {
                 sym = sym.chars().take(97).collect::<String>() + "...";
             }
-            let _ = writeln!(
-                s,
-                "| {:.1} | {} | `{}` | {} |",
-                x.pct, x.dso, sym, x.category
-            );
+            t.row([
+                format!("{:.1}", x.pct),
+                x.dso.clone(),
+                format!("`{sym}`"),
+                x.category.to_string(),
+            ]);
         }
+        s.push(t);
     }
 }
 
-fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
+/// What bounds the ingest of the default configuration: the work per GB against the cores,
+/// the one-thread tasks and the store (see bench/README.md, "The dedup benchmarks").
+fn analysis(s: &mut Md, o: &DOpts, r: &DResults) {
     let Some(first) = r.breakdown.first() else {
         return;
     };
@@ -3165,190 +2633,67 @@ fn analysis(s: &mut String, o: &DOpts, r: &DResults) {
     } else {
         o.stores[0]
     };
-    let _ = writeln!(s, "\n## What bounds the ingest\n");
-    // Can the goals be reached with this work at all?
     let def = &o.configs[0].label;
-    let defs: Vec<&BreakdownRow> = r.breakdown.iter().filter(|b| b.config == *def).collect();
-    if !defs.is_empty() {
-        let _ = writeln!(
-            s,
-            "**The ingest goal against the work itself.** 1 GB/s on {threads} cores leaves \
-             {threads}.0 CPU seconds per GB. What `{def}` cannot avoid, each step once on one \
-             thread (reference rows of \"What the work costs\"), per GB of input:\n"
-        );
-        let _ = writeln!(
-            s,
-            "| series | read() | cut points | chunk scores | zstd of new chunks | pack writes ({}) | sum (CPU s/GB) | GB/s if spread perfectly over {threads} cores | measured GB/s | bytes into the store at 1 GB/s ingest (1 / reduction) | `cp -r` into the same store |\n|---|---|---|---|---|---|---|---|---|---|---|",
+    let head = [
+        "series",
+        "read()",
+        "cut points",
+        "chunk scores",
+        "zstd of new chunks",
+        "pack writes",
+        "sum (CPU s/GB)",
+        "GB/s spread over all cores",
+        "measured GB/s",
+        "into the store at 1 GB/s ingest",
+        "`cp -r` into the same store",
+    ];
+    let mut t = Table::new(
+        format!(
+            "What bounds the ingest: `{def}`, CPU s per GB ({} store, {threads} cores)",
             st.name()
-        );
-        for b in &defs {
-            let x = &b.out;
-            let gb = x.input as f64 / 1e9;
-            let per = |v: f64| v / gb;
-            let sum = ideal_s(x, st) * threads as f64;
-            let rate = find(r, &b.series, def, st)
-                .map_or("—".into(), |y| format!("{:.2} GB/s", 1.0 / y.reduction));
-            let cp = find(r, &b.series, CP, st)
-                .map_or("—".into(), |y| format!("{:.2} GB/s", y.gbps.median));
-            let _ = writeln!(
-                s,
-                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | **{:.2}** | {:.2} | {} | {rate} | {cp} |",
-                b.series,
-                per(x.secs("read")),
-                per(x.secs("cut-points")),
-                per(x.secs("score-1t")),
-                per(x.secs("compress-1t")),
-                per(x.write_secs(st)),
-                per(sum),
-                threads as f64 / per(sum),
-                measured_s(r, &b.series, def, st)
-                    .map_or("—".into(), |m| format!("{:.3}", gbps(x.input, m)))
-            );
-        }
-        let _ = writeln!(
-            s,
-            "\nPack writes are the durable store's own cost: `put_buffers` into a directory is \
-             a buffered write of a new file (no fsync: the kernel copies the bytes into the \
-             page cache, on the CPU of the thread that writes). At 1 GB/s of input the store \
-             has to take 1 / reduction GB/s (second-last column); `cp -r` into the same store \
-             (last column) shows what it takes from a plain copy. The writer hands full packs \
-             to two uploader threads, so the writes overlap the chunking, but on {threads} \
-             cores they take CPU time from it.\n"
-        );
-    }
-    if let Some(best) = r
-        .rows
-        .iter()
-        .filter(|y| y.series == "torch" && y.kind == "cascade")
-        .filter_map(|y| y.stats.as_ref().map(|w| (y, w)))
-        .max_by(|a, b| a.0.reduction.total_cmp(&b.0.reduction))
-    {
-        let (y, w) = best;
-        let d = w.bytes as f64 / w.new_bytes.max(1) as f64;
-        let c = w.new_bytes as f64 / w.stored_data_bytes.max(1) as f64;
-        let how = if y.method.ends_with("+delta") {
-            "zstd of the new bytes, most of them as XOR deltas against the previous snapshot's \
-             chunk at the same offset (docs/dedup.md, \"Delta blobs\"): the embedding rows and \
-             Adam moments that change every epoch are new bytes for a content-addressed store, \
-             but their sign, exponent and high mantissa bits mostly stay"
-        } else {
-            "zstd of the new bytes; the embedding rows and Adam moments that change every epoch \
-             are new bytes for any content-addressed store (`+delta` stores them as XOR deltas \
-             against the previous snapshot)"
-        };
-        let _ = writeln!(
-            s,
-            "**The torch reduction goal against the data.** The best of ours, `{}`, reaches \
-             {:.2}x: dedup {d:.2}x (only {:.0} % of the input is found again) times {c:.2}x \
-             from {how}. bench/datasets/README.md measures 51-54 % of the 4 KiB blocks \
-             unchanged from one snapshot to the next (version 2 of the series), and zstd -3 at \
-             1.48x on a snapshot.\n",
-            y.method,
-            y.reduction,
-            100.0 * (1.0 - 1.0 / d),
-        );
-    }
-    if defs.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        s,
-        "**What bounds the ingest now** (`{def}`, {} store; the reference passes of \"What \
-         the work costs\" against the measured runs). Three limits follow from the pipeline: \
-         the cores (every step the writer runs, once each, divided by the {threads} cores), \
-         the one-thread tasks of each window (a turn lasts at least as long as the read and \
-         cut points of the next window, and as the whole-file BLAKE3 of this one), and the \
-         store (its pack writes, here on one thread).\n",
-        st.name()
+        ),
+        &head,
     );
-    for b in &defs {
+    for b in r.breakdown.iter().filter(|b| b.config == *def) {
         let x = &b.out;
         let gb = x.input as f64 / 1e9;
-        let steps = steps_s(x, st) / gb;
-        let share = |v: f64| 100.0 * v / gb / steps;
-        let cores = threads as f64 / steps;
+        let per = |v: f64| format!("{:.2}", v / gb);
+        let sum = ideal_s(x, st) * threads as f64;
+        let rate = find(r, &b.series, def, st)
+            .map_or("—".into(), |y| format!("{:.2} GB/s", 1.0 / y.reduction));
+        let cp = find(r, &b.series, CP, st)
+            .map_or("—".into(), |y| format!("{:.2} GB/s", y.gbps.median));
+        let measured = measured_s(r, &b.series, def, st)
+            .map_or("—".into(), |m| format!("{:.3}", gbps(x.input, m)));
+        let spread = format!("{:.2}", threads as f64 * gb / sum);
+        let steps = [
+            x.secs("read"),
+            x.secs("cut-points"),
+            x.secs("score-1t"),
+            x.secs("compress-1t"),
+            x.write_secs(st),
+        ];
+        let mut row: Vec<String> = vec![b.series.clone()];
+        row.extend(steps.map(per));
+        row.extend([format!("**{:.2}**", sum / gb), spread, measured, rate, cp]);
+        t.row(row);
+        // The tightest of the three limits.
         let read_cut = (x.secs("read") + x.secs("cut-points")) / gb;
-        let hash = x.secs("hash-1t") / gb;
-        let one_thread = 1.0 / read_cut.max(hash);
+        let one_thread = 1.0 / read_cut.max(x.secs("hash-1t") / gb);
+        let cores = threads as f64 / (steps_s(x, st) / gb);
         let stored_per_input = x.stored_bytes as f64 / x.input.max(1) as f64;
-        let store_gbps = x.pack_writes(st).map(|p| gbps(p.bytes, p.seconds));
-        let store_bound = store_gbps.map(|g| g / stored_per_input.max(1e-9));
-        let mut line = format!("- **{}**: ", b.series);
-        match (
-            measured_s(r, &b.series, def, st),
-            measured_cpu_s(r, &b.series, def, st),
-        ) {
-            (Some(m), Some(cpu)) => {
-                let _ = write!(
-                    line,
-                    "measured {:.3} GB/s with {:.2} CPU s/GB, {:.2} of {threads} cores busy on \
-                     average. ",
-                    gbps(x.input, m),
-                    cpu / gb,
-                    cpu / m
-                );
-                let _ = write!(
-                    line,
-                    "The steps take {steps:.2} CPU s/GB ({}pack writes {:.0} %, whole-file \
-                     BLAKE3 and pack ids {:.0} %): at most {cores:.2} GB/s on {threads} cores \
-                     with nothing else, of which the measured ingest reaches {:.0} %; ",
-                    if x.stage("compress-1t").is_some() {
-                        format!("zstd {:.0} %, ", share(x.secs("compress-1t")))
-                    } else {
-                        "no zstd, ".to_string()
-                    },
-                    share(x.write_secs(st)),
-                    share(x.secs("hash-1t") + x.secs("pack-hash-1t")),
-                    100.0 * gbps(x.input, m) / cores
-                );
-                let beyond = cpu / gb - steps;
-                if beyond > 0.0 {
-                    let _ = write!(
-                        line,
-                        "the ingest's other {beyond:.2} CPU s/GB are not in the passes (such \
-                         as dedup lookups, pack copies, recipe blocks, index and manifests, page \
-                         faults, rayon's threads looking for work, and run-to-run noise). "
-                    );
-                } else {
-                    line.push_str(
-                        "the ingest used less CPU than the passes add up to (they ran at other \
-                         times, and on a shared machine both vary). ",
-                    );
-                }
-            }
-            _ => {
-                let _ = write!(
-                    line,
-                    "not measured in this run. The steps take {steps:.2} CPU s/GB: at most \
-                     {cores:.2} GB/s on {threads} cores with nothing else. "
-                );
-            }
-        }
-        let _ = write!(
-            line,
-            "The one-thread tasks allow {one_thread:.2} GB/s (read + cut points \
-             {read_cut:.2} s/GB, whole-file BLAKE3 {hash:.2} s/GB). "
-        );
-        if let (Some(g), Some(bound)) = (store_gbps, store_bound) {
-            let cp = find(r, &b.series, CP, st).map_or(String::new(), |y| {
-                format!("; `cp -r` {:.2} GB/s", y.gbps.median)
-            });
-            let _ = write!(
-                line,
-                "The {} store took the packs at {g:.2} GB/s on one thread{cp}: with {:.0} % of \
-                 the input going into packs, that keeps up with {bound:.2} GB/s of input. ",
-                st.name(),
-                100.0 * stored_per_input
-            );
-        }
+        let store = x
+            .pack_writes(st)
+            .map(|p| gbps(p.bytes, p.seconds) / stored_per_input.max(1e-9));
         let mut bounds = vec![("the cores", cores), ("the one-thread tasks", one_thread)];
-        if let Some(bound) = store_bound {
-            bounds.push(("the store", bound));
-        }
+        bounds.extend(store.map(|v| ("the store", v)));
         if let Some((what, v)) = bounds.into_iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
-            let _ = write!(line, "Tightest: {what}, {v:.2} GB/s.");
+            s.verdict(format!(
+                "{}: ingest bounded by {what} at {v:.2} GB/s (cores {cores:.2}, one-thread tasks {one_thread:.2}, store {})",
+                b.series,
+                store.map_or("n/a".into(), |v| format!("{v:.2}"))
+            ));
         }
-        let _ = writeln!(s, "{line}");
     }
-    s.push('\n');
+    s.push(t);
 }

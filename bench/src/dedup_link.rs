@@ -16,18 +16,16 @@
 //! agent's loopback traffic to the servers is not on it). The raw-bytes minimum is the
 //! snapshot's bytes at the tbf rate.
 
-use crate::dedup::{load_series, Series};
-use crate::durable::{clear_remote, describe, one_line, settle, tail, tbf_of};
-use crate::report::{machine_table, utc_string};
-use crate::util::{self, err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
+use crate::baselines::{clear_remote, settle};
+use crate::datasets::{load_series, Series};
+use crate::format::median_u64;
+use crate::net::{tbf_of, tx_bytes};
+use crate::procs::{clean_cmd, Node, StageServer};
+use crate::report::{self, machine_table, Header, Md, RunClock, Target};
+use crate::util::{err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
-use std::fmt::Write as _;
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct DedupLinkArgs {
@@ -167,9 +165,8 @@ pub struct SeriesRow {
 #[derive(Serialize)]
 struct Report<'a> {
     suite: &'static str,
-    generated_utc: String,
-    duration_s: f64,
-    source: String,
+    #[serde(flatten)]
+    header: Header,
     cascade_cli: String,
     durable: String,
     link: String,
@@ -177,333 +174,62 @@ struct Report<'a> {
     dedup: String,
     compress: String,
     reps: usize,
-    machine: &'a util::Machine,
-    interference: util::Interference,
+    targets: Vec<Target>,
     series: &'a [SeriesRow],
 }
 
 /// One run of a series in one mode: per snapshot, (seconds until durable, wire bytes).
 type RunOut = Vec<(f64, u64)>;
 
-/// The cascade CLI without the CASCADE_* settings (and LD_PRELOAD) the bench inherited.
-fn clean_cmd(bin: &Path) -> Command {
-    let mut c = Command::new(bin);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("CASCADE_") {
-            c.env_remove(key);
+/// The node side of one run: a node store, its agent and, in the staged modes, two staging
+/// servers on 127.0.0.1 draining to the run's durable prefix; all go when dropped.
+fn start_node(bin: &Path, a: &DedupLinkArgs, url: &str, capacity: u64, mode: Mode) -> Res<Node> {
+    let pid = std::process::id();
+    let env = [
+        ("CASCADE_STORE", a.store.as_str()),
+        ("CASCADE_DURABLE", url),
+        ("CASCADE_SPILL_SIZE", "0"),
+    ];
+    let mut node = Node::init(bin, &env, &["--capacity", &capacity.to_string()])?;
+    // The staged modes: the servers first (the agent needs their addresses). Names under the
+    // run's prefix, so that the cleanup finds what a killed run left.
+    let secret = format!("{}-{}", prefix(pid), now_ns());
+    let mut agent_env = Vec::new();
+    if mode.staged() {
+        for i in 0..STAGE_SERVERS {
+            let base = Path::new("/var/tmp").join(format!("{}-stage-{i}", prefix(pid)));
+            let mut cmd = clean_cmd(bin);
+            cmd.env("CASCADE_STAGING_SECRET", &secret);
+            let args = ["--listen", "127.0.0.1:0", "--drain-to", url];
+            node.servers.push(StageServer::spawn(
+                cmd,
+                base.clone(),
+                base.with_extension("log"),
+                &args,
+            )?);
         }
+        for server in &mut node.servers {
+            server.wait_listening()?;
+        }
+        let addrs: Vec<&str> = node.servers.iter().map(|s| s.addr.as_str()).collect();
+        agent_env = vec![
+            ("CASCADE_STAGING", addrs.join(",")),
+            ("CASCADE_STAGING_SECRET", secret),
+        ];
     }
-    c.env_remove("LD_PRELOAD");
-    c
-}
-
-/// Makes the process `cmd` starts get SIGTERM when the bench dies.
-fn die_with_bench(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe; the child gets SIGTERM if the bench dies.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        });
+    let mut args = vec!["--durable", url];
+    if let Some(delta) = mode.delta() {
+        args.extend([
+            "--dedup",
+            &a.dedup,
+            "--compress",
+            &a.compress,
+            "--delta",
+            delta,
+        ]);
     }
-}
-
-/// A staging server of the staged modes: `cascade stage-server` on 127.0.0.1, draining to
-/// the run's durable prefix. Stopped, its arena directory and log removed, when dropped.
-struct StageServer {
-    child: Option<Child>,
-    /// 127.0.0.1:PORT, from its start line.
-    addr: String,
-    dir: PathBuf,
-    log: PathBuf,
-}
-
-impl StageServer {
-    /// Starts `cascade stage-server` with a fresh arena directory `dir` and its stderr in
-    /// `log`; [`StageServer::wait_listening`] waits for its address.
-    fn spawn(bin: &Path, dir: PathBuf, log: PathBuf, drain_to: &str, secret: &str) -> Res<Self> {
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
-        let out = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
-        let out2 = out.try_clone().ctx(|| "stage-server log")?;
-        let mut cmd = clean_cmd(bin);
-        cmd.args([
-            "stage-server",
-            "-v",
-            "--listen",
-            "127.0.0.1:0",
-            "--drain-to",
-            drain_to,
-        ])
-        .arg("--dir")
-        .arg(&dir)
-        .env("CASCADE_STAGING_SECRET", secret)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(out2);
-        die_with_bench(&mut cmd);
-        let mut server = StageServer {
-            child: None,
-            addr: String::new(),
-            dir,
-            log,
-        };
-        server.child = Some(cmd.spawn().ctx(|| "starting cascade stage-server")?);
-        Ok(server)
-    }
-
-    /// Waits (30 s at most) for the start line, `cascade stage-server: listening on ADDR ...`.
-    fn wait_listening(&mut self) -> Res<()> {
-        const START: &str = "cascade stage-server: listening on ";
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            // Whole lines only: the start line may be read half written.
-            let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-            let addr = whole
-                .lines()
-                .find_map(|l| l.strip_prefix(START))
-                .and_then(|rest| rest.split_whitespace().next());
-            if let Some(addr) = addr {
-                self.addr = addr.to_string();
-                return Ok(());
-            }
-            self.alive()?;
-            if Instant::now() > deadline {
-                return err(format!(
-                    "cascade stage-server printed no start line within 30 s: {}",
-                    tail(&self.log, 5)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// An error with the end of its log if the server has exited.
-    fn alive(&mut self) -> Res<()> {
-        if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-            self.child = None;
-            return err(format!(
-                "cascade stage-server {} exited ({status}): {}",
-                self.addr,
-                tail(&self.log, 5)
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for StageServer {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            if let Err(e) = crate::staging::terminate(&mut c, "cascade stage-server", 30) {
-                eprintln!("dedup-link: {e}");
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// The node side of one run: a node store, its agent and, in the staged modes, the staging
-/// servers; all go when dropped.
-struct Node {
-    bin: PathBuf,
-    store: String,
-    url: String,
-    agent: Option<Child>,
-    agent_log: PathBuf,
-    servers: Vec<StageServer>,
-    wait_timeout_s: u64,
-}
-
-impl Node {
-    fn cmd(&self) -> Command {
-        let mut c = clean_cmd(&self.bin);
-        c.env("CASCADE_STORE", &self.store)
-            .env("CASCADE_DURABLE", &self.url)
-            .env("CASCADE_SPILL_SIZE", "0");
-        c
-    }
-
-    /// The end of the agent's log, and of the staging servers' logs.
-    fn logs(&self) -> String {
-        let mut s = format!("agent log: {}", tail(&self.agent_log, 3));
-        for server in &self.servers {
-            let _ = write!(
-                s,
-                "; stage-server {} log: {}",
-                server.addr,
-                tail(&server.log, 3)
-            );
-        }
-        s
-    }
-
-    /// An error if the agent or a staging server has exited.
-    fn alive(&mut self) -> Res<()> {
-        if let Some(Ok(Some(status))) = self.agent.as_mut().map(|c| c.try_wait()) {
-            self.agent = None;
-            return err(format!(
-                "cascade agent exited ({status}): {}",
-                tail(&self.agent_log, 5)
-            ));
-        }
-        for server in &mut self.servers {
-            server.alive()?;
-        }
-        Ok(())
-    }
-
-    fn run_ok(&self, args: &[&str]) -> Res<()> {
-        let out = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| format!("running cascade {}", args.join(" ")))?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade {} failed ({}): {}; {}",
-                args.join(" "),
-                out.status,
-                one_line(&out.stderr),
-                self.logs()
-            ));
-        }
-        Ok(())
-    }
-
-    fn start(bin: &Path, a: &DedupLinkArgs, url: String, capacity: u64, mode: Mode) -> Res<Node> {
-        let pid = std::process::id();
-        let mut node = Node {
-            bin: bin.to_path_buf(),
-            store: a.store.clone(),
-            url,
-            agent: None,
-            agent_log: Path::new("/var/tmp").join(format!("{}-agent.log", prefix(pid))),
-            servers: Vec::new(),
-            wait_timeout_s: a.wait_timeout,
-        };
-        let _ = node.run_ok(&["destroy", "--force"]);
-        node.run_ok(&["init", "--capacity", &capacity.to_string()])?;
-        // The staged modes: the servers first (the agent needs their addresses). Names under
-        // the run's prefix, so that the cleanup finds what a killed run left.
-        let secret = format!("{}-{}", prefix(pid), now_ns());
-        if mode.staged() {
-            for i in 0..STAGE_SERVERS {
-                let base = Path::new("/var/tmp").join(format!("{}-stage-{i}", prefix(pid)));
-                let server = StageServer::spawn(
-                    bin,
-                    base.clone(),
-                    base.with_extension("log"),
-                    &node.url,
-                    &secret,
-                )?;
-                node.servers.push(server);
-            }
-            for server in &mut node.servers {
-                server.wait_listening()?;
-            }
-        }
-        let log = std::fs::File::create(&node.agent_log)
-            .ctx(|| format!("creating {}", node.agent_log.display()))?;
-        let log2 = log.try_clone().ctx(|| "agent log")?;
-        let mut cmd = node.cmd();
-        cmd.args(["agent", "--verbose", "--durable", &node.url]);
-        if mode.staged() {
-            let addrs: Vec<&str> = node.servers.iter().map(|s| s.addr.as_str()).collect();
-            cmd.env("CASCADE_STAGING", addrs.join(","))
-                .env("CASCADE_STAGING_SECRET", &secret);
-        }
-        if let Some(delta) = mode.delta() {
-            cmd.args([
-                "--dedup",
-                &a.dedup,
-                "--compress",
-                &a.compress,
-                "--delta",
-                delta,
-            ]);
-        }
-        cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
-        die_with_bench(&mut cmd);
-        node.agent = Some(cmd.spawn().ctx(|| "starting cascade agent")?);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !std::fs::read_to_string(&node.agent_log)
-            .unwrap_or_default()
-            .contains("cascade agent: store ")
-        {
-            node.alive()?;
-            if Instant::now() > deadline {
-                return err("cascade agent printed no start line within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(node)
-    }
-
-    fn wait_durable(&mut self, store_path: &str) -> Res<()> {
-        let timeout = self.wait_timeout_s.to_string();
-        let mut child = self
-            .cmd()
-            .args([
-                "wait",
-                store_path,
-                "--level",
-                "durable",
-                "--timeout",
-                &timeout,
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .ctx(|| "running cascade wait")?;
-        loop {
-            if let Some(status) = child.try_wait().ctx(|| "waiting for cascade wait")? {
-                if status.success() {
-                    return Ok(());
-                }
-                let mut text = Vec::new();
-                if let Some(mut e) = child.stderr.take() {
-                    let _ = e.read_to_end(&mut text);
-                }
-                return err(format!(
-                    "cascade wait {store_path} failed ({status}): {}; {}",
-                    one_line(&text),
-                    self.logs()
-                ));
-            }
-            if let Err(e) = self.alive() {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(e);
-            }
-            // Polling every millisecond adds at most a millisecond to what is measured.
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            // SAFETY: kill(2) of our own child, not reaped yet.
-            unsafe { libc::kill(a.id() as libc::pid_t, libc::SIGTERM) };
-            let _ = a.wait();
-        }
-        // Stopped (SIGTERM, waited for) and their directories and logs removed.
-        self.servers.clear();
-        let _ = self.run_ok(&["destroy", "--force"]);
-    }
-}
-
-fn tx_bytes(dev: &str) -> u64 {
-    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_bytes"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    node.start_agent(&args, &agent_env)?;
+    Ok(node)
 }
 
 /// The durable URL with `rel` appended to its path (`s3://bucket/rel?...`).
@@ -535,7 +261,7 @@ fn run_once(
     let biggest = s.snaps.iter().map(|x| x.bytes()).max().unwrap_or(0);
     // Three checkpoints in memory (the agent keeps 2), and room to write the next.
     let capacity = (4 * biggest + 256 * MIB).div_ceil(MIB) * MIB;
-    let mut node = Node::start(bin, a, sub, capacity, mode)?;
+    let mut node = start_node(bin, a, &sub, capacity, mode)?;
     let mut out = Vec::new();
     for (i, snap) in s.snaps.iter().take(snaps).enumerate() {
         let ckpt = format!("/ck.{i:02}");
@@ -547,7 +273,7 @@ fn run_once(
             node.run_ok(&["put", "-p", &local, &format!("{ckpt}/{}", f.rel)])?;
         }
         node.run_ok(&["commit", &ckpt])?;
-        node.wait_durable(&ckpt)?;
+        node.wait_level(&ckpt, "durable", a.wait_timeout)?;
         let secs = (now_ns() - t0) as f64 / 1e9;
         let wire = tx_bytes(&a.link_dev).saturating_sub(tx0);
         eprintln!(
@@ -563,12 +289,6 @@ fn run_once(
     drop(node);
     clear_remote(&remote, "")?;
     Ok(out)
-}
-
-fn median_u64(v: &[u64]) -> u64 {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
 }
 
 pub fn run(a: DedupLinkArgs) -> Res<()> {
@@ -587,24 +307,15 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
     // A private copy of the CLI: a rebuild during the run must not swap it.
     let bin = Path::new("/var/tmp").join(format!("{}-cascade", prefix(pid)));
     std::fs::copy(&a.cascade, &bin).ctx(|| format!("copying {}", a.cascade.display()))?;
-    let machine = util::machine(Path::new("/var/tmp"), Path::new("/var/tmp"));
+    let clock = RunClock::start(Path::new("/var/tmp"), Path::new("/var/tmp"));
     let tbf = tbf_of(None, Some(&a.link_dev));
     let rate = tbf.as_ref().map(|t| t.0);
     eprintln!(
-        "cascade-bench dedup-link: {} ({} cores); durable store {durable}; link {}",
-        machine.cpu_model,
-        machine.cores,
+        "cascade-bench dedup-link: durable store {durable}; link {}",
         tbf.as_ref()
             .map_or("not shaped (no tbf found)".to_string(), |t| t.1.clone())
     );
     let snapshots = a.snapshots.or(a.quick.then_some(3));
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let t0 = now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let mut rows = Vec::new();
     for name in &a.series {
         let s = load_series(&a.datasets, name).ctx(|| {
@@ -657,136 +368,77 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             snaps,
         });
     }
-    let duration_s = (now_ns() - t0) as f64 / 1e9;
-    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
+    let targets = rows.iter().map(target).collect();
     let rep = Report {
         suite: "dedup-link",
-        generated_utc: utc_string(started),
-        duration_s,
-        source: crate::source_version_of(&[
+        header: clock.finish(&[
             "crates/cascade-dedup",
             "crates/cascade-agent",
             "crates/cascade-cli",
             "bench",
         ]),
-        cascade_cli: describe(&a.cascade),
+        cascade_cli: report::describe(&a.cascade),
         durable,
         link: tbf.map_or("not shaped".to_string(), |t| t.1),
         link_bytes_per_s: rate,
         dedup: a.dedup.clone(),
         compress: a.compress.clone(),
         reps: a.reps.max(1),
-        machine: &machine,
-        interference,
+        targets,
         series: &rows,
     };
-    let targets: Vec<crate::report::Target> = rows
-        .iter()
-        .map(|r| crate::report::Target {
-            name: format!("{}: durable over the link with dedup", r.series),
-            goal: "below the time the raw bytes need on the link".to_string(),
-            measured: format!(
-                "{:.2} s with dedup and deltas (the default), {:.2} s without deltas, {:.2} s \
-                 plain, raw bytes need {}; through two staging servers {:.2} s with deltas, \
-                 {:.2} s without",
-                r.delta.seconds,
-                r.dedup.seconds,
-                r.plain.seconds,
-                r.link_min_s
-                    .map_or("?".to_string(), |m| format!("{m:.2} s")),
-                r.staged_delta.seconds,
-                r.staged_dedup.seconds
-            ),
-            met: r.link_min_s.map(|m| r.delta.seconds < m),
-        })
-        .collect();
-    let md = markdown(&rep, &targets);
-    crate::report::write_results(&a.out, "dedup-link", &md, &rep, &targets, duration_s)
+    let title = "Time until durable over a 1 Gbit/s link, with and without dedup";
+    report::write(&a.out, "dedup-link", title, &rep, tables(&rep))
+}
+
+/// Dedup (with deltas, the default) against the raw bytes at the link's rate.
+fn target(r: &SeriesRow) -> Target {
+    let min = r
+        .link_min_s
+        .map_or("?".to_string(), |m| format!("{m:.2} s"));
+    let measured = format!(
+        "{:.2} s with dedup and deltas (the default), {:.2} s without deltas, {:.2} s plain, raw \
+         bytes need {min}; through two staging servers {:.2} s with deltas, {:.2} s without",
+        r.delta.seconds,
+        r.dedup.seconds,
+        r.plain.seconds,
+        r.staged_delta.seconds,
+        r.staged_dedup.seconds
+    );
+    let name = format!("{}: durable over the link with dedup", r.series);
+    let goal = "below the time the raw bytes need on the link";
+    Target::new(
+        &name,
+        goal,
+        measured,
+        r.link_min_s.map(|m| r.delta.seconds < m),
+    )
 }
 
 fn opt_s(x: Option<f64>) -> String {
     x.map_or("–".to_string(), |v| format!("{v:.2}"))
 }
 
-fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Time until durable over a 1 Gbit/s link, with and without dedup\n\n\
-         Generated {} by `bench/run.sh --suite dedup-link` ({:.0} s; source {}). Durable store \
-         {} behind {}. Dedup mode: `cascade agent --dedup {} --compress {} --delta off`; delta \
-         mode: the same with `--delta on` (the default: changed chunks as compressed XORs with \
-         the previous checkpoint, docs/dedup.md); plain mode: the agent's plain layout (files \
-         uploaded as they are closed). Staged-dedup and staged-delta modes: the settings of \
-         dedup and delta plus two `cascade stage-server` on 127.0.0.1 (`CASCADE_STAGING`): the \
-         agent sends each chunk only to the server owning its score and only if that server \
-         lacks it (changed chunks as deltas in staged-delta), and the servers push packs, index \
-         and manifest to the durable store over the link, so their **seconds** include the \
-         servers' push and manifest write; the agent's loopback traffic to the servers is not \
-         on the link. Each snapshot of a series is \
-         put into a fresh node store (`cascade put`), committed, and waited for (`cascade wait \
-         --level durable`); **seconds** run from the first put until the wait returned, \
-         **on the link** is what the host end of the shaped link sent meanwhile (its tx_bytes: \
-         payload and protocol overhead), **raw minimum** is the snapshot's bytes at the link's \
-         rate. Median of {} repetition(s) per snapshot; series totals are sums.\n",
-        rep.generated_utc,
-        rep.duration_s,
-        rep.source,
-        rep.durable,
-        rep.link,
-        rep.dedup,
-        rep.compress,
-        rep.reps
-    );
-    let _ = writeln!(
-        s,
-        "| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-    );
+/// The tables of dedup-link.md.
+fn tables(rep: &Report) -> Md {
+    let mut s = Md::default();
+    s.verdict(format!(
+        "durable store {} behind {}; dedup `--dedup {} --compress {}`; median of {} repetition(s) per snapshot, series totals are sums",
+        rep.durable, rep.link, rep.dedup, rep.compress, rep.reps
+    ));
+    s.title("Series".into());
+    s.head("| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
     for r in rep.series {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
-            r.series,
-            r.snapshots,
-            size_str(r.bytes),
-            opt_s(r.link_min_s),
-            r.plain.seconds,
-            r.dedup.seconds,
-            r.delta.seconds,
-            r.staged_dedup.seconds,
-            r.staged_delta.seconds,
-            r.link_min_s.map_or("–".to_string(), |m| format!(
+        s.row(format!("| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |", r.series, r.snapshots, size_str(r.bytes), opt_s(r.link_min_s), r.plain.seconds, r.dedup.seconds, r.delta.seconds, r.staged_dedup.seconds, r.staged_delta.seconds, r.link_min_s.map_or("–".to_string(), |m| format!(
                 "{:.2}x",
                 r.delta.seconds / m
-            )),
-            size_str(r.plain.wire),
-            size_str(r.dedup.wire),
-            size_str(r.delta.wire),
-            size_str(r.staged_dedup.wire),
-            size_str(r.staged_delta.wire)
-        );
-    }
-    let _ = writeln!(
-        s,
-        "\n## Targets\n\n| target | goal | measured | met |\n|---|---|---|---|"
-    );
-    for t in targets {
-        let met = match t.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "not run",
-        };
-        let _ = writeln!(s, "| {} | {} | {} | {met} |", t.name, t.goal, t.measured);
+            )), size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     for r in rep.series {
-        let _ = writeln!(
-            s,
-            "\n## {} per snapshot\n\n| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            r.series
-        );
+        s.title(format!("Snapshots of {}", r.series));
+        s.head("| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
         for x in &r.snaps {
-            let _ = writeln!(
-                s,
+            s.row(format!(
                 "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
                 x.snapshot,
                 size_str(x.bytes),
@@ -801,10 +453,9 @@ fn markdown(rep: &Report, targets: &[crate::report::Target]) -> String {
                 size_str(x.delta.wire),
                 size_str(x.staged_dedup.wire),
                 size_str(x.staged_delta.wire)
-            );
+            ));
         }
     }
-    let _ = writeln!(s, "\n## Machine\n");
-    machine_table(&mut s, rep.machine, &[], &rep.interference);
+    s.push(machine_table(&rep.header, Vec::new()));
     s
 }

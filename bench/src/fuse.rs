@@ -13,13 +13,14 @@
 //! Parts: 1 MiB and 4 KiB writes into a new file, 1 MiB and 4 KiB reads of an existing file,
 //! `cp` of a file from /dev/shm (an unmodified program) and multi-writer scaling.
 
-use crate::benches::burn_in;
+use crate::format::{ratio_fine as ratio, st};
 use crate::harness::{run_commands, Outcome};
-use crate::report::{machine_table, utc_string, Target};
-use crate::staging::{clean_cmd, compile, cpu_s, terminate};
+use crate::procs::{clean_cmd, compile, cpu_s, private_cli, terminate, tool_version};
+use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
+use crate::stores::burn_in;
+use crate::util::rotated;
 use crate::util::{
-    self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Interference, Machine,
-    Res, Stats, KIB, MIB,
+    self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Res, Stats, KIB, MIB,
 };
 use cascade_store::{OpenOptions, Store};
 use serde::Serialize;
@@ -625,18 +626,14 @@ pub struct FResults {
 #[derive(Debug, Serialize)]
 pub struct Report<'a> {
     pub suite: &'static str,
-    pub generated_utc: String,
-    pub duration_s: f64,
-    pub command: String,
-    pub source: String,
+    #[serde(flatten)]
+    pub header: Header,
     pub cascade_cli: String,
     pub library: String,
     pub cc: String,
     pub cp: String,
     /// Whether freed guest memory goes back to the host (see `free_page_reporting`).
     pub free_page_reporting: String,
-    pub machine: &'a Machine,
-    pub interference: Interference,
     pub options: &'a FOpts,
     pub targets: Vec<Target>,
     pub results: &'a FResults,
@@ -723,7 +720,7 @@ impl Mount {
                     return err(format!(
                         "cascade mount {} exited ({status}): {}",
                         dir.display(),
-                        crate::durable::tail(&log, 5)
+                        crate::procs::tail(&log, 5)
                     ));
                 }
             }
@@ -738,7 +735,7 @@ impl Mount {
                 return err(format!(
                     "cascade mount {} did not mount within 300 s: {}",
                     dir.display(),
-                    crate::durable::tail(&log, 5)
+                    crate::procs::tail(&log, 5)
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -782,7 +779,7 @@ impl Mount {
                 return err(format!(
                     "cascade mount {} exited ({status}): {}",
                     self.dir.display(),
-                    crate::durable::tail(&self.log, 5)
+                    crate::procs::tail(&self.log, 5)
                 ));
             }
         }
@@ -835,7 +832,7 @@ impl Mount {
                         unmounted = true;
                         break;
                     }
-                    Ok(out) => last = crate::durable::one_line(&out.stderr),
+                    Ok(out) => last = crate::procs::one_line(&out.stderr),
                     Err(e) => last = e.to_string(),
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -862,7 +859,7 @@ impl Mount {
                         problems.push(format!(
                             "cascade mount {} exited ({s}): {}",
                             self.dir.display(),
-                            crate::durable::tail(&self.log, 3)
+                            crate::procs::tail(&self.log, 3)
                         ));
                     }
                 }
@@ -889,7 +886,7 @@ impl Mount {
             Ok(out) => problems.push(format!(
                 "cascade destroy --force {}: {}",
                 self.store,
-                crate::durable::one_line(&out.stderr)
+                crate::procs::one_line(&out.stderr)
             )),
             Err(e) => problems.push(format!("cascade destroy: {e}")),
         }
@@ -986,12 +983,6 @@ impl Samples {
             })
             .collect()
     }
-}
-
-/// `methods` rotated by `rep`, so that every method runs in every position in turn.
-fn rotated<'m>(methods: &[&'m str], rep: usize) -> Vec<&'m str> {
-    let n = methods.len().max(1);
-    (0..methods.len()).map(|k| methods[(k + rep) % n]).collect()
 }
 
 impl Rig<'_> {
@@ -1186,7 +1177,7 @@ impl Rig<'_> {
                     return err(format!(
                         "cp {src} {dst} ({m}) failed ({}): {}",
                         out.status,
-                        crate::durable::one_line(&out.stderr)
+                        crate::procs::one_line(&out.stderr)
                     ));
                 }
                 // The copy must be where it belongs: in the store for preload (the host path
@@ -1247,7 +1238,7 @@ impl Rig<'_> {
             if !out.status.success() {
                 return err(format!(
                     "{m}: could not create {path}: {}",
-                    crate::durable::one_line(&out.stderr)
+                    crate::procs::one_line(&out.stderr)
                 ));
             }
             let st = mount.store()?;
@@ -1451,16 +1442,6 @@ fn free_page_reporting() -> String {
     "no virtio balloon".into()
 }
 
-fn tool_version(prog: &str) -> String {
-    Command::new(prog)
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.lines().next().map(str::to_string))
-        .unwrap_or_else(|| "unknown".into())
-}
-
 pub fn run(a: FuseArgs) -> Res<()> {
     let pid = std::process::id();
     let o = build_opts(&a, pid)?;
@@ -1481,14 +1462,15 @@ pub fn run(a: FuseArgs) -> Res<()> {
             o.cascade.display()
         ));
     }
-    let bin_dir = PathBuf::from(format!("{}-bin", base.display()));
-    std::fs::create_dir_all(&bin_dir).ctx(|| format!("creating {}", bin_dir.display()))?;
-    let bin = bin_dir.join("cascade");
-    std::fs::copy(&o.cascade, &bin)
-        .ctx(|| format!("copying {} to {}", o.cascade.display(), bin.display()))?;
+    let bin = private_cli(&o.cascade, pid)?;
     let lib_src = o.cascade.with_file_name("libcascade.so");
-    let lib = bin_dir.join("libcascade.so");
-    std::fs::copy(&lib_src, &lib).ctx(|| format!("copying {}", lib_src.display()))?;
+    let lib = bin.with_file_name("libcascade.so");
+    if !lib.is_file() {
+        return err(format!(
+            "{} does not exist (cargo build --release -p cascade-preload)",
+            lib_src.display()
+        ));
+    }
     let has_mount = Command::new(&bin)
         .args(["mount", "--help"])
         .stdout(Stdio::null())
@@ -1501,62 +1483,37 @@ pub fn run(a: FuseArgs) -> Res<()> {
             o.cascade.display()
         ));
     }
-    let machine = util::machine(&o.disk_dir, &o.disk_dir);
+    let clock = RunClock::start(&o.disk_dir, &o.disk_dir);
     eprintln!(
-        "cascade-bench fuse: {} ({} cores), kernel {}, {} GiB RAM; {} files, {} repetitions; names {}-*",
-        machine.cpu_model,
-        machine.cores,
-        machine.kernel,
-        machine.ram_gib,
+        "cascade-bench fuse: {} files, {} repetitions",
         size_str(o.size),
-        o.reps,
-        prefix(pid)
+        o.reps
     );
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let t0 = now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     let mut results = FResults::default();
     let outcome = run_all(&o, &exe, &bin, &lib, &mut results);
-    let duration_s = (now_ns() - t0) as f64 / 1e9;
-    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
-    if interference.other_cpu_pct > 10.0 {
-        eprintln!(
-            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
-            interference.other_cpu_pct
-        );
-    }
     if let Err(e) = &outcome {
         results.notes.push(format!("the run stopped: {e}"));
     }
     let rep = Report {
         suite: "fuse",
-        generated_utc: utc_string(started),
-        duration_s,
-        command: crate::durable::command_line(),
-        source: crate::source_version_of(&[
+        header: clock.finish(&[
             "crates/cascade-fuse",
             "crates/cascade-cli",
             "crates/cascade-store",
             "crates/cascade-preload",
             "bench",
         ]),
-        cascade_cli: crate::durable::describe(&o.cascade),
-        library: crate::durable::describe(&lib_src),
-        cc: tool_version(&o.cc),
-        cp: tool_version(&o.cp),
+        cascade_cli: report::describe(&o.cascade),
+        library: report::describe(&lib_src),
+        cc: tool_version(&o.cc, &["--version"]),
+        cp: tool_version(&o.cp, &["--version"]),
         free_page_reporting: free_page_reporting(),
-        machine: &machine,
-        interference,
         options: &o,
         targets: targets(&o, &results),
         results: &results,
     };
-    let md = markdown(&rep);
-    crate::report::write_results(&a.out, "fuse", &md, &rep, &rep.targets, duration_s)?;
+    let title = "Cascade FUSE front end (`cascade mount`) vs LD_PRELOAD, tmpfs and disk";
+    report::write(&a.out, "fuse", title, &rep, tables(&rep))?;
     outcome
 }
 
@@ -1567,25 +1524,6 @@ fn find<'a>(r: &'a FResults, part: Part, m: &str, procs: usize) -> Option<&'a Ro
     r.rows
         .iter()
         .find(|x| x.part == part && x.method == m && x.procs == procs)
-}
-
-fn st(s: &Stats) -> String {
-    if s.samples.len() <= 1 {
-        format!("{:.2}", s.median)
-    } else {
-        format!("{:.2} [{:.2}–{:.2}]", s.median, s.min, s.max)
-    }
-}
-
-fn ratio(a: f64, b: f64) -> String {
-    let r = a / b;
-    if !r.is_finite() {
-        "n/a".into()
-    } else if r < 0.1 {
-        format!("{r:.3}x")
-    } else {
-        format!("{r:.2}x")
-    }
 }
 
 /// A per-repetition ratio: "0.42x [0.19–0.81]".
@@ -1638,139 +1576,87 @@ fn targets(o: &FOpts, r: &FResults) -> Vec<Target> {
         }
         _ => ("not run".to_string(), None),
     };
-    vec![Target {
-        name: "FUSE 1 MiB writes".into(),
-        goal: ">= 0.5x write() into a new tmpfs file".into(),
+    vec![Target::new(
+        "FUSE 1 MiB writes",
+        ">= 0.5x write() into a new tmpfs file",
         measured,
         met,
-    }]
+    )]
 }
 
-fn markdown(rep: &Report) -> String {
-    let o = rep.options;
-    let r = rep.results;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Cascade FUSE front end (`cascade mount`) vs LD_PRELOAD, tmpfs and disk\n"
-    );
-    let _ = writeln!(
-        s,
-        "Generated by `bench/run.sh --suite fuse` ({}) on {} UTC from commit {}; the run took \
-         {:.0} s.\n",
-        rep.command, rep.generated_utc, rep.source, rep.duration_s
-    );
-    let _ = writeln!(
-        s,
-        "One small C program (`fuseio`, in bench/src/fuse.rs, compiled with `cc -O2`) does the \
-         I/O for every target with plain write()/read() calls from page-aligned buffers, timed \
-         from open to close; files of {}. **fuse**: a fresh store created and mounted by \
-         `cascade mount --threads {}` (direct I/O: every call is a FUSE request to the store); \
-         **fuse-kcache**: another fresh store, `cascade mount --threads {} --kernel-cache`; \
-         **preload**: the same program with `LD_PRELOAD=libcascade.so` into the store of \
-         `fuse`; **tmpfs**: a new file in /dev/shm (reads: an existing one); \
-         **tmpfs-rewrite**: overwriting a /dev/shm file whose pages exist; **disk**: a new \
-         file in {} (clock stopped after the last write; **disk+fsync**: with the final fsync, \
-         same runs); **memcpy**: into (out of) a pre-faulted MAP_SHARED /dev/shm object, the \
-         ceiling. {}; ratios divide by tmpfs in the same part (per repetition where marked); \
-         GB/s = 10^9 bytes/s. The methods take turns within each repetition, in rotating \
-         order. See bench/README.md.\n",
-        size_str(o.size),
-        o.threads,
-        o.threads,
-        o.disk_dir.display(),
-        if o.reps > 1 {
-            format!(
-                "Each figure is the median of {} runs, [min–max] in brackets",
-                o.reps
-            )
-        } else {
-            "One run per figure".to_string()
-        }
-    );
-    if rep.interference.other_cpu_pct > 10.0 {
-        let _ = writeln!(
-            s,
-            "**Warning:** other processes and kernel threads used {:.0} % of the CPUs during \
-             this run (load average {} at start); the figures are disturbed by them.\n",
-            rep.interference.other_cpu_pct, rep.interference.loadavg_start
-        );
+/// The tables of fuse.md.
+fn tables(rep: &Report) -> Md {
+    let (o, r) = (rep.options, rep.results);
+    let mut s = Md::default();
+    for n in &r.notes {
+        s.verdict(format!("not measured / failed: {n}"));
     }
-    if !r.notes.is_empty() {
-        let _ = writeln!(s, "**Not measured / failed:**\n");
-        for n in &r.notes {
-            let _ = writeln!(s, "- {n}");
-        }
-        s.push('\n');
-    }
-    let _ = writeln!(s, "## Target\n");
-    let _ = writeln!(
-        s,
-        "Paper 000 found FUSE at 5 % of RAM-disk bandwidth (2013). The ratio is taken within \
-         each repetition (fuse and tmpfs a few seconds apart).\n"
-    );
-    let _ = writeln!(s, "| target | goal | measured | met |\n|---|---|---|---|");
-    for t in &rep.targets {
-        let met = match t.met {
-            Some(true) => "**yes**",
-            Some(false) => "**NO**",
-            None => "not run",
-        };
-        let _ = writeln!(s, "| {} | {} | {} | {} |", t.name, t.goal, t.measured, met);
-    }
-    let _ = writeln!(
-        s,
-        "\nReading it: a write into a new tmpfs file allocates and zeroes every page inside \
-         the write() call (the first touch of that memory); a store's memory was pre-faulted \
-         once when it was created (see *Stores and mounts*) and is reused, so FUSE pays its \
-         request round trips and copies but no page allocation. On a VM that returns freed \
-         memory to the host (see the machine table), a first touch also faults on the host \
-         and becomes slow and erratic: hence the range of the tmpfs figures. tmpfs-rewrite \
-         (the same file system, pages present) is the comparison without that cost."
-    );
     summary(&mut s, o, r);
-    machine_table(
-        &mut s,
-        rep.machine,
+    let mut t = Table::new(
+        "Stores and mounts",
         &[
-            (
-                "local disk".to_string(),
-                format!("{} ({})", o.disk_dir.display(), rep.machine.disk_fs),
-            ),
-            ("cascade CLI".to_string(), rep.cascade_cli.clone()),
-            ("preloaded library".to_string(), rep.library.clone()),
-            (
-                "FUSE mount threads".to_string(),
-                format!(
-                    "{} per mount (`cascade mount --threads {}`)",
-                    o.threads, o.threads
-                ),
-            ),
-            ("C compiler".to_string(), rep.cc.clone()),
-            ("cp".to_string(), rep.cp.clone()),
-            (
-                "freed memory back to the host".to_string(),
-                rep.free_page_reporting.clone(),
-            ),
+            "target",
+            "store",
+            "memory",
+            "chunk",
+            "mounted after (s)",
+            "memory / that (GB/s)",
+            "burn-in (s)",
+            "`cascade mount` said",
+            "end",
         ],
-        &rep.interference,
     );
-    mounts(&mut s, r);
+    for m in &r.mounts {
+        t.row([
+            m.target.to_string(),
+            m.store.clone(),
+            size_str(m.capacity),
+            size_str(m.chunk_size),
+            format!("{:.2}", m.mount_s),
+            format!("{:.2}", m.capacity as f64 / m.mount_s / 1e9),
+            format!("{:.2}", m.burn_in_s),
+            m.line.clone(),
+            m.ended.clone(),
+        ]);
+    }
+    s.push(t);
     for p in [
         Part::Writes,
         Part::SmallWrites,
         Part::Reads,
         Part::SmallReads,
+        Part::Cp,
     ] {
-        detail(&mut s, o, r, p);
+        s.push(detail(o, r, p));
     }
-    cp(&mut s, o, r);
-    scaling(&mut s, o, r);
+    s.push(scaling(o, r));
+    let threads = format!(
+        "{} per mount (`cascade mount --threads {}`)",
+        o.threads, o.threads
+    );
+    let extra = vec![
+        (
+            "local disk".to_string(),
+            format!("{} ({})", o.disk_dir.display(), rep.header.machine.disk_fs),
+        ),
+        ("cascade CLI".into(), rep.cascade_cli.clone()),
+        ("preloaded library".into(), rep.library.clone()),
+        ("FUSE mount threads".into(), threads),
+        ("C compiler".into(), rep.cc.clone()),
+        ("cp".into(), rep.cp.clone()),
+        (
+            "freed memory back to the host".into(),
+            rep.free_page_reporting.clone(),
+        ),
+    ];
+    s.push(machine_table(&rep.header, extra));
+    s.tables.retain(|t| !t.rows.is_empty());
     s
 }
 
-/// The matrix: every target by every part, GB/s and the ratio to tmpfs.
-fn summary(s: &mut String, o: &FOpts, r: &FResults) {
+/// The matrix: every target by every part, GB/s and the ratio to tmpfs; and FUSE against the
+/// preload library (the other way into the same store) as verdicts.
+fn summary(s: &mut Md, o: &FOpts, r: &FResults) {
     let parts: Vec<Part> = [
         Part::Writes,
         Part::SmallWrites,
@@ -1781,23 +1667,10 @@ fn summary(s: &mut String, o: &FOpts, r: &FResults) {
     .into_iter()
     .filter(|&p| r.rows.iter().any(|x| x.part == p))
     .collect();
-    if parts.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## Summary\n");
-    let _ = writeln!(
-        s,
-        "GB/s (median) and, in brackets, the ratio to tmpfs in the same part (ratio of \
-         medians): for writes a new tmpfs file, for reads an existing one, for cp a copy into \
-         a new tmpfs file. — = not measured for that target.\n"
-    );
-    let mut head = "| target |".to_string();
-    let mut line = "|---|".to_string();
-    for p in &parts {
-        let _ = write!(head, " {} |", p.title(o.small));
-        line.push_str("---|");
-    }
-    let _ = writeln!(s, "{head}\n{line}");
+    let mut head = vec!["target".to_string()];
+    head.extend(parts.iter().map(|p| p.title(o.small)));
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new("Summary: GB/s (vs tmpfs)", &head);
     for m in ORDER {
         if !r
             .rows
@@ -1806,82 +1679,28 @@ fn summary(s: &mut String, o: &FOpts, r: &FResults) {
         {
             continue;
         }
-        let mut row = format!("| {m} |");
+        let mut row = vec![m.to_string()];
         for &p in &parts {
-            let cell = match (find(r, p, m, 1), find(r, p, TMPFS, 1)) {
-                (Some(x), Some(t)) => {
-                    let rr = ratio(x.gbps.median, t.gbps.median);
-                    if m == FUSE || m == KCACHE || m == PRELOAD {
-                        format!("**{:.2}** ({rr})", x.gbps.median)
-                    } else {
-                        format!("{:.2} ({rr})", x.gbps.median)
-                    }
-                }
+            row.push(match (find(r, p, m, 1), find(r, p, TMPFS, 1)) {
+                (Some(x), Some(t)) => format!(
+                    "{:.2} ({})",
+                    x.gbps.median,
+                    ratio(x.gbps.median, t.gbps.median)
+                ),
                 (Some(x), None) => format!("{:.2}", x.gbps.median),
                 _ => "—".into(),
-            };
-            let _ = write!(row, " {cell} |");
+            });
         }
-        let _ = writeln!(s, "{row}");
+        t.row(row);
     }
-    // FUSE against the preload library, the other way into the same store.
-    let mut vs = Vec::new();
+    s.push(t);
     for &p in &parts {
         for m in [FUSE, KCACHE] {
             if let (Some(f), Some(pl)) = (find(r, p, m, 1), find(r, p, PRELOAD, 1)) {
-                vs.push(format!(
-                    "{} {m}: {}",
-                    p.title(o.small),
-                    ratio(f.gbps.median, pl.gbps.median)
-                ));
+                let q = ratio(f.gbps.median, pl.gbps.median);
+                s.verdict(format!("{} {m} vs preload: {q}", p.title(o.small)));
             }
         }
-    }
-    if !vs.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nFUSE / preload (the same store, medians): {}.",
-            vs.join("; ")
-        );
-    }
-}
-
-fn mounts(s: &mut String, r: &FResults) {
-    if r.mounts.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## Stores and mounts\n");
-    let _ = writeln!(
-        s,
-        "Each FUSE target gets its own store, created by `cascade mount` (CASCADE_STORE, \
-         CASCADE_CAPACITY = 2 x the file size, no spill file, pre-faulted in the foreground \
-         before it mounts), then written once in full through the store API and emptied \
-         (burn-in: memory that has held data, as in a store in service); both stay mounted \
-         for the whole run and are unmounted (`cascade umount`) and destroyed (`cascade \
-         destroy --force`) at the end. The preload target uses the store of `fuse`. \
-         \"Mounted after\" runs from starting `cascade mount` until the mount exists and is \
-         mostly the pre-fault of the store's memory: its GB/s is what touching memory for \
-         the first time costs on this machine, a cost tmpfs pays inside every write into a \
-         new file and the store pays once, at creation.\n"
-    );
-    let _ = writeln!(
-        s,
-        "| target | store | memory | chunk | mounted after (s) | memory / that (GB/s) | burn-in (s) | `cascade mount` said | end |\n|---|---|---|---|---|---|---|---|---|"
-    );
-    for m in &r.mounts {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
-            m.target,
-            m.store,
-            size_str(m.capacity),
-            size_str(m.chunk_size),
-            m.mount_s,
-            m.capacity as f64 / m.mount_s / 1e9,
-            m.burn_in_s,
-            m.line,
-            m.ended
-        );
     }
 }
 
@@ -1898,159 +1717,59 @@ fn vs_cell(x: &Row) -> String {
     ratio_st(&x.vs_tmpfs)
 }
 
-fn detail(s: &mut String, o: &FOpts, r: &FResults, p: Part) {
-    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.part == p).collect();
-    if rows.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## {}\n", p.title(o.small));
-    let text = match p {
-        Part::Writes | Part::SmallWrites => format!(
-            "One process writes {} with {} write() calls into a new file (open O_CREAT|O_EXCL \
-             + writes + close timed; the file is unlinked after the end barrier, so every \
-             repetition writes a new one). tmpfs-rewrite overwrites an existing /dev/shm file \
-             (no truncation; its pages were allocated before). fuse: each write() is one FUSE \
-             request (up to 1 MiB), copied by the kernel into the request, read by a daemon \
-             thread and copied into the store; the caller waits for the reply. fuse-kcache: \
-             the kernel also copies each write into page-cache pages it allocates for the \
-             file (write-through, no writeback cache), so it pays tmpfs's page allocation as \
-             well. disk: the same run timed until the last write (disk) and until fsync + \
-             close (disk+fsync). memcpy's set-up includes creating and touching its \
-             object.",
-            size_str(o.size),
-            size_str(rows[0].io)
-        ),
-        _ => format!(
-            "One process reads a {} file with {} read() calls (open + reads + close; the last \
-             buffer is checked). Cache state: tmpfs, memcpy and the stores hold the data in \
-             memory; for `fuse` every read is a FUSE request served from the store; \
-             `fuse-kcache` opens without FOPEN_KEEP_CACHE, so the kernel drops the file's \
-             cached pages at each open and every repetition reads through the daemon again \
-             (with the kernel's readahead, up to 1 MiB per request); `disk` reads from the \
-             page cache (the file was written and fsync'ed just before, nothing dropped); \
-             `disk-cold` calls posix_fadvise(DONTNEED) on the file first, so it comes from \
-             the device.",
-            size_str(o.size),
-            size_str(rows[0].io)
-        ),
-    };
-    let _ = writeln!(s, "{text}\n");
+/// One part: every target against tmpfs and memcpy.
+fn detail(o: &FOpts, r: &FResults, p: Part) -> Table {
     let w = p.is_write();
-    let _ = writeln!(
-        s,
-        "| target | GB/s | vs tmpfs (medians) | vs tmpfs (per repetition) |{} vs memcpy | mount daemon CPU s per GB | set-up (s) |\n|---|---|---|---|{}---|---|---|",
-        if w { " vs tmpfs-rewrite (per repetition) |" } else { "" },
-        if w { "---|" } else { "" }
-    );
-    let t = find(r, p, TMPFS, 1).map(|x| x.gbps.median);
-    let mc = find(r, p, MEMCPY, 1).map(|x| x.gbps.median);
-    for x in rows {
-        let rw = if w {
-            format!(
-                " {} |",
-                x.vs_tmpfs_rewrite.as_ref().map_or(String::new(), ratio_st)
-            )
-        } else {
-            String::new()
-        };
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} |{rw} {} | {} | {:.3} |",
-            x.method,
-            st(&x.gbps),
-            t.map_or("n/a".into(), |t| ratio(x.gbps.median, t)),
-            vs_cell(x),
-            mc.map_or("n/a".into(), |m| ratio(x.gbps.median, m)),
-            cpu_cell(x),
-            x.setup_s
-        );
+    let mut head = vec![
+        "target",
+        "GB/s",
+        "vs tmpfs (medians)",
+        "vs tmpfs (per repetition)",
+    ];
+    if w {
+        head.push("vs tmpfs-rewrite (per repetition)");
     }
+    head.extend(["vs memcpy", "mount daemon CPU s per GB", "set-up (s)"]);
+    let mut t = Table::new(p.title(o.small), &head);
+    let vs = |x: &Row, base: &str| {
+        find(r, p, base, 1).map_or("n/a".into(), |b| ratio(x.gbps.median, b.gbps.median))
+    };
+    for x in r.rows.iter().filter(|x| x.part == p) {
+        let mut row = vec![x.method.clone(), st(&x.gbps), vs(x, TMPFS), vs_cell(x)];
+        if w {
+            row.push(x.vs_tmpfs_rewrite.as_ref().map_or(String::new(), ratio_st));
+        }
+        row.extend([vs(x, MEMCPY), cpu_cell(x), format!("{:.3}", x.setup_s)]);
+        t.row(row);
+    }
+    t
 }
 
-fn cp(s: &mut String, o: &FOpts, r: &FResults) {
-    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.part == Part::Cp).collect();
-    if rows.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## cp: an unmodified program\n");
-    let _ = writeln!(
-        s,
-        "`{} SRC DST` of a {} file in /dev/shm (its pages present) to a new file in each \
-         target, timed from the start of the process to its exit (a freshly started program: \
-         under LD_PRELOAD the library's start and the attach of the store are included). \
-         How cp copies differs by destination: GNU cp uses copy_file_range(2) when the kernel \
-         can copy between the two files (tmpfs to tmpfs: no copy through user space), else \
-         read()/write() with a buffer of the destination's st_blksize (1 MiB on the FUSE \
-         mounts, which report it; 128 KiB minimum, e.g. on ext4). Under LD_PRELOAD the library serves the \
-         writes into the store. The copy is checked (size) and removed after each run; disk \
-         is without fsync.\n",
-        o.cp,
-        size_str(o.size)
-    );
-    let _ = writeln!(
-        s,
-        "| target | GB/s | vs tmpfs (medians) | vs tmpfs (per repetition) | mount daemon CPU s per GB |\n|---|---|---|---|---|"
-    );
-    let t = find(r, Part::Cp, TMPFS, 1).map(|x| x.gbps.median);
-    for x in rows {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} |",
-            x.method,
-            st(&x.gbps),
-            t.map_or("n/a".into(), |t| ratio(x.gbps.median, t)),
-            vs_cell(x),
-            cpu_cell(x)
-        );
-    }
-}
-
-fn scaling(s: &mut String, o: &FOpts, r: &FResults) {
-    let rows: Vec<&Row> = r.rows.iter().filter(|x| x.part == Part::Scaling).collect();
-    if rows.is_empty() {
-        return;
-    }
-    let _ = writeln!(s, "\n## Writer processes: 1 MiB writes\n");
-    let _ = writeln!(
-        s,
-        "N processes released together each write {}/N with 1 MiB write() calls into a new \
-         file of their own; aggregate GB/s = {} / (last close − common start). The machine \
-         has {} cores; each mount has {} request threads. `fuse.png` plots it.\n",
-        size_str(o.size),
-        size_str(o.size),
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        o.threads
-    );
+/// Writer processes: aggregate GB/s of 1 MiB writes by process count.
+fn scaling(o: &FOpts, r: &FResults) -> Table {
     let methods = [TMPFS, FUSE, KCACHE, PRELOAD];
-    let mut head = "| processes |".to_string();
-    let mut line = "|---|".to_string();
-    for m in methods {
-        let _ = write!(head, " {m} GB/s |");
-        line.push_str("---|");
+    let mut head = vec!["processes".to_string()];
+    head.extend(methods.iter().map(|m| format!("{m} GB/s")));
+    head.extend(methods[1..].iter().map(|m| format!("{m} vs tmpfs")));
+    head.push("fuse daemon CPU s/GB".into());
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new("Writer processes: 1 MiB writes", &head);
+    if !r.rows.iter().any(|x| x.part == Part::Scaling) {
+        return t;
     }
-    for m in [FUSE, KCACHE, PRELOAD] {
-        let _ = write!(head, " {m} vs tmpfs |");
-        line.push_str("---|");
-    }
-    let _ = write!(head, " fuse daemon CPU s/GB |");
-    line.push_str("---|");
-    let _ = writeln!(s, "{head}\n{line}");
     for &p in &o.procs {
-        let mut row = format!("| {p} |");
-        for m in methods {
-            let cell = find(r, Part::Scaling, m, p).map_or("n/a".into(), |x| st(&x.gbps));
-            let _ = write!(row, " {cell} |");
-        }
-        let t = find(r, Part::Scaling, TMPFS, p).map(|x| x.gbps.median);
-        for m in [FUSE, KCACHE, PRELOAD] {
-            let cell = match (find(r, Part::Scaling, m, p), t) {
-                (Some(x), Some(t)) => ratio(x.gbps.median, t),
+        let mut row = vec![p.to_string()];
+        let g = |m: &str| find(r, Part::Scaling, m, p);
+        row.extend(methods.map(|m| g(m).map_or("n/a".into(), |x| st(&x.gbps))));
+        let base = g(TMPFS).map(|x| x.gbps.median);
+        for m in &methods[1..] {
+            row.push(match (g(m), base) {
+                (Some(x), Some(b)) => ratio(x.gbps.median, b),
                 _ => "n/a".into(),
-            };
-            let _ = write!(row, " {cell} |");
+            });
         }
-        let c = find(r, Part::Scaling, FUSE, p).map_or(String::new(), cpu_cell);
-        let _ = write!(row, " {c} |");
-        let _ = writeln!(s, "{row}");
+        row.push(g(FUSE).map_or(String::new(), cpu_cell));
+        t.row(row);
     }
+    t
 }

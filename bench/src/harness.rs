@@ -190,3 +190,29 @@ pub fn run_commands(cmds: Vec<Command>) -> Res<Outcome> {
     }
     Ok(Outcome { t0, children })
 }
+
+/// The median per-process set-up time of some runs.
+pub fn median_setup(out: &[Outcome]) -> f64 {
+    let v: Vec<f64> = out
+        .iter()
+        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
+        .collect();
+    crate::util::Stats::of(&v).median
+}
+
+/// Unique names of the run's objects: `<prefix>-<what>-<i>-<counter>`.
+pub struct Names {
+    pub pid: u32,
+    pub counter: u64,
+}
+
+impl Names {
+    pub fn next(&mut self, what: &str, i: usize) -> String {
+        self.counter += 1;
+        format!(
+            "{}-{what}-{i}-{}",
+            crate::util::prefix(self.pid),
+            self.counter
+        )
+    }
+}

@@ -7,24 +7,29 @@
 //! children for the I/O through the library). `durable`, `staging`, `fuse` and `dedup` run the
 //! other suites (bench/src/durable.rs, staging.rs, fuse.rs, dedup.rs). See bench/README.md.
 
+mod baselines;
 mod benches;
 mod child;
+mod datasets;
 mod dedup;
 mod dedup_link;
 mod durable;
+mod format;
 mod fuse;
 mod harness;
+mod net;
 mod preload;
-mod preload_report;
+mod procs;
 mod report;
 mod staging;
+mod stores;
 mod util;
 
 use benches::{Bench, Opts};
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use util::{cleanup, now_ns, prefix, Context, Res, KIB, MIB};
+use util::{cleanup, Context, Res, KIB, MIB};
 
 #[derive(Parser)]
 #[command(
@@ -325,155 +330,86 @@ impl Drop for CleanupGuard {
     }
 }
 
-/// "abc1234", or "abc1234 + uncommitted changes in crates/cascade-store, bench": what was
-/// measured (changes to bench/results do not count).
-fn source_version() -> String {
-    source_version_of(&["crates/cascade-store", "bench"])
-}
-
-fn source_version_of(dirs: &[&str]) -> String {
-    let git = |args: &[&str]| -> Option<String> {
-        let out = std::process::Command::new("git").args(args).output().ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty: Vec<&str> = dirs
-        .iter()
-        .copied()
-        .filter(|dir| {
-            let exclude = format!(":(exclude){dir}/results");
-            git(&["status", "--porcelain", "--", dir, &exclude]).is_some_and(|s| !s.is_empty())
-        })
-        .collect();
-    if dirty.is_empty() {
-        head
-    } else {
-        format!("{head} + uncommitted changes in {}", dirty.join(", "))
-    }
+/// The node-store report: header, options, targets and results (node-store.json).
+#[derive(serde::Serialize)]
+struct NodeStoreReport<'a> {
+    #[serde(flatten)]
+    header: report::Header,
+    options: &'a Opts,
+    targets: Vec<report::Target>,
+    results: &'a benches::Results,
 }
 
 fn run(a: RunArgs) -> Res<()> {
-    let pid = std::process::id();
-    let opts = build_opts(&a, pid)?;
+    let opts = build_opts(&a, std::process::id())?;
     let dirs = vec![opts.disk_dir.clone(), opts.spill_dir.clone()];
-    for what in cleanup(None, &dirs) {
-        eprintln!("cleanup: removed {what} (left by an earlier run)");
-    }
-    let _guard = CleanupGuard {
-        pid,
-        dirs: dirs.clone(),
-    };
-    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
-    let machine = util::machine(&opts.disk_dir, &opts.spill_dir);
-    eprintln!(
-        "cascade-bench: {} ({} cores), kernel {}, {} GiB RAM; names {}-*",
-        machine.cpu_model,
-        machine.cores,
-        machine.kernel,
-        machine.ram_gib,
-        prefix(pid)
-    );
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let t0 = now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let _guard = CleanupGuard::start(opts.pid, dirs, &a.out)?;
+    let clock = report::RunClock::start(&opts.disk_dir, &opts.spill_dir);
     let results = benches::run_all(&opts)?;
-    let duration_s = (now_ns() - t0) as f64 / 1e9;
-    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
-    if interference.other_cpu_pct > 10.0 {
-        eprintln!(
-            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
-            interference.other_cpu_pct
-        );
-    }
-    let rep = report::Report {
-        generated_utc: report::utc_string(started),
-        duration_s,
-        command: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
-        source: source_version(),
-        machine: &machine,
-        interference,
+    let header = clock.finish(&["crates/cascade-store", "bench"]);
+    let m = &header.machine;
+    let extra = vec![
+        (
+            format!("disk baseline ({})", opts.disk_dir.display()),
+            m.disk_fs.clone(),
+        ),
+        (
+            format!("spill file ({})", opts.spill_dir.display()),
+            m.spill_fs.clone(),
+        ),
+    ];
+    let mut md = report::Md {
+        tables: benches::tables(&opts, &results),
+        ..Default::default()
+    };
+    md.push(report::machine_table(&header, extra));
+    let targets = benches::targets(&opts, &results);
+    let rep = NodeStoreReport {
+        header,
         options: &opts,
-        targets: report::targets(&opts, &results),
+        targets,
         results: &results,
     };
-    let md = report::markdown(&rep);
-    crate::report::write_results(&a.out, "node-store", &md, &rep, &rep.targets, duration_s)?;
-    Ok(())
-}
-
-/// "path (modified 2026-11-21 10:20:10 UTC)".
-fn describe_file(p: &std::path::Path) -> String {
-    let when = std::fs::metadata(p)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| format!(" (modified {} UTC)", report::utc_string(d.as_secs())))
-        .unwrap_or_default();
-    format!("{}{when}", p.display())
+    report::write(
+        &a.out,
+        "node-store",
+        "Cascade node store (L0): benchmarks",
+        &rep,
+        md,
+    )
 }
 
 fn run_interposition(a: InterpArgs) -> Res<()> {
-    let pid = std::process::id();
-    let opts = build_interp_opts(&a, pid)?;
-    let dirs = vec![PathBuf::from("/var/tmp")];
-    for what in cleanup(None, &dirs) {
-        eprintln!("cleanup: removed {what} (left by an earlier run)");
-    }
-    let _guard = CleanupGuard {
-        pid,
-        dirs: dirs.clone(),
-    };
-    std::fs::create_dir_all(&a.out).ctx(|| format!("creating {}", a.out.display()))?;
+    let opts = build_interp_opts(&a, std::process::id())?;
+    let _guard = CleanupGuard::start(opts.pid, vec![PathBuf::from("/var/tmp")], &a.out)?;
     let pio = preload::Pio::build(&opts)?;
-    let machine = util::machine(Path::new("/var/tmp"), Path::new("/var/tmp"));
-    eprintln!(
-        "cascade-bench interposition: {} ({} cores), kernel {}, {} GiB RAM; {}; names {}-*",
-        machine.cpu_model,
-        machine.cores,
-        machine.kernel,
-        machine.ram_gib,
-        describe_file(&opts.lib),
-        prefix(pid)
-    );
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let t0 = now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let var_tmp = Path::new("/var/tmp");
+    let clock = report::RunClock::start(var_tmp, var_tmp);
+    eprintln!("library: {}", report::describe(&opts.lib));
     let results = preload::run_all(&opts, &pio)?;
-    let duration_s = (now_ns() - t0) as f64 / 1e9;
-    let interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
-    if interference.other_cpu_pct > 10.0 {
-        eprintln!(
-            "warning: other processes used {:.0} % of the CPUs during the run; numbers are disturbed",
-            interference.other_cpu_pct
-        );
-    }
-    let rep = preload_report::Report {
+    let dirs = ["crates/cascade-store", "crates/cascade-preload", "bench"];
+    let header = clock.finish(&dirs);
+    let rep = preload::Report {
         suite: "interposition",
-        generated_utc: report::utc_string(started),
-        duration_s,
-        command: std::env::args().skip(2).collect::<Vec<_>>().join(" "),
-        source: source_version_of(&["crates/cascade-store", "crates/cascade-preload", "bench"]),
-        library: describe_file(&std::fs::canonicalize(&opts.lib).unwrap_or(opts.lib.clone())),
+        library: report::describe(&opts.lib),
         cc: pio.cc_version.clone(),
-        machine: &machine,
-        interference,
+        targets: preload::targets(&opts, &results),
+        header,
         options: &opts,
-        targets: preload_report::targets(&opts, &results),
         results: &results,
     };
-    let md = preload_report::markdown(&rep);
-    crate::report::write_results(&a.out, "interposition", &md, &rep, &rep.targets, duration_s)?;
-    Ok(())
+    let extra = vec![
+        ("library".into(), rep.library.clone()),
+        ("C compiler".into(), rep.cc.clone()),
+    ];
+    let mut md = report::Md {
+        verdicts: preload::verdicts(&opts, &results),
+        ..Default::default()
+    };
+    md.tables = preload::tables(&opts, &results);
+    md.push(report::machine_table(&rep.header, extra));
+    let title = "Cascade interposition (LD_PRELOAD): benchmarks";
+    report::write(&a.out, "interposition", title, &rep, md)
 }
 
 fn main() -> ExitCode {

@@ -4,12 +4,13 @@
 //! the Rust children of the node-store benchmarks) and memcpy into pre-faulted shared memory
 //! are measured in the same run. See bench/README.md.
 
-use crate::benches::{
-    capacity_for, tight_pair_with, with_store_files, Creation, Results as StoreResults, ShmBase,
-    TightPair,
-};
 use crate::child::Job;
-use crate::harness::{job_command, run_commands, Outcome};
+use crate::format::{count, count_st, pct_change, ratio, st, st_prec, x};
+use crate::harness::{job_command, median_setup, run_commands, Names, Outcome};
+use crate::report::{Header, Table, Target};
+use crate::stores::{
+    capacity_for, tight_pair_with, with_store_files, Creation, ShmBase, TightPair,
+};
 use crate::util::{err, fill_pattern, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
 use cascade_store::{OpenOptions, Store};
 use serde::Serialize;
@@ -297,19 +298,6 @@ impl Drop for Pio {
     }
 }
 
-/// Unique names for tmpfs files and directories of this run.
-struct Names {
-    pid: u32,
-    n: u64,
-}
-
-impl Names {
-    fn shm(&mut self, what: &str, i: usize) -> String {
-        self.n += 1;
-        format!("/dev/shm/{}-{what}-{i}-{}", prefix(self.pid), self.n)
-    }
-}
-
 fn run(cmds: Vec<Command>, what: impl FnOnce() -> String) -> Res<Outcome> {
     run_commands(cmds).ctx(what)
 }
@@ -358,14 +346,6 @@ fn phase_span(out: &Outcome, j: usize) -> Res<(String, u64, f64)> {
         last.saturating_sub(first),
         sum / out.children.len().max(1) as f64,
     ))
-}
-
-fn median_setup(out: &[Outcome]) -> f64 {
-    let v: Vec<f64> = out
-        .iter()
-        .flat_map(|o| o.children.iter().map(|c| c.setup_s))
-        .collect();
-    Stats::of(&v).median
 }
 
 /// Collects per-method samples of whole-run measurements.
@@ -431,11 +411,11 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
     let mut res = PResults::default();
     let mut names = Names {
         pid: opts.pid,
-        n: 0,
+        counter: 0,
     };
     let want = |p: Part| opts.parts.contains(&p);
     let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
-    let mut scratch = StoreResults::default();
+    let mut scratch: Vec<Creation> = Vec::new();
     let main_parts = [
         Part::Writes,
         Part::Small,
@@ -498,7 +478,7 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
             },
         )?;
     }
-    res.creation = scratch.creation;
+    res.creation = scratch;
     Ok(res)
 }
 
@@ -570,7 +550,11 @@ fn writes(
                             "write",
                             &a(pio.path(&format!("wc-p{i}-r{rep}.dat"))),
                         ),
-                        "tmpfs" => pio.cmd(None, "write", &a(names.shm("tmpfs", i))),
+                        "tmpfs" => pio.cmd(
+                            None,
+                            "write",
+                            &a(format!("/dev/shm/{}", names.next("tmpfs", i))),
+                        ),
                         "memcpy-shm" => job_command(&Job::MemcpyShm {
                             bytes,
                             io,
@@ -926,7 +910,10 @@ fn replay(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &S
                             "tmpfs" => pio.cmd(
                                 None,
                                 "replay",
-                                &[("path", names.shm("replay", i)), ("sizes", file.clone())],
+                                &[
+                                    ("path", format!("/dev/shm/{}", names.next("replay", i))),
+                                    ("sizes", file.clone()),
+                                ],
                             ),
                             _ => job_command(&Job::StoreReplay {
                                 store: st.name().to_string(),
@@ -989,7 +976,8 @@ fn meta(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &Sto
                             pio.cmd(Some(st.name()), "meta", &a)
                         }
                         "tmpfs" => {
-                            let mut a = vec![("dir", names.shm("meta", i))];
+                            let mut a =
+                                vec![("dir", format!("/dev/shm/{}", names.next("meta", i)))];
                             a.extend(common.iter().cloned());
                             pio.cmd(None, "meta", &a)
                         }
@@ -1217,7 +1205,7 @@ fn passthrough(
         };
         for with_lib in order {
             let args = [
-                ("path", names.shm("pass", 0)),
+                ("path", format!("/dev/shm/{}", names.next("pass", 0))),
                 ("region", opts.pass_region.to_string()),
                 ("calls64", opts.pass_calls64.to_string()),
                 ("calls4k", opts.pass_calls4k.to_string()),
@@ -1299,4 +1287,419 @@ mod tests {
         let small = sizes.iter().filter(|&&s| s <= 64).count();
         assert!(small * 2 >= sizes.len() - 1);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report: interposition.json and the tables of interposition.md.
+
+#[derive(Serialize)]
+pub struct Report<'a> {
+    pub suite: &'static str,
+    #[serde(flatten)]
+    pub header: Header,
+    /// The preloaded library: path and modification time.
+    pub library: String,
+    pub cc: String,
+    pub options: &'a POpts,
+    pub targets: Vec<Target>,
+    pub results: &'a PResults,
+}
+
+fn find<'a>(rows: &'a [Row], method: &str, procs: usize) -> Option<&'a Row> {
+    rows.iter().find(|r| r.method == method && r.procs == procs)
+}
+
+fn find_io<'a>(rows: &'a [Row], method: &str, procs: usize, io: u64) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.method == method && r.procs == procs && r.io == io)
+}
+
+fn rep_ratio<'a>(r: &'a PResults, what: &str, procs: usize) -> Option<&'a Stats> {
+    r.rep_ratios
+        .iter()
+        .find(|x| x.procs == procs && x.what.contains(what))
+        .map(|x| &x.ratio)
+}
+
+/// "not run" for no parts, else the parts joined.
+fn joined(parts: Vec<String>) -> String {
+    if parts.is_empty() {
+        "not run".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The targets of issue 3 (see bench/README.md for how each ratio is paired).
+pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
+    let (mut parts, mut met) = (Vec::new(), None);
+    for &p in &opts.procs {
+        let Some(n) = r
+            .normalised
+            .iter()
+            .find(|n| n.kind == "write" && n.procs == p)
+        else {
+            continue;
+        };
+        let sep = match (
+            find(&r.writes, "preload", p),
+            find(&r.writes, "store-api", p),
+        ) {
+            (Some(a), Some(b)) => format!(
+                "; separate runs {:.2} vs {:.2} GB/s, per repetition {}",
+                a.gbps.median,
+                b.gbps.median,
+                rep_ratio(r, "write preload/store-api", p).map_or("n/a".into(), |x| {
+                    format!("{:.2}x [{:.2}–{:.2}]", x.median, x.min, x.max)
+                })
+            ),
+            _ => String::new(),
+        };
+        parts.push(format!(
+            "{p} proc: **{:.2}x** [{:.2}–{:.2}]{sep}",
+            n.ratio, n.low, n.high
+        ));
+        met = Some(met.unwrap_or(true) && n.ratio >= 0.9);
+    }
+    let mut out = vec![Target::new(
+        "1 MiB writes through the library",
+        ">= 0.9x the store API (`File::write_at`)",
+        joined(parts),
+        met,
+    )];
+    let (mut parts, mut met) = (Vec::new(), None);
+    for &p in &opts.procs {
+        let (Some(a), Some(b), Some(rr)) = (
+            find_io(&r.sweep, "preload", p, 64),
+            find_io(&r.sweep, "tmpfs", p, 64),
+            rep_ratio(r, "64 B preload/tmpfs", p),
+        ) else {
+            continue;
+        };
+        parts.push(format!(
+            "{p} proc: **{:.1}x** [{:.1}–{:.1}] ({} vs {} calls/s; {:.0} vs {:.0} ns per call)",
+            rr.median,
+            rr.min,
+            rr.max,
+            count(a.calls_per_s.median),
+            count(b.calls_per_s.median),
+            a.ns_per_call.median,
+            b.ns_per_call.median
+        ));
+        met = Some(met.unwrap_or(true) && rr.median >= 10.0);
+    }
+    out.push(Target::new(
+        "64-byte writes",
+        ">= 10x the write() calls per second into tmpfs",
+        joined(parts),
+        met,
+    ));
+    let worst = r
+        .passthrough
+        .iter()
+        .map(|x| x.ratio.median)
+        .reduce(f64::max);
+    let parts = r
+        .passthrough
+        .iter()
+        .map(|x| format!("{}: **{}**", x.op, pct_change(&x.ratio)))
+        .collect();
+    let goal = "< 5 % (tmpfs file, with vs without LD_PRELOAD)";
+    out.push(Target::new(
+        "overhead on non-Cascade files",
+        goal,
+        joined(parts),
+        worst.map(|w| w < 1.05),
+    ));
+    out
+}
+
+/// 1 MiB writes or reads, each method against the others.
+fn bandwidth_table(title: String, rows: &[Row]) -> Table {
+    let head = [
+        "method",
+        "procs",
+        "GB/s",
+        "vs store API",
+        "vs memcpy shm",
+        "vs tmpfs",
+        "set-up (s)",
+    ];
+    let mut t = Table::new(title, &head);
+    for row in rows {
+        let vs = |m: &str| {
+            x(ratio(
+                row.gbps.median,
+                find(rows, m, row.procs).map(|x| x.gbps.median),
+            ))
+        };
+        let (api, shm, tmpfs) = (vs("store-api"), vs("memcpy-shm"), vs("tmpfs"));
+        t.row([
+            row.method.clone(),
+            row.procs.to_string(),
+            st(&row.gbps),
+            api,
+            shm,
+            tmpfs,
+            format!("{:.2}", row.setup_s),
+        ]);
+    }
+    t
+}
+
+/// The paired runs of 1 MiB writes or reads: ratio per round, median [min–max].
+fn pairs_table(r: &PResults, kind: &str) -> Table {
+    let head = [
+        "procs",
+        "preload / memcpy-shm (C)",
+        "store API / memcpy-shm (Rust)",
+        "preload / store API (normalised)",
+    ];
+    let mut t = Table::new(
+        format!("Paired runs, {kind}s (ratio per round; GB/s medians)"),
+        &head,
+    );
+    for cp in r.c_pairs.iter().filter(|c| c.kind == kind) {
+        let tp = r
+            .store_pairs
+            .iter()
+            .find(|t| t.kind == kind && t.procs == cp.procs);
+        let n = r
+            .normalised
+            .iter()
+            .find(|n| n.kind == kind && n.procs == cp.procs);
+        let (Some(tp), Some(n)) = (tp, n) else {
+            continue;
+        };
+        t.row([
+            cp.procs.to_string(),
+            format!(
+                "{} ({:.2} vs {:.2})",
+                st(&cp.ratio),
+                cp.preload_gbps.median,
+                cp.memcpy_shm_gbps.median
+            ),
+            format!(
+                "{} ({:.2} vs {:.2})",
+                st(&tp.ratio),
+                tp.cascade_gbps.median,
+                tp.memcpy_shm_gbps.median
+            ),
+            format!("**{:.2}x** [{:.2}–{:.2}]", n.ratio, n.low, n.high),
+        ]);
+    }
+    t
+}
+
+/// The figures the issue asks for without a target (medians).
+pub fn verdicts(o: &POpts, r: &PResults) -> Vec<String> {
+    let mut lines = Vec::new();
+    for &p in &o.procs {
+        if let (Some(a), Some(b)) = (find(&r.replay, "preload", p), find(&r.replay, "tmpfs", p)) {
+            let (a, b) = (a.gbps.median, b.gbps.median);
+            lines.push(format!(
+                "write mix, {p} proc: {a:.2} vs {b:.2} GB/s = **{:.2}x tmpfs**",
+                a / b
+            ));
+        }
+        let m = |method: &str| r.meta.iter().find(|m| m.method == method && m.procs == p);
+        if let (Some(a), Some(b)) = (m("preload"), m("tmpfs")) {
+            let (c, s) = (&a.create_per_s, &a.stat_per_s);
+            lines.push(format!(
+                "metadata, {p} proc: creates **{:.2}x tmpfs**, stats **{:.2}x tmpfs**",
+                c.median / b.create_per_s.median,
+                s.median / b.stat_per_s.median
+            ));
+        }
+        let g = |method: &str| find(&r.readback, method, p).map(|x| x.gbps.median);
+        if let (Some(a), Some(b), Some(cold)) = (g("preload"), g("tmpfs"), g("preload-cold")) {
+            lines.push(format!(
+                "restart reads, {p} proc: {a:.2} GB/s = **{:.2}x tmpfs**; a freshly started process: {cold:.2} GB/s",
+                a / b
+            ));
+        }
+    }
+    lines
+}
+
+/// The tables of interposition.md.
+pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
+    let (io, size) = (size_str(o.io), size_str(o.size));
+    let mut out = Vec::new();
+    let head = [
+        "store",
+        "memory",
+        "chunk",
+        "create time (s)",
+        "prefault GB/s",
+    ];
+    let mut t = Table::new("Stores (`Prefault::Foreground`)", &head);
+    for c in &r.creation {
+        let (cap, cs) = (size_str(c.capacity), size_str(c.chunk_size));
+        t.row([
+            c.store.clone(),
+            cap,
+            cs,
+            format!("{:.3}", c.seconds),
+            format!("{:.2}", c.gbps),
+        ]);
+    }
+    out.push(t);
+    out.push(bandwidth_table(
+        format!("1. {io} writes, {size} per process"),
+        &r.writes,
+    ));
+    out.push(pairs_table(r, "write"));
+    let head = [
+        "procs",
+        "write size",
+        "calls per process",
+        "preload ns/call",
+        "store API ns/call",
+        "tmpfs ns/call",
+        "preload calls/s",
+        "tmpfs calls/s",
+        "preload vs tmpfs",
+        "preload vs store API",
+        "preload GB/s",
+        "tmpfs GB/s",
+    ];
+    let mut t = Table::new("2. Small writes: calls per second by write size", &head);
+    for &p in &o.procs {
+        for &(size, calls) in &o.sweep {
+            let f = |m: &str| find_io(&r.sweep, m, p, size);
+            let (Some(a), Some(b), Some(c)) = (f("preload"), f("store-api"), f("tmpfs")) else {
+                continue;
+            };
+            let (ac, cc) = (a.calls_per_s.median, c.calls_per_s.median);
+            t.row([
+                p.to_string(),
+                size_str(size),
+                count(calls as f64),
+                st_prec(&a.ns_per_call, 0),
+                st_prec(&b.ns_per_call, 0),
+                st_prec(&c.ns_per_call, 0),
+                count_st(&a.calls_per_s),
+                count_st(&c.calls_per_s),
+                x(ratio(ac, cc)),
+                x(ratio(ac, b.calls_per_s.median)),
+                st(&a.gbps),
+                st(&c.gbps),
+            ]);
+        }
+    }
+    out.push(t);
+    let head = [
+        "size class",
+        "paper: % of writes",
+        "paper: % of data",
+        "generated writes",
+        "% of writes",
+        "% of data",
+    ];
+    let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", &head);
+    for m in &r.mix {
+        let f = |v: f64| format!("{v:.2}");
+        t.row([
+            m.class.clone(),
+            f(m.paper_writes_pct),
+            f(m.paper_data_pct),
+            m.writes.to_string(),
+            f(m.writes_pct),
+            f(m.data_pct),
+        ]);
+    }
+    out.push(t);
+    let head = [
+        "method",
+        "procs",
+        "GB/s",
+        "calls/s",
+        "ns per call (mean)",
+        "vs tmpfs",
+        "vs store API",
+    ];
+    let mut t = Table::new("3. Replay of the write mix", &head);
+    for row in &r.replay {
+        let vs = |m: &str| {
+            x(ratio(
+                row.gbps.median,
+                find(&r.replay, m, row.procs).map(|x| x.gbps.median),
+            ))
+        };
+        let (cs, ns) = (count_st(&row.calls_per_s), st_prec(&row.ns_per_call, 0));
+        t.row([
+            row.method.clone(),
+            row.procs.to_string(),
+            st(&row.gbps),
+            cs,
+            ns,
+            vs("tmpfs"),
+            vs("store-api"),
+        ]);
+    }
+    out.push(t);
+    let head = [
+        "method",
+        "procs",
+        "creates/s",
+        "µs per create",
+        "stats/s",
+        "ns per stat",
+        "unlinks/s",
+        "create vs tmpfs",
+        "stat vs tmpfs",
+    ];
+    let title = format!(
+        "4. Metadata: {} files per process, {} stat passes",
+        o.meta_files, o.meta_passes
+    );
+    let mut t = Table::new(title, &head);
+    for m in &r.meta {
+        let b = r
+            .meta
+            .iter()
+            .find(|x| x.method == "tmpfs" && x.procs == m.procs);
+        t.row([
+            m.method.clone(),
+            m.procs.to_string(),
+            count_st(&m.create_per_s),
+            st_prec(&m.create_us, 2),
+            count_st(&m.stat_per_s),
+            st_prec(&m.stat_ns, 0),
+            count_st(&m.unlink_per_s),
+            x(ratio(
+                m.create_per_s.median,
+                b.map(|b| b.create_per_s.median),
+            )),
+            x(ratio(m.stat_per_s.median, b.map(|b| b.stat_per_s.median))),
+        ]);
+    }
+    out.push(t);
+    out.push(bandwidth_table(
+        format!("5. Restart: read back {size} files with {io} reads"),
+        &r.readback,
+    ));
+    out.push(pairs_table(r, "read"));
+    let head = [
+        "call",
+        "calls",
+        "without library (ns/call)",
+        "with library (ns/call)",
+        "overhead",
+    ];
+    let mut t = Table::new("6. Overhead on non-Cascade files", &head);
+    for p in &r.passthrough {
+        let (pl, pr) = (st_prec(&p.plain_ns, 0), st_prec(&p.preload_ns, 0));
+        t.row([
+            p.op.clone(),
+            count(p.calls as f64),
+            pl,
+            pr,
+            pct_change(&p.ratio),
+        ]);
+    }
+    out.push(t);
+    out.retain(|t| !t.rows.is_empty());
+    out
 }

@@ -28,22 +28,23 @@
 //! server) — the predicates `cascade wait --level staged` uses. The checkpoint part also runs
 //! `cascade wait --level staged` and `--level durable` and reports when they returned.
 
-use crate::durable::{self, WireWatch, WriterOut, WRITER_C};
-use crate::report::{machine_table, utc_string};
-use crate::util::{
-    self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Interference, Machine,
-    Res, Stats, MIB,
-};
+use crate::baselines::{self, data_file, memcpy_s, tmpfs_s, WriterOut, WRITER_C};
+use crate::format::{num, secs_gbps, st};
+use crate::net;
+use crate::net::{s3_server, WireWatch};
+use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageServer};
+use crate::report::{self, machine_table, Header, Md, RunClock, Table};
+use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use cascade_staging::{ClientOptions, Connection, ServerStatus};
 use cascade_store::{FileKind, Store};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -415,28 +416,6 @@ struct Programs {
     ckpt_writer: PathBuf,
 }
 
-pub(crate) fn compile(cc: &str, src_text: &str, out: &Path) -> Res<()> {
-    let src = out.with_extension("c");
-    std::fs::write(&src, src_text).ctx(|| format!("writing {}", src.display()))?;
-    let res = Command::new(cc)
-        .args(["-O2", "-Wall", "-o"])
-        .arg(out)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .ctx(|| format!("running {cc}"));
-    let _ = std::fs::remove_file(&src);
-    let res = res?;
-    if !res.status.success() {
-        return err(format!(
-            "{cc} -O2 {} failed: {}",
-            src.display(),
-            String::from_utf8_lossy(&res.stderr)
-        ));
-    }
-    Ok(())
-}
-
 impl Programs {
     fn prepare(o: &SOpts) -> Res<Programs> {
         let base = Path::new("/var/tmp").join(prefix(o.pid));
@@ -493,209 +472,59 @@ impl Programs {
     }
 }
 
-/// A command of the CLI with only the given CASCADE_* settings: those of the caller (another
-/// CASCADE_DURABLE, a CASCADE_FLUSH_EVERY) would change what is measured.
-pub(crate) fn clean_cmd(bin: &Path) -> Command {
-    let mut c = Command::new(bin);
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("CASCADE_") {
-            c.env_remove(key);
-        }
-    }
-    c.env_remove("LD_PRELOAD");
-    c
-}
-
-/// utime + stime of a process, in seconds.
-pub(crate) fn cpu_s(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    Some((f.get(11)? + f.get(12)?) as f64 / 100.0)
-}
-
-/// Sends SIGTERM to a child and waits up to `secs` for it, then kills it.
-pub(crate) fn terminate(child: &mut Child, what: &str, secs: u64) -> Res<()> {
-    // SAFETY: plain kill(2) of our own child, which has not been reaped yet.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => return Ok(()),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return err(format!("{what} did not exit within {secs} s of SIGTERM"));
-            }
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Staging servers and the node side (store + agent).
 
-/// One `cascade stage-server` process.
-struct ServerProc {
-    addr: String,
-    dir: PathBuf,
-    log: PathBuf,
-    child: Option<Child>,
-    pid: u32,
-    client: ClientOptions,
-}
-
-impl ServerProc {
-    /// Starts a server (in `netns` when given) and waits until it answers Status.
-    fn start(
-        bin: &Path,
-        addr: &str,
-        dir: &Path,
-        drain_to: &str,
-        secret: &str,
-        netns: Option<&str>,
-    ) -> Res<ServerProc> {
-        std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
-        let log = dir.with_extension("log");
-        let out = std::fs::File::create(&log).ctx(|| format!("creating {}", log.display()))?;
-        let out2 = out.try_clone().ctx(|| "server log")?;
-        let ns_file = match netns {
-            Some(ns) => {
-                let p = format!("/run/netns/{ns}");
-                Some(
-                    std::fs::File::open(&p)
-                        .ctx(|| format!("opening {p} (bench/netns-staging.sh up creates it)"))?,
-                )
-            }
-            None => None,
-        };
-        let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
-        let mut cmd = clean_cmd(bin);
-        cmd.arg("stage-server")
-            .arg("--listen")
-            .arg(addr)
-            .arg("--dir")
-            .arg(dir)
-            .arg("--drain-to")
-            .arg(drain_to)
-            .arg("--verbose")
-            .env("CASCADE_STAGING_SECRET", secret)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(out2);
-        // SAFETY: prctl and setns are async-signal-safe; the server gets SIGTERM if the bench
-        // dies; setns moves only the child (before exec) into the namespace, whose file
-        // `ns_file` stays open until spawn returns.
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                if let Some(fd) = ns_fd {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
+/// Starts `cascade stage-server` on `addr` (in network namespace `netns` when given) with
+/// the arena directory `dir`, draining to `drain_to`.
+fn start_server(
+    bin: &Path,
+    addr: &str,
+    dir: &Path,
+    drain_to: &str,
+    secret: &str,
+    netns: Option<&str>,
+) -> Res<StageServer> {
+    let ns_file = match netns {
+        Some(ns) => {
+            let p = format!("/run/netns/{ns}");
+            Some(
+                std::fs::File::open(&p)
+                    .ctx(|| format!("opening {p} (bench/netns-staging.sh up creates it)"))?,
+            )
         }
-        let child = cmd
-            .spawn()
-            .ctx(|| format!("starting cascade stage-server on {addr}"))?;
-        drop(ns_file);
-        let mut s = ServerProc {
-            addr: addr.to_string(),
-            dir: dir.to_path_buf(),
-            log,
-            pid: child.id(),
-            child: Some(child),
-            client: ClientOptions::new(secret),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if s.status().is_ok() {
-                return Ok(s);
-            }
-            if let Some(c) = s.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    s.child = None;
-                    return err(format!(
-                        "cascade stage-server on {addr} exited ({st}): {}",
-                        durable::tail(&s.log, 5)
-                    ));
+        None => None,
+    };
+    let ns_fd = ns_file.as_ref().map(|f| f.as_raw_fd());
+    let mut cmd = clean_cmd(bin);
+    cmd.env("CASCADE_STAGING_SECRET", secret);
+    // SAFETY: setns is async-signal-safe; it moves only the child (before exec) into the
+    // namespace, whose file `ns_file` stays open until the spawn has returned.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(fd) = ns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
             }
-            if Instant::now() > deadline {
-                return err(format!(
-                    "cascade stage-server on {addr} does not answer after 30 s: {}",
-                    durable::tail(&s.log, 5)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Ok(())
+        });
     }
-
-    fn connect(&self) -> Res<Connection> {
-        Connection::connect(&self.addr, &self.client)
-            .ctx(|| format!("connecting to the staging server {}", self.addr))
-    }
-
-    fn status(&self) -> Res<ServerStatus> {
-        let mut c = self.connect()?;
-        let s = c
-            .status()
-            .ctx(|| format!("status of the staging server {}", self.addr));
-        c.goodbye();
-        s
-    }
-
-    fn alive(&mut self) -> Res<()> {
-        if let Some(c) = self.child.as_mut() {
-            if let Ok(Some(st)) = c.try_wait() {
-                self.child = None;
-                return err(format!(
-                    "cascade stage-server on {} exited ({st}): {}",
-                    self.addr,
-                    durable::tail(&self.log, 5)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn stop(&mut self) -> Res<()> {
-        match self.child.take() {
-            Some(mut c) => terminate(&mut c, &format!("stage-server {}", self.addr), 30),
-            None => Ok(()),
-        }
-    }
+    let args = ["--listen", addr, "--drain-to", drain_to];
+    let mut server = StageServer::spawn(cmd, dir.to_path_buf(), dir.with_extension("log"), &args)?;
+    drop(ns_file);
+    server.wait_listening()?;
+    Ok(server)
 }
 
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            eprintln!("staging server cleanup: {e}");
-        }
-    }
-}
-
-/// A node store with its agent and staging servers. Stops them and destroys the store when
-/// dropped.
+/// A node store with its agent and staging servers, and the bench's own handle on the store.
+/// Stops them and destroys the store when dropped.
 struct Rig {
-    bin: PathBuf,
+    node: Node,
     store: String,
-    capacity: u64,
     mount: String,
     durable: String,
-    secret: String,
-    /// `host:port,...` of the staging servers the agent uses ("" = none).
-    staging: String,
-    servers: Vec<ServerProc>,
-    agent: Option<Child>,
-    agent_pid: u32,
-    agent_log: PathBuf,
-    initialized: bool,
+    client: ClientOptions,
     handle: Option<Store>,
 }
 
@@ -711,108 +540,54 @@ impl Rig {
         servers: &[(String, PathBuf)],
         netns: Option<&str>,
     ) -> Res<Rig> {
-        let mut rig = Rig {
-            bin: p.bin.clone(),
-            store: store_name(o.pid, tag),
-            capacity,
-            mount: o.mount.clone(),
-            durable: durable.to_string(),
-            secret: o.secret.clone(),
-            staging: servers
-                .iter()
-                .map(|s| s.0.clone())
-                .collect::<Vec<_>>()
-                .join(","),
-            servers: Vec::new(),
-            agent: None,
-            agent_pid: 0,
-            agent_log: Path::new("/var/tmp").join(format!("{}-agent-{tag}.log", prefix(o.pid))),
-            initialized: false,
-            handle: None,
-        };
+        let mut started = Vec::new();
         for (addr, dir) in servers {
-            rig.servers.push(ServerProc::start(
-                &p.bin, addr, dir, durable, &o.secret, netns,
-            )?);
+            started.push(start_server(&p.bin, addr, dir, durable, &o.secret, netns)?);
         }
-        // A store of that name left by an interrupted run goes first.
-        let _ = rig.run_ok(&["destroy", "--force"]);
-        rig.run_ok(&["init"])?;
-        rig.initialized = true;
-        let log = std::fs::File::create(&rig.agent_log)
-            .ctx(|| format!("creating {}", rig.agent_log.display()))?;
-        let log2 = log.try_clone().ctx(|| "agent log")?;
-        let mut cmd = rig.cmd();
-        cmd.args(["agent", "--verbose"])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log2);
-        // SAFETY: prctl is async-signal-safe; the agent gets SIGTERM if the bench dies.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                Ok(())
-            });
+        let store = store_name(o.pid, tag);
+        let staging = servers
+            .iter()
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let capacity = capacity.to_string();
+        let mut env = vec![
+            ("CASCADE_STORE", store.as_str()),
+            ("CASCADE_DURABLE", durable),
+            ("CASCADE_CAPACITY", &capacity),
+            ("CASCADE_SPILL_SIZE", "0"),
+            ("CASCADE_MOUNT", &o.mount),
+        ];
+        if !staging.is_empty() {
+            env.extend([
+                ("CASCADE_STAGING", staging.as_str()),
+                ("CASCADE_STAGING_SECRET", &o.secret),
+            ]);
         }
-        let agent = cmd.spawn().ctx(|| "starting cascade agent")?;
-        rig.agent_pid = agent.id();
-        rig.agent = Some(agent);
-        let store = Store::attach(&rig.store).ctx(|| format!("attaching {}", rig.store))?;
-        store.wait_prefault();
-        rig.handle = Some(store);
-        std::thread::sleep(Duration::from_millis(500));
-        rig.check()?;
-        Ok(rig)
-    }
-
-    /// A cascade command with this rig's settings and no others.
-    fn cmd(&self) -> Command {
-        let mut c = clean_cmd(&self.bin);
-        c.env("CASCADE_STORE", &self.store)
-            .env("CASCADE_DURABLE", &self.durable)
-            .env("CASCADE_CAPACITY", self.capacity.to_string())
-            .env("CASCADE_SPILL_SIZE", "0")
-            .env("CASCADE_MOUNT", &self.mount);
-        if !self.staging.is_empty() {
-            c.env("CASCADE_STAGING", &self.staging)
-                .env("CASCADE_STAGING_SECRET", &self.secret);
-        }
-        c
-    }
-
-    fn run_ok(&self, args: &[&str]) -> Res<String> {
-        let out = self
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| format!("running {} {}", self.bin.display(), args.join(" ")))?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                durable::one_line(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let mut node = Node::init(&p.bin, &env, &[])?;
+        node.agent_log = Path::new("/var/tmp").join(format!("{}-agent-{tag}.log", prefix(o.pid)));
+        node.servers = started;
+        node.start_agent(&[], &[])?;
+        let handle = Store::attach(&store).ctx(|| format!("attaching {store}"))?;
+        handle.wait_prefault();
+        let (mount, durable, client) = (
+            o.mount.clone(),
+            durable.to_string(),
+            ClientOptions::new(&o.secret),
+        );
+        Ok(Rig {
+            node,
+            store,
+            mount,
+            durable,
+            client,
+            handle: Some(handle),
+        })
     }
 
     /// Fails if the agent or a server exited.
     fn check(&mut self) -> Res<()> {
-        if let Some(a) = self.agent.as_mut() {
-            if let Ok(Some(status)) = a.try_wait() {
-                self.agent = None;
-                return err(format!(
-                    "cascade agent exited ({status}): {}",
-                    durable::tail(&self.agent_log, 5)
-                ));
-            }
-        }
-        for s in &mut self.servers {
-            s.alive()?;
-        }
-        Ok(())
+        self.node.alive()
     }
 
     fn store(&self) -> Res<Store> {
@@ -823,18 +598,30 @@ impl Rig {
 
     /// CPU seconds used so far by the agent and by all servers together.
     fn cpu(&self) -> (f64, f64) {
-        let agent = cpu_s(self.agent_pid).unwrap_or(f64::NAN);
-        let servers = self
-            .servers
-            .iter()
-            .map(|s| cpu_s(s.pid).unwrap_or(f64::NAN))
-            .sum();
-        (agent, servers)
+        let cpu = |pid: Option<u32>| pid.and_then(cpu_s).unwrap_or(f64::NAN);
+        (
+            cpu(self.node.agent_pid()),
+            self.node.servers.iter().map(|s| cpu(s.pid())).sum(),
+        )
+    }
+
+    /// A connection to each server.
+    fn connect(&self) -> Res<Vec<Connection>> {
+        let connect = |s: &StageServer| {
+            Connection::connect(&s.addr, &self.client)
+                .ctx(|| format!("connecting to the staging server {}", s.addr))
+        };
+        self.node.servers.iter().map(connect).collect()
     }
 
     /// Status of every server.
     fn statuses(&self) -> Res<Vec<ServerStatus>> {
-        self.servers.iter().map(|s| s.status()).collect()
+        let status = |mut c: Connection| {
+            let s = c.status().ctx(|| "status of a staging server");
+            c.goodbye();
+            s
+        };
+        self.connect()?.into_iter().map(status).collect()
     }
 
     /// Waits until no server has anything left to drain.
@@ -851,16 +638,15 @@ impl Rig {
             self.check()?;
             if t0.elapsed() > timeout {
                 let last: Vec<String> = st.iter().filter_map(|s| s.last_error.clone()).collect();
+                let last = if last.is_empty() {
+                    "none".into()
+                } else {
+                    last.join("; ")
+                };
+                let pending = st.iter().map(|s| s.pending_files).sum::<u64>();
+                let secs = timeout.as_secs_f64();
                 return err(format!(
-                    "the staging servers still have {} file(s) to drain after {:.0} s; last \
-                     errors: {}",
-                    st.iter().map(|s| s.pending_files).sum::<u64>(),
-                    timeout.as_secs_f64(),
-                    if last.is_empty() {
-                        "none".into()
-                    } else {
-                        last.join("; ")
-                    }
+                    "the staging servers still have {pending} file(s) to drain after {secs:.0} s; last errors: {last}"
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -868,26 +654,10 @@ impl Rig {
     }
 
     fn stop(&mut self) -> Res<()> {
-        let mut result = Ok(());
-        if let Some(mut a) = self.agent.take() {
-            result = terminate(&mut a, "cascade agent", 30);
-        }
         self.handle = None;
-        if self.initialized {
-            self.initialized = false;
-            if let Err(e) = self.run_ok(&["destroy", "--force"]) {
-                result = result.and(Err(e));
-            }
-        }
-        for mut s in self.servers.drain(..) {
-            if let Err(e) = s.stop() {
-                result = result.and(Err(e));
-            }
-            let _ = std::fs::remove_dir_all(&s.dir);
-            let _ = std::fs::remove_file(&s.log);
-        }
-        let _ = std::fs::remove_file(&self.agent_log);
-        result
+        let stopped = self.node.stop();
+        let _ = std::fs::remove_file(&self.node.agent_log);
+        stopped
     }
 }
 
@@ -1006,11 +776,8 @@ struct AbsorbWatch {
 }
 
 impl AbsorbWatch {
-    fn start(servers: &[ServerProc]) -> Res<AbsorbWatch> {
-        let mut conns = Vec::new();
-        for s in servers {
-            conns.push(s.connect()?);
-        }
+    fn start(rig: &Rig) -> Res<AbsorbWatch> {
+        let mut conns = rig.connect()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
@@ -1100,11 +867,12 @@ fn throughput_point(
     let root = format!("/{tag}");
     let timeout = Duration::from_secs(o.wait_timeout_s);
     let before: Vec<u64> = rig.statuses()?.iter().map(|s| s.absorbed_bytes).collect();
-    durable::settle();
-    let absorb = AbsorbWatch::start(&rig.servers)?;
+    baselines::settle();
+    let absorb = AbsorbWatch::start(rig)?;
     let cpu0 = rig.cpu();
     let watch = StoreWatch::start(rig.store()?, &root, n, false, timeout);
     let out = rig
+        .node
         .cmd()
         .arg("run")
         .arg("--")
@@ -1126,7 +894,7 @@ fn throughput_point(
                 "cascade run -- stagewriter {n} x {} failed ({}): {}",
                 size_str(size),
                 x.status,
-                durable::one_line(&x.stderr)
+                procs::one_line(&x.stderr)
             ));
         }
         Err(e) => {
@@ -1183,7 +951,7 @@ fn throughput_point(
             "{root}: {} of {n} files staged after {} s; agent log: {}",
             seen.file_safe_ns.len(),
             o.wait_timeout_s,
-            durable::tail(&rig.agent_log, 3)
+            procs::tail(&rig.node.agent_log, 3)
         ));
     };
     let t_drained = rig.wait_drained(timeout)?;
@@ -1201,7 +969,7 @@ fn throughput_point(
     let last_file = seen.file_safe_ns.last().map_or(f64::NAN, |x| rel(x.1));
     let durable_wait = seen.durable_ns.map_or(t_drained, |d| rel(d) - rel(staged));
     // Clean up: the files in the store and what the servers drained to tmpfs.
-    if let Err(e) = rig.run_ok(&["rm", "-r", &root]) {
+    if let Err(e) = rig.node.run_ok(&["rm", "-r", &root]) {
         eprintln!("  warning: {e}");
     }
     let drained = Path::new(&rig.durable).join(tag);
@@ -1219,32 +987,6 @@ fn throughput_point(
         server_cpu_s: cpu1.1 - cpu0.1,
         drained_after_s: durable_wait.max(0.0),
     })
-}
-
-/// memcpy of `data` into a pre-faulted private buffer, seconds.
-fn memcpy_s(data: &[u8], buf: &mut [u8]) -> f64 {
-    durable::settle();
-    let t0 = now_ns();
-    buf.copy_from_slice(data);
-    let t1 = now_ns();
-    std::hint::black_box(&buf);
-    (t1 - t0) as f64 / 1e9
-}
-
-/// write(2) of `data` in `piece`-byte calls into a new tmpfs file, then close; seconds.
-fn tmpfs_s(path: &Path, data: &[u8], piece: usize) -> Res<f64> {
-    let _ = std::fs::remove_file(path);
-    durable::settle();
-    let t0 = now_ns();
-    let mut f = std::fs::File::create(path).ctx(|| format!("creating {}", path.display()))?;
-    for c in data.chunks(piece) {
-        f.write_all(c)
-            .ctx(|| format!("writing {}", path.display()))?;
-    }
-    drop(f);
-    let t1 = now_ns();
-    std::fs::remove_file(path).ctx(|| format!("removing {}", path.display()))?;
-    Ok((t1 - t0) as f64 / 1e9)
 }
 
 /// A fio variant of the disk baseline.
@@ -1282,7 +1024,7 @@ fn fio_gbps(o: &SOpts, kind: Fio, bytes: u64) -> Res<f64> {
             c.arg("--direct=1");
         }
     }
-    durable::settle();
+    baselines::settle();
     let out = c.output().ctx(|| format!("running {}", o.fio));
     let _ = std::fs::remove_file(&file);
     let out = out?;
@@ -1290,7 +1032,7 @@ fn fio_gbps(o: &SOpts, kind: Fio, bytes: u64) -> Res<f64> {
         return err(format!(
             "fio failed ({}): {}",
             out.status,
-            durable::one_line(&out.stderr)
+            procs::one_line(&out.stderr)
         ));
     }
     // fio may print warnings before the JSON.
@@ -1301,16 +1043,6 @@ fn fio_gbps(o: &SOpts, kind: Fio, bytes: u64) -> Res<f64> {
         .as_f64()
         .ok_or_else(|| util::BenchError("fio's JSON has no jobs[0].write.bw_bytes".into()))?;
     Ok(bw / 1e9)
-}
-
-fn fio_version(fio: &str) -> String {
-    Command::new(fio)
-        .arg("--version")
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "not found".into())
 }
 
 /// One checkpoint under Cascade, seconds from the start of the write.
@@ -1330,61 +1062,6 @@ struct CkSample {
     wire_end: Option<f64>,
 }
 
-/// Runs `cascade wait PATH --level L` for each level at once; returns when each returned
-/// (CLOCK_MONOTONIC ns), failing if one fails or the rig breaks meanwhile.
-fn cascade_waits(rig: &mut Rig, path: &str, levels: &[&str], timeout_s: u64) -> Res<Vec<u64>> {
-    let timeout = timeout_s.to_string();
-    let mut children = Vec::new();
-    for level in levels {
-        let args = ["wait", path, "--level", level, "--timeout", &timeout];
-        let child = rig
-            .cmd()
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .ctx(|| format!("running cascade {}", args.join(" ")))?;
-        children.push((level.to_string(), Some(child), 0u64));
-    }
-    loop {
-        let mut running = 0;
-        for (level, slot, at) in children.iter_mut() {
-            let Some(child) = slot.as_mut() else { continue };
-            match child.try_wait().ctx(|| "waiting for cascade wait")? {
-                Some(status) => {
-                    *at = now_ns();
-                    if !status.success() {
-                        let mut text = Vec::new();
-                        if let Some(mut e) = child.stderr.take() {
-                            let _ = e.read_to_end(&mut text);
-                        }
-                        return err(format!(
-                            "cascade wait {path} --level {level} failed ({status}): {}",
-                            durable::one_line(&text)
-                        ));
-                    }
-                    *slot = None;
-                }
-                None => running += 1,
-            }
-        }
-        if running == 0 {
-            return Ok(children.into_iter().map(|c| c.2).collect());
-        }
-        if let Err(e) = rig.check() {
-            for (_, slot, _) in children.iter_mut() {
-                if let Some(c) = slot.as_mut() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
-            return Err(e);
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// One checkpoint written by ckptwriter under `cascade run` (write + close +
 /// cascade_commit()), then watched until staged and durable.
 #[allow(clippy::too_many_arguments)]
@@ -1400,13 +1077,14 @@ fn checkpoint_cascade(
 ) -> Res<CkSample> {
     rig.check()?;
     let store_path = format!("/{name}");
-    durable::clear_remote(durable, name)?;
-    durable::settle();
+    baselines::clear_remote(durable, name)?;
+    baselines::settle();
     let timeout = Duration::from_secs(o.wait_timeout_s);
     let watch = StoreWatch::start(rig.store()?, &store_path, 1, true, timeout);
     let wire = WireWatch::start(&o.link_dev);
     let file = format!("{}/{name}/data.bin", rig.mount);
     let out = rig
+        .node
         .cmd()
         .arg("run")
         .arg("--")
@@ -1416,7 +1094,7 @@ fn checkpoint_cascade(
         .arg(o.piece.to_string())
         .arg(datafile)
         .arg("lib")
-        .arg(&rig.bin)
+        .arg(&rig.node.bin)
         .arg(&store_path)
         .stdin(Stdio::null())
         .output()
@@ -1432,7 +1110,7 @@ fn checkpoint_cascade(
             return err(format!(
                 "cascade run -- ckptwriter {file} failed ({}): {}",
                 x.status,
-                durable::one_line(&x.stderr)
+                procs::one_line(&x.stderr)
             ));
         }
         Err(e) => {
@@ -1455,7 +1133,7 @@ fn checkpoint_cascade(
         levels.push("staged");
     }
     levels.push("durable");
-    let waits = cascade_waits(rig, &store_path, &levels, o.wait_timeout_s);
+    let waits = rig.node.wait_levels(&store_path, &levels, o.wait_timeout_s);
     let seen = watch.join();
     let wire = wire.and_then(|x| x.finish());
     let waits = waits?;
@@ -1473,11 +1151,11 @@ fn checkpoint_cascade(
         .ok()
         .flatten()
         .map(|m| (m.completed_unix_ns as f64 - w.start_unix_ns as f64) / 1e9);
-    if let Err(e) = rig.run_ok(&["rm", "-r", &store_path]) {
+    if let Err(e) = rig.node.run_ok(&["rm", "-r", &store_path]) {
         eprintln!("  warning: {e}");
     }
     rig.wait_drained(timeout)?;
-    durable::clear_remote(durable, name)?;
+    baselines::clear_remote(durable, name)?;
     Ok(CkSample {
         stall: (w.committed_ns - w.start_ns) as f64 / 1e9,
         write: (w.written_ns - w.start_ns) as f64 / 1e9,
@@ -1587,17 +1265,12 @@ pub struct SResults {
 #[derive(Debug, Serialize)]
 pub struct Report<'a> {
     pub suite: &'static str,
-    pub generated_utc: String,
-    pub duration_s: f64,
-    pub command: String,
-    pub source: String,
+    #[serde(flatten)]
+    pub header: Header,
     pub cascade_cli: String,
     pub library: String,
     pub fio: String,
     pub s3_server: String,
-    pub s3_server_cpu_pct: f64,
-    pub machine: &'a Machine,
-    pub interference: Interference,
     pub options: &'a SOpts,
     pub results: &'a SResults,
 }
@@ -1679,14 +1352,14 @@ fn measure_link(
     ip: Option<std::net::IpAddr>,
     src: &[u8],
 ) -> LinkInfo {
-    let out = durable::tbf_of(None, Some(dev));
-    let back = durable::tbf_of(Some(netns), None);
+    let out = net::tbf_of(None, Some(dev));
+    let back = net::tbf_of(Some(netns), None);
     let mut link = LinkInfo {
         name: name.to_string(),
         nominal_bytes_per_s: out.as_ref().map(|u| u.0),
         out: out.map_or_else(|| format!("no tbf on {dev}"), |u| u.1),
         back: back.map_or_else(|| format!("no tbf in namespace {netns}"), |d| d.1),
-        offloads: durable::offloads_of(dev),
+        offloads: net::offloads_of(dev),
         linktest_bytes: o.linktest_bytes,
         goodput: None,
         error: None,
@@ -1698,8 +1371,7 @@ fn measure_link(
     if o.linktest_bytes == 0 {
         return link;
     }
-    (link.goodput, link.error) =
-        durable::link_goodput(name, netns, ip, src, o.linktest_bytes, o.reps);
+    (link.goodput, link.error) = net::link_goodput(name, netns, ip, src, o.linktest_bytes, o.reps);
     link
 }
 
@@ -1756,7 +1428,7 @@ fn ssd_part(
                     got[i].push(gb / s);
                 }
                 SsdMethod::Disk => {
-                    let (_, s) = durable::direct_dir(&disk_dir, bytes, o.piece as usize)?;
+                    let (_, s) = baselines::direct_dir(&disk_dir, bytes, o.piece as usize)?;
                     eprintln!("{label}: disk write+fsync {:.2} GB/s", gb / s);
                     got[i].push(gb / s);
                 }
@@ -1963,7 +1635,7 @@ fn checkpoint_part(
         "node or staging server → S3",
         &o.netns,
         &o.link_dev,
-        durable::endpoint_ip(&url).ok(),
+        net::endpoint_ip(&url).ok(),
         data,
     ));
     let nominal = r.links[1].nominal_bytes_per_s;
@@ -2040,7 +1712,7 @@ fn checkpoint_part(
                 match methods[(rep + k) % methods.len()] {
                     CkMethodKind::S3 => {
                         let name = format!("{}-direct-{}", prefix(o.pid), size / MIB);
-                        let (s, wire) = durable::direct_s3(
+                        let (s, wire) = baselines::direct_s3(
                             &durable,
                             &data[..size as usize],
                             &name,
@@ -2168,30 +1840,9 @@ fn run_all(o: &SOpts, data: &[u8], datafile: &Path, r: &mut SResults) -> Res<()>
 // ---------------------------------------------------------------------------------------------
 // Report.
 
-/// "1.23 [1.10–1.40]" (two decimals), or "1.23" for one sample.
-fn st(s: &Stats) -> String {
-    if s.samples.len() <= 1 {
-        format!("{:.2}", s.median)
-    } else {
-        format!("{:.2} [{:.2}–{:.2}]", s.median, s.min, s.max)
-    }
-}
-
-fn st_opt(s: &Option<Stats>) -> String {
-    s.as_ref().map_or_else(|| "n/a".into(), st)
-}
-
+/// "1.23x" or "n/a".
 fn ratio(a: f64, b: f64) -> String {
-    let r = a / b;
-    if r.is_finite() {
-        format!("{r:.2}x")
-    } else {
-        "n/a".into()
-    }
-}
-
-fn secs_gbps(s: &Stats, bytes: u64) -> String {
-    format!("{} ({:.3} GB/s)", st(s), bytes as f64 / s.median / 1e9)
+    crate::format::x(crate::format::ratio(a, b))
 }
 
 fn used(v: &[usize]) -> String {
@@ -2208,151 +1859,48 @@ fn baseline<'a>(r: &'a SResults, name: &str) -> Option<&'a Baseline> {
     r.baselines.iter().find(|b| b.name == name)
 }
 
-fn markdown(rep: &Report) -> String {
+fn tables(rep: &Report) -> Md {
     let o = rep.options;
     let r = rep.results;
-    let m = rep.machine;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Cascade staging servers (L1): throughput, SSD ingest, checkpoint time\n"
-    );
-    let _ = writeln!(
-        s,
-        "Generated by `bench/run.sh --suite staging` ({}) on {} UTC from commit {}; the run \
-         took {:.0} s.\n",
-        rep.command, rep.generated_utc, rep.source, rep.duration_s
-    );
-    let _ = writeln!(
-        s,
-        "**This machine has {} cores.** The writers, the node agent, every staging server (a \
-         `cascade stage-server` process each), the S3 server and the kernel's TCP and tc work \
-         all share them, so the figures show how far two cores carry the whole pipeline, not \
-         what separate server machines would do. Everything runs for real: node stores \
-         written by C programs under `cascade run` (LD_PRELOAD), `cascade agent --staging`, \
-         `cascade stage-server` with arenas on local disk. {}; GB/s = 10^9 bytes/s; ratios \
-         divide medians measured in this run. See bench/README.md.\n",
-        m.cores,
-        if o.reps > 1 {
-            format!(
-                "Each figure is the median of {} runs, [min–max] in brackets",
-                o.reps
-            )
-        } else {
-            "One run per figure".to_string()
-        }
-    );
-    if rep.interference.other_cpu_pct > 10.0 {
-        let _ = writeln!(
-            s,
-            "**Warning:** other processes and kernel threads used {:.0} % of the CPUs during \
-             this run; the figures are disturbed by them.\n",
-            rep.interference.other_cpu_pct
-        );
-    }
-    if !r.notes.is_empty() {
-        let _ = writeln!(s, "**Not measured / failed:**\n");
-        for n in &r.notes {
-            let _ = writeln!(s, "- {n}");
-        }
-        s.push('\n');
+    let mut s = Md::default();
+    for n in &r.notes {
+        s.verdict(format!("not measured / failed: {n}"));
     }
     let fio_end = baseline(r, "fio end_fsync").map(|b| b.gbps.median);
     let disk = baseline(r, "disk write+fsync").map(|b| b.gbps.median);
 
     // Throughput.
     if !r.throughput.is_empty() {
-        let _ = writeln!(s, "## Staging throughput by writer processes and servers\n");
-        let _ = writeln!(
-            s,
-            "N writer processes each write one file of {}/N into the node store (write(2) in {} \
-             pieces, released together by a pipe barrier) under `cascade run`; the node agent \
-             (`--placement stripe`: file by file round robin over the servers) sends each \
-             closed file to a staging server on loopback (127.0.0.1, no shaping), each server \
-             with its own arena directory in {} ({}). **GB/s** = {} / (first write until every \
-             file is staged, i.e. on a server's SSD after its fdatasync and recorded by the \
-             agent, as the node store shows it). The servers drain to a directory in /dev/shm; \
-             each point waits until they have drained, so the next starts with idle servers. \
-             Plot: staging-throughput.png.\n",
-            size_str(o.total),
-            size_str(o.piece),
-            o.arena_dir.display(),
-            m.disk_fs,
-            size_str(o.total)
-        );
+        s.title("Staging throughput by writer processes and servers".to_string());
         let mut ks: Vec<usize> = r.throughput.iter().map(|t| t.servers).collect();
         ks.sort_unstable();
         ks.dedup();
-        let _ = write!(s, "| writers × file |");
-        for k in &ks {
-            let _ = write!(s, " {k} server{}, GB/s |", if *k == 1 { "" } else { "s" });
-        }
-        let _ = write!(s, "\n|---|");
-        for _ in &ks {
-            let _ = write!(s, "---|");
-        }
-        s.push('\n');
+        let mut head = vec!["writers × file".to_string()];
+        head.extend(
+            ks.iter()
+                .map(|k| format!("{k} server{}, GB/s", if *k == 1 { "" } else { "s" })),
+        );
+        let head: Vec<&str> = head.iter().map(String::as_str).collect();
+        let mut t = Table::new("Staging throughput, GB/s to staged", &head);
         for &n in &o.procs {
-            let _ = write!(s, "| {n} × {} |", size_str(o.total / n as u64));
+            let mut cells = vec![format!("{n} × {}", size_str(o.total / n as u64))];
             for &k in &ks {
-                let cell = r
-                    .throughput
-                    .iter()
-                    .find(|t| t.servers == k && t.procs == n)
-                    .map_or_else(|| "n/a".into(), |t| st(&t.gbps));
-                let _ = write!(s, " {cell} |");
+                let row = r.throughput.iter().find(|t| t.servers == k && t.procs == n);
+                cells.push(row.map_or_else(|| "n/a".into(), |t| st(&t.gbps)));
             }
-            s.push('\n');
+            t.row(cells);
         }
+        s.push(t);
         let base11 = r
             .throughput
             .iter()
             .find(|t| t.servers == 1 && t.procs == 1)
             .map(|t| t.gbps.median);
-        let _ = writeln!(
-            s,
-            "\nDetails. *Written*: total / (first write until the last writer closed its file): \
-             the node store. *After the last close*: until every file was staged. *Files \
-             staged*: when the first and the last file was seen staged. *Absorb*: total / the \
-             servers' absorb window (their `absorbed_bytes`, sampled every 20 ms: from the \
-             first rise until all bytes had been appended, before the last fdatasync), and \
-             when that window opened. *Servers used*: how many received data (per repetition, \
-             distinct values). CPU: seconds of CPU the agent and all servers used from the \
-             start until every file was staged (out of {} cores × that time).\n",
-            m.cores
-        );
-        let _ = writeln!(
-            s,
-            "| servers | writers × file | GB/s to staged | s to staged | written, GB/s | after \
-             the last close, s | files staged first / last, s | absorb GB/s | absorb from, s \
-             | servers used | agent / servers CPU, s | vs fio end_fsync | vs disk write+fsync \
-             | vs 1 writer, 1 server |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-        );
+        s.head("| servers | writers × file | GB/s to staged | s to staged | written, GB/s | after the last close, s | files staged first / last, s | absorb GB/s | absorb from, s | servers used | agent / servers CPU, s | vs fio end_fsync | vs disk write+fsync | vs 1 writer, 1 server |");
         for t in &r.throughput {
-            let _ = writeln!(
-                s,
-                "| {} | {} × {} | {} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} | {:.2} / \
-                 {:.2} | {} | {} | {} |",
-                t.servers,
-                t.procs,
-                size_str(t.file_bytes),
-                st(&t.gbps),
-                st(&t.staged_s),
-                st(&t.write_gbps),
-                st(&t.after_close_s),
-                t.first_file_s.median,
-                t.last_file_s.median,
-                st_opt(&t.absorb_gbps),
-                t.absorb_start_s
+            s.row(format!("| {} | {} × {} | {} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} |", t.servers, t.procs, size_str(t.file_bytes), st(&t.gbps), st(&t.staged_s), st(&t.write_gbps), st(&t.after_close_s), t.first_file_s.median, t.last_file_s.median, st_opt_ref(&t.absorb_gbps), t.absorb_start_s
                     .as_ref()
-                    .map_or_else(|| "n/a".into(), |x| format!("{:.2}", x.median)),
-                used(&t.servers_used),
-                t.agent_cpu_s.median,
-                t.server_cpu_s.median,
-                fio_end.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)),
-                disk.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)),
-                base11.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)),
-            );
+                    .map_or_else(|| "n/a".into(), |x| format!("{:.2}", x.median)), used(&t.servers_used), t.agent_cpu_s.median, t.server_cpu_s.median, fio_end.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)), disk.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)), base11.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b))));
         }
         let resent: Vec<String> = r
             .throughput
@@ -2371,138 +1919,59 @@ fn markdown(rep: &Report) -> String {
                 )
             })
             .collect();
-        if resent.is_empty() {
-            let _ = writeln!(
-                s,
-                "\nIn every run the servers absorbed exactly the bytes written (nothing sent \
-                 twice)."
-            );
-        } else {
-            let _ = writeln!(
-                s,
-                "\nAbsorbed bytes differ from those written: {}.",
+        if !resent.is_empty() {
+            s.verdict(format!(
+                "absorbed more than written (resent): {}",
                 resent.join("; ")
-            );
+            ));
         }
-        s.push('\n');
     }
 
     // SSD.
     if !r.baselines.is_empty() || r.stream.is_some() {
-        let _ = writeln!(s, "## Server SSD ingest vs the disk under the arenas\n");
-        let _ = writeln!(
-            s,
-            "The baselines write {} each, in the arena directory ({}) or in memory; within each \
-             repetition every method runs once, in an order that rotates, because this VM's \
-             disk bandwidth changes from run to run (see the ranges). *One stream*: one writer, \
-             one {} file, one staging server; GB/s from its first write until it is staged, and \
-             the server's absorb rate (appending to its arena, before the last fdatasync).\n",
-            size_str(o.total),
-            m.disk_fs,
-            size_str(o.total)
-        );
-        let _ = writeln!(s, "| method | GB/s | what |\n|---|---|---|");
+        s.title("Server SSD ingest vs the disk under the arenas".to_string());
+        s.head("| method | GB/s | what |");
         for b in &r.baselines {
-            let _ = writeln!(s, "| {} | {} | {} |", b.name, st(&b.gbps), b.what);
+            s.row(format!("| {} | {} | {} |", b.name, st(&b.gbps), b.what));
         }
         if let Some(t) = &r.stream {
-            let _ = writeln!(
-                s,
-                "| **one stream, to staged** | {} | 1 writer, 1 server: first write until the \
-                 file is staged (written at {:.2} GB/s; staged {:.2} s after its close) |",
-                st(&t.gbps),
-                t.write_gbps.median,
-                t.after_close_s.median
-            );
-            let _ = writeln!(
-                s,
-                "| **one stream, server absorb** | {} | the server's absorb window (from {:.2} s \
-                 after the first write) |",
-                st_opt(&t.absorb_gbps),
-                t.absorb_start_s.as_ref().map_or(f64::NAN, |x| x.median)
-            );
-            let _ = writeln!(
-                s,
-                "\n| one stream / | memcpy | tmpfs | disk write+fsync | fio end_fsync | fio \
-                 fdatasync/256MiB | fio O_DIRECT |\n|---|---|---|---|---|---|---|"
-            );
+            s.row(format!("| **one stream, to staged** | {} | 1 writer, 1 server: first write until the file is staged (written at {:.2} GB/s; staged {:.2} s after its close) |", st(&t.gbps), t.write_gbps.median, t.after_close_s.median));
+            s.row(format!("| **one stream, server absorb** | {} | the server's absorb window (from {:.2} s after the first write) |", st_opt_ref(&t.absorb_gbps), t.absorb_start_s.as_ref().map_or(f64::NAN, |x| x.median)));
+            s.title("Server SSD ingest: one stream against the baselines".into());
+            s.head("| one stream / | memcpy | tmpfs | disk write+fsync | fio end_fsync | fio fdatasync/256MiB | fio O_DIRECT |");
             for (label, v) in [
                 ("to staged", Some(t.gbps.median)),
                 ("server absorb", t.absorb_gbps.as_ref().map(|x| x.median)),
             ] {
                 let Some(v) = v else { continue };
-                let _ = write!(s, "| {label} |");
-                for name in [
+                let names = [
                     "memcpy",
                     "tmpfs",
                     "disk write+fsync",
                     "fio end_fsync",
                     "fio fdatasync/256MiB",
                     "fio O_DIRECT",
-                ] {
-                    let cell =
-                        baseline(r, name).map_or_else(|| "n/a".into(), |b| ratio(v, b.gbps.median));
-                    let _ = write!(s, " {cell} |");
-                }
-                s.push('\n');
+                ];
+                let cells = names.map(|name| {
+                    baseline(r, name).map_or_else(|| "n/a".into(), |b| ratio(v, b.gbps.median))
+                });
+                s.row(format!("| {label} | {} |", cells.join(" | ")));
             }
         }
-        s.push('\n');
     }
 
     // Checkpoint.
     if !r.checkpoint.is_empty() {
-        let _ = writeln!(
-            s,
-            "## Checkpoint time: staging vs a durable store behind 1 Gbit/s\n"
-        );
-        let stage_link = r.links.first();
-        let _ = writeln!(
-            s,
-            "The durable store is the S3 server (versitygw) of bench/netns-s3.sh behind a veth \
-             link shaped with `tc tbf` to {}; one staging server runs in the network namespace \
-             of bench/netns-staging.sh, reached from the node over a veth link shaped to {} \
-             (measured TCP goodput: {}), and drains to that S3 store through the root namespace, \
-             i.e. over the same 1 Gbit/s link. The application writes one checkpoint file \
-             (write(2) in {} pieces), closes it and calls `cascade_commit()` of the preloaded \
-             library: **stall** = write + close + commit. **direct-s3**: the application uploads \
-             the file itself (`DurableStore::upload_checkpoint`: data, BLAKE3 object, marker): \
-             its stall is also when it is safe. **staged** = safe from the loss of the node: the \
-             file on the server's SSD and the checkpoint's file list accepted by the server \
-             (`LifeEntry::checkpoint_safe()`, seen in the node store every 2 ms; `cascade wait \
-             --level staged` agrees, below). **durable** = the checkpoint's completion marker \
-             in S3 (written by the server after draining) and recorded in the node store. \
-             *Agent → S3* is Cascade without staging servers: the node agent uploads to S3 \
-             itself, so it is safe from node loss only once durable. All times from the start \
-             of the write.\n",
-            r.links
-                .get(1)
-                .and_then(|l| l.nominal_bytes_per_s)
-                .map_or_else(|| "?".into(), |b| format!("{:.0} Mbit/s", b * 8.0 / 1e6)),
-            stage_link
-                .and_then(|l| l.nominal_bytes_per_s)
-                .map_or_else(|| "?".into(), |b| format!("{:.0} Gbit/s", b * 8.0 / 1e9)),
-            stage_link
-                .and_then(|l| l.goodput.as_ref())
-                .map_or_else(|| "n/a".into(), |g| format!("{:.2} GB/s", g.median / 1e9)),
-            size_str(o.piece)
-        );
-        let _ = writeln!(
-            s,
-            "| checkpoint | direct-s3 stall, s (GB/s) | cascade + staging stall, s (GB/s) | \
-             stall ratio direct-s3 / cascade | staged (safe from node loss), s | safe: \
-             direct-s3 / staging | durable with staging, s | cascade agent → S3: stall, s | \
-             agent → S3: durable (= safe), s | safe: agent → S3 / staging | durable: staging / \
-             agent → S3 | link minimum, s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-        );
+        s.title("Checkpoint time: staging vs a durable store behind 1 Gbit/s".to_string());
+        let _stage_link = r.links.first();
+        s.head("| checkpoint | direct-s3 stall, s (GB/s) | cascade + staging stall, s (GB/s) | stall ratio direct-s3 / cascade | staged (safe from node loss), s | safe: direct-s3 / staging | durable with staging, s | cascade agent → S3: stall, s | agent → S3: durable (= safe), s | safe: agent → S3 / staging | durable: staging / agent → S3 | link minimum, s |");
         for row in &r.checkpoint {
             let b = row.bytes;
             let s3 = row.direct_s3_s.as_ref();
             let stg = row.staging.as_ref();
             let a3 = row.agent_s3.as_ref();
             let na = || "n/a".to_string();
-            let _ = writeln!(
-                s,
+            s.row(format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 size_str(b),
                 s3.map_or_else(na, |x| secs_gbps(x, b)),
@@ -2528,90 +1997,44 @@ fn markdown(rep: &Report) -> String {
                     _ => na(),
                 },
                 row.link_min_nominal_s
-                    .map_or_else(na, |x| format!("{x:.2}")),
-            );
+                    .map_or_else(na, |x| format!("{x:.2}"))
+            ));
         }
-        let _ = writeln!(
-            s,
-            "\nWhere the time goes, every time from the start of the write. *On the wire*: \
-             when the S3 link's host end (tx_bytes, sampled every 2 ms) started carrying the \
-             data (first 64 KiB) and had carried 99 % of it: for staging that is the server's \
-             drain, for agent → S3 the agent's upload, for direct-s3 the application's upload. \
-             *Marker written*: the completion marker's own timestamp \
-             (`completed_unix_ns`; the staging server writes it after draining, the agent after \
-             uploading); *durable (store)*: when the node store recorded it (with staging the \
-             agent asks the servers every 0.5 s). The `cascade wait` columns: when `cascade \
-             wait --level staged` / `--level durable`, started right after the writer exited, \
-             returned (they look every 20 ms).\n"
-        );
-        let _ = writeln!(
-            s,
-            "| checkpoint | method | write + close, s | commit, s | staged (store), s | `cascade \
-             wait --level staged` returned, s | on the wire from, s | on the wire until, s | \
-             marker written, s | marker − on the wire until, s | durable (store), s | `cascade wait \
-             --level durable` returned, s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-        );
+        s.title("Checkpoint time: the parts, per method".into());
+        s.head("| checkpoint | method | write + close, s | commit, s | staged (store), s | `cascade wait --level staged` returned, s | on the wire from, s | on the wire until, s | marker written, s | marker − on the wire until, s | durable (store), s | `cascade wait --level durable` returned, s |");
         for row in &r.checkpoint {
             if let Some(x) = &row.direct_s3_s {
-                let _ = writeln!(
-                    s,
-                    "| {} | direct-s3 | n/a | n/a | n/a | n/a | n/a | {} | n/a | {} | {} (the \
-                     stall) | n/a |",
-                    size_str(row.bytes),
-                    st_opt(&row.direct_s3_wire_s),
-                    row.direct_s3_wire_s.as_ref().map_or_else(
+                s.row(format!("| {} | direct-s3 | n/a | n/a | n/a | n/a | n/a | {} | n/a | {} | {} (the stall) | n/a |", size_str(row.bytes), st_opt_ref(&row.direct_s3_wire_s), row.direct_s3_wire_s.as_ref().map_or_else(
                         || "n/a".into(),
                         |w| format!("{:.2} (stall − wire)", x.median - w.median)
-                    ),
-                    st(x)
-                );
+                    ), st(x)));
             }
             for (label, m) in [("staging", &row.staging), ("agent → S3", &row.agent_s3)] {
                 let Some(m) = m else { continue };
-                let _ = writeln!(
-                    s,
+                s.row(format!(
                     "| {} | {label} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     size_str(row.bytes),
                     st(&m.write_s),
                     st(&m.commit_s),
                     st(&m.staged_s),
-                    st_opt(&m.wait_staged_s),
-                    st_opt(&m.wire_start_s),
-                    st_opt(&m.wire_end_s),
-                    st_opt(&m.marker_s),
+                    st_opt_ref(&m.wait_staged_s),
+                    st_opt_ref(&m.wire_start_s),
+                    st_opt_ref(&m.wire_end_s),
+                    st_opt_ref(&m.marker_s),
                     match (&m.marker_s, &m.wire_end_s) {
                         (Some(a), Some(b)) => format!("{:.2}", a.median - b.median),
                         _ => "n/a".into(),
                     },
                     st(&m.durable_s),
-                    st_opt(&m.wait_durable_s),
-                );
+                    st_opt_ref(&m.wait_durable_s)
+                ));
             }
         }
-        s.push('\n');
-    }
-
-    if !r.checkpoint.is_empty() {
-        let _ = writeln!(
-            s,
-            "Reading it: with staging, the drain of a file starts once the server has it \
-             sealed (all of it received), so the time until durable is about the time until \
-             staged plus the drain over the 1 Gbit/s link plus what the upload costs after its \
-             last byte. The server drains with `DurableStore::put_file` (a multipart upload \
-             for files over 8 MiB, which this S3 server reassembles at completion: the \
-             *marker − on the wire until* column), while the agent uploads a file held in \
-             memory in one request (`put_buffers`), as the durable suite describes.\n"
-        );
     }
 
     if !r.links.is_empty() {
-        let _ = writeln!(s, "## Links\n");
-        let _ = writeln!(
-            s,
-            "| link | nominal | host end | namespace end | offloads (host end) | TCP goodput, \
-             one connection ({} per test) |\n|---|---|---|---|---|---|",
-            size_str(o.linktest_bytes)
-        );
+        s.title("Links".to_string());
+        s.head(&format!("| link | nominal | host end | namespace end | offloads (host end) | TCP goodput, one connection ({} per test) |", size_str(o.linktest_bytes)));
         for l in &r.links {
             let good = match (&l.goodput, &l.error) {
                 (Some(g), _) => {
@@ -2628,8 +2051,7 @@ fn markdown(rep: &Report) -> String {
                 (None, Some(e)) => format!("failed: {e}"),
                 (None, None) => "not measured".into(),
             };
-            let _ = writeln!(
-                s,
+            s.row(format!(
                 "| {} | {} | {} | {} | {} | {good} |",
                 l.name,
                 l.nominal_bytes_per_s.map_or_else(
@@ -2639,50 +2061,15 @@ fn markdown(rep: &Report) -> String {
                 l.out,
                 l.back,
                 l.offloads
-            );
+            ));
         }
-        s.push('\n');
     }
 
-    let _ = writeln!(s, "## Set-up\n");
-    let _ = writeln!(
-        s,
-        "- Staging servers: `cascade stage-server --listen ADDR --dir DIR --drain-to URL` with \
-         the defaults (arenas of 256 MiB, 8 receive buffers of 17 MiB, 2 IO threads), one \
-         process per server, each with its own arena directory under {}. Throughput and \
-         single stream: loopback servers draining to {}/k<servers>; checkpoint part: one \
-         server at {}:{} in namespace {} draining to the S3 store.",
-        o.arena_dir.display(),
-        o.drain_dir.display(),
-        o.stage_ip,
-        o.port_base as usize + 100,
-        o.stage_netns
-    );
-    let _ = writeln!(
-        s,
-        "- Node: one store per rig (`{}`-store-tp<k>, -ckstg, -cks3), memory only (no spill \
-         file), with `cascade agent --staging ...` started by the bench (so `cascade run` \
-         embeds none); the agent's defaults: Write frames of 8 MiB, a Sync every 256 MiB and \
-         at the end of each batch, placement stripe.",
-        prefix(o.pid)
-    );
-    let _ = writeln!(
-        s,
-        "- Staged is taken from the node store (`Store::life_tree` every 2 ms: all files \
-         `safe()`; for a committed checkpoint also `checkpoint_safe()`), the predicates of \
-         `cascade wait --level staged`{}.",
-        if r.wait_staged_cli {
-            ", which the checkpoint part also runs"
-        } else {
-            " (not in the CLI measured)"
-        }
-    );
-
     let disk_fs = util::fs_of(&o.arena_dir);
-    machine_table(
-        &mut s,
-        m,
-        &[
+    let durable = o.durable.clone().unwrap_or_else(|| "none".into());
+    s.push(machine_table(
+        &rep.header,
+        vec![
             (
                 format!("arena directory ({})", o.arena_dir.display()),
                 disk_fs,
@@ -2692,19 +2079,14 @@ fn markdown(rep: &Report) -> String {
             ("preload library".into(), rep.library.clone()),
             (
                 "durable store (checkpoint part)".into(),
-                format!(
-                    "{} ({})",
-                    o.durable.clone().unwrap_or_else(|| "none".into()),
-                    rep.s3_server
-                ),
+                format!("{durable} ({})", rep.s3_server),
             ),
             (
-                "CPU used by the S3 server during the run (not counted below)".into(),
-                format!("{:.1} % of all cores", rep.s3_server_cpu_pct),
+                "CPU of the S3 server (not counted below)".into(),
+                format!("{} % of all cores", num(rep.header.s3_server_cpu_pct, 1)),
             ),
         ],
-        &rep.interference,
-    );
+    ));
     s
 }
 
@@ -2713,16 +2095,8 @@ pub fn run(a: StagingArgs) -> Res<()> {
     let o = build_opts(&a, pid)?;
     let dirs = vec![PathBuf::from("/var/tmp"), o.arena_dir.clone()];
     let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
-    let machine = util::machine(&o.arena_dir, &o.arena_dir);
-    eprintln!(
-        "cascade-bench staging: {} ({} cores), kernel {}, {} GiB RAM; parts {:?}; names {}-*",
-        machine.cpu_model,
-        machine.cores,
-        machine.kernel,
-        machine.ram_gib,
-        o.parts,
-        prefix(pid)
-    );
+    let clock = RunClock::start(&o.arena_dir, &o.arena_dir);
+    eprintln!("cascade-bench staging: parts {:?}", o.parts);
     // The data, once: a /dev/shm file the C writers map, non-zero xorshift (not compressible).
     let max = o
         .sizes
@@ -2732,52 +2106,16 @@ pub fn run(a: StagingArgs) -> Res<()> {
         .max()
         .unwrap_or(o.total);
     let datafile = PathBuf::from(format!("/dev/shm/{}-data", prefix(pid)));
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&datafile)
-        .ctx(|| format!("creating {}", datafile.display()))?;
-    f.set_len(max)
-        .ctx(|| format!("sizing {}", datafile.display()))?;
-    // SAFETY: the file was just created by this process, which alone writes it; it is not
-    // truncated while mapped.
-    let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }
-        .ctx(|| format!("mapping {}", datafile.display()))?;
-    fill_pattern(&mut map, 0x57a9_1e5e_bead_f00d);
-    let load0 = util::loadavg();
-    let cpu0 = util::cpu_snap();
-    let server0 = durable::server_ticks();
-    let t0 = now_ns();
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let map = data_file(&datafile, max, 0x57a9_1e5e_bead_f00d)?;
     let mut results = SResults::default();
     let outcome = run_all(&o, &map, &datafile, &mut results);
     drop(map);
-    let duration_s = (now_ns() - t0) as f64 / 1e9;
-    let mut interference = util::interference(&cpu0, &util::cpu_snap(), machine.cores, load0);
-    let server_cpu_pct = match (server0, durable::server_ticks()) {
-        (Some(a), Some(b)) => {
-            let wall_ticks = duration_s * 100.0 * machine.cores.max(1) as f64;
-            (b.saturating_sub(a) as f64 / wall_ticks * 1000.0).round() / 10.0
-        }
-        _ => f64::NAN,
-    };
-    if server_cpu_pct.is_finite() {
-        interference.other_cpu_pct =
-            ((interference.other_cpu_pct - server_cpu_pct).max(0.0) * 10.0).round() / 10.0;
-    }
     if let Err(e) = &outcome {
         results.notes.push(format!("the run stopped: {e}"));
     }
     let rep = Report {
         suite: "staging",
-        generated_utc: utc_string(started),
-        duration_s,
-        command: durable::command_line(),
-        source: crate::source_version_of(&[
+        header: clock.finish(&[
             "crates/cascade-staging",
             "crates/cascade-agent",
             "crates/cascade-cli",
@@ -2786,22 +2124,19 @@ pub fn run(a: StagingArgs) -> Res<()> {
             "crates/cascade-durable",
             "bench",
         ]),
-        cascade_cli: durable::describe(&o.cascade),
-        library: durable::describe(&o.cascade.with_file_name("libcascade.so")),
-        fio: fio_version(&o.fio),
+        cascade_cli: report::describe(&o.cascade),
+        library: report::describe(&o.cascade.with_file_name("libcascade.so")),
+        fio: tool_version(&o.fio, &["--version"]),
         s3_server: if o.url.is_some() {
-            durable::s3_server()
+            s3_server()
         } else {
             "not used".into()
         },
-        s3_server_cpu_pct: server_cpu_pct,
-        machine: &machine,
-        interference,
         options: &o,
         results: &results,
     };
-    let md = markdown(&rep);
-    crate::report::write_results(&a.out, "staging", &md, &rep, &[], duration_s)?;
+    let title = "Cascade staging servers (L1): benchmarks";
+    report::write(&a.out, "staging", title, &rep, tables(&rep))?;
     outcome?;
     if !results.notes.is_empty() {
         return err(format!(
@@ -2810,4 +2145,8 @@ pub fn run(a: StagingArgs) -> Res<()> {
         ));
     }
     Ok(())
+}
+
+fn st_opt_ref(s: &Option<Stats>) -> String {
+    crate::format::st_opt(s.as_ref())
 }

@@ -426,3 +426,9 @@ pub fn settle() {
         v.push((waited, timed_out));
     }
 }
+
+/// The methods in the order of repetition `rep`: the one that goes first rotates.
+pub fn rotated<T: Copy>(methods: &[T], rep: usize) -> Vec<T> {
+    let n = methods.len().max(1);
+    (0..methods.len()).map(|k| methods[(k + rep) % n]).collect()
+}
