@@ -322,11 +322,14 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
         }
         if store.agent_pid().is_none() {
             return Err(Failure::new(format!(
-                "{path}: not {level} yet ({} of {} files) and no agent is running for store {}; \
-                 start one with 'cascade agent' (or run the job under 'cascade run' with a \
+                "{path}: not {level} yet ({} of {} files{}) and no agent is running for store \
+                 {}; start one with 'cascade agent' (or run the job under 'cascade run' with a \
                  durable store configured)",
                 p.durable_files,
                 p.files,
+                job_parts(config, path)
+                    .map(|parts| format!("; the job's checkpoint has {parts}"))
+                    .unwrap_or_default(),
                 store.name()
             )));
         }

@@ -1,0 +1,368 @@
+//! A job on several simulated nodes (docs/cluster.md): mpirun starts the MPI heat solver
+//! (examples/heat_mpi) under `cascade run`, each node with a node store and a node name of
+//! its own (CASCADE_STORE, CASCADE_NODE per mpirun app context), one durable directory for
+//! the job. Its checkpoints are complete only with every node's part, restore refuses a
+//! partial one, and a restart on other nodes (another number of ranks) reads the
+//! checkpoint back through read-through and ends on the grid of a run without Cascade.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use cascade_testkit::{output_within, repo_root};
+
+const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// The job: its work directory, durable directory, programs and simulated nodes' stores.
+struct Job {
+    dir: tempfile::TempDir,
+    id: String,
+    stores: std::cell::RefCell<Vec<String>>,
+}
+
+/// One simulated node of a run: its name, how many ranks it runs, and another durable
+/// store for it alone, if any (a node whose files never reach the job's durable store).
+struct NodeRun<'a> {
+    name: &'a str,
+    ranks: u32,
+    elsewhere: Option<&'a Path>,
+}
+
+fn node(name: &str, ranks: u32) -> NodeRun<'_> {
+    NodeRun {
+        name,
+        ranks,
+        elsewhere: None,
+    }
+}
+
+impl Job {
+    fn new(tag: &str) -> Job {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("empty.toml"), "").expect("config file");
+        std::fs::create_dir(dir.path().join("durable")).expect("durable dir");
+        let job = Job {
+            id: format!("{tag}-{}", std::process::id()),
+            dir,
+            stores: Default::default(),
+        };
+        job.build("cc", "examples/heat/heat.c", "heat");
+        job.build("mpicc", "examples/heat_mpi/heat_mpi.c", "heat_mpi");
+        job
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn build(&self, cc: &str, source: &str, out: &str) {
+        let built = Command::new(cc)
+            .args(["-O2", "-o"])
+            .arg(self.path(out))
+            .arg(repo_root().join(source))
+            .args(["-lm", "-ldl"])
+            .output()
+            .unwrap_or_else(|e| panic!("{cc}: {e} (CI installs build-essential, libopenmpi-dev)"));
+        assert!(
+            built.status.success(),
+            "{cc} {source}: {}",
+            text(&built.stderr)
+        );
+    }
+
+    fn store_of(&self, node: &str) -> String {
+        let store = format!("/cascade-jobs-{}-{node}", self.id);
+        let mut stores = self.stores.borrow_mut();
+        if !stores.contains(&store) {
+            stores.push(store.clone());
+        }
+        store
+    }
+
+    /// A clean environment for mpirun and what it starts: the job's identity and durable
+    /// store, small node stores, no inherited CASCADE_* or launcher variables.
+    fn mpirun(&self, nodes: &[NodeRun], names: &[&str], heat_args: &[&str]) -> Output {
+        let mut cmd = Command::new("mpirun");
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", self.dir.path())
+            .env("CASCADE_CONFIG", self.path("empty.toml"))
+            .env("CASCADE_DURABLE", self.path("durable"))
+            .env("CASCADE_JOB", &self.id)
+            .env("CASCADE_JOB_NAME", "heat")
+            .env("CASCADE_JOB_NODES", names.join(","))
+            .env("CASCADE_CAPACITY", "64MiB")
+            .env("CASCADE_SPILL_SIZE", "0")
+            // Debian's Open MPI 4.1 can hang in its own finalize without it (openpmix#1233).
+            .env("PMIX_MCA_gds", "hash")
+            .args(["-q", "--oversubscribe", "--allow-run-as-root"]);
+        for (i, node) in nodes.iter().enumerate() {
+            if i > 0 {
+                cmd.arg(":");
+            }
+            cmd.args(["-np", &node.ranks.to_string(), "env"])
+                .arg(format!("CASCADE_STORE={}", self.store_of(node.name)))
+                .arg(format!("CASCADE_NODE={}", node.name));
+            if let Some(durable) = node.elsewhere {
+                cmd.arg(format!("CASCADE_DURABLE={}", durable.display()));
+            }
+            cmd.args([CASCADE, "run", "--"])
+                .arg(self.path("heat_mpi"))
+                .args(["--dir", "/cascade/heat", "--commit-by", "node"])
+                .args(heat_args);
+        }
+        output_within(cmd, RUN_LIMIT)
+    }
+
+    /// The final grid checksum of the serial solver run without Cascade.
+    fn reference(&self, args: &[&str]) -> String {
+        let out = output_within(
+            {
+                let mut c = Command::new(self.path("heat"));
+                c.arg("--dir").arg(self.path("reference")).args(args);
+                c
+            },
+            RUN_LIMIT,
+        );
+        assert!(out.status.success(), "heat: {}", text(&out.stderr));
+        final_checksum(&text(&out.stdout))
+    }
+
+    /// The durable directory of checkpoint `name` (below the job's namespace).
+    fn durable_checkpoint(&self, name: &str) -> PathBuf {
+        find_dir(&self.path("durable"), name)
+            .unwrap_or_else(|| panic!("{name} is not in the durable store"))
+    }
+
+    fn cascade(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(CASCADE);
+        c.args(args)
+            .env_clear()
+            .env("HOME", self.dir.path())
+            .env("CASCADE_CONFIG", self.path("empty.toml"));
+        output_within(c, RUN_LIMIT)
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for store in self.stores.borrow().iter() {
+            let _ = Command::new(CASCADE)
+                .args(["destroy", "--force", "--store", store])
+                .output();
+        }
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn final_checksum(stdout: &str) -> String {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("final "))
+        .unwrap_or_else(|| panic!("no final line in {stdout}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("fnv1a64="))
+        .expect("fnv1a64 field")
+        .to_string()
+}
+
+fn succeeded(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The first directory named `name` below `root`.
+fn find_dir(root: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(root).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if entry.file_name() == name {
+                return Some(path);
+            }
+            if let Some(found) = find_dir(&path, name) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// The files a checkpoint's marker lists, sorted, and the nodes it names.
+fn marker_of(ckpt_dir: &Path) -> (Vec<String>, Vec<String>) {
+    let bytes = std::fs::read(ckpt_dir.join(".cascade-complete"))
+        .unwrap_or_else(|_| panic!("{} has no completion marker", ckpt_dir.display()));
+    let marker: serde_json::Value = serde_json::from_slice(&bytes).expect("marker json");
+    let mut files: Vec<String> = marker["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .map(|f| f["path"].as_str().expect("path").to_string())
+        .collect();
+    files.sort();
+    let nodes = marker["nodes"]
+        .as_array()
+        .map(|n| {
+            n.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    (files, nodes)
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node() {
+    let job = Job::new("two");
+    let first = [node("a", 1), node("b", 1)];
+    let out = job.mpirun(
+        &first,
+        &["a", "b"],
+        &["--n", "64", "--steps", "30", "--every", "10"],
+    );
+    succeeded(&out, "the job on nodes a and b");
+    let ckpt = job.durable_checkpoint("ckpt.000030");
+    let (files, nodes) = marker_of(&ckpt);
+    assert_eq!(
+        files,
+        names(&[
+            "meta.0.txt",
+            "meta.1.txt",
+            "meta.txt",
+            "rank.0.bin",
+            "rank.1.bin"
+        ])
+    );
+    assert_eq!(nodes, names(&["a", "b"]));
+    assert!(ckpt.join(".cascade-part.a").exists() && ckpt.join(".cascade-part.b").exists());
+
+    // `cascade restore` returns every node's files.
+    let restored = job.path("restored");
+    let durable_root = ckpt.parent().and_then(Path::parent).expect("namespace dir");
+    let out = job.cascade(&[
+        "restore",
+        "heat/ckpt.000030",
+        restored.to_str().expect("utf-8"),
+        "--from",
+        durable_root.to_str().expect("utf-8"),
+    ]);
+    succeeded(&out, "cascade restore");
+    assert!(restored.join("rank.1.bin").exists() && restored.join("meta.txt").exists());
+
+    // The same job restarted on another node with two ranks: read-through brings latest and
+    // the checkpoint back; it ends on the grid of an uninterrupted run without Cascade.
+    let second = [node("c", 2)];
+    let out = job.mpirun(
+        &second,
+        &["c"],
+        &["--n", "64", "--steps", "50", "--every", "10"],
+    );
+    let stdout = succeeded(&out, "the restart on node c");
+    assert!(
+        stdout.contains("restarted from ckpt.000030 step=30 written_by=2 ranks=2"),
+        "{stdout}"
+    );
+    let reference = job.reference(&["--n", "64", "--steps", "50", "--every", "10"]);
+    assert_eq!(final_checksum(&stdout), reference);
+}
+
+#[test]
+fn a_node_whose_part_never_arrives_leaves_the_checkpoint_refused_and_the_previous_one_whole() {
+    let job = Job::new("lost");
+    let both = [node("a", 1), node("b", 1)];
+    let out = job.mpirun(
+        &both,
+        &["a", "b"],
+        &["--n", "48", "--steps", "20", "--every", "10"],
+    );
+    succeeded(&out, "the job's first run");
+    // The second run: node b's files go to a copy of the durable store, never to the
+    // job's (read-through still finds the first run's checkpoint there), then it is lost.
+    let elsewhere = job.path("durable-b");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(job.path("durable"))
+        .arg(&elsewhere)
+        .status()
+        .expect("cp");
+    assert!(copied.success());
+    let lossy = [
+        node("a", 1),
+        NodeRun {
+            name: "b",
+            ranks: 1,
+            elsewhere: Some(&elsewhere),
+        },
+    ];
+    let out = job.mpirun(
+        &lossy,
+        &["a", "b"],
+        &["--n", "48", "--steps", "30", "--every", "10"],
+    );
+    succeeded(&out, "the job's second run");
+    let _ = job.cascade(&["destroy", "--force", "--store", &job.store_of("b")]);
+
+    let ckpt = job.durable_checkpoint("ckpt.000030");
+    assert!(ckpt.join(".cascade-part.a").exists());
+    assert!(
+        !ckpt.join(".cascade-complete").exists(),
+        "complete without node b"
+    );
+    let durable_root = ckpt.parent().and_then(Path::parent).expect("namespace dir");
+    let from = durable_root.to_str().expect("utf-8");
+    let restored = job.path("restored");
+    let dest = restored.to_str().expect("utf-8");
+    let out = job.cascade(&["restore", "heat/ckpt.000030", dest, "--from", from]);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a partial checkpoint restored: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("parts from 1 of 2 nodes (a); missing b"),
+        "{err}"
+    );
+    // Node a's agent says the same when asked to wait for it.
+    let mut wait = Command::new(CASCADE);
+    wait.args([
+        "wait",
+        "/heat/ckpt.000030",
+        "--level",
+        "durable",
+        "--timeout",
+        "0",
+    ])
+    .env_clear()
+    .env("HOME", job.dir.path())
+    .env("CASCADE_CONFIG", job.path("empty.toml"))
+    .env("CASCADE_STORE", job.store_of("a"))
+    .env("CASCADE_DURABLE", job.path("durable"))
+    .env("CASCADE_JOB", &job.id)
+    .env("CASCADE_JOB_NAME", "heat")
+    .env("CASCADE_JOB_NODES", "a,b")
+    .env("CASCADE_NODE", "a");
+    let out = output_within(wait, RUN_LIMIT);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("missing b"), "{err}");
+    // The checkpoint before is whole.
+    let out = job.cascade(&["restore", "heat/ckpt.000020", dest, "--from", from]);
+    succeeded(&out, "restore of the previous checkpoint");
+    for file in ["rank.0.bin", "rank.1.bin", "meta.txt"] {
+        assert!(restored.join(file).exists(), "{file}");
+    }
+}
