@@ -366,3 +366,75 @@ fn a_node_whose_part_never_arrives_leaves_the_checkpoint_refused_and_the_previou
         assert!(restored.join(file).exists(), "{file}");
     }
 }
+
+/// The cluster scripts of contrib/ (docs/cluster.md) parse, and every `cascade` command they
+/// run exists with the options they give it.
+#[test]
+fn the_cluster_scripts_parse_and_call_real_commands() {
+    let dir = repo_root().join("contrib/slurm");
+    let mut called = 0;
+    for entry in std::fs::read_dir(&dir).expect("contrib/slurm").flatten() {
+        let path = entry.path();
+        let out = Command::new("bash")
+            .arg("-n")
+            .arg(&path)
+            .output()
+            .expect("bash");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            text(&out.stderr)
+        );
+        let script = std::fs::read_to_string(&path).expect("script");
+        for line in script.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            let Some(at) = line.find("cascade ") else {
+                continue;
+            };
+            let words: Vec<&str> = line[at + "cascade ".len()..].split_whitespace().collect();
+            let Some(command) = words
+                .first()
+                .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+            else {
+                continue;
+            };
+            let flags: Vec<&str> = words
+                .iter()
+                .filter(|w| w.starts_with("--") && **w != "--")
+                .copied()
+                .collect();
+            let help = Command::new(CASCADE)
+                .args([*command, "--help"])
+                .output()
+                .expect("cascade --help");
+            let help_text = text(&help.stdout);
+            assert!(
+                help.status.success(),
+                "{}: cascade {command}",
+                path.display()
+            );
+            if *command != "run" {
+                for flag in flags {
+                    assert!(
+                        help_text.contains(flag),
+                        "{}: cascade {command} {flag}",
+                        path.display()
+                    );
+                }
+            }
+            called += 1;
+        }
+    }
+    assert!(called >= 5, "{called} cascade calls found in contrib/slurm");
+}
+
+/// examples/heat_mpi/check.sh: the MPI solver gives heat.c's grid on 1 to 4 ranks, restarts
+/// N-to-M after a kill, refuses corrupt checkpoints, and commits where it should.
+#[test]
+fn the_mpi_heat_solver_matches_the_serial_one_and_restarts_n_to_m() {
+    let mut check = Command::new("sh");
+    check.arg(repo_root().join("examples/heat_mpi/check.sh"));
+    let out = output_within(check, Duration::from_secs(600));
+    let stdout = succeeded(&out, "examples/heat_mpi/check.sh");
+    assert!(stdout.contains("heat_mpi check: all passed"), "{stdout}");
+}
