@@ -14,11 +14,16 @@ use cascade_testkit::{output_within, repo_root};
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 const RUN_LIMIT: Duration = Duration::from_secs(300);
 
-/// The job: its work directory, durable directory, programs and simulated nodes' stores.
+/// The job: its work directory, durable store, programs and simulated nodes' stores.
 struct Job {
     dir: tempfile::TempDir,
     id: String,
     stores: std::cell::RefCell<Vec<String>>,
+    /// The durable store's URL, and the directory its objects are files in.
+    durable_url: String,
+    durable_dir: PathBuf,
+    /// More environment for every rank (staging servers).
+    extra_env: Vec<(String, String)>,
 }
 
 /// One simulated node of a run: its name, how many ranks it runs, and another durable
@@ -42,10 +47,14 @@ impl Job {
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::write(dir.path().join("empty.toml"), "").expect("config file");
         std::fs::create_dir(dir.path().join("durable")).expect("durable dir");
+        let durable = dir.path().join("durable");
         let job = Job {
             id: format!("{tag}-{}", std::process::id()),
+            durable_url: durable.display().to_string(),
+            durable_dir: durable,
             dir,
             stores: Default::default(),
+            extra_env: Vec::new(),
         };
         job.build("cc", "examples/heat/heat.c", "heat");
         job.build("mpicc", "examples/heat_mpi/heat_mpi.c", "heat_mpi");
@@ -88,7 +97,8 @@ impl Job {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", self.dir.path())
             .env("CASCADE_CONFIG", self.path("empty.toml"))
-            .env("CASCADE_DURABLE", self.path("durable"))
+            .env("CASCADE_DURABLE", &self.durable_url)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .env("CASCADE_JOB", &self.id)
             .env("CASCADE_JOB_NAME", "heat")
             .env("CASCADE_JOB_NODES", names.join(","))
@@ -131,7 +141,7 @@ impl Job {
 
     /// The durable directory of checkpoint `name` (below the job's namespace).
     fn durable_checkpoint(&self, name: &str) -> PathBuf {
-        find_dir(&self.path("durable"), name)
+        find_dir(&self.durable_dir, name)
             .unwrap_or_else(|| panic!("{name} is not in the durable store"))
     }
 
@@ -437,4 +447,55 @@ fn the_mpi_heat_solver_matches_the_serial_one_and_restarts_n_to_m() {
     let out = output_within(check, Duration::from_secs(600));
     let stdout = succeeded(&out, "examples/heat_mpi/check.sh");
     assert!(stdout.contains("heat_mpi check: all passed"), "{stdout}");
+}
+
+/// Runs the solver on `nodes` simulated nodes of one rank each and checks that its last
+/// checkpoint's marker lists every rank's files and every node.
+fn job_on_nodes_completes(job: &Job, nodes: &[&str]) {
+    let runs: Vec<NodeRun> = nodes.iter().map(|n| node(n, 1)).collect();
+    let out = job.mpirun(
+        &runs,
+        nodes,
+        &["--n", "64", "--steps", "20", "--every", "10"],
+    );
+    succeeded(&out, "the job");
+    let (files, marker_nodes) = marker_of(&job.durable_checkpoint("ckpt.000020"));
+    let mut expected = vec!["meta.txt".to_string()];
+    for rank in 0..nodes.len() {
+        expected.push(format!("meta.{rank}.txt"));
+        expected.push(format!("rank.{rank}.bin"));
+    }
+    expected.sort();
+    assert_eq!(files, expected);
+    assert_eq!(marker_nodes, names(nodes));
+}
+
+#[test]
+fn a_job_on_four_nodes_completes_its_checkpoints_on_s3() {
+    let server = cascade_testkit::Versitygw::start();
+    server.create_bucket("jobs");
+    let mut job = Job::new("s3");
+    job.durable_url = server.url("jobs");
+    job.durable_dir = server.bucket_dir("jobs");
+    job_on_nodes_completes(&job, &["n1", "n2", "n3", "n4"]);
+}
+
+#[test]
+fn a_job_on_two_nodes_completes_its_checkpoints_through_a_staging_server() {
+    let mut job = Job::new("staged");
+    let env = cascade_testkit::Env::new("jobs-staged", 16 << 20);
+    let arenas = job.path("arenas");
+    std::fs::create_dir(&arenas).expect("arena dir");
+    let server =
+        cascade_testkit::StageServer::start(&env, &arenas, &job.durable_url, "s3cret", &[]);
+    job.extra_env = vec![
+        ("CASCADE_STAGING".into(), server.addr.clone()),
+        ("CASCADE_STAGING_SECRET".into(), "s3cret".into()),
+    ];
+    job_on_nodes_completes(&job, &["a", "b"]);
+    assert!(
+        server.status().drained_files >= 10,
+        "the files went through the server: {:?}",
+        server.status()
+    );
 }

@@ -155,6 +155,11 @@ impl Versitygw {
         )
     }
 
+    /// The directory `bucket`'s objects are files in (the posix backend's data directory).
+    pub fn bucket_dir(&self, bucket: &str) -> PathBuf {
+        self.root.join(bucket)
+    }
+
     /// Whether object `key` of `bucket` exists (looked up in the data directory).
     pub fn has(&self, bucket: &str, key: &str) -> bool {
         self.root.join(bucket).join(key).is_file()
