@@ -1,8 +1,9 @@
 //! A level below the node store that the agent sends checkpoints down to and fetches them
 //! back from (docs/agent.md, "Levels in the agent").
 //!
-//! The agent holds its levels as one list, nearest first (staging servers, then the durable
-//! store's dedup repository and plain layout). A pass decides what is ready and in which
+//! The agent holds its levels as one list, nearest first (on a job of several nodes the
+//! job's completion, then staging servers, then the durable store's dedup repository and
+//! plain layout). A pass decides what is ready and in which
 //! order, and hands it to the levels that send (`takes()`), first to last: a level passes on
 //! what it cannot take. Read-through asks every level for the key and takes the newest
 //! version found. A new level is one more implementation of [`Level`] in `levels/` and one
