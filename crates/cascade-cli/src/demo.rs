@@ -8,7 +8,11 @@
 //! - B, under `cascade run` with a durable store, SIGKILLed halfway through a checkpoint;
 //! - C, under `cascade run` again: it restarts from the node store's memory;
 //! - D, after the node store is destroyed and re-created: it restarts from the durable store
-//!   through read-through.
+//!   through read-through;
+//! - E (with `--mpi`): `examples/heat_mpi/heat_mpi.c` under `mpirun` on two simulated nodes
+//!   (a node store and a node name each, two ranks each), stopped halfway, then restarted on
+//!   a third node with three ranks from the job's checkpoint, complete only with both nodes'
+//!   parts.
 //!
 //! Every program is run with `std::process::Command` (the `cascade` commands with this
 //! executable), its output captured and shown abridged. The summary compares the
@@ -32,6 +36,10 @@ use crate::failure::{Failure, EXIT_USAGE};
 
 /// The simulation, compiled at run time with the system's C compiler.
 const HEAT_C: &str = include_str!("../../../examples/heat/heat.c");
+/// Its MPI version (phase E), compiled with mpicc.
+const HEAT_MPI_C: &str = include_str!("../../../examples/heat_mpi/heat_mpi.c");
+/// Phase E's simulated nodes: two for the job, a third for its restart.
+const MPI_NODES: [&str; 3] = ["a", "b", "c"];
 /// Where heat's checkpoints go under `cascade run`.
 const MOUNT: &str = "/cascade";
 /// Output lines of a program shown before and after the "..." of an abridged listing.
@@ -102,6 +110,10 @@ pub struct DemoArgs {
     /// Print only the summary
     #[arg(short, long)]
     pub quiet: bool,
+    /// Also run phase E: the MPI solver on two simulated nodes, restarted on a third with
+    /// another number of ranks (needs Open MPI: mpicc, mpirun)
+    #[arg(long)]
+    pub mpi: bool,
 }
 
 /// `cascade [--store NAME] [--config FILE] demo ...`.
@@ -261,8 +273,26 @@ impl Cleanup {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
+        for node in MPI_NODES {
+            let _ = Command::new(&self.cascade)
+                .args(["destroy", "--force", "--store", &mpi_store(&self.env, node)])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.work);
     }
+}
+
+/// The store of phase E's simulated node `node`: the demo's store name with the node's.
+fn mpi_store(env: &[(&'static str, OsString)], node: &str) -> String {
+    let store = env
+        .iter()
+        .find(|(k, _)| *k == "CASCADE_STORE")
+        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{store}-node-{node}")
 }
 
 /// The process group of the program the demo is running (each runs in a group of its own),
@@ -460,6 +490,11 @@ impl Demo<'_> {
     }
 
     fn heat_args(&self, dir: &str) -> Vec<String> {
+        self.heat_args_to(dir, self.args.steps)
+    }
+
+    /// heat's arguments for a run that ends at step `steps`.
+    fn heat_args_to(&self, dir: &str, steps: u32) -> Vec<String> {
         let a = self.args;
         vec![
             "--dir".to_string(),
@@ -467,7 +502,7 @@ impl Demo<'_> {
             "--n".to_string(),
             a.n.to_string(),
             "--steps".to_string(),
-            a.steps.to_string(),
+            steps.to_string(),
             "--every".to_string(),
             a.every.to_string(),
         ]
@@ -653,6 +688,9 @@ impl Demo<'_> {
         let phase_b = self.phase_b()?;
         let (phase_c, drained) = self.phase_c(&reference)?;
         self.phase_d(&reference)?;
+        if self.args.mpi {
+            self.phase_e(&reference)?;
+        }
         self.summary(&baseline, &phase_b, &phase_c, drained);
         self.verdict()
     }
@@ -868,6 +906,121 @@ impl Demo<'_> {
         let detail = self.recovered_verdict(&waited, &recovered, &phase_d, reference);
         self.check_result("D restart from the durable store", detail);
         Ok(())
+    }
+
+    /// E: the MPI solver on nodes a and b (two ranks each, a store each) runs to the middle
+    /// checkpoint; its checkpoints are complete only with both nodes' parts. Then the same
+    /// job restarts on node c with three ranks and ends on the reference grid.
+    fn phase_e(&mut self, reference: &str) -> Result<(), Failure> {
+        self.heading(
+            "E. an MPI job on two nodes (two ranks each), restarted on a third node with three \
+             ranks",
+        );
+        self.build_heat_mpi()?;
+        let half = self.before_kill_step();
+        let first = self.heat_mpi(&[("a", 2), ("b", 2)], half)?;
+        let restarted = self.heat_mpi(&[("c", 3)], self.args.steps)?;
+        let detail = self.mpi_verdict(&first, &restarted, half, reference);
+        self.check_result("E MPI job on two nodes, restart on a third", detail);
+        Ok(())
+    }
+
+    /// Compiles heat_mpi.c into the work dir with mpicc.
+    fn build_heat_mpi(&self) -> Result<(), Failure> {
+        let source = self.work.join("heat_mpi.c");
+        std::fs::write(&source, HEAT_MPI_C)
+            .map_err(|e| Failure::io(&source.display().to_string(), &e))?;
+        let args: Vec<String> = ["-O2", "-o", "heat_mpi", "heat_mpi.c", "-lm", "-ldl"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let built = self.execute(Path::new("mpicc"), "mpicc", &args, 12)?;
+        if !built.status.success() {
+            return Err(Failure::new(format!(
+                "demo: compiling heat_mpi.c failed (--mpi needs Open MPI: apt-get install \
+                 openmpi-bin libopenmpi-dev): {}",
+                built.reason()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `mpirun` of heat_mpi under `cascade run` to step `steps`, `ranks` ranks on each
+    /// simulated node of `nodes`, in the job "demo" of those nodes.
+    fn heat_mpi(&self, nodes: &[(&str, u32)], steps: u32) -> Result<Ran, Failure> {
+        let mut args: Vec<String> = vec!["-q".to_string(), "--oversubscribe".to_string()];
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            args.push("--allow-run-as-root".to_string());
+        }
+        let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
+        let job = [
+            // Debian's Open MPI 4.1 can hang in its own finalize without it (openpmix#1233);
+            // in every app context's environment, as mpirun's -x reaches only the first.
+            "PMIX_MCA_gds=hash".to_string(),
+            format!("CASCADE_JOB=demo-{}", std::process::id()),
+            "CASCADE_JOB_NAME=demo".to_string(),
+            format!("CASCADE_JOB_NODES={}", names.join(",")),
+        ];
+        for (i, (node, ranks)) in nodes.iter().enumerate() {
+            if i > 0 {
+                args.push(":".to_string());
+            }
+            args.extend(["-np".to_string(), ranks.to_string(), "env".to_string()]);
+            args.extend(job.iter().cloned());
+            args.push(format!("CASCADE_STORE={}", mpi_store(&self.env, node)));
+            args.push(format!("CASCADE_NODE={node}"));
+            args.extend([
+                self.cascade.display().to_string(),
+                "run".to_string(),
+                "--".to_string(),
+                self.work.join("heat_mpi").display().to_string(),
+            ]);
+            args.extend(self.heat_args_to(&format!("{MOUNT}/{}-mpi", self.job), steps));
+            args.extend(["--commit-by".to_string(), "node".to_string()]);
+        }
+        self.execute(Path::new("mpirun"), "mpirun", &args, 14)
+    }
+
+    /// Whether E ended as it should: the first run's last checkpoint is complete with both
+    /// nodes' parts, and the restart on node c began there and ended on the reference grid.
+    fn mpi_verdict(
+        &self,
+        first: &Ran,
+        restarted: &Ran,
+        half: u32,
+        reference: &str,
+    ) -> Result<String, String> {
+        if !first.status.success() {
+            return Err(format!("mpirun on nodes a and b {}", first.reason()));
+        }
+        if !restarted.status.success() {
+            return Err(format!("mpirun on node c {}", restarted.reason()));
+        }
+        let ckpt = format!("{}-mpi/{}", self.job, Self::ckpt(half));
+        let nodes = self.job_marker_nodes(&ckpt)?;
+        if nodes != ["a", "b"] {
+            return Err(format!(
+                "the marker of {ckpt} names the nodes {nodes:?}, not a and b"
+            ));
+        }
+        let out = parse_heat(restarted);
+        self.restart_verdict(&out, &Self::ckpt(half), reference)
+            .map(|d| format!("{ckpt} complete with the parts of nodes a and b; on node c {d}"))
+    }
+
+    /// The nodes the marker of the MPI job's checkpoint `ckpt` names (below the job's
+    /// namespace, <user>/demo).
+    fn job_marker_nodes(&self, ckpt: &str) -> Result<Vec<String>, String> {
+        let _step = step();
+        let user = cascade_config::job::sanitized(&cascade_config::machine::user_name());
+        let url = cascade_config::job::namespaced_url(&self.durable, &format!("{user}/demo"));
+        let durable = crate::lifecycle::open_durable(&url).map_err(|f| f.message)?;
+        match durable.read_marker(ckpt) {
+            Ok(Some(marker)) => Ok(marker.nodes),
+            Ok(None) => Err(format!("{ckpt} is not complete in {url}")),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Whether D ended as it should: the last checkpoint was durable before the node store

@@ -57,7 +57,7 @@ fn the_demo_passes_every_phase_and_cleans_up() {
     command
         .args(["--store", &store, "demo"])
         .args(["--n", "256", "--steps", "60", "--every", "10"])
-        .args(["--capacity", "64MiB", "--quiet"])
+        .args(["--capacity", "64MiB", "--quiet", "--mpi"])
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", tmp.path())
@@ -78,7 +78,7 @@ fn the_demo_passes_every_phase_and_cleans_up() {
         Some(0),
         "cascade demo failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    for phase in ["A", "B", "C", "D"] {
+    for phase in ["A", "B", "C", "D", "E"] {
         assert!(
             stdout
                 .lines()
