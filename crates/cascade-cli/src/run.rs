@@ -223,6 +223,33 @@ fn spawn_failure(program: &OsStr, err: &std::io::Error) -> Failure {
 /// is none. An existing store is used as it is, whatever its parameters.
 pub fn attach_or_create(config: &Config) -> Result<Store, Failure> {
     let name = config.store_name();
+    // A store another process has just created is empty until its creator sizes it: the
+    // ranks of a node start at once, so one of them may look in between. It tries again
+    // while the store is empty, and once more after it has been sized.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut sized_since = false;
+    loop {
+        match attach_or_create_once(config) {
+            Err(_) if !sized_since && std::time::Instant::now() < deadline => {
+                sized_since = !being_created(name);
+                if !sized_since {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The store `name` exists but has no size yet: its creator is between creating and sizing
+/// it.
+fn being_created(name: &str) -> bool {
+    let path = Path::new("/dev/shm").join(name.trim_start_matches('/'));
+    std::fs::metadata(path).is_ok_and(|meta| meta.len() == 0)
+}
+
+fn attach_or_create_once(config: &Config) -> Result<Store, Failure> {
+    let name = config.store_name();
     let failed = |err: &cascade_store::Error| Failure::store(&format!("store {name}"), err);
     match Store::attach(name) {
         Ok(store) => Ok(store),

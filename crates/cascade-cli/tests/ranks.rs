@@ -13,8 +13,8 @@ use std::time::Duration;
 use cascade_durable::DurableStore;
 use cascade_store::Store;
 use cascade_testkit::{
-    assert_durable_checkpoint, begin, expected, pattern, wait_for, Daemon, Env, Expected,
-    RemoveDir, MIB,
+    assert_durable_checkpoint, begin, expected, pattern, wait_for, wait_until, Daemon, Env,
+    Expected, RemoveDir, MIB,
 };
 
 const RANKS: usize = 4;
@@ -105,9 +105,18 @@ impl Job {
         }
         for n in 0..codes.len() {
             let started = self.flag(&format!("started.{n}"));
-            wait_for(&format!("rank {n}'s command to run"), DEADLINE, || {
-                started.exists()
-            });
+            let rank = &mut self.ranks[n];
+            let ran = wait_until(DEADLINE, || started.exists() || !rank.alive());
+            assert!(
+                ran && started.exists(),
+                "rank {n}'s command did not start ({}); its stderr:\n{}",
+                if ran {
+                    "cascade run exited"
+                } else {
+                    "timed out"
+                },
+                rank.log()
+            );
         }
     }
 
