@@ -370,6 +370,53 @@ fn each_rank_exits_with_its_own_code_and_a_failed_rank_commits_nothing() {
     );
 }
 
+/// With a node-level agent (`cascade agent`, as a Slurm prolog or a systemd unit starts it)
+/// the ranks only attach: none starts an agent, each `cascade run` exits as soon as its
+/// command has ended, and the last one's end of the job commits `/job`, which the node's
+/// agent makes durable.
+#[test]
+fn with_a_node_level_agent_the_ranks_only_attach() {
+    let (_serial, started) = begin();
+    let mut job = Job::new("nodeagent", &[MIB, 2 * MIB, MIB, MIB / 2]);
+    let url = job.durable.to_str().expect("utf-8").to_string();
+    let mut agent = job.env.agent(
+        &url,
+        &[
+            ("CASCADE_CAPACITY", "64MiB"),
+            ("CASCADE_SPILL_SIZE", "0"),
+            ("CASCADE_PREFAULT", "off"),
+        ],
+    );
+    job.start(Write::First, &[0; RANKS]);
+    let store = job.store();
+    assert_eq!(
+        store.agent_pid(),
+        Some(agent.pid()),
+        "a rank took the agent over"
+    );
+    for n in 0..RANKS {
+        job.release(n);
+        job.ended(n, 0);
+        assert_eq!(
+            store.agent_pid(),
+            Some(agent.pid()),
+            "the node's agent changed"
+        );
+    }
+    let out = job.env.cascade(
+        &["wait", "/job", "--level", "durable", "--timeout", "60"],
+        &[],
+    );
+    assert!(out.ok(), "cascade wait /job: {out}");
+    job.assert_job_complete();
+    cascade_testkit::stop_agent(&mut agent);
+    job.assert_nothing_left(&store);
+    eprintln!(
+        "with_a_node_level_agent_the_ranks_only_attach: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 fn job_marker(durable: &Path) -> PathBuf {
     durable.join("job").join(cascade_durable::MARKER_NAME)
 }
