@@ -157,7 +157,7 @@ fn end_of_rank(
             continue;
         }
         // The last live rank of the node: the end of the job is this one's.
-        let before = ranks.round_start(&lock);
+        let before = ranks.round_start(&lock, store);
         crate::lifecycle::end_of_job(store, ranks.all_succeeded(&lock), before.as_ref());
         // Ranks joining from now on start over (best effort: without the record, the next
         // end of the job commits by what is not durable yet, as a single `cascade run` did).

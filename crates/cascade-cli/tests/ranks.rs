@@ -167,7 +167,7 @@ impl Job {
                 entries
                     .flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|name| name != "lock" && name != "round")
+                    .filter(|name| !["lock", "round", "round.agent"].contains(&name.as_str()))
                     .collect()
             })
             .unwrap_or_default();
@@ -413,6 +413,53 @@ fn with_a_node_level_agent_the_ranks_only_attach() {
     job.assert_nothing_left(&store);
     eprintln!(
         "with_a_node_level_agent_the_ranks_only_attach: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A job that only reads a checkpoint back (read-through into a new store) leaves it as it
+/// is: the files it fetched are new in the store but not the job's, so the end of the job
+/// does not commit `/job` again with only the files read (which would replace its complete
+/// marker with one that lists less).
+#[test]
+fn a_job_reading_a_checkpoint_back_does_not_commit_it_again() {
+    let (_serial, started) = begin();
+    let mut job = Job::new("readback", &[MIB, 2 * MIB, MIB]);
+    job.start(Write::First, &[0; 3]);
+    let store = job.store();
+    let holder = job.agent_holder(&store);
+    for n in (0..3).filter(|&n| n != holder) {
+        job.release(n);
+        job.ended(n, 0);
+    }
+    job.release(holder);
+    job.ended(holder, 0);
+    job.assert_job_complete();
+    drop(store);
+    job.env.cascade_ok(&["destroy", "--force"], &[]);
+
+    // A new store on the same durable directory: two ranks each read one file back.
+    let durable = job.durable.to_str().expect("utf-8").to_string();
+    let readers: Vec<Daemon> = (0..2)
+        .map(|n| {
+            let mut cmd = job.env.cli();
+            cmd.args(["run", "--mount", &job.mount, "--durable", &durable, "--"])
+                .args(["cmp", "--"])
+                .arg(format!("{}/job/ckpt.1/rank.{n}", job.mount))
+                .arg(job.env.tmp.path().join(format!("rank.{n}")))
+                .env("CASCADE_CAPACITY", "64MiB")
+                .env("CASCADE_SPILL_SIZE", "0")
+                .env("CASCADE_PREFAULT", "off");
+            Daemon::spawn(cmd, &format!("cascade run (reader {n})"))
+        })
+        .collect();
+    for (n, mut reader) in readers.into_iter().enumerate() {
+        let status = reader.wait(DEADLINE);
+        assert!(status.success(), "reader {n}: {status}\n{}", reader.log());
+    }
+    job.assert_job_complete();
+    eprintln!(
+        "a_job_reading_a_checkpoint_back_does_not_commit_it_again: {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

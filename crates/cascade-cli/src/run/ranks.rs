@@ -10,7 +10,9 @@
 //! - `failed`: one line per rank of this round that failed (its command exited non-zero, or
 //!   it vanished); the end of the job commits nothing when it exists.
 //! - `round`: the versions of the store's files when the round started, so that the end of
-//!   the job knows what the job wrote (`FileVersions`).
+//!   the job knows what the job wrote (`FileVersions`); `round.agent`: the agent's pid and
+//!   count of files fetched by read-through then, if one answered (fetched files are new
+//!   versions too, but not the job's: after a fetch the end of the job does without).
 //! - `lock`: flock'ed while a rank joins, leaves or ends the job, so that exactly one rank
 //!   finds itself the last. The kernel releases it when its holder dies.
 //!
@@ -29,6 +31,7 @@ use crate::lifecycle::FileVersions;
 
 const FAILED: &str = "failed";
 const ROUND: &str = "round";
+const ROUND_AGENT: &str = "round.agent";
 const LOCK: &str = "lock";
 
 /// This process's entry in the registry of its store.
@@ -132,19 +135,35 @@ impl Ranks {
         !self.dir.join(FAILED).exists()
     }
 
-    /// The versions of the store's files when the round started, if recorded.
-    pub fn round_start(&self, _lock: &RanksLock) -> Option<FileVersions> {
+    /// The versions of the store's files when the round started, if recorded and no file
+    /// was fetched from a lower level since (as far as the store's agent can tell).
+    pub fn round_start(&self, _lock: &RanksLock, store: &Store) -> Option<FileVersions> {
         let text = std::fs::read_to_string(self.dir.join(ROUND)).ok()?;
-        FileVersions::from_text(&text)
+        let versions = FileVersions::from_text(&text)?;
+        let now = cascade_agent::status(store.name())?;
+        let at_start = std::fs::read_to_string(self.dir.join(ROUND_AGENT)).unwrap_or_default();
+        let mut fields = at_start.split_whitespace().map(str::parse::<u64>);
+        let fetched_before = match (fields.next(), fields.next()) {
+            (Some(Ok(pid)), Some(Ok(fetched))) if pid == u64::from(now.pid) => fetched,
+            // Another agent: it started during the round, its count is the round's.
+            _ => 0,
+        };
+        (now.fetched_files == fetched_before).then_some(versions)
     }
 
     /// Starts a round (again, once the end of the job has run for the ranks so far): no
     /// failures, and the store's files as they are now are not the round's.
     pub fn start_round(&self, _lock: &RanksLock, store: &Store) -> Result<(), Failure> {
         let _ = std::fs::remove_file(self.dir.join(FAILED));
-        let path = self.dir.join(ROUND);
-        std::fs::write(&path, FileVersions::of(store).to_text())
-            .map_err(|e| Failure::io(&path.display().to_string(), &e))
+        let agent = cascade_agent::status(store.name())
+            .map(|s| format!("{} {}\n", s.pid, s.fetched_files))
+            .unwrap_or_default();
+        let written = |name: &str, text: String| {
+            let path = self.dir.join(name);
+            std::fs::write(&path, text).map_err(|e| Failure::io(&path.display().to_string(), &e))
+        };
+        written(ROUND_AGENT, agent)?;
+        written(ROUND, FileVersions::of(store).to_text())
     }
 
     /// Removes this rank's entry.
