@@ -231,3 +231,32 @@ fn process_start_time(pid: u32) -> Option<u64> {
     // starttime is field 22 of the whole line, i.e. the 20th after the state field.
     fields.nth(18)?.parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_versions_read_back_what_they_wrote_and_refuse_anything_else() {
+        let text = "1 2 3\n40 1 7\n";
+        let versions = FileVersions::from_text(text).expect("parses");
+        let mut lines: Vec<String> = versions.to_text().lines().map(str::to_string).collect();
+        lines.sort();
+        assert_eq!(lines, ["1 2 3", "40 1 7"]);
+        assert!(FileVersions::from_text("").is_some());
+        for bad in ["1 2\n", "1 2 3 4\n", "a b c\n", "1 99999999999 3\n"] {
+            assert!(FileVersions::from_text(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_live_process_has_a_start_time_and_a_reaped_one_none() {
+        assert!(process_start_time(std::process::id()).is_some());
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("wait");
+        assert_eq!(process_start_time(pid), None);
+    }
+}
