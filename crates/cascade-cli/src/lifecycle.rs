@@ -497,7 +497,6 @@ impl EmbeddedAgent {
 
 /// The versions of the store's files at a moment (the start of a job on the node), to tell
 /// later which files the job wrote.
-#[derive(Default)]
 pub struct FileVersions(std::collections::HashSet<(u64, u32, u64)>);
 
 impl FileVersions {

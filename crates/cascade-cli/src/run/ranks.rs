@@ -155,6 +155,12 @@ impl Ranks {
     /// failures, and the store's files as they are now are not the round's.
     pub fn start_round(&self, _lock: &RanksLock, store: &Store) -> Result<(), Failure> {
         let _ = std::fs::remove_file(self.dir.join(FAILED));
+        // Entries a rank killed while joining left aside (nobody joins without the lock).
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
         let agent = cascade_agent::status(store.name())
             .map(|s| format!("{} {}\n", s.pid, s.fetched_files))
             .unwrap_or_default();
