@@ -441,7 +441,8 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The agent `cascade run` embeds when a durable store is configured and no agent runs.
+/// The agent `cascade run` embeds when a durable store is configured and no agent runs: the
+/// one of the node's ranks that started it holds it until every rank has ended.
 pub struct EmbeddedAgent {
     agent: Arc<Agent>,
     worker: std::thread::JoinHandle<()>,
@@ -459,7 +460,9 @@ impl EmbeddedAgent {
             .transpose()
     }
 
-    /// Starts one on `durable` if the store has no live agent.
+    /// Starts one on `durable` if the store has no live agent. None also when another
+    /// process (another rank, a node-level `cascade agent`) registered one first: the ranks
+    /// of a node share it.
     pub fn start_if_needed(
         config: &Config,
         store: &Store,
@@ -471,11 +474,11 @@ impl EmbeddedAgent {
         if store.agent_pid().is_some() {
             return Ok(None);
         }
-        let agent = Arc::new(start_agent(
-            store.clone(),
-            durable,
-            agent_options(config, false)?,
-        )?);
+        let agent = match Agent::start(store.clone(), durable, agent_options(config, false)?) {
+            Ok(agent) => Arc::new(agent),
+            Err(e) if e.errno() == libc::EBUSY => return Ok(None),
+            Err(e) => return Err(Failure::new(e.to_string())),
+        };
         let control = agent
             .serve_control()
             .map_err(|e| Failure::new(e.to_string()))?;
@@ -491,8 +494,8 @@ impl EmbeddedAgent {
         }))
     }
 
-    /// Drains what the job left (at most `timeout`), then stops.
-    pub fn finish(self, timeout: Duration) -> Result<(), Failure> {
+    /// Drains what the job left (at most `timeout`); the agent keeps running.
+    pub fn drain(&self, timeout: Duration) -> Result<(), Failure> {
         let pending = self.agent.stats().pending_bytes;
         if pending > 0 {
             eprintln!(
@@ -501,22 +504,80 @@ impl EmbeddedAgent {
                 self.agent.durable().name()
             );
         }
-        let result = self.agent.drain(timeout);
-        self.agent.stop();
-        self.agent.stop_control();
-        let _ = self.worker.join();
-        let _ = self.control.join();
-        result.map(|_| ()).map_err(|e| {
+        self.agent.drain(timeout).map(|_| ()).map_err(|e| {
             Failure::new(format!(
                 "{e}; the checkpoints stay in the node store and drain when an agent runs"
             ))
         })
     }
+
+    /// Stops the agent. Its registration in the store goes with the last reference to it:
+    /// a control request still being answered holds one for a moment, and a rank that
+    /// joins must not see this agent as running once this has returned.
+    pub fn stop(self) {
+        self.agent.stop();
+        self.agent.stop_control();
+        let _ = self.worker.join();
+        let _ = self.control.join();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&self.agent) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
-/// The end of a job under `cascade run`: commit what the job left uncommitted (if it
-/// succeeded), and make sure the newest checkpoint of each directory is flushed.
-pub fn end_of_job(store: &Store, job_succeeded: bool) {
+/// The versions of the store's files at a moment (the start of a job on the node), to tell
+/// later which files the job wrote.
+pub struct FileVersions(std::collections::HashSet<(u64, u32, u64)>);
+
+impl FileVersions {
+    /// Every file's version now.
+    pub fn of(store: &Store) -> FileVersions {
+        let tree = store.life_tree("/").unwrap_or_default();
+        FileVersions(
+            tree.iter()
+                .filter(|e| e.kind == FileKind::File)
+                .map(|e| (e.ino, e.generation, e.mod_seq))
+                .collect(),
+        )
+    }
+
+    /// One line per file: inode, generation, version.
+    pub fn to_text(&self) -> String {
+        self.0
+            .iter()
+            .map(|(ino, generation, seq)| format!("{ino} {generation} {seq}\n"))
+            .collect()
+    }
+
+    /// What [`FileVersions::to_text`] wrote; None if it is not that.
+    pub fn from_text(text: &str) -> Option<FileVersions> {
+        let mut versions = std::collections::HashSet::new();
+        for line in text.lines() {
+            let mut fields = line.split(' ').map(str::parse::<u64>);
+            match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(Ok(ino)), Some(Ok(generation)), Some(Ok(seq)), None) => {
+                    versions.insert((ino, u32::try_from(generation).ok()?, seq));
+                }
+                _ => return None,
+            }
+        }
+        Some(FileVersions(versions))
+    }
+
+    /// This version of the file was there already.
+    fn holds(&self, e: &LifeEntry) -> bool {
+        self.0.contains(&(e.ino, e.generation, e.mod_seq))
+    }
+}
+
+/// The end of a job on a node, run by the last of its `cascade run`s to end: commit what the
+/// job left uncommitted (if every rank succeeded), and make sure the newest checkpoint of
+/// each directory is flushed. `before`: the files' versions when the job started on the node,
+/// if known; a top-level entry is the job's to commit when a file below was written since
+/// then, or is not durable yet (an agent may have uploaded the job's files long before its
+/// end, the ranks of a node sharing one).
+pub fn end_of_job(store: &Store, job_succeeded: bool, before: Option<&FileVersions>) {
     // Writers that died are torn now, not "still open".
     store.sweep_descriptions();
     let Ok(tree) = store.life_tree("/") else {
@@ -532,11 +593,12 @@ pub fn end_of_job(store: &Store, job_succeeded: bool) {
                 .filter(|e| e.is_at_or_below(&top.path))
                 .collect();
             let nested = below.iter().any(|e| e.committed);
-            let dirty = below
-                .iter()
-                .any(|e| e.kind == FileKind::File && !e.durable());
+            let written = below.iter().any(|e| {
+                e.kind == FileKind::File
+                    && (!e.durable() || before.is_some_and(|versions| !versions.holds(e)))
+            });
             let busy = below.iter().any(|e| e.writers > 0 || e.torn);
-            if !nested && dirty && !busy {
+            if !nested && written && !busy {
                 let _ = store.commit(&top.path, true);
             }
         }

@@ -1,5 +1,7 @@
 //! `cascade run -- CMD ARGS...`: runs a program with libcascade.so preloaded, so that paths
-//! under the mount prefix are files of the node store.
+//! under the mount prefix are files of the node store. The `cascade run`s of a node (one per
+//! rank) share the store and one agent, and the last to end runs the end of the job
+//! ([`ranks`], docs/agent.md).
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -7,12 +9,17 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use cascade_config::Config;
 use cascade_store::Store;
 
 use crate::binary::companion_paths;
 use crate::failure::{Failure, EXIT_USAGE};
+use crate::lifecycle::EmbeddedAgent;
+
+mod ranks;
+use ranks::Ranks;
 
 /// The preload library's file name.
 pub const PRELOAD_LIB: &str = "libcascade.so";
@@ -22,11 +29,11 @@ pub const PRELOAD_LIB_ENV: &str = "CASCADE_PRELOAD_LIB";
 /// Signals `cascade run` passes on to its child instead of dying of them itself.
 const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// Exit codes for a command that could not be started, as shells use them.
 /// How long `cascade run` with an embedded agent waits at the end for the job's checkpoints
 /// to reach the durable store.
-const DRAIN_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(3600);
+const DRAIN_AT_EXIT: Duration = Duration::from_secs(3600);
 
+/// Exit codes for a command that could not be started, as shells use them.
 const EXIT_CANNOT_EXECUTE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 
@@ -49,18 +56,58 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
     // (the store's prefault thread too) inherits the mask and none dies of them; they stay
     // pending until the forwarding thread collects them, after the child exists.
     let signals = SignalSet::block(&FORWARDED)?;
-    let durable = crate::lifecycle::EmbeddedAgent::open_configured(config)?;
+    let durable = EmbeddedAgent::open_configured(config)?;
     let store = attach_or_create(config)?;
-    let embedded = crate::lifecycle::EmbeddedAgent::start_if_needed(config, &store, durable)?;
+    // Joining and starting the agent under the registry's lock: a rank ending meanwhile
+    // either sees this one alive, or has stopped its agent before this one looks for one.
+    let mut ranks = Ranks::of_store(store.name());
+    let embedded = {
+        let lock = ranks.lock()?;
+        ranks.join(&lock, &store)?;
+        EmbeddedAgent::start_if_needed(config, &store, durable)?
+    };
     // The prefix exists as an (empty) host directory, like a mount point, so that paths the
     // kernel resolves itself ("/cascade/..", a host dirfd walking into it) behave. Best
     // effort: without permission to create it, everything else still works.
     let _ = std::fs::create_dir_all(config.mount_prefix());
 
+    let ran = run_child(config, &store, &library, command, signals);
+    let outcome = match &ran {
+        Ok(status) if status.success() => None,
+        Ok(status) => Some(format!(
+            "rank pid {} exited with {status}",
+            std::process::id()
+        )),
+        Err(failure) => Some(format!(
+            "rank pid {}: {}",
+            std::process::id(),
+            failure.message
+        )),
+    };
+    let ended = end_of_rank(config, &store, &mut ranks, embedded, outcome.as_deref());
+    if let Err(failure) = &ended {
+        eprintln!("cascade: {}", failure.message);
+    }
+    let code = exit_code(ran?);
+    if ended.is_err() && code == 0 {
+        return Ok(ExitCode::from(crate::failure::EXIT_FAILURE));
+    }
+    drop(store);
+    Ok(ExitCode::from(code))
+}
+
+/// Runs the command with the library preloaded, passing the forwarded signals on to it.
+fn run_child(
+    config: &Config,
+    store: &Store,
+    library: &Path,
+    command: &[OsString],
+    signals: SignalSet,
+) -> Result<std::process::ExitStatus, Failure> {
     let mut child_command = std::process::Command::new(&command[0]);
     child_command
         .args(&command[1..])
-        .env("LD_PRELOAD", preload_value(&library))
+        .env("LD_PRELOAD", preload_value(library))
         .env("CASCADE_STORE", store.name())
         .env("CASCADE_MOUNT", config.mount_prefix());
     let unblock = signals.set;
@@ -79,19 +126,74 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
     let child = child_command
         .spawn()
         .map_err(|e| spawn_failure(&command[0], &e))?;
-    let status = wait_forwarding(child, signals)?;
-    crate::lifecycle::end_of_job(&store, status.success());
-    let code = exit_code(status);
-    if let Some(agent) = embedded {
-        if let Err(failure) = agent.finish(DRAIN_AT_EXIT) {
-            eprintln!("cascade: {}", failure.message);
-            if code == 0 {
-                return Ok(ExitCode::from(crate::failure::EXIT_FAILURE));
-            }
-        }
+    wait_forwarding(child, signals)
+}
+
+/// The end of one rank (`failure`: how it failed, if it did). The last live rank of the node
+/// runs the end of the job; the rank holding the embedded agent keeps it running until every
+/// other rank has ended, then drains and stops it; a last rank that finds no agent alive (its
+/// holder was killed) starts one just to drain, when a durable store is configured. With a
+/// node-level agent nobody drains here: that is the epilog's `cascade drain`/`cascade wait`.
+fn end_of_rank(
+    config: &Config,
+    store: &Store,
+    ranks: &mut Ranks,
+    mut embedded: Option<EmbeddedAgent>,
+    failure: Option<&str>,
+) -> Result<(), Failure> {
+    if let Some(what) = failure {
+        ranks.record_failure(&ranks.lock()?, what);
     }
-    drop(store);
-    Ok(ExitCode::from(code))
+    loop {
+        let lock = ranks.lock()?;
+        if !ranks.others_alive(&lock).is_empty() {
+            if embedded.is_none() {
+                // Another rank ends the job (and the agent, if it holds it).
+                ranks.leave(&lock);
+                return Ok(());
+            }
+            drop(lock);
+            wait_for_other_ranks(ranks);
+            continue;
+        }
+        // The last live rank of the node: the end of the job is this one's.
+        let before = ranks.round_start(&lock, store);
+        crate::lifecycle::end_of_job(store, ranks.all_succeeded(&lock), before.as_ref());
+        // Ranks joining from now on start over (best effort: without the record, the next
+        // end of the job commits by what is not durable yet, as a single `cascade run` did).
+        let _ = ranks.start_round(&lock, store);
+        if embedded.is_none() && store.agent_pid().is_none() {
+            let durable = EmbeddedAgent::open_configured(config)?;
+            embedded = EmbeddedAgent::start_if_needed(config, store, durable)?;
+        }
+        let Some(agent) = &embedded else {
+            ranks.leave(&lock);
+            return Ok(());
+        };
+        drop(lock);
+        let drained = agent.drain(DRAIN_AT_EXIT);
+        let lock = ranks.lock()?;
+        if !ranks.others_alive(&lock).is_empty() {
+            // Ranks joined during the drain: the agent serves them, and the job ends again
+            // when they have.
+            continue;
+        }
+        if let Some(agent) = embedded.take() {
+            agent.stop();
+        }
+        ranks.leave(&lock);
+        return drained;
+    }
+}
+
+/// How often the rank holding the agent looks whether the other ranks have ended.
+const RANKS_POLL: Duration = Duration::from_millis(20);
+
+/// Returns once no other rank is alive (they ended, or were killed).
+fn wait_for_other_ranks(ranks: &Ranks) {
+    while ranks.any_other_alive() {
+        std::thread::sleep(RANKS_POLL);
+    }
 }
 
 /// The exit code of `cascade run`: the child's, or 128 + the signal that killed it.
@@ -120,6 +222,33 @@ fn spawn_failure(program: &OsStr, err: &std::io::Error) -> Failure {
 /// Attaches the configured store, or creates it with the configured parameters when there
 /// is none. An existing store is used as it is, whatever its parameters.
 pub fn attach_or_create(config: &Config) -> Result<Store, Failure> {
+    let name = config.store_name();
+    // A store another process has just created is empty until its creator sizes it: the
+    // ranks of a node start at once, so one of them may look in between. It tries again
+    // while the store is empty, and once more after it has been sized.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut sized_since = false;
+    loop {
+        match attach_or_create_once(config) {
+            Err(_) if !sized_since && std::time::Instant::now() < deadline => {
+                sized_since = !being_created(name);
+                if !sized_since {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The store `name` exists but has no size yet: its creator is between creating and sizing
+/// it.
+fn being_created(name: &str) -> bool {
+    let path = Path::new("/dev/shm").join(name.trim_start_matches('/'));
+    std::fs::metadata(path).is_ok_and(|meta| meta.len() == 0)
+}
+
+fn attach_or_create_once(config: &Config) -> Result<Store, Failure> {
     let name = config.store_name();
     let failed = |err: &cascade_store::Error| Failure::store(&format!("store {name}"), err);
     match Store::attach(name) {
