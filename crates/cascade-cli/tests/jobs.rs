@@ -235,9 +235,9 @@ fn names(list: &[&str]) -> Vec<String> {
 }
 
 #[test]
-fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node() {
+fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node_and_back() {
     let job = Job::new("two");
-    let first = [node("a", 1), node("b", 1)];
+    let first = [node("a", 2), node("b", 2)];
     let out = job.mpirun(
         &first,
         &["a", "b"],
@@ -246,16 +246,13 @@ fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node() {
     succeeded(&out, "the job on nodes a and b");
     let ckpt = job.durable_checkpoint("ckpt.000030");
     let (files, nodes) = marker_of(&ckpt);
-    assert_eq!(
-        files,
-        names(&[
-            "meta.0.txt",
-            "meta.1.txt",
-            "meta.txt",
-            "rank.0.bin",
-            "rank.1.bin"
-        ])
-    );
+    let mut expected = vec!["meta.txt".to_string()];
+    for rank in 0..4 {
+        expected.push(format!("meta.{rank}.txt"));
+        expected.push(format!("rank.{rank}.bin"));
+    }
+    expected.sort();
+    assert_eq!(files, expected);
     assert_eq!(nodes, names(&["a", "b"]));
     assert!(ckpt.join(".cascade-part.a").exists() && ckpt.join(".cascade-part.b").exists());
 
@@ -270,9 +267,9 @@ fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node() {
         durable_root.to_str().expect("utf-8"),
     ]);
     succeeded(&out, "cascade restore");
-    assert!(restored.join("rank.1.bin").exists() && restored.join("meta.txt").exists());
+    assert!(restored.join("rank.3.bin").exists() && restored.join("meta.txt").exists());
 
-    // The same job restarted on another node with two ranks: read-through brings latest and
+    // 4 ranks on 2 nodes restart as 2 ranks on another node: read-through brings latest and
     // the checkpoint back; it ends on the grid of an uninterrupted run without Cascade.
     let second = [node("c", 2)];
     let out = job.mpirun(
@@ -282,11 +279,36 @@ fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node() {
     );
     let stdout = succeeded(&out, "the restart on node c");
     assert!(
-        stdout.contains("restarted from ckpt.000030 step=30 written_by=2 ranks=2"),
+        stdout.contains("restarted from ckpt.000030 step=30 written_by=4 ranks=2"),
         "{stdout}"
     );
     let reference = job.reference(&["--n", "64", "--steps", "50", "--every", "10"]);
     assert_eq!(final_checksum(&stdout), reference);
+    let (_, nodes) = marker_of(&job.durable_checkpoint("ckpt.000050"));
+    assert_eq!(
+        nodes,
+        Vec::<String>::new(),
+        "a one-node job's marker names no nodes"
+    );
+
+    // And back: 2 ranks on one node restart as 4 ranks on two new nodes.
+    let third = [node("d", 2), node("e", 2)];
+    let out = job.mpirun(
+        &third,
+        &["d", "e"],
+        &["--n", "64", "--steps", "70", "--every", "10"],
+    );
+    let stdout = succeeded(&out, "the restart on nodes d and e");
+    assert!(
+        stdout.contains("restarted from ckpt.000050 step=50 written_by=2 ranks=4"),
+        "{stdout}"
+    );
+    let reference = job.reference(&["--n", "64", "--steps", "70", "--every", "10"]);
+    assert_eq!(final_checksum(&stdout), reference);
+    assert_eq!(
+        marker_of(&job.durable_checkpoint("ckpt.000070")).1,
+        names(&["d", "e"])
+    );
 }
 
 #[test]
