@@ -30,6 +30,29 @@ pub fn checkpoint_name(store_path: &str) -> Result<String> {
     Ok(rel)
 }
 
+/// A checkpoint in the store, as a one-shot drain sends it.
+struct StoreCheckpoint {
+    /// Its durable name ([`checkpoint_name`]).
+    name: String,
+    single_file: bool,
+    /// (path relative to the checkpoint, store path) of each file ([`checkpoint_files`]).
+    files: Vec<(String, String)>,
+}
+
+/// The checkpoint at store path `path`.
+fn checkpoint_at(store: &Store, path: &str) -> Result<StoreCheckpoint> {
+    let name = checkpoint_name(path)?;
+    let single_file = !store
+        .stat(path)
+        .map_err(|e| Error::store(path, e))?
+        .is_dir();
+    Ok(StoreCheckpoint {
+        name,
+        single_file,
+        files: checkpoint_files(store, path)?,
+    })
+}
+
 /// Files of a checkpoint in the store: (path relative to the checkpoint, store path), in
 /// name order, depth first. A single file is a checkpoint of one file under its base name.
 fn checkpoint_files(store: &Store, path: &str) -> Result<Vec<(String, String)>> {
@@ -114,12 +137,11 @@ pub fn drain_checkpoint_dedup(
     progress: Progress<'_>,
 ) -> Result<DedupDrain> {
     let started = Instant::now();
-    let ckpt = checkpoint_name(path)?;
-    let single_file = !store
-        .stat(path)
-        .map_err(|e| Error::store(path, e))?
-        .is_dir();
-    let files = checkpoint_files(store, path)?;
+    let StoreCheckpoint {
+        name: ckpt,
+        single_file,
+        files,
+    } = checkpoint_at(store, path)?;
     let previous = if delta && repo.compression() != cascade_dedup::Compression::None {
         previous_drained(store, repo, path)
     } else {
@@ -214,12 +236,11 @@ pub fn drain_checkpoint(
     progress: Progress<'_>,
 ) -> Result<Report> {
     let started = Instant::now();
-    let ckpt = checkpoint_name(path)?;
-    let single_file = !store
-        .stat(path)
-        .map_err(|e| Error::store(path, e))?
-        .is_dir();
-    let files = checkpoint_files(store, path)?;
+    let StoreCheckpoint {
+        name: ckpt,
+        single_file,
+        files,
+    } = checkpoint_at(store, path)?;
     // A re-drain must never look complete while its data is being replaced.
     durable.delete_marker(&ckpt).map_err(Error::Durable)?;
     let mut entries = Vec::with_capacity(files.len());

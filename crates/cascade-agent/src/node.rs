@@ -48,6 +48,15 @@ pub(crate) fn reserved(path: &str) -> bool {
     cascade_durable::is_reserved_name(base) || crate::store_write::is_fetch_temp(base)
 }
 
+/// The level a checkpoint stored whole reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reached {
+    /// The durable store (the dedup repository): the checkpoint is complete.
+    Durable,
+    /// Staging servers: the checkpoint is pushed, a server completes it.
+    Staged,
+}
+
 /// Retry bookkeeping of one file or checkpoint incarnation.
 struct Retry {
     attempts: u32,
@@ -239,6 +248,32 @@ impl Node {
         let mut hasher = blake3::Hasher::new();
         std::io::copy(&mut reader, &mut hasher).map_err(|e| Error::io(&f.path, e))?;
         Ok(hasher.finalize().to_hex().to_string())
+    }
+
+    /// Records the files of a checkpoint stored whole (`root`, its `files` and their BLAKE3
+    /// in order) as having reached `level`, then the root (durable: complete; staged:
+    /// pushed); false if any of it changed meanwhile.
+    pub(crate) fn record_whole<'d>(
+        &self,
+        root: &LifeEntry,
+        files: &[&LifeEntry],
+        digests: impl IntoIterator<Item = &'d str>,
+        level: Reached,
+    ) -> bool {
+        let store = &self.store;
+        let mut unchanged = true;
+        for (f, blake3) in files.iter().zip(digests) {
+            unchanged &= match level {
+                Reached::Durable => store.mark_durable(f.ino, f.generation, f.mod_seq),
+                Reached::Staged => store.mark_staged(f.ino, f.generation, f.mod_seq),
+            };
+            self.remember_digest(f, blake3.to_string());
+        }
+        unchanged
+            && match level {
+                Reached::Durable => store.mark_complete(root.ino, root.generation, root.mod_seq),
+                Reached::Staged => store.mark_pushed(root.ino, root.generation, root.mod_seq),
+            }
     }
 
     /// Records every file of `tree` (a checkpoint, root first) durable, then the root

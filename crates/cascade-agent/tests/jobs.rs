@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use cascade_agent::{restore_checkpoint, Agent, AgentOptions, JobOptions};
 use cascade_durable::{DurableStore, Marker};
-use cascade_store::{OpenOptions, Prefault, Store, StoreConfig};
-use cascade_testkit::{pattern, wait_for, Versitygw};
+use cascade_store::{Prefault, Store, StoreConfig};
+use cascade_testkit::{pattern, wait_for, write_store_file as write, Versitygw};
 
 const CHUNK: u64 = 64 << 10;
 
@@ -101,19 +101,6 @@ impl Drop for Node {
         self.store.take();
         let _ = Store::destroy_forced(&self.store_name);
     }
-}
-
-fn write(store: &Store, path: &str, data: &[u8]) {
-    if let Some(cut) = path.rfind('/').filter(|&c| c > 0) {
-        store.create_dir_all(&path[..cut], 0o755).expect("mkdir");
-    }
-    let opts = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644);
-    let file = store.open(path, &opts).expect("open for write");
-    file.write_all_at(data, 0).expect("write");
 }
 
 fn marker(durable: &str, ckpt: &str) -> Option<Marker> {

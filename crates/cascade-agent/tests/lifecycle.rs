@@ -8,7 +8,7 @@ use std::time::Duration;
 use cascade_agent::{Agent, AgentOptions};
 use cascade_durable::DurableStore;
 use cascade_store::{LifeEntry, OpenOptions, Prefault, Store, StoreConfig};
-use cascade_testkit::pattern;
+use cascade_testkit::{pattern, write_store_file as write};
 
 const CHUNK: u64 = 64 << 10;
 
@@ -62,20 +62,6 @@ impl Drop for Fixture {
         self.store.take();
         let _ = Store::destroy_forced(&self.name);
     }
-}
-
-/// Writes a whole file and closes it (the close hands it to the agent).
-fn write(store: &Store, path: &str, data: &[u8]) {
-    if let Some(cut) = path.rfind('/').filter(|&c| c > 0) {
-        store.create_dir_all(&path[..cut], 0o755).expect("mkdir");
-    }
-    let opts = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644);
-    let file = store.open(path, &opts).expect("open for write");
-    file.write_all_at(data, 0).expect("write");
 }
 
 fn life(store: &Store, path: &str) -> LifeEntry {

@@ -19,7 +19,7 @@
 //! - **A node** ([`node`]): [`Env`], a store of the test's own with the `cascade` binary run
 //!   against it in a clean environment (commands, [`Env::agent`] ready after its start line);
 //!   [`cascade_command`], [`serial`] and [`begin`] (tests that must not run at once),
-//!   [`stop_agent`], [`levels_line`], [`read_store_file`].
+//!   [`stop_agent`], [`levels_line`], [`read_store_file`], [`write_store_file`].
 //! - **Servers**: [`StageServer`] (`cascade stage-server`, ready after its start line, the
 //!   address read from it; kill and restart on the same port), [`Versitygw`] (a real S3
 //!   server, ready when its port accepts; stop and restart on the same port), with
@@ -45,7 +45,9 @@ pub use build::{build, cascade_bin, preload_library, repo_root};
 pub use data::{b3, compressible, counting_doubles, pattern, random, MIB};
 pub use durable::{assert_durable_checkpoint, durable_at, expected, Expected};
 pub use fs::{files_below, RemoveDir, Tmpfs};
-pub use node::{begin, cascade_command, levels_line, read_store_file, serial, stop_agent, Env};
+pub use node::{
+    begin, cascade_command, levels_line, read_store_file, serial, stop_agent, write_store_file, Env,
+};
 pub use process::{output_within, run_with_timeout, wait_output, Daemon, Out};
 pub use stage_server::StageServer;
 pub use versitygw::{free_port, Versitygw};

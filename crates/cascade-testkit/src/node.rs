@@ -226,6 +226,26 @@ pub fn read_store_file(store: &Store, path: &str) -> Vec<u8> {
     v
 }
 
+/// Writes the whole file `path` of `store` (parent directories created, truncated first)
+/// and closes it: the close hands it to the agent.
+pub fn write_store_file(store: &Store, path: &str, data: &[u8]) {
+    if let Some(cut) = path.rfind('/').filter(|&c| c > 0) {
+        store
+            .create_dir_all(&path[..cut], 0o755)
+            .unwrap_or_else(|e| panic!("mkdir -p {} in the store: {e}", &path[..cut]));
+    }
+    let opts = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644);
+    let file = store
+        .open(path, &opts)
+        .unwrap_or_else(|e| panic!("open {path} for writing in the store: {e}"));
+    file.write_all_at(data, 0)
+        .unwrap_or_else(|e| panic!("write {path} in the store: {e}"));
+}
+
 /// The line of `cascade ls --levels` output for `path` (a file, or a directory with its "/").
 pub fn levels_line<'a>(levels: &'a str, path: &str) -> Option<&'a str> {
     levels

@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cascade_dedup::repo::{FileRecipe, Manifest, Repo, WriteStats};
+use cascade_dedup::repo::{Manifest, Repo, WriteStats};
 use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
 
 use crate::deltas::{with_base, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
-use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node};
+use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
 use crate::{Error, Result};
@@ -61,7 +61,8 @@ impl DedupRepository {
         };
         // Reads of a version that changed meanwhile may mix old and new bytes: such a
         // manifest must not stay (opening a file for writing bumps its version).
-        if !record_stored(node, now_root, &files, &manifest.files) {
+        let digests = manifest.files.iter().map(|r| r.blake3.as_str());
+        if !node.record_whole(now_root, &files, digests, Reached::Durable) {
             repo.forget(&ckpt)?;
             return Ok(false);
         }
@@ -107,23 +108,6 @@ fn write_checkpoint(
         repo.write_manifest(&ckpt, recipes)?
     };
     Ok(Some((stats, manifest)))
-}
-
-/// Records the files of checkpoint `root` durable (their BLAKE3 from `recipes`) and the
-/// checkpoint complete; false if any of it changed meanwhile.
-fn record_stored(
-    node: &Node,
-    root: &LifeEntry,
-    files: &[&LifeEntry],
-    recipes: &[FileRecipe],
-) -> bool {
-    let store = &node.store;
-    let mut unchanged = true;
-    for (f, recipe) in files.iter().zip(recipes) {
-        unchanged &= store.mark_durable(f.ino, f.generation, f.mod_seq);
-        node.remember_digest(f, recipe.blake3.clone());
-    }
-    unchanged && store.mark_complete(root.ino, root.generation, root.mod_seq)
 }
 
 /// Counts and logs a checkpoint stored in the repository.

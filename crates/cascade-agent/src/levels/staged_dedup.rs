@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::deltas::{recipe_in, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
-use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node};
+use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::options::DedupOptions;
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
@@ -279,7 +279,8 @@ impl StagedDedup {
             &sent.recipes,
             &sender.all,
         )?;
-        if !record_pushed(node, now_root, &files, &sent.recipes) {
+        let digests = sent.recipes.iter().map(|r| r.blake3.as_str());
+        if !node.record_whole(now_root, &files, digests, Reached::Staged) {
             return Ok(false);
         }
         report_pushed(node, now_root, &sent, &sender, previous.as_ref(), started);
@@ -466,23 +467,6 @@ fn open_bases<'p>(
             Some((recipe, node.open_snapshot_file(entry).ok().flatten()?))
         })
         .collect()
-}
-
-/// Records the files of checkpoint `root` staged (their BLAKE3 from `recipes`) and the
-/// checkpoint pushed; false if any of it changed meanwhile.
-fn record_pushed(
-    node: &Node,
-    root: &LifeEntry,
-    files: &[&LifeEntry],
-    recipes: &[FileRecipe],
-) -> bool {
-    let store = &node.store;
-    let mut unchanged = true;
-    for (f, r) in files.iter().zip(recipes) {
-        unchanged &= store.mark_staged(f.ino, f.generation, f.mod_seq);
-        node.remember_digest(f, r.blake3.clone());
-    }
-    unchanged && store.mark_pushed(root.ino, root.generation, root.mod_seq)
 }
 
 /// Counts and logs a checkpoint pushed as chunks.
