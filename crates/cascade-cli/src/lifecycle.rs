@@ -421,7 +421,7 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
         let objects = durable
             .list(&DurableKey::from_store_path(path))
             .map_err(|e| Failure::new(e.to_string()))?;
-        for o in objects {
+        for o in &objects {
             let Some(ckpt) = o
                 .path
                 .strip_suffix(cascade_durable::MARKER_NAME)
@@ -434,6 +434,27 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
                 println!(
                     "{:<13} {:>10}  {:<40} {store_path}",
                     "durable", "", "checkpoint complete (not in memory)"
+                );
+            }
+        }
+        // Checkpoints of several nodes not complete yet: whose parts are in.
+        let mut with_parts: Vec<&str> = objects
+            .iter()
+            .filter_map(|o| o.path.rsplit_once('/'))
+            .filter(|(_, base)| base.starts_with(cascade_durable::PART_PREFIX))
+            .map(|(ckpt, _)| ckpt)
+            .collect();
+        with_parts.dedup();
+        for ckpt in with_parts {
+            if durable.is_complete(ckpt).unwrap_or(false) {
+                continue;
+            }
+            if let Ok(parts) = durable.read_parts(ckpt) {
+                println!(
+                    "{:<13} {:>10}  {:<40} /{ckpt}",
+                    "parts",
+                    "",
+                    cascade_durable::PartsIn::of(&parts).describe()
                 );
             }
         }

@@ -369,28 +369,42 @@ fn a_node_whose_part_never_arrives_leaves_the_checkpoint_refused_and_the_previou
         "{err}"
     );
     // Node a's agent says the same when asked to wait for it.
-    let mut wait = Command::new(CASCADE);
-    wait.args([
+    let on_node_a = |args: &[&str]| {
+        let mut c = Command::new(CASCADE);
+        c.args(args)
+            .env_clear()
+            .env("HOME", job.dir.path())
+            .env("CASCADE_CONFIG", job.path("empty.toml"))
+            .env("CASCADE_STORE", job.store_of("a"))
+            .env("CASCADE_DURABLE", job.path("durable"))
+            .env("CASCADE_JOB", &job.id)
+            .env("CASCADE_JOB_NAME", "heat")
+            .env("CASCADE_JOB_NODES", "a,b")
+            .env("CASCADE_NODE", "a");
+        output_within(c, RUN_LIMIT)
+    };
+    let out = on_node_a(&[
         "wait",
         "/heat/ckpt.000030",
         "--level",
         "durable",
         "--timeout",
         "0",
-    ])
-    .env_clear()
-    .env("HOME", job.dir.path())
-    .env("CASCADE_CONFIG", job.path("empty.toml"))
-    .env("CASCADE_STORE", job.store_of("a"))
-    .env("CASCADE_DURABLE", job.path("durable"))
-    .env("CASCADE_JOB", &job.id)
-    .env("CASCADE_JOB_NAME", "heat")
-    .env("CASCADE_JOB_NODES", "a,b")
-    .env("CASCADE_NODE", "a");
-    let out = output_within(wait, RUN_LIMIT);
+    ]);
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("missing b"), "{err}");
+    let listing = succeeded(
+        &on_node_a(&["ls", "--levels", "/heat"]),
+        "cascade ls --levels",
+    );
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.contains("parts from 1 of 2 nodes (a); missing b")
+                && l.ends_with("heat/ckpt.000030")),
+        "{listing}"
+    );
     // The checkpoint before is whole.
     let out = job.cascade(&["restore", "heat/ckpt.000020", dest, "--from", from]);
     succeeded(&out, "restore of the previous checkpoint");
