@@ -35,4 +35,4 @@ pub use error::{Error, Result};
 pub use options::{AgentOptions, AgentStats, DedupOptions, JobOptions, Placement, StagingOptions};
 pub use reader::StoreFileReader;
 pub use report::{Progress, Report};
-pub use restore::{restore_checkpoint, restore_into_store};
+pub use restore::{restore_checkpoint, restore_into_store, restore_partial_checkpoint};

@@ -29,6 +29,13 @@ enum Source<'a> {
         repo: &'a Repo,
         manifest: Manifest,
     },
+    /// What the parts of a checkpoint of several nodes list, when not every node's part is
+    /// there (a partial restore).
+    Parts {
+        durable: &'a DurableStore,
+        ckpt: String,
+        files: Vec<MarkerFile>,
+    },
 }
 
 impl Source<'_> {
@@ -36,6 +43,7 @@ impl Source<'_> {
         match self {
             Source::Plain { marker, .. } => marker.files.clone(),
             Source::Dedup { manifest, .. } => manifest.files.iter().map(marker_file).collect(),
+            Source::Parts { files, .. } => files.clone(),
         }
     }
 
@@ -54,6 +62,13 @@ impl Source<'_> {
                     blake3: recipe.blake3.clone(),
                 })
             }
+            Source::Parts {
+                durable,
+                ckpt,
+                files,
+            } => durable
+                .download_to(&format!("{ckpt}/{}", files[i].path), out)
+                .map_err(Error::Durable),
         }
     }
 }
@@ -140,8 +155,53 @@ pub fn restore_checkpoint(
     dest: &Path,
     progress: Progress<'_>,
 ) -> Result<Report> {
-    let started = Instant::now();
     let (ckpt, source) = complete_source(durable, repo, ckpt)?;
+    restore_to_dir(ckpt, &source, dest, progress)
+}
+
+/// Restores what the nodes' parts of checkpoint `ckpt` list, when not every node's part is
+/// there (a checkpoint of several nodes that never completed), into the local directory
+/// `dest` as [`restore_checkpoint`] does, each file verified against its `.blake3` and its
+/// part; with which nodes are missing. A complete checkpoint is restored whole; one without
+/// parts is refused as [`restore_checkpoint`] refuses it.
+pub fn restore_partial_checkpoint(
+    durable: &DurableStore,
+    repo: Option<&Repo>,
+    ckpt: &str,
+    dest: &Path,
+    progress: Progress<'_>,
+) -> Result<(Report, Option<PartsIn>)> {
+    match complete_source(durable, repo, ckpt) {
+        Err(Error::IncompleteJob { .. }) => {}
+        other => {
+            let (ckpt, source) = other?;
+            return Ok((restore_to_dir(ckpt, &source, dest, progress)?, None));
+        }
+    }
+    let ckpt =
+        cascade_durable::normalize_rel(ckpt.trim_end_matches('/')).map_err(Error::Durable)?;
+    let parts = durable.read_parts(&ckpt).map_err(Error::Durable)?;
+    let mut files: Vec<MarkerFile> = parts.iter().flat_map(|p| p.files.clone()).collect();
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files.dedup();
+    let source = Source::Parts {
+        durable,
+        ckpt: ckpt.clone(),
+        files,
+    };
+    let report = restore_to_dir(ckpt, &source, dest, progress)?;
+    Ok((report, Some(PartsIn::of(&parts))))
+}
+
+/// Downloads every file of `source` into the local directory `dest`, verified, renamed into
+/// place only once all of them verified.
+fn restore_to_dir(
+    ckpt: String,
+    source: &Source<'_>,
+    dest: &Path,
+    progress: Progress<'_>,
+) -> Result<Report> {
+    let started = Instant::now();
     let files = source.files();
     let suffix = staging_suffix();
     let mut staged: Vec<(PathBuf, PathBuf)> = Vec::new();

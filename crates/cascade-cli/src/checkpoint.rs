@@ -184,15 +184,38 @@ fn last_component(ckpt: &str) -> &str {
         .unwrap_or(ckpt)
 }
 
-pub fn restore_local(ckpt: &str, dest: Option<&str>, url: &str) -> Result<ExitCode, Failure> {
+/// `cascade restore CKPT [DEST]` into a local directory; with `partial`, a checkpoint of
+/// several nodes that is not complete gives the files of the nodes whose parts are in, and
+/// the restore fails (exit 1) naming the missing nodes.
+pub fn restore_local(
+    ckpt: &str,
+    dest: Option<&str>,
+    url: &str,
+    partial: bool,
+) -> Result<ExitCode, Failure> {
     let durable = Arc::new(open_durable(url)?);
     let repo = repo_for_reading(&durable)?;
     let dest = PathBuf::from(dest.unwrap_or_else(|| last_component(ckpt)));
     let bar = progress_bar(marker_bytes(&durable, repo.as_ref(), ckpt)?);
-    let report = cascade_agent::restore_checkpoint(&durable, repo.as_ref(), ckpt, &dest, &|n| {
-        bar.set_position(n)
-    });
-    finish_restore(report, bar, ckpt, &dest.display().to_string())
+    let set = |n| bar.set_position(n);
+    if !partial {
+        let report = cascade_agent::restore_checkpoint(&durable, repo.as_ref(), ckpt, &dest, &set);
+        return finish_restore(report, bar, ckpt, &dest.display().to_string());
+    }
+    let restored =
+        cascade_agent::restore_partial_checkpoint(&durable, repo.as_ref(), ckpt, &dest, &set);
+    let (report, missing) = match restored {
+        Ok((report, missing)) => (Ok(report), missing),
+        Err(e) => (Err(e), None),
+    };
+    let code = finish_restore(report, bar, ckpt, &dest.display().to_string())?;
+    match missing {
+        Some(parts) => Err(Failure::new(format!(
+            "{ckpt} is not complete: restored the files of {}",
+            parts.describe()
+        ))),
+        None => Ok(code),
+    }
 }
 
 pub fn restore_into_store(

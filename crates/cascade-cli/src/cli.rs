@@ -254,6 +254,10 @@ the last one detaches."
         /// DEST is a directory of the node store, not a local directory
         #[arg(long)]
         into_store: bool,
+        /// For a checkpoint of several nodes that is not complete: restore the files of the
+        /// nodes whose parts are in, and say which nodes are missing (exit 1)
+        #[arg(long, conflicts_with = "into_store")]
+        partial: bool,
     },
 
     /// Forget old checkpoints of the durable store's dedup repository and delete the packs

@@ -120,13 +120,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             dest,
             from,
             into_store,
+            partial,
         } => {
             let config = none()?;
             let from = durable_or_configured(&config, from.as_deref(), "--from")?;
             if *into_store {
                 checkpoint::restore_into_store(&config, ckpt, dest.as_deref(), &from)
             } else {
-                checkpoint::restore_local(ckpt, dest.as_deref(), &from)
+                checkpoint::restore_local(ckpt, dest.as_deref(), &from, *partial)
             }
         }
         Command::Prune {

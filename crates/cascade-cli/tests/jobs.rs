@@ -405,6 +405,25 @@ fn a_node_whose_part_never_arrives_leaves_the_checkpoint_refused_and_the_previou
                 && l.ends_with("heat/ckpt.000030")),
         "{listing}"
     );
+    // --partial restores node a's files and names node b.
+    let partial = job.path("partial");
+    let out = job.cascade(&[
+        "restore",
+        "heat/ckpt.000030",
+        partial.to_str().expect("utf-8"),
+        "--from",
+        from,
+        "--partial",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("parts from 1 of 2 nodes (a); missing b"),
+        "{err}"
+    );
+    assert!(partial.join("rank.0.bin").exists() && partial.join("meta.0.txt").exists());
+    assert!(!partial.join("rank.1.bin").exists());
     // The checkpoint before is whole.
     let out = job.cascade(&["restore", "heat/ckpt.000020", dest, "--from", from]);
     succeeded(&out, "restore of the previous checkpoint");
