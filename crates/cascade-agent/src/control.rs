@@ -67,7 +67,8 @@ impl Agent {
             Some(("FETCH", path)) if path.starts_with('/') => match self.fetch(path) {
                 Ok(()) => "OK\n".to_string(),
                 Err(e) => {
-                    if e.errno() != libc::ENOENT {
+                    // A missing file is routine; a partial checkpoint deserves a word.
+                    if e.errno() != libc::ENOENT || matches!(e, Error::IncompleteJob { .. }) {
                         eprintln!("cascade agent: read-through of {path}: {e}");
                     }
                     format!("ERR {} {}\n", e.errno(), one_line(&e.to_string()))

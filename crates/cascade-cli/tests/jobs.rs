@@ -405,6 +405,40 @@ fn a_node_whose_part_never_arrives_leaves_the_checkpoint_refused_and_the_previou
                 && l.ends_with("heat/ckpt.000030")),
         "{listing}"
     );
+    // Read-through on a new node refuses the files of the partial checkpoint, not those of
+    // the one before.
+    let read_on_new_node = |file: &str| {
+        let mut c = Command::new(CASCADE);
+        c.args(["run", "--", "sh", "-c"])
+            .arg(format!("cat /cascade/heat/{file} > /dev/null"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", job.dir.path())
+            .env("CASCADE_CONFIG", job.path("empty.toml"))
+            .env("CASCADE_STORE", job.store_of("z"))
+            .env("CASCADE_CAPACITY", "64MiB")
+            .env("CASCADE_SPILL_SIZE", "0")
+            .env("CASCADE_DURABLE", job.path("durable"))
+            .env("CASCADE_JOB", &job.id)
+            .env("CASCADE_JOB_NAME", "heat")
+            .env("CASCADE_JOB_NODES", "z")
+            .env("CASCADE_NODE", "z");
+        output_within(c, RUN_LIMIT)
+    };
+    let refused = read_on_new_node("ckpt.000030/rank.0.bin");
+    assert!(
+        !refused.status.success(),
+        "read a file of a partial checkpoint"
+    );
+    assert!(
+        text(&refused.stderr).contains("missing b"),
+        "{}",
+        text(&refused.stderr)
+    );
+    succeeded(
+        &read_on_new_node("ckpt.000020/rank.1.bin"),
+        "read-through of ckpt.000020",
+    );
     // --partial restores node a's files and names node b.
     let partial = job.path("partial");
     let out = job.cascade(&[

@@ -109,6 +109,10 @@ impl DurableStore {
         self.rt.block_on(self.inner.list(prefix))
     }
 
+    pub fn list_dir(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
+        self.rt.block_on(self.inner.list_dir(dir))
+    }
+
     pub fn delete(&self, rel: &str) -> Result<()> {
         self.rt.block_on(self.inner.delete(rel))
     }

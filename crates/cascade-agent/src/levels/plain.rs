@@ -2,8 +2,9 @@
 //! uploaded as soon as it is closed (data straight from the block, then its `.blake3`), and a
 //! committed checkpoint's completion marker is written once all its files are durable.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cascade_durable::DurableKey;
@@ -19,11 +20,52 @@ use crate::{Error, Result};
 pub(crate) struct PlainLayout {
     /// False with dedup on: checkpoints go to the repository, this layout is only read.
     sends: bool,
+    /// Per directory read through lately: when it was looked at, and, if it is a checkpoint
+    /// of several nodes that is not complete, which parts are in.
+    partial: Mutex<HashMap<String, (Instant, Option<String>)>>,
 }
+
+/// How long what a directory's listing said about its parts is trusted.
+const PARTS_SEEN_FOR: Duration = Duration::from_secs(2);
 
 impl PlainLayout {
     pub(crate) fn new(sends: bool) -> PlainLayout {
-        PlainLayout { sends }
+        PlainLayout {
+            sends,
+            partial: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// If the directory of `key` is a checkpoint of several nodes that is not complete: which
+    /// parts are in ("parts from 1 of 2 nodes (a); missing b"). Its files are not read
+    /// through: a restart must not start from part of a checkpoint. One listing per directory
+    /// every [`PARTS_SEEN_FOR`].
+    fn partial_parent(&self, node: &Node, key: &str) -> Result<Option<String>> {
+        let Some((dir, _)) = key.rsplit_once('/') else {
+            return Ok(None);
+        };
+        if let Some((at, parts)) = self.partial.lock().ok().and_then(|m| m.get(dir).cloned()) {
+            if at.elapsed() < PARTS_SEEN_FOR {
+                return Ok(parts);
+            }
+        }
+        let prefix = format!("{dir}/{}", cascade_durable::PART_PREFIX);
+        let has_parts = node
+            .durable
+            .list_dir(dir)
+            .map_err(Error::Durable)?
+            .iter()
+            .any(|o| o.path.starts_with(&prefix));
+        let parts = if has_parts && !node.durable.is_complete(dir).map_err(Error::Durable)? {
+            let parts = node.durable.read_parts(dir).map_err(Error::Durable)?;
+            Some(cascade_durable::PartsIn::of(&parts).describe())
+        } else {
+            None
+        };
+        if let Ok(mut m) = self.partial.lock() {
+            m.insert(dir.to_string(), (Instant::now(), parts.clone()));
+        }
+        Ok(parts)
     }
 }
 
@@ -260,6 +302,13 @@ impl Level for PlainLayout {
             Ok(_) => {}
             Err(e) if e.is_not_found() => return Ok(None),
             Err(e) => return Err(Error::Durable(e)),
+        }
+        if let Some(parts) = self.partial_parent(node, key)? {
+            return Err(Error::IncompleteJob {
+                store: durable.name().to_string(),
+                checkpoint: key.rsplit_once('/').map_or("", |(dir, _)| dir).to_string(),
+                parts,
+            });
         }
         // Written before the data: a version without a stamp is older than any other.
         let stamp = durable

@@ -221,6 +221,28 @@ impl AsyncDurableStore {
         Ok(out)
     }
 
+    /// The objects directly in directory `dir` (not below its subdirectories), sorted: one
+    /// listing of one level, however much lies deeper.
+    pub async fn list_dir(&self, dir: &str) -> Result<Vec<ObjectInfo>> {
+        let dir = dir.trim_matches('/');
+        let (dir, loc) = self.traced("list", dir)?;
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&loc))
+            .await
+            .map_err(|e| self.classify("list", &dir, e))?;
+        let mut out: Vec<ObjectInfo> = listed
+            .objects
+            .into_iter()
+            .map(|meta| ObjectInfo {
+                path: meta.location.to_string(),
+                size: meta.size,
+            })
+            .collect();
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
     /// Deletes an object; a missing one is not an error.
     pub async fn delete(&self, rel: &str) -> Result<()> {
         let (rel, loc) = self.traced("delete", rel)?;

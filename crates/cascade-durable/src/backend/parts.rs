@@ -78,7 +78,7 @@ impl AsyncDurableStore {
         let ckpt = normalize_rel(checkpoint)?;
         let prefix = join(&ckpt, PART_PREFIX);
         let mut parts = Vec::new();
-        for object in self.list(&ckpt).await? {
+        for object in self.list_dir(&ckpt).await? {
             if !object.path.starts_with(&prefix) || object.path[prefix.len()..].contains('/') {
                 continue;
             }
