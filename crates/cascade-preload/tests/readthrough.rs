@@ -102,6 +102,12 @@ fn serve(store_name: &str, conn: UnixStream, requests: &Mutex<Vec<String>>) {
     if reader.read_line(&mut line).unwrap_or(0) == 0 {
         return;
     }
+    // `cascade run` asks the node's agent for its counters (the ranks of a node share it);
+    // this stand-in has none to give, which `cascade run` takes as no agent answering.
+    if line == "STATUS\n" {
+        let _ = (&conn).write_all(b"ERR 22 unknown request\n");
+        return;
+    }
     let Some(path) = line
         .strip_suffix('\n')
         .and_then(|l| l.strip_prefix("FETCH "))
