@@ -6,10 +6,11 @@ use crate::format::{ratio, st, x};
 use crate::harness::{median_setup, run_group, Names, Outcome};
 use crate::report::{Table, Target};
 use crate::stores::{
-    capacity_for, tight_pair_with, with_store_files, Creation, Creations, ShmBase, TightPair,
+    capacity_for, tight_pair_with, with_store_files, Creation, Creations, ReadbackFiles, ShmBase,
+    TightPair,
 };
-use crate::util::{fill_pattern, gbps, prefix, size_str, Context, Res, Stats};
-use cascade_store::{OpenOptions, SpillConfig, Store};
+use crate::util::{gbps, prefix, size_str, Context, Res, Stats};
+use cascade_store::{SpillConfig, Store};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -414,28 +415,7 @@ fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -
         size_str(io),
         size_str(bytes)
     );
-    let mut src = vec![0u8; io as usize];
-    fill_pattern(&mut src, 2);
-    let mut tmpfs_files = Vec::new();
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        let f = store
-            .open(&path, &OpenOptions::new().write(true).create_new(true))
-            .ctx(|| format!("creating {path} in the store"))?;
-        let mut off = 0;
-        while off < bytes {
-            f.write_all_at(&src, off)
-                .ctx(|| format!("writing {path} in the store"))?;
-            off += io;
-        }
-        drop(f);
-        let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(opts.pid));
-        let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
-        for _ in 0..bytes / io {
-            std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
-        }
-        tmpfs_files.push(tpath);
-    }
+    let files = ReadbackFiles::write(store, opts.pid, max_procs, bytes, io)?;
     let methods = ["tmpfs-read", "memcpy-shm-read", "cascade-read"];
     let order = |rep: usize| {
         if rep % 2 == 0 {
@@ -458,13 +438,13 @@ fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -
                             offset: i as u64 * bytes,
                         },
                         "tmpfs-read" => Job::FileRead {
-                            path: tmpfs_files[i].clone(),
+                            path: files.tmpfs[i].clone(),
                             bytes,
                             io,
                         },
                         _ => Job::StoreRead {
                             store: store.name().to_string(),
-                            path: format!("/rb-p{i}.dat"),
+                            path: ReadbackFiles::store_path(i),
                             bytes,
                             io,
                         },
@@ -486,15 +466,6 @@ fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -
         }
         let tp = tight_pair(opts, store, base, p, true)?;
         results.tight_pairs.push(tp);
-    }
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        store
-            .unlink(&path)
-            .ctx(|| format!("unlinking {path} in the store"))?;
-    }
-    for t in &tmpfs_files {
-        std::fs::remove_file(t).ctx(|| format!("removing {t}"))?;
     }
     Ok(())
 }

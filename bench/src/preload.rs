@@ -9,10 +9,10 @@ use crate::format::{count, count_st, pct_change, ratio, st, st_prec, x};
 use crate::harness::{job_command, median_setup, run_commands, Names, Outcome};
 use crate::report::{Header, Table, Target};
 use crate::stores::{
-    capacity_for, tight_pair_with, with_store_files, Creation, ShmBase, TightPair,
+    capacity_for, tight_pair_with, with_store_files, Creation, ReadbackFiles, ShmBase, TightPair,
 };
-use crate::util::{err, fill_pattern, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
-use cascade_store::{OpenOptions, Store};
+use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
+use cascade_store::Store;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -171,23 +171,7 @@ impl Pio {
     /// run so that the cleanup removes it.
     pub fn build(opts: &POpts) -> Res<Pio> {
         let base = Path::new("/var/tmp").join(format!("{}-pio", prefix(opts.pid)));
-        let src = base.with_extension("c");
-        std::fs::write(&src, include_str!("../preload/pio.c"))
-            .ctx(|| format!("writing {}", src.display()))?;
-        let out = Command::new(&opts.cc)
-            .args(["-O2", "-Wall", "-o"])
-            .arg(&base)
-            .arg(&src)
-            .output()
-            .ctx(|| format!("running {}", opts.cc))?;
-        let _ = std::fs::remove_file(&src);
-        if !out.status.success() {
-            return err(format!(
-                "{} -O2 bench/preload/pio.c failed:\n{}",
-                opts.cc,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        crate::procs::compile(&opts.cc, include_str!("../preload/pio.c"), &base)?;
         let cc_version = Command::new(&opts.cc)
             .arg("--version")
             .output()
@@ -1050,27 +1034,7 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
         size_str(io),
         size_str(bytes)
     );
-    let mut src = vec![0u8; io as usize];
-    fill_pattern(&mut src, 2);
-    let mut tmpfs_files = Vec::new();
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        let f = st
-            .open(&path, &OpenOptions::new().write(true).create_new(true))
-            .ctx(|| format!("creating {path} in the store"))?;
-        let mut off = 0;
-        while off < bytes {
-            f.write_all_at(&src, off)
-                .ctx(|| format!("writing {path} in the store"))?;
-            off += io;
-        }
-        let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(opts.pid));
-        let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
-        for _ in 0..bytes / io {
-            std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
-        }
-        tmpfs_files.push(tpath);
-    }
+    let files = ReadbackFiles::write(st, opts.pid, max_procs, bytes, io)?;
     let methods = [
         "preload",
         "store-api",
@@ -1103,7 +1067,7 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
             for rep in 0..opts.reps {
                 for m in order(rep) {
                     let mut cmds = Vec::with_capacity(p);
-                    for (i, tfile) in tmpfs_files.iter().enumerate().take(p) {
+                    for (i, tfile) in files.tmpfs.iter().enumerate().take(p) {
                         let a = |path: String| {
                             vec![
                                 ("path", path),
@@ -1131,7 +1095,7 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
                             })?,
                             _ => job_command(&Job::StoreRead {
                                 store: st.name().to_string(),
-                                path: format!("/rb-p{i}.dat"),
+                                path: ReadbackFiles::store_path(i),
                                 bytes,
                                 io,
                             })?,
@@ -1159,15 +1123,6 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
         }
         Ok(())
     })();
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        if let Err(e) = st.unlink(&path) {
-            eprintln!("warning: unlinking {path} in the store: {e}");
-        }
-    }
-    for t in &tmpfs_files {
-        let _ = std::fs::remove_file(t);
-    }
     r
 }
 

@@ -36,8 +36,8 @@ use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageSer
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
 use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
-use cascade_staging::{ClientOptions, Connection, ServerStatus};
 use cascade_store::{FileKind, Store};
+use cascade_wire::{ClientOptions, Connection, ServerStatus};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::io::Read;

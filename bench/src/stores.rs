@@ -299,3 +299,66 @@ impl Drop for ShmBase {
         }
     }
 }
+
+/// The files the read-back runs read, written by the parent: `/rb-pI.dat` in the store and
+/// `/dev/shm/<prefix>-rb-I.dat` on tmpfs for each process I, `bytes` of `io`-byte pieces of
+/// the pattern of seed 2; removed when dropped.
+pub(crate) struct ReadbackFiles<'a> {
+    store: &'a Store,
+    pub(crate) tmpfs: Vec<String>,
+}
+
+impl<'a> ReadbackFiles<'a> {
+    pub(crate) fn write(
+        store: &'a Store,
+        pid: u32,
+        procs: usize,
+        bytes: u64,
+        io: u64,
+    ) -> Res<Self> {
+        let mut src = vec![0u8; io as usize];
+        fill_pattern(&mut src, 2);
+        let mut files = ReadbackFiles {
+            store,
+            tmpfs: Vec::new(),
+        };
+        for i in 0..procs {
+            let path = Self::store_path(i);
+            let f = store
+                .open(&path, &OpenOptions::new().write(true).create_new(true))
+                .ctx(|| format!("creating {path} in the store"))?;
+            for off in (0..bytes).step_by(io as usize) {
+                f.write_all_at(&src, off)
+                    .ctx(|| format!("writing {path} in the store"))?;
+            }
+            let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(pid));
+            let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
+            files.tmpfs.push(tpath.clone());
+            for _ in 0..bytes / io {
+                std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
+            }
+        }
+        Ok(files)
+    }
+
+    /// The store file of process `i`.
+    pub(crate) fn store_path(i: usize) -> String {
+        format!("/rb-p{i}.dat")
+    }
+}
+
+impl Drop for ReadbackFiles<'_> {
+    fn drop(&mut self) {
+        for i in 0..self.tmpfs.len() {
+            if let Err(e) = self.store.unlink(&Self::store_path(i)) {
+                eprintln!(
+                    "warning: unlinking {} in the store: {e}",
+                    Self::store_path(i)
+                );
+            }
+        }
+        for t in &self.tmpfs {
+            let _ = std::fs::remove_file(t);
+        }
+    }
+}
