@@ -86,24 +86,32 @@ const DEFAULT_CONFIGS: [&str; 7] = [
     "cdc:avg=64KiB+none",
 ];
 
-#[derive(clap::Args)]
-pub struct DedupArgs {
+/// The options (`cascade-bench dedup --help`); the fields without an `arg` are derived by
+/// [`DOpts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct DOpts {
     /// Directory for dedup.md and dedup.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: the --quick series of make.sh (3 small snapshots each, in
     /// /var/tmp/cascade-datasets-quick), 1 repetition. Explicit flags override.
     #[arg(long)]
-    quick: bool,
-    /// Parts to run (all when not given).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Repetitions of each measurement; tables show the median [default: 5; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
+    pub quick: bool,
+    /// Parts to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "cascade,restic,borg,cp,zstd,hash,breakdown,profile"
+    )]
+    pub parts: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
     /// Series (made by bench/datasets/make.sh).
     #[arg(long, value_delimiter = ',', default_value = "torch,numpy,lammps")]
-    series: Vec<String>,
+    pub series: Vec<String>,
     /// A configuration of ours, CHUNKING+COMPRESSION[+delta] (e.g. cdc:avg=64KiB+zstd:1;
     /// +delta: each file is added with the previous snapshot's as its base, docs/dedup.md
     /// "Delta blobs"); repeat the flag for several. The first one is the one the goals are
@@ -111,31 +119,40 @@ pub struct DedupArgs {
     /// fixed:4KiB+zstd:1, fixed:4KiB+zstd:1+delta, cdc:avg=16KiB+zstd:1,
     /// cdc:avg=64KiB+zstd:-3, cdc:avg=64KiB+none].
     #[arg(long = "config")]
-    configs: Vec<String>,
+    #[serde(skip)]
+    config_specs: Vec<String>,
     /// Durable stores for our repository and for cp.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "disk,tmpfs")]
-    stores: Vec<StoreKind>,
-    /// Where the series are (generated there by make.sh when missing) [default:
-    /// /var/tmp/cascade-datasets; --quick: /var/tmp/cascade-datasets-quick].
-    #[arg(long)]
-    datasets: Option<PathBuf>,
+    pub stores: Vec<StoreKind>,
+    /// Where the series are (generated there by make.sh when missing).
+    #[arg(
+        long,
+        default_value = "/var/tmp/cascade-datasets",
+        default_value_if("quick", "true", "/var/tmp/cascade-datasets-quick")
+    )]
+    pub datasets: PathBuf,
     /// bench/datasets/make.sh (run with --quick under --quick; idempotent).
     #[arg(long, default_value = "bench/datasets/make.sh")]
-    make: PathBuf,
+    pub make: PathBuf,
     /// Local disk: the disk store, the restic and borg repositories, the zstd output.
     #[arg(long, default_value = "/var/tmp")]
-    disk_dir: PathBuf,
+    pub disk_dir: PathBuf,
     /// tmpfs: the tmpfs store.
     #[arg(long, default_value = "/dev/shm")]
-    tmpfs_dir: PathBuf,
+    pub tmpfs_dir: PathBuf,
     #[arg(long, default_value = "restic")]
-    restic: String,
+    pub restic: String,
     #[arg(long, default_value = "borg")]
-    borg: String,
+    pub borg: String,
     #[arg(long, default_value = "zstd")]
-    zstd: String,
+    pub zstd: String,
     #[arg(long, default_value = "perf")]
-    perf: String,
+    pub perf: String,
+    #[arg(skip)]
+    #[serde(skip)]
+    pub pid: u32,
+    #[arg(skip)]
+    pub configs: Vec<Config>,
 }
 
 /// One configuration of ours.
@@ -147,26 +164,6 @@ pub struct Config {
     pub compression: String,
     /// Files are added with the previous snapshot's as their base (delta blobs).
     pub delta: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct DOpts {
-    #[serde(skip)]
-    pub pid: u32,
-    pub parts: Vec<Part>,
-    pub reps: usize,
-    pub quick: bool,
-    pub series: Vec<String>,
-    pub configs: Vec<Config>,
-    pub stores: Vec<StoreKind>,
-    pub datasets: PathBuf,
-    pub make: PathBuf,
-    pub disk_dir: PathBuf,
-    pub tmpfs_dir: PathBuf,
-    pub restic: String,
-    pub borg: String,
-    pub zstd: String,
-    pub perf: String,
 }
 
 impl DOpts {
@@ -208,70 +205,31 @@ fn parse_config(spec: &str) -> Res<Config> {
     })
 }
 
-fn build_opts(a: &DedupArgs, pid: u32) -> Res<DOpts> {
-    let q = a.quick;
-    let specs: Vec<String> = if a.configs.is_empty() {
-        DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect()
-    } else {
-        a.configs.clone()
-    };
-    let configs = specs
-        .iter()
-        .map(|s| parse_config(s))
-        .collect::<Res<Vec<_>>>()?;
-    if a.series.is_empty() {
-        return err("--series needs at least one series");
-    }
-    for s in &a.series {
-        if !["torch", "numpy", "lammps"].contains(&s.as_str()) {
-            return err(format!(
-                "--series: unknown series {s} (torch, numpy, lammps)"
-            ));
+impl DOpts {
+    /// Checks the options and parses the configurations.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        self.pid = pid;
+        if self.config_specs.is_empty() {
+            self.config_specs = DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect();
         }
+        self.configs = self
+            .config_specs
+            .iter()
+            .map(|s| parse_config(s))
+            .collect::<Res<_>>()?;
+        if self.series.is_empty() || self.stores.is_empty() || self.reps == 0 {
+            return err("--series and --stores need at least one entry, --reps must be positive");
+        }
+        for s in &self.series {
+            if !["torch", "numpy", "lammps"].contains(&s.as_str()) {
+                return err(format!(
+                    "--series: unknown series {s} (torch, numpy, lammps)"
+                ));
+            }
+        }
+        self.stores.dedup();
+        Ok(())
     }
-    if a.stores.is_empty() {
-        return err("--stores needs disk, tmpfs or both");
-    }
-    let parts = if a.only.is_empty() {
-        vec![
-            Part::Cascade,
-            Part::Restic,
-            Part::Borg,
-            Part::Cp,
-            Part::Zstd,
-            Part::Hash,
-            Part::Breakdown,
-            Part::Profile,
-        ]
-    } else {
-        a.only.clone()
-    };
-    let datasets = a.datasets.clone().unwrap_or_else(|| {
-        PathBuf::from(if q {
-            "/var/tmp/cascade-datasets-quick"
-        } else {
-            "/var/tmp/cascade-datasets"
-        })
-    });
-    let mut stores = a.stores.clone();
-    stores.dedup();
-    Ok(DOpts {
-        pid,
-        parts,
-        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
-        quick: q,
-        series: a.series.clone(),
-        configs,
-        stores,
-        datasets,
-        make: a.make.clone(),
-        disk_dir: a.disk_dir.clone(),
-        tmpfs_dir: a.tmpfs_dir.clone(),
-        restic: a.restic.clone(),
-        borg: a.borg.clone(),
-        zstd: a.zstd.clone(),
-        perf: a.perf.clone(),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1905,11 +1863,11 @@ fn make_datasets(o: &DOpts) -> Res<String> {
     Ok(text)
 }
 
-pub fn run(a: DedupArgs) -> Res<()> {
+pub fn run(mut o: DOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     let dirs = vec![o.disk_dir.clone(), o.tmpfs_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     // A private copy of this executable for the children: a rebuild during the run must not
     // swap it.
     let exe = o.disk_dir.join(format!("{}-exe", prefix(pid)));
@@ -1960,7 +1918,7 @@ pub fn run(a: DedupArgs) -> Res<()> {
         results: &results,
     };
     let title = "Cascade dedup repository vs restic, borg, cp and zstd on checkpoint series";
-    report::write(&a.out, "dedup", title, &rep, tables(&rep))?;
+    report::write(&o.out, "dedup", title, &rep, tables(&rep))?;
     outcome
 }
 

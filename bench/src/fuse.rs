@@ -66,121 +66,105 @@ impl Part {
     }
 }
 
-#[derive(clap::Args)]
-pub struct FuseArgs {
+/// The options (`cascade-bench fuse --help`); the fields without an `arg` are derived by
+/// [`FOpts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct FOpts {
     /// Directory for fuse.md and fuse.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: 256 MiB files, 1 repetition, scaling with 1 and 2 writers. Explicit flags
     /// override.
     #[arg(long)]
+    #[serde(skip)]
     quick: bool,
-    /// Parts to run (all when not given).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Repetitions of each measurement; tables show the median [default: 5; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
-    /// File size in MiB (every part; the scaling part splits it over the writers)
-    /// [default: 1024; --quick: 256].
-    #[arg(long)]
-    size_mib: Option<u64>,
+    /// Parts to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "writes,small-writes,reads,small-reads,cp,scaling"
+    )]
+    pub parts: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// File size in MiB (every part; the scaling part splits it over the writers).
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    size_mib: u64,
     /// Bytes per call of the small writes and reads, in KiB (a divisor of 1024).
     #[arg(long, default_value_t = 4)]
+    #[serde(skip)]
     small_kib: u64,
-    /// Writer processes of the scaling part [default: 1,2,4; --quick: 1,2].
-    #[arg(long, value_delimiter = ',')]
-    procs: Option<Vec<usize>>,
+    /// Writer processes of the scaling part.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4",
+        default_value_if("quick", "true", "1,2")
+    )]
+    pub procs: Vec<usize>,
     /// Request threads of each `cascade mount` (its --threads).
     #[arg(long, default_value_t = 2)]
-    threads: u16,
+    pub threads: u16,
     /// The cascade CLI (its libcascade.so next to it).
     #[arg(long, default_value = "target/release/cascade")]
-    cascade: PathBuf,
+    pub cascade: PathBuf,
     /// The C compiler for the I/O program.
     #[arg(long, default_value = "cc")]
-    cc: String,
+    pub cc: String,
     /// The cp of the cp part.
     #[arg(long, default_value = "cp")]
-    cp: String,
+    pub cp: String,
     /// Mount prefix (CASCADE_MOUNT) of the preloaded runs.
     #[arg(long, default_value = "/cascade")]
-    mount: String,
+    pub mount: String,
     /// Directory on local disk for the disk baselines.
     #[arg(long, default_value = "/var/tmp")]
-    disk_dir: PathBuf,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FOpts {
+    pub disk_dir: PathBuf,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
-    pub parts: Vec<Part>,
-    pub reps: usize,
     /// Bytes of every file (per process in the single-process parts; in all in scaling).
+    #[arg(skip)]
     pub size: u64,
+    #[arg(skip)]
     pub small: u64,
-    pub procs: Vec<usize>,
-    pub threads: u16,
     /// Memory of each FUSE store: 2 x the file size.
+    #[arg(skip)]
     pub capacity: u64,
-    pub cascade: PathBuf,
-    pub cc: String,
-    pub cp: String,
-    pub mount: String,
-    pub disk_dir: PathBuf,
 }
 
-fn build_opts(a: &FuseArgs, pid: u32) -> Res<FOpts> {
-    let q = a.quick;
-    let size = a.size_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
-    let small = a.small_kib * KIB;
-    if small == 0 || MIB % small != 0 {
-        return err("--small-kib must divide 1024");
+impl FOpts {
+    /// Checks the options and derives the byte sizes.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        (self.pid, self.size, self.small) = (pid, self.size_mib * MIB, self.small_kib * KIB);
+        self.capacity = 2 * self.size;
+        if self.small == 0 || MIB % self.small != 0 {
+            return err("--small-kib must divide 1024");
+        }
+        if self.procs.is_empty() || self.procs.contains(&0) {
+            return err("--procs needs positive process counts");
+        }
+        if self.size == 0
+            || self
+                .procs
+                .iter()
+                .any(|&p| self.size % (p as u64 * MIB) != 0)
+        {
+            return err("--size-mib must be a positive multiple of every process count");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        if self.threads == 0 || self.reps == 0 {
+            return err("--threads and --reps must be positive");
+        }
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        Ok(())
     }
-    let procs = a
-        .procs
-        .clone()
-        .unwrap_or_else(|| if q { vec![1, 2] } else { vec![1, 2, 4] });
-    if procs.is_empty() || procs.contains(&0) {
-        return err("--procs needs positive process counts");
-    }
-    if size == 0 || procs.iter().any(|&p| size % (p as u64 * MIB) != 0) {
-        return err("--size-mib must be a positive multiple of every process count");
-    }
-    if !a.mount.starts_with('/') || a.mount.len() < 2 {
-        return err("--mount must be an absolute path other than /");
-    }
-    if a.threads == 0 {
-        return err("--threads must be positive");
-    }
-    let parts = if a.only.is_empty() {
-        vec![
-            Part::Writes,
-            Part::SmallWrites,
-            Part::Reads,
-            Part::SmallReads,
-            Part::Cp,
-            Part::Scaling,
-        ]
-    } else {
-        a.only.clone()
-    };
-    Ok(FOpts {
-        pid,
-        parts,
-        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
-        size,
-        small,
-        procs,
-        threads: a.threads,
-        capacity: 2 * size,
-        cascade: a.cascade.clone(),
-        cc: a.cc.clone(),
-        cp: a.cp.clone(),
-        mount: a.mount.trim_end_matches('/').to_string(),
-        disk_dir: a.disk_dir.clone(),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1058,15 +1042,15 @@ fn free_page_reporting() -> String {
     "no virtio balloon".into()
 }
 
-pub fn run(a: FuseArgs) -> Res<()> {
+pub fn run(mut o: FOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return err("the fuse suite needs root (cascade mount uses mount(2))");
     }
     let dirs = vec![PathBuf::from("/var/tmp"), o.disk_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     // Private copies of the CLI and the library: a rebuild of the workspace during the run
     // must not swap them.
     let base = Path::new("/var/tmp").join(prefix(pid));
@@ -1129,7 +1113,7 @@ pub fn run(a: FuseArgs) -> Res<()> {
         results: &results,
     };
     let title = "Cascade FUSE front end (`cascade mount`) vs LD_PRELOAD, tmpfs and disk";
-    report::write(&a.out, "fuse", title, &rep, tables(&rep))?;
+    report::write(&o.out, "fuse", title, &rep, tables(&rep))?;
     outcome
 }
 

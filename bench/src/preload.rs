@@ -30,31 +30,111 @@ pub enum Part {
     Passthrough,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// The options (`cascade-bench interposition --help`); the fields without an `arg` are
+/// derived by [`POpts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
 pub struct POpts {
+    /// Directory for interposition.md and interposition.json.
+    #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
+    pub out: PathBuf,
+    /// Quick run (about a minute): 256 MiB per process, 1 repetition, a quarter of the calls.
+    /// Explicit flags override.
+    #[arg(long)]
+    #[serde(skip)]
+    quick: bool,
+    /// Benchmarks to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "writes,small,replay,meta,readback,passthrough"
+    )]
+    pub parts: Vec<Part>,
+    /// Bytes per process in MiB of the 1 MiB writes and the restart reads.
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    size_mib: u64,
+    /// Repetitions of each measurement.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// Process counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub procs: Vec<usize>,
+    /// The preloaded library.
+    #[arg(long, default_value = "target/release/libcascade.so")]
+    pub lib: PathBuf,
+    /// The C compiler for bench/preload/pio.c.
+    #[arg(long, default_value = "cc")]
+    pub cc: String,
+    /// The Cascade mount prefix (CASCADE_MOUNT) the C program's paths go under.
+    #[arg(long, default_value = "/cascade")]
+    pub mount: String,
+    /// Writes in the replayed checkpoint write mix (40000: about 950 MB).
+    #[arg(
+        long,
+        default_value_t = 40_000,
+        default_value_if("quick", "true", "10000")
+    )]
+    pub replay_writes: usize,
+    /// Files per process in the metadata benchmark.
+    #[arg(
+        long,
+        default_value_t = 20_000,
+        default_value_if("quick", "true", "5000")
+    )]
+    pub meta_files: u64,
+    /// stat() passes over those files.
+    #[arg(long, default_value_t = 3)]
+    pub meta_passes: u64,
+    /// Pairs (with and without the library) in the pass-through benchmark.
+    #[arg(long, default_value_t = 9, default_value_if("quick", "true", "2"))]
+    pub pass_reps: usize,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
     /// Bytes per process of the 1 MiB writes and the read-back.
+    #[arg(skip)]
     pub size: u64,
+    #[arg(skip = MIB)]
     pub io: u64,
-    pub reps: usize,
-    pub procs: Vec<usize>,
     /// (write size, calls) of the write-size sweep (benchmark 2).
+    #[arg(skip)]
     pub sweep: Vec<(u64, u64)>,
-    /// Writes in the replayed checkpoint (benchmark 3).
-    pub replay_writes: usize,
-    /// Files per process and stat passes of the metadata benchmark.
-    pub meta_files: u64,
-    pub meta_passes: u64,
-    /// Pairs (with and without the library) of the pass-through benchmark.
-    pub pass_reps: usize,
+    #[arg(skip)]
     pub pass_calls64: u64,
+    #[arg(skip)]
     pub pass_calls4k: u64,
+    #[arg(skip = 256 * KIB)]
     pub pass_region: u64,
-    pub mount: String,
-    pub lib: PathBuf,
-    pub cc: String,
-    pub parts: Vec<Part>,
+}
+
+impl POpts {
+    /// Checks the options and derives the byte sizes and the call counts (a quarter of them
+    /// with --quick).
+    pub fn resolve(&mut self, pid: u32) -> Res<()> {
+        (self.pid, self.size) = (pid, self.size_mib * MIB);
+        if self.size == 0 || self.size % self.io != 0 {
+            return err("--size-mib must be positive");
+        }
+        if self.procs.is_empty() || self.procs.contains(&0) {
+            return err("--procs needs positive process counts");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        let div = if self.quick { 4 } else { 1 };
+        // Calls per write size: 512 Ki, but at most 256 MiB per file.
+        let sizes = [64, 256, KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB];
+        self.sweep = sizes
+            .map(|s| (s, (512 * KIB).min(256 * MIB / s) / div))
+            .to_vec();
+        (self.pass_calls64, self.pass_calls4k) = (200_000 / div, 150_000 / div);
+        (self.reps, self.pass_reps) = (self.reps.max(1), self.pass_reps.max(1));
+        self.meta_passes = self.meta_passes.max(1);
+        Ok(())
+    }
 }
 
 /// One measured configuration: aggregate GB/s and calls/s over the processes, and the mean

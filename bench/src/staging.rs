@@ -61,121 +61,136 @@ pub enum Part {
     Checkpoint,
 }
 
-#[derive(clap::Args)]
-pub struct StagingArgs {
+/// The options (`cascade-bench staging --help`); the fields without an `arg` are derived by
+/// [`SOpts::resolve`]. Serialized into staging.json without credentials.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct SOpts {
     /// Directory for staging.md and staging.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: 256 MiB per throughput point, processes 1,4, servers 1,2, one 64 MiB
     /// checkpoint, 1 repetition. Explicit flags override.
     #[arg(long)]
+    #[serde(skip)]
     quick: bool,
-    /// Parts to run (all when not given).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Repetitions of each measurement; tables show the median [default: 3; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
-    /// Writer processes of the throughput part [default: 1,2,4,8; --quick: 1,4].
-    #[arg(long, value_delimiter = ',')]
-    procs: Option<Vec<usize>>,
-    /// Staging servers of the throughput part [default: 1,2,3; --quick: 1,2].
-    #[arg(long, value_delimiter = ',')]
-    servers: Option<Vec<usize>>,
+    /// Parts to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ssd,throughput,checkpoint"
+    )]
+    pub parts: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 3, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// Writer processes of the throughput part.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8",
+        default_value_if("quick", "true", "1,4")
+    )]
+    pub procs: Vec<usize>,
+    /// Staging servers of the throughput part.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3",
+        default_value_if("quick", "true", "1,2")
+    )]
+    pub servers: Vec<usize>,
     /// MiB written per throughput point, split evenly over the writers; also the size of the
-    /// single stream and of the disk baselines [default: 1024; --quick: 256].
-    #[arg(long)]
-    total_mib: Option<u64>,
-    /// Checkpoint sizes of the checkpoint part in MiB [default: 256,1024; --quick: 64].
-    #[arg(long, value_delimiter = ',')]
-    sizes_mib: Option<Vec<u64>>,
+    /// single stream and of the disk baselines.
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    total_mib: u64,
+    /// Checkpoint sizes of the checkpoint part in MiB.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,1024",
+        default_value_if("quick", "true", "64")
+    )]
+    #[serde(skip)]
+    sizes_mib: Vec<u64>,
     /// Directory on local disk for the servers' arenas and the disk baselines.
     #[arg(long, default_value = "/var/tmp")]
-    arena_dir: PathBuf,
+    pub arena_dir: PathBuf,
     /// Seconds to wait for a point to be staged or drained.
-    #[arg(long, default_value_t = 900)]
-    wait_timeout: u64,
+    #[arg(long = "wait-timeout", default_value_t = 900)]
+    pub wait_timeout_s: u64,
     /// Bytes per write(2) call of the writers, in MiB.
     #[arg(long, default_value_t = 8)]
+    #[serde(skip)]
     piece_mib: u64,
     /// First TCP port of the loopback servers (the throughput part uses PORT+10*k+i).
     #[arg(long, default_value_t = 7180)]
-    port_base: u16,
+    pub port_base: u16,
     /// The cascade CLI (its libcascade.so next to it).
     #[arg(long, default_value = "target/release/cascade")]
-    cascade: PathBuf,
+    pub cascade: PathBuf,
     /// The C compiler for the writer programs.
     #[arg(long, default_value = "cc")]
-    cc: String,
+    pub cc: String,
     /// fio, for the disk baselines (installed with apt-get by bench/run.sh when missing).
     #[arg(long, default_value = "fio")]
-    fio: String,
+    pub fio: String,
     /// Mount prefix of the node stores under `cascade run`.
     #[arg(long, default_value = "/cascade")]
-    mount: String,
-    /// MiB per TCP goodput test over each shaped link; 0 skips them [default: 512; --quick:
-    /// 64].
-    #[arg(long)]
-    linktest_mib: Option<u64>,
-    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
+    pub mount: String,
+    /// MiB per TCP goodput test over each shaped link; 0 skips them.
+    #[arg(long, default_value_t = 512, default_value_if("quick", "true", "64"))]
+    #[serde(skip)]
+    linktest_mib: u64,
+    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it); its
+    /// credentials are never written out.
     #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
-    url: Option<String>,
+    #[serde(skip)]
+    pub url: Option<String>,
     /// Host end of the S3 link, whose tbf rate is its nominal rate.
     #[arg(long, env = "CASCADE_BENCH_LINK_DEV", default_value = "cs3-host")]
-    link_dev: String,
+    pub link_dev: String,
     /// Network namespace of the S3 server (for its link test).
     #[arg(long, env = "CASCADE_BENCH_NETNS", default_value = "cascade-s3")]
-    netns: String,
+    pub netns: String,
     /// Network namespace the checkpoint part's staging server runs in (bench/netns-staging.sh).
     #[arg(
         long,
         env = "CASCADE_BENCH_STAGE_NETNS",
         default_value = "cascade-stage"
     )]
-    stage_netns: String,
+    pub stage_netns: String,
     /// Address of the staging server in that namespace.
     #[arg(long, env = "CASCADE_BENCH_STAGE_IP", default_value = "10.78.0.2")]
-    stage_ip: String,
+    pub stage_ip: String,
     /// Host end of the staging link, whose tbf rate is its nominal rate.
     #[arg(long, env = "CASCADE_BENCH_STAGE_LINK_DEV", default_value = "cst-host")]
-    stage_link_dev: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct SOpts {
+    pub stage_link_dev: String,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
-    /// The S3 URL with its credentials: never written out.
-    #[serde(skip)]
-    pub url: Option<String>,
     /// The S3 store without credentials.
+    #[arg(skip)]
     pub durable: Option<String>,
     /// The staging secret of this run (random): never written out.
+    #[arg(skip)]
     #[serde(skip)]
     pub secret: String,
-    pub parts: Vec<Part>,
-    pub reps: usize,
-    pub procs: Vec<usize>,
-    pub servers: Vec<usize>,
+    #[arg(skip)]
     pub total: u64,
+    #[arg(skip)]
     pub sizes: Vec<u64>,
-    pub arena_dir: PathBuf,
     /// Where the throughput part's servers drain to (tmpfs).
+    #[arg(skip)]
     pub drain_dir: PathBuf,
-    pub wait_timeout_s: u64,
+    #[arg(skip)]
     pub piece: u64,
-    pub port_base: u16,
-    pub cascade: PathBuf,
-    pub cc: String,
-    pub fio: String,
-    pub mount: String,
+    #[arg(skip)]
     pub linktest_bytes: u64,
-    pub link_dev: String,
-    pub netns: String,
-    pub stage_netns: String,
-    pub stage_ip: String,
-    pub stage_link_dev: String,
     /// fio's fdatasync interval, like the agent's Sync every 256 MiB.
+    #[arg(skip = 256u64)]
     pub fio_sync_mib: u64,
 }
 
@@ -191,80 +206,43 @@ fn random_secret() -> String {
     s
 }
 
-fn build_opts(a: &StagingArgs, pid: u32) -> Res<SOpts> {
-    let q = a.quick;
-    let procs = a
-        .procs
-        .clone()
-        .unwrap_or_else(|| if q { vec![1, 4] } else { vec![1, 2, 4, 8] });
-    let servers = a
-        .servers
-        .clone()
-        .unwrap_or_else(|| if q { vec![1, 2] } else { vec![1, 2, 3] });
-    if procs.is_empty() || procs.contains(&0) || servers.is_empty() || servers.contains(&0) {
-        return err("--procs and --servers need positive counts");
+impl SOpts {
+    /// Checks the options and derives the byte sizes, the durable store's description, the
+    /// secret and the drain directory.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        let (procs, servers) = (&self.procs, &self.servers);
+        if procs.is_empty() || procs.contains(&0) || servers.is_empty() || servers.contains(&0) {
+            return err("--procs and --servers need positive counts");
+        }
+        if servers.iter().any(|&k| k > 9) {
+            return err("--servers: at most 9 servers");
+        }
+        self.total = self.total_mib * MIB;
+        if self.total == 0 || procs.iter().any(|&n| self.total % (n as u64 * MIB) != 0) {
+            return err("--total-mib must be a positive multiple of every process count");
+        }
+        self.sizes = self.sizes_mib.iter().map(|m| m * MIB).collect();
+        if self.sizes.is_empty() || self.sizes.contains(&0) {
+            return err("--sizes-mib needs positive sizes");
+        }
+        if self.piece_mib == 0 || self.reps == 0 {
+            return err("--piece-mib and --reps must be positive");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        self.url = self.url.take().filter(|u| !u.is_empty());
+        if let Some(u) = &self.url {
+            self.durable = Some(Spec::parse(u).ctx(|| "--url")?.describe());
+        }
+        self.pid = pid;
+        self.secret = random_secret();
+        self.drain_dir = PathBuf::from(format!("/dev/shm/{}-drain", prefix(pid)));
+        self.piece = self.piece_mib * MIB;
+        self.linktest_bytes = self.linktest_mib * MIB;
+        Ok(())
     }
-    if servers.iter().any(|&k| k > 9) {
-        return err("--servers: at most 9 servers");
-    }
-    let total = a.total_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
-    if total == 0 || procs.iter().any(|&n| total % (n as u64 * MIB) != 0) {
-        return err("--total-mib must be a positive multiple of every process count");
-    }
-    let sizes: Vec<u64> = a
-        .sizes_mib
-        .clone()
-        .unwrap_or_else(|| if q { vec![64] } else { vec![256, 1024] })
-        .into_iter()
-        .map(|m| m * MIB)
-        .collect();
-    if sizes.is_empty() || sizes.contains(&0) {
-        return err("--sizes-mib needs positive sizes");
-    }
-    if a.piece_mib == 0 {
-        return err("--piece-mib must be positive");
-    }
-    if !a.mount.starts_with('/') || a.mount.len() < 2 {
-        return err("--mount must be an absolute path other than /");
-    }
-    let url = a.url.clone().filter(|u| !u.is_empty());
-    let durable = match &url {
-        Some(u) => Some(Spec::parse(u).ctx(|| "--url")?.describe()),
-        None => None,
-    };
-    let parts = if a.only.is_empty() {
-        vec![Part::Ssd, Part::Throughput, Part::Checkpoint]
-    } else {
-        a.only.clone()
-    };
-    Ok(SOpts {
-        pid,
-        url,
-        durable,
-        secret: random_secret(),
-        parts,
-        reps: a.reps.unwrap_or(if q { 1 } else { 3 }).max(1),
-        procs,
-        servers,
-        total,
-        sizes,
-        arena_dir: a.arena_dir.clone(),
-        drain_dir: PathBuf::from(format!("/dev/shm/{}-drain", prefix(pid))),
-        wait_timeout_s: a.wait_timeout,
-        piece: a.piece_mib * MIB,
-        port_base: a.port_base,
-        cascade: a.cascade.clone(),
-        cc: a.cc.clone(),
-        fio: a.fio.clone(),
-        mount: a.mount.trim_end_matches('/').to_string(),
-        linktest_bytes: a.linktest_mib.unwrap_or(if q { 64 } else { 512 }) * MIB,
-        link_dev: a.link_dev.clone(),
-        netns: a.netns.clone(),
-        stage_netns: a.stage_netns.clone(),
-        stage_ip: a.stage_ip.clone(),
-        stage_link_dev: a.stage_link_dev.clone(),
-        fio_sync_mib: 256,
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2090,11 +2068,11 @@ fn tables(rep: &Report) -> Md {
     s
 }
 
-pub fn run(a: StagingArgs) -> Res<()> {
+pub fn run(mut o: SOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     let dirs = vec![PathBuf::from("/var/tmp"), o.arena_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     let clock = RunClock::start(&o.arena_dir, &o.arena_dir);
     eprintln!("cascade-bench staging: parts {:?}", o.parts);
     // The data, once: a /dev/shm file the C writers map, non-zero xorshift (not compressible).
@@ -2136,7 +2114,7 @@ pub fn run(a: StagingArgs) -> Res<()> {
         results: &results,
     };
     let title = "Cascade staging servers (L1): benchmarks";
-    report::write(&a.out, "staging", title, &rep, tables(&rep))?;
+    report::write(&o.out, "staging", title, &rep, tables(&rep))?;
     outcome?;
     if !results.notes.is_empty() {
         return err(format!(
