@@ -237,26 +237,9 @@ impl DOpts {
 
 /// Files and bytes (apparent sizes) under `dir`; (0, 0) when it does not exist.
 fn tree_bytes(dir: &Path) -> (u64, u64) {
-    let mut files = 0;
-    let mut bytes = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.filter_map(|e| e.ok()) {
-            let Ok(m) = e.path().symlink_metadata() else {
-                continue;
-            };
-            if m.is_dir() {
-                stack.push(e.path());
-            } else {
-                files += 1;
-                bytes += m.len();
-            }
-        }
-    }
-    (files, bytes)
+    let files = cascade_testkit::files_below(dir);
+    let sizes = files.iter().filter_map(|p| p.symlink_metadata().ok());
+    (files.len() as u64, sizes.map(|m| m.len()).sum())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1154,6 +1137,22 @@ fn timed(c: &mut Command, what: &str) -> Res<(f64, f64)> {
 }
 
 impl Rig<'_> {
+    /// The ingest of series `s` with configuration `cfg` into `work`.
+    fn ingest_job(&self, s: &Series, cfg: usize, work: &Work, verify_all: bool, sync: bool) -> Job {
+        let c = &self.o.configs[cfg];
+        Job::Ingest(IngestJob {
+            series: s.info.name.clone(),
+            snaps: s.snaps.clone(),
+            durable: work.0.join("durable"),
+            restore_dir: work.0.join("restore"),
+            chunking: c.chunking.clone(),
+            compression: c.compression.clone(),
+            delta: c.delta,
+            verify_all,
+            sync,
+        })
+    }
+
     fn work(&self, store: StoreKind, tag: &str) -> Res<Work> {
         let p = self
             .o
@@ -1208,19 +1207,8 @@ impl Rig<'_> {
     }
 
     fn cascade(&self, s: &Series, cfg: usize, store: StoreKind, rep: usize) -> Res<Sample> {
-        let c = &self.o.configs[cfg];
         let work = self.work(store, &format!("c{cfg}-{}", store.name()))?;
-        let job = Job::Ingest(IngestJob {
-            series: s.info.name.clone(),
-            snaps: s.snaps.clone(),
-            durable: work.0.join("durable"),
-            restore_dir: work.0.join("restore"),
-            chunking: c.chunking.clone(),
-            compression: c.compression.clone(),
-            delta: c.delta,
-            verify_all: rep == 0,
-            sync: store == StoreKind::Disk,
-        });
+        let job = self.ingest_job(s, cfg, &work, rep == 0, store == StoreKind::Disk);
         let JobOut::Ingest(out) = self.child(&job, None)? else {
             return err("the child answered another job");
         };
@@ -1398,17 +1386,7 @@ impl Rig<'_> {
             .disk_dir
             .join(format!("{}-dedup-perf.data", prefix(self.o.pid)));
         let c = &self.o.configs[0];
-        let job = Job::Ingest(IngestJob {
-            series: s.info.name.clone(),
-            snaps: s.snaps.clone(),
-            durable: work.0.join("durable"),
-            restore_dir: work.0.join("restore"),
-            chunking: c.chunking.clone(),
-            compression: c.compression.clone(),
-            delta: c.delta,
-            verify_all: false,
-            sync: false,
-        });
+        let job = self.ingest_job(s, 0, &work, false, false);
         let res = self.child(&job, Some(&data));
         let report = Command::new(&self.o.perf)
             .args([
