@@ -6,7 +6,7 @@
 
 use crate::child::Job;
 use crate::format::{count, count_st, pct_change, ratio, st, st_prec, x};
-use crate::harness::{job_command, median_setup, run_commands, Names, Outcome};
+use crate::harness::{job_command, median_setup, phase_span, run_commands, Names, Outcome, Rounds};
 use crate::report::{Header, Table, Target};
 use crate::stores::{
     capacity_for, tight_pair_with, with_store_files, Creation, ReadbackFiles, ShmBase, TightPair,
@@ -389,29 +389,6 @@ fn ns_per_call(out: &Outcome) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// Phase `j` over all processes: (name, from the first start to the last end in ns, mean
-/// per-process duration in ns).
-fn phase_span(out: &Outcome, j: usize) -> Res<(String, u64, f64)> {
-    let mut first = u64::MAX;
-    let mut last = 0;
-    let mut sum = 0.0;
-    let mut name = String::new();
-    for c in &out.children {
-        let Some((m, s, e)) = c.phases.get(j) else {
-            return err(format!("a child reported no phase {j}"));
-        };
-        first = first.min(*s);
-        last = last.max(*e);
-        sum += e.saturating_sub(*s) as f64;
-        name.clone_from(m);
-    }
-    Ok((
-        name,
-        last.saturating_sub(first),
-        sum / out.children.len().max(1) as f64,
-    ))
-}
-
 /// Collects per-method samples of whole-run measurements.
 #[derive(Default)]
 struct Samples {
@@ -695,23 +672,13 @@ fn c_pair(
         .collect();
     let kind = if read { "read" } else { "write" };
     let out = run(cmds, || format!("C paired {kind}s with {procs} processes"))?;
-    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
-    for j in 0..2 * pairs {
-        let (name, span, _) = phase_span(&out, j)?;
-        rounds[j / 2].insert(name, gbps(bytes * procs as u64, span));
-    }
-    let series =
-        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
-    let ratio: Vec<f64> = rounds
-        .iter()
-        .filter_map(|r| Some(r.get("preload")? / r.get("memcpy-shm")?))
-        .collect();
+    let rounds = Rounds::of(&out, 2, pairs, bytes * procs as u64)?;
     let cp = CPair {
         kind: kind.into(),
         procs,
-        preload_gbps: Stats::of(&series("preload")),
-        memcpy_shm_gbps: Stats::of(&series("memcpy-shm")),
-        ratio: Stats::of(&ratio),
+        preload_gbps: rounds.gbps("preload"),
+        memcpy_shm_gbps: rounds.gbps("memcpy-shm"),
+        ratio: rounds.ratio("preload", "memcpy-shm"),
     };
     eprintln!(
         "  [pairs] C {kind}s procs={procs}: preload {:.2}, memcpy-shm {:.2} GB/s; preload/memcpy-shm {:.2}x (medians of {pairs} rounds)",

@@ -3,13 +3,12 @@
 //! and the paired runs against memcpy that the write and read targets use.
 
 use crate::child::Job;
-use crate::harness::run_group;
+use crate::harness::{run_group, Rounds};
 use crate::util::{
     fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
 };
 use cascade_store::{OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Where a suite's results keep the creation of its stores.
@@ -80,54 +79,28 @@ pub(crate) fn tight_pair_with(
         .collect();
     let kind = if read { "read" } else { "write" };
     let out = run_group(&jobs).ctx(|| format!("paired {kind}s with {procs} processes"))?;
-    let n = 3 * pairs;
-    // Per round: GB/s of each method (aggregated over the processes like every other figure).
-    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
-    for j in 0..n {
-        let mut first = u64::MAX;
-        let mut last = 0;
-        let mut name = String::new();
-        for c in &out.children {
-            let Some((m, s, e)) = c.phases.get(j) else {
-                return crate::util::err(format!("paired {kind}s: a child reported no phase {j}"));
-            };
-            first = first.min(*s);
-            last = last.max(*e);
-            name.clone_from(m);
-        }
-        rounds[j / 3].insert(name, gbps(bytes * procs as u64, last.saturating_sub(first)));
-    }
-    let series =
-        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
-    let ratios = |base: &str| -> Vec<f64> {
-        rounds
-            .iter()
-            .filter_map(|r| Some(r.get("cascade")? / r.get(base)?))
-            .collect()
-    };
+    let rounds = Rounds::of(&out, 3, pairs, bytes * procs as u64)?;
     let (cas, shm, chunks) = (
-        series("cascade"),
-        series("memcpy-shm"),
-        series("store-chunks"),
+        rounds.gbps("cascade"),
+        rounds.gbps("memcpy-shm"),
+        rounds.gbps("store-chunks"),
     );
-    let (r_shm, r_chunks) = (ratios("memcpy-shm"), ratios("store-chunks"));
+    let (r_shm, r_chunks) = (
+        rounds.ratio("cascade", "memcpy-shm"),
+        rounds.ratio("cascade", "store-chunks"),
+    );
     eprintln!(
         "  [pairs] {kind}s procs={procs}: cascade {:.2}, memcpy-shm {:.2}, store-chunks {:.2} GB/s; cascade/memcpy-shm {:.2}x, cascade/store-chunks {:.2}x (medians of {} rounds)",
-        Stats::of(&cas).median,
-        Stats::of(&shm).median,
-        Stats::of(&chunks).median,
-        Stats::of(&r_shm).median,
-        Stats::of(&r_chunks).median,
-        pairs
+        cas.median, shm.median, chunks.median, r_shm.median, r_chunks.median, pairs
     );
     Ok(TightPair {
         kind: kind.to_string(),
         procs,
-        cascade_gbps: Stats::of(&cas),
-        memcpy_shm_gbps: Stats::of(&shm),
-        store_chunks_gbps: Stats::of(&chunks),
-        ratio: Stats::of(&r_shm),
-        ratio_chunks: Stats::of(&r_chunks),
+        cascade_gbps: cas,
+        memcpy_shm_gbps: shm,
+        store_chunks_gbps: chunks,
+        ratio: r_shm,
+        ratio_chunks: r_chunks,
     })
 }
 
