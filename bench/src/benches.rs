@@ -910,13 +910,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     let mut out = Vec::new();
     let mut t = Table::new(
         "Diagnostic: Cascade / memcpy into the same chunks (chunk-list API), paired runs",
-        &[
-            "kind",
-            "procs",
-            "ratio",
-            "Cascade GB/s",
-            "chunks memcpy GB/s",
-        ],
+        "kind | procs | ratio | Cascade GB/s | chunks memcpy GB/s",
     );
     for p in &r.tight_pairs {
         let (c, k) = (p.cascade_gbps.median, p.store_chunks_gbps.median);
@@ -931,14 +925,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     out.push(t);
     let mut t = Table::new(
         "Store creation (`Prefault::Foreground`)",
-        &[
-            "store",
-            "memory",
-            "chunk",
-            "spill file",
-            "create time (s)",
-            "prefault GB/s",
-        ],
+        "store | memory | chunk | spill file | create time (s) | prefault GB/s",
     );
     for c in &r.creation {
         let spill = if c.spill_bytes > 0 {
@@ -960,15 +947,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     let (io, size) = (size_str(o.io), size_str(o.size));
     let mut t = Table::new(
         format!("1. {io} writes, {size} per process"),
-        &[
-            "method",
-            "procs",
-            "GB/s",
-            "vs memcpy anon",
-            "vs memcpy shm",
-            "vs tmpfs write",
-            "set-up (s)",
-        ],
+        "method | procs | GB/s | vs memcpy anon | vs memcpy shm | vs tmpfs write | set-up (s)",
     );
     for row in &r.writes {
         let vs = |b: &str| x(row_ratio(Some(row), find(&r.writes, b, row.procs)));
@@ -991,7 +970,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
                 size_str(sd.bytes),
                 sd.keep
             ),
-            &["round", "Cascade GB/s", "tmpfs GB/s", "Cascade / tmpfs"],
+            "round | Cascade GB/s | tmpfs GB/s | Cascade / tmpfs",
         );
         for (i, (c, f)) in sd
             .cascade
@@ -1024,8 +1003,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     for p in &o.procs {
         head.extend([format!("{p} proc GB/s"), "vs memcpy shm".into()]);
     }
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new(format!("3. Chunk-size sweep, {size} per process"), &head);
+    let mut t = Table::with_head(format!("3. Chunk-size sweep, {size} per process"), &head);
     let mut sizes: Vec<u64> = r.sweep.iter().map(|x| x.chunk_size).collect();
     sizes.dedup();
     for cs in sizes {
@@ -1057,12 +1035,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
             "4. Spill-over, {} per process: model",
             size_str(o.spill_size)
         ),
-        &[
-            "procs",
-            "T_mem GB/s",
-            "T_ssd GB/s",
-            "first run (100 %, new spill file) GB/s",
-        ],
+        "procs | T_mem GB/s | T_ssd GB/s | first run (100 %, new spill file) GB/s",
     );
     for m in &r.spill_model {
         let f = |v: f64| format!("{v:.2}");
@@ -1074,19 +1047,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
         ]);
     }
     out.push(t);
-    let mut t = Table::new(
-        format!("4. Spill-over, {} per process", size_str(o.spill_size)),
-        &[
-            "procs",
-            "spilled (target)",
-            "spilled (real)",
-            "measured GB/s",
-            "formula GB/s",
-            "deviation",
-            "writes (ms)",
-            "sync (ms)",
-        ],
-    );
+    let mut t = Table::new(format!("4. Spill-over, {} per process", size_str(o.spill_size)), "procs | spilled (target) | spilled (real) | measured GB/s | formula GB/s | deviation | writes (ms) | sync (ms)");
     for s in &r.spill {
         let real = s.spilled_bytes as f64 * 100.0 / s.total_bytes as f64;
         t.row([
@@ -1103,14 +1064,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     out.push(t);
     let mut t = Table::new(
         format!("5. Read-back, {io} reads, {size} per process"),
-        &[
-            "method",
-            "procs",
-            "GB/s",
-            "vs memcpy shm",
-            "vs tmpfs read",
-            "set-up (s)",
-        ],
+        "method | procs | GB/s | vs memcpy shm | vs tmpfs read | set-up (s)",
     );
     for row in &r.readback {
         let vs = |b: &str| x(row_ratio(Some(row), find(&r.readback, b, row.procs)));

@@ -2396,13 +2396,12 @@ fn per_snapshot(s: &mut Md, o: &DOpts, r: &DResults) {
         });
         let mut head = vec!["method".to_string()];
         head.extend((0..x.snapshots).map(|i| format!("{i:02}")));
-        let head: Vec<&str> = head.iter().map(String::as_str).collect();
         let input = x.bytes_per_snapshot.first().map_or("?".into(), |&b| mb(b));
         let title = format!(
             "Bytes added per snapshot (MB): {} (input {input} per snapshot)",
             x.name
         );
-        let mut t = Table::new(title, &head);
+        let mut t = Table::with_head(title, &head);
         for y in rows {
             let mut row = vec![y.method.clone()];
             row.extend(
@@ -2429,8 +2428,7 @@ fn work_section(s: &mut Md, o: &DOpts, r: &DResults) {
         }
         let mut head = vec!["step (one thread): s (GB/s)".to_string()];
         head.extend(rows.iter().map(|b| format!("`{}`", b.config)));
-        let head: Vec<&str> = head.iter().map(String::as_str).collect();
-        let mut t = Table::new(
+        let mut t = Table::with_head(
             format!("What the work costs: {} ({})", x.name, mb(x.input_bytes)),
             &head,
         );
@@ -2523,8 +2521,7 @@ fn profile_section(s: &mut Md, r: &DResults) {
             p.ingest_s
         ));
     }
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new("Profile (perf): share of samples", &head);
+    let mut t = Table::with_head("Profile (perf): share of samples", &head);
     for c in &cats {
         let mut row = vec![c.clone()];
         for p in &r.profiles {
@@ -2540,7 +2537,7 @@ fn profile_section(s: &mut Md, r: &DResults) {
     s.push(t);
     for p in &r.profiles {
         let title = format!("Profile (perf): top symbols, {} `{}`", p.series, p.config);
-        let mut t = Table::new(title, &["self %", "object", "symbol", "category"]);
+        let mut t = Table::new(title, "self % | object | symbol | category");
         for x in p.top.iter().take(15) {
             let mut sym = x.symbol.replace('|', "\\|");
             if sym.chars().count() > 100 {
@@ -2570,25 +2567,13 @@ fn analysis(s: &mut Md, o: &DOpts, r: &DResults) {
         o.stores[0]
     };
     let def = &o.configs[0].label;
-    let head = [
-        "series",
-        "read()",
-        "cut points",
-        "chunk scores",
-        "zstd of new chunks",
-        "pack writes",
-        "sum (CPU s/GB)",
-        "GB/s spread over all cores",
-        "measured GB/s",
-        "into the store at 1 GB/s ingest",
-        "`cp -r` into the same store",
-    ];
+    let head = "series | read() | cut points | chunk scores | zstd of new chunks | pack writes | sum (CPU s/GB) | GB/s spread over all cores | measured GB/s | into the store at 1 GB/s ingest | `cp -r` into the same store";
     let mut t = Table::new(
         format!(
             "What bounds the ingest: `{def}`, CPU s per GB ({} store, {threads} cores)",
             st.name()
         ),
-        &head,
+        head,
     );
     for b in r.breakdown.iter().filter(|b| b.config == *def) {
         let x = &b.out;

@@ -1192,20 +1192,7 @@ fn tables(rep: &Report) -> Md {
         s.verdict(format!("not measured / failed: {n}"));
     }
     summary(&mut s, o, r);
-    let mut t = Table::new(
-        "Stores and mounts",
-        &[
-            "target",
-            "store",
-            "memory",
-            "chunk",
-            "mounted after (s)",
-            "memory / that (GB/s)",
-            "burn-in (s)",
-            "`cascade mount` said",
-            "end",
-        ],
-    );
+    let mut t = Table::new("Stores and mounts", "target | store | memory | chunk | mounted after (s) | memory / that (GB/s) | burn-in (s) | `cascade mount` said | end");
     for m in &r.mounts {
         t.row([
             m.target.to_string(),
@@ -1269,8 +1256,7 @@ fn summary(s: &mut Md, o: &FOpts, r: &FResults) {
     .collect();
     let mut head = vec!["target".to_string()];
     head.extend(parts.iter().map(|p| p.title(o.small)));
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new("Summary: GB/s (vs tmpfs)", &head);
+    let mut t = Table::with_head("Summary: GB/s (vs tmpfs)", &head);
     for m in ORDER {
         if !r
             .rows
@@ -1330,7 +1316,7 @@ fn detail(o: &FOpts, r: &FResults, p: Part) -> Table {
         head.push("vs tmpfs-rewrite (per repetition)");
     }
     head.extend(["vs memcpy", "mount daemon CPU s per GB", "set-up (s)"]);
-    let mut t = Table::new(p.title(o.small), &head);
+    let mut t = Table::with_head(p.title(o.small), &head);
     let vs = |x: &Row, base: &str| {
         find(r, p, base, 1).map_or("n/a".into(), |b| ratio(x.gbps.median, b.gbps.median))
     };
@@ -1352,8 +1338,7 @@ fn scaling(o: &FOpts, r: &FResults) -> Table {
     head.extend(methods.iter().map(|m| format!("{m} GB/s")));
     head.extend(methods[1..].iter().map(|m| format!("{m} vs tmpfs")));
     head.push("fuse daemon CPU s/GB".into());
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new("Writer processes: 1 MiB writes", &head);
+    let mut t = Table::with_head("Writer processes: 1 MiB writes", &head);
     if !r.rows.iter().any(|x| x.part == Part::Scaling) {
         return t;
     }

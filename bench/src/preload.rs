@@ -1418,16 +1418,8 @@ pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
 
 /// 1 MiB writes or reads, each method against the others.
 fn bandwidth_table(title: String, rows: &[Row]) -> Table {
-    let head = [
-        "method",
-        "procs",
-        "GB/s",
-        "vs store API",
-        "vs memcpy shm",
-        "vs tmpfs",
-        "set-up (s)",
-    ];
-    let mut t = Table::new(title, &head);
+    let head = "method | procs | GB/s | vs store API | vs memcpy shm | vs tmpfs | set-up (s)";
+    let mut t = Table::new(title, head);
     for row in rows {
         let vs = |m: &str| {
             x(ratio(
@@ -1451,15 +1443,10 @@ fn bandwidth_table(title: String, rows: &[Row]) -> Table {
 
 /// The paired runs of 1 MiB writes or reads: ratio per round, median [min–max].
 fn pairs_table(r: &PResults, kind: &str) -> Table {
-    let head = [
-        "procs",
-        "preload / memcpy-shm (C)",
-        "store API / memcpy-shm (Rust)",
-        "preload / store API (normalised)",
-    ];
+    let head = "procs | preload / memcpy-shm (C) | store API / memcpy-shm (Rust) | preload / store API (normalised)";
     let mut t = Table::new(
         format!("Paired runs, {kind}s (ratio per round; GB/s medians)"),
-        &head,
+        head,
     );
     for cp in r.c_pairs.iter().filter(|c| c.kind == kind) {
         let tp = r
@@ -1528,14 +1515,8 @@ pub fn verdicts(o: &POpts, r: &PResults) -> Vec<String> {
 pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
     let (io, size) = (size_str(o.io), size_str(o.size));
     let mut out = Vec::new();
-    let head = [
-        "store",
-        "memory",
-        "chunk",
-        "create time (s)",
-        "prefault GB/s",
-    ];
-    let mut t = Table::new("Stores (`Prefault::Foreground`)", &head);
+    let head = "store | memory | chunk | create time (s) | prefault GB/s";
+    let mut t = Table::new("Stores (`Prefault::Foreground`)", head);
     for c in &r.creation {
         let (cap, cs) = (size_str(c.capacity), size_str(c.chunk_size));
         t.row([
@@ -1552,21 +1533,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         &r.writes,
     ));
     out.push(pairs_table(r, "write"));
-    let head = [
-        "procs",
-        "write size",
-        "calls per process",
-        "preload ns/call",
-        "store API ns/call",
-        "tmpfs ns/call",
-        "preload calls/s",
-        "tmpfs calls/s",
-        "preload vs tmpfs",
-        "preload vs store API",
-        "preload GB/s",
-        "tmpfs GB/s",
-    ];
-    let mut t = Table::new("2. Small writes: calls per second by write size", &head);
+    let head = "procs | write size | calls per process | preload ns/call | store API ns/call | tmpfs ns/call | preload calls/s | tmpfs calls/s | preload vs tmpfs | preload vs store API | preload GB/s | tmpfs GB/s";
+    let mut t = Table::new("2. Small writes: calls per second by write size", head);
     for &p in &o.procs {
         for &(size, calls) in &o.sweep {
             let f = |m: &str| find_io(&r.sweep, m, p, size);
@@ -1591,15 +1559,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         }
     }
     out.push(t);
-    let head = [
-        "size class",
-        "paper: % of writes",
-        "paper: % of data",
-        "generated writes",
-        "% of writes",
-        "% of data",
-    ];
-    let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", &head);
+    let head = "size class | paper: % of writes | paper: % of data | generated writes | % of writes | % of data";
+    let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", head);
     for m in &r.mix {
         let f = |v: f64| format!("{v:.2}");
         t.row([
@@ -1612,16 +1573,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         ]);
     }
     out.push(t);
-    let head = [
-        "method",
-        "procs",
-        "GB/s",
-        "calls/s",
-        "ns per call (mean)",
-        "vs tmpfs",
-        "vs store API",
-    ];
-    let mut t = Table::new("3. Replay of the write mix", &head);
+    let head = "method | procs | GB/s | calls/s | ns per call (mean) | vs tmpfs | vs store API";
+    let mut t = Table::new("3. Replay of the write mix", head);
     for row in &r.replay {
         let vs = |m: &str| {
             x(ratio(
@@ -1641,22 +1594,12 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         ]);
     }
     out.push(t);
-    let head = [
-        "method",
-        "procs",
-        "creates/s",
-        "µs per create",
-        "stats/s",
-        "ns per stat",
-        "unlinks/s",
-        "create vs tmpfs",
-        "stat vs tmpfs",
-    ];
+    let head = "method | procs | creates/s | µs per create | stats/s | ns per stat | unlinks/s | create vs tmpfs | stat vs tmpfs";
     let title = format!(
         "4. Metadata: {} files per process, {} stat passes",
         o.meta_files, o.meta_passes
     );
-    let mut t = Table::new(title, &head);
+    let mut t = Table::new(title, head);
     for m in &r.meta {
         let b = r
             .meta
@@ -1683,14 +1626,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         &r.readback,
     ));
     out.push(pairs_table(r, "read"));
-    let head = [
-        "call",
-        "calls",
-        "without library (ns/call)",
-        "with library (ns/call)",
-        "overhead",
-    ];
-    let mut t = Table::new("6. Overhead on non-Cascade files", &head);
+    let head = "call | calls | without library (ns/call) | with library (ns/call) | overhead";
+    let mut t = Table::new("6. Overhead on non-Cascade files", head);
     for p in &r.passthrough {
         let (pl, pr) = (st_prec(&p.plain_ns, 0), st_prec(&p.preload_ns, 0));
         t.row([

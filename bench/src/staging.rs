@@ -1858,8 +1858,7 @@ fn tables(rep: &Report) -> Md {
             ks.iter()
                 .map(|k| format!("{k} server{}, GB/s", if *k == 1 { "" } else { "s" })),
         );
-        let head: Vec<&str> = head.iter().map(String::as_str).collect();
-        let mut t = Table::new("Staging throughput, GB/s to staged", &head);
+        let mut t = Table::with_head("Staging throughput, GB/s to staged", &head);
         for &n in &o.procs {
             let mut cells = vec![format!("{n} × {}", size_str(o.total / n as u64))];
             for &k in &ks {
