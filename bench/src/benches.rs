@@ -34,8 +34,9 @@ pub struct Opts {
     #[arg(long, default_value = "bench/results")]
     #[serde(skip)]
     pub out: PathBuf,
-    /// Quick run (about a minute): 256 MiB per process, 1 repetition, 4 rounds, chunk sizes in
-    /// powers of 4, 128 MiB spill-over per process with 1 process. Explicit flags override.
+    /// Quick run (about a minute): 256 MiB per process, 1 repetition (slow ones too, spill-over
+    /// 3), 4 rounds, chunk sizes in powers of 4, 128 MiB spill-over per process with 1
+    /// process. Explicit flags override.
     #[arg(long)]
     #[serde(skip)]
     quick: bool,

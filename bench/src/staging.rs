@@ -70,7 +70,7 @@ pub struct SOpts {
     #[serde(skip)]
     out: PathBuf,
     /// Quick run: 256 MiB per throughput point, processes 1,4, servers 1,2, one 64 MiB
-    /// checkpoint, 1 repetition. Explicit flags override.
+    /// checkpoint, 1 repetition, 64 MiB link tests. Explicit flags override.
     #[arg(long)]
     #[serde(skip)]
     quick: bool,
