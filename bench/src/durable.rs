@@ -9,7 +9,7 @@
 //! - direct-s3: `DurableStore::upload_checkpoint` of the checkpoint (data, checksum object,
 //!   marker) into the throttled S3 store: the stall of an application that writes to S3.
 //! - direct-dir: write(2) in 8 MiB pieces into a new file on local disk, fsync, close.
-//! - cascade: a small C program (`WRITER_C`, compiled with cc at the start) under `cascade
+//! - cascade: a small C program (bench/ckptwriter.c, compiled with cc at the start) under `cascade
 //!   run` writes the file into the node store with write(2) in 8 MiB pieces, closes it and
 //!   commits it, with `cascade commit` (a new process) or with `cascade_commit()` of the
 //!   preloaded library (`--commit`); its own elapsed time is the stall. The node agent

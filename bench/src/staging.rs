@@ -248,135 +248,6 @@ impl SOpts {
 // ---------------------------------------------------------------------------------------------
 // Programs: the writers (C, compiled at the start) and private copies of the CLI and library.
 
-/// N writer processes with a common start, run under `cascade run`.
-const STAGE_WRITER_C: &str = r#"
-/* stagewriter DIR N SIZE PIECE DATAFILE
- * Forks N writers. Writer K maps bytes K*SIZE..(K+1)*SIZE of DATAFILE (pre-faulted), creates
- * DIR/rankK.dat, reports ready, waits for the common start, writes its bytes with write(2)
- * in PIECE-byte calls and closes the file. The parent releases all writers at once (it closes
- * the write end of a pipe they block on) once every one is ready. Prints one JSON line per
- * writer, {"rank":K,"start_ns":..,"closed_ns":..}, and then {"start_ns":T} with the release
- * time; CLOCK_MONOTONIC. */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-static uint64_t now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what, const char *arg) {
-    fprintf(stderr, "stagewriter: %s %s: %s\n", what, arg, strerror(errno));
-    exit(1);
-}
-
-static void say(const char *line) {
-    size_t n = strlen(line), done = 0;
-    while (done < n) {
-        ssize_t k = write(1, line + done, n - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) exit(1);
-        done += (size_t)k;
-    }
-}
-
-int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: stagewriter DIR N SIZE PIECE DATAFILE\n");
-        return 2;
-    }
-    const char *dir = argv[1], *datafile = argv[5];
-    int n = atoi(argv[2]);
-    size_t size = strtoull(argv[3], NULL, 10), piece = strtoull(argv[4], NULL, 10);
-    if (n <= 0 || size == 0 || piece == 0) {
-        fprintf(stderr, "stagewriter: bad arguments\n");
-        return 2;
-    }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
-    int ready[2], go[2];
-    if (pipe(ready) != 0 || pipe(go) != 0) die("pipe", "");
-    for (int k = 0; k < n; k++) {
-        pid_t pid = fork();
-        if (pid < 0) die("fork", "");
-        if (pid > 0) continue;
-        close(ready[0]);
-        close(go[1]);
-        int dfd = open(datafile, O_RDONLY);
-        if (dfd < 0) die("open", datafile);
-        const unsigned char *data = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE,
-                                         dfd, (off_t)k * (off_t)size);
-        if (data == MAP_FAILED) die("mmap", datafile);
-        volatile unsigned char sink = 0;
-        for (size_t i = 0; i < size; i += 4096) sink ^= data[i];
-        char path[4096];
-        snprintf(path, sizeof path, "%s/rank%d.dat", dir, k);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) die("open", path);
-        if (write(ready[1], "r", 1) != 1) die("write", "ready pipe");
-        char c;
-        while (read(go[0], &c, 1) < 0 && errno == EINTR) {}
-        uint64_t start = now();
-        size_t done = 0;
-        while (done < size) {
-            size_t want = size - done < piece ? size - done : piece;
-            ssize_t w = write(fd, data + done, want);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                die("write", path);
-            }
-            done += (size_t)w;
-        }
-        if (close(fd) != 0) die("close", path);
-        uint64_t closed = now();
-        char line[256];
-        snprintf(line, sizeof line, "{\"rank\":%d,\"start_ns\":%llu,\"closed_ns\":%llu}\n", k,
-                 (unsigned long long)start, (unsigned long long)closed);
-        say(line);
-        _exit(sink == 256);
-    }
-    close(ready[1]);
-    close(go[0]);
-    for (int got = 0; got < n;) {
-        char buf[64];
-        ssize_t k = read(ready[0], buf, sizeof buf);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            fprintf(stderr, "stagewriter: a writer died before it was ready\n");
-            return 1;
-        }
-        got += (int)k;
-    }
-    uint64_t start = now();
-    close(go[1]);
-    int failed = 0;
-    for (int k = 0; k < n; k++) {
-        int st;
-        while (wait(&st) < 0)
-            if (errno != EINTR) die("wait", "");
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
-    }
-    if (failed) {
-        fprintf(stderr, "stagewriter: a writer failed\n");
-        return 1;
-    }
-    char line[128];
-    snprintf(line, sizeof line, "{\"start_ns\":%llu}\n", (unsigned long long)start);
-    say(line);
-    return 0;
-}
-"#;
-
 #[derive(Deserialize)]
 struct RankOut {
     #[serde(default)]
@@ -386,20 +257,17 @@ struct RankOut {
     closed_ns: Option<u64>,
 }
 
-/// The compiled writers and private copies of the CLI and the library (a rebuild of the
-/// workspace during the run must not swap them).
+/// The compiled writer (bench/ckptwriter.c: one checkpoint, or `ranks`) and private copies
+/// of the CLI and the library (a rebuild of the workspace during the run must not swap them).
 struct Programs {
     bin: PathBuf,
-    stage_writer: PathBuf,
     ckpt_writer: PathBuf,
 }
 
 impl Programs {
     fn prepare(o: &SOpts) -> Res<Programs> {
         let base = Path::new("/var/tmp").join(prefix(o.pid));
-        let stage_writer = PathBuf::from(format!("{}-stagewriter", base.display()));
         let ckpt_writer = PathBuf::from(format!("{}-ckptwriter", base.display()));
-        compile(&o.cc, STAGE_WRITER_C, &stage_writer)?;
         compile(&o.cc, WRITER_C, &ckpt_writer)?;
         if !o.cascade.is_file() {
             return err(format!(
@@ -434,11 +302,7 @@ impl Programs {
                 missing[0]
             ));
         }
-        Ok(Programs {
-            bin,
-            stage_writer,
-            ckpt_writer,
-        })
+        Ok(Programs { bin, ckpt_writer })
     }
 
     /// Whether `cascade wait` knows `--level staged`.
@@ -854,7 +718,8 @@ fn throughput_point(
         .cmd()
         .arg("run")
         .arg("--")
-        .arg(&p.stage_writer)
+        .arg(&p.ckpt_writer)
+        .arg("ranks")
         .arg(format!("{}{root}", rig.mount))
         .arg(n.to_string())
         .arg(size.to_string())
@@ -862,14 +727,14 @@ fn throughput_point(
         .arg(datafile)
         .stdin(Stdio::null())
         .output()
-        .ctx(|| "running cascade run -- stagewriter");
+        .ctx(|| "running cascade run -- ckptwriter ranks");
     let out = match out {
         Ok(x) if x.status.success() => x,
         Ok(x) => {
             let _ = watch.stop();
             let _ = absorb.finish(total);
             return err(format!(
-                "cascade run -- stagewriter {n} x {} failed ({}): {}",
+                "cascade run -- ckptwriter ranks {n} x {} failed ({}): {}",
                 size_str(size),
                 x.status,
                 procs::one_line(&x.stderr)
@@ -886,7 +751,7 @@ fn throughput_point(
         let _ = watch.stop();
         let _ = absorb.finish(total);
         return err(format!(
-            "stagewriter printed no start line: {:?}",
+            "ckptwriter ranks printed no start line: {:?}",
             String::from_utf8_lossy(&out.stdout)
         ));
     };
