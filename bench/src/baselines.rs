@@ -2,11 +2,13 @@
 //! write to the durable store, and the C checkpoint writer run under `cascade run`.
 
 use crate::net::WireWatch;
+use crate::procs::{one_line, Node};
 use crate::util::{self, now_ns, Context, Res};
 use cascade_durable::{DurableStore, UploadItem};
 use serde::Deserialize;
 use std::io::Write;
 use std::path::Path;
+use std::process::Stdio;
 
 /// Before every measurement: flush dirty pages (the S3 server and the disk baseline leave up
 /// to a GiB of them) and wait for an idle machine.
@@ -78,6 +80,44 @@ pub(crate) fn direct_dir(dir: &Path, data: &[u8], piece: usize) -> Res<(f64, f64
 /// The checkpoint writers run under `cascade run` (bench/ckptwriter.c, compiled with cc at
 /// the start of the run): one file and its commit, or N ranks with a common start.
 pub(crate) const WRITER_C: &str = include_str!("../ckptwriter.c");
+
+/// `cascade run -- ckptwriter FILE SIZE PIECE DATAFILE MODE CASCADE /NAME` on `node` (FILE
+/// under the mount prefix `mount`: NAME/data.bin), committed with `mode` (cli or lib).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_ckptwriter(
+    node: &Node,
+    writer: &Path,
+    mount: &str,
+    name: &str,
+    size: u64,
+    piece: u64,
+    datafile: &Path,
+    mode: &str,
+) -> Res<WriterOut> {
+    let file = format!("{mount}/{name}/data.bin");
+    let mut cmd = node.cmd();
+    cmd.args(["run", "--"]).arg(writer).arg(&file);
+    cmd.args([size.to_string(), piece.to_string()])
+        .arg(datafile)
+        .arg(mode);
+    let out = cmd
+        .arg(&node.bin)
+        .arg(format!("/{name}"))
+        .stdin(Stdio::null())
+        .output();
+    let out = out.ctx(|| "running cascade run -- ckptwriter")?;
+    if !out.status.success() {
+        return util::err(format!(
+            "cascade run -- ckptwriter {file} failed ({}): {}",
+            out.status,
+            one_line(&out.stderr)
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rev().find(|l| l.starts_with('{'));
+    line.and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| util::BenchError(format!("ckptwriter printed no timing line: {stdout:?}")))
+}
 
 #[derive(Deserialize)]
 pub(crate) struct WriterOut {

@@ -23,13 +23,13 @@
 //!   uploads, tells when the data was on the wire and how long the server took after it.
 
 use crate::baselines::{
-    clear_remote, data_file, direct_dir, direct_s3, settle, WriterOut, WRITER_C,
+    clear_remote, data_file, direct_dir, direct_s3, run_ckptwriter, settle, WRITER_C,
 };
 use crate::format::{num, ratio, secs_gbps, st as secs, x, x_prec};
 use crate::net::{endpoint_ip, link_goodput, offloads_of, s3_server, tbf_of, WireWatch};
-use crate::procs::{compile, one_line, private_cli, Node};
+use crate::procs::{compile, private_cli, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock};
-use crate::util::{self, err, gbps, prefix, size_str, Context, Res, Stats, MIB};
+use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -321,40 +321,18 @@ impl Cascade {
         let store_path = format!("/{name}");
         clear_remote(durable, &name)?;
         settle();
-        let file = format!("{}/{name}/data.bin", self.mount);
         let watch = WireWatch::start(&self.link_dev);
-        let out = self
-            .node
-            .cmd()
-            .arg("run")
-            .arg("--")
-            .arg(&self.writer)
-            .arg(&file)
-            .arg(size.to_string())
-            .arg(self.piece.to_string())
-            .arg(&self.datafile)
-            .arg(via.arg())
-            .arg(&self.node.bin)
-            .arg(&store_path)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| "running cascade run -- ckptwriter")?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade run -- ckptwriter {file} failed ({}): {}",
-                out.status,
-                one_line(&out.stderr)
-            ));
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let w: WriterOut = stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| {
-                util::BenchError(format!("ckptwriter printed no timing line: {stdout:?}"))
-            })?;
+        let (writer, data) = (&self.writer, &self.datafile);
+        let w = run_ckptwriter(
+            &self.node,
+            writer,
+            &self.mount,
+            &name,
+            size,
+            self.piece,
+            data,
+            via.arg(),
+        )?;
         let durable_at = self
             .node
             .wait_level(&store_path, "durable", self.wait_timeout_s);

@@ -28,7 +28,7 @@
 //! server) — the predicates `cascade wait --level staged` uses. The checkpoint part also runs
 //! `cascade wait --level staged` and `--level durable` and reports when they returned.
 
-use crate::baselines::{self, data_file, memcpy_s, tmpfs_s, WriterOut, WRITER_C};
+use crate::baselines::{self, data_file, memcpy_s, run_ckptwriter, tmpfs_s, WRITER_C};
 use crate::format::{num, secs_gbps, st};
 use crate::net;
 use crate::net::{s3_server, WireWatch};
@@ -925,51 +925,17 @@ fn checkpoint_cascade(
     let timeout = Duration::from_secs(o.wait_timeout_s);
     let watch = StoreWatch::start(rig.store()?, &store_path, 1, true, timeout);
     let wire = WireWatch::start(&o.link_dev);
-    let file = format!("{}/{name}/data.bin", rig.mount);
-    let out = rig
-        .node
-        .cmd()
-        .arg("run")
-        .arg("--")
-        .arg(&p.ckpt_writer)
-        .arg(&file)
-        .arg(size.to_string())
-        .arg(o.piece.to_string())
-        .arg(datafile)
-        .arg("lib")
-        .arg(&rig.node.bin)
-        .arg(&store_path)
-        .stdin(Stdio::null())
-        .output()
-        .ctx(|| "running cascade run -- ckptwriter");
-    let fail = |watch: StoreWatch, wire: Option<WireWatch>| {
-        let _ = watch.stop();
-        let _ = wire.and_then(|w| w.finish());
-    };
-    let out = match out {
-        Ok(x) if x.status.success() => x,
-        Ok(x) => {
-            fail(watch, wire);
-            return err(format!(
-                "cascade run -- ckptwriter {file} failed ({}): {}",
-                x.status,
-                procs::one_line(&x.stderr)
-            ));
-        }
+    let (writer, mount) = (&p.ckpt_writer, &rig.mount);
+    let w = run_ckptwriter(
+        &rig.node, writer, mount, name, size, o.piece, datafile, "lib",
+    );
+    let w = match w {
+        Ok(w) => w,
         Err(e) => {
-            fail(watch, wire);
+            let _ = watch.stop();
+            let _ = wire.and_then(|w| w.finish());
             return Err(e);
         }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let Some(w) = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str::<WriterOut>(l).ok())
-    else {
-        fail(watch, wire);
-        return err(format!("ckptwriter printed no timing line: {stdout:?}"));
     };
     let mut levels = Vec::new();
     if wait_staged {
