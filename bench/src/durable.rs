@@ -26,7 +26,7 @@ use crate::baselines::{
     clear_remote, data_file, direct_dir, direct_s3, run_ckptwriter, settle, WRITER_C,
 };
 use crate::format::{num, ratio, secs_gbps, st as secs, x, x_prec};
-use crate::net::{endpoint_ip, link_goodput, offloads_of, s3_server, tbf_of, WireWatch};
+use crate::net::{endpoint_ip, measure_link, s3_server, LinkInfo, WireWatch};
 use crate::procs::{compile, private_cli, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock};
 use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, MIB};
@@ -177,49 +177,6 @@ impl Commit {
 
 // ---------------------------------------------------------------------------------------------
 // The link: its configuration (tc, ethtool) and a TCP goodput test through it.
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Link {
-    /// tbf rate on the host end (bytes/s), None when the device has no tbf qdisc.
-    pub nominal_bytes_per_s: Option<f64>,
-    /// The qdisc on the host end (host -> S3, the upload direction).
-    pub upload: String,
-    /// The qdisc inside the namespace (S3 -> host).
-    pub download: String,
-    /// Segmentation offloads of the host end.
-    pub offloads: String,
-    pub linktest_bytes: u64,
-    /// TCP goodput host -> namespace, bytes/s, one sample per repetition.
-    pub goodput: Option<Stats>,
-    pub linktest_error: Option<String>,
-}
-
-fn measure_link(o: &DOpts, src: &[u8]) -> Link {
-    let up = tbf_of(None, Some(&o.link_dev));
-    let down = tbf_of(Some(&o.netns), None);
-    let mut link = Link {
-        nominal_bytes_per_s: up.as_ref().map(|u| u.0),
-        upload: up.map_or_else(|| format!("no tbf on {}", o.link_dev), |u| u.1),
-        download: down.map_or_else(|| format!("no tbf in namespace {}", o.netns), |d| d.1),
-        offloads: offloads_of(&o.link_dev),
-        linktest_bytes: o.linktest_bytes,
-        goodput: None,
-        linktest_error: None,
-    };
-    if o.linktest_bytes == 0 {
-        return link;
-    }
-    let ip = match endpoint_ip(&o.url) {
-        Ok(ip) => ip,
-        Err(e) => {
-            link.linktest_error = Some(e.0);
-            return link;
-        }
-    };
-    (link.goodput, link.linktest_error) =
-        link_goodput("", &o.netns, ip, src, o.linktest_bytes, o.reps);
-    link
-}
 
 // ---------------------------------------------------------------------------------------------
 // The measurements.
@@ -407,7 +364,7 @@ pub struct CascadeStatus {
 
 #[derive(Debug, Serialize)]
 pub struct DResults {
-    pub link: Link,
+    pub link: LinkInfo,
     pub cascade: CascadeStatus,
     pub sizes: Vec<SizeRow>,
 }
@@ -443,7 +400,9 @@ enum Method {
 
 fn run_all(o: &DOpts, data: &[u8], datafile: &Path) -> Res<DResults> {
     eprintln!("link: measuring TCP goodput host -> {}", o.netns);
-    let link = measure_link(o, data);
+    let ip = endpoint_ip(&o.url).map_err(|e| e.0);
+    let (bytes, reps) = (o.linktest_bytes, o.reps);
+    let link = measure_link("host → S3", &o.netns, &o.link_dev, ip, data, bytes, reps);
     let durable = DurableStore::open(&o.url).ctx(|| "opening the durable store")?;
     let mut status = CascadeStatus {
         state: "measured".into(),
@@ -738,10 +697,10 @@ fn tables(rep: &Report) -> Md {
             |n| format!("{:.0} Mbit/s = {:.1} MB/s", n * 8.0 / 1e6, n / 1e6)
         )
     ));
-    s.row(format!("| host → S3 (upload) | {} |", l.upload));
-    s.row(format!("| S3 → host (download) | {} |", l.download));
+    s.row(format!("| host → S3 (upload) | {} |", l.out));
+    s.row(format!("| S3 → host (download) | {} |", l.back));
     s.row(format!("| offloads on {} | {} |", o.link_dev, l.offloads));
-    let good = match (&l.goodput, &l.linktest_error) {
+    let good = match (&l.goodput, &l.error) {
         (Some(g), _) => {
             let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
                 format!(", {:.1} % of nominal", 100.0 * g.median / n)

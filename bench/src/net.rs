@@ -330,3 +330,48 @@ pub(crate) fn tx_bytes(dev: &str) -> u64 {
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// A shaped link of a run: its tbf settings and its TCP goodput.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinkInfo {
+    pub name: String,
+    pub nominal_bytes_per_s: Option<f64>,
+    /// tc tbf of the host end and of the namespace end.
+    pub out: String,
+    pub back: String,
+    pub offloads: String,
+    pub linktest_bytes: u64,
+    pub goodput: Option<Stats>,
+    pub error: Option<String>,
+}
+
+/// The shaping and the TCP goodput (`bytes` per test, `reps` tests; none for 0 bytes) of the
+/// link named `name` from this namespace to `netns` (at `ip`), whose host end is `dev`.
+pub(crate) fn measure_link(
+    name: &str,
+    netns: &str,
+    dev: &str,
+    ip: Result<IpAddr, String>,
+    src: &[u8],
+    bytes: u64,
+    reps: usize,
+) -> LinkInfo {
+    let out = tbf_of(None, Some(dev));
+    let back = tbf_of(Some(netns), None);
+    let mut link = LinkInfo {
+        name: name.to_string(),
+        nominal_bytes_per_s: out.as_ref().map(|u| u.0),
+        out: out.map_or_else(|| format!("no tbf on {dev}"), |u| u.1),
+        back: back.map_or_else(|| format!("no tbf in namespace {netns}"), |d| d.1),
+        offloads: offloads_of(dev),
+        linktest_bytes: bytes,
+        goodput: None,
+        error: None,
+    };
+    match ip {
+        _ if bytes == 0 => {}
+        Ok(ip) => (link.goodput, link.error) = link_goodput(name, netns, ip, src, bytes, reps),
+        Err(e) => link.error = Some(e),
+    }
+    link
+}

@@ -31,7 +31,7 @@
 use crate::baselines::{self, data_file, memcpy_s, run_ckptwriter, tmpfs_s, WRITER_C};
 use crate::format::{num, secs_gbps, st};
 use crate::net;
-use crate::net::{s3_server, WireWatch};
+use crate::net::{measure_link, s3_server, WireWatch};
 use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
 use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
@@ -1044,26 +1044,13 @@ pub struct CkRow {
     pub link_min_nominal_s: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct LinkInfo {
-    pub name: String,
-    pub nominal_bytes_per_s: Option<f64>,
-    /// tc tbf of the host end and of the namespace end.
-    pub out: String,
-    pub back: String,
-    pub offloads: String,
-    pub linktest_bytes: u64,
-    pub goodput: Option<Stats>,
-    pub error: Option<String>,
-}
-
 #[derive(Debug, Default, Serialize)]
 pub struct SResults {
     pub baselines: Vec<Baseline>,
     /// One writer, one file of `total` bytes, one server, in turns with the baselines.
     pub stream: Option<TpRow>,
     pub throughput: Vec<TpRow>,
-    pub links: Vec<LinkInfo>,
+    pub links: Vec<net::LinkInfo>,
     pub checkpoint: Vec<CkRow>,
     /// Whether `cascade wait --level staged` exists in the CLI measured.
     pub wait_staged_cli: bool,
@@ -1151,38 +1138,6 @@ fn ck_method(xs: &[CkSample]) -> Option<CkMethod> {
 
 // ---------------------------------------------------------------------------------------------
 // Running the parts.
-
-/// The shaping and the TCP goodput of a link from this namespace to `netns` (at `ip`).
-fn measure_link(
-    o: &SOpts,
-    name: &str,
-    netns: &str,
-    dev: &str,
-    ip: Option<std::net::IpAddr>,
-    src: &[u8],
-) -> LinkInfo {
-    let out = net::tbf_of(None, Some(dev));
-    let back = net::tbf_of(Some(netns), None);
-    let mut link = LinkInfo {
-        name: name.to_string(),
-        nominal_bytes_per_s: out.as_ref().map(|u| u.0),
-        out: out.map_or_else(|| format!("no tbf on {dev}"), |u| u.1),
-        back: back.map_or_else(|| format!("no tbf in namespace {netns}"), |d| d.1),
-        offloads: net::offloads_of(dev),
-        linktest_bytes: o.linktest_bytes,
-        goodput: None,
-        error: None,
-    };
-    let Some(ip) = ip else {
-        link.error = Some("no address to test".into());
-        return link;
-    };
-    if o.linktest_bytes == 0 {
-        return link;
-    }
-    (link.goodput, link.error) = net::link_goodput(name, netns, ip, src, o.linktest_bytes, o.reps);
-    link
-}
 
 #[derive(Clone, Copy, Debug)]
 enum SsdMethod {
@@ -1430,22 +1385,25 @@ fn checkpoint_part(
         return Ok(());
     }
     eprintln!("links: TCP goodput to the staging namespace and to the S3 namespace");
-    let stage_ip: Option<std::net::IpAddr> = o.stage_ip.parse().ok();
+    let stage_ip = o
+        .stage_ip
+        .parse()
+        .map_err(|_| "no address to test".to_string());
+    let (bytes, reps) = (o.linktest_bytes, o.reps);
+    let (netns, dev) = (&o.stage_netns, &o.stage_link_dev);
+    let name = "node → staging server";
+    r.links
+        .push(measure_link(name, netns, dev, stage_ip, data, bytes, reps));
+    let s3_ip = net::endpoint_ip(&url).map_err(|e| e.0);
+    let name = "node or staging server → S3";
     r.links.push(measure_link(
-        o,
-        "node → staging server",
-        &o.stage_netns,
-        &o.stage_link_dev,
-        stage_ip,
-        data,
-    ));
-    r.links.push(measure_link(
-        o,
-        "node or staging server → S3",
+        name,
         &o.netns,
         &o.link_dev,
-        net::endpoint_ip(&url).ok(),
+        s3_ip,
         data,
+        bytes,
+        reps,
     ));
     let nominal = r.links[1].nominal_bytes_per_s;
     let durable = DurableStore::open(&url).ctx(|| "opening the S3 store")?;
