@@ -26,7 +26,7 @@ use crate::baselines::{
     clear_remote, data_file, direct_dir, direct_s3, run_ckptwriter, settle, WRITER_C,
 };
 use crate::format::{num, ratio, secs_gbps, st as secs, x, x_prec};
-use crate::net::{endpoint_ip, measure_link, s3_server, LinkInfo, WireWatch};
+use crate::net::{endpoint_ip, links_table, measure_link, s3_server, LinkInfo, WireWatch};
 use crate::procs::{compile, private_cli, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock};
 use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, MIB};
@@ -688,41 +688,7 @@ fn tables(rep: &Report) -> Md {
         }
     }
 
-    s.title("Link".into());
-    s.head("| | |");
-    s.row(format!(
-        "| nominal rate | {} |",
-        l.nominal_bytes_per_s.map_or_else(
-            || "unknown (no tbf found)".into(),
-            |n| format!("{:.0} Mbit/s = {:.1} MB/s", n * 8.0 / 1e6, n / 1e6)
-        )
-    ));
-    s.row(format!("| host → S3 (upload) | {} |", l.out));
-    s.row(format!("| S3 → host (download) | {} |", l.back));
-    s.row(format!("| offloads on {} | {} |", o.link_dev, l.offloads));
-    let good = match (&l.goodput, &l.error) {
-        (Some(g), _) => {
-            let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
-                format!(", {:.1} % of nominal", 100.0 * g.median / n)
-            });
-            let range = if g.samples.len() > 1 {
-                format!(" [{:.1}–{:.1}]", g.min / 1e6, g.max / 1e6)
-            } else {
-                String::new()
-            };
-            format!(
-                "{:.1}{range} MB/s ({:.0} Mbit/s{pct}); {} per test, {} test{}",
-                g.median / 1e6,
-                g.median * 8.0 / 1e6,
-                size_str(l.linktest_bytes),
-                g.samples.len(),
-                if g.samples.len() == 1 { "" } else { "s" }
-            )
-        }
-        (None, Some(e)) => format!("failed: {e}"),
-        (None, None) => "not measured".into(),
-    };
-    s.row(format!("| TCP goodput host → S3 namespace (one connection, from connect until the receiver acknowledged the last byte) | {good} |"));
+    s.push(links_table(std::slice::from_ref(l)));
 
     let m = &rep.header.machine;
     let store = format!(

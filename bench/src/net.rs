@@ -375,3 +375,30 @@ pub(crate) fn measure_link(
     }
     link
 }
+
+/// The table of the links of a run: shaping, offloads and TCP goodput (one connection, from
+/// connect until the receiver acknowledged the last byte).
+pub(crate) fn links_table(links: &[LinkInfo]) -> crate::report::Table {
+    let bytes = links.first().map_or(0, |l| l.linktest_bytes);
+    let head = format!("link | nominal | host end | namespace end | offloads (host end) | TCP goodput, one connection ({} per test)", size_str(bytes));
+    let mut t = crate::report::Table::new("Links", &head);
+    for l in links {
+        let good = match (&l.goodput, &l.error) {
+            (Some(g), _) => {
+                let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
+                    format!(" ({:.1} % of nominal)", 100.0 * g.median / n)
+                });
+                let (med, min, max) = (g.median / 1e6, g.min / 1e6, g.max / 1e6);
+                format!("{med:.1} [{min:.1}–{max:.1}] MB/s{pct}")
+            }
+            (None, Some(e)) => format!("failed: {e}"),
+            (None, None) => "not measured".into(),
+        };
+        let nominal = l.nominal_bytes_per_s.map_or_else(
+            || "unknown".into(),
+            |n| format!("{:.0} Mbit/s", n * 8.0 / 1e6),
+        );
+        t.row([&l.name, &nominal, &l.out, &l.back, &l.offloads, &good]);
+    }
+    t
+}

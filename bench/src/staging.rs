@@ -1799,36 +1799,7 @@ fn tables(rep: &Report) -> Md {
     }
 
     if !r.links.is_empty() {
-        s.title("Links".to_string());
-        s.head(&format!("| link | nominal | host end | namespace end | offloads (host end) | TCP goodput, one connection ({} per test) |", size_str(o.linktest_bytes)));
-        for l in &r.links {
-            let good = match (&l.goodput, &l.error) {
-                (Some(g), _) => {
-                    let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
-                        format!(" ({:.1} % of nominal)", 100.0 * g.median / n)
-                    });
-                    format!(
-                        "{:.1} [{:.1}–{:.1}] MB/s{pct}",
-                        g.median / 1e6,
-                        g.min / 1e6,
-                        g.max / 1e6
-                    )
-                }
-                (None, Some(e)) => format!("failed: {e}"),
-                (None, None) => "not measured".into(),
-            };
-            s.row(format!(
-                "| {} | {} | {} | {} | {} | {good} |",
-                l.name,
-                l.nominal_bytes_per_s.map_or_else(
-                    || "unknown".into(),
-                    |n| format!("{:.0} Mbit/s", n * 8.0 / 1e6)
-                ),
-                l.out,
-                l.back,
-                l.offloads
-            ));
-        }
+        s.push(net::links_table(&r.links));
     }
 
     let disk_fs = util::fs_of(&o.arena_dir);
