@@ -63,10 +63,8 @@ def plot_sweep(rep, out):
         if base and isinstance(base[0], (int, float)):
             ax.axhline(base[0], color=color, linestyle="--", linewidth=1,
                        label=f"memcpy (1 MiB) into pre-faulted shm, {p} proc")
-    ax.set_xscale("log", base=2)
     xs = sorted({r["chunk_size"] for r in rows})
-    ax.set_xticks(xs)
-    ax.set_xticklabels([size_label(x) for x in xs], rotation=45, ha="right")
+    ticks_x(ax, xs, [size_label(x) for x in xs], rotation=45, ha="right")
     ax.set_xlabel("chunk size (writes of 1 MiB, or of the chunk size when larger)")
     ax.set_ylabel("aggregate write bandwidth (GB/s)")
     size = rep["options"]["size"]
@@ -74,11 +72,56 @@ def plot_sweep(rep, out):
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "chunk-sweep.png")
+    return save(fig, out, "chunk-sweep.png")
+
+
+def save(fig, out, name, rect=None):
+    """Lays out `fig`, writes it as OUT/NAME and returns the path."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
+    path = os.path.join(out, name)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def log_y(ax):
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def ticks_x(ax, xs, labels=None, base=2, **kw):
+    """A log2 x axis (base=None: linear) with a tick and its label at each of xs."""
+    if base:
+        ax.set_xscale("log", base=base)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels if labels is not None else [str(x) for x in xs], **kw)
+
+
+def bars(ax, groups, methods, get, value):
+    """Grouped bars: for each (method, label) of methods, one bar per group where
+    get(group, method) gives a row; value(row) is (height, (below, above)) or a height."""
+    width, errs = 0.8 / max(len(methods), 1), False
+    for i, (m, label) in enumerate(methods):
+        xs, med, lo, hi = [], [], [], []
+        for j, g in enumerate(groups):
+            r = get(g, m)
+            if r:
+                v = value(r)
+                errs = isinstance(v, tuple)
+                v, (d, u) = v if errs else (v, (0, 0))
+                xs.append(j - 0.4 + width * (i + 0.5))
+                med.append(v)
+                lo.append(d)
+                hi.append(u)
+        hatch = "//" if label.startswith(("fuse", "restic", "borg", "zstd", "cp")) else None
+        ax.bar(xs, med, width, yerr=[lo, hi] if errs else None, capsize=2,
+               color=f"C{i}", label=label, hatch=hatch,
+               edgecolor="black" if hatch else None, linewidth=0.5)
+    ax.set_xticks(range(len(groups)))
+
+
+def spread(g):
+    return g["median"], (g["median"] - g["min"], g["max"] - g["median"])
 
 
 def min_y(rows):
@@ -112,12 +155,10 @@ def plot_spill(rep, out):
                     label=f"size/(mem/T_mem + ssd/T_ssd), T_mem={tm:.1f}, T_ssd={ts:.2f} GB/s")
     ax.set_xscale("symlog", linthresh=3.0)
     ticks = [0, 3.125, 6.25, 12.5, 25, 50, 100]
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([f"{t:g}" for t in ticks])
+    ticks_x(ax, ticks, [f"{t:g}" for t in ticks], base=None)
     ax.set_xlabel("share of the data spilled to the SSD file (%)")
     ax.set_ylabel("write bandwidth incl. File::sync (GB/s)")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    log_y(ax)
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_yticks([t for t in (0.5, 1, 2, 3, 5, 10, 20, 30, 50)
                    if min_y(rows) * 0.8 <= t <= max_y(rows) * 1.25])
@@ -125,11 +166,7 @@ def plot_spill(rep, out):
     ax.set_title(f"Spill-over, {size_label(size)} per process (paper 000, Table 3)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "spill-over.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "spill-over.png")
 
 
 def plot_interposition(rep, out):
@@ -159,13 +196,10 @@ def plot_interposition(rep, out):
                          linestyle=styles[p], label=lab)
     xs = sorted({r["io"] for r in rows})
     for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs)
-        ax.set_xticklabels([size_label(x) for x in xs], rotation=45, ha="right")
+        ticks_x(ax, xs, [size_label(x) for x in xs], rotation=45, ha="right")
         ax.set_xlabel("bytes per write() call")
         ax.grid(True, which="both", alpha=0.3)
-    ax1.set_yscale("log")
-    ax1.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    log_y(ax1)
     ax1.set_ylabel("ns per call (per process)")
     ax1.set_title("Time per write() call")
     ax2.set_ylabel("aggregate write bandwidth (GB/s)")
@@ -174,11 +208,7 @@ def plot_interposition(rep, out):
     handles, labels_ = ax2.get_legend_handles_labels()
     fig.legend(handles, labels_, loc="lower center", ncol=3, fontsize=8)
     fig.suptitle("Writes by size, one new file per size (median, min-max)")
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    path = os.path.join(out, "interposition-sweep.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "interposition-sweep.png", (0, 0.1, 1, 1))
 
 
 def plot_staging(rep, out):
@@ -208,9 +238,7 @@ def plot_staging(rep, out):
                            label=f"{name} (same run)")
     total = rows[0].get("total_bytes", 0)
     for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(procs)
-        ax.set_xticklabels([str(p) for p in procs])
+        ticks_x(ax, procs)
         ax.set_xlabel(f"writer processes ({size_label(total)} in all, one file each)")
         ax.grid(True, which="both", alpha=0.3)
         ax.set_ylim(bottom=0)
@@ -221,11 +249,7 @@ def plot_staging(rep, out):
     fig.legend(handles, labels_, loc="lower center", ncol=3, fontsize=8)
     fig.suptitle(f"Staging throughput, servers on loopback, {cores} cores in all "
                  "(median, min-max)")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    path = os.path.join(out, "staging-throughput.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "staging-throughput.png", (0, 0.12, 1, 1))
 
 
 FUSE_PARTS = [("writes", "1 MiB\nwrites"), ("small-writes", "small\nwrites"),
@@ -247,25 +271,11 @@ def plot_fuse(rep, out):
     fig, axes = plt.subplots(1, 2 if scaling else 1, figsize=(14 if scaling else 10, 5.8),
                              gridspec_kw={"width_ratios": [2.2, 1]} if scaling else None)
     ax1 = axes[0] if scaling else axes
-    width = 0.8 / max(len(targets), 1)
-    for i, t in enumerate(targets):
-        xs, med, lo, hi = [], [], [], []
-        for j, (k, _) in enumerate(parts):
-            r = [x for x in rows if x["part"] == k and x["method"] == t and x["procs"] == 1]
-            if not r:
-                continue
-            g = r[0]["gbps"]
-            xs.append(j - 0.4 + width * (i + 0.5))
-            med.append(g["median"])
-            lo.append(g["median"] - g["min"])
-            hi.append(g["max"] - g["median"])
-        hatch = "//" if t.startswith("fuse") else None
-        ax1.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=f"C{i}", label=t,
-                hatch=hatch, edgecolor="black" if hatch else None, linewidth=0.5)
-    ax1.set_xticks(range(len(parts)))
+    one = {(r["part"], r["method"]): r for r in rows if r["procs"] == 1}
+    bars(ax1, [k for k, _ in parts], [(t, t) for t in targets],
+         lambda k, t: one.get((k, t)), lambda r: spread(r["gbps"]))
     ax1.set_xticklabels([lab for _, lab in parts])
-    ax1.set_yscale("log")
-    ax1.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    log_y(ax1)
     ax1.set_ylabel("GB/s (one process)")
     ax1.grid(True, axis="y", which="both", alpha=0.3)
     ax1.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.13))
@@ -280,11 +290,8 @@ def plot_fuse(rep, out):
             ax2.errorbar([r["procs"] for r in rs], med, yerr=err, marker="o", capsize=3,
                          color=f"C{i}", label=t)
         procs = sorted({r["procs"] for r in scaling})
-        ax2.set_xscale("log", base=2)
-        ax2.set_xticks(procs)
-        ax2.set_xticklabels([str(p) for p in procs])
-        ax2.set_yscale("log")
-        ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ticks_x(ax2, procs)
+        log_y(ax2)
         ax2.set_xlabel(f"writer processes ({size_label(rep['options']['size'])} in all)")
         ax2.set_ylabel("aggregate GB/s, 1 MiB writes")
         ax2.grid(True, which="both", alpha=0.3)
@@ -293,11 +300,7 @@ def plot_fuse(rep, out):
         ax2.set_title(f"Writer processes ({cores} cores, {rep['options']['threads']} "
                       "mount threads)")
     fig.suptitle("FUSE (cascade mount) vs LD_PRELOAD, tmpfs, disk, memcpy (median, min-max)")
-    fig.tight_layout()
-    path = os.path.join(out, "fuse.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "fuse.png")
 
 
 def plot_dedup(rep, out):
@@ -320,24 +323,14 @@ def plot_dedup(rep, out):
     red += [("restic", "disk", "restic"), ("borg", "disk", "borg"),
             ("zstd -1", "disk", "zstd -1 (no dedup)")]
     red = [m for m in red if any(get(s, m[0], m[1]) for s in series)]
-    width = 0.8 / max(len(red), 1)
-    for i, (m, st, label) in enumerate(red):
-        xs, ys = [], []
-        for j, s in enumerate(series):
-            r = get(s, m, st)
-            if r:
-                xs.append(j - 0.4 + width * (i + 0.5))
-                ys.append(r["reduction"])
-        hatch = None if label.startswith("ours") else "//"
-        ax1.bar(xs, ys, width, color=f"C{i}", label=label, hatch=hatch,
-                edgecolor="black" if hatch else None, linewidth=0.5)
+    bars(ax1, series, [((m, st), label) for m, st, label in red],
+         lambda s, m: get(s, *m), lambda r: r["reduction"])
     goals = {"lammps": 1.7, "torch": 3.0}
     for j, s in enumerate(series):
         if s in goals:
             ax1.plot([j - 0.45, j + 0.45], [goals[s]] * 2, "k--", linewidth=1)
             ax1.annotate(f"goal {goals[s]}x", (j + 0.45, goals[s]), fontsize=8,
                          ha="right", va="bottom")
-    ax1.set_xticks(range(len(series)))
     ax1.set_xticklabels(series)
     ax1.set_ylabel("reduction (input / stored)")
     ax1.grid(True, axis="y", alpha=0.3)
@@ -350,26 +343,12 @@ def plot_dedup(rep, out):
     spd += [("restic", "disk", "restic"), ("borg", "disk", "borg"), ("cp -r", "disk", "cp -r (disk)"),
             ("zstd -1", "disk", "zstd -1")]
     spd = [m for m in spd if any(get(s, m[0], m[1]) for s in series)]
-    width = 0.8 / max(len(spd), 1)
-    for i, (m, st, label) in enumerate(spd):
-        xs, med, lo, hi = [], [], [], []
-        for j, s in enumerate(series):
-            r = get(s, m, st)
-            if r:
-                g = r["gbps"]
-                xs.append(j - 0.4 + width * (i + 0.5))
-                med.append(g["median"])
-                lo.append(g["median"] - g["min"])
-                hi.append(g["max"] - g["median"])
-        hatch = None if label.startswith("ours") else "//"
-        ax2.bar(xs, med, width, yerr=[lo, hi], capsize=2, color=f"C{i}", label=label,
-                hatch=hatch, edgecolor="black" if hatch else None, linewidth=0.5)
+    bars(ax2, series, [((m, st), label) for m, st, label in spd],
+         lambda s, m: get(s, *m), lambda r: spread(r["gbps"]))
     ax2.axhline(1.0, color="k", linestyle="--", linewidth=1)
     ax2.annotate("goal 1 GB/s", (len(series) - 0.5, 1.0), fontsize=8, ha="right", va="bottom")
-    ax2.set_xticks(range(len(series)))
     ax2.set_xticklabels(series)
-    ax2.set_yscale("log")
-    ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    log_y(ax2)
     ax2.set_ylabel("ingest GB/s (all snapshots, in order)")
     ax2.grid(True, axis="y", which="both", alpha=0.3)
     ax2.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
@@ -377,11 +356,7 @@ def plot_dedup(rep, out):
     ax2.set_title(f"Ingest speed ({cores} cores; median, min-max)")
     fig.suptitle("Dedup repository (cascade-dedup) vs restic, borg, cp and zstd on real "
                  "checkpoint series")
-    fig.tight_layout()
-    path = os.path.join(out, "dedup.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "dedup.png")
 
 
 def main():
@@ -390,16 +365,10 @@ def main():
     with open(src) as f:
         rep = json.load(f)
     os.makedirs(out, exist_ok=True)
-    if rep.get("suite") == "interposition":
-        plots = (plot_interposition(rep, out),)
-    elif rep.get("suite") == "staging":
-        plots = (plot_staging(rep, out),)
-    elif rep.get("suite") == "fuse":
-        plots = (plot_fuse(rep, out),)
-    elif rep.get("suite") == "dedup":
-        plots = (plot_dedup(rep, out),)
-    else:
-        plots = (plot_sweep(rep, out), plot_spill(rep, out))
+    suite = rep.get("suite")
+    plots = {"interposition": (plot_interposition,), "staging": (plot_staging,),
+             "fuse": (plot_fuse,), "dedup": (plot_dedup,)}.get(suite, (plot_sweep, plot_spill))
+    plots = [plot(rep, out) for plot in plots]
     for path in plots:
         if path:
             print(f"wrote {path}")

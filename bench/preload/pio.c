@@ -8,9 +8,19 @@
  * stdout, wait for "GO" on stdin (the start barrier), run the timed part, print one JSON
  * result line, wait for EOF on stdin (the end barrier), then check and clean up.
  *
+ * It is the I/O program of the FUSE suite too (bench/src/fuse.rs: FUSE mounts, LD_PRELOAD,
+ * tmpfs, local disk), which uses write, read, memcpy and probe with aligned=1.
+ *
  * usage: pio MODE key=value...
- *   write    path= bytes= io= [warm=DIR]        create, bytes/io write() calls, close
- *   read     path= bytes= io= [warm=DIR]        open, read() until bytes, close; checks data
+ *   write    path= bytes= io= [aligned=1] [fsync=1] [rewrite=1] [warm=DIR]   create (rewrite=1:
+ *            open an existing file, not truncated, and keep it), bytes/io write() calls,
+ *            [fsync, mark "write_end" before it], close; the size is checked
+ *   read     path= bytes= io= [aligned=1] [period=N] [dontneed=1] [warm=DIR]   open, read()
+ *            until bytes, close; checks the last buffer (the file holds the pattern of seed
+ *            2, repeated every `period` bytes, default io); dontneed=1: posix_fadvise
+ *            (DONTNEED) in set-up
+ *   memcpy   shm= bytes= io= read=0|1           memcpy into (read=1: out of) a MAP_SHARED
+ *            /dev/shm object created, pre-faulted and written once in set-up; removed after
  *   paired   path= shm= offset= bytes= io= pairs= read=0|1 [warm=DIR]
  *            rounds of: the file phase (as write/read; a new file path-K per round for
  *            writes) and memcpy into (out of) a MAP_SHARED slice of the /dev/shm object shm
@@ -88,15 +98,25 @@ static const char *need(const char *key)
     return v;
 }
 
-static uint64_t need_u64(const char *key)
+static uint64_t num(const char *key, const char *v)
 {
-    const char *v = need(key);
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno || *end || end == v)
         die("%s=%s is not a number", key, v);
     return x;
+}
+
+static uint64_t need_u64(const char *key)
+{
+    return num(key, need(key));
+}
+
+static uint64_t opt_u64(const char *key, uint64_t def)
+{
+    const char *v = opt(key);
+    return v ? num(key, v) : def;
 }
 
 /* The same pattern as fill_pattern in bench/src/util.rs (xorshift64, no zero bytes). */
@@ -120,7 +140,7 @@ static void fill_pattern(unsigned char *buf, size_t len, uint64_t seed)
  * boundary run 25-45 % slower than from a page boundary), so every method of a comparison
  * must use the same kind: page-aligned buffers for sweep and replay (the Rust store-API jobs
  * of those use page-aligned ones too), malloc'd ones for the 1 MiB benchmarks (write, read,
- * paired), exactly like the Rust children of the node-store benchmarks, whose Vec comes from
+ * paired; aligned=1 makes them page-aligned), exactly like the Rust children of the node-store benchmarks, whose Vec comes from
  * the same glibc malloc (16 bytes past a page boundary at these sizes).
  */
 static unsigned char *alloc_aligned(size_t len)
@@ -139,6 +159,12 @@ static unsigned char *alloc_malloc(size_t len)
         die("out of memory (%zu bytes)", len);
     memset(p, 1, len);
     return p;
+}
+
+/* The buffer of write and read: page-aligned with aligned=1, else malloc'd. */
+static unsigned char *alloc_io(size_t len)
+{
+    return opt_u64("aligned", 0) ? alloc_aligned(len) : alloc_malloc(len);
 }
 
 /* Keeps the compiler from dropping copies whose results nobody reads. */
@@ -209,6 +235,7 @@ static struct {
     uint64_t s, e;
 } g_phases[MAX_PHASES];
 static int g_nphases;
+static uint64_t g_write_end; /* the "write_end" mark (write with fsync=1), 0 for none */
 
 static void phase(const char *name, uint64_t s, uint64_t e)
 {
@@ -231,7 +258,10 @@ static void finish(uint64_t start, uint64_t end, uint64_t bytes, uint64_t calls,
     for (int i = 0; i < g_nphases; i++)
         js("%s[\"%s\",%llu,%llu]", i ? "," : "", g_phases[i].name,
            (unsigned long long)g_phases[i].s, (unsigned long long)g_phases[i].e);
-    js("]}\n");
+    js("]");
+    if (g_write_end)
+        js(",\"marks\":{\"write_end\":%llu}", (unsigned long long)g_write_end);
+    js("}\n");
     put(g_json, g_len);
     char junk[256];
     for (;;) {
@@ -363,33 +393,100 @@ static void mode_write(void)
 {
     const char *path = need("path");
     uint64_t bytes = need_u64("bytes"), io = need_u64("io");
+    int do_sync = opt_u64("fsync", 0) != 0, rewrite = opt_u64("rewrite", 0) != 0;
     check_sizes(bytes, io);
-    unsigned char *src = alloc_malloc(io);
+    unsigned char *src = alloc_io(io);
     fill_pattern(src, io, 1);
     warm_up();
+    struct stat st;
+    if (rewrite && (stat(path, &st) != 0 || (uint64_t)st.st_size < bytes))
+        die("rewrite: %s must exist with at least %llu bytes", path, (unsigned long long)bytes);
     double setup_s;
     uint64_t start = barrier(&setup_s);
-    write_file(path, src, bytes, io);
+    int fd = open_or_die(path, rewrite ? O_WRONLY : O_WRONLY | O_CREAT | O_EXCL);
+    for (uint64_t off = 0; off < bytes; off += io)
+        write_full(fd, src, io, path);
+    if (do_sync) {
+        g_write_end = now_ns();
+        if (fsync(fd) != 0)
+            die("fsync %s: %s", path, strerror(errno));
+    }
+    close_or_die(fd, path);
     uint64_t end = now_ns();
     finish(start, end, bytes, bytes / io, setup_s);
-    check_and_unlink(path, bytes);
+    if (!rewrite)
+        check_and_unlink(path, bytes);
+    else if (stat(path, &st) != 0 || (uint64_t)st.st_size < bytes)
+        die("%s has fewer than %llu bytes", path, (unsigned long long)bytes);
 }
 
 static void mode_read(void)
 {
     const char *path = need("path");
-    uint64_t bytes = need_u64("bytes"), io = need_u64("io");
+    uint64_t bytes = need_u64("bytes"), io = need_u64("io"), period = opt_u64("period", io);
     check_sizes(bytes, io);
-    unsigned char *buf = alloc_malloc(io), *want = alloc_malloc(io);
-    fill_pattern(want, io, 2);
+    if (period < io || period % io != 0)
+        die("period=%llu must be a multiple of io", (unsigned long long)period);
+    unsigned char *buf = alloc_io(io), *want = alloc_io(period);
+    fill_pattern(want, period, 2);
     warm_up();
+    if (opt_u64("dontneed", 0)) {
+        int fd = open_or_die(path, O_RDONLY);
+        int e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        if (e != 0)
+            die("posix_fadvise %s: %s", path, strerror(e));
+        close(fd);
+    }
     double setup_s;
     uint64_t start = barrier(&setup_s);
     read_file(path, buf, bytes, io);
     uint64_t end = now_ns();
-    if (memcmp(buf, want, io) != 0)
+    if (memcmp(buf, want + (bytes - io) % period, io) != 0)
         die("%s: the data read back differs from what was written", path);
     finish(start, end, bytes, bytes / io, setup_s);
+}
+
+static void mode_memcpy(void)
+{
+    const char *shm = need("shm");
+    uint64_t bytes = need_u64("bytes"), io = need_u64("io"), rd = need_u64("read");
+    const uint64_t mib = 1 << 20;
+    check_sizes(bytes, io);
+    if (io > mib || mib % io != 0)
+        die("io=%llu must divide 1 MiB", (unsigned long long)io);
+    unsigned char *buf = alloc_aligned(io), *block = alloc_aligned(mib);
+    fill_pattern(buf, io, 1);
+    fill_pattern(block, mib, 2);
+    int fd = open_or_die(shm, O_RDWR | O_CREAT | O_EXCL);
+    if (ftruncate(fd, (off_t)bytes) != 0)
+        die("ftruncate %s: %s", shm, strerror(errno));
+    unsigned char *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED)
+        die("mmap %s: %s", shm, strerror(errno));
+    close(fd);
+    if (madvise(map, bytes, MADV_POPULATE_WRITE) != 0)
+        die("madvise(MADV_POPULATE_WRITE) %s: %s", shm, strerror(errno));
+    for (uint64_t off = 0; off < bytes; off += mib)
+        memcpy(map + off, block, bytes - off < mib ? bytes - off : mib);
+    double setup_s;
+    uint64_t start = barrier(&setup_s);
+    if (rd) {
+        for (uint64_t off = 0; off < bytes; off += io) {
+            memcpy(buf, map + off, io);
+            clobber(buf);
+        }
+    } else {
+        for (uint64_t off = 0; off < bytes; off += io)
+            memcpy(map + off, buf, io);
+        clobber(map);
+    }
+    uint64_t end = now_ns();
+    if (rd && memcmp(buf, block + (bytes - io) % mib, io) != 0)
+        die("memcpy read: wrong data");
+    finish(start, end, bytes, bytes / io, setup_s);
+    munmap(map, bytes);
+    if (unlink(shm) != 0)
+        die("unlink %s: %s", shm, strerror(errno));
 }
 
 static unsigned char *map_shm_slice(const char *shm, uint64_t offset, uint64_t bytes)
@@ -642,12 +739,14 @@ int main(int argc, char **argv)
     g_argv = argv;
     g_parent = getppid();
     if (argc < 2)
-        die("usage: pio write|read|paired|sweep|replay|meta|passthru|probe key=value...");
+        die("usage: pio write|read|memcpy|paired|sweep|replay|meta|passthru|probe key=value...");
     const char *m = argv[1];
     if (!strcmp(m, "write"))
         mode_write();
     else if (!strcmp(m, "read"))
         mode_read();
+    else if (!strcmp(m, "memcpy"))
+        mode_memcpy();
     else if (!strcmp(m, "paired"))
         mode_paired();
     else if (!strcmp(m, "sweep"))

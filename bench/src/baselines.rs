@@ -2,11 +2,13 @@
 //! write to the durable store, and the C checkpoint writer run under `cascade run`.
 
 use crate::net::WireWatch;
+use crate::procs::{one_line, Node};
 use crate::util::{self, now_ns, Context, Res};
 use cascade_durable::{DurableStore, UploadItem};
 use serde::Deserialize;
 use std::io::Write;
 use std::path::Path;
+use std::process::Stdio;
 
 /// Before every measurement: flush dirty pages (the S3 server and the disk baseline leave up
 /// to a GiB of them) and wait for an idle machine.
@@ -75,113 +77,47 @@ pub(crate) fn direct_dir(dir: &Path, data: &[u8], piece: usize) -> Res<(f64, f64
     Ok(((t1 - t0) as f64 / 1e9, (t2 - t0) as f64 / 1e9))
 }
 
-/// The checkpoint writer run under `cascade run` (compiled with cc at the start of the run).
-pub(crate) const WRITER_C: &str = r#"
-/* ckptwriter PATH SIZE PIECE DATAFILE cli|lib CASCADE CKPT
- * Writes SIZE bytes of DATAFILE (mapped and pre-faulted before the clock starts) to PATH
- * (creating its directory) with write(2) in PIECE-byte calls and closes it. Then commits the
- * checkpoint: "cli" runs `CASCADE commit CKPT` (fork + exec, waits for it); "lib" calls
- * cascade_commit(dirname(PATH)) of the preloaded libcascade.so (include/cascade.h) in this
- * process. Prints one JSON line with CLOCK_MONOTONIC times: start (before mkdir/open),
- * written (after close), committed, and the CLOCK_REALTIME start. */
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
+/// The checkpoint writers run under `cascade run` (bench/ckptwriter.c, compiled with cc at
+/// the start of the run): one file and its commit, or N ranks with a common start.
+pub(crate) const WRITER_C: &str = include_str!("../ckptwriter.c");
 
-static uint64_t ns(clockid_t c) {
-    struct timespec ts;
-    clock_gettime(c, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+/// `cascade run -- ckptwriter FILE SIZE PIECE DATAFILE MODE CASCADE /NAME` on `node` (FILE
+/// under the mount prefix `mount`: NAME/data.bin), committed with `mode` (cli or lib).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_ckptwriter(
+    node: &Node,
+    writer: &Path,
+    mount: &str,
+    name: &str,
+    size: u64,
+    piece: u64,
+    datafile: &Path,
+    mode: &str,
+) -> Res<WriterOut> {
+    let file = format!("{mount}/{name}/data.bin");
+    let mut cmd = node.cmd();
+    cmd.args(["run", "--"]).arg(writer).arg(&file);
+    cmd.args([size.to_string(), piece.to_string()])
+        .arg(datafile)
+        .arg(mode);
+    let out = cmd
+        .arg(&node.bin)
+        .arg(format!("/{name}"))
+        .stdin(Stdio::null())
+        .output();
+    let out = out.ctx(|| "running cascade run -- ckptwriter")?;
+    if !out.status.success() {
+        return util::err(format!(
+            "cascade run -- ckptwriter {file} failed ({}): {}",
+            out.status,
+            one_line(&out.stderr)
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rev().find(|l| l.starts_with('{'));
+    line.and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| util::BenchError(format!("ckptwriter printed no timing line: {stdout:?}")))
 }
-static void die(const char *what, const char *arg) {
-    fprintf(stderr, "ckptwriter: %s %s: %s\n", what, arg, strerror(errno));
-    exit(1);
-}
-
-int main(int argc, char **argv) {
-    if (argc != 8 || (strcmp(argv[5], "cli") != 0 && strcmp(argv[5], "lib") != 0)) {
-        fprintf(stderr, "usage: ckptwriter PATH SIZE PIECE DATAFILE cli|lib CASCADE CKPT\n");
-        return 2;
-    }
-    const char *path = argv[1], *datafile = argv[4], *cascade = argv[6], *ckpt = argv[7];
-    int lib = strcmp(argv[5], "lib") == 0;
-    size_t size = strtoull(argv[2], NULL, 10), piece = strtoull(argv[3], NULL, 10);
-    int (*commit)(const char *) = NULL;
-    const char *(*why)(void) = NULL;
-    if (lib) {
-        commit = (int (*)(const char *))dlsym(RTLD_DEFAULT, "cascade_commit");
-        why = (const char *(*)(void))dlsym(RTLD_DEFAULT, "cascade_strerror_last");
-        if (!commit) {
-            fprintf(stderr, "ckptwriter: no cascade_commit (libcascade.so not preloaded?)\n");
-            return 1;
-        }
-    }
-    int dfd = open(datafile, O_RDONLY);
-    if (dfd < 0) die("open", datafile);
-    const unsigned char *data = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE, dfd, 0);
-    if (data == MAP_FAILED) die("mmap", datafile);
-    volatile unsigned char sink = 0;
-    for (size_t i = 0; i < size; i += 4096) sink ^= data[i];
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) *slash = 0;
-
-    uint64_t start = ns(CLOCK_MONOTONIC), start_unix = ns(CLOCK_REALTIME);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) die("open", path);
-    size_t done = 0;
-    while (done < size) {
-        size_t want = size - done < piece ? size - done : piece;
-        ssize_t k = write(fd, data + done, want);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            die("write", path);
-        }
-        done += (size_t)k;
-    }
-    if (close(fd) != 0) die("close", path);
-    uint64_t written = ns(CLOCK_MONOTONIC);
-    if (lib) {
-        if (commit(dir) != 0) {
-            fprintf(stderr, "ckptwriter: cascade_commit(%s): %s\n", dir,
-                    why ? why() : strerror(errno));
-            return 1;
-        }
-    } else {
-        pid_t pid = fork();
-        if (pid < 0) die("fork", "");
-        if (pid == 0) {
-            execl(cascade, cascade, "commit", ckpt, (char *)NULL);
-            fprintf(stderr, "ckptwriter: exec %s: %s\n", cascade, strerror(errno));
-            _exit(127);
-        }
-        int st;
-        while (waitpid(pid, &st, 0) < 0)
-            if (errno != EINTR) die("waitpid", "");
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "ckptwriter: %s commit %s failed (status %d)\n", cascade, ckpt, st);
-            return 1;
-        }
-    }
-    uint64_t committed = ns(CLOCK_MONOTONIC);
-    printf("{\"start_ns\":%llu,\"written_ns\":%llu,\"committed_ns\":%llu,\"start_unix_ns\":%llu}\n",
-           (unsigned long long)start, (unsigned long long)written,
-           (unsigned long long)committed, (unsigned long long)start_unix);
-    return sink == 256;
-}
-"#;
 
 #[derive(Deserialize)]
 pub(crate) struct WriterOut {

@@ -6,10 +6,11 @@ use crate::format::{ratio, st, x};
 use crate::harness::{median_setup, run_group, Names, Outcome};
 use crate::report::{Table, Target};
 use crate::stores::{
-    capacity_for, tight_pair_with, with_store_files, Creation, Creations, ShmBase, TightPair,
+    capacity_for, tight_pair_with, with_store_files, Creation, Creations, ReadbackFiles, ShmBase,
+    TightPair,
 };
-use crate::util::{fill_pattern, gbps, prefix, size_str, Context, Res, Stats};
-use cascade_store::{OpenOptions, SpillConfig, Store};
+use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
+use cascade_store::{SpillConfig, Store};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,33 +26,132 @@ pub enum Bench {
     Spill,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// The options (`cascade-bench run --help`); the fields without an `arg` are derived by
+/// [`Opts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
 pub struct Opts {
+    /// Directory for node-store.md and node-store.json.
+    #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
+    pub out: PathBuf,
+    /// Quick run (about a minute): 256 MiB per process, 1 repetition (slow ones too, spill-over
+    /// 3), 4 rounds, chunk sizes in powers of 4, 128 MiB spill-over per process with 1
+    /// process. Explicit flags override.
+    #[arg(long)]
+    #[serde(skip)]
+    quick: bool,
+    /// Bytes per process in MiB (writes, steady state, sweep, read-back).
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    size_mib: u64,
+    /// Bytes per process in MiB for the spill-over benchmark.
+    #[arg(long, default_value_t = 512, default_value_if("quick", "true", "128"))]
+    #[serde(skip)]
+    spill_size_mib: u64,
+    /// Repetitions of each memory-speed measurement (writes, read-back).
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// Repetitions of the slow measurements: disk writes, steady state, chunk sweep.
+    #[arg(long, default_value_t = 3, default_value_if("quick", "true", "1"))]
+    pub slow_reps: usize,
+    /// Repetitions of each spill-over point (short runs, so more of them).
+    #[arg(long, default_value_t = 11, default_value_if("quick", "true", "3"))]
+    pub spill_reps: usize,
+    /// Rounds of the steady-state benchmark.
+    #[arg(long, default_value_t = 8, default_value_if("quick", "true", "4"))]
+    pub rounds: usize,
+    /// Checkpoints kept in the steady-state benchmark.
+    #[arg(long, default_value_t = 2)]
+    pub keep: usize,
+    /// Process counts for writes, sweep and read-back.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub procs: Vec<usize>,
+    /// Process counts for spill-over.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2",
+        default_value_if("quick", "true", "1")
+    )]
+    pub spill_procs: Vec<usize>,
+    /// Chunk sizes of the sweep: every power of 2 or of 4 from 4 KiB to 64 MiB.
+    #[arg(long, default_value_t = 2, default_value_if("quick", "true", "4"))]
+    #[serde(skip)]
+    sweep_base: u64,
+    /// Chunk size of the stores outside the sweep, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    #[serde(skip)]
+    chunk_kib: u64,
+    /// Benchmarks to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "writes,steady,readback,sweep,spill"
+    )]
+    pub benches: Vec<Bench>,
+    /// Directory on local disk for the disk-write baseline.
+    #[arg(long, default_value = "/var/tmp")]
+    pub disk_dir: PathBuf,
+    /// Directory on local disk (SSD) for the spill files [default: --disk-dir].
+    #[arg(long = "spill-dir")]
+    #[serde(skip)]
+    spill_dir_arg: Option<PathBuf>,
+    #[arg(skip)]
+    pub spill_dir: PathBuf,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
     /// Bytes per process (writes, steady-state checkpoints, sweep, read-back).
+    #[arg(skip)]
     pub size: u64,
     /// Bytes per process in the spill-over benchmark.
+    #[arg(skip)]
     pub spill_size: u64,
     /// Bytes per write/read call.
+    #[arg(skip = MIB)]
     pub io: u64,
     /// Chunk size of the stores outside the sweep.
+    #[arg(skip)]
     pub chunk_size: u64,
-    pub reps: usize,
-    /// Repetitions of the slow measurements: disk writes, steady state, chunk sweep.
-    pub slow_reps: usize,
-    /// Repetitions of each spill-over point (short runs, so more of them).
-    pub spill_reps: usize,
-    pub rounds: usize,
-    pub keep: usize,
-    pub procs: Vec<usize>,
-    pub spill_procs: Vec<usize>,
+    #[arg(skip)]
     pub sweep: Vec<u64>,
     /// Spilled shares, in percent.
+    #[arg(skip = vec![0.0, 3.125, 6.25, 12.5, 25.0, 50.0, 100.0])]
     pub shares: Vec<f64>,
-    pub disk_dir: PathBuf,
-    pub spill_dir: PathBuf,
-    pub benches: Vec<Bench>,
+}
+
+impl Opts {
+    /// Checks the options and derives the byte sizes and the sweep's chunk sizes.
+    pub fn resolve(&mut self, pid: u32) -> Res<()> {
+        if self.sweep_base != 2 && self.sweep_base != 4 {
+            return err("--sweep-base must be 2 or 4");
+        }
+        self.sweep = std::iter::successors(Some(4 * KIB), |cs| Some(cs * self.sweep_base))
+            .take_while(|&cs| cs <= 64 * MIB)
+            .collect();
+        self.chunk_size = self.chunk_kib * KIB;
+        if !self.chunk_size.is_power_of_two() || !(4 * KIB..=64 * MIB).contains(&self.chunk_size) {
+            return err("--chunk-kib must be a power of two from 4 to 65536");
+        }
+        (self.pid, self.size, self.spill_size) =
+            (pid, self.size_mib * MIB, self.spill_size_mib * MIB);
+        let (size, spill, io) = (self.size, self.spill_size, self.io);
+        if size == 0 || size % io != 0 || spill == 0 || spill % self.chunk_size.max(io) != 0 {
+            return err("sizes must be non-zero multiples of 1 MiB and of the chunk size");
+        }
+        if self.procs.is_empty() || self.procs.contains(&0) || self.spill_procs.contains(&0) {
+            return err("--procs and --spill-procs need positive process counts");
+        }
+        if self.rounds <= self.keep {
+            return err("--rounds must be larger than --keep");
+        }
+        if self.reps == 0 || self.slow_reps == 0 || self.spill_reps == 0 {
+            return err("repetitions must be positive");
+        }
+        self.spill_dir = self.spill_dir_arg.clone().unwrap_or(self.disk_dir.clone());
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -414,28 +514,7 @@ fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -
         size_str(io),
         size_str(bytes)
     );
-    let mut src = vec![0u8; io as usize];
-    fill_pattern(&mut src, 2);
-    let mut tmpfs_files = Vec::new();
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        let f = store
-            .open(&path, &OpenOptions::new().write(true).create_new(true))
-            .ctx(|| format!("creating {path} in the store"))?;
-        let mut off = 0;
-        while off < bytes {
-            f.write_all_at(&src, off)
-                .ctx(|| format!("writing {path} in the store"))?;
-            off += io;
-        }
-        drop(f);
-        let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(opts.pid));
-        let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
-        for _ in 0..bytes / io {
-            std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
-        }
-        tmpfs_files.push(tpath);
-    }
+    let files = ReadbackFiles::write(store, opts.pid, max_procs, bytes, io)?;
     let methods = ["tmpfs-read", "memcpy-shm-read", "cascade-read"];
     let order = |rep: usize| {
         if rep % 2 == 0 {
@@ -458,13 +537,13 @@ fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -
                             offset: i as u64 * bytes,
                         },
                         "tmpfs-read" => Job::FileRead {
-                            path: tmpfs_files[i].clone(),
+                            path: files.tmpfs[i].clone(),
                             bytes,
                             io,
                         },
                         _ => Job::StoreRead {
                             store: store.name().to_string(),
-                            path: format!("/rb-p{i}.dat"),
+                            path: ReadbackFiles::store_path(i),
                             bytes,
                             io,
                         },
@@ -486,15 +565,6 @@ fn readback(opts: &Opts, results: &mut Results, store: &Store, base: &ShmBase) -
         }
         let tp = tight_pair(opts, store, base, p, true)?;
         results.tight_pairs.push(tp);
-    }
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        store
-            .unlink(&path)
-            .ctx(|| format!("unlinking {path} in the store"))?;
-    }
-    for t in &tmpfs_files {
-        std::fs::remove_file(t).ctx(|| format!("removing {t}"))?;
     }
     Ok(())
 }
@@ -841,13 +911,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     let mut out = Vec::new();
     let mut t = Table::new(
         "Diagnostic: Cascade / memcpy into the same chunks (chunk-list API), paired runs",
-        &[
-            "kind",
-            "procs",
-            "ratio",
-            "Cascade GB/s",
-            "chunks memcpy GB/s",
-        ],
+        "kind | procs | ratio | Cascade GB/s | chunks memcpy GB/s",
     );
     for p in &r.tight_pairs {
         let (c, k) = (p.cascade_gbps.median, p.store_chunks_gbps.median);
@@ -862,14 +926,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     out.push(t);
     let mut t = Table::new(
         "Store creation (`Prefault::Foreground`)",
-        &[
-            "store",
-            "memory",
-            "chunk",
-            "spill file",
-            "create time (s)",
-            "prefault GB/s",
-        ],
+        "store | memory | chunk | spill file | create time (s) | prefault GB/s",
     );
     for c in &r.creation {
         let spill = if c.spill_bytes > 0 {
@@ -891,15 +948,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     let (io, size) = (size_str(o.io), size_str(o.size));
     let mut t = Table::new(
         format!("1. {io} writes, {size} per process"),
-        &[
-            "method",
-            "procs",
-            "GB/s",
-            "vs memcpy anon",
-            "vs memcpy shm",
-            "vs tmpfs write",
-            "set-up (s)",
-        ],
+        "method | procs | GB/s | vs memcpy anon | vs memcpy shm | vs tmpfs write | set-up (s)",
     );
     for row in &r.writes {
         let vs = |b: &str| x(row_ratio(Some(row), find(&r.writes, b, row.procs)));
@@ -922,7 +971,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
                 size_str(sd.bytes),
                 sd.keep
             ),
-            &["round", "Cascade GB/s", "tmpfs GB/s", "Cascade / tmpfs"],
+            "round | Cascade GB/s | tmpfs GB/s | Cascade / tmpfs",
         );
         for (i, (c, f)) in sd
             .cascade
@@ -955,8 +1004,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     for p in &o.procs {
         head.extend([format!("{p} proc GB/s"), "vs memcpy shm".into()]);
     }
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new(format!("3. Chunk-size sweep, {size} per process"), &head);
+    let mut t = Table::with_head(format!("3. Chunk-size sweep, {size} per process"), &head);
     let mut sizes: Vec<u64> = r.sweep.iter().map(|x| x.chunk_size).collect();
     sizes.dedup();
     for cs in sizes {
@@ -988,12 +1036,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
             "4. Spill-over, {} per process: model",
             size_str(o.spill_size)
         ),
-        &[
-            "procs",
-            "T_mem GB/s",
-            "T_ssd GB/s",
-            "first run (100 %, new spill file) GB/s",
-        ],
+        "procs | T_mem GB/s | T_ssd GB/s | first run (100 %, new spill file) GB/s",
     );
     for m in &r.spill_model {
         let f = |v: f64| format!("{v:.2}");
@@ -1005,19 +1048,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
         ]);
     }
     out.push(t);
-    let mut t = Table::new(
-        format!("4. Spill-over, {} per process", size_str(o.spill_size)),
-        &[
-            "procs",
-            "spilled (target)",
-            "spilled (real)",
-            "measured GB/s",
-            "formula GB/s",
-            "deviation",
-            "writes (ms)",
-            "sync (ms)",
-        ],
-    );
+    let mut t = Table::new(format!("4. Spill-over, {} per process", size_str(o.spill_size)), "procs | spilled (target) | spilled (real) | measured GB/s | formula GB/s | deviation | writes (ms) | sync (ms)");
     for s in &r.spill {
         let real = s.spilled_bytes as f64 * 100.0 / s.total_bytes as f64;
         t.row([
@@ -1034,14 +1065,7 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
     out.push(t);
     let mut t = Table::new(
         format!("5. Read-back, {io} reads, {size} per process"),
-        &[
-            "method",
-            "procs",
-            "GB/s",
-            "vs memcpy shm",
-            "vs tmpfs read",
-            "set-up (s)",
-        ],
+        "method | procs | GB/s | vs memcpy shm | vs tmpfs read | set-up (s)",
     );
     for row in &r.readback {
         let vs = |b: &str| x(row_ratio(Some(row), find(&r.readback, b, row.procs)));

@@ -67,27 +67,17 @@ impl Series {
 
 /// Regular files under `dir`, recursively, as (path relative to `dir`, path), sorted.
 fn walk_files(dir: &Path) -> Res<Vec<(String, PathBuf)>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let rd = std::fs::read_dir(&d).ctx(|| format!("listing {}", d.display()))?;
-        for e in rd {
-            let e = e.ctx(|| format!("listing {}", d.display()))?;
-            let p = e.path();
-            let ft = e.file_type().ctx(|| format!("stat {}", p.display()))?;
-            if ft.is_dir() {
-                stack.push(p);
-            } else if ft.is_file() {
-                let rel = p
-                    .strip_prefix(dir)
-                    .map(|r| r.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                out.push((rel, p));
-            }
-        }
+    if !dir.is_dir() {
+        return err(format!("{} is not a directory", dir.display()));
     }
-    out.sort();
-    Ok(out)
+    let files = cascade_testkit::files_below(dir)
+        .into_iter()
+        .filter(|p| p.is_file());
+    let rel = |p: &Path| {
+        p.strip_prefix(dir)
+            .map(|r| r.to_string_lossy().into_owned())
+    };
+    Ok(files.map(|p| (rel(&p).unwrap_or_default(), p)).collect())
 }
 
 fn blake3_file(p: &Path) -> Res<(u64, String)> {

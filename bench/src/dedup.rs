@@ -86,24 +86,32 @@ const DEFAULT_CONFIGS: [&str; 7] = [
     "cdc:avg=64KiB+none",
 ];
 
-#[derive(clap::Args)]
-pub struct DedupArgs {
+/// The options (`cascade-bench dedup --help`); the fields without an `arg` are derived by
+/// [`DOpts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct DOpts {
     /// Directory for dedup.md and dedup.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: the --quick series of make.sh (3 small snapshots each, in
     /// /var/tmp/cascade-datasets-quick), 1 repetition. Explicit flags override.
     #[arg(long)]
-    quick: bool,
-    /// Parts to run (all when not given).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Repetitions of each measurement; tables show the median [default: 5; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
+    pub quick: bool,
+    /// Parts to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "cascade,restic,borg,cp,zstd,hash,breakdown,profile"
+    )]
+    pub parts: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
     /// Series (made by bench/datasets/make.sh).
     #[arg(long, value_delimiter = ',', default_value = "torch,numpy,lammps")]
-    series: Vec<String>,
+    pub series: Vec<String>,
     /// A configuration of ours, CHUNKING+COMPRESSION[+delta] (e.g. cdc:avg=64KiB+zstd:1;
     /// +delta: each file is added with the previous snapshot's as its base, docs/dedup.md
     /// "Delta blobs"); repeat the flag for several. The first one is the one the goals are
@@ -111,31 +119,40 @@ pub struct DedupArgs {
     /// fixed:4KiB+zstd:1, fixed:4KiB+zstd:1+delta, cdc:avg=16KiB+zstd:1,
     /// cdc:avg=64KiB+zstd:-3, cdc:avg=64KiB+none].
     #[arg(long = "config")]
-    configs: Vec<String>,
+    #[serde(skip)]
+    config_specs: Vec<String>,
     /// Durable stores for our repository and for cp.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "disk,tmpfs")]
-    stores: Vec<StoreKind>,
-    /// Where the series are (generated there by make.sh when missing) [default:
-    /// /var/tmp/cascade-datasets; --quick: /var/tmp/cascade-datasets-quick].
-    #[arg(long)]
-    datasets: Option<PathBuf>,
+    pub stores: Vec<StoreKind>,
+    /// Where the series are (generated there by make.sh when missing).
+    #[arg(
+        long,
+        default_value = "/var/tmp/cascade-datasets",
+        default_value_if("quick", "true", "/var/tmp/cascade-datasets-quick")
+    )]
+    pub datasets: PathBuf,
     /// bench/datasets/make.sh (run with --quick under --quick; idempotent).
     #[arg(long, default_value = "bench/datasets/make.sh")]
-    make: PathBuf,
+    pub make: PathBuf,
     /// Local disk: the disk store, the restic and borg repositories, the zstd output.
     #[arg(long, default_value = "/var/tmp")]
-    disk_dir: PathBuf,
+    pub disk_dir: PathBuf,
     /// tmpfs: the tmpfs store.
     #[arg(long, default_value = "/dev/shm")]
-    tmpfs_dir: PathBuf,
+    pub tmpfs_dir: PathBuf,
     #[arg(long, default_value = "restic")]
-    restic: String,
+    pub restic: String,
     #[arg(long, default_value = "borg")]
-    borg: String,
+    pub borg: String,
     #[arg(long, default_value = "zstd")]
-    zstd: String,
+    pub zstd: String,
     #[arg(long, default_value = "perf")]
-    perf: String,
+    pub perf: String,
+    #[arg(skip)]
+    #[serde(skip)]
+    pub pid: u32,
+    #[arg(skip)]
+    pub configs: Vec<Config>,
 }
 
 /// One configuration of ours.
@@ -147,26 +164,6 @@ pub struct Config {
     pub compression: String,
     /// Files are added with the previous snapshot's as their base (delta blobs).
     pub delta: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct DOpts {
-    #[serde(skip)]
-    pub pid: u32,
-    pub parts: Vec<Part>,
-    pub reps: usize,
-    pub quick: bool,
-    pub series: Vec<String>,
-    pub configs: Vec<Config>,
-    pub stores: Vec<StoreKind>,
-    pub datasets: PathBuf,
-    pub make: PathBuf,
-    pub disk_dir: PathBuf,
-    pub tmpfs_dir: PathBuf,
-    pub restic: String,
-    pub borg: String,
-    pub zstd: String,
-    pub perf: String,
 }
 
 impl DOpts {
@@ -208,70 +205,31 @@ fn parse_config(spec: &str) -> Res<Config> {
     })
 }
 
-fn build_opts(a: &DedupArgs, pid: u32) -> Res<DOpts> {
-    let q = a.quick;
-    let specs: Vec<String> = if a.configs.is_empty() {
-        DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect()
-    } else {
-        a.configs.clone()
-    };
-    let configs = specs
-        .iter()
-        .map(|s| parse_config(s))
-        .collect::<Res<Vec<_>>>()?;
-    if a.series.is_empty() {
-        return err("--series needs at least one series");
-    }
-    for s in &a.series {
-        if !["torch", "numpy", "lammps"].contains(&s.as_str()) {
-            return err(format!(
-                "--series: unknown series {s} (torch, numpy, lammps)"
-            ));
+impl DOpts {
+    /// Checks the options and parses the configurations.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        self.pid = pid;
+        if self.config_specs.is_empty() {
+            self.config_specs = DEFAULT_CONFIGS.iter().map(|s| s.to_string()).collect();
         }
+        self.configs = self
+            .config_specs
+            .iter()
+            .map(|s| parse_config(s))
+            .collect::<Res<_>>()?;
+        if self.series.is_empty() || self.stores.is_empty() || self.reps == 0 {
+            return err("--series and --stores need at least one entry, --reps must be positive");
+        }
+        for s in &self.series {
+            if !["torch", "numpy", "lammps"].contains(&s.as_str()) {
+                return err(format!(
+                    "--series: unknown series {s} (torch, numpy, lammps)"
+                ));
+            }
+        }
+        self.stores.dedup();
+        Ok(())
     }
-    if a.stores.is_empty() {
-        return err("--stores needs disk, tmpfs or both");
-    }
-    let parts = if a.only.is_empty() {
-        vec![
-            Part::Cascade,
-            Part::Restic,
-            Part::Borg,
-            Part::Cp,
-            Part::Zstd,
-            Part::Hash,
-            Part::Breakdown,
-            Part::Profile,
-        ]
-    } else {
-        a.only.clone()
-    };
-    let datasets = a.datasets.clone().unwrap_or_else(|| {
-        PathBuf::from(if q {
-            "/var/tmp/cascade-datasets-quick"
-        } else {
-            "/var/tmp/cascade-datasets"
-        })
-    });
-    let mut stores = a.stores.clone();
-    stores.dedup();
-    Ok(DOpts {
-        pid,
-        parts,
-        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
-        quick: q,
-        series: a.series.clone(),
-        configs,
-        stores,
-        datasets,
-        make: a.make.clone(),
-        disk_dir: a.disk_dir.clone(),
-        tmpfs_dir: a.tmpfs_dir.clone(),
-        restic: a.restic.clone(),
-        borg: a.borg.clone(),
-        zstd: a.zstd.clone(),
-        perf: a.perf.clone(),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -279,26 +237,9 @@ fn build_opts(a: &DedupArgs, pid: u32) -> Res<DOpts> {
 
 /// Files and bytes (apparent sizes) under `dir`; (0, 0) when it does not exist.
 fn tree_bytes(dir: &Path) -> (u64, u64) {
-    let mut files = 0;
-    let mut bytes = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.filter_map(|e| e.ok()) {
-            let Ok(m) = e.path().symlink_metadata() else {
-                continue;
-            };
-            if m.is_dir() {
-                stack.push(e.path());
-            } else {
-                files += 1;
-                bytes += m.len();
-            }
-        }
-    }
-    (files, bytes)
+    let files = cascade_testkit::files_below(dir);
+    let sizes = files.iter().filter_map(|p| p.symlink_metadata().ok());
+    (files.len() as u64, sizes.map(|m| m.len()).sum())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1196,6 +1137,22 @@ fn timed(c: &mut Command, what: &str) -> Res<(f64, f64)> {
 }
 
 impl Rig<'_> {
+    /// The ingest of series `s` with configuration `cfg` into `work`.
+    fn ingest_job(&self, s: &Series, cfg: usize, work: &Work, verify_all: bool, sync: bool) -> Job {
+        let c = &self.o.configs[cfg];
+        Job::Ingest(IngestJob {
+            series: s.info.name.clone(),
+            snaps: s.snaps.clone(),
+            durable: work.0.join("durable"),
+            restore_dir: work.0.join("restore"),
+            chunking: c.chunking.clone(),
+            compression: c.compression.clone(),
+            delta: c.delta,
+            verify_all,
+            sync,
+        })
+    }
+
     fn work(&self, store: StoreKind, tag: &str) -> Res<Work> {
         let p = self
             .o
@@ -1250,19 +1207,8 @@ impl Rig<'_> {
     }
 
     fn cascade(&self, s: &Series, cfg: usize, store: StoreKind, rep: usize) -> Res<Sample> {
-        let c = &self.o.configs[cfg];
         let work = self.work(store, &format!("c{cfg}-{}", store.name()))?;
-        let job = Job::Ingest(IngestJob {
-            series: s.info.name.clone(),
-            snaps: s.snaps.clone(),
-            durable: work.0.join("durable"),
-            restore_dir: work.0.join("restore"),
-            chunking: c.chunking.clone(),
-            compression: c.compression.clone(),
-            delta: c.delta,
-            verify_all: rep == 0,
-            sync: store == StoreKind::Disk,
-        });
+        let job = self.ingest_job(s, cfg, &work, rep == 0, store == StoreKind::Disk);
         let JobOut::Ingest(out) = self.child(&job, None)? else {
             return err("the child answered another job");
         };
@@ -1440,17 +1386,7 @@ impl Rig<'_> {
             .disk_dir
             .join(format!("{}-dedup-perf.data", prefix(self.o.pid)));
         let c = &self.o.configs[0];
-        let job = Job::Ingest(IngestJob {
-            series: s.info.name.clone(),
-            snaps: s.snaps.clone(),
-            durable: work.0.join("durable"),
-            restore_dir: work.0.join("restore"),
-            chunking: c.chunking.clone(),
-            compression: c.compression.clone(),
-            delta: c.delta,
-            verify_all: false,
-            sync: false,
-        });
+        let job = self.ingest_job(s, 0, &work, false, false);
         let res = self.child(&job, Some(&data));
         let report = Command::new(&self.o.perf)
             .args([
@@ -1905,11 +1841,11 @@ fn make_datasets(o: &DOpts) -> Res<String> {
     Ok(text)
 }
 
-pub fn run(a: DedupArgs) -> Res<()> {
+pub fn run(mut o: DOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     let dirs = vec![o.disk_dir.clone(), o.tmpfs_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     // A private copy of this executable for the children: a rebuild during the run must not
     // swap it.
     let exe = o.disk_dir.join(format!("{}-exe", prefix(pid)));
@@ -1960,7 +1896,7 @@ pub fn run(a: DedupArgs) -> Res<()> {
         results: &results,
     };
     let title = "Cascade dedup repository vs restic, borg, cp and zstd on checkpoint series";
-    report::write(&a.out, "dedup", title, &rep, tables(&rep))?;
+    report::write(&o.out, "dedup", title, &rep, tables(&rep))?;
     outcome
 }
 
@@ -2460,13 +2396,12 @@ fn per_snapshot(s: &mut Md, o: &DOpts, r: &DResults) {
         });
         let mut head = vec!["method".to_string()];
         head.extend((0..x.snapshots).map(|i| format!("{i:02}")));
-        let head: Vec<&str> = head.iter().map(String::as_str).collect();
         let input = x.bytes_per_snapshot.first().map_or("?".into(), |&b| mb(b));
         let title = format!(
             "Bytes added per snapshot (MB): {} (input {input} per snapshot)",
             x.name
         );
-        let mut t = Table::new(title, &head);
+        let mut t = Table::with_head(title, &head);
         for y in rows {
             let mut row = vec![y.method.clone()];
             row.extend(
@@ -2493,8 +2428,7 @@ fn work_section(s: &mut Md, o: &DOpts, r: &DResults) {
         }
         let mut head = vec!["step (one thread): s (GB/s)".to_string()];
         head.extend(rows.iter().map(|b| format!("`{}`", b.config)));
-        let head: Vec<&str> = head.iter().map(String::as_str).collect();
-        let mut t = Table::new(
+        let mut t = Table::with_head(
             format!("What the work costs: {} ({})", x.name, mb(x.input_bytes)),
             &head,
         );
@@ -2587,8 +2521,7 @@ fn profile_section(s: &mut Md, r: &DResults) {
             p.ingest_s
         ));
     }
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new("Profile (perf): share of samples", &head);
+    let mut t = Table::with_head("Profile (perf): share of samples", &head);
     for c in &cats {
         let mut row = vec![c.clone()];
         for p in &r.profiles {
@@ -2604,7 +2537,7 @@ fn profile_section(s: &mut Md, r: &DResults) {
     s.push(t);
     for p in &r.profiles {
         let title = format!("Profile (perf): top symbols, {} `{}`", p.series, p.config);
-        let mut t = Table::new(title, &["self %", "object", "symbol", "category"]);
+        let mut t = Table::new(title, "self % | object | symbol | category");
         for x in p.top.iter().take(15) {
             let mut sym = x.symbol.replace('|', "\\|");
             if sym.chars().count() > 100 {
@@ -2634,25 +2567,13 @@ fn analysis(s: &mut Md, o: &DOpts, r: &DResults) {
         o.stores[0]
     };
     let def = &o.configs[0].label;
-    let head = [
-        "series",
-        "read()",
-        "cut points",
-        "chunk scores",
-        "zstd of new chunks",
-        "pack writes",
-        "sum (CPU s/GB)",
-        "GB/s spread over all cores",
-        "measured GB/s",
-        "into the store at 1 GB/s ingest",
-        "`cp -r` into the same store",
-    ];
+    let head = "series | read() | cut points | chunk scores | zstd of new chunks | pack writes | sum (CPU s/GB) | GB/s spread over all cores | measured GB/s | into the store at 1 GB/s ingest | `cp -r` into the same store";
     let mut t = Table::new(
         format!(
             "What bounds the ingest: `{def}`, CPU s per GB ({} store, {threads} cores)",
             st.name()
         ),
-        &head,
+        head,
     );
     for b in r.breakdown.iter().filter(|b| b.config == *def) {
         let x = &b.out;

@@ -9,7 +9,7 @@
 //! - direct-s3: `DurableStore::upload_checkpoint` of the checkpoint (data, checksum object,
 //!   marker) into the throttled S3 store: the stall of an application that writes to S3.
 //! - direct-dir: write(2) in 8 MiB pieces into a new file on local disk, fsync, close.
-//! - cascade: a small C program (`WRITER_C`, compiled with cc at the start) under `cascade
+//! - cascade: a small C program (bench/ckptwriter.c, compiled with cc at the start) under `cascade
 //!   run` writes the file into the node store with write(2) in 8 MiB pieces, closes it and
 //!   commits it, with `cascade commit` (a new process) or with `cascade_commit()` of the
 //!   preloaded library (`--commit`); its own elapsed time is the stall. The node agent
@@ -23,13 +23,13 @@
 //!   uploads, tells when the data was on the wire and how long the server took after it.
 
 use crate::baselines::{
-    clear_remote, data_file, direct_dir, direct_s3, settle, WriterOut, WRITER_C,
+    clear_remote, data_file, direct_dir, direct_s3, run_ckptwriter, settle, WRITER_C,
 };
 use crate::format::{num, ratio, secs_gbps, st as secs, x, x_prec};
-use crate::net::{endpoint_ip, link_goodput, offloads_of, s3_server, tbf_of, WireWatch};
-use crate::procs::{compile, one_line, private_cli, Node};
+use crate::net::{endpoint_ip, links_table, measure_link, s3_server, LinkInfo, WireWatch};
+use crate::procs::{compile, private_cli, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock};
-use crate::util::{self, err, gbps, prefix, size_str, Context, Res, Stats, MIB};
+use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -38,132 +38,122 @@ use std::process::{Command, Stdio};
 /// Target: time until durable within this factor of the link's physical minimum.
 const TARGET_RATIO: f64 = 1.2;
 
-#[derive(clap::Args)]
-pub struct DurableArgs {
+/// The options (`cascade-bench durable --help`); the fields without an `arg` are derived by
+/// [`DOpts::resolve`]. Serialized into durable.json without credentials.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct DOpts {
     /// Directory for durable.md and durable.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: one 64 MiB checkpoint, 1 repetition, 64 MiB link test. Explicit flags
     /// override.
     #[arg(long)]
+    #[serde(skip)]
     quick: bool,
-    /// Checkpoint sizes in MiB [default: 256,1024; --quick: 64].
-    #[arg(long, value_delimiter = ',')]
-    sizes_mib: Option<Vec<u64>>,
-    /// Repetitions of each measurement; tables show the median [default: 3; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
-    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
-    #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
-    url: Option<String>,
+    /// Checkpoint sizes in MiB.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,1024",
+        default_value_if("quick", "true", "64")
+    )]
+    #[serde(skip)]
+    sizes_mib: Vec<u64>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 3, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it); its
+    /// credentials are never written out.
+    #[arg(
+        long,
+        env = "CASCADE_BENCH_S3_URL",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    #[serde(skip)]
+    pub url: String,
     /// Network namespace of the S3 server (for the link test).
     #[arg(long, env = "CASCADE_BENCH_NETNS", default_value = "cascade-s3")]
-    netns: String,
+    pub netns: String,
     /// Host end of the shaped link, whose tbf rate is the nominal rate.
     #[arg(long, env = "CASCADE_BENCH_LINK_DEV", default_value = "cs3-host")]
-    link_dev: String,
-    /// MiB per TCP goodput test over the link; 0 skips it [default: 256; --quick: 64].
-    #[arg(long)]
-    linktest_mib: Option<u64>,
+    pub link_dev: String,
+    /// MiB per TCP goodput test over the link; 0 skips it.
+    #[arg(long, default_value_t = 256, default_value_if("quick", "true", "64"))]
+    #[serde(skip)]
+    linktest_mib: u64,
     /// Directory on local disk for the direct-dir baseline.
     #[arg(long, default_value = "/var/tmp")]
-    disk_dir: PathBuf,
+    pub disk_dir: PathBuf,
     /// The cascade CLI (its libcascade.so next to it).
     #[arg(long, default_value = "target/release/cascade")]
-    cascade: PathBuf,
+    pub cascade: PathBuf,
     /// The C compiler for the checkpoint writer.
     #[arg(long, default_value = "cc")]
-    cc: String,
+    pub cc: String,
     /// Name of the node store the cascade runs use (created and destroyed by the run).
     #[arg(long, default_value = "/cascade-bench-durable")]
-    store: String,
+    pub store: String,
     /// Mount prefix of the store under `cascade run`.
     #[arg(long, default_value = "/cascade")]
-    mount: String,
+    pub mount: String,
     /// Seconds `cascade wait --level durable` may take.
-    #[arg(long, default_value_t = 900)]
-    wait_timeout: u64,
+    #[arg(long = "wait-timeout", default_value_t = 900)]
+    pub wait_timeout_s: u64,
     /// Bytes per write(2) call of the writers, in MiB.
     #[arg(long, default_value_t = 8)]
+    #[serde(skip)]
     piece_mib: u64,
     /// How the cascade writer commits: `cascade commit` (cli) and/or cascade_commit() of the
     /// preloaded library (lib); each is a cascade run of its own.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "cli,lib")]
-    commit: Vec<Commit>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct DOpts {
+    pub commit: Vec<Commit>,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
-    /// The durable URL with its credentials: never written out.
-    #[serde(skip)]
-    pub url: String,
     /// The durable store without credentials.
+    #[arg(skip)]
     pub durable: String,
+    #[arg(skip)]
     pub sizes: Vec<u64>,
-    pub reps: usize,
-    pub netns: String,
-    pub link_dev: String,
+    #[arg(skip)]
     pub linktest_bytes: u64,
-    pub disk_dir: PathBuf,
-    pub cascade: PathBuf,
-    pub cc: String,
-    pub store: String,
-    pub mount: String,
     /// Memory of the node store: the largest checkpoint plus 256 MiB (each checkpoint is
     /// removed once durable); no spill file.
+    #[arg(skip)]
     pub capacity: u64,
-    pub wait_timeout_s: u64,
+    #[arg(skip)]
     pub piece: u64,
-    pub commit: Vec<Commit>,
 }
 
-fn build_opts(a: &DurableArgs, pid: u32) -> Res<DOpts> {
-    let q = a.quick;
-    let sizes: Vec<u64> = a
-        .sizes_mib
-        .clone()
-        .unwrap_or_else(|| if q { vec![64] } else { vec![256, 1024] })
-        .into_iter()
-        .map(|m| m * MIB)
-        .collect();
-    if sizes.is_empty() || sizes.contains(&0) {
-        return err("--sizes-mib needs positive sizes");
+impl DOpts {
+    /// Checks the options and derives the byte sizes and the durable store's description.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        self.sizes = self.sizes_mib.iter().map(|m| m * MIB).collect();
+        if self.sizes.is_empty() || self.sizes.contains(&0) {
+            return err("--sizes-mib needs positive sizes");
+        }
+        if self.piece_mib == 0 || self.reps == 0 {
+            return err("--piece-mib and --reps must be positive");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        if self.url.is_empty() {
+            return err(
+                "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
+                 (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite durable does both)",
+            );
+        }
+        self.durable = Spec::parse(&self.url).ctx(|| "--url")?.describe();
+        self.pid = pid;
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        self.linktest_bytes = self.linktest_mib * MIB;
+        self.capacity = self.sizes.iter().copied().max().unwrap_or(0) + 256 * MIB;
+        self.piece = self.piece_mib * MIB;
+        Ok(())
     }
-    if a.piece_mib == 0 {
-        return err("--piece-mib must be positive");
-    }
-    if !a.mount.starts_with('/') || a.mount.len() < 2 {
-        return err("--mount must be an absolute path other than /");
-    }
-    let Some(url) = a.url.clone().filter(|u| !u.is_empty()) else {
-        return err(
-            "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
-             (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite durable does both)",
-        );
-    };
-    let spec = Spec::parse(&url).ctx(|| "--url")?;
-    let max = sizes.iter().copied().max().unwrap_or(0);
-    Ok(DOpts {
-        pid,
-        durable: spec.describe(),
-        url,
-        sizes,
-        reps: a.reps.unwrap_or(if q { 1 } else { 3 }).max(1),
-        netns: a.netns.clone(),
-        link_dev: a.link_dev.clone(),
-        linktest_bytes: a.linktest_mib.unwrap_or(if q { 64 } else { 256 }) * MIB,
-        disk_dir: a.disk_dir.clone(),
-        cascade: a.cascade.clone(),
-        cc: a.cc.clone(),
-        store: a.store.clone(),
-        mount: a.mount.trim_end_matches('/').to_string(),
-        capacity: max + 256 * MIB,
-        wait_timeout_s: a.wait_timeout,
-        piece: a.piece_mib * MIB,
-        commit: a.commit.clone(),
-    })
 }
 
 /// How the writer commits its checkpoint.
@@ -187,49 +177,6 @@ impl Commit {
 
 // ---------------------------------------------------------------------------------------------
 // The link: its configuration (tc, ethtool) and a TCP goodput test through it.
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Link {
-    /// tbf rate on the host end (bytes/s), None when the device has no tbf qdisc.
-    pub nominal_bytes_per_s: Option<f64>,
-    /// The qdisc on the host end (host -> S3, the upload direction).
-    pub upload: String,
-    /// The qdisc inside the namespace (S3 -> host).
-    pub download: String,
-    /// Segmentation offloads of the host end.
-    pub offloads: String,
-    pub linktest_bytes: u64,
-    /// TCP goodput host -> namespace, bytes/s, one sample per repetition.
-    pub goodput: Option<Stats>,
-    pub linktest_error: Option<String>,
-}
-
-fn measure_link(o: &DOpts, src: &[u8]) -> Link {
-    let up = tbf_of(None, Some(&o.link_dev));
-    let down = tbf_of(Some(&o.netns), None);
-    let mut link = Link {
-        nominal_bytes_per_s: up.as_ref().map(|u| u.0),
-        upload: up.map_or_else(|| format!("no tbf on {}", o.link_dev), |u| u.1),
-        download: down.map_or_else(|| format!("no tbf in namespace {}", o.netns), |d| d.1),
-        offloads: offloads_of(&o.link_dev),
-        linktest_bytes: o.linktest_bytes,
-        goodput: None,
-        linktest_error: None,
-    };
-    if o.linktest_bytes == 0 {
-        return link;
-    }
-    let ip = match endpoint_ip(&o.url) {
-        Ok(ip) => ip,
-        Err(e) => {
-            link.linktest_error = Some(e.0);
-            return link;
-        }
-    };
-    (link.goodput, link.linktest_error) =
-        link_goodput("", &o.netns, ip, src, o.linktest_bytes, o.reps);
-    link
-}
 
 // ---------------------------------------------------------------------------------------------
 // The measurements.
@@ -331,40 +278,18 @@ impl Cascade {
         let store_path = format!("/{name}");
         clear_remote(durable, &name)?;
         settle();
-        let file = format!("{}/{name}/data.bin", self.mount);
         let watch = WireWatch::start(&self.link_dev);
-        let out = self
-            .node
-            .cmd()
-            .arg("run")
-            .arg("--")
-            .arg(&self.writer)
-            .arg(&file)
-            .arg(size.to_string())
-            .arg(self.piece.to_string())
-            .arg(&self.datafile)
-            .arg(via.arg())
-            .arg(&self.node.bin)
-            .arg(&store_path)
-            .stdin(Stdio::null())
-            .output()
-            .ctx(|| "running cascade run -- ckptwriter")?;
-        if !out.status.success() {
-            return err(format!(
-                "cascade run -- ckptwriter {file} failed ({}): {}",
-                out.status,
-                one_line(&out.stderr)
-            ));
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let w: WriterOut = stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| {
-                util::BenchError(format!("ckptwriter printed no timing line: {stdout:?}"))
-            })?;
+        let (writer, data) = (&self.writer, &self.datafile);
+        let w = run_ckptwriter(
+            &self.node,
+            writer,
+            &self.mount,
+            &name,
+            size,
+            self.piece,
+            data,
+            via.arg(),
+        )?;
         let durable_at = self
             .node
             .wait_level(&store_path, "durable", self.wait_timeout_s);
@@ -439,7 +364,7 @@ pub struct CascadeStatus {
 
 #[derive(Debug, Serialize)]
 pub struct DResults {
-    pub link: Link,
+    pub link: LinkInfo,
     pub cascade: CascadeStatus,
     pub sizes: Vec<SizeRow>,
 }
@@ -475,7 +400,9 @@ enum Method {
 
 fn run_all(o: &DOpts, data: &[u8], datafile: &Path) -> Res<DResults> {
     eprintln!("link: measuring TCP goodput host -> {}", o.netns);
-    let link = measure_link(o, data);
+    let ip = endpoint_ip(&o.url).map_err(|e| e.0);
+    let (bytes, reps) = (o.linktest_bytes, o.reps);
+    let link = measure_link("host → S3", &o.netns, &o.link_dev, ip, data, bytes, reps);
     let durable = DurableStore::open(&o.url).ctx(|| "opening the durable store")?;
     let mut status = CascadeStatus {
         state: "measured".into(),
@@ -761,41 +688,7 @@ fn tables(rep: &Report) -> Md {
         }
     }
 
-    s.title("Link".into());
-    s.head("| | |");
-    s.row(format!(
-        "| nominal rate | {} |",
-        l.nominal_bytes_per_s.map_or_else(
-            || "unknown (no tbf found)".into(),
-            |n| format!("{:.0} Mbit/s = {:.1} MB/s", n * 8.0 / 1e6, n / 1e6)
-        )
-    ));
-    s.row(format!("| host → S3 (upload) | {} |", l.upload));
-    s.row(format!("| S3 → host (download) | {} |", l.download));
-    s.row(format!("| offloads on {} | {} |", o.link_dev, l.offloads));
-    let good = match (&l.goodput, &l.linktest_error) {
-        (Some(g), _) => {
-            let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
-                format!(", {:.1} % of nominal", 100.0 * g.median / n)
-            });
-            let range = if g.samples.len() > 1 {
-                format!(" [{:.1}–{:.1}]", g.min / 1e6, g.max / 1e6)
-            } else {
-                String::new()
-            };
-            format!(
-                "{:.1}{range} MB/s ({:.0} Mbit/s{pct}); {} per test, {} test{}",
-                g.median / 1e6,
-                g.median * 8.0 / 1e6,
-                size_str(l.linktest_bytes),
-                g.samples.len(),
-                if g.samples.len() == 1 { "" } else { "s" }
-            )
-        }
-        (None, Some(e)) => format!("failed: {e}"),
-        (None, None) => "not measured".into(),
-    };
-    s.row(format!("| TCP goodput host → S3 namespace (one connection, from connect until the receiver acknowledged the last byte) | {good} |"));
+    s.push(links_table(std::slice::from_ref(l)));
 
     let m = &rep.header.machine;
     let store = format!(
@@ -827,11 +720,11 @@ fn tables(rep: &Report) -> Md {
     s
 }
 
-pub fn run(a: DurableArgs) -> Res<()> {
+pub fn run(mut o: DOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     let dirs = vec![PathBuf::from("/var/tmp"), o.disk_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     let clock = RunClock::start(&o.disk_dir, &o.disk_dir);
     eprintln!(
         "cascade-bench durable: durable store {}; sizes {}",
@@ -868,7 +761,7 @@ pub fn run(a: DurableArgs) -> Res<()> {
     };
     let md = tables(&rep);
     let title = "Cascade: application-perceived checkpoint time with a throttled durable store";
-    report::write(&a.out, "durable", title, &rep, md)?;
+    report::write(&o.out, "durable", title, &rep, md)?;
     if results.cascade.state == "failed" {
         return err(format!(
             "the cascade runs failed: {}",

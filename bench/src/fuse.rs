@@ -1,6 +1,6 @@
 //! `cascade-bench fuse`: the FUSE front end (`cascade mount`, crates/cascade-fuse) against the
 //! LD_PRELOAD library into the same store, tmpfs, local disk and memcpy, all measured in the
-//! same run with one C program (`fuseio`, below) doing the I/O for every target. Writes
+//! same run with one C program (bench/preload/pio.c) doing the I/O for every target. Writes
 //! fuse.md and fuse.json (bench/plot.py draws fuse.png from it). See bench/README.md.
 //!
 //! Targets: `fuse` (a fresh store mounted with `cascade mount`, direct I/O), `fuse-kcache`
@@ -66,509 +66,106 @@ impl Part {
     }
 }
 
-#[derive(clap::Args)]
-pub struct FuseArgs {
+/// The options (`cascade-bench fuse --help`); the fields without an `arg` are derived by
+/// [`FOpts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct FOpts {
     /// Directory for fuse.md and fuse.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: 256 MiB files, 1 repetition, scaling with 1 and 2 writers. Explicit flags
     /// override.
     #[arg(long)]
+    #[serde(skip)]
     quick: bool,
-    /// Parts to run (all when not given).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Repetitions of each measurement; tables show the median [default: 5; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
-    /// File size in MiB (every part; the scaling part splits it over the writers)
-    /// [default: 1024; --quick: 256].
-    #[arg(long)]
-    size_mib: Option<u64>,
+    /// Parts to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "writes,small-writes,reads,small-reads,cp,scaling"
+    )]
+    pub parts: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// File size in MiB (every part; the scaling part splits it over the writers).
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    size_mib: u64,
     /// Bytes per call of the small writes and reads, in KiB (a divisor of 1024).
     #[arg(long, default_value_t = 4)]
+    #[serde(skip)]
     small_kib: u64,
-    /// Writer processes of the scaling part [default: 1,2,4; --quick: 1,2].
-    #[arg(long, value_delimiter = ',')]
-    procs: Option<Vec<usize>>,
+    /// Writer processes of the scaling part.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4",
+        default_value_if("quick", "true", "1,2")
+    )]
+    pub procs: Vec<usize>,
     /// Request threads of each `cascade mount` (its --threads).
     #[arg(long, default_value_t = 2)]
-    threads: u16,
+    pub threads: u16,
     /// The cascade CLI (its libcascade.so next to it).
     #[arg(long, default_value = "target/release/cascade")]
-    cascade: PathBuf,
+    pub cascade: PathBuf,
     /// The C compiler for the I/O program.
     #[arg(long, default_value = "cc")]
-    cc: String,
+    pub cc: String,
     /// The cp of the cp part.
     #[arg(long, default_value = "cp")]
-    cp: String,
+    pub cp: String,
     /// Mount prefix (CASCADE_MOUNT) of the preloaded runs.
     #[arg(long, default_value = "/cascade")]
-    mount: String,
+    pub mount: String,
     /// Directory on local disk for the disk baselines.
     #[arg(long, default_value = "/var/tmp")]
-    disk_dir: PathBuf,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FOpts {
+    pub disk_dir: PathBuf,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
-    pub parts: Vec<Part>,
-    pub reps: usize,
     /// Bytes of every file (per process in the single-process parts; in all in scaling).
+    #[arg(skip)]
     pub size: u64,
+    #[arg(skip)]
     pub small: u64,
-    pub procs: Vec<usize>,
-    pub threads: u16,
     /// Memory of each FUSE store: 2 x the file size.
+    #[arg(skip)]
     pub capacity: u64,
-    pub cascade: PathBuf,
-    pub cc: String,
-    pub cp: String,
-    pub mount: String,
-    pub disk_dir: PathBuf,
 }
 
-fn build_opts(a: &FuseArgs, pid: u32) -> Res<FOpts> {
-    let q = a.quick;
-    let size = a.size_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
-    let small = a.small_kib * KIB;
-    if small == 0 || MIB % small != 0 {
-        return err("--small-kib must divide 1024");
-    }
-    let procs = a
-        .procs
-        .clone()
-        .unwrap_or_else(|| if q { vec![1, 2] } else { vec![1, 2, 4] });
-    if procs.is_empty() || procs.contains(&0) {
-        return err("--procs needs positive process counts");
-    }
-    if size == 0 || procs.iter().any(|&p| size % (p as u64 * MIB) != 0) {
-        return err("--size-mib must be a positive multiple of every process count");
-    }
-    if !a.mount.starts_with('/') || a.mount.len() < 2 {
-        return err("--mount must be an absolute path other than /");
-    }
-    if a.threads == 0 {
-        return err("--threads must be positive");
-    }
-    let parts = if a.only.is_empty() {
-        vec![
-            Part::Writes,
-            Part::SmallWrites,
-            Part::Reads,
-            Part::SmallReads,
-            Part::Cp,
-            Part::Scaling,
-        ]
-    } else {
-        a.only.clone()
-    };
-    Ok(FOpts {
-        pid,
-        parts,
-        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
-        size,
-        small,
-        procs,
-        threads: a.threads,
-        capacity: 2 * size,
-        cascade: a.cascade.clone(),
-        cc: a.cc.clone(),
-        cp: a.cp.clone(),
-        mount: a.mount.trim_end_matches('/').to_string(),
-        disk_dir: a.disk_dir.clone(),
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
-// The I/O program.
-
-/// The one program doing the I/O of every target (compiled with `cc -O2` at the start). It
-/// speaks the protocol of the bench's children (bench/src/child.rs, bench/preload/pio.c).
-const FUSEIO_C: &str = r#"
-/* fuseio: the I/O of the FUSE benchmarks (bench/src/fuse.rs), the same program for every
- * target: FUSE mounts, LD_PRELOAD, tmpfs, local disk. Protocol of the bench's children:
- * set-up, "READY" on stdout, wait for "GO" on stdin, the timed part, one JSON line, wait for
- * EOF on stdin, then check and clean up. Buffers are page-aligned.
- *
- * usage: fuseio MODE key=value...
- *   write  path= bytes= io= [fsync=1] [rewrite=1] [warm=DIR]
- *          open (a new file: O_CREAT|O_EXCL; rewrite=1: an existing one, not truncated),
- *          bytes/io write() calls, [fsync, mark "write_end" before it], close. Afterwards the
- *          size is checked and the file unlinked (kept with rewrite=1).
- *   read   path= bytes= io= [dontneed=1] [warm=DIR]
- *          open, bytes/io read() calls, close; the last buffer is checked (the file holds a
- *          1 MiB pattern, seed 2, repeated). dontneed=1: posix_fadvise(DONTNEED) in set-up.
- *   memcpy shm= bytes= io= read=0|1
- *          memcpy into (read=1: out of) a MAP_SHARED /dev/shm object created, pre-faulted
- *          (MADV_POPULATE_WRITE) and written once in set-up; removed at the end.
- *   probe  path=   (no protocol) create path with 4 KiB and keep it.
- * warm=DIR: stat(DIR) in set-up (with the library preloaded, that attaches the store) and
- * wait until the store's populate thread is done, as pio does. */
-#define _GNU_SOURCE
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-#define MIB ((uint64_t)1 << 20)
-
-static int g_argc;
-static char **g_argv;
-static pid_t g_parent;
-static uint64_t g_t_setup;
-
-static void die(const char *fmt, ...) {
-    va_list ap;
-    fprintf(stderr, "fuseio %s: ", g_argc > 1 ? g_argv[1] : "");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
-}
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static const char *opt(const char *key) {
-    size_t n = strlen(key);
-    for (int i = 2; i < g_argc; i++)
-        if (strncmp(g_argv[i], key, n) == 0 && g_argv[i][n] == '=')
-            return g_argv[i] + n + 1;
-    return NULL;
-}
-
-static const char *need(const char *key) {
-    const char *v = opt(key);
-    if (!v)
-        die("missing %s=", key);
-    return v;
-}
-
-static uint64_t num(const char *key, const char *v) {
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (errno || *end || end == v)
-        die("%s=%s is not a number", key, v);
-    return x;
-}
-
-static uint64_t need_u64(const char *key) { return num(key, need(key)); }
-
-static uint64_t opt_u64(const char *key, uint64_t def) {
-    const char *v = opt(key);
-    return v ? num(key, v) : def;
-}
-
-/* The same pattern as fill_pattern in bench/src/util.rs (xorshift64, no zero bytes). */
-static void fill_pattern(unsigned char *buf, size_t len, uint64_t seed) {
-    uint64_t x = seed | 1;
-    for (size_t i = 0; i < len; i += 8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        uint64_t v = x | 0x0101010101010101ull;
-        size_t n = len - i < 8 ? len - i : 8;
-        for (size_t k = 0; k < n; k++)
-            buf[i + k] = (unsigned char)(v >> (8 * k));
-    }
-}
-
-static unsigned char *alloc_aligned(size_t len) {
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, len ? len : 1))
-        die("out of memory (%zu bytes)", len);
-    memset(p, 1, len);
-    return p;
-}
-
-static inline void clobber(const void *p) { __asm__ volatile("" : : "r"(p) : "memory"); }
-
-static void put(const char *s, size_t n) {
-    while (n > 0) {
-        ssize_t w = write(1, s, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            die("writing to stdout: %s", strerror(errno));
-        s += w;
-        n -= (size_t)w;
-    }
-}
-
-static uint64_t barrier(double *setup_s) {
-    *setup_s = (double)(now_ns() - g_t_setup) / 1e9;
-    put("READY\n", 6);
-    char line[16];
-    size_t n = 0;
-    for (;;) {
-        char c;
-        ssize_t r = read(0, &c, 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0 || c == '\n')
-            break;
-        if (n < sizeof line - 1)
-            line[n++] = c;
-    }
-    uint64_t start = now_ns();
-    line[n] = 0;
-    if (strcmp(line, "GO") != 0 || getppid() != g_parent)
-        die("the parent did not release the start barrier");
-    return start;
-}
-
-/* The result line (fields of ChildResult in bench/src/child.rs), then wait for EOF. */
-static void finish(uint64_t start, uint64_t end, uint64_t bytes, uint64_t calls, double setup_s,
-                   uint64_t write_end) {
-    char js[512];
-    int n;
-    if (write_end)
-        n = snprintf(js, sizeof js,
-                     "{\"start_ns\":%llu,\"end_ns\":%llu,\"bytes\":%llu,\"calls\":%llu,"
-                     "\"setup_s\":%.6f,\"marks\":{\"write_end\":%llu}}\n",
-                     (unsigned long long)start, (unsigned long long)end,
-                     (unsigned long long)bytes, (unsigned long long)calls, setup_s,
-                     (unsigned long long)write_end);
-    else
-        n = snprintf(js, sizeof js,
-                     "{\"start_ns\":%llu,\"end_ns\":%llu,\"bytes\":%llu,\"calls\":%llu,"
-                     "\"setup_s\":%.6f}\n",
-                     (unsigned long long)start, (unsigned long long)end,
-                     (unsigned long long)bytes, (unsigned long long)calls, setup_s);
-    if (n < 0 || (size_t)n >= sizeof js)
-        die("result too long");
-    put(js, (size_t)n);
-    char junk[256];
-    for (;;) {
-        ssize_t r = read(0, junk, sizeof junk);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-    }
-}
-
-static int thread_count(void) {
-    DIR *d = opendir("/proc/self/task");
-    if (!d)
-        die("opendir /proc/self/task: %s", strerror(errno));
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n;
-}
-
-static void warm_up(void) {
-    const char *dir = opt("warm");
-    if (!dir)
-        return;
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        die("warm-up: stat %s: %s", dir, strerror(errno));
-    uint64_t t0 = now_ns();
-    while (thread_count() > 1) {
-        if (now_ns() - t0 > 60000000000ull)
-            die("warm-up: the store's populate thread did not finish in 60 s");
-        usleep(2000);
-    }
-}
-
-static void write_full(int fd, const unsigned char *buf, size_t n, const char *path) {
-    while (n > 0) {
-        ssize_t w = write(fd, buf, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            die("write %s: %s", path, w < 0 ? strerror(errno) : "wrote nothing");
-        buf += w;
-        n -= (size_t)w;
-    }
-}
-
-static void read_full(int fd, unsigned char *buf, size_t n, const char *path) {
-    while (n > 0) {
-        ssize_t r = read(fd, buf, n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            die("read %s: %s", path, strerror(errno));
-        if (r == 0)
-            die("read %s: unexpected end of file", path);
-        buf += r;
-        n -= (size_t)r;
-    }
-}
-
-static void check_sizes(uint64_t bytes, uint64_t io) {
-    if (io == 0 || bytes % io != 0 || io > MIB || MIB % io != 0)
-        die("io=%llu must divide 1 MiB and bytes=%llu", (unsigned long long)io,
-            (unsigned long long)bytes);
-}
-
-static void mode_write(void) {
-    const char *path = need("path");
-    uint64_t bytes = need_u64("bytes"), io = need_u64("io");
-    int do_sync = opt_u64("fsync", 0) != 0, rewrite = opt_u64("rewrite", 0) != 0;
-    check_sizes(bytes, io);
-    unsigned char *src = alloc_aligned(io);
-    fill_pattern(src, io, 1);
-    warm_up();
-    struct stat st;
-    if (rewrite && (stat(path, &st) != 0 || (uint64_t)st.st_size < bytes))
-        die("rewrite: %s must exist with at least %llu bytes", path, (unsigned long long)bytes);
-    double setup_s;
-    uint64_t start = barrier(&setup_s);
-    int fd = open(path, rewrite ? O_WRONLY : O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        die("open %s: %s", path, strerror(errno));
-    for (uint64_t off = 0; off < bytes; off += io)
-        write_full(fd, src, io, path);
-    uint64_t wend = now_ns();
-    if (do_sync && fsync(fd) != 0)
-        die("fsync %s: %s", path, strerror(errno));
-    if (close(fd) != 0)
-        die("close %s: %s", path, strerror(errno));
-    uint64_t end = now_ns();
-    finish(start, end, bytes, bytes / io, setup_s, do_sync ? wend : 0);
-    if (stat(path, &st) != 0)
-        die("stat %s: %s", path, strerror(errno));
-    if (rewrite ? (uint64_t)st.st_size < bytes : (uint64_t)st.st_size != bytes)
-        die("%s has %lld bytes, expected %llu", path, (long long)st.st_size,
-            (unsigned long long)bytes);
-    if (!rewrite && unlink(path) != 0)
-        die("unlink %s: %s", path, strerror(errno));
-}
-
-static void mode_read(void) {
-    const char *path = need("path");
-    uint64_t bytes = need_u64("bytes"), io = need_u64("io");
-    check_sizes(bytes, io);
-    unsigned char *buf = alloc_aligned(io), *want = alloc_aligned(MIB);
-    fill_pattern(want, MIB, 2);
-    warm_up();
-    if (opt_u64("dontneed", 0)) {
-        int fd = open(path, O_RDONLY);
-        if (fd < 0)
-            die("open %s: %s", path, strerror(errno));
-        int e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        if (e != 0)
-            die("posix_fadvise %s: %s", path, strerror(e));
-        close(fd);
-    }
-    double setup_s;
-    uint64_t start = barrier(&setup_s);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        die("open %s: %s", path, strerror(errno));
-    for (uint64_t off = 0; off < bytes; off += io) {
-        read_full(fd, buf, io, path);
-        clobber(buf);
-    }
-    if (close(fd) != 0)
-        die("close %s: %s", path, strerror(errno));
-    uint64_t end = now_ns();
-    if (memcmp(buf, want + (bytes - io) % MIB, io) != 0)
-        die("%s: the data read back differs from what was written", path);
-    finish(start, end, bytes, bytes / io, setup_s, 0);
-}
-
-static void mode_memcpy(void) {
-    const char *shm = need("shm");
-    uint64_t bytes = need_u64("bytes"), io = need_u64("io"), rd = need_u64("read");
-    check_sizes(bytes, io);
-    unsigned char *buf = alloc_aligned(io), *block = alloc_aligned(MIB);
-    fill_pattern(buf, io, 1);
-    fill_pattern(block, MIB, 2);
-    int fd = open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        die("open %s: %s", shm, strerror(errno));
-    if (ftruncate(fd, (off_t)bytes) != 0)
-        die("ftruncate %s: %s", shm, strerror(errno));
-    unsigned char *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED)
-        die("mmap %s: %s", shm, strerror(errno));
-    close(fd);
-    if (madvise(map, bytes, MADV_POPULATE_WRITE) != 0)
-        die("madvise(MADV_POPULATE_WRITE) %s: %s", shm, strerror(errno));
-    for (uint64_t off = 0; off < bytes; off += MIB)
-        memcpy(map + off, block, bytes - off < MIB ? bytes - off : MIB);
-    double setup_s;
-    uint64_t start = barrier(&setup_s);
-    if (rd) {
-        for (uint64_t off = 0; off < bytes; off += io) {
-            memcpy(buf, map + off, io);
-            clobber(buf);
+impl FOpts {
+    /// Checks the options and derives the byte sizes.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        (self.pid, self.size, self.small) = (pid, self.size_mib * MIB, self.small_kib * KIB);
+        self.capacity = 2 * self.size;
+        if self.small == 0 || MIB % self.small != 0 {
+            return err("--small-kib must divide 1024");
         }
-    } else {
-        for (uint64_t off = 0; off < bytes; off += io)
-            memcpy(map + off, buf, io);
-        clobber(map);
+        if self.procs.is_empty() || self.procs.contains(&0) {
+            return err("--procs needs positive process counts");
+        }
+        if self.size == 0
+            || self
+                .procs
+                .iter()
+                .any(|&p| self.size % (p as u64 * MIB) != 0)
+        {
+            return err("--size-mib must be a positive multiple of every process count");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        if self.threads == 0 || self.reps == 0 {
+            return err("--threads and --reps must be positive");
+        }
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        Ok(())
     }
-    uint64_t end = now_ns();
-    if (rd && memcmp(buf, block + (bytes - io) % MIB, io) != 0)
-        die("memcpy read: wrong data");
-    finish(start, end, bytes, bytes / io, setup_s, 0);
-    munmap(map, bytes);
-    if (unlink(shm) != 0)
-        die("unlink %s: %s", shm, strerror(errno));
 }
-
-static void mode_probe(void) {
-    const char *path = need("path");
-    unsigned char *src = alloc_aligned(4096);
-    fill_pattern(src, 4096, 1);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0)
-        die("open %s: %s", path, strerror(errno));
-    write_full(fd, src, 4096, path);
-    if (close(fd) != 0)
-        die("close %s: %s", path, strerror(errno));
-}
-
-int main(int argc, char **argv) {
-    g_t_setup = now_ns();
-    g_argc = argc;
-    g_argv = argv;
-    g_parent = getppid();
-    if (argc < 2)
-        die("usage: fuseio write|read|memcpy|probe key=value...");
-    const char *m = argv[1];
-    if (!strcmp(m, "write"))
-        mode_write();
-    else if (!strcmp(m, "read"))
-        mode_read();
-    else if (!strcmp(m, "memcpy"))
-        mode_memcpy();
-    else if (!strcmp(m, "probe"))
-        mode_probe();
-    else
-        die("unknown mode %s", m);
-    return 0;
-}
-"#;
 
 // ---------------------------------------------------------------------------------------------
 // Results.
@@ -1006,7 +603,7 @@ impl Rig<'_> {
         }
     }
 
-    /// `fuseio MODE args...`: with the library preloaded (into the store of `fuse`) or with
+    /// `pio MODE args...`: with the library preloaded (into the store of `fuse`) or with
     /// no Cascade variables at all.
     fn io(&self, preload: bool, mode: &str, args: &[(&str, String)]) -> Command {
         let mut c = clean_cmd(&self.exe);
@@ -1035,6 +632,7 @@ impl Rig<'_> {
 
     fn write_cmd(&self, m: &str, i: usize, rep: usize, bytes: u64, io: u64) -> Command {
         let mut a = vec![("bytes", bytes.to_string()), ("io", io.to_string())];
+        a.push(("aligned", "1".into()));
         match m {
             MEMCPY => {
                 a.push(("shm", self.shm(&format!("mc-p{i}"))));
@@ -1066,6 +664,8 @@ impl Rig<'_> {
             return self.io(false, "memcpy", &a);
         }
         a.push(("path", self.path_in(m, "rd.dat")));
+        a.push(("aligned", "1".into()));
+        a.push(("period", (1u64 << 20).to_string()));
         if m == DISK_COLD {
             a.push(("dontneed", "1".into()));
         }
@@ -1234,7 +834,7 @@ impl Rig<'_> {
                 .io(m == PRELOAD, "probe", &[("path", path.clone())])
                 .stdin(Stdio::null())
                 .output()
-                .ctx(|| "running fuseio probe")?;
+                .ctx(|| "running pio probe")?;
             if !out.status.success() {
                 return err(format!(
                     "{m}: could not create {path}: {}",
@@ -1442,20 +1042,20 @@ fn free_page_reporting() -> String {
     "no virtio balloon".into()
 }
 
-pub fn run(a: FuseArgs) -> Res<()> {
+pub fn run(mut o: FOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return err("the fuse suite needs root (cascade mount uses mount(2))");
     }
     let dirs = vec![PathBuf::from("/var/tmp"), o.disk_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     // Private copies of the CLI and the library: a rebuild of the workspace during the run
     // must not swap them.
     let base = Path::new("/var/tmp").join(prefix(pid));
     let exe = PathBuf::from(format!("{}-fuseio", base.display()));
-    compile(&o.cc, FUSEIO_C, &exe)?;
+    compile(&o.cc, include_str!("../preload/pio.c"), &exe)?;
     if !o.cascade.is_file() {
         return err(format!(
             "{} does not exist (cargo build --release -p cascade-cli -p cascade-preload)",
@@ -1513,7 +1113,7 @@ pub fn run(a: FuseArgs) -> Res<()> {
         results: &results,
     };
     let title = "Cascade FUSE front end (`cascade mount`) vs LD_PRELOAD, tmpfs and disk";
-    report::write(&a.out, "fuse", title, &rep, tables(&rep))?;
+    report::write(&o.out, "fuse", title, &rep, tables(&rep))?;
     outcome
 }
 
@@ -1592,20 +1192,7 @@ fn tables(rep: &Report) -> Md {
         s.verdict(format!("not measured / failed: {n}"));
     }
     summary(&mut s, o, r);
-    let mut t = Table::new(
-        "Stores and mounts",
-        &[
-            "target",
-            "store",
-            "memory",
-            "chunk",
-            "mounted after (s)",
-            "memory / that (GB/s)",
-            "burn-in (s)",
-            "`cascade mount` said",
-            "end",
-        ],
-    );
+    let mut t = Table::new("Stores and mounts", "target | store | memory | chunk | mounted after (s) | memory / that (GB/s) | burn-in (s) | `cascade mount` said | end");
     for m in &r.mounts {
         t.row([
             m.target.to_string(),
@@ -1669,8 +1256,7 @@ fn summary(s: &mut Md, o: &FOpts, r: &FResults) {
     .collect();
     let mut head = vec!["target".to_string()];
     head.extend(parts.iter().map(|p| p.title(o.small)));
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new("Summary: GB/s (vs tmpfs)", &head);
+    let mut t = Table::with_head("Summary: GB/s (vs tmpfs)", &head);
     for m in ORDER {
         if !r
             .rows
@@ -1730,7 +1316,7 @@ fn detail(o: &FOpts, r: &FResults, p: Part) -> Table {
         head.push("vs tmpfs-rewrite (per repetition)");
     }
     head.extend(["vs memcpy", "mount daemon CPU s per GB", "set-up (s)"]);
-    let mut t = Table::new(p.title(o.small), &head);
+    let mut t = Table::with_head(p.title(o.small), &head);
     let vs = |x: &Row, base: &str| {
         find(r, p, base, 1).map_or("n/a".into(), |b| ratio(x.gbps.median, b.gbps.median))
     };
@@ -1752,8 +1338,7 @@ fn scaling(o: &FOpts, r: &FResults) -> Table {
     head.extend(methods.iter().map(|m| format!("{m} GB/s")));
     head.extend(methods[1..].iter().map(|m| format!("{m} vs tmpfs")));
     head.push("fuse daemon CPU s/GB".into());
-    let head: Vec<&str> = head.iter().map(String::as_str).collect();
-    let mut t = Table::new("Writer processes: 1 MiB writes", &head);
+    let mut t = Table::with_head("Writer processes: 1 MiB writes", &head);
     if !r.rows.iter().any(|x| x.part == Part::Scaling) {
         return t;
     }

@@ -216,3 +216,57 @@ impl Names {
         )
     }
 }
+
+/// Phase `j` over all processes: (name, from the first start to the last end in ns, mean
+/// per-process duration in ns).
+pub fn phase_span(out: &Outcome, j: usize) -> Res<(String, u64, f64)> {
+    let mut first = u64::MAX;
+    let mut last = 0;
+    let mut sum = 0.0;
+    let mut name = String::new();
+    for c in &out.children {
+        let Some((m, s, e)) = c.phases.get(j) else {
+            return err(format!("a child reported no phase {j}"));
+        };
+        first = first.min(*s);
+        last = last.max(*e);
+        sum += e.saturating_sub(*s) as f64;
+        name.clone_from(m);
+    }
+    Ok((
+        name,
+        last.saturating_sub(first),
+        sum / out.children.len().max(1) as f64,
+    ))
+}
+
+/// The phases of paired runs by round: GB/s of each method in each round, `per_round`
+/// phases a round, `bytes` moved by all processes in one phase.
+pub struct Rounds(Vec<std::collections::BTreeMap<String, f64>>);
+
+impl Rounds {
+    pub fn of(out: &Outcome, per_round: usize, rounds: usize, bytes: u64) -> Res<Rounds> {
+        let mut by_round = vec![std::collections::BTreeMap::new(); rounds];
+        for j in 0..per_round * rounds {
+            let (name, span, _) = phase_span(out, j)?;
+            by_round[j / per_round].insert(name, gbps(bytes, span));
+        }
+        Ok(Rounds(by_round))
+    }
+
+    /// GB/s of method `m` over the rounds.
+    pub fn gbps(&self, m: &str) -> crate::util::Stats {
+        let v: Vec<f64> = self.0.iter().filter_map(|r| r.get(m).copied()).collect();
+        crate::util::Stats::of(&v)
+    }
+
+    /// a / b within each round.
+    pub fn ratio(&self, a: &str, b: &str) -> crate::util::Stats {
+        let v: Vec<f64> = self
+            .0
+            .iter()
+            .filter_map(|r| Some(r.get(a)? / r.get(b)?))
+            .collect();
+        crate::util::Stats::of(&v)
+    }
+}

@@ -330,3 +330,75 @@ pub(crate) fn tx_bytes(dev: &str) -> u64 {
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// A shaped link of a run: its tbf settings and its TCP goodput.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinkInfo {
+    pub name: String,
+    pub nominal_bytes_per_s: Option<f64>,
+    /// tc tbf of the host end and of the namespace end.
+    pub out: String,
+    pub back: String,
+    pub offloads: String,
+    pub linktest_bytes: u64,
+    pub goodput: Option<Stats>,
+    pub error: Option<String>,
+}
+
+/// The shaping and the TCP goodput (`bytes` per test, `reps` tests; none for 0 bytes) of the
+/// link named `name` from this namespace to `netns` (at `ip`), whose host end is `dev`.
+pub(crate) fn measure_link(
+    name: &str,
+    netns: &str,
+    dev: &str,
+    ip: Result<IpAddr, String>,
+    src: &[u8],
+    bytes: u64,
+    reps: usize,
+) -> LinkInfo {
+    let out = tbf_of(None, Some(dev));
+    let back = tbf_of(Some(netns), None);
+    let mut link = LinkInfo {
+        name: name.to_string(),
+        nominal_bytes_per_s: out.as_ref().map(|u| u.0),
+        out: out.map_or_else(|| format!("no tbf on {dev}"), |u| u.1),
+        back: back.map_or_else(|| format!("no tbf in namespace {netns}"), |d| d.1),
+        offloads: offloads_of(dev),
+        linktest_bytes: bytes,
+        goodput: None,
+        error: None,
+    };
+    match ip {
+        _ if bytes == 0 => {}
+        Ok(ip) => (link.goodput, link.error) = link_goodput(name, netns, ip, src, bytes, reps),
+        Err(e) => link.error = Some(e),
+    }
+    link
+}
+
+/// The table of the links of a run: shaping, offloads and TCP goodput (one connection, from
+/// connect until the receiver acknowledged the last byte).
+pub(crate) fn links_table(links: &[LinkInfo]) -> crate::report::Table {
+    let bytes = links.first().map_or(0, |l| l.linktest_bytes);
+    let head = format!("link | nominal | host end | namespace end | offloads (host end) | TCP goodput, one connection ({} per test)", size_str(bytes));
+    let mut t = crate::report::Table::new("Links", &head);
+    for l in links {
+        let good = match (&l.goodput, &l.error) {
+            (Some(g), _) => {
+                let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
+                    format!(" ({:.1} % of nominal)", 100.0 * g.median / n)
+                });
+                let (med, min, max) = (g.median / 1e6, g.min / 1e6, g.max / 1e6);
+                format!("{med:.1} [{min:.1}–{max:.1}] MB/s{pct}")
+            }
+            (None, Some(e)) => format!("failed: {e}"),
+            (None, None) => "not measured".into(),
+        };
+        let nominal = l.nominal_bytes_per_s.map_or_else(
+            || "unknown".into(),
+            |n| format!("{:.0} Mbit/s", n * 8.0 / 1e6),
+        );
+        t.row([&l.name, &nominal, &l.out, &l.back, &l.offloads, &good]);
+    }
+    t
+}

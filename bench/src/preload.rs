@@ -6,13 +6,13 @@
 
 use crate::child::Job;
 use crate::format::{count, count_st, pct_change, ratio, st, st_prec, x};
-use crate::harness::{job_command, median_setup, run_commands, Names, Outcome};
+use crate::harness::{job_command, median_setup, phase_span, run_commands, Names, Outcome, Rounds};
 use crate::report::{Header, Table, Target};
 use crate::stores::{
-    capacity_for, tight_pair_with, with_store_files, Creation, ShmBase, TightPair,
+    capacity_for, tight_pair_with, with_store_files, Creation, ReadbackFiles, ShmBase, TightPair,
 };
-use crate::util::{err, fill_pattern, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
-use cascade_store::{OpenOptions, Store};
+use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
+use cascade_store::Store;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,31 +30,112 @@ pub enum Part {
     Passthrough,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// The options (`cascade-bench interposition --help`); the fields without an `arg` are
+/// derived by [`POpts::resolve`].
+#[derive(clap::Args, Debug, Clone, Serialize)]
 pub struct POpts {
+    /// Directory for interposition.md and interposition.json.
+    #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
+    pub out: PathBuf,
+    /// Quick run (about a minute): 256 MiB per process, 1 repetition, a quarter of the calls
+    /// (10000 replayed writes, 5000 metadata files, 2 pass-through pairs). Explicit flags
+    /// override.
+    #[arg(long)]
+    #[serde(skip)]
+    quick: bool,
+    /// Benchmarks to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "writes,small,replay,meta,readback,passthrough"
+    )]
+    pub parts: Vec<Part>,
+    /// Bytes per process in MiB of the 1 MiB writes and the restart reads.
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    size_mib: u64,
+    /// Repetitions of each measurement.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// Process counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub procs: Vec<usize>,
+    /// The preloaded library.
+    #[arg(long, default_value = "target/release/libcascade.so")]
+    pub lib: PathBuf,
+    /// The C compiler for bench/preload/pio.c.
+    #[arg(long, default_value = "cc")]
+    pub cc: String,
+    /// The Cascade mount prefix (CASCADE_MOUNT) the C program's paths go under.
+    #[arg(long, default_value = "/cascade")]
+    pub mount: String,
+    /// Writes in the replayed checkpoint write mix (40000: about 950 MB).
+    #[arg(
+        long,
+        default_value_t = 40_000,
+        default_value_if("quick", "true", "10000")
+    )]
+    pub replay_writes: usize,
+    /// Files per process in the metadata benchmark.
+    #[arg(
+        long,
+        default_value_t = 20_000,
+        default_value_if("quick", "true", "5000")
+    )]
+    pub meta_files: u64,
+    /// stat() passes over those files.
+    #[arg(long, default_value_t = 3)]
+    pub meta_passes: u64,
+    /// Pairs (with and without the library) in the pass-through benchmark.
+    #[arg(long, default_value_t = 9, default_value_if("quick", "true", "2"))]
+    pub pass_reps: usize,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
     /// Bytes per process of the 1 MiB writes and the read-back.
+    #[arg(skip)]
     pub size: u64,
+    #[arg(skip = MIB)]
     pub io: u64,
-    pub reps: usize,
-    pub procs: Vec<usize>,
     /// (write size, calls) of the write-size sweep (benchmark 2).
+    #[arg(skip)]
     pub sweep: Vec<(u64, u64)>,
-    /// Writes in the replayed checkpoint (benchmark 3).
-    pub replay_writes: usize,
-    /// Files per process and stat passes of the metadata benchmark.
-    pub meta_files: u64,
-    pub meta_passes: u64,
-    /// Pairs (with and without the library) of the pass-through benchmark.
-    pub pass_reps: usize,
+    #[arg(skip)]
     pub pass_calls64: u64,
+    #[arg(skip)]
     pub pass_calls4k: u64,
+    #[arg(skip = 256 * KIB)]
     pub pass_region: u64,
-    pub mount: String,
-    pub lib: PathBuf,
-    pub cc: String,
-    pub parts: Vec<Part>,
+}
+
+impl POpts {
+    /// Checks the options and derives the byte sizes and the call counts (a quarter of them
+    /// with --quick).
+    pub fn resolve(&mut self, pid: u32) -> Res<()> {
+        (self.pid, self.size) = (pid, self.size_mib * MIB);
+        if self.size == 0 || self.size % self.io != 0 {
+            return err("--size-mib must be positive");
+        }
+        if self.procs.is_empty() || self.procs.contains(&0) {
+            return err("--procs needs positive process counts");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        let div = if self.quick { 4 } else { 1 };
+        // Calls per write size: 512 Ki, but at most 256 MiB per file.
+        let sizes = [64, 256, KIB, 4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB];
+        self.sweep = sizes
+            .map(|s| (s, (512 * KIB).min(256 * MIB / s) / div))
+            .to_vec();
+        (self.pass_calls64, self.pass_calls4k) = (200_000 / div, 150_000 / div);
+        (self.reps, self.pass_reps) = (self.reps.max(1), self.pass_reps.max(1));
+        self.meta_passes = self.meta_passes.max(1);
+        Ok(())
+    }
 }
 
 /// One measured configuration: aggregate GB/s and calls/s over the processes, and the mean
@@ -171,23 +252,7 @@ impl Pio {
     /// run so that the cleanup removes it.
     pub fn build(opts: &POpts) -> Res<Pio> {
         let base = Path::new("/var/tmp").join(format!("{}-pio", prefix(opts.pid)));
-        let src = base.with_extension("c");
-        std::fs::write(&src, include_str!("../preload/pio.c"))
-            .ctx(|| format!("writing {}", src.display()))?;
-        let out = Command::new(&opts.cc)
-            .args(["-O2", "-Wall", "-o"])
-            .arg(&base)
-            .arg(&src)
-            .output()
-            .ctx(|| format!("running {}", opts.cc))?;
-        let _ = std::fs::remove_file(&src);
-        if !out.status.success() {
-            return err(format!(
-                "{} -O2 bench/preload/pio.c failed:\n{}",
-                opts.cc,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
+        crate::procs::compile(&opts.cc, include_str!("../preload/pio.c"), &base)?;
         let cc_version = Command::new(&opts.cc)
             .arg("--version")
             .output()
@@ -323,29 +388,6 @@ fn ns_per_call(out: &Outcome) -> f64 {
         .map(|c| c.end_ns.saturating_sub(c.start_ns) as f64 / c.calls.max(1) as f64)
         .collect();
     v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-/// Phase `j` over all processes: (name, from the first start to the last end in ns, mean
-/// per-process duration in ns).
-fn phase_span(out: &Outcome, j: usize) -> Res<(String, u64, f64)> {
-    let mut first = u64::MAX;
-    let mut last = 0;
-    let mut sum = 0.0;
-    let mut name = String::new();
-    for c in &out.children {
-        let Some((m, s, e)) = c.phases.get(j) else {
-            return err(format!("a child reported no phase {j}"));
-        };
-        first = first.min(*s);
-        last = last.max(*e);
-        sum += e.saturating_sub(*s) as f64;
-        name.clone_from(m);
-    }
-    Ok((
-        name,
-        last.saturating_sub(first),
-        sum / out.children.len().max(1) as f64,
-    ))
 }
 
 /// Collects per-method samples of whole-run measurements.
@@ -631,23 +673,13 @@ fn c_pair(
         .collect();
     let kind = if read { "read" } else { "write" };
     let out = run(cmds, || format!("C paired {kind}s with {procs} processes"))?;
-    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
-    for j in 0..2 * pairs {
-        let (name, span, _) = phase_span(&out, j)?;
-        rounds[j / 2].insert(name, gbps(bytes * procs as u64, span));
-    }
-    let series =
-        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
-    let ratio: Vec<f64> = rounds
-        .iter()
-        .filter_map(|r| Some(r.get("preload")? / r.get("memcpy-shm")?))
-        .collect();
+    let rounds = Rounds::of(&out, 2, pairs, bytes * procs as u64)?;
     let cp = CPair {
         kind: kind.into(),
         procs,
-        preload_gbps: Stats::of(&series("preload")),
-        memcpy_shm_gbps: Stats::of(&series("memcpy-shm")),
-        ratio: Stats::of(&ratio),
+        preload_gbps: rounds.gbps("preload"),
+        memcpy_shm_gbps: rounds.gbps("memcpy-shm"),
+        ratio: rounds.ratio("preload", "memcpy-shm"),
     };
     eprintln!(
         "  [pairs] C {kind}s procs={procs}: preload {:.2}, memcpy-shm {:.2} GB/s; preload/memcpy-shm {:.2}x (medians of {pairs} rounds)",
@@ -1050,27 +1082,7 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
         size_str(io),
         size_str(bytes)
     );
-    let mut src = vec![0u8; io as usize];
-    fill_pattern(&mut src, 2);
-    let mut tmpfs_files = Vec::new();
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        let f = st
-            .open(&path, &OpenOptions::new().write(true).create_new(true))
-            .ctx(|| format!("creating {path} in the store"))?;
-        let mut off = 0;
-        while off < bytes {
-            f.write_all_at(&src, off)
-                .ctx(|| format!("writing {path} in the store"))?;
-            off += io;
-        }
-        let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(opts.pid));
-        let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
-        for _ in 0..bytes / io {
-            std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
-        }
-        tmpfs_files.push(tpath);
-    }
+    let files = ReadbackFiles::write(st, opts.pid, max_procs, bytes, io)?;
     let methods = [
         "preload",
         "store-api",
@@ -1103,7 +1115,7 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
             for rep in 0..opts.reps {
                 for m in order(rep) {
                     let mut cmds = Vec::with_capacity(p);
-                    for (i, tfile) in tmpfs_files.iter().enumerate().take(p) {
+                    for (i, tfile) in files.tmpfs.iter().enumerate().take(p) {
                         let a = |path: String| {
                             vec![
                                 ("path", path),
@@ -1131,7 +1143,7 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
                             })?,
                             _ => job_command(&Job::StoreRead {
                                 store: st.name().to_string(),
-                                path: format!("/rb-p{i}.dat"),
+                                path: ReadbackFiles::store_path(i),
                                 bytes,
                                 io,
                             })?,
@@ -1159,15 +1171,6 @@ fn readback(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, base: &ShmB
         }
         Ok(())
     })();
-    for i in 0..max_procs {
-        let path = format!("/rb-p{i}.dat");
-        if let Err(e) = st.unlink(&path) {
-            eprintln!("warning: unlinking {path} in the store: {e}");
-        }
-    }
-    for t in &tmpfs_files {
-        let _ = std::fs::remove_file(t);
-    }
     r
 }
 
@@ -1416,16 +1419,8 @@ pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
 
 /// 1 MiB writes or reads, each method against the others.
 fn bandwidth_table(title: String, rows: &[Row]) -> Table {
-    let head = [
-        "method",
-        "procs",
-        "GB/s",
-        "vs store API",
-        "vs memcpy shm",
-        "vs tmpfs",
-        "set-up (s)",
-    ];
-    let mut t = Table::new(title, &head);
+    let head = "method | procs | GB/s | vs store API | vs memcpy shm | vs tmpfs | set-up (s)";
+    let mut t = Table::new(title, head);
     for row in rows {
         let vs = |m: &str| {
             x(ratio(
@@ -1449,15 +1444,10 @@ fn bandwidth_table(title: String, rows: &[Row]) -> Table {
 
 /// The paired runs of 1 MiB writes or reads: ratio per round, median [min–max].
 fn pairs_table(r: &PResults, kind: &str) -> Table {
-    let head = [
-        "procs",
-        "preload / memcpy-shm (C)",
-        "store API / memcpy-shm (Rust)",
-        "preload / store API (normalised)",
-    ];
+    let head = "procs | preload / memcpy-shm (C) | store API / memcpy-shm (Rust) | preload / store API (normalised)";
     let mut t = Table::new(
         format!("Paired runs, {kind}s (ratio per round; GB/s medians)"),
-        &head,
+        head,
     );
     for cp in r.c_pairs.iter().filter(|c| c.kind == kind) {
         let tp = r
@@ -1526,14 +1516,8 @@ pub fn verdicts(o: &POpts, r: &PResults) -> Vec<String> {
 pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
     let (io, size) = (size_str(o.io), size_str(o.size));
     let mut out = Vec::new();
-    let head = [
-        "store",
-        "memory",
-        "chunk",
-        "create time (s)",
-        "prefault GB/s",
-    ];
-    let mut t = Table::new("Stores (`Prefault::Foreground`)", &head);
+    let head = "store | memory | chunk | create time (s) | prefault GB/s";
+    let mut t = Table::new("Stores (`Prefault::Foreground`)", head);
     for c in &r.creation {
         let (cap, cs) = (size_str(c.capacity), size_str(c.chunk_size));
         t.row([
@@ -1550,21 +1534,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         &r.writes,
     ));
     out.push(pairs_table(r, "write"));
-    let head = [
-        "procs",
-        "write size",
-        "calls per process",
-        "preload ns/call",
-        "store API ns/call",
-        "tmpfs ns/call",
-        "preload calls/s",
-        "tmpfs calls/s",
-        "preload vs tmpfs",
-        "preload vs store API",
-        "preload GB/s",
-        "tmpfs GB/s",
-    ];
-    let mut t = Table::new("2. Small writes: calls per second by write size", &head);
+    let head = "procs | write size | calls per process | preload ns/call | store API ns/call | tmpfs ns/call | preload calls/s | tmpfs calls/s | preload vs tmpfs | preload vs store API | preload GB/s | tmpfs GB/s";
+    let mut t = Table::new("2. Small writes: calls per second by write size", head);
     for &p in &o.procs {
         for &(size, calls) in &o.sweep {
             let f = |m: &str| find_io(&r.sweep, m, p, size);
@@ -1589,15 +1560,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         }
     }
     out.push(t);
-    let head = [
-        "size class",
-        "paper: % of writes",
-        "paper: % of data",
-        "generated writes",
-        "% of writes",
-        "% of data",
-    ];
-    let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", &head);
+    let head = "size class | paper: % of writes | paper: % of data | generated writes | % of writes | % of data";
+    let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", head);
     for m in &r.mix {
         let f = |v: f64| format!("{v:.2}");
         t.row([
@@ -1610,16 +1574,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         ]);
     }
     out.push(t);
-    let head = [
-        "method",
-        "procs",
-        "GB/s",
-        "calls/s",
-        "ns per call (mean)",
-        "vs tmpfs",
-        "vs store API",
-    ];
-    let mut t = Table::new("3. Replay of the write mix", &head);
+    let head = "method | procs | GB/s | calls/s | ns per call (mean) | vs tmpfs | vs store API";
+    let mut t = Table::new("3. Replay of the write mix", head);
     for row in &r.replay {
         let vs = |m: &str| {
             x(ratio(
@@ -1639,22 +1595,12 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         ]);
     }
     out.push(t);
-    let head = [
-        "method",
-        "procs",
-        "creates/s",
-        "µs per create",
-        "stats/s",
-        "ns per stat",
-        "unlinks/s",
-        "create vs tmpfs",
-        "stat vs tmpfs",
-    ];
+    let head = "method | procs | creates/s | µs per create | stats/s | ns per stat | unlinks/s | create vs tmpfs | stat vs tmpfs";
     let title = format!(
         "4. Metadata: {} files per process, {} stat passes",
         o.meta_files, o.meta_passes
     );
-    let mut t = Table::new(title, &head);
+    let mut t = Table::new(title, head);
     for m in &r.meta {
         let b = r
             .meta
@@ -1681,14 +1627,8 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         &r.readback,
     ));
     out.push(pairs_table(r, "read"));
-    let head = [
-        "call",
-        "calls",
-        "without library (ns/call)",
-        "with library (ns/call)",
-        "overhead",
-    ];
-    let mut t = Table::new("6. Overhead on non-Cascade files", &head);
+    let head = "call | calls | without library (ns/call) | with library (ns/call) | overhead";
+    let mut t = Table::new("6. Overhead on non-Cascade files", head);
     for p in &r.passthrough {
         let (pl, pr) = (st_prec(&p.plain_ns, 0), st_prec(&p.preload_ns, 0));
         t.row([

@@ -121,23 +121,16 @@ pub(crate) fn spawn_logged(cmd: &mut Command, log: &Path, what: &str) -> Res<Chi
     cmd.spawn().ctx(|| format!("starting {what}"))
 }
 
-/// Polls `ready` every 10 ms for 30 s at most, failing early when `alive` fails.
+/// Polls `ready` for 30 s at most, failing early when `alive` fails.
 pub(crate) fn wait_ready<T>(
     what: &str,
     mut ready: impl FnMut() -> Option<T>,
     mut alive: impl FnMut() -> Res<()>,
 ) -> Res<T> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = ready() {
-            return Ok(v);
-        }
-        alive()?;
-        if Instant::now() > deadline {
-            return err(format!("{what} printed no start line within 30 s"));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let found = cascade_testkit::poll(Duration::from_secs(30), || {
+        ready().map(Ok).or_else(|| alive().err().map(Err))
+    });
+    found.unwrap_or_else(|| err(format!("{what} printed no start line within 30 s")))
 }
 
 /// The error of a child that has exited, with the end of its log.

@@ -40,13 +40,17 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new(title: impl Into<String>, head: &[&str]) -> Table {
-        let head = head.iter().map(|h| h.to_string()).collect();
-        Table {
-            title: title.into(),
-            head,
-            rows: Vec::new(),
-        }
+    /// A table with the column heads of `head`, "a | b | c".
+    pub fn new(title: impl Into<String>, head: &str) -> Table {
+        let (title, head, rows) = (title.into(), cells(head), Vec::new());
+        Table { title, head, rows }
+    }
+
+    /// A table with the column heads `head`.
+    pub fn with_head<S: ToString>(title: impl Into<String>, head: &[S]) -> Table {
+        let (title, rows) = (title.into(), Vec::new());
+        let head = head.iter().map(S::to_string).collect();
+        Table { title, head, rows }
     }
 
     pub fn row<S: ToString>(&mut self, cells: impl IntoIterator<Item = S>) {
@@ -56,7 +60,7 @@ impl Table {
 
     /// A two-column table of names and values.
     pub fn pairs<S: ToString>(title: &str, pairs: impl IntoIterator<Item = (S, S)>) -> Table {
-        let mut t = Table::new(title, &["", ""]);
+        let mut t = Table::with_head(title, &["", ""]);
         for (k, v) in pairs {
             t.row([k.to_string(), v.to_string()]);
         }

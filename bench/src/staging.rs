@@ -28,16 +28,16 @@
 //! server) — the predicates `cascade wait --level staged` uses. The checkpoint part also runs
 //! `cascade wait --level staged` and `--level durable` and reports when they returned.
 
-use crate::baselines::{self, data_file, memcpy_s, tmpfs_s, WriterOut, WRITER_C};
+use crate::baselines::{self, data_file, memcpy_s, run_ckptwriter, tmpfs_s, WRITER_C};
 use crate::format::{num, secs_gbps, st};
 use crate::net;
-use crate::net::{s3_server, WireWatch};
+use crate::net::{measure_link, s3_server, WireWatch};
 use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
 use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
-use cascade_staging::{ClientOptions, Connection, ServerStatus};
 use cascade_store::{FileKind, Store};
+use cascade_wire::{ClientOptions, Connection, ServerStatus};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::io::Read;
@@ -61,121 +61,136 @@ pub enum Part {
     Checkpoint,
 }
 
-#[derive(clap::Args)]
-pub struct StagingArgs {
+/// The options (`cascade-bench staging --help`); the fields without an `arg` are derived by
+/// [`SOpts::resolve`]. Serialized into staging.json without credentials.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct SOpts {
     /// Directory for staging.md and staging.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: 256 MiB per throughput point, processes 1,4, servers 1,2, one 64 MiB
-    /// checkpoint, 1 repetition. Explicit flags override.
+    /// checkpoint, 1 repetition, 64 MiB link tests. Explicit flags override.
     #[arg(long)]
+    #[serde(skip)]
     quick: bool,
-    /// Parts to run (all when not given).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Repetitions of each measurement; tables show the median [default: 3; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
-    /// Writer processes of the throughput part [default: 1,2,4,8; --quick: 1,4].
-    #[arg(long, value_delimiter = ',')]
-    procs: Option<Vec<usize>>,
-    /// Staging servers of the throughput part [default: 1,2,3; --quick: 1,2].
-    #[arg(long, value_delimiter = ',')]
-    servers: Option<Vec<usize>>,
+    /// Parts to run.
+    #[arg(
+        long = "only",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ssd,throughput,checkpoint"
+    )]
+    pub parts: Vec<Part>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 3, default_value_if("quick", "true", "1"))]
+    pub reps: usize,
+    /// Writer processes of the throughput part.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8",
+        default_value_if("quick", "true", "1,4")
+    )]
+    pub procs: Vec<usize>,
+    /// Staging servers of the throughput part.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3",
+        default_value_if("quick", "true", "1,2")
+    )]
+    pub servers: Vec<usize>,
     /// MiB written per throughput point, split evenly over the writers; also the size of the
-    /// single stream and of the disk baselines [default: 1024; --quick: 256].
-    #[arg(long)]
-    total_mib: Option<u64>,
-    /// Checkpoint sizes of the checkpoint part in MiB [default: 256,1024; --quick: 64].
-    #[arg(long, value_delimiter = ',')]
-    sizes_mib: Option<Vec<u64>>,
+    /// single stream and of the disk baselines.
+    #[arg(long, default_value_t = 1024, default_value_if("quick", "true", "256"))]
+    #[serde(skip)]
+    total_mib: u64,
+    /// Checkpoint sizes of the checkpoint part in MiB.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "256,1024",
+        default_value_if("quick", "true", "64")
+    )]
+    #[serde(skip)]
+    sizes_mib: Vec<u64>,
     /// Directory on local disk for the servers' arenas and the disk baselines.
     #[arg(long, default_value = "/var/tmp")]
-    arena_dir: PathBuf,
+    pub arena_dir: PathBuf,
     /// Seconds to wait for a point to be staged or drained.
-    #[arg(long, default_value_t = 900)]
-    wait_timeout: u64,
+    #[arg(long = "wait-timeout", default_value_t = 900)]
+    pub wait_timeout_s: u64,
     /// Bytes per write(2) call of the writers, in MiB.
     #[arg(long, default_value_t = 8)]
+    #[serde(skip)]
     piece_mib: u64,
     /// First TCP port of the loopback servers (the throughput part uses PORT+10*k+i).
     #[arg(long, default_value_t = 7180)]
-    port_base: u16,
+    pub port_base: u16,
     /// The cascade CLI (its libcascade.so next to it).
     #[arg(long, default_value = "target/release/cascade")]
-    cascade: PathBuf,
+    pub cascade: PathBuf,
     /// The C compiler for the writer programs.
     #[arg(long, default_value = "cc")]
-    cc: String,
+    pub cc: String,
     /// fio, for the disk baselines (installed with apt-get by bench/run.sh when missing).
     #[arg(long, default_value = "fio")]
-    fio: String,
+    pub fio: String,
     /// Mount prefix of the node stores under `cascade run`.
     #[arg(long, default_value = "/cascade")]
-    mount: String,
-    /// MiB per TCP goodput test over each shaped link; 0 skips them [default: 512; --quick:
-    /// 64].
-    #[arg(long)]
-    linktest_mib: Option<u64>,
-    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
+    pub mount: String,
+    /// MiB per TCP goodput test over each shaped link; 0 skips them.
+    #[arg(long, default_value_t = 512, default_value_if("quick", "true", "64"))]
+    #[serde(skip)]
+    linktest_mib: u64,
+    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it); its
+    /// credentials are never written out.
     #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
-    url: Option<String>,
+    #[serde(skip)]
+    pub url: Option<String>,
     /// Host end of the S3 link, whose tbf rate is its nominal rate.
     #[arg(long, env = "CASCADE_BENCH_LINK_DEV", default_value = "cs3-host")]
-    link_dev: String,
+    pub link_dev: String,
     /// Network namespace of the S3 server (for its link test).
     #[arg(long, env = "CASCADE_BENCH_NETNS", default_value = "cascade-s3")]
-    netns: String,
+    pub netns: String,
     /// Network namespace the checkpoint part's staging server runs in (bench/netns-staging.sh).
     #[arg(
         long,
         env = "CASCADE_BENCH_STAGE_NETNS",
         default_value = "cascade-stage"
     )]
-    stage_netns: String,
+    pub stage_netns: String,
     /// Address of the staging server in that namespace.
     #[arg(long, env = "CASCADE_BENCH_STAGE_IP", default_value = "10.78.0.2")]
-    stage_ip: String,
+    pub stage_ip: String,
     /// Host end of the staging link, whose tbf rate is its nominal rate.
     #[arg(long, env = "CASCADE_BENCH_STAGE_LINK_DEV", default_value = "cst-host")]
-    stage_link_dev: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct SOpts {
+    pub stage_link_dev: String,
+    #[arg(skip)]
     #[serde(skip)]
     pub pid: u32,
-    /// The S3 URL with its credentials: never written out.
-    #[serde(skip)]
-    pub url: Option<String>,
     /// The S3 store without credentials.
+    #[arg(skip)]
     pub durable: Option<String>,
     /// The staging secret of this run (random): never written out.
+    #[arg(skip)]
     #[serde(skip)]
     pub secret: String,
-    pub parts: Vec<Part>,
-    pub reps: usize,
-    pub procs: Vec<usize>,
-    pub servers: Vec<usize>,
+    #[arg(skip)]
     pub total: u64,
+    #[arg(skip)]
     pub sizes: Vec<u64>,
-    pub arena_dir: PathBuf,
     /// Where the throughput part's servers drain to (tmpfs).
+    #[arg(skip)]
     pub drain_dir: PathBuf,
-    pub wait_timeout_s: u64,
+    #[arg(skip)]
     pub piece: u64,
-    pub port_base: u16,
-    pub cascade: PathBuf,
-    pub cc: String,
-    pub fio: String,
-    pub mount: String,
+    #[arg(skip)]
     pub linktest_bytes: u64,
-    pub link_dev: String,
-    pub netns: String,
-    pub stage_netns: String,
-    pub stage_ip: String,
-    pub stage_link_dev: String,
     /// fio's fdatasync interval, like the agent's Sync every 256 MiB.
+    #[arg(skip = 256u64)]
     pub fio_sync_mib: u64,
 }
 
@@ -191,213 +206,47 @@ fn random_secret() -> String {
     s
 }
 
-fn build_opts(a: &StagingArgs, pid: u32) -> Res<SOpts> {
-    let q = a.quick;
-    let procs = a
-        .procs
-        .clone()
-        .unwrap_or_else(|| if q { vec![1, 4] } else { vec![1, 2, 4, 8] });
-    let servers = a
-        .servers
-        .clone()
-        .unwrap_or_else(|| if q { vec![1, 2] } else { vec![1, 2, 3] });
-    if procs.is_empty() || procs.contains(&0) || servers.is_empty() || servers.contains(&0) {
-        return err("--procs and --servers need positive counts");
+impl SOpts {
+    /// Checks the options and derives the byte sizes, the durable store's description, the
+    /// secret and the drain directory.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        let (procs, servers) = (&self.procs, &self.servers);
+        if procs.is_empty() || procs.contains(&0) || servers.is_empty() || servers.contains(&0) {
+            return err("--procs and --servers need positive counts");
+        }
+        if servers.iter().any(|&k| k > 9) {
+            return err("--servers: at most 9 servers");
+        }
+        self.total = self.total_mib * MIB;
+        if self.total == 0 || procs.iter().any(|&n| self.total % (n as u64 * MIB) != 0) {
+            return err("--total-mib must be a positive multiple of every process count");
+        }
+        self.sizes = self.sizes_mib.iter().map(|m| m * MIB).collect();
+        if self.sizes.is_empty() || self.sizes.contains(&0) {
+            return err("--sizes-mib needs positive sizes");
+        }
+        if self.piece_mib == 0 || self.reps == 0 {
+            return err("--piece-mib and --reps must be positive");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        self.url = self.url.take().filter(|u| !u.is_empty());
+        if let Some(u) = &self.url {
+            self.durable = Some(Spec::parse(u).ctx(|| "--url")?.describe());
+        }
+        self.pid = pid;
+        self.secret = random_secret();
+        self.drain_dir = PathBuf::from(format!("/dev/shm/{}-drain", prefix(pid)));
+        self.piece = self.piece_mib * MIB;
+        self.linktest_bytes = self.linktest_mib * MIB;
+        Ok(())
     }
-    if servers.iter().any(|&k| k > 9) {
-        return err("--servers: at most 9 servers");
-    }
-    let total = a.total_mib.unwrap_or(if q { 256 } else { 1024 }) * MIB;
-    if total == 0 || procs.iter().any(|&n| total % (n as u64 * MIB) != 0) {
-        return err("--total-mib must be a positive multiple of every process count");
-    }
-    let sizes: Vec<u64> = a
-        .sizes_mib
-        .clone()
-        .unwrap_or_else(|| if q { vec![64] } else { vec![256, 1024] })
-        .into_iter()
-        .map(|m| m * MIB)
-        .collect();
-    if sizes.is_empty() || sizes.contains(&0) {
-        return err("--sizes-mib needs positive sizes");
-    }
-    if a.piece_mib == 0 {
-        return err("--piece-mib must be positive");
-    }
-    if !a.mount.starts_with('/') || a.mount.len() < 2 {
-        return err("--mount must be an absolute path other than /");
-    }
-    let url = a.url.clone().filter(|u| !u.is_empty());
-    let durable = match &url {
-        Some(u) => Some(Spec::parse(u).ctx(|| "--url")?.describe()),
-        None => None,
-    };
-    let parts = if a.only.is_empty() {
-        vec![Part::Ssd, Part::Throughput, Part::Checkpoint]
-    } else {
-        a.only.clone()
-    };
-    Ok(SOpts {
-        pid,
-        url,
-        durable,
-        secret: random_secret(),
-        parts,
-        reps: a.reps.unwrap_or(if q { 1 } else { 3 }).max(1),
-        procs,
-        servers,
-        total,
-        sizes,
-        arena_dir: a.arena_dir.clone(),
-        drain_dir: PathBuf::from(format!("/dev/shm/{}-drain", prefix(pid))),
-        wait_timeout_s: a.wait_timeout,
-        piece: a.piece_mib * MIB,
-        port_base: a.port_base,
-        cascade: a.cascade.clone(),
-        cc: a.cc.clone(),
-        fio: a.fio.clone(),
-        mount: a.mount.trim_end_matches('/').to_string(),
-        linktest_bytes: a.linktest_mib.unwrap_or(if q { 64 } else { 512 }) * MIB,
-        link_dev: a.link_dev.clone(),
-        netns: a.netns.clone(),
-        stage_netns: a.stage_netns.clone(),
-        stage_ip: a.stage_ip.clone(),
-        stage_link_dev: a.stage_link_dev.clone(),
-        fio_sync_mib: 256,
-    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Programs: the writers (C, compiled at the start) and private copies of the CLI and library.
-
-/// N writer processes with a common start, run under `cascade run`.
-const STAGE_WRITER_C: &str = r#"
-/* stagewriter DIR N SIZE PIECE DATAFILE
- * Forks N writers. Writer K maps bytes K*SIZE..(K+1)*SIZE of DATAFILE (pre-faulted), creates
- * DIR/rankK.dat, reports ready, waits for the common start, writes its bytes with write(2)
- * in PIECE-byte calls and closes the file. The parent releases all writers at once (it closes
- * the write end of a pipe they block on) once every one is ready. Prints one JSON line per
- * writer, {"rank":K,"start_ns":..,"closed_ns":..}, and then {"start_ns":T} with the release
- * time; CLOCK_MONOTONIC. */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-static uint64_t now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what, const char *arg) {
-    fprintf(stderr, "stagewriter: %s %s: %s\n", what, arg, strerror(errno));
-    exit(1);
-}
-
-static void say(const char *line) {
-    size_t n = strlen(line), done = 0;
-    while (done < n) {
-        ssize_t k = write(1, line + done, n - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) exit(1);
-        done += (size_t)k;
-    }
-}
-
-int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: stagewriter DIR N SIZE PIECE DATAFILE\n");
-        return 2;
-    }
-    const char *dir = argv[1], *datafile = argv[5];
-    int n = atoi(argv[2]);
-    size_t size = strtoull(argv[3], NULL, 10), piece = strtoull(argv[4], NULL, 10);
-    if (n <= 0 || size == 0 || piece == 0) {
-        fprintf(stderr, "stagewriter: bad arguments\n");
-        return 2;
-    }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
-    int ready[2], go[2];
-    if (pipe(ready) != 0 || pipe(go) != 0) die("pipe", "");
-    for (int k = 0; k < n; k++) {
-        pid_t pid = fork();
-        if (pid < 0) die("fork", "");
-        if (pid > 0) continue;
-        close(ready[0]);
-        close(go[1]);
-        int dfd = open(datafile, O_RDONLY);
-        if (dfd < 0) die("open", datafile);
-        const unsigned char *data = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE,
-                                         dfd, (off_t)k * (off_t)size);
-        if (data == MAP_FAILED) die("mmap", datafile);
-        volatile unsigned char sink = 0;
-        for (size_t i = 0; i < size; i += 4096) sink ^= data[i];
-        char path[4096];
-        snprintf(path, sizeof path, "%s/rank%d.dat", dir, k);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) die("open", path);
-        if (write(ready[1], "r", 1) != 1) die("write", "ready pipe");
-        char c;
-        while (read(go[0], &c, 1) < 0 && errno == EINTR) {}
-        uint64_t start = now();
-        size_t done = 0;
-        while (done < size) {
-            size_t want = size - done < piece ? size - done : piece;
-            ssize_t w = write(fd, data + done, want);
-            if (w < 0) {
-                if (errno == EINTR) continue;
-                die("write", path);
-            }
-            done += (size_t)w;
-        }
-        if (close(fd) != 0) die("close", path);
-        uint64_t closed = now();
-        char line[256];
-        snprintf(line, sizeof line, "{\"rank\":%d,\"start_ns\":%llu,\"closed_ns\":%llu}\n", k,
-                 (unsigned long long)start, (unsigned long long)closed);
-        say(line);
-        _exit(sink == 256);
-    }
-    close(ready[1]);
-    close(go[0]);
-    for (int got = 0; got < n;) {
-        char buf[64];
-        ssize_t k = read(ready[0], buf, sizeof buf);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) {
-            fprintf(stderr, "stagewriter: a writer died before it was ready\n");
-            return 1;
-        }
-        got += (int)k;
-    }
-    uint64_t start = now();
-    close(go[1]);
-    int failed = 0;
-    for (int k = 0; k < n; k++) {
-        int st;
-        while (wait(&st) < 0)
-            if (errno != EINTR) die("wait", "");
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;
-    }
-    if (failed) {
-        fprintf(stderr, "stagewriter: a writer failed\n");
-        return 1;
-    }
-    char line[128];
-    snprintf(line, sizeof line, "{\"start_ns\":%llu}\n", (unsigned long long)start);
-    say(line);
-    return 0;
-}
-"#;
 
 #[derive(Deserialize)]
 struct RankOut {
@@ -408,20 +257,17 @@ struct RankOut {
     closed_ns: Option<u64>,
 }
 
-/// The compiled writers and private copies of the CLI and the library (a rebuild of the
-/// workspace during the run must not swap them).
+/// The compiled writer (bench/ckptwriter.c: one checkpoint, or `ranks`) and private copies
+/// of the CLI and the library (a rebuild of the workspace during the run must not swap them).
 struct Programs {
     bin: PathBuf,
-    stage_writer: PathBuf,
     ckpt_writer: PathBuf,
 }
 
 impl Programs {
     fn prepare(o: &SOpts) -> Res<Programs> {
         let base = Path::new("/var/tmp").join(prefix(o.pid));
-        let stage_writer = PathBuf::from(format!("{}-stagewriter", base.display()));
         let ckpt_writer = PathBuf::from(format!("{}-ckptwriter", base.display()));
-        compile(&o.cc, STAGE_WRITER_C, &stage_writer)?;
         compile(&o.cc, WRITER_C, &ckpt_writer)?;
         if !o.cascade.is_file() {
             return err(format!(
@@ -456,11 +302,7 @@ impl Programs {
                 missing[0]
             ));
         }
-        Ok(Programs {
-            bin,
-            stage_writer,
-            ckpt_writer,
-        })
+        Ok(Programs { bin, ckpt_writer })
     }
 
     /// Whether `cascade wait` knows `--level staged`.
@@ -876,7 +718,8 @@ fn throughput_point(
         .cmd()
         .arg("run")
         .arg("--")
-        .arg(&p.stage_writer)
+        .arg(&p.ckpt_writer)
+        .arg("ranks")
         .arg(format!("{}{root}", rig.mount))
         .arg(n.to_string())
         .arg(size.to_string())
@@ -884,14 +727,14 @@ fn throughput_point(
         .arg(datafile)
         .stdin(Stdio::null())
         .output()
-        .ctx(|| "running cascade run -- stagewriter");
+        .ctx(|| "running cascade run -- ckptwriter ranks");
     let out = match out {
         Ok(x) if x.status.success() => x,
         Ok(x) => {
             let _ = watch.stop();
             let _ = absorb.finish(total);
             return err(format!(
-                "cascade run -- stagewriter {n} x {} failed ({}): {}",
+                "cascade run -- ckptwriter ranks {n} x {} failed ({}): {}",
                 size_str(size),
                 x.status,
                 procs::one_line(&x.stderr)
@@ -908,7 +751,7 @@ fn throughput_point(
         let _ = watch.stop();
         let _ = absorb.finish(total);
         return err(format!(
-            "stagewriter printed no start line: {:?}",
+            "ckptwriter ranks printed no start line: {:?}",
             String::from_utf8_lossy(&out.stdout)
         ));
     };
@@ -1082,51 +925,17 @@ fn checkpoint_cascade(
     let timeout = Duration::from_secs(o.wait_timeout_s);
     let watch = StoreWatch::start(rig.store()?, &store_path, 1, true, timeout);
     let wire = WireWatch::start(&o.link_dev);
-    let file = format!("{}/{name}/data.bin", rig.mount);
-    let out = rig
-        .node
-        .cmd()
-        .arg("run")
-        .arg("--")
-        .arg(&p.ckpt_writer)
-        .arg(&file)
-        .arg(size.to_string())
-        .arg(o.piece.to_string())
-        .arg(datafile)
-        .arg("lib")
-        .arg(&rig.node.bin)
-        .arg(&store_path)
-        .stdin(Stdio::null())
-        .output()
-        .ctx(|| "running cascade run -- ckptwriter");
-    let fail = |watch: StoreWatch, wire: Option<WireWatch>| {
-        let _ = watch.stop();
-        let _ = wire.and_then(|w| w.finish());
-    };
-    let out = match out {
-        Ok(x) if x.status.success() => x,
-        Ok(x) => {
-            fail(watch, wire);
-            return err(format!(
-                "cascade run -- ckptwriter {file} failed ({}): {}",
-                x.status,
-                procs::one_line(&x.stderr)
-            ));
-        }
+    let (writer, mount) = (&p.ckpt_writer, &rig.mount);
+    let w = run_ckptwriter(
+        &rig.node, writer, mount, name, size, o.piece, datafile, "lib",
+    );
+    let w = match w {
+        Ok(w) => w,
         Err(e) => {
-            fail(watch, wire);
+            let _ = watch.stop();
+            let _ = wire.and_then(|w| w.finish());
             return Err(e);
         }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let Some(w) = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .and_then(|l| serde_json::from_str::<WriterOut>(l).ok())
-    else {
-        fail(watch, wire);
-        return err(format!("ckptwriter printed no timing line: {stdout:?}"));
     };
     let mut levels = Vec::new();
     if wait_staged {
@@ -1235,26 +1044,13 @@ pub struct CkRow {
     pub link_min_nominal_s: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct LinkInfo {
-    pub name: String,
-    pub nominal_bytes_per_s: Option<f64>,
-    /// tc tbf of the host end and of the namespace end.
-    pub out: String,
-    pub back: String,
-    pub offloads: String,
-    pub linktest_bytes: u64,
-    pub goodput: Option<Stats>,
-    pub error: Option<String>,
-}
-
 #[derive(Debug, Default, Serialize)]
 pub struct SResults {
     pub baselines: Vec<Baseline>,
     /// One writer, one file of `total` bytes, one server, in turns with the baselines.
     pub stream: Option<TpRow>,
     pub throughput: Vec<TpRow>,
-    pub links: Vec<LinkInfo>,
+    pub links: Vec<net::LinkInfo>,
     pub checkpoint: Vec<CkRow>,
     /// Whether `cascade wait --level staged` exists in the CLI measured.
     pub wait_staged_cli: bool,
@@ -1342,38 +1138,6 @@ fn ck_method(xs: &[CkSample]) -> Option<CkMethod> {
 
 // ---------------------------------------------------------------------------------------------
 // Running the parts.
-
-/// The shaping and the TCP goodput of a link from this namespace to `netns` (at `ip`).
-fn measure_link(
-    o: &SOpts,
-    name: &str,
-    netns: &str,
-    dev: &str,
-    ip: Option<std::net::IpAddr>,
-    src: &[u8],
-) -> LinkInfo {
-    let out = net::tbf_of(None, Some(dev));
-    let back = net::tbf_of(Some(netns), None);
-    let mut link = LinkInfo {
-        name: name.to_string(),
-        nominal_bytes_per_s: out.as_ref().map(|u| u.0),
-        out: out.map_or_else(|| format!("no tbf on {dev}"), |u| u.1),
-        back: back.map_or_else(|| format!("no tbf in namespace {netns}"), |d| d.1),
-        offloads: net::offloads_of(dev),
-        linktest_bytes: o.linktest_bytes,
-        goodput: None,
-        error: None,
-    };
-    let Some(ip) = ip else {
-        link.error = Some("no address to test".into());
-        return link;
-    };
-    if o.linktest_bytes == 0 {
-        return link;
-    }
-    (link.goodput, link.error) = net::link_goodput(name, netns, ip, src, o.linktest_bytes, o.reps);
-    link
-}
 
 #[derive(Clone, Copy, Debug)]
 enum SsdMethod {
@@ -1621,22 +1385,25 @@ fn checkpoint_part(
         return Ok(());
     }
     eprintln!("links: TCP goodput to the staging namespace and to the S3 namespace");
-    let stage_ip: Option<std::net::IpAddr> = o.stage_ip.parse().ok();
+    let stage_ip = o
+        .stage_ip
+        .parse()
+        .map_err(|_| "no address to test".to_string());
+    let (bytes, reps) = (o.linktest_bytes, o.reps);
+    let (netns, dev) = (&o.stage_netns, &o.stage_link_dev);
+    let name = "node → staging server";
+    r.links
+        .push(measure_link(name, netns, dev, stage_ip, data, bytes, reps));
+    let s3_ip = net::endpoint_ip(&url).map_err(|e| e.0);
+    let name = "node or staging server → S3";
     r.links.push(measure_link(
-        o,
-        "node → staging server",
-        &o.stage_netns,
-        &o.stage_link_dev,
-        stage_ip,
-        data,
-    ));
-    r.links.push(measure_link(
-        o,
-        "node or staging server → S3",
+        name,
         &o.netns,
         &o.link_dev,
-        net::endpoint_ip(&url).ok(),
+        s3_ip,
         data,
+        bytes,
+        reps,
     ));
     let nominal = r.links[1].nominal_bytes_per_s;
     let durable = DurableStore::open(&url).ctx(|| "opening the S3 store")?;
@@ -1880,8 +1647,7 @@ fn tables(rep: &Report) -> Md {
             ks.iter()
                 .map(|k| format!("{k} server{}, GB/s", if *k == 1 { "" } else { "s" })),
         );
-        let head: Vec<&str> = head.iter().map(String::as_str).collect();
-        let mut t = Table::new("Staging throughput, GB/s to staged", &head);
+        let mut t = Table::with_head("Staging throughput, GB/s to staged", &head);
         for &n in &o.procs {
             let mut cells = vec![format!("{n} × {}", size_str(o.total / n as u64))];
             for &k in &ks {
@@ -2033,36 +1799,7 @@ fn tables(rep: &Report) -> Md {
     }
 
     if !r.links.is_empty() {
-        s.title("Links".to_string());
-        s.head(&format!("| link | nominal | host end | namespace end | offloads (host end) | TCP goodput, one connection ({} per test) |", size_str(o.linktest_bytes)));
-        for l in &r.links {
-            let good = match (&l.goodput, &l.error) {
-                (Some(g), _) => {
-                    let pct = l.nominal_bytes_per_s.map_or_else(String::new, |n| {
-                        format!(" ({:.1} % of nominal)", 100.0 * g.median / n)
-                    });
-                    format!(
-                        "{:.1} [{:.1}–{:.1}] MB/s{pct}",
-                        g.median / 1e6,
-                        g.min / 1e6,
-                        g.max / 1e6
-                    )
-                }
-                (None, Some(e)) => format!("failed: {e}"),
-                (None, None) => "not measured".into(),
-            };
-            s.row(format!(
-                "| {} | {} | {} | {} | {} | {good} |",
-                l.name,
-                l.nominal_bytes_per_s.map_or_else(
-                    || "unknown".into(),
-                    |n| format!("{:.0} Mbit/s", n * 8.0 / 1e6)
-                ),
-                l.out,
-                l.back,
-                l.offloads
-            ));
-        }
+        s.push(net::links_table(&r.links));
     }
 
     let disk_fs = util::fs_of(&o.arena_dir);
@@ -2090,11 +1827,11 @@ fn tables(rep: &Report) -> Md {
     s
 }
 
-pub fn run(a: StagingArgs) -> Res<()> {
+pub fn run(mut o: SOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     let dirs = vec![PathBuf::from("/var/tmp"), o.arena_dir.clone()];
-    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs.clone(), &o.out)?;
     let clock = RunClock::start(&o.arena_dir, &o.arena_dir);
     eprintln!("cascade-bench staging: parts {:?}", o.parts);
     // The data, once: a /dev/shm file the C writers map, non-zero xorshift (not compressible).
@@ -2136,7 +1873,7 @@ pub fn run(a: StagingArgs) -> Res<()> {
         results: &results,
     };
     let title = "Cascade staging servers (L1): benchmarks";
-    report::write(&a.out, "staging", title, &rep, tables(&rep))?;
+    report::write(&o.out, "staging", title, &rep, tables(&rep))?;
     outcome?;
     if !results.notes.is_empty() {
         return err(format!(

@@ -3,13 +3,12 @@
 //! and the paired runs against memcpy that the write and read targets use.
 
 use crate::child::Job;
-use crate::harness::run_group;
+use crate::harness::{run_group, Rounds};
 use crate::util::{
     fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
 };
 use cascade_store::{OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// Where a suite's results keep the creation of its stores.
@@ -80,54 +79,28 @@ pub(crate) fn tight_pair_with(
         .collect();
     let kind = if read { "read" } else { "write" };
     let out = run_group(&jobs).ctx(|| format!("paired {kind}s with {procs} processes"))?;
-    let n = 3 * pairs;
-    // Per round: GB/s of each method (aggregated over the processes like every other figure).
-    let mut rounds: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); pairs];
-    for j in 0..n {
-        let mut first = u64::MAX;
-        let mut last = 0;
-        let mut name = String::new();
-        for c in &out.children {
-            let Some((m, s, e)) = c.phases.get(j) else {
-                return crate::util::err(format!("paired {kind}s: a child reported no phase {j}"));
-            };
-            first = first.min(*s);
-            last = last.max(*e);
-            name.clone_from(m);
-        }
-        rounds[j / 3].insert(name, gbps(bytes * procs as u64, last.saturating_sub(first)));
-    }
-    let series =
-        |m: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r.get(m).copied()).collect() };
-    let ratios = |base: &str| -> Vec<f64> {
-        rounds
-            .iter()
-            .filter_map(|r| Some(r.get("cascade")? / r.get(base)?))
-            .collect()
-    };
+    let rounds = Rounds::of(&out, 3, pairs, bytes * procs as u64)?;
     let (cas, shm, chunks) = (
-        series("cascade"),
-        series("memcpy-shm"),
-        series("store-chunks"),
+        rounds.gbps("cascade"),
+        rounds.gbps("memcpy-shm"),
+        rounds.gbps("store-chunks"),
     );
-    let (r_shm, r_chunks) = (ratios("memcpy-shm"), ratios("store-chunks"));
+    let (r_shm, r_chunks) = (
+        rounds.ratio("cascade", "memcpy-shm"),
+        rounds.ratio("cascade", "store-chunks"),
+    );
     eprintln!(
         "  [pairs] {kind}s procs={procs}: cascade {:.2}, memcpy-shm {:.2}, store-chunks {:.2} GB/s; cascade/memcpy-shm {:.2}x, cascade/store-chunks {:.2}x (medians of {} rounds)",
-        Stats::of(&cas).median,
-        Stats::of(&shm).median,
-        Stats::of(&chunks).median,
-        Stats::of(&r_shm).median,
-        Stats::of(&r_chunks).median,
-        pairs
+        cas.median, shm.median, chunks.median, r_shm.median, r_chunks.median, pairs
     );
     Ok(TightPair {
         kind: kind.to_string(),
         procs,
-        cascade_gbps: Stats::of(&cas),
-        memcpy_shm_gbps: Stats::of(&shm),
-        store_chunks_gbps: Stats::of(&chunks),
-        ratio: Stats::of(&r_shm),
-        ratio_chunks: Stats::of(&r_chunks),
+        cascade_gbps: cas,
+        memcpy_shm_gbps: shm,
+        store_chunks_gbps: chunks,
+        ratio: r_shm,
+        ratio_chunks: r_chunks,
     })
 }
 
@@ -296,6 +269,69 @@ impl Drop for ShmBase {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_file(&self.path) {
             eprintln!("warning: removing {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// The files the read-back runs read, written by the parent: `/rb-pI.dat` in the store and
+/// `/dev/shm/<prefix>-rb-I.dat` on tmpfs for each process I, `bytes` of `io`-byte pieces of
+/// the pattern of seed 2; removed when dropped.
+pub(crate) struct ReadbackFiles<'a> {
+    store: &'a Store,
+    pub(crate) tmpfs: Vec<String>,
+}
+
+impl<'a> ReadbackFiles<'a> {
+    pub(crate) fn write(
+        store: &'a Store,
+        pid: u32,
+        procs: usize,
+        bytes: u64,
+        io: u64,
+    ) -> Res<Self> {
+        let mut src = vec![0u8; io as usize];
+        fill_pattern(&mut src, 2);
+        let mut files = ReadbackFiles {
+            store,
+            tmpfs: Vec::new(),
+        };
+        for i in 0..procs {
+            let path = Self::store_path(i);
+            let f = store
+                .open(&path, &OpenOptions::new().write(true).create_new(true))
+                .ctx(|| format!("creating {path} in the store"))?;
+            for off in (0..bytes).step_by(io as usize) {
+                f.write_all_at(&src, off)
+                    .ctx(|| format!("writing {path} in the store"))?;
+            }
+            let tpath = format!("/dev/shm/{}-rb-{i}.dat", prefix(pid));
+            let mut data = std::fs::File::create(&tpath).ctx(|| format!("creating {tpath}"))?;
+            files.tmpfs.push(tpath.clone());
+            for _ in 0..bytes / io {
+                std::io::Write::write_all(&mut data, &src).ctx(|| format!("writing {tpath}"))?;
+            }
+        }
+        Ok(files)
+    }
+
+    /// The store file of process `i`.
+    pub(crate) fn store_path(i: usize) -> String {
+        format!("/rb-p{i}.dat")
+    }
+}
+
+impl Drop for ReadbackFiles<'_> {
+    fn drop(&mut self) {
+        for i in 0..self.tmpfs.len() {
+            if let Err(e) = self.store.unlink(&Self::store_path(i)) {
+                eprintln!(
+                    "warning: unlinking {} in the store: {e}",
+                    Self::store_path(i)
+                );
+            }
+        }
+        for t in &self.tmpfs {
+            let _ = std::fs::remove_file(t);
         }
     }
 }

@@ -139,42 +139,30 @@ fn read_trim(path: &str) -> String {
 pub fn fs_of(path: &Path) -> String {
     let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let mut best: Option<(usize, String)> = None;
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 3 {
-            continue;
-        }
-        let mnt = Path::new(f[1]);
-        if canon.starts_with(mnt) {
-            let depth = f[1].len();
-            let better = match &best {
-                None => true,
-                Some((d, _)) => depth >= *d,
-            };
-            if better {
-                best = Some((depth, format!("{} on {} (mounted at {})", f[2], f[0], f[1])));
-            }
-        }
-    }
-    best.map(|(_, s)| s)
-        .unwrap_or_else(|| "unknown".to_string())
+    // The deepest mount point above the path (the last one of equal depth).
+    let fields = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>());
+    let above = fields.filter(|f| f.len() >= 3 && canon.starts_with(f[1]));
+    let best = above.max_by_key(|f| f[1].len());
+    best.map_or_else(
+        || "unknown".to_string(),
+        |f| format!("{} on {} (mounted at {})", f[2], f[0], f[1]),
+    )
+}
+
+/// The value after the colon on the first line of file `path` that starts with `key`.
+fn field_of(path: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    line.split_once(':').map(|(_, v)| v.trim().to_string())
 }
 
 pub fn machine(disk_dir: &Path, spill_dir: &Path) -> Machine {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| "unknown".to_string());
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let ram_kib: f64 = meminfo
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
+    let cpu_model = field_of("/proc/cpuinfo", "model name");
+    let cpu_model = cpu_model.unwrap_or_else(|| "unknown".to_string());
+    let ram_kib: f64 = field_of("/proc/meminfo", "MemTotal:")
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
     Machine {
         cpu_model,
@@ -313,16 +301,16 @@ pub struct Interference {
     pub settle_median_s: f64,
 }
 
-pub fn cpu_snap() -> CpuSnap {
+/// The first line of /proc/stat: all CPUs' user nice system idle iowait irq softirq steal ...
+/// ticks.
+fn cpu_ticks() -> Vec<u64> {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let f: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
+    let first = stat.lines().next().unwrap_or("").split_whitespace().skip(1);
+    first.map(|x| x.parse().unwrap_or(0)).collect()
+}
+
+pub fn cpu_snap() -> CpuSnap {
+    let f = cpu_ticks();
     let get = |i: usize| f.get(i).copied().unwrap_or(0);
     // user nice system idle iowait irq softirq steal
     let busy = get(0) + get(1) + get(2) + get(5) + get(6);
@@ -390,15 +378,7 @@ fn settle_log() -> Vec<(f64, bool)> {
 }
 
 fn busy_total() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let f: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
+    let f = cpu_ticks();
     let total: u64 = f.iter().take(8).sum();
     let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
     (total.saturating_sub(idle), total)
