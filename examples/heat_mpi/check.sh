@@ -211,6 +211,24 @@ refused "missing meta" 2 "meta.1.txt: cannot open"
 refused "wrong meta.txt" 2 "meta.txt says 0123456789abcdef"
 refused "wrong n" 2 "checkpoint has n=256 but --n is 128"
 
+# --fallback: a rank file missing from the newest checkpoint (a node lost before its part
+# was durable) makes the restart take the checkpoint before it, and end on the reference.
+dir="$work/fallback"
+rm -rf "$dir"
+cp -r "$good" "$dir"
+rm "$dir/ckpt.000200/rank.2.bin" "$dir/ckpt.000150/rank.0.bin"
+ref250=$("$work/heat" --dir "$work/serial.250" --n 256 --steps 250 --every 50 --quiet |
+    sed -n 's/.*fnv1a64=\([0-9a-f]*\).*/\1/p')
+if ! mpi 2 --dir "$dir" --n 256 --steps 250 --every 50 --fallback >"$dir.out" 2>"$dir.err"; then
+    failed "3 --fallback: exit $? ($(cat "$dir.err"))"
+elif ! grep -q '^restarted from ckpt.000100 step=100 written_by=3 ranks=2$' "$dir.out"; then
+    failed "3 --fallback: $(grep -v '^checkpoint' "$dir.out")"
+elif [ "$(final_fnv "$dir.out")" != "$ref250" ]; then
+    failed "3 --fallback: final fnv1a64=$(final_fnv "$dir.out"), heat: $ref250"
+else
+    pass "3 --fallback: two newest checkpoints not whole, restarted from ckpt.000100, as heat"
+fi
+
 # usage NP PATTERN ARGS...: exit 2 and one line on stderr matching PATTERN
 usage() {
     np=$1 pattern=$2

@@ -43,6 +43,11 @@
  * lowest rank that saw it (the ranks agree with an MPI_Allreduce first), exit 1 on every
  * rank. So a checkpoint written by any number of ranks restarts on any number of ranks.
  *
+ * Fallback (--fallback): when a file of the checkpoint latest names is missing (on a cluster,
+ * a node lost before its part of the checkpoint was durable: Cascade's read-through refuses
+ * the files of such a checkpoint), every rank gives it up and the checkpoint K steps before
+ * it is tried, and so on; without --fallback a missing file is an error like any other.
+ *
  * Crash simulation: --kill-at-step M makes rank --kill-rank R (default 0) write half of its
  * rank.<R>.bin of checkpoint M and then raise(SIGKILL); mpirun then ends the other ranks.
  * Checkpoint M is never published (latest still names the one before).
@@ -123,7 +128,7 @@ struct options {
     const char *dir;
     long n, steps, every, kill_at, kill_rank, keep;
     enum commit_by commit_by;
-    int commit, quiet;
+    int commit, quiet, fallback;
 };
 
 /* This rank's part of the grid: rows [lo, hi) of the N x N grid, stored with a halo row
@@ -161,6 +166,9 @@ static void usage(FILE *out)
             "                      rank0 (default), node (lowest rank per node; node name\n"
             "                      $CASCADE_NODE, else the MPI processor name) or all\n"
             "  --no-commit         do not call cascade_commit\n"
+            "  --fallback          when a file of the checkpoint latest names is missing (a\n"
+            "                      node lost before its part was durable), restart from the\n"
+            "                      checkpoint K steps before it instead, and so on\n"
             "  --quiet             print only the final line\n"
             "  --help              print this help\n"
             "\n"
@@ -220,7 +228,7 @@ static void parse_args(int argc, char **argv, struct options *o)
 {
     enum {
         O_DIR = 256, O_N, O_STEPS, O_EVERY, O_KILL, O_KILL_RANK, O_KEEP, O_COMMIT_BY,
-        O_NOCOMMIT, O_QUIET, O_HELP
+        O_NOCOMMIT, O_QUIET, O_FALLBACK, O_HELP
     };
     static const struct option longopts[] = {
         {"dir", required_argument, NULL, O_DIR},
@@ -233,6 +241,7 @@ static void parse_args(int argc, char **argv, struct options *o)
         {"commit-by", required_argument, NULL, O_COMMIT_BY},
         {"no-commit", no_argument, NULL, O_NOCOMMIT},
         {"quiet", no_argument, NULL, O_QUIET},
+        {"fallback", no_argument, NULL, O_FALLBACK},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -281,6 +290,9 @@ static void parse_args(int argc, char **argv, struct options *o)
             break;
         case O_QUIET:
             o->quiet = 1;
+            break;
+        case O_FALLBACK:
+            o->fallback = 1;
             break;
         case O_HELP:
             if (rank == 0)
@@ -800,6 +812,8 @@ struct latest_info {
 
 /* A restart error on this rank: kept until the ranks agree on who reports. */
 static char restart_error[ERROR_MAX];
+/* Set with restart_error when the error is a file of the checkpoint that does not exist. */
+static int restart_missing;
 
 __attribute__((format(printf, 1, 2))) static void restart_fail(const char *fmt, ...)
 {
@@ -841,6 +855,7 @@ static int read_meta(const char *path, struct meta_field *fields, size_t count)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
+        restart_missing = errno == ENOENT && !restart_error[0];
         restart_fail("%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
@@ -885,11 +900,13 @@ static int read_meta(const char *path, struct meta_field *fields, size_t count)
     return 0;
 }
 
+static void read_checkpoint_meta(const struct options *o, struct latest_info *info_out);
+
 /* Rank 0: DIR/latest and the checkpoint's meta.txt. */
 static struct latest_info read_latest(const struct options *o)
 {
     struct latest_info info = {0};
-    char latest[PATH_MAX], ck[PATH_MAX], path[PATH_MAX];
+    char latest[PATH_MAX];
     join(latest, o->dir, "latest");
     int fd = open(latest, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -914,6 +931,16 @@ static struct latest_info read_latest(const struct options *o)
         restart_fail("%s: does not name a checkpoint directory", latest);
         return info;
     }
+    read_checkpoint_meta(o, &info);
+    return info;
+}
+
+/* Rank 0: the meta.txt of the checkpoint info->name (status 1 if it is sound, else 2). */
+static void read_checkpoint_meta(const struct options *o, struct latest_info *info_out)
+{
+    struct latest_info info = *info_out;
+    char ck[PATH_MAX], path[PATH_MAX];
+    info.status = 2;
     join(ck, o->dir, info.name);
     join(path, ck, "meta.txt");
     long n = 0, writers = 0;
@@ -923,19 +950,17 @@ static struct latest_info read_latest(const struct options *o)
         {"nranks", 0, &writers, NULL, 0},
         {"fnv1a64", 1, NULL, &info.fnv, 0},
     };
-    if (read_meta(path, fields, sizeof fields / sizeof fields[0]) != 0)
-        return info;
-    if (n != o->n) {
-        restart_fail("%s: checkpoint has n=%ld but --n is %ld", path, n, o->n);
-        return info;
+    if (read_meta(path, fields, sizeof fields / sizeof fields[0]) == 0) {
+        if (n != o->n)
+            restart_fail("%s: checkpoint has n=%ld but --n is %ld", path, n, o->n);
+        else if (writers < 1 || writers > n)
+            restart_fail("%s: nranks=%ld is not in 1..%ld", path, writers, n);
+        else {
+            info.writers = (int)writers;
+            info.status = 1;
+        }
     }
-    if (writers < 1 || writers > n) {
-        restart_fail("%s: nranks=%ld is not in 1..%ld", path, writers, n);
-        return info;
-    }
-    info.writers = (int)writers;
-    info.status = 1;
-    return info;
+    *info_out = info;
 }
 
 /* Every rank: reads the rows it owns from the rank files of the checkpoint `info` names
@@ -986,6 +1011,7 @@ static void load_rows(const struct options *o, const struct latest_info *info, s
         }
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
+            restart_missing = errno == ENOENT && !restart_error[0];
             restart_fail("%s: cannot open: %s", path, strerror(errno));
             free(buf);
             return;
@@ -1018,6 +1044,14 @@ static void load_rows(const struct options *o, const struct latest_info *info, s
     }
 }
 
+/* Collective: true if some rank's restart error is a missing file of the checkpoint. */
+static int missing_anywhere(void)
+{
+    int mine = restart_missing, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return any;
+}
+
 /* Loads the checkpoint DIR/latest names into g->u; returns its step, or -1 when there is
  * no DIR/latest. Any problem: one line on stderr and exit 1 on every rank. Collective. */
 static long restart(const struct options *o, struct slab *g)
@@ -1025,15 +1059,42 @@ static long restart(const struct options *o, struct slab *g)
     struct latest_info info = {0};
     if (rank == 0)
         info = read_latest(o);
-    restart_agree();
+    /* With --fallback, a missing meta.txt is handled like a missing rank file below. */
+    if (!(o->fallback && missing_anywhere()))
+        restart_agree();
     MPI_Bcast(&info, (int)sizeof info, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (info.status == 0)
         return -1;
 
     size_t total = (slab_rows(g) + 2) * (size_t)g->n;
-    for (size_t i = 0; i < total; i++)
-        g->u[i] = 0.0;
-    load_rows(o, &info, g);
+    for (;;) {
+        for (size_t i = 0; i < total; i++)
+            g->u[i] = 0.0;
+        if (info.status == 1)
+            load_rows(o, &info, g);
+        if (!o->fallback || !missing_anywhere())
+            break;
+        /* Not whole here: the checkpoint K steps before, if there is one. */
+        long step = info.status == 1 ? info.step : ckpt_step(info.name);
+        long before = step - o->every;
+        if (rank == 0 && !o->quiet)
+            printf("%s is not whole (a file is missing): trying the checkpoint before it\n",
+                   info.name);
+        restart_error[0] = '\0';
+        restart_missing = 0;
+        if (before < o->every || before % o->every != 0) {
+            if (rank == 0)
+                restart_fail("%s/%s: not whole, and no whole checkpoint before it", o->dir,
+                             info.name);
+            break;
+        }
+        if (rank == 0) {
+            snprintf(info.name, sizeof info.name, "ckpt.%06ld", before);
+            read_checkpoint_meta(o, &info);
+            info.step = info.status == 1 ? info.step : before;
+        }
+        MPI_Bcast(&info, (int)sizeof info, MPI_BYTE, 0, MPI_COMM_WORLD);
+    }
     restart_agree();
 
     uint64_t sum = grid_fnv1a64(g);

@@ -458,6 +458,20 @@ fn a_node_whose_part_never_arrives_leaves_the_checkpoint_refused_and_the_previou
     );
     assert!(partial.join("rank.0.bin").exists() && partial.join("meta.0.txt").exists());
     assert!(!partial.join("rank.1.bin").exists());
+    // The job restarted on a new node falls back from the partial checkpoint (its files are
+    // refused) to the one before, and ends on the grid of a run without Cascade.
+    let out = job.mpirun(
+        &[node("y", 2)],
+        &["y"],
+        &["--n", "48", "--steps", "40", "--every", "10", "--fallback"],
+    );
+    let stdout = succeeded(&out, "the restart on node y");
+    assert!(
+        stdout.contains("restarted from ckpt.000020 step=20 written_by=2 ranks=2"),
+        "{stdout}"
+    );
+    let reference = job.reference(&["--n", "48", "--steps", "40", "--every", "10"]);
+    assert_eq!(final_checksum(&stdout), reference);
     // The checkpoint before is whole.
     let out = job.cascade(&["restore", "heat/ckpt.000020", dest, "--from", from]);
     succeeded(&out, "restore of the previous checkpoint");
