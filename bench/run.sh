@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs the benchmarks; writes <suite>.md, <suite>.json and the plots into --out
 # (default bench/results).
-# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|all] [ARGS...]
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|all] [ARGS...]
 # `all` (the default) runs node-store and interposition, and durable, staging, fuse or dedup
 # when CASCADE_BENCH_DURABLE=1, _STAGING=1, _FUSE=1 or _DEDUP=1. ARGS go to the suite's
 # `cascade-bench` subcommand (with `all`, to each: use only --out, --quick, --reps there).
@@ -29,8 +29,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|staging|fuse|dedup|dedup-link|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link, jobs or all" >&2; exit 2 ;;
 esac
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
@@ -51,6 +51,10 @@ fi
 dedup_link=0
 if [ "$suite" = dedup-link ]; then
     dedup_link=1
+fi
+jobs=0
+if [ "$suite" = jobs ]; then
+    jobs=1
 fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
@@ -105,6 +109,13 @@ if [ "$dedup_link" = 1 ]; then
         *) bash bench/datasets/make.sh /var/tmp/cascade-datasets torch numpy lammps >&2 ;;
     esac
 fi
+if [ "$jobs" = 1 ]; then
+    # The simulated nodes' ranks and agents run the CLI (and its preload library); the
+    # shaped link needs root and network namespaces.
+    [ "$(id -u)" = 0 ] && ip netns list >/dev/null 2>&1 ||
+        { echo "run.sh: the jobs suite needs root and network namespaces (bench/netns-s3.sh), unavailable here" >&2; exit 1; }
+    cargo build --release -p cascade-cli -p cascade-preload
+fi
 bin=target/release/cascade-bench
 
 # The plots need matplotlib: use the first python3 that has it (a pyenv python3 on PATH may
@@ -118,8 +129,8 @@ find_python() {
     done
 }
 py=""
-[ "$suite" = durable ] || [ "$suite" = dedup-link ] || py=$(find_python)
-if [ "$suite" != durable ] && [ "$suite" != dedup-link ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+[ "$suite" = durable ] || [ "$suite" = dedup-link ] || [ "$suite" = jobs ] || py=$(find_python)
+if [ "$suite" != durable ] && [ "$suite" != dedup-link ] && [ "$suite" != jobs ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "run.sh: installing python3-matplotlib for the plots" >&2
     (apt-get update -qq && apt-get install -y -qq python3-matplotlib) >&2 || true
     py=$(find_python)
@@ -148,7 +159,7 @@ netns_down() {
     fi
     bench/netns-s3.sh down || true
 }
-if [ "$durable" = 1 ] || [ "$staging" = 1 ] || [ "$dedup_link" = 1 ]; then
+if [ "$durable" = 1 ] || [ "$staging" = 1 ] || [ "$dedup_link" = 1 ] || [ "$jobs" = 1 ]; then
     trap netns_down EXIT
     bench/netns-s3.sh up >/dev/null
     eval "$(bench/netns-s3.sh env)"
@@ -173,7 +184,7 @@ run_suite() {
         exit "$rc"
     fi
     pid=""
-    if [ "$sub" = durable ] || [ "$sub" = dedup-link ]; then
+    if [ "$sub" = durable ] || [ "$sub" = dedup-link ] || [ "$sub" = jobs ]; then
         return
     fi
     if [ -n "$py" ]; then
@@ -210,5 +221,9 @@ fi
 if [ "$dedup_link" = 1 ]; then
     run_suite dedup-link dedup-link.json
     echo "results: $out/dedup-link.md"
+fi
+if [ "$jobs" = 1 ]; then
+    run_suite jobs jobs.json
+    echo "results: $out/jobs.md"
 fi
 trap - INT TERM

@@ -17,6 +17,7 @@ mod durable;
 mod format;
 mod fuse;
 mod harness;
+mod jobs;
 mod net;
 mod preload;
 mod procs;
@@ -67,6 +68,10 @@ enum Cmd {
     /// the agent's dedup repository and with the plain layout; write dedup-link.md and
     /// dedup-link.json into --out.
     DedupLink(Box<dedup_link::DedupLinkArgs>),
+    /// Run the jobs benchmark (needs bench/netns-s3.sh up): time to a complete checkpoint of
+    /// a job on 1, 2, 4 simulated nodes against the ranks writing straight to S3, and what the
+    /// job-wide completion costs; write jobs.md and jobs.json into --out.
+    Jobs(Box<jobs::JobsArgs>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -212,6 +217,7 @@ fn main() -> ExitCode {
         Cmd::Fuse(a) => fuse::run(*a),
         Cmd::Dedup(a) => dedup::run(*a),
         Cmd::DedupLink(a) => dedup_link::run(*a),
+        Cmd::Jobs(a) => jobs::run(*a),
         Cmd::DedupJob => dedup::run_job(),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
