@@ -40,29 +40,41 @@ use std::time::{Duration, Instant};
 /// durable, over N independent single-node checkpoints.
 const TARGET_PCT: f64 = 5.0;
 
-#[derive(clap::Args)]
-pub struct JobsArgs {
+/// The options (`cascade-bench jobs --help`); the fields without an `arg` are derived by
+/// [`JOpts::resolve`]. Serialized into jobs.json without credentials.
+#[derive(clap::Args, Debug, Clone, Serialize)]
+pub struct JOpts {
     /// Directory for jobs.md and jobs.json.
     #[arg(long, default_value = "bench/results")]
+    #[serde(skip)]
     out: PathBuf,
     /// Quick run: 16 MiB per rank, 1 repetition. Explicit flags override.
     #[arg(long)]
+    #[serde(skip)]
     quick: bool,
-    /// Bytes each rank writes, in MiB [default: 64; --quick: 16].
-    #[arg(long)]
-    size_mib: Option<u64>,
+    /// Bytes each rank writes, in MiB.
+    #[arg(long, default_value_t = 64, default_value_if("quick", "true", "16"))]
+    #[serde(skip)]
+    size_mib: u64,
     /// Simulated node counts.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     nodes: Vec<usize>,
     /// Ranks per node.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     ranks: Vec<usize>,
-    /// Repetitions of each measurement; tables show the median [default: 5; --quick: 1].
-    #[arg(long)]
-    reps: Option<usize>,
-    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
-    #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
-    url: Option<String>,
+    /// Repetitions of each measurement; tables show the median.
+    #[arg(long, default_value_t = 5, default_value_if("quick", "true", "1"))]
+    reps: usize,
+    /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it); its
+    /// credentials are never written out.
+    #[arg(
+        long,
+        env = "CASCADE_BENCH_S3_URL",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    #[serde(skip)]
+    url: String,
     /// Network namespace of the S3 server.
     #[arg(long, env = "CASCADE_BENCH_NETNS", default_value = "cascade-s3")]
     netns: String,
@@ -76,6 +88,7 @@ pub struct JobsArgs {
         env = "CASCADE_S3_DATA",
         default_value = "/var/tmp/cascade-s3-data"
     )]
+    #[serde(skip)]
     s3_data: PathBuf,
     /// The cascade CLI (its libcascade.so next to it).
     #[arg(long, default_value = "target/release/cascade")]
@@ -88,90 +101,72 @@ pub struct JobsArgs {
     mount: String,
     /// Bytes per write(2) call of the ranks, in MiB.
     #[arg(long, default_value_t = 8)]
+    #[serde(skip)]
     piece_mib: u64,
     /// Seconds a measurement may take until its markers exist.
-    #[arg(long, default_value_t = 600)]
-    timeout: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct JOpts {
+    #[arg(long = "timeout", default_value_t = 600)]
+    timeout_s: u64,
+    #[arg(skip)]
     #[serde(skip)]
     pid: u32,
-    /// The durable URL with its credentials: never written out.
-    #[serde(skip)]
-    url: String,
     /// The durable store without credentials.
+    #[arg(skip)]
     durable: String,
+    #[arg(skip)]
     bytes_per_rank: u64,
-    nodes: Vec<usize>,
-    ranks: Vec<usize>,
-    reps: usize,
-    netns: String,
-    link_dev: String,
     /// Where the markers are watched: the server's data directory of the bucket, or None
     /// (polled over the link).
+    #[arg(skip)]
     marker_dir: Option<PathBuf>,
-    cascade: PathBuf,
-    cc: String,
-    mount: String,
     /// Memory of each node store: twice its ranks' data plus 64 MiB; no spill file.
+    #[arg(skip)]
     capacity_per_rank: u64,
+    #[arg(skip)]
     piece: u64,
-    timeout_s: u64,
 }
 
-fn build_opts(a: &JobsArgs, pid: u32) -> Res<JOpts> {
-    let q = a.quick;
-    let bytes_per_rank = a.size_mib.unwrap_or(if q { 16 } else { 64 }) * MIB;
-    if bytes_per_rank == 0 || a.piece_mib == 0 {
-        return err("--size-mib and --piece-mib must be positive");
-    }
-    if a.nodes.is_empty() || a.nodes.contains(&0) || a.ranks.is_empty() || a.ranks.contains(&0) {
-        return err("--nodes and --ranks need positive counts");
-    }
-    if !a.mount.starts_with('/') || a.mount.len() < 2 {
-        return err("--mount must be an absolute path other than /");
-    }
-    let Some(url) = a.url.clone().filter(|u| !u.is_empty()) else {
-        return err(
-            "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
-             (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite jobs does both)",
-        );
-    };
-    if !Path::new("/run/netns").join(&a.netns).exists() {
-        return err(format!(
-            "network namespace {} is not up: the jobs suite needs the shaped link of \
-             bench/netns-s3.sh (root; bench/run.sh --suite jobs brings it up)",
-            a.netns
-        ));
-    }
-    let spec = Spec::parse(&url).ctx(|| "--url")?;
-    let marker_dir = match &spec {
-        Spec::S3(s3) => {
-            let dir = a.s3_data.join(&s3.bucket).join(&s3.prefix);
-            dir.is_dir().then_some(dir)
+impl JOpts {
+    /// Checks the options, that the shaped link is up, and derives the byte sizes and where
+    /// the markers are watched.
+    fn resolve(&mut self, pid: u32) -> Res<()> {
+        self.bytes_per_rank = self.size_mib * MIB;
+        if self.bytes_per_rank == 0 || self.piece_mib == 0 || self.reps == 0 {
+            return err("--size-mib, --piece-mib and --reps must be positive");
         }
-        _ => None,
-    };
-    Ok(JOpts {
-        pid,
-        durable: spec.describe(),
-        url,
-        bytes_per_rank,
-        nodes: a.nodes.clone(),
-        ranks: a.ranks.clone(),
-        reps: a.reps.unwrap_or(if q { 1 } else { 5 }).max(1),
-        netns: a.netns.clone(),
-        link_dev: a.link_dev.clone(),
-        marker_dir,
-        cascade: a.cascade.clone(),
-        cc: a.cc.clone(),
-        mount: a.mount.trim_end_matches('/').to_string(),
-        capacity_per_rank: 2 * bytes_per_rank,
-        piece: a.piece_mib * MIB,
-        timeout_s: a.timeout,
-    })
+        let no_count = |v: &[usize]| v.is_empty() || v.contains(&0);
+        if no_count(&self.nodes) || no_count(&self.ranks) {
+            return err("--nodes and --ranks need positive counts");
+        }
+        if !self.mount.starts_with('/') || self.mount.len() < 2 {
+            return err("--mount must be an absolute path other than /");
+        }
+        if self.url.is_empty() {
+            return err(
+                "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
+                 (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite jobs does both)",
+            );
+        }
+        if !Path::new("/run/netns").join(&self.netns).exists() {
+            return err(format!(
+                "network namespace {} is not up: the jobs suite needs the shaped link of \
+                 bench/netns-s3.sh (root; bench/run.sh --suite jobs brings it up)",
+                self.netns
+            ));
+        }
+        let spec = Spec::parse(&self.url).ctx(|| "--url")?;
+        self.marker_dir = match &spec {
+            Spec::S3(s3) => {
+                Some(self.s3_data.join(&s3.bucket).join(&s3.prefix)).filter(|dir| dir.is_dir())
+            }
+            _ => None,
+        };
+        self.durable = spec.describe();
+        self.pid = pid;
+        self.mount = self.mount.trim_end_matches('/').to_string();
+        self.capacity_per_rank = 2 * self.bytes_per_rank;
+        self.piece = self.piece_mib * MIB;
+        Ok(())
+    }
 }
 
 /// One rank of a simulated node, run under `cascade run` (compiled with cc at the start).
@@ -886,11 +881,11 @@ fn targets(rows: &[ConfigRow]) -> Vec<Target> {
     )]
 }
 
-pub fn run(a: JobsArgs) -> Res<()> {
+pub fn run(mut o: JOpts) -> Res<()> {
     let pid = std::process::id();
-    let o = build_opts(&a, pid)?;
+    o.resolve(pid)?;
     let dirs = vec![PathBuf::from("/var/tmp")];
-    let _guard = crate::CleanupGuard::start(pid, dirs, &a.out)?;
+    let _guard = crate::CleanupGuard::start(pid, dirs, &o.out)?;
     let var_tmp = Path::new("/var/tmp");
     let clock = RunClock::start(var_tmp, var_tmp);
     let max_nodes = o.nodes.iter().copied().max().unwrap_or(1);
@@ -1046,5 +1041,5 @@ pub fn run(a: JobsArgs) -> Res<()> {
         ],
     ));
     let title = "Cascade: time to a complete checkpoint of a job on many nodes";
-    report::write(&a.out, "jobs", title, &rep, md)
+    report::write(&o.out, "jobs", title, &rep, md)
 }

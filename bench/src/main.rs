@@ -71,7 +71,7 @@ enum Cmd {
     /// Run the jobs benchmark (needs bench/netns-s3.sh up): time to a complete checkpoint of
     /// a job on 1, 2, 4 simulated nodes against the ranks writing straight to S3, and what the
     /// job-wide completion costs; write jobs.md and jobs.json into --out.
-    Jobs(Box<jobs::JobsArgs>),
+    Jobs(Box<jobs::JOpts>),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
