@@ -137,6 +137,9 @@ impl JobParts {
                 if let Ok(mut asked) = self.asked.lock() {
                     asked.remove(&root.path);
                 }
+                if let Ok(mut written) = self.written.lock() {
+                    written.remove(&(root.ino, root.generation, root.mod_seq));
+                }
                 node.count(|s| s.markers += 1);
                 node.log(|| {
                     format!(
