@@ -14,7 +14,12 @@
  *   DIR/rankK.dat, reports ready, waits for the common start, writes and closes. The parent
  *   releases all writers at once (it closes the write end of a pipe they block on) once every
  *   one is ready. Prints one line per writer, {"rank":K,"start_ns":..,"closed_ns":..}, then
- *   {"start_ns":T} with the release time. */
+ *   {"start_ns":T} with the release time.
+ * ckptwriter relay PATH SIZE PIECE DATAFILE OFFSET CASCADE CKPT
+ *   One rank of the jobs suite, driven over stdin: maps SIZE bytes of DATAFILE at OFFSET,
+ *   prints READY and waits for a line. GO starts the clock: writes PATH as above and prints
+ *   "WRITTEN START END". Then the next line: COMMIT runs `CASCADE commit CKPT` and prints
+ *   "COMMITTED END"; anything else (EXIT, EOF) ends it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -75,6 +80,59 @@ static void write_all(int fd, const unsigned char *data, size_t size, size_t pie
         done += (size_t)k;
     }
     if (close(fd) != 0) die("close", path);
+}
+
+/* Runs `CASCADE commit CKPT` and waits for it; 0 when it succeeded. */
+static int commit_cli(const char *cascade, const char *ckpt) {
+    pid_t pid = fork();
+    if (pid < 0) die("fork", "");
+    if (pid == 0) {
+        execl(cascade, cascade, "commit", ckpt, (char *)NULL);
+        fprintf(stderr, "ckptwriter: exec %s: %s\n", cascade, strerror(errno));
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) die("waitpid", "");
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "ckptwriter: %s commit %s failed (status %d)\n", cascade, ckpt, st);
+        return 1;
+    }
+    return 0;
+}
+
+/* The directory of PATH, into `dir`. */
+static void dir_of(const char *path, char *dir, size_t len) {
+    snprintf(dir, len, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) *slash = 0;
+}
+
+static int relay(int argc, char **argv) {
+    if (argc != 9) {
+        fprintf(stderr, "usage: ckptwriter relay PATH SIZE PIECE DATAFILE OFFSET CASCADE CKPT\n");
+        return 2;
+    }
+    const char *path = argv[2], *cascade = argv[7], *ckpt = argv[8];
+    size_t size = strtoull(argv[3], NULL, 10), piece = strtoull(argv[4], NULL, 10);
+    const unsigned char *data = map_data(argv[5], size, (off_t)strtoull(argv[6], NULL, 10));
+    char dir[4096], line[256];
+    dir_of(path, dir, sizeof dir);
+    say("READY\n");
+    if (!fgets(line, sizeof line, stdin) || strncmp(line, "GO", 2) != 0) return 0;
+    uint64_t start = ns(CLOCK_MONOTONIC);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) die("open", path);
+    write_all(fd, data, size, piece, path);
+    snprintf(line, sizeof line, "WRITTEN %llu %llu\n", (unsigned long long)start,
+             (unsigned long long)ns(CLOCK_MONOTONIC));
+    say(line);
+    if (!fgets(line, sizeof line, stdin) || strncmp(line, "COMMIT", 6) != 0) return sink == 256;
+    if (commit_cli(cascade, ckpt) != 0) return 1;
+    snprintf(line, sizeof line, "COMMITTED %llu\n", (unsigned long long)ns(CLOCK_MONOTONIC));
+    say(line);
+    return sink == 256;
 }
 
 static int ranks(int argc, char **argv) {
@@ -148,6 +206,7 @@ static int ranks(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "ranks") == 0) return ranks(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "relay") == 0) return relay(argc, argv);
     if (argc != 8 || (strcmp(argv[5], "cli") != 0 && strcmp(argv[5], "lib") != 0)) {
         fprintf(stderr, "usage: ckptwriter PATH SIZE PIECE DATAFILE cli|lib CASCADE CKPT\n");
         return 2;
@@ -167,9 +226,7 @@ int main(int argc, char **argv) {
     }
     const unsigned char *data = map_data(datafile, size, 0);
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) *slash = 0;
+    dir_of(path, dir, sizeof dir);
 
     uint64_t start = ns(CLOCK_MONOTONIC), start_unix = ns(CLOCK_REALTIME);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
@@ -183,21 +240,8 @@ int main(int argc, char **argv) {
                     why ? why() : strerror(errno));
             return 1;
         }
-    } else {
-        pid_t pid = fork();
-        if (pid < 0) die("fork", "");
-        if (pid == 0) {
-            execl(cascade, cascade, "commit", ckpt, (char *)NULL);
-            fprintf(stderr, "ckptwriter: exec %s: %s\n", cascade, strerror(errno));
-            _exit(127);
-        }
-        int st;
-        while (waitpid(pid, &st, 0) < 0)
-            if (errno != EINTR) die("waitpid", "");
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "ckptwriter: %s commit %s failed (status %d)\n", cascade, ckpt, st);
-            return 1;
-        }
+    } else if (commit_cli(cascade, ckpt) != 0) {
+        return 1;
     }
     uint64_t committed = ns(CLOCK_MONOTONIC);
     printf("{\"start_ns\":%llu,\"written_ns\":%llu,\"committed_ns\":%llu,\"start_unix_ns\":%llu}\n",

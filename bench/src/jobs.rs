@@ -12,7 +12,8 @@
 //!   job would write after a barrier). Its stall is its time until durable.
 //! - job: per simulated node a node store of its own (CASCADE_STORE), its `cascade agent`,
 //!   CASCADE_JOB, CASCADE_JOB_NAME, CASCADE_NODE and CASCADE_JOB_NODES set; per rank one
-//!   `cascade run -- jobwriter` (`WRITER_C`) writing `/cascade/ckptNNN/rank.R` with write(2).
+//!   `cascade run -- ckptwriter relay` (bench/ckptwriter.c) writing `/cascade/ckptNNN/rank.R`
+//!   with write(2).
 //!   When all ranks of a node have closed their files, its lowest rank runs `cascade commit
 //!   /ckptNNN` (the bench relays the node's barrier through the ranks' pipes). The stall is
 //!   from the common start until the last node's commit returned; the checkpoint is complete
@@ -22,7 +23,7 @@
 //!   `/ckptNNN-nodeK` (its own marker, nobody waits for the other nodes): until the last
 //!   node's marker. job - independent is what the job-wide completion costs.
 
-use crate::baselines::{clear_remote, data_file, settle};
+use crate::baselines::{clear_remote, data_file, settle, WRITER_C};
 use crate::format::{num, ratio, st, x};
 use crate::net::{s3_server, tbf_of};
 use crate::procs::{compile, die_with_bench, private_cli, tail, terminate, Node};
@@ -169,99 +170,6 @@ impl JOpts {
     }
 }
 
-/// One rank of a simulated node, run under `cascade run` (compiled with cc at the start).
-const WRITER_C: &str = r#"
-/* jobwriter PATH SIZE PIECE DATAFILE OFFSET CASCADE CKPT
- * Maps SIZE bytes of DATAFILE at OFFSET (pre-faulted), prints READY and waits for a line on
- * stdin. GO starts the clock: mkdir of PATH's directory, open, write(2) in PIECE-byte calls,
- * close; prints "WRITTEN START END" (CLOCK_MONOTONIC ns). Then the next line: COMMIT runs
- * `CASCADE commit CKPT` and prints "COMMITTED END"; anything else (EXIT, EOF) ends it. */
-#define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-static uint64_t ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-static void die(const char *what, const char *arg) {
-    fprintf(stderr, "jobwriter: %s %s: %s\n", what, arg, strerror(errno));
-    exit(1);
-}
-
-int main(int argc, char **argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: jobwriter PATH SIZE PIECE DATAFILE OFFSET CASCADE CKPT\n");
-        return 2;
-    }
-    const char *path = argv[1], *datafile = argv[4], *cascade = argv[6], *ckpt = argv[7];
-    size_t size = strtoull(argv[2], NULL, 10), piece = strtoull(argv[3], NULL, 10);
-    off_t offset = (off_t)strtoull(argv[5], NULL, 10);
-    int dfd = open(datafile, O_RDONLY);
-    if (dfd < 0) die("open", datafile);
-    const unsigned char *data =
-        mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE, dfd, offset);
-    if (data == MAP_FAILED) die("mmap", datafile);
-    volatile unsigned char sink = 0;
-    for (size_t i = 0; i < size; i += 4096) sink ^= data[i];
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) *slash = 0;
-
-    char line[64];
-    printf("READY\n");
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin) || strncmp(line, "GO", 2) != 0) return 0;
-    uint64_t start = ns();
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) die("mkdir", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) die("open", path);
-    size_t done = 0;
-    while (done < size) {
-        size_t want = size - done < piece ? size - done : piece;
-        ssize_t k = write(fd, data + done, want);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            die("write", path);
-        }
-        done += (size_t)k;
-    }
-    if (close(fd) != 0) die("close", path);
-    printf("WRITTEN %llu %llu\n", (unsigned long long)start, (unsigned long long)ns());
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin) || strncmp(line, "COMMIT", 6) != 0)
-        return sink == 256;
-    pid_t pid = fork();
-    if (pid < 0) die("fork", "");
-    if (pid == 0) {
-        execl(cascade, cascade, "commit", ckpt, (char *)NULL);
-        fprintf(stderr, "jobwriter: exec %s: %s\n", cascade, strerror(errno));
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) die("waitpid", "");
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "jobwriter: %s commit %s failed (status %d)\n", cascade, ckpt, st);
-        return 1;
-    }
-    printf("COMMITTED %llu\n", (unsigned long long)ns());
-    fflush(stdout);
-    return sink == 256;
-}
-"#;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Method {
     Direct,
@@ -319,7 +227,7 @@ impl Ranks {
             if let Ok(Some(status)) = c.try_wait() {
                 if !status.success() {
                     return err(format!(
-                        "rank {g} (cascade run -- jobwriter) exited ({status}): {}",
+                        "rank {g} (cascade run -- ckptwriter relay) exited ({status}): {}",
                         tail(&self.logs[g], 5)
                     ));
                 }
@@ -533,6 +441,7 @@ impl Bench<'_> {
                 cmd.arg("run")
                     .arg("--")
                     .arg(&self.writer)
+                    .arg("relay")
                     .arg(format!("{}/{ckpt}/rank.{g}", o.mount))
                     .arg(o.bytes_per_rank.to_string())
                     .arg(o.piece.to_string())
@@ -544,7 +453,9 @@ impl Bench<'_> {
                     .stdout(Stdio::piped())
                     .stderr(logf);
                 die_with_bench(&mut cmd);
-                let mut child = cmd.spawn().ctx(|| "starting cascade run -- jobwriter")?;
+                let mut child = cmd
+                    .spawn()
+                    .ctx(|| "starting cascade run -- ckptwriter relay")?;
                 let stdout = child.stdout.take();
                 rs.stdins.push(child.stdin.take());
                 rs.children.push(child);
@@ -910,7 +821,7 @@ pub fn run(mut o: JOpts) -> Res<()> {
         (max_nodes * max_ranks) as u64 * o.bytes_per_rank,
         0x10b5_d00d_cafe_f00d,
     )?;
-    let writer = Path::new("/var/tmp").join(format!("{}-jobwriter", prefix(pid)));
+    let writer = Path::new("/var/tmp").join(format!("{}-ckptwriter", prefix(pid)));
     compile(&o.cc, WRITER_C, &writer)?;
     let bench = Bench {
         o: &o,
