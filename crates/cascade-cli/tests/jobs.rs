@@ -92,6 +92,20 @@ impl Job {
     /// A clean environment for mpirun and what it starts: the job's identity and durable
     /// store, small node stores, no inherited CASCADE_* or launcher variables.
     fn mpirun(&self, nodes: &[NodeRun], names: &[&str], heat_args: &[&str]) -> Output {
+        let heat_mpi = self.path("heat_mpi").display().to_string();
+        let mut program = vec![
+            heat_mpi.as_str(),
+            "--dir",
+            "/cascade/heat",
+            "--commit-by",
+            "node",
+        ];
+        program.extend(heat_args);
+        self.mpirun_program(nodes, names, &program)
+    }
+
+    /// `program` on every rank, each under `cascade run` on its simulated node.
+    fn mpirun_program(&self, nodes: &[NodeRun], names: &[&str], program: &[&str]) -> Output {
         let mut cmd = Command::new("mpirun");
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -117,10 +131,7 @@ impl Job {
             if let Some(durable) = node.elsewhere {
                 cmd.arg(format!("CASCADE_DURABLE={}", durable.display()));
             }
-            cmd.args([CASCADE, "run", "--"])
-                .arg(self.path("heat_mpi"))
-                .args(["--dir", "/cascade/heat", "--commit-by", "node"])
-                .args(heat_args);
+            cmd.args([CASCADE, "run", "--"]).args(program);
         }
         output_within(cmd, RUN_LIMIT)
     }
@@ -601,4 +612,23 @@ fn a_job_on_two_nodes_completes_its_checkpoints_through_a_staging_server() {
         "the files went through the server: {:?}",
         server.status()
     );
+}
+
+/// A program that never calls Cascade (a shell writing each rank's file), two ranks on each of
+/// two nodes: the last rank of each node commits the job's directory at its end, and the
+/// checkpoint is complete with both nodes' parts.
+#[test]
+fn a_program_that_never_calls_cascade_on_two_nodes_completes_with_both_parts() {
+    let job = Job::new("plain");
+    let write = "mkdir -p /cascade/job && head -c 3000000 /dev/urandom \
+                 > /cascade/job/rank.$OMPI_COMM_WORLD_RANK";
+    let out = job.mpirun_program(
+        &[node("a", 2), node("b", 2)],
+        &["a", "b"],
+        &["sh", "-c", write],
+    );
+    succeeded(&out, "the shell ranks on nodes a and b");
+    let (files, nodes) = marker_of(&job.durable_checkpoint("job"));
+    assert_eq!(files, names(&["rank.0", "rank.1", "rank.2", "rank.3"]));
+    assert_eq!(nodes, names(&["a", "b"]));
 }

@@ -106,20 +106,32 @@ impl AsyncDurableStore {
     /// tell) and returns it; else which parts are missing.
     pub async fn complete_job(&self, checkpoint: &str, nodes: u32) -> Result<JobProgress> {
         let ckpt = normalize_rel(checkpoint)?;
-        if let Some(marker) = self.read_marker(&ckpt).await? {
-            return Ok(JobProgress::Complete(marker));
-        }
         let parts = self.read_parts(&ckpt).await?;
+        let existing = self.read_marker(&ckpt).await?;
         let progress = parts_in(&parts, nodes);
         if progress.present.len() < nodes as usize {
-            return Ok(JobProgress::Waiting(progress));
+            return Ok(match existing {
+                Some(marker) => JobProgress::Complete(marker),
+                None => JobProgress::Waiting(progress),
+            });
         }
         let marker = self.joined_marker(&ckpt, &parts)?;
         let key = marker_key(&ckpt, false);
         let mut json =
             serde_json::to_vec_pretty(&marker).map_err(|e| self.encode_error(&key, e))?;
         json.push(b'\n');
-        self.put_if_absent(&key, json).await?;
+        match existing {
+            // Written by a node that saw the same parts.
+            Some(old) if old.files == marker.files && old.nodes == marker.nodes => {
+                return Ok(JobProgress::Complete(old))
+            }
+            // Joins parts a node has rewritten since (its files changed after it was written):
+            // replaced by what the parts say now.
+            Some(_) => self.put_bytes(&key, json).await?,
+            None => {
+                self.put_if_absent(&key, json).await?;
+            }
+        }
         Ok(JobProgress::Complete(marker))
     }
 
