@@ -71,12 +71,22 @@ impl PassOutcome {
 /// new checkpoints is up to each level (`Level::takes`): with dedup, the staged-dedup level
 /// and the repository; without, the staging servers and the plain layout.
 fn levels_for(opts: &AgentOptions, durable: &Arc<DurableStore>) -> Vec<Box<dyn Level>> {
-    let repository = Arc::new(Repository::new(Arc::clone(durable), opts.dedup));
+    let job = opts.job.clone().filter(|j| j.nodes > 1);
+    let repository = Arc::new(Repository::new(
+        Arc::clone(durable),
+        opts.dedup,
+        job.as_ref().map(|j| j.node.clone()),
+    ));
     let sends_plain = opts.dedup.is_none();
     let staging = opts.staging.clone().filter(|s| !s.servers.is_empty());
     let mut levels: Vec<Box<dyn Level>> = Vec::new();
-    if let Some(job) = opts.job.clone().filter(|j| j.nodes > 1 && sends_plain) {
-        levels.push(Box::new(JobParts::new(job, staging.is_some())));
+    if let Some(job) = job {
+        let joins_manifests = (!sends_plain).then(|| Arc::clone(&repository));
+        levels.push(Box::new(JobParts::new(
+            job,
+            staging.is_some(),
+            joins_manifests,
+        )));
     }
     if let Some(staging) = staging {
         let pool = Arc::new(ServerPool::new(staging));
@@ -95,15 +105,6 @@ impl Agent {
     /// Registers as the store's agent (EBUSY if another one runs), sets the store's policy,
     /// and frees descriptions of writers that died before it started.
     pub fn start(store: Store, durable: DurableStore, opts: AgentOptions) -> Result<Agent> {
-        if let (Some(job), Some(_)) = (&opts.job, &opts.dedup) {
-            if job.nodes > 1 {
-                return Err(Error::Unsupported(format!(
-                    "dedup of checkpoints written by {} nodes is not supported yet: run the job \
-                     without dedup (each node's checkpoint would be complete on its own)",
-                    job.nodes
-                )));
-            }
-        }
         let registration = store
             .register_agent()
             .map_err(|e| Error::store(store.name(), e))?;
@@ -386,7 +387,7 @@ impl Agent {
                     outcome.pending += 1;
                     outcome.retry_at(at);
                 }
-                Step::Changed => {
+                Step::Changed | Step::PartStored => {
                     outcome.pending += 1;
                     outcome.progressed = true;
                 }
@@ -420,10 +421,10 @@ impl Agent {
         let mut evicted = false;
         for list in series.values_mut() {
             list.sort_by_key(|c| std::cmp::Reverse(c.root.commit_seq));
-            let newest_safe = list.iter().position(|c| c.root.checkpoint_safe());
+            let newest_safe = list.iter().position(|c| self.evictable(c));
             for (i, c) in list.iter().enumerate().skip(self.node.opts.keep) {
                 let superseded = newest_safe.is_some_and(|n| n < i);
-                if c.root.checkpoint_safe() {
+                if self.evictable(c) {
                     evicted |= self.evict_one(c, false);
                 } else if !c.root.flush && superseded {
                     evicted |= self.evict_one(c, true);
@@ -433,10 +434,8 @@ impl Agent {
         if self.node.store.space_waiters() > 0 {
             // One checkpoint per call for waiting writers: they retry and call again if that
             // was not enough (and that wake-up, not this pass, starts the next pass).
-            let mut complete: Vec<&Checkpoint> = checkpoints
-                .iter()
-                .filter(|c| c.root.checkpoint_safe())
-                .collect();
+            let mut complete: Vec<&Checkpoint> =
+                checkpoints.iter().filter(|c| self.evictable(c)).collect();
             complete.sort_by_key(|c| c.root.commit_seq);
             for c in complete {
                 if self.evict_one(c, false) {
@@ -445,6 +444,15 @@ impl Agent {
             }
         }
         evicted
+    }
+
+    /// True if checkpoint `c` is safe below this node. On a job of several nodes a directory
+    /// checkpoint must be complete: pushed to staging servers is not enough, since this node
+    /// still has to record its part and join the parts once its server wrote them.
+    fn evictable(&self, c: &Checkpoint) -> bool {
+        let job_wide = self.node.opts.job.as_ref().is_some_and(|j| j.nodes > 1)
+            && c.root.kind == FileKind::Dir;
+        c.root.checkpoint_safe() && (!job_wide || c.root.complete())
     }
 
     fn evict_one(&self, c: &Checkpoint, allow_incomplete: bool) -> bool {

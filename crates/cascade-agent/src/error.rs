@@ -46,9 +46,6 @@ pub enum Error {
     /// The dedup repository failed (the message names the object or blob).
     #[error("dedup repository: {0}")]
     Dedup(#[from] cascade_dedup::repo::Error),
-    /// A combination of options this version cannot serve.
-    #[error("{0}")]
-    Unsupported(String),
 }
 
 impl Error {
@@ -87,7 +84,6 @@ impl Error {
             Error::Mismatch { .. } => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::Dedup(e) => e.errno(),
-            Error::Unsupported(_) => libc::ENOTSUP,
         }
     }
 }

@@ -48,6 +48,9 @@ pub(crate) enum Step {
     RetryAt(Instant),
     /// It changed or went away while being sent: the next pass sees the new version.
     Changed,
+    /// This node's part of a checkpoint of several nodes is stored and its files recorded
+    /// durable: the next pass writes the part's record and joins the parts (levels/job.rs).
+    PartStored,
     /// Not for this level (or this level failed and said so): the next level takes it.
     Next,
 }

@@ -261,6 +261,23 @@ impl Node {
         level: Reached,
     ) -> bool {
         let store = &self.store;
+        self.record_files(files, digests, level)
+            && match level {
+                Reached::Durable => store.mark_complete(root.ino, root.generation, root.mod_seq),
+                Reached::Staged => store.mark_pushed(root.ino, root.generation, root.mod_seq),
+            }
+    }
+
+    /// Records `files` (with their BLAKE3, in order) as having reached `level`, but not their
+    /// checkpoint: a node's part of a job's checkpoint, which the job level completes.
+    /// False if any of them changed meanwhile.
+    pub(crate) fn record_files<'d>(
+        &self,
+        files: &[&LifeEntry],
+        digests: impl IntoIterator<Item = &'d str>,
+        level: Reached,
+    ) -> bool {
+        let store = &self.store;
         let mut unchanged = true;
         for (f, blake3) in files.iter().zip(digests) {
             unchanged &= match level {
@@ -270,22 +287,26 @@ impl Node {
             self.remember_digest(f, blake3.to_string());
         }
         unchanged
-            && match level {
-                Reached::Durable => store.mark_complete(root.ino, root.generation, root.mod_seq),
-                Reached::Staged => store.mark_pushed(root.ino, root.generation, root.mod_seq),
-            }
     }
 
     /// Records every file of `tree` (a checkpoint, root first) durable, then the root
     /// complete; false if the root changed since `tree` was taken. For checkpoints a lower
     /// level completed on its own (a staging server wrote the marker or manifest).
     pub(crate) fn record_complete(&self, tree: &[LifeEntry]) -> bool {
-        for f in files_of(tree) {
-            self.store.mark_durable(f.ino, f.generation, f.mod_seq);
-        }
+        self.record_durable(tree);
         let root = &tree[0];
         self.store
             .mark_complete(root.ino, root.generation, root.mod_seq)
+    }
+
+    /// Records every file of `tree` (a checkpoint, root first) durable, at the versions it
+    /// lists; false if one changed since.
+    pub(crate) fn record_durable(&self, tree: &[LifeEntry]) -> bool {
+        let mut unchanged = true;
+        for f in files_of(tree) {
+            unchanged &= self.store.mark_durable(f.ino, f.generation, f.mod_seq);
+        }
+        unchanged
     }
 }
 

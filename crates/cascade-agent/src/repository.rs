@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cascade_dedup::repo::{FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
+use cascade_dedup::repo::{part_name, FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
 use cascade_durable::DurableKey;
 use cascade_durable::DurableStore;
-use cascade_store::{LifeEntry, Store};
+use cascade_store::{FileKind, LifeEntry, Store};
 
 use crate::deltas::{recipe_in, PreviousVersion};
 use crate::node::Checkpoint;
@@ -33,15 +33,34 @@ pub(crate) struct Repository {
     /// Per series (directory), the checkpoint last stored in the repository and its files'
     /// recipes (from its manifest): the base of the next one's deltas, without a read.
     latest_manifests: Mutex<HashMap<String, (String, Vec<FileRecipe>)>>,
+    /// This node's name on a job of several nodes: its directory checkpoints are stored as
+    /// its part (levels/job.rs joins the parts).
+    part_of_node: Option<String>,
 }
 
 impl Repository {
-    pub(crate) fn new(durable: Arc<DurableStore>, dedup: Option<DedupOptions>) -> Repository {
+    pub(crate) fn new(
+        durable: Arc<DurableStore>,
+        dedup: Option<DedupOptions>,
+        part_of_node: Option<String>,
+    ) -> Repository {
         Repository {
             durable,
             dedup,
             repo: Mutex::new(None),
             latest_manifests: Mutex::new(HashMap::new()),
+            part_of_node,
+        }
+    }
+
+    /// The manifest name checkpoint `root` (durable name `ckpt`) is stored under, and
+    /// whether that is this node's part of it rather than the whole checkpoint: on a job of
+    /// several nodes a directory checkpoint is stored as the node's part; a single file is
+    /// one node's own.
+    pub(crate) fn stored_name(&self, root: &LifeEntry, ckpt: &str) -> (String, bool) {
+        match &self.part_of_node {
+            Some(node) if root.kind == FileKind::Dir => (part_name(ckpt, node), true),
+            _ => (ckpt.to_string(), false),
         }
     }
 

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use cascade_dedup::repo::{Manifest, Repo};
+use cascade_dedup::repo::{part_name, Manifest, Repo};
 use cascade_durable::{DurableStore, FileDigest, Marker, MarkerFile, PartsIn, MARKER_NAME};
 use cascade_store::Store;
 
@@ -181,16 +181,34 @@ pub fn restore_partial_checkpoint(
     let ckpt =
         cascade_durable::normalize_rel(ckpt.trim_end_matches('/')).map_err(Error::Durable)?;
     let parts = durable.read_parts(&ckpt).map_err(Error::Durable)?;
-    let mut files: Vec<MarkerFile> = parts.iter().flat_map(|p| p.files.clone()).collect();
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    files.dedup();
-    let source = Source::Parts {
-        durable,
-        ckpt: ckpt.clone(),
-        files,
+    let progress_in = PartsIn::of(&parts);
+    let source = match repo.filter(|r| stored_as_parts(r, &ckpt, &progress_in.present)) {
+        // Stored with dedup: the nodes' part manifests in the repository.
+        Some(repo) => Source::Dedup {
+            repo,
+            manifest: repo.joined_parts(&ckpt, &progress_in.present)?,
+        },
+        None => {
+            let mut files: Vec<MarkerFile> = parts.iter().flat_map(|p| p.files.clone()).collect();
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+            files.dedup();
+            Source::Parts {
+                durable,
+                ckpt: ckpt.clone(),
+                files,
+            }
+        }
     };
     let report = restore_to_dir(ckpt, &source, dest, progress)?;
-    Ok((report, Some(PartsIn::of(&parts))))
+    Ok((report, Some(progress_in)))
+}
+
+/// True if the nodes' parts of `ckpt` are part manifests in `repo` (the job ran with dedup).
+fn stored_as_parts(repo: &Repo, ckpt: &str, nodes: &[String]) -> bool {
+    nodes.first().is_some_and(|node| {
+        repo.read_manifest(&part_name(ckpt, node))
+            .is_ok_and(|m| m.is_some())
+    })
 }
 
 /// Downloads every file of `source` into the local directory `dest`, verified, renamed into

@@ -1,20 +1,44 @@
 //! Checkpoints written by a job on several nodes (docs/agent.md, "Jobs on many nodes"):
 //! simulated nodes, each with a node store of its own and an agent that knows its node name
-//! and the job's node count, sharing one durable store (a directory, or a real S3 server).
+//! and the job's node count, sharing one durable store (a directory, or a real S3 server),
+//! in the plain layout or the dedup repository, straight or through a staging server.
 //! Passes are driven by the test, so every step is deterministic.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use cascade_agent::{restore_checkpoint, Agent, AgentOptions, JobOptions};
+use cascade_agent::{
+    restore_checkpoint, restore_partial_checkpoint, Agent, AgentOptions, DedupOptions, JobOptions,
+    StagingOptions,
+};
+use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_durable::{DurableStore, Marker};
 use cascade_store::{Prefault, Store, StoreConfig};
-use cascade_testkit::{pattern, wait_for, write_store_file as write, Versitygw};
+use cascade_testkit::{pattern, wait_for, write_store_file as write, Env, StageServer, Versitygw};
 
 const CHUNK: u64 = 64 << 10;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// How the simulated nodes' agents send checkpoints down.
+#[derive(Clone)]
+enum Via {
+    /// The plain layout: files, then the job's marker.
+    Plain,
+    /// The dedup repository: each node's part manifest, then the job's manifest.
+    Dedup,
+    /// Chunks through a staging server (address, secret), which writes each node's part
+    /// manifest into the repository.
+    StagedDedup(String, String),
+}
+
+impl Via {
+    fn dedup(&self) -> bool {
+        !matches!(self, Via::Plain)
+    }
+}
 
 /// One simulated node: its store and its agent.
 struct Node {
@@ -26,6 +50,10 @@ struct Node {
 
 impl Node {
     fn new(name: &str, nodes: &[&str], durable: &str) -> Node {
+        Node::via(name, nodes, durable, &Via::Plain)
+    }
+
+    fn via(name: &str, nodes: &[&str], durable: &str, via: &Via) -> Node {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let store_name = format!("/cascade-jobs-test-{}-{n}", std::process::id());
         let cfg = StoreConfig {
@@ -44,6 +72,18 @@ impl Node {
                 nodes: nodes.len() as u32,
                 node_names: nodes.iter().map(|n| n.to_string()).collect(),
             }),
+            dedup: via.dedup().then(|| DedupOptions {
+                chunking: "fixed:16KiB".parse().expect("chunking"),
+                compression: cascade_dedup::Compression::Zstd { level: 1 },
+                delta: true,
+            }),
+            staging: match via {
+                Via::StagedDedup(server, secret) => Some(StagingOptions {
+                    node: name.to_string(),
+                    ..StagingOptions::new(vec![server.clone()], secret)
+                }),
+                _ => None,
+            },
             ..AgentOptions::default()
         };
         let durable = DurableStore::open(durable).expect("durable store");
@@ -81,6 +121,21 @@ impl Node {
         self.store().life_tree(ckpt).expect("life_tree")[0].complete()
     }
 
+    /// Runs passes until this node's part of `ckpt` is in the durable store (its files
+    /// recorded durable and its part written).
+    fn part_in(&self, ckpt: &str, durable: &str) {
+        let key = ckpt.trim_start_matches('/');
+        wait_for(
+            &format!("{}'s part of {ckpt}", self.name),
+            Duration::from_secs(20),
+            || {
+                self.agent().pass();
+                let parts = open(durable).0.read_parts(key).expect("read parts");
+                parts.iter().any(|p| p.node == self.name)
+            },
+        );
+    }
+
     /// Runs passes until this node records `ckpt` complete (a node whose part went in
     /// before the others' asks again every half second).
     fn learns_complete(&self, ckpt: &str) {
@@ -110,11 +165,32 @@ fn marker(durable: &str, ckpt: &str) -> Option<Marker> {
         .expect("read marker")
 }
 
+/// The durable store and its dedup repository, if there is one.
+fn open(durable: &str) -> (Arc<DurableStore>, Option<Repo>) {
+    let store = Arc::new(DurableStore::open(durable).expect("durable store"));
+    let repo = Repo::open_existing(Arc::clone(&store), DEFAULT_PREFIX).expect("repository");
+    (store, repo)
+}
+
+/// The files the completion record of `ckpt` lists (its marker, or its dedup manifest), in
+/// path order; None while it is not complete.
+fn completed_files(durable: &str, ckpt: &str) -> Option<Vec<String>> {
+    if let Some(m) = marker(durable, ckpt) {
+        return Some(m.files.into_iter().map(|f| f.path).collect());
+    }
+    let manifest = open(durable)
+        .1?
+        .read_manifest(ckpt)
+        .expect("read manifest")?;
+    Some(manifest.files.into_iter().map(|f| f.path).collect())
+}
+
 /// Restores `ckpt` into a fresh directory and checks every file against `expected`.
 fn restore_and_check(durable: &str, ckpt: &str, expected: &[(String, Vec<u8>)]) {
-    let store = DurableStore::open(durable).expect("durable store");
+    let (store, repo) = open(durable);
     let dest = tempfile::tempdir().expect("tempdir");
-    let report = restore_checkpoint(&store, None, ckpt, dest.path(), &|_| {}).expect("restore");
+    let report =
+        restore_checkpoint(&store, repo.as_ref(), ckpt, dest.path(), &|_| {}).expect("restore");
     assert_eq!(report.files.len(), expected.len(), "{report:?}");
     for (rel, data) in expected {
         let got = std::fs::read(dest.path().join(rel)).expect("restored file");
@@ -123,21 +199,25 @@ fn restore_and_check(durable: &str, ckpt: &str, expected: &[(String, Vec<u8>)]) 
 }
 
 /// Two nodes, one checkpoint: complete only once both parts are in, whoever comes last
-/// writes the marker listing every file, and a restore before that names the missing node.
-fn two_nodes_complete_only_together(durable: &str) {
+/// writes the completion record listing every file, and a restore before that names the
+/// missing node (a partial restore gives the first node's files).
+fn two_nodes_complete_only_together(durable: &str, via: &Via) {
     let names = ["nodeA", "nodeB"];
-    let a = Node::new("nodeA", &names, durable);
-    let b = Node::new("nodeB", &names, durable);
+    let a = Node::via("nodeA", &names, durable, via);
+    let b = Node::via("nodeB", &names, durable, via);
     let mut expected = a.write_checkpoint("/job/ckpt.1", &[0, 1], 10);
     a.agent().drain(Duration::from_secs(30)).expect("drain A");
-    assert!(
-        marker(durable, "job/ckpt.1").is_none(),
+    // Through a server, A's part is in once the server wrote its part manifest.
+    a.part_in("/job/ckpt.1", durable);
+    assert_eq!(
+        completed_files(durable, "job/ckpt.1"),
+        None,
         "complete with one of two parts"
     );
     assert!(!a.complete("/job/ckpt.1"));
-    let restore = DurableStore::open(durable).expect("durable");
+    let (restore, repo) = open(durable);
     let dest = tempfile::tempdir().expect("tempdir");
-    let err = restore_checkpoint(&restore, None, "job/ckpt.1", dest.path(), &|_| {})
+    let err = restore_checkpoint(&restore, repo.as_ref(), "job/ckpt.1", dest.path(), &|_| {})
         .expect_err("a partial checkpoint is refused");
     let text = err.to_string();
     assert!(
@@ -145,18 +225,28 @@ fn two_nodes_complete_only_together(durable: &str) {
         "{text}"
     );
     assert_eq!(std::fs::read_dir(dest.path()).expect("dest").count(), 0);
+    let (report, missing) =
+        restore_partial_checkpoint(&restore, repo.as_ref(), "job/ckpt.1", dest.path(), &|_| {})
+            .expect("partial restore");
+    assert_eq!(report.files.len(), 2, "{report:?}");
+    assert_eq!(missing.expect("parts missing").missing, ["nodeB"]);
+    for (rel, data) in &expected {
+        let got = std::fs::read(dest.path().join(rel)).expect("restored file");
+        assert!(got == *data, "{rel} differs after a partial restore");
+    }
 
     expected.extend(b.write_checkpoint("/job/ckpt.1", &[2, 3], 10));
     b.agent().drain(Duration::from_secs(30)).expect("drain B");
-    let m = marker(durable, "job/ckpt.1").expect("the last node completes the checkpoint");
-    assert_eq!(m.nodes, names);
-    let mut listed: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
-    listed.sort();
+    b.learns_complete("/job/ckpt.1");
+    let listed = completed_files(durable, "job/ckpt.1").expect("the last node completes it");
     assert_eq!(
         listed,
         ["rank.0.bin", "rank.1.bin", "rank.2.bin", "rank.3.bin"]
     );
-    assert!(b.complete("/job/ckpt.1"));
+    if !via.dedup() {
+        let m = marker(durable, "job/ckpt.1").expect("marker");
+        assert_eq!(m.nodes, names);
+    }
     // The first node learns it on a later pass.
     a.learns_complete("/job/ckpt.1");
     expected.sort();
@@ -166,28 +256,59 @@ fn two_nodes_complete_only_together(durable: &str) {
 #[test]
 fn a_checkpoint_of_two_nodes_is_complete_only_with_both_parts_on_a_directory() {
     let durable = tempfile::tempdir().expect("tempdir");
-    two_nodes_complete_only_together(&durable.path().display().to_string());
+    two_nodes_complete_only_together(&durable.path().display().to_string(), &Via::Plain);
 }
 
 #[test]
 fn a_checkpoint_of_two_nodes_is_complete_only_with_both_parts_on_s3() {
     let server = Versitygw::start();
     server.create_bucket("jobs");
-    two_nodes_complete_only_together(&server.url("jobs"));
+    two_nodes_complete_only_together(&server.url("jobs"), &Via::Plain);
 }
 
-/// The last two nodes finishing at the same moment, many times: exactly one marker, always
-/// listing every file, and every node records the checkpoint complete.
 #[test]
-fn concurrent_completers_write_one_marker_that_lists_everything() {
+fn with_dedup_a_checkpoint_of_two_nodes_is_complete_only_with_both_parts_on_a_directory() {
+    let durable = tempfile::tempdir().expect("tempdir");
+    two_nodes_complete_only_together(&durable.path().display().to_string(), &Via::Dedup);
+}
+
+#[test]
+fn with_dedup_a_checkpoint_of_two_nodes_is_complete_only_with_both_parts_on_s3() {
+    let server = Versitygw::start();
+    server.create_bucket("jobs");
+    two_nodes_complete_only_together(&server.url("jobs"), &Via::Dedup);
+}
+
+#[test]
+fn with_dedup_through_a_staging_server_a_checkpoint_of_two_nodes_completes_with_both_parts() {
+    let env = Env::new("jobs-staged-dedup", 16 << 20);
+    let server_s3 = Versitygw::start();
+    server_s3.create_bucket("jobs");
+    let durable = server_s3.url("jobs");
+    let ssd = env.tmp.path().join("ssd");
+    std::fs::create_dir(&ssd).expect("server dir");
+    let secret = "jobs-staged-dedup-secret";
+    let server = StageServer::start(&env, &ssd, &durable, secret, &[]);
+    let via = Via::StagedDedup(server.addr.clone(), secret.to_string());
+    two_nodes_complete_only_together(&durable, &via);
+    let status = server.status().dedup;
+    assert_eq!(
+        status.manifests_written, 2,
+        "the server wrote both nodes' part manifests: {status:?}"
+    );
+}
+
+/// The last two nodes finishing at the same moment, many times: exactly one completion
+/// record, always listing every file, and every node records the checkpoint complete.
+fn concurrent_completers(via: &Via, rounds: u64) {
     let durable_dir = tempfile::tempdir().expect("tempdir");
     let durable = durable_dir.path().display().to_string();
     let names = ["n1", "n2", "n3"];
     let nodes: Vec<Node> = names
         .iter()
-        .map(|n| Node::new(n, &names, &durable))
+        .map(|n| Node::via(n, &names, &durable, via))
         .collect();
-    for round in 0..20u64 {
+    for round in 0..rounds {
         let ckpt = format!("/job/ckpt.{round}");
         // The first node's part is in before the race.
         nodes[0].write_checkpoint(&ckpt, &[0], round);
@@ -208,25 +329,53 @@ fn concurrent_completers_write_one_marker_that_lists_everything() {
             }
         });
         let key = ckpt.trim_start_matches('/');
-        let m = marker(&durable, key).expect("complete after the last parts");
-        let mut listed: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
-        listed.sort();
+        let listed = completed_files(&durable, key).expect("complete after the last parts");
         assert_eq!(
             listed,
             ["rank.0.bin", "rank.1.bin", "rank.2.bin"],
             "round {round}"
         );
-        assert_eq!(m.nodes, names, "round {round}");
-        let markers = std::fs::read_dir(durable_dir.path().join(key))
-            .expect("checkpoint dir")
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().contains("cascade-complete"))
-            .count();
-        assert_eq!(markers, 1, "round {round}");
+        let records_in = |dir: PathBuf| {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| {
+                            let name = e.file_name().to_string_lossy().into_owned();
+                            name.contains("cascade-complete") || name.contains(".json")
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        let (parent, base) = key.rsplit_once('/').expect("a directory checkpoint");
+        let manifests = durable_dir
+            .path()
+            .join(DEFAULT_PREFIX)
+            .join("manifests")
+            .join(parent);
+        let records = records_in(durable_dir.path().join(key))
+            + std::fs::read_dir(&manifests)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.file_name().to_string_lossy() == format!("{base}.json"))
+                        .count()
+                })
+                .unwrap_or(0);
+        assert_eq!(records, 1, "round {round}");
         for node in &nodes {
             node.learns_complete(&ckpt);
         }
     }
+}
+
+#[test]
+fn concurrent_completers_write_one_marker_that_lists_everything() {
+    concurrent_completers(&Via::Plain, 20);
+}
+
+#[test]
+fn with_dedup_concurrent_completers_write_one_manifest_that_lists_everything() {
+    concurrent_completers(&Via::Dedup, 10);
 }
 
 /// A node whose part never arrives (its agent is gone): the checkpoint never completes, the
@@ -260,43 +409,4 @@ fn a_node_that_never_finishes_leaves_the_checkpoint_incomplete_and_the_previous_
     assert!(err.to_string().contains("missing right"), "{err}");
     first.sort();
     restore_and_check(&durable, "job/ckpt.1", &first);
-}
-
-/// A job with dedup on several nodes is refused at the start, not silently incomplete.
-#[test]
-fn dedup_on_several_nodes_is_refused_with_one_line() {
-    let durable = tempfile::tempdir().expect("tempdir");
-    let store_name = format!("/cascade-jobs-test-{}-dedup", std::process::id());
-    let cfg = StoreConfig {
-        name: store_name.clone(),
-        capacity: 16 * CHUNK,
-        chunk_size: CHUNK,
-        max_files: 16,
-        spill: None,
-        prefault: Prefault::Off,
-    };
-    let store = Store::create(&cfg).expect("store");
-    let opts = AgentOptions {
-        dedup: Some(cascade_agent::DedupOptions {
-            chunking: "fixed:64KiB".parse().expect("chunking"),
-            compression: cascade_dedup::Compression::None,
-            delta: false,
-        }),
-        job: Some(JobOptions {
-            node: "a".into(),
-            nodes: 2,
-            node_names: Vec::new(),
-        }),
-        ..AgentOptions::default()
-    };
-    let durable = DurableStore::open(&durable.path().display().to_string()).expect("durable");
-    let err = Agent::start(store, durable, opts)
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        err.contains("not supported yet") && !err.contains('\n'),
-        "{err}"
-    );
-    let _ = Store::destroy_forced(&store_name);
 }

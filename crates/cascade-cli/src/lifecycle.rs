@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use cascade_agent::{Agent, AgentOptions, JobOptions};
 use cascade_config::{format_size, Config};
+use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
 use cascade_durable::{DurableKey, DurableStore, Options as DurableOptions, Spec};
 use cascade_store::{FileKind, LifeEntry, Store};
@@ -247,10 +248,23 @@ fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
     let Some(url) = config.durable_url() else {
         return Ok(false);
     };
-    let durable = open_durable(&url)?;
-    durable
-        .is_complete(&DurableKey::from_store_path(path))
-        .map_err(|e| Failure::new(e.to_string()))
+    let durable = Arc::new(open_durable(&url)?);
+    complete_in(&durable, &DurableKey::from_store_path(path))
+}
+
+/// Whether checkpoint `ckpt` is complete in `durable`: its marker in the plain layout, or its
+/// manifest in the dedup repository.
+fn complete_in(durable: &Arc<DurableStore>, ckpt: &str) -> Result<bool, Failure> {
+    let failed = |e: &dyn std::fmt::Display| Failure::new(format!("{}: {e}", durable.name()));
+    if durable.is_complete(ckpt).map_err(|e| failed(&e))? {
+        return Ok(true);
+    }
+    let Some(repo) =
+        Repo::open_for_maintenance(Arc::clone(durable), DEFAULT_PREFIX).map_err(|e| failed(&e))?
+    else {
+        return Ok(false);
+    };
+    Ok(repo.read_manifest(ckpt).map_err(|e| failed(&e))?.is_some())
 }
 
 /// For a checkpoint of several nodes that is not complete, which nodes' parts are in the
@@ -417,7 +431,7 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
         );
     }
     if let Some(url) = config.durable_url() {
-        let durable = open_durable(&url)?;
+        let durable = Arc::new(open_durable(&url)?);
         let objects = durable
             .list(&DurableKey::from_store_path(path))
             .map_err(|e| Failure::new(e.to_string()))?;
@@ -446,7 +460,7 @@ pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
             .collect();
         with_parts.dedup();
         for ckpt in with_parts {
-            if durable.is_complete(ckpt).unwrap_or(false) {
+            if complete_in(&durable, ckpt).unwrap_or(false) {
                 continue;
             }
             if let Ok(parts) = durable.read_parts(ckpt) {

@@ -923,3 +923,57 @@ fn packs_no_index_names_are_swept_once_their_writers_sessions_end() {
     assert_restores(&fresh, "kept", &kept);
     assert_restores(&fresh, "b", &vec![("b.bin".into(), b)]);
 }
+
+/// A checkpoint of several nodes is its manifest and its nodes' part manifests: prune keeps
+/// or forgets them together, counts them as one checkpoint, and frees the parts' packs.
+#[test]
+fn prune_takes_a_jobs_part_manifests_with_its_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("durable");
+    let durable = durable_at(&root);
+    let repo = open(&durable);
+    let nodes = ["a".to_string(), "b".to_string()];
+    let mut written = Vec::new();
+    for i in 0..3u64 {
+        let ckpt = format!("job/ck.{i}");
+        let mut all: Files = Vec::new();
+        for (n, node) in nodes.iter().enumerate() {
+            let files: Files = vec![(
+                format!("rank.{n}.bin"),
+                random(96 * KIB, 50 + 10 * i + n as u64),
+            )];
+            write_checkpoint(&repo, &cascade_dedup::repo::part_name(&ckpt, node), &files);
+            all.extend(files);
+        }
+        let joined = repo.complete_job(&ckpt, &nodes).expect("join the parts");
+        assert_eq!(joined.files.len(), 2);
+        assert_restores(&repo, &ckpt, &all);
+        written.push((ckpt, all));
+    }
+    let report = repo
+        .prune(&PruneSelection::KeepNewest(1), &GcOptions::default())
+        .expect("prune");
+    assert_eq!(report.forgotten, ["job/ck.0", "job/ck.1"]);
+    assert_eq!(report.kept, ["job/ck.2"]);
+    assert!(report.gc.bytes_freed >= 4 * 96 * KIB as u64, "{report:?}");
+    let left: BTreeSet<String> = repo
+        .manifests()
+        .expect("manifests")
+        .into_iter()
+        .map(|m| m.checkpoint)
+        .collect();
+    assert_eq!(
+        left,
+        BTreeSet::from(
+            [
+                "job/ck.2",
+                "job/ck.2/.cascade-part.a",
+                "job/ck.2/.cascade-part.b"
+            ]
+            .map(String::from)
+        )
+    );
+    let (ckpt, files) = &written[2];
+    assert_restores(&repo, ckpt, files);
+    index_names_only_existing_packs(&root);
+}

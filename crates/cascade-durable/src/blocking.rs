@@ -198,4 +198,9 @@ impl DurableStore {
     pub fn complete_job(&self, checkpoint: &str, nodes: u32) -> Result<JobProgress> {
         self.rt.block_on(self.inner.complete_job(checkpoint, nodes))
     }
+
+    /// See [`AsyncDurableStore::put_if_absent`].
+    pub fn put_if_absent(&self, rel: &str, data: Vec<u8>) -> Result<bool> {
+        self.rt.block_on(self.inner.put_if_absent(rel, data))
+    }
 }

@@ -29,58 +29,75 @@ impl DedupRepository {
         DedupRepository { repository }
     }
 
-    /// Stores checkpoint `root` in the repository and records it complete; false if it
-    /// changed or went away meanwhile (nothing recorded; a manifest already written for a
-    /// version that changed under the reads is taken back). With deltas on, each file is
-    /// added with the same file of `previous` as its base.
+    /// Stores checkpoint `root` in the repository and records it complete — or, on a job of
+    /// several nodes, this node's part of it and its files durable (the job level completes
+    /// it). `Step::Changed` if it changed or went away meanwhile (nothing recorded; a
+    /// manifest already written for a version that changed under the reads is taken back).
+    /// With deltas on, each file is added with the same file of `previous` as its base.
     fn store_checkpoint(
         &self,
         node: &Node,
         root: &LifeEntry,
         previous: Option<&Checkpoint>,
-    ) -> Result<bool> {
+    ) -> Result<Step> {
         let started = Instant::now();
         let Some(tree) = node.closed_checkpoint(root)? else {
-            return Ok(false);
+            return Ok(Step::Changed);
         };
         let now_root = &tree[0];
         let files: Vec<&LifeEntry> = files_of(&tree).collect();
         let Some(repo) = self.repository.get()? else {
-            return Ok(false);
+            return Ok(Step::Changed);
         };
         let ckpt = DurableKey::from_store_path(&now_root.path);
+        let (name, part) = self.repository.stored_name(now_root, &ckpt);
         // A plain marker of an earlier drain would be read instead of the new manifest.
         node.durable.delete_marker(&ckpt).map_err(Error::Durable)?;
         let previous = previous
             .filter(|_| self.repository.deltas())
             .and_then(|p| self.repository.previous_version(&repo, p));
         let Some((stats, manifest)) =
-            write_checkpoint(node, &repo, now_root, &files, previous.as_ref())?
+            write_checkpoint(node, &repo, now_root, &files, previous.as_ref(), &name)?
         else {
-            return Ok(false);
+            return Ok(Step::Changed);
         };
         // Reads of a version that changed meanwhile may mix old and new bytes: such a
         // manifest must not stay (opening a file for writing bumps its version).
         let digests = manifest.files.iter().map(|r| r.blake3.as_str());
-        if !node.record_whole(now_root, &files, digests, Reached::Durable) {
-            repo.forget(&ckpt)?;
-            return Ok(false);
+        let recorded = if part {
+            node.record_files(&files, digests, Reached::Durable)
+        } else {
+            node.record_whole(now_root, &files, digests, Reached::Durable)
+        };
+        if !recorded {
+            repo.forget(&name)?;
+            return Ok(Step::Changed);
         }
-        report_stored(node, now_root, &stats, previous.as_ref(), started);
+        let what = if part {
+            format!("part of {} from this node stored", now_root.path)
+        } else {
+            format!("checkpoint {} complete", now_root.path)
+        };
+        report_stored(node, &what, &stats, previous.as_ref(), started, !part);
         self.repository
             .remember_manifest(now_root, &ckpt, manifest.files);
-        Ok(true)
+        Ok(if part {
+            Step::PartStored
+        } else {
+            Step::Complete
+        })
     }
 }
 
 /// Adds every file of checkpoint `root` to the repository (with the same file of `previous`
-/// as its base, if any), then its manifest; None if a file went away meanwhile.
+/// as its base, if any), then its manifest named `name`; None if a file went away meanwhile.
 fn write_checkpoint(
     node: &Node,
     repo: &Repo,
     root: &LifeEntry,
     files: &[&LifeEntry],
     previous: Option<&PreviousVersion>,
+    name: &str,
 ) -> Result<Option<(WriteStats, Manifest)>> {
     let store = &node.store;
     let mut writer = repo.writer();
@@ -101,28 +118,29 @@ fn write_checkpoint(
         })?);
     }
     let stats = writer.finish()?;
-    let ckpt = DurableKey::from_store_path(&root.path);
     let manifest = if root.kind == FileKind::File && recipes.len() == 1 {
-        repo.write_single_file_manifest(&ckpt, recipes.remove(0))?
+        repo.write_single_file_manifest(name, recipes.remove(0))?
     } else {
-        repo.write_manifest(&ckpt, recipes)?
+        repo.write_manifest(name, recipes)?
     };
     Ok(Some((stats, manifest)))
 }
 
-/// Counts and logs a checkpoint stored in the repository.
+/// Counts and logs a checkpoint (or this node's part of one: not `whole`) stored in the
+/// repository; `what` says which.
 fn report_stored(
     node: &Node,
-    root: &LifeEntry,
+    what: &str,
     stats: &WriteStats,
     previous: Option<&PreviousVersion>,
     started: Instant,
+    whole: bool,
 ) {
     let files = stats.files;
     node.count(|s| {
         s.uploaded_files += files;
         s.uploaded_bytes += stats.bytes;
-        s.markers += 1;
+        s.markers += u64::from(whole);
         s.dedup_checkpoints += 1;
         s.dedup_bytes += stats.bytes;
         s.dedup_new_bytes += stats.new_bytes;
@@ -137,9 +155,8 @@ fn report_stored(
             )
         });
         format!(
-            "checkpoint {} complete in the dedup repository ({} files, {} bytes; {} of {} \
-                 chunks new{against}, {} bytes stored) in {:.3} s",
-            root.path,
+            "{what} in the dedup repository ({} files, {} bytes; {} of {} chunks \
+             new{against}, {} bytes stored) in {:.3} s",
             files,
             stats.bytes,
             stats.new_chunks,
@@ -168,8 +185,7 @@ impl Level for DedupRepository {
             return step;
         }
         match self.store_checkpoint(node, c.root, previous) {
-            Ok(true) => Step::Complete,
-            Ok(false) => Step::Changed,
+            Ok(step) => step,
             Err(e) => retry_later(
                 node,
                 c.root,

@@ -4,21 +4,26 @@
 //! On a job of N nodes, a directory checkpoint is complete only when every node's files are
 //! durable. This level goes first in the route: it passes files on to the levels that store
 //! them, and takes over completing directory checkpoints: once this node's files are
-//! durable it writes the node's part, then joins the parts into the marker when all N are
-//! there (whichever node sees that first; the others find the marker). A single-file
+//! durable it writes the node's part, then joins the parts into the completion record when
+//! all N are there (whichever node sees that first; the others find it). The record is the
+//! plain layout's marker, or with dedup the repository's manifest, joined from the nodes'
+//! part manifests (the dedup levels store each node's files as its part). A single-file
 //! checkpoint is one node's own and goes on to the next level.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cascade_durable::{DurableKey, JobProgress, Part, PART_FORMAT};
+use std::sync::Arc;
+
+use cascade_durable::{DurableKey, JobProgress, Part, PartsIn, PART_FORMAT};
 use cascade_store::{FileKind, LifeEntry};
 
 use crate::level::{Found, Level, Step, Unit};
 use crate::node::{files_of, reserved, Checkpoint, Node};
 use crate::options::JobOptions;
-use crate::Result;
+use crate::repository::Repository;
+use crate::{Error, Result};
 
 /// How often a node whose part is in asks whether the others' are.
 const ASK_EVERY: Duration = Duration::from_millis(500);
@@ -33,10 +38,21 @@ enum PartState {
     WrittenBefore,
 }
 
+/// Where the parts of a checkpoint, all in, were joined.
+enum Joined {
+    /// Into its completion record, listing `files` files of `nodes`.
+    Complete { files: usize, nodes: Vec<String> },
+    /// Not yet: parts are missing.
+    Waiting(PartsIn),
+}
+
 pub(crate) struct JobParts {
     job: JobOptions,
     /// Files go to staging servers first: a file needs no sending once it is safe there.
     staged: bool,
+    /// With dedup: the repository whose manifest completes a checkpoint, joined from the
+    /// nodes' part manifests. None: the plain layout's marker, joined from the parts.
+    repository: Option<Arc<Repository>>,
     /// Checkpoint versions whose part this agent wrote: (ino, generation, mod_seq).
     written: Mutex<HashSet<(u64, u32, u64)>>,
     /// When each waiting checkpoint (by store path) last asked for the other parts.
@@ -44,10 +60,15 @@ pub(crate) struct JobParts {
 }
 
 impl JobParts {
-    pub(crate) fn new(job: JobOptions, staged: bool) -> JobParts {
+    pub(crate) fn new(
+        job: JobOptions,
+        staged: bool,
+        repository: Option<Arc<Repository>>,
+    ) -> JobParts {
         JobParts {
             job,
             staged,
+            repository,
             written: Mutex::new(HashSet::new()),
             asked: Mutex::new(HashMap::new()),
         }
@@ -81,9 +102,7 @@ impl JobParts {
             written_unix_ns: cascade_durable::now_unix_ns(),
             files: entries,
         };
-        node.durable
-            .write_part(&part)
-            .map_err(crate::Error::Durable)?;
+        node.durable.write_part(&part).map_err(Error::Durable)?;
         node.log(|| {
             format!(
                 "part of {} from node {} written ({} files)",
@@ -119,15 +138,47 @@ impl JobParts {
         }
     }
 
+    /// Joins the parts of checkpoint `ckpt` into its completion record if every node's is
+    /// there (or finds the record written).
+    fn join(&self, node: &Node, ckpt: &DurableKey) -> Result<Joined> {
+        let Some(repository) = &self.repository else {
+            return Ok(
+                match node
+                    .durable
+                    .complete_job(ckpt, self.job.nodes)
+                    .map_err(Error::Durable)?
+                {
+                    JobProgress::Complete(marker) => Joined::Complete {
+                        files: marker.files.len(),
+                        nodes: marker.nodes,
+                    },
+                    JobProgress::Waiting(parts) => Joined::Waiting(parts),
+                },
+            );
+        };
+        let parts = node.durable.read_parts(ckpt).map_err(Error::Durable)?;
+        let progress = PartsIn::against(&parts, self.job.nodes);
+        if !progress.all_in() {
+            return Ok(Joined::Waiting(progress));
+        }
+        let Some(repo) = repository.get()? else {
+            return Err(Error::io(
+                "dedup",
+                std::io::Error::other("the durable store has no dedup repository"),
+            ));
+        };
+        let manifest = repo.complete_job(ckpt, &progress.present)?;
+        Ok(Joined::Complete {
+            files: manifest.files.len(),
+            nodes: progress.present,
+        })
+    }
+
     /// Completes checkpoint `root` if every node's part is there.
     fn try_complete(&self, node: &Node, root: &LifeEntry) -> Result<Step> {
         let ckpt = DurableKey::from_store_path(&root.path);
-        match node
-            .durable
-            .complete_job(&ckpt, self.job.nodes)
-            .map_err(crate::Error::Durable)?
-        {
-            JobProgress::Complete(marker) => {
+        match self.join(node, &ckpt)? {
+            Joined::Complete { files, nodes } => {
                 if !node
                     .store
                     .mark_complete(root.ino, root.generation, root.mod_seq)
@@ -143,15 +194,14 @@ impl JobParts {
                 node.count(|s| s.markers += 1);
                 node.log(|| {
                     format!(
-                        "checkpoint {} complete ({} files from nodes {})",
+                        "checkpoint {} complete ({files} files from nodes {})",
                         root.path,
-                        marker.files.len(),
-                        marker.nodes.join(", ")
+                        nodes.join(", ")
                     )
                 });
                 Ok(Step::Complete)
             }
-            JobProgress::Waiting(parts) => {
+            Joined::Waiting(parts) => {
                 node.log(|| format!("checkpoint {}: {}", root.path, parts.describe()));
                 Ok(Step::OtherNodes(Instant::now() + ASK_EVERY))
             }
@@ -164,12 +214,16 @@ impl Level for JobParts {
         format!("the job's checkpoints ({} nodes)", self.job.nodes)
     }
 
+    /// With dedup, checkpoints are stored whole (each node's part by the dedup levels).
     fn takes(&self) -> Option<Unit> {
-        Some(Unit::Files)
+        Some(match self.repository {
+            Some(_) => Unit::Checkpoints,
+            None => Unit::Files,
+        })
     }
 
     fn holds(&self, e: &LifeEntry) -> bool {
-        if self.staged {
+        if self.staged && self.repository.is_none() {
             e.safe()
         } else {
             e.durable()
@@ -194,6 +248,8 @@ impl Level for JobParts {
         // the node that lists last sees them all and writes the marker, even if every node
         // then stops (the end of a job).
         let ask_now = match part {
+            // With dedup, the dedup levels store this node's part first.
+            PartState::NotReady if self.repository.is_some() => return Step::Next,
             PartState::NotReady => return Step::NotReady,
             PartState::WrittenNow => {
                 self.note_asked(&c.root.path);

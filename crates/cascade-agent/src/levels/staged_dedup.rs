@@ -272,8 +272,9 @@ impl StagedDedup {
             return Ok(false);
         };
         let ckpt = DurableKey::from_store_path(&now_root.path);
+        let (name, _) = self.repository.stored_name(now_root, &ckpt);
         self.send_manifest(
-            &ckpt,
+            &name,
             now_root.kind == FileKind::File,
             dedup,
             &sent.recipes,
@@ -420,22 +421,38 @@ impl StagedDedup {
     }
 
     /// For a checkpoint pushed as chunks: once its manifest is in the durable repository,
-    /// records its files durable and it complete. True if it did.
-    fn complete_staged(&self, node: &Node, root: &LifeEntry) -> Result<bool> {
+    /// records its files durable and it complete (`Step::Complete`) — or, for this node's part
+    /// of a job's checkpoint, only its files (`Step::PartStored`: the job level completes
+    /// it). `Step::Waiting` until the server wrote it.
+    fn complete_staged(&self, node: &Node, root: &LifeEntry) -> Result<Step> {
+        let waiting = Step::Waiting(Instant::now() + PULL_EVERY);
         let ckpt = DurableKey::from_store_path(&root.path);
-        let owner = self.manifest_owner(&ckpt);
+        let (name, part) = self.repository.stored_name(root, &ckpt);
+        let owner = self.manifest_owner(&name);
         let state = self
             .pool
-            .with_conn(owner, |c| c.get_manifest(&ckpt))
+            .with_conn(owner, |c| c.get_manifest(&name))
             .map_err(|e| self.pool.error(owner, e))?;
         if !matches!(state, Some((ManifestState::Written, _))) {
-            return Ok(false);
+            return Ok(waiting);
         }
         let Some(tree) = node.fresh_tree(root)? else {
-            return Ok(false);
+            return Ok(Step::Changed);
         };
+        if part {
+            // The files pushed are the versions below this root version (a change below
+            // bumps it).
+            if tree[0].mod_seq != root.mod_seq {
+                return Ok(Step::Changed);
+            }
+            return Ok(if node.record_durable(&tree) {
+                Step::PartStored
+            } else {
+                Step::Changed
+            });
+        }
         if !node.record_complete(&tree) {
-            return Ok(false);
+            return Ok(Step::Changed);
         }
         node.count(|s| {
             s.markers += 1;
@@ -447,7 +464,7 @@ impl StagedDedup {
                 root.path
             )
         });
-        Ok(true)
+        Ok(Step::Complete)
     }
 }
 
@@ -595,11 +612,11 @@ impl Level for StagedDedup {
         if let Some(step) = not_yet_whole(node, c) {
             return step;
         }
-        if c.root.pushed_flag {
+        // Pushed at this version (a change below since makes it send again).
+        if c.root.pushed_flag && c.root.safe() {
+            // Its server writes the manifest once the blobs are pushed.
             return match self.complete_staged(node, c.root) {
-                Ok(true) => Step::Complete,
-                // Its server writes the manifest once the blobs are pushed.
-                Ok(false) => Step::Waiting(Instant::now() + PULL_EVERY),
+                Ok(step) => step,
                 Err(e) => retry_later(
                     node,
                     c.root,

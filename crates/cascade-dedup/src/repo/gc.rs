@@ -16,6 +16,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::format::{self, BlobEntry};
+use super::job::checkpoint_of;
 use super::session::{unique_id, SessionRecord, DEFAULT_SESSION_LEASE};
 use super::{parse_score, poisoned, Error, Manifest, Repo, Result, MANIFEST_FORMAT};
 use crate::score::{from_hex, to_hex};
@@ -329,37 +330,47 @@ impl Repo {
     /// would go, changing nothing).
     pub fn prune(&self, selection: &PruneSelection, opts: &GcOptions) -> Result<PruneReport> {
         let manifests = self.manifests()?;
-        let forget: Vec<bool> = match selection {
+        // A checkpoint of several nodes is its manifest and its nodes' part manifests: they
+        // are kept or forgotten together, as one checkpoint.
+        let mut checkpoints: Vec<(u64, &str)> = Vec::new();
+        for m in &manifests {
+            let name = checkpoint_of(&m.checkpoint);
+            match checkpoints.iter_mut().find(|(_, n)| *n == name) {
+                Some(c) => c.0 = c.0.max(m.created_unix_ns),
+                None => checkpoints.push((m.created_unix_ns, name)),
+            }
+        }
+        checkpoints.sort();
+        let forget: HashSet<String> = match selection {
             PruneSelection::KeepNewest(n) => {
-                let cut = manifests.len().saturating_sub(*n);
-                (0..manifests.len()).map(|i| i < cut).collect()
+                let cut = checkpoints.len().saturating_sub(*n);
+                checkpoints[..cut].iter().map(|c| c.1.to_string()).collect()
             }
             PruneSelection::Checkpoints(names) => {
                 let mut wanted = HashSet::new();
                 for name in names {
                     let rel = cascade_durable::normalize_rel(name.trim_end_matches('/'))?;
-                    if !manifests.iter().any(|m| m.checkpoint == rel) {
+                    if !checkpoints.iter().any(|c| c.1 == rel) {
                         return Err(Error::Invalid(format!(
                             "no checkpoint {rel} in the dedup repository"
                         )));
                     }
                     wanted.insert(rel);
                 }
-                manifests
-                    .iter()
-                    .map(|m| wanted.contains(&m.checkpoint))
-                    .collect()
+                wanted
             }
         };
-        let mut gone = Vec::new();
-        let mut kept = Vec::new();
-        for (m, f) in manifests.into_iter().zip(forget) {
-            if f {
-                gone.push(m);
-            } else {
-                kept.push(m.checkpoint);
-            }
-        }
+        let (forgotten, kept): (Vec<&str>, Vec<&str>) = checkpoints
+            .iter()
+            .map(|c| c.1)
+            .partition(|name| forget.contains(*name));
+        let forgotten: Vec<String> = forgotten.into_iter().map(str::to_string).collect();
+        let kept: Vec<String> = kept.into_iter().map(str::to_string).collect();
+        let gone: Vec<Manifest> = manifests
+            .iter()
+            .filter(|m| forget.contains(checkpoint_of(&m.checkpoint)))
+            .cloned()
+            .collect();
         let mut changes = Changes::new(opts.before_change);
         if !opts.dry_run {
             for m in &gone {
@@ -369,7 +380,7 @@ impl Repo {
         let pretend: &[Manifest] = if opts.dry_run { &gone } else { &[] };
         let gc = self.collect(opts, pretend, &mut changes)?;
         Ok(PruneReport {
-            forgotten: gone.iter().map(|m| m.checkpoint.clone()).collect(),
+            forgotten,
             kept,
             gc,
         })

@@ -12,6 +12,7 @@
 mod delta;
 pub mod format;
 pub mod gc;
+mod job;
 mod session;
 mod upload;
 
@@ -33,6 +34,7 @@ pub use delta::{pack_chunk, undo_delta, BaseBytes, BaseFile, MAX_DELTA_DEPTH};
 use format::{BlobEntry, BlobKind, Block, DeltaBase, Stored};
 use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
+pub use job::{checkpoint_of, part_name, part_of};
 use session::{BlobAt, FilePacks, Session};
 pub use session::{Hold, DEFAULT_SESSION_LEASE};
 

@@ -40,6 +40,16 @@ impl PartsIn {
         parts_in(parts, parts.iter().map(|p| p.nodes).max().unwrap_or(0))
     }
 
+    /// The parts found of a checkpoint that `nodes` nodes write.
+    pub fn against(parts: &[Part], nodes: u32) -> PartsIn {
+        parts_in(parts, nodes)
+    }
+
+    /// True when every expected node's part is there.
+    pub fn all_in(&self) -> bool {
+        self.present.len() >= self.expected as usize
+    }
+
     /// "parts from 1 of 2 nodes (a); missing b", for errors and `cascade wait`.
     pub fn describe(&self) -> String {
         let missing = if self.missing.is_empty() {
@@ -109,7 +119,7 @@ impl AsyncDurableStore {
         let parts = self.read_parts(&ckpt).await?;
         let existing = self.read_marker(&ckpt).await?;
         let progress = parts_in(&parts, nodes);
-        if progress.present.len() < nodes as usize {
+        if !progress.all_in() {
             return Ok(match existing {
                 Some(marker) => JobProgress::Complete(marker),
                 None => JobProgress::Waiting(progress),
@@ -165,7 +175,7 @@ impl AsyncDurableStore {
     /// Writes `rel` unless it exists; false if it did. A backend without a conditional put
     /// (an S3 server that does not take `If-None-Match`) overwrites: callers only write
     /// contents that any concurrent writer would write too.
-    async fn put_if_absent(&self, rel: &str, data: Vec<u8>) -> Result<bool> {
+    pub async fn put_if_absent(&self, rel: &str, data: Vec<u8>) -> Result<bool> {
         let (rel, loc) = self.traced("put", rel)?;
         let opts = PutOptions {
             mode: PutMode::Create,
