@@ -9,6 +9,7 @@
 //! stopped, and a marker is only ever written after the data and checksums it lists.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,9 @@ pub struct Agent {
     pub(crate) fetching: Mutex<HashSet<String>>,
     pub(crate) fetched: Condvar,
     last_sweep: Mutex<Instant>,
+    /// Set by [`Agent::drain`] (the end of a job): files outside every checkpoint go down
+    /// now even where the route stores only checkpoints (dedup), so none stays behind.
+    ending: AtomicBool,
     _registration: AgentRegistration,
 }
 
@@ -69,7 +73,9 @@ impl PassOutcome {
 /// The levels of a configuration, nearest first. Staging servers and the dedup repository
 /// are always read (they may hold what an earlier configuration sent); which of them take
 /// new checkpoints is up to each level (`Level::takes`): with dedup, the staged-dedup level
-/// and the repository; without, the staging servers and the plain layout.
+/// and the repository; without, the staging servers and the plain layout. The plain layout
+/// takes files outside every checkpoint in either case. On a job of several nodes the job's
+/// level goes first.
 fn levels_for(opts: &AgentOptions, durable: &Arc<DurableStore>) -> Vec<Box<dyn Level>> {
     let job = opts.job.clone().filter(|j| j.nodes > 1);
     let repository = Arc::new(Repository::new(
@@ -128,6 +134,7 @@ impl Agent {
             fetching: Mutex::new(HashSet::new()),
             fetched: Condvar::new(),
             last_sweep: Mutex::new(Instant::now()),
+            ending: AtomicBool::new(false),
             _registration: registration,
         })
     }
@@ -193,6 +200,7 @@ impl Agent {
     /// `timeout`. Files still being written or torn are not waited for; they are reported.
     pub fn drain(&self, timeout: Duration) -> Result<PassOutcome> {
         let deadline = Instant::now() + timeout;
+        self.ending.store(true, Ordering::Release);
         loop {
             let seen = self.node.store.work_counter();
             let outcome = self.pass();
@@ -279,7 +287,10 @@ impl Agent {
             checkpoints.iter().find(|c| e.is_at_or_below(&c.root.path))
         };
         let by_file = unit == Some(Unit::Files);
-        let eager = self.node.opts.flush_every <= 1 && by_file;
+        // Where checkpoints are stored whole (dedup), a file outside every checkpoint may be
+        // committed as one later: it goes down (to the plain layout) only at the end.
+        let eager = self.node.opts.flush_every <= 1
+            && (by_file || self.ending.load(Ordering::Acquire));
         let now = Instant::now();
         let mut ready: Vec<&LifeEntry> = Vec::new();
         let mut stale_markers: Vec<&LifeEntry> = Vec::new();
@@ -372,6 +383,12 @@ impl Agent {
                     self.node.forget_retry(c.root);
                     outcome.progressed = true;
                 }
+                // A node's part of a job's checkpoint is not done until it is durable: the
+                // end of a job waits for it (the other nodes need it to complete).
+                Step::Waiting(at) if self.job_wide(c) => {
+                    outcome.pending += 1;
+                    outcome.retry_at(at);
+                }
                 Step::Waiting(at) => {
                     outcome.staged += 1;
                     outcome.retry_at(at);
@@ -450,9 +467,13 @@ impl Agent {
     /// checkpoint must be complete: pushed to staging servers is not enough, since this node
     /// still has to record its part and join the parts once its server wrote them.
     fn evictable(&self, c: &Checkpoint) -> bool {
-        let job_wide = self.node.opts.job.as_ref().is_some_and(|j| j.nodes > 1)
-            && c.root.kind == FileKind::Dir;
-        c.root.checkpoint_safe() && (!job_wide || c.root.complete())
+        c.root.checkpoint_safe() && (!self.job_wide(c) || c.root.complete())
+    }
+
+    /// True if `c` is a checkpoint the nodes of a job write together (a directory, on a job
+    /// of several nodes): complete only with every node's part.
+    fn job_wide(&self, c: &Checkpoint) -> bool {
+        self.node.opts.job.as_ref().is_some_and(|j| j.nodes > 1) && c.root.kind == FileKind::Dir
     }
 
     fn evict_one(&self, c: &Checkpoint, allow_incomplete: bool) -> bool {

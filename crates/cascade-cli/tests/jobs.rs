@@ -614,6 +614,83 @@ fn a_job_on_two_nodes_completes_its_checkpoints_through_a_staging_server() {
     );
 }
 
+/// With dedup, through a staging server: each node's ranks' files become its part manifest
+/// (written by the server), the last node joins them into the checkpoint's manifest; `cascade
+/// restore` returns every rank's files and the job restarts on one node from the repository,
+/// ending on the reference grid.
+#[test]
+fn with_dedup_through_a_staging_server_a_job_on_two_nodes_restarts_on_one_node() {
+    let mut job = Job::new("dedup");
+    let env = cascade_testkit::Env::new("jobs-dedup", 16 << 20);
+    let arenas = job.path("arenas");
+    std::fs::create_dir(&arenas).expect("arena dir");
+    let server =
+        cascade_testkit::StageServer::start(&env, &arenas, &job.durable_url, "s3cret", &[]);
+    job.extra_env = vec![
+        ("CASCADE_STAGING".into(), server.addr.clone()),
+        ("CASCADE_STAGING_SECRET".into(), "s3cret".into()),
+        ("CASCADE_DEDUP".into(), "fixed:64KiB".into()),
+        ("CASCADE_COMPRESS".into(), "zstd:1".into()),
+    ];
+    let out = job.mpirun(
+        &[node("a", 2), node("b", 2)],
+        &["a", "b"],
+        &["--n", "64", "--steps", "30", "--every", "10"],
+    );
+    succeeded(&out, "the job on nodes a and b");
+    let repo = find_dir(&job.durable_dir, ".cascade-dedup").expect("a dedup repository");
+    let manifests = find_dir(&repo.join("manifests"), "heat").unwrap_or_else(|| {
+        panic!(
+            "no manifests of the job: {:?}; the job said {}",
+            cascade_testkit::files_below(&job.durable_dir),
+            text(&out.stderr)
+        )
+    });
+    for ckpt in ["ckpt.000010", "ckpt.000020", "ckpt.000030"] {
+        let text = std::fs::read_to_string(manifests.join(format!("{ckpt}.json")))
+            .unwrap_or_else(|e| panic!("{ckpt} has no manifest: {e}"));
+        for rank in 0..4 {
+            assert!(text.contains(&format!("\"rank.{rank}.bin\"")), "{ckpt}: {text}");
+        }
+        for part in ["a", "b"] {
+            let part = manifests.join(ckpt).join(format!(".cascade-part.{part}.json"));
+            assert!(part.exists(), "{}", part.display());
+        }
+    }
+    assert!(
+        server.status().dedup.manifests_written >= 6,
+        "the server wrote the nodes' part manifests: {:?}",
+        server.status().dedup
+    );
+
+    let restored = job.path("restored");
+    let namespace = repo.parent().expect("namespace dir");
+    let out = job.cascade(&[
+        "restore",
+        "heat/ckpt.000030",
+        restored.to_str().expect("utf-8"),
+        "--from",
+        namespace.to_str().expect("utf-8"),
+    ]);
+    succeeded(&out, "cascade restore");
+    for rank in 0..4 {
+        assert!(restored.join(format!("rank.{rank}.bin")).exists());
+    }
+
+    let out = job.mpirun(
+        &[node("c", 2)],
+        &["c"],
+        &["--n", "64", "--steps", "50", "--every", "10"],
+    );
+    let stdout = succeeded(&out, "the restart on node c");
+    assert!(
+        stdout.contains("restarted from ckpt.000030 step=30 written_by=4 ranks=2"),
+        "{stdout}"
+    );
+    let reference = job.reference(&["--n", "64", "--steps", "50", "--every", "10"]);
+    assert_eq!(final_checksum(&stdout), reference);
+}
+
 /// A program that never calls Cascade (a shell writing each rank's file), two ranks on each of
 /// two nodes: the last rank of each node commits the job's directory at its end, and the
 /// checkpoint is complete with both nodes' parts.

@@ -18,8 +18,9 @@ use crate::store_write::write_fetched;
 use crate::{Error, Result};
 
 pub(crate) struct PlainLayout {
-    /// False with dedup on: checkpoints go to the repository, this layout is only read.
-    sends: bool,
+    /// False with dedup on: checkpoints go to the repository, this layout takes only the
+    /// files outside every checkpoint (a restart's `latest` pointer, say).
+    sends_checkpoints: bool,
     /// Per directory read through lately: when it was looked at, and, if it is a checkpoint
     /// of several nodes that is not complete, which parts are in.
     partial: Mutex<HashMap<String, (Instant, Option<String>)>>,
@@ -29,9 +30,9 @@ pub(crate) struct PlainLayout {
 const PARTS_SEEN_FOR: Duration = Duration::from_secs(2);
 
 impl PlainLayout {
-    pub(crate) fn new(sends: bool) -> PlainLayout {
+    pub(crate) fn new(sends_checkpoints: bool) -> PlainLayout {
         PlainLayout {
-            sends,
+            sends_checkpoints,
             partial: Mutex::new(HashMap::new()),
         }
     }
@@ -266,7 +267,7 @@ impl Level for PlainLayout {
     }
 
     fn takes(&self) -> Option<Unit> {
-        self.sends.then_some(Unit::Files)
+        Some(Unit::Files)
     }
 
     fn holds(&self, e: &LifeEntry) -> bool {
@@ -283,6 +284,9 @@ impl Level for PlainLayout {
     }
 
     fn send_checkpoint(&self, node: &Node, c: &Checkpoint, _previous: Option<&Checkpoint>) -> Step {
+        if !self.sends_checkpoints {
+            return Step::Next;
+        }
         match complete_checkpoint(node, c.root) {
             Ok(true) => Step::Complete,
             Ok(false) => Step::NotReady,
