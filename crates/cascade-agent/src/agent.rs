@@ -289,8 +289,8 @@ impl Agent {
         let by_file = unit == Some(Unit::Files);
         // Where checkpoints are stored whole (dedup), a file outside every checkpoint may be
         // committed as one later: it goes down (to the plain layout) only at the end.
-        let eager = self.node.opts.flush_every <= 1
-            && (by_file || self.ending.load(Ordering::Acquire));
+        let eager =
+            self.node.opts.flush_every <= 1 && (by_file || self.ending.load(Ordering::Acquire));
         let now = Instant::now();
         let mut ready: Vec<&LifeEntry> = Vec::new();
         let mut stale_markers: Vec<&LifeEntry> = Vec::new();

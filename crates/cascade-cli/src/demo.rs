@@ -970,6 +970,9 @@ impl Demo<'_> {
             args.extend(job.iter().cloned());
             args.push(format!("CASCADE_STORE={}", mpi_store(&self.env, node)));
             args.push(format!("CASCADE_NODE={node}"));
+            // Every simulated node's ranks run on this one host: mpirun's local size counts
+            // them all.
+            args.push(format!("CASCADE_NODE_RANKS={ranks}"));
             args.extend([
                 self.cascade.display().to_string(),
                 "run".to_string(),

@@ -9,7 +9,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cascade_config::Config;
 use cascade_store::Store;
@@ -144,6 +144,8 @@ fn end_of_rank(
     if let Some(what) = failure {
         ranks.record_failure(&ranks.lock()?, what);
     }
+    let expected = ranks_expected(config);
+    let mut waited_for_ranks = false;
     loop {
         let lock = ranks.lock()?;
         if !ranks.others_alive(&lock).is_empty() {
@@ -155,6 +157,24 @@ fn end_of_rank(
             drop(lock);
             wait_for_other_ranks(ranks);
             continue;
+        }
+        // A rank that ends before its neighbour on the node has started is not the last: wait
+        // (a while) for the ranks the launcher started here to join.
+        if let Some((expected, from)) = expected.as_ref().filter(|_| !waited_for_ranks) {
+            let expected = *expected;
+            if ranks.joined() < expected as usize {
+                drop(lock);
+                waited_for_ranks = !wait_for_ranks_to_join(ranks, expected as usize);
+                if waited_for_ranks {
+                    eprintln!(
+                        "cascade: {} of {expected} ranks on this node ({from}) ran under \
+                         'cascade run' within {} s; ending the job on this node without the others",
+                        ranks.joined(),
+                        RANKS_JOIN_WAIT.as_secs()
+                    );
+                }
+                continue;
+            }
         }
         // The last live rank of the node: the end of the job is this one's.
         let before = ranks.round_start(&lock, store);
@@ -188,6 +208,30 @@ fn end_of_rank(
 
 /// How often the rank holding the agent looks whether the other ranks have ended.
 const RANKS_POLL: Duration = Duration::from_millis(20);
+
+/// How long the last live rank on a node waits for the node's other ranks to start.
+const RANKS_JOIN_WAIT: Duration = Duration::from_secs(10);
+
+/// How many ranks the job runs on this node (`job.node_ranks`; None: do not wait), and
+/// where that came from.
+fn ranks_expected(config: &Config) -> Option<(u32, String)> {
+    let n = u32::try_from(config.number("job.node_ranks")).ok()?;
+    let source = config.get("job.node_ranks")?.source.to_string();
+    (n > 0).then_some((n, source))
+}
+
+/// Waits until `expected` ranks have joined the round or another rank is alive (true), or
+/// [`RANKS_JOIN_WAIT`] went by (false).
+fn wait_for_ranks_to_join(ranks: &Ranks, expected: usize) -> bool {
+    let deadline = Instant::now() + RANKS_JOIN_WAIT;
+    while Instant::now() < deadline {
+        if ranks.joined() >= expected || ranks.any_other_alive() {
+            return true;
+        }
+        std::thread::sleep(RANKS_POLL);
+    }
+    false
+}
 
 /// Returns once no other rank is alive (they ended, or were killed).
 fn wait_for_other_ranks(ranks: &Ranks) {

@@ -127,7 +127,9 @@ impl Job {
             }
             cmd.args(["-np", &node.ranks.to_string(), "env"])
                 .arg(format!("CASCADE_STORE={}", self.store_of(node.name)))
-                .arg(format!("CASCADE_NODE={}", node.name));
+                .arg(format!("CASCADE_NODE={}", node.name))
+                // mpirun's local size counts every simulated node's ranks on this host.
+                .arg(format!("CASCADE_NODE_RANKS={}", node.ranks));
             if let Some(durable) = node.elsewhere {
                 cmd.arg(format!("CASCADE_DURABLE={}", durable.display()));
             }
@@ -650,10 +652,15 @@ fn with_dedup_through_a_staging_server_a_job_on_two_nodes_restarts_on_one_node()
         let text = std::fs::read_to_string(manifests.join(format!("{ckpt}.json")))
             .unwrap_or_else(|e| panic!("{ckpt} has no manifest: {e}"));
         for rank in 0..4 {
-            assert!(text.contains(&format!("\"rank.{rank}.bin\"")), "{ckpt}: {text}");
+            assert!(
+                text.contains(&format!("\"rank.{rank}.bin\"")),
+                "{ckpt}: {text}"
+            );
         }
         for part in ["a", "b"] {
-            let part = manifests.join(ckpt).join(format!(".cascade-part.{part}.json"));
+            let part = manifests
+                .join(ckpt)
+                .join(format!(".cascade-part.{part}.json"));
             assert!(part.exists(), "{}", part.display());
         }
     }

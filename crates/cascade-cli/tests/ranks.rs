@@ -84,40 +84,52 @@ impl Job {
     /// Starts every rank at once (`codes[N]`: rank N's exit code) and waits until each one's
     /// command runs (and, with `Write::First`, has written its file).
     fn start(&mut self, write: Write, codes: &[i32]) {
-        let durable = self.durable.to_str().expect("utf-8").to_string();
-        for (n, code) in codes.iter().enumerate() {
-            let mut cmd = self.env.cli();
-            cmd.args(["run", "--mount", &self.mount, "--durable", &durable, "--"])
-                .args(["/bin/sh", "-c", RANK_SCRIPT, "rank"])
-                .arg(n.to_string())
-                .arg(self.env.tmp.path().join(format!("rank.{n}")))
-                .arg(&self.flags)
-                .arg(match write {
-                    Write::First => "first",
-                    Write::After => "after",
-                })
-                .arg(code.to_string())
-                .env("CASCADE_CAPACITY", "64MiB")
-                .env("CASCADE_SPILL_SIZE", "0")
-                .env("CASCADE_PREFAULT", "off");
-            self.ranks
-                .push(Daemon::spawn(cmd, &format!("cascade run (rank {n})")));
+        for (n, &code) in codes.iter().enumerate() {
+            self.spawn_rank(n, write, code, &[]);
         }
         for n in 0..codes.len() {
-            let started = self.flag(&format!("started.{n}"));
-            let rank = &mut self.ranks[n];
-            let ran = wait_until(DEADLINE, || started.exists() || !rank.alive());
-            assert!(
-                ran && started.exists(),
-                "rank {n}'s command did not start ({}); its stderr:\n{}",
-                if ran {
-                    "cascade run exited"
-                } else {
-                    "timed out"
-                },
-                rank.log()
-            );
+            self.wait_started(n);
         }
+    }
+
+    /// Starts rank `n` (the next in `ranks`) with more environment `env`.
+    fn spawn_rank(&mut self, n: usize, write: Write, code: i32, env: &[(&str, &str)]) {
+        assert_eq!(n, self.ranks.len(), "ranks start in order");
+        let durable = self.durable.to_str().expect("utf-8").to_string();
+        let mut cmd = self.env.cli();
+        cmd.args(["run", "--mount", &self.mount, "--durable", &durable, "--"])
+            .args(["/bin/sh", "-c", RANK_SCRIPT, "rank"])
+            .arg(n.to_string())
+            .arg(self.env.tmp.path().join(format!("rank.{n}")))
+            .arg(&self.flags)
+            .arg(match write {
+                Write::First => "first",
+                Write::After => "after",
+            })
+            .arg(code.to_string())
+            .env("CASCADE_CAPACITY", "64MiB")
+            .env("CASCADE_SPILL_SIZE", "0")
+            .env("CASCADE_PREFAULT", "off")
+            .envs(env.iter().copied());
+        self.ranks
+            .push(Daemon::spawn(cmd, &format!("cascade run (rank {n})")));
+    }
+
+    /// Waits until rank `n`'s command runs.
+    fn wait_started(&mut self, n: usize) {
+        let started = self.flag(&format!("started.{n}"));
+        let rank = &mut self.ranks[n];
+        let ran = wait_until(DEADLINE, || started.exists() || !rank.alive());
+        assert!(
+            ran && started.exists(),
+            "rank {n}'s command did not start ({}); its stderr:\n{}",
+            if ran {
+                "cascade run exited"
+            } else {
+                "timed out"
+            },
+            rank.log()
+        );
     }
 
     fn flag(&self, name: &str) -> PathBuf {
@@ -227,6 +239,54 @@ fn ranks_starting_at_once_share_one_agent_and_end_the_job_once() {
     }
     eprintln!(
         "ranks_starting_at_once_share_one_agent_and_end_the_job_once: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// A rank whose command ends before its neighbour on the node has started (a program that
+/// never calls Cascade, ranks started unevenly) is not the last: with two ranks expected on
+/// the node (`CASCADE_NODE_RANKS`, as mpirun's local size or Slurm's tasks per node say), it
+/// waits for the second, which ends the job with both files; a second rank that never comes
+/// is waited for 10 s, then the job ends with a line that says so.
+#[test]
+fn a_rank_ending_before_its_neighbour_starts_waits_for_it() {
+    let (_serial, started) = begin();
+    let two = [("CASCADE_NODE_RANKS", "2")];
+    let mut job = Job::new("late", &[MIB, 2 * MIB]);
+    job.spawn_rank(0, Write::First, 0, &two);
+    job.wait_started(0);
+    job.release(0);
+    job.spawn_rank(1, Write::First, 0, &two);
+    job.wait_started(1);
+    assert!(
+        job.ranks[0].alive(),
+        "the first rank ended the job before its neighbour started: {}",
+        job.ranks[0].log()
+    );
+    job.release(1);
+    job.ended(1, 0);
+    job.ended(0, 0);
+    assert!(
+        !job.ranks[0].log().contains("ranks on this node"),
+        "{}",
+        job.ranks[0].log()
+    );
+    job.assert_job_complete();
+    job.assert_nothing_left(&job.store());
+
+    let mut alone = Job::new("alone", &[MIB]);
+    alone.spawn_rank(0, Write::First, 0, &two);
+    alone.wait_started(0);
+    alone.release(0);
+    alone.ended(0, 0);
+    let log = alone.ranks[0].log();
+    assert!(
+        log.contains("1 of 2 ranks on this node (env CASCADE_NODE_RANKS) ran under 'cascade run' within 10 s"),
+        "{log}"
+    );
+    alone.assert_job_complete();
+    eprintln!(
+        "a_rank_ending_before_its_neighbour_starts_waits_for_it: {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

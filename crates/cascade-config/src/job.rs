@@ -27,6 +27,8 @@ pub const LAUNCHER_ENV: &[&str] = &[
     "OMPI_MCA_orte_num_nodes",
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_NODEID",
+    "SLURM_STEP_TASKS_PER_NODE",
 ];
 
 /// The most node names a node list may expand to.
@@ -189,6 +191,9 @@ pub(crate) fn detected(key: &str, inputs: &Inputs, resolved: &Resolved) -> Optio
             },
         ),
         "job.nodes" => Some(detected_nodes(env)),
+        "job.node_ranks" => {
+            ranks_on_this_node(env).map(|(n, var)| (Value::Count(u64::from(n)), Source::Env(var)))
+        }
         // A job known only by its id (a bare mpirun: a new id every run) gets no namespace:
         // its restart, a new job, must find the checkpoints. Name the job to get one.
         "job.namespace" if resolved.defaulted("job.name") => None,
@@ -540,6 +545,32 @@ fn expand_ranges(ranges: &str) -> Result<Vec<String>, String> {
     Ok(numbers)
 }
 
+/// How many ranks of the job run on this node, as the launcher says (`job.node_ranks`):
+/// Open MPI's `OMPI_COMM_WORLD_LOCAL_SIZE`, else Slurm's `SLURM_STEP_TASKS_PER_NODE`
+/// (`2(x3),1`) at `SLURM_NODEID`; None when neither does. The end of a job on a node waits for
+/// that many ranks to have started (a rank that ends before its neighbour starts is not the
+/// last).
+fn ranks_on_this_node(env: &BTreeMap<String, String>) -> Option<(u32, &'static str)> {
+    let count = |v: &str| v.trim().parse::<u32>().ok().filter(|n| *n > 0);
+    if let Some(n) = env.get("OMPI_COMM_WORLD_LOCAL_SIZE").and_then(|v| count(v)) {
+        return Some((n, "OMPI_COMM_WORLD_LOCAL_SIZE"));
+    }
+    let node: usize = env.get("SLURM_NODEID")?.trim().parse().ok()?;
+    let per_node = env.get("SLURM_STEP_TASKS_PER_NODE")?;
+    let mut first = 0usize;
+    for group in per_node.split(',') {
+        let (tasks, repeat) = match group.trim().split_once("(x") {
+            Some((tasks, rest)) => (tasks, rest.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (group.trim(), 1),
+        };
+        if node < first + repeat {
+            return count(tasks).map(|n| (n, "SLURM_STEP_TASKS_PER_NODE"));
+        }
+        first += repeat;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -644,6 +675,39 @@ mod tests {
         assert_eq!(
             namespaced_url("s3://b?endpoint=http://h", "u/j"),
             "s3://b/u/j?endpoint=http://h"
+        );
+    }
+
+    #[test]
+    fn ranks_on_this_node_come_from_open_mpi_or_slurm() {
+        let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            ranks_on_this_node(&env(&[("OMPI_COMM_WORLD_LOCAL_SIZE", "4")])),
+            Some((4, "OMPI_COMM_WORLD_LOCAL_SIZE"))
+        );
+        let slurm = |node: &str| {
+            ranks_on_this_node(&env(&[
+                ("SLURM_NODEID", node),
+                ("SLURM_STEP_TASKS_PER_NODE", "2(x3),1"),
+            ]))
+            .map(|(n, _)| n)
+        };
+        assert_eq!(slurm("0"), Some(2));
+        assert_eq!(slurm("2"), Some(2));
+        assert_eq!(slurm("3"), Some(1));
+        assert_eq!(slurm("4"), None);
+        assert_eq!(ranks_on_this_node(&env(&[])), None);
+        assert_eq!(
+            ranks_on_this_node(&env(&[
+                ("SLURM_NODEID", "0"),
+                ("SLURM_STEP_TASKS_PER_NODE", "2(x")
+            ])),
+            None
         );
     }
 

@@ -406,6 +406,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
+        key: "job.node_ranks",
+        env: "CASCADE_NODE_RANKS",
+        flag: None,
+        value_name: "N",
+        help: "Ranks of the job on this node: the end of the job on the node waits (up to 10 s) until that many 'cascade run's have started, so a rank that ends before its neighbour starts does not end the job; 0 = do not wait",
+        default_help: "OMPI_COMM_WORLD_LOCAL_SIZE, else SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, else 0",
+        parse: |t| parse_count_in(t, 0, 1 << 20),
+        default: |_| (Value::Count(0), String::new()),
+    },
+    SettingDef {
         key: "job.namespace",
         env: "CASCADE_NAMESPACE",
         flag: None,

@@ -13,6 +13,8 @@
 //!   the job knows what the job wrote (`FileVersions`); `round.agent`: the agent's pid and
 //!   count of files fetched by read-through then, if one answered (fetched files are new
 //!   versions too, but not the job's: after a fetch the end of the job does without).
+//! - `joined`: one line per rank that joined this round (its pid), so that the last live rank
+//!   knows whether every rank the launcher started on the node has run yet.
 //! - `lock`: flock'ed while a rank joins, leaves or ends the job, so that exactly one rank
 //!   finds itself the last. The kernel releases it when its holder dies.
 //!
@@ -30,6 +32,7 @@ use crate::failure::Failure;
 use crate::lifecycle::FileVersions;
 
 const FAILED: &str = "failed";
+const JOINED: &str = "joined";
 const ROUND: &str = "round";
 const ROUND_AGENT: &str = "round.agent";
 const LOCK: &str = "lock";
@@ -99,7 +102,21 @@ impl Ranks {
             .and_then(|()| std::fs::rename(&aside, &path))
             .map_err(|e| Failure::io(&path.display().to_string(), &e))?;
         self.registered = true;
-        Ok(())
+        let joined = self.dir.join(JOINED);
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&joined)
+            .and_then(|mut file| writeln!(file, "{}", self.me))
+            .map_err(|e| Failure::io(&joined.display().to_string(), &e))
+    }
+
+    /// How many ranks joined this round so far, the ended ones too (readable without the
+    /// lock: each line is one append).
+    pub fn joined(&self) -> usize {
+        std::fs::read_to_string(self.dir.join(JOINED))
+            .map(|text| text.lines().count())
+            .unwrap_or(0)
     }
 
     /// The other live ranks. Entries of ranks that are gone are removed and recorded as
@@ -155,6 +172,7 @@ impl Ranks {
     /// failures, and the store's files as they are now are not the round's.
     pub fn start_round(&self, _lock: &RanksLock, store: &Store) -> Result<(), Failure> {
         let _ = std::fs::remove_file(self.dir.join(FAILED));
+        let _ = std::fs::remove_file(self.dir.join(JOINED));
         // Entries a rank killed while joining left aside (nobody joins without the lock).
         for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             if entry.file_name().to_string_lossy().starts_with('.') {
