@@ -21,6 +21,8 @@ pub const LAUNCHER_ENV: &[&str] = &[
     "SLURM_JOB_NUM_NODES",
     "SLURM_NNODES",
     "SLURM_JOB_NODELIST",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NODELIST",
     "PMIX_NAMESPACE",
     "PMIX_HOSTNAME",
     "OMPI_MCA_ess_base_jobid",
@@ -233,11 +235,21 @@ fn node_name_of_host(host: &str) -> String {
 
 /// The node count (or list) from Slurm, else Open MPI, else 1.
 fn detected_nodes(env: &BTreeMap<String, String>) -> (Value, Source) {
-    let slurm_count = first_valid(env, &["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], |v| {
-        parse_count(v).is_ok()
-    });
+    // Inside a job step (srun), the step's nodes write the checkpoints, not the allocation's.
+    let in_step = ["SLURM_STEP_NUM_NODES", "SLURM_STEP_NODELIST"]
+        .iter()
+        .any(|v| env.contains_key(*v));
+    let (count_vars, list_var): (&[&'static str], &'static str) = if in_step {
+        (&["SLURM_STEP_NUM_NODES"], "SLURM_STEP_NODELIST")
+    } else {
+        (
+            &["SLURM_JOB_NUM_NODES", "SLURM_NNODES"],
+            "SLURM_JOB_NODELIST",
+        )
+    };
+    let slurm_count = first_valid(env, count_vars, |v| parse_count(v).is_ok());
     let slurm_names = env
-        .get("SLURM_JOB_NODELIST")
+        .get(list_var)
         .and_then(|list| match NodeCount::parse(list) {
             Ok(NodeCount::Names(names)) => Some((list.trim(), names.len())),
             _ => None,
@@ -247,10 +259,7 @@ fn detected_nodes(env: &BTreeMap<String, String>) -> (Value, Source) {
         (Some((_, count)), Some((_, names)))
             if parse_count(count).map(u64::from) != Ok(names as u64) => {}
         (_, Some((list, _))) => {
-            return (
-                Value::Text(list.to_string()),
-                Source::Env("SLURM_JOB_NODELIST"),
-            );
+            return (Value::Text(list.to_string()), Source::Env(list_var));
         }
         _ => {}
     }

@@ -401,7 +401,7 @@ pub static SETTINGS: &[SettingDef] = &[
         flag: None,
         value_name: "N|NAME,...",
         help: "The job's nodes: their number, or their names separated by commas",
-        default_help: "SLURM_JOB_NODELIST (expanded), SLURM_JOB_NUM_NODES or SLURM_NNODES, else OMPI_MCA_orte_num_nodes, else OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE, else 1",
+        default_help: "inside a job step SLURM_STEP_NODELIST (expanded) or SLURM_STEP_NUM_NODES, else SLURM_JOB_NODELIST (expanded), SLURM_JOB_NUM_NODES or SLURM_NNODES, else OMPI_MCA_orte_num_nodes, else OMPI_COMM_WORLD_SIZE / OMPI_COMM_WORLD_LOCAL_SIZE, else 1",
         parse: job::parse_nodes,
         default: |_| (Value::Text(String::new()), String::new()),
     },

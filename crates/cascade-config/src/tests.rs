@@ -591,6 +591,31 @@ fn slurm_gives_the_job_the_node_and_the_expanded_node_list() {
     }
 }
 
+/// Inside a job step (`srun -N2` in a 4-node allocation) the step's nodes are the job's.
+#[test]
+fn a_slurm_job_step_gives_its_own_nodes() {
+    let (_, job) = job_of(&[
+        ("SLURM_JOB_ID", "7"),
+        ("SLURMD_NODENAME", "n02"),
+        ("SLURM_JOB_NUM_NODES", "4"),
+        ("SLURM_JOB_NODELIST", "n[01-04]"),
+        ("SLURM_STEP_NUM_NODES", "2"),
+        ("SLURM_STEP_NODELIST", "n[02-03]"),
+    ]);
+    let job = job.expect("a job");
+    assert_eq!(job.nodes, sourced(2, env("SLURM_STEP_NODELIST")));
+    let names = vec!["n02".to_string(), "n03".to_string()];
+    assert_eq!(
+        job.node_names,
+        Some(sourced(names, env("SLURM_STEP_NODELIST")))
+    );
+    let (_, job) = job_of(&[("SLURM_JOB_ID", "7"), ("SLURM_STEP_NUM_NODES", "3")]);
+    assert_eq!(
+        job.expect("a job").nodes,
+        sourced(3, env("SLURM_STEP_NUM_NODES"))
+    );
+}
+
 #[test]
 fn open_mpi_gives_the_job_and_the_node_count_from_world_and_local_sizes() {
     let (config, job) = job_of(OMPI);

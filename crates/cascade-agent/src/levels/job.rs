@@ -11,10 +11,8 @@
 //! checkpoint is one node's own and goes on to the next level.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use std::sync::Arc;
 
 use cascade_durable::{DurableKey, JobProgress, Part, PartsIn, PART_FORMAT};
 use cascade_store::{FileKind, LifeEntry};
@@ -141,21 +139,35 @@ impl JobParts {
     /// Joins the parts of checkpoint `ckpt` into its completion record if every node's is
     /// there (or finds the record written).
     fn join(&self, node: &Node, ckpt: &DurableKey) -> Result<Joined> {
-        let Some(repository) = &self.repository else {
-            return Ok(
-                match node
-                    .durable
-                    .complete_job(ckpt, self.job.nodes)
-                    .map_err(Error::Durable)?
-                {
-                    JobProgress::Complete(marker) => Joined::Complete {
-                        files: marker.files.len(),
-                        nodes: marker.nodes,
-                    },
-                    JobProgress::Waiting(parts) => Joined::Waiting(parts),
-                },
-            );
-        };
+        match &self.repository {
+            None => self.join_marker(node, ckpt),
+            Some(repository) => self.join_manifest(node, repository, ckpt),
+        }
+    }
+
+    /// The plain layout: the parts joined into the marker.
+    fn join_marker(&self, node: &Node, ckpt: &DurableKey) -> Result<Joined> {
+        let progress = node
+            .durable
+            .complete_job(ckpt, self.job.nodes)
+            .map_err(Error::Durable)?;
+        Ok(match progress {
+            JobProgress::Complete(marker) => Joined::Complete {
+                files: marker.files.len(),
+                nodes: marker.nodes,
+            },
+            JobProgress::Waiting(parts) => Joined::Waiting(parts),
+        })
+    }
+
+    /// With dedup: once every node's part is written, their part manifests joined into the
+    /// checkpoint's manifest.
+    fn join_manifest(
+        &self,
+        node: &Node,
+        repository: &Repository,
+        ckpt: &DurableKey,
+    ) -> Result<Joined> {
         let parts = node.durable.read_parts(ckpt).map_err(Error::Durable)?;
         let progress = PartsIn::against(&parts, self.job.nodes);
         if !progress.all_in() {
