@@ -94,6 +94,15 @@ impl Description<'_> {
     pub fn add_ref(&self) {
         self.slot.refs.fetch_add(1, AcqRel);
     }
+    /// Drops one reference if it is not the last (a descriptor the kernel is about to close
+    /// at exec while others still refer to it); true if it did. The last one is dropped by
+    /// [`Store::release_description`], which frees the slot.
+    pub fn drop_shared_ref(&self) -> bool {
+        self.slot
+            .refs
+            .fetch_update(AcqRel, Acquire, |n| (n > 1).then(|| n - 1))
+            .is_ok()
+    }
 }
 
 /// A description opened for writing (counted in the inode's `writers`).

@@ -6,18 +6,29 @@
 //! `stat` (the stat family, statfs, access), `names` (unlink, rename, mkdir, chmod...),
 //! `dirops` (opendir/readdir, getdents64, chdir/getcwd), `stdio` (fopen via fopencookie),
 //! `mapping` (mmap, sendfile/copy_file_range/splice, extended attributes), `process`
-//! (exec and spawn carry the virtual cwd; links are refused), `readthrough` (a path the
-//! store lacks is asked of the node agent).
+//! (exec carries the virtual cwd and hands on references; links are refused), `exec`
+//! (stored programs and libraries), `spawn` (posix_spawn and its file actions, system,
+//! popen), `temp` (mkstemp family), `walk` and `fts` (glob, scandir, ftw/nftw, fts), `more`
+//! (calls glibc builds on others: remove, lockf, mknod...), `readthrough` (a path the store
+//! lacks is asked of the node agent). glibc's own functions reach files through internal
+//! calls that no preload sees; those that matter are wrapped here (docs/interposition.md,
+//! "Paths inside glibc").
 
 pub(crate) mod dirops;
+pub(crate) mod exec;
 pub(crate) mod fds;
+pub(crate) mod fts;
 pub(crate) mod mapping;
+pub(crate) mod more;
 pub(crate) mod names;
 pub(crate) mod process;
 pub(crate) mod readthrough;
+pub(crate) mod spawn;
 pub(crate) mod stat;
 pub(crate) mod stdio;
 pub(crate) mod sysio;
+pub(crate) mod temp;
+pub(crate) mod walk;
 
 use cascade_store::{Error, File, OpenDescription, Store};
 use std::ffi::{c_char, CStr};
@@ -329,6 +340,16 @@ impl Entry {
 
 /// One flag per descriptor: the check on every non-Cascade call is one load.
 static IS_CASCADE: [AtomicBool; MAX_FDS] = [const { AtomicBool::new(false) }; MAX_FDS];
+/// Per descriptor: this process image holds one of its description's references (it opened
+/// or dup'ed it, inherited it over fork, or was handed it at exec), so it gives that
+/// reference back when it ends. A descriptor inherited otherwise (a vfork child's exec that
+/// did not go through the wrappers) is not: it is left to whoever holds the reference.
+static OWNED: [AtomicBool; MAX_FDS] = [const { AtomicBool::new(false) }; MAX_FDS];
+
+/// The environment variable that tells a new program image which of its inherited Cascade
+/// descriptors' references it was handed (comma-separated fd numbers). Read and removed at
+/// load, so that it never reaches a program the wrappers did not start.
+pub(crate) const HANDED_FDS_ENV: &str = "CASCADE_HANDED_FDS";
 /// The entries, each behind its own lock (held for the duration of a call on it, so a
 /// racing close cannot free an entry in use).
 static ENTRIES: [Mutex<Option<Arc<Entry>>>; MAX_FDS] = [const { Mutex::new(None) }; MAX_FDS];
@@ -343,8 +364,14 @@ fn slot(fd: i32) -> std::sync::MutexGuard<'static, Option<Arc<Entry>>> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
+/// Tracks `fd` as a descriptor of `entry` whose reference this process image holds.
 pub(crate) fn register(fd: i32, entry: Arc<Entry>) {
+    register_as(fd, entry, true);
+}
+
+fn register_as(fd: i32, entry: Arc<Entry>, owned: bool) {
     *slot(fd) = Some(entry);
+    OWNED[fd as usize].store(owned, Relaxed);
     IS_CASCADE[fd as usize].store(true, Relaxed);
 }
 
@@ -353,7 +380,13 @@ pub(crate) fn unregister(fd: i32) -> Option<Arc<Entry>> {
         return None;
     }
     IS_CASCADE[fd as usize].store(false, Relaxed);
+    OWNED[fd as usize].store(false, Relaxed);
     slot(fd).take()
+}
+
+/// True if this process image holds `fd`'s reference (see [`OWNED`]).
+pub(crate) fn owns(fd: i32) -> bool {
+    is_cascade_fd(fd) && OWNED[fd as usize].load(Relaxed)
 }
 
 pub(crate) fn lookup(fd: i32) -> Option<Arc<Entry>> {
@@ -376,6 +409,15 @@ pub(crate) fn all_entries() -> Vec<(i32, Arc<Entry>)> {
 /// Adopts Cascade descriptors inherited over exec: their memfds are named
 /// `cascade-ofd:<slot>:<nonce>`, and the store's description table knows the rest.
 fn adopt_inherited() {
+    let handed: Vec<i32> = std::env::var(HANDED_FDS_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if !handed.is_empty() || std::env::var_os(HANDED_FDS_ENV).is_some() {
+        // Loading runs before the program's threads: nothing reads the environment yet.
+        std::env::remove_var(HANDED_FDS_ENV);
+    }
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return;
     };
@@ -398,7 +440,7 @@ fn adopt_inherited() {
         };
         if let Ok(file) = store.reopen(d.ino(), d.generation(), d.flags()) {
             let is_dir = file.is_dir();
-            register(
+            register_as(
                 fd,
                 Arc::new(Entry {
                     file,
@@ -407,21 +449,76 @@ fn adopt_inherited() {
                     lock_fd: OnceLock::new(),
                     is_dir,
                 }),
+                handed.contains(&fd),
             );
         }
     }
 }
 
+/// The process whose fd table this is: set at load and in a fork child. A child made
+/// without fork handlers (vfork, posix_spawn's clone) shares the parent's memory, so it must
+/// not change the table (see [`close_all_at_exit`]).
+static OWNER_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// False in a child that shares this process's memory (vfork, posix_spawn's clone): its
+/// descriptors' references are the parent's.
+pub(crate) fn owns_its_table() -> bool {
+    OWNER_PID.load(Relaxed) == current_pid()
+}
+
+fn current_pid() -> i32 {
+    // SAFETY: getpid has no arguments; the raw call is not cached by libc.
+    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+}
+
+/// Closes this process's Cascade descriptors at a normal end (exit, return from main, the
+/// last thread ending, _exit), as the kernel closes the others, so that their files end
+/// closed rather than torn: only a process killed while writing leaves a torn file. With
+/// `flush` (exit, not _exit), stdio buffers are written first: glibc flushes them only
+/// after the libraries' destructors. Entries whose lock another thread holds are left to
+/// the kernel (and the store's sweep).
+pub(crate) fn close_all_at_exit(flush: bool) {
+    if !owns_its_table() {
+        return;
+    }
+    if flush {
+        // SAFETY: fflush(NULL) flushes every open stream.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+    }
+    let Some(Ok(store)) = STORE_CELL.get() else {
+        return;
+    };
+    for fd in 0..MAX_FDS as i32 {
+        if !owns(fd) {
+            continue;
+        }
+        let Ok(mut entry) = ENTRIES[fd as usize].try_lock() else {
+            continue;
+        };
+        IS_CASCADE[fd as usize].store(false, Relaxed);
+        OWNED[fd as usize].store(false, Relaxed);
+        if let Some(e) = entry.take() {
+            store.release_description(e.desc);
+            // SAFETY: closing a descriptor this process owns and no longer tracks.
+            unsafe { libc::syscall(libc::SYS_close, fd) };
+        }
+    }
+}
+
 extern "C" fn after_fork_in_child() {
-    // Every inherited Cascade descriptor is one more reference to its description.
-    for (_, e) in all_entries() {
+    OWNER_PID.store(current_pid(), Relaxed);
+    // Every inherited Cascade descriptor is one more reference to its description, this
+    // child's.
+    for (fd, e) in all_entries() {
         if let Some(d) = e.description() {
             d.add_ref();
+            OWNED[fd as usize].store(true, Relaxed);
         }
     }
 }
 
 extern "C" fn on_load() {
+    OWNER_PID.store(current_pid(), Relaxed);
     // SAFETY: registering a plain function as the fork child handler.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     if std::env::var_os("CASCADE_CWD").is_some() {
@@ -440,6 +537,7 @@ extern "C" fn on_load() {
 static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_unload() {
+    close_all_at_exit(true);
     // Hand this process's batch of free chunks back at a normal exit (the store handle is
     // static and never dropped); after kill -9 the next allocator-lock holder reclaims it.
     if let Some(Ok(s)) = STORE_CELL.get() {

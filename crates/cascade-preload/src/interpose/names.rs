@@ -8,7 +8,7 @@ fn status(r: Result<(), Error>) -> c_int {
     r.map(|_| 0).unwrap_or_else(|e| fail(&e))
 }
 
-fn umask_now() -> u32 {
+pub(crate) fn umask_now() -> u32 {
     // SAFETY: umask swaps a process attribute; we restore it at once.
     unsafe {
         let m = libc::umask(0o022);

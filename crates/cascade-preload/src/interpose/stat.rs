@@ -383,7 +383,7 @@ fstatfs_wrapper!(fstatvfs64, fill_statvfs, libc::statvfs64);
 
 // ---- access -------------------------------------------------------------------------------
 
-fn check_access(p: &str, mode: c_int) -> c_int {
+pub(crate) fn check_access(p: &str, mode: c_int) -> c_int {
     match path_meta(p) {
         Ok(m) => {
             // SAFETY: geteuid cannot fail.

@@ -17,7 +17,7 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         truncate: flags & libc::O_TRUNC != 0,
         append: flags & libc::O_APPEND != 0 && acc != libc::O_RDONLY,
         directory: flags & libc::O_DIRECTORY != 0,
-        mode: mode & 0o7777 & !current_umask(),
+        mode: mode & 0o7777 & !names::umask_now(),
         described: true,
     };
     // Read-through: a path the store lacks may be in the durable store (not for creation).
@@ -64,15 +64,6 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         }),
     );
     Ok(fd)
-}
-
-fn current_umask() -> u32 {
-    // SAFETY: umask only swaps a process attribute; we put it back at once.
-    unsafe {
-        let m = libc::umask(0o022);
-        libc::umask(m);
-        m
-    }
 }
 
 fn open_impl(path: &str, flags: c_int, mode: c_uint) -> c_int {
@@ -149,6 +140,68 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
     call_real!(close: fn(c_int) -> c_int, -1; fd)
 }
+
+/// Forgets the Cascade descriptors in `first..=last` (their descriptions released) before
+/// the kernel closes them all.
+fn release_range(first: c_uint, last: c_uint) {
+    let last = last.min(MAX_FDS as c_uint - 1);
+    for fd in first..=last {
+        if let Some(e) = unregister(fd as c_int) {
+            if let Ok(s) = store() {
+                s.release_description(e.desc);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "close_range"))]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // CLOSE_RANGE_CLOEXEC only marks them; the kernel closes them at exec.
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first <= last {
+        release_range(first, last);
+    }
+    call_real!(close_range: fn(c_uint, c_uint, c_int) -> c_int, -1; first, last, flags)
+}
+
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "closefrom"))]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    if let Ok(first) = c_uint::try_from(lowfd) {
+        release_range(first, c_uint::MAX);
+    }
+    if let Some(f) = real!(closefrom: fn(c_int) -> ()) {
+        // SAFETY: forwarding the caller's argument.
+        unsafe { f(lowfd) }
+    }
+}
+
+macro_rules! exit_wrapper {
+    ($name:ident) => {
+        /// A normal end without exit's handlers: Cascade files are closed first (not torn).
+        ///
+        /// # Safety
+        /// C ABI.
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        pub unsafe extern "C" fn $name(status: c_int) -> ! {
+            close_all_at_exit(false);
+            if let Some(f) = real!($name: fn(c_int) -> ()) {
+                // SAFETY: forwarding the caller's argument; it does not return.
+                unsafe { f(status) };
+            }
+            // SAFETY: ends the process when no next definition was found.
+            unsafe { libc::syscall(libc::SYS_exit_group, status) };
+            std::process::abort()
+        }
+    };
+}
+exit_wrapper!(_exit);
+exit_wrapper!(_Exit);
 
 // ---- data ---------------------------------------------------------------------------------
 
