@@ -188,6 +188,7 @@ macro_rules! exit_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[allow(non_snake_case)] // _Exit is C's name.
         pub unsafe extern "C" fn $name(status: c_int) -> ! {
             close_all_at_exit(false);
             if let Some(f) = real!($name: fn(c_int) -> ()) {
