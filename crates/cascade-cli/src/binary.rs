@@ -3,15 +3,10 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use object::elf;
-use object::read::elf::{Dyn, ElfFile, FileHeader, ProgramHeader};
-use object::read::ReadCache;
-use object::{Endianness, FileKind, Object, ObjectSymbol, ReadRef};
-
+use crate::dependencies::{self, NotElf, Object, Tree};
 use crate::failure::{Failure, EXIT_FAILURE, EXIT_USAGE};
 use crate::intercepted::Intercepted;
 use crate::io_functions;
@@ -66,12 +61,25 @@ pub fn link_flags() -> Result<ExitCode, Failure> {
 /// What kind of program a file is, as far as interposition is concerned.
 #[derive(Debug, PartialEq, Eq)]
 enum Linkage {
-    /// Loaded by the dynamic linker, so LD_PRELOAD applies; its undefined dynamic symbols.
-    Dynamic { imports: Vec<String> },
+    /// Loaded by the dynamic linker, so LD_PRELOAD applies.
+    Dynamic,
     /// No program interpreter and no shared libraries: nothing to preload into.
     Static,
     /// Built by the Go toolchain (`static` says whether it is also statically linked).
     Go { static_linked: bool },
+}
+
+fn linkage(program: &Object) -> Linkage {
+    // A static-PIE program has a dynamic section but no interpreter and no libraries; a
+    // shared library has no interpreter but does need libraries (and can be preloaded into).
+    let static_linked = !program.has_interpreter && !program.needs_libraries;
+    if program.go {
+        Linkage::Go { static_linked }
+    } else if static_linked {
+        Linkage::Static
+    } else {
+        Linkage::Dynamic
+    }
 }
 
 pub fn check_binary(program: &OsStr) -> Result<ExitCode, Failure> {
@@ -86,7 +94,7 @@ pub fn check_binary(program: &OsStr) -> Result<ExitCode, Failure> {
         return Err(usage(format!("{shown}: Is a directory")));
     }
     let file = File::open(&path).map_err(|e| usage(io_message(&shown, &e)))?;
-    let linkage = read_linkage(file).map_err(|why| match why {
+    let object = dependencies::read_object(file).map_err(|why| match why {
         NotElf::Script(interpreter) => usage(format!(
             "{shown}: not an ELF file but a script for {interpreter}; check that program instead"
         )),
@@ -95,7 +103,7 @@ pub fn check_binary(program: &OsStr) -> Result<ExitCode, Failure> {
     })?;
 
     let mount_instead = "run it on a 'cascade mount' FUSE mount of the store instead";
-    match linkage {
+    match linkage(&object) {
         Linkage::Go { static_linked } => {
             let linked = if static_linked {
                 "statically linked "
@@ -116,39 +124,97 @@ of 'cascade link-flags')"
             );
             Ok(ExitCode::from(EXIT_FAILURE))
         }
-        Linkage::Dynamic { imports } => {
+        Linkage::Dynamic => {
             let list = Intercepted::load()?;
-            let file_io: Vec<(&str, &str)> = io_functions::FILE_IO_FUNCTIONS
-                .iter()
-                .filter(|(name, _)| imports.iter().any(|i| i == name))
-                .copied()
-                .collect();
-            let missing: Vec<(&str, &str)> = file_io
-                .iter()
-                .filter(|(name, _)| !list.covers(name))
-                .copied()
-                .collect();
-            if missing.is_empty() {
-                println!(
-                    "all {} file-I/O imports of {shown} are intercepted",
-                    file_io.len()
-                );
-                return Ok(ExitCode::SUCCESS);
-            }
-            let width = missing.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
-            let mut out = String::new();
-            for (name, note) in &missing {
-                out.push_str(&format!("{name:<width$}  not intercepted: {note}\n"));
-            }
-            out.push_str(&format!(
-                "{} of {} file-I/O imports of {shown} are not intercepted\n",
-                missing.len(),
-                file_io.len()
-            ));
-            print!("{out}");
-            Ok(ExitCode::from(EXIT_FAILURE))
+            // The program is named by its file name among the importers, libraries by
+            // the DT_NEEDED name they were loaded under.
+            let label = path
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_else(|| shown.clone());
+            let tree = dependencies::walk(&path, &object, &label);
+            let (text, all_intercepted) = report(&shown, &label, &object, &tree, &list);
+            print!("{text}");
+            Ok(if all_intercepted {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_FAILURE)
+            })
         }
     }
+}
+
+/// The report on a dynamic program and its library tree, and whether everything found is
+/// intercepted and every library was found.
+fn report(
+    shown: &str,
+    label: &str,
+    program: &Object,
+    tree: &Tree,
+    list: &Intercepted,
+) -> (String, bool) {
+    let objects: Vec<(&str, &[String])> = std::iter::once((label, program.imports.as_slice()))
+        .chain(
+            tree.libraries
+                .iter()
+                .map(|lib| (lib.name.as_str(), lib.imports.as_slice())),
+        )
+        .collect();
+    // Each file-I/O function once, with the objects that import it.
+    let mut file_io = 0;
+    let mut missing: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    for (name, note) in io_functions::FILE_IO_FUNCTIONS {
+        let importers: Vec<&str> = objects
+            .iter()
+            .filter(|(_, imports)| imports.binary_search_by(|i| i.as_str().cmp(name)).is_ok())
+            .map(|(object, _)| *object)
+            .collect();
+        if importers.is_empty() {
+            continue;
+        }
+        file_io += 1;
+        if !list.covers(name) {
+            missing.push((name, note, importers));
+        }
+    }
+
+    let mut out = String::new();
+    for lost in &tree.not_found {
+        out.push_str(&format!(
+            "{} => not found (needed by {}); its imports are not checked\n",
+            lost.name, lost.needed_by
+        ));
+    }
+    let width = missing.iter().map(|(n, _, _)| n.len()).max().unwrap_or(0);
+    for (name, note, importers) in &missing {
+        out.push_str(&format!(
+            "{name:<width$}  not intercepted: {note}; imported by {}\n",
+            importers.join(", ")
+        ));
+    }
+    let libraries = tree.libraries.len();
+    let subject = match libraries {
+        0 => shown.to_string(),
+        1 => format!("{shown} and its 1 library"),
+        n => format!("{shown} and its {n} libraries"),
+    };
+    if missing.is_empty() {
+        out.push_str(&format!(
+            "all {file_io} file-I/O imports of {subject} are intercepted"
+        ));
+    } else {
+        out.push_str(&format!(
+            "{} of {file_io} file-I/O imports of {subject} are not intercepted",
+            missing.len()
+        ));
+    }
+    match tree.not_found.len() {
+        0 => {}
+        1 => out.push_str("; 1 needed library was not found"),
+        n => out.push_str(&format!("; {n} needed libraries were not found")),
+    }
+    out.push('\n');
+    (out, missing.is_empty() && tree.not_found.is_empty())
 }
 
 /// "cat" means ./cat if there is one, else the `cat` that PATH finds, as a shell would.
@@ -167,103 +233,4 @@ fn resolve_program(program: &OsStr) -> PathBuf {
 
 fn io_message(shown: &str, err: &std::io::Error) -> String {
     format!("{shown}: {}", cascade_config::io_text(err))
-}
-
-enum NotElf {
-    /// A `#!` script, with its interpreter.
-    Script(String),
-    /// Something else; the text says what.
-    Other(String),
-    Io(std::io::Error),
-}
-
-fn read_linkage(mut file: File) -> Result<Linkage, NotElf> {
-    let mut head = [0u8; 256];
-    let n = read_up_to(&mut file, &mut head).map_err(NotElf::Io)?;
-    let head = &head[..n];
-    if let Some(line) = head.strip_prefix(b"#!") {
-        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
-        let interpreter = String::from_utf8_lossy(line).trim().to_string();
-        return Err(NotElf::Script(interpreter));
-    }
-    if !head.starts_with(&elf::ELFMAG) {
-        return Err(NotElf::Other("no ELF magic number".to_string()));
-    }
-    let cache = ReadCache::new(file);
-    let malformed = |e: object::Error| NotElf::Other(format!("malformed: {e}"));
-    match FileKind::parse(&cache).map_err(malformed)? {
-        FileKind::Elf64 => {
-            linkage(&ElfFile::<elf::FileHeader64<Endianness>, _>::parse(&cache).map_err(malformed)?)
-        }
-        FileKind::Elf32 => {
-            linkage(&ElfFile::<elf::FileHeader32<Endianness>, _>::parse(&cache).map_err(malformed)?)
-        }
-        other => Err(NotElf::Other(format!("{other:?}"))),
-    }
-}
-
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
-fn linkage<'data, Elf, R>(file: &ElfFile<'data, Elf, R>) -> Result<Linkage, NotElf>
-where
-    Elf: FileHeader<Endian = Endianness>,
-    R: ReadRef<'data>,
-{
-    let endian = file.endian();
-    let data = file.data();
-    let mut has_interpreter = false;
-    let mut needs_libraries = false;
-    let mut go_note = false;
-    for segment in file.elf_program_headers() {
-        match segment.p_type(endian) {
-            elf::PT_INTERP => has_interpreter = true,
-            elf::PT_DYNAMIC => {
-                if let Ok(Some(entries)) = segment.dynamic(endian, data) {
-                    needs_libraries |= entries
-                        .iter()
-                        .any(|d| d.d_tag(endian).into() == u64::from(elf::DT_NEEDED));
-                }
-            }
-            elf::PT_NOTE => {
-                if let Ok(Some(mut notes)) = segment.notes(endian, data) {
-                    while let Ok(Some(note)) = notes.next() {
-                        go_note |= note.name() == b"Go";
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    let go_section = [".go.buildinfo", ".note.go.buildid", ".gopclntab"]
-        .iter()
-        .any(|name| file.section_by_name(name).is_some());
-    // A static-PIE program has a dynamic section but no interpreter and no libraries; a
-    // shared library has no interpreter but does need libraries (and can be preloaded into).
-    let static_linked = !has_interpreter && !needs_libraries;
-    if go_note || go_section {
-        return Ok(Linkage::Go { static_linked });
-    }
-    if static_linked {
-        return Ok(Linkage::Static);
-    }
-    let mut imports: Vec<String> = file
-        .dynamic_symbols()
-        .filter(|symbol| symbol.is_undefined())
-        .filter_map(|symbol| symbol.name().ok().map(str::to_string))
-        .filter(|name| !name.is_empty())
-        .collect();
-    imports.sort_unstable();
-    imports.dedup();
-    Ok(Linkage::Dynamic { imports })
 }

@@ -450,12 +450,16 @@ executable, or in ../lib from it). Until that library is built, a comment on sta
 says so. Functions that Cascade covers through glibc (stdio on a Cascade stream) need no \
 flag. Use it as: cc -static app.o $(cascade link-flags) -o app";
 
-const CHECK_BINARY_DETAILS: &str = "Reads PROG's ELF headers (PROG is not run). For a \
-dynamically linked program, lists each file-I/O function it imports (open, read, stat, \
-directories, stdio, mmap, xattr, AIO, io_uring, ...) that Cascade does not intercept, one per \
-line with a note; exit 1 if there are any, 0 (\"all N file-I/O imports of PROG are \
-intercepted\") if not. Only PROG's own imports are checked, not those of the shared \
-libraries it loads; check those with check-binary too.
+const CHECK_BINARY_DETAILS: &str = "Reads the ELF headers of PROG and of the shared \
+libraries it loads (PROG is not run). The libraries are found as the dynamic linker finds \
+them: DT_RPATH, LD_LIBRARY_PATH, DT_RUNPATH ($ORIGIN expanded), /etc/ld.so.cache, then the \
+default directories; glibc's own libraries (libc, libm, libpthread, ld.so, ...) are not \
+walked into. Each file-I/O function that PROG or one of its libraries imports (open, read, \
+stat, directories, temporary files, stdio, mmap, xattr, AIO, io_uring, exec, dlopen, ...) \
+and Cascade does not intercept is listed once, with a note and the objects that import it; \
+a needed library that is not found gets a '=> not found' line. Exit 1 if there is any such \
+line, 0 (\"all N file-I/O imports of PROG and its K libraries are intercepted\") if not. \
+Libraries the program loads with dlopen at run time are not seen.
 
 A statically linked program or a Go program gets exit 1 and a plain statement: LD_PRELOAD \
 cannot reach it (the FUSE front end, 'cascade mount', will in a later release). A file that \

@@ -12,6 +12,7 @@
 
 const OPEN: &str = "opens a file by path";
 const TEMP: &str = "creates a temporary file (glibc opens it internally, not through open)";
+const TEMP_NAME: &str = "makes a temporary file name (glibc checks the directory internally)";
 const CLOSE: &str = "closes descriptors";
 const DATA: &str = "reads or writes file data";
 const FORTIFY: &str = "fortified (_FORTIFY_SOURCE) form of a read function";
@@ -21,6 +22,7 @@ const FD: &str = "descriptor operation";
 const LOCK: &str = "file lock";
 const STAT: &str = "file metadata";
 const STATFS: &str = "file-system capacity";
+const LIMITS: &str = "file-system limit by path (glibc runs statfs internally)";
 const ACCESS: &str = "permission check by path";
 const NAMES: &str = "creates, removes or renames a name";
 const LINKS: &str = "hard or symbolic link";
@@ -44,6 +46,14 @@ const WIDE: &str = "wide-character stdio stream operation";
 const NOTIFY: &str = "file change notification";
 const HANDLE: &str = "file handle by path";
 const EXEC: &str = "starts a program (carries the working directory inside the mount)";
+const EXEC_VIA: &str =
+    "starts a program (glibc calls execve internally, so the execve wrapper does not see it)";
+const SPAWN: &str = "runs a command through /bin/sh (glibc spawns it internally)";
+const SPAWN_FILE: &str =
+    "spawn file action: the child opens the path or changes to it inside glibc";
+const LOAD: &str = "loads a shared object by path (the dynamic linker opens it, not open)";
+const EXIT: &str = "ends the process without exit handlers (libcascade's end-of-process work \
+does not run)";
 const SYSCALL: &str =
     "raw system call: bypasses every libc wrapper (Rust's std makes statx this way)";
 
@@ -72,6 +82,7 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("mkdtemp", TEMP),
     ("tmpfile", TEMP),
     ("tmpfile64", TEMP),
+    ("tempnam", TEMP_NAME),
     ("close", CLOSE),
     ("close_range", CLOSE),
     ("closefrom", CLOSE),
@@ -150,6 +161,7 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("statvfs64", STATFS),
     ("fstatvfs", STATFS),
     ("fstatvfs64", STATFS),
+    ("pathconf", LIMITS),
     ("access", ACCESS),
     ("faccessat", ACCESS),
     ("faccessat2", ACCESS),
@@ -175,6 +187,22 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("fexecve", EXEC),
     ("posix_spawn", EXEC),
     ("posix_spawnp", EXEC),
+    ("execveat", EXEC),
+    ("execv", EXEC_VIA),
+    ("execvp", EXEC_VIA),
+    ("execl", EXEC_VIA),
+    ("execlp", EXEC_VIA),
+    ("execle", EXEC_VIA),
+    ("posix_spawn_file_actions_addopen", SPAWN_FILE),
+    ("posix_spawn_file_actions_addchdir_np", SPAWN_FILE),
+    ("system", SPAWN),
+    ("popen", SPAWN),
+    // Loading code and ending the process.
+    ("dlopen", LOAD),
+    ("dlmopen", LOAD),
+    ("_exit", EXIT),
+    ("_Exit", EXIT),
+    // Links, nodes, attributes, paths.
     ("readlink", LINKS),
     ("readlinkat", LINKS),
     ("__readlink_chk", LINKS),
@@ -234,6 +262,10 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("fts64_read", WALK),
     ("fts_children", WALK),
     ("fts64_children", WALK),
+    ("fts_set", WALK),
+    ("fts64_set", WALK),
+    ("fts_close", WALK),
+    ("fts64_close", WALK),
     ("glob", WALK),
     ("glob64", WALK),
     ("chdir", CWD),

@@ -12,6 +12,7 @@ mod binary;
 mod checkpoint;
 mod cli;
 mod demo;
+mod dependencies;
 mod failure;
 mod files;
 mod format;

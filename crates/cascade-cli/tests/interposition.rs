@@ -4,7 +4,9 @@
 //! as the preload crate's own C tests do) and their own store, created by `run` itself with
 //! small parameters and destroyed when the test's sandbox is dropped, also when it fails.
 //! `check-binary` tests compile their subjects here: C programs with `cc` (dynamic, static
-//! and static-PIE) and a Go program with `go build`.
+//! and static-PIE, and shared libraries with programs linked against them) and a Go program
+//! with `go build`; they also walk the libraries of python3 and GROMACS's `gmx` (Debian
+//! package gromacs).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -526,21 +528,61 @@ fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
 }
 
 fn check_binary(sb: &Sandbox, program: &Path) -> Output {
-    sb.run(&["check-binary", program.to_str().expect("utf-8 path")])
+    check_binary_with(sb, program, &[])
+}
+
+/// check-binary with extra environment variables (LD_LIBRARY_PATH).
+fn check_binary_with(sb: &Sandbox, program: &Path, env: &[(&str, &Path)]) -> Output {
+    let mut command = sb.command(&["check-binary", program.to_str().expect("utf-8 path")]);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    output_within(command, TIMEOUT)
+}
+
+/// The lines of a report that say a needed library was not found.
+fn not_found_lines(out: &Output) -> Vec<String> {
+    stdout_lines(out)
+        .into_iter()
+        .filter(|l| l.contains(" => not found (needed by "))
+        .collect()
 }
 
 /// The report of a dynamic program: the names said to be missing, and the summary line.
 fn missing_names(out: &Output) -> (Vec<String>, String) {
+    let (importers, summary) = missing_importers(out);
+    (
+        importers.into_iter().map(|(name, _)| name).collect(),
+        summary,
+    )
+}
+
+/// The report of a dynamic program: each missing name with the objects said to import it
+/// (in report order), and the summary line. Not-found lines are left out.
+fn missing_importers(out: &Output) -> (Vec<(String, Vec<String>)>, String) {
     let lines = stdout_lines(out);
     let (summary, listed) = lines.split_last().expect("check-binary printed nothing");
-    let names = listed
+    let not_found = not_found_lines(out);
+    let missing = listed
         .iter()
+        .filter(|l| !not_found.contains(l))
         .map(|l| {
             assert!(l.contains("not intercepted: "), "{l}");
-            l.split_whitespace().next().unwrap_or_default().to_string()
+            let name = l.split_whitespace().next().unwrap_or_default().to_string();
+            let (_, importers) = l.rsplit_once("; imported by ").expect("importers listed");
+            (name, importers.split(", ").map(str::to_string).collect())
         })
         .collect();
-    (names, summary.clone())
+    (missing, summary.clone())
+}
+
+/// The number in "... of PROG and its N libraries ..." of a summary line (0 without).
+fn libraries_walked(summary: &str) -> usize {
+    summary
+        .split_once(" and its ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .map(|n| n.parse().expect("a count of libraries"))
+        .unwrap_or(0)
 }
 
 const C_MAIN_IO: &str = r#"
@@ -705,6 +747,231 @@ fn check_binary_of_cat_agrees_with_its_exit_code_and_nm() {
     assert_eq!(by_name.status.code(), out.status.code());
 }
 
+/// A shared library whose file I/O is mkstemp and nftw, which the program linked against it
+/// does not call itself, and inotify_add_watch, which it does.
+const C_LIB_WALK: &str = r#"
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <stdlib.h>
+#include <sys/inotify.h>
+static int visit(const char *p, const struct stat *s, int flag, struct FTW *w) {
+    (void)p; (void)s; (void)flag; (void)w;
+    return 0;
+}
+int walk_scratch(const char *dir) {
+    char name[] = "/tmp/check-binary-lib-XXXXXX";
+    int fd = mkstemp(name);
+    inotify_add_watch(inotify_init(), dir, IN_MODIFY);
+    return fd + nftw(dir, visit, 4, FTW_PHYS);
+}
+"#;
+
+/// A program whose own file I/O is open/read/close and inotify_add_watch, and which calls
+/// the library's walk_scratch.
+const C_MAIN_WALK: &str = r#"
+#include <fcntl.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+int walk_scratch(const char *dir);
+int main(int argc, char **argv) {
+    char c;
+    int fd = open("/dev/null", O_RDONLY);
+    read(fd, &c, 1);
+    close(fd);
+    inotify_add_watch(inotify_init(), "/", IN_MODIFY);
+    return walk_scratch(argc > 1 ? argv[1] : ".") < 0;
+}
+"#;
+
+/// Builds `dir/libwalk.so.1` (soname libwalk.so.1) and returns it.
+fn build_walk_library(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("library dir");
+    compile_c(
+        dir,
+        "libwalk.so.1",
+        C_LIB_WALK,
+        &["-shared", "-fPIC", "-Wl,-soname,libwalk.so.1"],
+    )
+}
+
+/// The file-I/O functions of the library and the program that are not intercepted, sorted.
+fn walk_expected() -> Vec<&'static str> {
+    let (wrapped, glibc) = intercepted();
+    // The program's and the library's importer lists are checked on this one.
+    assert!(
+        !wrapped.contains("inotify_add_watch") && !glibc.contains("inotify_add_watch"),
+        "these tests need a file-I/O function that Cascade does not intercept"
+    );
+    let mut expected: Vec<&str> = ["inotify_add_watch", "mkstemp", "nftw"]
+        .into_iter()
+        .filter(|n| !wrapped.contains(*n) && !glibc.contains(*n))
+        .collect();
+    expected.sort();
+    expected
+}
+
+/// The report on the walk program with libwalk.so.1 found: the library is the importer of
+/// its own functions, both objects of inotify_add_watch.
+fn assert_walk_report(out: &Output, exe: &Path, what: &str) {
+    assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
+    assert!(out.stderr.is_empty(), "{what}: {out:?}");
+    assert!(not_found_lines(out).is_empty(), "{what}: {out:?}");
+    let (missing, summary) = missing_importers(out);
+    let mut names: Vec<&str> = missing.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    assert_eq!(names, walk_expected(), "{what}: {out:?}");
+    for (name, importers) in &missing {
+        let expected = if name == "inotify_add_watch" {
+            vec!["uses_walk", "libwalk.so.1"]
+        } else {
+            vec!["libwalk.so.1"]
+        };
+        assert_eq!(importers, &expected, "{what}: {name}");
+    }
+    // open, read, close, inotify_add_watch, mkstemp, nftw.
+    assert_eq!(
+        summary,
+        format!(
+            "{} of 6 file-I/O imports of {} and its 1 library are not intercepted",
+            missing.len(),
+            exe.display()
+        ),
+        "{what}"
+    );
+}
+
+#[test]
+fn check_binary_walks_into_a_library_found_through_origin() {
+    let sb = Sandbox::new();
+    let lib_dir = sb.path("lib");
+    let lib = build_walk_library(&lib_dir);
+    // $ORIGIN is the program's directory for the dynamic linker: ../lib from bin/. Both
+    // DT_RUNPATH (the default of current linkers) and the older DT_RPATH.
+    let bin = sb.path("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    for tags in ["--enable-new-dtags", "--disable-new-dtags"] {
+        let exe = compile_c(
+            &bin,
+            "uses_walk",
+            C_MAIN_WALK,
+            &[
+                lib.to_str().expect("utf-8 path"),
+                "-Wl,-rpath,$ORIGIN/../lib",
+                &format!("-Wl,{tags}"),
+            ],
+        );
+        // The dynamic linker agrees on where the library is.
+        let ldd = Command::new("ldd").arg(&exe).output().expect("run ldd");
+        let ldd = String::from_utf8_lossy(&ldd.stdout);
+        let loaded = ldd
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("libwalk.so.1 => "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|path| std::fs::canonicalize(path).expect("ldd's path exists"));
+        assert_eq!(
+            loaded,
+            Some(std::fs::canonicalize(&lib).expect("lib")),
+            "{tags}: {ldd}"
+        );
+        let out = check_binary(&sb, &exe);
+        assert_walk_report(&out, &exe, tags);
+    }
+}
+
+#[test]
+fn check_binary_reports_a_library_that_is_not_found_and_finds_it_in_ld_library_path() {
+    let sb = Sandbox::new();
+    let lib_dir = sb.path("elsewhere");
+    let lib = build_walk_library(&lib_dir);
+    let exe = compile_c(
+        sb.dir.path(),
+        "uses_walk",
+        C_MAIN_WALK,
+        &[lib.to_str().expect("utf-8 path")],
+    );
+
+    let out = check_binary(&sb, &exe);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    assert_eq!(
+        not_found_lines(&out),
+        ["libwalk.so.1 => not found (needed by uses_walk); its imports are not checked"]
+    );
+    // The program's own imports are still checked.
+    let (missing, summary) = missing_importers(&out);
+    assert_eq!(
+        missing,
+        [(
+            "inotify_add_watch".to_string(),
+            vec!["uses_walk".to_string()]
+        )]
+    );
+    assert_eq!(
+        summary,
+        format!(
+            "1 of 4 file-I/O imports of {} are not intercepted; 1 needed library was not found",
+            exe.display()
+        )
+    );
+
+    // LD_LIBRARY_PATH reaches it, as it reaches the dynamic linker.
+    let out = check_binary_with(&sb, &exe, &[("LD_LIBRARY_PATH", &lib_dir)]);
+    assert_walk_report(&out, &exe, "LD_LIBRARY_PATH");
+}
+
+/// check-binary on an installed program: it walks the program's libraries (as many as ldd
+/// lists at most, glibc's own not walked), and every importer it names is the program or
+/// one of them. Whether all is intercepted depends on intercepted.txt, so is not asserted.
+fn assert_walks_libraries_of(program: &Path, at_least: usize) {
+    let sb = Sandbox::new();
+    let out = check_binary(&sb, program);
+    assert!(out.stderr.is_empty(), "{out:?}");
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
+    let ldd = Command::new("ldd").arg(program).output().expect("run ldd");
+    let ldd = String::from_utf8_lossy(&ldd.stdout).into_owned();
+    let ldd_names: Vec<&str> = ldd
+        .lines()
+        .filter(|l| l.contains(" => /"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+
+    assert!(not_found_lines(&out).is_empty(), "{out:?}");
+    let (missing, summary) = missing_importers(&out);
+    let walked = libraries_walked(&summary);
+    assert!(
+        walked >= at_least && walked <= ldd_names.len(),
+        "{} walked {walked} libraries, ldd lists {}: {summary}\n{ldd}",
+        program.display(),
+        ldd_names.len()
+    );
+    let own_name = program
+        .file_name()
+        .expect("file name")
+        .to_string_lossy()
+        .into_owned();
+    for (name, importers) in &missing {
+        for importer in importers {
+            assert!(
+                *importer == own_name || ldd_names.contains(&importer.as_str()),
+                "{name}: importer {importer} is not in ldd's list:\n{ldd}"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_binary_walks_the_libraries_of_python3() {
+    // libz and libexpat (Debian); libc and libm are glibc's.
+    assert_walks_libraries_of(Path::new("/usr/bin/python3"), 1);
+}
+
+#[test]
+fn check_binary_walks_the_libraries_of_gromacs() {
+    let gmx = on_path("gmx").expect("no gmx: install the Debian package gromacs");
+    // libgromacs and what it loads: libstdc++, libgomp, FFTW, BLAS, hwloc, ...
+    assert_walks_libraries_of(&gmx, 10);
+}
+
 #[test]
 fn check_binary_says_plainly_that_static_programs_are_out_of_reach() {
     let sb = Sandbox::new();
@@ -723,14 +990,18 @@ fn check_binary_says_plainly_that_static_programs_are_out_of_reach() {
     }
 }
 
-/// The go command: on PATH, or where the Go distribution installs it.
-fn go() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
+/// A command on PATH.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("go"))
-        .find(|p| p.is_file());
-    on_path
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The go command: on PATH, or where the Go distribution installs it.
+fn go() -> PathBuf {
+    on_path("go")
         .or_else(|| Some(PathBuf::from("/usr/local/go/bin/go")).filter(|p| p.is_file()))
         .expect("no go command: install golang-go (scripts/test.sh does)")
 }
