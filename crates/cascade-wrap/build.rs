@@ -4,6 +4,10 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+/// Intercepted names that glibc's libc.a does not define (checked with `nm -g
+/// --defined-only libc.a` against intercepted.txt, glibc 2.36).
+const NOT_IN_GLIBC: &[&str] = &["newfstatat"];
+
 fn main() {
     let list_path = PathBuf::from("../cascade-preload/intercepted.txt");
     println!("cargo::rerun-if-changed={}", list_path.display());
@@ -19,8 +23,16 @@ fn main() {
          __real_NAME is the original NAME. */\n#include <string.h>\n",
     );
     for n in &names {
-        // Weak: a name glibc does not define (newfstatat is only a system call) stays null.
-        let _ = writeln!(c, "extern void __real_{n}(void) __attribute__((weak));");
+        // Strong, so that the link pulls the original from libc.a even when nothing else
+        // refers to it (with --wrap every other reference goes to the wrapper): a weak one
+        // would stay null and the wrapper would answer ENOSYS for host paths. Weak only for
+        // names glibc does not define (newfstatat is only a system call): they stay null.
+        let weak = if NOT_IN_GLIBC.contains(n) {
+            " __attribute__((weak))"
+        } else {
+            ""
+        };
+        let _ = writeln!(c, "extern void __real_{n}(void){weak};");
     }
     c.push_str("static const struct { const char *name; void (*fn)(void); } table[] = {\n");
     for n in &names {

@@ -618,13 +618,13 @@ fn check_binary_of_a_program_using_only_intercepted_calls_passes() {
 fn check_binary_lists_the_file_io_imports_that_are_not_intercepted() {
     let sb = Sandbox::new();
     // File-I/O calls of several families, some of which Cascade is unlikely ever to
-    // intercept (inotify, file handles); which ones are missing comes from intercepted.txt.
+    // intercept (fanotify, file handles); which ones are missing comes from intercepted.txt.
     let source = r#"
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
-#include <sys/inotify.h>
+#include <sys/fanotify.h>
 #include <sys/xattr.h>
 int main(void) {
     char name[] = "/tmp/check-binary-XXXXXX";
@@ -632,8 +632,8 @@ int main(void) {
     int fd = mkstemp(name);
     if (fd < 0) return 1;
     getxattr(name, "user.x", value, sizeof value);
-    int watch = inotify_init();
-    inotify_add_watch(watch, name, IN_MODIFY);
+    int watch = fanotify_init(0, 0);
+    fanotify_mark(watch, FAN_MARK_ADD, FAN_MODIFY, AT_FDCWD, name);
     struct file_handle *handle = malloc(sizeof *handle + 128);
     int mount_id;
     handle->handle_bytes = 128;
@@ -652,7 +652,7 @@ int main(void) {
     let imported = [
         "close",
         "getxattr",
-        "inotify_add_watch",
+        "fanotify_mark",
         "mkstemp",
         "name_to_handle_at",
         "open",
@@ -748,12 +748,13 @@ fn check_binary_of_cat_agrees_with_its_exit_code_and_nm() {
 }
 
 /// A shared library whose file I/O is mkstemp and nftw, which the program linked against it
-/// does not call itself, and inotify_add_watch, which it does.
+/// does not call itself, and fanotify_mark, which it does.
 const C_LIB_WALK: &str = r#"
 #define _XOPEN_SOURCE 700
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdlib.h>
-#include <sys/inotify.h>
+#include <sys/fanotify.h>
 static int visit(const char *p, const struct stat *s, int flag, struct FTW *w) {
     (void)p; (void)s; (void)flag; (void)w;
     return 0;
@@ -761,16 +762,16 @@ static int visit(const char *p, const struct stat *s, int flag, struct FTW *w) {
 int walk_scratch(const char *dir) {
     char name[] = "/tmp/check-binary-lib-XXXXXX";
     int fd = mkstemp(name);
-    inotify_add_watch(inotify_init(), dir, IN_MODIFY);
+    fanotify_mark(fanotify_init(0, 0), FAN_MARK_ADD, FAN_MODIFY, AT_FDCWD, dir);
     return fd + nftw(dir, visit, 4, FTW_PHYS);
 }
 "#;
 
-/// A program whose own file I/O is open/read/close and inotify_add_watch, and which calls
+/// A program whose own file I/O is open/read/close and fanotify_mark, and which calls
 /// the library's walk_scratch.
 const C_MAIN_WALK: &str = r#"
 #include <fcntl.h>
-#include <sys/inotify.h>
+#include <sys/fanotify.h>
 #include <unistd.h>
 int walk_scratch(const char *dir);
 int main(int argc, char **argv) {
@@ -778,7 +779,7 @@ int main(int argc, char **argv) {
     int fd = open("/dev/null", O_RDONLY);
     read(fd, &c, 1);
     close(fd);
-    inotify_add_watch(inotify_init(), "/", IN_MODIFY);
+    fanotify_mark(fanotify_init(0, 0), FAN_MARK_ADD, FAN_MODIFY, AT_FDCWD, "/");
     return walk_scratch(argc > 1 ? argv[1] : ".") < 0;
 }
 "#;
@@ -799,10 +800,10 @@ fn walk_expected() -> Vec<&'static str> {
     let (wrapped, glibc) = intercepted();
     // The program's and the library's importer lists are checked on this one.
     assert!(
-        !wrapped.contains("inotify_add_watch") && !glibc.contains("inotify_add_watch"),
+        !wrapped.contains("fanotify_mark") && !glibc.contains("fanotify_mark"),
         "these tests need a file-I/O function that Cascade does not intercept"
     );
-    let mut expected: Vec<&str> = ["inotify_add_watch", "mkstemp", "nftw"]
+    let mut expected: Vec<&str> = ["fanotify_mark", "mkstemp", "nftw"]
         .into_iter()
         .filter(|n| !wrapped.contains(*n) && !glibc.contains(*n))
         .collect();
@@ -811,7 +812,7 @@ fn walk_expected() -> Vec<&'static str> {
 }
 
 /// The report on the walk program with libwalk.so.1 found: the library is the importer of
-/// its own functions, both objects of inotify_add_watch.
+/// its own functions, both objects of fanotify_mark.
 fn assert_walk_report(out: &Output, exe: &Path, what: &str) {
     assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
     assert!(out.stderr.is_empty(), "{what}: {out:?}");
@@ -821,14 +822,14 @@ fn assert_walk_report(out: &Output, exe: &Path, what: &str) {
     names.sort();
     assert_eq!(names, walk_expected(), "{what}: {out:?}");
     for (name, importers) in &missing {
-        let expected = if name == "inotify_add_watch" {
+        let expected = if name == "fanotify_mark" {
             vec!["uses_walk", "libwalk.so.1"]
         } else {
             vec!["libwalk.so.1"]
         };
         assert_eq!(importers, &expected, "{what}: {name}");
     }
-    // open, read, close, inotify_add_watch, mkstemp, nftw.
+    // open, read, close, fanotify_mark, mkstemp, nftw.
     assert_eq!(
         summary,
         format!(
@@ -901,10 +902,7 @@ fn check_binary_reports_a_library_that_is_not_found_and_finds_it_in_ld_library_p
     let (missing, summary) = missing_importers(&out);
     assert_eq!(
         missing,
-        [(
-            "inotify_add_watch".to_string(),
-            vec!["uses_walk".to_string()]
-        )]
+        [("fanotify_mark".to_string(), vec!["uses_walk".to_string()])]
     );
     assert_eq!(
         summary,

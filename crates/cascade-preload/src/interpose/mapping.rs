@@ -273,6 +273,35 @@ macro_rules! setxattr_path_wrapper {
 setxattr_path_wrapper!(setxattr);
 setxattr_path_wrapper!(lsetxattr);
 
+macro_rules! removexattr_path_wrapper {
+    ($name:ident) => {
+        /// # Safety
+        /// C ABI.
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        pub unsafe extern "C" fn $name(path: *const c_char, name: *const c_char) -> c_int {
+            // SAFETY: per the C contract.
+            match unsafe { classify(path) } {
+                Some(_) => no_xattr() as c_int,
+                None => call_real!($name: fn(*const c_char, *const c_char) -> c_int, -1; path, name),
+            }
+        }
+    };
+}
+removexattr_path_wrapper!(removexattr);
+removexattr_path_wrapper!(lremovexattr);
+
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fremovexattr"))]
+pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
+    if is_cascade_fd(fd) {
+        return no_xattr() as c_int;
+    }
+    call_real!(fremovexattr: fn(c_int, *const c_char) -> c_int, -1; fd, name)
+}
+
 /// # Safety
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]

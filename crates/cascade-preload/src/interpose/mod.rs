@@ -22,6 +22,7 @@ pub(crate) mod mapping;
 pub(crate) mod more;
 pub(crate) mod names;
 pub(crate) mod process;
+pub(crate) mod raw;
 pub(crate) mod readthrough;
 pub(crate) mod spawn;
 pub(crate) mod stat;

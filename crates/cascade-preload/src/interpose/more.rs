@@ -1,8 +1,9 @@
 //! Calls glibc builds on other calls internally, so that wrapping those is not enough:
 //! remove (unlink, then rmdir), lockf (fcntl locks), lutimes/futimes/futimesat
 //! (utimensat), lchmod (fchmodat), mknod/mkfifo (the store holds only regular files and
-//! directories: a regular mknod creates a file, anything else is EPERM, as for links) and
-//! pathconf (the limits of a tmpfs, which the store's names follow).
+//! directories: a regular mknod creates a file, anything else is EPERM, as for links),
+//! pathconf (the limits of a tmpfs, which the store's names follow); and two things the store
+//! does not have: file handles and change notification (EOPNOTSUPP).
 
 use super::*;
 use libc::{c_int, c_long, c_uint};
@@ -261,4 +262,50 @@ pub unsafe extern "C" fn pathconf(path: *const c_char, name: c_int) -> c_long {
     }
     // The limits of a tmpfs (names up to 255 bytes, paths up to 4096).
     call_real!(pathconf: fn(*const c_char, c_int) -> c_long, -1; c"/dev/shm".as_ptr(), name)
+}
+
+/// Store files have no kernel file handles: EOPNOTSUPP, as from a file system without
+/// export support.
+///
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "name_to_handle_at"))]
+pub unsafe extern "C" fn name_to_handle_at(
+    dirfd: c_int,
+    path: *const c_char,
+    handle: *mut libc::c_void,
+    mount_id: *mut c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify_at(dirfd, path) } {
+        Some(p) => match store().and_then(|s| s.stat(&p)) {
+            Ok(_) => fail(&Error::new(libc::EOPNOTSUPP, "")),
+            Err(e) => fail(&e),
+        },
+        None => {
+            call_real!(name_to_handle_at: fn(c_int, *const c_char, *mut libc::c_void, *mut c_int, c_int) -> c_int, -1; dirfd, path, handle, mount_id, flags)
+        }
+    }
+}
+
+/// The store sends no change notifications: a watch on a store path is EOPNOTSUPP (after
+/// the checks the kernel makes first: the path exists).
+///
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "inotify_add_watch"))]
+pub unsafe extern "C" fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int {
+    // SAFETY: per the C contract.
+    match unsafe { classify(path) } {
+        Some(p) => match store().and_then(|s| s.stat(&p)) {
+            Ok(_) => fail(&Error::new(libc::EOPNOTSUPP, "")),
+            Err(e) => fail(&e),
+        },
+        None => {
+            call_real!(inotify_add_watch: fn(c_int, *const c_char, u32) -> c_int, -1; fd, path, mask)
+        }
+    }
 }

@@ -195,9 +195,8 @@ macro_rules! exit_wrapper {
                 // SAFETY: forwarding the caller's argument; it does not return.
                 unsafe { f(status) };
             }
-            // SAFETY: ends the process when no next definition was found.
-            unsafe { libc::syscall(libc::SYS_exit_group, status) };
-            std::process::abort()
+            // No next definition: the process ends as _exit would end it.
+            std::process::exit(status)
         }
     };
 }
@@ -464,7 +463,60 @@ macro_rules! preadv2_wrapper {
     };
 }
 preadv2_wrapper!(preadv2, false);
+preadv2_wrapper!(preadv64v2, false);
 preadv2_wrapper!(pwritev2, true);
+preadv2_wrapper!(pwritev64v2, true);
+
+// ---- fortified reads (_FORTIFY_SOURCE): glibc's check, then its internal read ----------
+
+/// What glibc's __chk_fail does: the buffer is smaller than the read asked for.
+fn buffer_overflow() -> ! {
+    const MSG: &[u8] = b"*** buffer overflow detected ***: terminated\n";
+    // SAFETY: writing a constant message to stderr, then aborting, as glibc does.
+    unsafe { libc::syscall(libc::SYS_write, 2, MSG.as_ptr(), MSG.len()) };
+    std::process::abort()
+}
+
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__read_chk"))]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if !is_cascade_fd(fd) {
+        return call_real!(__read_chk: fn(c_int, *mut c_void, size_t, size_t) -> ssize_t, -1; fd, buf, count, buflen);
+    }
+    if count > buflen {
+        buffer_overflow();
+    }
+    // SAFETY: per the C contract.
+    unsafe { read(fd, buf, count) }
+}
+
+macro_rules! pread_chk_wrapper {
+    ($name:ident, $plain:ident) => {
+        /// # Safety
+        /// C ABI.
+        #[cfg_attr(not(cascade_wrap), no_mangle)]
+        #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, count: size_t, offset: off64_t, buflen: size_t) -> ssize_t {
+            if !is_cascade_fd(fd) {
+                return call_real!($name: fn(c_int, *mut c_void, size_t, off64_t, size_t) -> ssize_t, -1; fd, buf, count, offset, buflen);
+            }
+            if count > buflen {
+                buffer_overflow();
+            }
+            // SAFETY: per the C contract.
+            unsafe { $plain(fd, buf, count, offset) }
+        }
+    };
+}
+pread_chk_wrapper!(__pread_chk, pread);
+pread_chk_wrapper!(__pread64_chk, pread64);
 
 fn do_lseek(e: &Entry, offset: i64, whence: c_int) -> Result<i64, Error> {
     let d = e.description().ok_or_else(ebadf)?;
