@@ -28,6 +28,7 @@ fn share(old: &Arc<Entry>, new: c_int) -> c_int {
         d.add_ref();
     }
     register(new, old.clone());
+    stdio::follow_standard_stream(new);
     new
 }
 

@@ -254,3 +254,50 @@ pub(crate) fn adopt_standard_streams() {
         }
     }
 }
+
+/// Descriptor `fd` (0, 1 or 2) just became a Cascade file inside the process (a shell's
+/// `builtin > /cascade/f`: dup2 onto 1, write, dup2 back). glibc's standard stream on it
+/// would write with its internal write into the backing memfd, so it is replaced, once, by
+/// a stream bound to the descriptor number itself: its writes go through the write wrapper
+/// to whatever the descriptor is at the time (the store, or the host file after the shell
+/// puts it back). The old stream is flushed first (its data belongs to the old target).
+pub(crate) fn follow_standard_stream(fd: c_int) {
+    if !(0..3).contains(&fd) {
+        return;
+    }
+    // SAFETY: reading glibc's standard stream pointers.
+    let current = unsafe {
+        match fd {
+            0 => stdin,
+            1 => stdout,
+            _ => stderr,
+        }
+    };
+    if streams()
+        .as_ref()
+        .is_some_and(|m| m.contains_key(&(current as usize)))
+    {
+        return;
+    }
+    if fd > 0 && !current.is_null() {
+        // SAFETY: flushing a live stream.
+        unsafe { libc::fflush(current) };
+    }
+    let mode: &[u8] = if fd == 0 { b"r\0" } else { b"w\0" };
+    let f = make_stream(fd, mode.as_ptr() as *const c_char);
+    if f.is_null() {
+        return;
+    }
+    let buffering = if fd == 2 { libc::_IONBF } else { libc::_IOLBF };
+    // SAFETY: a freshly made stream.
+    unsafe { libc::setvbuf(f, std::ptr::null_mut(), buffering, 0) };
+    // SAFETY: replacing glibc's standard stream pointer; the old FILE is left open, since
+    // it does not own the descriptor alone any more.
+    unsafe {
+        match fd {
+            0 => stdin = f,
+            1 => stdout = f,
+            _ => stderr = f,
+        }
+    }
+}
