@@ -113,7 +113,10 @@ pub fn cascade_vs_tmpfs(
         let tmp = shm_tempdir();
         let b = tmp.path().join("b");
         let mut cmd = store.command();
-        cmd.args(["run", "--", DIFF])
+        // The kernel's cwd is a scratch directory: a relative mkstemp that escapes the
+        // store's virtual cwd lands there, not in the source tree.
+        cmd.current_dir(tmp.path())
+            .args(["run", "--", DIFF])
             .args(["--seed", &seed.to_string(), "--ops", &ops.to_string()])
             .args(["--a", &a])
             .arg("--b")
