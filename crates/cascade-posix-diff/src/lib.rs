@@ -246,6 +246,9 @@ pub fn run(cfg: &Config, mut trace: Option<&mut dyn Write>) -> Result<Summary, R
     if cfg.level == Level::Libc {
         return libc_ops::run(cfg, trace);
     }
+    if !cfg.skip.is_empty() {
+        return Err(RunError::Setup("--skip is for the libc level".into()));
+    }
     make_root(&cfg.a)?;
     make_root(&cfg.b)?;
     let mut runner = Runner {
