@@ -20,6 +20,8 @@ fi
 packages=(build-essential pkg-config python3)
 # Real programs the interposition tests run (crates/cascade-preload/tests/programs*.rs).
 packages+=(rsync fio gfortran python3-numpy python3-h5py openmpi-bin libopenmpi-dev)
+# GROMACS (solvate, grompp, mdrun and a restart) in crates/cascade-preload/tests/libc_paths.rs.
+packages+=(gromacs)
 # Real programs that generate the checkpoint series of bench/datasets/make.sh.
 packages+=(python3-torch lammps)
 # `cascade check-binary` is tested on a Go program built with `go build`; Go may come from

@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use cascade_posix_diff::{run, Config, RunError, Sabotage};
+use cascade_posix_diff::{run, Config, Level, RunError, Sabotage};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -20,6 +20,10 @@ Cascade and tmpfs), comparing every return value, errno and byte read",
 (existing contents are compared before the first op)."
 )]
 struct Cli {
+    /// Which calls: posix (raw system-call wrappers) or libc (mkstemp, glob, nftw, fts,
+    /// scandir, posix_spawn file actions, exec of stored programs, ...)
+    #[arg(long, default_value = "posix", value_name = "LEVEL")]
+    level: Level,
     /// Seed of the sequence; the same seed replays the same calls (default: random, printed)
     #[arg(long)]
     seed: Option<u64>,
@@ -38,6 +42,10 @@ struct Cli {
     /// Plain paths only: no trailing slashes, x/../y, ./, //, or 255/256-byte names
     #[arg(long)]
     no_quirks: bool,
+    /// Libc level: leave out these calls (names as in the summary, e.g. glob,remove), to
+    /// look past a known difference
+    #[arg(long, value_name = "CALLS", value_delimiter = ',')]
+    skip: Vec<String>,
     /// Print every op and its result to stdout as it happens
     #[arg(long)]
     trace: bool,
@@ -50,6 +58,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let seed = cli.seed.unwrap_or_else(rand::random);
     let cfg = Config {
+        level: cli.level,
         seed,
         ops: cli.ops,
         a: cli.a,
@@ -57,6 +66,7 @@ fn main() -> ExitCode {
         check_every: cli.check_every,
         quirks: !cli.no_quirks,
         sabotage: cli.sabotage,
+        skip: cli.skip,
     };
     let mut stdout = std::io::stdout().lock();
     let trace: Option<&mut dyn Write> = if cli.trace { Some(&mut stdout) } else { None };

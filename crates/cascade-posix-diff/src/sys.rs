@@ -15,7 +15,8 @@ pub fn errno() -> Errno {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn clear_errno() {
+/// Sets the calling thread's errno to 0 (before a call that reports errors only there).
+pub fn clear_errno() {
     // SAFETY: __errno_location returns a valid pointer to the calling thread's errno.
     unsafe { *libc::__errno_location() = 0 };
 }
@@ -202,6 +203,30 @@ pub fn fsync(fd: c_int) -> Result<c_int, Errno> {
 pub fn access(path: &CStr, mode: c_int) -> Result<c_int, Errno> {
     // SAFETY: path is a valid NUL-terminated string.
     int_result(unsafe { libc::access(path.as_ptr(), mode) })
+}
+
+pub fn chdir(path: &CStr) -> Result<c_int, Errno> {
+    // SAFETY: path is a valid NUL-terminated string.
+    int_result(unsafe { libc::chdir(path.as_ptr()) })
+}
+
+pub fn chmod(path: &CStr, mode: mode_t) -> Result<c_int, Errno> {
+    // SAFETY: path is a valid NUL-terminated string.
+    int_result(unsafe { libc::chmod(path.as_ptr(), mode) })
+}
+
+/// The working directory, through libc's getcwd (which the preload library answers for a
+/// directory inside the mount).
+pub fn getcwd() -> Result<CString, Errno> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: buf is writable for its length.
+    let r = unsafe { libc::getcwd(buf.as_mut_ptr().cast(), buf.len()) };
+    if r.is_null() {
+        return Err(errno());
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    buf.truncate(len);
+    CString::new(buf).map_err(|_| libc::EINVAL)
 }
 
 /// One directory entry: name and d_type.

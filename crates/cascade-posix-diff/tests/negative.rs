@@ -151,3 +151,32 @@ fn without_the_fault_the_same_runs_pass() {
         );
     }
 }
+
+#[test]
+fn the_libc_level_catches_a_flipped_byte_too() {
+    let s = sides();
+    let report = assert_mismatch(&output_within(
+        diff_command(
+            5,
+            400,
+            &s.a,
+            &s.b,
+            // A tree check after every op: the flipped file cannot be rewritten unseen.
+            &[
+                "--level",
+                "libc",
+                "--sabotage",
+                "flip-byte@60",
+                "--check-every",
+                "1",
+            ],
+        ),
+        RUN_TIMEOUT,
+    ));
+    assert_eq!(mismatch_op(&report), 60, "{report}");
+    assert!(line(&report, "op:").contains("tree comparison"), "{report}");
+    assert!(
+        line(&report, "replay:").contains("--level libc"),
+        "{report}"
+    );
+}

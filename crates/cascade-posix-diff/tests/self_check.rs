@@ -150,3 +150,81 @@ fn the_same_seed_replays_the_same_calls_and_results() {
     assert_eq!(traces[0], traces[1], "seed 99 ran differently twice");
     assert_ne!(traces[0], traces[2], "seeds 99 and 100 ran the same calls");
 }
+
+/// The libc level (`--level libc`) against itself: every seed agrees, every call is made,
+/// and the error cases come up.
+#[test]
+fn libc_level_tmpfs_against_tmpfs_agrees_and_reaches_every_call() {
+    const LIBC_OPS: u64 = 400;
+    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+    let mut errnos: BTreeMap<String, u64> = BTreeMap::new();
+    for (seed, _sides, out) in run_seeds(&SEEDS, LIBC_OPS, &["--level", "libc"]) {
+        let summary = assert_passed(seed, &out);
+        assert!(summary.contains(&format!(" ops={LIBC_OPS} ")), "{summary}");
+        assert!(
+            !summary.contains("intended="),
+            "tmpfs against tmpfs needs no intended difference: {summary}"
+        );
+        for (k, v) in summary_counts(&summary, "calls") {
+            *calls.entry(k).or_default() += v;
+        }
+        for (k, v) in summary_counts(&summary, "errno") {
+            *errnos.entry(k).or_default() += v;
+        }
+    }
+    eprintln!("libc calls over all seeds: {calls:?}");
+    eprintln!("libc errnos over all seeds: {errnos:?}");
+    for call in [
+        "mkstemp",
+        "mkostemp",
+        "mkstemps",
+        "mkdtemp",
+        "glob",
+        "nftw",
+        "ftw",
+        "scandir",
+        "fts",
+        "spawn_addopen_append",
+        "spawn_addopen_stdin",
+        "spawn_addchdir",
+        "script_spawn",
+        "script_system",
+        "remove",
+        "lockf",
+        "mkfifo",
+        "mknod_fifo",
+        "mknod_reg",
+        "fork_write_exit",
+        "fork_write__exit",
+    ] {
+        assert!(
+            calls.get(call).copied().unwrap_or(0) >= 3,
+            "{call} made fewer than 3 times: {calls:?}"
+        );
+    }
+    for errno in [
+        "ENOENT",
+        "ENOTDIR",
+        "EEXIST",
+        "EISDIR",
+        "ENOTEMPTY",
+        "EACCES",
+    ] {
+        let n = errnos.get(errno).copied().unwrap_or(0);
+        assert!(n >= 2, "{errno} seen {n} times only: {errnos:?}");
+    }
+}
+
+#[test]
+fn libc_level_replays_the_same_calls_and_results() {
+    let traces: Vec<String> = run_seeds(&[41, 41, 42], 300, &["--level", "libc", "--trace"])
+        .into_iter()
+        .map(|(seed, _sides, out)| {
+            assert_passed(seed, &out);
+            text(&out.stdout)
+        })
+        .collect();
+    assert!(traces[0].lines().filter(|l| l.starts_with('#')).count() >= 300);
+    assert_eq!(traces[0], traces[1], "seed 41 ran differently twice");
+    assert_ne!(traces[0], traces[2], "seeds 41 and 42 ran the same calls");
+}

@@ -2,6 +2,8 @@
 //! with a time limit, and reading its summary line.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cascade;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

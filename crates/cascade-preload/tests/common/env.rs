@@ -103,6 +103,27 @@ impl Env {
         self.run("/bin/sh", &["-c", script])
     }
 
+    /// `cascade ARGS` on this store (not under `cascade run`), asserting success; stdout.
+    pub fn cascade(&self, args: &[&str]) -> String {
+        let config = self.tmp.join("config.toml");
+        std::fs::write(&config, "").expect("config file");
+        let out = Command::new(cascade_bin())
+            .args(args)
+            .env("CASCADE_STORE", &self.name)
+            .env("CASCADE_CONFIG", &config)
+            .env_remove("CASCADE_DURABLE")
+            .env_remove("LD_PRELOAD")
+            .output()
+            .unwrap_or_else(|e| panic!("run cascade {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "cascade {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn read_store(&self, path: &str) -> Vec<u8> {
         let f = self
             .store()

@@ -21,35 +21,41 @@ pub fn library_dir() -> &'static Path {
 /// `cc` against include/cascade.h and libcascade.so (linked with -lcascade and an rpath, so
 /// the program also runs without `cascade run`). Once per name and test run.
 pub fn compile_c_with_cascade(name: &str, source: &str) -> PathBuf {
+    let lib = library_dir();
+    let mut args: Vec<String> = vec![
+        "-I".into(),
+        repo_root().join("include").display().to_string(),
+    ];
+    args.extend([
+        "-L".into(),
+        lib.display().to_string(),
+        "-lcascade".into(),
+        format!("-Wl,-rpath,{}", lib.display()),
+        "-lpthread".into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    compile_c(name, source, &args)
+}
+
+/// Compiles C `source` (written to `<name>.c` in the test target's scratch directory) with
+/// `cc -std=gnu11 -O1 -g -Wall -Wextra -Werror` and `args` (e.g. `-shared -fPIC` for a
+/// library named `libx.so`) into `<name>`. Once per name and test run.
+pub fn compile_c(name: &str, source: &str, args: &[&str]) -> PathBuf {
     static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, exe)) = built.iter().find(|(n, _)| n == name) {
         return exe.clone();
     }
-    let lib = library_dir();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).expect("write C source");
     let exe = dir.join(name);
     let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".to_string()))
-        .args([
-            "-std=gnu11",
-            "-O1",
-            "-g",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-I",
-        ])
-        .arg(repo_root().join("include"))
+        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
         .arg(&src)
         .arg("-o")
         .arg(&exe)
-        .arg("-L")
-        .arg(lib)
-        .arg("-lcascade")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lpthread")
+        .args(args)
         .output()
         .expect("run cc");
     assert!(
