@@ -418,6 +418,8 @@ struct FtsEnt {
     fts_flags: u16,
     fts_instr: u16,
     fts_statp: *mut libc::stat,
+    /// The name, NUL-terminated, continues past the struct.
+    fts_name: [c_char; 1],
 }
 
 type NftwFn = extern "C" fn(*const c_char, *const libc::stat, c_int, *mut FtwInfo) -> c_int;
@@ -472,9 +474,16 @@ extern "C" fn ftw_cb(path: *const c_char, _st: *const libc::stat, typeflag: c_in
 }
 
 extern "C" fn fts_by_name(a: *mut *const FtsEnt, b: *mut *const FtsEnt) -> c_int {
+    // By fts_name: while a directory's entries are sorted, glibc's fts_path of each is the
+    // shared path buffer (the parent's path), not the entry's own.
     // SAFETY: fts passes pointers to two valid FTSENT pointers of the same directory, whose
-    // fts_path are NUL-terminated.
-    let (x, y) = unsafe { (c_text((**a).fts_path), c_text((**b).fts_path)) };
+    // fts_name are NUL-terminated.
+    let (x, y) = unsafe {
+        (
+            c_text((**a).fts_name.as_ptr()),
+            c_text((**b).fts_name.as_ptr()),
+        )
+    };
     x.cmp(&y) as c_int
 }
 

@@ -116,6 +116,9 @@ fn fcntl_impl(e: &Arc<Entry>, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             }
             None => fail(&Error::new(libc::EBADF, "")),
         },
+        // A lock the descriptor's access mode does not allow: EBADF, as the kernel says
+        // (the lock file itself is open for reading and writing).
+        cmd if is_set_lock_cmd(cmd) && !lock_allowed(e, arg) => fail(&Error::new(libc::EBADF, "")),
         // Record locks go to the file's lock file (see lock_fd).
         cmd if is_lock_cmd(cmd) => match lock_fd(e) {
             Ok(lfd) => call_real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int, -1; lfd, cmd, arg),
@@ -187,6 +190,31 @@ fn lock_fd(e: &Entry) -> Result<c_int, Error> {
                 .copied()
                 .ok_or_else(|| Error::new(libc::EIO, ""))
         }
+    }
+}
+
+fn is_set_lock_cmd(cmd: c_int) -> bool {
+    matches!(
+        cmd,
+        libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+    )
+}
+
+/// A read lock needs a readable description, a write lock a writable one.
+fn lock_allowed(e: &Entry, arg: c_ulong) -> bool {
+    let Some(d) = e.description() else {
+        return false;
+    };
+    if arg == 0 {
+        return true;
+    }
+    // SAFETY: for the set-lock commands the argument is the caller's struct flock.
+    let kind = unsafe { (*(arg as *const libc::flock)).l_type } as c_int;
+    let acc = d.flags() & libc::O_ACCMODE;
+    match kind {
+        libc::F_RDLCK => acc != libc::O_WRONLY,
+        libc::F_WRLCK => acc != libc::O_RDONLY,
+        _ => true,
     }
 }
 

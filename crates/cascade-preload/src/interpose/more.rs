@@ -169,10 +169,26 @@ pub unsafe extern "C" fn lchmod(path: *const c_char, mode: c_uint) -> c_int {
 fn mknod_store(p: &str, mode: c_uint) -> c_int {
     let kind = mode & libc::S_IFMT;
     if kind != 0 && kind != libc::S_IFREG {
-        return fail(&Error::new(
-            libc::EPERM,
-            format!("{p}: the Cascade store holds only regular files and directories"),
-        ));
+        // The kernel's checks come first: an existing name, a missing or non-directory
+        // parent.
+        let checked = store().and_then(|s| {
+            if s.stat(p).is_ok() {
+                return Err(Error::new(libc::EEXIST, ""));
+            }
+            let parent = p
+                .rsplit_once('/')
+                .map_or("/", |(d, _)| if d.is_empty() { "/" } else { d });
+            if !s.stat(parent)?.is_dir() {
+                return Err(Error::new(libc::ENOTDIR, ""));
+            }
+            Ok(())
+        });
+        return fail(&checked.err().unwrap_or_else(|| {
+            Error::new(
+                libc::EPERM,
+                format!("{p}: the Cascade store holds only regular files and directories"),
+            )
+        }));
     }
     match sysio::open_store_path(
         p,

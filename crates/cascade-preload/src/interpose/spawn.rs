@@ -5,7 +5,8 @@
 //! - the program: a stored one is run by the plan of exec.rs;
 //! - `addopen` of a store path opens the file in the parent at once (close-on-exec) and
 //!   adds a `dup2` of it onto the child's descriptor instead; the parent's copy is closed by
-//!   `posix_spawn_file_actions_destroy`. Differences from a kernel file system: the file is
+//!   `posix_spawn_file_actions_destroy`. An open that fails is reported by posix_spawn, as
+//!   glibc's child would make it. Differences from a kernel file system: the file is
 //!   created or truncated when the action is added, not when the child runs, and a relative
 //!   path is taken from the working directory then, not after an earlier `addchdir`;
 //! - `addchdir_np` into the store is kept aside and given to the child as its virtual
@@ -21,11 +22,21 @@ use libc::{c_int, c_uint, pid_t, posix_spawn_file_actions_t, posix_spawnattr_t};
 use std::collections::HashMap;
 use std::ffi::c_char;
 
+/// An `addopen` of a store path: the child's action is a dup2 of `placeholder` (a
+/// close-on-exec descriptor of /dev/null in the parent) onto `child_fd`; at posix_spawn the
+/// store file is opened over the placeholder, and put back to /dev/null afterwards.
+struct PendingOpen {
+    placeholder: c_int,
+    child_fd: c_int,
+    path: String,
+    oflag: c_int,
+    mode: c_uint,
+}
+
 /// What the wrappers added to a file-actions object, by its address.
 #[derive(Default)]
 struct Extra {
-    /// Parent-side descriptors of `addopen`s, each with the child's descriptor number.
-    opened: Vec<(c_int, c_int)>,
+    opens: Vec<PendingOpen>,
     /// The store directory of the last `addchdir_np` into the store, if no host one came after.
     cwd: Option<String>,
 }
@@ -35,6 +46,23 @@ static EXTRAS: Mutex<Option<HashMap<usize, Extra>>> = Mutex::new(None);
 fn with_extras<T>(f: impl FnOnce(&mut HashMap<usize, Extra>) -> T) -> T {
     let mut guard = EXTRAS.lock().unwrap_or_else(|e| e.into_inner());
     f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// A close-on-exec descriptor of /dev/null, through the wrappers (not a Cascade one), or
+/// over `at` when given.
+fn dev_null(at: Option<c_int>) -> c_int {
+    // SAFETY: a constant path; the raw call bypasses nothing Cascade needs.
+    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    match at {
+        Some(target) if fd >= 0 => {
+            // SAFETY: the dup3 wrapper forgets a Cascade file at `target`, if any.
+            unsafe { fds::dup3(fd, target, libc::O_CLOEXEC) };
+            // SAFETY: our own descriptor.
+            unsafe { sysio::close(fd) };
+            target
+        }
+        _ => fd,
+    }
 }
 
 /// # Safety
@@ -55,23 +83,52 @@ pub unsafe extern "C" fn posix_spawn_file_actions_addopen(
     if fd < 0 {
         return libc::EBADF;
     }
-    let parent_fd = match sysio::open_store_path(&p, oflag | libc::O_CLOEXEC, mode) {
-        Ok(f) => f,
-        Err(e) => return e.errno(),
-    };
-    let added = call_real!(posix_spawn_file_actions_adddup2: fn(*mut posix_spawn_file_actions_t, c_int, c_int) -> c_int, libc::ENOSYS; actions, parent_fd, fd);
+    let placeholder = dev_null(None);
+    if placeholder < 0 {
+        return errno_now();
+    }
+    let added = call_real!(posix_spawn_file_actions_adddup2: fn(*mut posix_spawn_file_actions_t, c_int, c_int) -> c_int, libc::ENOSYS; actions, placeholder, fd);
     if added != 0 {
-        // SAFETY: our own descriptor, through the close wrapper (releases its description).
-        unsafe { sysio::close(parent_fd) };
+        // SAFETY: our own descriptor.
+        unsafe { sysio::close(placeholder) };
         return added;
     }
     with_extras(|x| {
         x.entry(actions as usize)
             .or_default()
-            .opened
-            .push((parent_fd, fd))
+            .opens
+            .push(PendingOpen {
+                placeholder,
+                child_fd: fd,
+                path: p,
+                oflag,
+                mode,
+            })
     });
     0
+}
+
+fn errno_now() -> c_int {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Opens the pending store files of a spawn over their placeholders, in order; the first
+/// failure is the spawn's errno (later files are not opened, as the child would not have).
+fn open_pending(opens: &[(c_int, String, c_int, c_uint)]) -> Result<(), c_int> {
+    for (placeholder, path, oflag, mode) in opens {
+        let f =
+            sysio::open_store_path(path, oflag | libc::O_CLOEXEC, *mode).map_err(|e| e.errno())?;
+        // SAFETY: the dup3 wrapper shares the store file's entry at the placeholder.
+        let r = unsafe { fds::dup3(f, *placeholder, libc::O_CLOEXEC) };
+        // SAFETY: our own descriptor.
+        unsafe { sysio::close(f) };
+        if r < 0 {
+            return Err(errno_now());
+        }
+    }
+    Ok(())
 }
 
 /// # Safety
@@ -107,9 +164,9 @@ pub unsafe extern "C" fn posix_spawn_file_actions_destroy(
     actions: *mut posix_spawn_file_actions_t,
 ) -> c_int {
     if let Some(extra) = with_extras(|x| x.remove(&(actions as usize))) {
-        for (parent_fd, _) in extra.opened {
-            // SAFETY: our own descriptor, through the close wrapper.
-            unsafe { sysio::close(parent_fd) };
+        for open in extra.opens {
+            // SAFETY: our own placeholder descriptor.
+            unsafe { sysio::close(open.placeholder) };
         }
     }
     call_real!(posix_spawn_file_actions_destroy: fn(*mut posix_spawn_file_actions_t) -> c_int, libc::ENOSYS; actions)
@@ -134,22 +191,31 @@ fn give_back(entries: &[Arc<Entry>]) {
 }
 
 /// The descriptors a child inherits with a reference of its own: the inheritable Cascade
-/// ones this image holds, and the targets of `addopen`s. As (child fd, entry).
-fn inherited(extra: Option<&Extra>) -> Vec<(c_int, Arc<Entry>)> {
+/// ones this image holds, and the targets of `addopen`s (`opened`: placeholder and child
+/// descriptor, the store file open at the placeholder). As (child fd, entry).
+fn inherited(opened: &[(c_int, c_int)]) -> Vec<(c_int, Arc<Entry>)> {
     if !owns_its_table() {
         return Vec::new();
     }
     let mut out = owned_fds(false);
-    if let Some(extra) = extra {
-        for &(parent_fd, child_fd) in &extra.opened {
-            if let Some(e) = lookup(parent_fd) {
-                out.retain(|(fd, _)| *fd != child_fd);
-                out.push((child_fd, e));
-            }
+    for &(placeholder, child_fd) in opened {
+        if let Some(e) = lookup(placeholder) {
+            out.retain(|(fd, _)| *fd != child_fd);
+            out.push((child_fd, e));
         }
     }
     out
 }
+
+/// glibc's posix_spawn or posix_spawnp.
+type RealSpawn = unsafe extern "C" fn(
+    *mut pid_t,
+    *const c_char,
+    *const posix_spawn_file_actions_t,
+    *const posix_spawnattr_t,
+    *const *mut c_char,
+    *const *mut c_char,
+) -> c_int;
 
 /// posix_spawn and posix_spawnp.
 ///
@@ -157,14 +223,7 @@ fn inherited(extra: Option<&Extra>) -> Vec<(c_int, Arc<Entry>)> {
 /// C ABI of posix_spawn.
 #[allow(clippy::too_many_arguments)]
 unsafe fn spawn(
-    real: unsafe extern "C" fn(
-        *mut pid_t,
-        *const c_char,
-        *const posix_spawn_file_actions_t,
-        *const posix_spawnattr_t,
-        *const *mut c_char,
-        *const *mut c_char,
-    ) -> c_int,
+    real: RealSpawn,
     search: bool,
     pid: *mut pid_t,
     path: *const c_char,
@@ -173,12 +232,63 @@ unsafe fn spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let (cwd, children) = with_extras(|x| {
+    let (cwd, opens) = with_extras(|x| {
         let extra = (!actions.is_null())
             .then(|| x.get(&(actions as usize)))
             .flatten();
-        (extra.and_then(|e| e.cwd.clone()), inherited(extra))
+        let opens: Vec<(c_int, String, c_int, c_uint, c_int)> = extra.map_or_else(Vec::new, |e| {
+            e.opens
+                .iter()
+                .map(|o| (o.placeholder, o.path.clone(), o.oflag, o.mode, o.child_fd))
+                .collect()
+        });
+        (extra.and_then(|e| e.cwd.clone()), opens)
     });
+    let pending: Vec<(c_int, String, c_int, c_uint)> = opens
+        .iter()
+        .map(|(p, path, flag, mode, _)| (*p, path.clone(), *flag, *mode))
+        .collect();
+    // The placeholders go back to /dev/null however the spawn ends (the actions may be used
+    // again).
+    let reset = || {
+        for (placeholder, ..) in &opens {
+            dev_null(Some(*placeholder));
+        }
+    };
+    if let Err(errno) = open_pending(&pending) {
+        reset();
+        return errno;
+    }
+    let opened: Vec<(c_int, c_int)> = opens.iter().map(|(p, .., child)| (*p, *child)).collect();
+    let children = inherited(&opened);
+    // SAFETY: the caller's arguments, per the C contract.
+    let r = unsafe {
+        spawn_now(
+            real, search, pid, path, actions, attr, argv, envp, cwd, children,
+        )
+    };
+    reset();
+    r
+}
+
+/// posix_spawn proper, once the store files of `addopen`s are open: the plan for a stored
+/// program, the environment, and the child's references (`children`).
+///
+/// # Safety
+/// C ABI of posix_spawn.
+#[allow(clippy::too_many_arguments)]
+unsafe fn spawn_now(
+    real: RealSpawn,
+    search: bool,
+    pid: *mut pid_t,
+    path: *const c_char,
+    actions: *const posix_spawn_file_actions_t,
+    attr: *const posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+    cwd: Option<String>,
+    children: Vec<(c_int, Arc<Entry>)>,
+) -> c_int {
     if let Some(dir) = &cwd {
         let is_dir = store().and_then(|s| s.stat(dir)).map(|m| m.is_dir());
         match is_dir {
@@ -259,7 +369,7 @@ spawn_wrapper!(posix_spawnp, true);
 /// with CASCADE_CWD and the handed descriptors set in that environment, and the child's
 /// references taken; `started(result)` says whether a child was started.
 fn with_child_env<T>(call: impl FnOnce() -> T, started: impl Fn(&T) -> bool) -> T {
-    let children = inherited(None);
+    let children = inherited(&[]);
     let handed: Vec<String> = children.iter().map(|(fd, _)| fd.to_string()).collect();
     let entries: Vec<Arc<Entry>> = children.into_iter().map(|(_, e)| e).collect();
     let previous_cwd = std::env::var_os("CASCADE_CWD");
