@@ -955,6 +955,12 @@ fn assert_walks_libraries_of(program: &Path, at_least: usize) {
             );
         }
     }
+    // Every file-I/O function the program and its libraries import is wrapped (issue 20).
+    assert!(
+        missing.is_empty() && out.status.code() == Some(0) && summary.starts_with("all "),
+        "{} imports functions Cascade does not intercept: {missing:?}\n{summary}",
+        program.display()
+    );
 }
 
 #[test]
