@@ -61,6 +61,24 @@ impl Job {
         job
     }
 
+    /// Starts a staging server draining to the job's durable store and points every rank
+    /// at it; the server's environment and handle live as long as the caller keeps them.
+    fn through_a_staging_server(
+        &mut self,
+        tag: &str,
+    ) -> (cascade_testkit::Env, cascade_testkit::StageServer) {
+        let env = cascade_testkit::Env::new(tag, 16 << 20);
+        let arenas = self.path("arenas");
+        std::fs::create_dir(&arenas).expect("arena dir");
+        let server =
+            cascade_testkit::StageServer::start(&env, &arenas, &self.durable_url, "s3cret", &[]);
+        self.extra_env = vec![
+            ("CASCADE_STAGING".into(), server.addr.clone()),
+            ("CASCADE_STAGING_SECRET".into(), "s3cret".into()),
+        ];
+        (env, server)
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -599,15 +617,7 @@ fn a_job_on_four_nodes_completes_its_checkpoints_on_s3() {
 #[test]
 fn a_job_on_two_nodes_completes_its_checkpoints_through_a_staging_server() {
     let mut job = Job::new("staged");
-    let env = cascade_testkit::Env::new("jobs-staged", 16 << 20);
-    let arenas = job.path("arenas");
-    std::fs::create_dir(&arenas).expect("arena dir");
-    let server =
-        cascade_testkit::StageServer::start(&env, &arenas, &job.durable_url, "s3cret", &[]);
-    job.extra_env = vec![
-        ("CASCADE_STAGING".into(), server.addr.clone()),
-        ("CASCADE_STAGING_SECRET".into(), "s3cret".into()),
-    ];
+    let (_env, server) = job.through_a_staging_server("jobs-staged");
     job_on_nodes_completes(&job, &["a", "b"]);
     assert!(
         server.status().drained_files >= 10,
@@ -623,17 +633,11 @@ fn a_job_on_two_nodes_completes_its_checkpoints_through_a_staging_server() {
 #[test]
 fn with_dedup_through_a_staging_server_a_job_on_two_nodes_restarts_on_one_node() {
     let mut job = Job::new("dedup");
-    let env = cascade_testkit::Env::new("jobs-dedup", 16 << 20);
-    let arenas = job.path("arenas");
-    std::fs::create_dir(&arenas).expect("arena dir");
-    let server =
-        cascade_testkit::StageServer::start(&env, &arenas, &job.durable_url, "s3cret", &[]);
-    job.extra_env = vec![
-        ("CASCADE_STAGING".into(), server.addr.clone()),
-        ("CASCADE_STAGING_SECRET".into(), "s3cret".into()),
+    let (_env, server) = job.through_a_staging_server("jobs-dedup");
+    job.extra_env.extend([
         ("CASCADE_DEDUP".into(), "fixed:64KiB".into()),
         ("CASCADE_COMPRESS".into(), "zstd:1".into()),
-    ];
+    ]);
     let out = job.mpirun(
         &[node("a", 2), node("b", 2)],
         &["a", "b"],

@@ -221,17 +221,8 @@ type RealSpawn = unsafe extern "C" fn(
 ///
 /// # Safety
 /// C ABI of posix_spawn.
-#[allow(clippy::too_many_arguments)]
-unsafe fn spawn(
-    real: RealSpawn,
-    search: bool,
-    pid: *mut pid_t,
-    path: *const c_char,
-    actions: *const posix_spawn_file_actions_t,
-    attr: *const posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
+unsafe fn spawn(real: RealSpawn, search: bool, args: SpawnArgs) -> c_int {
+    let actions = args.2;
     let (cwd, opens) = with_extras(|x| {
         let extra = (!actions.is_null())
             .then(|| x.get(&(actions as usize)))
@@ -262,33 +253,34 @@ unsafe fn spawn(
     let opened: Vec<(c_int, c_int)> = opens.iter().map(|(p, .., child)| (*p, *child)).collect();
     let children = inherited(&opened);
     // SAFETY: the caller's arguments, per the C contract.
-    let r = unsafe {
-        spawn_now(
-            real, search, pid, path, actions, attr, argv, envp, cwd, children,
-        )
-    };
+    let r = unsafe { spawn_opened(real, search, args, cwd, children) };
     reset();
     r
 }
 
-/// posix_spawn proper, once the store files of `addopen`s are open: the plan for a stored
-/// program, the environment, and the child's references (`children`).
+/// The arguments of posix_spawn, as the caller gave them.
+type SpawnArgs = (
+    *mut pid_t,
+    *const c_char,
+    *const posix_spawn_file_actions_t,
+    *const posix_spawnattr_t,
+    *const *mut c_char,
+    *const *mut c_char,
+);
+
+/// posix_spawn once the store files of `addopen`s are open: the plan for a stored program,
+/// the environment, and the child's references (`children`).
 ///
 /// # Safety
-/// C ABI of posix_spawn.
-#[allow(clippy::too_many_arguments)]
-unsafe fn spawn_now(
+/// `args` per the C contract of posix_spawn.
+unsafe fn spawn_opened(
     real: RealSpawn,
     search: bool,
-    pid: *mut pid_t,
-    path: *const c_char,
-    actions: *const posix_spawn_file_actions_t,
-    attr: *const posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
+    args: SpawnArgs,
     cwd: Option<String>,
     children: Vec<(c_int, Arc<Entry>)>,
 ) -> c_int {
+    let (pid, path, actions, attr, argv, envp) = args;
     if let Some(dir) = &cwd {
         let is_dir = store().and_then(|s| s.stat(dir)).map(|m| m.is_dir());
         match is_dir {
@@ -358,7 +350,7 @@ macro_rules! spawn_wrapper {
                 return libc::ENOSYS;
             };
             // SAFETY: per the C contract.
-            unsafe { spawn(real, $search, pid, path, actions, attr, argv, envp) }
+            unsafe { spawn(real, $search, (pid, path, actions, attr, argv, envp)) }
         }
     };
 }
