@@ -165,8 +165,11 @@ impl Store {
         self.block.spill.as_ref().map(|s| s.path.clone())
     }
 
-    /// Blocks until this process's prefault/populate threads are done.
+    /// Maps the store's memory into this process now and blocks until it is done (the
+    /// populate otherwise starts in the background at the first data access, and the
+    /// creator's prefault threads too). For a process about to time its writes.
     pub fn wait_prefault(&self) {
+        self.block.will_touch_data();
         self.block.wait_prefault();
     }
 

@@ -286,9 +286,9 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "write"))]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
-    match lookup(fd) {
-        // SAFETY: the caller provides `count` readable bytes at `buf`.
-        Some(e) => ssize(do_write(&e, unsafe { slice(buf, count) }, None)),
+    // SAFETY: the caller provides `count` readable bytes at `buf`.
+    match with_entry(fd, |e| do_write(e, unsafe { slice(buf, count) }, None)) {
+        Some(r) => ssize(r),
         None => call_real!(write: fn(c_int, *const c_void, size_t) -> ssize_t, -1; fd, buf, count),
     }
 }
@@ -322,13 +322,15 @@ macro_rules! pwrite_wrapper {
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *const c_void, count: size_t, offset: $off) -> ssize_t {
-            match lookup(fd) {
-                Some(_) if offset < 0 => {
-                    set_errno(libc::EINVAL);
-                    -1
+            let written = with_entry(fd, |e| {
+                if offset < 0 {
+                    return Err(Error::new(libc::EINVAL, ""));
                 }
                 // SAFETY: the caller provides `count` readable bytes at `buf`.
-                Some(e) => ssize(do_write(&e, unsafe { slice(buf, count) }, Some(offset as u64))),
+                do_write(e, unsafe { slice(buf, count) }, Some(offset as u64))
+            });
+            match written {
+                Some(r) => ssize(r),
                 None => call_real!($name: fn(c_int, *const c_void, size_t, $off) -> ssize_t, -1; fd, buf, count, offset),
             }
         }
