@@ -40,7 +40,7 @@
  * warm=DIR: stat(DIR) and a one-byte scratch file in it during set-up (with the library
  * loaded, that attaches the store and starts its populate thread), then
  * wait until the store's populate thread is done (this process has one thread again), as
- * the Rust children do with Store::wait_prefault. Without it, the attach happens in the
+ * the Rust children do with Store::map_in. Without it, the attach happens in the
  * timed part: what a program that just started sees ("cold").
  */
 #define _GNU_SOURCE
@@ -505,7 +505,7 @@ static unsigned char *map_shm_slice(const char *shm, uint64_t offset, uint64_t b
     void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)offset);
     if (m == MAP_FAILED)
         die("mmap %s: %s", p, strerror(errno));
-    /* Map its pages into this process, as Store::attach + wait_prefault do for the store. */
+    /* Map its pages into this process, as Store::attach + map_in do for the store. */
     if (madvise(m, bytes, MADV_POPULATE_WRITE) != 0)
         die("madvise(MADV_POPULATE_WRITE) %s: %s", p, strerror(errno));
     close(fd);

@@ -237,7 +237,7 @@ fn shm_map(shm: &str, bytes: u64) -> Res<memmap2::MmapMut> {
 }
 
 /// Maps `bytes` at `offset` of the existing /dev/shm object `shm` (made by the parent) and
-/// maps its pages into this process, as `Store::attach` + `wait_prefault` do for the store.
+/// maps its pages into this process, as `Store::attach` + `map_in` do for the store.
 fn shm_map_existing(shm: &str, offset: u64, bytes: u64) -> Res<memmap2::MmapMut> {
     let path = Path::new("/dev/shm").join(shm.trim_start_matches('/'));
     let f = fs::OpenOptions::new()
@@ -263,7 +263,7 @@ fn shm_map_existing(shm: &str, offset: u64, bytes: u64) -> Res<memmap2::MmapMut>
 /// thread instead of the write path). Part of the set-up, reported as such.
 fn attach(name: &str) -> Res<Store> {
     let st = Store::attach(name).ctx(|| format!("attaching store {name}"))?;
-    st.wait_prefault();
+    st.map_in();
     Ok(st)
 }
 

@@ -339,7 +339,7 @@ impl Mount {
         }
         m.row.mount_s = t0.elapsed().as_secs_f64();
         let st = Store::attach(&m.store).ctx(|| format!("attaching {}", m.store))?;
-        st.wait_prefault();
+        st.map_in();
         m.row.chunk_size = st.chunk_size();
         let t = Instant::now();
         burn_in(&st, m.capacity)?;

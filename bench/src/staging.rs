@@ -411,7 +411,7 @@ impl Rig {
         node.servers = started;
         node.start_agent(&[], &[])?;
         let handle = Store::attach(&store).ctx(|| format!("attaching {store}"))?;
-        handle.wait_prefault();
+        handle.map_in();
         let (mount, durable, client) = (
             o.mount.clone(),
             durable.to_string(),

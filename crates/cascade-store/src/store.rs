@@ -165,10 +165,15 @@ impl Store {
         self.block.spill.as_ref().map(|s| s.path.clone())
     }
 
-    /// Maps the store's memory into this process now and blocks until it is done (the
-    /// populate otherwise starts in the background at the first data access, and the
-    /// creator's prefault threads too). For a process about to time its writes.
+    /// Blocks until this process's prefault/populate threads are done.
     pub fn wait_prefault(&self) {
+        self.block.wait_prefault();
+    }
+
+    /// Maps the store's memory into this process now and blocks until that is done (the
+    /// populate otherwise starts in the background at the first data access). For a
+    /// process about to time its writes.
+    pub fn map_in(&self) {
         self.block.will_touch_data();
         self.block.wait_prefault();
     }
