@@ -245,6 +245,10 @@ impl Agent {
             }
         };
         self.sweep_if_due(&tree);
+        if self.commit_by_rules(&tree, &mut outcome) {
+            // The snapshot no longer shows what was committed: the next pass, at once.
+            return outcome;
+        }
         let checkpoints = checkpoints_of(&tree);
         let (route, unit) = self.route();
         let Some(ready) = self.ready_files(&tree, &checkpoints, &route, unit, &mut outcome) else {
@@ -268,6 +272,29 @@ impl Agent {
             s.pending_bytes = ready.iter().map(|e| e.size).sum();
         });
         outcome
+    }
+
+    /// Commits what `checkpoint.rules` names (programs that never commit; at the end of a
+    /// job also the newest directory of each series). True if it committed something: the
+    /// pass then ends, counted pending and progressed, and the next one starts at once.
+    fn commit_by_rules(&self, tree: &[LifeEntry], outcome: &mut PassOutcome) -> bool {
+        let rules = &self.node.opts.rules;
+        if rules.is_empty() {
+            return false;
+        }
+        let at_end = self.ending.load(Ordering::Acquire);
+        let (committed, failures) =
+            crate::rules::commit_by_rules(&self.node.store, rules, tree, at_end);
+        for failure in failures {
+            self.node.record_failure(failure);
+        }
+        for path in &committed {
+            self.node
+                .log(|| format!("committed {path} (checkpoint rule)"));
+        }
+        outcome.pending += committed.len();
+        outcome.progressed |= !committed.is_empty();
+        !committed.is_empty()
     }
 
     /// Step 1 of a pass: the closed files to send down now, committed checkpoints first

@@ -23,6 +23,7 @@ mod readthrough;
 mod report;
 mod repository;
 mod restore;
+mod rules;
 mod servers;
 mod store_write;
 
@@ -32,7 +33,10 @@ pub use drain::{
     checkpoint_name, drain_checkpoint, drain_checkpoint_dedup, previous_drained, DedupDrain,
 };
 pub use error::{Error, Result};
-pub use options::{AgentOptions, AgentStats, DedupOptions, JobOptions, Placement, StagingOptions};
+pub use options::{
+    AgentOptions, AgentStats, CheckpointRules, DedupOptions, JobOptions, Placement, StagingOptions,
+};
 pub use reader::StoreFileReader;
 pub use report::{Progress, Report};
 pub use restore::{restore_checkpoint, restore_into_store, restore_partial_checkpoint};
+pub use rules::commit_by_rules;

@@ -32,6 +32,48 @@ pub struct AgentOptions {
     /// The job this node's checkpoints belong to, when it runs on several nodes: a
     /// checkpoint is complete once every node's part is durable.
     pub job: Option<JobOptions>,
+    /// What a checkpoint is for programs that never commit (`checkpoint.rules`).
+    pub rules: CheckpointRules,
+}
+
+/// What a checkpoint is for programs that never call `cascade_commit`
+/// (`checkpoint.rules`): patterns of file names, committed as single-file checkpoints once
+/// closed, and of directory names, committed once a newer sibling of the same pattern
+/// appears (or at the end of the job).
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointRules {
+    pub files: Vec<glob::Pattern>,
+    pub dirs: Vec<glob::Pattern>,
+}
+
+impl CheckpointRules {
+    /// Comma-separated globs of names; a trailing '/' makes a directory rule.
+    pub fn parse(text: &str) -> Result<CheckpointRules, String> {
+        let mut rules = CheckpointRules::default();
+        for rule in text.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+            let (name, dir) = match rule.strip_suffix('/') {
+                Some(name) => (name, true),
+                None => (rule, false),
+            };
+            if name.is_empty() || name.contains('/') {
+                return Err(format!(
+                    "checkpoint rule {rule:?}: a pattern of names, without '/'"
+                ));
+            }
+            let pattern =
+                glob::Pattern::new(name).map_err(|e| format!("checkpoint rule {rule:?}: {e}"))?;
+            if dir {
+                rules.dirs.push(pattern);
+            } else {
+                rules.files.push(pattern);
+            }
+        }
+        Ok(rules)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.dirs.is_empty()
+    }
 }
 
 /// The job a node's agent works for (from the launcher: Slurm, Open MPI, or CASCADE_JOB_*).
@@ -59,6 +101,7 @@ impl Default for AgentOptions {
             staging: None,
             dedup: None,
             job: None,
+            rules: CheckpointRules::default(),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cascade_agent::{Agent, AgentOptions, JobOptions};
+use cascade_agent::{Agent, AgentOptions, CheckpointRules, JobOptions};
 use cascade_config::{format_size, Config};
 use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
@@ -28,6 +28,7 @@ pub fn agent_options(config: &Config, verbose: bool) -> Result<AgentOptions, Fai
         staging: crate::staging::staging_options(config)?,
         dedup: crate::checkpoint::dedup_options(config)?,
         job: job_options(config),
+        rules: CheckpointRules::parse(config.text("checkpoint.rules")).map_err(Failure::new)?,
         ..AgentOptions::default()
     })
 }
@@ -612,9 +613,24 @@ impl FileVersions {
 /// if known; a top-level entry is the job's to commit when a file below was written since
 /// then, or is not durable yet (an agent may have uploaded the job's files long before its
 /// end, the ranks of a node sharing one).
-pub fn end_of_job(store: &Store, job_succeeded: bool, before: Option<&FileVersions>) {
+pub fn end_of_job(
+    store: &Store,
+    job_succeeded: bool,
+    before: Option<&FileVersions>,
+    rules: &CheckpointRules,
+) {
     // Writers that died are torn now, not "still open".
     store.sweep_descriptions();
+    if job_succeeded && !rules.is_empty() {
+        // What the checkpoint rules name first (the newest directory of each series too), so
+        // that the top-level directory above them is not committed as one checkpoint.
+        if let Ok(tree) = store.life_tree("/") {
+            let (_, failures) = cascade_agent::commit_by_rules(store, rules, &tree, true);
+            for failure in failures {
+                eprintln!("cascade: {failure}");
+            }
+        }
+    }
     let Ok(tree) = store.life_tree("/") else {
         return;
     };

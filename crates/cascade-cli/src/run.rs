@@ -19,6 +19,7 @@ use crate::failure::{Failure, EXIT_USAGE};
 use crate::lifecycle::EmbeddedAgent;
 
 mod ranks;
+use cascade_agent::CheckpointRules;
 use ranks::Ranks;
 
 /// The preload library's file name.
@@ -178,7 +179,8 @@ fn end_of_rank(
         }
         // The last live rank of the node: the end of the job is this one's.
         let before = ranks.round_start(&lock, store);
-        crate::lifecycle::end_of_job(store, ranks.all_succeeded(&lock), before.as_ref());
+        let rules = CheckpointRules::parse(config.text("checkpoint.rules")).unwrap_or_default();
+        crate::lifecycle::end_of_job(store, ranks.all_succeeded(&lock), before.as_ref(), &rules);
         // Ranks joining from now on start over (best effort: without the record, the next
         // end of the job commits by what is not durable yet, as a single `cascade run` did).
         let _ = ranks.start_round(&lock, store);

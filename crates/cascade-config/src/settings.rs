@@ -153,6 +153,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Count(2), String::new()),
     },
     SettingDef {
+        key: "checkpoint.rules",
+        env: "CASCADE_CHECKPOINT_RULES",
+        flag: None,
+        value_name: "GLOB[/],...",
+        help: "What a checkpoint is for a program that never calls cascade_commit: file names (restart.*, *.cpt) committed as single-file checkpoints when closed, directory names with a trailing / (ckpt_*/) committed once a newer sibling of the same pattern appears or at the end of the job",
+        default_help: "none",
+        parse: parse_rules,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
         key: "checkpoint.flush_every",
         env: "CASCADE_FLUSH_EVERY",
         flag: Some("flush-every"),
@@ -455,6 +465,21 @@ fn parse_server_list(text: &str) -> Result<Value, String> {
 }
 
 /// A key prefix: a relative path without empty, `.` or `..` components; empty = none.
+/// Comma-separated glob patterns of names (no '/' but a trailing one, which means a
+/// directory).
+fn parse_rules(t: &str) -> Result<Value, String> {
+    for rule in t.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        let name = rule.strip_suffix('/').unwrap_or(rule);
+        if name.is_empty() || name.contains('/') {
+            return Err(format!(
+                "checkpoint rule {rule:?}: a pattern of names, without '/' (a trailing '/' means directories)"
+            ));
+        }
+        glob::Pattern::new(name).map_err(|e| format!("checkpoint rule {rule:?}: {e}"))?;
+    }
+    Ok(Value::Text(t.trim().to_string()))
+}
+
 fn parse_namespace(t: &str) -> Result<Value, String> {
     if t.is_empty() || t.split('/').all(|p| !p.is_empty() && p != "." && p != "..") {
         Ok(Value::Text(t.to_string()))
