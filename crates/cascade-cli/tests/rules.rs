@@ -137,3 +137,75 @@ fn a_bad_rule_is_refused_with_one_line() {
         "{out}"
     );
 }
+
+/// LAMMPS (Debian's `lmp`) writing `restart 20 melt.*.restart` for 30 snapshots (about 85 MB)
+/// into a 32 MiB store, never calling Cascade: with the rule `melt.*.restart` the run
+/// completes, every restart file is a complete checkpoint in the durable store, the newest
+/// two are in memory, and a second job restarts from the newest (read_restart) and runs on.
+#[test]
+fn lammps_restart_files_far_larger_than_the_store() {
+    let env = Env::without_store("rules-lammps");
+    let (durable, mut vars) = setup(&env, "melt.*.restart");
+    vars.retain(|(k, _)| k != "CASCADE_CAPACITY");
+    vars.push(("CASCADE_CAPACITY".into(), "32MiB".into()));
+    let input = "units lj\natom_style atomic\nlattice fcc 0.8442\n\
+                 region box block 0 20 0 20 0 20\ncreate_box 1 box\ncreate_atoms 1 box\n\
+                 mass 1 1.0\nvelocity all create 3.0 87287 loop geom\n\
+                 pair_style lj/cut 2.5\npair_coeff 1 1 1.0 1.0 2.5\nneighbor 0.3 bin\n\
+                 neigh_modify every 20 delay 0 check no\nfix 1 all nve\nthermo 100\n\
+                 restart 20 /cascade/lmp/melt.*.restart\nrun 600\n";
+    std::fs::write(env.tmp.path().join("in.melt"), input).expect("input");
+    let out = run(
+        &env,
+        &vars,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /cascade/lmp && lmp -in in.melt -log none -screen none -nocite",
+        ],
+    );
+    assert!(out.ok(), "lmp under cascade run: {out}");
+    let listing = run(&env, &vars, &["ls", "--levels", "/lmp"]).stdout;
+    for step in (20..=600).step_by(20) {
+        let marker = durable.join(format!("lmp/melt.{step}.restart.cascade-complete"));
+        assert!(
+            marker.exists(),
+            "melt.{step}.restart not complete:\n{listing}"
+        );
+    }
+    let mut in_memory: Vec<&str> = listing
+        .lines()
+        .filter(|l| l.starts_with("memory"))
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    in_memory.sort();
+    assert_eq!(
+        in_memory,
+        ["/lmp/melt.580.restart", "/lmp/melt.600.restart"],
+        "{listing}"
+    );
+
+    // A new job restarts from the newest restart file, in memory.
+    let again = "read_restart /cascade/lmp/melt.600.restart\n\
+                 neighbor 0.3 bin\nneigh_modify every 20 delay 0 check no\n\
+                 fix 1 all nve\nthermo 10\nrun 20\n";
+    std::fs::write(env.tmp.path().join("in.again"), again).expect("input");
+    let out = run(
+        &env,
+        &vars,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "lmp -in in.again -log none -nocite",
+        ],
+    );
+    assert!(out.ok(), "restart: {out}");
+    assert!(
+        out.stdout.contains("Loop time"),
+        "the restarted run did not run: {out}"
+    );
+}
