@@ -47,6 +47,12 @@ fn restart_files_of_a_program_that_never_commits_do_not_fill_the_store() {
         Some(9),
         "without rules the store fills: {out}"
     );
+    // The writer is told why: the restart files are safe below but in no checkpoint.
+    assert!(
+        out.stderr
+            .contains("safe below but in no checkpoint (commit it, or set checkpoint.rules)"),
+        "{out}"
+    );
 
     let env = Env::without_store("rules-files");
     let (durable, vars) = setup(&env, "restart.*");

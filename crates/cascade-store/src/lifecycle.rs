@@ -233,8 +233,9 @@ impl Block {
         let now = Instant::now();
         let end = *deadline.get_or_insert_with(|| {
             eprintln!(
-                "cascade: store {} is full of data that is not yet in a lower level; waiting up to {:.1} s for the agent to free space",
+                "cascade: store {} is full: {}; waiting up to {:.1} s for the agent to free space",
                 self.name,
+                self.what_fills(),
                 wait_ms as f64 / 1000.0
             );
             now + Duration::from_millis(wait_ms as u64)
@@ -251,6 +252,57 @@ impl Block {
         );
         h.space_waiters.fetch_sub(1, AcqRel);
         true
+    }
+
+    /// What holds the store's memory, for the message of a writer that found it full: the
+    /// files being written, those closed but not yet in a lower level, those safe below but
+    /// in no committed checkpoint (never evicted: a program that does not commit needs
+    /// `checkpoint.rules`), and those in checkpoints (evicted once retention allows).
+    fn what_fills(&self) -> String {
+        let Ok(_g) = self.lock_ns() else {
+            return "(cannot read the namespace)".to_string();
+        };
+        let mut tree = Vec::new();
+        self.subtree(ROOT_INO, "/", &mut tree);
+        let roots: Vec<String> = tree
+            .iter()
+            .filter(|e| e.committed)
+            .map(|e| e.path.clone())
+            .collect();
+        let cs = self.geo.chunk_size;
+        // (files, bytes) per kind.
+        let mut kinds = [(0u64, 0u64); 4];
+        for e in tree.iter().filter(|e| e.kind == FileKind::File) {
+            let kind = if e.writers > 0 {
+                0
+            } else if !e.safe() {
+                1
+            } else if roots.iter().any(|r| e.is_at_or_below(r)) {
+                3
+            } else {
+                2
+            };
+            kinds[kind].0 += 1;
+            kinds[kind].1 += e.chunks_mem * cs;
+        }
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let names = [
+            "being written",
+            "closed, not yet in a lower level",
+            "safe below but in no checkpoint (commit it, or set checkpoint.rules)",
+            "in checkpoints (evicted once durable and past checkpoint.keep)",
+        ];
+        let parts: Vec<String> = kinds
+            .iter()
+            .zip(names)
+            .filter(|((files, _), _)| *files > 0)
+            .map(|((files, bytes), name)| format!("{:.1} MiB {name} ({files} files)", mib(*bytes)))
+            .collect();
+        if parts.is_empty() {
+            "no file holds memory".to_string()
+        } else {
+            parts.join(", ")
+        }
     }
 
     /// The registered agent's pid, if it is alive.
