@@ -302,19 +302,7 @@ fn a_job_on_two_nodes_completes_its_checkpoints_and_restarts_on_one_node_and_bac
 
     // 4 ranks on 2 nodes restart as 2 ranks on another node: read-through brings latest and
     // the checkpoint back; it ends on the grid of an uninterrupted run without Cascade.
-    let second = [node("c", 2)];
-    let out = job.mpirun(
-        &second,
-        &["c"],
-        &["--n", "64", "--steps", "50", "--every", "10"],
-    );
-    let stdout = succeeded(&out, "the restart on node c");
-    assert!(
-        stdout.contains("restarted from ckpt.000030 step=30 written_by=4 ranks=2"),
-        "{stdout}"
-    );
-    let reference = job.reference(&["--n", "64", "--steps", "50", "--every", "10"]);
-    assert_eq!(final_checksum(&stdout), reference);
+    restart_of_four_ranks_on_node_c(&job);
     let (_, nodes) = marker_of(&job.durable_checkpoint("ckpt.000050"));
     assert_eq!(
         nodes,
@@ -688,18 +676,20 @@ fn with_dedup_through_a_staging_server_a_job_on_two_nodes_restarts_on_one_node()
         assert!(restored.join(format!("rank.{rank}.bin")).exists());
     }
 
-    let out = job.mpirun(
-        &[node("c", 2)],
-        &["c"],
-        &["--n", "64", "--steps", "50", "--every", "10"],
-    );
+    restart_of_four_ranks_on_node_c(&job);
+}
+
+/// The job written by 4 ranks up to step 30 restarts as 2 ranks on a new node c, runs to
+/// step 50 and ends on the grid of an uninterrupted run without Cascade.
+fn restart_of_four_ranks_on_node_c(job: &Job) {
+    let steps = ["--n", "64", "--steps", "50", "--every", "10"];
+    let out = job.mpirun(&[node("c", 2)], &["c"], &steps);
     let stdout = succeeded(&out, "the restart on node c");
     assert!(
         stdout.contains("restarted from ckpt.000030 step=30 written_by=4 ranks=2"),
         "{stdout}"
     );
-    let reference = job.reference(&["--n", "64", "--steps", "50", "--every", "10"]);
-    assert_eq!(final_checksum(&stdout), reference);
+    assert_eq!(final_checksum(&stdout), job.reference(&steps));
 }
 
 /// A program that never calls Cascade (a shell writing each rank's file), two ranks on each of

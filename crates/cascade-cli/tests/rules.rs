@@ -19,6 +19,17 @@ fn setup(env: &Env, rules: &str) -> (std::path::PathBuf, Vec<(String, String)>) 
     (durable, vars)
 }
 
+/// The paths `cascade ls --levels` shows in memory, sorted.
+fn in_memory(listing: &str) -> Vec<&str> {
+    let mut paths: Vec<&str> = listing
+        .lines()
+        .filter(|l| l.starts_with("memory"))
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    paths.sort();
+    paths
+}
+
 fn run(env: &Env, vars: &[(String, String)], args: &[&str]) -> cascade_testkit::Out {
     let envs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     env.cascade(args, &envs)
@@ -92,13 +103,8 @@ fn restart_files_of_a_program_that_never_commits_do_not_fill_the_store() {
         let original = std::fs::read(keep.join(&name)).expect("copy");
         assert!(restored == original, "{name} differs after restore");
     }
-    let in_memory: Vec<&str> = listing
-        .lines()
-        .filter(|l| l.starts_with("memory"))
-        .filter_map(|l| l.split_whitespace().last())
-        .collect();
     assert_eq!(
-        in_memory,
+        in_memory(&listing),
         ["/lmp/restart.10", "/lmp/restart.9"],
         "{listing}"
     );
@@ -181,14 +187,8 @@ fn lammps_restart_files_far_larger_than_the_store() {
             "melt.{step}.restart not complete:\n{listing}"
         );
     }
-    let mut in_memory: Vec<&str> = listing
-        .lines()
-        .filter(|l| l.starts_with("memory"))
-        .filter_map(|l| l.split_whitespace().last())
-        .collect();
-    in_memory.sort();
     assert_eq!(
-        in_memory,
+        in_memory(&listing),
         ["/lmp/melt.580.restart", "/lmp/melt.600.restart"],
         "{listing}"
     );
