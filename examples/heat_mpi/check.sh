@@ -55,7 +55,7 @@ failed() {
 # ---- build (the build lines of the two headers) ----
 "$CC" -O2 -Wall -Wextra -Werror -o "$work/heat" "$root/examples/heat/heat.c" -lm -ldl ||
     { echo "FAIL building heat.c"; exit 1; }
-"$MPICC" -O2 -Wall -Wextra -Werror -o "$work/heat_mpi" "$here/heat_mpi.c" -lm -ldl ||
+"$MPICC" -O2 -Wall -Wextra -Werror -I "$root/examples/heat" -o "$work/heat_mpi" "$here/heat_mpi.c" -lm -ldl ||
     { echo "FAIL building heat_mpi.c"; exit 1; }
 cat >"$work/fake_commit.c" <<'EOF'
 /* A stand-in for Cascade's cascade_commit: logs "<node> <path> files=<n> latest=<name>". */

@@ -38,6 +38,8 @@ use crate::failure::{Failure, EXIT_USAGE};
 const HEAT_C: &str = include_str!("../../../examples/heat/heat.c");
 /// Its MPI version (phase E), compiled with mpicc.
 const HEAT_MPI_C: &str = include_str!("../../../examples/heat_mpi/heat_mpi.c");
+/// The helpers both include (written beside them in the work dir).
+const HEAT_COMMON_H: &str = include_str!("../../../examples/heat/heat_common.h");
 /// Phase E's simulated nodes: two for the job, a third for its restart.
 const MPI_NODES: [&str; 3] = ["a", "b", "c"];
 /// Where heat's checkpoints go under `cascade run`.
@@ -732,9 +734,11 @@ impl Demo<'_> {
     /// Compiles heat.c into the work dir.
     fn build_heat(&self) -> Result<(), Failure> {
         self.heading("build the simulation");
-        let source = self.work.join("heat.c");
-        std::fs::write(&source, HEAT_C)
-            .map_err(|e| Failure::io(&source.display().to_string(), &e))?;
+        for (name, text) in [("heat.c", HEAT_C), ("heat_common.h", HEAT_COMMON_H)] {
+            let source = self.work.join(name);
+            std::fs::write(&source, text)
+                .map_err(|e| Failure::io(&source.display().to_string(), &e))?;
+        }
         let cc: Vec<String> = ["-O2", "-o", "heat", "heat.c", "-lm", "-ldl"]
             .iter()
             .map(|s| s.to_string())

@@ -85,6 +85,8 @@ impl Job {
 
     fn build(&self, cc: &str, source: &str, out: &str) {
         let built = Command::new(cc)
+            .arg("-I")
+            .arg(repo_root().join("examples/heat"))
             .args(["-O2", "-o"])
             .arg(self.path(out))
             .arg(repo_root().join(source))
