@@ -22,7 +22,7 @@ use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
 use crate::procs::{clean_cmd, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
-use crate::util::{err, now_ns, prefix, size_str, Context, Res, Stats, MIB};
+use crate::util::{now_ns, prefix, require_s3_url, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -293,12 +293,7 @@ fn run_once(
 
 pub fn run(a: DedupLinkArgs) -> Res<()> {
     let pid = std::process::id();
-    if a.url.as_deref().is_none_or(str::is_empty) {
-        return err(
-            "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
-             (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite dedup-link does both)",
-        );
-    }
+    require_s3_url(a.url.as_deref().unwrap_or_default(), "dedup-link")?;
     let durable = Spec::parse(a.url.as_deref().unwrap_or_default())
         .ctx(|| "--url")?
         .describe();

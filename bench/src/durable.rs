@@ -29,7 +29,9 @@ use crate::format::{num, ratio, secs_gbps, st as secs, x, x_prec};
 use crate::net::{endpoint_ip, links_table, measure_link, s3_server, LinkInfo, WireWatch};
 use crate::procs::{compile, private_cli, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock};
-use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, MIB};
+use crate::util::{
+    check_mount, err, gbps, prefix, require_s3_url, size_str, Context, Res, Stats, MIB,
+};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -137,15 +139,8 @@ impl DOpts {
         if self.piece_mib == 0 || self.reps == 0 {
             return err("--piece-mib and --reps must be positive");
         }
-        if !self.mount.starts_with('/') || self.mount.len() < 2 {
-            return err("--mount must be an absolute path other than /");
-        }
-        if self.url.is_empty() {
-            return err(
-                "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
-                 (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite durable does both)",
-            );
-        }
+        check_mount(&self.mount)?;
+        require_s3_url(&self.url, "durable")?;
         self.durable = Spec::parse(&self.url).ctx(|| "--url")?.describe();
         self.pid = pid;
         self.mount = self.mount.trim_end_matches('/').to_string();

@@ -20,7 +20,8 @@ use crate::report::{self, machine_table, Header, Md, RunClock, Table, Target};
 use crate::stores::burn_in;
 use crate::util::rotated;
 use crate::util::{
-    self, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Res, Stats, KIB, MIB,
+    self, check_mount, err, fill_pattern, now_ns, prefix, size_str, store_name, Context, Res,
+    Stats, KIB, MIB,
 };
 use cascade_store::{OpenOptions, Store};
 use serde::Serialize;
@@ -156,9 +157,7 @@ impl FOpts {
         {
             return err("--size-mib must be a positive multiple of every process count");
         }
-        if !self.mount.starts_with('/') || self.mount.len() < 2 {
-            return err("--mount must be an absolute path other than /");
-        }
+        check_mount(&self.mount)?;
         if self.threads == 0 || self.reps == 0 {
             return err("--threads and --reps must be positive");
         }

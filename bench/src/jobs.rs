@@ -28,7 +28,10 @@ use crate::format::{num, ratio, st, x};
 use crate::net::{s3_server, tbf_of};
 use crate::procs::{compile, die_with_bench, private_cli, tail, terminate, Node};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
-use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
+use crate::util::{
+    self, check_mount, err, now_ns, prefix, require_s3_url, size_str, store_name, Context, Res,
+    Stats, MIB,
+};
 use cascade_durable::{DurableStore, Spec};
 use serde::Serialize;
 use std::io::{BufRead, BufReader, Write};
@@ -138,15 +141,8 @@ impl JOpts {
         if no_count(&self.nodes) || no_count(&self.ranks) {
             return err("--nodes and --ranks need positive counts");
         }
-        if !self.mount.starts_with('/') || self.mount.len() < 2 {
-            return err("--mount must be an absolute path other than /");
-        }
-        if self.url.is_empty() {
-            return err(
-                "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
-                 (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite jobs does both)",
-            );
-        }
+        check_mount(&self.mount)?;
+        require_s3_url(&self.url, "jobs")?;
         if !Path::new("/run/netns").join(&self.netns).exists() {
             return err(format!(
                 "network namespace {} is not up: the jobs suite needs the shaped link of \

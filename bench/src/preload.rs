@@ -11,7 +11,7 @@ use crate::report::{Header, Table, Target};
 use crate::stores::{
     capacity_for, tight_pair_with, with_store_files, Creation, ReadbackFiles, ShmBase, TightPair,
 };
-use crate::util::{err, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
+use crate::util::{check_mount, err, gbps, prefix, size_str, Context, Res, Stats, KIB, MIB};
 use cascade_store::Store;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -121,9 +121,7 @@ impl POpts {
         if self.procs.is_empty() || self.procs.contains(&0) {
             return err("--procs needs positive process counts");
         }
-        if !self.mount.starts_with('/') || self.mount.len() < 2 {
-            return err("--mount must be an absolute path other than /");
-        }
+        check_mount(&self.mount)?;
         self.mount = self.mount.trim_end_matches('/').to_string();
         let div = if self.quick { 4 } else { 1 };
         // Calls per write size: 512 Ki, but at most 256 MiB per file.

@@ -34,7 +34,9 @@ use crate::net;
 use crate::net::{measure_link, s3_server, WireWatch};
 use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
-use crate::util::{self, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB};
+use crate::util::{
+    self, check_mount, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
+};
 use cascade_durable::{DurableStore, Spec};
 use cascade_store::{FileKind, Store};
 use cascade_wire::{ClientOptions, Connection, ServerStatus};
@@ -228,9 +230,7 @@ impl SOpts {
         if self.piece_mib == 0 || self.reps == 0 {
             return err("--piece-mib and --reps must be positive");
         }
-        if !self.mount.starts_with('/') || self.mount.len() < 2 {
-            return err("--mount must be an absolute path other than /");
-        }
+        check_mount(&self.mount)?;
         self.mount = self.mount.trim_end_matches('/').to_string();
         self.url = self.url.take().filter(|u| !u.is_empty());
         if let Some(u) = &self.url {

@@ -28,6 +28,25 @@ pub fn err<T>(msg: impl Into<String>) -> Res<T> {
     Err(BenchError(msg.into()))
 }
 
+/// Checks `--mount`: an absolute path other than /.
+pub fn check_mount(mount: &str) -> Res<()> {
+    if !mount.starts_with('/') || mount.len() < 2 {
+        return err("--mount must be an absolute path other than /");
+    }
+    Ok(())
+}
+
+/// Checks that a suite measuring over the shaped link was given the S3 server's URL.
+pub fn require_s3_url(url: &str, suite: &str) -> Res<()> {
+    if url.is_empty() {
+        return err(format!(
+            "no durable store: run `bench/netns-s3.sh up` and `eval \"$(bench/netns-s3.sh env)\"` \
+             (sets CASCADE_BENCH_S3_URL), or pass --url (bench/run.sh --suite {suite} does both)"
+        ));
+    }
+    Ok(())
+}
+
 /// Adds context to any error that can be displayed (io::Error, cascade_store::Error, ...).
 pub trait Context<T> {
     fn ctx<C: fmt::Display>(self, what: impl FnOnce() -> C) -> Res<T>;
