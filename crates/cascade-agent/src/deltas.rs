@@ -72,3 +72,10 @@ pub(crate) fn recipe_in(ckpt: &str, m: Manifest, key: &str) -> Option<FileRecipe
     }?;
     m.files.into_iter().find(|f| f.path == rel)
 }
+
+/// ", N as deltas against CKPT" for a log line, or "" without a base.
+pub(crate) fn deltas_note(deltas: u64, previous: Option<&PreviousVersion>) -> String {
+    previous.map_or(String::new(), |p| {
+        format!(", {deltas} as deltas against {}", p.checkpoint)
+    })
+}

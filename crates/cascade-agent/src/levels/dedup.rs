@@ -13,7 +13,7 @@ use cascade_dedup::repo::{Manifest, Repo, WriteStats};
 use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
 
-use crate::deltas::{with_base, PreviousVersion};
+use crate::deltas::{deltas_note, with_base, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
 use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::reader::StoreFileReader;
@@ -148,12 +148,7 @@ fn report_stored(
         s.dedup_delta_chunks += stats.delta_chunks;
     });
     node.log(|| {
-        let against = previous.map_or(String::new(), |p| {
-            format!(
-                ", {} as deltas against {}",
-                stats.delta_chunks, p.checkpoint
-            )
-        });
+        let against = deltas_note(stats.delta_chunks, previous);
         format!(
             "{what} in the dedup repository ({} files, {} bytes; {} of {} chunks \
              new{against}, {} bytes stored) in {:.3} s",

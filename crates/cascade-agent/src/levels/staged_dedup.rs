@@ -22,7 +22,7 @@ use cascade_store::{FileKind, LifeEntry};
 use cascade_wire::protocol::{delta_data, ManifestState, WireChunk};
 use rayon::prelude::*;
 
-use crate::deltas::{recipe_in, PreviousVersion};
+use crate::deltas::{deltas_note, recipe_in, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
 use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::options::DedupOptions;
@@ -505,12 +505,7 @@ fn report_pushed(
         s.dedup_delta_chunks += sender.sent_deltas;
     });
     node.log(|| {
-        let against = previous.map_or(String::new(), |p| {
-            format!(
-                ", {} as deltas against {}",
-                sender.sent_deltas, p.checkpoint
-            )
-        });
+        let against = deltas_note(sender.sent_deltas, previous);
         format!(
             "checkpoint {} pushed to the staging servers as chunks ({files} files, {total} bytes; \
              {} of {} blobs sent{against}, {} bytes) in {:.3} s",

@@ -41,19 +41,8 @@ impl Plan {
                 .chain(std::iter::once(std::ptr::null()))
                 .collect(),
             None => {
-                let mut v = Vec::new();
-                let mut i = 0;
-                if !caller.is_null() {
-                    loop {
-                        // SAFETY: the caller's argv is NULL-terminated.
-                        let p = unsafe { *caller.add(i) };
-                        if p.is_null() {
-                            break;
-                        }
-                        v.push(p);
-                        i += 1;
-                    }
-                }
+                // SAFETY: the caller's argv is null or NULL-terminated.
+                let mut v = unsafe { c_array(caller) };
                 v.push(std::ptr::null());
                 v
             }
@@ -66,21 +55,12 @@ impl Plan {
 /// # Safety
 /// `argv` is null or a NULL-terminated array of C strings.
 unsafe fn owned_args(argv: *const *const c_char) -> Vec<CString> {
-    let mut out = Vec::new();
-    if argv.is_null() {
-        return out;
-    }
-    let mut i = 0;
-    loop {
-        // SAFETY: NULL-terminated per the contract.
-        let p = unsafe { *argv.add(i) };
-        if p.is_null() {
-            return out;
-        }
+    // SAFETY: per the contract.
+    let args = unsafe { c_array(argv) };
+    args.into_iter()
         // SAFETY: each entry is a C string.
-        out.push(unsafe { CStr::from_ptr(p) }.to_owned());
-        i += 1;
-    }
+        .map(|p| unsafe { CStr::from_ptr(p) }.to_owned())
+        .collect()
 }
 
 /// The plan for running `path` (as the caller wrote it) with `argv`: None when the path is

@@ -339,17 +339,8 @@ unsafe fn open_walk(
     options: c_int,
     compar: Option<Compar>,
 ) -> Option<*mut Fts> {
-    let mut roots = Vec::new();
-    let mut i = 0;
-    loop {
-        // SAFETY: NULL-terminated per the contract.
-        let p = unsafe { *argv.add(i) };
-        if p.is_null() {
-            break;
-        }
-        roots.push(p);
-        i += 1;
-    }
+    // SAFETY: NULL-terminated per the contract.
+    let roots = unsafe { c_array(argv) };
     // SAFETY: each root is a C string.
     if !roots.iter().any(|p| unsafe { classify(*p) }.is_some()) {
         return None;

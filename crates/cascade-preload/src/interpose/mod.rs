@@ -97,6 +97,26 @@ macro_rules! call_real {
 }
 pub(crate) use call_real;
 
+/// The entries of a NULL-terminated array of C strings (argv, envp), without the NULL; none
+/// for a null array.
+///
+/// # Safety
+/// `array` is null or a NULL-terminated array of pointers.
+pub(crate) unsafe fn c_array(array: *const *const c_char) -> Vec<*const c_char> {
+    let mut out = Vec::new();
+    if array.is_null() {
+        return out;
+    }
+    loop {
+        // SAFETY: NULL-terminated per the contract; `out.len()` never passes the NULL.
+        let p = unsafe { *array.add(out.len()) };
+        if p.is_null() {
+            return out;
+        }
+        out.push(p);
+    }
+}
+
 pub(crate) fn set_errno(e: i32) {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() = e };

@@ -35,20 +35,12 @@ pub(crate) unsafe fn rewrite_env(
                 && entry.get(HANDED_FDS_ENV.len()) == Some(&b'=')
     };
     let mut owned = Vec::new();
-    if !envp.is_null() {
-        let mut i = 0;
-        loop {
-            // SAFETY: per the contract, the array ends with NULL.
-            let p = unsafe { *envp.add(i) };
-            if p.is_null() {
-                break;
-            }
-            // SAFETY: each entry is a C string.
-            let entry = unsafe { std::ffi::CStr::from_ptr(p) };
-            if !ours(entry.to_bytes()) {
-                owned.push(entry.to_owned());
-            }
-            i += 1;
+    // SAFETY: per the contract, the array is null or ends with NULL.
+    for p in unsafe { c_array(envp) } {
+        // SAFETY: each entry is a C string.
+        let entry = unsafe { std::ffi::CStr::from_ptr(p) };
+        if !ours(entry.to_bytes()) {
+            owned.push(entry.to_owned());
         }
     }
     if let Some(cwd) = cwd.or_else(virtual_cwd) {
@@ -233,22 +225,8 @@ unsafe fn exec_or_shell(
         return -1;
     }
     let mut args: Vec<*const c_char> = vec![c"/bin/sh".as_ptr(), file];
-    if !argv.is_null() {
-        let mut i = 1;
-        // SAFETY: NULL-terminated per the contract; argv[0] is skipped when present.
-        if unsafe { *argv }.is_null() {
-            i = 0;
-        }
-        loop {
-            // SAFETY: as above.
-            let p = unsafe { *argv.add(i) };
-            if p.is_null() || i == 0 {
-                break;
-            }
-            args.push(p);
-            i += 1;
-        }
-    }
+    // SAFETY: NULL-terminated per the contract; argv[0] gives way to the file.
+    args.extend(unsafe { c_array(argv) }.into_iter().skip(1));
     args.push(std::ptr::null());
     // SAFETY: a NULL-terminated argv of C strings that outlive the call.
     unsafe { execve(c"/bin/sh".as_ptr(), args.as_ptr(), envp) };

@@ -36,6 +36,16 @@ fn random_bits() -> u64 {
     x ^ (x >> 31)
 }
 
+/// Six random characters of `[A-Za-z0-9]`, as glibc draws for the X's.
+fn random_letters() -> [u8; 6] {
+    let mut bits = random_bits();
+    std::array::from_fn(|_| {
+        let c = LETTERS[(bits % 62) as usize];
+        bits /= 62;
+        c
+    })
+}
+
 /// The six `X`s of `template` (a C string of `len` bytes) before a suffix of `suffix`
 /// bytes: their offset, or EINVAL.
 fn x_run(template: &[u8], suffix: c_int) -> Result<usize, Error> {
@@ -73,11 +83,7 @@ unsafe fn draw<T>(
         Err(e) => return Some(Err(e)),
     };
     for _ in 0..ATTEMPTS {
-        let mut bits = random_bits();
-        for b in &mut bytes[at..at + 6] {
-            *b = LETTERS[(bits % 62) as usize];
-            bits /= 62;
-        }
+        bytes[at..at + 6].copy_from_slice(&random_letters());
         // SAFETY: still NUL-terminated; only the X's changed.
         let Some(path) = (unsafe { classify(template) }) else {
             return Some(Err(Error::new(libc::EINVAL, "")));
@@ -241,14 +247,7 @@ pub unsafe extern "C" fn tempnam(dir: *const c_char, prefix: *const c_char) -> *
         return std::ptr::null_mut();
     };
     for _ in 0..ATTEMPTS {
-        let mut bits = random_bits();
-        let suffix: String = (0..6)
-            .map(|_| {
-                let c = LETTERS[(bits % 62) as usize] as char;
-                bits /= 62;
-                c
-            })
-            .collect();
+        let suffix = String::from_utf8_lossy(&random_letters()).into_owned();
         let name = format!("{}/{prefix}{suffix}", chosen.trim_end_matches('/'));
         let taken = store_path_of(&name).is_some_and(|p| s.stat(&p).is_ok());
         if !taken {
