@@ -177,9 +177,25 @@ fn field_of(path: &str, key: &str) -> Option<String> {
     line.split_once(':').map(|(_, v)| v.trim().to_string())
 }
 
+/// The CPU's model name with its family and model numbers and whether it has AVX-512: a VM
+/// may show only "AMD EPYC", and a ratio can differ between CPU generations.
+fn cpu_description() -> String {
+    let name = field_of("/proc/cpuinfo", "model name").unwrap_or_else(|| "unknown".to_string());
+    let family = field_of("/proc/cpuinfo", "cpu family");
+    let model = field_of("/proc/cpuinfo", "model\t");
+    let avx512 = field_of("/proc/cpuinfo", "flags")
+        .is_some_and(|f| f.split_whitespace().any(|x| x == "avx512f"));
+    match (family, model) {
+        (Some(f), Some(m)) => format!(
+            "{name} (family {f}, model {m}; {})",
+            if avx512 { "AVX-512" } else { "no AVX-512" }
+        ),
+        _ => name,
+    }
+}
+
 pub fn machine(disk_dir: &Path, spill_dir: &Path) -> Machine {
-    let cpu_model = field_of("/proc/cpuinfo", "model name");
-    let cpu_model = cpu_model.unwrap_or_else(|| "unknown".to_string());
+    let cpu_model = cpu_description();
     let ram_kib: f64 = field_of("/proc/meminfo", "MemTotal:")
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
