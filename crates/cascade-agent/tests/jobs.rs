@@ -368,6 +368,18 @@ fn concurrent_completers(via: &Via, rounds: u64) {
     }
 }
 
+/// The staging server is dead (nothing listens): each node stores its part in the durable
+/// repository itself, and the checkpoint completes as without servers.
+#[test]
+fn with_dedup_and_a_dead_staging_server_the_nodes_store_their_parts_themselves() {
+    let durable = tempfile::tempdir().expect("tempdir");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = dead.local_addr().expect("addr").to_string();
+    drop(dead);
+    let via = Via::StagedDedup(addr, "dead-server-secret".to_string());
+    two_nodes_complete_only_together(&durable.path().display().to_string(), &via);
+}
+
 #[test]
 fn concurrent_completers_write_one_marker_that_lists_everything() {
     concurrent_completers(&Via::Plain, 20);
@@ -380,18 +392,17 @@ fn with_dedup_concurrent_completers_write_one_manifest_that_lists_everything() {
 
 /// A node whose part never arrives (its agent is gone): the checkpoint never completes, the
 /// others keep it in memory, and the previous complete checkpoint stays restorable.
-#[test]
-fn a_node_that_never_finishes_leaves_the_checkpoint_incomplete_and_the_previous_one_restorable() {
+fn a_node_that_never_finishes(via: &Via) {
     let durable_dir = tempfile::tempdir().expect("tempdir");
     let durable = durable_dir.path().display().to_string();
     let names = ["left", "right"];
-    let left = Node::new("left", &names, &durable);
-    let mut right = Node::new("right", &names, &durable);
+    let left = Node::via("left", &names, &durable, via);
+    let mut right = Node::via("right", &names, &durable, via);
     let mut first = left.write_checkpoint("/job/ckpt.1", &[0], 1);
     first.extend(right.write_checkpoint("/job/ckpt.1", &[1], 1));
     left.agent().drain(Duration::from_secs(30)).expect("drain");
     right.agent().drain(Duration::from_secs(30)).expect("drain");
-    assert!(marker(&durable, "job/ckpt.1").is_some());
+    assert!(completed_files(&durable, "job/ckpt.1").is_some());
     left.learns_complete("/job/ckpt.1");
 
     // The right node dies before it drains the second checkpoint.
@@ -400,13 +411,23 @@ fn a_node_that_never_finishes_leaves_the_checkpoint_incomplete_and_the_previous_
     left.write_checkpoint("/job/ckpt.2", &[0], 2);
     let outcome = left.agent().drain(Duration::from_secs(30)).expect("drain");
     assert_eq!(outcome.other_nodes, 1, "{outcome:?}");
-    assert!(marker(&durable, "job/ckpt.2").is_none());
+    assert_eq!(completed_files(&durable, "job/ckpt.2"), None);
     assert!(!left.complete("/job/ckpt.2"));
-    let restore = DurableStore::open(&durable).expect("durable");
+    let (restore, repo) = open(&durable);
     let dest = tempfile::tempdir().expect("tempdir");
-    let err = restore_checkpoint(&restore, None, "job/ckpt.2", dest.path(), &|_| {})
+    let err = restore_checkpoint(&restore, repo.as_ref(), "job/ckpt.2", dest.path(), &|_| {})
         .expect_err("partial");
     assert!(err.to_string().contains("missing right"), "{err}");
     first.sort();
     restore_and_check(&durable, "job/ckpt.1", &first);
+}
+
+#[test]
+fn a_node_that_never_finishes_leaves_the_checkpoint_incomplete_and_the_previous_one_restorable() {
+    a_node_that_never_finishes(&Via::Plain);
+}
+
+#[test]
+fn with_dedup_a_node_that_never_finishes_leaves_the_checkpoint_incomplete() {
+    a_node_that_never_finishes(&Via::Dedup);
 }
