@@ -49,10 +49,6 @@ struct Node {
 }
 
 impl Node {
-    fn new(name: &str, nodes: &[&str], durable: &str) -> Node {
-        Node::via(name, nodes, durable, &Via::Plain)
-    }
-
     fn via(name: &str, nodes: &[&str], durable: &str, via: &Via) -> Node {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let store_name = format!("/cascade-jobs-test-{}-{n}", std::process::id());
