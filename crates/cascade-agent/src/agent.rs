@@ -39,6 +39,9 @@ pub struct Agent {
     pub(crate) fetching: Mutex<HashSet<String>>,
     pub(crate) fetched: Condvar,
     last_sweep: Mutex<Instant>,
+    /// The last request for space (see [`cascade_store::Store::space_request`]) an eviction
+    /// answered.
+    served_space_request: Mutex<Option<i64>>,
     /// Set by [`Agent::drain`] (the end of a job): files outside every checkpoint go down
     /// now even where the route stores only checkpoints (dedup), so none stays behind.
     ending: AtomicBool,
@@ -134,6 +137,7 @@ impl Agent {
             fetching: Mutex::new(HashSet::new()),
             fetched: Condvar::new(),
             last_sweep: Mutex::new(Instant::now()),
+            served_space_request: Mutex::new(None),
             ending: AtomicBool::new(false),
             _registration: registration,
         })
@@ -456,7 +460,8 @@ impl Agent {
 
     /// Retention: per directory, keep the newest `keep` committed checkpoints; evict older
     /// complete ones, and older never-flushed ones once a newer one is complete. While writers
-    /// wait for space, evict complete checkpoints oldest first regardless of `keep`.
+    /// wait for space, evict one complete checkpoint per failed allocation (the checkpoints
+    /// beyond `keep` went first, above), oldest first.
     fn evict(&self, checkpoints: &[Checkpoint]) -> bool {
         let mut series: BTreeMap<&str, Vec<&Checkpoint>> = BTreeMap::new();
         for c in checkpoints {
@@ -475,17 +480,24 @@ impl Agent {
                 }
             }
         }
-        if self.node.store.space_waiters() > 0 {
-            // One checkpoint per call for waiting writers: they retry and call again if that
-            // was not enough (and that wake-up, not this pass, starts the next pass).
-            let mut complete: Vec<&Checkpoint> =
-                checkpoints.iter().filter(|c| self.evictable(c)).collect();
-            complete.sort_by_key(|c| c.root.commit_seq);
-            for c in complete {
-                if self.evict_one(c, false) {
-                    break;
-                }
-            }
+        let Some(request) = self.node.store.space_request() else {
+            return evicted;
+        };
+        // A request is served once: passes that run before the waiting writer has retried
+        // must not evict more (they would take the newest checkpoints too).
+        let Ok(mut served) = self.served_space_request.lock() else {
+            return evicted;
+        };
+        if evicted || *served == Some(request) {
+            *served = Some(request);
+            return evicted;
+        }
+        let mut complete: Vec<&Checkpoint> =
+            checkpoints.iter().filter(|c| self.evictable(c)).collect();
+        complete.sort_by_key(|c| c.root.commit_seq);
+        if complete.into_iter().any(|c| self.evict_one(c, false)) {
+            *served = Some(request);
+            evicted = true;
         }
         evicted
     }

@@ -403,3 +403,40 @@ fn a_writer_gets_enospc_at_once_without_an_agent() {
         .expect_err("full");
     assert_eq!(err.errno(), libc::ENOSPC);
 }
+
+#[test]
+fn a_writer_waiting_for_space_gets_one_eviction_however_many_passes_run() {
+    // 12 chunks: three complete checkpoints of 4 chunks fill it, all within keep=3.
+    let f = Fixture::new(12);
+    let s = f.store().clone();
+    let agent = f.agent(AgentOptions {
+        keep: 3,
+        full_wait: Duration::from_secs(30),
+        ..opts()
+    });
+    for i in 1..=3 {
+        write(&s, &format!("/c{i}/d"), &pattern(4 * CHUNK as usize, i));
+        s.commit(&format!("/c{i}"), false).expect("commit");
+    }
+    agent.pass();
+    agent.pass();
+    assert!((1..=3).all(|i| life(&s, &format!("/c{i}")).complete()));
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || write(&s, "/c4/d", &pattern(4 * CHUNK as usize, 4)))
+    };
+    // Passes as fast as they come, also between the eviction and the writer's retry: the
+    // writer's one request frees one checkpoint, not one per pass.
+    while !writer.is_finished() {
+        agent.pass();
+    }
+    writer.join().expect("writer thread");
+    for _ in 0..10 {
+        agent.pass();
+    }
+    assert!(s.stat("/c1").is_err(), "the oldest checkpoint made room");
+    assert!(
+        s.stat("/c2").is_ok() && s.stat("/c3").is_ok(),
+        "one eviction only"
+    );
+}

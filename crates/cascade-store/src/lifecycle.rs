@@ -731,9 +731,12 @@ impl Store {
         self.block().wake_agent();
     }
 
-    /// Writers waiting for space right now.
-    pub fn space_waiters(&self) -> u32 {
-        self.block().header().space_waiters.load(Acquire)
+    /// While writers wait for space, the time of the newest allocation that failed: it names
+    /// the request, since a writer that retried after an eviction and failed again stamps a
+    /// new one. None while no writer waits.
+    pub fn space_request(&self) -> Option<i64> {
+        let h = self.block().header();
+        (h.space_waiters.load(Acquire) > 0).then(|| h.enospc_time.load(Acquire))
     }
 
     /// Free bytes in memory and spill (shared pool, not counting per-process batches).
