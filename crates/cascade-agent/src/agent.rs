@@ -287,9 +287,12 @@ impl Agent {
             return false;
         }
         let at_end = self.ending.load(Ordering::Acquire);
-        let (committed, failures) =
-            crate::rules::commit_by_rules(&self.node.store, rules, tree, at_end);
-        for failure in failures {
+        let done = crate::rules::commit_by_rules(&self.node.store, rules, tree, at_end);
+        if let Some(at) = done.look_again {
+            outcome.retry_at(at);
+        }
+        let committed = done.committed;
+        for failure in done.failures {
             self.node.record_failure(failure);
         }
         for path in &committed {

@@ -39,4 +39,4 @@ pub use options::{
 pub use reader::StoreFileReader;
 pub use report::{Progress, Report};
 pub use restore::{restore_checkpoint, restore_into_store, restore_partial_checkpoint};
-pub use rules::commit_by_rules;
+pub use rules::{commit_by_rules, RulesOutcome};

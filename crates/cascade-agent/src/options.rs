@@ -39,11 +39,15 @@ pub struct AgentOptions {
 /// What a checkpoint is for programs that never call `cascade_commit`
 /// (`checkpoint.rules`): patterns of file names, committed as single-file checkpoints once
 /// closed, and of directory names, committed once a newer sibling of the same pattern
-/// appears (or at the end of the job).
+/// appears (or at the end of the job, or after the quiet time).
 #[derive(Debug, Clone, Default)]
 pub struct CheckpointRules {
     pub files: Vec<glob::Pattern>,
     pub dirs: Vec<glob::Pattern>,
+    /// `checkpoint.quiet`: the newest directory of a series is committed once nothing below
+    /// it was modified for this long (and every file below it is closed); None = never before
+    /// a newer sibling appears or the job ends.
+    pub quiet: Option<Duration>,
 }
 
 impl CheckpointRules {
@@ -69,6 +73,12 @@ impl CheckpointRules {
             }
         }
         Ok(rules)
+    }
+
+    /// The same rules with the quiet time of directory rules (`checkpoint.quiet`; zero = off).
+    pub fn with_quiet(mut self, quiet: Duration) -> CheckpointRules {
+        self.quiet = (!quiet.is_zero()).then_some(quiet);
+        self
     }
 
     pub fn is_empty(&self) -> bool {

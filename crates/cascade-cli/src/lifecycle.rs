@@ -28,7 +28,9 @@ pub fn agent_options(config: &Config, verbose: bool) -> Result<AgentOptions, Fai
         staging: crate::staging::staging_options(config)?,
         dedup: crate::checkpoint::dedup_options(config)?,
         job: job_options(config),
-        rules: CheckpointRules::parse(config.text("checkpoint.rules")).map_err(Failure::new)?,
+        rules: CheckpointRules::parse(config.text("checkpoint.rules"))
+            .map_err(Failure::new)?
+            .with_quiet(Duration::from_millis(config.number("checkpoint.quiet"))),
         ..AgentOptions::default()
     })
 }
@@ -625,8 +627,8 @@ pub fn end_of_job(
         // What the checkpoint rules name first (the newest directory of each series too), so
         // that the top-level directory above them is not committed as one checkpoint.
         if let Ok(tree) = store.life_tree("/") {
-            let (_, failures) = cascade_agent::commit_by_rules(store, rules, &tree, true);
-            for failure in failures {
+            let done = cascade_agent::commit_by_rules(store, rules, &tree, true);
+            for failure in done.failures {
                 eprintln!("cascade: {failure}");
             }
         }

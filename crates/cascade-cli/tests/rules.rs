@@ -137,6 +137,57 @@ fn checkpoint_directories_are_committed_one_by_one() {
     assert!(!durable.join("sim/.cascade-complete").exists());
 }
 
+/// The quiet time (`checkpoint.quiet`): a program writes `ckpt_1/` and then runs on without
+/// starting `ckpt_2/`; with a quiet time of 1 s the agent commits `ckpt_1/` while the program
+/// still runs (the program itself waits, up to 30 s, for its marker in the durable store),
+/// and `ckpt_2/`, written next, is committed at the end of the job. With the quiet time off
+/// the marker does not appear within 5 s.
+#[test]
+fn a_quiet_checkpoint_directory_is_committed_while_the_job_runs() {
+    let script = "mkdir -p /cascade/sim/ckpt_1 && \
+                  head -c 1000000 /dev/urandom > /cascade/sim/ckpt_1/rank.0 && \
+                  head -c 1000000 /dev/urandom > /cascade/sim/ckpt_1/rank.1 || exit 9; \
+                  end=$(( $(date +%s) + $WAIT )); \
+                  until test -e \"$CASCADE_DURABLE/sim/ckpt_1/.cascade-complete\"; do \
+                  test $(date +%s) -lt $end || exit 7; sleep 0.1; done; \
+                  mkdir /cascade/sim/ckpt_2 && \
+                  head -c 1000000 /dev/urandom > /cascade/sim/ckpt_2/rank.0 || exit 9";
+
+    let off = Env::without_store("rules-quiet-off");
+    let (durable, mut vars) = setup(&off, "ckpt_*/");
+    vars.push(("CASCADE_CHECKPOINT_QUIET".into(), "0".into()));
+    vars.push(("WAIT".into(), "5".into()));
+    let out = run(&off, &vars, &["run", "--", "sh", "-c", script]);
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "without a quiet time ckpt_1 is committed only once ckpt_2 appears: {out}"
+    );
+    assert!(
+        durable.join("sim/ckpt_1/.cascade-complete").exists(),
+        "{out}"
+    );
+
+    let env = Env::without_store("rules-quiet");
+    let (durable, mut vars) = setup(&env, "ckpt_*/");
+    vars.push(("CASCADE_CHECKPOINT_QUIET".into(), "1".into()));
+    vars.push(("WAIT".into(), "30".into()));
+    let out = run(&env, &vars, &["run", "--", "sh", "-c", script]);
+    assert!(
+        out.ok(),
+        "ckpt_1 was not committed while the job ran: {out}"
+    );
+    for (n, files) in [(1, &["rank.0", "rank.1"][..]), (2, &["rank.0"][..])] {
+        let marker = durable.join(format!("sim/ckpt_{n}/.cascade-complete"));
+        let text = std::fs::read_to_string(&marker)
+            .unwrap_or_else(|e| panic!("ckpt_{n} has no marker ({e})"));
+        for f in files {
+            assert!(text.contains(f), "ckpt_{n}: {text}");
+        }
+    }
+    assert!(!durable.join("sim/.cascade-complete").exists());
+}
+
 /// A bad rule is one line naming the setting, and nothing runs.
 #[test]
 fn a_bad_rule_is_refused_with_one_line() {

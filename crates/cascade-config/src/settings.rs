@@ -163,6 +163,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
+        key: "checkpoint.quiet",
+        env: "CASCADE_CHECKPOINT_QUIET",
+        flag: None,
+        value_name: "SECONDS",
+        help: "With a directory rule of checkpoint.rules: a matching directory without a newer sibling is committed once every file below it is closed and nothing below it was modified for this long; 0 = only when a newer one appears or at the end of the job",
+        default_help: "30",
+        parse: parse_seconds_as_ms,
+        default: |_| (Value::Count(30_000), String::new()),
+    },
+    SettingDef {
         key: "checkpoint.flush_every",
         env: "CASCADE_FLUSH_EVERY",
         flag: Some("flush-every"),
