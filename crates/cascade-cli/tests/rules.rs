@@ -266,3 +266,134 @@ fn lammps_restart_files_far_larger_than_the_store() {
         "the restarted run did not run: {out}"
     );
 }
+
+/// Compiles examples/heat/heat.c (the flags of its header comment) into `dir`.
+fn compile_heat(dir: &std::path::Path) -> std::path::PathBuf {
+    let src = cascade_testkit::repo_root().join("examples/heat/heat.c");
+    let exe = dir.join("heat");
+    let out = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-lm", "-ldl"])
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// FNV-1a 64, as heat.c checksums its grid (meta.txt's `fnv1a64=`).
+fn fnv1a64(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The last line of heat's output, `final step=S fnv1a64=HEX ...`: its checksum.
+fn final_fnv(stdout: &str) -> String {
+    stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("final "))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("fnv1a64="))
+        })
+        .unwrap_or_else(|| panic!("no final line in {stdout}"))
+        .to_string()
+}
+
+/// The bundled heat solver without its cascade_commit calls (`--no-commit`): twenty 8 MiB
+/// checkpoint directories `ckpt.<step>/` (160 MiB) through a 40 MiB store with the rule
+/// `ckpt.*/`. The run completes with the same result as on a plain directory; every
+/// checkpoint is complete in the durable store and its grid matches the checksum in its
+/// meta.txt; the newest two are in memory; and a second job restarts from the newest and
+/// ends where an uninterrupted run of as many steps ends.
+#[test]
+fn heat_without_commits_through_a_store_a_quarter_of_its_output() {
+    let env = Env::without_store("rules-heat");
+    let (durable, mut vars) = setup(&env, "ckpt.*/");
+    vars.retain(|(k, _)| k != "CASCADE_CAPACITY");
+    vars.push(("CASCADE_CAPACITY".into(), "40MiB".into()));
+    let exe = compile_heat(env.tmp.path());
+    let exe = exe.to_str().expect("utf-8");
+    let args = ["--n", "1024", "--every", "10", "--no-commit"];
+    let plain = |steps: &str, dir: &str| {
+        let out = std::process::Command::new(exe)
+            .args(args)
+            .args(["--steps", steps, "--dir"])
+            .arg(env.tmp.path().join(dir))
+            .output()
+            .expect("heat");
+        assert!(out.status.success(), "plain heat: {out:?}");
+        final_fnv(&String::from_utf8_lossy(&out.stdout))
+    };
+
+    let heat = |steps: &str| {
+        let cmd = [
+            &["run", "--", exe][..],
+            &args,
+            &["--steps", steps, "--dir", "/cascade/heat"],
+        ]
+        .concat();
+        run(&env, &vars, &cmd)
+    };
+    let out = heat("200");
+    assert!(out.ok(), "heat under cascade run: {out}");
+    assert_eq!(final_fnv(&out.stdout), plain("200", "plain200"));
+    assert!(out.stdout.starts_with("starting fresh\n"), "{out}");
+
+    let listing = run(&env, &vars, &["ls", "--levels", "/heat"]).stdout;
+    for step in (10..=200).step_by(10) {
+        let ckpt = durable.join(format!("heat/ckpt.{step:06}"));
+        let marker = std::fs::read_to_string(ckpt.join(".cascade-complete"))
+            .unwrap_or_else(|e| panic!("ckpt.{step:06} is not complete ({e}):\n{listing}"));
+        assert!(
+            marker.contains("grid.bin") && marker.contains("meta.txt"),
+            "ckpt.{step:06}: {marker}"
+        );
+        let meta = std::fs::read_to_string(ckpt.join("meta.txt")).expect("meta.txt");
+        let grid = std::fs::read(ckpt.join("grid.bin")).expect("grid.bin");
+        assert_eq!(grid.len(), 1024 * 1024 * 8, "ckpt.{step:06}");
+        assert!(
+            meta.contains(&format!("step={step}\n"))
+                && meta.contains(&format!("fnv1a64={}", fnv1a64(&grid))),
+            "ckpt.{step:06}: the durable grid does not match its meta.txt {meta}"
+        );
+    }
+    let memory: Vec<&str> = in_memory(&listing)
+        .into_iter()
+        .filter(|p| p.contains("/ckpt."))
+        .collect();
+    assert!(
+        memory
+            .iter()
+            .all(|p| p.starts_with("/heat/ckpt.000190") || p.starts_with("/heat/ckpt.000200"))
+            && memory.iter().any(|p| p.starts_with("/heat/ckpt.000190"))
+            && memory.iter().any(|p| p.starts_with("/heat/ckpt.000200")),
+        "not the newest two in memory:\n{listing}"
+    );
+
+    // A second job restarts from the newest checkpoint (in memory) and runs on to step 240.
+    let out = heat("240");
+    assert!(out.ok(), "restart: {out}");
+    let first_lines: Vec<&str> = out.stdout.lines().take(1).collect();
+    assert_eq!(
+        first_lines,
+        ["restarted from ckpt.000200 step=200"],
+        "{out}"
+    );
+    assert_eq!(
+        final_fnv(&out.stdout),
+        plain("240", "plain240"),
+        "the restart did not end where an uninterrupted run ends: {out}"
+    );
+}
