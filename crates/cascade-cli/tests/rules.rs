@@ -397,3 +397,178 @@ fn heat_without_commits_through_a_store_a_quarter_of_its_output() {
         "the restart did not end where an uninterrupted run ends: {out}"
     );
 }
+
+/// GROMACS inputs: SPC/E water in a 6 nm box (about 7000 waters; a checkpoint is about
+/// 500 KB), both seeds fixed.
+const GMX_TOPOLOGY: &str = "#include \"oplsaa.ff/forcefield.itp\"\n\
+                            #include \"oplsaa.ff/spce.itp\"\n\n[ system ]\nwater\n\n[ molecules ]\n";
+const GMX_MDP: &str = "integrator = md\ndt = 0.002\nnsteps = 400\ncutoff-scheme = Verlet\n\
+                       nstlist = 10\ncoulombtype = reaction-field\nrcoulomb = 0.8\n\
+                       vdwtype = cut-off\nrvdw = 0.8\ntcoupl = v-rescale\ntc-grps = System\n\
+                       tau-t = 0.1\nref-t = 300\ngen-vel = yes\ngen-temp = 300\ngen-seed = 42\n\
+                       ld-seed = 1234\nconstraints = h-bonds\nnstenergy = 10\nnstlog = 10\n\
+                       nstcalcenergy = 10\n";
+
+/// The steps of the energy blocks of a GROMACS log, in order.
+fn gmx_log_steps(log: &str) -> Vec<u64> {
+    let lines: Vec<&str> = log.lines().collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0].split_whitespace().eq(["Step", "Time"]))
+        .filter_map(|w| w[1].split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// GROMACS (Debian's `gmx`) mdrun checkpointing every neighbour-search step (`-cpt`) into
+/// the store, never calling Cascade, with the rule `*.cpt`: twenty checkpoints of about 500 KB
+/// through a 2 MiB store. GROMACS writes `state_stepN.cpt`, copies `state.cpt` onto
+/// `state_prev.cpt` and renames the new file onto `state.cpt`. The run completes;
+/// `state.cpt` is a complete checkpoint in the durable store, restores bit for bit, and a
+/// continuation (`mdrun -cpi`) from the restored copy starts at the checkpoint's step.
+#[test]
+fn gromacs_checkpoints_far_larger_than_the_store() {
+    let env = Env::without_store("rules-gmx");
+    let (durable, mut vars) = setup(&env, "*.cpt");
+    vars.retain(|(k, _)| k != "CASCADE_CAPACITY");
+    vars.push(("CASCADE_CAPACITY".into(), "2MiB".into()));
+    vars.push(("CASCADE_CHUNK_SIZE".into(), "64KiB".into()));
+    let host = env.tmp.path().join("host");
+    std::fs::create_dir_all(&host).expect("host dir");
+    std::fs::write(host.join("topol.top"), GMX_TOPOLOGY).expect("topol.top");
+    std::fs::write(host.join("md.mdp"), GMX_MDP).expect("md.mdp");
+    let prep = std::process::Command::new("sh")
+        .current_dir(&host)
+        .args([
+            "-c",
+            "gmx -quiet solvate -cs spc216.gro -box 6 6 6 -o conf.gro -p topol.top && \
+             gmx -quiet grompp -f md.mdp -c conf.gro -p topol.top -o topol.tpr",
+        ])
+        .output()
+        .expect("gmx (install the Debian package gromacs)");
+    assert!(prep.status.success(), "gmx solvate/grompp: {prep:?}");
+
+    // The checkpoints in the store; the other outputs (coordinates, energies, log) on the
+    // host: outside every checkpoint they would fill the store.
+    let h = host.display().to_string();
+    let mdrun = format!(
+        "mkdir -p /cascade/md && cd /cascade/md && gmx -quiet mdrun -ntmpi 1 -ntomp 1 \
+         -reprod -s {h}/topol.tpr -cpt 0.0001 -cpo state.cpt -c {h}/confout.gro \
+         -e {h}/ener.edr -g {h}/md.log -nsteps 400"
+    );
+    let out = run(&env, &vars, &["run", "--", "sh", "-c", &mdrun]);
+    assert!(out.ok(), "mdrun under cascade run: {out}");
+    let log = std::fs::read_to_string(host.join("md.log")).expect("md.log");
+    let written = log.matches("Writing checkpoint, step").count();
+    assert!(
+        written >= 16,
+        "only {written} checkpoints (8 MB wanted through the 2 MiB store):\n{log}"
+    );
+    assert_eq!(gmx_log_steps(&log).last(), Some(&400));
+
+    let listing = run(&env, &vars, &["ls", "--levels", "/md"]).stdout;
+    assert!(
+        durable.join("md/state.cpt.cascade-complete").exists(),
+        "state.cpt is not complete in the durable store:\n{listing}"
+    );
+    let in_store = env.tmp.path().join("in-store.cpt");
+    let out = run(
+        &env,
+        &vars,
+        &["get", "/md/state.cpt", in_store.to_str().expect("utf-8")],
+    );
+    assert!(out.ok(), "{out}");
+    let restored = env.tmp.path().join("restored");
+    let out = run(
+        &env,
+        &vars,
+        &[
+            "restore",
+            "md/state.cpt",
+            restored.to_str().expect("utf-8"),
+            "--from",
+            durable.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(out.ok(), "restore: {out}");
+    let restored = if restored.is_dir() {
+        restored.join("state.cpt")
+    } else {
+        restored
+    };
+    assert!(
+        std::fs::read(&restored).expect("restored") == std::fs::read(&in_store).expect("copy"),
+        "the restored state.cpt differs from the store's"
+    );
+
+    // A continuation from the restored checkpoint starts at step 400 and runs 20 more.
+    let cont = env.tmp.path().join("cont");
+    std::fs::create_dir_all(&cont).expect("cont dir");
+    let out = std::process::Command::new("gmx")
+        .current_dir(&cont)
+        .args([
+            "-quiet",
+            "mdrun",
+            "-ntmpi",
+            "1",
+            "-ntomp",
+            "1",
+            "-reprod",
+            "-noappend",
+        ])
+        .arg("-s")
+        .arg(host.join("topol.tpr"))
+        .arg("-cpi")
+        .arg(&restored)
+        .args(["-nsteps", "20", "-g", "cont.log"])
+        .output()
+        .expect("gmx mdrun -cpi");
+    assert!(out.status.success(), "mdrun -cpi: {out:?}");
+    let log = std::fs::read_to_string(cont.join("cont.part0002.log"))
+        .or_else(|_| std::fs::read_to_string(cont.join("cont.log")))
+        .expect("continuation log");
+    let steps = gmx_log_steps(&log);
+    assert_eq!(
+        (steps.first(), steps.last()),
+        (Some(&400), Some(&420)),
+        "{log}"
+    );
+}
+
+/// A committed single-file checkpoint renamed (`mv state.cpt state_prev.cpt`, as a code
+/// keeping its previous checkpoint does) stays a checkpoint under its new name: it is sent
+/// again and completed there, with its bytes; the new `state.cpt` is a checkpoint of its own.
+#[test]
+fn a_renamed_checkpoint_file_is_a_checkpoint_under_its_new_name() {
+    let env = Env::without_store("rules-rename");
+    let (durable, mut vars) = setup(&env, "*.cpt");
+    let keep = env.tmp.path().join("copies");
+    std::fs::create_dir_all(&keep).expect("copies");
+    vars.push(("KEEP".into(), keep.display().to_string()));
+    let script = "mkdir -p /cascade/ck && cd /cascade/ck && \\
+                  head -c 1000000 /dev/urandom > state.cpt && cp state.cpt \"$KEEP/first\" || exit 9; \\
+                  end=$(( $(date +%s) + 30 )); \\
+                  until test -e \"$CASCADE_DURABLE/ck/state.cpt.cascade-complete\"; do \\
+                  test $(date +%s) -lt $end || exit 7; sleep 0.1; done; \\
+                  mv state.cpt state_prev.cpt && \\
+                  head -c 1000000 /dev/urandom > state.cpt && cp state.cpt \"$KEEP/second\" || exit 9";
+    let out = run(&env, &vars, &["run", "--", "sh", "-c", script]);
+    assert!(out.ok(), "{out}");
+    let listing = run(&env, &vars, &["ls", "--levels", "/ck"]).stdout;
+    for (name, copy) in [("state_prev.cpt", "first"), ("state.cpt", "second")] {
+        assert!(
+            durable.join(format!("ck/{name}.cascade-complete")).exists(),
+            "{name} is not a complete checkpoint:\n{listing}"
+        );
+        assert!(
+            std::fs::read(durable.join("ck").join(name)).expect("durable copy")
+                == std::fs::read(keep.join(copy)).expect("copy"),
+            "the durable {name} does not hold its bytes"
+        );
+        let line =
+            cascade_testkit::levels_line(&listing, &format!("/ck/{name}")).unwrap_or_default();
+        assert!(
+            line.contains("checkpoint") && line.contains("complete"),
+            "{name}: {line:?}\n{listing}"
+        );
+    }
+}
