@@ -42,6 +42,10 @@ pub struct Agent {
     /// The last request for space (see [`cascade_store::Store::space_request`]) an eviction
     /// answered.
     served_space_request: Mutex<Option<i64>>,
+    /// Held for a whole pass: [`Agent::drain`] (the end of a job) passes while the agent's
+    /// own thread may be in one, and a pass from an older snapshot would act on what the
+    /// other changed (complete a checkpoint the other evicted, then take its marker back).
+    one_pass: Mutex<()>,
     /// Set by [`Agent::drain`] (the end of a job): files outside every checkpoint go down
     /// now even where the route stores only checkpoints (dedup), so none stays behind.
     ending: AtomicBool,
@@ -138,6 +142,7 @@ impl Agent {
             fetched: Condvar::new(),
             last_sweep: Mutex::new(Instant::now()),
             served_space_request: Mutex::new(None),
+            one_pass: Mutex::new(()),
             ending: AtomicBool::new(false),
             _registration: registration,
         })
@@ -239,6 +244,7 @@ impl Agent {
     /// One look at the whole store: send down what is ready, complete the checkpoints that
     /// are due, evict what retention allows.
     pub fn pass(&self) -> PassOutcome {
+        let _one = self.one_pass.lock().unwrap_or_else(|e| e.into_inner());
         let mut outcome = PassOutcome::default();
         let tree = match self.node.store.life_tree("/") {
             Ok(t) => t,
