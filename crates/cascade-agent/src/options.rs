@@ -50,11 +50,21 @@ pub struct CheckpointRules {
     pub quiet: Option<Duration>,
 }
 
+/// What the rule `builtin` stands for: the restart files of common codes. LAMMPS
+/// (`restart N restart.*`, or `*.restart` as in its examples), GROMACS (`mdrun -cpo`,
+/// `state.cpt` by default) and the bundled heat solver (`ckpt.<step>/`).
+pub const BUILTIN_RULES: &str = "restart.*,*.restart,*.cpt,ckpt.*/";
+
 impl CheckpointRules {
-    /// Comma-separated globs of names; a trailing '/' makes a directory rule.
+    /// Comma-separated globs of names; a trailing '/' makes a directory rule; `builtin`
+    /// stands for [`BUILTIN_RULES`].
     pub fn parse(text: &str) -> Result<CheckpointRules, String> {
         let mut rules = CheckpointRules::default();
-        for rule in text.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+        let listed = text.split(',').map(str::trim).flat_map(|r| match r {
+            "builtin" => BUILTIN_RULES.split(',').collect::<Vec<_>>(),
+            _ => vec![r],
+        });
+        for rule in listed.filter(|r| !r.is_empty()) {
             let (name, dir) = match rule.strip_suffix('/') {
                 Some(name) => (name, true),
                 None => (rule, false),
@@ -218,5 +228,19 @@ impl StagingOptions {
             sync_bytes: 256 << 20,
             node,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckpointRules;
+
+    #[test]
+    fn builtin_stands_for_the_rules_of_common_codes_and_combines_with_others() {
+        let rules = CheckpointRules::parse("builtin, my_*.chk").expect("rules");
+        let files: Vec<&str> = rules.files.iter().map(|p| p.as_str()).collect();
+        let dirs: Vec<&str> = rules.dirs.iter().map(|p| p.as_str()).collect();
+        assert_eq!(files, ["restart.*", "*.restart", "*.cpt", "my_*.chk"]);
+        assert_eq!(dirs, ["ckpt.*"]);
     }
 }

@@ -572,3 +572,46 @@ fn a_renamed_checkpoint_file_is_a_checkpoint_under_its_new_name() {
         );
     }
 }
+
+/// The rule `builtin` (LAMMPS, GROMACS and heat restart files) under one job: LAMMPS writing
+/// `restart.*`, the heat solver without its commits writing `ckpt.<step>/`, and a `state.cpt`
+/// are all complete checkpoints in the durable store; the LAMMPS log beside the restart
+/// files is not one.
+#[test]
+fn builtin_rules_name_the_restart_files_of_common_codes() {
+    let env = Env::without_store("rules-builtin");
+    let (durable, vars) = setup(&env, "builtin");
+    let exe = compile_heat(env.tmp.path());
+    let input = "units lj\natom_style atomic\nlattice fcc 0.8442\n\
+                 region box block 0 8 0 8 0 8\ncreate_box 1 box\ncreate_atoms 1 box\n\
+                 mass 1 1.0\nvelocity all create 3.0 87287 loop geom\n\
+                 pair_style lj/cut 2.5\npair_coeff 1 1 1.0 1.0 2.5\nneighbor 0.3 bin\n\
+                 fix 1 all nve\nthermo 50\nrestart 50 /cascade/lmp/restart.*\nrun 100\n";
+    std::fs::write(env.tmp.path().join("in.melt"), input).expect("input");
+    let script = format!(
+        "mkdir -p /cascade/lmp /cascade/md && \
+         lmp -in in.melt -log /cascade/lmp/log.lammps -screen none -nocite && \
+         {} --dir /cascade/heat --n 128 --steps 30 --every 10 --no-commit --quiet && \
+         head -c 100000 /dev/urandom > /cascade/md/state.cpt",
+        exe.display()
+    );
+    let out = run(&env, &vars, &["run", "--", "sh", "-c", &script]);
+    assert!(out.ok(), "{out}");
+    let listing = run(&env, &vars, &["ls", "--levels", "/"]).stdout;
+    for marker in [
+        "lmp/restart.50.cascade-complete",
+        "lmp/restart.100.cascade-complete",
+        "heat/ckpt.000010/.cascade-complete",
+        "heat/ckpt.000020/.cascade-complete",
+        "heat/ckpt.000030/.cascade-complete",
+        "md/state.cpt.cascade-complete",
+    ] {
+        assert!(durable.join(marker).exists(), "no {marker}:\n{listing}");
+    }
+    assert!(durable.join("lmp/log.lammps").exists(), "{listing}");
+    assert!(
+        !durable.join("lmp/log.lammps.cascade-complete").exists()
+            && !durable.join("lmp/.cascade-complete").exists(),
+        "the LAMMPS log became a checkpoint:\n{listing}"
+    );
+}

@@ -157,7 +157,7 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_CHECKPOINT_RULES",
         flag: None,
         value_name: "GLOB[/],...",
-        help: "What a checkpoint is for a program that never calls cascade_commit: file names (restart.*, *.cpt) committed as single-file checkpoints when closed, directory names with a trailing / (ckpt_*/) committed once a newer sibling of the same pattern appears or at the end of the job",
+        help: "What a checkpoint is for a program that never calls cascade_commit: file names (restart.*, *.cpt) committed as single-file checkpoints when closed, directory names with a trailing / (ckpt_*/) committed once a newer sibling of the same pattern appears or at the end of the job; builtin = the rules of LAMMPS, GROMACS and the heat example (restart.*,*.restart,*.cpt,ckpt.*/)",
         default_help: "none",
         parse: parse_rules,
         default: |_| (Value::Text(String::new()), String::new()),
