@@ -71,6 +71,11 @@ pub(crate) const LIFE_STAGED: u32 = 16;
 /// A checkpoint whose file list a staging server accepted for version `durable_seq`: that
 /// server writes its completion marker once every file has drained.
 pub(crate) const LIFE_PUSHED: u32 = 32;
+/// The file's content is only in a level below (the file was listed from there, or evicted
+/// from memory once durable): its size and times are real, its data is not here. Reads,
+/// writes and mappings fail until read-through fetches it (a new inode) or it is truncated
+/// to zero.
+pub(crate) const LIFE_REMOTE: u32 = 64;
 /// The top 16 bits of `life` count truncations to zero (rewrites), modulo 2^16.
 pub(crate) const LIFE_REWRITE_SHIFT: u32 = 16;
 
