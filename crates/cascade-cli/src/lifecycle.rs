@@ -654,7 +654,7 @@ pub fn end_of_job(
             });
             let busy = below.iter().any(|e| e.writers > 0 || e.torn);
             if !nested && written && !busy {
-                let _ = store.commit(&top.path, true);
+                let _ = store.commit_implicit(&top.path);
             }
         }
     }

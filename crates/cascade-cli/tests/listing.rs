@@ -1,8 +1,9 @@
 //! What only the levels below hold shows in listings (docs/agent.md, "Read-through"): a job
 //! restarted on a node whose store is empty finds its newest checkpoint by listing (`ls`,
 //! Python's glob), the names arrive without their data (remote files), and a file is fetched
-//! when it is opened. And a program that never commits does not fill the store: durable files
-//! outside every checkpoint are made remote for writers waiting for space.
+//! when it is opened. A program that never commits does not fill the store: durable files
+//! outside every checkpoint are made remote for writers waiting for space. And what the end
+//! of a job committed on its own does not trap the next job's commits below it.
 
 use cascade_testkit::Env;
 
@@ -179,4 +180,65 @@ fn files_in_no_checkpoint_are_evicted_once_durable_and_read_back() {
             "{name} differs in the durable store"
         );
     }
+}
+
+/// The end of job 1 commits /run1 (nothing else did); job 2's `cascade commit
+/// /run1/ckpt.42` supersedes that instead of being refused, and completes.
+#[test]
+fn a_commit_inside_what_the_end_of_a_job_committed_supersedes_it() {
+    let env = Env::without_store("listing-supersede");
+    let (durable, vars) = setup(&env, "64MiB");
+    let out = run(
+        &env,
+        &vars,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /cascade/run1/ckpt.41 && head -c 100000 /dev/urandom > /cascade/run1/ckpt.41/d",
+        ],
+    );
+    assert!(out.ok(), "{out}");
+    assert!(durable.join("run1/.cascade-complete").exists());
+    let out = run(&env, &vars, &["ls", "--levels", "/run1"]);
+    assert!(out.stdout.contains("checkpoint #"), "{out}");
+
+    let bin = env.tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), bin.join("cascade"))
+        .expect("symlink");
+    let mut v = vars.clone();
+    v.push((
+        "PATH".into(),
+        format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    ));
+    let out = run(
+        &env,
+        &v,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /cascade/run1/ckpt.42 && head -c 100000 /dev/urandom > /cascade/run1/ckpt.42/d \
+             && cascade commit /run1/ckpt.42 && cascade wait /run1/ckpt.42 --timeout 60",
+        ],
+    );
+    assert!(out.ok(), "{out}");
+    assert!(durable.join("run1/ckpt.42/.cascade-complete").exists());
+    let levels = run(&env, &vars, &["ls", "--levels", "/run1"]).stdout;
+    let state = |path: &str| {
+        levels
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(path))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(!state("/run1/").contains("checkpoint"), "{levels}");
+    assert!(state("/run1/ckpt.42/").contains("complete"), "{levels}");
 }

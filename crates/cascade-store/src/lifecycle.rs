@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use crate::block::{my_pid, process_alive, process_start_time, Block};
 use crate::error::{Error, Result};
 use crate::layout::{
-    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_PUSHED,
-    LIFE_REMOTE, LIFE_STAGED, LIFE_TORN, NIL, ROOT_INO,
+    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_IMPLICIT,
+    LIFE_PUSHED, LIFE_REMOTE, LIFE_STAGED, LIFE_TORN, NIL, ROOT_INO,
 };
 use crate::store::Store;
 use crate::types::FileKind;
@@ -89,6 +89,8 @@ pub struct LifeEntry {
     pub opens: u32,
     /// The content is only in a level below (LIFE_REMOTE): listed from there, or evicted.
     pub remote: bool,
+    /// A checkpoint the end of a job committed (LIFE_IMPLICIT): a commit inside supersedes it.
+    pub implicit: bool,
 }
 
 impl LifeEntry {
@@ -354,6 +356,7 @@ impl Block {
             chunks_spill: i.chunks_spill.load(Acquire) as u64,
             opens: i.opens.load(Acquire),
             remote: life & LIFE_REMOTE != 0,
+            implicit: life & LIFE_IMPLICIT != 0,
         }
     }
 
@@ -399,16 +402,27 @@ impl Store {
     /// the agent is woken. EBUSY if a file below is still open for writing, EIO if one was
     /// torn by a writer that died, EINVAL for the root or a checkpoint nested in another.
     pub fn commit(&self, path: &str, force_flush: bool) -> Result<u64> {
-        match self.commit_once(path, force_flush) {
+        self.commit_as(path, force_flush, false)
+    }
+
+    /// Commits `path` for the end of a job that committed nothing there (flushed, like the
+    /// last checkpoint of a job): an implicit checkpoint, which a later commit of a path
+    /// inside it supersedes (that commit is not refused as nested).
+    pub fn commit_implicit(&self, path: &str) -> Result<u64> {
+        self.commit_as(path, true, true)
+    }
+
+    fn commit_as(&self, path: &str, force_flush: bool, implicit: bool) -> Result<u64> {
+        match self.commit_once(path, force_flush, implicit) {
             // A writer that died still counts until its description is swept.
             Err(e) if e.errno() == libc::EBUSY && self.sweep_descriptions() > 0 => {
-                self.commit_once(path, force_flush)
+                self.commit_once(path, force_flush, implicit)
             }
             other => other,
         }
     }
 
-    fn commit_once(&self, path: &str, force_flush: bool) -> Result<u64> {
+    fn commit_once(&self, path: &str, force_flush: bool, implicit: bool) -> Result<u64> {
         let b = self.block();
         let h = b.header();
         let seq = {
@@ -420,14 +434,17 @@ impl Store {
                     "the store root cannot be a checkpoint; commit a directory or a file in it",
                 ));
             }
-            if let Some(outer) = b.committed_ancestor(ino) {
-                return Err(Error::new(
-                    libc::EINVAL,
-                    format!(
-                        "{path} is inside the committed checkpoint {}; commit that one instead",
-                        b.path_of(outer).unwrap_or_default()
-                    ),
-                ));
+            let outer = b.committed_ancestor(ino);
+            if let Some(outer) = outer {
+                if b.inode(outer).life.load(Acquire) & LIFE_IMPLICIT == 0 {
+                    return Err(Error::new(
+                        libc::EINVAL,
+                        format!(
+                            "{path} is inside the committed checkpoint {}; commit that one instead",
+                            b.path_of(outer).unwrap_or_default()
+                        ),
+                    ));
+                }
             }
             let canonical = b.path_of(ino).unwrap_or_else(|| path.to_string());
             let mut tree = Vec::new();
@@ -458,6 +475,17 @@ impl Store {
                     ));
                 }
             }
+            if let Some(outer) = outer {
+                // Superseded: no longer a checkpoint in the store (its marker below stays, a
+                // snapshot of what the job had written by its end); the version bump stops
+                // the agent recording it complete meanwhile.
+                let o = b.inode(outer);
+                o.life.fetch_and(
+                    !(LIFE_COMMITTED | LIFE_IMPLICIT | LIFE_FLUSH | LIFE_COMPLETE | LIFE_PUSHED),
+                    AcqRel,
+                );
+                o.mod_seq.fetch_add(1, AcqRel);
+            }
             let seq = h.commit_counter.fetch_add(1, AcqRel) + 1;
             let every = h.flush_every.load(Relaxed).max(1) as u64;
             let inode = b.inode(ino);
@@ -465,7 +493,12 @@ impl Store {
             if force_flush || seq.is_multiple_of(every) {
                 set |= LIFE_FLUSH;
             }
-            inode.life.fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED), AcqRel);
+            if implicit {
+                set |= LIFE_IMPLICIT;
+            }
+            inode
+                .life
+                .fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED | LIFE_IMPLICIT), AcqRel);
             inode.life.fetch_or(set, AcqRel);
             inode.commit_seq.store(seq, Release);
             inode.mod_seq.fetch_add(1, AcqRel);

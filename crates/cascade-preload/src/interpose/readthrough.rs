@@ -36,7 +36,8 @@ enum Fetch {
 /// (opens without O_CREAT, the stat/access family, opendir, chdir).
 pub(crate) fn with_fetch<T>(path: &str, op: impl Fn() -> Result<T, Error>) -> Result<T, Error> {
     match op() {
-        Err(e) if e.errno() == libc::ENOENT => {
+        // The protocol is line-based: a path with a newline is never asked about.
+        Err(e) if e.errno() == libc::ENOENT && !path.contains('\n') => {
             // Listing the parent brings the name without its data (a stat needs no more; an
             // open fetches a remote file next); else the agent fetches the path itself.
             if let Some((parent, _)) = path.rsplit_once('/') {
