@@ -242,3 +242,55 @@ fn a_commit_inside_what_the_end_of_a_job_committed_supersedes_it() {
     assert!(!state("/run1/").contains("checkpoint"), "{levels}");
     assert!(state("/run1/ckpt.42/").contains("complete"), "{levels}");
 }
+
+/// The same restart when the checkpoints went to the dedup repository: the listing comes
+/// from its manifests (a directory of checkpoints, and the files inside one).
+#[test]
+fn a_restart_finds_dedup_checkpoints_by_listing() {
+    let env = Env::without_store("listing-dedup");
+    let (_durable, mut vars) = setup(&env, "64MiB");
+    vars.push(("CASCADE_DEDUP".into(), "fixed:64KiB".into()));
+    let originals = env.tmp.path().join("originals");
+    std::fs::create_dir_all(&originals).expect("originals");
+    let bin = env.tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), bin.join("cascade"))
+        .expect("symlink");
+    let mut v = vars.clone();
+    v.push(("ORIG".into(), originals.display().to_string()));
+    v.push((
+        "PATH".into(),
+        format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+    ));
+    let first_job = "for n in 1 2 3; do mkdir -p /cascade/sim/ckpt.$n && \
+                     head -c 2000000 /dev/urandom > /cascade/sim/ckpt.$n/state && \
+                     cp /cascade/sim/ckpt.$n/state \"$ORIG/state.$n\" && \
+                     cascade commit /sim/ckpt.$n || exit 9; done";
+    let out = run(&env, &v, &["run", "--", "sh", "-c", first_job]);
+    assert!(out.ok(), "{out}");
+    let out = run(&env, &vars, &["destroy", "--force"]);
+    assert!(out.ok(), "{out}");
+
+    let restart = "ls /cascade/sim > \"$ORIG/ls\" && ls /cascade/sim/ckpt.3 > \"$ORIG/ls3\" && \
+                   /usr/bin/python3 -c 'import glob; print(max(glob.glob(\"/cascade/sim/ckpt.*\")))' \
+                   > \"$ORIG/newest\" && cat \"$(cat \"$ORIG/newest\")/state\" > \"$ORIG/restarted\"";
+    let out = run(&env, &v, &["run", "--", "sh", "-c", restart]);
+    assert!(out.ok(), "{out}");
+    let read = |name: &str| std::fs::read_to_string(originals.join(name)).expect(name);
+    assert_eq!(
+        read("ls"),
+        "ckpt.1\nckpt.2\nckpt.3\n",
+        "ls of the directory"
+    );
+    assert_eq!(read("ls3"), "state\n", "ls of a checkpoint");
+    assert_eq!(read("newest").trim(), "/cascade/sim/ckpt.3", "glob");
+    assert!(
+        std::fs::read(originals.join("restarted")).expect("restarted")
+            == std::fs::read(originals.join("state.3")).expect("original"),
+        "the restart read other bytes than the checkpoint's"
+    );
+}
