@@ -8,7 +8,7 @@
 //! block (`mark_durable`, `mark_complete`), so a restarted agent carries on where a killed one
 //! stopped, and a marker is only ever written after the data and checksums it lists.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -38,6 +38,8 @@ pub struct Agent {
     /// Store paths being fetched right now, so concurrent requests share one download.
     pub(crate) fetching: Mutex<HashSet<String>>,
     pub(crate) fetched: Condvar,
+    /// Directories listed from the levels below, and when (readthrough.rs).
+    pub(crate) listed: Mutex<HashMap<String, Instant>>,
     last_sweep: Mutex<Instant>,
     /// The last request for space (see [`cascade_store::Store::space_request`]) an eviction
     /// answered.
@@ -141,6 +143,7 @@ impl Agent {
             fetching: Mutex::new(HashSet::new()),
             fetched: Condvar::new(),
             last_sweep: Mutex::new(Instant::now()),
+            listed: Mutex::new(HashMap::new()),
             served_space_request: Mutex::new(None),
             one_pass: Mutex::new(()),
             ending: AtomicBool::new(false),
@@ -274,7 +277,7 @@ impl Agent {
             }
         }
         self.complete_checkpoints(&checkpoints, &route, &mut outcome);
-        if self.evict(&checkpoints) {
+        if self.evict(&tree, &checkpoints) {
             outcome.progressed = true;
         }
         self.node.count(|s| {
@@ -470,8 +473,9 @@ impl Agent {
     /// Retention: per directory, keep the newest `keep` committed checkpoints; evict older
     /// complete ones, and older never-flushed ones once a newer one is complete. While writers
     /// wait for space, evict one complete checkpoint per failed allocation (the checkpoints
-    /// beyond `keep` went first, above), oldest first.
-    fn evict(&self, checkpoints: &[Checkpoint]) -> bool {
+    /// beyond `keep` went first, above), oldest first, else one durable file outside every
+    /// checkpoint.
+    fn evict(&self, tree: &[LifeEntry], checkpoints: &[Checkpoint]) -> bool {
         let mut series: BTreeMap<&str, Vec<&Checkpoint>> = BTreeMap::new();
         for c in checkpoints {
             series.entry(c.root.parent_dir()).or_default().push(c);
@@ -504,11 +508,70 @@ impl Agent {
         let mut complete: Vec<&Checkpoint> =
             checkpoints.iter().filter(|c| self.evictable(c)).collect();
         complete.sort_by_key(|c| c.root.commit_seq);
-        if complete.into_iter().any(|c| self.evict_one(c, false)) {
+        if complete.into_iter().any(|c| self.evict_one(c, false))
+            || self.evict_safe_file(tree, checkpoints)
+        {
             *served = Some(request);
             evicted = true;
         }
         evicted
+    }
+
+    /// For writers waiting for space when no checkpoint can go: makes remote the oldest
+    /// closed file outside every committed checkpoint whose content is durable (a restart
+    /// file of a program that does not commit), by modification time, sparing the newest
+    /// `keep` of each directory while another can go. Its name stays; opening it under
+    /// `cascade run` fetches it back.
+    fn evict_safe_file(&self, tree: &[LifeEntry], checkpoints: &[Checkpoint]) -> bool {
+        let store = &self.node.store;
+        let mut candidates: Vec<(&LifeEntry, i64)> = files_of(tree)
+            .filter(|e| {
+                e.durable()
+                    && e.opens == 0
+                    && !e.torn
+                    && !e.remote
+                    && e.chunks_mem + e.chunks_spill > 0
+                    && !reserved(&e.path)
+                    && !checkpoints.iter().any(|c| e.is_at_or_below(&c.root.path))
+            })
+            .filter_map(|e| Some((e, store.stat(&e.path).ok()?.mtime)))
+            .collect();
+        // Newest first within each directory: the first `keep` of each are tried last.
+        candidates.sort_by_key(|(e, mtime)| (e.parent_dir(), std::cmp::Reverse(*mtime)));
+        let mut order: Vec<(bool, i64, &LifeEntry)> = Vec::with_capacity(candidates.len());
+        let mut dir = None;
+        let mut rank = 0;
+        for (e, mtime) in candidates {
+            if dir != Some(e.parent_dir()) {
+                dir = Some(e.parent_dir());
+                rank = 0;
+            }
+            rank += 1;
+            order.push((rank <= self.node.opts.keep, mtime, e));
+        }
+        order.sort_by_key(|(spared, mtime, _)| (*spared, *mtime));
+        for (_, _, e) in order {
+            match store.make_remote(&e.path, e.generation, e.mod_seq) {
+                Ok(Some(bytes)) => {
+                    self.node.count(|s| {
+                        s.evicted_files += 1;
+                        s.evicted_bytes += bytes;
+                    });
+                    self.node.log(|| {
+                        format!(
+                            "evicted {} ({bytes} bytes, durable, in no checkpoint) for writers waiting for space",
+                            e.path
+                        )
+                    });
+                    return true;
+                }
+                Ok(None) => {}
+                Err(err) => self
+                    .node
+                    .record_failure(format!("cannot evict {}: {err}", e.path)),
+            }
+        }
+        false
     }
 
     /// True if checkpoint `c` is safe below this node. On a job of several nodes a directory

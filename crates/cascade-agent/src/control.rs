@@ -74,6 +74,15 @@ impl Agent {
                     format!("ERR {} {}\n", e.errno(), one_line(&e.to_string()))
                 }
             },
+            Some(("LIST", path)) if path.starts_with('/') => match self.list(path) {
+                Ok(()) => "OK\n".to_string(),
+                Err(e) => {
+                    if e.errno() != libc::ENOENT {
+                        eprintln!("cascade agent: listing {path} from the levels below: {e}");
+                    }
+                    format!("ERR {} {}\n", e.errno(), one_line(&e.to_string()))
+                }
+            },
             None if line == "STATUS" => match serde_json::to_string(&self.stats()) {
                 Ok(json) => format!("OK {json}\n"),
                 Err(e) => format!("ERR 5 {e}\n"),

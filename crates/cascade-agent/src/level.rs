@@ -77,6 +77,16 @@ pub(crate) struct Found<'a> {
     pub(crate) fetch: Fetch<'a>,
 }
 
+/// One entry of a directory that a level holds, for listings on a node whose store lacks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub(crate) name: String,
+    pub(crate) dir: bool,
+    pub(crate) size: u64,
+    /// When it was written (unix ns; 0 when unknown).
+    pub(crate) modified_ns: i64,
+}
+
 /// For levels that store a checkpoint whole: the step to report instead of storing it now,
 /// if it is being written or its last attempt failed not long ago.
 pub(crate) fn not_yet_whole(node: &Node, c: &Checkpoint) -> Option<Step> {
@@ -154,5 +164,11 @@ pub(crate) trait Level: Send + Sync {
     /// Read-through, when no level holds a file `key`: true if it is a directory here.
     fn is_dir(&self, _node: &Node, _key: &DurableKey) -> Result<bool> {
         Ok(false)
+    }
+
+    /// Read-through of names: what lies directly in directory `key` (the empty key for the
+    /// root) at this level, without reading any file.
+    fn list(&self, _node: &Node, _key: &DurableKey) -> Result<Vec<Listed>> {
+        Ok(Vec::new())
     }
 }

@@ -143,6 +143,9 @@ pub struct AgentStats {
     pub staged_bytes: u64,
     pub markers: u64,
     pub evicted_checkpoints: u64,
+    /// Durable files outside every checkpoint made remote for writers waiting for space.
+    #[serde(default)]
+    pub evicted_files: u64,
     pub evicted_bytes: u64,
     pub fetched_files: u64,
     pub fetched_bytes: u64,

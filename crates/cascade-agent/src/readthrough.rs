@@ -4,13 +4,19 @@
 //! temporary name, verified, and renamed into place.
 
 use std::cmp::Reverse;
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use cascade_durable::DurableKey;
 
 use crate::agent::Agent;
+use crate::level::Listed;
 use crate::store_write::fetch_temp_name;
 use crate::{Error, Result};
+
+/// How long a directory's listing from the levels below is trusted: other nodes of the job
+/// may add to it meanwhile.
+const LIST_AGAIN: Duration = Duration::from_secs(5);
 
 impl Agent {
     /// Makes `path` (a store path) exist in the store from the levels below: a file is
@@ -19,7 +25,7 @@ impl Agent {
     /// created. ENOENT if no level has either, EIO if the data does not match its checksum.
     pub fn fetch(&self, path: &str) -> Result<()> {
         let path = format!("/{}", path.trim_matches('/'));
-        if self.store().stat(&path).is_ok() {
+        if self.is_here(&path) {
             return Ok(());
         }
         // One download per path: later requests wait for the first.
@@ -34,7 +40,7 @@ impl Agent {
                     .wait(busy)
                     .map_err(|_| Error::io("fetch", std::io::Error::other("lock poisoned")))?;
             }
-            if self.store().stat(&path).is_ok() {
+            if self.is_here(&path) {
                 return Ok(());
             }
             busy.insert(path.clone());
@@ -45,6 +51,78 @@ impl Agent {
         }
         self.fetched.notify_all();
         result
+    }
+
+    /// `path` is in the store with its content (not a remote file, whose content is below).
+    fn is_here(&self, path: &str) -> bool {
+        self.store().stat(path).is_ok_and(|m| !m.remote)
+    }
+
+    /// Makes directory `path` (a store path) show what the levels below hold directly in it:
+    /// each subdirectory is created, and each file the store lacks is created remote (name,
+    /// size and time; its content is fetched when it is opened). The newest version of a
+    /// name wins across levels; what the store has already stays. A directory listed less
+    /// than [`LIST_AGAIN`] ago is not listed again. ENOENT if no level has it and the store
+    /// lacks it.
+    pub fn list(&self, path: &str) -> Result<()> {
+        let path = format!("/{}", path.trim_matches('/'));
+        {
+            let mut listed = self
+                .listed
+                .lock()
+                .map_err(|_| Error::io("list", std::io::Error::other("lock poisoned")))?;
+            if listed
+                .get(&path)
+                .is_some_and(|at| at.elapsed() < LIST_AGAIN)
+            {
+                return Ok(());
+            }
+            listed.insert(path.clone(), Instant::now());
+        }
+        let key = DurableKey::from_store_path(&path);
+        let mut below: BTreeMap<String, Listed> = BTreeMap::new();
+        for level in &self.levels {
+            for entry in level.list(&self.node, &key)? {
+                match below.get(&entry.name) {
+                    Some(seen) if seen.dir || seen.modified_ns >= entry.modified_ns => {}
+                    _ => {
+                        below.insert(entry.name.clone(), entry);
+                    }
+                }
+            }
+        }
+        if below.is_empty() {
+            return Ok(());
+        }
+        let store = self.store();
+        store
+            .create_dir_all(&path, 0o755)
+            .map_err(|e| Error::store(&path, e))?;
+        let mut shown = 0usize;
+        for (name, entry) in below {
+            let child = if path == "/" {
+                format!("/{name}")
+            } else {
+                format!("{path}/{name}")
+            };
+            let made = if entry.dir {
+                match store.mkdir(&child, 0o755) {
+                    Ok(()) => true,
+                    Err(e) if e.errno() == libc::EEXIST => false,
+                    Err(e) => return Err(Error::store(&child, e)),
+                }
+            } else {
+                store
+                    .create_remote(&child, entry.size, entry.modified_ns)
+                    .map_err(|e| Error::store(&child, e))?
+            };
+            shown += usize::from(made);
+        }
+        if shown > 0 {
+            self.node
+                .log(|| format!("listed {path}: {shown} entries from the levels below"));
+        }
+        Ok(())
     }
 
     fn fetch_uncached(&self, path: &str) -> Result<()> {

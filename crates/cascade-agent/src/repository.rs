@@ -12,6 +12,7 @@ use cascade_durable::DurableStore;
 use cascade_store::{FileKind, LifeEntry, Store};
 
 use crate::deltas::{recipe_in, PreviousVersion};
+use crate::level::Listed;
 use crate::node::Checkpoint;
 use crate::options::DedupOptions;
 use crate::store_write::write_fetched;
@@ -174,6 +175,72 @@ impl Repository {
             }
         }
         Ok(None)
+    }
+
+    /// What lies directly in directory `key` ("" for the root) according to the
+    /// repository's manifests: single-file checkpoints as files, directory checkpoints and
+    /// directories above checkpoints as directories, and, inside a directory checkpoint, its
+    /// files and subdirectories at that level. Times are the manifests' creation times.
+    pub(crate) fn list(&self, key: &str) -> Result<Vec<Listed>> {
+        let Some(repo) = self.get()? else {
+            return Ok(Vec::new());
+        };
+        let dir = |name: &str| Listed {
+            name: name.to_string(),
+            dir: true,
+            size: 0,
+            modified_ns: 0,
+        };
+        let file = |name: &str, size: u64, m: &Manifest| Listed {
+            name: name.to_string(),
+            dir: false,
+            size,
+            modified_ns: i64::try_from(m.created_unix_ns).unwrap_or(i64::MAX),
+        };
+        let (checkpoints, subdirs) = repo.manifests_in(key)?;
+        let mut out: Vec<Listed> = subdirs.iter().map(|d| dir(d)).collect();
+        for name in checkpoints {
+            let ckpt = if key.is_empty() {
+                name.clone()
+            } else {
+                format!("{key}/{name}")
+            };
+            match repo.read_manifest(&ckpt)? {
+                Some(m) if m.single_file => {
+                    let size = m.files.first().map_or(0, |f| f.size);
+                    out.push(file(&name, size, &m));
+                }
+                Some(_) => out.push(dir(&name)),
+                None => {}
+            }
+        }
+        if key.is_empty() {
+            return Ok(out);
+        }
+        // Inside a directory checkpoint (the nearest one holding `key`): its entries here.
+        let around = self.manifests_around(&repo, key)?;
+        if let Some((ckpt, m)) = around.iter().find(|(_, m)| !m.single_file) {
+            let prefix = match key.strip_prefix(ckpt.as_str()) {
+                Some("") => String::new(),
+                Some(rest) => format!("{}/", rest.trim_start_matches('/')),
+                None => return Ok(out),
+            };
+            for f in &m.files {
+                match f
+                    .path
+                    .strip_prefix(&prefix)
+                    .map(|rest| rest.split_once('/'))
+                {
+                    Some(Some((sub, _))) => out.push(dir(sub)),
+                    Some(None) => {
+                        let name = &f.path[prefix.len()..];
+                        out.push(file(name, f.size, m));
+                    }
+                    None => {}
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// True if `key` is a directory of some checkpoint in the repository (a directory

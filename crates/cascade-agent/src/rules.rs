@@ -65,9 +65,11 @@ pub fn commit_by_rules(
     if rules.is_empty() {
         return RulesOutcome::default();
     }
+    // An implicit checkpoint (the end of an earlier job) does not hold back what the rules
+    // name inside it: their commit supersedes it.
     let roots: Vec<&str> = tree
         .iter()
-        .filter(|e| e.committed)
+        .filter(|e| e.committed && !e.implicit)
         .map(|e| e.path.as_str())
         .collect();
     let inside_committed = |e: &LifeEntry| roots.iter().any(|r| e.is_at_or_below(r));

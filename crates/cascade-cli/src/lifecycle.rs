@@ -369,8 +369,11 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
     }
 }
 
-/// Where a file's bytes are: memory, spill or both.
+/// Where a file's bytes are: memory, spill or both, or only below (a remote file).
 fn residence(e: &LifeEntry) -> &'static str {
+    if e.remote {
+        return "durable";
+    }
     match (e.chunks_mem > 0, e.chunks_spill > 0) {
         (true, true) => "memory+spill",
         (false, true) => "spill",
@@ -400,6 +403,7 @@ fn state_of(e: &LifeEntry, tree: &[LifeEntry]) -> String {
         FileKind::Dir => String::new(),
         FileKind::File if e.torn => "torn (writer died)".to_string(),
         FileKind::File if e.writers > 0 => "writing".to_string(),
+        FileKind::File if e.remote => "durable (not in memory; fetched when opened)".to_string(),
         FileKind::File if e.durable() => "durable".to_string(),
         FileKind::File if e.staged() => "staged".to_string(),
         FileKind::File => "dirty".to_string(),
@@ -652,7 +656,7 @@ pub fn end_of_job(
             });
             let busy = below.iter().any(|e| e.writers > 0 || e.torn);
             if !nested && written && !busy {
-                let _ = store.commit(&top.path, true);
+                let _ = store.commit_implicit(&top.path);
             }
         }
     }

@@ -113,6 +113,10 @@ impl DurableStore {
         self.rt.block_on(self.inner.list_dir(dir))
     }
 
+    pub fn list_children(&self, dir: &str) -> Result<crate::Children> {
+        self.rt.block_on(self.inner.list_children(dir))
+    }
+
     pub fn delete(&self, rel: &str) -> Result<()> {
         self.rt.block_on(self.inner.delete(rel))
     }

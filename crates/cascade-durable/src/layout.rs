@@ -35,6 +35,17 @@ pub struct ObjectInfo {
     /// Path relative to the store root ("ckpt.0001/rank0.dat").
     pub path: String,
     pub size: u64,
+    /// When the object was last written (unix ns): the file's time in a directory store,
+    /// the upload time in an object store.
+    pub modified_ns: i64,
+}
+
+/// One level of a listing: the objects directly in a directory and its subdirectories.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Children {
+    pub files: Vec<ObjectInfo>,
+    /// Subdirectory names (last path component), sorted.
+    pub dirs: Vec<String>,
 }
 
 /// One file of a checkpoint in its marker.

@@ -19,8 +19,8 @@ pub use blocking::DurableStore;
 pub use error::{Error, Result};
 pub use key::DurableKey;
 pub use layout::{
-    is_reserved_name, marker_key, normalize_rel, now_unix_ns, parse_checksum, part_key, FileDigest,
-    Marker, MarkerFile, ObjectInfo, Part, CHECKSUM_SUFFIX, MARKER_FORMAT, MARKER_NAME, PART_FORMAT,
-    PART_PREFIX, SINGLE_PUT_MAX, VERSION_SUFFIX,
+    is_reserved_name, marker_key, normalize_rel, now_unix_ns, parse_checksum, part_key, Children,
+    FileDigest, Marker, MarkerFile, ObjectInfo, Part, CHECKSUM_SUFFIX, MARKER_FORMAT, MARKER_NAME,
+    PART_FORMAT, PART_PREFIX, SINGLE_PUT_MAX, VERSION_SUFFIX,
 };
 pub use spec::{S3Spec, Spec};

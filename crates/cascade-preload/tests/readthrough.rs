@@ -108,6 +108,16 @@ fn serve(store_name: &str, conn: UnixStream, requests: &Mutex<Vec<String>>) {
         let _ = (&conn).write_all(b"ERR 22 unknown request\n");
         return;
     }
+    // Listings: recorded; this stand-in's levels below hold nothing to list (the real
+    // agent's listings are tested in crates/cascade-cli/tests/listing.rs).
+    if let Some(dir) = line
+        .strip_suffix('\n')
+        .and_then(|l| l.strip_prefix("LIST "))
+    {
+        requests.lock().unwrap().push(format!("LIST {dir}"));
+        let _ = (&conn).write_all(b"OK\n");
+        return;
+    }
     let Some(path) = line
         .strip_suffix('\n')
         .and_then(|l| l.strip_prefix("FETCH "))
@@ -188,8 +198,16 @@ fn open_stat_opendir_and_chdir_fetch_missing_paths_through_the_agent() {
     // opendir (ls): a directory is fetched with its files.
     assert_eq!(env.ok("ls $M/remote/dir"), "one\ntwo\n");
     assert_eq!(agent.count("/remote/dir"), 1);
-    // A listing shows what has been fetched so far, nothing else.
+    // A listing shows what has been fetched so far, nothing else (this stand-in lists
+    // nothing from below).
     assert_eq!(env.ok("ls $M/remote"), "dir\nfile.txt\nstatme\n");
+    // Each listing asked the agent to list the directory from below first, and a failed
+    // lookup asked for its parent's listing before the path.
+    assert!(
+        agent.count("LIST /remote") >= 2 && agent.count("LIST /remote/dir") >= 1,
+        "{:?}",
+        agent.requests()
+    );
 
     // chdir, and a relative open inside the mount.
     assert_eq!(

@@ -427,6 +427,7 @@ impl Block {
         if buf.is_empty() {
             return Ok(0);
         }
+        self.check_local(ino)?;
         inode.mod_seq.fetch_add(1, AcqRel);
         let old_size = inode.size.load(Acquire);
         self.zero_range(ino, old_size, offset)?;
@@ -486,10 +487,24 @@ impl Block {
         }
     }
 
+    /// EIO if the file's content is only in a level below (LIFE_REMOTE): it must never read
+    /// as zeros.
+    pub(crate) fn check_local(&self, ino: u32) -> Result<()> {
+        if self.inode(ino).life.load(Acquire) & LIFE_REMOTE == 0 {
+            return Ok(());
+        }
+        Err(Error::new(
+            libc::EIO,
+            "the file's content is only in a level below this node's store: open it again \
+             under cascade run (read-through fetches it) or restore it",
+        ))
+    }
+
     /// Reads into `buf` from `offset`; holes read as zeros. Lock-free, like a seqlock: if a
     /// truncation or removal of this file freed chunks meanwhile, the copy may hold bytes of
     /// a reused chunk, so it is retried; after a few tries the read takes the file's lock.
     pub(crate) fn read(&self, ino: u32, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.check_local(ino)?;
         let seq = &self.inode(ino).trunc_seq;
         for _ in 0..READ_RETRIES {
             let before = seq.load(Acquire);
@@ -538,10 +553,16 @@ impl Block {
             ));
         }
         let inode = self.inode(ino);
+        if len != 0 {
+            self.check_local(ino)?;
+        }
         inode.mod_seq.fetch_add(1, AcqRel);
         if len == 0 {
-            // Rewritten from scratch: no longer the remains of a writer that died.
-            inode.life.fetch_and(!crate::layout::LIFE_TORN, AcqRel);
+            // Rewritten from scratch: no longer the remains of a writer that died, nor a
+            // file whose content is elsewhere.
+            inode
+                .life
+                .fetch_and(!(crate::layout::LIFE_TORN | LIFE_REMOTE), AcqRel);
             inode
                 .life
                 .fetch_add(1 << crate::layout::LIFE_REWRITE_SHIFT, AcqRel);

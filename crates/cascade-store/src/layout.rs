@@ -11,7 +11,7 @@ use crate::lock::ShmMutex;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"CASCADE\0";
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 pub(crate) const HEADER_SIZE: usize = 4096;
 
 pub(crate) const MIN_CHUNK: u64 = 4096;
@@ -71,6 +71,14 @@ pub(crate) const LIFE_STAGED: u32 = 16;
 /// A checkpoint whose file list a staging server accepted for version `durable_seq`: that
 /// server writes its completion marker once every file has drained.
 pub(crate) const LIFE_PUSHED: u32 = 32;
+/// The file's content is only in a level below (the file was listed from there, or evicted
+/// from memory once durable): its size and times are real, its data is not here. Reads,
+/// writes and mappings fail until read-through fetches it (a new inode) or it is truncated
+/// to zero.
+pub(crate) const LIFE_REMOTE: u32 = 64;
+/// A checkpoint the end of a job committed because nothing else did (its top-level
+/// directory): a later commit of a path inside it supersedes it instead of being refused.
+pub(crate) const LIFE_IMPLICIT: u32 = 128;
 /// The top 16 bits of `life` count truncations to zero (rewrites), modulo 2^16.
 pub(crate) const LIFE_REWRITE_SHIFT: u32 = 16;
 

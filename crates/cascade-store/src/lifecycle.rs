@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use crate::block::{my_pid, process_alive, process_start_time, Block};
 use crate::error::{Error, Result};
 use crate::layout::{
-    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_PUSHED,
-    LIFE_STAGED, LIFE_TORN, NIL, ROOT_INO,
+    is_dir_state, link_parent, INODE_DIR, LIFE_COMMITTED, LIFE_COMPLETE, LIFE_FLUSH, LIFE_IMPLICIT,
+    LIFE_PUSHED, LIFE_REMOTE, LIFE_STAGED, LIFE_TORN, NIL, ROOT_INO,
 };
 use crate::store::Store;
 use crate::types::FileKind;
@@ -87,6 +87,10 @@ pub struct LifeEntry {
     pub chunks_spill: u64,
     /// Open descriptions (readers and writers).
     pub opens: u32,
+    /// The content is only in a level below (LIFE_REMOTE): listed from there, or evicted.
+    pub remote: bool,
+    /// A checkpoint the end of a job committed (LIFE_IMPLICIT): a commit inside supersedes it.
+    pub implicit: bool,
 }
 
 impl LifeEntry {
@@ -305,6 +309,18 @@ impl Block {
         }
     }
 
+    /// The committed checkpoint `ino` lies inside, if any (namespace lock held).
+    fn committed_ancestor(&self, ino: u32) -> Option<u32> {
+        let mut cur = link_parent(self.inode(ino).link.load(Acquire));
+        while cur != ROOT_INO && cur < self.geo.max_inodes {
+            if self.inode(cur).life.load(Acquire) & LIFE_COMMITTED != 0 {
+                return Some(cur);
+            }
+            cur = link_parent(self.inode(cur).link.load(Acquire));
+        }
+        None
+    }
+
     /// The registered agent's pid, if it is alive.
     pub(crate) fn agent_pid(&self) -> Option<u32> {
         let h = self.header();
@@ -339,6 +355,8 @@ impl Block {
             chunks_mem: i.chunks_mem.load(Acquire) as u64,
             chunks_spill: i.chunks_spill.load(Acquire) as u64,
             opens: i.opens.load(Acquire),
+            remote: life & LIFE_REMOTE != 0,
+            implicit: life & LIFE_IMPLICIT != 0,
         }
     }
 
@@ -384,16 +402,27 @@ impl Store {
     /// the agent is woken. EBUSY if a file below is still open for writing, EIO if one was
     /// torn by a writer that died, EINVAL for the root or a checkpoint nested in another.
     pub fn commit(&self, path: &str, force_flush: bool) -> Result<u64> {
-        match self.commit_once(path, force_flush) {
+        self.commit_as(path, force_flush, false)
+    }
+
+    /// Commits `path` for the end of a job that committed nothing there (flushed, like the
+    /// last checkpoint of a job): an implicit checkpoint, which a later commit of a path
+    /// inside it supersedes (that commit is not refused as nested).
+    pub fn commit_implicit(&self, path: &str) -> Result<u64> {
+        self.commit_as(path, true, true)
+    }
+
+    fn commit_as(&self, path: &str, force_flush: bool, implicit: bool) -> Result<u64> {
+        match self.commit_once(path, force_flush, implicit) {
             // A writer that died still counts until its description is swept.
             Err(e) if e.errno() == libc::EBUSY && self.sweep_descriptions() > 0 => {
-                self.commit_once(path, force_flush)
+                self.commit_once(path, force_flush, implicit)
             }
             other => other,
         }
     }
 
-    fn commit_once(&self, path: &str, force_flush: bool) -> Result<u64> {
+    fn commit_once(&self, path: &str, force_flush: bool, implicit: bool) -> Result<u64> {
         let b = self.block();
         let h = b.header();
         let seq = {
@@ -405,18 +434,17 @@ impl Store {
                     "the store root cannot be a checkpoint; commit a directory or a file in it",
                 ));
             }
-            let mut cur = link_parent(b.inode(ino).link.load(Acquire));
-            while cur != ROOT_INO && cur < b.geo.max_inodes {
-                if b.inode(cur).life.load(Acquire) & LIFE_COMMITTED != 0 {
+            let outer = b.committed_ancestor(ino);
+            if let Some(outer) = outer {
+                if b.inode(outer).life.load(Acquire) & LIFE_IMPLICIT == 0 {
                     return Err(Error::new(
                         libc::EINVAL,
                         format!(
                             "{path} is inside the committed checkpoint {}; commit that one instead",
-                            b.path_of(cur).unwrap_or_default()
+                            b.path_of(outer).unwrap_or_default()
                         ),
                     ));
                 }
-                cur = link_parent(b.inode(cur).link.load(Acquire));
             }
             let canonical = b.path_of(ino).unwrap_or_else(|| path.to_string());
             let mut tree = Vec::new();
@@ -447,6 +475,17 @@ impl Store {
                     ));
                 }
             }
+            if let Some(outer) = outer {
+                // Superseded: no longer a checkpoint in the store (its marker below stays, a
+                // snapshot of what the job had written by its end); the version bump stops
+                // the agent recording it complete meanwhile.
+                let o = b.inode(outer);
+                o.life.fetch_and(
+                    !(LIFE_COMMITTED | LIFE_IMPLICIT | LIFE_FLUSH | LIFE_COMPLETE | LIFE_PUSHED),
+                    AcqRel,
+                );
+                o.mod_seq.fetch_add(1, AcqRel);
+            }
             let seq = h.commit_counter.fetch_add(1, AcqRel) + 1;
             let every = h.flush_every.load(Relaxed).max(1) as u64;
             let inode = b.inode(ino);
@@ -454,7 +493,12 @@ impl Store {
             if force_flush || seq.is_multiple_of(every) {
                 set |= LIFE_FLUSH;
             }
-            inode.life.fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED), AcqRel);
+            if implicit {
+                set |= LIFE_IMPLICIT;
+            }
+            inode
+                .life
+                .fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED | LIFE_IMPLICIT), AcqRel);
             inode.life.fetch_or(set, AcqRel);
             inode.commit_seq.store(seq, Release);
             inode.mod_seq.fetch_add(1, AcqRel);
@@ -656,6 +700,76 @@ impl Store {
         };
         futex_wake_all(&b.header().space_wake);
         Ok(Some(freed))
+    }
+
+    /// Makes the file at `path` remote (LIFE_REMOTE): frees its data but keeps its name, size
+    /// and times, if it is still version `seq` of generation `generation`, durable (not only
+    /// staged), closed, not torn, and neither a committed checkpoint nor inside one: a file
+    /// of a program that does not commit, whose content is safe below, evicted for writers
+    /// waiting for space. Listings and stat still show it; opening it under `cascade run`
+    /// fetches it again. Returns the bytes freed, or None if it was not evictable.
+    pub fn make_remote(&self, path: &str, generation: u32, seq: u64) -> Result<Option<u64>> {
+        let b = self.block();
+        let freed = {
+            let _g = b.lock_ns()?;
+            let ino = match b.resolve(path) {
+                Ok(i) => i,
+                Err(e) if e.errno() == libc::ENOENT => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let e = b.life_entry(ino, path.to_string());
+            let evictable = ino != ROOT_INO
+                && e.kind == FileKind::File
+                && e.generation == generation
+                && e.mod_seq == seq
+                && e.durable()
+                && !e.torn
+                && !e.committed
+                && !e.remote
+                && e.opens == 0;
+            if !evictable || b.committed_ancestor(ino).is_some() {
+                return Ok(None);
+            }
+            // Opening takes the namespace lock too, so nobody can start reading meanwhile.
+            let _file = b.lock_inode(ino)?;
+            let inode = b.inode(ino);
+            inode.life.fetch_or(LIFE_REMOTE, AcqRel);
+            b.map_truncate(ino, 0)?;
+            (e.chunks_mem + e.chunks_spill) * b.geo.chunk_size
+        };
+        futex_wake_all(&b.header().space_wake);
+        Ok(Some(freed))
+    }
+
+    /// Creates a remote file (LIFE_REMOTE) at `path`, of `size` bytes modified at `mtime_ns`,
+    /// recorded durable: a file a level below holds, listed for a directory listing before
+    /// anything fetched it. False if `path` exists already; its parent must exist.
+    pub fn create_remote(&self, path: &str, size: u64, mtime_ns: i64) -> Result<bool> {
+        let b = self.block();
+        let _g = b.lock_ns()?;
+        let (parent, name) = b.resolve_parent(path)?;
+        let Some(name) = name else {
+            return Ok(false);
+        };
+        if b.lookup(parent, name).is_some() {
+            return Ok(false);
+        }
+        if size > b.geo.max_file_bytes() {
+            return Err(Error::new(
+                libc::EFBIG,
+                format!("{path}: {size} bytes exceed the store's file size limit"),
+            ));
+        }
+        let ino = b.create_inode(parent, name, crate::layout::INODE_FILE, 0o644)?;
+        let inode = b.inode(ino);
+        inode.life.fetch_or(LIFE_REMOTE, AcqRel);
+        inode.size.store(size, Release);
+        inode.mtime.store(mtime_ns, Relaxed);
+        inode.ctime.store(mtime_ns, Relaxed);
+        inode
+            .durable_seq
+            .store(inode.mod_seq.load(Acquire), Release);
+        Ok(true)
     }
 
     /// Sets the flush frequency and how long writers wait on a full store (0 = ENOSPC at once).

@@ -352,6 +352,7 @@ impl Store {
             chunks_in_memory: i.chunks_mem.load(Relaxed) as u64,
             chunks_spilled: i.chunks_spill.load(Relaxed) as u64,
             chunk_size: self.block.geo.chunk_size,
+            remote: i.life.load(Acquire) & LIFE_REMOTE != 0,
         }
     }
 
@@ -637,6 +638,7 @@ impl File {
     /// zero chunks first (a shared writable mapping must have somewhere to write).
     pub fn map_sources(&self, offset: u64, len: u64, allocate: bool) -> Result<Vec<MapSource>> {
         self.check_file()?;
+        self.block.check_local(self.ino)?;
         let cs = self.block.geo.chunk_size;
         let size = self.len()?;
         let mut out = Vec::new();
@@ -696,6 +698,12 @@ impl File {
     /// True for a handle on a directory.
     pub fn is_dir(&self) -> bool {
         is_dir_state(self.block.inode(self.ino).state.load(Acquire))
+    }
+
+    /// True if the file's content is only in a level below (listed or evicted): reads,
+    /// writes and mappings fail until read-through fetches it or it is truncated to zero.
+    pub fn is_remote(&self) -> bool {
+        self.block.check_local(self.ino).is_err()
     }
 
     pub(crate) fn reopen(store: &Store, ino: u64, gen: u32, flags: i32) -> Result<File> {

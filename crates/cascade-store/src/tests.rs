@@ -603,3 +603,90 @@ fn reaching_a_level_wakes_whoever_waits_for_progress() {
     assert!(!s.mark_complete(e.ino, e.generation, e.mod_seq + 1));
     assert_eq!(s.progress_counter(), now);
 }
+
+#[test]
+fn a_commit_inside_an_implicit_checkpoint_supersedes_it_and_an_explicit_one_refuses() {
+    let s = store(1 << 20, 4096, 0);
+    s.mkdir("/run1", 0o755).unwrap();
+    s.mkdir("/run1/ckpt.41", 0o755).unwrap();
+    s.open("/run1/ckpt.41/d", &rw())
+        .unwrap()
+        .write_all_at(b"41", 0)
+        .unwrap();
+    s.commit_implicit("/run1").unwrap();
+    let root = |p: &str| s.life_tree(p).unwrap().remove(0);
+    assert!(root("/run1").committed && root("/run1").implicit && root("/run1").flush);
+    s.commit("/run1/ckpt.41", false).unwrap();
+    assert!(!root("/run1").committed && !root("/run1").implicit && !root("/run1").flush);
+    assert!(root("/run1/ckpt.41").committed && !root("/run1/ckpt.41").implicit);
+    // An explicit checkpoint still refuses one inside it.
+    s.mkdir("/run2", 0o755).unwrap();
+    s.mkdir("/run2/x", 0o755).unwrap();
+    s.commit("/run2", false).unwrap();
+    let err = s.commit("/run2/x", false).unwrap_err();
+    assert_eq!(err.errno(), libc::EINVAL);
+    assert!(err
+        .to_string()
+        .contains("inside the committed checkpoint /run2"));
+    // Recommitting an implicit checkpoint explicitly makes it explicit.
+    s.commit_implicit("/run2/x").unwrap_err();
+    s.mkdir("/run3", 0o755).unwrap();
+    s.commit_implicit("/run3").unwrap();
+    s.commit("/run3", false).unwrap();
+    assert!(root("/run3").committed && !root("/run3").implicit);
+    assert_clean(&s);
+}
+
+#[test]
+fn a_remote_file_keeps_its_name_and_size_but_never_reads_as_zeros() {
+    let s = store(1 << 20, 4096, 0);
+    let data = pattern(7, 10_000);
+    s.open("/f", &rw()).unwrap().write_all_at(&data, 0).unwrap();
+    let e = s.life_tree("/f").unwrap().remove(0);
+    // Not durable yet: stays.
+    assert_eq!(s.make_remote("/f", e.generation, e.mod_seq).unwrap(), None);
+    assert!(s.mark_durable(e.ino, e.generation, e.mod_seq));
+    let before = s.status().memory_used;
+    assert_eq!(
+        s.make_remote("/f", e.generation, e.mod_seq).unwrap(),
+        Some(3 * 4096)
+    );
+    assert_eq!(before - s.status().memory_used, 3 * 4096);
+    let m = s.stat("/f").unwrap();
+    assert!(m.remote && m.size == 10_000);
+    let f = s.open("/f", &OpenOptions::new().read(true)).unwrap();
+    assert!(f.is_remote());
+    let err = f.read_at(&mut [0u8; 16], 0).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO);
+    assert!(err.to_string().contains("only in a level below"), "{err}");
+    assert!(f.map_sources(0, 4096, false).is_err());
+    drop(f);
+    // Truncated to zero it is an ordinary (empty) file again.
+    let w = s
+        .open("/f", &OpenOptions::new().write(true).truncate(true))
+        .unwrap();
+    assert!(!w.is_remote());
+    w.write_all_at(b"new", 0).unwrap();
+    drop(w);
+    assert_eq!(s.stat("/f").unwrap().size, 3);
+    // A listed name: created remote, recorded durable, exists only once.
+    assert!(s.create_remote("/g", 123, 42).unwrap());
+    assert!(!s.create_remote("/g", 5, 42).unwrap());
+    let g = s.life_tree("/g").unwrap().remove(0);
+    assert!(g.remote && g.durable() && g.size == 123);
+    assert_eq!(s.stat("/g").unwrap().mtime, 42);
+    // Inside a committed checkpoint a file is never made remote on its own.
+    s.mkdir("/c", 0o755).unwrap();
+    s.open("/c/x", &rw())
+        .unwrap()
+        .write_all_at(b"x", 0)
+        .unwrap();
+    s.commit("/c", false).unwrap();
+    let x = s.life_tree("/c/x").unwrap().remove(0);
+    assert!(s.mark_durable(x.ino, x.generation, x.mod_seq));
+    assert_eq!(
+        s.make_remote("/c/x", x.generation, x.mod_seq).unwrap(),
+        None
+    );
+    assert_clean(&s);
+}

@@ -66,6 +66,9 @@ pub struct Metadata {
     pub chunks_in_memory: u64,
     pub chunks_spilled: u64,
     pub chunk_size: u64,
+    /// The content is only in a level below (listed from there, or evicted from memory):
+    /// reads fail until read-through fetches it.
+    pub remote: bool,
 }
 
 impl Metadata {

@@ -14,7 +14,7 @@ use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
 
 use crate::deltas::{deltas_note, with_base, PreviousVersion};
-use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
+use crate::level::{not_yet_whole, retry_later, Found, Level, Listed, Step, Unit};
 use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
@@ -202,5 +202,9 @@ impl Level for DedupRepository {
 
     fn is_dir(&self, _node: &Node, key: &DurableKey) -> Result<bool> {
         self.repository.is_dir(key)
+    }
+
+    fn list(&self, _node: &Node, key: &DurableKey) -> Result<Vec<Listed>> {
+        self.repository.list(key)
     }
 }

@@ -11,7 +11,7 @@ use cascade_durable::DurableKey;
 use cascade_durable::{FileDigest, SINGLE_PUT_MAX};
 use cascade_store::{LifeEntry, Store};
 
-use crate::level::{Found, Level, Step, Unit};
+use crate::level::{Found, Level, Listed, Step, Unit};
 use crate::node::{files_of, reserved, Checkpoint, Node};
 use crate::reader::StoreFileReader;
 use crate::store_write::write_fetched;
@@ -336,5 +336,31 @@ impl Level for PlainLayout {
             .list(&format!("{key}/"))
             .map_err(Error::Durable)?;
         Ok(!below.is_empty())
+    }
+
+    fn list(&self, node: &Node, key: &DurableKey) -> Result<Vec<Listed>> {
+        let children = node.durable.list_children(key).map_err(Error::Durable)?;
+        let base = |path: &str| path.rsplit('/').next().unwrap_or(path).to_string();
+        let dirs = children
+            .dirs
+            .into_iter()
+            .filter(|name| !name.starts_with(".cascade"))
+            .map(|name| Listed {
+                name,
+                dir: true,
+                size: 0,
+                modified_ns: 0,
+            });
+        let files = children
+            .files
+            .into_iter()
+            .filter(|f| !reserved(&f.path))
+            .map(|f| Listed {
+                name: base(&f.path),
+                dir: false,
+                size: f.size,
+                modified_ns: f.modified_ns,
+            });
+        Ok(dirs.chain(files).collect())
     }
 }

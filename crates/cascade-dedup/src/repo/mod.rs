@@ -672,6 +672,28 @@ impl Repo {
             .is_empty())
     }
 
+    /// One level of the manifests' tree at directory `dir` ("" for the root): the
+    /// checkpoints directly in it (their names; part manifests left out) and the
+    /// subdirectories with checkpoints below them, each sorted. For listings on a node whose
+    /// store lacks them.
+    pub fn manifests_in(&self, dir: &str) -> Result<(Vec<String>, Vec<String>)> {
+        let at = if dir.trim_matches('/').is_empty() {
+            self.key("manifests")
+        } else {
+            let rel = cascade_durable::normalize_rel(dir)?;
+            self.key(&format!("manifests/{rel}"))
+        };
+        let children = self.durable.list_children(&at)?;
+        let checkpoints = children
+            .files
+            .iter()
+            .filter_map(|o| o.path.rsplit('/').next()?.strip_suffix(".json"))
+            .filter(|name| !name.starts_with(cascade_durable::PART_PREFIX))
+            .map(str::to_string)
+            .collect();
+        Ok((checkpoints, children.dirs))
+    }
+
     /// The manifest of `checkpoint`, or None.
     pub fn read_manifest(&self, checkpoint: &str) -> Result<Option<Manifest>> {
         let key = self.manifest_key(checkpoint)?;

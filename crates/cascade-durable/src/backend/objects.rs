@@ -11,8 +11,8 @@ use object_store::{PutPayload, WriteMultipart};
 use super::AsyncDurableStore;
 use crate::layout::version_key;
 use crate::{
-    normalize_rel, parse_checksum, Error, FileDigest, ObjectInfo, Result, CHECKSUM_SUFFIX,
-    SINGLE_PUT_MAX,
+    normalize_rel, parse_checksum, Children, Error, FileDigest, ObjectInfo, Result,
+    CHECKSUM_SUFFIX, SINGLE_PUT_MAX,
 };
 
 impl AsyncDurableStore {
@@ -212,10 +212,7 @@ impl AsyncDurableStore {
         let mut out = Vec::new();
         while let Some(item) = stream.next().await {
             let meta = item.map_err(|e| self.classify("list", prefix, e))?;
-            out.push(ObjectInfo {
-                path: meta.location.to_string(),
-                size: meta.size,
-            });
+            out.push(object_info(&meta));
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
@@ -231,16 +228,35 @@ impl AsyncDurableStore {
             .list_with_delimiter(Some(&loc))
             .await
             .map_err(|e| self.classify("list", &dir, e))?;
-        let mut out: Vec<ObjectInfo> = listed
-            .objects
-            .into_iter()
-            .map(|meta| ObjectInfo {
-                path: meta.location.to_string(),
-                size: meta.size,
-            })
-            .collect();
+        let mut out: Vec<ObjectInfo> = listed.objects.iter().map(object_info).collect();
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+
+    /// The objects directly in directory `dir` ("" for the root) and its subdirectories: a
+    /// directory listing for read-through, without reading anything below.
+    pub async fn list_children(&self, dir: &str) -> Result<Children> {
+        let dir = dir.trim_matches('/');
+        let loc = if dir.is_empty() {
+            self.trace.note("list", "");
+            None
+        } else {
+            Some(self.traced("list", dir)?.1)
+        };
+        let listed = self
+            .store
+            .list_with_delimiter(loc.as_ref())
+            .await
+            .map_err(|e| self.classify("list", dir, e))?;
+        let mut files: Vec<ObjectInfo> = listed.objects.iter().map(object_info).collect();
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        let mut dirs: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect();
+        dirs.sort();
+        Ok(Children { files, dirs })
     }
 
     /// Deletes an object; a missing one is not an error.
@@ -275,5 +291,13 @@ impl AsyncDurableStore {
         };
         let text = String::from_utf8_lossy(&text);
         parse_checksum(&text).ok_or_else(|| bad(format!("malformed checksum object {sum_path}")))
+    }
+}
+
+fn object_info(meta: &object_store::ObjectMeta) -> ObjectInfo {
+    ObjectInfo {
+        path: meta.location.to_string(),
+        size: meta.size,
+        modified_ns: meta.last_modified.timestamp_nanos_opt().unwrap_or(0),
     }
 }

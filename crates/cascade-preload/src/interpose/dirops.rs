@@ -33,12 +33,19 @@ fn ours(dirp: *mut DIR) -> Option<&'static mut CascadeDir> {
     known.then(|| unsafe { &mut *(dirp as *mut CascadeDir) })
 }
 
-/// ".", ".." and the directory's entries, with inode numbers and d_type.
-fn listing(e: &Entry) -> Result<Vec<(Vec<u8>, u64, u8)>, Error> {
+/// ".", ".." and the directory's entries, with inode numbers and d_type. `from_start`: a
+/// listing that starts, which first shows what the levels below hold (restarts find their
+/// newest checkpoint by listing, on a node whose store is empty).
+fn listing(e: &Entry, from_start: bool) -> Result<Vec<(Vec<u8>, u64, u8)>, Error> {
     let store = store()?;
     // A removed directory lists nothing, not even "." and "..", as on Linux.
     if e.file.metadata().map(|m| m.links == 0).unwrap_or(true) {
         return Ok(Vec::new());
+    }
+    if from_start {
+        if let Ok(path) = e.file.current_path() {
+            readthrough::list_below(&path);
+        }
     }
     // By inode, not by the path it was opened with: the directory may have been renamed.
     let path = e.file.anchored("");
@@ -71,7 +78,7 @@ fn make_stream(fd: c_int) -> *mut DIR {
         set_errno(libc::ENOTDIR);
         return std::ptr::null_mut();
     }
-    match listing(&e) {
+    match listing(&e, true) {
         Ok(entries) => {
             let dir = Box::new(CascadeDir {
                 fd,
@@ -203,7 +210,7 @@ pub unsafe extern "C" fn rewinddir(dirp: *mut DIR) {
     match ours(dirp) {
         Some(d) => {
             if let Some(e) = lookup(d.fd) {
-                if let Ok(entries) = listing(&e) {
+                if let Ok(entries) = listing(&e, true) {
                     d.entries = entries;
                 }
             }
@@ -270,8 +277,8 @@ fn getdents_store(e: &Entry, buf: *mut u8, count: usize) -> Result<usize, Error>
     if !e.file.is_dir() {
         return Err(Error::new(libc::ENOTDIR, ""));
     }
-    let entries = listing(e)?;
     let mut at = d.offset().load(Relaxed) as usize;
+    let entries = listing(e, at == 0)?;
     let mut used = 0;
     while let Some((name, ino, t)) = entries.get(at) {
         let reclen = (19 + name.len() + 1).div_ceil(8) * 8;

@@ -3,7 +3,8 @@
 //!
 //! Protocol, one request per connection on the Unix stream socket
 //! `Store::agent_socket_path(store name)`: the client writes `FETCH <store path>\n` (absolute,
-//! normalised, no newline) and reads one line: `OK\n` (the path now exists: retry) or
+//! normalised, no newline) or `LIST <store directory>\n` and reads one line: `OK\n` (the
+//! path now exists, or the directory now shows what the levels below hold: retry) or
 //! `ERR <errno> <message>\n`. End of file before a line is EIO.
 //!
 //! Everything here uses raw system calls (`libc::syscall`), never the libc functions this
@@ -35,13 +36,51 @@ enum Fetch {
 /// (opens without O_CREAT, the stat/access family, opendir, chdir).
 pub(crate) fn with_fetch<T>(path: &str, op: impl Fn() -> Result<T, Error>) -> Result<T, Error> {
     match op() {
-        Err(e) if e.errno() == libc::ENOENT => match fetch(path) {
-            Fetch::Fetched => op(),
-            Fetch::NoAgent => Err(e),
-            Fetch::Failed(err) => Err(err),
-        },
+        // The protocol is line-based: a path with a newline is never asked about.
+        Err(e) if e.errno() == libc::ENOENT && !path.contains('\n') => {
+            // Listing the parent brings the name without its data (a stat needs no more; an
+            // open fetches a remote file next); else the agent fetches the path itself.
+            if let Some((parent, _)) = path.rsplit_once('/') {
+                let parent = if parent.is_empty() { "/" } else { parent };
+                if matches!(ask(Verb::List, parent), Fetch::Fetched) {
+                    if let found @ Ok(_) = op() {
+                        return found;
+                    }
+                }
+            }
+            match ask(Verb::Fetch, path) {
+                Fetch::Fetched => op(),
+                Fetch::NoAgent => Err(e),
+                Fetch::Failed(err) => Err(err),
+            }
+        }
         other => other,
     }
+}
+
+/// Fetches a remote file (listed from a level below, or evicted from memory): its name is in
+/// the store, its content only below. EIO when no agent can fetch it.
+pub(crate) fn fetch_remote(path: &str) -> Result<(), Error> {
+    match ask(Verb::Fetch, path) {
+        Fetch::Fetched => Ok(()),
+        Fetch::NoAgent => {
+            let why = "the content is only in a level below this node's store and no node \
+                       agent runs to fetch it (run under cascade run, or cascade restore it)";
+            let shown = match path.strip_prefix('/') {
+                Some(_) => format!("{}{path}", mount()),
+                None => path.to_string(),
+            };
+            report(&shown, why);
+            Err(Error::new(libc::EIO, format!("{path}: {why}")))
+        }
+        Fetch::Failed(e) => Err(e),
+    }
+}
+
+/// Before a directory is listed: asks the agent to show in it what the levels below hold
+/// (names and sizes, no data). Without an agent the listing is what the store has.
+pub(crate) fn list_below(path: &str) {
+    let _ = ask(Verb::List, path);
 }
 
 /// Clears the recursion flag when the fetch ends, however it ends.
@@ -53,7 +92,14 @@ impl Drop for Guard {
     }
 }
 
-fn fetch(path: &str) -> Fetch {
+/// The requests the agent answers.
+#[derive(Clone, Copy)]
+enum Verb {
+    Fetch,
+    List,
+}
+
+fn ask(verb: Verb, path: &str) -> Fetch {
     // A thread being torn down (no TLS) or already fetching does not ask again.
     match IN_FETCH.try_with(|f| f.replace(true)) {
         Ok(false) => {}
@@ -78,7 +124,7 @@ fn fetch(path: &str) -> Fetch {
     } else {
         format!("{}{abs}", mount())
     };
-    match conn.request(&abs) {
+    match conn.request(verb, &abs) {
         Ok(Answer::Ok) => Fetch::Fetched,
         Ok(Answer::Err(errno, message)) => {
             if errno == libc::EIO {
@@ -195,8 +241,11 @@ impl Conn {
     }
 
     /// Sends the request and reads the one-line answer. Err: the text of an EIO.
-    fn request(&self, store_path: &str) -> Result<Answer, String> {
-        let line = format!("FETCH {store_path}\n");
+    fn request(&self, verb: Verb, store_path: &str) -> Result<Answer, String> {
+        let line = match verb {
+            Verb::Fetch => format!("FETCH {store_path}\n"),
+            Verb::List => format!("LIST {store_path}\n"),
+        };
         let mut sent = 0;
         while sent < line.len() {
             let rest = &line.as_bytes()[sent..];

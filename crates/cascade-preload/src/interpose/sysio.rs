@@ -20,12 +20,18 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         mode: mode & 0o7777 & !names::umask_now(),
         described: true,
     };
-    // Read-through: a path the store lacks may be in the durable store (not for creation).
-    let file = if opts.create {
+    // Read-through: a path the store lacks may be in the durable store (not for creation),
+    // and a remote file (its content only below) is fetched before it is used.
+    let mut file = if opts.create {
         store.open(path, &opts)?
     } else {
         readthrough::with_fetch(path, || store.open(path, &opts))?
     };
+    if file.is_remote() {
+        drop(file);
+        readthrough::fetch_remote(path)?;
+        file = store.open(path, &opts)?;
+    }
     let is_dir = file.is_dir();
     if flags & libc::O_DIRECTORY != 0 && !file.is_dir() {
         return Err(Error::new(libc::ENOTDIR, path.to_string()));
