@@ -31,7 +31,7 @@
  *
  * Build: cc -O2 -Wall -Wextra -Werror -o heat heat.c -lm -ldl   (C11; libc, libm, libdl)
  * Run:   ./heat --dir DIR [--n N] [--steps S] [--every K] [--keep K] [--kill-at-step M]
- *               [--no-commit] [--quiet]          (./heat --help for details)
+ *               [--no-commit] [--find-latest] [--quiet]   (./heat --help for details)
  */
 #define _GNU_SOURCE
 
@@ -64,7 +64,7 @@ static const char *prog = "heat";
 struct options {
     const char *dir;
     long n, steps, every, kill_at, keep;
-    int commit, quiet;
+    int commit, quiet, find_latest;
 };
 
 static void usage(FILE *out)
@@ -87,6 +87,9 @@ static void usage(FILE *out)
             "  --kill-at-step M    simulate a crash: SIGKILL itself halfway through writing\n"
             "                      the grid of the checkpoint of step M (a multiple of K)\n"
             "  --no-commit         do not call cascade_commit on the checkpoint\n"
+            "  --find-latest       restart from the newest DIR/ckpt.<step> holding a meta.txt,\n"
+            "                      found by listing DIR, instead of from DIR/latest (as restart\n"
+            "                      logic that globs for its checkpoint does)\n"
             "  --quiet             print only the final line\n"
             "  --help              print this help\n"
             "\n"
@@ -124,7 +127,9 @@ __attribute__((noreturn)) static void fail(const char *what, const char *path, i
 
 static void parse_args(int argc, char **argv, struct options *o)
 {
-    enum { O_DIR = 256, O_N, O_STEPS, O_EVERY, O_KILL, O_KEEP, O_NOCOMMIT, O_QUIET, O_HELP };
+    enum {
+        O_DIR = 256, O_N, O_STEPS, O_EVERY, O_KILL, O_KEEP, O_NOCOMMIT, O_FIND, O_QUIET, O_HELP
+    };
     static const struct option longopts[] = {
         {"dir", required_argument, NULL, O_DIR},
         {"n", required_argument, NULL, O_N},
@@ -133,6 +138,7 @@ static void parse_args(int argc, char **argv, struct options *o)
         {"kill-at-step", required_argument, NULL, O_KILL},
         {"keep", required_argument, NULL, O_KEEP},
         {"no-commit", no_argument, NULL, O_NOCOMMIT},
+        {"find-latest", no_argument, NULL, O_FIND},
         {"quiet", no_argument, NULL, O_QUIET},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
@@ -166,6 +172,9 @@ static void parse_args(int argc, char **argv, struct options *o)
             break;
         case O_NOCOMMIT:
             o->commit = 0;
+            break;
+        case O_FIND:
+            o->find_latest = 1;
             break;
         case O_QUIET:
             o->quiet = 1;
@@ -300,11 +309,48 @@ static long long checkpoint(const struct options *o, const double *u, long s, ui
     return (long long)grid_bytes + meta;
 }
 
-/* Loads the checkpoint DIR/latest names into u; returns its step, or -1 when there is no
- * DIR/latest. Any problem with the checkpoint is a one-line error and exit 1. */
+static long load_checkpoint(const struct options *o, double *u, const char *name,
+                            const char *ck);
+
+/* --find-latest: the name of the newest DIR/ckpt.<step> with a meta.txt (written after the
+ * grid, so a checkpoint cut short by a crash is passed over), found by listing DIR; 0 when
+ * there is none. */
+static int newest_listed(const struct options *o, char *name, size_t size)
+{
+    DIR *d = opendir(o->dir);
+    if (!d)
+        fail("cannot list", o->dir, errno);
+    long best = -1;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long s = ckpt_step(e->d_name);
+        char ck[PATH_MAX], meta[PATH_MAX];
+        struct stat st;
+        if (s <= best)
+            continue;
+        join(ck, o->dir, e->d_name);
+        join(meta, ck, "meta.txt");
+        if (stat(meta, &st) == 0 && S_ISREG(st.st_mode)) {
+            best = s;
+            snprintf(name, size, "%s", e->d_name);
+        }
+    }
+    closedir(d);
+    return best >= 0;
+}
+
+/* Loads the checkpoint DIR/latest names (with --find-latest: the newest one listed) into u;
+ * returns its step, or -1 when there is none. Any problem with the checkpoint is a one-line
+ * error and exit 1. */
 static long restart(const struct options *o, double *u)
 {
-    char latest[PATH_MAX], name[256], ck[PATH_MAX], path[PATH_MAX];
+    char latest[PATH_MAX], name[256], ck[PATH_MAX];
+    if (o->find_latest) {
+        if (!newest_listed(o, name, sizeof name))
+            return -1;
+        join(ck, o->dir, name);
+        return load_checkpoint(o, u, name, ck);
+    }
     join(latest, o->dir, "latest");
     int fd = open(latest, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -322,6 +368,16 @@ static long restart(const struct options *o, double *u)
         strcmp(name, "..") == 0)
         fail("does not name a checkpoint directory", latest, 0);
     join(ck, o->dir, name);
+    return load_checkpoint(o, u, name, ck);
+}
+
+/* Loads checkpoint directory `ck` (named `name` in DIR) into u, verified; returns its step. */
+static long load_checkpoint(const struct options *o, double *u, const char *name,
+                            const char *ck)
+{
+    char path[PATH_MAX];
+    ssize_t got;
+    int fd;
 
     /* meta.txt */
     join(path, ck, "meta.txt");

@@ -314,8 +314,9 @@ fn final_fnv(stdout: &str) -> String {
 /// checkpoint directories `ckpt.<step>/` (160 MiB) through a 40 MiB store with the rule
 /// `ckpt.*/`. The run completes with the same result as on a plain directory; every
 /// checkpoint is complete in the durable store and its grid matches the checksum in its
-/// meta.txt; the newest two are in memory; and a second job restarts from the newest and
-/// ends where an uninterrupted run of as many steps ends.
+/// meta.txt; the newest two are in memory; a second job restarts from the newest and ends
+/// where an uninterrupted run of as many steps ends; and after `cascade destroy` a third
+/// finds the newest by listing the empty store's directory and restarts from it.
 #[test]
 fn heat_without_commits_through_a_store_a_quarter_of_its_output() {
     let env = Env::without_store("rules-heat");
@@ -395,6 +396,26 @@ fn heat_without_commits_through_a_store_a_quarter_of_its_output() {
         plain("240", "plain240"),
         "the restart did not end where an uninterrupted run ends: {out}"
     );
+
+    // The node is gone; a job on an empty store finds its newest checkpoint by listing
+    // (--find-latest: readdir of the directory and a stat of each meta.txt, as restart logic
+    // that globs does) and restarts from it, fetched from the durable store.
+    let out = run(&env, &vars, &["destroy", "--force"]);
+    assert!(out.ok(), "{out}");
+    let cmd = [
+        &["run", "--", exe][..],
+        &args,
+        &["--steps", "260", "--dir", "/cascade/heat", "--find-latest"],
+    ]
+    .concat();
+    let out = run(&env, &vars, &cmd);
+    assert!(out.ok(), "restart by listing: {out}");
+    assert_eq!(
+        out.stdout.lines().next(),
+        Some("restarted from ckpt.000240 step=240"),
+        "{out}"
+    );
+    assert_eq!(final_fnv(&out.stdout), plain("260", "plain260"), "{out}");
 }
 
 /// GROMACS inputs: SPC/E water in a 6 nm box (about 7000 waters; a checkpoint is about
