@@ -264,6 +264,26 @@ fn lammps_restart_files_far_larger_than_the_store() {
         out.stdout.contains("Loop time"),
         "the restarted run did not run: {out}"
     );
+
+    // The node is gone: the same restart reads the file back from the durable store.
+    let out = run(&env, &vars, &["destroy", "--force"]);
+    assert!(out.ok(), "{out}");
+    let out = run(
+        &env,
+        &vars,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "lmp -in in.again -log none -nocite",
+        ],
+    );
+    assert!(out.ok(), "restart after destroy: {out}");
+    assert!(
+        out.stdout.contains("Loop time"),
+        "the restarted run did not run: {out}"
+    );
 }
 
 /// Compiles examples/heat/heat.c (the flags of its header comment) into `dir`.
