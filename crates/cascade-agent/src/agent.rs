@@ -338,7 +338,8 @@ impl Agent {
         let mut ready: Vec<&LifeEntry> = Vec::new();
         let mut stale_markers: Vec<&LifeEntry> = Vec::new();
         for e in files_of(tree) {
-            let below = route.first().is_some_and(|l| l.holds(e));
+            // A remote file's content is below by definition.
+            let below = e.remote || route.first().is_some_and(|l| l.holds(e));
             if below || reserved(&e.path) {
                 continue;
             }
@@ -411,10 +412,17 @@ impl Agent {
         route: &[&dyn Level],
         outcome: &mut PassOutcome,
     ) {
+        let stored_whole = route.iter().any(|l| l.takes() == Some(Unit::Checkpoints));
         for c in checkpoints
             .iter()
             .filter(|c| c.root.flush && !c.root.complete())
         {
+            if let Some(fetched) = stored_whole.then(|| self.fetch_remote_files(c)).flatten() {
+                // The next pass sees them in memory (or retries what failed).
+                outcome.pending += 1;
+                outcome.progressed |= fetched;
+                continue;
+            }
             let previous = previous_in_series(checkpoints, c);
             let step = route
                 .iter()
@@ -453,6 +461,33 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// A checkpoint stored whole (dedup) is read from memory: its remote files (listed from
+    /// below, e.g. older checkpoints in the directory a restarted job committed) are fetched
+    /// first. None if it has none; else whether all were fetched now (false: a fetch failed
+    /// and is retried later, or an earlier failure's retry time has not come).
+    fn fetch_remote_files(&self, c: &Checkpoint) -> Option<bool> {
+        let remote: Vec<&str> = c
+            .files
+            .iter()
+            .filter(|f| f.remote)
+            .map(|f| f.path.as_str())
+            .collect();
+        if remote.is_empty() {
+            return None;
+        }
+        if self.node.retry_not_before(c.root, Instant::now()).is_some() {
+            return Some(false);
+        }
+        for path in remote {
+            if let Err(e) = self.fetch(path) {
+                let what = format!("fetching {path} to store checkpoint {}", c.root.path);
+                crate::level::retry_later(&self.node, c.root, &what, &e);
+                return Some(false);
+            }
+        }
+        Some(true)
     }
 
     /// Frees descriptions of dead writers now and then, so a file whose writer was killed is

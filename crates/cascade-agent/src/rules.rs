@@ -4,7 +4,9 @@
 //! - A file whose name matches a file rule (`restart.*`, `*.cpt`) is committed as a
 //!   single-file checkpoint once it is closed, before its upload, so that retention and
 //!   eviction treat it as a checkpoint: a long run writing more restart files than the store
-//!   holds keeps the newest `checkpoint.keep` in memory and the rest only below.
+//!   holds keeps the newest `checkpoint.keep` in memory and the rest only below. A file
+//!   already safe below (fetched by read-through, or remote) was not written by this job and
+//!   is left alone.
 //! - A directory whose name matches a directory rule (`ckpt_*/`) is committed once a newer
 //!   sibling matching the same rule exists (newer: the later modification time of what lies
 //!   in it) and everything below it is closed; the newest is committed at the end of the job,
@@ -126,9 +128,14 @@ pub fn commit_by_rules(
             }
         }
         for d in due {
-            let busy =
-                files_of(tree).any(|f| f.is_at_or_below(&d.path) && (f.writers > 0 || f.torn));
-            if !busy {
+            let files: Vec<&LifeEntry> = files_of(tree)
+                .filter(|f| f.is_at_or_below(&d.path))
+                .collect();
+            let busy = files.iter().any(|f| f.writers > 0 || f.torn);
+            // Only listed from below (a restarted job's view of older checkpoints): it is
+            // there already and is not this job's to commit.
+            let only_below = files.iter().all(|f| f.remote);
+            if !busy && !only_below {
                 commit(&d.path);
             }
         }
@@ -152,6 +159,7 @@ pub fn commit_by_rules(
         if matches
             && f.writers == 0
             && !f.torn
+            && !f.safe()
             && !f.committed
             && !reserved(&f.path)
             && !inside_committed(f)

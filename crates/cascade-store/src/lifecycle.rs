@@ -501,7 +501,11 @@ impl Store {
                 .fetch_and(!(LIFE_COMPLETE | LIFE_PUSHED | LIFE_IMPLICIT), AcqRel);
             inode.life.fetch_or(set, AcqRel);
             inode.commit_seq.store(seq, Release);
-            inode.mod_seq.fetch_add(1, AcqRel);
+            let version = inode.mod_seq.fetch_add(1, AcqRel) + 1;
+            if inode.life.load(Acquire) & LIFE_REMOTE != 0 {
+                // A remote file's content is below, at this path: still durable.
+                inode.durable_seq.store(version, Release);
+            }
             seq
         };
         b.wake_agent();
