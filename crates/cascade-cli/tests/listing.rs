@@ -277,7 +277,11 @@ fn a_restart_finds_dedup_checkpoints_by_listing() {
 
     let restart = "ls /cascade/sim > \"$ORIG/ls\" && ls /cascade/sim/ckpt.3 > \"$ORIG/ls3\" && \
                    /usr/bin/python3 -c 'import glob; print(max(glob.glob(\"/cascade/sim/ckpt.*\")))' \
-                   > \"$ORIG/newest\" && cat \"$(cat \"$ORIG/newest\")/state\" > \"$ORIG/restarted\"";
+                   > \"$ORIG/newest\" && cat \"$(cat \"$ORIG/newest\")/state\" > \"$ORIG/restarted\" && \
+                   ls /cascade/sim/ckpt.2 > /dev/null && mkdir /cascade/sim/ckpt.4 && \
+                   head -c 100000 /dev/urandom > /cascade/sim/ckpt.4/state";
+    // The job commits nothing: its end commits /sim, which holds a remote file (ckpt.2's,
+    // listed, never opened); stored whole in the repository, it is fetched first.
     let out = run(&env, &v, &["run", "--", "sh", "-c", restart]);
     assert!(out.ok(), "{out}");
     let read = |name: &str| std::fs::read_to_string(originals.join(name)).expect(name);
@@ -293,4 +297,10 @@ fn a_restart_finds_dedup_checkpoints_by_listing() {
             == std::fs::read(originals.join("state.3")).expect("original"),
         "the restart read other bytes than the checkpoint's"
     );
+    let levels = run(&env, &vars, &["ls", "--levels", "/sim"]).stdout;
+    let sim = levels
+        .lines()
+        .find(|l| l.split_whitespace().last() == Some("/sim/"))
+        .unwrap_or_default();
+    assert!(sim.contains("complete"), "{levels}");
 }
