@@ -243,3 +243,191 @@ fn single_files_parts_job_markers_and_buffers_are_fsynced() {
         assert!(durable.contains_key(&key), "{key}: {trace:#?}");
     }
 }
+
+/// The store's own trace records an fsync right after making it; this checks the system
+/// calls themselves. [`uploads_of_the_syscall_test`] runs under `strace` (needed for this
+/// test), and every object that a rename or hard link put into place must be fsynced, with
+/// every directory from its parent up to the store root, before the next object is put into
+/// place; every marker only after all the objects it lists.
+#[test]
+fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the_marker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let out = tmp.path().join("strace.out");
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new("strace")
+        .args(["-f", "-y", "-qq", "-e", "signal=none", "-e"])
+        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat")
+        .arg("-o")
+        .arg(&out)
+        .arg(&exe)
+        .args(["--exact", "uploads_of_the_syscall_test", "--test-threads=1"])
+        .env(CHILD_DIR, &root)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run strace (this test needs it installed)");
+    assert!(status.success(), "the traced uploads failed: {status}");
+    let root = std::fs::canonicalize(&root).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    let events = syscall_events(&text, &root);
+
+    // Each object put into place is synced, with its directories, before the next one.
+    let placed: Vec<usize> = (0..events.len())
+        .filter(|&i| events[i].0 == "place")
+        .collect();
+    assert!(placed.len() > 10, "{events:#?}");
+    let mut synced_at: HashMap<String, usize> = HashMap::new();
+    for (n, &i) in placed.iter().enumerate() {
+        let key = &events[i].1;
+        let end = placed.get(n + 1).copied().unwrap_or(events.len());
+        let window = &events[i + 1..end];
+        let mut missing = Vec::new();
+        if !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
+            missing.push(key.clone());
+        }
+        for d in dirs_of(key) {
+            if !window.iter().any(|(op, k)| *op == "fsync" && *k == d) {
+                missing.push(format!("{d}/"));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{key} put into place, then the next object before fsync of {missing:?}: {events:#?}"
+        );
+        synced_at.insert(key.clone(), end);
+    }
+    // Markers after what they list.
+    let markers = [
+        (marker_key(SYSCALL_CKPT, false), SYSCALL_CKPT),
+        (marker_key(SYSCALL_JOB, false), SYSCALL_JOB),
+    ];
+    for (marker, ckpt) in markers {
+        let at = placed
+            .iter()
+            .copied()
+            .rfind(|&i| events[i].1 == marker)
+            .unwrap_or_else(|| panic!("{marker} never put into place: {events:#?}"));
+        let listed = std::fs::read(root.join(&marker)).unwrap();
+        let listed: cascade_durable::Marker = serde_json::from_slice(&listed).unwrap();
+        for f in &listed.files {
+            let data = format!("{ckpt}/{}", f.path);
+            for key in [
+                data.clone(),
+                format!("{data}{CHECKSUM_SUFFIX}"),
+                version_of(&data),
+            ] {
+                let synced = synced_at[&key];
+                assert!(
+                    synced <= at,
+                    "{marker} put into place before {key} was synced"
+                );
+            }
+        }
+    }
+}
+
+const CHILD_DIR: &str = "CASCADE_DURABILITY_TEST_DIR";
+const SYSCALL_CKPT: &str = "job7/ckpt.0002";
+const SYSCALL_JOB: &str = "job8/ckpt.1";
+
+/// The uploads whose system calls the test above reads: a checkpoint (with a multipart
+/// upload) and a one-node job's part and marker (a conditional put: a hard link). Into the
+/// directory `CASCADE_DURABILITY_TEST_DIR` names, else a temporary one.
+#[test]
+fn uploads_of_the_syscall_test() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::env::var_os(CHILD_DIR).map_or_else(|| tmp.path().join("d"), Into::into);
+    let store = DurableStore::open(root.to_str().unwrap()).unwrap();
+    let files = common::checkpoint_files();
+    let items: Vec<UploadItem> = files
+        .iter()
+        .map(|(rel, d)| UploadItem::from_bytes(rel.clone(), d))
+        .collect();
+    store.upload_checkpoint(SYSCALL_CKPT, items).unwrap();
+    let data = cascade_testkit::pattern(1000, 9);
+    let file = format!("{SYSCALL_JOB}/rank.0.bin");
+    store.put_version(&file, now_unix_ns()).unwrap();
+    let digest = store.put_bytes(&file, &data).unwrap();
+    store.put_checksum(&file, &digest).unwrap();
+    store
+        .write_part(&Part {
+            format: PART_FORMAT.to_string(),
+            checkpoint: SYSCALL_JOB.to_string(),
+            node: "n0".to_string(),
+            nodes: 1,
+            node_names: Vec::new(),
+            written_unix_ns: now_unix_ns(),
+            files: vec![MarkerFile {
+                path: "rank.0.bin".to_string(),
+                size: digest.size,
+                blake3: digest.blake3,
+            }],
+        })
+        .unwrap();
+    assert!(matches!(
+        store.complete_job(SYSCALL_JOB, 1).unwrap(),
+        JobProgress::Complete(_)
+    ));
+    store.verify_checkpoint(SYSCALL_CKPT).unwrap();
+    store.verify_checkpoint(SYSCALL_JOB).unwrap();
+}
+
+/// The events below `root` in an `strace -f -y` log, in the order they completed:
+/// `("place", key)` for a successful rename or hard link onto `key`, `("fsync", key)` for a
+/// successful fsync of the file or directory `key` ("" for the root).
+fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
+    let root = root.to_str().unwrap();
+    let key_of = |path: &str| -> Option<String> {
+        let rest = path.strip_prefix(root)?;
+        if rest.is_empty() {
+            return Some(String::new());
+        }
+        Some(rest.strip_prefix('/')?.to_string())
+    };
+    // Calls split by another thread's: pid -> the call's name and arguments.
+    let mut pending: HashMap<&str, String> = HashMap::new();
+    let mut events = Vec::new();
+    for line in log.lines() {
+        let Some((pid, rest)) = line.split_once(char::is_whitespace) else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let call = if let Some(started) = rest.strip_suffix("<unfinished ...>") {
+            pending.insert(pid, started.to_string());
+            continue;
+        } else if rest.starts_with("<...") {
+            let Some(started) = pending.remove(pid) else {
+                continue;
+            };
+            let tail = rest.split_once("resumed>").map_or("", |(_, t)| t);
+            format!("{started}{tail}")
+        } else {
+            rest.to_string()
+        };
+        if !call.trim_end().ends_with("= 0") {
+            continue;
+        }
+        let name = call.split('(').next().unwrap_or("");
+        match name {
+            "fsync" | "fdatasync" => {
+                // fsync(7</path/to/file>) = 0
+                let path = call
+                    .split_once('<')
+                    .and_then(|(_, p)| p.split_once(">)"))
+                    .map(|(p, _)| p);
+                if let Some(key) = path.and_then(key_of) {
+                    events.push(("fsync", key));
+                }
+            }
+            "rename" | "renameat" | "renameat2" | "link" | "linkat" => {
+                // The destination is the second quoted (absolute) path.
+                let dest = call.split('"').nth(3);
+                if let Some(key) = dest.and_then(key_of) {
+                    events.push(("place", key));
+                }
+            }
+            _ => {}
+        }
+    }
+    events
+}
