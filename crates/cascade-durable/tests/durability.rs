@@ -6,95 +6,17 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 
 use bytes::Bytes;
 use cascade_durable::{
     marker_key, now_unix_ns, part_key, DurableStore, JobProgress, MarkerFile, Part, UploadItem,
-    CHECKSUM_SUFFIX, PART_FORMAT, VERSION_SUFFIX,
+    CHECKSUM_SUFFIX, PART_FORMAT,
 };
-
-type Trace = Vec<(&'static str, String)>;
-
-/// The directories whose entries lead to `key`, from its parent up to the root ("").
-fn dirs_of(key: &str) -> Vec<String> {
-    let mut dirs = Vec::new();
-    let mut rest = key;
-    while let Some((dir, _)) = rest.rsplit_once('/') {
-        dirs.push(dir.to_string());
-        rest = dir;
-    }
-    dirs.push(String::new());
-    dirs
-}
-
-fn version_of(key: &str) -> String {
-    match key.rsplit_once('/') {
-        Some((dir, base)) => format!("{dir}/.{base}{VERSION_SUFFIX}"),
-        None => format!(".{key}{VERSION_SUFFIX}"),
-    }
-}
-
-/// Checks that every write in `trace` is followed, before the next request, by the fsync of
-/// the object and of every directory from its parent up to the root, that the fsyncs after a
-/// delete are of its directory only, and that nothing else is followed by fsyncs. Returns,
-/// for each key written, the position in `trace` at which its last write was durable.
-fn durable_positions(trace: &Trace) -> HashMap<String, usize> {
-    let mut durable = HashMap::new();
-    let mut i = 0;
-    while i < trace.len() {
-        let (op, key) = &trace[i];
-        assert!(
-            !op.starts_with("fsync"),
-            "fsync before any request: {trace:#?}"
-        );
-        let mut j = i + 1;
-        while j < trace.len() && trace[j].0.starts_with("fsync") {
-            j += 1;
-        }
-        let synced: HashSet<(&str, &str)> = trace[i + 1..j]
-            .iter()
-            .map(|(o, k)| (*o, k.as_str()))
-            .collect();
-        match *op {
-            "put" => {
-                let mut missing = Vec::new();
-                if !synced.contains(&("fsync", key.as_str())) {
-                    missing.push(format!("fsync {key}"));
-                }
-                for d in dirs_of(key) {
-                    if !synced.contains(&("fsync_dir", d.as_str())) {
-                        missing.push(format!("fsync_dir {d:?}"));
-                    }
-                }
-                assert!(
-                    missing.is_empty(),
-                    "put {key} returned before {missing:?}:\n{trace:#?}"
-                );
-                durable.insert(key.clone(), j - 1);
-            }
-            "delete" => {
-                let parent = dirs_of(key).remove(0);
-                assert!(
-                    synced.iter().all(|s| *s == ("fsync_dir", parent.as_str())),
-                    "delete {key} followed by {synced:?}"
-                );
-            }
-            _ => assert!(synced.is_empty(), "{op} {key} followed by {synced:?}"),
-        }
-        i = j;
-    }
-    durable
-}
-
-/// Position of the last `put` of `key` in `trace`.
-fn last_put(trace: &Trace, key: &str) -> usize {
-    trace
-        .iter()
-        .rposition(|(op, k)| *op == "put" && k == key)
-        .unwrap_or_else(|| panic!("no put of {key}: {trace:#?}"))
-}
+use cascade_testkit::fsync::{
+    assert_marker_after_its_files, assert_writes_fsynced, key_dirs, last_put, version_key_of, Trace,
+};
 
 /// Every fsync recorded in `trace` names a file or directory that exists below `root`.
 fn fsyncs_exist(trace: &Trace, root: &Path) {
@@ -103,32 +25,6 @@ fn fsyncs_exist(trace: &Trace, root: &Path) {
             "fsync" => assert!(root.join(key).is_file(), "{key}"),
             "fsync_dir" => assert!(root.join(key).is_dir(), "{key:?}"),
             _ => {}
-        }
-    }
-}
-
-/// The marker `marker` was written after every object of every file it lists (data,
-/// checksum, version) was durable.
-fn marker_after_its_files(
-    trace: &Trace,
-    durable: &HashMap<String, usize>,
-    marker: &str,
-    keys: &[String],
-) {
-    let at = last_put(trace, marker);
-    for data in keys {
-        for key in [
-            data.clone(),
-            format!("{data}{CHECKSUM_SUFFIX}"),
-            version_of(data),
-        ] {
-            let synced = durable
-                .get(&key)
-                .unwrap_or_else(|| panic!("{key} never written: {trace:#?}"));
-            assert!(
-                *synced < at,
-                "{marker} written (#{at}) before {key} was durable (#{synced})"
-            );
         }
     }
 }
@@ -154,9 +50,9 @@ fn a_checkpoint_is_fsynced_before_its_marker_and_every_write_before_it_returns()
         store.upload_checkpoint(ckpt, items).unwrap();
         let trace = store.take_trace();
         fsyncs_exist(&trace, &root);
-        let durable = durable_positions(&trace);
+        let durable = assert_writes_fsynced(&trace);
         let marker = marker_key(ckpt, false);
-        marker_after_its_files(&trace, &durable, &marker, &keys);
+        assert_marker_after_its_files(&trace, &durable, &marker, &keys);
         // The marker itself is durable when the upload returns.
         assert!(durable.contains_key(&marker));
         if round == 1 {
@@ -229,15 +125,15 @@ fn single_files_parts_job_markers_and_buffers_are_fsynced() {
 
     let trace = store.take_trace();
     fsyncs_exist(&trace, &root);
-    let durable = durable_positions(&trace);
-    marker_after_its_files(
+    let durable = assert_writes_fsynced(&trace);
+    assert_marker_after_its_files(
         &trace,
         &durable,
         &marker_key(model, true),
         &[model.to_string()],
     );
     let marker = marker_key(ckpt, false);
-    marker_after_its_files(&trace, &durable, &marker, &[file]);
+    assert_marker_after_its_files(&trace, &durable, &marker, &[file]);
     assert!(durable[&part_key(ckpt, "n0")] < last_put(&trace, &marker));
     for key in [marker, pack.to_string()] {
         assert!(durable.contains_key(&key), "{key}: {trace:#?}");
@@ -285,7 +181,7 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
         if !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
             missing.push(key.clone());
         }
-        for d in dirs_of(key) {
+        for d in key_dirs(key) {
             if !window.iter().any(|(op, k)| *op == "fsync" && *k == d) {
                 missing.push(format!("{d}/"));
             }
@@ -314,7 +210,7 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
             for key in [
                 data.clone(),
                 format!("{data}{CHECKSUM_SUFFIX}"),
-                version_of(&data),
+                version_key_of(&data),
             ] {
                 let synced = synced_at[&key];
                 assert!(
