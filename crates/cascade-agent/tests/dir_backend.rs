@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use cascade_agent::{drain_checkpoint, restore_checkpoint, restore_into_store, StoreFileReader};
 use cascade_durable::DurableStore;
 use cascade_store::{ChunkLocation, OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
+use cascade_testkit::fsync::{assert_marker_after_its_files, assert_writes_fsynced};
 use cascade_testkit::{pattern, read_store_file as read_all};
 
 const CHUNK: u64 = 64 << 10;
@@ -229,6 +230,43 @@ fn drain_writes_the_plain_layout_and_restore_returns_the_same_bytes() {
             .collect::<Vec<_>>(),
         vec!["empty.dat", "rank0.dat", "sparse.dat", "sub"]
     );
+}
+
+/// A drain to a directory store is durable before it returns: every object it writes is
+/// fsynced with its directories before the next request, every marker only after each file
+/// it lists (data, checksum and version object), and a re-drain's deletion of the old marker
+/// before any data is replaced (docs/durable-layout.md, "Durability").
+#[test]
+fn a_drain_fsyncs_every_object_before_the_next_and_the_marker_last() {
+    let store = TestStore::new();
+    let files = make_checkpoint(&store, "/ckpt.0004");
+    write(&store, "/solo.dat", &pattern(150_000, 9), 0);
+    let durable_dir = tempfile::tempdir().unwrap();
+    let durable = DurableStore::open(durable_dir.path().to_str().unwrap()).unwrap();
+    let keys: Vec<String> = files
+        .iter()
+        .map(|(rel, _)| format!("ckpt.0004/{rel}"))
+        .collect();
+    for round in 0..2 {
+        durable.start_trace();
+        drain_checkpoint(&store, "/ckpt.0004", &durable, &|_| {}).unwrap();
+        drain_checkpoint(&store, "/solo.dat", &durable, &|_| {}).unwrap();
+        let trace = durable.take_trace();
+        let synced = assert_writes_fsynced(&trace);
+        let marker = "ckpt.0004/.cascade-complete";
+        assert_marker_after_its_files(&trace, &synced, marker, &keys);
+        let solo = ["solo.dat".to_string()];
+        assert_marker_after_its_files(&trace, &synced, "solo.dat.cascade-complete", &solo);
+        if round == 1 {
+            let deleted = trace
+                .iter()
+                .position(|(op, k)| *op == "delete" && k == marker)
+                .expect("the old marker deleted");
+            assert_eq!(trace[deleted + 1], ("fsync_dir", "ckpt.0004".to_string()));
+            let first_put = trace.iter().position(|(op, _)| *op == "put");
+            assert!(first_put > Some(deleted + 1), "{trace:#?}");
+        }
+    }
 }
 
 #[test]

@@ -34,6 +34,7 @@ pub mod build;
 pub mod data;
 pub mod durable;
 pub mod fs;
+pub mod fsync;
 pub mod node;
 pub mod process;
 pub mod real_series;

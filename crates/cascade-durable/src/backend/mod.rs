@@ -4,6 +4,7 @@
 mod checkpoints;
 mod objects;
 mod parts;
+mod synced;
 
 pub use parts::{JobProgress, PartsIn};
 
@@ -97,7 +98,7 @@ pub struct AsyncDurableStore {
 
 /// The requests a store made while tracing was on: tests measure with it what an operation
 /// reads and writes (garbage collection must not read every pack).
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Trace {
     on: AtomicBool,
     requests: Mutex<Vec<(&'static str, String)>>,
@@ -139,6 +140,7 @@ impl AsyncDurableStore {
                     .to_string(),
             });
         }
+        let trace: Arc<Trace> = Arc::default();
         let store: Arc<dyn ObjectStore> = match &spec {
             Spec::Dir(dir) => {
                 let not_writable = |e: std::io::Error| Error::NotWritable {
@@ -156,7 +158,9 @@ impl AsyncDurableStore {
                         store: name.clone(),
                         detail: error::one_line(&error::chain_text(&e)),
                     })?;
-                Arc::new(local)
+                // Every write fsynced before it returns (docs/durable-layout.md,
+                // "Durability").
+                Arc::new(synced::SyncedDir::new(local, Arc::clone(&trace)))
             }
             Spec::S3(s3) => {
                 let mut builder = AmazonS3Builder::new()
@@ -201,7 +205,7 @@ impl AsyncDurableStore {
             spec,
             name,
             opts,
-            trace: Arc::default(),
+            trace,
         };
         // One request that needs the bucket and valid credentials.
         if let Spec::S3(_) = this.spec {
@@ -220,6 +224,8 @@ impl AsyncDurableStore {
 
     /// Starts recording every request (operation and path: `get`, `get_range`, `head`,
     /// `put`, `delete`, `list` of a prefix), for tests that measure what an operation costs.
+    /// A directory store also records each fsync once it is done: `fsync` of an object,
+    /// `fsync_dir` of a directory (its key; "" for the root).
     pub fn start_trace(&self) {
         if let Ok(mut r) = self.trace.requests.lock() {
             r.clear();

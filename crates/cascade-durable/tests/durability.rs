@@ -1,0 +1,329 @@
+//! A directory store fsyncs what it writes before the write returns, and a completion marker
+//! is written only once everything it lists is durable (docs/durable-layout.md,
+//! "Durability"). A crash test cannot see a missing fsync (the page cache survives a killed
+//! process), so these tests read the store's trace, in which a directory store records each
+//! fsync once it is done, in order with the requests.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bytes::Bytes;
+use cascade_durable::{
+    marker_key, now_unix_ns, part_key, DurableStore, JobProgress, MarkerFile, Part, UploadItem,
+    CHECKSUM_SUFFIX, PART_FORMAT,
+};
+use cascade_testkit::fsync::{
+    assert_marker_after_its_files, assert_writes_fsynced, key_dirs, last_put, version_key_of, Trace,
+};
+
+/// Every fsync recorded in `trace` names a file or directory that exists below `root`.
+fn fsyncs_exist(trace: &Trace, root: &Path) {
+    for (op, key) in trace {
+        match *op {
+            "fsync" => assert!(root.join(key).is_file(), "{key}"),
+            "fsync_dir" => assert!(root.join(key).is_dir(), "{key:?}"),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn a_checkpoint_is_fsynced_before_its_marker_and_every_write_before_it_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let store = DurableStore::open(root.to_str().unwrap()).unwrap();
+    // New directories two levels deep, a subdirectory, an empty file and a multipart upload.
+    let ckpt = "job7/ckpt.0001";
+    let files = common::checkpoint_files();
+    let keys: Vec<String> = files
+        .iter()
+        .map(|(rel, _)| format!("{ckpt}/{rel}"))
+        .collect();
+    for round in 0..2 {
+        let items: Vec<UploadItem> = files
+            .iter()
+            .map(|(rel, d)| UploadItem::from_bytes(rel.clone(), d))
+            .collect();
+        store.start_trace();
+        store.upload_checkpoint(ckpt, items).unwrap();
+        let trace = store.take_trace();
+        fsyncs_exist(&trace, &root);
+        let durable = assert_writes_fsynced(&trace);
+        let marker = marker_key(ckpt, false);
+        assert_marker_after_its_files(&trace, &durable, &marker, &keys);
+        // The marker itself is durable when the upload returns.
+        assert!(durable.contains_key(&marker));
+        if round == 1 {
+            // A re-upload removes the old marker durably before it replaces any data.
+            let deleted = trace
+                .iter()
+                .position(|(op, k)| *op == "delete" && *k == marker)
+                .unwrap();
+            assert_eq!(trace[deleted + 1], ("fsync_dir", ckpt.to_string()));
+            let first_put = trace.iter().position(|(op, _)| *op == "put").unwrap();
+            assert!(deleted + 1 < first_put, "{trace:#?}");
+        }
+    }
+}
+
+#[test]
+fn single_files_parts_job_markers_and_buffers_are_fsynced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let store = DurableStore::open(&format!("file://{}", root.display())).unwrap();
+    store.start_trace();
+
+    // A single-file checkpoint, written step by step as the agent does.
+    let model = "models/model.0042.pt";
+    let data = cascade_testkit::pattern(300_000, 5);
+    store.put_version(model, now_unix_ns()).unwrap();
+    let digest = store.put_bytes(model, &data).unwrap();
+    store.put_checksum(model, &digest).unwrap();
+    let entry = MarkerFile {
+        path: "model.0042.pt".to_string(),
+        size: digest.size,
+        blake3: digest.blake3.clone(),
+    };
+    store
+        .write_marker_of(model, true, vec![entry.clone()])
+        .unwrap();
+
+    // A checkpoint of one node of a job: its part, then the marker (a conditional put).
+    let ckpt = "job9/ckpt.1";
+    let file = format!("{ckpt}/rank.0.bin");
+    store.put_version(&file, now_unix_ns()).unwrap();
+    let digest = store.put_bytes(&file, &data).unwrap();
+    store.put_checksum(&file, &digest).unwrap();
+    let part = Part {
+        format: PART_FORMAT.to_string(),
+        checkpoint: ckpt.to_string(),
+        node: "n0".to_string(),
+        nodes: 1,
+        node_names: Vec::new(),
+        written_unix_ns: now_unix_ns(),
+        files: vec![MarkerFile {
+            path: "rank.0.bin".to_string(),
+            ..entry
+        }],
+    };
+    store.write_part(&part).unwrap();
+    assert!(matches!(
+        store.complete_job(ckpt, 1).unwrap(),
+        JobProgress::Complete(_)
+    ));
+
+    // A pack as the dedup repository writes it: buffers in one request.
+    let pack = "cascade-dedup/packs/ab/abcdef.pack";
+    store
+        .put_buffers(
+            pack,
+            vec![Bytes::from_static(b"chunk one"), Bytes::from(data.clone())],
+        )
+        .unwrap();
+
+    let trace = store.take_trace();
+    fsyncs_exist(&trace, &root);
+    let durable = assert_writes_fsynced(&trace);
+    assert_marker_after_its_files(
+        &trace,
+        &durable,
+        &marker_key(model, true),
+        &[model.to_string()],
+    );
+    let marker = marker_key(ckpt, false);
+    assert_marker_after_its_files(&trace, &durable, &marker, &[file]);
+    assert!(durable[&part_key(ckpt, "n0")] < last_put(&trace, &marker));
+    for key in [marker, pack.to_string()] {
+        assert!(durable.contains_key(&key), "{key}: {trace:#?}");
+    }
+}
+
+/// The store's own trace records an fsync right after making it; this checks the system
+/// calls themselves. [`uploads_of_the_syscall_test`] runs under `strace` (needed for this
+/// test), and every object that a rename or hard link put into place must be fsynced, with
+/// every directory from its parent up to the store root, before the next object is put into
+/// place; every marker only after all the objects it lists.
+#[test]
+fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the_marker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let out = tmp.path().join("strace.out");
+    let exe = std::env::current_exe().unwrap();
+    let status = std::process::Command::new("strace")
+        .args(["-f", "-y", "-qq", "-e", "signal=none", "-e"])
+        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat")
+        .arg("-o")
+        .arg(&out)
+        .arg(&exe)
+        .args(["--exact", "uploads_of_the_syscall_test", "--test-threads=1"])
+        .env(CHILD_DIR, &root)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run strace (this test needs it installed)");
+    assert!(status.success(), "the traced uploads failed: {status}");
+    let root = std::fs::canonicalize(&root).unwrap();
+    let text = std::fs::read_to_string(&out).unwrap();
+    let events = syscall_events(&text, &root);
+
+    // Each object put into place is synced, with its directories, before the next one.
+    let placed: Vec<usize> = (0..events.len())
+        .filter(|&i| events[i].0 == "place")
+        .collect();
+    assert!(placed.len() > 10, "{events:#?}");
+    let mut synced_at: HashMap<String, usize> = HashMap::new();
+    for (n, &i) in placed.iter().enumerate() {
+        let key = &events[i].1;
+        let end = placed.get(n + 1).copied().unwrap_or(events.len());
+        let window = &events[i + 1..end];
+        let mut missing = Vec::new();
+        if !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
+            missing.push(key.clone());
+        }
+        for d in key_dirs(key) {
+            if !window.iter().any(|(op, k)| *op == "fsync" && *k == d) {
+                missing.push(format!("{d}/"));
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{key} put into place, then the next object before fsync of {missing:?}: {events:#?}"
+        );
+        synced_at.insert(key.clone(), end);
+    }
+    // Markers after what they list.
+    let markers = [
+        (marker_key(SYSCALL_CKPT, false), SYSCALL_CKPT),
+        (marker_key(SYSCALL_JOB, false), SYSCALL_JOB),
+    ];
+    for (marker, ckpt) in markers {
+        let at = placed
+            .iter()
+            .copied()
+            .rfind(|&i| events[i].1 == marker)
+            .unwrap_or_else(|| panic!("{marker} never put into place: {events:#?}"));
+        let listed = std::fs::read(root.join(&marker)).unwrap();
+        let listed: cascade_durable::Marker = serde_json::from_slice(&listed).unwrap();
+        for f in &listed.files {
+            let data = format!("{ckpt}/{}", f.path);
+            for key in [
+                data.clone(),
+                format!("{data}{CHECKSUM_SUFFIX}"),
+                version_key_of(&data),
+            ] {
+                let synced = synced_at[&key];
+                assert!(
+                    synced <= at,
+                    "{marker} put into place before {key} was synced"
+                );
+            }
+        }
+    }
+}
+
+const CHILD_DIR: &str = "CASCADE_DURABILITY_TEST_DIR";
+const SYSCALL_CKPT: &str = "job7/ckpt.0002";
+const SYSCALL_JOB: &str = "job8/ckpt.1";
+
+/// The uploads whose system calls the test above reads: a checkpoint (with a multipart
+/// upload) and a one-node job's part and marker (a conditional put: a hard link). Into the
+/// directory `CASCADE_DURABILITY_TEST_DIR` names, else a temporary one.
+#[test]
+fn uploads_of_the_syscall_test() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::env::var_os(CHILD_DIR).map_or_else(|| tmp.path().join("d"), Into::into);
+    let store = DurableStore::open(root.to_str().unwrap()).unwrap();
+    let files = common::checkpoint_files();
+    let items: Vec<UploadItem> = files
+        .iter()
+        .map(|(rel, d)| UploadItem::from_bytes(rel.clone(), d))
+        .collect();
+    store.upload_checkpoint(SYSCALL_CKPT, items).unwrap();
+    let data = cascade_testkit::pattern(1000, 9);
+    let file = format!("{SYSCALL_JOB}/rank.0.bin");
+    store.put_version(&file, now_unix_ns()).unwrap();
+    let digest = store.put_bytes(&file, &data).unwrap();
+    store.put_checksum(&file, &digest).unwrap();
+    store
+        .write_part(&Part {
+            format: PART_FORMAT.to_string(),
+            checkpoint: SYSCALL_JOB.to_string(),
+            node: "n0".to_string(),
+            nodes: 1,
+            node_names: Vec::new(),
+            written_unix_ns: now_unix_ns(),
+            files: vec![MarkerFile {
+                path: "rank.0.bin".to_string(),
+                size: digest.size,
+                blake3: digest.blake3,
+            }],
+        })
+        .unwrap();
+    assert!(matches!(
+        store.complete_job(SYSCALL_JOB, 1).unwrap(),
+        JobProgress::Complete(_)
+    ));
+    store.verify_checkpoint(SYSCALL_CKPT).unwrap();
+    store.verify_checkpoint(SYSCALL_JOB).unwrap();
+}
+
+/// The events below `root` in an `strace -f -y` log, in the order they completed:
+/// `("place", key)` for a successful rename or hard link onto `key`, `("fsync", key)` for a
+/// successful fsync of the file or directory `key` ("" for the root).
+fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
+    let root = root.to_str().unwrap();
+    let key_of = |path: &str| -> Option<String> {
+        let rest = path.strip_prefix(root)?;
+        if rest.is_empty() {
+            return Some(String::new());
+        }
+        Some(rest.strip_prefix('/')?.to_string())
+    };
+    // Calls split by another thread's: pid -> the call's name and arguments.
+    let mut pending: HashMap<&str, String> = HashMap::new();
+    let mut events = Vec::new();
+    for line in log.lines() {
+        let Some((pid, rest)) = line.split_once(char::is_whitespace) else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let call = if let Some(started) = rest.strip_suffix("<unfinished ...>") {
+            pending.insert(pid, started.to_string());
+            continue;
+        } else if rest.starts_with("<...") {
+            let Some(started) = pending.remove(pid) else {
+                continue;
+            };
+            let tail = rest.split_once("resumed>").map_or("", |(_, t)| t);
+            format!("{started}{tail}")
+        } else {
+            rest.to_string()
+        };
+        if !call.trim_end().ends_with("= 0") {
+            continue;
+        }
+        let name = call.split('(').next().unwrap_or("");
+        match name {
+            "fsync" | "fdatasync" => {
+                // fsync(7</path/to/file>) = 0
+                let path = call
+                    .split_once('<')
+                    .and_then(|(_, p)| p.split_once(">)"))
+                    .map(|(p, _)| p);
+                if let Some(key) = path.and_then(key_of) {
+                    events.push(("fsync", key));
+                }
+            }
+            "rename" | "renameat" | "renameat2" | "link" | "linkat" => {
+                // The destination is the second quoted (absolute) path.
+                let dest = call.split('"').nth(3);
+                if let Some(key) = dest.and_then(key_of) {
+                    events.push(("place", key));
+                }
+            }
+            _ => {}
+        }
+    }
+    events
+}
