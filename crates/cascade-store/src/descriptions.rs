@@ -42,13 +42,21 @@ impl OpenDescription {
     }
 }
 
-/// Descriptions some process still has a descriptor for (a scan of /proc/*/fd).
+/// Descriptions some process still has a descriptor for, or maps (a mapping's pin: its
+/// memfd's page), by a scan of /proc/*/fd and /proc/*/maps.
 fn referenced_descriptions() -> std::collections::HashSet<OpenDescription> {
     let mut live = std::collections::HashSet::new();
     let Ok(procs) = std::fs::read_dir("/proc") else {
         return live;
     };
     for p in procs.flatten() {
+        if let Ok(maps) = std::fs::read_to_string(p.path().join("maps")) {
+            live.extend(
+                maps.lines()
+                    .filter_map(|l| l.find("/memfd:").map(|at| &l[at..]))
+                    .filter_map(OpenDescription::from_fd_link),
+            );
+        }
         let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
             continue;
         };
@@ -104,6 +112,10 @@ impl Description<'_> {
             .is_ok()
     }
 }
+
+/// Flag of a description that pins a mapping's data (never an open(2) flag): see
+/// [`Store::pin_mapping`].
+pub const PIN_FLAG: i32 = 1 << 30;
 
 /// A description opened for writing (counted in the inode's `writers`).
 fn writes(flags: i32) -> bool {
@@ -182,6 +194,35 @@ impl Store {
         ))
     }
 
+    /// Pins the data of `file` for a mapping of it: a read-only description with
+    /// [`PIN_FLAG`], which keeps the file alive like an open descriptor (an unlinked file
+    /// keeps its chunks, an evicted checkpoint is not evicted), and a count in the inode that
+    /// makes truncation keep the chunks past the new end. Released like any description
+    /// ([`Store::release_description`], or a sweep once no process maps its memfd); the last
+    /// release trims what truncation kept.
+    pub fn pin_mapping(&self, file: &File) -> Result<OpenDescription> {
+        let b = self.block();
+        let ino = file.ino() as u32;
+        {
+            let _g = b.lock_inode(ino)?;
+            let inode = b.inode(ino);
+            if inode.gen.load(Acquire) != file.generation() {
+                return Err(Error::new(libc::ESTALE, "the file was removed"));
+            }
+            if inode.life.load(Acquire) & crate::layout::LIFE_MAPS_MASK
+                != crate::layout::LIFE_MAPS_MASK
+            {
+                inode
+                    .life
+                    .fetch_add(1 << crate::layout::LIFE_MAPS_SHIFT, AcqRel);
+            }
+        }
+        self.describe_open(file, libc::O_RDONLY | PIN_FLAG)
+            .inspect_err(|_| {
+                let _ = b.unpin(ino, file.generation());
+            })
+    }
+
     /// The description `d` names, if it is still live (its nonce matches).
     pub fn description(&self, d: OpenDescription) -> Option<Description<'_>> {
         if d.slot >= OFD_SLOTS {
@@ -226,6 +267,9 @@ impl Store {
         let inode = b.inode(ino);
         if inode.gen.load(Acquire) != gen {
             return;
+        }
+        if flags & PIN_FLAG != 0 {
+            let _ = b.unpin(ino, gen);
         }
         let left = inode
             .opens

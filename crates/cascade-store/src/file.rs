@@ -230,6 +230,24 @@ impl Block {
         }
     }
 
+    /// One mapping of (ino, gen) is gone (its pin description was closed): the last one trims
+    /// the chunks a truncation kept past the end.
+    pub(crate) fn unpin(&self, ino: u32, gen: u32) -> Result<()> {
+        let _g = self.lock_inode(ino)?;
+        let inode = self.inode(ino);
+        let life = inode.life.load(Acquire);
+        let maps = life & LIFE_MAPS_MASK;
+        if inode.gen.load(Acquire) != gen || maps == 0 || maps == LIFE_MAPS_MASK {
+            return Ok(());
+        }
+        inode.life.fetch_sub(1 << LIFE_MAPS_SHIFT, AcqRel);
+        if maps == 1 << LIFE_MAPS_SHIFT && !is_dir_state(inode.state.load(Acquire)) {
+            let keep = inode.size.load(Acquire).div_ceil(self.geo.chunk_size);
+            self.map_truncate(ino, keep)?;
+        }
+        Ok(())
+    }
+
     /// Frees all data of an inode (inode lock held).
     pub(crate) fn free_file_data(&self, ino: u32) -> Result<()> {
         self.map_truncate(ino, 0)?;
@@ -570,7 +588,11 @@ impl Block {
         let old = inode.size.load(Acquire);
         if len < old {
             inode.size.store(len, Release); // publish the new end first: never covers freed data
-            self.map_truncate(ino, len.div_ceil(self.geo.chunk_size))?;
+                                            // A mapping may still reach past the new end: its chunks stay this file's (they
+                                            // read as the old bytes there, never as another file's) until the last unpin.
+            if inode.life.load(Acquire) & LIFE_MAPS_MASK == 0 {
+                self.map_truncate(ino, len.div_ceil(self.geo.chunk_size))?;
+            }
         } else if len > old {
             self.zero_range(ino, old, len)?;
             inode.size.store(len, Release);

@@ -79,6 +79,12 @@ pub(crate) const LIFE_REMOTE: u32 = 64;
 /// A checkpoint the end of a job committed because nothing else did (its top-level
 /// directory): a later commit of a path inside it supersedes it instead of being refused.
 pub(crate) const LIFE_IMPLICIT: u32 = 128;
+/// Bits 8..16 of `life` count the mappings of the file that pin its data (saturating: at
+/// 255 the count sticks until the inode is freed). While it is not zero, truncation keeps
+/// the chunks past the new end, so that no mapping ever shows another file's bytes; the
+/// last unpin trims them.
+pub(crate) const LIFE_MAPS_SHIFT: u32 = 8;
+pub(crate) const LIFE_MAPS_MASK: u32 = 0xff << LIFE_MAPS_SHIFT;
 /// The top 16 bits of `life` count truncations to zero (rewrites), modulo 2^16.
 pub(crate) const LIFE_REWRITE_SHIFT: u32 = 16;
 

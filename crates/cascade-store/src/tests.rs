@@ -690,3 +690,34 @@ fn a_remote_file_keeps_its_name_and_size_but_never_reads_as_zeros() {
     );
     assert_clean(&s);
 }
+
+#[test]
+fn a_pinned_file_keeps_its_chunks_through_truncation_until_the_last_unpin() {
+    let s = store(1 << 20, 4096, 0);
+    let data = pattern(3, 5 * 4096);
+    s.open("/f", &rw()).unwrap().write_all_at(&data, 0).unwrap();
+    let f = s.open("/f", &OpenOptions::new().read(true)).unwrap();
+    let first = s.pin_mapping(&f).unwrap();
+    let second = s.pin_mapping(&f).unwrap();
+    let used = |s: &Store| s.status().memory_used;
+    let before = used(&s);
+    s.truncate("/f", 4096).unwrap();
+    assert_eq!(s.stat("/f").unwrap().size, 4096);
+    assert_eq!(
+        used(&s),
+        before,
+        "truncation freed chunks a mapping reaches"
+    );
+    s.release_description(first);
+    assert_eq!(used(&s), before, "one mapping is left");
+    s.release_description(second);
+    assert_eq!(
+        before - used(&s),
+        4 * 4096,
+        "the last unpin trims past the end"
+    );
+    let mut buf = vec![0u8; 4096];
+    f.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, data[..4096]);
+    assert_clean(&s);
+}

@@ -5,10 +5,163 @@ use super::*;
 use cascade_store::MapSource;
 use libc::{c_int, c_void, loff_t, off64_t, off_t, size_t, ssize_t};
 use std::ffi::c_char;
+use std::sync::atomic::{
+    AtomicU32, AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Acquire, Ordering::Release,
+};
 
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as u64
+}
+
+/// Most mappings of Cascade files one process holds at once.
+const MAX_PINS: usize = 4096;
+
+/// A mapping of a Cascade file in this process and what pins its data: a description
+/// ([`Store::pin_mapping`]) and one page of that description's memfd, mapped so that a
+/// sweep (/proc/*/maps) sees the pin alive as long as this process (or a child it forked)
+/// exists. Lock-free (claimed by compare-and-swap on `state`), so that the fork child
+/// handler and munmap never wait for a lock another thread held.
+struct PinSlot {
+    /// FREE, BUSY (being filled or emptied by one thread) or LIVE.
+    state: AtomicU32,
+    base: AtomicUsize,
+    len: AtomicUsize,
+    page: AtomicUsize,
+    desc_slot: AtomicU32,
+    desc_nonce: AtomicU64,
+}
+
+const FREE: u32 = 0;
+const BUSY: u32 = 1;
+const LIVE: u32 = 2;
+
+impl PinSlot {
+    const fn new() -> PinSlot {
+        PinSlot {
+            state: AtomicU32::new(FREE),
+            base: AtomicUsize::new(0),
+            len: AtomicUsize::new(0),
+            page: AtomicUsize::new(0),
+            desc_slot: AtomicU32::new(0),
+            desc_nonce: AtomicU64::new(0),
+        }
+    }
+
+    fn desc(&self) -> OpenDescription {
+        OpenDescription {
+            slot: self.desc_slot.load(Relaxed),
+            nonce: self.desc_nonce.load(Relaxed),
+        }
+    }
+}
+
+static PINS: [PinSlot; MAX_PINS] = [const { PinSlot::new() }; MAX_PINS];
+/// LIVE slots: munmap looks at the table only when some exist.
+static LIVE_PINS: AtomicUsize = AtomicUsize::new(0);
+
+/// Pins the data of `e`'s file for the mapping at `base` (`len` bytes).
+fn pin(e: &Entry, base: *mut c_void, len: u64) -> Result<(), Error> {
+    let Some(slot) = PINS.iter().find(|p| {
+        p.state
+            .compare_exchange(FREE, BUSY, AcqRel, Relaxed)
+            .is_ok()
+    }) else {
+        return Err(Error::new(
+            libc::ENOMEM,
+            format!("more than {MAX_PINS} mappings of Cascade files in one process"),
+        ));
+    };
+    let pinned = pin_page(e);
+    match pinned {
+        Ok((desc, page)) => {
+            slot.base.store(base as usize, Relaxed);
+            slot.len.store(len as usize, Relaxed);
+            slot.page.store(page, Relaxed);
+            slot.desc_slot.store(desc.slot, Relaxed);
+            slot.desc_nonce.store(desc.nonce, Relaxed);
+            LIVE_PINS.fetch_add(1, AcqRel);
+            slot.state.store(LIVE, Release);
+            Ok(())
+        }
+        Err(err) => {
+            slot.state.store(FREE, Release);
+            Err(err)
+        }
+    }
+}
+
+/// The pin description of `e`'s file and the address of its memfd page.
+fn pin_page(e: &Entry) -> Result<(OpenDescription, usize), Error> {
+    let store = store()?;
+    let desc = store.pin_mapping(&e.file)?;
+    let page = page_size() as usize;
+    let name = desc.memfd_name();
+    // SAFETY: `name` is a valid C string.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: sizing the memfd we just made (a negative fd fails with EBADF).
+    let sized = fd >= 0 && unsafe { libc::ftruncate(fd, page as off_t) } == 0;
+    let at = if sized {
+        call_real!(mmap: fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void, libc::MAP_FAILED;
+            std::ptr::null_mut(), page, libc::PROT_NONE, libc::MAP_SHARED, fd, 0)
+    } else {
+        libc::MAP_FAILED
+    };
+    let err = Error::last_os("pinning a mapping");
+    if fd >= 0 {
+        // SAFETY: the memfd is ours; its page mapping keeps it referenced.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+    if at == libc::MAP_FAILED {
+        store.release_description(desc);
+        return Err(err);
+    }
+    Ok((desc, at as usize))
+}
+
+/// Releases the pins of the mappings wholly inside `[addr, addr + len)` (just unmapped);
+/// every pin with `all` (a normal exit).
+pub(crate) fn unpin_range(addr: usize, len: usize, all: bool) {
+    if LIVE_PINS.load(Acquire) == 0 {
+        return;
+    }
+    let end = addr.saturating_add(len);
+    let Ok(store) = store() else {
+        return;
+    };
+    for p in &PINS {
+        if p.state.load(Acquire) != LIVE {
+            continue;
+        }
+        let (base, plen) = (p.base.load(Relaxed), p.len.load(Relaxed));
+        let inside = all || (base >= addr && base.saturating_add(plen) <= end);
+        if !inside
+            || p.state
+                .compare_exchange(LIVE, BUSY, AcqRel, Relaxed)
+                .is_err()
+        {
+            continue;
+        }
+        call_real!(munmap: fn(*mut c_void, size_t) -> c_int, -1; p.page.load(Relaxed) as *mut c_void, page_size() as size_t);
+        store.release_description(p.desc());
+        LIVE_PINS.fetch_sub(1, AcqRel);
+        p.state.store(FREE, Release);
+    }
+}
+
+/// After fork: the child maps what the parent mapped, so each pin has one more holder.
+pub(crate) fn pins_after_fork() {
+    if LIVE_PINS.load(Acquire) == 0 {
+        return;
+    }
+    let Ok(store) = store() else {
+        return;
+    };
+    for p in PINS.iter().filter(|p| p.state.load(Acquire) == LIVE) {
+        if let Some(d) = store.description(p.desc()) {
+            d.add_ref();
+        }
+    }
 }
 
 fn map_store(
@@ -65,6 +218,11 @@ fn map_store(
         }
         at += n;
     }
+    if let Err(err) = pin(e, base, len) {
+        // SAFETY: unmapping the range we just mapped.
+        unsafe { libc::munmap(base, len as size_t) };
+        return Err(err);
+    }
     Ok(base)
 }
 
@@ -90,6 +248,18 @@ macro_rules! mmap_wrapper {
 }
 mmap_wrapper!(mmap, off_t);
 mmap_wrapper!(mmap64, off64_t);
+
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "munmap"))]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    let rc = call_real!(munmap: fn(*mut c_void, size_t) -> c_int, -1; addr, len);
+    if rc == 0 {
+        unpin_range(addr as usize, len, false);
+    }
+    rc
+}
 
 // ---- copies -------------------------------------------------------------------------------
 

@@ -547,6 +547,7 @@ extern "C" fn after_fork_in_child() {
             OWNED[fd as usize].store(true, Relaxed);
         }
     }
+    mapping::pins_after_fork();
 }
 
 extern "C" fn on_load() {
@@ -570,6 +571,7 @@ static ON_LOAD: extern "C" fn() = on_load;
 
 extern "C" fn on_unload() {
     close_all_at_exit(true);
+    mapping::unpin_range(0, 0, true);
     // Hand this process's batch of free chunks back at a normal exit (the store handle is
     // static and never dropped); after kill -9 the next allocator-lock holder reclaims it.
     if let Some(Ok(s)) = STORE_CELL.get() {
