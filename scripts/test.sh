@@ -22,6 +22,9 @@ packages=(build-essential pkg-config python3)
 packages+=(rsync fio gfortran python3-numpy python3-h5py openmpi-bin libopenmpi-dev)
 # GROMACS (solvate, grompp, mdrun and a restart) in crates/cascade-preload/tests/libc_paths.rs.
 packages+=(gromacs)
+# The durability test checks the real fsync order of a drain under strace
+# (crates/cascade-durable/tests/durability.rs).
+packages+=(strace)
 # Real programs that generate the checkpoint series of bench/datasets/make.sh.
 packages+=(python3-torch lammps)
 # `cascade check-binary` is tested on a Go program built with `go build`; Go may come from
