@@ -258,6 +258,7 @@ impl Agent {
             }
         };
         self.sweep_if_due(&tree);
+        self.node.prune_caches(&tree);
         if self.commit_by_rules(&tree, &mut outcome) {
             // The snapshot no longer shows what was committed: the next pass, at once.
             return outcome;
@@ -493,16 +494,19 @@ impl Agent {
     /// Frees descriptions of dead writers now and then, so a file whose writer was killed is
     /// marked torn instead of looking open for ever.
     fn sweep_if_due(&self, tree: &[LifeEntry]) {
-        if !tree.iter().any(|e| e.writers > 0) {
-            return;
-        }
         let Ok(mut last) = self.last_sweep.lock() else {
             return;
         };
-        if last.elapsed() >= self.node.opts.rescan {
-            *last = Instant::now();
-            self.node.store.sweep_descriptions();
+        if last.elapsed() < self.node.opts.rescan {
+            return;
         }
+        // A file being written, or a removed file still open (orphans are in no tree): its
+        // writer may have died.
+        if !tree.iter().any(|e| e.writers > 0) && self.node.store.orphans() == 0 {
+            return;
+        }
+        *last = Instant::now();
+        self.node.store.sweep_descriptions();
     }
 
     /// Retention: per directory, keep the newest `keep` committed checkpoints; evict older

@@ -126,6 +126,30 @@ impl Node {
         self.stop.load(Ordering::SeqCst)
     }
 
+    /// Drops what the caches hold of versions the store no longer has (`tree`: the whole
+    /// store): digests of files removed or changed since, retries of removed incarnations.
+    /// Without this a long job writing new files would grow them for ever.
+    pub(crate) fn prune_caches(&self, tree: &[LifeEntry]) {
+        let versions: std::collections::HashSet<(u64, u32, u64)> = tree
+            .iter()
+            .map(|e| (e.ino, e.generation, e.mod_seq))
+            .collect();
+        let incarnations: std::collections::HashSet<(u64, u32)> =
+            tree.iter().map(|e| (e.ino, e.generation)).collect();
+        let digests = self.digests.lock().map_or(0, |mut d| {
+            d.retain(|key, _| versions.contains(key));
+            d.len()
+        });
+        let retrying = self.retries.lock().map_or(0, |mut r| {
+            r.retain(|key, _| incarnations.contains(key));
+            r.len()
+        });
+        self.count(|s| {
+            s.cached_digests = digests as u64;
+            s.retrying = retrying as u64;
+        });
+    }
+
     /// When a failed `e` may be tried again, if that is after `now`.
     pub(crate) fn retry_not_before(&self, e: &LifeEntry, now: Instant) -> Option<Instant> {
         self.retries

@@ -156,6 +156,12 @@ pub struct AgentStats {
     pub last_error: Option<String>,
     /// Store paths being uploaded right now.
     pub uploading: Vec<String>,
+    /// Entries of the agent's caches after its last pass: file digests remembered, and
+    /// files or checkpoints waiting to be retried. Both only hold what the store still has.
+    #[serde(default)]
+    pub cached_digests: u64,
+    #[serde(default)]
+    pub retrying: u64,
     /// Checkpoints stored in the dedup repository, their file bytes, the bytes of chunks the
     /// repository lacked, and what those took in packs (compressed where it paid).
     #[serde(default)]

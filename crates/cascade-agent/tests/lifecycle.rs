@@ -440,3 +440,25 @@ fn a_writer_waiting_for_space_gets_one_eviction_however_many_passes_run() {
         "one eviction only"
     );
 }
+
+#[test]
+fn the_agents_caches_hold_only_what_the_store_still_has() {
+    let f = Fixture::new(64);
+    let s = f.store().clone();
+    let agent = f.agent(opts());
+    for round in 0..3u64 {
+        for i in 0..20 {
+            write(&s, &format!("/r{round}/f{i}"), &pattern(1000, i + round));
+        }
+        agent.pass();
+        agent.pass();
+        assert_eq!(agent.stats().cached_digests, 20, "round {round}");
+        for i in 0..20 {
+            s.unlink(&format!("/r{round}/f{i}")).expect("unlink");
+        }
+        s.rmdir(&format!("/r{round}")).expect("rmdir");
+    }
+    agent.pass();
+    assert_eq!(agent.stats().cached_digests, 0);
+    assert_eq!(agent.stats().retrying, 0);
+}

@@ -1,7 +1,8 @@
-//! A mapping of a store file never shows another file's bytes (docs/interposition.md,
-//! "Mappings"): its chunks stay the file's while any process maps them, through truncation,
-//! unlink and the death of the mapping process, and come back to the store when the last
-//! mapping is gone.
+//! What processes hold in the store, and what is freed when they are gone. A mapping of a
+//! store file never shows another file's bytes (docs/interposition.md, "mmap"): its chunks
+//! stay the file's while any process maps them, through truncation, unlink and the death of
+//! the mapping process, and come back to the store when the last mapping is gone. A writer
+//! killed with its file open, whose file was removed since, holds nothing once found dead.
 
 use cascade_testkit::Env;
 
@@ -97,4 +98,54 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert!(used(&env) < 2 * MIB as u64, "{}", used(&env));
     let r = env.store().fsck(false).expect("fsck");
     assert!(r.errors.is_empty(), "{r:?}");
+}
+
+#[test]
+fn a_dead_writers_removed_file_is_freed_by_fsck_repair_and_by_a_full_store() {
+    for how in ["fsck --repair", "a writer on the full store"] {
+        let env = Env::new("orphan", 8 * MIB as u64);
+        // Straight under the library: a writer killed with its file open.
+        let script = format!(
+            "import os, signal\n\
+             os.makedirs('/cascade/w', exist_ok=True)\n\
+             fd = os.open('/cascade/w/f', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+             os.write(fd, b'A' * {six})\n\
+             print('written', flush=True)\n\
+             os.kill(os.getpid(), signal.SIGKILL)\n",
+            six = 6 * MIB
+        );
+        let mut cmd = std::process::Command::new("/usr/bin/python3");
+        cmd.args(["-c", &script])
+            .env("LD_PRELOAD", cascade_testkit::preload_library())
+            .env("CASCADE_STORE", &env.name);
+        let out = cascade_testkit::run_with_timeout(cmd, std::time::Duration::from_secs(60));
+        assert!(out.stdout.contains("written"), "{out}");
+        let out = env.cascade(&["rm", "-r", "/w"], &[]);
+        assert!(out.ok(), "{out}");
+        assert_eq!(env.store().orphans(), 1, "the removed file is still held");
+        if how == "fsck --repair" {
+            let out = env.cascade(&["fsck", "--repair"], &[]);
+            assert!(out.ok(), "{out}");
+        } else {
+            let out = python(
+                &env,
+                &format!(
+                    "open('/cascade/g', 'wb').write(b'B' * {four})",
+                    four = 4 * MIB
+                ),
+            );
+            assert!(out.ok(), "{how}: {out}");
+        }
+        assert_eq!(env.store().orphans(), 0, "{how}");
+        let held = env.store().status().memory_used;
+        let expected = if how == "fsck --repair" {
+            0
+        } else {
+            4 * MIB as u64
+        };
+        assert!(
+            held <= expected + MIB as u64,
+            "{how}: {held} bytes still used"
+        );
+    }
 }

@@ -526,7 +526,26 @@ impl Store {
     /// Checks every invariant of the block (see docs/store-layout.md); with `repair`, frees
     /// what crashes leaked. Takes the store's locks in turn, so it can run beside writers.
     pub fn fsck(&self, repair: bool) -> Result<FsckReport> {
+        if repair {
+            // Descriptions of dead processes first: a writer killed with its file open, whose
+            // file was removed since, is an orphan nobody else would ever free.
+            self.sweep_descriptions();
+        }
         crate::fsck::run(&self.block, repair)
+    }
+
+    /// Files and directories removed while still open (orphans): freed when their last
+    /// description closes, or by a sweep once their holders died.
+    pub fn orphans(&self) -> usize {
+        let b = &self.block;
+        (0..b.geo.max_inodes)
+            .filter(|&i| {
+                matches!(
+                    b.inode(i).state.load(Acquire),
+                    INODE_ORPHAN | INODE_ORPHAN_DIR
+                )
+            })
+            .count()
     }
 
     /// The descriptors `map_sources` offsets refer to: the shared-memory object and the
@@ -737,10 +756,22 @@ impl File {
     /// to free space when the store's policy says so (docs/store-layout.md, "Lifecycle").
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
         let mut deadline = None;
+        let mut swept = false;
         loop {
             let seen = self.block.header().space_wake.load(Acquire);
             match self.write_once(buf, offset) {
                 Err(e) if e.errno() == libc::ENOSPC => {
+                    // The space may be held by dead writers' files removed since: freed by a
+                    // sweep (once per write), whether or not an agent runs.
+                    if !swept {
+                        swept = true;
+                        let store = Store {
+                            block: self.block.clone(),
+                        };
+                        if store.sweep_descriptions() > 0 {
+                            continue;
+                        }
+                    }
                     if !self.block.wait_for_space(&mut deadline, seen) {
                         return Err(e);
                     }
