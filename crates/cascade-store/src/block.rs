@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::layout::*;
-use crate::ownership as private;
+use crate::ownership;
 use crate::types::{Prefault, SpillConfig, StoreConfig};
 use memmap2::{MmapOptions, MmapRaw};
 use std::ffi::CString;
@@ -104,19 +104,19 @@ fn shm_path(name: &str) -> PathBuf {
 /// effective uid with no access for group or others (docs/security.md).
 fn shm_open_existing(name: &str) -> Result<OsFile> {
     let file = shm_open(name, libc::O_RDWR)?;
-    let st = private::fstat(file.as_raw_fd(), &format!("store {name}"))?;
-    private::check_stat(
+    let st = ownership::fstat(file.as_raw_fd(), &format!("store {name}"))?;
+    ownership::check_stat(
         &format!("store {name}"),
         &shm_path(name),
         &st,
-        private::Kind::File,
+        ownership::Kind::File,
     )?;
     Ok(file)
 }
 
 /// Creates (0700) or checks the store's lock directory, which also holds the agent socket.
 fn ensure_lock_dir(name: &str) -> Result<()> {
-    private::ensure_private_dir(
+    ownership::ensure_private_dir(
         &format!("lock directory of store {name}"),
         &crate::Store::lock_dir(name),
     )
@@ -665,8 +665,8 @@ fn open_spill(ctx: &str, path: PathBuf) -> Result<Spill> {
                 Error::from_io(&e, format!("{what} {}", path.display()))
             }
         })?;
-    let st = private::fstat(file.as_raw_fd(), &what)?;
-    private::check_stat(&what, &path, &st, private::Kind::File)?;
+    let st = ownership::fstat(file.as_raw_fd(), &what)?;
+    ownership::check_stat(&what, &path, &st, ownership::Kind::File)?;
     Ok(Spill { file, path })
 }
 
@@ -689,11 +689,11 @@ fn create_spill_file(cfg: &SpillConfig) -> Result<OsFile> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::from_io(&e, ctx)),
     }
-    if let Some(st) = private::lstat(&cfg.path)? {
-        let me = private::euid();
+    if let Some(st) = ownership::lstat(&cfg.path)? {
+        let me = ownership::euid();
         if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != me {
             return Err(
-                private::check_stat("spill file", &cfg.path, &st, private::Kind::File)
+                ownership::check_stat("spill file", &cfg.path, &st, ownership::Kind::File)
                     .err()
                     .unwrap_or_else(|| Error::new(libc::EEXIST, ctx.clone())),
             );
