@@ -14,6 +14,9 @@ if runuser -u "#$SLURM_JOB_UID" -- /usr/local/bin/cascade status >/dev/null 2>&1
 fi
 systemctl stop "$unit" 2>/dev/null || true
 # Keep the store (and what is not durable in it) when the wait failed: an administrator
-# can still drain it; otherwise free the node's memory for the next job.
-[ "$status" -eq 0 ] && /usr/local/bin/cascade destroy --force --store "$store"
+# can still drain it; otherwise free the node's memory for the next job. Destroyed as the
+# job's user: Cascade uses only stores of the caller's own uid, root included, so that the
+# header of a store someone else made (which names the spill file to remove) is never
+# trusted (docs/security.md).
+[ "$status" -eq 0 ] && runuser -u "#$SLURM_JOB_UID" -- /usr/local/bin/cascade destroy --force --store "$store"
 exit "$status"

@@ -1,7 +1,9 @@
 //! The agent's control socket (docs/agent.md).
 //!
-//! A Unix stream socket at `Store::agent_socket_path(name)`, mode 0600, one request per
-//! connection, one line each way:
+//! A Unix stream socket at `Store::agent_socket_path(name)`, mode 0600 in the store's private
+//! lock directory (0700), one request per connection, one line each way. The agent answers
+//! only processes of its own effective uid (SO_PEERCRED), and clients talk only to a socket
+//! owned by their uid and served by a process of their uid (docs/security.md):
 //!
 //! ```text
 //! FETCH <store path>\n   ->  OK\n  |  ERR <errno> <message>\n
@@ -9,11 +11,13 @@
 //! ```
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use cascade_store::ownership::{self, Kind};
 use cascade_store::Store;
 
 use crate::agent::Agent;
@@ -24,18 +28,34 @@ const MAX_REQUEST: u64 = 8192;
 
 impl Agent {
     /// Serves the control socket on a thread of its own until the agent stops. The socket
-    /// file is replaced if a dead agent left one.
+    /// file is replaced if a dead agent left one: bound under a name of its own, made 0600,
+    /// then renamed into place, so no client ever sees it with other modes.
     pub fn serve_control(self: &Arc<Self>) -> Result<std::thread::JoinHandle<()>> {
         let path = socket_path(self.store());
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let dir = Store::lock_dir(self.store().name());
+        ownership::ensure_private_dir(
+            &format!("lock directory of store {}", self.store().name()),
+            &dir,
+        )
+        .map_err(|source| Error::Store {
+            path: dir.display().to_string(),
+            message: source.to_string(),
+            source,
+        })?;
+        let aside = dir.join(format!(".agent.sock.{}", std::process::id()));
+        let _ = std::fs::remove_file(&aside);
+        let listener = UnixListener::bind(&aside)
+            .map_err(|e| Error::io(format!("bind {}", aside.display()), e))?;
+        let placed = std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(format!("chmod {}", aside.display()), e))
+            .and_then(|()| {
+                std::fs::rename(&aside, &path)
+                    .map_err(|e| Error::io(format!("rename to {}", path.display()), e))
+            });
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&aside);
+            return Err(e);
         }
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)
-            .map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
         let agent = Arc::clone(self);
         Ok(std::thread::spawn(move || {
             for conn in listener.incoming() {
@@ -56,6 +76,20 @@ impl Agent {
     }
 
     fn serve_one(&self, conn: UnixStream) {
+        // Only processes of the agent's own uid: the socket's modes say the same, this holds
+        // even if someone loosened them.
+        match ownership::peer_uid(conn.as_raw_fd()) {
+            Ok(uid) if uid == ownership::euid() => {}
+            Ok(uid) => {
+                eprintln!(
+                    "cascade agent: refused a control connection from uid {uid} (only uid {} is served)",
+                    ownership::euid()
+                );
+                let _ = (&conn).write_all(b"ERR 13 this agent serves only its own user\n");
+                return;
+            }
+            Err(_) => return,
+        }
         let mut line = String::new();
         let mut reader = BufReader::new((&conn).take_limited());
         if reader.read_line(&mut line).is_err() || !line.ends_with('\n') {
@@ -115,9 +149,22 @@ impl<R: std::io::Read> TakeLimited for R {
 }
 
 /// Sends one request line to the agent of `store_name` and returns its reply line (without
-/// the newline). Used by the CLI (`cascade status`) and tests.
+/// the newline). Used by the CLI (`cascade status`) and tests. Refuses a lock directory or
+/// socket not private to this user, and a socket served by a process of another uid.
 pub fn request(store_name: &str, line: &str) -> std::io::Result<String> {
-    let mut conn = UnixStream::connect(Store::agent_socket_path(store_name))?;
+    let path = Store::agent_socket_path(store_name);
+    let dir = Store::lock_dir(store_name);
+    if !ownership::check_private_dir(&format!("lock directory of store {store_name}"), &dir)? {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{}: no agent socket", path.display()),
+        ));
+    }
+    if let Some(st) = ownership::lstat(&path)? {
+        ownership::check_stat("agent socket", &path, &st, Kind::Socket)?;
+    }
+    let mut conn = UnixStream::connect(&path)?;
+    ownership::check_agent_peer(conn.as_raw_fd(), &path)?;
     conn.write_all(format!("{line}\n").as_bytes())?;
     let mut reply = String::new();
     BufReader::new(conn).read_line(&mut reply)?;

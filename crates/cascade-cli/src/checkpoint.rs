@@ -107,6 +107,7 @@ fn repo_for_reading(durable: &Arc<DurableStore>) -> Result<Option<Repo>, Failure
 }
 
 pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure> {
+    crate::umask::restrict(config)?;
     let store = attach(config)?;
     let ckpt = cascade_agent::checkpoint_name(path).map_err(agent_failure)?;
     store.stat(path).map_err(|err| Failure::store(path, &err))?;

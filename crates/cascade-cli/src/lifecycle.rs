@@ -72,6 +72,7 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     // waiting thread takes them; the durable store is checked before a store is created.
     let signals = block_stop_signals()?;
     let url = require_durable(config)?;
+    crate::umask::restrict(config)?;
     let durable = open_durable(&url)?;
     let store = crate::run::attach_or_create(config)?;
     let agent = Arc::new(start_agent(

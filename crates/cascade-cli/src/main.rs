@@ -24,6 +24,7 @@ mod prune;
 mod run;
 mod staging;
 mod transfer;
+mod umask;
 
 use std::process::ExitCode;
 
@@ -140,6 +141,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         } => {
             let config = none()?;
             let url = durable_or_configured(&config, durable.as_deref(), "--durable")?;
+            umask::restrict(&config)?;
             prune::prune(&url, checkpoints, *keep, *dry_run, *orphans)
         }
         Command::LinkFlags => binary::link_flags(),

@@ -57,6 +57,13 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
     // (the store's prefault thread too) inherits the mask and none dies of them; they stay
     // pending until the forwarding thread collects them, after the child exists.
     let signals = SignalSet::block(&FORWARDED)?;
+    // The prefix exists as an (empty) host directory, like a mount point, so that paths the
+    // kernel resolves itself ("/cascade/..", a host dirfd walking into it) behave. Best
+    // effort: without permission to create it, everything else still works. Made before the
+    // umask below: it is no checkpoint data.
+    let _ = std::fs::create_dir_all(config.mount_prefix());
+    // Checkpoint data the embedded agent writes is private; the program gets this umask back.
+    let user_umask = crate::umask::restrict(config)?;
     let durable = EmbeddedAgent::open_configured(config)?;
     let store = attach_or_create(config)?;
     // Joining and starting the agent under the registry's lock: a rank ending meanwhile
@@ -67,12 +74,7 @@ pub fn run(config: &Config, command: &[OsString]) -> Result<ExitCode, Failure> {
         ranks.join(&lock, &store)?;
         EmbeddedAgent::start_if_needed(config, &store, durable)?
     };
-    // The prefix exists as an (empty) host directory, like a mount point, so that paths the
-    // kernel resolves itself ("/cascade/..", a host dirfd walking into it) behave. Best
-    // effort: without permission to create it, everything else still works.
-    let _ = std::fs::create_dir_all(config.mount_prefix());
-
-    let ran = run_child(config, &store, &library, command, signals);
+    let ran = run_child(config, &store, &library, command, signals, user_umask);
     let outcome = match &ran {
         Ok(status) if status.success() => None,
         Ok(status) => Some(format!(
@@ -104,6 +106,7 @@ fn run_child(
     library: &Path,
     command: &[OsString],
     signals: SignalSet,
+    user_umask: libc::mode_t,
 ) -> Result<std::process::ExitStatus, Failure> {
     let mut child_command = std::process::Command::new(&command[0]);
     child_command
@@ -113,9 +116,11 @@ fn run_child(
         .env("CASCADE_MOUNT", config.mount_prefix());
     let unblock = signals.set;
     // SAFETY: the closure runs in the forked (single-threaded) child before exec and only
-    // calls sigprocmask, which is async-signal-safe.
+    // calls umask and sigprocmask, which are async-signal-safe.
     unsafe {
         child_command.pre_exec(move || {
+            // The program's own files follow the umask it was started with.
+            libc::umask(user_umask);
             // The child gets the signal mask this process started with, not our blocking.
             if libc::sigprocmask(libc::SIG_UNBLOCK, &unblock, std::ptr::null_mut()) == 0 {
                 Ok(())

@@ -46,6 +46,7 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
 
 /// `cascade stage-server`: serves until SIGINT or SIGTERM.
 pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
+    crate::umask::restrict(config)?;
     let signals = block_stop_signals()?;
     let listen = config.text("stage_server.listen");
     if listen.is_empty() {

@@ -29,7 +29,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use job::{expand_hostlist, JobIdentity, NodeCount, Sourced};
-pub use settings::{find_by_flag, SettingDef, DEFAULT_MOUNT, SETTINGS};
+pub use settings::{find_by_flag, umask_for_file_mode, SettingDef, DEFAULT_MOUNT, SETTINGS};
 pub use size::{format_rate, format_size, parse_size, SIZE_HINT};
 
 use cascade_store::{Prefault, SpillConfig, StoreConfig};

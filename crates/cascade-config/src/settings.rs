@@ -133,6 +133,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
+        key: "files.mode",
+        env: "CASCADE_FILE_MODE",
+        flag: None,
+        value_name: "OCTAL",
+        help: "Permission bits of the files holding checkpoint data that the agent, cascade run, cascade drain and staging servers create in a durable-store directory and a staging server's directory (arenas, indexes, chunk segments); their directories get the same bits plus x where r is set. Checkpoints are private data",
+        default_help: "0600 (directories 0700)",
+        parse: parse_file_mode,
+        default: |_| (Value::Text("0600".to_string()), String::new()),
+    },
+    SettingDef {
         key: "agent.uploads",
         env: "CASCADE_AGENT_UPLOADS",
         flag: Some("uploads"),
@@ -552,6 +562,27 @@ fn parse_seconds_as_ms(text: &str) -> Result<Value, String> {
         return Err("must be from 0 to 86400 seconds".to_string());
     }
     Ok(Value::Count((secs * 1000.0).round() as u64))
+}
+
+/// Permission bits in octal (`0600`, `640`): read/write bits only, the owner must be able to
+/// read and write.
+fn parse_file_mode(text: &str) -> Result<Value, String> {
+    let mode = u32::from_str_radix(text.trim(), 8)
+        .map_err(|_| "not an octal mode (expected e.g. 0600 or 0640)".to_string())?;
+    if mode & !0o666 != 0 || mode & 0o600 != 0o600 {
+        return Err(
+            "must be read/write bits only (at most 0666) with the owner's read and write (0600)"
+                .to_string(),
+        );
+    }
+    Ok(Value::Text(format!("{mode:04o}")))
+}
+
+/// The umask that makes new files `mode` (from `files.mode`) and new directories `mode` plus
+/// x where r is set: the process umask of commands that write checkpoint data to disk.
+pub fn umask_for_file_mode(text: &str) -> Option<u32> {
+    let mode = u32::from_str_radix(text.trim(), 8).ok()?;
+    Some(0o777 & !(mode | ((mode & 0o444) >> 2)))
 }
 
 /// A durable store spec, checked for syntax only (reachability is checked when it is used).

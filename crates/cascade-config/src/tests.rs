@@ -785,3 +785,26 @@ fn inconsistent_or_malformed_job_settings_are_errors() {
     let (_, job) = job_of(&[("SLURM_JOB_ID", "9"), ("SLURMD_NODENAME", "bad name")]);
     assert_eq!(job.expect("a job").node.value, "thishost");
 }
+
+#[test]
+fn files_mode_defaults_to_0600_and_gives_the_umask_of_its_files_and_directories() {
+    let (_dir, inputs) = isolated();
+    let config = Config::load(&inputs).expect("load");
+    assert_eq!(config.text("files.mode"), "0600");
+    assert_eq!(umask_for_file_mode("0600"), Some(0o077));
+    assert_eq!(umask_for_file_mode("640"), Some(0o027));
+    assert_eq!(umask_for_file_mode("0644"), Some(0o022));
+
+    let (_dir, mut inputs) = isolated();
+    inputs.env.insert("CASCADE_FILE_MODE".into(), "640".into());
+    assert_eq!(
+        Config::load(&inputs).expect("load").text("files.mode"),
+        "0640"
+    );
+    for bad in ["0755", "0400", "rw", "01600"] {
+        let (_dir, mut inputs) = isolated();
+        inputs.env.insert("CASCADE_FILE_MODE".into(), bad.into());
+        let err = load_err(&inputs);
+        assert!(err.contains("CASCADE_FILE_MODE"), "{bad}: {err}");
+    }
+}

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::layout::*;
+use crate::ownership;
 use crate::types::{Prefault, SpillConfig, StoreConfig};
 use memmap2::{MmapOptions, MmapRaw};
 use std::ffi::CString;
@@ -76,12 +77,49 @@ fn shm_name(name: &str) -> Result<CString> {
 fn shm_open(name: &str, flags: i32) -> Result<OsFile> {
     let c = shm_name(name)?;
     // SAFETY: `c` is a valid NUL-terminated string; shm_open returns a new fd or -1.
-    let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0o600) };
+    let fd = unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_NOFOLLOW, 0o600) };
     if fd < 0 {
-        return Err(Error::last_os(format!("store {name}")));
+        let e = Error::last_os(format!("store {name}"));
+        if e.errno() == libc::ELOOP {
+            return Err(Error::new(
+                libc::ELOOP,
+                format!(
+                    "store {name}: {} is a symlink; Cascade uses only objects private to you, and this one may have been planted: remove it (as its owner or root) or choose another name",
+                    shm_path(name).display()
+                ),
+            ));
+        }
+        return Err(e);
     }
     // SAFETY: `fd` was just returned by shm_open and is owned by nobody else.
     Ok(unsafe { OsFile::from_raw_fd(fd) })
+}
+
+/// Where the kernel keeps the object `name` (for messages and checks).
+fn shm_path(name: &str) -> PathBuf {
+    Path::new("/dev/shm").join(name.trim_start_matches('/'))
+}
+
+/// Opens an existing block and refuses one that is not a regular file owned by this process's
+/// effective uid with no access for group or others (docs/security.md).
+fn shm_open_existing(name: &str) -> Result<OsFile> {
+    let file = shm_open(name, libc::O_RDWR)?;
+    let st = ownership::fstat(file.as_raw_fd(), &format!("store {name}"))?;
+    ownership::check_stat(
+        &format!("store {name}"),
+        &shm_path(name),
+        &st,
+        ownership::Kind::File,
+    )?;
+    Ok(file)
+}
+
+/// Creates (0700) or checks the store's lock directory, which also holds the agent socket.
+fn ensure_lock_dir(name: &str) -> Result<()> {
+    ownership::ensure_private_dir(
+        &format!("lock directory of store {name}"),
+        &crate::Store::lock_dir(name),
+    )
 }
 
 fn shm_unlink(name: &str) -> Result<()> {
@@ -251,7 +289,7 @@ impl Block {
                 }
             })?;
         // From here on a failure must not leave a half-made block behind.
-        let result = Self::init_new(cfg, geo, file);
+        let result = ensure_lock_dir(&cfg.name).and_then(|()| Self::init_new(cfg, geo, file));
         if result.is_err() {
             let _ = shm_unlink(&cfg.name);
         }
@@ -351,7 +389,7 @@ impl Block {
     }
 
     pub(crate) fn attach(name: &str) -> Result<Block> {
-        let file = shm_open(name, libc::O_RDWR).map_err(|e| {
+        let file = shm_open_existing(name).map_err(|e| {
             if e.errno() == libc::ENOENT {
                 Error::new(
                     libc::ENOENT,
@@ -373,21 +411,13 @@ impl Block {
             ));
         }
         let (geo, spill_path) = read_geometry(name, &file, len)?;
+        ensure_lock_dir(name)?;
         let map = MmapOptions::new()
             .len(geo.block_size as usize)
             .map_raw(&file)
             .map_err(|e| Error::from_io(&e, ctx.clone()))?;
         let spill = match spill_path {
-            Some(path) => {
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| {
-                        Error::from_io(&e, format!("{ctx}: spill file {}", path.display()))
-                    })?;
-                Some(Spill { file: f, path })
-            }
+            Some(path) => Some(open_spill(&ctx, path)?),
             None => None,
         };
         let block = Block::new(name, file, map, geo, spill);
@@ -457,7 +487,9 @@ impl Block {
     }
 
     pub(crate) fn destroy(name: &str, force: bool) -> Result<()> {
-        let file = shm_open(name, libc::O_RDWR).map_err(|e| {
+        // A block that is not ours is not destroyed: its header (the spill path removed
+        // below) is whatever its owner wrote.
+        let file = shm_open_existing(name).map_err(|e| {
             if e.errno() == libc::ENOENT {
                 Error::new(libc::ENOENT, format!("store {name} does not exist"))
             } else {
@@ -614,16 +646,66 @@ struct SendPtr(*mut u8);
 // joined or the process exits), and those threads only populate page tables.
 unsafe impl Send for SendPtr {}
 
-fn create_spill(cfg: &SpillConfig, bytes: u64) -> Result<Spill> {
-    let ctx = format!("spill file {}", cfg.path.display());
+/// Opens the spill file an attached block names: not through a symlink, and only a regular
+/// file private to this process's effective uid.
+fn open_spill(ctx: &str, path: PathBuf) -> Result<Spill> {
+    let what = format!("{ctx}: spill file");
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&cfg.path)
-        .map_err(|e| Error::from_io(&e, ctx.clone()))?;
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                Error::new(
+                    libc::ELOOP,
+                    format!("{what} {} is a symlink; Cascade uses only objects private to you, and this one may have been planted: remove it (as its owner or root)", path.display()),
+                )
+            } else {
+                Error::from_io(&e, format!("{what} {}", path.display()))
+            }
+        })?;
+    let st = ownership::fstat(file.as_raw_fd(), &what)?;
+    ownership::check_stat(&what, &path, &st, ownership::Kind::File)?;
+    Ok(Spill { file, path })
+}
+
+/// Creates the spill file exclusively (O_EXCL, O_NOFOLLOW, mode 0600). A regular file of this
+/// user's left at the path (a store lost in a reboot leaves its spill file) is replaced;
+/// anything else there (a symlink, someone else's file) is refused.
+fn create_spill_file(cfg: &SpillConfig) -> Result<OsFile> {
+    let ctx = format!("spill file {}", cfg.path.display());
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&cfg.path)
+    };
+    match open() {
+        Ok(f) => return Ok(f),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::from_io(&e, ctx)),
+    }
+    if let Some(st) = ownership::lstat(&cfg.path)? {
+        let me = ownership::euid();
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_uid != me {
+            return Err(
+                ownership::check_stat("spill file", &cfg.path, &st, ownership::Kind::File)
+                    .err()
+                    .unwrap_or_else(|| Error::new(libc::EEXIST, ctx.clone())),
+            );
+        }
+        std::fs::remove_file(&cfg.path).map_err(|e| Error::from_io(&e, ctx.clone()))?;
+    }
+    open().map_err(|e| Error::from_io(&e, ctx))
+}
+
+fn create_spill(cfg: &SpillConfig, bytes: u64) -> Result<Spill> {
+    let ctx = format!("spill file {}", cfg.path.display());
+    let file = create_spill_file(cfg)?;
     // SAFETY: plain syscall on an fd we own; posix_fallocate falls back to writing zeros on
     // file systems without fallocate.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bytes as i64) };

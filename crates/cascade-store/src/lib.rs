@@ -17,6 +17,7 @@ mod layout;
 mod lifecycle;
 mod lock;
 mod namespace;
+pub mod ownership;
 mod store;
 mod types;
 

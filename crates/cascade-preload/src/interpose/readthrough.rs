@@ -193,7 +193,8 @@ impl Drop for Conn {
 
 impl Conn {
     /// Connects to the agent's socket; None when there is none to talk to (no socket file,
-    /// nobody listening, a path too long for sockaddr_un, or any other connect failure).
+    /// nobody listening, a path too long for sockaddr_un, any other connect failure, or a
+    /// socket served by a process of another uid).
     fn connect(path: &[u8]) -> Option<Conn> {
         // SAFETY: all-zero is a valid sockaddr_un.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -228,13 +229,15 @@ impl Conn {
                     len as libc::socklen_t,
                 )
             };
-            if rc == 0 {
-                return Some(conn);
+            // EISCONN: an interrupted connect that completed meanwhile.
+            if rc == 0 || errno() == libc::EISCONN {
+                // Only an agent of this user: a socket served by another uid is not ours
+                // (docs/security.md).
+                let peer = cascade_store::ownership::peer_uid(conn.0).ok()?;
+                return (peer == cascade_store::ownership::euid()).then_some(conn);
             }
             match errno() {
                 libc::EINTR => continue,
-                // An interrupted connect that completed meanwhile.
-                libc::EISCONN => return Some(conn),
                 _ => return None,
             }
         }

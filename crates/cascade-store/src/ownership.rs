@@ -1,0 +1,197 @@
+//! Ownership checks of the node's local objects (docs/security.md, "Local store and agent
+//! socket").
+//!
+//! Every name Cascade uses on a node is predictable (`/dev/shm/cascade-<uid>`, its `.locks`
+//! directory, `/var/tmp/cascade-<uid>.spill`), so another user can create them first. Cascade
+//! therefore uses an existing object only if it is owned by the caller's effective uid and
+//! nobody else has any access to it, opens it without following a symlink, and creates what
+//! it creates exclusively. Root is held to the same rule: a root process refuses objects
+//! owned by another uid too (run as that user to use their store).
+
+use crate::error::{Error, Result};
+use std::ffi::CString;
+use std::os::fd::RawFd;
+use std::path::Path;
+
+/// The kind of object a check expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Socket,
+}
+
+impl Kind {
+    fn bits(self) -> libc::mode_t {
+        match self {
+            Kind::File => libc::S_IFREG,
+            Kind::Dir => libc::S_IFDIR,
+            Kind::Socket => libc::S_IFSOCK,
+        }
+    }
+    fn word(self) -> &'static str {
+        match self {
+            Kind::File => "a regular file",
+            Kind::Dir => "a directory",
+            Kind::Socket => "a socket",
+        }
+    }
+}
+
+/// This process's effective uid, the only owner Cascade trusts.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn type_word(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFLNK => "a symlink",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFIFO => "a fifo",
+        _ => "a device",
+    }
+}
+
+/// Checks what `fstat`/`lstat` said about `path` (`what` names it in the error: "store
+/// /cascade-0", "spill file"): the right kind, owned by this process's effective uid, no
+/// access for group or others. The error is one line naming the object, its owner and mode,
+/// and what to do.
+pub fn check_stat(what: &str, path: &Path, st: &libc::stat, kind: Kind) -> Result<()> {
+    let me = euid();
+    let perm = st.st_mode & 0o7777;
+    let problem = if st.st_mode & libc::S_IFMT != kind.bits() {
+        format!(
+            "is {}, not {} (uid {}, mode {perm:04o})",
+            type_word(st.st_mode),
+            kind.word(),
+            st.st_uid
+        )
+    } else if st.st_uid != me {
+        format!(
+            "is owned by uid {} (mode {perm:04o}), not by you (uid {me})",
+            st.st_uid
+        )
+    } else if perm & 0o077 != 0 {
+        format!("has mode {perm:04o} (uid {me}): group or others have access")
+    } else {
+        return Ok(());
+    };
+    Err(Error::new(
+        libc::EACCES,
+        format!(
+            "{what}: {} {problem}; Cascade uses only objects private to you, and this one may have been planted: remove it (as its owner or root) or choose another name",
+            path.display()
+        ),
+    ))
+}
+
+fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::new(libc::EINVAL, format!("{} contains NUL", path.display())))
+}
+
+/// `lstat(path)`: Ok(None) if it does not exist.
+pub fn lstat(path: &Path) -> Result<Option<libc::stat>> {
+    let c = c_path(path)?;
+    // SAFETY: stat is plain old data; all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a valid out-pointer.
+    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+        let e = Error::last_os(path.display().to_string());
+        if e.errno() == libc::ENOENT {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(st))
+}
+
+/// `fstat(fd)`.
+pub fn fstat(fd: RawFd, what: &str) -> Result<libc::stat> {
+    // SAFETY: stat is plain old data; all zeroes is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer; a bad fd only makes fstat fail.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(Error::last_os(what.to_string()));
+    }
+    Ok(st)
+}
+
+/// Creates `path` as a directory of mode 0700, or checks the one that is there (not a
+/// symlink, owned by this process's effective uid, private). The parent must exist.
+pub fn ensure_private_dir(what: &str, path: &Path) -> Result<()> {
+    let c = c_path(path)?;
+    // SAFETY: `c` is a valid C string.
+    if unsafe { libc::mkdir(c.as_ptr(), 0o700) } == 0 {
+        return Ok(());
+    }
+    let e = Error::last_os(format!("{what}: {}", path.display()));
+    if e.errno() != libc::EEXIST {
+        return Err(e);
+    }
+    match lstat(path)? {
+        Some(st) => check_stat(what, path, &st, Kind::Dir),
+        // Removed in between (a concurrent destroy): try once more.
+        None => {
+            // SAFETY: as above.
+            if unsafe { libc::mkdir(c.as_ptr(), 0o700) } == 0 {
+                Ok(())
+            } else {
+                Err(Error::last_os(format!("{what}: {}", path.display())))
+            }
+        }
+    }
+}
+
+/// Checks an existing directory the same way; Ok(false) if it does not exist.
+pub fn check_private_dir(what: &str, path: &Path) -> Result<bool> {
+    match lstat(path)? {
+        Some(st) => check_stat(what, path, &st, Kind::Dir).map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// The effective uid of the process at the other end of a connected Unix socket (as of its
+/// connect or listen), from SO_PEERCRED.
+pub fn peer_uid(fd: RawFd) -> std::io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid out-pointers of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// Checks that the peer of a connection to the agent socket at `path` runs as this process's
+/// effective uid: a socket answered by anyone else is not our agent.
+pub fn check_agent_peer(fd: RawFd, path: &Path) -> std::io::Result<()> {
+    let uid = peer_uid(fd)?;
+    let me = euid();
+    if uid != me {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "agent socket {} is served by uid {uid}, not by you (uid {me}); not talking to it: remove it (as its owner or root)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
