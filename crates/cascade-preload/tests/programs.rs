@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
+use cascade_store::Store;
 use cascade_testkit::pattern;
 use common::env::Env;
 
@@ -305,6 +306,21 @@ int main(void) {
     return 0;
 }
 "#,
+    );
+    // unlink removed the file's lock file from the store's lock directory.
+    let locks = Store::lock_dir(&env.name);
+    let left: Vec<_> = std::fs::read_dir(&locks)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains('.') && n.chars().next().is_some_and(|c| c.is_ascii_digit()))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "lock files left in {}: {left:?}",
+        locks.display()
     );
 }
 

@@ -20,14 +20,10 @@ pub(crate) fn umask_now() -> u32 {
 /// Unlinks a store file and removes its lock file, if locks were ever taken on it.
 fn unlink_store(p: &str) -> Result<(), Error> {
     let s = store()?;
-    let lock = s.open(p, &cascade_store::OpenOptions::new()).ok().map(|f| {
-        format!(
-            "/dev/shm/.cascade-locks{}/{}.{}",
-            s.name(),
-            f.ino(),
-            f.generation()
-        )
-    });
+    let lock = s
+        .open(p, &cascade_store::OpenOptions::new())
+        .ok()
+        .map(|f| fds::lock_file_path(s, f.ino(), f.generation()));
     s.unlink(p)?;
     if let Some(l) = lock {
         let _ = std::fs::remove_file(l);
