@@ -373,16 +373,103 @@ static OWNED: [AtomicBool; MAX_FDS] = [const { AtomicBool::new(false) }; MAX_FDS
 pub(crate) const HANDED_FDS_ENV: &str = "CASCADE_HANDED_FDS";
 /// The entries, each behind its own lock (held for the duration of a call on it, so a
 /// racing close cannot free an entry in use).
-static ENTRIES: [Mutex<Option<Arc<Entry>>>; MAX_FDS] = [const { Mutex::new(None) }; MAX_FDS];
+static ENTRIES: [SlotLock; MAX_FDS] = [const { SlotLock::new() }; MAX_FDS];
+
+/// A descriptor's slot behind a futex lock of our own, not `std::sync::Mutex`, because a
+/// fork child must be able to take it back: a thread of the parent that held it at the fork
+/// (inside a read or write on that descriptor) does not exist in the child, and would hold
+/// it there for ever (the child's first call on the descriptor, or the fork handler, would
+/// hang). [`after_fork_in_child`] releases every slot lock with [`SlotLock::reset_in_child`].
+pub(crate) struct SlotLock {
+    /// 0 free, 1 held, 2 held and someone may wait.
+    state: std::sync::atomic::AtomicU32,
+    entry: std::cell::UnsafeCell<Option<Arc<Entry>>>,
+}
+
+// SAFETY: the entry is reached only through a SlotGuard, which exists only while `state`
+// says the lock is held by its holder (mutual exclusion as a Mutex gives).
+unsafe impl Sync for SlotLock {}
+
+pub(crate) struct SlotGuard<'a>(&'a SlotLock);
+
+impl SlotLock {
+    const fn new() -> SlotLock {
+        SlotLock {
+            state: std::sync::atomic::AtomicU32::new(0),
+            entry: std::cell::UnsafeCell::new(None),
+        }
+    }
+
+    fn lock(&self) -> SlotGuard<'_> {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        if self.state.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+            while self.state.swap(2, Acquire) != 0 {
+                // SAFETY: futex(2) wait on a live word while it is 2; spurious wake-ups loop.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_futex,
+                        self.state.as_ptr(),
+                        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                        2u32,
+                        std::ptr::null::<libc::timespec>(),
+                    )
+                };
+            }
+        }
+        SlotGuard(self)
+    }
+
+    fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        self.state
+            .compare_exchange(0, 1, Acquire, Relaxed)
+            .ok()
+            .map(|_| SlotGuard(self))
+    }
+
+    /// In a fork child (one thread): frees the lock whatever held it in the parent.
+    fn reset_in_child(&self) {
+        self.state.store(0, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.state.swap(0, std::sync::atomic::Ordering::Release) == 2 {
+            // SAFETY: futex(2) wake on a live word.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.0.state.as_ptr(),
+                    libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                    1,
+                )
+            };
+        }
+    }
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Option<Arc<Entry>>;
+    fn deref(&self) -> &Self::Target {
+        // SAFETY: the guard holds the lock (see `unsafe impl Sync`).
+        unsafe { &*self.0.entry.get() }
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        // SAFETY: the guard holds the lock, so this is the only reference.
+        unsafe { &mut *self.0.entry.get() }
+    }
+}
 
 pub(crate) fn is_cascade_fd(fd: i32) -> bool {
     (0..MAX_FDS as i32).contains(&fd) && IS_CASCADE[fd as usize].load(Relaxed)
 }
 
-fn slot(fd: i32) -> std::sync::MutexGuard<'static, Option<Arc<Entry>>> {
-    ENTRIES[fd as usize]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+fn slot(fd: i32) -> SlotGuard<'static> {
+    ENTRIES[fd as usize].lock()
 }
 
 /// Tracks `fd` as a descriptor of `entry` whose reference this process image holds.
@@ -524,7 +611,7 @@ pub(crate) fn close_all_at_exit(flush: bool) {
         if !owns(fd) {
             continue;
         }
-        let Ok(mut entry) = ENTRIES[fd as usize].try_lock() else {
+        let Some(mut entry) = ENTRIES[fd as usize].try_lock() else {
             continue;
         };
         IS_CASCADE[fd as usize].store(false, Relaxed);
@@ -539,6 +626,12 @@ pub(crate) fn close_all_at_exit(flush: bool) {
 
 extern "C" fn after_fork_in_child() {
     OWNER_PID.store(current_pid(), Relaxed);
+    // The parent's other threads are gone, and so is any slot lock one of them held.
+    for (fd, lock) in ENTRIES.iter().enumerate() {
+        if IS_CASCADE[fd].load(Relaxed) || lock.state.load(Relaxed) != 0 {
+            lock.reset_in_child();
+        }
+    }
     // Every inherited Cascade descriptor is one more reference to its description, this
     // child's.
     for (fd, e) in all_entries() {

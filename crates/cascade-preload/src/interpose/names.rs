@@ -9,12 +9,101 @@ fn status(r: Result<(), Error>) -> c_int {
 }
 
 pub(crate) fn umask_now() -> u32 {
-    // SAFETY: umask swaps a process attribute; we restore it at once.
-    unsafe {
-        let m = libc::umask(0o022);
-        libc::umask(m);
-        m
+    umask_cache::get()
+}
+
+/// The process's umask, read without changing it: swapping it (`umask(0)` then back) races
+/// with other threads that set it or create files. Read once from /proc/self/status
+/// ("Umask:") and kept while nothing changes it; the [`umask`] wrapper (and `syscall(SYS_umask)`)
+/// invalidates it. A generation counter keeps a reader that raced with a change from caching
+/// the old value.
+pub(crate) mod umask_cache {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+    /// Bits 0..=11 the mask, bit 12 "valid", bits 32.. the generation.
+    static CACHE: AtomicU64 = AtomicU64::new(0);
+    const VALID: u64 = 1 << 12;
+
+    pub(crate) fn get() -> u32 {
+        let seen = CACHE.load(SeqCst);
+        if seen & VALID != 0 {
+            return (seen & 0o7777) as u32;
+        }
+        let mask = read_proc().unwrap_or_else(swap_read);
+        // Cached only if no umask call came in between (same generation).
+        let _ = CACHE.compare_exchange(seen, seen | VALID | mask as u64, SeqCst, SeqCst);
+        mask
     }
+
+    /// After a umask call: the next reader reads it again.
+    pub(crate) fn invalidate() {
+        let mut cur = CACHE.load(SeqCst);
+        loop {
+            let next = ((cur >> 32).wrapping_add(1) << 32) & !(VALID | 0o7777);
+            match CACHE.compare_exchange(cur, next, SeqCst, SeqCst) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// The "Umask:" line of /proc/self/status (Linux 4.7 and later), read with raw system
+    /// calls (no wrapper is entered).
+    fn read_proc() -> Option<u32> {
+        // SAFETY: a NUL-terminated path; the result is checked.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                c"/proc/self/status".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+                0,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        let mut buf = [0u8; 4096];
+        let mut len = 0;
+        while len < buf.len() {
+            let rest = &mut buf[len..];
+            // SAFETY: reading into a live buffer of rest.len() bytes.
+            let n = unsafe { libc::syscall(libc::SYS_read, fd, rest.as_mut_ptr(), rest.len()) };
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+        let text = std::str::from_utf8(&buf[..len]).ok()?;
+        let line = text.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(line.trim(), 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+    }
+
+    /// Without /proc: the old way, swapping the mask and back (racy, but the only way).
+    fn swap_read() -> u32 {
+        // SAFETY: umask swaps a process attribute; it is restored at once.
+        unsafe {
+            let m = libc::umask(0o022);
+            libc::umask(m);
+            m
+        }
+    }
+}
+
+/// umask: the real call, then the cached mask is read again on next use.
+///
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "umask"))]
+pub unsafe extern "C" fn umask(mask: libc::mode_t) -> libc::mode_t {
+    let old = call_real!(umask: fn(libc::mode_t) -> libc::mode_t, 0o022; mask);
+    umask_cache::invalidate();
+    old
 }
 
 /// Unlinks a store file and removes its lock file, if locks were ever taken on it.

@@ -109,7 +109,11 @@ pub unsafe extern "C" fn syscall(
     match handled {
         Some(r) => r,
         None => {
-            call_real!(syscall: fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long, -1; n, a, b, c, d, e, f)
+            let r = call_real!(syscall: fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long, -1; n, a, b, c, d, e, f);
+            if n == libc::SYS_umask {
+                names::umask_cache::invalidate();
+            }
+            r
         }
     }
 }

@@ -29,6 +29,9 @@ enum Fetch {
     NoAgent,
     /// The agent's answer: this error for the application.
     Failed(Error),
+    /// The agent did not answer in time (`CASCADE_FETCH_TIMEOUT`): EIO, and no further
+    /// request for this call.
+    Hung(Error),
 }
 
 /// Runs `op` on store path `path`; if it fails with ENOENT and a node agent fetches the path
@@ -42,16 +45,20 @@ pub(crate) fn with_fetch<T>(path: &str, op: impl Fn() -> Result<T, Error>) -> Re
             // open fetches a remote file next); else the agent fetches the path itself.
             if let Some((parent, _)) = path.rsplit_once('/') {
                 let parent = if parent.is_empty() { "/" } else { parent };
-                if matches!(ask(Verb::List, parent), Fetch::Fetched) {
-                    if let found @ Ok(_) = op() {
-                        return found;
+                match ask(Verb::List, parent) {
+                    Fetch::Fetched => {
+                        if let found @ Ok(_) = op() {
+                            return found;
+                        }
                     }
+                    Fetch::Hung(err) => return Err(err),
+                    _ => {}
                 }
             }
             match ask(Verb::Fetch, path) {
                 Fetch::Fetched => op(),
                 Fetch::NoAgent => Err(e),
-                Fetch::Failed(err) => Err(err),
+                Fetch::Failed(err) | Fetch::Hung(err) => Err(err),
             }
         }
         other => other,
@@ -73,7 +80,7 @@ pub(crate) fn fetch_remote(path: &str) -> Result<(), Error> {
             report(&shown, why);
             Err(Error::new(libc::EIO, format!("{path}: {why}")))
         }
-        Fetch::Failed(e) => Err(e),
+        Fetch::Failed(e) | Fetch::Hung(e) => Err(e),
     }
 }
 
@@ -132,9 +139,13 @@ fn ask(verb: Verb, path: &str) -> Fetch {
             }
             Fetch::Failed(Error::new(errno, message))
         }
-        Err(why) => {
+        Err(Broken::Other(why)) => {
             report(&app_path, &why);
             Fetch::Failed(Error::new(libc::EIO, why))
+        }
+        Err(Broken::TimedOut(why)) => {
+            report(&app_path, &why);
+            Fetch::Hung(Error::new(libc::EIO, why))
         }
     }
 }
@@ -168,6 +179,47 @@ fn absolute_store_path(store: &Store, path: &str) -> Option<String> {
         .current_path()
         .ok()?;
     Some(normalise(&join_store(&dir, rel)))
+}
+
+/// The environment variable that bounds the wait for the node agent's answer, in seconds
+/// (a decimal number; 0 waits for ever).
+pub(crate) const FETCH_TIMEOUT_ENV: &str = "CASCADE_FETCH_TIMEOUT";
+/// Generous: a large file takes as long as the link needs.
+const DEFAULT_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long a request may wait for the agent without a byte moving (read once); None: no
+/// limit. An unreadable value keeps the default.
+fn fetch_timeout() -> Option<std::time::Duration> {
+    static TIMEOUT: OnceLock<Option<std::time::Duration>> = OnceLock::new();
+    *TIMEOUT.get_or_init(|| {
+        let Ok(text) = std::env::var(FETCH_TIMEOUT_ENV) else {
+            return Some(DEFAULT_FETCH_TIMEOUT);
+        };
+        match text.trim().parse::<f64>() {
+            Ok(0.0) => None,
+            Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
+                // At least a microsecond: a zero timeval would mean "no timeout".
+                Some(std::time::Duration::from_secs_f64(s).max(std::time::Duration::from_micros(1)))
+            }
+            _ => Some(DEFAULT_FETCH_TIMEOUT),
+        }
+    })
+}
+
+/// The text of a request that ran out of time.
+fn timed_out() -> String {
+    let secs = fetch_timeout().map_or(0.0, |t| t.as_secs_f64());
+    format!(
+        "read-through: the node agent did not answer within {secs} s \
+         ({FETCH_TIMEOUT_ENV}; is it hung?)"
+    )
+}
+
+/// Why a request got no answer (EIO for the application).
+enum Broken {
+    /// Nothing came within the timeout.
+    TimedOut(String),
+    Other(String),
 }
 
 enum Answer {
@@ -218,6 +270,25 @@ impl Conn {
             return None;
         }
         let conn = Conn(fd as c_int);
+        if let Some(t) = fetch_timeout() {
+            let tv = libc::timeval {
+                tv_sec: t.as_secs() as libc::time_t,
+                tv_usec: t.subsec_micros() as libc::suseconds_t,
+            };
+            for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+                // SAFETY: setsockopt(2) with a live timeval of the size given.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_setsockopt,
+                        conn.0,
+                        libc::SOL_SOCKET,
+                        opt,
+                        &tv as *const libc::timeval,
+                        std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                    )
+                };
+            }
+        }
         loop {
             // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
             let rc = unsafe {
@@ -241,7 +312,7 @@ impl Conn {
     }
 
     /// Sends the request and reads the one-line answer. Err: the text of an EIO.
-    fn request(&self, verb: Verb, store_path: &str) -> Result<Answer, String> {
+    fn request(&self, verb: Verb, store_path: &str) -> Result<Answer, Broken> {
         let line = match verb {
             Verb::Fetch => format!("FETCH {store_path}\n"),
             Verb::List => format!("LIST {store_path}\n"),
@@ -265,11 +336,12 @@ impl Conn {
             if n < 0 {
                 match errno() {
                     libc::EINTR => continue,
+                    libc::EAGAIN => return Err(Broken::TimedOut(timed_out())),
                     e => {
-                        return Err(format!(
+                        return Err(Broken::Other(format!(
                             "read-through: cannot send the request to the node agent: {}",
                             cascade_store::errno_text(e)
-                        ))
+                        )))
                     }
                 }
             }
@@ -293,27 +365,30 @@ impl Conn {
             if n < 0 {
                 match errno() {
                     libc::EINTR => continue,
+                    libc::EAGAIN => return Err(Broken::TimedOut(timed_out())),
                     e => {
-                        return Err(format!(
+                        return Err(Broken::Other(format!(
                             "read-through: cannot read the node agent's answer: {}",
                             cascade_store::errno_text(e)
-                        ))
+                        )))
                     }
                 }
             }
             if n == 0 {
-                return Err(
+                return Err(Broken::Other(
                     "read-through: the node agent closed the connection without an answer"
                         .to_string(),
-                );
+                ));
             }
             answer.extend_from_slice(&buf[..n as usize]);
             if let Some(end) = answer.iter().position(|&b| b == b'\n') {
                 answer.truncate(end);
-                return parse_answer(&String::from_utf8_lossy(&answer));
+                return parse_answer(&String::from_utf8_lossy(&answer)).map_err(Broken::Other);
             }
             if answer.len() > 64 << 10 {
-                return Err("read-through: the node agent's answer is too long".to_string());
+                return Err(Broken::Other(
+                    "read-through: the node agent's answer is too long".to_string(),
+                ));
             }
         }
     }

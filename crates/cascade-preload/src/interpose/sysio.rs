@@ -7,6 +7,14 @@ use std::ffi::c_char;
 
 /// Opens a Cascade path: a store file, a shared description and a real kernel fd (memfd).
 pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<c_int, Error> {
+    if flags & (libc::O_CREAT | libc::O_DIRECTORY) == libc::O_CREAT | libc::O_DIRECTORY
+        && kernel_rejects_creat_directory()
+    {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{path}: O_CREAT with O_DIRECTORY"),
+        ));
+    }
     let store = store()?;
     let acc = flags & libc::O_ACCMODE;
     let opts = OpenOptions {
@@ -70,6 +78,33 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         }),
     );
     Ok(fd)
+}
+
+/// Whether the running kernel refuses `O_CREAT|O_DIRECTORY` with EINVAL (Linux 6.4 and
+/// later) rather than creating a regular file; Cascade does what the kernel does. Asked once,
+/// with an `openat` on a descriptor that is none (-1): a kernel that checks these flags first
+/// answers EINVAL, an older one EBADF. Nothing is looked up or created.
+fn kernel_rejects_creat_directory() -> bool {
+    static ANSWER: OnceLock<bool> = OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        // SAFETY: a NUL-terminated path and a bad descriptor; the result is checked.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                -1,
+                c"cascade-probe".as_ptr(),
+                libc::O_CREAT | libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if rc >= 0 {
+            // SAFETY: closing the descriptor the probe got (it cannot, but if it did).
+            unsafe { libc::syscall(libc::SYS_close, rc) };
+            return false;
+        }
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() == libc::EINVAL }
+    })
 }
 
 fn open_impl(path: &str, flags: c_int, mode: c_uint) -> c_int {
