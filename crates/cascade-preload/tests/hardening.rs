@@ -342,3 +342,146 @@ fn a_hung_agent_fails_the_open_after_the_fetch_timeout() {
     assert_eq!(requests.len(), 1, "{requests:?}");
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
+
+// ---- finding 8a: a corrupt store block fails calls, it does not abort the program ---------
+
+/// Offsets inside the store's inode record (crates/cascade-store/src/layout.rs, `Inode`,
+/// 704 bytes, 64-aligned): the parent link, the first child, the first name slot. The test
+/// checks them against the store's own inode numbers before it writes anything.
+const INODE_LINK: usize = 72;
+const INODE_FIRST_CHILD: usize = 144;
+const INODE_NAME: usize = 192;
+
+/// The shared-memory file of the test's store.
+fn shm_file(env: &Env) -> std::path::PathBuf {
+    std::path::Path::new("/dev/shm").join(env.name.trim_start_matches('/'))
+}
+
+/// The offset of the inode record whose first name slot holds `name` (unique in the store).
+fn inode_offset(shm: &[u8], name: &str) -> usize {
+    let mut needle = name.as_bytes().to_vec();
+    needle.push(0);
+    let hits: Vec<usize> = shm
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(p, w)| *w == needle.as_slice() && *p >= INODE_NAME && (p - INODE_NAME) % 64 == 0)
+        .map(|(p, _)| p - INODE_NAME)
+        .collect();
+    assert_eq!(hits.len(), 1, "inode records named {name}: {hits:?}");
+    hits[0]
+}
+
+fn u32_at(shm: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(shm[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn ino_of(env: &Env, dir: &str, name: &str) -> u32 {
+    let entries = env.store().read_dir(dir).expect("read_dir");
+    let e = entries
+        .iter()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("{name} not in {dir}"));
+    u32::try_from(e.ino).expect("inode number")
+}
+
+/// Writes `bytes` at `offset` of the store's shared-memory file (behind the store's back).
+fn scribble(env: &Env, offset: usize, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(shm_file(env))
+        .expect("open the store's shm file");
+    f.write_all_at(bytes, offset as u64).expect("scribble");
+}
+
+/// A directory whose first-child link points outside the inode table: listing it is EIO
+/// (store code that indexed the inode table with the link panicked, and the panic, unwinding
+/// into the `opendir` wrapper, aborted `ls`).
+#[test]
+fn a_corrupt_directory_link_is_eio_for_ls_not_an_abort() {
+    let env = Env::new();
+    env.mkdir_store("/hardening-d2");
+    env.ok("echo one > $M/hardening-d2/only-child");
+    let shm = std::fs::read(shm_file(&env)).expect("read the shm file");
+    let dir = inode_offset(&shm, "hardening-d2");
+    let child = ino_of(&env, "/hardening-d2", "only-child");
+    assert_eq!(u32_at(&shm, dir + INODE_FIRST_CHILD), child, "layout moved");
+    scribble(&env, dir + INODE_FIRST_CHILD, &0x7fff_fff0u32.to_le_bytes());
+    let out = env.sh("ls $M/hardening-d2");
+    assert!(out.status.code().is_some(), "ls died: {}", show(&out));
+    assert!(!out.status.success(), "{}", show(&out));
+    assert!(
+        stderr(&out).contains("Input/output error"),
+        "{}",
+        show(&out)
+    );
+}
+
+/// A panic inside the library (store code asserting on a parent link read from the shared
+/// block) is caught at the wrapper: the call fails with EIO, one line names it, and the
+/// program goes on. The directory's parent link is broken after it was opened, so the
+/// `openat` below it reaches the walk up the parents (`begin_modify`) that asserts.
+#[test]
+fn a_panic_inside_the_library_fails_the_call_with_eio_and_the_program_goes_on() {
+    const SRC: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv) {
+    if (argc != 4)
+        return 2;
+    int dfd = open(argv[1], O_RDONLY | O_DIRECTORY);
+    if (dfd < 0) { perror(argv[1]); return 1; }
+    int shm = open(argv[2], O_RDWR);
+    if (shm < 0) { perror(argv[2]); return 1; }
+    unsigned char garbage[4] = {0xf0, 0xff, 0xff, 0x7f};
+    if (pwrite(shm, garbage, 4, atol(argv[3])) != 4) { perror("pwrite"); return 1; }
+    errno = 0;
+    int fd = openat(dfd, "victim", O_WRONLY);
+    printf("openat %d %s\n", fd < 0 ? -1 : 0, strerror(errno));
+    printf("still running\n");
+    return 0;
+}
+"#;
+    let exe = compile_c("panic_boundary", SRC, &[]);
+    let env = Env::new();
+    env.mkdir_store("/hardening-d1");
+    env.ok("echo data > $M/hardening-d1/victim");
+    let shm = std::fs::read(shm_file(&env)).expect("read the shm file");
+    let dir = inode_offset(&shm, "hardening-d1");
+    let victim = inode_offset(&shm, "victim");
+    let dir_ino = ino_of(&env, "/", "hardening-d1");
+    assert_eq!(
+        u32_at(&shm, victim + INODE_LINK),
+        dir_ino,
+        "layout moved: the victim's parent link"
+    );
+    let out = env.command(
+        exe.to_str().expect("utf-8 path"),
+        &[
+            &format!("{}/hardening-d1", env.mount),
+            shm_file(&env).to_str().expect("utf-8 path"),
+            &(dir + INODE_LINK).to_string(),
+        ],
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(
+        stdout(&out),
+        "openat -1 Input/output error\nstill running\n",
+        "{}",
+        show(&out)
+    );
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {}", show(&out));
+    assert!(
+        lines[0].starts_with("cascade: openat: internal error (")
+            && lines[0].ends_with("; the call fails with EIO"),
+        "{}",
+        show(&out)
+    );
+}

@@ -36,6 +36,106 @@ use std::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+pub(crate) use cascade_boundary::boundary;
+
+// ---- panics stop at the C boundary ------------------------------------------------------
+
+/// What an `extern "C"` function returns when a panic inside the library is caught at its
+/// boundary ([`catch_panic`], put there by `#[boundary]`): its error value.
+pub(crate) trait OnPanic {
+    fn on_panic() -> Self;
+}
+
+macro_rules! on_panic_is {
+    ($value:expr; $($t:ty),*) => {
+        $(impl OnPanic for $t {
+            fn on_panic() -> Self {
+                $value
+            }
+        })*
+    };
+}
+on_panic_is!(-1; i32, i64, isize);
+on_panic_is!(0; u32, usize);
+on_panic_is!(();());
+
+impl<T> OnPanic for *mut T {
+    fn on_panic() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> OnPanic for *const T {
+    fn on_panic() -> Self {
+        std::ptr::null()
+    }
+}
+
+/// Runs the body of an `extern "C"` function: a panic (a bug, or store code meeting a
+/// corrupt shared block) must not unwind into C, which aborts the host program. It fails
+/// the call instead: errno EIO, the function's error value, and one line on stderr.
+pub(crate) fn catch_panic<R: OnPanic>(name: &str, f: impl FnOnce() -> R) -> R {
+    catch_panic_or(name, R::on_panic(), f)
+}
+
+/// [`catch_panic`] with an explicit error value (functions that return an error number).
+pub(crate) fn catch_panic_or<R>(name: &str, fail: R, f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = LAST_PANIC
+                .try_with(|p| p.take())
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| panic_text(&*payload));
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("cascade: {name}: internal error ({what}); the call fails with EIO\n")
+                    .as_bytes(),
+            );
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}
+
+thread_local! {
+    /// The last panic's message and place, left by the hook for [`catch_panic_or`].
+    static LAST_PANIC: std::cell::Cell<Option<String>> = const { std::cell::Cell::new(None) };
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
+}
+
+/// A panic hook that prints nothing for the library's own panics (the boundary prints one
+/// line naming the call) and keeps their place and message for it; other panics (a Rust
+/// program linked with `libcascade_wrap.a` shares this hook) go to the previous hook.
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let place = info.location().map(|l| (l.file().to_string(), l.line()));
+        let ours = cfg!(not(cascade_wrap))
+            || place
+                .as_ref()
+                .is_some_and(|(file, _)| file.contains("cascade-"));
+        if !ours {
+            previous(info);
+            return;
+        }
+        let text = panic_text(info.payload());
+        let text = match place {
+            Some((file, line)) => format!("{text} at {file}:{line}"),
+            None => text,
+        };
+        let _ = LAST_PANIC.try_with(|p| p.set(Some(text)));
+    }));
+}
+
 /// Finds the next definition of a libc function (dlsym RTLD_NEXT), once. Evaluates to
 /// `Option<fn pointer>`.
 macro_rules! real {
@@ -624,6 +724,7 @@ pub(crate) fn close_all_at_exit(flush: bool) {
     }
 }
 
+#[boundary]
 extern "C" fn after_fork_in_child() {
     OWNER_PID.store(current_pid(), Relaxed);
     // The parent's other threads are gone, and so is any slot lock one of them held.
@@ -643,7 +744,9 @@ extern "C" fn after_fork_in_child() {
     mapping::pins_after_fork();
 }
 
+#[boundary]
 extern "C" fn on_load() {
+    install_panic_hook();
     OWNER_PID.store(current_pid(), Relaxed);
     // SAFETY: registering a plain function as the fork child handler.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
@@ -662,6 +765,7 @@ extern "C" fn on_load() {
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
 
+#[boundary]
 extern "C" fn on_unload() {
     close_all_at_exit(true);
     mapping::unpin_range(0, 0, true);

@@ -100,6 +100,7 @@ pub(crate) mod umask_cache {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "umask"))]
+#[boundary]
 pub unsafe extern "C" fn umask(mask: libc::mode_t) -> libc::mode_t {
     let old = call_real!(umask: fn(libc::mode_t) -> libc::mode_t, 0o022; mask);
     umask_cache::invalidate();
@@ -128,6 +129,7 @@ fn unlink_store(p: &str) -> Result<(), Error> {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "unlink"))]
+#[boundary]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -140,6 +142,7 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "unlinkat"))]
+#[boundary]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -155,6 +158,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rmdir"))]
+#[boundary]
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -171,6 +175,7 @@ fn mkdir_store(p: &str, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdir"))]
+#[boundary]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -183,6 +188,7 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdirat"))]
+#[boundary]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -217,6 +223,7 @@ fn rename_pair(from: Option<String>, to: Option<String>, flags: c_uint) -> Optio
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rename"))]
+#[boundary]
 pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     let pair = unsafe { (classify(from), classify(to)) };
@@ -229,6 +236,7 @@ pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "renameat"))]
+#[boundary]
 pub unsafe extern "C" fn renameat(
     fd1: c_int,
     from: *const c_char,
@@ -246,6 +254,7 @@ pub unsafe extern "C" fn renameat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "renameat2"))]
+#[boundary]
 pub unsafe extern "C" fn renameat2(
     fd1: c_int,
     from: *const c_char,
@@ -266,6 +275,7 @@ pub unsafe extern "C" fn renameat2(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "chmod"))]
+#[boundary]
 pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -278,6 +288,7 @@ pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchmodat"))]
+#[boundary]
 pub unsafe extern "C" fn fchmodat(
     dirfd: c_int,
     path: *const c_char,
@@ -297,6 +308,7 @@ pub unsafe extern "C" fn fchmodat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchmod"))]
+#[boundary]
 pub unsafe extern "C" fn fchmod(fd: c_int, mode: c_uint) -> c_int {
     match lookup(fd) {
         Some(e) => status(e.file.set_mode(mode)),
@@ -314,6 +326,7 @@ macro_rules! chown_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -330,6 +343,7 @@ chown_wrapper!(lchown);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchown"))]
+#[boundary]
 pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
     match lookup(fd) {
         Some(e) => status(e.file.set_owner(id(uid), id(gid))),
@@ -341,6 +355,7 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchownat"))]
+#[boundary]
 pub unsafe extern "C" fn fchownat(
     dirfd: c_int,
     path: *const c_char,
@@ -388,6 +403,7 @@ unsafe fn times_of(times: *const libc::timespec) -> (Option<i64>, Option<i64>) {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utimensat"))]
+#[boundary]
 pub unsafe extern "C" fn utimensat(
     dirfd: c_int,
     path: *const c_char,
@@ -419,6 +435,7 @@ pub unsafe extern "C" fn utimensat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "futimens"))]
+#[boundary]
 pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
     match lookup(fd) {
         Some(e) => {
@@ -434,6 +451,7 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utimes"))]
+#[boundary]
 pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -459,6 +477,7 @@ pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utime"))]
+#[boundary]
 pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -530,6 +549,7 @@ fn realpath_store(p: &str, resolved: *mut c_char) -> *mut c_char {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "realpath"))]
+#[boundary]
 pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -544,6 +564,7 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
 /// C ABI (the fortified realpath).
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__realpath_chk"))]
+#[boundary]
 pub unsafe extern "C" fn __realpath_chk(
     path: *const c_char,
     resolved: *mut c_char,
@@ -562,6 +583,7 @@ pub unsafe extern "C" fn __realpath_chk(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "canonicalize_file_name"))]
+#[boundary]
 pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -586,6 +608,7 @@ fn readlink_store(p: &str) -> isize {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readlink"))]
+#[boundary]
 pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -600,6 +623,7 @@ pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: u
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readlinkat"))]
+#[boundary]
 pub unsafe extern "C" fn readlinkat(
     dirfd: c_int,
     path: *const c_char,
