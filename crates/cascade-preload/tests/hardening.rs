@@ -485,3 +485,69 @@ int main(int argc, char **argv) {
         show(&out)
     );
 }
+
+/// Finding 8d, an agent that stopped accepting: once its listen backlog (here the one
+/// connection `listen(fd, 0)` queues) is full, `connect` waits for CASCADE_FETCH_TIMEOUT and
+/// the open fails with EIO and one line, as for an agent that stopped answering (not the
+/// silent ENOENT of "no agent"). Run with LD_PRELOAD directly: `cascade run` would itself
+/// wait on this socket for its STATUS request.
+#[test]
+fn an_agent_that_stopped_accepting_fails_the_open_after_the_fetch_timeout() {
+    let env = Env::new();
+    let socket = Store::agent_socket_path(&env.name);
+    std::fs::create_dir_all(socket.parent().expect("socket dir")).expect("lock dir");
+    let path = std::ffi::CString::new(socket.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: plain socket/bind/listen on a zeroed sockaddr_un filled with a short path; every
+    // result is checked; the descriptor is closed at the end of the test.
+    let fd = unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket");
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = path.as_bytes_with_nul();
+        assert!(bytes.len() <= addr.sun_path.len(), "socket path too long");
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(
+                fd,
+                &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+                len
+            ),
+            0,
+            "bind"
+        );
+        assert_eq!(libc::listen(fd, 0), 0, "listen");
+        fd
+    };
+    let lib = common::library_dir().join("libcascade.so");
+    let out = std::process::Command::new("/bin/sh")
+        .args(["-c", "cat $M/a/x; cat $M/b/y"])
+        .env("LD_PRELOAD", &lib)
+        .env("CASCADE_STORE", &env.name)
+        .env("CASCADE_MOUNT", &env.mount)
+        .env("M", &env.mount)
+        .env("CASCADE_FETCH_TIMEOUT", "0.3")
+        .output()
+        .expect("run sh");
+    // SAFETY: closing the listening socket made above.
+    unsafe { libc::close(fd) };
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", show(&out));
+    for (cat, path) in [(0, "/a"), (2, "/b")] {
+        assert!(
+            lines[cat].starts_with(&format!("cascade: {}{path}: ", env.mount))
+                && lines[cat].contains("did not answer within 0.3 s"),
+            "{}",
+            show(&out)
+        );
+        assert!(
+            lines[cat + 1].contains("Input/output error"),
+            "{}",
+            show(&out)
+        );
+    }
+}

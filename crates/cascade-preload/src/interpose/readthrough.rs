@@ -123,13 +123,21 @@ fn ask(verb: Verb, path: &str) -> Fetch {
         return Fetch::NoAgent;
     }
     let socket = Store::agent_socket_path(store.name());
-    let Some(conn) = Conn::connect(socket.as_os_str().as_encoded_bytes()) else {
-        return Fetch::NoAgent;
-    };
     let app_path = if abs == "/" {
         mount().to_string()
     } else {
         format!("{}{abs}", mount())
+    };
+    let conn = match Conn::connect(socket.as_os_str().as_encoded_bytes()) {
+        Ok(conn) => conn,
+        Err(NotConnected::NoAgent) => return Fetch::NoAgent,
+        // An agent that stopped accepting (its backlog full) is as hung as one that stopped
+        // answering.
+        Err(NotConnected::TimedOut) => {
+            let why = timed_out();
+            report(&app_path, &why);
+            return Fetch::Hung(Error::new(libc::EIO, why));
+        }
     };
     match conn.request(verb, &abs) {
         Ok(Answer::Ok) => Fetch::Fetched,
@@ -233,6 +241,14 @@ fn errno() -> i32 {
     unsafe { *libc::__errno_location() }
 }
 
+/// Why there is no connection to the agent.
+enum NotConnected {
+    /// No socket, nobody listening, or any other failure: the original ENOENT stands.
+    NoAgent,
+    /// The agent's backlog stayed full for the whole timeout.
+    TimedOut,
+}
+
 /// A connected socket, closed on drop (with the raw close: the wrapper is not needed).
 struct Conn(c_int);
 
@@ -244,13 +260,13 @@ impl Drop for Conn {
 }
 
 impl Conn {
-    /// Connects to the agent's socket; None when there is none to talk to (no socket file,
+    /// Connects to the agent's socket; NoAgent when there is none to talk to (no socket file,
     /// nobody listening, a path too long for sockaddr_un, or any other connect failure).
-    fn connect(path: &[u8]) -> Option<Conn> {
+    fn connect(path: &[u8]) -> Result<Conn, NotConnected> {
         // SAFETY: all-zero is a valid sockaddr_un.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         if path.is_empty() || path.len() >= addr.sun_path.len() || path.contains(&0) {
-            return None;
+            return Err(NotConnected::NoAgent);
         }
         addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
         for (dst, src) in addr.sun_path.iter_mut().zip(path) {
@@ -267,7 +283,7 @@ impl Conn {
             )
         };
         if fd < 0 {
-            return None;
+            return Err(NotConnected::NoAgent);
         }
         let conn = Conn(fd as c_int);
         if let Some(t) = fetch_timeout() {
@@ -300,13 +316,15 @@ impl Conn {
                 )
             };
             if rc == 0 {
-                return Some(conn);
+                return Ok(conn);
             }
             match errno() {
                 libc::EINTR => continue,
                 // An interrupted connect that completed meanwhile.
-                libc::EISCONN => return Some(conn),
-                _ => return None,
+                libc::EISCONN => return Ok(conn),
+                // SO_SNDTIMEO ran out while the agent's backlog was full.
+                libc::EAGAIN => return Err(NotConnected::TimedOut),
+                _ => return Err(NotConnected::NoAgent),
             }
         }
     }
