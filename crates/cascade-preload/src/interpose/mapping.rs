@@ -254,6 +254,7 @@ mmap_wrapper!(mmap64, off64_t);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "munmap"))]
+#[boundary]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     let rc = call_real!(munmap: fn(*mut c_void, size_t) -> c_int, -1; addr, len);
     if rc == 0 {
