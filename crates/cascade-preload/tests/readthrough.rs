@@ -232,7 +232,7 @@ fn open_stat_opendir_and_chdir_fetch_missing_paths_through_the_agent() {
         agent.requests()
     );
 
-    // A fetch takes as long as it takes: no client-side timeout.
+    // A slow fetch is waited for (the default CASCADE_FETCH_TIMEOUT is 300 s).
     assert_eq!(env.ok("cat $M/remote/slow"), "slow but sure");
 
     // Paths are normalised for the agent.

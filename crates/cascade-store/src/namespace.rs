@@ -423,11 +423,39 @@ impl Block {
         h.free_inode_top.store(top + 1, Release);
     }
 
+    /// The entries of directory `dir`, sorted by name. EIO when a link read from the shared
+    /// block points outside the inode table (a corrupt store), rather than indexing with it.
+    pub(crate) fn list_dir_checked(&self, dir: u32) -> Result<Vec<DirEntry>> {
+        match self.walk_dir(dir) {
+            (out, None) => Ok(out),
+            (_, Some(bad)) => Err(Error::new(
+                libc::EIO,
+                format!(
+                    "corrupt store: directory inode {dir} links to inode {bad}, outside the \
+                     inode table ({} inodes)",
+                    self.geo.max_inodes
+                ),
+            )),
+        }
+    }
+
+    /// [`Block::list_dir_checked`] for fsck and the checkpoint walks: a corrupt link ends the
+    /// listing there.
     pub(crate) fn list_dir(&self, dir: u32) -> Vec<DirEntry> {
+        self.walk_dir(dir).0
+    }
+
+    /// The listing, and the out-of-range link that ended it early, if one did.
+    fn walk_dir(&self, dir: u32) -> (Vec<DirEntry>, Option<u32>) {
         let mut out = Vec::new();
         let mut cur = self.inode(dir).first_child.load(Relaxed);
         let mut guard = 0u64;
+        let mut bad = None;
         while cur != NIL && guard <= self.geo.max_inodes as u64 {
+            if cur >= self.geo.max_inodes {
+                bad = Some(cur);
+                break;
+            }
             let inode = self.inode(cur);
             out.push(DirEntry {
                 name: String::from_utf8_lossy(&self.name_of(cur)).into_owned(),
@@ -438,7 +466,7 @@ impl Block {
             guard += 1;
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
+        (out, bad)
     }
 
     /// The inode an anchor component ("\0<ino>:<gen>") names, if that incarnation lives.

@@ -363,7 +363,7 @@ impl Store {
         if !is_dir_state(b.inode(ino).state.load(Acquire)) {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));
         }
-        Ok(b.list_dir(ino))
+        b.list_dir_checked(ino)
     }
 
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {

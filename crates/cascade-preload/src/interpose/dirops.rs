@@ -102,6 +102,7 @@ fn make_stream(fd: c_int) -> *mut DIR {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "opendir"))]
+#[boundary]
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -131,6 +132,7 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut DIR {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fdopendir"))]
+#[boundary]
 pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut DIR {
     if is_cascade_fd(fd) {
         make_stream(fd)
@@ -162,6 +164,7 @@ macro_rules! readdir_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(dirp: *mut DIR) -> *mut dirent64 {
             match ours(dirp) {
                 Some(d) => next_entry(d),
@@ -179,6 +182,7 @@ macro_rules! readdir_r_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary(libc::EIO)]
         pub unsafe extern "C" fn $name(dirp: *mut DIR, entry: *mut dirent64, result: *mut *mut dirent64) -> c_int {
             match ours(dirp) {
                 Some(d) => {
@@ -206,6 +210,7 @@ readdir_r_wrapper!(readdir64_r);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rewinddir"))]
+#[boundary]
 pub unsafe extern "C" fn rewinddir(dirp: *mut DIR) {
     match ours(dirp) {
         Some(d) => {
@@ -224,6 +229,7 @@ pub unsafe extern "C" fn rewinddir(dirp: *mut DIR) {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "seekdir"))]
+#[boundary]
 pub unsafe extern "C" fn seekdir(dirp: *mut DIR, loc: c_long) {
     match ours(dirp) {
         Some(d) => d.pos = loc.max(0) as usize,
@@ -235,6 +241,7 @@ pub unsafe extern "C" fn seekdir(dirp: *mut DIR, loc: c_long) {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "telldir"))]
+#[boundary]
 pub unsafe extern "C" fn telldir(dirp: *mut DIR) -> c_long {
     match ours(dirp) {
         Some(d) => d.pos as c_long,
@@ -246,6 +253,7 @@ pub unsafe extern "C" fn telldir(dirp: *mut DIR) -> c_long {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dirfd"))]
+#[boundary]
 pub unsafe extern "C" fn dirfd(dirp: *mut DIR) -> c_int {
     match ours(dirp) {
         Some(d) => d.fd,
@@ -257,6 +265,7 @@ pub unsafe extern "C" fn dirfd(dirp: *mut DIR) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "closedir"))]
+#[boundary]
 pub unsafe extern "C" fn closedir(dirp: *mut DIR) -> c_int {
     if ours(dirp).is_some() {
         if let Some(set) = streams().as_mut() {
@@ -309,6 +318,7 @@ fn getdents_store(e: &Entry, buf: *mut u8, count: usize) -> Result<usize, Error>
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "getdents64"))]
+#[boundary]
 pub unsafe extern "C" fn getdents64(
     fd: c_int,
     buf: *mut libc::c_void,
@@ -358,6 +368,7 @@ fn leave() {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "chdir"))]
+#[boundary]
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -376,6 +387,7 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchdir"))]
+#[boundary]
 pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
     match lookup(fd) {
         Some(e) if !e.path.is_empty() => enter(e.path.clone(), false),
@@ -436,6 +448,7 @@ fn copy_cwd(cwd: &str, buf: *mut c_char, size: size_t) -> *mut c_char {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "getcwd"))]
+#[boundary]
 pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
     match virtual_cwd_host() {
         Some(cwd) => copy_cwd(&cwd, buf, size),
@@ -449,6 +462,7 @@ pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
 /// C ABI (the fortified getcwd).
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__getcwd_chk"))]
+#[boundary]
 pub unsafe extern "C" fn __getcwd_chk(
     buf: *mut c_char,
     size: size_t,
@@ -466,6 +480,7 @@ pub unsafe extern "C" fn __getcwd_chk(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "get_current_dir_name"))]
+#[boundary]
 pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
     match virtual_cwd_host() {
         Some(cwd) => copy_cwd(&cwd, std::ptr::null_mut(), 0),

@@ -248,6 +248,7 @@ unsafe fn stored_library(path: *const c_char) -> Option<String> {
 /// C ABI: `path` is null or NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dlopen"))]
+#[boundary]
 pub unsafe extern "C" fn dlopen(path: *const c_char, flags: c_int) -> *mut c_void {
     // SAFETY: per the C contract.
     let store_path = unsafe { stored_library(path) };
@@ -268,6 +269,7 @@ pub unsafe extern "C" fn dlopen(path: *const c_char, flags: c_int) -> *mut c_voi
 /// C ABI: `path` is null or NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dlmopen"))]
+#[boundary]
 pub unsafe extern "C" fn dlmopen(
     lmid: libc::Lmid_t,
     path: *const c_char,

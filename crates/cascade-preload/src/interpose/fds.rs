@@ -36,6 +36,7 @@ fn share(old: &Arc<Entry>, new: c_int) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dup"))]
+#[boundary]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     let new = call_real!(dup: fn(c_int) -> c_int, -1; fd);
     match lookup(fd) {
@@ -48,6 +49,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dup2"))]
+#[boundary]
 pub unsafe extern "C" fn dup2(fd: c_int, fd2: c_int) -> c_int {
     let src = lookup(fd);
     if src.is_none() && !is_cascade_fd(fd2) {
@@ -78,6 +80,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, fd2: c_int) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "dup3"))]
+#[boundary]
 pub unsafe extern "C" fn dup3(fd: c_int, fd2: c_int, flags: c_int) -> c_int {
     let src = lookup(fd);
     let new = call_real!(dup3: fn(c_int, c_int, c_int) -> c_int, -1; fd, fd2, flags);
@@ -133,6 +136,7 @@ fn fcntl_impl(e: &Arc<Entry>, fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// C ABI (the variadic argument is passed through as a machine word).
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fcntl"))]
+#[boundary]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     match lookup(fd) {
         Some(e) => fcntl_impl(&e, fd, cmd, arg),
@@ -144,6 +148,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fcntl64"))]
+#[boundary]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     match lookup(fd) {
         Some(e) => fcntl_impl(&e, fd, cmd, arg),
@@ -234,6 +239,7 @@ fn is_lock_cmd(cmd: c_int) -> bool {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "flock"))]
+#[boundary]
 pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
     match lookup(fd) {
         Some(e) => match lock_fd(&e) {

@@ -407,6 +407,7 @@ macro_rules! fts_family {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($open)))]
+        #[boundary]
         pub unsafe extern "C" fn $open(argv: *const *const c_char, options: c_int, compar: Option<Compar>) -> *mut Fts {
             // SAFETY: per the C contract.
             match (!argv.is_null()).then(|| unsafe { open_walk(argv, options, compar) }).flatten() {
@@ -419,6 +420,7 @@ macro_rules! fts_family {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($read)))]
+        #[boundary]
         pub unsafe extern "C" fn $read(ftsp: *mut Fts) -> *mut FtsEnt {
             match ours(ftsp) {
                 Some(w) => {
@@ -433,6 +435,7 @@ macro_rules! fts_family {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($children)))]
+        #[boundary]
         pub unsafe extern "C" fn $children(ftsp: *mut Fts, options: c_int) -> *mut FtsEnt {
             let Some(w) = ours(ftsp) else {
                 return call_real!($children: fn(*mut Fts, c_int) -> *mut FtsEnt, std::ptr::null_mut(); ftsp, options);
@@ -465,6 +468,7 @@ macro_rules! fts_family {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($set)))]
+        #[boundary]
         pub unsafe extern "C" fn $set(ftsp: *mut Fts, f: *mut FtsEnt, instr: c_int) -> c_int {
             if ours(ftsp).is_none() {
                 return call_real!($set: fn(*mut Fts, *mut FtsEnt, c_int) -> c_int, -1; ftsp, f, instr);
@@ -482,6 +486,7 @@ macro_rules! fts_family {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($close)))]
+        #[boundary]
         pub unsafe extern "C" fn $close(ftsp: *mut Fts) -> c_int {
             if ours(ftsp).is_none() {
                 return call_real!($close: fn(*mut Fts) -> c_int, -1; ftsp);

@@ -232,6 +232,7 @@ macro_rules! mmap_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary(libc::MAP_FAILED)]
         pub unsafe extern "C" fn $name(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: $off) -> *mut c_void {
             match lookup(fd) {
                 Some(_) if flags & libc::MAP_ANONYMOUS != 0 => {
@@ -253,6 +254,7 @@ mmap_wrapper!(mmap64, off64_t);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "munmap"))]
+#[boundary]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     let rc = call_real!(munmap: fn(*mut c_void, size_t) -> c_int, -1; addr, len);
     if rc == 0 {
@@ -325,6 +327,7 @@ macro_rules! sendfile_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(out_fd: c_int, in_fd: c_int, offset: *mut $off, count: size_t) -> ssize_t {
             if is_cascade_fd(out_fd) || is_cascade_fd(in_fd) {
                 sendfile_emulated(out_fd, in_fd, offset as *mut off64_t, count)
@@ -342,6 +345,7 @@ sendfile_wrapper!(sendfile64, off64_t);
 /// others fall back to read/write.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "copy_file_range"))]
+#[boundary]
 pub unsafe extern "C" fn copy_file_range(
     fd_in: c_int,
     off_in: *mut loff_t,
@@ -362,6 +366,7 @@ pub unsafe extern "C" fn copy_file_range(
 /// supported for this file" answer.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "splice"))]
+#[boundary]
 pub unsafe extern "C" fn splice(
     fd_in: c_int,
     off_in: *mut loff_t,
@@ -390,6 +395,7 @@ macro_rules! xattr_path_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, $($arg: $t),*) -> ssize_t {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -413,6 +419,7 @@ macro_rules! xattr_fd_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, $($arg: $t),*) -> ssize_t {
             if is_cascade_fd(fd) {
                 no_xattr()
@@ -431,6 +438,7 @@ macro_rules! setxattr_path_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -449,6 +457,7 @@ macro_rules! removexattr_path_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, name: *const c_char) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -465,6 +474,7 @@ removexattr_path_wrapper!(lremovexattr);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fremovexattr"))]
+#[boundary]
 pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
     if is_cascade_fd(fd) {
         return no_xattr() as c_int;
@@ -476,6 +486,7 @@ pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fsetxattr"))]
+#[boundary]
 pub unsafe extern "C" fn fsetxattr(
     fd: c_int,
     name: *const c_char,

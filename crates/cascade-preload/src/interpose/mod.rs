@@ -36,6 +36,106 @@ use std::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
+pub(crate) use cascade_boundary::boundary;
+
+// ---- panics stop at the C boundary ------------------------------------------------------
+
+/// What an `extern "C"` function returns when a panic inside the library is caught at its
+/// boundary ([`catch_panic`], put there by `#[boundary]`): its error value.
+pub(crate) trait OnPanic {
+    fn on_panic() -> Self;
+}
+
+macro_rules! on_panic_is {
+    ($value:expr; $($t:ty),*) => {
+        $(impl OnPanic for $t {
+            fn on_panic() -> Self {
+                $value
+            }
+        })*
+    };
+}
+on_panic_is!(-1; i32, i64, isize);
+on_panic_is!(0; u32, usize);
+on_panic_is!(();());
+
+impl<T> OnPanic for *mut T {
+    fn on_panic() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> OnPanic for *const T {
+    fn on_panic() -> Self {
+        std::ptr::null()
+    }
+}
+
+/// Runs the body of an `extern "C"` function: a panic (a bug, or store code meeting a
+/// corrupt shared block) must not unwind into C, which aborts the host program. It fails
+/// the call instead: errno EIO, the function's error value, and one line on stderr.
+pub(crate) fn catch_panic<R: OnPanic>(name: &str, f: impl FnOnce() -> R) -> R {
+    catch_panic_or(name, R::on_panic(), f)
+}
+
+/// [`catch_panic`] with an explicit error value (functions that return an error number).
+pub(crate) fn catch_panic_or<R>(name: &str, fail: R, f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = LAST_PANIC
+                .try_with(|p| p.take())
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| panic_text(&*payload));
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!("cascade: {name}: internal error ({what}); the call fails with EIO\n")
+                    .as_bytes(),
+            );
+            set_errno(libc::EIO);
+            fail
+        }
+    }
+}
+
+thread_local! {
+    /// The last panic's message and place, left by the hook for [`catch_panic_or`].
+    static LAST_PANIC: std::cell::Cell<Option<String>> = const { std::cell::Cell::new(None) };
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".to_string())
+}
+
+/// A panic hook that prints nothing for the library's own panics (the boundary prints one
+/// line naming the call) and keeps their place and message for it; other panics (a Rust
+/// program linked with `libcascade_wrap.a` shares this hook) go to the previous hook.
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let place = info.location().map(|l| (l.file().to_string(), l.line()));
+        let ours = cfg!(not(cascade_wrap))
+            || place
+                .as_ref()
+                .is_some_and(|(file, _)| file.contains("cascade-"));
+        if !ours {
+            previous(info);
+            return;
+        }
+        let text = panic_text(info.payload());
+        let text = match place {
+            Some((file, line)) => format!("{text} at {file}:{line}"),
+            None => text,
+        };
+        let _ = LAST_PANIC.try_with(|p| p.set(Some(text)));
+    }));
+}
+
 /// Finds the next definition of a libc function (dlsym RTLD_NEXT), once. Evaluates to
 /// `Option<fn pointer>`.
 macro_rules! real {
@@ -373,16 +473,103 @@ static OWNED: [AtomicBool; MAX_FDS] = [const { AtomicBool::new(false) }; MAX_FDS
 pub(crate) const HANDED_FDS_ENV: &str = "CASCADE_HANDED_FDS";
 /// The entries, each behind its own lock (held for the duration of a call on it, so a
 /// racing close cannot free an entry in use).
-static ENTRIES: [Mutex<Option<Arc<Entry>>>; MAX_FDS] = [const { Mutex::new(None) }; MAX_FDS];
+static ENTRIES: [SlotLock; MAX_FDS] = [const { SlotLock::new() }; MAX_FDS];
+
+/// A descriptor's slot behind a futex lock of our own, not `std::sync::Mutex`, because a
+/// fork child must be able to take it back: a thread of the parent that held it at the fork
+/// (inside a read or write on that descriptor) does not exist in the child, and would hold
+/// it there for ever (the child's first call on the descriptor, or the fork handler, would
+/// hang). [`after_fork_in_child`] releases every slot lock with [`SlotLock::reset_in_child`].
+pub(crate) struct SlotLock {
+    /// 0 free, 1 held, 2 held and someone may wait.
+    state: std::sync::atomic::AtomicU32,
+    entry: std::cell::UnsafeCell<Option<Arc<Entry>>>,
+}
+
+// SAFETY: the entry is reached only through a SlotGuard, which exists only while `state`
+// says the lock is held by its holder (mutual exclusion as a Mutex gives).
+unsafe impl Sync for SlotLock {}
+
+pub(crate) struct SlotGuard<'a>(&'a SlotLock);
+
+impl SlotLock {
+    const fn new() -> SlotLock {
+        SlotLock {
+            state: std::sync::atomic::AtomicU32::new(0),
+            entry: std::cell::UnsafeCell::new(None),
+        }
+    }
+
+    fn lock(&self) -> SlotGuard<'_> {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        if self.state.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
+            while self.state.swap(2, Acquire) != 0 {
+                // SAFETY: futex(2) wait on a live word while it is 2; spurious wake-ups loop.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_futex,
+                        self.state.as_ptr(),
+                        libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                        2u32,
+                        std::ptr::null::<libc::timespec>(),
+                    )
+                };
+            }
+        }
+        SlotGuard(self)
+    }
+
+    fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        self.state
+            .compare_exchange(0, 1, Acquire, Relaxed)
+            .ok()
+            .map(|_| SlotGuard(self))
+    }
+
+    /// In a fork child (one thread): frees the lock whatever held it in the parent.
+    fn reset_in_child(&self) {
+        self.state.store(0, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.state.swap(0, std::sync::atomic::Ordering::Release) == 2 {
+            // SAFETY: futex(2) wake on a live word.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.0.state.as_ptr(),
+                    libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                    1,
+                )
+            };
+        }
+    }
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Option<Arc<Entry>>;
+    fn deref(&self) -> &Self::Target {
+        // SAFETY: the guard holds the lock (see `unsafe impl Sync`).
+        unsafe { &*self.0.entry.get() }
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        // SAFETY: the guard holds the lock, so this is the only reference.
+        unsafe { &mut *self.0.entry.get() }
+    }
+}
 
 pub(crate) fn is_cascade_fd(fd: i32) -> bool {
     (0..MAX_FDS as i32).contains(&fd) && IS_CASCADE[fd as usize].load(Relaxed)
 }
 
-fn slot(fd: i32) -> std::sync::MutexGuard<'static, Option<Arc<Entry>>> {
-    ENTRIES[fd as usize]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+fn slot(fd: i32) -> SlotGuard<'static> {
+    ENTRIES[fd as usize].lock()
 }
 
 /// Tracks `fd` as a descriptor of `entry` whose reference this process image holds.
@@ -524,7 +711,7 @@ pub(crate) fn close_all_at_exit(flush: bool) {
         if !owns(fd) {
             continue;
         }
-        let Ok(mut entry) = ENTRIES[fd as usize].try_lock() else {
+        let Some(mut entry) = ENTRIES[fd as usize].try_lock() else {
             continue;
         };
         IS_CASCADE[fd as usize].store(false, Relaxed);
@@ -537,8 +724,15 @@ pub(crate) fn close_all_at_exit(flush: bool) {
     }
 }
 
+#[boundary]
 extern "C" fn after_fork_in_child() {
     OWNER_PID.store(current_pid(), Relaxed);
+    // The parent's other threads are gone, and so is any slot lock one of them held.
+    for (fd, lock) in ENTRIES.iter().enumerate() {
+        if IS_CASCADE[fd].load(Relaxed) || lock.state.load(Relaxed) != 0 {
+            lock.reset_in_child();
+        }
+    }
     // Every inherited Cascade descriptor is one more reference to its description, this
     // child's.
     for (fd, e) in all_entries() {
@@ -550,7 +744,9 @@ extern "C" fn after_fork_in_child() {
     mapping::pins_after_fork();
 }
 
+#[boundary]
 extern "C" fn on_load() {
+    install_panic_hook();
     OWNER_PID.store(current_pid(), Relaxed);
     // SAFETY: registering a plain function as the fork child handler.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
@@ -569,6 +765,7 @@ extern "C" fn on_load() {
 #[link_section = ".init_array"]
 static ON_LOAD: extern "C" fn() = on_load;
 
+#[boundary]
 extern "C" fn on_unload() {
     close_all_at_exit(true);
     mapping::unpin_range(0, 0, true);

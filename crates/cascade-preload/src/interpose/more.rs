@@ -13,6 +13,7 @@ use std::ffi::c_char;
 /// C ABI: `path` is NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "remove"))]
+#[boundary]
 pub unsafe extern "C" fn remove(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     if unsafe { classify(path) }.is_none() {
@@ -37,6 +38,7 @@ macro_rules! lockf_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, cmd: c_int, len: libc::off64_t) -> c_int {
             if !is_cascade_fd(fd) {
                 return call_real!($name: fn(c_int, c_int, libc::off64_t) -> c_int, -1; fd, cmd, len);
@@ -101,6 +103,7 @@ unsafe fn timespecs(tv: *const libc::timeval) -> Option<[libc::timespec; 2]> {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "lutimes"))]
+#[boundary]
 pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     // SAFETY: per the C contract.
     if unsafe { classify(path) }.is_none() {
@@ -117,6 +120,7 @@ pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) 
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "futimes"))]
+#[boundary]
 pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
     if !is_cascade_fd(fd) {
         return call_real!(futimes: fn(c_int, *const libc::timeval) -> c_int, -1; fd, tv);
@@ -132,6 +136,7 @@ pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "futimesat"))]
+#[boundary]
 pub unsafe extern "C" fn futimesat(
     dirfd: c_int,
     path: *const c_char,
@@ -154,6 +159,7 @@ pub unsafe extern "C" fn futimesat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "lchmod"))]
+#[boundary]
 pub unsafe extern "C" fn lchmod(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     if unsafe { classify(path) }.is_none() {
@@ -208,6 +214,7 @@ fn mknod_store(p: &str, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mknod"))]
+#[boundary]
 pub unsafe extern "C" fn mknod(path: *const c_char, mode: c_uint, dev: libc::dev_t) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -222,6 +229,7 @@ pub unsafe extern "C" fn mknod(path: *const c_char, mode: c_uint, dev: libc::dev
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mknodat"))]
+#[boundary]
 pub unsafe extern "C" fn mknodat(
     dirfd: c_int,
     path: *const c_char,
@@ -241,6 +249,7 @@ pub unsafe extern "C" fn mknodat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkfifo"))]
+#[boundary]
 pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -253,6 +262,7 @@ pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkfifoat"))]
+#[boundary]
 pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -267,6 +277,7 @@ pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: c_uin
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "pathconf"))]
+#[boundary]
 pub unsafe extern "C" fn pathconf(path: *const c_char, name: c_int) -> c_long {
     // SAFETY: per the C contract.
     let Some(p) = (unsafe { classify(path) }) else {
@@ -287,6 +298,7 @@ pub unsafe extern "C" fn pathconf(path: *const c_char, name: c_int) -> c_long {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "name_to_handle_at"))]
+#[boundary]
 pub unsafe extern "C" fn name_to_handle_at(
     dirfd: c_int,
     path: *const c_char,
@@ -313,6 +325,7 @@ pub unsafe extern "C" fn name_to_handle_at(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "inotify_add_watch"))]
+#[boundary]
 pub unsafe extern "C" fn inotify_add_watch(fd: c_int, path: *const c_char, mask: u32) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {

@@ -9,12 +9,102 @@ fn status(r: Result<(), Error>) -> c_int {
 }
 
 pub(crate) fn umask_now() -> u32 {
-    // SAFETY: umask swaps a process attribute; we restore it at once.
-    unsafe {
-        let m = libc::umask(0o022);
-        libc::umask(m);
-        m
+    umask_cache::get()
+}
+
+/// The process's umask, read without changing it: swapping it (`umask(0)` then back) races
+/// with other threads that set it or create files. Read once from /proc/self/status
+/// ("Umask:") and kept while nothing changes it; the [`umask`] wrapper (and `syscall(SYS_umask)`)
+/// invalidates it. A generation counter keeps a reader that raced with a change from caching
+/// the old value.
+pub(crate) mod umask_cache {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+    /// Bits 0..=11 the mask, bit 12 "valid", bits 32.. the generation.
+    static CACHE: AtomicU64 = AtomicU64::new(0);
+    const VALID: u64 = 1 << 12;
+
+    pub(crate) fn get() -> u32 {
+        let seen = CACHE.load(SeqCst);
+        if seen & VALID != 0 {
+            return (seen & 0o7777) as u32;
+        }
+        let mask = read_proc().unwrap_or_else(swap_read);
+        // Cached only if no umask call came in between (same generation).
+        let _ = CACHE.compare_exchange(seen, seen | VALID | mask as u64, SeqCst, SeqCst);
+        mask
     }
+
+    /// After a umask call: the next reader reads it again.
+    pub(crate) fn invalidate() {
+        let mut cur = CACHE.load(SeqCst);
+        loop {
+            let next = ((cur >> 32).wrapping_add(1) << 32) & !(VALID | 0o7777);
+            match CACHE.compare_exchange(cur, next, SeqCst, SeqCst) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// The "Umask:" line of /proc/self/status (Linux 4.7 and later), read with raw system
+    /// calls (no wrapper is entered).
+    fn read_proc() -> Option<u32> {
+        // SAFETY: a NUL-terminated path; the result is checked.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                c"/proc/self/status".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+                0,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        let mut buf = [0u8; 4096];
+        let mut len = 0;
+        while len < buf.len() {
+            let rest = &mut buf[len..];
+            // SAFETY: reading into a live buffer of rest.len() bytes.
+            let n = unsafe { libc::syscall(libc::SYS_read, fd, rest.as_mut_ptr(), rest.len()) };
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        // SAFETY: closing the descriptor opened above.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+        let text = std::str::from_utf8(&buf[..len]).ok()?;
+        let line = text.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+        u32::from_str_radix(line.trim(), 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+    }
+
+    /// Without /proc: the old way, swapping the mask and back (racy, but the only way).
+    fn swap_read() -> u32 {
+        // SAFETY: umask swaps a process attribute; it is restored at once.
+        unsafe {
+            let m = libc::umask(0o022);
+            libc::umask(m);
+            m
+        }
+    }
+}
+
+/// umask: the real call, then the cached mask is read again on next use.
+///
+/// # Safety
+/// C ABI.
+#[cfg_attr(not(cascade_wrap), no_mangle)]
+#[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "umask"))]
+#[boundary]
+pub unsafe extern "C" fn umask(mask: libc::mode_t) -> libc::mode_t {
+    let old = call_real!(umask: fn(libc::mode_t) -> libc::mode_t, 0o022; mask);
+    umask_cache::invalidate();
+    old
 }
 
 /// Unlinks a store file and removes its lock file, if locks were ever taken on it.
@@ -35,6 +125,7 @@ fn unlink_store(p: &str) -> Result<(), Error> {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "unlink"))]
+#[boundary]
 pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -47,6 +138,7 @@ pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "unlinkat"))]
+#[boundary]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -62,6 +154,7 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_in
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rmdir"))]
+#[boundary]
 pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -78,6 +171,7 @@ fn mkdir_store(p: &str, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdir"))]
+#[boundary]
 pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -90,6 +184,7 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdirat"))]
+#[boundary]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify_at(dirfd, path) } {
@@ -124,6 +219,7 @@ fn rename_pair(from: Option<String>, to: Option<String>, flags: c_uint) -> Optio
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "rename"))]
+#[boundary]
 pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     let pair = unsafe { (classify(from), classify(to)) };
@@ -136,6 +232,7 @@ pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "renameat"))]
+#[boundary]
 pub unsafe extern "C" fn renameat(
     fd1: c_int,
     from: *const c_char,
@@ -153,6 +250,7 @@ pub unsafe extern "C" fn renameat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "renameat2"))]
+#[boundary]
 pub unsafe extern "C" fn renameat2(
     fd1: c_int,
     from: *const c_char,
@@ -173,6 +271,7 @@ pub unsafe extern "C" fn renameat2(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "chmod"))]
+#[boundary]
 pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -185,6 +284,7 @@ pub unsafe extern "C" fn chmod(path: *const c_char, mode: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchmodat"))]
+#[boundary]
 pub unsafe extern "C" fn fchmodat(
     dirfd: c_int,
     path: *const c_char,
@@ -204,6 +304,7 @@ pub unsafe extern "C" fn fchmodat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchmod"))]
+#[boundary]
 pub unsafe extern "C" fn fchmod(fd: c_int, mode: c_uint) -> c_int {
     match lookup(fd) {
         Some(e) => status(e.file.set_mode(mode)),
@@ -221,6 +322,7 @@ macro_rules! chown_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, uid: c_uint, gid: c_uint) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -237,6 +339,7 @@ chown_wrapper!(lchown);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchown"))]
+#[boundary]
 pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
     match lookup(fd) {
         Some(e) => status(e.file.set_owner(id(uid), id(gid))),
@@ -248,6 +351,7 @@ pub unsafe extern "C" fn fchown(fd: c_int, uid: c_uint, gid: c_uint) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fchownat"))]
+#[boundary]
 pub unsafe extern "C" fn fchownat(
     dirfd: c_int,
     path: *const c_char,
@@ -295,6 +399,7 @@ unsafe fn times_of(times: *const libc::timespec) -> (Option<i64>, Option<i64>) {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utimensat"))]
+#[boundary]
 pub unsafe extern "C" fn utimensat(
     dirfd: c_int,
     path: *const c_char,
@@ -326,6 +431,7 @@ pub unsafe extern "C" fn utimensat(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "futimens"))]
+#[boundary]
 pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
     match lookup(fd) {
         Some(e) => {
@@ -341,6 +447,7 @@ pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utimes"))]
+#[boundary]
 pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -366,6 +473,7 @@ pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "utime"))]
+#[boundary]
 pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -437,6 +545,7 @@ fn realpath_store(p: &str, resolved: *mut c_char) -> *mut c_char {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "realpath"))]
+#[boundary]
 pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -451,6 +560,7 @@ pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) ->
 /// C ABI (the fortified realpath).
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__realpath_chk"))]
+#[boundary]
 pub unsafe extern "C" fn __realpath_chk(
     path: *const c_char,
     resolved: *mut c_char,
@@ -469,6 +579,7 @@ pub unsafe extern "C" fn __realpath_chk(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "canonicalize_file_name"))]
+#[boundary]
 pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -493,6 +604,7 @@ fn readlink_store(p: &str) -> isize {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readlink"))]
+#[boundary]
 pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: usize) -> isize {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
@@ -507,6 +619,7 @@ pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: u
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readlinkat"))]
+#[boundary]
 pub unsafe extern "C" fn readlinkat(
     dirfd: c_int,
     path: *const c_char,

@@ -140,6 +140,7 @@ unsafe fn exec_with(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "execve"))]
+#[boundary]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
     argv: *const *const c_char,
@@ -158,6 +159,7 @@ extern "C" {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "execv"))]
+#[boundary]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     // SAFETY: the process's environment, as execv passes it.
     unsafe { execve(path, argv, environ) }
@@ -237,6 +239,7 @@ unsafe fn exec_or_shell(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "execvp"))]
+#[boundary]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
     // SAFETY: per the C contract; the process's environment.
     unsafe { exec_search(file, argv, environ) }
@@ -246,6 +249,7 @@ pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char)
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "execvpe"))]
+#[boundary]
 pub unsafe extern "C" fn execvpe(
     file: *const c_char,
     argv: *const *const c_char,
@@ -259,6 +263,7 @@ pub unsafe extern "C" fn execvpe(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fexecve"))]
+#[boundary]
 pub unsafe extern "C" fn fexecve(
     fd: c_int,
     argv: *const *const c_char,
@@ -285,6 +290,7 @@ pub unsafe extern "C" fn fexecve(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "symlink"))]
+#[boundary]
 pub unsafe extern "C" fn symlink(target: *const c_char, link: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(link) } {
@@ -300,6 +306,7 @@ pub unsafe extern "C" fn symlink(target: *const c_char, link: *const c_char) -> 
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "symlinkat"))]
+#[boundary]
 pub unsafe extern "C" fn symlinkat(
     target: *const c_char,
     dirfd: c_int,
@@ -321,6 +328,7 @@ pub unsafe extern "C" fn symlinkat(
 /// C ABI. Hard links are not supported either (one name per file).
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "link"))]
+#[boundary]
 pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { (classify(old), classify(new)) } {
@@ -337,6 +345,7 @@ pub unsafe extern "C" fn link(old: *const c_char, new: *const c_char) -> c_int {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "linkat"))]
+#[boundary]
 pub unsafe extern "C" fn linkat(
     fd1: c_int,
     old: *const c_char,

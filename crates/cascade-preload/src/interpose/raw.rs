@@ -26,6 +26,7 @@ unsafe fn path_is_ours(dirfd: c_int, path: *const c_char) -> bool {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "syscall"))]
+#[boundary]
 pub unsafe extern "C" fn syscall(
     n: c_long,
     a: c_long,
@@ -109,7 +110,11 @@ pub unsafe extern "C" fn syscall(
     match handled {
         Some(r) => r,
         None => {
-            call_real!(syscall: fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long, -1; n, a, b, c, d, e, f)
+            let r = call_real!(syscall: fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long, -1; n, a, b, c, d, e, f);
+            if n == libc::SYS_umask {
+                names::umask_cache::invalidate();
+            }
+            r
         }
     }
 }

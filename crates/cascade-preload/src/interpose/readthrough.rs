@@ -29,6 +29,9 @@ enum Fetch {
     NoAgent,
     /// The agent's answer: this error for the application.
     Failed(Error),
+    /// The agent did not answer in time (`CASCADE_FETCH_TIMEOUT`): EIO, and no further
+    /// request for this call.
+    Hung(Error),
 }
 
 /// Runs `op` on store path `path`; if it fails with ENOENT and a node agent fetches the path
@@ -42,16 +45,20 @@ pub(crate) fn with_fetch<T>(path: &str, op: impl Fn() -> Result<T, Error>) -> Re
             // open fetches a remote file next); else the agent fetches the path itself.
             if let Some((parent, _)) = path.rsplit_once('/') {
                 let parent = if parent.is_empty() { "/" } else { parent };
-                if matches!(ask(Verb::List, parent), Fetch::Fetched) {
-                    if let found @ Ok(_) = op() {
-                        return found;
+                match ask(Verb::List, parent) {
+                    Fetch::Fetched => {
+                        if let found @ Ok(_) = op() {
+                            return found;
+                        }
                     }
+                    Fetch::Hung(err) => return Err(err),
+                    _ => {}
                 }
             }
             match ask(Verb::Fetch, path) {
                 Fetch::Fetched => op(),
                 Fetch::NoAgent => Err(e),
-                Fetch::Failed(err) => Err(err),
+                Fetch::Failed(err) | Fetch::Hung(err) => Err(err),
             }
         }
         other => other,
@@ -73,7 +80,7 @@ pub(crate) fn fetch_remote(path: &str) -> Result<(), Error> {
             report(&shown, why);
             Err(Error::new(libc::EIO, format!("{path}: {why}")))
         }
-        Fetch::Failed(e) => Err(e),
+        Fetch::Failed(e) | Fetch::Hung(e) => Err(e),
     }
 }
 
@@ -116,13 +123,21 @@ fn ask(verb: Verb, path: &str) -> Fetch {
         return Fetch::NoAgent;
     }
     let socket = Store::agent_socket_path(store.name());
-    let Some(conn) = Conn::connect(socket.as_os_str().as_encoded_bytes()) else {
-        return Fetch::NoAgent;
-    };
     let app_path = if abs == "/" {
         mount().to_string()
     } else {
         format!("{}{abs}", mount())
+    };
+    let conn = match Conn::connect(socket.as_os_str().as_encoded_bytes()) {
+        Ok(conn) => conn,
+        Err(NotConnected::NoAgent) => return Fetch::NoAgent,
+        // An agent that stopped accepting (its backlog full) is as hung as one that stopped
+        // answering.
+        Err(NotConnected::TimedOut) => {
+            let why = timed_out();
+            report(&app_path, &why);
+            return Fetch::Hung(Error::new(libc::EIO, why));
+        }
     };
     match conn.request(verb, &abs) {
         Ok(Answer::Ok) => Fetch::Fetched,
@@ -132,9 +147,13 @@ fn ask(verb: Verb, path: &str) -> Fetch {
             }
             Fetch::Failed(Error::new(errno, message))
         }
-        Err(why) => {
+        Err(Broken::Other(why)) => {
             report(&app_path, &why);
             Fetch::Failed(Error::new(libc::EIO, why))
+        }
+        Err(Broken::TimedOut(why)) => {
+            report(&app_path, &why);
+            Fetch::Hung(Error::new(libc::EIO, why))
         }
     }
 }
@@ -170,6 +189,47 @@ fn absolute_store_path(store: &Store, path: &str) -> Option<String> {
     Some(normalise(&join_store(&dir, rel)))
 }
 
+/// The environment variable that bounds the wait for the node agent's answer, in seconds
+/// (a decimal number; 0 waits for ever).
+pub(crate) const FETCH_TIMEOUT_ENV: &str = "CASCADE_FETCH_TIMEOUT";
+/// Generous: a large file takes as long as the link needs.
+const DEFAULT_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long a request may wait for the agent without a byte moving (read once); None: no
+/// limit. An unreadable value keeps the default.
+fn fetch_timeout() -> Option<std::time::Duration> {
+    static TIMEOUT: OnceLock<Option<std::time::Duration>> = OnceLock::new();
+    *TIMEOUT.get_or_init(|| {
+        let Ok(text) = std::env::var(FETCH_TIMEOUT_ENV) else {
+            return Some(DEFAULT_FETCH_TIMEOUT);
+        };
+        match text.trim().parse::<f64>() {
+            Ok(0.0) => None,
+            Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
+                // At least a microsecond: a zero timeval would mean "no timeout".
+                Some(std::time::Duration::from_secs_f64(s).max(std::time::Duration::from_micros(1)))
+            }
+            _ => Some(DEFAULT_FETCH_TIMEOUT),
+        }
+    })
+}
+
+/// The text of a request that ran out of time.
+fn timed_out() -> String {
+    let secs = fetch_timeout().map_or(0.0, |t| t.as_secs_f64());
+    format!(
+        "read-through: the node agent did not answer within {secs} s \
+         ({FETCH_TIMEOUT_ENV}; is it hung?)"
+    )
+}
+
+/// Why a request got no answer (EIO for the application).
+enum Broken {
+    /// Nothing came within the timeout.
+    TimedOut(String),
+    Other(String),
+}
+
 enum Answer {
     Ok,
     Err(i32, String),
@@ -179,6 +239,14 @@ enum Answer {
 fn errno() -> i32 {
     // SAFETY: __errno_location returns this thread's errno slot.
     unsafe { *libc::__errno_location() }
+}
+
+/// Why there is no connection to the agent.
+enum NotConnected {
+    /// No socket, nobody listening, or any other failure: the original ENOENT stands.
+    NoAgent,
+    /// The agent's backlog stayed full for the whole timeout.
+    TimedOut,
 }
 
 /// A connected socket, closed on drop (with the raw close: the wrapper is not needed).
@@ -192,14 +260,14 @@ impl Drop for Conn {
 }
 
 impl Conn {
-    /// Connects to the agent's socket; None when there is none to talk to (no socket file,
+    /// Connects to the agent's socket; NoAgent when there is none to talk to (no socket file,
     /// nobody listening, a path too long for sockaddr_un, any other connect failure, or a
     /// socket served by a process of another uid).
-    fn connect(path: &[u8]) -> Option<Conn> {
+    fn connect(path: &[u8]) -> Result<Conn, NotConnected> {
         // SAFETY: all-zero is a valid sockaddr_un.
         let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
         if path.is_empty() || path.len() >= addr.sun_path.len() || path.contains(&0) {
-            return None;
+            return Err(NotConnected::NoAgent);
         }
         addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
         for (dst, src) in addr.sun_path.iter_mut().zip(path) {
@@ -216,9 +284,28 @@ impl Conn {
             )
         };
         if fd < 0 {
-            return None;
+            return Err(NotConnected::NoAgent);
         }
         let conn = Conn(fd as c_int);
+        if let Some(t) = fetch_timeout() {
+            let tv = libc::timeval {
+                tv_sec: t.as_secs() as libc::time_t,
+                tv_usec: t.subsec_micros() as libc::suseconds_t,
+            };
+            for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+                // SAFETY: setsockopt(2) with a live timeval of the size given.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_setsockopt,
+                        conn.0,
+                        libc::SOL_SOCKET,
+                        opt,
+                        &tv as *const libc::timeval,
+                        std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                    )
+                };
+            }
+        }
         loop {
             // SAFETY: `addr` is a valid sockaddr_un of `len` bytes.
             let rc = unsafe {
@@ -233,18 +320,25 @@ impl Conn {
             if rc == 0 || errno() == libc::EISCONN {
                 // Only an agent of this user: a socket served by another uid is not ours
                 // (docs/security.md).
-                let peer = cascade_store::ownership::peer_uid(conn.0).ok()?;
-                return (peer == cascade_store::ownership::euid()).then_some(conn);
+                let peer = cascade_store::ownership::peer_uid(conn.0)
+                    .map_err(|_| NotConnected::NoAgent)?;
+                return if peer == cascade_store::ownership::euid() {
+                    Ok(conn)
+                } else {
+                    Err(NotConnected::NoAgent)
+                };
             }
             match errno() {
                 libc::EINTR => continue,
-                _ => return None,
+                // SO_SNDTIMEO ran out while the agent's backlog was full.
+                libc::EAGAIN => return Err(NotConnected::TimedOut),
+                _ => return Err(NotConnected::NoAgent),
             }
         }
     }
 
     /// Sends the request and reads the one-line answer. Err: the text of an EIO.
-    fn request(&self, verb: Verb, store_path: &str) -> Result<Answer, String> {
+    fn request(&self, verb: Verb, store_path: &str) -> Result<Answer, Broken> {
         let line = match verb {
             Verb::Fetch => format!("FETCH {store_path}\n"),
             Verb::List => format!("LIST {store_path}\n"),
@@ -268,11 +362,12 @@ impl Conn {
             if n < 0 {
                 match errno() {
                     libc::EINTR => continue,
+                    libc::EAGAIN => return Err(Broken::TimedOut(timed_out())),
                     e => {
-                        return Err(format!(
+                        return Err(Broken::Other(format!(
                             "read-through: cannot send the request to the node agent: {}",
                             cascade_store::errno_text(e)
-                        ))
+                        )))
                     }
                 }
             }
@@ -296,27 +391,30 @@ impl Conn {
             if n < 0 {
                 match errno() {
                     libc::EINTR => continue,
+                    libc::EAGAIN => return Err(Broken::TimedOut(timed_out())),
                     e => {
-                        return Err(format!(
+                        return Err(Broken::Other(format!(
                             "read-through: cannot read the node agent's answer: {}",
                             cascade_store::errno_text(e)
-                        ))
+                        )))
                     }
                 }
             }
             if n == 0 {
-                return Err(
+                return Err(Broken::Other(
                     "read-through: the node agent closed the connection without an answer"
                         .to_string(),
-                );
+                ));
             }
             answer.extend_from_slice(&buf[..n as usize]);
             if let Some(end) = answer.iter().position(|&b| b == b'\n') {
                 answer.truncate(end);
-                return parse_answer(&String::from_utf8_lossy(&answer));
+                return parse_answer(&String::from_utf8_lossy(&answer)).map_err(Broken::Other);
             }
             if answer.len() > 64 << 10 {
-                return Err("read-through: the node agent's answer is too long".to_string());
+                return Err(Broken::Other(
+                    "read-through: the node agent's answer is too long".to_string(),
+                ));
             }
         }
     }

@@ -69,6 +69,7 @@ fn dev_null(at: Option<c_int>) -> c_int {
 /// C ABI: `path` is NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "posix_spawn_file_actions_addopen"))]
+#[boundary(libc::EIO)]
 pub unsafe extern "C" fn posix_spawn_file_actions_addopen(
     actions: *mut posix_spawn_file_actions_t,
     fd: c_int,
@@ -135,6 +136,7 @@ fn open_pending(opens: &[(c_int, String, c_int, c_uint)]) -> Result<(), c_int> {
 /// C ABI: `path` is NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "posix_spawn_file_actions_addchdir_np"))]
+#[boundary(libc::EIO)]
 pub unsafe extern "C" fn posix_spawn_file_actions_addchdir_np(
     actions: *mut posix_spawn_file_actions_t,
     path: *const c_char,
@@ -160,6 +162,7 @@ pub unsafe extern "C" fn posix_spawn_file_actions_addchdir_np(
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "posix_spawn_file_actions_destroy"))]
+#[boundary(libc::EIO)]
 pub unsafe extern "C" fn posix_spawn_file_actions_destroy(
     actions: *mut posix_spawn_file_actions_t,
 ) -> c_int {
@@ -338,6 +341,7 @@ macro_rules! spawn_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary(libc::EIO)]
         pub unsafe extern "C" fn $name(
             pid: *mut pid_t,
             path: *const c_char,
@@ -389,6 +393,7 @@ fn with_child_env<T>(call: impl FnOnce() -> T, started: impl Fn(&T) -> bool) -> 
 /// C ABI: `command` is null or NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "system"))]
+#[boundary]
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
     if command.is_null() {
         return call_real!(system: fn(*const c_char) -> c_int, 0; command);
@@ -403,6 +408,7 @@ pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
 /// C ABI: `command` and `mode` are NUL-terminated.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "popen"))]
+#[boundary]
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
     with_child_env(
         || call_real!(popen: fn(*const c_char, *const c_char) -> *mut libc::FILE, std::ptr::null_mut(); command, mode),

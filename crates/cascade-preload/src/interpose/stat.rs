@@ -123,6 +123,7 @@ macro_rules! stat_path_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut libc::stat64) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -143,6 +144,7 @@ macro_rules! fstat_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut libc::stat64) -> c_int {
             match lookup(fd) {
                 Some(e) => stat_into(fd_meta(&e), buf),
@@ -160,6 +162,7 @@ macro_rules! fstatat_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { target_at(dirfd, path, flags) } {
@@ -180,6 +183,7 @@ macro_rules! xstat_wrapper {
         /// C ABI (glibc's versioned stat entry points).
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(ver: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -200,6 +204,7 @@ macro_rules! fxstat_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int {
             match lookup(fd) {
                 Some(e) => stat_into(fd_meta(&e), buf),
@@ -217,6 +222,7 @@ macro_rules! fxstatat_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { target_at(dirfd, path, flags) } {
@@ -234,6 +240,7 @@ fxstatat_wrapper!(__fxstatat64);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "statx"))]
+#[boundary]
 pub unsafe extern "C" fn statx(
     dirfd: c_int,
     path: *const c_char,
@@ -345,6 +352,7 @@ macro_rules! statfs_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, buf: *mut $t) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -368,6 +376,7 @@ macro_rules! fstatfs_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut $t) -> c_int {
             match lookup(fd) {
                 Some(_) => $fill(buf),
@@ -418,6 +427,7 @@ macro_rules! access_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -435,6 +445,7 @@ access_wrapper!(euidaccess);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "faccessat"))]
+#[boundary]
 pub unsafe extern "C" fn faccessat(
     dirfd: c_int,
     path: *const c_char,

@@ -30,11 +30,13 @@ fn streams() -> std::sync::MutexGuard<'static, Option<HashMap<usize, c_int>>> {
     STREAMS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+#[boundary]
 unsafe extern "C" fn cookie_read(cookie: *mut c_void, buf: *mut c_char, n: size_t) -> ssize_t {
     // SAFETY: glibc hands back the cookie we gave it (a boxed fd) and a buffer of n bytes.
     unsafe { sysio::read(*(cookie as *const c_int), buf as *mut c_void, n) }
 }
 
+#[boundary]
 unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const c_char, n: size_t) -> ssize_t {
     // SAFETY: as above.
     let r = unsafe { sysio::write(*(cookie as *const c_int), buf as *const c_void, n) };
@@ -47,6 +49,7 @@ unsafe extern "C" fn cookie_write(cookie: *mut c_void, buf: *const c_char, n: si
     }
 }
 
+#[boundary]
 unsafe extern "C" fn cookie_seek(cookie: *mut c_void, off: *mut i64, whence: c_int) -> c_int {
     // SAFETY: as above; `off` points at glibc's offset.
     unsafe {
@@ -59,6 +62,7 @@ unsafe extern "C" fn cookie_seek(cookie: *mut c_void, off: *mut i64, whence: c_i
     0
 }
 
+#[boundary]
 unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
     // SAFETY: the cookie is the Box made in make_stream; glibc calls close exactly once.
     let fd = unsafe { Box::from_raw(cookie as *mut c_int) };
@@ -148,6 +152,7 @@ macro_rules! fopen_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char) -> *mut FILE {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -164,6 +169,7 @@ fopen_wrapper!(fopen64);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "fdopen"))]
+#[boundary]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
     if is_cascade_fd(fd) {
         make_stream(fd, mode)
@@ -181,6 +187,7 @@ macro_rules! freopen_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: *const c_char, stream: *mut FILE) -> *mut FILE {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -209,6 +216,7 @@ macro_rules! fileno_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(f: *mut FILE) -> c_int {
             match stream_fd(f) {
                 Some(fd) => fd,

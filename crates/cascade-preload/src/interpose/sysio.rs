@@ -7,6 +7,14 @@ use std::ffi::c_char;
 
 /// Opens a Cascade path: a store file, a shared description and a real kernel fd (memfd).
 pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<c_int, Error> {
+    if flags & (libc::O_CREAT | libc::O_DIRECTORY) == libc::O_CREAT | libc::O_DIRECTORY
+        && kernel_rejects_creat_directory()
+    {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{path}: O_CREAT with O_DIRECTORY"),
+        ));
+    }
     let store = store()?;
     let acc = flags & libc::O_ACCMODE;
     let opts = OpenOptions {
@@ -72,6 +80,33 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
     Ok(fd)
 }
 
+/// Whether the running kernel refuses `O_CREAT|O_DIRECTORY` with EINVAL (Linux 6.4 and
+/// later) rather than creating a regular file; Cascade does what the kernel does. Asked once,
+/// with an `openat` on a descriptor that is none (-1): a kernel that checks these flags first
+/// answers EINVAL, an older one EBADF. Nothing is looked up or created.
+fn kernel_rejects_creat_directory() -> bool {
+    static ANSWER: OnceLock<bool> = OnceLock::new();
+    *ANSWER.get_or_init(|| {
+        // SAFETY: a NUL-terminated path and a bad descriptor; the result is checked.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                -1,
+                c"cascade-probe".as_ptr(),
+                libc::O_CREAT | libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC,
+                0o600,
+            )
+        };
+        if rc >= 0 {
+            // SAFETY: closing the descriptor the probe got (it cannot, but if it did).
+            unsafe { libc::syscall(libc::SYS_close, rc) };
+            return false;
+        }
+        // SAFETY: __errno_location returns this thread's errno slot.
+        unsafe { *libc::__errno_location() == libc::EINVAL }
+    })
+}
+
 fn open_impl(path: &str, flags: c_int, mode: c_uint) -> c_int {
     open_store_path(path, flags, mode).unwrap_or_else(|e| fail(&e))
 }
@@ -82,6 +117,7 @@ macro_rules! open_wrapper {
         /// C ABI: `path` is a NUL-terminated string (or null, which the real call rejects).
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
             // SAFETY: per the C contract of open().
             match unsafe { classify(path) } {
@@ -102,6 +138,7 @@ macro_rules! openat_wrapper {
         /// C ABI: `path` is a NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
             // SAFETY: per the C contract of openat().
             match unsafe { classify_at(dirfd, path) } {
@@ -122,6 +159,7 @@ macro_rules! creat_wrapper {
         /// C ABI: `path` is a NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, mode: c_uint) -> c_int {
             // SAFETY: per the C contract of creat().
             match unsafe { classify(path) } {
@@ -138,6 +176,7 @@ creat_wrapper!(creat64);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "close"))]
+#[boundary]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if let Some(e) = unregister(fd) {
         if let Ok(s) = store() {
@@ -164,6 +203,7 @@ fn release_range(first: c_uint, last: c_uint) {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "close_range"))]
+#[boundary]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     // CLOSE_RANGE_CLOEXEC only marks them; the kernel closes them at exec.
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first <= last {
@@ -176,6 +216,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "closefrom"))]
+#[boundary]
 pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     if let Ok(first) = c_uint::try_from(lowfd) {
         release_range(first, c_uint::MAX);
@@ -196,7 +237,8 @@ macro_rules! exit_wrapper {
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         #[allow(non_snake_case)] // _Exit is C's name.
         pub unsafe extern "C" fn $name(status: c_int) -> ! {
-            close_all_at_exit(false);
+            // The process ends either way (no #[boundary]: nothing is returned).
+            catch_panic(stringify!($name), || close_all_at_exit(false));
             if let Some(f) = real!($name: fn(c_int) -> ()) {
                 // SAFETY: forwarding the caller's argument; it does not return.
                 unsafe { f(status) };
@@ -279,6 +321,7 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 /// C ABI: `buf` holds `count` writable bytes.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "read"))]
+#[boundary]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
     match lookup(fd) {
         // SAFETY: the caller provides `count` writable bytes at `buf`.
@@ -291,6 +334,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
 /// C ABI: `buf` holds `count` readable bytes.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "write"))]
+#[boundary]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
     // SAFETY: the caller provides `count` readable bytes at `buf`.
     match with_entry(fd, |e| do_write(e, unsafe { slice(buf, count) }, None)) {
@@ -305,6 +349,7 @@ macro_rules! pread_wrapper {
         /// C ABI: `buf` holds `count` writable bytes.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, count: size_t, offset: $off) -> ssize_t {
             match lookup(fd) {
                 Some(_) if offset < 0 => {
@@ -327,6 +372,7 @@ macro_rules! pwrite_wrapper {
         /// C ABI: `buf` holds `count` readable bytes.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *const c_void, count: size_t, offset: $off) -> ssize_t {
             let written = with_entry(fd, |e| {
                 if offset < 0 {
@@ -418,6 +464,7 @@ fn vectored(
 /// C ABI: `iov` points at `cnt` iovecs.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readv"))]
+#[boundary]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match lookup(fd) {
         Some(e) => ssize(vectored(&e, iov, cnt, None, false)),
@@ -429,6 +476,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// C ABI: `iov` points at `cnt` iovecs.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "writev"))]
+#[boundary]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     match lookup(fd) {
         Some(e) => ssize(vectored(&e, iov, cnt, None, true)),
@@ -442,6 +490,7 @@ macro_rules! preadv_wrapper {
         /// C ABI: `iov` points at `cnt` iovecs.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t) -> ssize_t {
             match lookup(fd) {
                 // preadv/pwritev with offset -1 (the *v2 forms) use the file offset.
@@ -462,6 +511,7 @@ macro_rules! preadv2_wrapper {
         /// C ABI: `iov` points at `cnt` iovecs.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t, flags: c_int) -> ssize_t {
             match lookup(fd) {
                 Some(e) => ssize(vectored(&e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)),
@@ -489,6 +539,7 @@ fn buffer_overflow() -> ! {
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "__read_chk"))]
+#[boundary]
 pub unsafe extern "C" fn __read_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -511,6 +562,7 @@ macro_rules! pread_chk_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, count: size_t, offset: off64_t, buflen: size_t) -> ssize_t {
             if !is_cascade_fd(fd) {
                 return call_real!($name: fn(c_int, *mut c_void, size_t, off64_t, size_t) -> ssize_t, -1; fd, buf, count, offset, buflen);
@@ -568,6 +620,7 @@ macro_rules! lseek_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, offset: $off, whence: c_int) -> $off {
             match lookup(fd) {
                 Some(e) => do_lseek(&e, offset as i64, whence).map(|v| v as $off).unwrap_or_else(|err| fail(&err) as $off),
@@ -604,6 +657,7 @@ macro_rules! ftruncate_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, len: $off) -> c_int {
             match lookup(fd) {
                 Some(e) => set_len(&e, len as i64),
@@ -621,6 +675,7 @@ macro_rules! truncate_wrapper {
         /// C ABI: `path` is a NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, len: $off) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { classify(path) } {
@@ -646,6 +701,7 @@ macro_rules! sync_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int) -> c_int {
             match lookup(fd) {
                 Some(e) => e.file.sync().map(|_| 0).unwrap_or_else(|err| fail(&err)),
@@ -661,6 +717,7 @@ sync_wrapper!(fdatasync);
 /// C ABI.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "sync_file_range"))]
+#[boundary]
 pub unsafe extern "C" fn sync_file_range(
     fd: c_int,
     offset: off64_t,
@@ -702,6 +759,7 @@ macro_rules! fallocate_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, mode: c_int, offset: $off, len: $off) -> c_int {
             match lookup(fd) {
                 Some(e) => allocate(&e, mode, offset as i64, len as i64).map(|_| 0).unwrap_or_else(|err| fail(&err)),
@@ -719,6 +777,7 @@ macro_rules! posix_fallocate_wrapper {
         /// C ABI. Returns an error number instead of setting errno, like posix_fallocate.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary(libc::EIO)]
         pub unsafe extern "C" fn $name(fd: c_int, offset: $off, len: $off) -> c_int {
             match lookup(fd) {
                 Some(e) => allocate(&e, 0, offset as i64, len as i64).map(|_| 0).unwrap_or_else(|err| err.errno()),
@@ -738,6 +797,7 @@ macro_rules! fadvise_wrapper {
         /// C ABI. Returns an error number, like posix_fadvise.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary(libc::EIO)]
         pub unsafe extern "C" fn $name(fd: c_int, offset: $off, len: $off, advice: c_int) -> c_int {
             if is_cascade_fd(fd) {
                 0

@@ -118,6 +118,7 @@ macro_rules! mkstemp_wrapper {
         /// C ABI: `template` is a writable NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(template: *mut c_char) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { make_file(template, 0, 0) } {
@@ -136,6 +137,7 @@ macro_rules! mkostemp_wrapper {
         /// C ABI: `template` is a writable NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(template: *mut c_char, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { make_file(template, 0, flags) } {
@@ -154,6 +156,7 @@ macro_rules! mkstemps_wrapper {
         /// C ABI: `template` is a writable NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(template: *mut c_char, suffix: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { make_file(template, suffix, 0) } {
@@ -172,6 +175,7 @@ macro_rules! mkostemps_wrapper {
         /// C ABI: `template` is a writable NUL-terminated string.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(template: *mut c_char, suffix: c_int, flags: c_int) -> c_int {
             // SAFETY: per the C contract.
             match unsafe { make_file(template, suffix, flags) } {
@@ -188,6 +192,7 @@ mkostemps_wrapper!(mkostemps64);
 /// C ABI: `template` is a writable NUL-terminated string.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "mkdtemp"))]
+#[boundary]
 pub unsafe extern "C" fn mkdtemp(template: *mut c_char) -> *mut c_char {
     // SAFETY: per the C contract.
     let made = unsafe {
@@ -213,6 +218,7 @@ pub unsafe extern "C" fn mkdtemp(template: *mut c_char) -> *mut c_char {
 /// C ABI: `dir` and `prefix` are null or NUL-terminated strings.
 #[cfg_attr(not(cascade_wrap), no_mangle)]
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "tempnam"))]
+#[boundary]
 pub unsafe extern "C" fn tempnam(dir: *const c_char, prefix: *const c_char) -> *mut c_char {
     let from_env = std::env::var("TMPDIR").ok().filter(|d| !d.is_empty());
     let given = (!dir.is_null()).then(|| {

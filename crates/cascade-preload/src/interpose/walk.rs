@@ -109,14 +109,17 @@ struct GlobT {
 
 const GLOB_ALTDIRFUNC: c_int = 1 << 9;
 
+#[boundary]
 unsafe extern "C" fn glob_closedir(d: *mut c_void) {
     // SAFETY: glob passes back what glob_opendir returned.
     unsafe { closedir(d as *mut libc::DIR) };
 }
+#[boundary]
 unsafe extern "C" fn glob_readdir(d: *mut c_void) -> *mut dirent64 {
     // SAFETY: glob passes back what glob_opendir returned.
     unsafe { readdir64(d as *mut libc::DIR) }
 }
+#[boundary]
 unsafe extern "C" fn glob_opendir(p: *const c_char) -> *mut c_void {
     // SAFETY: glob passes a NUL-terminated path.
     unsafe { opendir(p) as *mut c_void }
@@ -145,6 +148,7 @@ macro_rules! glob_wrapper {
         /// C ABI: `pattern` is NUL-terminated, `pglob` a glob_t.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary(libc::GLOB_ABORTED)]
         pub unsafe extern "C" fn $name(
             pattern: *const c_char,
             flags: c_int,
@@ -255,6 +259,7 @@ macro_rules! scandir_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(
             dir: *const c_char,
             namelist: *mut *mut *mut dirent64,
@@ -279,6 +284,7 @@ macro_rules! scandirat_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(
             dirfd: c_int,
             dir: *const c_char,
@@ -455,6 +461,7 @@ macro_rules! nftw_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, f: Option<NftwFn>, nopenfd: c_int, flags: c_int) -> c_int {
             let Some(cb) = f else {
                 return call_real!($name: fn(*const c_char, Option<NftwFn>, c_int, c_int) -> c_int, -1; path, f, nopenfd, flags);
@@ -476,6 +483,7 @@ macro_rules! ftw_wrapper {
         /// C ABI.
         #[cfg_attr(not(cascade_wrap), no_mangle)]
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
+        #[boundary]
         pub unsafe extern "C" fn $name(path: *const c_char, f: Option<FtwFn>, nopenfd: c_int) -> c_int {
             let Some(cb) = f else {
                 return call_real!($name: fn(*const c_char, Option<FtwFn>, c_int) -> c_int, -1; path, f, nopenfd);
