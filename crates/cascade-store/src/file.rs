@@ -19,12 +19,13 @@ static ZEROS: [u8; 65536] = [0; 65536];
 const READ_RETRIES: usize = 4;
 
 /// Entries covered by one slot of a node at `level` (level 0 = leaves holding chunk ids).
+/// A level read from a damaged map word never overflows: it covers everything.
 fn span(level: u32) -> u64 {
-    1u64 << (FANOUT_BITS * level)
+    1u64.checked_shl(FANOUT_BITS * level).unwrap_or(u64::MAX)
 }
 
 fn slot_of(idx: u64, level: u32) -> usize {
-    ((idx >> (FANOUT_BITS * level)) & (FANOUT as u64 - 1)) as usize
+    (idx.checked_shr(FANOUT_BITS * level).unwrap_or(0) & (FANOUT as u64 - 1)) as usize
 }
 
 /// Height needed so that a tree covers index `idx`.
@@ -84,8 +85,11 @@ impl Block {
             m = pack_map(root + 1, map_height(m) + 1);
             inode.map.store(m, Release);
         }
-        let mut node = map_root(m) - 1;
+        let mut node = map_root(m).checked_sub(1).ok_or_else(damaged_map)?;
         for level in (1..map_height(m)).rev() {
+            if node >= self.geo.map_nodes {
+                return Err(damaged_map());
+            }
             let slot = &self.node(node).slots[slot_of(idx, level)];
             node = match slot.load(Acquire) {
                 0 => {
@@ -103,10 +107,13 @@ impl Block {
     /// Calls `f(index, chunk)` for every allocated chunk with index in [lo, hi).
     pub(crate) fn for_each_chunk(&self, ino: u32, lo: u64, hi: u64, f: &mut dyn FnMut(u64, u32)) {
         let m = self.inode(ino).map.load(Acquire);
+        let Some(root) = map_root(m).checked_sub(1) else {
+            return;
+        };
         if map_height(m) == 0 || lo >= hi {
             return;
         }
-        self.walk(map_root(m) - 1, map_height(m) - 1, 0, lo, hi, f);
+        self.walk(root, map_height(m) - 1, 0, lo, hi, f);
     }
 
     fn walk(
@@ -152,7 +159,9 @@ impl Block {
         }
         let mut chunks = Vec::new();
         let mut nodes = Vec::new();
-        let root = map_root(m) - 1;
+        let Some(root) = map_root(m).checked_sub(1) else {
+            return Err(damaged_map());
+        };
         // Tell lock-free readers that chunks they may be copying are about to be freed.
         inode.trunc_seq.fetch_add(1, Relaxed);
         std::sync::atomic::fence(Release);
@@ -267,10 +276,10 @@ impl Block {
         }
         let mut reachable = vec![false; self.geo.map_nodes as usize];
         let m = inode.map.load(Acquire);
-        if map_height(m) > 0 {
+        if let (true, Some(root)) = (map_height(m) > 0, map_root(m).checked_sub(1)) {
             let mut chunks = Vec::new();
             let mut nodes = Vec::new();
-            self.collect_subtree(map_root(m) - 1, map_height(m) - 1, &mut chunks, &mut nodes);
+            self.collect_subtree(root, map_height(m) - 1, &mut chunks, &mut nodes);
             for n in nodes {
                 reachable[n as usize] = true;
             }
@@ -637,4 +646,12 @@ impl Block {
         }
         Ok(())
     }
+}
+
+/// A chunk map word or node link that points nowhere: the block is damaged (fsck --repair).
+fn damaged_map() -> Error {
+    Error::new(
+        libc::EIO,
+        "the file's chunk map is damaged (run cascade fsck --repair)",
+    )
 }

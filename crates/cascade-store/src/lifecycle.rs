@@ -173,6 +173,10 @@ impl Block {
                 return;
             }
             cur = link_parent(self.inode(cur).link.load(Acquire));
+            // A damaged link stops the walk; fsck --repair rebuilds the namespace.
+            if cur >= self.geo.max_inodes {
+                return;
+            }
             self.inode(cur).mod_seq.fetch_add(1, AcqRel);
         }
     }

@@ -721,3 +721,34 @@ fn a_pinned_file_keeps_its_chunks_through_truncation_until_the_last_unpin() {
     assert_eq!(buf, data[..4096]);
     assert_clean(&s);
 }
+
+#[test]
+fn damaged_links_and_maps_are_errors_not_panics() {
+    use crate::layout::{link_len, link_slot, pack_link, pack_map};
+    let s = store(1 << 20, 4096, 0);
+    s.mkdir("/d", 0o755).unwrap();
+    s.open("/d/f", &rw())
+        .unwrap()
+        .write_all_at(b"x", 0)
+        .unwrap();
+    let b = s.block();
+    let f = s.open("/d/f", &OpenOptions::new().write(true)).unwrap();
+    // A directory whose parent link points outside the inode table: a write-open below it
+    // walks up the parents to invalidate them, and stops at the bad link.
+    let d = b.inode(s.stat("/d").unwrap().ino as u32);
+    let link = d.link.load(Ordering::Acquire);
+    d.link.store(
+        pack_link(0x7fff_fff0, link_len(link), link_slot(link) as u32),
+        Ordering::Release,
+    );
+    b.invalidate_ancestors(f.ino() as u32);
+    d.link.store(link, Ordering::Release);
+    // A file whose map word names no root node: a write is EIO, not a panic.
+    let ino = f.ino() as u32;
+    let map = b.inode(ino).map.load(Ordering::Acquire);
+    b.inode(ino).map.store(pack_map(0, 3), Ordering::Release);
+    let err = f.write_at(&[1u8; 8192], 100_000).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(err.to_string().contains("chunk map is damaged"), "{err}");
+    b.inode(ino).map.store(map, Ordering::Release);
+}
