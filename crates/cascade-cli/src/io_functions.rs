@@ -216,6 +216,7 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("mkfifo", NODES),
     ("mkfifoat", NODES),
     ("chmod", ATTRS),
+    ("umask", ATTRS),
     ("fchmod", ATTRS),
     ("fchmodat", ATTRS),
     ("lchmod", ATTRS),
