@@ -304,3 +304,40 @@ fn a_restart_finds_dedup_checkpoints_by_listing() {
         .unwrap_or_default();
     assert!(sim.contains("complete"), "{levels}");
 }
+
+/// Several processes open the files of a directory on an empty store at once: each open
+/// finds a remote file that another process's fetch may be replacing at that moment (and
+/// whose inode may be reused at once). Every process reads every file whole.
+#[test]
+fn processes_racing_to_fetch_the_same_listed_files_all_read_them_whole() {
+    let env = Env::without_store("listing-race");
+    let (_durable, vars) = setup(&env, "64MiB");
+    let out = run(
+        &env,
+        &vars,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /cascade/race && for i in $(seq 1 60); do echo \"file $i\" > /cascade/race/f$i; done",
+        ],
+    );
+    assert!(out.ok(), "{out}");
+    run(&env, &vars, &["destroy", "--force"]);
+    // Four readers at once, each reading the sixty files in a different order.
+    let reader = |order: &str| {
+        format!(
+            "for i in $({order}); do read line < /cascade/race/f$i || exit 3; \
+             [ \"$line\" = \"file $i\" ] || {{ echo \"f$i: '$line'\"; exit 4; }}; done"
+        )
+    };
+    let script = format!(
+        "({a}) & p1=$!; ({b}) & p2=$!; ({a}) & p3=$!; ({b}) & p4=$!; \
+         wait $p1 && wait $p2 && wait $p3 && wait $p4",
+        a = reader("seq 1 60"),
+        b = reader("seq 60 -1 1"),
+    );
+    let out = run(&env, &vars, &["run", "--", "sh", "-c", &script]);
+    assert!(out.ok(), "{out}");
+}

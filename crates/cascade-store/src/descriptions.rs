@@ -174,7 +174,28 @@ impl Store {
                     );
                     slot.refs.store(1, Release);
                     let ino = file.ino() as u32;
-                    self.block().inode(ino).opens.fetch_add(1, AcqRel);
+                    let inode = self.block().inode(ino);
+                    inode.opens.fetch_add(1, AcqRel);
+                    // Counted only on the incarnation the handle names: one removed since
+                    // (its inode freed or reused) is not this file.
+                    if inode.gen.load(Acquire) != file.generation()
+                        || inode.state.load(Acquire) == crate::layout::INODE_FREE
+                    {
+                        let before = inode
+                            .opens
+                            .fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)))
+                            .unwrap_or(0);
+                        slot.nonce.store(0, Release);
+                        if before == 1 {
+                            // The other occupant's last close came meanwhile and left this
+                            // count to free it.
+                            let _ = self.block().reap_orphan(ino, inode.gen.load(Acquire));
+                        }
+                        return Err(Error::new(
+                            libc::ESTALE,
+                            "the file was removed while opened",
+                        ));
+                    }
                     if writes(flags) {
                         self.block().add_writer(ino);
                     }

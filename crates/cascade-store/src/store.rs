@@ -725,6 +725,12 @@ impl File {
         self.block.check_local(self.ino).is_err()
     }
 
+    /// True if the file this handle named is gone (removed or replaced, its inode freed or
+    /// reused): every use of the handle fails with ESTALE.
+    pub fn is_stale(&self) -> bool {
+        self.check_live().is_err()
+    }
+
     pub(crate) fn reopen(store: &Store, ino: u64, gen: u32, flags: i32) -> Result<File> {
         let b = &store.block;
         if ino >= b.geo.max_inodes as u64 {

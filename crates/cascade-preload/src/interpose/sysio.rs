@@ -35,16 +35,43 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
     } else {
         readthrough::with_fetch(path, || store.open(path, &opts))?
     };
-    if file.is_remote() {
-        drop(file);
-        readthrough::fetch_remote(path)?;
-        file = store.open(path, &opts)?;
+    // A remote file is fetched first. A handle that went stale before it was described
+    // (another process's fetch replaced the remote file it named, and the inode was reused)
+    // is opened again: reading through it would fail with ESTALE.
+    let again = OpenOptions {
+        create_new: false,
+        ..opts
+    };
+    let mut described = None;
+    for _ in 0..4 {
+        if file.is_stale() {
+            file = store.open(path, &again)?;
+            continue;
+        }
+        if file.is_remote() {
+            drop(file);
+            readthrough::fetch_remote(path)?;
+            file = store.open(path, &again)?;
+            continue;
+        }
+        if flags & libc::O_DIRECTORY != 0 && !file.is_dir() {
+            return Err(Error::new(libc::ENOTDIR, path.to_string()));
+        }
+        match store.describe_open(&file, flags & (libc::O_ACCMODE | libc::O_APPEND)) {
+            Err(e) if e.errno() == libc::ESTALE => file = store.open(path, &again)?,
+            other => {
+                described = Some(other?);
+                break;
+            }
+        }
     }
+    let desc = described.ok_or_else(|| {
+        Error::new(
+            libc::EIO,
+            format!("{path}: replaced by other processes each time it was opened"),
+        )
+    })?;
     let is_dir = file.is_dir();
-    if flags & libc::O_DIRECTORY != 0 && !file.is_dir() {
-        return Err(Error::new(libc::ENOTDIR, path.to_string()));
-    }
-    let desc = store.describe_open(&file, flags & (libc::O_ACCMODE | libc::O_APPEND))?;
     let name = desc.memfd_name();
     let memfd_flags = if flags & libc::O_CLOEXEC != 0 {
         libc::MFD_CLOEXEC
