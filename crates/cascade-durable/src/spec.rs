@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use cascade_secret::Secret;
+
 use crate::error::{Error, Result};
 
 /// Where the durable tier lives.
@@ -14,8 +16,9 @@ pub enum Spec {
     S3(S3Spec),
 }
 
-/// An S3-compatible store: bucket, key prefix, endpoint and credentials.
-#[derive(Clone, PartialEq, Eq)]
+/// An S3-compatible store: bucket, key prefix, endpoint and credentials (the secret parts
+/// are [`Secret`]s, so `{:?}` never shows them).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct S3Spec {
     pub bucket: String,
     /// Key prefix inside the bucket, without leading or trailing '/'; may be empty.
@@ -24,21 +27,8 @@ pub struct S3Spec {
     pub endpoint: Option<String>,
     pub region: String,
     pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    pub session_token: Option<String>,
-}
-
-impl std::fmt::Debug for S3Spec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the secret.
-        f.debug_struct("S3Spec")
-            .field("bucket", &self.bucket)
-            .field("prefix", &self.prefix)
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("access_key_id", &self.access_key_id)
-            .finish_non_exhaustive()
-    }
+    pub secret_access_key: Option<Secret>,
+    pub session_token: Option<Secret>,
 }
 
 fn env_first(names: &[&str]) -> Option<String> {
@@ -53,8 +43,9 @@ impl Spec {
     /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`; the endpoint and region likewise from
     /// `CASCADE_S3_ENDPOINT` / `AWS_ENDPOINT_URL` and `CASCADE_S3_REGION` / `AWS_REGION`.
     pub fn parse(spec: &str) -> Result<Spec> {
+        // The spec may carry a secret key: errors show it with the credentials hidden.
         let bad = |reason: &str| Error::Config {
-            spec: spec.to_string(),
+            spec: cascade_secret::redact_url(spec),
             reason: reason.to_string(),
         };
         if let Some(rest) = spec.strip_prefix("file://") {
@@ -90,13 +81,18 @@ impl Spec {
             session_token: None,
         };
         for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let Some((key, value)) = pair.split_once('=') else {
+                // Not echoed: an option without '=' may be a pasted secret.
+                return Err(bad(
+                    "an option without '=' (known: endpoint, region, access_key, secret_key)",
+                ));
+            };
             let value = value.to_string();
             match key {
                 "endpoint" => s3.endpoint = Some(value),
                 "region" => s3.region = value,
                 "access_key" | "access_key_id" => s3.access_key_id = Some(value),
-                "secret_key" | "secret_access_key" => s3.secret_access_key = Some(value),
+                "secret_key" | "secret_access_key" => s3.secret_access_key = Some(value.into()),
                 _ => {
                     return Err(bad(&format!(
                         "unknown option {key:?} (known: endpoint, region, access_key, secret_key)"
@@ -116,9 +112,11 @@ impl Spec {
         }
         if s3.secret_access_key.is_none() {
             s3.secret_access_key =
-                env_first(&["CASCADE_S3_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"]);
+                env_first(&["CASCADE_S3_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"])
+                    .map(Secret::new);
         }
-        s3.session_token = env_first(&["CASCADE_S3_SESSION_TOKEN", "AWS_SESSION_TOKEN"]);
+        s3.session_token =
+            env_first(&["CASCADE_S3_SESSION_TOKEN", "AWS_SESSION_TOKEN"]).map(Secret::new);
         if let Some(ep) = &s3.endpoint {
             if !(ep.starts_with("http://") || ep.starts_with("https://")) {
                 return Err(bad("endpoint must start with http:// or https://"));
@@ -172,9 +170,26 @@ mod tests {
         assert_eq!(s.endpoint.as_deref(), Some("http://127.0.0.1:7070"));
         assert_eq!(s.region, "r1");
         assert_eq!(s.access_key_id.as_deref(), Some("a"));
-        assert!(!format!("{s:?}").contains("secret_access_key"));
+        assert_eq!(s.secret_access_key.as_ref().map(Secret::expose), Some("b"));
         let e = Spec::parse("s3://bkt?bogus=1&access_key=a&secret_key=b").unwrap_err();
         assert!(e.to_string().contains("unknown option"), "{e}");
         assert!(Spec::parse("s3://?access_key=a&secret_key=b").is_err());
+    }
+
+    #[test]
+    fn secrets_never_show_in_errors_or_debug() {
+        let s =
+            Spec::parse("s3://bkt?endpoint=http://h:1&access_key=AK&secret_key=TOPSECRET").unwrap();
+        assert!(!format!("{s:?}").contains("TOPSECRET"), "{s:?}");
+        for bad in [
+            "s3://bkt?region=r&access_key=AK&secret_key=TOPSECRET&bogus=1",
+            "s3://bkt?secret_key=TOPSECRET&access_key=AK&endpoint=ftp://h",
+            "s3://?access_key=AK&secret_key=TOPSECRET",
+            "s3://bkt?access_key=AK&TOPSECRET",
+        ] {
+            let e = Spec::parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("TOPSECRET"), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 }
