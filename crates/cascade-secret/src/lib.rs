@@ -78,7 +78,7 @@ pub fn redact_url(url: &str) -> String {
             .split('&')
             .map(|pair| match pair.split_once('=') {
                 Some((key, _)) if PUBLIC_OPTIONS.contains(&key) => pair.to_string(),
-                Some((key, value)) if value.is_empty() => format!("{key}="),
+                Some((key, "")) => format!("{key}="),
                 Some((key, _)) => format!("{key}={REDACTED}"),
                 None if pair.is_empty() || PUBLIC_OPTIONS.contains(&pair) => pair.to_string(),
                 None => REDACTED.to_string(),
