@@ -31,6 +31,58 @@ pub struct S3Spec {
     pub session_token: Option<Secret>,
 }
 
+/// Environment variable naming a credentials file: AWS's shared-credentials format
+/// (`aws_access_key_id = ...`, `aws_secret_access_key = ...`, optionally
+/// `aws_session_token = ...`, in a `[default]` section or before any section), so no secret
+/// need be in a URL, the command line or the environment.
+pub const CREDENTIALS_FILE_ENV: &str = "CASCADE_S3_CREDENTIALS_FILE";
+
+/// Access key id, secret key and session token from a credentials file. Errors never show
+/// the file's contents.
+type FileCredentials = (Option<String>, Option<Secret>, Option<Secret>);
+
+fn read_credentials_file(path: &str) -> std::result::Result<FileCredentials, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let text = e.to_string();
+        let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+        format!("{CREDENTIALS_FILE_ENV} {path}: {text}")
+    })?;
+    let (mut id, mut secret, mut token) = (None, None, None);
+    let mut in_default = true;
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(section) = line.strip_prefix('[') {
+            in_default = section.trim_end_matches(']').trim() == "default";
+            continue;
+        }
+        if !in_default {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(format!(
+                "{CREDENTIALS_FILE_ENV} {path}:{}: expected key = value",
+                n + 1
+            ));
+        };
+        let value = value.trim().to_string();
+        match key.trim() {
+            "aws_access_key_id" => id = Some(value),
+            "aws_secret_access_key" => secret = Some(Secret::new(value)),
+            "aws_session_token" => token = Some(Secret::new(value)),
+            _ => {}
+        }
+    }
+    if id.is_none() || secret.is_none() {
+        return Err(format!(
+            "{CREDENTIALS_FILE_ENV} {path}: no aws_access_key_id and aws_secret_access_key in its [default] section"
+        ));
+    }
+    Ok((id, secret, token))
+}
+
 fn env_first(names: &[&str]) -> Option<String> {
     names
         .iter()
@@ -39,7 +91,8 @@ fn env_first(names: &[&str]) -> Option<String> {
 
 impl Spec {
     /// Parses a spec. S3 credentials come from the query (`access_key`, `secret_key`), else
-    /// from `CASCADE_S3_ACCESS_KEY_ID` / `CASCADE_S3_SECRET_ACCESS_KEY`, else from
+    /// from the file `CASCADE_S3_CREDENTIALS_FILE` names, else from
+    /// `CASCADE_S3_ACCESS_KEY_ID` / `CASCADE_S3_SECRET_ACCESS_KEY`, else from
     /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`; the endpoint and region likewise from
     /// `CASCADE_S3_ENDPOINT` / `AWS_ENDPOINT_URL` and `CASCADE_S3_REGION` / `AWS_REGION`.
     pub fn parse(spec: &str) -> Result<Spec> {
@@ -107,6 +160,14 @@ impl Spec {
             s3.region = env_first(&["CASCADE_S3_REGION", "AWS_REGION", "AWS_DEFAULT_REGION"])
                 .unwrap_or_else(|| "us-east-1".to_string());
         }
+        if s3.access_key_id.is_none() && s3.secret_access_key.is_none() {
+            if let Some(path) = env_first(&[CREDENTIALS_FILE_ENV]) {
+                let (id, secret, token) = read_credentials_file(&path).map_err(|e| bad(&e))?;
+                s3.access_key_id = id;
+                s3.secret_access_key = secret;
+                s3.session_token = token;
+            }
+        }
         if s3.access_key_id.is_none() {
             s3.access_key_id = env_first(&["CASCADE_S3_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"]);
         }
@@ -115,8 +176,10 @@ impl Spec {
                 env_first(&["CASCADE_S3_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"])
                     .map(Secret::new);
         }
-        s3.session_token =
-            env_first(&["CASCADE_S3_SESSION_TOKEN", "AWS_SESSION_TOKEN"]).map(Secret::new);
+        if s3.session_token.is_none() {
+            s3.session_token =
+                env_first(&["CASCADE_S3_SESSION_TOKEN", "AWS_SESSION_TOKEN"]).map(Secret::new);
+        }
         if let Some(ep) = &s3.endpoint {
             if !(ep.starts_with("http://") || ep.starts_with("https://")) {
                 return Err(bad("endpoint must start with http:// or https://"));
@@ -126,7 +189,7 @@ impl Spec {
             (Some(_), Some(_)) => {}
             _ => {
                 return Err(bad(
-                    "no S3 credentials: set CASCADE_S3_ACCESS_KEY_ID and CASCADE_S3_SECRET_ACCESS_KEY (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
+                    "no S3 credentials: set CASCADE_S3_CREDENTIALS_FILE, or CASCADE_S3_ACCESS_KEY_ID and CASCADE_S3_SECRET_ACCESS_KEY (or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
                 ))
             }
         }
