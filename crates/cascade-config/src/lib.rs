@@ -42,8 +42,8 @@ pub const SYSTEM_CONFIG: &str = "/etc/cascade/config.toml";
 /// The per-user config file, relative to `$HOME`.
 pub const USER_CONFIG: &str = ".config/cascade/config.toml";
 
-/// A setting's parsed value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A setting's parsed value. Debug, like Display, hides secrets (a URL's secret key too).
+#[derive(Clone, PartialEq, Eq)]
 pub enum Value {
     Text(String),
     /// Text never shown (`cascade config` prints `***`, Debug too).
@@ -60,6 +60,17 @@ impl fmt::Display for Value {
             Value::Count(n) => write!(f, "{n}"),
             Value::Bytes(0) => write!(f, "0"),
             Value::Bytes(n) => write!(f, "{n} ({})", format_size(*n)),
+        }
+    }
+}
+
+impl fmt::Debug for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Text(text) => f.debug_tuple("Text").field(&redacted(text)).finish(),
+            Value::Secret(secret) => f.debug_tuple("Secret").field(secret).finish(),
+            Value::Bytes(n) => f.debug_tuple("Bytes").field(n).finish(),
+            Value::Count(n) => f.debug_tuple("Count").field(n).finish(),
         }
     }
 }
@@ -111,7 +122,8 @@ impl std::error::Error for ConfigError {}
 
 /// Everything configuration is resolved from. [`Inputs::from_process`] reads the real
 /// environment; tests build one by hand so they need not touch the process environment.
-#[derive(Debug, Clone, Default)]
+/// Debug hides the values of secret settings and URLs' secret keys.
+#[derive(Clone, Default)]
 pub struct Inputs {
     /// Values given as flags, by setting key ("store.capacity"); the last one wins.
     pub flags: Vec<(&'static str, String)>,
@@ -126,6 +138,48 @@ pub struct Inputs {
     pub host_name: Option<String>,
     /// The calling user's name (in a job's default namespace); None = ask the system.
     pub user_name: Option<String>,
+}
+
+impl fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |key: &str, value: &str| {
+            if is_secret(key) {
+                cascade_secret::REDACTED.to_string()
+            } else {
+                redacted(value)
+            }
+        };
+        let secret_env: Vec<&str> = SETTINGS
+            .iter()
+            .filter(|d| is_secret(d.key))
+            .map(|d| d.env)
+            .collect();
+        let flags: Vec<(&str, String)> = self
+            .flags
+            .iter()
+            .map(|(key, value)| (*key, shown(key, value)))
+            .collect();
+        let env: BTreeMap<&str, String> = self
+            .env
+            .iter()
+            .map(|(name, value)| {
+                let value = if secret_env.contains(&name.as_str()) {
+                    cascade_secret::REDACTED.to_string()
+                } else {
+                    redacted(value)
+                };
+                (name.as_str(), value)
+            })
+            .collect();
+        f.debug_struct("Inputs")
+            .field("flags", &flags)
+            .field("config_flag", &self.config_flag)
+            .field("env", &env)
+            .field("system_config", &self.system_config)
+            .field("host_name", &self.host_name)
+            .field("user_name", &self.user_name)
+            .finish()
+    }
 }
 
 impl Inputs {
