@@ -1129,12 +1129,12 @@ impl Demo<'_> {
             } else {
                 format!("heat.{i}")
             };
-            let used = durable
-                .list(&format!("{name}/"))
-                .map_err(|e| Failure::new(format!(
+            let used = durable.list(&format!("{name}/")).map_err(|e| {
+                Failure::new(format!(
                     "demo: durable store {}: {e}",
                     cascade_secret::redact_url(&self.durable)
-                )))?;
+                ))
+            })?;
             if used.is_empty() {
                 return Ok(name);
             }
