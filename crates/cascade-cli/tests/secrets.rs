@@ -227,6 +227,22 @@ fn the_staging_secret_can_come_from_a_file() {
     assert!(!shown.contains(TOPSECRET), "{shown}");
     assert!(line.contains("***"), "{shown}");
 
+    // A secret file others can read: one warning.
+    std::fs::set_permissions(&right, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let out = sb
+        .command(&["config"])
+        .env("CASCADE_STAGING_SECRET_FILE", &right)
+        .output()
+        .expect("run cascade");
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("warning: staging.secret_file") && err.contains("readable by others"),
+        "{err}"
+    );
+    assert!(!err.contains(TOPSECRET), "{err}");
+
     // Both the secret and its file: which one is meant is unclear.
     let out = sb
         .command(&["config"])
