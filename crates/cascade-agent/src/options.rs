@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use cascade_dedup::{Chunking, Compression};
+use cascade_secret::Secret;
 use serde::{Deserialize, Serialize};
 
 /// What the agent does and how hard it may work.
@@ -212,7 +213,8 @@ impl std::str::FromStr for Placement {
 pub struct StagingOptions {
     /// `host:port` of every staging server.
     pub servers: Vec<String>,
-    pub secret: String,
+    /// The servers' shared secret (shows as `***`).
+    pub secret: Secret,
     /// Key prefix of this job on the servers ("" = none); the servers drain to
     /// `<drain-to>/<namespace>/...`.
     pub namespace: String,
@@ -230,7 +232,7 @@ impl StagingOptions {
         let node = cascade_wire::host_name();
         StagingOptions {
             servers,
-            secret: secret.to_string(),
+            secret: Secret::new(secret),
             namespace: String::new(),
             placement: Placement::Stripe,
             frame_bytes: 8 << 20,
@@ -251,5 +253,23 @@ mod tests {
         let dirs: Vec<&str> = rules.dirs.iter().map(|p| p.as_str()).collect();
         assert_eq!(files, ["restart.*", "*.restart", "*.cpt", "my_*.chk"]);
         assert_eq!(dirs, ["ckpt.*"]);
+    }
+
+    #[test]
+    fn options_never_show_the_shared_secret() {
+        let staging = super::StagingOptions::new(vec!["h:1".into()], "TOPSECRET");
+        let client = cascade_wire::ClientOptions::new("TOPSECRET");
+        let body = cascade_wire::protocol::encode_hello("TOPSECRET", "c", "ns");
+        let hello =
+            cascade_wire::protocol::Request::decode(cascade_wire::protocol::kind::HELLO, &body)
+                .expect("hello decodes");
+        for shown in [
+            format!("{staging:?}"),
+            format!("{client:?}"),
+            format!("{hello:?}"),
+        ] {
+            assert!(!shown.contains("TOPSECRET"), "{shown}");
+        }
+        assert_eq!(staging.secret.expose(), "TOPSECRET");
     }
 }

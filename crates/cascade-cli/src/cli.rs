@@ -467,10 +467,31 @@ cannot be read or is not an ELF file gets a one-line error and exit 2.";
 
 /// Flag values for the settings of one group, by setting key ("store.capacity"). The
 /// group decides which rows of `cascade_config::SETTINGS` get a flag under a subcommand.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SettingFlags<G> {
     pub values: Vec<(&'static str, String)>,
     group: PhantomData<G>,
+}
+
+/// Shows the values with any secret hidden (`--staging-secret`, a URL's secret key).
+impl<G> std::fmt::Debug for SettingFlags<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown: Vec<(&str, String)> = self
+            .values
+            .iter()
+            .map(|(key, value)| {
+                let value = if *key == "staging.secret" {
+                    cascade_secret::REDACTED.to_string()
+                } else {
+                    cascade_config::redacted(value)
+                };
+                (*key, value)
+            })
+            .collect();
+        f.debug_struct("SettingFlags")
+            .field("values", &shown)
+            .finish()
+    }
 }
 
 impl<G> Default for SettingFlags<G> {
@@ -532,7 +553,9 @@ pub struct StageServerGroup;
 impl SettingGroup for StageServerGroup {
     const HEADING: Option<&'static str> = Some("Staging server");
     fn includes(def: &SettingDef) -> bool {
-        def.key.starts_with("stage_server.") || def.key == "staging.secret"
+        def.key.starts_with("stage_server.")
+            || def.key == "staging.secret"
+            || def.key == "staging.secret_file"
     }
 }
 
@@ -656,7 +679,11 @@ mod tests {
                 DedupGroup::includes(def),
             ];
             // The shared secret is given to agents and servers alike.
-            let expected = if def.key == "staging.secret" { 2 } else { 1 };
+            let expected = if def.key.starts_with("staging.secret") {
+                2
+            } else {
+                1
+            };
             assert_eq!(
                 groups.iter().filter(|&&g| g).count(),
                 expected,

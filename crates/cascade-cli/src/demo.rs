@@ -715,7 +715,10 @@ impl Demo<'_> {
             "  store    {} ({} of memory, no spill)",
             self.store, a.capacity
         ));
-        self.say(format!("  durable  {}", self.short(&self.durable)));
+        self.say(format!(
+            "  durable  {}",
+            self.short(&cascade_secret::redact_url(&self.durable))
+        ));
     }
 
     /// Removes a leftover store of an interrupted demo and picks the job's directory.
@@ -1025,7 +1028,10 @@ impl Demo<'_> {
         let durable = crate::lifecycle::open_durable(&url).map_err(|f| f.message)?;
         match durable.read_marker(ckpt) {
             Ok(Some(marker)) => Ok(marker.nodes),
-            Ok(None) => Err(format!("{ckpt} is not complete in {url}")),
+            Ok(None) => Err(format!(
+                "{ckpt} is not complete in {}",
+                cascade_secret::redact_url(&url)
+            )),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -1123,9 +1129,12 @@ impl Demo<'_> {
             } else {
                 format!("heat.{i}")
             };
-            let used = durable
-                .list(&format!("{name}/"))
-                .map_err(|e| Failure::new(format!("demo: durable store {}: {e}", self.durable)))?;
+            let used = durable.list(&format!("{name}/")).map_err(|e| {
+                Failure::new(format!(
+                    "demo: durable store {}: {e}",
+                    cascade_secret::redact_url(&self.durable)
+                ))
+            })?;
             if used.is_empty() {
                 return Ok(name);
             }

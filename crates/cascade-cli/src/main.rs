@@ -186,6 +186,12 @@ fn durable_or_configured(
     given: Option<&str>,
     flag: &str,
 ) -> Result<String, Failure> {
+    if let Some(url) = given.filter(|u| cascade_secret::redact_url(u) != *u) {
+        eprintln!(
+            "cascade: warning: {flag} {} puts a secret on the command line, where ps shows it to every user of the machine; use CASCADE_S3_CREDENTIALS_FILE or CASCADE_S3_ACCESS_KEY_ID/CASCADE_S3_SECRET_ACCESS_KEY instead",
+            cascade_secret::redact_url(url)
+        );
+    }
     given
         .map(str::to_string)
         .or(config.durable_url())
@@ -207,7 +213,11 @@ fn load_config(cli: &Cli, flags: &[&[(&'static str, String)]]) -> Result<Config,
     for group in flags {
         inputs.flags.extend(group.iter().cloned());
     }
-    Ok(Config::load(&inputs)?)
+    let config = Config::load(&inputs)?;
+    for warning in config.warnings() {
+        eprintln!("cascade: {warning}");
+    }
+    Ok(config)
 }
 
 /// Help and version go to stdout as clap formats them; real usage errors become one line.

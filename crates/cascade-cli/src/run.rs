@@ -114,6 +114,9 @@ fn run_child(
         .env("LD_PRELOAD", preload_value(library))
         .env("CASCADE_STORE", store.name())
         .env("CASCADE_MOUNT", config.mount_prefix());
+    for var in secret_variables() {
+        child_command.env_remove(var);
+    }
     let unblock = signals.set;
     // SAFETY: the closure runs in the forked (single-threaded) child before exec and only
     // calls umask and sigprocmask, which are async-signal-safe.
@@ -133,6 +136,28 @@ fn run_child(
         .spawn()
         .map_err(|e| spawn_failure(&command[0], &e))?;
     wait_forwarding(child, signals)
+}
+
+/// Variables holding a secret Cascade itself consumed, which the application does not get:
+/// the staging secret, Cascade's own S3 secret key and session token, and a durable-store URL
+/// (durable.url, stage_server.drain_to) that carries a secret key. AWS_* credentials stay:
+/// they are every AWS tool's, and the application may use them itself (docs/security.md).
+fn secret_variables() -> Vec<OsString> {
+    let always = [
+        "CASCADE_STAGING_SECRET",
+        "CASCADE_S3_SECRET_ACCESS_KEY",
+        "CASCADE_S3_SESSION_TOKEN",
+    ];
+    let mut vars: Vec<OsString> = always.iter().map(OsString::from).collect();
+    for url_var in ["CASCADE_DURABLE", "CASCADE_STAGE_DRAIN_TO"] {
+        match std::env::var(url_var) {
+            Ok(url) if cascade_secret::redact_url(&url) == url => {}
+            Err(std::env::VarError::NotPresent) => {}
+            // With a secret in it, or not UTF-8 (not checked, so not passed on either).
+            _ => vars.push(OsString::from(url_var)),
+        }
+    }
+    vars
 }
 
 /// The end of one rank (`failure`: how it failed, if it did). The last live rank of the node

@@ -18,8 +18,8 @@ fn secret(config: &Config) -> Result<&str, Failure> {
         .filter(|s| !s.is_empty())
         .ok_or_else(|| {
             Failure::new(
-                "no staging secret: set CASCADE_STAGING_SECRET (or staging.secret in the config \
-                 file, or --staging-secret)",
+                "no staging secret: set staging.secret_file (CASCADE_STAGING_SECRET_FILE) to a \
+                 file holding it, or CASCADE_STAGING_SECRET (or staging.secret in the config file)",
             )
         })
 }

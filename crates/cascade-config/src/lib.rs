@@ -32,6 +32,7 @@ pub use job::{expand_hostlist, JobIdentity, NodeCount, Sourced};
 pub use settings::{find_by_flag, umask_for_file_mode, SettingDef, DEFAULT_MOUNT, SETTINGS};
 pub use size::{format_rate, format_size, parse_size, SIZE_HINT};
 
+pub use cascade_secret::Secret;
 use cascade_store::{Prefault, SpillConfig, StoreConfig};
 
 /// Environment variable naming the config file (like `--config`).
@@ -41,12 +42,12 @@ pub const SYSTEM_CONFIG: &str = "/etc/cascade/config.toml";
 /// The per-user config file, relative to `$HOME`.
 pub const USER_CONFIG: &str = ".config/cascade/config.toml";
 
-/// A setting's parsed value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A setting's parsed value. Debug, like Display, hides secrets (a URL's secret key too).
+#[derive(Clone, PartialEq, Eq)]
 pub enum Value {
     Text(String),
-    /// Text never shown (`cascade config` prints `***`).
-    Secret(String),
+    /// Text never shown (`cascade config` prints `***`, Debug too).
+    Secret(Secret),
     Bytes(u64),
     Count(u64),
 }
@@ -55,11 +56,21 @@ impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Text(text) => write!(f, "{}", redacted(text)),
-            Value::Secret(text) if text.is_empty() => Ok(()),
-            Value::Secret(_) => write!(f, "***"),
+            Value::Secret(secret) => write!(f, "{secret}"),
             Value::Count(n) => write!(f, "{n}"),
             Value::Bytes(0) => write!(f, "0"),
             Value::Bytes(n) => write!(f, "{n} ({})", format_size(*n)),
+        }
+    }
+}
+
+impl fmt::Debug for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Text(text) => f.debug_tuple("Text").field(&redacted(text)).finish(),
+            Value::Secret(secret) => f.debug_tuple("Secret").field(secret).finish(),
+            Value::Bytes(n) => f.debug_tuple("Bytes").field(n).finish(),
+            Value::Count(n) => f.debug_tuple("Count").field(n).finish(),
         }
     }
 }
@@ -111,7 +122,8 @@ impl std::error::Error for ConfigError {}
 
 /// Everything configuration is resolved from. [`Inputs::from_process`] reads the real
 /// environment; tests build one by hand so they need not touch the process environment.
-#[derive(Debug, Clone, Default)]
+/// Debug hides the values of secret settings and URLs' secret keys.
+#[derive(Clone, Default)]
 pub struct Inputs {
     /// Values given as flags, by setting key ("store.capacity"); the last one wins.
     pub flags: Vec<(&'static str, String)>,
@@ -126,6 +138,48 @@ pub struct Inputs {
     pub host_name: Option<String>,
     /// The calling user's name (in a job's default namespace); None = ask the system.
     pub user_name: Option<String>,
+}
+
+impl fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = |key: &str, value: &str| {
+            if is_secret(key) {
+                cascade_secret::REDACTED.to_string()
+            } else {
+                redacted(value)
+            }
+        };
+        let secret_env: Vec<&str> = SETTINGS
+            .iter()
+            .filter(|d| is_secret(d.key))
+            .map(|d| d.env)
+            .collect();
+        let flags: Vec<(&str, String)> = self
+            .flags
+            .iter()
+            .map(|(key, value)| (*key, shown(key, value)))
+            .collect();
+        let env: BTreeMap<&str, String> = self
+            .env
+            .iter()
+            .map(|(name, value)| {
+                let value = if secret_env.contains(&name.as_str()) {
+                    cascade_secret::REDACTED.to_string()
+                } else {
+                    redacted(value)
+                };
+                (name.as_str(), value)
+            })
+            .collect();
+        f.debug_struct("Inputs")
+            .field("flags", &flags)
+            .field("config_flag", &self.config_flag)
+            .field("env", &env)
+            .field("system_config", &self.system_config)
+            .field("host_name", &self.host_name)
+            .field("user_name", &self.user_name)
+            .finish()
+    }
 }
 
 impl Inputs {
@@ -194,6 +248,7 @@ impl fmt::Display for ConfigFile {
 pub struct Config {
     entries: Vec<Entry>,
     file: ConfigFile,
+    warnings: Vec<String>,
 }
 
 impl Config {
@@ -235,13 +290,42 @@ impl Config {
                 });
                 continue;
             };
-            let value =
-                (def.parse)(raw).map_err(|why| ConfigError(format!("{origin}={raw:?}: {why}")))?;
+            let value = (def.parse)(raw).map_err(|why| {
+                // The value is echoed only with any secret in it hidden.
+                let shown = if is_secret(def.key) {
+                    cascade_secret::REDACTED.to_string()
+                } else {
+                    redacted(raw)
+                };
+                ConfigError(format!("{origin}={shown:?}: {why}"))
+            })?;
             entries.push(Entry { def, value, source });
         }
-        let config = Config { entries, file };
+        let mut warnings = Vec::new();
+        secret_from_file(&mut entries, &mut warnings)?;
+        if let ConfigFile::Read { path, .. } = &file {
+            if let Some(warning) = exposed_config_file(path, &entries) {
+                warnings.push(warning);
+            }
+        }
+        for (key, _) in &inputs.flags {
+            if let Some(warning) = secret_on_command_line(key, &entries) {
+                warnings.push(warning);
+            }
+        }
+        let config = Config {
+            entries,
+            file,
+            warnings,
+        };
         job::check(&config)?;
         Ok(config)
+    }
+
+    /// One-line warnings about how secrets were given (on the command line, in a config file
+    /// others can read): the caller prints them.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Every setting, in table order.
@@ -257,7 +341,8 @@ impl Config {
     /// A text setting's value ("" if unknown).
     pub fn text(&self, key: &str) -> &str {
         match self.get(key).map(|e| &e.value) {
-            Some(Value::Text(t) | Value::Secret(t)) => t,
+            Some(Value::Text(t)) => t,
+            Some(Value::Secret(s)) => s.expose(),
             _ => "",
         }
     }
@@ -381,7 +466,8 @@ impl<'a> Resolved<'a> {
     /// A text setting resolved earlier in the table.
     pub fn text(&self, key: &str) -> &'a str {
         match self.value(key) {
-            Value::Text(text) | Value::Secret(text) => text,
+            Value::Text(text) => text,
+            Value::Secret(secret) => secret.expose(),
             _ => panic!("setting {key} is not text"),
         }
     }
@@ -492,22 +578,117 @@ pub fn io_text(e: &std::io::Error) -> String {
 #[cfg(test)]
 mod tests;
 
-/// `text` with the value of any `secret_key=` / `secret_access_key=` query option replaced by
-/// `***`, for showing settings such as durable.url.
+/// `text` with the credentials of a URL in it (`s3://...?secret_key=...`) replaced by `***`
+/// ([`cascade_secret::redact_url`]), for showing settings such as durable.url; text that is
+/// not a URL is unchanged.
 pub fn redacted(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = ["secret_key=", "secret_access_key="]
-        .iter()
-        .filter_map(|k| rest.find(k).map(|i| (i, k.len())))
-        .min()
-    {
-        let (i, klen) = at;
-        out.push_str(&rest[..i + klen]);
-        out.push_str("***");
-        rest = &rest[i + klen..];
-        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
+    if text.contains("://") {
+        cascade_secret::redact_url(text)
+    } else {
+        text.to_string()
     }
-    out.push_str(rest);
-    out
+}
+
+/// Settings whose value is a secret through and through (never echoed, even in an error).
+fn is_secret(key: &str) -> bool {
+    key == "staging.secret"
+}
+
+/// Whether a setting's value carries a secret: the shared secret, or a store URL with a
+/// secret key in it.
+fn holds_secret(entry: &Entry) -> bool {
+    match &entry.value {
+        Value::Secret(secret) => !secret.is_empty(),
+        Value::Text(text) => {
+            text.contains("://") && cascade_secret::redact_url(text) != text.as_str()
+        }
+        _ => false,
+    }
+}
+
+/// A secret given as a flag is in every process listing (`ps`, /proc/PID/cmdline): one line
+/// saying so and what to use instead.
+fn secret_on_command_line(key: &str, entries: &[Entry]) -> Option<String> {
+    let entry = entries.iter().find(|e| e.def.key == key)?;
+    if !matches!(entry.source, Source::Flag(_)) || !holds_secret(entry) {
+        return None;
+    }
+    let instead = if is_secret(key) {
+        "staging.secret_file (CASCADE_STAGING_SECRET_FILE)"
+    } else {
+        "CASCADE_S3_CREDENTIALS_FILE or CASCADE_S3_ACCESS_KEY_ID/CASCADE_S3_SECRET_ACCESS_KEY"
+    };
+    Some(format!(
+        "warning: {source} puts a secret on the command line, where ps shows it to every user of the machine; use {instead} instead",
+        source = entry.source
+    ))
+}
+
+/// A config file that holds a secret and that the group or others may read: one line.
+fn exposed_config_file(path: &Path, entries: &[Entry]) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let from_file: Vec<&str> = entries
+        .iter()
+        .filter(|e| matches!(&e.source, Source::File(p) if p == path) && holds_secret(e))
+        .map(|e| e.def.key)
+        .collect();
+    if from_file.is_empty() {
+        return None;
+    }
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "warning: config file {} holds a secret ({}) but is readable by others (mode {:o}); chmod 600 it",
+            path.display(),
+            from_file.join(", "),
+            mode & 0o777
+        )
+    })
+}
+
+/// staging.secret from staging.secret_file: its first line, the file readable by its owner
+/// only (else a warning). Both given is an error: which one is meant is unclear.
+fn secret_from_file(entries: &mut [Entry], warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(file_entry) = entries.iter().find(|e| e.def.key == "staging.secret_file") else {
+        return Ok(());
+    };
+    let path = match &file_entry.value {
+        Value::Text(path) if !path.is_empty() => PathBuf::from(path),
+        _ => return Ok(()),
+    };
+    let file_source = file_entry.source.clone();
+    let Some(secret) = entries.iter_mut().find(|e| e.def.key == "staging.secret") else {
+        return Ok(());
+    };
+    if !matches!(secret.source, Source::Default(_)) {
+        return Err(ConfigError(format!(
+            "staging.secret ({}) and staging.secret_file ({file_source}) are both given; give one",
+            secret.source
+        )));
+    }
+    let failed = |why: String| {
+        ConfigError(format!(
+            "staging.secret_file {} ({file_source}): {why}",
+            path.display()
+        ))
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| failed(io_text(&e)))?;
+    let line = text.lines().next().unwrap_or("").trim_end_matches('\r');
+    if line.is_empty() {
+        return Err(failed("the first line is empty".to_string()));
+    }
+    if let Ok(meta) = std::fs::metadata(&path) {
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            warnings.push(format!(
+                "warning: staging.secret_file {} is readable by others (mode {:o}); chmod 600 it",
+                path.display(),
+                mode & 0o777
+            ));
+        }
+    }
+    secret.value = Value::Secret(Secret::new(line));
+    secret.source = Source::File(path);
+    Ok(())
 }

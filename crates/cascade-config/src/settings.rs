@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use cascade_secret::Secret;
+
 use crate::job;
 use crate::machine::{self, SHM_DIR};
 use crate::size::{format_size, parse_size};
@@ -213,14 +215,29 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
+        key: "staging.secret_file",
+        env: "CASCADE_STAGING_SECRET_FILE",
+        flag: Some("staging-secret-file"),
+        value_name: "PATH",
+        help: "File holding staging.secret (its first line), readable by its owner only: keeps the secret out of ps and the environment",
+        default_help: "none",
+        parse: |t| {
+            if t.trim().is_empty() {
+                return Ok(Value::Text(String::new()));
+            }
+            parse_path(t)
+        },
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
         key: "staging.secret",
         env: "CASCADE_STAGING_SECRET",
         flag: Some("staging-secret"),
         value_name: "TEXT",
-        help: "Shared secret a staging server requires of every client (prefer the env variable or config file to the flag)",
-        default_help: "none; required by stage-server and when servers are given",
-        parse: |t| Ok(Value::Secret(t.to_string())),
-        default: |_| (Value::Secret(String::new()), String::new()),
+        help: "Shared secret a staging server requires of every client; prefer staging.secret_file (a flag shows in ps, a variable is inherited)",
+        default_help: "the first line of staging.secret_file, else none; required by stage-server and when servers are given",
+        parse: |t| Ok(Value::Secret(Secret::new(t))),
+        default: |_| (Value::Secret(Secret::default()), String::new()),
     },
     SettingDef {
         key: "staging.placement",
@@ -591,6 +608,7 @@ fn parse_durable_url(text: &str) -> Result<Value, String> {
     if text.is_empty() {
         return Ok(Value::Text(String::new()));
     }
+    // The error shows the URL with its credentials hidden (cascade_durable::Error::Config).
     cascade_durable::Spec::parse(text).map_err(|e| e.to_string())?;
     Ok(Value::Text(text.to_string()))
 }

@@ -473,6 +473,39 @@ fn secrets_in_urls_are_never_shown() {
         "s3://b?secret_access_key=***"
     );
     assert_eq!(crate::redacted("/plain/dir"), "/plain/dir");
+    // Glob patterns with '?' are not URLs.
+    assert_eq!(crate::redacted("ckpt.?/"), "ckpt.?/");
+}
+
+#[test]
+fn debug_of_inputs_and_config_never_shows_a_secret() {
+    let url = "s3://b?endpoint=http://h:1&access_key=a&secret_key=TOPSECRET";
+    let (_dir, mut inputs) = with_env(&[
+        ("CASCADE_STAGING_SECRET", "TOPSECRET"),
+        ("CASCADE_DURABLE", url),
+    ]);
+    inputs = inputs
+        .flag("staging.secret", "TOPSECRET")
+        .flag("stage_server.drain_to", url);
+    let shown = format!("{inputs:?}");
+    assert!(!shown.contains("TOPSECRET"), "{shown}");
+    let config = Config::load(&inputs).expect("loads");
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("TOPSECRET"), "{shown}");
+    assert_eq!(config.text("staging.secret"), "TOPSECRET");
+    assert_eq!(config.text("durable.url"), url);
+    // Both flags put a secret on the command line: one warning each, without it.
+    assert_eq!(config.warnings().len(), 2, "{:?}", config.warnings());
+    assert!(config.warnings().iter().all(|w| !w.contains("TOPSECRET")));
+}
+
+#[test]
+fn a_parse_error_never_echoes_a_secret() {
+    let url = "s3://b?endpoint=ftp://h&access_key=a&secret_key=TOPSECRET";
+    let (_dir, inputs) = with_env(&[("CASCADE_DURABLE", url)]);
+    let err = load_err(&inputs);
+    assert!(err.starts_with("CASCADE_DURABLE=\"s3://b?"), "{err}");
+    assert!(!err.contains("TOPSECRET"), "{err}");
 }
 
 /// Inputs with these environment variables and nothing else of this machine's.

@@ -38,7 +38,7 @@ pub struct ServerOptions {
     /// The durable tier to drain to (a directory or `s3://` URL, as `durable.url`).
     pub drain_to: String,
     /// The shared secret every client must present in Hello.
-    pub secret: String,
+    pub secret: cascade_secret::Secret,
     pub engine: EngineOptions,
     /// Receive buffers of [`protocol::MAX_BODY`] bytes, faulted in at start.
     pub buffers: usize,
@@ -59,7 +59,7 @@ impl ServerOptions {
             listen: listen.to_string(),
             dir,
             drain_to: drain_to.to_string(),
-            secret: secret.to_string(),
+            secret: cascade_secret::Secret::new(secret),
             engine: EngineOptions::default(),
             buffers: 8,
             io_threads: 2,
@@ -528,7 +528,9 @@ impl Shared {
             Err(e) => return refuse(header.request, e.code(), &e.to_string()),
         };
         // Compare digests: blake3::Hash equality is constant-time.
-        if blake3::hash(hello.secret.as_bytes()) != blake3::hash(self.opts.secret.as_bytes()) {
+        if blake3::hash(hello.secret.as_bytes())
+            != blake3::hash(self.opts.secret.expose().as_bytes())
+        {
             return refuse(header.request, code::AUTH, "wrong shared secret");
         }
         let namespace = hello.namespace.to_string();

@@ -21,11 +21,13 @@ use crate::protocol::{
 };
 use crate::status::ServerStatus;
 use crate::{Error, Result};
+use cascade_secret::Secret;
 
 /// How a client identifies itself.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    pub secret: String,
+    /// The servers' shared secret (shows as `***`).
+    pub secret: Secret,
     /// For the server's log: host:pid.
     pub client: String,
     /// Every key of the connection lives under this prefix on the server ("" = none).
@@ -39,7 +41,7 @@ impl ClientOptions {
     pub fn new(secret: &str) -> ClientOptions {
         let host = crate::host_name();
         ClientOptions {
-            secret: secret.to_string(),
+            secret: Secret::new(secret),
             client: format!("{host}:{}", std::process::id()),
             namespace: String::new(),
             connect_timeout: Duration::from_secs(5),
@@ -191,7 +193,7 @@ impl Connection {
             next_request: 1,
             reply_buf: Vec::new(),
         };
-        let body = protocol::encode_hello(&opts.secret, &opts.client, &opts.namespace);
+        let body = protocol::encode_hello(opts.secret.expose(), &opts.client, &opts.namespace);
         let id = c.send(kind::HELLO, &[&body])?;
         match recv_reply(&c.stream, &mut c.reply_buf, &c.server, id)? {
             (Reply::HelloOk { instance, .. }, _) => c.instance = instance,

@@ -184,10 +184,10 @@ impl AsyncDurableStore {
                     builder = builder.with_access_key_id(k);
                 }
                 if let Some(k) = &s3.secret_access_key {
-                    builder = builder.with_secret_access_key(k);
+                    builder = builder.with_secret_access_key(k.expose());
                 }
                 if let Some(t) = &s3.session_token {
-                    builder = builder.with_token(t);
+                    builder = builder.with_token(t.expose());
                 }
                 let s3store = builder.build().map_err(|e| Error::Config {
                     spec: name.clone(),

@@ -8,14 +8,24 @@ use super::{
     HEADER_LEN, MAX_DATA,
 };
 
-/// Hello: the first frame of every connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Hello: the first frame of every connection. Its Debug hides the secret.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Hello<'a> {
     pub secret: &'a str,
     /// Who connects (host:pid), for logs.
     pub client: &'a str,
     /// The job's namespace: a key prefix every path of the connection lives under ("" = none).
     pub namespace: &'a str,
+}
+
+impl std::fmt::Debug for Hello<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hello")
+            .field("secret", &cascade_secret::Secret::new(self.secret))
+            .field("client", &self.client)
+            .field("namespace", &self.namespace)
+            .finish()
+    }
 }
 
 /// One piece of one file version inside a Write.
