@@ -5,7 +5,6 @@
 //! whose blobs are all indexed there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
@@ -18,7 +17,7 @@ use cascade_dedup::repo::{
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
 
-use super::{engine_code, lock, ConnState, Shared};
+use super::{engine_code, lock, ConnState, Outbox, Shared};
 use crate::chunks::manifests::{ManifestStore, PendingManifest};
 use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
 use crate::protocol::{
@@ -252,7 +251,7 @@ impl Shared {
 
     // ---- requests ----
 
-    pub(super) fn lacks(&self, stream: &TcpStream, id: u32, ns: &str, scores: &[Score]) -> bool {
+    pub(super) fn lacks(&self, out: &Outbox, id: u32, ns: &str, scores: &[Score]) -> bool {
         let held = self.dedup.chunks.held(ns, scores);
         let candidates: Vec<Score> = scores
             .iter()
@@ -269,22 +268,11 @@ impl Shared {
             .zip(&held)
             .map(|(s, h)| !h && missing.contains(s))
             .collect();
-        self.reply(
-            stream,
-            id,
-            kind::LACKS,
-            &[&protocol::encode_lacks_ok(&lacks)],
-        )
-        .is_ok()
+        self.reply(out, id, kind::LACKS, &[&protocol::encode_lacks_ok(&lacks)]);
+        true
     }
 
-    pub(super) fn put_chunks(
-        &self,
-        stream: &TcpStream,
-        id: u32,
-        ns: &str,
-        chunks: &[WireChunk],
-    ) -> bool {
+    pub(super) fn put_chunks(&self, out: &Outbox, id: u32, ns: &str, chunks: &[WireChunk]) -> bool {
         self.last_write_ms
             .store(self.now_ms().max(1), Ordering::Relaxed);
         // Every chunk is checked before any is stored: a bad frame leaves nothing behind.
@@ -292,13 +280,13 @@ impl Shared {
             if let Err(why) = verify(c) {
                 lock(&self.dedup.counters).refused_chunks += 1;
                 self.log(|| format!("refused a PutChunks: {why}"));
-                self.reply_error(stream, id, code::BAD_CHUNK, &why);
+                self.reply_error(out, id, code::BAD_CHUNK, &why);
                 return false;
             }
         }
         if let Err(why) = self.check_delta_bases(ns, chunks) {
             self.log(|| format!("refused a PutChunks: {why}"));
-            self.reply_error(stream, id, code::BASE_UNKNOWN, &why);
+            self.reply_error(out, id, code::BASE_UNKNOWN, &why);
             return false;
         }
         let in_repo: HashSet<Score> = match self.repo_if_any(ns) {
@@ -332,14 +320,15 @@ impl Shared {
                     self.wake_push();
                 }
                 let body = protocol::encode_put_chunks_ok(o.stored, o.present + durable_already);
-                self.reply(stream, id, kind::PUT_CHUNKS, &[&body]).is_ok()
+                self.reply(out, id, kind::PUT_CHUNKS, &[&body]);
+                true
             }
             Err(e) => {
                 let (c, why) = engine_code(&e);
                 if c != code::FULL {
                     self.fail(format!("cannot store chunks: {why}"));
                 }
-                self.reply_error(stream, id, c, &why);
+                self.reply_error(out, id, c, &why);
                 false
             }
         }
@@ -427,7 +416,7 @@ impl Shared {
 
     pub(super) fn put_manifest(
         &self,
-        stream: &TcpStream,
+        out: &Outbox,
         id: u32,
         ns: &str,
         part: &ManifestPart,
@@ -473,7 +462,10 @@ impl Shared {
             Ok(())
         })();
         match received {
-            Ok(()) => self.reply(stream, id, kind::PUT_MANIFEST, &[]).is_ok(),
+            Ok(()) => {
+                self.reply(out, id, kind::PUT_MANIFEST, &[]);
+                true
+            }
             Err(e) => {
                 *upload = None;
                 let (c, why) = match &e {
@@ -484,19 +476,13 @@ impl Shared {
                 if c == code::IO {
                     self.fail(format!("cannot record a dedup manifest: {why}"));
                 }
-                self.reply_error(stream, id, c, &why);
+                self.reply_error(out, id, c, &why);
                 false
             }
         }
     }
 
-    pub(super) fn get_chunks(
-        &self,
-        stream: &TcpStream,
-        id: u32,
-        ns: &str,
-        scores: &[Score],
-    ) -> bool {
+    pub(super) fn get_chunks(&self, out: &Outbox, id: u32, ns: &str, scores: &[Score]) -> bool {
         let mut found = Vec::new();
         let mut body_len = 8usize;
         let mut considered = 0u32;
@@ -519,7 +505,7 @@ impl Shared {
                 Err(e) => {
                     let (c, why) = engine_code(&e);
                     self.fail(format!("GetChunks: {why}"));
-                    self.reply_error(stream, id, c, &why);
+                    self.reply_error(out, id, c, &why);
                     return true;
                 }
             }
@@ -536,19 +522,16 @@ impl Shared {
             })
             .collect();
         let head = protocol::encode_get_chunks_ok_head(considered, &wire);
-        let mut body: Vec<&[u8]> = Vec::with_capacity(wire.len() + 1);
-        body.push(&head);
-        body.extend(wire.iter().map(|w| w.data));
-        self.reply(stream, id, kind::GET_CHUNKS, &body).is_ok()
+        drop(wire);
+        // The chunks' bytes are moved into the reply, not copied.
+        let mut body: Vec<Vec<u8>> = Vec::with_capacity(found.len() + 1);
+        body.push(head);
+        body.extend(found.into_iter().map(|(_, c)| c.data));
+        self.reply_owned(out, id, kind::GET_CHUNKS, body);
+        true
     }
 
-    pub(super) fn get_manifest(
-        &self,
-        stream: &TcpStream,
-        id: u32,
-        ns: &str,
-        checkpoint: &str,
-    ) -> bool {
+    pub(super) fn get_manifest(&self, out: &Outbox, id: u32, ns: &str, checkpoint: &str) -> bool {
         let found = match self.dedup.manifests.find(ns, checkpoint) {
             Some(m) => Ok(Some((
                 ManifestState::Pending,
@@ -567,24 +550,25 @@ impl Shared {
             Ok(Some((state, m))) => match serde_json::to_string(&m) {
                 Ok(json) => (state, json),
                 Err(e) => {
-                    self.reply_error(stream, id, code::IO, &e.to_string());
+                    self.reply_error(out, id, code::IO, &e.to_string());
                     return true;
                 }
             },
             Ok(None) => (ManifestState::Unknown, String::new()),
             Err(e) => {
                 // Like a Read's: the connection stays.
-                self.reply_error(stream, id, code::IO, &e.to_string());
+                self.reply_error(out, id, code::IO, &e.to_string());
                 return true;
             }
         };
         if json.len() + 1 > MAX_BODY {
             let why = format!("the manifest of {checkpoint} is too large for one reply");
-            self.reply_error(stream, id, code::INVALID, &why);
+            self.reply_error(out, id, code::INVALID, &why);
             return true;
         }
         let body = protocol::encode_get_manifest_ok(state, &json);
-        self.reply(stream, id, kind::GET_MANIFEST, &[&body]).is_ok()
+        self.reply(out, id, kind::GET_MANIFEST, &[&body]);
+        true
     }
 
     // ---- the push ----
