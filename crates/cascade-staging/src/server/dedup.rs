@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use cascade_dedup::repo::format::DeltaBase;
 use cascade_dedup::repo::{
-    Error as RepoError, FileRecipe, Hold, Manifest, Repo, RepoWriter, DEFAULT_PREFIX,
+    undo_delta, Error as RepoError, FileRecipe, Hold, Manifest, Repo, RepoWriter, DEFAULT_PREFIX,
     MANIFEST_FORMAT,
 };
 use cascade_dedup::score::to_hex;
@@ -43,6 +44,8 @@ const CHECK_BATCH: usize = 8192;
 /// A hold on a repository ends once every chunk is pushed and no delta was checked for
 /// this long.
 const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
+/// Delta chunks of a PutChunks whose bases are read from the repository at once.
+const REBUILD_BATCH: usize = 64;
 
 #[derive(Default)]
 struct Counters {
@@ -289,6 +292,14 @@ impl Shared {
             self.reply_error(out, id, code::BASE_UNKNOWN, &why);
             return false;
         }
+        if let Err((c, why)) = self.rebuild_deltas(ns, chunks) {
+            if c == code::BAD_CHUNK {
+                lock(&self.dedup.counters).refused_chunks += 1;
+            }
+            self.log(|| format!("refused a PutChunks: {why}"));
+            self.reply_error(out, id, c, &why);
+            return false;
+        }
         let in_repo: HashSet<Score> = match self.repo_if_any(ns) {
             Some(repo) => {
                 let scores: Vec<Score> = chunks.iter().map(|c| c.score).collect();
@@ -369,6 +380,69 @@ impl Shared {
             Some(b) => Err(no_base(b, "is not a usable base in the durable repository")),
             None => Ok(()),
         }
+    }
+
+    /// Rebuilds every delta chunk of a PutChunks on its base, read from the durable
+    /// repository (checked against its score, under the hold `check_delta_bases` took), and
+    /// checks the result against the chunk's score: a delta that does not rebuild its score
+    /// never enters the chunk store, so no repository entry, manifest or later delta rests
+    /// on it. `BAD_CHUNK` for one that does not rebuild, `BASE_UNKNOWN` for a base that
+    /// cannot be read (send those chunks whole).
+    fn rebuild_deltas(
+        &self,
+        ns: &str,
+        chunks: &[WireChunk],
+    ) -> std::result::Result<(), (u16, String)> {
+        let deltas: Vec<(&WireChunk, DeltaBase, &[u8])> = chunks
+            .iter()
+            .filter(|c| c.stored == Stored::Delta)
+            .filter_map(|c| protocol::split_delta(c.data).map(|(b, frame)| (c, b, frame)))
+            .collect();
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let Some(repo) = self.repo_if_any(ns) else {
+            let why = format!(
+                "delta chunk {}: no durable repository to read its base from; nothing of this frame was stored",
+                hex(&deltas[0].0.score)
+            );
+            return Err((code::BASE_UNKNOWN, why));
+        };
+        // Bases are read a batch at a time: what one frame makes the server hold is bounded.
+        for batch in deltas.chunks(REBUILD_BATCH) {
+            let mut bases: Vec<Score> = batch.iter().map(|(_, b, _)| b.score).collect();
+            bases.sort_unstable();
+            bases.dedup();
+            let raws = repo.read_blobs(&bases).map_err(|e| {
+                let why = format!(
+                    "delta chunk {}: a base of its frame cannot be read from the durable repository: {e}; nothing of this frame was stored",
+                    hex(&batch[0].0.score)
+                );
+                (code::BASE_UNKNOWN, why)
+            })?;
+            for (c, base, frame) in batch {
+                let bad = |why: String| {
+                    let why = format!(
+                        "delta chunk {} on base {}: {why}; nothing of this frame was stored",
+                        hex(&c.score),
+                        hex(&base.score)
+                    );
+                    (code::BAD_CHUNK, why)
+                };
+                let Ok(i) = bases.binary_search(&base.score) else {
+                    return Err(bad("its base was not read".to_string()));
+                };
+                let raw = undo_delta(frame, c.raw_len, &raws[i], base.from).map_err(bad)?;
+                let got = score(&raw);
+                if got != c.score {
+                    return Err(bad(format!(
+                        "rebuilt on its base it hashes to {}, not to its score",
+                        hex(&got)
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes a hold on `ns`'s repository unless one is held (ended once nothing waits to be
