@@ -484,12 +484,36 @@ fn timed_out(e: io::Error) -> io::Error {
 /// pool: a client that does not take its replies never holds a pool buffer.
 #[derive(Default)]
 struct Outbox {
-    frames: RefCell<Vec<(Header, Vec<Vec<u8>>)>>,
+    frames: RefCell<Vec<OutFrame>>,
 }
+
+/// A reply frame: a header, body parts in memory, and for a large ReadOk the rest of its
+/// data, read from the arenas a piece at a time while it is sent.
+struct OutFrame {
+    header: Header,
+    body: Vec<Vec<u8>>,
+    tail: Option<ReadTail>,
+}
+
+/// `len` bytes of version `id` from `offset` on, the end of a ReadOk's body.
+struct ReadTail {
+    id: VersionId,
+    key: String,
+    offset: u64,
+    len: usize,
+}
+
+/// A ReadOk's data is read and sent in pieces of this size: a client that does not take its
+/// reply holds this much of the server's memory, not 16 MiB.
+const READ_PIECE: usize = 256 << 10;
 
 impl Outbox {
     fn push(&self, header: Header, body: Vec<Vec<u8>>) {
-        self.frames.borrow_mut().push((header, body));
+        self.frames.borrow_mut().push(OutFrame {
+            header,
+            body,
+            tail: None,
+        });
     }
 }
 
@@ -617,11 +641,43 @@ impl Shared {
             return true;
         }
         let mut w = Timed::by(stream, self.opts.frame_timeout);
-        for (header, body) in frames {
-            let parts: Vec<&[u8]> = body.iter().map(|b| b.as_slice()).collect();
-            if let Err(e) = write_frame(&mut w, header, &parts) {
+        for f in frames {
+            let parts: Vec<&[u8]> = f.body.iter().map(|b| b.as_slice()).collect();
+            if let Err(e) = write_frame(&mut w, f.header, &parts) {
                 self.lost(peer, &e);
                 return false;
+            }
+            let Some(tail) = f.tail else { continue };
+            let mut piece = vec![0u8; tail.len.min(READ_PIECE)];
+            let mut done = 0;
+            while done < tail.len {
+                let want = (tail.len - done).min(READ_PIECE);
+                let at = tail.offset + done as u64;
+                match self.engine.read_at(tail.id, at, &mut piece[..want]) {
+                    Ok(n) if n == want => {}
+                    // The header promised these bytes: all the client can be told now is
+                    // that the connection broke (it then reads elsewhere).
+                    Ok(n) => {
+                        self.fail(format!(
+                            "read of {} stopped at byte {} ({n} of {want} bytes), midway through its reply; connection closed",
+                            tail.key,
+                            at + n as u64
+                        ));
+                        return false;
+                    }
+                    Err(e) => {
+                        self.fail(format!(
+                            "read of {} failed midway through its reply: {e}; connection closed",
+                            tail.key
+                        ));
+                        return false;
+                    }
+                }
+                if let Err(e) = w.write_all(&piece[..want]) {
+                    self.lost(peer, &e);
+                    return false;
+                }
+                done += want;
             }
         }
         true
@@ -985,13 +1041,31 @@ impl Shared {
         };
         let want = len.min(v.size.saturating_sub(offset) as usize);
         // Not a pool buffer: the reply is sent after this returns, and a client that does
-        // not read it must hold no receive buffer meanwhile.
-        let mut buf = vec![0u8; want];
+        // not read it must hold no receive buffer meanwhile. The first piece is read now, so
+        // that a version already reclaimed, or a failed check, is answered by an Error; the
+        // rest is read while the reply is sent.
+        let first = want.min(READ_PIECE);
+        let mut buf = vec![0u8; first];
         match self.engine.read_at(v.id, offset, &mut buf) {
             Ok(n) => {
                 buf.truncate(n);
                 let head = protocol::encode_read_ok_head(v.stamp, v.size, &v.blake3);
-                self.reply_owned(out, id, kind::READ, vec![head, buf]);
+                let tail = (n == first && want > first).then(|| ReadTail {
+                    id: v.id,
+                    key: key.to_string(),
+                    offset: offset + first as u64,
+                    len: want - first,
+                });
+                let len = head.len() + n + tail.as_ref().map_or(0, |t| t.len);
+                out.frames.borrow_mut().push(OutFrame {
+                    header: Header {
+                        kind: kind::READ | kind::REPLY,
+                        body_len: len as u32,
+                        request: id,
+                    },
+                    body: vec![head, buf],
+                    tail,
+                });
             }
             Err(crate::engine::Error::Invalid { .. }) => {
                 // Reclaimed after draining: the durable tier has it.

@@ -9,7 +9,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,14 @@ use cascade_staging::{ClientOptions, Connection, Server, ServerOptions, ServerSt
 const SECRET: &str = "secret";
 /// How long a condition may take on a loaded machine before the test fails.
 const DEADLINE: Duration = Duration::from_secs(20);
+
+/// The tests of this file run one at a time: one measures this process's memory, and each
+/// is timed against crowds of its own.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn my_turn() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 struct Running {
     addr: SocketAddr,
@@ -236,6 +244,7 @@ fn drip(s: &mut TcpStream, bytes: &[u8], pace: Duration) -> Option<Duration> {
 
 #[test]
 fn a_frame_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
+    let _turn = my_turn();
     let timeout = Duration::from_secs(1);
     let srv = Running::start(|o| {
         o.frame_timeout = timeout;
@@ -288,6 +297,7 @@ fn a_frame_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
 
 #[test]
 fn connections_over_the_caps_are_refused_busy() {
+    let _turn = my_turn();
     let srv = Running::start(|o| {
         o.max_connections = 8;
         o.max_connections_per_client = 3;
@@ -369,6 +379,7 @@ fn big_file() -> Vec<u8> {
 
 #[test]
 fn clients_that_do_not_read_their_replies_hold_no_receive_buffer() {
+    let _turn = my_turn();
     // A deadline far beyond the test's bound: it is not what lets the good client through.
     let srv = Running::start(|o| o.frame_timeout = Duration::from_secs(120));
     let mut good = srv.client();
@@ -386,8 +397,40 @@ fn clients_that_do_not_read_their_replies_hold_no_receive_buffer() {
     srv.stop();
 }
 
+/// This process's resident memory, from /proc/self/status.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib << 10
+}
+
+#[test]
+fn a_reply_not_taken_holds_a_piece_of_it_not_all_of_it() {
+    let _turn = my_turn();
+    let srv = Running::start(|o| o.frame_timeout = Duration::from_secs(120));
+    let mut good = srv.client();
+    round_trip(&mut good, "big", &big_file());
+    let before = resident_bytes();
+    // Sixteen replies of 16 MiB not taken: 256 MiB if each were held whole.
+    let stalled = stalled_readers(&srv, 16, "good/big");
+    round_trip(&mut good, "meanwhile", b"served");
+    let grew = resident_bytes().saturating_sub(before);
+    assert!(
+        grew < 64 << 20,
+        "{} MiB more resident with 16 replies not taken",
+        grew >> 20
+    );
+    drop(stalled);
+    srv.stop();
+}
+
 #[test]
 fn a_reply_not_taken_within_the_deadline_closes_the_connection() {
+    let _turn = my_turn();
     let srv = Running::start(|o| o.frame_timeout = Duration::from_secs(1));
     let mut good = srv.client();
     round_trip(&mut good, "big", &big_file());
@@ -402,6 +445,7 @@ fn a_reply_not_taken_within_the_deadline_closes_the_connection() {
 
 #[test]
 fn a_well_behaved_client_is_served_through_a_hostile_crowd() {
+    let _turn = my_turn();
     let timeout = Duration::from_secs(1);
     let srv = Arc::new(Running::start(|o| {
         o.frame_timeout = timeout;

@@ -44,6 +44,8 @@ const CHECK_BATCH: usize = 8192;
 /// A hold on a repository ends once every chunk is pushed and no delta was checked for
 /// this long.
 const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
+/// A GetChunksOk holds chunks up to this many bytes (at least one chunk, up to `MAX_BODY`).
+const GET_CHUNKS_REPLY: usize = 4 << 20;
 /// Delta chunks of a PutChunks whose bases are read from the repository at once.
 const REBUILD_BATCH: usize = 64;
 
@@ -564,7 +566,14 @@ impl Shared {
             match self.dedup.chunks.get(ns, s) {
                 Ok(Some(c)) => {
                     let len = CHUNK_FIXED + c.data.len();
-                    if body_len + len > MAX_BODY {
+                    // Short answers keep what a client that does not read them holds of
+                    // the server's memory small: it asks again for the rest.
+                    let limit = if found.is_empty() {
+                        MAX_BODY
+                    } else {
+                        GET_CHUNKS_REPLY
+                    };
+                    if body_len + len > limit {
                         break;
                     }
                     body_len += len;
