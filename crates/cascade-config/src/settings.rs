@@ -407,7 +407,7 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_STAGE_FRAME_TIMEOUT",
         flag: Some("frame-timeout"),
         value_name: "SECONDS",
-        help: "A frame's header must arrive within this of its first byte, its body within this once the server is ready for it, a Hello within this of connecting, and a reply must be taken by the client within this; else the staging server closes the connection",
+        help: "A frame's header must arrive within this of its first byte, its body within this once the server is ready for it, a Hello within this (at most 10 s) of connecting, and a reply must be taken by the client within this; else the staging server closes the connection",
         default_help: "60",
         parse: parse_seconds_as_ms,
         default: |_| (Value::Count(60_000), String::new()),

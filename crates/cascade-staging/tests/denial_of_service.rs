@@ -576,3 +576,56 @@ fn stalled_readers_from(srv: &Running, ip: &str, key: &str) -> TcpStream {
     let _ = s.read_exact(&mut head);
     s
 }
+
+/// The settings reach the server: `cascade stage-server --max-connections-per-client 2
+/// --frame-timeout 1`, a real process.
+#[test]
+fn the_command_line_sets_the_caps_and_the_deadline() {
+    let _turn = my_turn();
+    let env = cascade_testkit::node::Env::without_store("stage-dos-cli");
+    let durable = env.tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv = cascade_testkit::stage_server::StageServer::start(
+        &env,
+        &env.tmp.path().join("ssd"),
+        durable.to_str().unwrap(),
+        SECRET,
+        &["--max-connections-per-client", "2", "--frame-timeout", "1"],
+    );
+    let addr: SocketAddr = srv.addr.parse().unwrap();
+    let raw = |ip: &str| {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let local: SocketAddr = format!("{ip}:0").parse().unwrap();
+        s.bind(&local.into()).unwrap();
+        s.connect_timeout(&addr.into(), DEADLINE).unwrap();
+        let mut s: TcpStream = s.into();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.write_all(&frame(kind::HELLO, 1, &encode_hello(SECRET, "cli", "")))
+            .unwrap();
+        let (h, body) = recv(&mut s).expect("closed without a reply");
+        (s, h, body)
+    };
+    let (mut first, h1, _) = raw("127.0.0.2");
+    let (_second, h2, _) = raw("127.0.0.2");
+    assert_eq!(
+        (h1.kind, h2.kind),
+        (kind::HELLO | kind::REPLY, kind::HELLO | kind::REPLY)
+    );
+    let (_, h3, body) = raw("127.0.0.2");
+    match Reply::decode(h3.kind, &body) {
+        Ok(Reply::Error { code: c, .. }) => assert_eq!(c, code::BUSY),
+        other => panic!("{other:?} instead of Error BUSY"),
+    }
+    // A frame header dripped a byte per 100 ms is cut off after about a second.
+    let header = frame(kind::PING, 2, &[]);
+    match drip(
+        &mut first,
+        &header[..HEADER_LEN],
+        Duration::from_millis(100),
+    ) {
+        Some(after) => assert!(after < Duration::from_secs(6), "{after:?}"),
+        None => panic!("a dripped header kept its connection"),
+    }
+    let s = srv.status();
+    assert!(s.busy_refusals >= 1 && s.timed_out_clients >= 1, "{s:?}");
+}
