@@ -168,8 +168,8 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
         None => println!("  capacity   the file system's"),
     }
     println!(
-        "  clients    {} connected, {} refused",
-        s.clients, s.refused_clients
+        "  clients    {} connected, {} refused, {} busy, {} timed out",
+        s.clients, s.refused_clients, s.busy_refusals, s.timed_out_clients
     );
     println!(
         "  absorbed   {} file(s), {}",
