@@ -426,6 +426,7 @@ fn a_reply_not_taken_holds_a_piece_of_it_not_all_of_it() {
     let stalled = stalled_readers(&srv, 16, "good/big");
     round_trip(&mut good, "meanwhile", b"served");
     let grew = resident_bytes().saturating_sub(before);
+    eprintln!("{} KiB more resident", grew >> 10);
     assert!(
         grew < 64 << 20,
         "{} MiB more resident with 16 replies not taken",
@@ -453,7 +454,8 @@ fn a_reply_not_taken_within_the_deadline_closes_the_connection() {
 #[test]
 fn a_well_behaved_client_is_served_through_a_hostile_crowd() {
     let _turn = my_turn();
-    let timeout = Duration::from_secs(1);
+    // Two seconds: a loaded machine's fsync stays well under it.
+    let timeout = Duration::from_secs(2);
     let srv = Arc::new(Running::start(|o| {
         o.frame_timeout = timeout;
         o.hello_timeout = timeout;
