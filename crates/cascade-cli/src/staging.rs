@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use cascade_agent::{Placement, StagingOptions};
 use cascade_config::{format_size, Config};
@@ -84,6 +85,17 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     };
     opts.buffers = config.number("stage_server.buffers").max(1) as usize;
     opts.io_threads = config.number("stage_server.io_threads").max(1) as usize;
+    opts.max_connections = usize::try_from(config.number("stage_server.max_connections"))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    opts.max_connections_per_client =
+        usize::try_from(config.number("stage_server.max_connections_per_client"))
+            .unwrap_or(usize::MAX)
+            .max(1);
+    // Milliseconds; at least 0.1 s, and a Hello gets at most 10 s.
+    opts.frame_timeout =
+        Duration::from_millis(config.number("stage_server.frame_timeout").max(100));
+    opts.hello_timeout = opts.frame_timeout.min(Duration::from_secs(10));
     opts.verbose = verbose;
     let server = Server::bind(opts).map_err(|e| Failure::new(e.to_string()))?;
     let status = server.status();
@@ -157,8 +169,8 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
         None => println!("  capacity   the file system's"),
     }
     println!(
-        "  clients    {} connected, {} refused",
-        s.clients, s.refused_clients
+        "  clients    {} connected, {} refused, {} busy, {} timed out",
+        s.clients, s.refused_clients, s.busy_refusals, s.timed_out_clients
     );
     println!(
         "  absorbed   {} file(s), {}",

@@ -409,6 +409,36 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: |t| parse_count_in(t, 1, 1 << 32),
         default: |_| (Value::Count(8 << 20), String::new()),
     },
+    SettingDef {
+        key: "stage_server.max_connections",
+        env: "CASCADE_STAGE_MAX_CONNECTIONS",
+        flag: Some("max-connections"),
+        value_name: "N",
+        help: "Most connections the staging server serves at once (a thread each); one more is refused with Error BUSY",
+        default_help: "1024",
+        parse: |t| parse_count_in(t, 1, 1 << 20),
+        default: |_| (Value::Count(1024), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.max_connections_per_client",
+        env: "CASCADE_STAGE_MAX_CONNECTIONS_PER_CLIENT",
+        flag: Some("max-connections-per-client"),
+        value_name: "N",
+        help: "Most connections the staging server serves at once from one client IP address; one more is refused with Error BUSY",
+        default_help: "64",
+        parse: |t| parse_count_in(t, 1, 1 << 20),
+        default: |_| (Value::Count(64), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.frame_timeout",
+        env: "CASCADE_STAGE_FRAME_TIMEOUT",
+        flag: Some("frame-timeout"),
+        value_name: "SECONDS",
+        help: "A frame's header must arrive within this of its first byte, its body within this once the server is ready for it, a Hello within this (at most 10 s) of connecting, and a reply must be taken by the client within this; else the staging server closes the connection",
+        default_help: "60",
+        parse: parse_seconds_as_ms,
+        default: |_| (Value::Count(60_000), String::new()),
+    },
     // The job rows: before their built-in default, a launcher's variable is tried
     // (job::detected), so their sources may be e.g. "env SLURM_JOB_ID". job.id comes first:
     // without one there is no job and the others stay empty.

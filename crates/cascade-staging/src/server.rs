@@ -8,9 +8,10 @@
 
 mod dedup;
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, Read};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -50,6 +51,16 @@ pub struct ServerOptions {
     pub busy_pause: Duration,
     /// The dedup chunk store (segments in `dir/dedup`).
     pub chunks: ChunkOptions,
+    /// A frame's header must arrive within this of its first byte, and its body within this
+    /// once the server is ready to receive it (it has a buffer for it); a reply must be taken
+    /// by the client within this. Else the connection is closed.
+    pub frame_timeout: Duration,
+    /// A Hello must arrive whole within this of connecting.
+    pub hello_timeout: Duration,
+    /// Most connections served at once; one more is refused with Error BUSY.
+    pub max_connections: usize,
+    /// Most connections served at once from one client IP address.
+    pub max_connections_per_client: usize,
     pub verbose: bool,
 }
 
@@ -66,15 +77,28 @@ impl ServerOptions {
             busy_window: Duration::from_millis(50),
             busy_pause: Duration::from_millis(10),
             chunks: ChunkOptions::default(),
+            frame_timeout: Duration::from_secs(60),
+            hello_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+            max_connections_per_client: 64,
             verbose: false,
         }
     }
 }
 
 /// Fixed receive buffers, faulted in once so receiving never page-faults or allocates.
+/// Connections get them in the order they asked: a stream of clients that each hold one for
+/// long cannot starve a waiting one.
 struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<PoolState>,
     returned: Condvar,
+}
+
+struct PoolState {
+    buffers: Vec<Vec<u8>>,
+    /// The next ticket handed out, and the one whose turn it is.
+    next: u64,
+    turn: u64,
 }
 
 impl BufferPool {
@@ -90,17 +114,29 @@ impl BufferPool {
             })
             .collect();
         BufferPool {
-            free: Mutex::new(free),
+            free: Mutex::new(PoolState {
+                buffers: free,
+                next: 0,
+                turn: 0,
+            }),
             returned: Condvar::new(),
         }
     }
 
-    /// Waits for a free buffer: a full pool slows clients down instead of growing memory.
+    /// Waits for a free buffer, first come first served: a full pool slows clients down
+    /// instead of growing memory.
     fn take(&self) -> Vec<u8> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let ticket = free.next;
+        free.next += 1;
         loop {
-            if let Some(b) = free.pop() {
-                return b;
+            if free.turn == ticket {
+                if let Some(b) = free.buffers.pop() {
+                    free.turn += 1;
+                    // The next in line may find a buffer too.
+                    self.returned.notify_all();
+                    return b;
+                }
             }
             free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
         }
@@ -108,8 +144,8 @@ impl BufferPool {
 
     fn give(&self, b: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.push(b);
-        self.returned.notify_one();
+        free.buffers.push(b);
+        self.returned.notify_all();
     }
 }
 
@@ -150,6 +186,8 @@ struct IoQueue {
 struct Counters {
     clients: u64,
     refused_clients: u64,
+    busy_refusals: u64,
+    timed_out_clients: u64,
     absorbed_files: u64,
     absorbed_bytes: u64,
     drained_files: u64,
@@ -175,6 +213,8 @@ struct Shared {
     /// Milliseconds since `started` of the last Write frame.
     last_write_ms: AtomicU64,
     next_conn: AtomicU64,
+    /// Connections being served: in total and per client address.
+    conns: Mutex<(usize, HashMap<IpAddr, usize>)>,
     stop: AtomicBool,
     drain_wake: (Mutex<u64>, Condvar),
 }
@@ -248,6 +288,7 @@ impl Server {
             counters: Mutex::new(Counters::default()),
             last_write_ms: AtomicU64::new(0),
             next_conn: AtomicU64::new(0),
+            conns: Mutex::new((0, HashMap::new())),
             stop: AtomicBool::new(false),
             drain_wake: (Mutex::new(0), Condvar::new()),
             opts,
@@ -299,8 +340,14 @@ impl Server {
                     continue;
                 }
             };
+            let Some(slot) = shared.admit(&stream) else {
+                continue;
+            };
             let s = shared.clone();
-            std::thread::spawn(move || s.serve(stream));
+            std::thread::spawn(move || {
+                let _slot = slot;
+                s.serve(stream)
+            });
         }
         for w in workers {
             let _ = w.join();
@@ -321,17 +368,153 @@ fn random_u64() -> u64 {
 
 /// Bodies of frames other than Write and Push are small; refuse big ones before reading.
 const SMALL_BODY: usize = 64 << 10;
-/// A client must finish a Hello, and a frame body once its header arrived, within this: a
-/// stalled peer cannot hold a receive buffer or a thread for ever. Between frames a
-/// connection may idle as long as it likes (agents keep theirs open).
-const BODY_TIMEOUT: Duration = Duration::from_secs(60);
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection counted in [`Shared::conns`] until its thread ends.
+struct ConnSlot {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
 
-/// Reads a frame body under [`BODY_TIMEOUT`].
-fn read_body(stream: &TcpStream, buf: &mut [u8]) -> io::Result<()> {
-    stream.set_read_timeout(Some(BODY_TIMEOUT))?;
-    (&*stream).read_exact(buf)?;
-    stream.set_read_timeout(None)
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut g = lock(&self.shared.conns);
+        g.0 = g.0.saturating_sub(1);
+        if let Some(n) = g.1.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.1.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A stream read and written under deadlines: a peer that sends or takes bytes one at a
+/// time cannot stretch a frame past its deadline, as per-call timeouts would let it. With
+/// `idle_first`, the wait for the first byte has no deadline (connections may idle between
+/// frames) and the deadline starts when it arrives.
+struct Timed<'a> {
+    stream: &'a TcpStream,
+    until: Option<Instant>,
+    idle_first: Option<Duration>,
+}
+
+impl<'a> Timed<'a> {
+    fn by(stream: &'a TcpStream, within: Duration) -> Timed<'a> {
+        Timed {
+            stream,
+            until: Some(Instant::now() + within),
+            idle_first: None,
+        }
+    }
+
+    /// Deadline `within` from the first byte read.
+    fn from_first_byte(stream: &'a TcpStream, within: Duration) -> Timed<'a> {
+        Timed {
+            stream,
+            until: None,
+            idle_first: Some(within),
+        }
+    }
+
+    /// What is left before the deadline (None: no deadline yet), or TimedOut.
+    fn left(&self) -> io::Result<Option<Duration>> {
+        match self.until {
+            None => Ok(None),
+            Some(until) => match until.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Ok(Some(left)),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the frame deadline passed",
+                )),
+            },
+        }
+    }
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(left)?;
+        let n = match (&*self.stream).read(buf) {
+            // A timeout is reported as WouldBlock on Linux.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the frame deadline passed",
+                ))
+            }
+            other => other?,
+        };
+        if n > 0 {
+            if let Some(within) = self.idle_first.take() {
+                self.until = Some(Instant::now() + within);
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(left)?;
+        NoSigPipe(self.stream).write(buf).map_err(timed_out)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(left)?;
+        NoSigPipe(self.stream)
+            .write_vectored(bufs)
+            .map_err(timed_out)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A send timeout (WouldBlock on Linux) as TimedOut.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "the reply deadline passed")
+    } else {
+        e
+    }
+}
+
+/// The replies to one request, sent once the request's receive buffer went back to the
+/// pool: a client that does not take its replies never holds a pool buffer.
+#[derive(Default)]
+struct Outbox {
+    frames: RefCell<Vec<OutFrame>>,
+}
+
+/// A reply frame: a header, body parts in memory, and for a large ReadOk the rest of its
+/// data, read from the arenas a piece at a time while it is sent.
+struct OutFrame {
+    header: Header,
+    body: Vec<Vec<u8>>,
+    tail: Option<ReadTail>,
+}
+
+/// `len` bytes of version `id` from `offset` on, the end of a ReadOk's body.
+struct ReadTail {
+    id: VersionId,
+    key: String,
+    offset: u64,
+    len: usize,
+}
+
+/// A ReadOk's data is read and sent in pieces of this size: a client that does not take its
+/// reply holds this much of the server's memory, not 16 MiB.
+const READ_PIECE: usize = 256 << 10;
+
+impl Outbox {
+    fn push(&self, header: Header, body: Vec<Vec<u8>>) {
+        self.frames.borrow_mut().push(OutFrame {
+            header,
+            body,
+            tail: None,
+        });
+    }
 }
 
 impl Shared {
@@ -375,6 +558,8 @@ impl Shared {
             uptime_s: self.started.elapsed().as_secs_f64(),
             clients: c.clients,
             refused_clients: c.refused_clients,
+            busy_refusals: c.busy_refusals,
+            timed_out_clients: c.timed_out_clients,
             absorbed_files: c.absorbed_files,
             absorbed_bytes: c.absorbed_bytes,
             drained_files: c.drained_files,
@@ -393,6 +578,119 @@ impl Shared {
 
     // ---- connections ----
 
+    /// Counts a new connection in, or refuses it with Error BUSY (without reading from it
+    /// and without a thread) when the server serves `max_connections` already, or
+    /// `max_connections_per_client` from its address.
+    fn admit(self: &Arc<Self>, stream: &TcpStream) -> Option<ConnSlot> {
+        let ip = match stream.peer_addr() {
+            Ok(a) => a.ip(),
+            Err(_) => return None,
+        };
+        let why = {
+            let mut g = lock(&self.conns);
+            let from_ip = g.1.get(&ip).copied().unwrap_or(0);
+            if g.0 >= self.opts.max_connections {
+                Some(format!(
+                    "the server serves {} connections, its limit: try again later",
+                    g.0
+                ))
+            } else if from_ip >= self.opts.max_connections_per_client {
+                Some(format!(
+                    "the server serves {from_ip} connections from {ip}, its limit per client: \
+                     try again later"
+                ))
+            } else {
+                g.0 += 1;
+                *g.1.entry(ip).or_insert(0) += 1;
+                None
+            }
+        };
+        let Some(why) = why else {
+            return Some(ConnSlot {
+                shared: self.clone(),
+                ip,
+            });
+        };
+        let first = {
+            let mut c = lock(&self.counters);
+            c.busy_refusals += 1;
+            c.busy_refusals == 1
+        };
+        if first || self.opts.verbose {
+            eprintln!("cascade stage-server {}: refused {ip}: {why}", self.name);
+        }
+        // The accepting thread must not wait on this peer: a small frame into an empty send
+        // buffer, without blocking.
+        let _ = stream.set_nonblocking(true);
+        let body = encode_error(code::BUSY, &why);
+        let header = Header {
+            kind: kind::ERROR,
+            body_len: body.len() as u32,
+            request: 0,
+        };
+        let _ = write_frame(&mut NoSigPipe(stream), header, &[&body]);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        None
+    }
+
+    /// Sends what `out` holds, all of it within the frame timeout; false if that failed (the
+    /// connection is then closed).
+    fn flush(&self, stream: &TcpStream, out: &Outbox, peer: &str) -> bool {
+        let frames = std::mem::take(&mut *out.frames.borrow_mut());
+        if frames.is_empty() {
+            return true;
+        }
+        let mut w = Timed::by(stream, self.opts.frame_timeout);
+        for f in frames {
+            let parts: Vec<&[u8]> = f.body.iter().map(|b| b.as_slice()).collect();
+            if let Err(e) = write_frame(&mut w, f.header, &parts) {
+                self.lost(peer, &e);
+                return false;
+            }
+            let Some(tail) = f.tail else { continue };
+            let mut piece = vec![0u8; tail.len.min(READ_PIECE)];
+            let mut done = 0;
+            while done < tail.len {
+                let want = (tail.len - done).min(READ_PIECE);
+                let at = tail.offset + done as u64;
+                match self.engine.read_at(tail.id, at, &mut piece[..want]) {
+                    Ok(n) if n == want => {}
+                    // The header promised these bytes: all the client can be told now is
+                    // that the connection broke (it then reads elsewhere).
+                    Ok(n) => {
+                        self.fail(format!(
+                            "read of {} stopped at byte {} ({n} of {want} bytes), midway through its reply; connection closed",
+                            tail.key,
+                            at + n as u64
+                        ));
+                        return false;
+                    }
+                    Err(e) => {
+                        self.fail(format!(
+                            "read of {} failed midway through its reply: {e}; connection closed",
+                            tail.key
+                        ));
+                        return false;
+                    }
+                }
+                if let Err(e) = w.write_all(&piece[..want]) {
+                    self.lost(peer, &e);
+                    return false;
+                }
+                done += want;
+            }
+        }
+        true
+    }
+
+    /// Logs a connection that failed, counting the ones that ran out of time.
+    fn lost(&self, peer: &str, e: &io::Error) {
+        if e.kind() == io::ErrorKind::TimedOut {
+            lock(&self.counters).timed_out_clients += 1;
+        }
+        self.log(|| format!("{peer}: connection lost: {e}"));
+    }
+
     fn serve(self: Arc<Self>, stream: TcpStream) {
         let peer = stream
             .peer_addr()
@@ -401,9 +699,13 @@ impl Shared {
         let _ = stream.set_nodelay(true);
         let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let mut small = Vec::with_capacity(SMALL_BODY);
-        let namespace = match self.handshake(&stream, &mut small, &peer) {
-            Some(ns) => ns,
-            None => return,
+        let out = Outbox::default();
+        let namespace = self.handshake(&stream, &mut small, &peer, &out);
+        if !self.flush(&stream, &out, &peer) {
+            return;
+        }
+        let Some(namespace) = namespace else {
+            return;
         };
         lock(&self.counters).clients += 1;
         let conn = Arc::new(ConnState {
@@ -415,22 +717,24 @@ impl Shared {
         });
         let mut submitted = 0u64;
         let queue = &self.queues[(conn_id % self.queues.len() as u64) as usize];
-        let mut reader = &stream;
+        let within = self.opts.frame_timeout;
         loop {
             if self.stop.load(Ordering::SeqCst) {
-                self.reply_error(&stream, 0, code::SHUTTING_DOWN, "server is stopping");
+                self.reply_error(&out, 0, code::SHUTTING_DOWN, "server is stopping");
+                self.flush(&stream, &out, &peer);
                 break;
             }
-            let header = match read_header(&mut reader) {
+            let header = match read_header(&mut Timed::from_first_byte(&stream, within)) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(RecvError::Frame(e)) => {
                     self.log(|| format!("{peer}: {e}"));
-                    self.reply_error(&stream, 0, e.code(), &e.to_string());
+                    self.reply_error(&out, 0, e.code(), &e.to_string());
+                    self.flush(&stream, &out, &peer);
                     break;
                 }
                 Err(RecvError::Io(e)) => {
-                    self.log(|| format!("{peer}: connection lost: {e}"));
+                    self.lost(&peer, &e);
                     break;
                 }
             };
@@ -438,19 +742,31 @@ impl Shared {
             if protocol::is_large_kind(header.kind) || len > SMALL_BODY {
                 if !protocol::is_large_kind(header.kind) {
                     let msg = format!("a {len}-byte body is too large for this message");
-                    self.reply_error(&stream, header.request, code::BAD_FRAME, &msg);
+                    self.reply_error(&out, header.request, code::BAD_FRAME, &msg);
+                    self.flush(&stream, &out, &peer);
+                    break;
+                }
+                // The first 64 KiB (or all of a smaller body) must arrive before the body gets
+                // a receive buffer: a client dripping a body holds none.
+                let first = len.min(SMALL_BODY);
+                small.resize(first, 0);
+                if let Err(e) = Timed::by(&stream, within).read_exact(&mut small[..first]) {
+                    self.lost(&peer, &e);
                     break;
                 }
                 let mut buf = self.pool.take();
-                if let Err(e) = read_body(&stream, &mut buf[..len]) {
+                buf[..first].copy_from_slice(&small[..first]);
+                // The rest's deadline starts now that the server is ready for it.
+                if let Err(e) = Timed::by(&stream, within).read_exact(&mut buf[first..len]) {
                     self.pool.give(buf);
-                    self.log(|| format!("{peer}: connection lost: {e}"));
+                    self.lost(&peer, &e);
                     break;
                 }
                 if header.kind == kind::WRITE {
                     if let Err(e) = Request::decode(kind::WRITE, &buf[..len]) {
                         self.pool.give(buf);
-                        self.reply_error(&stream, header.request, e.code(), &e.to_string());
+                        self.reply_error(&out, header.request, e.code(), &e.to_string());
+                        self.flush(&stream, &out, &peer);
                         break;
                     }
                     self.last_write_ms
@@ -464,19 +780,22 @@ impl Shared {
                     queue.ready.notify_one();
                     continue;
                 }
-                let keep = self.handle(&stream, header, &buf[..len], &conn, submitted);
+                let keep = self.handle(&out, header, &buf[..len], &conn, submitted);
+                // Back to the pool before the reply is sent: a client that does not read
+                // its replies must not hold a receive buffer.
                 self.pool.give(buf);
-                if !keep {
+                if !self.flush(&stream, &out, &peer) || !keep {
                     break;
                 }
                 continue;
             }
             small.resize(len, 0);
-            if let Err(e) = read_body(&stream, &mut small[..len]) {
-                self.log(|| format!("{peer}: connection lost: {e}"));
+            if let Err(e) = Timed::by(&stream, within).read_exact(&mut small[..len]) {
+                self.lost(&peer, &e);
                 break;
             }
-            if !self.handle(&stream, header, &small[..len], &conn, submitted) {
+            let keep = self.handle(&out, header, &small[..len], &conn, submitted);
+            if !self.flush(&stream, &out, &peer) || !keep {
                 break;
             }
         }
@@ -492,19 +811,29 @@ impl Shared {
         c.clients = c.clients.saturating_sub(1);
     }
 
-    /// Reads the Hello and checks the secret; the namespace on success.
-    fn handshake(&self, stream: &TcpStream, buf: &mut Vec<u8>, peer: &str) -> Option<String> {
-        let mut reader = stream;
-        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    /// Reads the Hello (all of it within the Hello timeout of connecting) and checks the
+    /// secret; the namespace on success. The reply is left in `out`.
+    fn handshake(
+        &self,
+        stream: &TcpStream,
+        buf: &mut Vec<u8>,
+        peer: &str,
+        out: &Outbox,
+    ) -> Option<String> {
+        let mut reader = Timed::by(stream, self.opts.hello_timeout);
         let refuse = |request: u32, code: u16, why: &str| {
             lock(&self.counters).refused_clients += 1;
             eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
-            self.reply_error(stream, request, code, why);
+            self.reply_error(out, request, code, why);
             None
         };
         let header = match read_header(&mut reader) {
             Ok(Some(h)) => h,
-            Ok(None) | Err(RecvError::Io(_)) => return None,
+            Ok(None) => return None,
+            Err(RecvError::Io(e)) => {
+                self.lost(peer, &e);
+                return None;
+            }
             Err(RecvError::Frame(e)) => return refuse(0, e.code(), &e.to_string()),
         };
         if header.kind != kind::HELLO {
@@ -518,10 +847,10 @@ impl Shared {
             return refuse(header.request, code::BAD_FRAME, "Hello is too large");
         }
         buf.resize(header.body_len as usize, 0);
-        if reader.read_exact(buf).is_err() {
+        if let Err(e) = reader.read_exact(buf) {
+            self.lost(peer, &e);
             return None;
         }
-        let _ = stream.set_read_timeout(None);
         let hello = match Request::decode(kind::HELLO, buf) {
             Ok(Request::Hello(h)) => h,
             Ok(_) => return None,
@@ -536,41 +865,45 @@ impl Shared {
         let namespace = hello.namespace.to_string();
         self.log(|| format!("{peer} ({}) connected", hello.client));
         let body = protocol::encode_hello_ok(&self.name, self.instance);
-        self.reply(stream, header.request, kind::HELLO, &[&body])
-            .ok()?;
+        self.reply(out, header.request, kind::HELLO, &[&body]);
         Some(namespace)
     }
 
-    fn reply(
-        &self,
-        stream: &TcpStream,
-        request: u32,
-        req_kind: u8,
-        body: &[&[u8]],
-    ) -> io::Result<()> {
+    /// Queues a reply frame (a copy of `body`) in `out`.
+    fn reply(&self, out: &Outbox, request: u32, req_kind: u8, body: &[&[u8]]) {
+        self.reply_owned(
+            out,
+            request,
+            req_kind,
+            body.iter().map(|b| b.to_vec()).collect(),
+        );
+    }
+
+    /// Queues a reply frame whose body is `body`'s parts, moved in.
+    fn reply_owned(&self, out: &Outbox, request: u32, req_kind: u8, body: Vec<Vec<u8>>) {
         let len: usize = body.iter().map(|b| b.len()).sum();
         let header = Header {
             kind: req_kind | kind::REPLY,
             body_len: len as u32,
             request,
         };
-        write_frame(&mut NoSigPipe(stream), header, body)
+        out.push(header, body);
     }
 
-    fn reply_error(&self, stream: &TcpStream, request: u32, code: u16, message: &str) {
+    fn reply_error(&self, out: &Outbox, request: u32, code: u16, message: &str) {
         let body = encode_error(code, message);
         let header = Header {
             kind: kind::ERROR,
             body_len: body.len() as u32,
             request,
         };
-        let _ = write_frame(&mut NoSigPipe(stream), header, &[&body]);
+        out.push(header, vec![body]);
     }
 
     /// Answers one request other than Write; false closes the connection.
     fn handle(
         &self,
-        stream: &TcpStream,
+        out: &Outbox,
         header: Header,
         body: &[u8],
         conn: &ConnState,
@@ -579,38 +912,38 @@ impl Shared {
         let request = match Request::decode(header.kind, body) {
             Ok(r) => r,
             Err(e) => {
-                self.reply_error(stream, header.request, e.code(), &e.to_string());
+                self.reply_error(out, header.request, e.code(), &e.to_string());
                 return false;
             }
         };
         let ns = conn.namespace.as_str();
         let id = header.request;
-        let sent = match request {
+        match request {
             Request::Hello(_) => {
-                self.reply_error(stream, id, code::BAD_FRAME, "Hello was already sent");
+                self.reply_error(out, id, code::BAD_FRAME, "Hello was already sent");
                 return false;
             }
             Request::Write(_) => return false,
             Request::Sync => {
                 if let Some((c, why)) = conn.wait_for(submitted) {
-                    self.reply_error(stream, id, c, &why);
+                    self.reply_error(out, id, c, &why);
                     return false;
                 }
                 match self.engine.sync() {
                     Ok(()) => {
                         self.wake_drain();
-                        self.reply(stream, id, kind::SYNC, &[])
+                        self.reply(out, id, kind::SYNC, &[])
                     }
                     Err(e) => {
                         let (c, why) = engine_code(&e);
                         self.fail(format!("sync failed: {why}"));
-                        self.reply_error(stream, id, c, &why);
+                        self.reply_error(out, id, c, &why);
                         return false;
                     }
                 }
             }
             Request::Read { key, offset, len } => {
-                return self.read(stream, id, &namespaced(ns, key), offset, len as usize);
+                return self.read(out, id, &namespaced(ns, key), offset, len as usize);
             }
             Request::Push {
                 checkpoint,
@@ -636,11 +969,11 @@ impl Shared {
                 match recorded {
                     Ok(()) => {
                         self.wake_drain();
-                        self.reply(stream, id, kind::PUSH, &[])
+                        self.reply(out, id, kind::PUSH, &[])
                     }
                     Err(e) => {
                         let (c, why) = engine_code(&e);
-                        self.reply_error(stream, id, c, &why);
+                        self.reply_error(out, id, c, &why);
                         return false;
                     }
                 }
@@ -650,31 +983,26 @@ impl Shared {
                     .iter()
                     .map(|(what, key)| self.pull_one(*what, &namespaced(ns, key)))
                     .collect();
-                self.reply(
-                    stream,
-                    id,
-                    kind::PULL,
-                    &[&protocol::encode_pull_ok(&states)],
-                )
+                self.reply(out, id, kind::PULL, &[&protocol::encode_pull_ok(&states)])
             }
-            Request::Ping => self.reply(stream, id, kind::PING, &[]),
+            Request::Ping => self.reply(out, id, kind::PING, &[]),
             Request::Status => {
                 let json = serde_json::to_string(&self.status()).unwrap_or_default();
-                self.reply(stream, id, kind::STATUS, &[json.as_bytes()])
+                self.reply(out, id, kind::STATUS, &[json.as_bytes()])
             }
             Request::Goodbye => {
-                let _ = self.reply(stream, id, kind::GOODBYE, &[]);
+                self.reply(out, id, kind::GOODBYE, &[]);
                 return false;
             }
-            Request::Lacks(scores) => return self.lacks(stream, id, ns, &scores),
-            Request::PutChunks(chunks) => return self.put_chunks(stream, id, ns, &chunks),
-            Request::PutManifest(part) => return self.put_manifest(stream, id, ns, &part, conn),
-            Request::GetChunks(scores) => return self.get_chunks(stream, id, ns, &scores),
+            Request::Lacks(scores) => return self.lacks(out, id, ns, &scores),
+            Request::PutChunks(chunks) => return self.put_chunks(out, id, ns, &chunks),
+            Request::PutManifest(part) => return self.put_manifest(out, id, ns, &part, conn),
+            Request::GetChunks(scores) => return self.get_chunks(out, id, ns, &scores),
             Request::GetManifest { checkpoint } => {
-                return self.get_manifest(stream, id, ns, checkpoint)
+                return self.get_manifest(out, id, ns, checkpoint)
             }
         };
-        sent.is_ok()
+        true
     }
 
     fn pull_one(&self, what: PullKind, key: &str) -> PullState {
@@ -708,46 +1036,51 @@ impl Shared {
         }
     }
 
-    fn read(&self, stream: &TcpStream, id: u32, key: &str, offset: u64, len: usize) -> bool {
+    fn read(&self, out: &Outbox, id: u32, key: &str, offset: u64, len: usize) -> bool {
         let Some(v) = self.engine.lookup(key) else {
-            self.reply_error(
-                stream,
-                id,
-                code::NOT_FOUND,
-                &format!("{key}: not staged here"),
-            );
+            self.reply_error(out, id, code::NOT_FOUND, &format!("{key}: not staged here"));
             return true;
         };
         let want = len.min(v.size.saturating_sub(offset) as usize);
-        let mut buf = if want > SMALL_BODY {
-            self.pool.take()
-        } else {
-            vec![0u8; want]
-        };
-        let result = self.engine.read_at(v.id, offset, &mut buf[..want]);
-        let keep = match result {
+        // Not a pool buffer: the reply is sent after this returns, and a client that does
+        // not read it must hold no receive buffer meanwhile. The first piece is read now, so
+        // that a version already reclaimed, or a failed check, is answered by an Error; the
+        // rest is read while the reply is sent.
+        let first = want.min(READ_PIECE);
+        let mut buf = vec![0u8; first];
+        match self.engine.read_at(v.id, offset, &mut buf) {
             Ok(n) => {
+                buf.truncate(n);
                 let head = protocol::encode_read_ok_head(v.stamp, v.size, &v.blake3);
-                self.reply(stream, id, kind::READ, &[&head, &buf[..n]])
-                    .is_ok()
+                let tail = (n == first && want > first).then(|| ReadTail {
+                    id: v.id,
+                    key: key.to_string(),
+                    offset: offset + first as u64,
+                    len: want - first,
+                });
+                let len = head.len() + n + tail.as_ref().map_or(0, |t| t.len);
+                out.frames.borrow_mut().push(OutFrame {
+                    header: Header {
+                        kind: kind::READ | kind::REPLY,
+                        body_len: len as u32,
+                        request: id,
+                    },
+                    body: vec![head, buf],
+                    tail,
+                });
             }
             Err(crate::engine::Error::Invalid { .. }) => {
                 // Reclaimed after draining: the durable tier has it.
                 let why = format!("{key}: drained and reclaimed; read it from the durable store");
-                self.reply_error(stream, id, code::NOT_FOUND, &why);
-                true
+                self.reply_error(out, id, code::NOT_FOUND, &why);
             }
             Err(e) => {
                 let (c, why) = engine_code(&e);
                 self.fail(format!("read of {key} failed: {why}"));
-                self.reply_error(stream, id, c, &why);
-                true
+                self.reply_error(out, id, c, &why);
             }
-        };
-        if buf.len() == protocol::MAX_BODY {
-            self.pool.give(buf);
         }
-        keep
+        true
     }
 
     // ---- IO threads ----

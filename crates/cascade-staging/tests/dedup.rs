@@ -945,3 +945,134 @@ fn delta_chunks_are_checked_against_their_bases_and_pushed_as_deltas() {
         .count();
     assert_eq!(delta_entries, deltas.len());
 }
+
+/// v1 written through `srv`, and v2's chunks as deltas against v1 (score, raw length, wire
+/// data, raw bytes), as an agent that still has v1's bytes makes them.
+type Delta = (Score, u32, Vec<u8>, Vec<u8>);
+
+fn v1_written_and_v2_as_deltas(srv: &InProcess, durable: &Path) -> (Cut, Cut, Vec<Delta>) {
+    let (old, new) = (weights(0.0), weights(1e-4));
+    let first = cut("w/v1", vec![("w.bin".into(), old.clone())]);
+    let mut c = connect(&srv.addr, "");
+    send_checkpoint(&mut c, &srv.addr, &first);
+    wait_for(&srv.addr, "v1 was written", |s| {
+        s.dedup.manifests_written == 1
+    });
+    let repo = Repo::open_existing(
+        Arc::new(DurableStore::open(durable.to_str().unwrap()).unwrap()),
+        DEFAULT_PREFIX,
+    )
+    .unwrap()
+    .expect("a repository");
+    let base = repo
+        .base_file(FileBase {
+            recipe: &first.recipes[0],
+            bytes: &old,
+        })
+        .expect("v1's chunks");
+    let zstd: Compression = COMPRESSION.parse().unwrap();
+    let chunking: Chunking = CHUNKING.parse().unwrap();
+    let mut deltas = Vec::new();
+    for r in chunking.split(&new) {
+        let raw = &new[r.clone()];
+        if let Some(Packed {
+            bytes,
+            base: Some(b),
+        }) = base.pack(zstd, r.start as u64, raw)
+        {
+            deltas.push((
+                score(raw),
+                raw.len() as u32,
+                delta_data(&b, &bytes),
+                raw.to_vec(),
+            ));
+        }
+    }
+    assert!(deltas.len() > 10, "{} deltas", deltas.len());
+    let second = cut("w/v2", vec![("w.bin".into(), new)]);
+    (first, second, deltas)
+}
+
+fn delta_wire(d: &Delta) -> WireChunk<'_> {
+    WireChunk {
+        score: d.0,
+        kind: BlobKind::Data,
+        stored: Stored::Delta,
+        raw_len: d.1,
+        data: &d.2,
+    }
+}
+
+#[test]
+fn a_delta_that_does_not_rebuild_its_score_is_refused_and_nothing_is_built_on_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 64 << 20);
+    let (first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+
+    // A well-formed delta on a real base (its frame decompresses to its raw length) that
+    // claims the score of other bytes: what a buggy or malicious agent could send.
+    let mut other = deltas[0].3.clone();
+    other[0] ^= 0xff;
+    let claimed = score(&other);
+    let poisoned = WireChunk {
+        score: claimed,
+        ..delta_wire(&deltas[0])
+    };
+    let good = delta_wire(&deltas[1]);
+    let mut c = connect(&srv.addr, "");
+    match c.put_chunks(&[good, poisoned]) {
+        Err(Error::Refused { code, message, .. }) => {
+            assert_eq!(code, code::BAD_CHUNK, "{message}");
+            assert!(message.contains(&to_hex(&claimed)), "{message}");
+            assert!(message.contains("rebuil"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a delta that does not rebuild its score was accepted: {other:?}"),
+    }
+    assert!(c.ping().is_err(), "the server closed the connection");
+    // Nothing of its frame was stored: both are still lacking.
+    let mut c = connect(&srv.addr, "");
+    assert_eq!(c.lacks(&[claimed, good.score]).unwrap(), [true, true]);
+    assert_eq!(c.status().unwrap().dedup.refused_chunks, 1);
+
+    // Nothing can be built on it: a delta whose base is the refused score has no base, and
+    // a manifest naming it is never written.
+    let mut on_poison = deltas[2].2.clone();
+    on_poison[..32].copy_from_slice(&claimed);
+    let built_on = WireChunk {
+        data: &on_poison,
+        ..delta_wire(&deltas[2])
+    };
+    match connect(&srv.addr, "").put_chunks(&[built_on]) {
+        Err(Error::Refused { code, message, .. }) => {
+            assert_eq!(code, code::BASE_UNKNOWN, "{message}")
+        }
+        other => panic!("a delta on the refused chunk was accepted: {other:?}"),
+    }
+    c.put_manifest("w/poisoned", false, CHUNKING, COMPRESSION, &[], &[claimed])
+        .unwrap();
+
+    // The honest deltas and v2 go through; v2 is written, the poisoned manifest is not.
+    let wire: Vec<WireChunk> = deltas.iter().map(delta_wire).collect();
+    assert_eq!(c.put_chunks(&wire).unwrap().stored, deltas.len() as u64);
+    send_checkpoint(&mut c, &srv.addr, &second);
+    let s = wait_for(&srv.addr, "v2 was written", |s| {
+        s.dedup.manifests_written == 2 && s.dedup.pending_chunks == 0
+    });
+    assert_eq!((s.dedup.pending_manifests, s.dedup.lost_chunks), (1, 0));
+    assert_restores(&durable, &second);
+    assert_restores(&durable, &first);
+    let entries = repository_entries(&durable.join(DEFAULT_PREFIX));
+    assert!(
+        !entries.contains(&claimed),
+        "the refused chunk reached the repository"
+    );
+    assert_eq!(
+        c.get_manifest("w/poisoned")
+            .unwrap()
+            .map(|(state, _)| state),
+        Some(ManifestState::Pending)
+    );
+}

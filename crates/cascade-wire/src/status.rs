@@ -16,6 +16,14 @@ pub struct ServerStatus {
     pub uptime_s: f64,
     pub clients: u64,
     pub refused_clients: u64,
+    /// Connections refused with Error BUSY: over the server's cap in total or per client
+    /// address (docs/staging.md, "Limits on clients").
+    #[serde(default)]
+    pub busy_refusals: u64,
+    /// Connections closed because a frame did not arrive, or a reply was not taken, within
+    /// the frame timeout.
+    #[serde(default)]
+    pub timed_out_clients: u64,
     /// Files sealed and bytes appended since the server started.
     pub absorbed_files: u64,
     pub absorbed_bytes: u64,

@@ -743,6 +743,23 @@ impl Repo {
         Ok(raw)
     }
 
+    /// Blobs decompressed, in the order named, each checked against its score; blobs close
+    /// together in a pack are read with one ranged read (a staging server rebuilding the
+    /// delta chunks of a frame on their bases). A blob the loaded index lacks makes it
+    /// refresh the index once.
+    pub fn read_blobs(&self, scores: &[Score]) -> Result<Vec<Vec<u8>>> {
+        let blobs = self.read_blobs_unchecked(scores)?;
+        for (s, raw) in scores.iter().zip(&blobs) {
+            if score(raw) != *s {
+                return Err(Error::Corrupt {
+                    score: to_hex(s),
+                    why: "its bytes do not hash to its score".to_string(),
+                });
+            }
+        }
+        Ok(blobs)
+    }
+
     /// Writes the file `recipe` describes into `out`, checking every blob's score and the
     /// whole file's BLAKE3 and size; on an error the caller must discard what was written.
     pub fn restore_file(&self, recipe: &FileRecipe, out: &mut dyn Write) -> Result<u64> {

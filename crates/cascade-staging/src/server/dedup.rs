@@ -5,20 +5,20 @@
 //! whose blobs are all indexed there.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use cascade_dedup::repo::format::DeltaBase;
 use cascade_dedup::repo::{
-    Error as RepoError, FileRecipe, Hold, Manifest, Repo, RepoWriter, DEFAULT_PREFIX,
+    undo_delta, Error as RepoError, FileRecipe, Hold, Manifest, Repo, RepoWriter, DEFAULT_PREFIX,
     MANIFEST_FORMAT,
 };
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
 
-use super::{engine_code, lock, ConnState, Shared};
+use super::{engine_code, lock, ConnState, Outbox, Shared};
 use crate::chunks::manifests::{ManifestStore, PendingManifest};
 use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
 use crate::protocol::{
@@ -44,6 +44,10 @@ const CHECK_BATCH: usize = 8192;
 /// A hold on a repository ends once every chunk is pushed and no delta was checked for
 /// this long.
 const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
+/// A GetChunksOk holds chunks up to this many bytes (at least one chunk, up to `MAX_BODY`).
+const GET_CHUNKS_REPLY: usize = 4 << 20;
+/// Delta chunks of a PutChunks whose bases are read from the repository at once.
+const REBUILD_BATCH: usize = 64;
 
 #[derive(Default)]
 struct Counters {
@@ -252,7 +256,7 @@ impl Shared {
 
     // ---- requests ----
 
-    pub(super) fn lacks(&self, stream: &TcpStream, id: u32, ns: &str, scores: &[Score]) -> bool {
+    pub(super) fn lacks(&self, out: &Outbox, id: u32, ns: &str, scores: &[Score]) -> bool {
         let held = self.dedup.chunks.held(ns, scores);
         let candidates: Vec<Score> = scores
             .iter()
@@ -269,22 +273,11 @@ impl Shared {
             .zip(&held)
             .map(|(s, h)| !h && missing.contains(s))
             .collect();
-        self.reply(
-            stream,
-            id,
-            kind::LACKS,
-            &[&protocol::encode_lacks_ok(&lacks)],
-        )
-        .is_ok()
+        self.reply(out, id, kind::LACKS, &[&protocol::encode_lacks_ok(&lacks)]);
+        true
     }
 
-    pub(super) fn put_chunks(
-        &self,
-        stream: &TcpStream,
-        id: u32,
-        ns: &str,
-        chunks: &[WireChunk],
-    ) -> bool {
+    pub(super) fn put_chunks(&self, out: &Outbox, id: u32, ns: &str, chunks: &[WireChunk]) -> bool {
         self.last_write_ms
             .store(self.now_ms().max(1), Ordering::Relaxed);
         // Every chunk is checked before any is stored: a bad frame leaves nothing behind.
@@ -292,13 +285,21 @@ impl Shared {
             if let Err(why) = verify(c) {
                 lock(&self.dedup.counters).refused_chunks += 1;
                 self.log(|| format!("refused a PutChunks: {why}"));
-                self.reply_error(stream, id, code::BAD_CHUNK, &why);
+                self.reply_error(out, id, code::BAD_CHUNK, &why);
                 return false;
             }
         }
         if let Err(why) = self.check_delta_bases(ns, chunks) {
             self.log(|| format!("refused a PutChunks: {why}"));
-            self.reply_error(stream, id, code::BASE_UNKNOWN, &why);
+            self.reply_error(out, id, code::BASE_UNKNOWN, &why);
+            return false;
+        }
+        if let Err((c, why)) = self.rebuild_deltas(ns, chunks) {
+            if c == code::BAD_CHUNK {
+                lock(&self.dedup.counters).refused_chunks += 1;
+            }
+            self.log(|| format!("refused a PutChunks: {why}"));
+            self.reply_error(out, id, c, &why);
             return false;
         }
         let in_repo: HashSet<Score> = match self.repo_if_any(ns) {
@@ -332,14 +333,15 @@ impl Shared {
                     self.wake_push();
                 }
                 let body = protocol::encode_put_chunks_ok(o.stored, o.present + durable_already);
-                self.reply(stream, id, kind::PUT_CHUNKS, &[&body]).is_ok()
+                self.reply(out, id, kind::PUT_CHUNKS, &[&body]);
+                true
             }
             Err(e) => {
                 let (c, why) = engine_code(&e);
                 if c != code::FULL {
                     self.fail(format!("cannot store chunks: {why}"));
                 }
-                self.reply_error(stream, id, c, &why);
+                self.reply_error(out, id, c, &why);
                 false
             }
         }
@@ -380,6 +382,69 @@ impl Shared {
             Some(b) => Err(no_base(b, "is not a usable base in the durable repository")),
             None => Ok(()),
         }
+    }
+
+    /// Rebuilds every delta chunk of a PutChunks on its base, read from the durable
+    /// repository (checked against its score, under the hold `check_delta_bases` took), and
+    /// checks the result against the chunk's score: a delta that does not rebuild its score
+    /// never enters the chunk store, so no repository entry, manifest or later delta rests
+    /// on it. `BAD_CHUNK` for one that does not rebuild, `BASE_UNKNOWN` for a base that
+    /// cannot be read (send those chunks whole).
+    fn rebuild_deltas(
+        &self,
+        ns: &str,
+        chunks: &[WireChunk],
+    ) -> std::result::Result<(), (u16, String)> {
+        let deltas: Vec<(&WireChunk, DeltaBase, &[u8])> = chunks
+            .iter()
+            .filter(|c| c.stored == Stored::Delta)
+            .filter_map(|c| protocol::split_delta(c.data).map(|(b, frame)| (c, b, frame)))
+            .collect();
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let Some(repo) = self.repo_if_any(ns) else {
+            let why = format!(
+                "delta chunk {}: no durable repository to read its base from; nothing of this frame was stored",
+                hex(&deltas[0].0.score)
+            );
+            return Err((code::BASE_UNKNOWN, why));
+        };
+        // Bases are read a batch at a time: what one frame makes the server hold is bounded.
+        for batch in deltas.chunks(REBUILD_BATCH) {
+            let mut bases: Vec<Score> = batch.iter().map(|(_, b, _)| b.score).collect();
+            bases.sort_unstable();
+            bases.dedup();
+            let raws = repo.read_blobs(&bases).map_err(|e| {
+                let why = format!(
+                    "delta chunk {}: a base of its frame cannot be read from the durable repository: {e}; nothing of this frame was stored",
+                    hex(&batch[0].0.score)
+                );
+                (code::BASE_UNKNOWN, why)
+            })?;
+            for (c, base, frame) in batch {
+                let bad = |why: String| {
+                    let why = format!(
+                        "delta chunk {} on base {}: {why}; nothing of this frame was stored",
+                        hex(&c.score),
+                        hex(&base.score)
+                    );
+                    (code::BAD_CHUNK, why)
+                };
+                let Ok(i) = bases.binary_search(&base.score) else {
+                    return Err(bad("its base was not read".to_string()));
+                };
+                let raw = undo_delta(frame, c.raw_len, &raws[i], base.from).map_err(bad)?;
+                let got = score(&raw);
+                if got != c.score {
+                    return Err(bad(format!(
+                        "rebuilt on its base it hashes to {}, not to its score",
+                        hex(&got)
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes a hold on `ns`'s repository unless one is held (ended once nothing waits to be
@@ -427,7 +492,7 @@ impl Shared {
 
     pub(super) fn put_manifest(
         &self,
-        stream: &TcpStream,
+        out: &Outbox,
         id: u32,
         ns: &str,
         part: &ManifestPart,
@@ -473,7 +538,10 @@ impl Shared {
             Ok(())
         })();
         match received {
-            Ok(()) => self.reply(stream, id, kind::PUT_MANIFEST, &[]).is_ok(),
+            Ok(()) => {
+                self.reply(out, id, kind::PUT_MANIFEST, &[]);
+                true
+            }
             Err(e) => {
                 *upload = None;
                 let (c, why) = match &e {
@@ -484,19 +552,13 @@ impl Shared {
                 if c == code::IO {
                     self.fail(format!("cannot record a dedup manifest: {why}"));
                 }
-                self.reply_error(stream, id, c, &why);
+                self.reply_error(out, id, c, &why);
                 false
             }
         }
     }
 
-    pub(super) fn get_chunks(
-        &self,
-        stream: &TcpStream,
-        id: u32,
-        ns: &str,
-        scores: &[Score],
-    ) -> bool {
+    pub(super) fn get_chunks(&self, out: &Outbox, id: u32, ns: &str, scores: &[Score]) -> bool {
         let mut found = Vec::new();
         let mut body_len = 8usize;
         let mut considered = 0u32;
@@ -504,7 +566,14 @@ impl Shared {
             match self.dedup.chunks.get(ns, s) {
                 Ok(Some(c)) => {
                     let len = CHUNK_FIXED + c.data.len();
-                    if body_len + len > MAX_BODY {
+                    // Short answers keep what a client that does not read them holds of
+                    // the server's memory small: it asks again for the rest.
+                    let limit = if found.is_empty() {
+                        MAX_BODY
+                    } else {
+                        GET_CHUNKS_REPLY
+                    };
+                    if body_len + len > limit {
                         break;
                     }
                     body_len += len;
@@ -519,7 +588,7 @@ impl Shared {
                 Err(e) => {
                     let (c, why) = engine_code(&e);
                     self.fail(format!("GetChunks: {why}"));
-                    self.reply_error(stream, id, c, &why);
+                    self.reply_error(out, id, c, &why);
                     return true;
                 }
             }
@@ -536,19 +605,16 @@ impl Shared {
             })
             .collect();
         let head = protocol::encode_get_chunks_ok_head(considered, &wire);
-        let mut body: Vec<&[u8]> = Vec::with_capacity(wire.len() + 1);
-        body.push(&head);
-        body.extend(wire.iter().map(|w| w.data));
-        self.reply(stream, id, kind::GET_CHUNKS, &body).is_ok()
+        drop(wire);
+        // The chunks' bytes are moved into the reply, not copied.
+        let mut body: Vec<Vec<u8>> = Vec::with_capacity(found.len() + 1);
+        body.push(head);
+        body.extend(found.into_iter().map(|(_, c)| c.data));
+        self.reply_owned(out, id, kind::GET_CHUNKS, body);
+        true
     }
 
-    pub(super) fn get_manifest(
-        &self,
-        stream: &TcpStream,
-        id: u32,
-        ns: &str,
-        checkpoint: &str,
-    ) -> bool {
+    pub(super) fn get_manifest(&self, out: &Outbox, id: u32, ns: &str, checkpoint: &str) -> bool {
         let found = match self.dedup.manifests.find(ns, checkpoint) {
             Some(m) => Ok(Some((
                 ManifestState::Pending,
@@ -567,24 +633,25 @@ impl Shared {
             Ok(Some((state, m))) => match serde_json::to_string(&m) {
                 Ok(json) => (state, json),
                 Err(e) => {
-                    self.reply_error(stream, id, code::IO, &e.to_string());
+                    self.reply_error(out, id, code::IO, &e.to_string());
                     return true;
                 }
             },
             Ok(None) => (ManifestState::Unknown, String::new()),
             Err(e) => {
                 // Like a Read's: the connection stays.
-                self.reply_error(stream, id, code::IO, &e.to_string());
+                self.reply_error(out, id, code::IO, &e.to_string());
                 return true;
             }
         };
         if json.len() + 1 > MAX_BODY {
             let why = format!("the manifest of {checkpoint} is too large for one reply");
-            self.reply_error(stream, id, code::INVALID, &why);
+            self.reply_error(out, id, code::INVALID, &why);
             return true;
         }
         let body = protocol::encode_get_manifest_ok(state, &json);
-        self.reply(stream, id, kind::GET_MANIFEST, &[&body]).is_ok()
+        self.reply(out, id, kind::GET_MANIFEST, &[&body]);
+        true
     }
 
     // ---- the push ----

@@ -78,6 +78,10 @@ pub mod code {
     /// base (absent, being deleted, or too deep a chain): nothing of that frame was stored;
     /// send those chunks whole.
     pub const BASE_UNKNOWN: u16 = 12;
+    /// The server serves as many connections as it may, in total or from this client's
+    /// address: sent (request id 0) instead of reading anything, then the connection is
+    /// closed. Try again later, or another server.
+    pub const BUSY: u16 = 13;
 }
 
 /// Why a frame could not be decoded. Every variant means: reply Error(BAD_FRAME or
