@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use cascade_testkit::{output_within, preload_library, repo_root};
+use cascade_testkit::{compile_heat, output_within, preload_library};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 /// How long a child process may take before a test gives up on it.
@@ -28,26 +28,6 @@ const N: usize = 128;
 const GRID_BYTES: u64 = (N * N * 8) as u64;
 /// 60 steps, a checkpoint every 10.
 const RUN: [&str; 6] = ["--n", "128", "--steps", "60", "--every", "10"];
-
-/// Compiles examples/heat/heat.c into `dir` and returns the executable.
-fn compile_heat(dir: &Path) -> PathBuf {
-    let src = repo_root().join("examples/heat/heat.c");
-    let exe = dir.join("heat");
-    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".to_string()))
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-lm", "-ldl"])
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc {} failed:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
 
 fn stdout_lines(out: &Output) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)

@@ -25,6 +25,19 @@ fn run(env: &Env, vars: &[(String, String)], args: &[&str]) -> cascade_testkit::
     env.cascade(args, &envs)
 }
 
+/// A PATH on which the job's shell finds the `cascade` under test (for `cascade commit` and
+/// `cascade ls` inside a job).
+fn cascade_on_path(env: &Env) -> (String, String) {
+    let bin = env.tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let link = bin.join("cascade");
+    if !link.exists() {
+        std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), &link).expect("symlink");
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    ("PATH".into(), format!("{}:{path}", bin.display()))
+}
+
 /// The `cascade ls --levels` lines of files whose content is only below.
 fn remote_paths(listing: &str) -> Vec<&str> {
     listing
@@ -58,18 +71,7 @@ fn a_restart_on_an_empty_store_finds_the_newest_checkpoint_by_listing() {
                    > \"$ORIG/newest\" && cascade ls --levels /sim > \"$ORIG/levels\" && \
                    cat \"$(cat \"$ORIG/newest\")/state\" > \"$ORIG/restarted\"";
     let mut v2 = v.clone();
-    let bin = env.tmp.path().join("bin");
-    std::fs::create_dir_all(&bin).expect("bin");
-    std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), bin.join("cascade"))
-        .expect("symlink");
-    v2.push((
-        "PATH".into(),
-        format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
-    ));
+    v2.push(cascade_on_path(&env));
     let out = run(&env, &v2, &["run", "--", "sh", "-c", restart]);
     assert!(out.ok(), "{out}");
     let read = |name: &str| std::fs::read_to_string(originals.join(name)).expect(name);
@@ -204,19 +206,8 @@ fn a_commit_inside_what_the_end_of_a_job_committed_supersedes_it() {
     let out = run(&env, &vars, &["ls", "--levels", "/run1"]);
     assert!(out.stdout.contains("checkpoint #"), "{out}");
 
-    let bin = env.tmp.path().join("bin");
-    std::fs::create_dir_all(&bin).expect("bin");
-    std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), bin.join("cascade"))
-        .expect("symlink");
     let mut v = vars.clone();
-    v.push((
-        "PATH".into(),
-        format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
-    ));
+    v.push(cascade_on_path(&env));
     let out = run(
         &env,
         &v,
@@ -252,20 +243,9 @@ fn a_restart_finds_dedup_checkpoints_by_listing() {
     vars.push(("CASCADE_DEDUP".into(), "fixed:64KiB".into()));
     let originals = env.tmp.path().join("originals");
     std::fs::create_dir_all(&originals).expect("originals");
-    let bin = env.tmp.path().join("bin");
-    std::fs::create_dir_all(&bin).expect("bin");
-    std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), bin.join("cascade"))
-        .expect("symlink");
     let mut v = vars.clone();
     v.push(("ORIG".into(), originals.display().to_string()));
-    v.push((
-        "PATH".into(),
-        format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        ),
-    ));
+    v.push(cascade_on_path(&env));
     let first_job = "for n in 1 2 3; do mkdir -p /cascade/sim/ckpt.$n && \
                      head -c 2000000 /dev/urandom > /cascade/sim/ckpt.$n/state && \
                      cp /cascade/sim/ckpt.$n/state \"$ORIG/state.$n\" && \

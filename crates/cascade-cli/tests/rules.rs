@@ -286,26 +286,6 @@ fn lammps_restart_files_far_larger_than_the_store() {
     );
 }
 
-/// Compiles examples/heat/heat.c (the flags of its header comment) into `dir`.
-fn compile_heat(dir: &std::path::Path) -> std::path::PathBuf {
-    let src = cascade_testkit::repo_root().join("examples/heat/heat.c");
-    let exe = dir.join("heat");
-    let out = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-lm", "-ldl"])
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc {}: {}",
-        src.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
 /// FNV-1a 64, as heat.c checksums its grid (meta.txt's `fnv1a64=`).
 fn fnv1a64(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -343,7 +323,7 @@ fn heat_without_commits_through_a_store_a_quarter_of_its_output() {
     let (durable, mut vars) = setup(&env, "ckpt.*/");
     vars.retain(|(k, _)| k != "CASCADE_CAPACITY");
     vars.push(("CASCADE_CAPACITY".into(), "40MiB".into()));
-    let exe = compile_heat(env.tmp.path());
+    let exe = cascade_testkit::compile_heat(env.tmp.path());
     let exe = exe.to_str().expect("utf-8");
     let args = ["--n", "1024", "--every", "10", "--no-commit"];
     let plain = |steps: &str, dir: &str| {
@@ -621,7 +601,7 @@ fn a_renamed_checkpoint_file_is_a_checkpoint_under_its_new_name() {
 fn builtin_rules_name_the_restart_files_of_common_codes() {
     let env = Env::without_store("rules-builtin");
     let (durable, vars) = setup(&env, "builtin");
-    let exe = compile_heat(env.tmp.path());
+    let exe = cascade_testkit::compile_heat(env.tmp.path());
     let input = "units lj\natom_style atomic\nlattice fcc 0.8442\n\
                  region box block 0 8 0 8 0 8\ncreate_box 1 box\ncreate_atoms 1 box\n\
                  mass 1 1.0\nvelocity all create 3.0 87287 loop geom\n\

@@ -111,3 +111,24 @@ pub fn preload_library() -> &'static Path {
         lib
     })
 }
+
+/// Compiles the bundled heat solver (examples/heat/heat.c, with the flags of its header
+/// comment) into `dir`; its path.
+pub fn compile_heat(dir: &Path) -> PathBuf {
+    let src = repo_root().join("examples/heat/heat.c");
+    let exe = dir.join("heat");
+    let out = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".to_string()))
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-lm", "-ldl"])
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc {} failed:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}

@@ -42,7 +42,7 @@ pub mod stage_server;
 pub mod versitygw;
 pub mod wait;
 
-pub use build::{build, cascade_bin, preload_library, repo_root};
+pub use build::{build, cascade_bin, compile_heat, preload_library, repo_root};
 pub use data::{b3, compressible, counting_doubles, pattern, random, MIB};
 pub use durable::{assert_durable_checkpoint, durable_at, expected, Expected};
 pub use fs::{files_below, RemoveDir, Tmpfs};
