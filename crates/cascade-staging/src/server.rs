@@ -30,7 +30,7 @@ use crate::{hex, namespaced, ServerError as Error, ServerResult as Result};
 pub use cascade_wire::status::{DedupStatus, ServerStatus};
 
 /// How a server is run (`cascade stage-server`, the `[stage_server]` config section).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerOptions {
     /// Address to bind, e.g. `127.0.0.1:7070` (port 0 = any free port).
     pub listen: String,
@@ -62,6 +62,32 @@ pub struct ServerOptions {
     /// Most connections served at once from one client IP address.
     pub max_connections_per_client: usize,
     pub verbose: bool,
+}
+
+/// The drain URL may carry an S3 secret key: Debug shows it redacted.
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("listen", &self.listen)
+            .field("dir", &self.dir)
+            .field("drain_to", &cascade_secret::redact_url(&self.drain_to))
+            .field("secret", &self.secret)
+            .field("engine", &self.engine)
+            .field("buffers", &self.buffers)
+            .field("io_threads", &self.io_threads)
+            .field("busy_window", &self.busy_window)
+            .field("busy_pause", &self.busy_pause)
+            .field("chunks", &self.chunks)
+            .field("frame_timeout", &self.frame_timeout)
+            .field("hello_timeout", &self.hello_timeout)
+            .field("max_connections", &self.max_connections)
+            .field(
+                "max_connections_per_client",
+                &self.max_connections_per_client,
+            )
+            .field("verbose", &self.verbose)
+            .finish()
+    }
 }
 
 impl ServerOptions {
@@ -1405,4 +1431,25 @@ fn engine_code(e: &crate::engine::Error) -> (u16, String) {
         _ => code::IO,
     };
     (c, e.to_string())
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::ServerOptions;
+
+    #[test]
+    fn debug_never_shows_the_drain_urls_secret_key() {
+        let opts = ServerOptions::new(
+            "127.0.0.1:0",
+            "/tmp/x".into(),
+            "s3://b/p?endpoint=http://h:1&access_key=AK&secret_key=TOPSECRET",
+            "shared-secret",
+        );
+        let shown = format!("{opts:?}");
+        assert!(
+            !shown.contains("TOPSECRET") && !shown.contains("shared-secret"),
+            "{shown}"
+        );
+        assert!(shown.contains("endpoint=http://h:1"), "{shown}");
+    }
 }
