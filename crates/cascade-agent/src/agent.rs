@@ -124,6 +124,7 @@ impl Agent {
             .register_agent()
             .map_err(|e| Error::store(store.name(), e))?;
         store.set_policy(opts.flush_every, opts.full_wait);
+        store.set_path_limit(durable.max_key_len());
         store.sweep_descriptions();
         let durable = Arc::new(durable);
         let levels = levels_for(&opts, &durable);

@@ -88,3 +88,54 @@ fn drain_to_s3_and_restore_from_it() {
         .unwrap_err();
     assert!(e.to_string().contains("not complete"), "{e}");
 }
+
+/// An agent draining to S3 (keys of at most 1024 bytes, its prefix included) makes the store
+/// refuse longer paths when they are created, with one line, not when they are drained.
+#[test]
+fn paths_longer_than_s3_keys_are_refused_when_created() {
+    let server = Versitygw::start();
+    server.create_bucket("cascade");
+    let prefix = "job-with-a-prefix";
+    let durable = DurableStore::open(&server.spec(&format!("cascade/{prefix}"), SECRET)).unwrap();
+    assert_eq!(durable.max_key_len(), Some(1024 - prefix.len() - 1));
+    let name = format!("/cascade-agent-s3-keys-{}", std::process::id());
+    let store = Store::create(&StoreConfig {
+        name: name.clone(),
+        capacity: 16 << 16,
+        chunk_size: 1 << 16,
+        max_files: 64,
+        spill: None,
+        prefault: Prefault::Off,
+    })
+    .unwrap();
+    struct Destroy(String);
+    impl Drop for Destroy {
+        fn drop(&mut self) {
+            let _ = Store::destroy_forced(&self.0);
+        }
+    }
+    let _destroy = Destroy(name);
+    let _agent = cascade_agent::Agent::start(
+        store.clone(),
+        durable,
+        cascade_agent::AgentOptions::default(),
+    )
+    .unwrap();
+    let limit = 1024 - prefix.len() - 1 + 1 - cascade_store::PATH_SUFFIX_ROOM;
+    let mut dir = String::new();
+    while dir.len() + 201 < limit {
+        dir = format!("{dir}/{}", "d".repeat(200));
+        store.create_dir_all(&dir, 0o755).unwrap();
+    }
+    let fits = format!("{dir}/{}", "f".repeat(limit - dir.len() - 1));
+    let create = OpenOptions::new().write(true).create(true);
+    store.open(&fits, &create).unwrap();
+    let Err(err) = store.open(&format!("{fits}x"), &create) else {
+        panic!("a path S3 cannot take was created");
+    };
+    assert_eq!(err.errno(), libc::ENAMETOOLONG, "{err}");
+    assert!(
+        err.to_string().contains("S3 keys are at most 1024 bytes"),
+        "{err}"
+    );
+}

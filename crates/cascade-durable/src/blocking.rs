@@ -57,6 +57,11 @@ impl DurableStore {
         self.inner.take_trace()
     }
 
+    /// See [`AsyncDurableStore::max_key_len`].
+    pub fn max_key_len(&self) -> Option<usize> {
+        self.inner.max_key_len()
+    }
+
     pub fn name(&self) -> &str {
         self.inner.name()
     }

@@ -205,6 +205,9 @@ pub(crate) struct Header {
     /// Bumped, then futex-woken, whenever a file or checkpoint reached a level (staged,
     /// durable, complete): `cascade wait` sleeps on it.
     pub progress_wake: AtomicU32,
+    /// Longest store path the durable tier takes, in bytes (set by the agent; 0 = no limit):
+    /// creates and renames to a longer path fail with ENAMETOOLONG at once, not at drain.
+    pub max_path: AtomicU32,
 }
 
 #[repr(C)]

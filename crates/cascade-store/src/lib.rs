@@ -23,7 +23,7 @@ mod types;
 
 pub use descriptions::{Description, OpenDescription};
 pub use error::{errno_text, Error, Result};
-pub use lifecycle::{AgentRegistration, LifeEntry};
+pub use lifecycle::{AgentRegistration, LifeEntry, PATH_SUFFIX_ROOM};
 pub use store::{File, Store};
 pub use types::*;
 

@@ -384,6 +384,9 @@ impl Block {
     }
 }
 
+/// Bytes a path limit keeps for the names Cascade derives from a path.
+pub const PATH_SUFFIX_ROOM: usize = 32;
+
 impl Store {
     /// Lifecycle state of `path` and everything below it (parents first, children in name
     /// order). One snapshot under the namespace lock.
@@ -778,6 +781,20 @@ impl Store {
             .durable_seq
             .store(inode.mod_seq.load(Acquire), Release);
         Ok(true)
+    }
+
+    /// The longest store path the durable tier takes (`max_key_len`: its longest key, None =
+    /// no limit): creates and renames to longer paths fail with ENAMETOOLONG at once. Keeps
+    /// [`PATH_SUFFIX_ROOM`] bytes for the names Cascade derives from a path (`.blake3`,
+    /// `.<name>.cascade-version`, a fetch's temporary name).
+    pub fn set_path_limit(&self, max_key_len: Option<usize>) {
+        let limit = max_key_len.map_or(0, |k| {
+            // A store path is its key with a leading '/'.
+            (k + 1)
+                .saturating_sub(PATH_SUFFIX_ROOM)
+                .clamp(1, u32::MAX as usize) as u32
+        });
+        self.block().header().max_path.store(limit, Relaxed);
     }
 
     /// Sets the flush frequency and how long writers wait on a full store (0 = ENOSPC at once).

@@ -308,6 +308,29 @@ impl Block {
         }
     }
 
+    /// ENAMETOOLONG if `name` in directory `dir` makes a store path longer than the durable
+    /// tier takes (`max_path`; namespace lock held).
+    pub(crate) fn check_path_limit(&self, dir: u32, name: &str) -> Result<()> {
+        let limit = self.header().max_path.load(Relaxed) as usize;
+        if limit == 0 {
+            return Ok(());
+        }
+        let dir_path = self.path_of(dir).unwrap_or_default();
+        let dir_path = dir_path.trim_end_matches('/');
+        let len = dir_path.len() + 1 + name.len();
+        if len <= limit {
+            return Ok(());
+        }
+        Err(Error::new(
+            libc::ENAMETOOLONG,
+            format!(
+                "{dir_path}/{name}: a path of {len} bytes, and the durable store takes paths of at \
+                 most {limit} (S3 keys are at most 1024 bytes with the store's prefix and \
+                 Cascade's suffixes); use shorter names"
+            ),
+        ))
+    }
+
     /// Creates a file or directory `name` in `parent` (namespace lock held, name absent).
     pub(crate) fn create_inode(
         &self,
@@ -316,6 +339,7 @@ impl Block {
         state: u32,
         mode: u32,
     ) -> Result<u32> {
+        self.check_path_limit(parent, name)?;
         let h = self.header();
         let top = h.free_inode_top.load(Relaxed);
         if top == 0 {
@@ -555,6 +579,7 @@ impl Block {
         if victim == Some(src) {
             return Ok(None);
         }
+        self.check_path_limit(dst_dir, dst_name)?;
         if victim.is_some_and(|v| self.is_within(src, v)) {
             return Err(Error::new(libc::ENOTEMPTY, to.to_string()));
         }

@@ -404,13 +404,14 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Header, flush_every),
         offset_of!(Header, full_wait_ms),
         offset_of!(Header, progress_wake),
+        offset_of!(Header, max_path),
     ];
     assert_eq!(
         header,
         [
             0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 168, 176, 1216, 1280, 1344,
             1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404, 1408, 1412, 1416,
-            1420, 1424, 1432, 1440, 1444, 1448
+            1420, 1424, 1432, 1440, 1444, 1448, 1452
         ]
     );
     let inode = [
@@ -751,4 +752,40 @@ fn damaged_links_and_maps_are_errors_not_panics() {
     assert_eq!(err.errno(), libc::EIO, "{err}");
     assert!(err.to_string().contains("chunk map is damaged"), "{err}");
     b.inode(ino).map.store(map, Ordering::Release);
+}
+
+#[test]
+fn paths_longer_than_the_durable_store_takes_are_refused_when_made() {
+    let s = store(1 << 20, 4096, 0);
+    s.mkdir("/d", 0o755).unwrap();
+    // S3: keys of at most 1024 bytes; a prefix of 100 leaves 923 for keys, 892 for paths.
+    s.set_path_limit(Some(923));
+    let name = |n: usize| "x".repeat(n);
+    // "/d/" + 200 + "/" + ... built of 200-byte names up to the limit.
+    let mut dir = "/d".to_string();
+    for _ in 0..4 {
+        dir = format!("{dir}/{}", name(200));
+        s.mkdir(&dir, 0o755).unwrap();
+    }
+    let room = 892 - dir.len() - 1;
+    s.open(&format!("{dir}/{}", name(room)), &rw()).unwrap();
+    let Err(err) = s.open(&format!("{dir}/{}", name(room + 1)), &rw()) else {
+        panic!("a path past the limit was created");
+    };
+    assert_eq!(err.errno(), libc::ENAMETOOLONG, "{err}");
+    assert!(
+        err.to_string().contains("takes paths of at most 892"),
+        "{err}"
+    );
+    let err = s
+        .rename(
+            &format!("{dir}/{}", name(room)),
+            &format!("{dir}/{}", name(room + 1)),
+        )
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::ENAMETOOLONG, "{err}");
+    // No limit: anything the store takes.
+    s.set_path_limit(None);
+    s.open(&format!("{dir}/{}", name(room + 1)), &rw()).unwrap();
+    assert_clean(&s);
 }

@@ -86,6 +86,9 @@ impl<'a> UploadItem<'a> {
     }
 }
 
+/// Longest object key S3 takes, in bytes.
+pub const S3_MAX_KEY: usize = 1024;
+
 /// The durable tier, async API. Cheap to clone.
 #[derive(Clone)]
 pub struct AsyncDurableStore {
@@ -220,6 +223,17 @@ impl AsyncDurableStore {
     /// `file:///dir` or `s3://bucket/prefix`, for messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The longest key (relative to this store, like every key here) the backend takes, or
+    /// None without a limit worth checking: S3 keys are at most 1024 bytes, its key prefix
+    /// included. A directory store is limited per name (255), as the node store is.
+    pub fn max_key_len(&self) -> Option<usize> {
+        match &self.spec {
+            Spec::S3(s) if s.prefix.is_empty() => Some(S3_MAX_KEY),
+            Spec::S3(s) => Some(S3_MAX_KEY.saturating_sub(s.prefix.len() + 1)),
+            _ => None,
+        }
     }
 
     /// Starts recording every request (operation and path: `get`, `get_range`, `head`,
