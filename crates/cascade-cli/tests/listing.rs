@@ -7,35 +7,12 @@
 
 use cascade_testkit::Env;
 
-/// The durable directory of a test and the environment every `cascade` command gets.
 fn setup(env: &Env, capacity: &str) -> (std::path::PathBuf, Vec<(String, String)>) {
-    let durable = env.tmp.path().join("durable");
-    std::fs::create_dir_all(&durable).expect("durable dir");
-    let vars = vec![
-        ("CASCADE_CAPACITY".to_string(), capacity.to_string()),
-        ("CASCADE_SPILL_SIZE".to_string(), "0".to_string()),
-        ("CASCADE_DURABLE".to_string(), durable.display().to_string()),
-        ("CASCADE_FULL_WAIT".to_string(), "30".to_string()),
-    ];
-    (durable, vars)
+    env.durable_job(capacity)
 }
 
 fn run(env: &Env, vars: &[(String, String)], args: &[&str]) -> cascade_testkit::Out {
-    let envs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    env.cascade(args, &envs)
-}
-
-/// A PATH on which the job's shell finds the `cascade` under test (for `cascade commit` and
-/// `cascade ls` inside a job).
-fn cascade_on_path(env: &Env) -> (String, String) {
-    let bin = env.tmp.path().join("bin");
-    std::fs::create_dir_all(&bin).expect("bin");
-    let link = bin.join("cascade");
-    if !link.exists() {
-        std::os::unix::fs::symlink(cascade_testkit::cascade_bin(), &link).expect("symlink");
-    }
-    let path = std::env::var("PATH").unwrap_or_default();
-    ("PATH".into(), format!("{}:{path}", bin.display()))
+    env.cascade_env(args, vars)
 }
 
 /// The `cascade ls --levels` lines of files whose content is only below.
@@ -71,7 +48,7 @@ fn a_restart_on_an_empty_store_finds_the_newest_checkpoint_by_listing() {
                    > \"$ORIG/newest\" && cascade ls --levels /sim > \"$ORIG/levels\" && \
                    cat \"$(cat \"$ORIG/newest\")/state\" > \"$ORIG/restarted\"";
     let mut v2 = v.clone();
-    v2.push(cascade_on_path(&env));
+    v2.push(env.cascade_on_path());
     let out = run(&env, &v2, &["run", "--", "sh", "-c", restart]);
     assert!(out.ok(), "{out}");
     let read = |name: &str| std::fs::read_to_string(originals.join(name)).expect(name);
@@ -140,11 +117,7 @@ fn a_remote_file_cannot_be_read_without_an_agent_and_says_why() {
     assert!(out.stderr.contains("only in a level below"), "{out}");
     assert_eq!(out.err_lines().len(), 1, "{out}");
     // A program under the interposition library with no agent to fetch it.
-    let mut cat = std::process::Command::new("cat");
-    cat.arg("/cascade/r/a")
-        .env("LD_PRELOAD", cascade_testkit::preload_library())
-        .env("CASCADE_STORE", &env.name);
-    let out = cascade_testkit::run_with_timeout(cat, std::time::Duration::from_secs(30));
+    let out = env.preloaded("cat", &["/cascade/r/a"]);
     assert!(!out.ok(), "a remote file read as {:?}", out.stdout);
     assert!(
         out.stderr.contains("no node agent runs to fetch it"),
@@ -207,7 +180,7 @@ fn a_commit_inside_what_the_end_of_a_job_committed_supersedes_it() {
     assert!(out.stdout.contains("checkpoint #"), "{out}");
 
     let mut v = vars.clone();
-    v.push(cascade_on_path(&env));
+    v.push(env.cascade_on_path());
     let out = run(
         &env,
         &v,
@@ -245,7 +218,7 @@ fn a_restart_finds_dedup_checkpoints_by_listing() {
     std::fs::create_dir_all(&originals).expect("originals");
     let mut v = vars.clone();
     v.push(("ORIG".into(), originals.display().to_string()));
-    v.push(cascade_on_path(&env));
+    v.push(env.cascade_on_path());
     let first_job = "for n in 1 2 3; do mkdir -p /cascade/sim/ckpt.$n && \
                      head -c 2000000 /dev/urandom > /cascade/sim/ckpt.$n/state && \
                      cp /cascade/sim/ckpt.$n/state \"$ORIG/state.$n\" && \

@@ -84,11 +84,7 @@ os.kill(os.getpid(), signal.SIGKILL)
         six = 6 * MIB
     );
     // Straight under the library (no `cascade run`, whose end would sweep at once).
-    let mut cmd = std::process::Command::new("/usr/bin/python3");
-    cmd.args(["-c", &script])
-        .env("LD_PRELOAD", cascade_testkit::preload_library())
-        .env("CASCADE_STORE", &env.name);
-    let out = cascade_testkit::run_with_timeout(cmd, std::time::Duration::from_secs(60));
+    let out = env.preloaded("/usr/bin/python3", &["-c", &script]);
     assert!(out.stdout.contains("mapped"), "{out}");
     let used = |env: &Env| env.store().status().memory_used;
     // Held: the dead process's mapping pinned the truncated file's chunks.
@@ -114,11 +110,7 @@ fn a_dead_writers_removed_file_is_freed_by_fsck_repair_and_by_a_full_store() {
              os.kill(os.getpid(), signal.SIGKILL)\n",
             six = 6 * MIB
         );
-        let mut cmd = std::process::Command::new("/usr/bin/python3");
-        cmd.args(["-c", &script])
-            .env("LD_PRELOAD", cascade_testkit::preload_library())
-            .env("CASCADE_STORE", &env.name);
-        let out = cascade_testkit::run_with_timeout(cmd, std::time::Duration::from_secs(60));
+        let out = env.preloaded("/usr/bin/python3", &["-c", &script]);
         assert!(out.stdout.contains("written"), "{out}");
         let out = env.cascade(&["rm", "-r", "/w"], &[]);
         assert!(out.ok(), "{out}");

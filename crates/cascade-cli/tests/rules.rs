@@ -5,17 +5,11 @@
 
 use cascade_testkit::Env;
 
-/// The durable directory of a test and the environment every `cascade` command gets.
+/// The durable directory of a test and the environment every `cascade` command gets: a
+/// 64 MiB store and the checkpoint rules.
 fn setup(env: &Env, rules: &str) -> (std::path::PathBuf, Vec<(String, String)>) {
-    let durable = env.tmp.path().join("durable");
-    std::fs::create_dir_all(&durable).expect("durable dir");
-    let vars = vec![
-        ("CASCADE_CAPACITY".to_string(), "64MiB".to_string()),
-        ("CASCADE_SPILL_SIZE".to_string(), "0".to_string()),
-        ("CASCADE_DURABLE".to_string(), durable.display().to_string()),
-        ("CASCADE_FULL_WAIT".to_string(), "30".to_string()),
-        ("CASCADE_CHECKPOINT_RULES".to_string(), rules.to_string()),
-    ];
+    let (durable, mut vars) = env.durable_job("64MiB");
+    vars.push(("CASCADE_CHECKPOINT_RULES".to_string(), rules.to_string()));
     (durable, vars)
 }
 
@@ -31,8 +25,7 @@ fn in_memory(listing: &str) -> Vec<&str> {
 }
 
 fn run(env: &Env, vars: &[(String, String)], args: &[&str]) -> cascade_testkit::Out {
-    let envs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    env.cascade(args, &envs)
+    env.cascade_env(args, vars)
 }
 
 /// Ten 16 MB restart files through a 64 MiB store, as a simulation writing `restart.N`:

@@ -35,6 +35,7 @@ pub mod data;
 pub mod durable;
 pub mod fs;
 pub mod fsync;
+pub mod impostor;
 pub mod node;
 pub mod process;
 pub mod real_series;

@@ -170,6 +170,49 @@ impl Env {
         d
     }
 
+    /// Like [`Env::cascade`], with the environment as owned pairs (as the job tests build it).
+    pub fn cascade_env(&self, args: &[&str], vars: &[(String, String)]) -> Out {
+        let envs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.cascade(args, &envs)
+    }
+
+    /// A durable directory of the test's own (`<tmp>/durable`) and the environment of a job
+    /// draining to it: a store of `capacity`, no spill, writers wait 30 s on a full store.
+    pub fn durable_job(&self, capacity: &str) -> (PathBuf, Vec<(String, String)>) {
+        let durable = self.tmp.path().join("durable");
+        std::fs::create_dir_all(&durable).expect("durable dir");
+        let vars = vec![
+            ("CASCADE_CAPACITY".to_string(), capacity.to_string()),
+            ("CASCADE_SPILL_SIZE".to_string(), "0".to_string()),
+            ("CASCADE_DURABLE".to_string(), durable.display().to_string()),
+            ("CASCADE_FULL_WAIT".to_string(), "30".to_string()),
+        ];
+        (durable, vars)
+    }
+
+    /// A `PATH` on which a job's shell finds the `cascade` under test (for `cascade commit`
+    /// or `cascade ls` inside a job).
+    pub fn cascade_on_path(&self) -> (String, String) {
+        let bin = self.tmp.path().join("bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        let link = bin.join("cascade");
+        if !link.exists() {
+            std::os::unix::fs::symlink(cascade_bin(), &link).expect("symlink");
+        }
+        let path = std::env::var("PATH").unwrap_or_default();
+        ("PATH".into(), format!("{}:{path}", bin.display()))
+    }
+
+    /// Runs `prog args` straight under the interposition library on this store (no
+    /// `cascade run`: no agent, and nothing sweeps when it ends), at most 60 s.
+    pub fn preloaded(&self, prog: &str, args: &[&str]) -> Out {
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
+            .env("LD_PRELOAD", crate::build::preload_library())
+            .env("CASCADE_STORE", &self.name);
+        run_with_timeout(cmd, Duration::from_secs(60))
+    }
+
     /// `cascade ls --levels` (store part only: no durable store configured).
     pub fn levels(&self) -> String {
         self.cascade_ok(&["ls", "--levels"], &[]).stdout
