@@ -126,10 +126,25 @@ impl Node {
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// Drops what the caches hold of versions the store no longer has (`tree`: the whole
-    /// store): digests of files removed or changed since, retries of removed incarnations.
-    /// Without this a long job writing new files would grow them for ever.
+    /// Once a cache holds more entries than the store has (`tree`: the whole store), drops
+    /// what it holds of versions the store no longer has: digests of files removed or
+    /// changed since, retries of removed incarnations. Without this a long job writing new
+    /// files would grow them for ever.
     pub(crate) fn prune_caches(&self, tree: &[LifeEntry]) {
+        let sizes = |d: &HashMap<_, _>, r: &HashMap<_, _>| (d.len(), r.len());
+        let (digests, retrying) = match (self.digests.lock(), self.retries.lock()) {
+            (Ok(d), Ok(r)) => sizes(&d, &r),
+            _ => return,
+        };
+        // Both hold at most an entry per file of the store unless something went stale: only
+        // then is the store's tree worth indexing (not on every pass).
+        if digests <= tree.len() && retrying <= tree.len() {
+            self.count(|s| {
+                s.cached_digests = digests as u64;
+                s.retrying = retrying as u64;
+            });
+            return;
+        }
         let versions: std::collections::HashSet<(u64, u32, u64)> = tree
             .iter()
             .map(|e| (e.ino, e.generation, e.mod_seq))

@@ -158,7 +158,7 @@ pub struct AgentStats {
     /// Store paths being uploaded right now.
     pub uploading: Vec<String>,
     /// Entries of the agent's caches after its last pass: file digests remembered, and
-    /// files or checkpoints waiting to be retried. Both only hold what the store still has.
+    /// files or checkpoints waiting to be retried. Neither grows past the number of entries in the store.
     #[serde(default)]
     pub cached_digests: u64,
     #[serde(default)]
