@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use cascade_dedup::{Chunking, Compression};
 use cascade_secret::Secret;
+use cascade_wire::auth::Credential;
 use serde::{Deserialize, Serialize};
 
 /// What the agent does and how hard it may work.
@@ -213,8 +214,8 @@ impl std::str::FromStr for Placement {
 pub struct StagingOptions {
     /// `host:port` of every staging server.
     pub servers: Vec<String>,
-    /// The servers' shared secret (shows as `***`).
-    pub secret: Secret,
+    /// The cluster secret or this job's credential (Debug shows neither).
+    pub credential: Credential,
     /// Key prefix of this job on the servers ("" = none); the servers drain to
     /// `<drain-to>/<namespace>/...`.
     pub namespace: String,
@@ -228,11 +229,16 @@ pub struct StagingOptions {
 }
 
 impl StagingOptions {
+    /// Options of an agent holding the cluster secret.
     pub fn new(servers: Vec<String>, secret: &str) -> StagingOptions {
+        StagingOptions::with(servers, Credential::ClusterSecret(Secret::new(secret)))
+    }
+
+    pub fn with(servers: Vec<String>, credential: Credential) -> StagingOptions {
         let node = cascade_wire::host_name();
         StagingOptions {
             servers,
-            secret: Secret::new(secret),
+            credential,
             namespace: String::new(),
             placement: Placement::Stripe,
             frame_bytes: 8 << 20,
@@ -259,17 +265,19 @@ mod tests {
     fn options_never_show_the_shared_secret() {
         let staging = super::StagingOptions::new(vec!["h:1".into()], "TOPSECRET");
         let client = cascade_wire::ClientOptions::new("TOPSECRET");
-        let body = cascade_wire::protocol::encode_hello("TOPSECRET", "c", "ns");
-        let hello =
-            cascade_wire::protocol::Request::decode(cascade_wire::protocol::kind::HELLO, &body)
-                .expect("hello decodes");
+        let key = cascade_wire::auth::JobKey::derive("TOPSECRET", "ns");
+        let job = super::StagingOptions::with(
+            vec!["h:1".into()],
+            cascade_wire::auth::Credential::Job(key.clone()),
+        );
         for shown in [
             format!("{staging:?}"),
             format!("{client:?}"),
-            format!("{hello:?}"),
+            format!("{job:?}"),
         ] {
             assert!(!shown.contains("TOPSECRET"), "{shown}");
+            assert!(!shown.contains(&key.credential()[..16]), "{shown}");
         }
-        assert_eq!(staging.secret.expose(), "TOPSECRET");
+        assert_eq!(staging.credential.key_for("ns"), key);
     }
 }

@@ -36,7 +36,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl ServerPool {
     pub(crate) fn new(opts: StagingOptions) -> ServerPool {
-        let mut client = ClientOptions::new(opts.secret.expose());
+        let mut client = ClientOptions::with(opts.credential.clone());
         client.namespace = opts.namespace.clone();
         let servers = opts
             .servers

@@ -364,6 +364,17 @@ pub enum StageServerAction {
         #[command(flatten)]
         params: StageServerParams,
     },
+    /// Print the staging credential of a job's namespace (64 hex digits): it opens that
+    /// namespace on the staging servers and nothing else. Needs the cluster secret; run it
+    /// where the secret is (e.g. a Slurm prolog) and give the job the credential
+    /// (CASCADE_STAGING_CREDENTIAL_FILE)
+    Credential {
+        /// The namespace [default: the job's staging namespace, staging.namespace/job.namespace]
+        #[arg(long, value_name = "PREFIX")]
+        namespace: Option<String>,
+        #[command(flatten)]
+        params: StageServerParams,
+    },
 }
 
 const STAGE_SERVER_ABOUT: &str = "Runs a staging server until SIGINT or SIGTERM. Node agents given the server (--staging, CASCADE_STAGING) send each closed file to it; the server appends the data to log-structured arenas in --dir, acknowledges once it is on the SSD (a batched fdatasync), and drains every file to --drain-to in the durable store's plain layout in the background, pausing while clients write. A checkpoint whose files are all staged is complete (its marker written by the server) once they have drained. Clients must present the shared secret (staging.secret, CASCADE_STAGING_SECRET). A restarted server recovers everything it acknowledged. See docs/staging.md and docs/staging-protocol.md.";
@@ -480,7 +491,7 @@ impl<G> std::fmt::Debug for SettingFlags<G> {
             .values
             .iter()
             .map(|(key, value)| {
-                let value = if *key == "staging.secret" {
+                let value = if *key == "staging.secret" || *key == "staging.credential" {
                     cascade_secret::REDACTED.to_string()
                 } else {
                     cascade_config::redacted(value)

@@ -156,6 +156,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             ..
         } => staging::status(&load(&[&params.values])?, server.as_deref(), *json),
         Command::StageServer {
+            action: Some(StageServerAction::Credential { namespace, params }),
+            ..
+        } => staging::credential(&load(&[&params.values])?, namespace.as_deref()),
+        Command::StageServer {
             action: None,
             params,
             verbose,

@@ -139,12 +139,13 @@ fn run_child(
 }
 
 /// Variables holding a secret Cascade itself consumed, which the application does not get:
-/// the staging secret, Cascade's own S3 secret key and session token, and a durable-store URL
+/// the staging secret and job credential, Cascade's own S3 secret key and session token, and a durable-store URL
 /// (durable.url, stage_server.drain_to) that carries a secret key. AWS_* credentials stay:
 /// they are every AWS tool's, and the application may use them itself (docs/security.md).
 fn secret_variables() -> Vec<OsString> {
     let always = [
         "CASCADE_STAGING_SECRET",
+        "CASCADE_STAGING_CREDENTIAL",
         "CASCADE_S3_SECRET_ACCESS_KEY",
         "CASCADE_S3_SESSION_TOKEN",
     ];

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use cascade_agent::{Placement, StagingOptions};
 use cascade_config::{format_size, Config};
+use cascade_staging::auth::{Credential, JobKey};
 use cascade_staging::chunks::ChunkOptions;
 use cascade_staging::engine::EngineOptions;
 use cascade_staging::{ClientOptions, Connection, Server, ServerOptions};
@@ -14,6 +15,7 @@ use cascade_staging::{ClientOptions, Connection, Server, ServerOptions};
 use crate::failure::Failure;
 use crate::lifecycle::{block_stop_signals, wait_for_signal};
 
+/// The cluster secret (servers, operators' tools, `credential`).
 fn secret(config: &Config) -> Result<&str, Failure> {
     Some(config.text("staging.secret"))
         .filter(|s| !s.is_empty())
@@ -23,6 +25,48 @@ fn secret(config: &Config) -> Result<&str, Failure> {
                  file holding it, or CASCADE_STAGING_SECRET (or staging.secret in the config file)",
             )
         })
+}
+
+/// What a client proves itself with: the job's credential if one is given, else the
+/// cluster secret.
+fn client_credential(config: &Config) -> Result<Credential, Failure> {
+    let credential = config.text("staging.credential");
+    if !credential.is_empty() {
+        return JobKey::from_credential(credential)
+            .map(Credential::Job)
+            .map_err(|why| Failure::new(format!("staging.credential: {why}")));
+    }
+    if config.text("staging.secret").is_empty() {
+        return Err(Failure::new(
+            "no staging credential: set staging.credential_file (CASCADE_STAGING_CREDENTIAL_FILE) \
+             to a file holding the job's credential (`cascade stage-server credential` prints \
+             it), or give the cluster secret (staging.secret_file)",
+        ));
+    }
+    Ok(Credential::ClusterSecret(
+        config.text("staging.secret").into(),
+    ))
+}
+
+/// `cascade stage-server credential`: the credential of a job's namespace.
+pub fn credential(config: &Config, namespace: Option<&str>) -> Result<ExitCode, Failure> {
+    let namespace = match namespace {
+        Some(n) => n.trim_matches('/').to_string(),
+        None => config.staging_namespace(),
+    };
+    if !namespace.is_empty() {
+        cascade_staging::protocol::check_key(&namespace)
+            .map_err(|e| Failure::new(format!("namespace {namespace:?}: {e}")))?;
+    }
+    let key = JobKey::derive(secret(config)?, &namespace);
+    println!("{}", key.credential());
+    if namespace.is_empty() {
+        eprintln!(
+            "cascade: warning: this is the credential of the empty namespace, which opens every \
+             namespace on the servers: give it to no job"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The agent's staging servers, if any are configured.
@@ -36,7 +80,7 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
     if servers.is_empty() {
         return Ok(None);
     }
-    let mut opts = StagingOptions::new(servers, secret(config)?);
+    let mut opts = StagingOptions::with(servers, client_credential(config)?);
     opts.namespace = config.staging_namespace();
     opts.placement = config
         .text("staging.placement")
@@ -138,7 +182,9 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
         .or(Some(listen).filter(|l| !l.is_empty()))
         .or(Some(first).filter(|f| !f.is_empty()))
         .ok_or_else(|| Failure::new("which server? give HOST:PORT"))?;
-    let opts = ClientOptions::new(secret(config)?);
+    // A job's credential opens only the job's namespace (the status is the same in any).
+    let mut opts = ClientOptions::with(client_credential(config)?);
+    opts.namespace = config.staging_namespace();
     let mut conn = Connection::connect(addr, &opts).map_err(|e| Failure::new(e.to_string()))?;
     let s = conn.status().map_err(|e| Failure::new(e.to_string()))?;
     conn.goodbye();

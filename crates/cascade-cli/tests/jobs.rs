@@ -5,6 +5,7 @@
 //! partial one, and a restart on other nodes (another number of ranks) reads the
 //! checkpoint back through read-through and ends on the grid of a run without Cascade.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -72,9 +73,29 @@ impl Job {
         std::fs::create_dir(&arenas).expect("arena dir");
         let server =
             cascade_testkit::StageServer::start(&env, &arenas, &self.durable_url, "s3cret", &[]);
+        // The ranks hold only the job's credential, not the cluster secret: what a Slurm
+        // prolog would hand them (docs/security.md, "Staging servers").
+        let credential = self.path("staging-credential");
+        let printed = Command::new(cascade_testkit::cascade_bin())
+            .args(["stage-server", "credential"])
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("CASCADE_CONFIG", self.path("empty.toml"))
+            .env("CASCADE_JOB", &self.id)
+            .env("CASCADE_JOB_NAME", "heat")
+            .env("CASCADE_STAGING_SECRET", "s3cret")
+            .output()
+            .expect("cascade stage-server credential");
+        assert!(printed.status.success(), "{}", text(&printed.stderr));
+        std::fs::write(&credential, &printed.stdout).expect("credential file");
+        std::fs::set_permissions(&credential, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod credential");
         self.extra_env = vec![
             ("CASCADE_STAGING".into(), server.addr.clone()),
-            ("CASCADE_STAGING_SECRET".into(), "s3cret".into()),
+            (
+                "CASCADE_STAGING_CREDENTIAL_FILE".into(),
+                credential.display().to_string(),
+            ),
         ];
         (env, server)
     }

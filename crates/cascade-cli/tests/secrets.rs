@@ -265,6 +265,65 @@ fn the_staging_secret_can_come_from_a_file() {
     assert!(err.contains("/nonexistent/secret"), "{err}");
 }
 
+/// A job given only its staging credential (`cascade stage-server credential`, run where the
+/// cluster secret is) reaches its own namespace on the servers and no other; the credential
+/// never shows in an error.
+#[test]
+fn a_job_credential_opens_its_own_namespace_only() {
+    let env = cascade_testkit::Env::new("sec-cred", 16 << 20);
+    let arenas = env.tmp.path().join("arenas");
+    let drain = env.tmp.path().join("durable");
+    std::fs::create_dir_all(&arenas).expect("arena dir");
+    std::fs::create_dir_all(&drain).expect("durable dir");
+    let server = StageServer::start(&env, &arenas, s(&drain), TOPSECRET, &[]);
+    let sb = Sandbox::new("sec-cred-client");
+    let secret_file = sb.dir.path().join("secret");
+    write_private(&secret_file, TOPSECRET, 0o600);
+
+    let out = sb
+        .command(&["stage-server", "credential", "--namespace", "alice/job7"])
+        .env("CASCADE_STAGING_SECRET_FILE", &secret_file)
+        .output()
+        .expect("run cascade");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let credential = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(credential.len(), 64, "{credential}");
+    let credential_file = sb.dir.path().join("credential");
+    write_private(&credential_file, &format!("{credential}\n"), 0o600);
+
+    let status = |namespace: &str| {
+        sb.command(&["stage-server", "status", &server.addr])
+            .env("CASCADE_STAGING_CREDENTIAL_FILE", &credential_file)
+            .env("CASCADE_STAGING_NAMESPACE", namespace)
+            .output()
+            .expect("run cascade")
+    };
+    let out = status("alice/job7");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    for other in ["alice/job8", "alice", ""] {
+        let out = status(other);
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(1), "{other:?}: {err}");
+        assert!(err.contains("does not open"), "{other:?}: {err}");
+        assert!(
+            !err.contains(&credential) && !err.contains(TOPSECRET),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // Without the cluster secret no credential can be made; a malformed one is one line.
+    let err = sb.fails(&["stage-server", "credential", "--namespace", "x"], 1);
+    assert!(err.contains("no staging secret"), "{err}");
+    let out = sb
+        .command(&["stage-server", "status", &server.addr])
+        .env("CASCADE_STAGING_CREDENTIAL", "0123")
+        .output()
+        .expect("run cascade");
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("64 hexadecimal digits"), "{err}");
+}
+
 #[test]
 fn s3_credentials_can_come_from_a_credentials_file() {
     let gw = Versitygw::start();
@@ -336,6 +395,7 @@ fn cascade_run_does_not_pass_its_secrets_to_the_application() {
         .env("CASCADE_PREFAULT", "off")
         .env("CASCADE_DURABLE", &durable)
         .env("CASCADE_STAGING_SECRET", TOPSECRET)
+        .env("CASCADE_STAGING_CREDENTIAL", TOPSECRET)
         .env("CASCADE_S3_SECRET_ACCESS_KEY", TOPSECRET)
         .env(
             "CASCADE_STAGE_DRAIN_TO",
@@ -356,6 +416,7 @@ fn cascade_run_does_not_pass_its_secrets_to_the_application() {
     assert!(!environ.contains(SECRET), "{environ}");
     for gone in [
         "CASCADE_STAGING_SECRET",
+        "CASCADE_STAGING_CREDENTIAL",
         "CASCADE_S3_SECRET_ACCESS_KEY",
         "CASCADE_DURABLE",
         "CASCADE_STAGE_DRAIN_TO",

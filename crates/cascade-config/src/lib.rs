@@ -302,7 +302,18 @@ impl Config {
             entries.push(Entry { def, value, source });
         }
         let mut warnings = Vec::new();
-        secret_from_file(&mut entries, &mut warnings)?;
+        secret_from_file(
+            &mut entries,
+            &mut warnings,
+            "staging.secret",
+            "staging.secret_file",
+        )?;
+        secret_from_file(
+            &mut entries,
+            &mut warnings,
+            "staging.credential",
+            "staging.credential_file",
+        )?;
         if let ConfigFile::Read { path, .. } = &file {
             if let Some(warning) = exposed_config_file(path, &entries) {
                 warnings.push(warning);
@@ -591,7 +602,7 @@ pub fn redacted(text: &str) -> String {
 
 /// Settings whose value is a secret through and through (never echoed, even in an error).
 fn is_secret(key: &str) -> bool {
-    key == "staging.secret"
+    key == "staging.secret" || key == "staging.credential"
 }
 
 /// Whether a setting's value carries a secret: the shared secret, or a store URL with a
@@ -613,8 +624,10 @@ fn secret_on_command_line(key: &str, entries: &[Entry]) -> Option<String> {
     if !matches!(entry.source, Source::Flag(_)) || !holds_secret(entry) {
         return None;
     }
-    let instead = if is_secret(key) {
+    let instead = if key == "staging.secret" {
         "staging.secret_file (CASCADE_STAGING_SECRET_FILE)"
+    } else if key == "staging.credential" {
+        "staging.credential_file (CASCADE_STAGING_CREDENTIAL_FILE)"
     } else {
         "CASCADE_S3_CREDENTIALS_FILE or CASCADE_S3_ACCESS_KEY_ID/CASCADE_S3_SECRET_ACCESS_KEY"
     };
@@ -646,11 +659,17 @@ fn exposed_config_file(path: &Path, entries: &[Entry]) -> Option<String> {
     })
 }
 
-/// staging.secret from staging.secret_file: its first line, the file readable by its owner
-/// only (else a warning). Both given is an error: which one is meant is unclear.
-fn secret_from_file(entries: &mut [Entry], warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+/// A secret setting (`secret_key`: staging.secret, staging.credential) from its file setting
+/// (`file_key`): the file's first line, the file readable by its owner only (else a
+/// warning). Both given is an error: which one is meant is unclear.
+fn secret_from_file(
+    entries: &mut [Entry],
+    warnings: &mut Vec<String>,
+    secret_key: &str,
+    file_key: &str,
+) -> Result<(), ConfigError> {
     use std::os::unix::fs::PermissionsExt;
-    let Some(file_entry) = entries.iter().find(|e| e.def.key == "staging.secret_file") else {
+    let Some(file_entry) = entries.iter().find(|e| e.def.key == file_key) else {
         return Ok(());
     };
     let path = match &file_entry.value {
@@ -658,18 +677,18 @@ fn secret_from_file(entries: &mut [Entry], warnings: &mut Vec<String>) -> Result
         _ => return Ok(()),
     };
     let file_source = file_entry.source.clone();
-    let Some(secret) = entries.iter_mut().find(|e| e.def.key == "staging.secret") else {
+    let Some(secret) = entries.iter_mut().find(|e| e.def.key == secret_key) else {
         return Ok(());
     };
     if !matches!(secret.source, Source::Default(_)) {
         return Err(ConfigError(format!(
-            "staging.secret ({}) and staging.secret_file ({file_source}) are both given; give one",
+            "{secret_key} ({}) and {file_key} ({file_source}) are both given; give one",
             secret.source
         )));
     }
     let failed = |why: String| {
         ConfigError(format!(
-            "staging.secret_file {} ({file_source}): {why}",
+            "{file_key} {} ({file_source}): {why}",
             path.display()
         ))
     };
@@ -682,7 +701,7 @@ fn secret_from_file(entries: &mut [Entry], warnings: &mut Vec<String>) -> Result
         let mode = meta.permissions().mode();
         if mode & 0o077 != 0 {
             warnings.push(format!(
-                "warning: staging.secret_file {} is readable by others (mode {:o}); chmod 600 it",
+                "warning: {file_key} {} is readable by others (mode {:o}); chmod 600 it",
                 path.display(),
                 mode & 0o777
             ));

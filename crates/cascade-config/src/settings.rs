@@ -234,9 +234,34 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_STAGING_SECRET",
         flag: Some("staging-secret"),
         value_name: "TEXT",
-        help: "Shared secret a staging server requires of every client; prefer staging.secret_file (a flag shows in ps, a variable is inherited)",
-        default_help: "the first line of staging.secret_file, else none; required by stage-server and when servers are given",
+        help: "The cluster's staging secret: staging servers need it; a client holding it may use any namespace (give jobs a staging.credential instead); prefer staging.secret_file (a flag shows in ps, a variable is inherited)",
+        default_help: "the first line of staging.secret_file, else none; required by stage-server, and by clients without a staging.credential",
         parse: |t| Ok(Value::Secret(Secret::new(t))),
+        default: |_| (Value::Secret(Secret::default()), String::new()),
+    },
+    SettingDef {
+        key: "staging.credential_file",
+        env: "CASCADE_STAGING_CREDENTIAL_FILE",
+        flag: Some("staging-credential-file"),
+        value_name: "PATH",
+        help: "File holding staging.credential (its first line), readable by its owner only",
+        default_help: "none",
+        parse: |t| {
+            if t.trim().is_empty() {
+                return Ok(Value::Text(String::new()));
+            }
+            parse_path(t)
+        },
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "staging.credential",
+        env: "CASCADE_STAGING_CREDENTIAL",
+        flag: Some("staging-credential"),
+        value_name: "HEX",
+        help: "This job's staging credential (64 hex digits, from `cascade stage-server credential`): opens the job's namespace on the staging servers and nothing else; used instead of staging.secret when both are given; prefer staging.credential_file",
+        default_help: "the first line of staging.credential_file, else none (then staging.secret)",
+        parse: |t| Ok(Value::Secret(Secret::new(t.trim()))),
         default: |_| (Value::Secret(Secret::default()), String::new()),
     },
     SettingDef {

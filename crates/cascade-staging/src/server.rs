@@ -26,6 +26,7 @@ use crate::protocol::{
     PullState, RecvError, Request,
 };
 use crate::{hex, namespaced, ServerError as Error, ServerResult as Result};
+use cascade_wire::auth::{proofs_match, JobKey, Transcript};
 
 pub use cascade_wire::status::{DedupStatus, ServerStatus};
 
@@ -726,11 +727,7 @@ impl Shared {
         let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let mut small = Vec::with_capacity(SMALL_BODY);
         let out = Outbox::default();
-        let namespace = self.handshake(&stream, &mut small, &peer, &out);
-        if !self.flush(&stream, &out, &peer) {
-            return;
-        }
-        let Some(namespace) = namespace else {
+        let Some(namespace) = self.handshake(&stream, &mut small, &peer, &out) else {
             return;
         };
         lock(&self.counters).clients += 1;
@@ -789,9 +786,14 @@ impl Shared {
                     break;
                 }
                 if header.kind == kind::WRITE {
-                    if let Err(e) = Request::decode(kind::WRITE, &buf[..len]) {
+                    let refusal = match Request::decode(kind::WRITE, &buf[..len]) {
+                        Err(e) => Some((e.code(), e.to_string())),
+                        Ok(request) => reserved_name_in(&request),
+                    };
+                    if let Some((code, why)) = refusal {
                         self.pool.give(buf);
-                        self.reply_error(&out, header.request, e.code(), &e.to_string());
+                        self.log(|| format!("{peer}: {why}"));
+                        self.reply_error(&out, header.request, code, &why);
                         self.flush(&stream, &out, &peer);
                         break;
                     }
@@ -837,8 +839,10 @@ impl Shared {
         c.clients = c.clients.saturating_sub(1);
     }
 
-    /// Reads the Hello (all of it within the Hello timeout of connecting) and checks the
-    /// secret; the namespace on success. The reply is left in `out`.
+    /// Hello, Challenge, Auth, AuthOk (docs/staging-protocol.md, "Hello and Auth"), all of
+    /// it within the Hello timeout of connecting: the client proves it holds the key of the
+    /// namespace it claims, the server proves it back. The namespace on success; the replies
+    /// (or the refusal) are sent.
     fn handshake(
         &self,
         stream: &TcpStream,
@@ -846,53 +850,122 @@ impl Shared {
         peer: &str,
         out: &Outbox,
     ) -> Option<String> {
-        let mut reader = Timed::by(stream, self.opts.hello_timeout);
+        let deadline = Instant::now() + self.opts.hello_timeout;
         let refuse = |request: u32, code: u16, why: &str| {
             lock(&self.counters).refused_clients += 1;
             eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
             self.reply_error(out, request, code, why);
+            self.flush(stream, out, peer);
             None
         };
-        let header = match read_header(&mut reader) {
+        let header = match self.handshake_frame(stream, buf, peer, deadline, kind::HELLO) {
             Ok(Some(h)) => h,
             Ok(None) => return None,
-            Err(RecvError::Io(e)) => {
-                self.lost(peer, &e);
-                return None;
-            }
-            Err(RecvError::Frame(e)) => return refuse(0, e.code(), &e.to_string()),
+            Err((request, code, why)) => return refuse(request, code, &why),
         };
-        if header.kind != kind::HELLO {
+        let Ok(Request::Hello(hello)) = Request::decode(kind::HELLO, buf) else {
+            return None;
+        };
+        let namespace = hello.namespace.to_string();
+        let client = hello.client.to_string();
+        let client_nonce = hello.nonce;
+        let server_nonce = match cascade_wire::auth::nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                self.fail(format!("no random nonce for {peer}: {e}"));
+                return refuse(header.request, code::IO, "the server has no random numbers");
+            }
+        };
+        let body = protocol::encode_challenge(&self.name, self.instance, &server_nonce);
+        self.reply(out, header.request, kind::HELLO, &[&body]);
+        if !self.flush(stream, out, peer) {
+            return None;
+        }
+        let header = match self.handshake_frame(stream, buf, peer, deadline, kind::AUTH) {
+            Ok(Some(h)) => h,
+            Ok(None) => return None,
+            Err((request, code, why)) => return refuse(request, code, &why),
+        };
+        let Ok(Request::Auth { proof }) = Request::decode(kind::AUTH, buf) else {
+            return None;
+        };
+        let key = JobKey::derive(self.opts.secret.expose(), &namespace);
+        let transcript = Transcript {
+            namespace: &namespace,
+            client_nonce,
+            server_nonce,
+            binding: None,
+        };
+        if !proofs_match(&proof, &key.client_proof(&transcript)) {
+            let shown = if namespace.is_empty() {
+                "the whole server (no namespace)".to_string()
+            } else {
+                format!("namespace {namespace:?}")
+            };
             return refuse(
                 header.request,
                 code::AUTH,
-                "the first message must be Hello",
+                &format!(
+                    "the client's credential does not open {shown}: a wrong staging secret, \
+                     or a job credential made for another namespace or cluster"
+                ),
             );
         }
+        self.log(|| format!("{peer} ({client}) authenticated for namespace {namespace:?}"));
+        let body = protocol::encode_auth_ok(&key.server_proof(&transcript));
+        self.reply(out, header.request, kind::AUTH, &[&body]);
+        if !self.flush(stream, out, peer) {
+            return None;
+        }
+        Some(namespace)
+    }
+
+    /// Reads one handshake frame of kind `want` (small, whole by `deadline`) into `buf`.
+    /// Ok(None): the peer went away (logged); Err: refuse with (request, code, reason).
+    /// The body is checked to decode, so the caller's decode cannot fail.
+    fn handshake_frame(
+        &self,
+        stream: &TcpStream,
+        buf: &mut Vec<u8>,
+        peer: &str,
+        deadline: Instant,
+        want: u8,
+    ) -> std::result::Result<Option<Header>, (u32, u16, String)> {
+        let within = deadline.saturating_duration_since(Instant::now());
+        let mut reader = Timed::by(stream, within);
+        let header = match read_header(&mut reader) {
+            Ok(Some(h)) => h,
+            Ok(None) => return Ok(None),
+            Err(RecvError::Io(e)) => {
+                self.lost(peer, &e);
+                return Ok(None);
+            }
+            Err(RecvError::Frame(e)) => return Err((0, e.code(), e.to_string())),
+        };
+        if header.kind != want {
+            let why = if want == kind::HELLO {
+                "the first message must be Hello"
+            } else {
+                "Hello must be followed by Auth"
+            };
+            return Err((header.request, code::AUTH, why.into()));
+        }
         if header.body_len as usize > SMALL_BODY {
-            return refuse(header.request, code::BAD_FRAME, "Hello is too large");
+            return Err((
+                header.request,
+                code::BAD_FRAME,
+                "handshake frame is too large".into(),
+            ));
         }
         buf.resize(header.body_len as usize, 0);
         if let Err(e) = reader.read_exact(buf) {
             self.lost(peer, &e);
-            return None;
+            return Ok(None);
         }
-        let hello = match Request::decode(kind::HELLO, buf) {
-            Ok(Request::Hello(h)) => h,
-            Ok(_) => return None,
-            Err(e) => return refuse(header.request, e.code(), &e.to_string()),
-        };
-        // Compare digests: blake3::Hash equality is constant-time.
-        if blake3::hash(hello.secret.as_bytes())
-            != blake3::hash(self.opts.secret.expose().as_bytes())
-        {
-            return refuse(header.request, code::AUTH, "wrong shared secret");
+        if let Err(e) = Request::decode(want, buf) {
+            return Err((header.request, e.code(), e.to_string()));
         }
-        let namespace = hello.namespace.to_string();
-        self.log(|| format!("{peer} ({}) connected", hello.client));
-        let body = protocol::encode_hello_ok(&self.name, self.instance);
-        self.reply(out, header.request, kind::HELLO, &[&body]);
-        Some(namespace)
+        Ok(Some(header))
     }
 
     /// Queues a reply frame (a copy of `body`) in `out`.
@@ -942,11 +1015,15 @@ impl Shared {
                 return false;
             }
         };
+        if let Some((code, why)) = reserved_name_in(&request) {
+            self.reply_error(out, header.request, code, &why);
+            return false;
+        }
         let ns = conn.namespace.as_str();
         let id = header.request;
         match request {
-            Request::Hello(_) => {
-                self.reply_error(out, id, code::BAD_FRAME, "Hello was already sent");
+            Request::Hello(_) | Request::Auth { .. } => {
+                self.reply_error(out, id, code::BAD_FRAME, "the handshake is over");
                 return false;
             }
             Request::Write(_) => return false,
@@ -1388,6 +1465,37 @@ impl Shared {
 }
 
 /// The key of a file listed in a pushed checkpoint.
+/// A file name in a Write or Push that only the server may write in the durable layout
+/// (markers, checksums, parts and version objects): a client writing `ckpt/.cascade-complete`
+/// or `x.blake3` would forge a checkpoint's completion or a file's checksum once drained.
+/// The refusal (BAD_PATH, one line), or None.
+fn reserved_name_in(request: &Request) -> Option<(u16, String)> {
+    let mut names: Vec<&str> = Vec::new();
+    match request {
+        Request::Write(segments) => names.extend(segments.iter().map(|s| s.key)),
+        Request::Push {
+            checkpoint, files, ..
+        } => {
+            names.push(checkpoint);
+            names.extend(files.iter().map(|f| f.path.as_str()));
+        }
+        // Dedup manifests are records in the repository, not files of the durable layout
+        // (a node's part of a checkpoint is a manifest named `<ckpt>/.cascade-part.<node>`).
+        _ => {}
+    }
+    let bad = names.into_iter().find(|name| {
+        let base = name.rsplit('/').next().unwrap_or(name);
+        cascade_durable::is_reserved_name(base)
+    })?;
+    Some((
+        code::BAD_PATH,
+        format!(
+            "bad path {bad:?}: the name is reserved by the durable layout (markers, checksums, \
+             parts and version objects are written by the server)"
+        ),
+    ))
+}
+
 fn manifest_key(m: &Manifest, f: &ManifestFile) -> String {
     if m.single_file {
         m.checkpoint.clone()

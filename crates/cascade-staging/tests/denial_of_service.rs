@@ -13,12 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cascade_staging::auth::JobKey;
 use cascade_staging::client::OutSegment;
 use cascade_staging::protocol::{
-    code, encode_hello, encode_read, encode_segment_header, kind, read_frame, write_frame,
-    BodyWriter, Header, Reply, HEADER_LEN,
+    code, encode_read, encode_segment_header, kind, read_frame, write_frame, BodyWriter, Header,
+    Reply, HEADER_LEN,
 };
 use cascade_staging::{ClientOptions, Connection, Server, ServerOptions, ServerStatus, Stopper};
+use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
 
 const SECRET: &str = "secret";
 /// How long a condition may take on a loaded machine before the test fails.
@@ -127,9 +129,8 @@ impl Running {
         let start = Instant::now();
         loop {
             let mut s = self.raw_from(ip, rcvbuf);
-            s.write_all(&frame(kind::HELLO, 1, &encode_hello(SECRET, "raw", "")))
-                .unwrap();
-            let (h, body) = recv(&mut s).expect("no HelloOk");
+            s.write_all(&raw_hello_frame("raw", "")).unwrap();
+            let (h, body) = recv(&mut s).expect("no Challenge");
             if h.kind == kind::ERROR {
                 let refused = Reply::decode(h.kind, &body);
                 assert!(
@@ -146,6 +147,10 @@ impl Running {
                 continue;
             }
             assert_eq!((h.kind, h.request), (kind::HELLO | kind::REPLY, 1));
+            s.write_all(&raw_auth_frame(&body, &JobKey::derive(SECRET, ""), ""))
+                .unwrap();
+            let (h, _) = recv(&mut s).expect("no AuthOk");
+            assert_eq!((h.kind, h.request), (kind::AUTH | kind::REPLY, 2));
             return s;
         }
     }
@@ -260,7 +265,7 @@ fn a_frame_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
     let pace = Duration::from_millis(100);
     // Each frame takes 100 ms a byte: far longer than the 1 s deadline, while no single read
     // waits more than 100 ms.
-    let hello = frame(kind::HELLO, 1, &encode_hello(SECRET, "drip", "evil"));
+    let hello = raw_hello_frame("drip", "evil");
     let write = frame(kind::WRITE, 2, &write_body("f", &[7u8; 200]));
     let cases: [(&str, bool, &[u8]); 3] = [
         ("a Hello", false, &hello),
@@ -311,7 +316,7 @@ fn connections_over_the_caps_are_refused_busy() {
     });
     let busy = |s: &mut TcpStream| {
         // Whatever it sends, the server answers BUSY before reading anything.
-        let _ = s.write_all(&frame(kind::HELLO, 1, &encode_hello(SECRET, "x", "evil")));
+        let _ = s.write_all(&raw_hello_frame("x", "evil"));
         let (h, body) = recv(s).expect("closed without an Error frame");
         match Reply::decode(h.kind, &body) {
             Ok(Reply::Error { code: c, message }) => {
@@ -332,8 +337,7 @@ fn connections_over_the_caps_are_refused_busy() {
     let start = Instant::now();
     loop {
         let mut s = srv.raw_from("127.0.0.2", None);
-        s.write_all(&frame(kind::HELLO, 1, &encode_hello(SECRET, "x", "evil")))
-            .unwrap();
+        s.write_all(&raw_hello_frame("x", "evil")).unwrap();
         let (h, _) = recv(&mut s).expect("closed without a reply");
         if h.kind == kind::HELLO | kind::REPLY {
             held.push(s);
@@ -528,7 +532,7 @@ fn a_well_behaved_client_is_served_through_a_hostile_crowd() {
             let mut held: Vec<TcpStream> =
                 (0..16).map(|_| srv.raw_from("127.0.0.40", None)).collect();
             for s in &mut held {
-                let _ = s.write_all(&frame(kind::HELLO, 1, &encode_hello(SECRET, "x", "evil")));
+                let _ = s.write_all(&raw_hello_frame("x", "evil"));
             }
             for s in &mut held {
                 closed_within(s, Duration::from_millis(200));
@@ -609,8 +613,7 @@ fn the_command_line_sets_the_caps_and_the_deadline() {
         s.connect_timeout(&addr.into(), DEADLINE).unwrap();
         let mut s: TcpStream = s.into();
         s.set_read_timeout(Some(DEADLINE)).unwrap();
-        s.write_all(&frame(kind::HELLO, 1, &encode_hello(SECRET, "cli", "")))
-            .unwrap();
+        s.write_all(&raw_hello_frame("cli", "")).unwrap();
         let (h, body) = recv(&mut s).expect("closed without a reply");
         (s, h, body)
     };

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cascade_staging::auth::{Credential, JobKey};
 use cascade_staging::client::OutSegment;
 use cascade_staging::protocol::{
     self, code, encode_hello, encode_pull, encode_push, encode_read, encode_segment_header, kind,
@@ -18,6 +19,7 @@ use cascade_staging::protocol::{
 };
 use cascade_staging::{ClientOptions, Connection, Error, Server, ServerOptions, Stopper};
 use cascade_testkit::files_below;
+use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
 
 const SECRET: &str = "secret";
 /// Long enough for a loaded CI machine, short enough that a hang fails the test.
@@ -76,21 +78,17 @@ impl Running {
         s
     }
 
-    /// A raw stream past a good Hello.
+    /// A raw stream past a good handshake (Hello, Challenge, Auth, AuthOk).
     fn raw_hello(&self, namespace: &str) -> TcpStream {
         let mut s = self.raw();
-        send(
-            &mut s,
-            kind::HELLO,
-            1,
-            &encode_hello(SECRET, "raw", namespace),
-        );
-        let (h, body) = recv(&mut s).expect("no HelloOk");
-        assert_eq!((h.kind, h.request), (kind::HELLO | kind::REPLY, 1));
+        let (hello, auth) = handshake(&mut s, &JobKey::derive(SECRET, namespace), namespace);
+        let (h, body) = recv(&mut s).expect("no AuthOk");
+        assert_eq!((h.kind, h.request), (kind::AUTH | kind::REPLY, 2));
         assert!(matches!(
             Reply::decode(h.kind, &body),
-            Ok(Reply::HelloOk { .. })
+            Ok(Reply::AuthOk { .. })
         ));
+        let _ = (hello, auth);
         s
     }
 
@@ -112,6 +110,18 @@ impl Running {
         let run = self.thread.take().unwrap().join().unwrap();
         run.unwrap();
     }
+}
+
+/// Sends Hello (request 1), reads the Challenge and sends the Auth (request 2) that `key`
+/// proves; the AuthOk or Error is left unread. The two frames as sent, for replaying.
+fn handshake(s: &mut TcpStream, key: &JobKey, namespace: &str) -> (Vec<u8>, Vec<u8>) {
+    let hello = raw_hello_frame("raw", namespace);
+    s.write_all(&hello).unwrap();
+    let (h, challenge) = recv(s).expect("no Challenge");
+    assert_eq!((h.kind, h.request), (kind::HELLO | kind::REPLY, 1));
+    let auth = raw_auth_frame(&challenge, key, namespace);
+    s.write_all(&auth).unwrap();
+    (hello, auth)
 }
 
 fn digest(data: &[u8]) -> [u8; 32] {
@@ -250,27 +260,28 @@ fn wrong_secret_is_refused_and_nothing_it_sends_is_stored() {
     let srv = Running::start();
     for wrong in ["", "secre", "secretX", "SECRET", &"s".repeat(MAX_KEY)] {
         let mut s = srv.raw();
-        // Hello, then a sealed Write, a Push and a Sync in the same burst, before any reply.
-        let mut burst = frame(kind::HELLO, 1, &encode_hello(wrong, "evil", ""));
-        burst.extend(frame(kind::WRITE, 2, &write_body("evil", 1, b"payload")));
+        // The handshake with a key from the wrong secret, then a sealed Write, a Push and a
+        // Sync in the same burst, before the server's verdict.
+        let _ = handshake(&mut s, &JobKey::derive(wrong, ""), "");
+        let mut burst = frame(kind::WRITE, 3, &write_body("evil", 1, b"payload"));
         let file = PushFile {
             path: "evil".into(),
             size: 7,
             blake3: digest(b"payload"),
         };
-        burst.extend(frame(kind::PUSH, 3, &encode_push("ckpt", false, &[file])));
-        burst.extend(frame(kind::SYNC, 4, &[]));
+        burst.extend(frame(kind::PUSH, 4, &encode_push("ckpt", false, &[file])));
+        burst.extend(frame(kind::SYNC, 5, &[]));
         let _ = s.write_all(&burst);
         let (id, message) = expect_error(&mut s, code::AUTH);
-        assert_eq!(id, 1, "the Error must echo the Hello's request id");
-        assert!(message.contains("secret"), "{message}");
+        assert_eq!(id, 2, "the Error must echo the Auth's request id");
+        assert!(message.contains("credential"), "{message}");
         assert_closed(&mut s);
         // Writing on: the server has gone.
-        send(&mut s, kind::WRITE, 5, &write_body("evil2", 1, b"more"));
+        send(&mut s, kind::WRITE, 6, &write_body("evil2", 1, b"more"));
     }
     // The client library reports the same refusal.
     let mut o = srv.options("");
-    o.secret = "not it".into();
+    o.credential = Credential::ClusterSecret("not it".into());
     match Connection::connect(&srv.addr.to_string(), &o) {
         Err(Error::Refused { code, .. }) => assert_eq!(code, code::AUTH),
         Err(e) => panic!("{e}"),
@@ -292,6 +303,163 @@ fn wrong_secret_is_refused_and_nothing_it_sends_is_stored() {
     assert_eq!(status.absorbed_bytes, 0);
     assert_eq!(status.usage.live_versions, 0);
     assert_eq!(status.usage.arena_bytes, 0);
+    srv.assert_serves();
+    srv.stop();
+}
+
+/// A job's credential (the key of its namespace) opens that namespace only: not another
+/// job's, not the whole server. A client holding the cluster secret opens any.
+#[test]
+fn a_job_credential_opens_only_its_own_namespace() {
+    let srv = Running::start();
+    let job = |namespace: &str, credential_of: &str| {
+        let mut o = srv.options(namespace);
+        let credential = JobKey::derive(SECRET, credential_of).credential();
+        o.credential = Credential::Job(JobKey::from_credential(&credential).unwrap());
+        Connection::connect(&srv.addr.to_string(), &o)
+    };
+    let mut a = job("teamA/job1", "teamA/job1").unwrap();
+    write_file(&mut a, "ckpt/rank0", 1, b"job one's data");
+    a.sync().unwrap();
+    let mut b = job("teamA/job2", "teamA/job2").unwrap();
+    write_file(&mut b, "ckpt/rank0", 1, b"job two's data");
+    b.sync().unwrap();
+    for (namespace, credential_of) in [
+        ("teamA/job2", "teamA/job1"),
+        ("teamA", "teamA/job1"),
+        ("", "teamA/job1"),
+        ("teamA/job1/x", "teamA/job1"),
+    ] {
+        match job(namespace, credential_of) {
+            Err(Error::Refused { code, message, .. }) => {
+                assert_eq!(code, code::AUTH, "{message}");
+                assert!(message.contains("does not open"), "{message}");
+            }
+            Err(e) => panic!("{namespace:?}: {e}"),
+            Ok(_) => panic!("the credential of {credential_of} opened {namespace:?}"),
+        }
+    }
+    // Each job reads its own data under its own names; the secret's holder sees both.
+    let mut out = Vec::new();
+    a.read("ckpt/rank0", 0, 100, &mut out).unwrap().unwrap();
+    assert_eq!(out, b"job one's data");
+    let mut root = srv.client("");
+    root.read("teamA/job2/ckpt/rank0", 0, 100, &mut out)
+        .unwrap()
+        .unwrap();
+    assert_eq!(out, b"job two's data");
+    srv.assert_serves();
+    srv.stop();
+}
+
+/// What crosses the wire in a handshake is worth nothing on another connection: the
+/// server's nonce is new each time, so a recorded Hello and Auth are refused.
+#[test]
+fn a_recorded_handshake_cannot_be_replayed() {
+    let srv = Running::start();
+    let mut s = srv.raw();
+    let (hello, auth) = handshake(&mut s, &JobKey::derive(SECRET, "job1"), "job1");
+    let (h, _) = recv(&mut s).expect("no AuthOk");
+    assert_eq!(h.kind, kind::AUTH | kind::REPLY);
+    drop(s);
+    for _ in 0..3 {
+        let mut replay = srv.raw();
+        let mut burst = hello.clone();
+        burst.extend(&auth);
+        burst.extend(frame(kind::WRITE, 3, &write_body("forged", 9, b"forged")));
+        burst.extend(frame(kind::SYNC, 4, &[]));
+        let _ = replay.write_all(&burst);
+        let (h, _) = recv(&mut replay).expect("no Challenge");
+        assert_eq!(h.kind, kind::HELLO | kind::REPLY);
+        let (id, message) = expect_error(&mut replay, code::AUTH);
+        assert_eq!(id, 2, "{message}");
+        assert_closed(&mut replay);
+    }
+    let mut c = srv.client("job1");
+    assert_eq!(c.read("forged", 0, 10, &mut Vec::new()).unwrap(), None);
+    srv.assert_serves();
+    srv.stop();
+}
+
+/// The server proves it holds the cluster secret too: a listener that answers the
+/// handshake without it (here: one that accepts any proof) gets no checkpoint data.
+#[test]
+fn a_server_that_cannot_prove_the_secret_is_not_trusted() {
+    let impostor = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = impostor.local_addr().unwrap();
+    let serving = std::thread::spawn(move || {
+        let (mut s, _) = impostor.accept().unwrap();
+        let (h, _) = recv(&mut s).expect("no Hello");
+        assert_eq!(h.kind, kind::HELLO);
+        let challenge = protocol::encode_challenge("impostor", 1, &[3; 32]);
+        s.write_all(&frame(kind::HELLO | kind::REPLY, h.request, &challenge))
+            .unwrap();
+        let (h, _) = recv(&mut s).expect("no Auth");
+        assert_eq!(h.kind, kind::AUTH);
+        let ok = protocol::encode_auth_ok(&[0x5a; 32]);
+        s.write_all(&frame(kind::AUTH | kind::REPLY, h.request, &ok))
+            .unwrap();
+        // Whatever the client sends next would be checkpoint data.
+        recv(&mut s).map(|(h, _)| h.kind)
+    });
+    let mut o = ClientOptions::new(SECRET);
+    o.io_timeout = TIMEOUT;
+    match Connection::connect(&addr.to_string(), &o) {
+        Err(Error::Protocol { why, .. }) => {
+            assert!(
+                why.contains("not a staging server of this cluster"),
+                "{why}"
+            )
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a server without the secret was trusted"),
+    }
+    assert_eq!(serving.join().unwrap(), None, "the client sent more");
+}
+
+/// Names the durable layout reserves (markers, checksums, parts, version objects) are
+/// written by the server only: a client that Writes or Pushes one is refused, and nothing
+/// of it reaches the durable store. (Dedup manifests are repository records, where a node's
+/// part is legitimately named `<ckpt>/.cascade-part.<node>`.)
+#[test]
+fn reserved_names_are_refused_from_clients() {
+    let srv = Running::start();
+    let reserved = [
+        "ckpt/.cascade-complete",
+        "x.cascade-complete",
+        "ckpt/x.blake3",
+        "ckpt/.cascade-part.node1",
+        "ckpt/.x.cascade-version",
+    ];
+    for key in reserved {
+        let file = |path: &str| PushFile {
+            path: path.into(),
+            size: 1,
+            blake3: [0; 32],
+        };
+        for (k, body) in [
+            (kind::WRITE, write_body(key, 1, b"forged")),
+            (kind::PUSH, encode_push(key, false, &[file("f")])),
+            (kind::PUSH, encode_push("ckpt", false, &[file(key)])),
+        ] {
+            let mut s = srv.raw_hello("job1");
+            send(&mut s, k, 21, &body);
+            send(&mut s, kind::SYNC, 22, &[]);
+            let (id, message) = expect_error(&mut s, code::BAD_PATH);
+            assert_eq!(id, 21, "{key:?} kind {k}: {message}");
+            assert!(message.contains("reserved"), "{message}");
+            assert_closed(&mut s);
+        }
+    }
+    let mut c = srv.client("");
+    assert_eq!(c.status().unwrap().absorbed_files, 0);
+    for key in reserved {
+        assert_eq!(
+            c.read(&format!("job1/{key}"), 0, 9, &mut Vec::new())
+                .unwrap(),
+            None
+        );
+    }
     srv.assert_serves();
     srv.stop();
 }
@@ -336,26 +504,50 @@ fn oversized_bodies_are_refused_before_they_are_read() {
     // header alone is answered (the body is never sent).
     for len in too_big {
         let mut s = srv.raw();
-        let _ = s.write_all(&raw_header(&protocol::MAGIC, 1, kind::HELLO, len, 3));
+        let _ = s.write_all(&raw_header(
+            &protocol::MAGIC,
+            protocol::VERSION,
+            kind::HELLO,
+            len,
+            3,
+        ));
         let (id, message) = expect_error(&mut s, code::BAD_FRAME);
         assert_eq!(id, 0, "a frame error is answered with request id 0");
         assert!(message.contains("exceeds"), "{message}");
         assert_closed(&mut s);
 
         let mut s = srv.raw_hello("");
-        let _ = s.write_all(&raw_header(&protocol::MAGIC, 1, kind::WRITE, len, 3));
+        let _ = s.write_all(&raw_header(
+            &protocol::MAGIC,
+            protocol::VERSION,
+            kind::WRITE,
+            len,
+            3,
+        ));
         expect_error(&mut s, code::BAD_FRAME);
         assert_closed(&mut s);
     }
     // Frames other than Write and Push are limited to 64 KiB.
     let mut s = srv.raw();
-    let h = raw_header(&protocol::MAGIC, 1, kind::HELLO, SMALL_BODY as u32 + 1, 4);
+    let h = raw_header(
+        &protocol::MAGIC,
+        protocol::VERSION,
+        kind::HELLO,
+        SMALL_BODY as u32 + 1,
+        4,
+    );
     let _ = s.write_all(&h);
     assert_eq!(expect_error(&mut s, code::BAD_FRAME).0, 4);
     assert_closed(&mut s);
     for k in [kind::PING, kind::READ, kind::PULL, kind::STATUS, 0x42] {
         let mut s = srv.raw_hello("");
-        let _ = s.write_all(&raw_header(&protocol::MAGIC, 1, k, MAX_BODY as u32, 5));
+        let _ = s.write_all(&raw_header(
+            &protocol::MAGIC,
+            protocol::VERSION,
+            k,
+            MAX_BODY as u32,
+            5,
+        ));
         let (id, message) = expect_error(&mut s, code::BAD_FRAME);
         assert_eq!(id, 5);
         assert!(message.contains("too large"), "{message}");
@@ -413,7 +605,7 @@ fn bad_magic_and_garbage_are_refused() {
 #[test]
 fn other_versions_are_refused() {
     let srv = Running::start();
-    for version in [0u8, 2, 0xff] {
+    for version in [0u8, 1, 3, 0xff] {
         for authenticated in [false, true] {
             let mut s = if authenticated {
                 srv.raw_hello("")
@@ -421,10 +613,10 @@ fn other_versions_are_refused() {
                 srv.raw()
             };
             let _ = s.write_all(&raw_header(&protocol::MAGIC, version, kind::HELLO, 0, 8));
-            // Read the reply's header by hand: it is in this server's version, 1.
+            // Read the reply's header by hand: it is in this server's version, 2.
             let mut h = [0u8; HEADER_LEN];
             s.read_exact(&mut h).unwrap();
-            assert_eq!(&h[0..6], b"CSTG\x01\xff", "{h:02x?}");
+            assert_eq!(&h[0..6], b"CSTG\x02\xff", "{h:02x?}");
             let body_len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
             let mut body = vec![0; body_len];
             s.read_exact(&mut body).unwrap();
@@ -501,7 +693,7 @@ fn paths_escaping_the_namespace_are_refused() {
         // A Hello whose namespace escapes.
         if !key.is_empty() {
             let mut s = srv.raw();
-            send(&mut s, kind::HELLO, 1, &encode_hello(SECRET, "raw", key));
+            send(&mut s, kind::HELLO, 1, &encode_hello("raw", key, &[1; 32]));
             expect_error(&mut s, code::BAD_PATH);
             assert_closed(&mut s);
         }
@@ -548,7 +740,7 @@ fn truncated_frames_do_not_disturb_other_clients() {
     stalled
         .write_all(&raw_header(
             &protocol::MAGIC,
-            1,
+            protocol::VERSION,
             kind::WRITE,
             announced as u32,
             9,
@@ -558,7 +750,7 @@ fn truncated_frames_do_not_disturb_other_clients() {
     stalled.write_all(&[7u8; 1000]).unwrap();
     // A Hello that stops halfway, and half a header.
     let mut half_hello = srv.raw();
-    let hello = frame(kind::HELLO, 1, &encode_hello(SECRET, "half", ""));
+    let hello = frame(kind::HELLO, 1, &encode_hello("half", "", &[1; 32]));
     half_hello.write_all(&hello[..hello.len() - 3]).unwrap();
     let mut half_header = srv.raw_hello("");
     half_header.write_all(&hello[..7]).unwrap();
@@ -619,7 +811,8 @@ fn truncated_frames_do_not_disturb_other_clients() {
 fn second_hello_and_unknown_kinds_close_the_connection() {
     let srv = Running::start();
     for (k, body) in [
-        (kind::HELLO, encode_hello(SECRET, "again", "")),
+        (kind::HELLO, encode_hello("again", "", &[1; 32])),
+        (kind::AUTH, vec![0; 32]),
         (kind::PING | kind::REPLY, Vec::new()),
         (kind::ERROR, Vec::new()),
         (0x00, Vec::new()),
@@ -859,8 +1052,10 @@ fn a_good_client_writes_syncs_reads_and_pulls() {
 #[test]
 fn pipelined_requests_are_answered_in_order_with_their_ids() {
     let srv = Running::start();
-    let mut s = srv.raw();
-    let mut burst = frame(kind::HELLO, 100, &encode_hello(SECRET, "pipe", "p"));
+    // The handshake cannot be pipelined (the proof needs the server's nonce): after it,
+    // everything can.
+    let mut s = srv.raw_hello("p");
+    let mut burst = Vec::new();
     for i in 0..20u32 {
         burst.extend(frame(
             kind::WRITE,
@@ -874,7 +1069,7 @@ fn pipelined_requests_are_answered_in_order_with_their_ids() {
     burst.extend(frame(kind::PING, 203, &[]));
     s.write_all(&burst).unwrap();
     let mut answers = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..4 {
         let (h, body) = recv(&mut s).unwrap();
         let reply = Reply::decode(h.kind, &body).unwrap();
         match &reply {
@@ -883,7 +1078,7 @@ fn pipelined_requests_are_answered_in_order_with_their_ids() {
                 let st: cascade_staging::ServerStatus = serde_json::from_str(json).unwrap();
                 assert_eq!(st.absorbed_files, 20);
             }
-            Reply::HelloOk { .. } | Reply::SyncOk | Reply::Pong => {}
+            Reply::SyncOk | Reply::Pong => {}
             other => panic!("{other:?}"),
         }
         answers.push((h.kind, h.request));
@@ -892,7 +1087,6 @@ fn pipelined_requests_are_answered_in_order_with_their_ids() {
     assert_eq!(
         answers,
         [
-            (kind::HELLO | r, 100),
             (kind::SYNC | r, 200),
             (kind::READ | r, 201),
             (kind::STATUS | r, 202),
@@ -998,7 +1192,7 @@ fn malformed_dedup_frames_are_refused_and_close_the_connection() {
     let mut s = srv.raw_hello("");
     let _ = s.write_all(&raw_header(
         &protocol::MAGIC,
-        1,
+        protocol::VERSION,
         kind::GET_MANIFEST,
         SMALL_BODY as u32 + 1,
         52,
@@ -1010,7 +1204,7 @@ fn malformed_dedup_frames_are_refused_and_close_the_connection() {
     let mut s = srv.raw_hello("");
     let _ = s.write_all(&raw_header(
         &protocol::MAGIC,
-        1,
+        protocol::VERSION,
         kind::PUT_CHUNKS,
         MAX_BODY as u32 + 1,
         53,

@@ -5,7 +5,8 @@ use std::process::ExitStatus;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use cascade_wire::protocol::{PullKind, PullState};
+use cascade_wire::auth::{JobKey, Transcript};
+use cascade_wire::protocol::{self, kind, Header, PullKind, PullState, Reply};
 use cascade_wire::{ClientOptions, Connection, ServerStatus};
 
 use crate::node::Env;
@@ -173,4 +174,51 @@ impl StageServer {
             .unwrap_or_else(|e| panic!("pull {key} from {}: {e}", self.addr))
             .remove(0)
     }
+}
+
+/// The client nonce of hand-made handshakes (a fixed one: the server's nonce is what makes
+/// each handshake unique).
+pub const RAW_CLIENT_NONCE: [u8; 32] = [7; 32];
+
+/// The Hello frame (request 1) of a hand-made client on a raw stream (docs/staging-protocol.md,
+/// "Hello and Auth").
+pub fn raw_hello_frame(client: &str, namespace: &str) -> Vec<u8> {
+    raw_frame(
+        kind::HELLO,
+        1,
+        &protocol::encode_hello(client, namespace, &RAW_CLIENT_NONCE),
+    )
+}
+
+/// The Auth frame (request 2) that answers `challenge` (the body of the reply to Hello) with
+/// the proof of `key` for `namespace`. Panics if `challenge` is not a Challenge.
+pub fn raw_auth_frame(challenge: &[u8], key: &JobKey, namespace: &str) -> Vec<u8> {
+    let Ok(Reply::Challenge { nonce, .. }) = Reply::decode(kind::HELLO | kind::REPLY, challenge)
+    else {
+        panic!("not a Challenge: {challenge:02x?}");
+    };
+    let transcript = Transcript {
+        namespace,
+        client_nonce: RAW_CLIENT_NONCE,
+        server_nonce: nonce,
+        binding: None,
+    };
+    raw_frame(
+        kind::AUTH,
+        2,
+        &protocol::encode_auth(&key.client_proof(&transcript)),
+    )
+}
+
+/// One frame's bytes.
+pub fn raw_frame(k: u8, request: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let header = Header {
+        kind: k,
+        body_len: body.len() as u32,
+        request,
+    };
+    // Writing to a Vec cannot fail.
+    let _ = protocol::write_frame(&mut out, header, &[body]);
+    out
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use cascade_dedup::repo::{FileRecipe, Manifest};
 use cascade_dedup::{Compression, Score};
 
+use crate::auth::{self, proofs_match, Credential, Transcript};
 use crate::protocol::{
     self, encode_segment_header, kind, read_frame, write_frame, BlobKind, BodyWriter, DeltaBase,
     Header, ManifestPart, ManifestState, NoSigPipe, PullKind, PullState, PushFile, RecipeEntry,
@@ -26,8 +27,8 @@ use cascade_secret::Secret;
 /// How a client identifies itself.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// The servers' shared secret (shows as `***`).
-    pub secret: Secret,
+    /// The cluster secret or the job's credential (Debug shows neither).
+    pub credential: Credential,
     /// For the server's log: host:pid.
     pub client: String,
     /// Every key of the connection lives under this prefix on the server ("" = none).
@@ -38,10 +39,15 @@ pub struct ClientOptions {
 }
 
 impl ClientOptions {
+    /// Options of a client that holds the cluster secret.
     pub fn new(secret: &str) -> ClientOptions {
+        ClientOptions::with(Credential::ClusterSecret(Secret::new(secret)))
+    }
+
+    pub fn with(credential: Credential) -> ClientOptions {
         let host = crate::host_name();
         ClientOptions {
-            secret: Secret::new(secret),
+            credential,
             client: format!("{host}:{}", std::process::id()),
             namespace: String::new(),
             connect_timeout: Duration::from_secs(5),
@@ -193,13 +199,54 @@ impl Connection {
             next_request: 1,
             reply_buf: Vec::new(),
         };
-        let body = protocol::encode_hello(opts.secret.expose(), &opts.client, &opts.namespace);
-        let id = c.send(kind::HELLO, &[&body])?;
-        match recv_reply(&c.stream, &mut c.reply_buf, &c.server, id)? {
-            (Reply::HelloOk { instance, .. }, _) => c.instance = instance,
-            (other, _) => return Err(unexpected(&c.server, &other)),
-        }
+        c.authenticate(opts)?;
         Ok(c)
+    }
+
+    /// Hello, the server's challenge, the client's proof, the server's proof back
+    /// (docs/staging-protocol.md, "Hello and Auth"). A wrong credential is `Error::Refused`
+    /// with code AUTH; a server that cannot prove it holds the cluster secret is refused here.
+    fn authenticate(&mut self, opts: &ClientOptions) -> Result<()> {
+        let client_nonce = auth::nonce().map_err(|e| Error::io("random nonce", e))?;
+        let body = protocol::encode_hello(&opts.client, &opts.namespace, &client_nonce);
+        let id = self.send(kind::HELLO, &[&body])?;
+        let server_nonce = match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            (
+                Reply::Challenge {
+                    instance, nonce, ..
+                },
+                _,
+            ) => {
+                self.instance = instance;
+                nonce
+            }
+            (other, _) => return Err(unexpected(&self.server, &other)),
+        };
+        let key = opts.credential.key_for(&opts.namespace);
+        let transcript = Transcript {
+            namespace: &opts.namespace,
+            client_nonce,
+            server_nonce,
+            binding: None,
+        };
+        let id = self.send(
+            kind::AUTH,
+            &[&protocol::encode_auth(&key.client_proof(&transcript))],
+        )?;
+        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            (Reply::AuthOk { proof }, _)
+                if proofs_match(&proof, &key.server_proof(&transcript)) =>
+            {
+                Ok(())
+            }
+            (Reply::AuthOk { .. }, _) => Err(Error::Protocol {
+                server: self.server.clone(),
+                why: "it accepted the credential but could not prove it holds the cluster \
+                      secret itself: it is not a staging server of this cluster"
+                    .into(),
+            }),
+            (other, _) => Err(unexpected(&self.server, &other)),
+        }
     }
 
     pub fn server(&self) -> &str {

@@ -2,10 +2,12 @@
 //! agent talks to staging servers with. The servers themselves (arenas, chunk store, drain)
 //! live in `cascade-staging`, which builds on this crate; an agent links only this one.
 //!
+//! - [`auth`]: job credentials and the proofs of the handshake.
 //! - [`protocol`]: frames, their bodies, encoders and decoders (both sides use them).
 //! - [`client`]: a [`Connection`] to one server, and [`owner_of`], which server owns a chunk.
 //! - [`status`]: the JSON a server answers a Status request with ([`ServerStatus`]).
 
+pub mod auth;
 pub mod client;
 pub mod protocol;
 pub mod status;

@@ -13,12 +13,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use cascade_wire::protocol::{
-    code, encode_chunk_descriptors, encode_error, encode_get_chunks_ok_head, encode_get_manifest,
-    encode_get_manifest_ok, encode_hello, encode_hello_ok, encode_lacks_ok, encode_manifest_part,
-    encode_pull, encode_pull_ok, encode_push, encode_put_chunks_ok, encode_read,
-    encode_read_ok_head, encode_scores, encode_segment_header, kind, write_frame, BlobKind,
-    BodyWriter, Header, Level, ManifestPart, ManifestState, PullKind, PullState, PushFile,
-    RecipeEntry, Stored, WireChunk, HEADER_LEN,
+    code, encode_auth, encode_auth_ok, encode_challenge, encode_chunk_descriptors, encode_error,
+    encode_get_chunks_ok_head, encode_get_manifest, encode_get_manifest_ok, encode_hello,
+    encode_lacks_ok, encode_manifest_part, encode_pull, encode_pull_ok, encode_push,
+    encode_put_chunks_ok, encode_read, encode_read_ok_head, encode_scores, encode_segment_header,
+    kind, write_frame, BlobKind, BodyWriter, Header, Level, ManifestPart, ManifestState, PullKind,
+    PullState, PushFile, RecipeEntry, Stored, WireChunk, HEADER_LEN,
 };
 
 const TARGETS: [&str; 2] = ["decode_frame", "read_frame"];
@@ -72,7 +72,7 @@ fn doc_hello() -> Vec<u8> {
     frame(
         kind::HELLO,
         1,
-        &encode_hello("s3cret", "node7:4242", "job42"),
+        &encode_hello("node7:4242", "job42", &[0xa5; 32]),
     )
 }
 
@@ -164,8 +164,9 @@ fn request_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("hello", doc_hello()),
         (
             "hello-no-namespace",
-            frame(kind::HELLO, 9, &encode_hello("s", "", "")),
+            frame(kind::HELLO, 9, &encode_hello("s", "", &[0; 32])),
         ),
+        ("auth", frame(kind::AUTH, 2, &encode_auth(&[0x3c; 32]))),
         ("write-one-segment", doc_write()),
         ("write-two-segments", frame(kind::WRITE, 3, &two_segments)),
         ("write-three-keys", frame(kind::WRITE, 4, &three_keys)),
@@ -292,12 +293,16 @@ fn reply_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ];
     vec![
         (
-            "hello-ok",
+            "challenge",
             frame(
                 kind::HELLO | r,
                 1,
-                &encode_hello_ok("stage1:7070", 0x0123_4567_89ab_cdef),
+                &encode_challenge("stage1:7070", 0x0123_4567_89ab_cdef, &[0x5a; 32]),
             ),
+        ),
+        (
+            "auth-ok",
+            frame(kind::AUTH | r, 2, &encode_auth_ok(&[0xc3; 32])),
         ),
         ("write-ok", frame(kind::WRITE | r, 2, &[])),
         ("sync-ok", frame(kind::SYNC | r, 3, &[])),
@@ -503,7 +508,7 @@ fn every_corpus_file_decodes_without_panicking() {
             }
         }
     }
-    let every_kind: BTreeSet<u8> = (kind::HELLO..=kind::GET_MANIFEST)
+    let every_kind: BTreeSet<u8> = (kind::HELLO..=kind::AUTH)
         .flat_map(|k| [k, k | kind::REPLY])
         .chain([kind::ERROR])
         .collect();

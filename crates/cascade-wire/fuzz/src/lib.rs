@@ -9,12 +9,13 @@
 use std::io::{self, Read};
 
 use cascade_wire::protocol::{
-    check_key, code, decode_request_frame, encode_chunk_descriptors, encode_get_chunks_ok_head,
-    encode_get_manifest, encode_get_manifest_ok, encode_hello, encode_hello_ok, encode_lacks_ok,
-    encode_manifest_part, encode_pull, encode_pull_ok, encode_push, encode_put_chunks_ok,
-    encode_read, encode_read_ok_head, encode_scores, encode_segment_header, kind, read_frame,
-    BodyWriter, FrameError, Header, ManifestState, Reply, Request, Stored, WireChunk, BLAKE3_LEN,
-    HEADER_LEN, MAX_BODY, MAX_DATA, MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY,
+    check_key, code, decode_request_frame, encode_auth, encode_auth_ok, encode_challenge,
+    encode_chunk_descriptors, encode_get_chunks_ok_head, encode_get_manifest,
+    encode_get_manifest_ok, encode_hello, encode_lacks_ok, encode_manifest_part, encode_pull,
+    encode_pull_ok, encode_push, encode_put_chunks_ok, encode_read, encode_read_ok_head,
+    encode_scores, encode_segment_header, kind, read_frame, BodyWriter, FrameError, Header,
+    ManifestState, Reply, Request, Stored, WireChunk, BLAKE3_LEN, HEADER_LEN, MAX_BODY, MAX_DATA,
+    MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY,
 };
 
 /// What decoding one input as a frame gave.
@@ -27,7 +28,7 @@ pub struct Decoded {
 }
 
 /// Every request and reply kind, and one unknown kind.
-const KINDS: [u8; 30] = [
+const KINDS: [u8; 32] = [
     kind::HELLO,
     kind::WRITE,
     kind::SYNC,
@@ -42,6 +43,7 @@ const KINDS: [u8; 30] = [
     kind::PUT_MANIFEST,
     kind::GET_CHUNKS,
     kind::GET_MANIFEST,
+    kind::AUTH,
     kind::HELLO | kind::REPLY,
     kind::WRITE | kind::REPLY,
     kind::SYNC | kind::REPLY,
@@ -56,6 +58,7 @@ const KINDS: [u8; 30] = [
     kind::PUT_MANIFEST | kind::REPLY,
     kind::GET_CHUNKS | kind::REPLY,
     kind::GET_MANIFEST | kind::REPLY,
+    kind::AUTH | kind::REPLY,
     kind::ERROR,
     0x42,
 ];
@@ -260,7 +263,11 @@ fn check_request(k: u8, request: &Request<'_>, body: &[u8]) {
         Request::Hello(h) => {
             assert_eq!(k, kind::HELLO);
             assert!(h.namespace.is_empty() || check_key(h.namespace).is_ok());
-            encode_hello(h.secret, h.client, h.namespace)
+            encode_hello(h.client, h.namespace, &h.nonce)
+        }
+        Request::Auth { proof } => {
+            assert_eq!(k, kind::AUTH);
+            encode_auth(proof)
         }
         Request::Write(segments) => {
             assert_eq!(k, kind::WRITE);
@@ -380,9 +387,17 @@ fn check_reply(k: u8, reply: &Reply<'_>, body: &[u8]) {
         Vec::new()
     };
     let again: Vec<u8> = match reply {
-        Reply::HelloOk { server, instance } => {
+        Reply::Challenge {
+            server,
+            instance,
+            nonce,
+        } => {
             assert_eq!(k, kind::HELLO | kind::REPLY);
-            encode_hello_ok(server, *instance)
+            encode_challenge(server, *instance, nonce)
+        }
+        Reply::AuthOk { proof } => {
+            assert_eq!(k, kind::AUTH | kind::REPLY);
+            encode_auth_ok(proof)
         }
         Reply::ReadOk {
             stamp,

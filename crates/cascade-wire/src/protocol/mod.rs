@@ -26,7 +26,7 @@ pub use request::*;
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"CSTG";
 /// The protocol version this build speaks (header byte 4).
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 16;
 /// Largest data payload of one Write or Read reply.
 pub const MAX_DATA: usize = 16 << 20;
@@ -55,6 +55,8 @@ pub mod kind {
     pub const PUT_MANIFEST: u8 = 0x0C;
     pub const GET_CHUNKS: u8 = 0x0D;
     pub const GET_MANIFEST: u8 = 0x0E;
+    /// The client's proof after the server's challenge (the reply to Hello).
+    pub const AUTH: u8 = 0x0F;
     pub const REPLY: u8 = 0x80;
     pub const ERROR: u8 = 0xFF;
 }

@@ -4,6 +4,7 @@
 use super::body::{empty, BodyReader};
 use super::dedup::decode_chunks;
 use super::{BodyWriter, FrameError, ManifestState, WireChunk, BLAKE3_LEN};
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 
 /// A Pull answer. For a file: `Unknown`, `Staged` (on the server's SSD) or `Durable`
 /// (drained). For a checkpoint: `Unknown`, `Staged` (manifest recorded) or `Durable`
@@ -26,10 +27,16 @@ pub struct PullState {
 /// A decoded reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply<'a> {
-    HelloOk {
+    /// The answer to Hello: who the server is, and its nonce for the proofs.
+    Challenge {
         server: &'a str,
         /// A random number chosen when the server started: a change means it restarted.
         instance: u64,
+        nonce: [u8; NONCE_LEN],
+    },
+    /// The client's proof was right; this is the server's proof back.
+    AuthOk {
+        proof: [u8; PROOF_LEN],
     },
     WriteOk,
     SyncOk,
@@ -83,7 +90,13 @@ impl<'a> Reply<'a> {
             return Err(FrameError::Kind(kind));
         }
         match kind & !k::REPLY {
-            k::HELLO => decode_hello_ok(body),
+            k::HELLO => decode_challenge(body),
+            k::AUTH => {
+                let mut r = BodyReader::new(body, "AuthOk");
+                let proof = r.digest()?;
+                r.end()?;
+                Ok(Reply::AuthOk { proof })
+            }
             k::WRITE => empty(body, "WriteOk", Reply::WriteOk),
             k::SYNC => empty(body, "SyncOk", Reply::SyncOk),
             k::READ => decode_read_ok(body),
@@ -114,12 +127,17 @@ impl<'a> Reply<'a> {
     }
 }
 
-fn decode_hello_ok(body: &[u8]) -> Result<Reply<'_>, FrameError> {
-    let mut r = BodyReader::new(body, "HelloOk");
+fn decode_challenge(body: &[u8]) -> Result<Reply<'_>, FrameError> {
+    let mut r = BodyReader::new(body, "Challenge");
     let server = r.str()?;
     let instance = r.u64()?;
+    let nonce = r.digest()?;
     r.end()?;
-    Ok(Reply::HelloOk { server, instance })
+    Ok(Reply::Challenge {
+        server,
+        instance,
+        nonce,
+    })
 }
 
 fn decode_read_ok(body: &[u8]) -> Result<Reply<'_>, FrameError> {
@@ -215,10 +233,14 @@ fn decode_error(body: &[u8]) -> Result<Reply<'_>, FrameError> {
     Ok(Reply::Error { code, message })
 }
 
-pub fn encode_hello_ok(server: &str, instance: u64) -> Vec<u8> {
+pub fn encode_challenge(server: &str, instance: u64, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
     let mut w = BodyWriter::default();
-    w.str(server).u64(instance);
+    w.str(server).u64(instance).bytes(nonce);
     w.buf
+}
+
+pub fn encode_auth_ok(proof: &[u8; PROOF_LEN]) -> Vec<u8> {
+    proof.to_vec()
 }
 
 pub fn encode_read_ok_head(stamp: u64, size: u64, blake3: &[u8; BLAKE3_LEN]) -> Vec<u8> {

@@ -7,25 +7,19 @@ use super::{
     check_key, BodyWriter, FrameError, Header, ManifestPart, Score, WireChunk, BLAKE3_LEN,
     HEADER_LEN, MAX_DATA,
 };
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 
-/// Hello: the first frame of every connection. Its Debug hides the secret.
-#[derive(Clone, PartialEq, Eq)]
+/// Hello: the first frame of every connection. It carries no secret: the server answers
+/// with a challenge and the client proves in [`Request::Auth`] that it holds its namespace's
+/// key (crate::auth).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello<'a> {
-    pub secret: &'a str,
     /// Who connects (host:pid), for logs.
     pub client: &'a str,
     /// The job's namespace: a key prefix every path of the connection lives under ("" = none).
     pub namespace: &'a str,
-}
-
-impl std::fmt::Debug for Hello<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hello")
-            .field("secret", &cascade_secret::Secret::new(self.secret))
-            .field("client", &self.client)
-            .field("namespace", &self.namespace)
-            .finish()
-    }
+    /// Fresh random bytes of the client, covered by both proofs.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 /// One piece of one file version inside a Write.
@@ -81,6 +75,10 @@ pub enum PullKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
     Hello(Hello<'a>),
+    /// The client's proof (crate::auth::JobKey::client_proof), the second frame.
+    Auth {
+        proof: [u8; PROOF_LEN],
+    },
     Write(Vec<Segment<'a>>),
     Sync,
     Read {
@@ -112,6 +110,12 @@ impl<'a> Request<'a> {
         use super::kind as k;
         match kind {
             k::HELLO => decode_hello(body).map(Request::Hello),
+            k::AUTH => {
+                let mut r = BodyReader::new(body, "Auth");
+                let proof = r.digest()?;
+                r.end()?;
+                Ok(Request::Auth { proof })
+            }
             k::WRITE => decode_write(body).map(Request::Write),
             k::SYNC => empty(body, "Sync", Request::Sync),
             k::READ => decode_read(body),
@@ -142,17 +146,17 @@ impl<'a> Request<'a> {
 
 fn decode_hello(body: &[u8]) -> Result<Hello<'_>, FrameError> {
     let mut r = BodyReader::new(body, "Hello");
-    let secret = r.str()?;
     let client = r.str()?;
     let namespace = r.str()?;
     if !namespace.is_empty() {
         check_key(namespace)?;
     }
+    let nonce = r.digest()?;
     r.end()?;
     Ok(Hello {
-        secret,
         client,
         namespace,
+        nonce,
     })
 }
 
@@ -298,10 +302,15 @@ fn decode_pull(body: &[u8]) -> Result<Vec<(PullKind, &str)>, FrameError> {
 }
 
 /// Body of a Hello request.
-pub fn encode_hello(secret: &str, client: &str, namespace: &str) -> Vec<u8> {
+pub fn encode_hello(client: &str, namespace: &str, nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
     let mut w = BodyWriter::default();
-    w.str(secret).str(client).str(namespace);
+    w.str(client).str(namespace).bytes(nonce);
     w.buf
+}
+
+/// Body of an Auth request: the client's proof.
+pub fn encode_auth(proof: &[u8; PROOF_LEN]) -> Vec<u8> {
+    proof.to_vec()
 }
 
 pub fn encode_read(key: &str, offset: u64, len: u32) -> Vec<u8> {
