@@ -151,6 +151,10 @@ pub struct AgentStats {
     pub evicted_bytes: u64,
     pub fetched_files: u64,
     pub fetched_bytes: u64,
+    /// Staged copies read-through passed over because the job did not write them (their
+    /// tag did not verify).
+    #[serde(default)]
+    pub untrusted_staged: u64,
     pub failures: u64,
     /// Files waiting for upload at the end of the last pass (not counting files in writing).
     pub pending_files: u64,

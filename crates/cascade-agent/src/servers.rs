@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cascade_dedup::Score;
+use cascade_wire::auth::JobKey;
 use cascade_wire::client::{ClientOptions, Connection};
 
 use crate::options::{Placement, StagingOptions};
@@ -23,6 +24,8 @@ struct ServerSlot {
 pub(crate) struct ServerPool {
     pub(crate) opts: StagingOptions,
     client: ClientOptions,
+    /// The job's key: tags the versions this agent stages, checks the ones it reads.
+    pub(crate) job_key: JobKey,
     servers: Vec<ServerSlot>,
     next: AtomicUsize,
 }
@@ -49,6 +52,7 @@ impl ServerPool {
             .collect();
         ServerPool {
             opts,
+            job_key: client.job_key(),
             client,
             servers,
             next: AtomicUsize::new(0),

@@ -955,14 +955,14 @@ fn wrong_secret_is_refused_and_data_goes_straight_down() {
         .lines()
         .find(|l| l.contains(&format!("staging server {}", s.addr)) && l.contains("failed"))
         .unwrap_or_else(|| panic!("the agent did not report the refusal\n{}", all()));
-    assert!(failure.contains("wrong shared secret"), "{failure}");
+    assert!(failure.contains("a wrong staging secret"), "{failure}");
     assert!(log.contains("no staging server takes"), "{}", all());
     assert!(staged_lines(&log).is_empty(), "{}", all());
     let server_line = s
         .daemon
         .lines()
         .into_iter()
-        .find(|l| l.contains("refused") && l.contains("wrong shared secret"))
+        .find(|l| l.contains("refused") && l.contains("a wrong staging secret"))
         .unwrap_or_else(|| panic!("the server did not log the refusal:\n{}", s.log()));
     assert!(
         server_line.starts_with("cascade stage-server "),
@@ -984,7 +984,7 @@ fn wrong_secret_is_refused_and_data_goes_straight_down() {
     assert!(
         lines.len() == 1
             && lines[0].starts_with("cascade: ")
-            && lines[0].contains("wrong shared secret"),
+            && lines[0].contains("a wrong staging secret"),
         "{out}"
     );
     stop_agent(&mut agent);

@@ -38,9 +38,10 @@ fn client_credential(config: &Config) -> Result<Credential, Failure> {
     }
     if config.text("staging.secret").is_empty() {
         return Err(Failure::new(
-            "no staging credential: set staging.credential_file (CASCADE_STAGING_CREDENTIAL_FILE) \
-             to a file holding the job's credential (`cascade stage-server credential` prints \
-             it), or give the cluster secret (staging.secret_file)",
+            "no staging credential: give the job's credential (staging.credential_file, \
+             CASCADE_STAGING_CREDENTIAL_FILE; `cascade stage-server credential` prints it) or \
+             the cluster secret (staging.secret_file, CASCADE_STAGING_SECRET_FILE, or \
+             CASCADE_STAGING_SECRET)",
         ));
     }
     Ok(Credential::ClusterSecret(

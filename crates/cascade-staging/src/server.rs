@@ -727,7 +727,7 @@ impl Shared {
         let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let mut small = Vec::with_capacity(SMALL_BODY);
         let out = Outbox::default();
-        let Some(namespace) = self.handshake(&stream, &mut small, &peer, &out) else {
+        let Some((namespace, job_key)) = self.handshake(&stream, &mut small, &peer, &out) else {
             return;
         };
         lock(&self.counters).clients += 1;
@@ -788,7 +788,8 @@ impl Shared {
                 if header.kind == kind::WRITE {
                     let refusal = match Request::decode(kind::WRITE, &buf[..len]) {
                         Err(e) => Some((e.code(), e.to_string())),
-                        Ok(request) => reserved_name_in(&request),
+                        Ok(request) => reserved_name_in(&request)
+                            .or_else(|| untagged_seal_in(&request, &job_key)),
                     };
                     if let Some((code, why)) = refusal {
                         self.pool.give(buf);
@@ -841,7 +842,7 @@ impl Shared {
 
     /// Hello, Challenge, Auth, AuthOk (docs/staging-protocol.md, "Hello and Auth"), all of
     /// it within the Hello timeout of connecting: the client proves it holds the key of the
-    /// namespace it claims, the server proves it back. The namespace on success; the replies
+    /// namespace it claims, the server proves it back. The namespace and its key on success; the replies
     /// (or the refusal) are sent.
     fn handshake(
         &self,
@@ -849,7 +850,7 @@ impl Shared {
         buf: &mut Vec<u8>,
         peer: &str,
         out: &Outbox,
-    ) -> Option<String> {
+    ) -> Option<(String, JobKey)> {
         let deadline = Instant::now() + self.opts.hello_timeout;
         let refuse = |request: u32, code: u16, why: &str| {
             lock(&self.counters).refused_clients += 1;
@@ -917,7 +918,7 @@ impl Shared {
         if !self.flush(stream, out, peer) {
             return None;
         }
-        Some(namespace)
+        Some((namespace, key))
     }
 
     /// Reads one handshake frame of kind `want` (small, whole by `deadline`) into `buf`.
@@ -1154,7 +1155,12 @@ impl Shared {
         match self.engine.read_at(v.id, offset, &mut buf) {
             Ok(n) => {
                 buf.truncate(n);
-                let head = protocol::encode_read_ok_head(v.stamp, v.size, &v.blake3);
+                let head = protocol::encode_read_ok_head(
+                    v.stamp,
+                    v.size,
+                    &v.blake3,
+                    &v.tag.unwrap_or([0; 32]),
+                );
                 let tail = (n == first && want > first).then(|| ReadTail {
                     id: v.id,
                     key: key.to_string(),
@@ -1259,8 +1265,9 @@ impl Shared {
                 self.engine.append(slot, id, s.offset, s.data)?;
                 bytes += s.data.len() as u64;
             }
-            if let Some(digest) = s.seal {
-                self.engine.seal(id, digest)?;
+            if let Some(seal) = s.seal {
+                let tag = (seal.tag != [0; 32]).then_some(seal.tag);
+                self.engine.seal(id, seal.blake3, tag)?;
                 lock(&job.conn.open).remove(&(key, s.stamp));
                 files += 1;
             }
@@ -1492,6 +1499,29 @@ fn reserved_name_in(request: &Request) -> Option<(u16, String)> {
         format!(
             "bad path {bad:?}: the name is reserved by the durable layout (markers, checksums, \
              parts and version objects are written by the server)"
+        ),
+    ))
+}
+
+/// A sealed version in a Write whose tag does not verify with the namespace's key: its
+/// writer does not hold the job's key (or the bytes were changed on the way), so it must
+/// never override what the durable store holds. The refusal (INVALID, one line), or None.
+fn untagged_seal_in(request: &Request, key: &JobKey) -> Option<(u16, String)> {
+    let Request::Write(segments) = request else {
+        return None;
+    };
+    let bad = segments.iter().find(|s| {
+        s.seal.is_some_and(|seal| {
+            let tag = key.version_tag(s.key, s.stamp, s.size, &seal.blake3);
+            !proofs_match(&seal.tag, &tag)
+        })
+    })?;
+    Some((
+        code::INVALID,
+        format!(
+            "{}@{}: its seal's tag does not verify with the namespace's key (written without \
+             the job's key, or changed on the way); not stored",
+            bad.key, bad.stamp
         ),
     ))
 }

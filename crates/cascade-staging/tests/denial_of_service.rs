@@ -17,7 +17,7 @@ use cascade_staging::auth::JobKey;
 use cascade_staging::client::OutSegment;
 use cascade_staging::protocol::{
     code, encode_read, encode_segment_header, kind, read_frame, write_frame, BodyWriter, Header,
-    Reply, HEADER_LEN,
+    Reply, Seal, HEADER_LEN,
 };
 use cascade_staging::{ClientOptions, Connection, Server, ServerOptions, ServerStatus, Stopper};
 use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
@@ -188,10 +188,14 @@ fn recv(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
     }
 }
 
+/// A Write of one sealed version (stamp 1), tagged with the key of the empty namespace (the
+/// one raw connections here authenticate for).
 fn write_body(key: &str, data: &[u8]) -> Vec<u8> {
     let mut w = BodyWriter::default();
     w.u32(1);
-    let seal = digest(data);
+    let blake3 = digest(data);
+    let tag = JobKey::derive(SECRET, "").version_tag(key, 1, data.len() as u64, &blake3);
+    let seal = Seal { blake3, tag };
     encode_segment_header(
         &mut w,
         key,
@@ -208,12 +212,13 @@ fn write_body(key: &str, data: &[u8]) -> Vec<u8> {
 /// Writes, syncs and reads back `data` as `key`; how long that took.
 fn round_trip(c: &mut Connection, key: &str, data: &[u8]) -> Duration {
     let start = Instant::now();
+    let seal = c.seal(key, 1, data.len() as u64, digest(data));
     c.write(&[OutSegment {
         key,
         stamp: 1,
         size: data.len() as u64,
         offset: 0,
-        seal: Some(digest(data)),
+        seal: Some(seal),
         data: &[data],
     }])
     .unwrap();

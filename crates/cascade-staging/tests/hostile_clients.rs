@@ -14,8 +14,8 @@ use cascade_staging::auth::{Credential, JobKey};
 use cascade_staging::client::OutSegment;
 use cascade_staging::protocol::{
     self, code, encode_hello, encode_pull, encode_push, encode_read, encode_segment_header, kind,
-    read_frame, write_frame, BodyWriter, Header, Level, PullKind, PushFile, Reply, HEADER_LEN,
-    MAX_BODY, MAX_KEY,
+    read_frame, write_frame, BodyWriter, Header, Level, PullKind, PushFile, Reply, Seal,
+    HEADER_LEN, MAX_BODY, MAX_KEY,
 };
 use cascade_staging::{ClientOptions, Connection, Error, Server, ServerOptions, Stopper};
 use cascade_testkit::files_below;
@@ -130,12 +130,13 @@ fn digest(data: &[u8]) -> [u8; 32] {
 
 /// One sealed version of `key` in one Write frame.
 fn write_file(c: &mut Connection, key: &str, stamp: u64, data: &[u8]) {
+    let seal = c.seal(key, stamp, data.len() as u64, digest(data));
     c.write(&[OutSegment {
         key,
         stamp,
         size: data.len() as u64,
         offset: 0,
-        seal: Some(digest(data)),
+        seal: Some(seal),
         data: &[data],
     }])
     .unwrap();
@@ -193,9 +194,21 @@ fn assert_closed(s: &mut TcpStream) {
 }
 
 fn write_body(key: &str, stamp: u64, data: &[u8]) -> Vec<u8> {
+    write_body_in("", key, stamp, data)
+}
+
+/// The seal of a version written on a raw connection authenticated for `namespace`.
+fn tagged(namespace: &str, key: &str, stamp: u64, size: u64, blake3: [u8; 32]) -> Seal {
+    let tag = JobKey::derive(SECRET, namespace).version_tag(key, stamp, size, &blake3);
+    Seal { blake3, tag }
+}
+
+/// A Write of one sealed version, tagged with the key of `namespace` (the one the raw
+/// connection authenticated for).
+fn write_body_in(namespace: &str, key: &str, stamp: u64, data: &[u8]) -> Vec<u8> {
     let mut w = BodyWriter::default();
     w.u32(1);
-    let seal = digest(data);
+    let seal = tagged(namespace, key, stamp, data.len() as u64, digest(data));
     encode_segment_header(
         &mut w,
         key,
@@ -415,6 +428,65 @@ fn a_server_that_cannot_prove_the_secret_is_not_trusted() {
         Ok(_) => panic!("a server without the secret was trusted"),
     }
     assert_eq!(serving.join().unwrap(), None, "the client sent more");
+}
+
+/// A sealed version must carry its writer's tag, made with the namespace's key over key,
+/// stamp, size and BLAKE3: a version without it, with another job's, or whose bytes and
+/// BLAKE3 were changed after tagging (on the way) is refused and never stored, so it can
+/// never override the durable store's copy; a tagged one is served with its tag.
+#[test]
+fn a_seal_without_the_jobs_tag_is_refused() {
+    let srv = Running::start();
+    let data = b"the job's own bytes";
+    let forged = b"someone else's bytes";
+    let cases = [
+        ("untagged", Seal::untagged(digest(forged))),
+        (
+            "another job's tag",
+            tagged("job2", "x", 9, forged.len() as u64, digest(forged)),
+        ),
+        (
+            "the job's tag over other bytes",
+            Seal {
+                tag: tagged("job1", "x", 9, forged.len() as u64, digest(data)).tag,
+                blake3: digest(forged),
+            },
+        ),
+    ];
+    for (what, seal) in cases {
+        let mut s = srv.raw_hello("job1");
+        let mut w = BodyWriter::default();
+        w.u32(1);
+        encode_segment_header(
+            &mut w,
+            "x",
+            9,
+            forged.len() as u64,
+            0,
+            forged.len() as u32,
+            Some(&seal),
+        );
+        w.bytes(forged);
+        send(&mut s, kind::WRITE, 61, &w.buf);
+        send(&mut s, kind::SYNC, 62, &[]);
+        let (id, message) = expect_error(&mut s, code::INVALID);
+        assert_eq!(id, 61, "{what}: {message}");
+        assert!(message.contains("tag does not verify"), "{what}: {message}");
+        assert_closed(&mut s);
+    }
+    let mut c = srv.client("job1");
+    assert_eq!(c.read("x", 0, 100, &mut Vec::new()).unwrap(), None);
+    write_file(&mut c, "x", 3, data);
+    c.sync().unwrap();
+    let mut out = Vec::new();
+    let meta = c.read("x", 0, 100, &mut out).unwrap().unwrap();
+    assert_eq!(out, data);
+    let expected =
+        JobKey::derive(SECRET, "job1").version_tag("x", 3, data.len() as u64, &digest(data));
+    assert_eq!(meta.tag, expected, "the tag is served with the version");
+    assert_eq!(c.status().unwrap().absorbed_files, 1);
+    srv.assert_serves();
+    srv.stop();
 }
 
 /// Names the durable layout reserves (markers, checksums, parts, version objects) are
@@ -658,7 +730,7 @@ fn paths_escaping_the_namespace_are_refused() {
             stamp: 1,
             size: data.len() as u64,
             offset: 0,
-            seal: Some(digest(data)),
+            seal: Some(Seal::untagged(digest(data))),
             data: &[data],
         }])
         .unwrap_or_else(|e| panic!("{key:?}: {e}"));
@@ -735,7 +807,15 @@ fn truncated_frames_do_not_disturb_other_clients() {
     let mut stalled = srv.raw_hello("stall");
     let mut w = BodyWriter::default();
     w.u32(1);
-    encode_segment_header(&mut w, "big", 1, 1 << 20, 0, 1 << 20, Some(&[0; 32]));
+    encode_segment_header(
+        &mut w,
+        "big",
+        1,
+        1 << 20,
+        0,
+        1 << 20,
+        Some(&Seal::untagged([0; 32])),
+    );
     let announced = w.buf.len() + (1 << 20);
     stalled
         .write_all(&raw_header(
@@ -778,7 +858,15 @@ fn truncated_frames_do_not_disturb_other_clients() {
     let mut w = BodyWriter::default();
     w.u32(2);
     encode_segment_header(&mut w, "open", 1, 8, 0, 4, None);
-    encode_segment_header(&mut w, "done", 1, 4, 0, 4, Some(&digest(b"done")));
+    encode_segment_header(
+        &mut w,
+        "done",
+        1,
+        4,
+        0,
+        4,
+        Some(&tagged("partial", "done", 1, 4, digest(b"done"))),
+    );
     w.bytes(b"half").bytes(b"done");
     send(&mut s, kind::WRITE, 2, &w.buf);
     send(&mut s, kind::SYNC, 3, &[]);
@@ -787,7 +875,7 @@ fn truncated_frames_do_not_disturb_other_clients() {
     // Half of a second Write, then the connection goes.
     let mut w2 = BodyWriter::default();
     w2.u32(1);
-    encode_segment_header(&mut w2, "open", 1, 8, 4, 4, Some(&[1; 32]));
+    encode_segment_header(&mut w2, "open", 1, 8, 4, 4, Some(&Seal::untagged([1; 32])));
     let mut second = frame(kind::WRITE, 4, &w2.buf);
     second.extend_from_slice(b"ha");
     let fixed = second.len() + 2;
@@ -871,7 +959,8 @@ fn write_failures_are_reported_by_the_next_sync() {
     let mut s = srv.raw_hello("");
     let mut w = BodyWriter::default();
     w.u32(1);
-    encode_segment_header(&mut w, "holey", 1, 10, 0, 5, Some(&[0; 32]));
+    let seal = tagged("", "holey", 1, 10, [0; 32]);
+    encode_segment_header(&mut w, "holey", 1, 10, 0, 5, Some(&seal));
     w.bytes(b"hello");
     send(&mut s, kind::WRITE, 41, &w.buf);
     send(&mut s, kind::WRITE, 42, &write_body("later", 1, b"skipped"));
@@ -934,6 +1023,7 @@ fn a_good_client_writes_syncs_reads_and_pulls() {
     let (a, b) = data.split_at(100_000);
     let (b1, b2) = b.split_at(50_000);
     // Two frames: the first two pieces (one segment from two slices), then the sealed rest.
+    let seal = c.seal("ckpt.1/rank0.dat", 5, data.len() as u64, sum);
     c.write(&[OutSegment {
         key: "ckpt.1/rank0.dat",
         stamp: 5,
@@ -948,7 +1038,7 @@ fn a_good_client_writes_syncs_reads_and_pulls() {
         stamp: 5,
         size: data.len() as u64,
         offset: 150_000,
-        seal: Some(sum),
+        seal: Some(seal),
         data: &[b2],
     }])
     .unwrap();
@@ -1060,7 +1150,7 @@ fn pipelined_requests_are_answered_in_order_with_their_ids() {
         burst.extend(frame(
             kind::WRITE,
             101 + i,
-            &write_body(&format!("f{i}"), 1, format!("data {i}").as_bytes()),
+            &write_body_in("p", &format!("f{i}"), 1, format!("data {i}").as_bytes()),
         ));
     }
     burst.extend(frame(kind::SYNC, 200, &[]));

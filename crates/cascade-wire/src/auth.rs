@@ -18,12 +18,15 @@ use cascade_secret::Secret;
 /// Bytes of each side's nonce and of each proof.
 pub const NONCE_LEN: usize = 32;
 pub const PROOF_LEN: usize = 32;
+/// Bytes of a version's tag.
+pub const TAG_LEN: usize = 32;
 
 /// BLAKE3 key-derivation context of the cluster key (the secret is never used directly).
 const CLUSTER_CONTEXT: &str = "cascade staging 2026-11 cluster key from the shared secret";
 /// Written at the start of every proof so the two directions can never be swapped.
 const CLIENT_ROLE: &[u8] = b"cascade staging auth: client proof";
 const SERVER_ROLE: &[u8] = b"cascade staging auth: server proof";
+const VERSION_ROLE: &[u8] = b"cascade staging: version written by this job";
 
 /// A job's key: what a staging client must hold to use its namespace. Debug shows `***`.
 #[derive(Clone, PartialEq, Eq)]
@@ -67,6 +70,27 @@ impl JobKey {
     /// The server's proof back: it too holds the key (it is a server of this cluster).
     pub fn server_proof(&self, transcript: &Transcript) -> [u8; PROOF_LEN] {
         self.proof(SERVER_ROLE, transcript)
+    }
+
+    /// The tag a writer seals a version of `key` (relative to the namespace) with: only a
+    /// holder of this key can make it, so a reader holding it knows the staged copy is one
+    /// its job wrote — not one forged on the way, on a server, or by another job — before
+    /// letting it override the durable store's copy.
+    pub fn version_tag(
+        &self,
+        key: &str,
+        stamp: u64,
+        size: u64,
+        blake3: &[u8; 32],
+    ) -> [u8; TAG_LEN] {
+        let mut h = blake3::Hasher::new_keyed(&self.0);
+        h.update(VERSION_ROLE);
+        h.update(&(key.len() as u64).to_le_bytes());
+        h.update(key.as_bytes());
+        h.update(&stamp.to_le_bytes());
+        h.update(&size.to_le_bytes());
+        h.update(blake3);
+        *h.finalize().as_bytes()
     }
 
     fn proof(&self, role: &[u8], t: &Transcript) -> [u8; PROOF_LEN] {

@@ -18,7 +18,7 @@ use crate::auth::{self, proofs_match, Credential, Transcript};
 use crate::protocol::{
     self, encode_segment_header, kind, read_frame, write_frame, BlobKind, BodyWriter, DeltaBase,
     Header, ManifestPart, ManifestState, NoSigPipe, PullKind, PullState, PushFile, RecipeEntry,
-    Reply, Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
+    Reply, Seal, Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
 };
 use crate::status::ServerStatus;
 use crate::{Error, Result};
@@ -39,6 +39,11 @@ pub struct ClientOptions {
 }
 
 impl ClientOptions {
+    /// The key this client proves itself with, and tags the versions it writes with.
+    pub fn job_key(&self) -> auth::JobKey {
+        self.credential.key_for(&self.namespace)
+    }
+
     /// Options of a client that holds the cluster secret.
     pub fn new(secret: &str) -> ClientOptions {
         ClientOptions::with(Credential::ClusterSecret(Secret::new(secret)))
@@ -62,6 +67,8 @@ pub struct ReadMeta {
     pub stamp: u64,
     pub size: u64,
     pub blake3: [u8; BLAKE3_LEN],
+    /// The writer's tag ([`crate::auth::JobKey::version_tag`]; zeros: none).
+    pub tag: [u8; 32],
 }
 
 /// One piece of a file version to send: `data` is sent with vectored writes straight from
@@ -71,7 +78,7 @@ pub struct OutSegment<'a> {
     pub stamp: u64,
     pub size: u64,
     pub offset: u64,
-    pub seal: Option<[u8; BLAKE3_LEN]>,
+    pub seal: Option<Seal>,
     pub data: &'a [&'a [u8]],
 }
 
@@ -162,6 +169,8 @@ const MANIFEST_PART_BYTES: usize = 8 << 20;
 pub struct Connection {
     stream: TcpStream,
     server: String,
+    /// The namespace's key the connection proved it holds; it tags what it seals.
+    job_key: auth::JobKey,
     instance: u64,
     next_request: u32,
     reply_buf: Vec<u8>,
@@ -195,6 +204,7 @@ impl Connection {
         let mut c = Connection {
             stream,
             server: server.to_string(),
+            job_key: opts.job_key(),
             instance: 0,
             next_request: 1,
             reply_buf: Vec::new(),
@@ -222,7 +232,7 @@ impl Connection {
             }
             (other, _) => return Err(unexpected(&self.server, &other)),
         };
-        let key = opts.credential.key_for(&opts.namespace);
+        let key = self.job_key.clone();
         let transcript = Transcript {
             namespace: &opts.namespace,
             client_nonce,
@@ -246,6 +256,16 @@ impl Connection {
                     .into(),
             }),
             (other, _) => Err(unexpected(&self.server, &other)),
+        }
+    }
+
+    /// The seal of version (`key`, `stamp`) of `size` bytes whose BLAKE3 is `blake3`, tagged
+    /// with the connection's key: a server refuses a seal whose tag does not verify, and
+    /// readers trust a staged copy only with a tag they can check.
+    pub fn seal(&self, key: &str, stamp: u64, size: u64, blake3: [u8; 32]) -> Seal {
+        Seal {
+            blake3,
+            tag: self.job_key.version_tag(key, stamp, size, &blake3),
         }
     }
 
@@ -349,6 +369,7 @@ impl Connection {
                     stamp,
                     size,
                     blake3,
+                    tag,
                     data,
                 },
                 _,
@@ -359,6 +380,7 @@ impl Connection {
                     stamp,
                     size,
                     blake3,
+                    tag,
                 }))
             }
             Ok((other, _)) => Err(unexpected(&self.server, &other)),

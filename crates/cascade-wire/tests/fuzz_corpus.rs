@@ -18,7 +18,7 @@ use cascade_wire::protocol::{
     encode_lacks_ok, encode_manifest_part, encode_pull, encode_pull_ok, encode_push,
     encode_put_chunks_ok, encode_read, encode_read_ok_head, encode_scores, encode_segment_header,
     kind, write_frame, BlobKind, BodyWriter, Header, Level, ManifestPart, ManifestState, PullKind,
-    PullState, PushFile, RecipeEntry, Stored, WireChunk, HEADER_LEN,
+    PullState, PushFile, RecipeEntry, Seal, Stored, WireChunk, HEADER_LEN,
 };
 
 const TARGETS: [&str; 2] = ["decode_frame", "read_frame"];
@@ -47,6 +47,14 @@ fn digest(data: &[u8]) -> [u8; 32] {
 /// A Write body: each segment as (key, stamp, size, offset, seal, data).
 type Seg<'a> = (&'a str, u64, u64, u64, Option<[u8; 32]>, &'a [u8]);
 
+/// A seal with a recognisable tag (the doc example shows it).
+fn protocol_seal(blake3: [u8; 32]) -> Seal {
+    Seal {
+        blake3,
+        tag: [0x7a; 32],
+    }
+}
+
 fn write_body(segments: &[Seg]) -> Vec<u8> {
     let mut w = BodyWriter::default();
     w.u32(segments.len() as u32);
@@ -58,7 +66,7 @@ fn write_body(segments: &[Seg]) -> Vec<u8> {
             *size,
             *offset,
             data.len() as u32,
-            seal.as_ref(),
+            seal.map(protocol_seal).as_ref(),
         );
     }
     for s in segments {
@@ -269,7 +277,7 @@ fn request_seeds() -> Vec<(&'static str, Vec<u8>)> {
 /// Valid reply frames of every kind.
 fn reply_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let r = kind::REPLY;
-    let mut read_ok = encode_read_ok_head(1, 5, &digest(b"hello"));
+    let mut read_ok = encode_read_ok_head(1, 5, &digest(b"hello"), &[0x7a; 32]);
     read_ok.extend_from_slice(b"hello");
     let states = [
         PullState {
@@ -309,7 +317,11 @@ fn reply_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("read-ok", frame(kind::READ | r, 4, &read_ok)),
         (
             "read-ok-empty",
-            frame(kind::READ | r, 4, &encode_read_ok_head(1, 5, &[7; 32])),
+            frame(
+                kind::READ | r,
+                4,
+                &encode_read_ok_head(1, 5, &[7; 32], &[0; 32]),
+            ),
         ),
         ("push-ok", frame(kind::PUSH | r, 5, &[])),
         (

@@ -18,8 +18,9 @@ use std::time::Instant;
 
 use cascade_durable::DurableKey;
 use cascade_store::{LifeEntry, OpenOptions};
+use cascade_wire::auth::proofs_match;
 use cascade_wire::client::{Connection, OutSegment};
-use cascade_wire::protocol::{Level as WireLevel, PullKind, PushFile, MAX_DATA};
+use cascade_wire::protocol::{Level as WireLevel, PullKind, PushFile, Seal, MAX_DATA};
 
 use crate::level::{Found, Level, Poll, Step, Unit};
 use crate::node::{files_of, Checkpoint, Node};
@@ -63,7 +64,7 @@ struct PendingSegment {
     stamp: u64,
     size: u64,
     offset: u64,
-    seal: Option<[u8; 32]>,
+    seal: Option<Seal>,
     pieces: std::ops::Range<usize>,
 }
 
@@ -100,7 +101,7 @@ impl<'a> FrameBuilder<'a> {
         (stamp, size): (u64, u64),
         offset: u64,
         piece: Piece<'a>,
-        seal: Option<[u8; 32]>,
+        seal: Option<Seal>,
     ) -> cascade_wire::Result<()> {
         let len = piece.bytes().len();
         let start = self.pieces.len();
@@ -370,13 +371,20 @@ impl StagingServers {
                 *h.finalize().as_bytes()
             }
         };
+        let tag = self
+            .pool
+            .job_key
+            .version_tag(key.as_str(), version.0, size, &digest);
         frame.add(
             conn,
             &key,
             version,
             size,
             Piece::Owned(Vec::new()),
-            Some(digest),
+            Some(Seal {
+                blake3: digest,
+                tag,
+            }),
         )?;
         Ok(Some(digest))
     }
@@ -607,6 +615,24 @@ impl StagingServers {
                     self.pool.addr(i)
                 ),
             });
+        }
+        // A staged copy overrides the durable store's only if this job wrote it: its tag,
+        // made with the job's key, must verify. Else it is passed over (the levels below
+        // decide), whoever made it: another job, a server, the network.
+        let tag = self
+            .pool
+            .job_key
+            .version_tag(key, meta.stamp, meta.size, &meta.blake3);
+        if !proofs_match(&meta.tag, &tag) {
+            let _ = store.unlink(tmp);
+            node.count(|s| s.untrusted_staged += 1);
+            eprintln!(
+                "cascade agent: staging server {} holds a copy of {key} (stamp {}) that this \
+                 job did not write (its tag does not verify with the job's key): not used",
+                self.pool.addr(i),
+                meta.stamp
+            );
+            return Ok(None);
         }
         Ok(Some(meta.size))
     }

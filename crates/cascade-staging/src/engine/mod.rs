@@ -86,6 +86,8 @@ pub struct VersionInfo {
     pub stamp: u64,
     pub size: u64,
     pub blake3: [u8; 32],
+    /// The writer's tag (cascade_wire::auth::JobKey::version_tag), if it sent one.
+    pub tag: Option<[u8; 32]>,
     pub drained: bool,
 }
 
@@ -795,7 +797,8 @@ impl Engine {
     }
 
     /// The version is complete: its extents must cover 0..size. No-op if already sealed.
-    pub fn seal(&self, v: VersionId, blake3: [u8; 32]) -> Result<()> {
+    /// `tag` is its writer's tag, kept and served with it (readers check it).
+    pub fn seal(&self, v: VersionId, blake3: [u8; 32], tag: Option<[u8; 32]>) -> Result<()> {
         let mut g = lock(&self.state);
         g.check_poisoned()?;
         let Some(ver) = g.m.versions.get(&v.0) else {
@@ -811,7 +814,11 @@ impl Engine {
                 ver.key, ver.stamp, ver.size
             )));
         }
-        let rec = Record::Seal { id: v.0, blake3 };
+        let rec = Record::Seal {
+            id: v.0,
+            blake3,
+            tag,
+        };
         let garbage = g.m.apply(&rec);
         let seq = g.queue(&rec);
         // Superseded data is reclaimed only once this seal is durable: until then a crash

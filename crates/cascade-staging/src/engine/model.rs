@@ -39,6 +39,8 @@ pub(crate) struct Version {
     pub views: BTreeMap<u64, View>,
     /// (BLAKE3, seal order).
     pub seal: Option<([u8; 32], u64)>,
+    /// The writer's tag over the sealed version, if it sent one.
+    pub tag: Option<[u8; 32]>,
     pub drained: bool,
     pub superseded: bool,
     /// Its extents no longer count as live (drained or superseded, and that is durable).
@@ -115,6 +117,7 @@ impl Model {
                         extents: Vec::new(),
                         views: BTreeMap::new(),
                         seal: None,
+                        tag: None,
                         drained: false,
                         superseded: false,
                         released: false,
@@ -131,7 +134,7 @@ impl Model {
                 position,
                 crc,
             } => self.add_extent(*id, *offset, *len, *arena, *position, *crc),
-            Record::Seal { id, blake3 } => {
+            Record::Seal { id, blake3, tag } => {
                 let Some(v) = self.versions.get_mut(id) else {
                     return garbage;
                 };
@@ -139,6 +142,7 @@ impl Model {
                     return garbage;
                 }
                 v.seal = Some((*blake3, self.seal_order));
+                v.tag = *tag;
                 let order = self.seal_order;
                 self.seal_order += 1;
                 let (stamp, size, drained) = (v.stamp, v.size, v.drained);
@@ -386,6 +390,7 @@ impl Model {
             stamp: v.stamp,
             size: v.size,
             blake3,
+            tag: v.tag,
             drained: v.drained,
         })
     }
@@ -447,14 +452,14 @@ impl Model {
                 });
             }
             if let Some((blake3, order)) = v.seal {
-                seals.push((order, id, blake3, v.drained));
+                seals.push((order, id, blake3, v.tag, v.drained));
             }
         }
         seals.sort_unstable_by_key(|s| s.0);
-        for &(_, id, blake3, _) in &seals {
-            f(&Record::Seal { id, blake3 });
+        for &(_, id, blake3, tag, _) in &seals {
+            f(&Record::Seal { id, blake3, tag });
         }
-        for &(_, id, _, drained) in &seals {
+        for &(_, id, _, _, drained) in &seals {
             if drained {
                 f(&Record::Drained { id });
             }

@@ -21,6 +21,8 @@ const T_MANIFEST: u8 = 6;
 const T_MANIFEST_DONE: u8 = 7;
 const T_ARENA_DELETED: u8 = 8;
 const T_ID_RESERVE: u8 = 9;
+/// A Seal with its writer's tag (T_SEAL, written before tags existed, has none).
+const T_SEAL_TAGGED: u8 = 10;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FileRec {
@@ -51,6 +53,8 @@ pub(crate) enum Record {
     Seal {
         id: u64,
         blake3: [u8; 32],
+        /// The writer's tag (cascade_wire::auth::JobKey::version_tag), if it sent one.
+        tag: Option<[u8; 32]>,
     },
     Drained {
         id: u64,
@@ -150,10 +154,13 @@ impl Record {
                 out.extend_from_slice(&position.to_le_bytes());
                 out.extend_from_slice(&crc.to_le_bytes());
             }
-            Record::Seal { id, blake3 } => {
-                out.push(T_SEAL);
+            Record::Seal { id, blake3, tag } => {
+                out.push(if tag.is_some() { T_SEAL_TAGGED } else { T_SEAL });
                 out.extend_from_slice(&id.to_le_bytes());
                 out.extend_from_slice(blake3);
+                if let Some(tag) = tag {
+                    out.extend_from_slice(tag);
+                }
             }
             Record::Drained { id } => {
                 out.push(T_DRAINED);
@@ -238,6 +245,12 @@ impl Record {
             T_SEAL => Record::Seal {
                 id: r.u64()?,
                 blake3: r.hash()?,
+                tag: None,
+            },
+            T_SEAL_TAGGED => Record::Seal {
+                id: r.u64()?,
+                blake3: r.hash()?,
+                tag: Some(r.hash()?),
             },
             T_DRAINED => Record::Drained { id: r.u64()? },
             T_MANIFEST => {
@@ -405,6 +418,12 @@ mod tests {
             Record::Seal {
                 id: 1,
                 blake3: [9; 32],
+                tag: None,
+            },
+            Record::Seal {
+                id: 2,
+                blake3: [9; 32],
+                tag: Some([3; 32]),
             },
             Record::Drained { id: 1 },
             Record::Manifest {
@@ -441,7 +460,18 @@ mod tests {
         let sizes: Vec<usize> = all().iter().map(|r| r.framed_len() - FRAME_LEN).collect();
         assert_eq!(
             sizes,
-            vec![5, 27 + 7, 37, 41, 9, 16 + 6 + (2 + 1 + 8 + 32), 9, 5, 21]
+            vec![
+                5,
+                27 + 7,
+                37,
+                41,
+                73,
+                9,
+                16 + 6 + (2 + 1 + 8 + 32),
+                9,
+                5,
+                21
+            ]
         );
     }
 

@@ -33,7 +33,7 @@ fn put(e: &Engine, slot: usize, key: &str, stamp: u64, bytes: &[u8], chunk: usiz
     for (i, c) in bytes.chunks(chunk).enumerate() {
         e.append(slot, v, (i * chunk) as u64, c).unwrap();
     }
-    e.seal(v, hash(bytes)).unwrap();
+    e.seal(v, hash(bytes), None).unwrap();
     v
 }
 
@@ -194,7 +194,7 @@ fn concurrent_appends_and_syncs_from_several_threads() {
     for w in writers {
         w.join().unwrap();
     }
-    e.seal(sv, hash(&shared)).unwrap();
+    e.seal(sv, hash(&shared), None).unwrap();
     stop.store(true, Ordering::Relaxed);
     assert!(syncer.join().unwrap() > 0);
     e.sync().unwrap();
@@ -498,7 +498,7 @@ fn capacity_limit_gives_full_and_the_engine_keeps_working() {
     check(&e, "a", 1, &a);
     check(&e, "b", 1, &b);
     e.sync().unwrap();
-    match e.seal(c, [0; 32]) {
+    match e.seal(c, [0; 32], None) {
         Err(Error::Invalid { what }) => assert!(what.contains("byte 2000"), "{what}"),
         other => panic!("{other:?}"),
     }
@@ -579,7 +579,10 @@ fn abandoned_versions_are_reclaimed_without_a_sync() {
     assert_eq!(arena_files(dir.path()), 2);
     e.abandon(v);
     assert_eq!(arena_files(dir.path()), 1);
-    assert!(matches!(e.seal(v, [0; 32]), Err(Error::Invalid { .. })));
+    assert!(matches!(
+        e.seal(v, [0; 32], None),
+        Err(Error::Invalid { .. })
+    ));
     // Beginning it again after abandon starts a fresh version.
     let v2 = e.begin_version("gone", 1, 4000).unwrap();
     assert_ne!(v, v2);
@@ -605,7 +608,7 @@ fn a_newer_seal_supersedes_and_resends_are_idempotent() {
         // Resend of a sealed version: same id, appends and seal are no-ops.
         assert_eq!(e.begin_version("k", 1, 3000).unwrap(), v1);
         e.append(0, v1, 0, &[0u8; 1000]).unwrap();
-        e.seal(v1, [0; 32]).unwrap();
+        e.seal(v1, [0; 32], None).unwrap();
         check(&e, "k", 1, &d1);
 
         let v2 = e.begin_version("k", 2, d2.len() as u64).unwrap();
@@ -614,7 +617,7 @@ fn a_newer_seal_supersedes_and_resends_are_idempotent() {
         assert_eq!(e.begin_version("k", 2, d2.len() as u64).unwrap(), v2);
         e.append(0, v2, 1000, &d2[1000..3000]).unwrap();
         e.append(0, v2, 500, &d2[500..3500]).unwrap();
-        e.seal(v2, hash(&d2)).unwrap();
+        e.seal(v2, hash(&d2), None).unwrap();
         assert_eq!(e.lookup("k").unwrap().id, v2);
         let d: Vec<VersionId> = e.drainable().into_iter().map(|i| i.id).collect();
         assert_eq!(d, vec![v2]);
@@ -652,7 +655,7 @@ fn invalid_requests_are_refused() {
     ));
     e.append(0, v, 0, &[1u8; 1000]).unwrap();
     e.append(0, v, 2000, &[1u8; 1000]).unwrap();
-    match e.seal(v, [0; 32]) {
+    match e.seal(v, [0; 32], None) {
         Err(Error::Invalid { what }) => assert!(what.contains("byte 1000"), "{what}"),
         other => panic!("{other:?}"),
     }

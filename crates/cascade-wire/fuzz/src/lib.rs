@@ -15,7 +15,7 @@ use cascade_wire::protocol::{
     encode_pull_ok, encode_push, encode_put_chunks_ok, encode_read, encode_read_ok_head,
     encode_scores, encode_segment_header, kind, read_frame, BodyWriter, FrameError, Header,
     ManifestState, Reply, Request, Stored, WireChunk, BLAKE3_LEN, HEADER_LEN, MAX_BODY, MAX_DATA,
-    MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY,
+    MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY, TAG_LEN,
 };
 
 /// What decoding one input as a frame gave.
@@ -274,7 +274,7 @@ fn check_request(k: u8, request: &Request<'_>, body: &[u8]) {
             assert!(segments.len() <= MAX_ITEMS);
             let mut w = BodyWriter::default();
             w.u32(segments.len() as u32);
-            // Where each unsealed segment's (ignored) digest sits in `body`.
+            // Where each unsealed segment's (ignored) digest and tag sit in `body`.
             let mut ignored = Vec::new();
             for s in segments {
                 assert!(check_key(s.key).is_ok(), "Write accepted key {:?}", s.key);
@@ -290,7 +290,7 @@ fn check_request(k: u8, request: &Request<'_>, body: &[u8]) {
                     s.seal.as_ref(),
                 );
                 if s.seal.is_none() {
-                    ignored.push(w.buf.len() - BLAKE3_LEN);
+                    ignored.push(w.buf.len() - BLAKE3_LEN - TAG_LEN);
                 }
             }
             for s in segments {
@@ -298,7 +298,7 @@ fn check_request(k: u8, request: &Request<'_>, body: &[u8]) {
             }
             let mut expected = body.to_vec();
             for at in ignored {
-                if let Some(d) = expected.get_mut(at..at + BLAKE3_LEN) {
+                if let Some(d) = expected.get_mut(at..at + BLAKE3_LEN + TAG_LEN) {
                     d.fill(0);
                 }
             }
@@ -403,10 +403,11 @@ fn check_reply(k: u8, reply: &Reply<'_>, body: &[u8]) {
             stamp,
             size,
             blake3,
+            tag,
             data,
         } => {
             assert_eq!(k, kind::READ | kind::REPLY);
-            let mut b = encode_read_ok_head(*stamp, *size, blake3);
+            let mut b = encode_read_ok_head(*stamp, *size, blake3, tag);
             b.extend_from_slice(data);
             b
         }

@@ -23,6 +23,8 @@ pub use dedup::*;
 pub use reply::*;
 pub use request::*;
 
+pub use crate::auth::TAG_LEN;
+
 /// First four bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"CSTG";
 /// The protocol version this build speaks (header byte 4).

@@ -4,7 +4,7 @@
 use super::body::{empty, BodyReader};
 use super::dedup::decode_chunks;
 use super::{BodyWriter, FrameError, ManifestState, WireChunk, BLAKE3_LEN};
-use crate::auth::{NONCE_LEN, PROOF_LEN};
+use crate::auth::{NONCE_LEN, PROOF_LEN, TAG_LEN};
 
 /// A Pull answer. For a file: `Unknown`, `Staged` (on the server's SSD) or `Durable`
 /// (drained). For a checkpoint: `Unknown`, `Staged` (manifest recorded) or `Durable`
@@ -44,6 +44,8 @@ pub enum Reply<'a> {
         stamp: u64,
         size: u64,
         blake3: [u8; BLAKE3_LEN],
+        /// The writer's tag (crate::auth::JobKey::version_tag; zeros: none).
+        tag: [u8; TAG_LEN],
         data: &'a [u8],
     },
     PushOk,
@@ -145,10 +147,12 @@ fn decode_read_ok(body: &[u8]) -> Result<Reply<'_>, FrameError> {
     let stamp = r.u64()?;
     let size = r.u64()?;
     let blake3 = r.digest()?;
+    let tag = r.digest()?;
     Ok(Reply::ReadOk {
         stamp,
         size,
         blake3,
+        tag,
         data: r.rest(),
     })
 }
@@ -243,9 +247,14 @@ pub fn encode_auth_ok(proof: &[u8; PROOF_LEN]) -> Vec<u8> {
     proof.to_vec()
 }
 
-pub fn encode_read_ok_head(stamp: u64, size: u64, blake3: &[u8; BLAKE3_LEN]) -> Vec<u8> {
+pub fn encode_read_ok_head(
+    stamp: u64,
+    size: u64,
+    blake3: &[u8; BLAKE3_LEN],
+    tag: &[u8; TAG_LEN],
+) -> Vec<u8> {
     let mut w = BodyWriter::default();
-    w.u64(stamp).u64(size).bytes(blake3);
+    w.u64(stamp).u64(size).bytes(blake3).bytes(tag);
     w.buf
 }
 

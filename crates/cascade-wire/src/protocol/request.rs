@@ -7,7 +7,7 @@ use super::{
     check_key, BodyWriter, FrameError, Header, ManifestPart, Score, WireChunk, BLAKE3_LEN,
     HEADER_LEN, MAX_DATA,
 };
-use crate::auth::{NONCE_LEN, PROOF_LEN};
+use crate::auth::{NONCE_LEN, PROOF_LEN, TAG_LEN};
 
 /// Hello: the first frame of every connection. It carries no secret: the server answers
 /// with a challenge and the client proves in [`Request::Auth`] that it holds its namespace's
@@ -31,13 +31,32 @@ pub struct Segment<'a> {
     /// The version's final size.
     pub size: u64,
     pub offset: u64,
-    /// Set on the version's last segment: its BLAKE3; the version is complete.
-    pub seal: Option<[u8; BLAKE3_LEN]>,
+    /// Set on the version's last segment: the version is complete.
+    pub seal: Option<Seal>,
     pub data: &'a [u8],
 }
 
+/// What seals a version: its BLAKE3, and its writer's tag over key, stamp, size and BLAKE3
+/// (crate::auth::JobKey::version_tag), which a reader holding the job's key checks before it
+/// trusts the staged copy (all zeros: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seal {
+    pub blake3: [u8; BLAKE3_LEN],
+    pub tag: [u8; TAG_LEN],
+}
+
+impl Seal {
+    /// A seal without a writer's tag (readers do not let it override the durable store).
+    pub fn untagged(blake3: [u8; BLAKE3_LEN]) -> Seal {
+        Seal {
+            blake3,
+            tag: [0; TAG_LEN],
+        }
+    }
+}
+
 /// Bytes of one segment's descriptor in a Write body, besides its key.
-pub const SEGMENT_FIXED: usize = 2 + 8 + 8 + 8 + 4 + 1 + BLAKE3_LEN;
+pub const SEGMENT_FIXED: usize = 2 + 8 + 8 + 8 + 4 + 1 + BLAKE3_LEN + TAG_LEN;
 
 /// Appends a segment descriptor; the data goes after all descriptors, in the same order.
 pub fn encode_segment_header(
@@ -47,12 +66,12 @@ pub fn encode_segment_header(
     size: u64,
     offset: u64,
     len: u32,
-    seal: Option<&[u8; BLAKE3_LEN]>,
+    seal: Option<&Seal>,
 ) {
     w.str(key).u64(stamp).u64(size).u64(offset).u32(len);
     match seal {
-        Some(d) => w.u8(1).bytes(d),
-        None => w.u8(0).bytes(&[0u8; BLAKE3_LEN]),
+        Some(s) => w.u8(1).bytes(&s.blake3).bytes(&s.tag),
+        None => w.u8(0).bytes(&[0u8; BLAKE3_LEN + TAG_LEN]),
     };
 }
 
@@ -167,7 +186,7 @@ struct SegmentHead<'a> {
     size: u64,
     offset: u64,
     len: usize,
-    seal: Option<[u8; BLAKE3_LEN]>,
+    seal: Option<Seal>,
 }
 
 /// A Write: the segment descriptors, then their data back to back in the same order.
@@ -193,10 +212,11 @@ fn decode_segment_head<'a>(r: &mut BodyReader<'a>) -> Result<SegmentHead<'a>, Fr
     let offset = r.u64()?;
     let len = r.u32()? as usize;
     let sealed = r.u8()?;
-    let digest = r.digest()?;
+    let blake3 = r.digest()?;
+    let tag = r.digest()?;
     let seal = match sealed {
         0 => None,
-        1 => Some(digest),
+        1 => Some(Seal { blake3, tag }),
         f => return r.malformed(format!("seal flag {f}")),
     };
     if offset.checked_add(len as u64).is_none_or(|end| end > size) {

@@ -70,7 +70,18 @@ fn write_round_trip_with_several_segments() {
     w.u32(2);
     encode_segment_header(&mut w, "ckpt.1/a", 5, 6, 0, 4, None);
     let d = [9u8; 32];
-    encode_segment_header(&mut w, "ckpt.1/b", 5, 2, 0, 2, Some(&d));
+    encode_segment_header(
+        &mut w,
+        "ckpt.1/b",
+        5,
+        2,
+        0,
+        2,
+        Some(&Seal {
+            blake3: d,
+            tag: [4; 32],
+        }),
+    );
     w.bytes(b"abcd").bytes(b"xy");
     let f = frame(kind::WRITE, &w.buf);
     let (h, req) = decode_request_frame(&f).unwrap();
@@ -83,7 +94,13 @@ fn write_round_trip_with_several_segments() {
     assert_eq!(segs[0].seal, None);
     assert_eq!(segs[1].key, "ckpt.1/b");
     assert_eq!(segs[1].data, b"xy");
-    assert_eq!(segs[1].seal, Some(d));
+    assert_eq!(
+        segs[1].seal,
+        Some(Seal {
+            blake3: d,
+            tag: [4; 32]
+        })
+    );
 }
 
 #[test]
