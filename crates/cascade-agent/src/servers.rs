@@ -38,6 +38,7 @@ impl ServerPool {
     pub(crate) fn new(opts: StagingOptions) -> ServerPool {
         let mut client = ClientOptions::new(opts.secret.expose());
         client.namespace = opts.namespace.clone();
+        client.tls = opts.tls.clone();
         let servers = opts
             .servers
             .iter()

@@ -16,8 +16,8 @@ pub mod engine;
 pub mod server;
 
 pub use cascade_wire::{
-    client, hex, host_name, owner_of, protocol, unhex, ClientOptions, Connection, Error, Result,
-    ServerStatus,
+    client, hex, host_name, owner_of, protocol, tls, unhex, ClientOptions, Connection, Error,
+    Result, ServerStatus,
 };
 pub use server::{Server, ServerOptions, Stopper};
 
