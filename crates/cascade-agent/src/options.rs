@@ -1,11 +1,13 @@
 //! What the agent is told to do: its options (flags, environment and config file map onto
 //! them in the CLI), and the counters it reports.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use cascade_dedup::{Chunking, Compression};
 use cascade_secret::Secret;
 use cascade_wire::auth::Credential;
+use cascade_wire::tls::rustls;
 use serde::{Deserialize, Serialize};
 
 /// What the agent does and how hard it may work.
@@ -214,7 +216,7 @@ impl std::str::FromStr for Placement {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StagingOptions {
     /// `host:port` of every staging server.
     pub servers: Vec<String>,
@@ -230,6 +232,25 @@ pub struct StagingOptions {
     pub sync_bytes: u64,
     /// This node's name (staging groups).
     pub node: String,
+    /// Speak TLS to the servers, trusting this config's CAs (`staging.tls_ca`); None: plain
+    /// TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// Shows whether TLS is on, not the config's insides.
+impl std::fmt::Debug for StagingOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagingOptions")
+            .field("servers", &self.servers)
+            .field("credential", &self.credential)
+            .field("namespace", &self.namespace)
+            .field("placement", &self.placement)
+            .field("frame_bytes", &self.frame_bytes)
+            .field("sync_bytes", &self.sync_bytes)
+            .field("node", &self.node)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl StagingOptions {
@@ -248,6 +269,7 @@ impl StagingOptions {
             frame_bytes: 8 << 20,
             sync_bytes: 256 << 20,
             node,
+            tls: None,
         }
     }
 }

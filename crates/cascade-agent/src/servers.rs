@@ -41,6 +41,7 @@ impl ServerPool {
     pub(crate) fn new(opts: StagingOptions) -> ServerPool {
         let mut client = ClientOptions::with(opts.credential.clone());
         client.namespace = opts.namespace.clone();
+        client.tls = opts.tls.clone();
         let servers = opts
             .servers
             .iter()

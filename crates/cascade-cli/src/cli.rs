@@ -557,18 +557,21 @@ impl SettingGroup for AgentGroup {
     }
 }
 
-/// A staging server (`stage-server`): its own settings and the shared secret.
+/// A staging server (`stage-server`): its own settings, the shared secret, and the CA a
+/// client trusts (`stage-server status`).
 #[derive(Debug, Clone)]
 pub struct StageServerGroup;
 
 impl SettingGroup for StageServerGroup {
     const HEADING: Option<&'static str> = Some("Staging server");
     fn includes(def: &SettingDef) -> bool {
-        def.key.starts_with("stage_server.")
-            || def.key == "staging.secret"
-            || def.key == "staging.secret_file"
+        def.key.starts_with("stage_server.") || SHARED_STAGING_SETTINGS.contains(&def.key)
     }
 }
+
+/// Settings of agents and staging servers alike (both groups give them a flag).
+const SHARED_STAGING_SETTINGS: [&str; 3] =
+    ["staging.secret", "staging.secret_file", "staging.tls_ca"];
 
 /// Dedup and compression in the durable store (`drain`).
 #[derive(Debug, Clone)]
@@ -689,8 +692,8 @@ mod tests {
                 StageServerGroup::includes(def),
                 DedupGroup::includes(def),
             ];
-            // The shared secret is given to agents and servers alike.
-            let expected = if def.key.starts_with("staging.secret") {
+            // The shared secret and the CA are given to agents and servers alike.
+            let expected = if SHARED_STAGING_SETTINGS.contains(&def.key) {
                 2
             } else {
                 1

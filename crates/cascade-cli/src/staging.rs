@@ -1,8 +1,9 @@
 //! `cascade stage-server` and `cascade stage-server status` (docs/staging.md), and the
 //! agent's staging settings.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use cascade_agent::{Placement, StagingOptions};
@@ -10,6 +11,7 @@ use cascade_config::{format_size, Config};
 use cascade_staging::auth::{Credential, JobKey};
 use cascade_staging::chunks::ChunkOptions;
 use cascade_staging::engine::EngineOptions;
+use cascade_staging::tls::{self, rustls};
 use cascade_staging::{ClientOptions, Connection, Server, ServerOptions};
 
 use crate::failure::Failure;
@@ -70,6 +72,32 @@ pub fn credential(config: &Config, namespace: Option<&str>) -> Result<ExitCode, 
     Ok(ExitCode::SUCCESS)
 }
 
+/// The TLS config a client trusts the servers with (`staging.tls_ca`), if one is set.
+pub fn client_tls(config: &Config) -> Result<Option<Arc<rustls::ClientConfig>>, Failure> {
+    let ca = config.text("staging.tls_ca");
+    if ca.is_empty() {
+        return Ok(None);
+    }
+    tls::client_config(Path::new(ca))
+        .map(Some)
+        .map_err(Failure::new)
+}
+
+/// The staging server's TLS config (`stage_server.tls_cert` and `tls_key`, which the
+/// config checked come together), if they are set.
+fn server_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfig>>, Failure> {
+    let (cert, key) = (
+        config.text("stage_server.tls_cert"),
+        config.text("stage_server.tls_key"),
+    );
+    if cert.is_empty() || key.is_empty() {
+        return Ok(None);
+    }
+    tls::server_config(Path::new(cert), Path::new(key))
+        .map(Some)
+        .map_err(Failure::new)
+}
+
 /// The agent's staging servers, if any are configured.
 pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failure> {
     let servers: Vec<String> = config
@@ -82,6 +110,7 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
         return Ok(None);
     }
     let mut opts = StagingOptions::with(servers, client_credential(config)?);
+    opts.tls = client_tls(config)?;
     opts.namespace = config.staging_namespace();
     opts.placement = config
         .text("staging.placement")
@@ -141,11 +170,13 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     opts.frame_timeout =
         Duration::from_millis(config.number("stage_server.frame_timeout").max(100));
     opts.hello_timeout = opts.frame_timeout.min(Duration::from_secs(10));
+    opts.tls = server_tls(config)?;
     opts.verbose = verbose;
+    let with_tls = if opts.tls.is_some() { " over TLS" } else { "" };
     let server = Server::bind(opts).map_err(|e| Failure::new(e.to_string()))?;
     let status = server.status();
     eprintln!(
-        "cascade stage-server: listening on {} (pid {}), arenas in {}, draining to {}; recovered: {}",
+        "cascade stage-server: listening on {}{with_tls} (pid {}), arenas in {}, draining to {}; recovered: {}",
         server.local_addr(),
         std::process::id(),
         status.dir,
@@ -186,6 +217,7 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
     // A job's credential opens only the job's namespace (the status is the same in any).
     let mut opts = ClientOptions::with(client_credential(config)?);
     opts.namespace = config.staging_namespace();
+    opts.tls = client_tls(config)?;
     let mut conn = Connection::connect(addr, &opts).map_err(|e| Failure::new(e.to_string()))?;
     let s = conn.status().map_err(|e| Failure::new(e.to_string()))?;
     conn.goodbye();

@@ -314,6 +314,7 @@ impl Config {
             "staging.credential",
             "staging.credential_file",
         )?;
+        check_tls_files(&entries, &mut warnings)?;
         if let ConfigFile::Read { path, .. } = &file {
             if let Some(warning) = exposed_config_file(path, &entries) {
                 warnings.push(warning);
@@ -709,5 +710,50 @@ fn secret_from_file(
     }
     secret.value = Value::Secret(Secret::new(line));
     secret.source = Source::File(path);
+    Ok(())
+}
+
+/// stage_server.tls_cert and stage_server.tls_key come together (one without the other is
+/// unclear: TLS meant but not possible); a key file the group or others may read gets a
+/// warning, as staging.secret_file does.
+fn check_tls_files(entries: &[Entry], warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let given = |key: &str| {
+        entries
+            .iter()
+            .find(|e| e.def.key == key)
+            .and_then(|e| match &e.value {
+                Value::Text(path) if !path.is_empty() => Some((PathBuf::from(path), &e.source)),
+                _ => None,
+            })
+    };
+    let (cert, key) = (
+        given("stage_server.tls_cert"),
+        given("stage_server.tls_key"),
+    );
+    let key = match (cert, key) {
+        (None, None) => return Ok(()),
+        (Some(_), Some(key)) => key,
+        (Some((_, source)), None) => {
+            return Err(ConfigError(format!(
+                "stage_server.tls_cert ({source}) is given without stage_server.tls_key; give both or neither"
+            )))
+        }
+        (None, Some((_, source))) => {
+            return Err(ConfigError(format!(
+                "stage_server.tls_key ({source}) is given without stage_server.tls_cert; give both or neither"
+            )))
+        }
+    };
+    if let Ok(meta) = std::fs::metadata(&key.0) {
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            warnings.push(format!(
+                "warning: stage_server.tls_key {} is readable by others (mode {:o}); chmod 600 it",
+                key.0.display(),
+                mode & 0o777
+            ));
+        }
+    }
     Ok(())
 }

@@ -288,6 +288,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
+        key: "staging.tls_ca",
+        env: "CASCADE_STAGING_TLS_CA",
+        flag: Some("staging-tls-ca"),
+        value_name: "PATH",
+        help: "PEM file of the CA certificate(s) a client trusts to have signed the staging servers' certificates; when set, clients speak TLS to the servers and verify them",
+        default_help: "none: plain TCP",
+        parse: parse_optional_path,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
         key: "dedup.chunking",
         env: "CASCADE_DEDUP",
         flag: Some("dedup"),
@@ -463,6 +473,26 @@ pub static SETTINGS: &[SettingDef] = &[
         default_help: "60",
         parse: parse_seconds_as_ms,
         default: |_| (Value::Count(60_000), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.tls_cert",
+        env: "CASCADE_STAGE_TLS_CERT",
+        flag: Some("tls-cert"),
+        value_name: "PATH",
+        help: "PEM file of the staging server's TLS certificate chain (its own certificate first); with stage_server.tls_key, every client must speak TLS",
+        default_help: "none: plain TCP",
+        parse: parse_optional_path,
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "stage_server.tls_key",
+        env: "CASCADE_STAGE_TLS_KEY",
+        flag: Some("tls-key"),
+        value_name: "PATH",
+        help: "PEM file of the private key of stage_server.tls_cert, readable by its owner only",
+        default_help: "none",
+        parse: parse_optional_path,
+        default: |_| (Value::Text(String::new()), String::new()),
     },
     // The job rows: before their built-in default, a launcher's variable is tried
     // (job::detected), so their sources may be e.g. "env SLURM_JOB_ID". job.id comes first:
@@ -713,6 +743,14 @@ fn parse_mount_prefix(text: &str) -> Result<Value, String> {
 
 /// Paths are stored absolute: the store records the spill path for every process that
 /// attaches, whatever its working directory.
+/// A path, or nothing (empty text): for settings that are off unless given.
+fn parse_optional_path(text: &str) -> Result<Value, String> {
+    if text.trim().is_empty() {
+        return Ok(Value::Text(String::new()));
+    }
+    parse_path(text)
+}
+
 fn parse_path(text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
         return Err("empty path".to_string());

@@ -841,3 +841,52 @@ fn files_mode_defaults_to_0600_and_gives_the_umask_of_its_files_and_directories(
         assert!(err.contains("CASCADE_FILE_MODE"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn tls_cert_and_key_come_together_and_a_readable_key_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, inputs) = isolated();
+    let cert = write_file(&dir, "server.pem", "cert");
+    let key = write_file(&dir, "server.key", "key");
+    let cert_text = cert.display().to_string();
+    let key_text = key.display().to_string();
+
+    let err = load_err(&inputs.clone().flag("stage_server.tls_cert", &cert_text));
+    assert!(
+        err.contains("stage_server.tls_cert (flag --tls-cert)") && err.contains("both or neither"),
+        "{err}"
+    );
+    let mut only_key = inputs.clone();
+    only_key
+        .env
+        .insert("CASCADE_STAGE_TLS_KEY".into(), key_text.clone());
+    let err = load_err(&only_key);
+    assert!(
+        err.contains("stage_server.tls_key (env CASCADE_STAGE_TLS_KEY)"),
+        "{err}"
+    );
+
+    let both = inputs
+        .clone()
+        .flag("stage_server.tls_cert", &cert_text)
+        .flag("stage_server.tls_key", &key_text);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    let config = Config::load(&both).expect("loads");
+    assert_eq!(config.warnings().len(), 1, "{:?}", config.warnings());
+    assert!(
+        config.warnings()[0].contains("stage_server.tls_key")
+            && config.warnings()[0].contains("readable by others"),
+        "{:?}",
+        config.warnings()
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let config = Config::load(&both).expect("loads");
+    assert!(config.warnings().is_empty(), "{:?}", config.warnings());
+    assert_eq!(config.text("stage_server.tls_key"), key_text);
+
+    // The client's CA file is a plain path setting, off by default.
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(config.text("staging.tls_ca"), "");
+    let config = Config::load(&inputs.flag("staging.tls_ca", &cert_text)).expect("loads");
+    assert_eq!(config.text("staging.tls_ca"), cert_text);
+}

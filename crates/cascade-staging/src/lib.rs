@@ -16,7 +16,7 @@ pub mod engine;
 pub mod server;
 
 pub use cascade_wire::{
-    auth, client, hex, host_name, owner_of, protocol, unhex, ClientOptions, Connection, Error,
+    auth, client, hex, host_name, owner_of, protocol, tls, unhex, ClientOptions, Connection, Error,
     Result, ServerStatus,
 };
 pub use server::{Server, ServerOptions, Stopper};

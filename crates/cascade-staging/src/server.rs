@@ -27,6 +27,7 @@ use crate::protocol::{
 };
 use crate::{hex, namespaced, ServerError as Error, ServerResult as Result};
 use cascade_wire::auth::{proofs_match, JobKey, Transcript};
+use cascade_wire::tls;
 
 pub use cascade_wire::status::{DedupStatus, ServerStatus};
 
@@ -62,6 +63,9 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Most connections served at once from one client IP address.
     pub max_connections_per_client: usize,
+    /// Every connection speaks TLS with this config, its handshake first (within
+    /// `hello_timeout`); None: plain TCP. There is no plain-text fallback.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     pub verbose: bool,
 }
 
@@ -86,6 +90,7 @@ impl std::fmt::Debug for ServerOptions {
                 "max_connections_per_client",
                 &self.max_connections_per_client,
             )
+            .field("tls", &self.tls.is_some())
             .field("verbose", &self.verbose)
             .finish()
     }
@@ -108,6 +113,7 @@ impl ServerOptions {
             hello_timeout: Duration::from_secs(10),
             max_connections: 1024,
             max_connections_per_client: 64,
+            tls: None,
             verbose: false,
         }
     }
@@ -425,10 +431,10 @@ struct Timed<'a> {
 }
 
 impl<'a> Timed<'a> {
-    fn by(stream: &'a TcpStream, within: Duration) -> Timed<'a> {
+    fn until(stream: &'a TcpStream, deadline: Instant) -> Timed<'a> {
         Timed {
             stream,
-            until: Some(Instant::now() + within),
+            until: Some(deadline),
             idle_first: None,
         }
     }
@@ -495,6 +501,102 @@ impl Write for Timed<'_> {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// One connection's byte stream: plain TCP, or a TLS session over it. Only the
+/// connection's thread reads and writes it, always through [`Link::by`] and its kin, so
+/// every byte, TLS records included, moves under a deadline.
+struct Link {
+    stream: TcpStream,
+    tls: Option<rustls::ServerConnection>,
+}
+
+impl Link {
+    /// Starts a connection: with a TLS config, the whole handshake, done by `deadline`.
+    /// A TLS failure is an `InvalidData` error holding the rustls error.
+    fn open(
+        stream: TcpStream,
+        config: Option<&Arc<rustls::ServerConfig>>,
+        deadline: Instant,
+    ) -> io::Result<Link> {
+        let Some(config) = config else {
+            return Ok(Link { stream, tls: None });
+        };
+        let mut conn = rustls::ServerConnection::new(config.clone()).map_err(io::Error::other)?;
+        {
+            let mut timed = Timed::until(&stream, deadline);
+            while conn.is_handshaking() {
+                conn.complete_io(&mut timed)?;
+            }
+        }
+        Ok(Link {
+            stream,
+            tls: Some(conn),
+        })
+    }
+
+    /// Reads and writes within `within` from now.
+    fn by(&mut self, within: Duration) -> LinkIo<'_> {
+        self.until(Instant::now() + within)
+    }
+
+    fn until(&mut self, deadline: Instant) -> LinkIo<'_> {
+        LinkIo {
+            timed: Timed::until(&self.stream, deadline),
+            tls: self.tls.as_mut(),
+        }
+    }
+
+    /// Reads with no deadline for the first byte and `within` from it (see [`Timed`]).
+    fn idle_then_within(&mut self, within: Duration) -> LinkIo<'_> {
+        LinkIo {
+            timed: Timed::from_first_byte(&self.stream, within),
+            tls: self.tls.as_mut(),
+        }
+    }
+
+    /// The TLS session's exported keying material ([`tls::channel_binding`]); None on plain
+    /// TCP. For the Hello's authentication proofs to bind to this session.
+    fn channel_binding(&self) -> Option<[u8; 32]> {
+        self.tls.as_ref().and_then(|c| tls::channel_binding(c))
+    }
+}
+
+/// Reads and writes of a [`Link`] under one deadline. TLS buffers records: flush after
+/// writing.
+struct LinkIo<'a> {
+    timed: Timed<'a>,
+    tls: Option<&'a mut rustls::ServerConnection>,
+}
+
+impl Read for LinkIo<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self.tls.as_deref_mut() {
+            None => self.timed.read(buf),
+            Some(conn) => rustls::Stream::new(conn, &mut self.timed).read(buf),
+        }
+    }
+}
+
+impl Write for LinkIo<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.tls.as_deref_mut() {
+            None => self.timed.write(buf),
+            Some(conn) => rustls::Stream::new(conn, &mut self.timed).write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self.tls.as_deref_mut() {
+            None => self.timed.write_vectored(bufs),
+            Some(conn) => rustls::Stream::new(conn, &mut self.timed).write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self.tls.as_deref_mut() {
+            None => Ok(()),
+            Some(conn) => rustls::Stream::new(conn, &mut self.timed).flush(),
+        }
     }
 }
 
@@ -607,7 +709,8 @@ impl Shared {
 
     /// Counts a new connection in, or refuses it with Error BUSY (without reading from it
     /// and without a thread) when the server serves `max_connections` already, or
-    /// `max_connections_per_client` from its address.
+    /// `max_connections_per_client` from its address. With TLS on, the refusal is a plain
+    /// close: the Error frame would have to wait for a TLS handshake, i.e. a thread.
     fn admit(self: &Arc<Self>, stream: &TcpStream) -> Option<ConnSlot> {
         let ip = match stream.peer_addr() {
             Ok(a) => a.ip(),
@@ -648,26 +751,28 @@ impl Shared {
         }
         // The accepting thread must not wait on this peer: a small frame into an empty send
         // buffer, without blocking.
-        let _ = stream.set_nonblocking(true);
-        let body = encode_error(code::BUSY, &why);
-        let header = Header {
-            kind: kind::ERROR,
-            body_len: body.len() as u32,
-            request: 0,
-        };
-        let _ = write_frame(&mut NoSigPipe(stream), header, &[&body]);
+        if self.opts.tls.is_none() {
+            let _ = stream.set_nonblocking(true);
+            let body = encode_error(code::BUSY, &why);
+            let header = Header {
+                kind: kind::ERROR,
+                body_len: body.len() as u32,
+                request: 0,
+            };
+            let _ = write_frame(&mut NoSigPipe(stream), header, &[&body]);
+        }
         let _ = stream.shutdown(std::net::Shutdown::Write);
         None
     }
 
     /// Sends what `out` holds, all of it within the frame timeout; false if that failed (the
     /// connection is then closed).
-    fn flush(&self, stream: &TcpStream, out: &Outbox, peer: &str) -> bool {
+    fn flush(&self, link: &mut Link, out: &Outbox, peer: &str) -> bool {
         let frames = std::mem::take(&mut *out.frames.borrow_mut());
         if frames.is_empty() {
             return true;
         }
-        let mut w = Timed::by(stream, self.opts.frame_timeout);
+        let mut w = link.by(self.opts.frame_timeout);
         for f in frames {
             let parts: Vec<&[u8]> = f.body.iter().map(|b| b.as_slice()).collect();
             if let Err(e) = write_frame(&mut w, f.header, &parts) {
@@ -707,6 +812,10 @@ impl Shared {
                 done += want;
             }
         }
+        if let Err(e) = w.flush() {
+            self.lost(peer, &e);
+            return false;
+        }
         true
     }
 
@@ -724,10 +833,38 @@ impl Shared {
             .map(|a| a.to_string())
             .unwrap_or_else(|_| "?".into());
         let _ = stream.set_nodelay(true);
+        // The TLS handshake and the Hello share one deadline.
+        let hello_by = Instant::now() + self.opts.hello_timeout;
+        let mut link = match Link::open(stream, self.opts.tls.as_ref(), hello_by) {
+            Ok(link) => link,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                lock(&self.counters).refused_clients += 1;
+                let plain_client = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|r| matches!(r, rustls::Error::InvalidMessage(_)));
+                let hint = if plain_client {
+                    " (a client without TLS? give it staging.tls_ca)"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "cascade stage-server {}: refused {peer}: TLS handshake failed: {e}{hint}",
+                    self.name
+                );
+                return;
+            }
+            Err(e) => {
+                self.lost(&peer, &e);
+                return;
+            }
+        };
         let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
         let mut small = Vec::with_capacity(SMALL_BODY);
         let out = Outbox::default();
-        let Some((namespace, job_key)) = self.handshake(&stream, &mut small, &peer, &out) else {
+        let Some((namespace, job_key)) =
+            self.handshake(&mut link, hello_by, &mut small, &peer, &out)
+        else {
             return;
         };
         lock(&self.counters).clients += 1;
@@ -744,16 +881,16 @@ impl Shared {
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 self.reply_error(&out, 0, code::SHUTTING_DOWN, "server is stopping");
-                self.flush(&stream, &out, &peer);
+                self.flush(&mut link, &out, &peer);
                 break;
             }
-            let header = match read_header(&mut Timed::from_first_byte(&stream, within)) {
+            let header = match read_header(&mut link.idle_then_within(within)) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(RecvError::Frame(e)) => {
                     self.log(|| format!("{peer}: {e}"));
                     self.reply_error(&out, 0, e.code(), &e.to_string());
-                    self.flush(&stream, &out, &peer);
+                    self.flush(&mut link, &out, &peer);
                     break;
                 }
                 Err(RecvError::Io(e)) => {
@@ -766,21 +903,21 @@ impl Shared {
                 if !protocol::is_large_kind(header.kind) {
                     let msg = format!("a {len}-byte body is too large for this message");
                     self.reply_error(&out, header.request, code::BAD_FRAME, &msg);
-                    self.flush(&stream, &out, &peer);
+                    self.flush(&mut link, &out, &peer);
                     break;
                 }
                 // The first 64 KiB (or all of a smaller body) must arrive before the body gets
                 // a receive buffer: a client dripping a body holds none.
                 let first = len.min(SMALL_BODY);
                 small.resize(first, 0);
-                if let Err(e) = Timed::by(&stream, within).read_exact(&mut small[..first]) {
+                if let Err(e) = link.by(within).read_exact(&mut small[..first]) {
                     self.lost(&peer, &e);
                     break;
                 }
                 let mut buf = self.pool.take();
                 buf[..first].copy_from_slice(&small[..first]);
                 // The rest's deadline starts now that the server is ready for it.
-                if let Err(e) = Timed::by(&stream, within).read_exact(&mut buf[first..len]) {
+                if let Err(e) = link.by(within).read_exact(&mut buf[first..len]) {
                     self.pool.give(buf);
                     self.lost(&peer, &e);
                     break;
@@ -795,7 +932,7 @@ impl Shared {
                         self.pool.give(buf);
                         self.log(|| format!("{peer}: {why}"));
                         self.reply_error(&out, header.request, code, &why);
-                        self.flush(&stream, &out, &peer);
+                        self.flush(&mut link, &out, &peer);
                         break;
                     }
                     self.last_write_ms
@@ -813,18 +950,18 @@ impl Shared {
                 // Back to the pool before the reply is sent: a client that does not read
                 // its replies must not hold a receive buffer.
                 self.pool.give(buf);
-                if !self.flush(&stream, &out, &peer) || !keep {
+                if !self.flush(&mut link, &out, &peer) || !keep {
                     break;
                 }
                 continue;
             }
             small.resize(len, 0);
-            if let Err(e) = Timed::by(&stream, within).read_exact(&mut small[..len]) {
+            if let Err(e) = link.by(within).read_exact(&mut small[..len]) {
                 self.lost(&peer, &e);
                 break;
             }
             let keep = self.handle(&out, header, &small[..len], &conn, submitted);
-            if !self.flush(&stream, &out, &peer) || !keep {
+            if !self.flush(&mut link, &out, &peer) || !keep {
                 break;
             }
         }
@@ -841,28 +978,21 @@ impl Shared {
     }
 
     /// Hello, Challenge, Auth, AuthOk (docs/staging-protocol.md, "Hello and Auth"), all of
-    /// it within the Hello timeout of connecting: the client proves it holds the key of the
-    /// namespace it claims, the server proves it back. The namespace and its key on success; the replies
-    /// (or the refusal) are sent.
+    /// it by `deadline` (the Hello timeout after connecting, the TLS handshake included): the
+    /// client proves it holds the key of the namespace it claims, the server proves it back.
+    /// The namespace and its key on success; the replies (or the refusal) are sent.
     fn handshake(
         &self,
-        stream: &TcpStream,
+        link: &mut Link,
+        deadline: Instant,
         buf: &mut Vec<u8>,
         peer: &str,
         out: &Outbox,
     ) -> Option<(String, JobKey)> {
-        let deadline = Instant::now() + self.opts.hello_timeout;
-        let refuse = |request: u32, code: u16, why: &str| {
-            lock(&self.counters).refused_clients += 1;
-            eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
-            self.reply_error(out, request, code, why);
-            self.flush(stream, out, peer);
-            None
-        };
-        let header = match self.handshake_frame(stream, buf, peer, deadline, kind::HELLO) {
+        let header = match self.handshake_frame(link, buf, peer, deadline, kind::HELLO) {
             Ok(Some(h)) => h,
             Ok(None) => return None,
-            Err((request, code, why)) => return refuse(request, code, &why),
+            Err(refusal) => return self.refuse_handshake(link, out, peer, refusal),
         };
         let Ok(Request::Hello(hello)) = Request::decode(kind::HELLO, buf) else {
             return None;
@@ -874,28 +1004,30 @@ impl Shared {
             Ok(n) => n,
             Err(e) => {
                 self.fail(format!("no random nonce for {peer}: {e}"));
-                return refuse(header.request, code::IO, "the server has no random numbers");
+                let why = "the server has no random numbers".to_string();
+                return self.refuse_handshake(link, out, peer, (header.request, code::IO, why));
             }
         };
         let body = protocol::encode_challenge(&self.name, self.instance, &server_nonce);
         self.reply(out, header.request, kind::HELLO, &[&body]);
-        if !self.flush(stream, out, peer) {
+        if !self.flush(link, out, peer) {
             return None;
         }
-        let header = match self.handshake_frame(stream, buf, peer, deadline, kind::AUTH) {
+        let header = match self.handshake_frame(link, buf, peer, deadline, kind::AUTH) {
             Ok(Some(h)) => h,
             Ok(None) => return None,
-            Err((request, code, why)) => return refuse(request, code, &why),
+            Err(refusal) => return self.refuse_handshake(link, out, peer, refusal),
         };
         let Ok(Request::Auth { proof }) = Request::decode(kind::AUTH, buf) else {
             return None;
         };
         let key = JobKey::derive(self.opts.secret.expose(), &namespace);
+        // Over TLS the proofs cover the session's keying material too.
         let transcript = Transcript {
             namespace: &namespace,
             client_nonce,
             server_nonce,
-            binding: None,
+            binding: link.channel_binding(),
         };
         if !proofs_match(&proof, &key.client_proof(&transcript)) {
             let shown = if namespace.is_empty() {
@@ -903,22 +1035,34 @@ impl Shared {
             } else {
                 format!("namespace {namespace:?}")
             };
-            return refuse(
-                header.request,
-                code::AUTH,
-                &format!(
-                    "the client's credential does not open {shown}: a wrong staging secret, \
-                     or a job credential made for another namespace or cluster"
-                ),
+            let why = format!(
+                "the client's credential does not open {shown}: a wrong staging secret, or a \
+                 job credential made for another namespace or cluster"
             );
+            return self.refuse_handshake(link, out, peer, (header.request, code::AUTH, why));
         }
         self.log(|| format!("{peer} ({client}) authenticated for namespace {namespace:?}"));
         let body = protocol::encode_auth_ok(&key.server_proof(&transcript));
         self.reply(out, header.request, kind::AUTH, &[&body]);
-        if !self.flush(stream, out, peer) {
+        if !self.flush(link, out, peer) {
             return None;
         }
         Some((namespace, key))
+    }
+
+    /// Answers a failed handshake with Error (request, code, reason), counted and logged.
+    fn refuse_handshake<T>(
+        &self,
+        link: &mut Link,
+        out: &Outbox,
+        peer: &str,
+        (request, code, why): (u32, u16, String),
+    ) -> Option<T> {
+        lock(&self.counters).refused_clients += 1;
+        eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
+        self.reply_error(out, request, code, &why);
+        self.flush(link, out, peer);
+        None
     }
 
     /// Reads one handshake frame of kind `want` (small, whole by `deadline`) into `buf`.
@@ -926,14 +1070,13 @@ impl Shared {
     /// The body is checked to decode, so the caller's decode cannot fail.
     fn handshake_frame(
         &self,
-        stream: &TcpStream,
+        link: &mut Link,
         buf: &mut Vec<u8>,
         peer: &str,
         deadline: Instant,
         want: u8,
     ) -> std::result::Result<Option<Header>, (u32, u16, String)> {
-        let within = deadline.saturating_duration_since(Instant::now());
-        let mut reader = Timed::by(stream, within);
+        let mut reader = link.until(deadline);
         let header = match read_header(&mut reader) {
             Ok(Some(h)) => h,
             Ok(None) => return Ok(None),
@@ -1589,5 +1732,63 @@ mod debug_tests {
             "{shown}"
         );
         assert!(shown.contains("endpoint=http://h:1"), "{shown}");
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use cascade_testkit::TestPki;
+    use cascade_wire::client::Transport;
+    use cascade_wire::tls;
+
+    use super::Link;
+
+    #[test]
+    fn both_ends_export_the_same_channel_binding_and_plain_tcp_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = TestPki::generate(dir.path());
+        let server_config = tls::server_config(&pki.cert, &pki.key).expect("server config");
+        let client_config = tls::client_config(&pki.ca).expect("client config");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address").to_string();
+        let accept = |tls: bool| {
+            let (stream, _) = listener.accept().expect("accept");
+            let config = tls.then_some(&server_config);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            Link::open(stream, config, deadline)
+                .expect("server handshake")
+                .channel_binding()
+        };
+        let connect = || {
+            let tcp = TcpStream::connect(&addr).expect("connect");
+            tcp.set_read_timeout(Some(Duration::from_secs(30)))
+                .expect("timeout");
+            tcp
+        };
+        let bindings: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::scope(|s| {
+                    let server = s.spawn(|| accept(true));
+                    let client =
+                        Transport::tls(&addr, &client_config, connect()).expect("client handshake");
+                    let server = server.join().expect("server thread");
+                    (client.channel_binding(), server)
+                })
+            })
+            .collect();
+        for (client, server) in &bindings {
+            assert!(client.is_some());
+            assert_eq!(client, server);
+        }
+        assert_ne!(bindings[0].0, bindings[1].0, "one binding per session");
+        let plain = std::thread::scope(|s| {
+            let server = s.spawn(|| accept(false));
+            let _client = connect();
+            server.join().expect("server thread")
+        });
+        assert_eq!(plain, None);
     }
 }

@@ -24,6 +24,8 @@
 //!   address read from it; kill and restart on the same port), [`Versitygw`] (a real S3
 //!   server, ready when its port accepts; stop and restart on the same port), with
 //!   [`versitygw::ACCESS`], [`versitygw::SECRET`] and [`free_port`].
+//! - **TLS** ([`tls`]): [`TestPki`], a CA and a server certificate for 127.0.0.1 and
+//!   localhost (rcgen), written as PEM files, and a second CA that signed nothing of it.
 //! - **Durable stores** ([`durable`]): [`durable_at`] (a directory as the durable store),
 //!   [`Expected`] and [`assert_durable_checkpoint`].
 //! - **Real checkpoint series** ([`real_series`]): bench/datasets/make.sh's quick series.
@@ -40,6 +42,7 @@ pub mod node;
 pub mod process;
 pub mod real_series;
 pub mod stage_server;
+pub mod tls;
 pub mod versitygw;
 pub mod wait;
 
@@ -52,5 +55,6 @@ pub use node::{
 };
 pub use process::{output_within, run_with_timeout, wait_output, Daemon, Out};
 pub use stage_server::StageServer;
+pub use tls::TestPki;
 pub use versitygw::{free_port, Versitygw};
 pub use wait::{poll, wait_for, wait_until};

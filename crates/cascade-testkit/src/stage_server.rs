@@ -11,6 +11,7 @@ use cascade_wire::{ClientOptions, Connection, ServerStatus};
 
 use crate::node::Env;
 use crate::process::Daemon;
+use crate::tls::TestPki;
 
 /// The start of the line a server prints once it listens, followed by its address.
 const START_LINE: &str = "cascade stage-server: listening on ";
@@ -28,6 +29,8 @@ pub struct StageServer {
     pub drain_to: String,
     secret: String,
     extra: Vec<String>,
+    /// The CA its status connection trusts, when it speaks TLS.
+    tls_ca: Option<PathBuf>,
     /// Stderr lines of earlier incarnations (before a kill or restart).
     earlier: Vec<String>,
     conn: Mutex<Option<Connection>>,
@@ -44,7 +47,37 @@ impl StageServer {
         secret: &str,
         extra: &[&str],
     ) -> StageServer {
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_with(env, dir, drain_to, secret, extra, None)
+    }
+
+    /// [`StageServer::start`] with TLS: the server gets `pki`'s certificate and key
+    /// (`--tls-cert`, `--tls-key`), and its status connection trusts `pki`'s CA.
+    pub fn start_tls(
+        env: &Env,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        pki: &TestPki,
+        extra: &[&str],
+    ) -> StageServer {
+        Self::start_with(env, dir, drain_to, secret, extra, Some(pki))
+    }
+
+    fn start_with(
+        env: &Env,
+        dir: &Path,
+        drain_to: &str,
+        secret: &str,
+        extra: &[&str],
+        tls: Option<&TestPki>,
+    ) -> StageServer {
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if let Some(pki) = tls {
+            for (flag, path) in [("--tls-cert", &pki.cert), ("--tls-key", &pki.key)] {
+                extra.push(flag.to_string());
+                extra.push(path.display().to_string());
+            }
+        }
         let (daemon, addr) = Self::spawn(env, "127.0.0.1:0", dir, drain_to, secret, &extra);
         StageServer {
             daemon,
@@ -53,6 +86,7 @@ impl StageServer {
             drain_to: drain_to.to_string(),
             secret: secret.to_string(),
             extra,
+            tls_ca: tls.map(|pki| pki.ca.clone()),
             earlier: Vec::new(),
             conn: Mutex::new(None),
         }
@@ -148,6 +182,11 @@ impl StageServer {
             let mut opts = ClientOptions::new(&self.secret);
             opts.connect_timeout = Duration::from_secs(2);
             opts.io_timeout = Duration::from_secs(30);
+            if let Some(ca) = &self.tls_ca {
+                let config =
+                    cascade_wire::tls::client_config(ca).map_err(cascade_wire::Error::Invalid)?;
+                opts.tls = Some(config);
+            }
             *conn = Some(Connection::connect(&self.addr, &opts)?);
         }
         let result = f(conn.as_mut().expect("connected"));

@@ -7,8 +7,9 @@
 //! reason rather than the broken pipe it may see first.
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cascade_dedup::repo::{FileRecipe, Manifest};
@@ -21,11 +22,12 @@ use crate::protocol::{
     Reply, Seal, Stored, WireChunk, BLAKE3_LEN, CHUNK_FIXED, MAX_BODY, MAX_FRAME_RAW, MAX_ITEMS,
 };
 use crate::status::ServerStatus;
+use crate::tls::{self, rustls, Socket};
 use crate::{Error, Result};
 use cascade_secret::Secret;
 
 /// How a client identifies itself.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// The cluster secret or the job's credential (Debug shows neither).
     pub credential: Credential,
@@ -36,6 +38,23 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// A server that stops answering for this long is treated as dead.
     pub io_timeout: Duration,
+    /// Speak TLS, verifying the server's certificate with this config (`staging.tls_ca`);
+    /// None: plain TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// Shows whether TLS is on, not the config's insides.
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("credential", &self.credential)
+            .field("client", &self.client)
+            .field("namespace", &self.namespace)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl ClientOptions {
@@ -57,6 +76,7 @@ impl ClientOptions {
             namespace: String::new(),
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -166,8 +186,64 @@ const PIPELINE: usize = 4;
 /// A PutManifest part carries file entries up to about this many bytes.
 const MANIFEST_PART_BYTES: usize = 8 << 20;
 
+/// The byte stream under the frames: plain TCP, or TLS over it.
+pub enum Transport {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, Socket>>),
+}
+
+impl Transport {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Transport::Plain(s) => s,
+            Transport::Tls(t) => &t.sock.0,
+        }
+    }
+
+    /// The TLS session's exported keying material (see [`tls::channel_binding`]); None on
+    /// plain TCP.
+    pub fn channel_binding(&self) -> Option<[u8; 32]> {
+        match self {
+            Transport::Plain(_) => None,
+            Transport::Tls(t) => tls::channel_binding(&t.conn),
+        }
+    }
+}
+
+impl Read for Transport {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => s.read(buf),
+            Transport::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Transport {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => NoSigPipe(s).write(buf),
+            Transport::Tls(t) => t.write(buf),
+        }
+    }
+    /// Plain TCP keeps zero-copy vectored writes; TLS copies into records anyway.
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => NoSigPipe(s).write_vectored(bufs),
+            Transport::Tls(t) => t.write_vectored(bufs),
+        }
+    }
+    /// TLS buffers records: a frame is sent only once flushed.
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Transport::Plain(_) => Ok(()),
+            Transport::Tls(t) => t.flush(),
+        }
+    }
+}
+
 pub struct Connection {
-    stream: TcpStream,
+    stream: Transport,
     server: String,
     /// The namespace's key the connection proved it holds; it tags what it seals.
     job_key: auth::JobKey,
@@ -201,6 +277,10 @@ impl Connection {
             .set_read_timeout(Some(opts.io_timeout))
             .and_then(|_| stream.set_write_timeout(Some(opts.io_timeout)))
             .map_err(|e| Error::io("socket timeouts", e))?;
+        let stream = match &opts.tls {
+            None => Transport::Plain(stream),
+            Some(config) => Transport::tls(server, config, stream)?,
+        };
         let mut c = Connection {
             stream,
             server: server.to_string(),
@@ -220,30 +300,34 @@ impl Connection {
         let client_nonce = auth::nonce().map_err(|e| Error::io("random nonce", e))?;
         let body = protocol::encode_hello(&opts.client, &opts.namespace, &client_nonce);
         let id = self.send(kind::HELLO, &[&body])?;
-        let server_nonce = match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
-            (
-                Reply::Challenge {
-                    instance, nonce, ..
-                },
-                _,
-            ) => {
-                self.instance = instance;
-                nonce
-            }
-            (other, _) => return Err(unexpected(&self.server, &other)),
-        };
+        self.refuse_tls_answer()?;
+        let server_nonce =
+            match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
+                (
+                    Reply::Challenge {
+                        instance, nonce, ..
+                    },
+                    _,
+                ) => {
+                    self.instance = instance;
+                    nonce
+                }
+                (other, _) => return Err(unexpected(&self.server, &other)),
+            };
         let key = self.job_key.clone();
+        // Over TLS both proofs cover the session's keying material: a handshake relayed
+        // into another TLS session does not verify there.
         let transcript = Transcript {
             namespace: &opts.namespace,
             client_nonce,
             server_nonce,
-            binding: None,
+            binding: self.stream.channel_binding(),
         };
         let id = self.send(
             kind::AUTH,
             &[&protocol::encode_auth(&key.client_proof(&transcript))],
         )?;
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::AuthOk { proof }, _)
                 if proofs_match(&proof, &key.server_proof(&transcript)) =>
             {
@@ -273,6 +357,33 @@ impl Connection {
         &self.server
     }
 
+    /// The byte stream under the frames (for its [`Transport::channel_binding`]).
+    pub fn transport(&self) -> &Transport {
+        &self.stream
+    }
+
+    /// A plain-TCP client talking to a TLS server gets a TLS alert record instead of a
+    /// frame: say so rather than report a garbled header.
+    fn refuse_tls_answer(&self) -> Result<()> {
+        let Transport::Plain(s) = &self.stream else {
+            return Ok(());
+        };
+        let mut first = [0u8; 2];
+        // A TLS record starts with its content type (alert 21, handshake 22), then major
+        // version 3; a frame starts with the magic "CSTG".
+        if let Ok(2) = s.peek(&mut first) {
+            if matches!(first, [21 | 22, 3]) {
+                return Err(Error::Protocol {
+                    server: self.server.clone(),
+                    why: "the server requires TLS: set staging.tls_ca to the CA that signed its \
+                          certificate"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Changes when the server restarts.
     pub fn instance(&self) -> u64 {
         self.instance
@@ -287,7 +398,7 @@ impl Connection {
             body_len: len as u32,
             request: id,
         };
-        match write_frame(&mut NoSigPipe(&self.stream), header, body) {
+        match write_frame(&mut self.stream, header, body).and_then(|()| self.stream.flush()) {
             Ok(()) => Ok(id),
             Err(e) => Err(self.why_broken(e)),
         }
@@ -297,8 +408,9 @@ impl Connection {
     fn why_broken(&mut self, e: io::Error) -> Error {
         let _ = self
             .stream
+            .tcp()
             .set_read_timeout(Some(Duration::from_millis(200)));
-        if let Ok(Some(h)) = read_frame(&mut &self.stream, &mut self.reply_buf) {
+        if let Ok(Some(h)) = read_frame(&mut self.stream, &mut self.reply_buf) {
             if h.kind == kind::ERROR {
                 if let Ok(Reply::Error { code, message }) =
                     Reply::decode(h.kind, &self.reply_buf[..h.body_len as usize])
@@ -347,7 +459,7 @@ impl Connection {
     /// Waits until every Write sent so far is durable on the server's SSD.
     pub fn sync(&mut self) -> Result<()> {
         let id = self.send(kind::SYNC, &[])?;
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::SyncOk, _) => Ok(()),
             (other, _) => Err(unexpected(&self.server, &other)),
         }
@@ -363,7 +475,7 @@ impl Connection {
         out: &mut Vec<u8>,
     ) -> Result<Option<ReadMeta>> {
         let id = self.send(kind::READ, &[&protocol::encode_read(key, offset, len)])?;
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id) {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id) {
             Ok((
                 Reply::ReadOk {
                     stamp,
@@ -394,7 +506,7 @@ impl Connection {
     pub fn push(&mut self, checkpoint: &str, single_file: bool, files: &[PushFile]) -> Result<()> {
         let body = protocol::encode_push(checkpoint, single_file, files);
         let id = self.send(kind::PUSH, &[&body])?;
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::PushOk, _) => Ok(()),
             (other, _) => Err(unexpected(&self.server, &other)),
         }
@@ -404,7 +516,7 @@ impl Connection {
     pub fn pull(&mut self, queries: &[(PullKind, &str)]) -> Result<Vec<PullState>> {
         let id = self.send(kind::PULL, &[&protocol::encode_pull(queries)])?;
         let n = queries.len();
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::PullOk(states), _) if states.len() == n => Ok(states),
             (other, _) => Err(unexpected(&self.server, &other)),
         }
@@ -414,7 +526,7 @@ impl Connection {
     pub fn ping(&mut self) -> Result<Duration> {
         let started = Instant::now();
         let id = self.send(kind::PING, &[])?;
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::Pong, _) => Ok(started.elapsed()),
             (other, _) => Err(unexpected(&self.server, &other)),
         }
@@ -422,7 +534,7 @@ impl Connection {
 
     pub fn status(&mut self) -> Result<ServerStatus> {
         let id = self.send(kind::STATUS, &[])?;
-        let json = match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        let json = match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::StatusOk(json), _) => json.to_string(),
             (other, _) => return Err(unexpected(&self.server, &other)),
         };
@@ -455,7 +567,7 @@ impl Connection {
         let Some((id, n)) = sent.pop_front() else {
             return Ok(());
         };
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::LacksOk(flags), _) if flags.len() == n => {
                 out.extend(flags);
                 Ok(())
@@ -513,7 +625,7 @@ impl Connection {
         let Some(id) = sent.pop_front() else {
             return Ok(());
         };
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::PutChunksOk { stored, present }, _) => {
                 report.stored += u64::from(stored);
                 report.present += u64::from(present);
@@ -598,7 +710,7 @@ impl Connection {
         let Some(id) = sent.pop_front() else {
             return Ok(());
         };
-        match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::PutManifestOk, h) if h.kind == k | kind::REPLY => Ok(()),
             (other, _) => Err(unexpected(&self.server, &other)),
         }
@@ -614,7 +726,7 @@ impl Connection {
         while next < scores.len() {
             let batch = &scores[next..(next + MAX_ITEMS).min(scores.len())];
             let id = self.send(kind::GET_CHUNKS, &[&protocol::encode_scores(batch)])?;
-            match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
+            match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
                 (Reply::GetChunksOk { considered, chunks }, _)
                     if considered as usize <= batch.len()
                         && (considered > 0 || batch.is_empty()) =>
@@ -641,10 +753,11 @@ impl Connection {
             kind::GET_MANIFEST,
             &[&protocol::encode_get_manifest(checkpoint)],
         )?;
-        let (state, json) = match recv_reply(&self.stream, &mut self.reply_buf, &self.server, id)? {
-            (Reply::GetManifestOk { state, json }, _) => (state, json.to_string()),
-            (other, _) => return Err(unexpected(&self.server, &other)),
-        };
+        let (state, json) =
+            match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
+                (Reply::GetManifestOk { state, json }, _) => (state, json.to_string()),
+                (other, _) => return Err(unexpected(&self.server, &other)),
+            };
         if state == ManifestState::Unknown {
             return Ok(None);
         }
@@ -658,24 +771,57 @@ impl Connection {
     /// Says goodbye and closes.
     pub fn goodbye(mut self) {
         if let Ok(id) = self.send(kind::GOODBYE, &[]) {
-            let _ = recv_reply(&self.stream, &mut self.reply_buf, &self.server, id);
+            let _ = recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id);
+        }
+        if let Transport::Tls(t) = &mut self.stream {
+            // A clean TLS end, so the server does not see a truncated stream.
+            t.conn.send_close_notify();
+            let _ = t.flush();
         }
     }
 
     /// Sends raw bytes (tests of the server's handling of malformed input).
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
-        io::Write::write_all(&mut NoSigPipe(&self.stream), bytes)
+        self.stream.write_all(bytes)?;
+        self.stream.flush()
+    }
+}
+
+impl Transport {
+    /// TLS over `tcp` to `server` (`host:port`, whose host the certificate must name), the
+    /// handshake finished within the socket's timeouts, so that a refused certificate is
+    /// reported as such rather than as a failed first request.
+    pub fn tls(
+        server: &str,
+        config: &Arc<rustls::ClientConfig>,
+        tcp: TcpStream,
+    ) -> Result<Transport> {
+        let failed = |why: String| Error::Protocol {
+            server: server.to_string(),
+            why,
+        };
+        let name = tls::server_name(server).map_err(failed)?;
+        let conn = rustls::ClientConnection::new(config.clone(), name)
+            .map_err(|e| failed(format!("TLS: {e}")))?;
+        let mut stream = rustls::StreamOwned::new(conn, Socket(tcp));
+        while stream.conn.is_handshaking() {
+            stream
+                .conn
+                .complete_io(&mut stream.sock)
+                .map_err(|e| failed(tls::handshake_failure(&e)))?;
+        }
+        Ok(Transport::Tls(Box::new(stream)))
     }
 }
 
 /// Reads the reply to request `id` (an Error frame becomes `Error::Refused`).
 fn recv_reply<'b>(
-    stream: &TcpStream,
+    stream: &mut Transport,
     reply_buf: &'b mut Vec<u8>,
     server: &str,
     id: u32,
 ) -> Result<(Reply<'b>, Header)> {
-    let header = match read_frame(&mut &*stream, reply_buf) {
+    let header = match read_frame(stream, reply_buf) {
         Ok(Some(h)) => h,
         Ok(None) => {
             return Err(Error::Protocol {

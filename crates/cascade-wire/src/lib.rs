@@ -6,11 +6,13 @@
 //! - [`protocol`]: frames, their bodies, encoders and decoders (both sides use them).
 //! - [`client`]: a [`Connection`] to one server, and [`owner_of`], which server owns a chunk.
 //! - [`status`]: the JSON a server answers a Status request with ([`ServerStatus`]).
+//! - [`tls`]: TLS configs from PEM files, server names, the channel binding.
 
 pub mod auth;
 pub mod client;
 pub mod protocol;
 pub mod status;
+pub mod tls;
 
 pub use client::{owner_of, ClientOptions, Connection};
 pub use status::ServerStatus;
