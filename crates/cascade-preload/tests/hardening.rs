@@ -417,13 +417,15 @@ fn a_corrupt_directory_link_is_eio_for_ls_not_an_abort() {
     );
 }
 
-/// A panic inside the library (store code asserting on a parent link read from the shared
-/// block) is caught at the wrapper: the call fails with EIO, one line names it, and the
-/// program goes on. The directory's parent link is broken after it was opened, so the
-/// `openat` of `../victim` relative to it resolves `..` to the broken link, and the path
-/// walk's inode lookup asserts.
+/// A damaged store block (a parent link read from the shared block pointing past the inode
+/// table) fails the call with EIO and the program goes on. The directory's parent link is
+/// broken after it was opened, so the `openat` of `../victim` relative to it resolves `..`
+/// to the broken link: the store checks the link where it loads it and returns EIO ("store
+/// block is damaged"). It once asserted there, and the panic boundary caught that; the
+/// boundary itself is unit-tested in src/interpose/mod.rs, as nothing outside can make the
+/// library panic any more.
 #[test]
-fn a_panic_inside_the_library_fails_the_call_with_eio_and_the_program_goes_on() {
+fn a_damaged_block_fails_the_call_with_eio_and_the_program_goes_on() {
     const SRC: &str = r#"
 #include <errno.h>
 #include <fcntl.h>
@@ -476,15 +478,8 @@ int main(int argc, char **argv) {
         "{}",
         show(&out)
     );
-    let err = stderr(&out);
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "one line: {}", show(&out));
-    assert!(
-        lines[0].starts_with("cascade: openat: internal error (")
-            && lines[0].ends_with("; the call fails with EIO"),
-        "{}",
-        show(&out)
-    );
+    // An error, not a caught panic.
+    assert!(!stderr(&out).contains("internal error"), "{}", show(&out));
 }
 
 /// Finding 8d, an agent that stopped accepting: once its listen backlog (here the one

@@ -179,7 +179,9 @@ impl Block {
         n
     }
 
-    /// Marks chunk `c` FREE and pushes it on its stack. Allocator lock held.
+    /// Marks chunk `c` (a checked id) FREE and pushes it on its stack. Allocator lock held.
+    /// A stack top past the stack (damage) is mended by rebuilding the stacks from the state
+    /// words, which is what they are derived from; fsck reports such a top.
     pub(crate) fn push_free_locked(&self, c: u32) {
         let h = self.header();
         self.chunk_states()[c as usize].store(0, Release);
@@ -189,22 +191,69 @@ impl Block {
             (self.free_mem_stack(), &h.free_mem_top)
         };
         let t = top.load(Relaxed) as usize;
-        debug_assert!(t < stack.len(), "free stack overflow");
-        stack[t].store(c, Relaxed);
-        top.store(t as u32 + 1, Release);
+        match stack.get(t) {
+            Some(slot) => {
+                slot.store(c, Relaxed);
+                top.store(t as u32 + 1, Release);
+            }
+            None => self.rebuild_free_stacks(),
+        }
     }
 
+    /// Pops a free chunk or node id off `stack` (allocator lock held). The id must lie in
+    /// `ids` and its word in `states` must be FREE: handing out anything else would give one
+    /// file's chunk to another.
     fn pop_stack(
         stack: &[std::sync::atomic::AtomicU32],
         top: &std::sync::atomic::AtomicU32,
-    ) -> Option<u32> {
+        ids: std::ops::Range<u32>,
+        states: &[std::sync::atomic::AtomicU64],
+        what: &str,
+    ) -> Result<Option<u32>> {
         let t = top.load(Relaxed);
         if t == 0 {
-            return None;
+            return Ok(None);
         }
-        let c = stack[t as usize - 1].load(Relaxed);
+        let Some(entry) = stack.get(t as usize - 1) else {
+            return Err(Error::damaged(format!(
+                "the {what} stack top is {t}, past its {} entries",
+                stack.len()
+            )));
+        };
+        let c = entry.load(Relaxed);
+        let state = ids
+            .contains(&c)
+            .then(|| states.get(c as usize).map(|s| s.load(Acquire)))
+            .flatten();
+        match state {
+            Some(TAG_FREE) => {}
+            Some(s) => {
+                return Err(Error::damaged(format!(
+                    "the {what} stack holds {c}, which is marked {}",
+                    describe_state(s)
+                )))
+            }
+            None => {
+                return Err(Error::damaged(format!(
+                    "the {what} stack holds {c}, outside {}..{}",
+                    ids.start, ids.end
+                )))
+            }
+        }
         top.store(t - 1, Release);
-        Some(c)
+        Ok(Some(c))
+    }
+
+    /// The chunks in lease slot `s`'s batch: its count, checked against the batch size.
+    fn lease_count(&self, s: u32) -> Result<usize> {
+        let n = self.lease_slot(s).count.load(Relaxed);
+        if n > self.geo.lease_batch {
+            return Err(Error::damaged(format!(
+                "lease slot {s} counts {n} chunks, more than a batch of {}",
+                self.geo.lease_batch
+            )));
+        }
+        Ok(n as usize)
     }
 
     /// Finds a chunk for logical index `idx` of inode `ino` and marks it USED(ino, idx).
@@ -220,20 +269,39 @@ impl Block {
                 local.pid = my_pid();
             }
             let slot = self.lease_slot(local.slot);
-            if slot.count.load(Relaxed) == 0 {
+            if self.lease_count(local.slot)? == 0 {
                 self.refill(local.slot)?;
             }
-            let n = slot.count.load(Relaxed);
+            let n = self.lease_count(local.slot)?;
             if n > 0 {
-                let c = slot.ids[n as usize - 1].load(Relaxed);
+                let c = slot.ids[n - 1].load(Relaxed);
+                // Only a chunk leased to this slot is ours to hand out.
+                let state = self.chunk_states().get(c as usize).map(|s| s.load(Acquire));
+                if state != Some(leased(local.slot)) {
+                    return Err(Error::damaged(format!(
+                        "lease slot {} holds chunk {c}, which is {}",
+                        local.slot,
+                        state.map_or_else(
+                            || format!("past the {} chunks", self.geo.total_chunks()),
+                            |s| format!("marked {}", describe_state(s))
+                        )
+                    )));
+                }
                 self.chunk_states()[c as usize].store(want, Release);
-                slot.count.store(n - 1, Release);
+                slot.count.store(n as u32 - 1, Release);
                 return Ok(c);
             }
         }
         let h = self.header();
         let g = self.lock_alloc()?;
-        let c = match Self::pop_stack(self.free_spill_stack(), &h.free_spill_top) {
+        let popped = Self::pop_stack(
+            self.free_spill_stack(),
+            &h.free_spill_top,
+            self.geo.mem_chunks..self.geo.total_chunks(),
+            self.chunk_states(),
+            "free spill chunk",
+        )?;
+        let c = match popped {
             Some(c) => c,
             None if self.reclaim_dead_leases() > 0 => {
                 drop(g);
@@ -271,13 +339,23 @@ impl Block {
         let slot = self.lease_slot(s);
         let tag = leased(s);
         for _ in 0..self.geo.lease_batch {
-            let Some(c) = Self::pop_stack(self.free_mem_stack(), &h.free_mem_top) else {
+            let n = self.lease_count(s)?;
+            if n >= self.geo.lease_batch as usize {
+                break;
+            }
+            let Some(c) = Self::pop_stack(
+                self.free_mem_stack(),
+                &h.free_mem_top,
+                0..self.geo.mem_chunks,
+                self.chunk_states(),
+                "free memory chunk",
+            )?
+            else {
                 break;
             };
             self.chunk_states()[c as usize].store(tag, Release);
-            let n = slot.count.load(Relaxed);
-            slot.ids[n as usize].store(c, Relaxed);
-            slot.count.store(n + 1, Release);
+            slot.ids[n].store(c, Relaxed);
+            slot.count.store(n as u32 + 1, Release);
         }
         Ok(())
     }
@@ -315,7 +393,14 @@ impl Block {
     pub(crate) fn alloc_node(&self, ino: u32) -> Result<u32> {
         let h = self.header();
         let _g = self.lock_alloc()?;
-        let Some(n) = Self::pop_stack(self.free_node_stack(), &h.free_node_top) else {
+        let Some(n) = Self::pop_stack(
+            self.free_node_stack(),
+            &h.free_node_top,
+            0..self.geo.map_nodes,
+            self.node_states(),
+            "free map node",
+        )?
+        else {
             return Err(self.record_enospc(EnospcReason::MapNodesFull));
         };
         for e in &self.node(n).slots {
@@ -337,10 +422,17 @@ impl Block {
         Ok(())
     }
 
+    /// Marks node `n` (a checked id) FREE and pushes it; a damaged stack top is mended as
+    /// in `push_free_locked`.
     pub(crate) fn free_node_locked(&self, n: u32, h: &Header) {
         self.node_states()[n as usize].store(0, Release);
         let t = h.free_node_top.load(Relaxed);
-        self.free_node_stack()[t as usize].store(n, Relaxed);
-        h.free_node_top.store(t + 1, Release);
+        match self.free_node_stack().get(t as usize) {
+            Some(slot) => {
+                slot.store(n, Relaxed);
+                h.free_node_top.store(t + 1, Release);
+            }
+            None => self.rebuild_free_stacks(),
+        }
     }
 }

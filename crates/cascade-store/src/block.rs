@@ -543,6 +543,22 @@ impl Block {
         unsafe { &*(self.base as *const Header) }
     }
 
+    // The accessors below assert their index: a value read from the block is validated where
+    // it is loaded (check_ino and the like, EIO "store block is damaged"), so these asserts
+    // only guard this process's own arithmetic.
+
+    /// `ino`, read from the block as what `what()` names, if it is inside the inode table.
+    pub(crate) fn check_ino(&self, ino: u32, what: impl FnOnce() -> String) -> Result<u32> {
+        if ino < self.geo.max_inodes {
+            return Ok(ino);
+        }
+        Err(Error::damaged(format!(
+            "{} names inode {ino}, past the {} inodes",
+            what(),
+            self.geo.max_inodes
+        )))
+    }
+
     pub(crate) fn inode(&self, ino: u32) -> &Inode {
         assert!(ino < self.geo.max_inodes, "inode {ino} out of range");
         // SAFETY: bounds checked above; the inode table is inside the mapping.

@@ -40,6 +40,12 @@ impl Error {
     pub fn from_io(err: &std::io::Error, context: impl Into<String>) -> Self {
         Error::new(err.raw_os_error().unwrap_or(libc::EIO), context)
     }
+
+    /// A value read from the shared block breaks an invariant (docs/store-layout.md,
+    /// "Validation"): EIO, naming what was wrong. `cascade fsck` reports the same damage.
+    pub(crate) fn damaged(what: impl fmt::Display) -> Self {
+        Error::new(libc::EIO, format!("store block is damaged: {what}"))
+    }
 }
 
 /// The text the C library gives for an errno, e.g. "No such file or directory".

@@ -47,49 +47,112 @@ impl Block {
         Ok(g)
     }
 
-    /// Chunk id at logical index `idx`, if allocated. Lock-free: entries only change by
-    /// single atomic stores and nodes stay mapped, so a racing reader sees old or new.
-    pub(crate) fn map_lookup(&self, ino: u32, idx: u64) -> Option<u32> {
+    /// The map word of `ino`, checked: (root node, height), None for an empty map.
+    #[inline]
+    fn map_root_checked(&self, ino: u32) -> Result<Option<(u32, u32)>> {
         let m = self.inode(ino).map.load(Acquire);
         let h = map_height(m);
-        if h == 0 || idx >= span(h) {
-            return None;
+        if h == 0 {
+            return Ok(None);
         }
-        let mut node = map_root(m).checked_sub(1)?;
+        match map_root(m).checked_sub(1) {
+            Some(root) if h <= MAX_MAP_HEIGHT => Ok(Some((self.check_node(ino, root)?, h))),
+            _ => Err(bad_map_word(ino, m)),
+        }
+    }
+
+    /// A map node id read from `ino`'s map, checked to lie inside the node pool.
+    #[inline]
+    fn check_node(&self, ino: u32, n: u32) -> Result<u32> {
+        if n < self.geo.map_nodes {
+            return Ok(n);
+        }
+        Err(self.bad_node(ino, n))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_node(&self, ino: u32, n: u32) -> Error {
+        Error::damaged(format!(
+            "the chunk map of inode {ino} names map node {n}, past the {} nodes",
+            self.geo.map_nodes
+        ))
+    }
+
+    /// A chunk id read from `ino`'s map at index `idx`, checked: inside the chunk table and
+    /// marked USED(ino, idx), so a damaged map never reads (or writes, or frees) a free chunk
+    /// or another file's. One load of the chunk's state word, no lock.
+    ///
+    /// A lock-free reader racing a truncation may see the chunk freed or reused; `read`
+    /// retries then, and only a failure under the file's lock is reported as damage.
+    #[inline]
+    fn check_chunk(&self, ino: u32, idx: u64, c: u32) -> Result<u32> {
+        // Relaxed suffices: the map entry was loaded with Acquire, and an allocation marks
+        // the chunk before it publishes the entry (Release).
+        match self.chunk_states().get(c as usize) {
+            Some(s) if s.load(Relaxed) == used(ino, idx as u32) && idx <= u32::MAX as u64 => Ok(c),
+            _ => Err(self.bad_chunk(ino, idx, c)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_chunk(&self, ino: u32, idx: u64, c: u32) -> Error {
+        match self.chunk_states().get(c as usize) {
+            None => Error::damaged(format!(
+                "the chunk map of inode {ino} names chunk {c} at index {idx}, past the {} chunks",
+                self.geo.total_chunks()
+            )),
+            Some(s) => Error::damaged(format!(
+                "the chunk map of inode {ino} names chunk {c} at index {idx}, which is marked {}",
+                describe_state(s.load(Relaxed))
+            )),
+        }
+    }
+
+    /// Chunk id at logical index `idx`, if allocated. Lock-free: entries only change by
+    /// single atomic stores and nodes stay mapped, so a racing reader sees old or new.
+    /// EIO when the map is damaged (see `check_chunk`).
+    pub(crate) fn map_lookup(&self, ino: u32, idx: u64) -> Result<Option<u32>> {
+        let Some((mut node, h)) = self.map_root_checked(ino)? else {
+            return Ok(None);
+        };
+        if idx >= span(h) {
+            return Ok(None);
+        }
         for level in (0..h).rev() {
-            if node >= self.geo.map_nodes {
-                return None;
-            }
             let e = self.node(node).slots[slot_of(idx, level)].load(Acquire);
-            let child = e.checked_sub(1)?;
+            let Some(child) = e.checked_sub(1) else {
+                return Ok(None);
+            };
             if level == 0 {
-                return (child < self.geo.total_chunks()).then_some(child);
+                return self.check_chunk(ino, idx, child).map(Some);
             }
-            node = child;
+            node = self.check_node(ino, child)?;
         }
-        None
+        Ok(None)
     }
 
     /// Publishes chunk `c` at index `idx` of inode `ino` (inode lock held), growing the tree.
     fn map_insert(&self, ino: u32, idx: u64, c: u32) -> Result<()> {
         let inode = self.inode(ino);
-        let mut m = inode.map.load(Acquire);
-        if map_height(m) == 0 {
-            let root = self.alloc_node(ino)?;
-            m = pack_map(root + 1, height_for(idx));
-            inode.map.store(m, Release);
-        }
+        let mut m = match self.map_root_checked(ino)? {
+            Some((root, h)) => pack_map(root + 1, h),
+            None => {
+                let root = self.alloc_node(ino)?;
+                let m = pack_map(root + 1, height_for(idx));
+                inode.map.store(m, Release);
+                m
+            }
+        };
         while idx >= span(map_height(m)) {
             let root = self.alloc_node(ino)?;
             self.node(root).slots[0].store(map_root(m), Release);
             m = pack_map(root + 1, map_height(m) + 1);
             inode.map.store(m, Release);
         }
-        let mut node = map_root(m).checked_sub(1).ok_or_else(damaged_map)?;
+        let mut node = map_root(m) - 1;
         for level in (1..map_height(m)).rev() {
-            if node >= self.geo.map_nodes {
-                return Err(damaged_map());
-            }
             let slot = &self.node(node).slots[slot_of(idx, level)];
             node = match slot.load(Acquire) {
                 0 => {
@@ -97,37 +160,42 @@ impl Block {
                     slot.store(n + 1, Release);
                     n
                 }
-                e => e - 1,
+                e => self.check_node(ino, e - 1)?,
             };
         }
         self.node(node).slots[slot_of(idx, 0)].store(c + 1, Release);
         Ok(())
     }
 
-    /// Calls `f(index, chunk)` for every allocated chunk with index in [lo, hi).
-    pub(crate) fn for_each_chunk(&self, ino: u32, lo: u64, hi: u64, f: &mut dyn FnMut(u64, u32)) {
-        let m = self.inode(ino).map.load(Acquire);
-        let Some(root) = map_root(m).checked_sub(1) else {
-            return;
+    /// Calls `f(index, chunk)` for every allocated chunk with index in [lo, hi), each
+    /// checked like `map_lookup`'s.
+    pub(crate) fn for_each_chunk(
+        &self,
+        ino: u32,
+        lo: u64,
+        hi: u64,
+        f: &mut dyn FnMut(u64, u32),
+    ) -> Result<()> {
+        let Some((root, h)) = self.map_root_checked(ino)? else {
+            return Ok(());
         };
-        if map_height(m) == 0 || lo >= hi {
-            return;
+        if lo >= hi {
+            return Ok(());
         }
-        self.walk(root, map_height(m) - 1, 0, lo, hi, f);
+        self.walk(ino, root, h - 1, 0, lo, hi, f)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn walk(
         &self,
+        ino: u32,
         node: u32,
         level: u32,
         base: u64,
         lo: u64,
         hi: u64,
         f: &mut dyn FnMut(u64, u32),
-    ) {
-        if node >= self.geo.map_nodes {
-            return;
-        }
+    ) -> Result<()> {
         let s = span(level);
         for (i, slot) in self.node(node).slots.iter().enumerate() {
             let start = base + i as u64 * s;
@@ -142,34 +210,66 @@ impl Block {
                 continue;
             }
             if level == 0 {
-                f(start, e - 1);
+                f(start, self.check_chunk(ino, start, e - 1)?);
             } else {
-                self.walk(e - 1, level - 1, start, lo, hi, f);
+                let child = self.check_node(ino, e - 1)?;
+                self.walk(ino, child, level - 1, start, lo, hi, f)?;
             }
         }
+        Ok(())
+    }
+
+    /// Whether map node `n`, read from `ino`'s map, exists and is marked as `ino`'s.
+    fn owns_node(&self, ino: u32, n: u32) -> bool {
+        self.node_states()
+            .get(n as usize)
+            .is_some_and(|s| s.load(Acquire) == used(ino, 0))
+    }
+
+    /// Whether chunk `c`, read from `ino`'s map at index `idx`, exists and is marked
+    /// USED(ino, idx).
+    fn owns_chunk(&self, ino: u32, idx: u64, c: u32) -> bool {
+        idx <= u32::MAX as u64
+            && self
+                .chunk_states()
+                .get(c as usize)
+                .is_some_and(|s| s.load(Acquire) == used(ino, idx as u32))
     }
 
     /// Unlinks every chunk with index >= `keep` from the map (inode lock held) and frees
     /// them, together with map nodes that no longer cover anything.
+    ///
+    /// A damaged map is cut all the same, but only what is marked as this file's is freed:
+    /// freeing another file's chunk or node would damage that file too. What the damage hid
+    /// stays marked as this file's, for fsck --repair (or the sweep of removed files).
     pub(crate) fn map_truncate(&self, ino: u32, keep: u64) -> Result<()> {
         let inode = self.inode(ino);
-        let m = inode.map.load(Acquire);
-        if map_height(m) == 0 {
-            return Ok(());
-        }
+        let root = match self.map_root_checked(ino) {
+            Ok(None) => return Ok(()),
+            Ok(Some((root, h))) if self.owns_node(ino, root) => (root, h),
+            Ok(Some(_)) if keep > 0 => {
+                return Err(Error::damaged(format!(
+                    "the chunk map of inode {ino} starts at a map node that is not the file's"
+                )))
+            }
+            Err(e) if keep > 0 => return Err(e),
+            // Freeing the whole file: drop the damaged map, free nothing it names.
+            _ => {
+                inode.map.store(0, Release);
+                return Ok(());
+            }
+        };
+        let (root, height) = root;
         let mut chunks = Vec::new();
         let mut nodes = Vec::new();
-        let Some(root) = map_root(m).checked_sub(1) else {
-            return Err(damaged_map());
-        };
         // Tell lock-free readers that chunks they may be copying are about to be freed.
         inode.trunc_seq.fetch_add(1, Relaxed);
         std::sync::atomic::fence(Release);
         if keep == 0 {
             inode.map.store(0, Release);
-            self.collect_subtree(root, map_height(m) - 1, &mut chunks, &mut nodes);
+            self.collect_subtree(ino, root, height - 1, 0, &mut chunks, &mut nodes);
         } else {
-            self.cut(root, map_height(m) - 1, 0, keep, &mut chunks, &mut nodes);
+            self.cut(ino, root, height - 1, 0, keep, &mut chunks, &mut nodes);
         }
         let (mut mem, mut spill) = (0, 0);
         for &c in &chunks {
@@ -192,8 +292,12 @@ impl Block {
         freed
     }
 
+    /// Unlinks the entries of `node` (owned by `ino`) at indexes >= `keep`, collecting what
+    /// they reach that is `ino`'s.
+    #[allow(clippy::too_many_arguments)]
     fn cut(
         &self,
+        ino: u32,
         node: u32,
         level: u32,
         base: u64,
@@ -203,38 +307,50 @@ impl Block {
     ) {
         let s = span(level);
         for (i, slot) in self.node(node).slots.iter().enumerate() {
-            let start = base + i as u64 * s;
+            let start = base.saturating_add((i as u64).saturating_mul(s));
             let e = slot.load(Acquire);
-            if e == 0 || start + s <= keep {
+            if e == 0 || start.saturating_add(s) <= keep {
                 continue;
             }
             if start >= keep {
                 slot.store(0, Release); // unlink first, free after
                 if level == 0 {
-                    chunks.push(e - 1);
-                } else {
-                    self.collect_subtree(e - 1, level - 1, chunks, nodes);
+                    if self.owns_chunk(ino, start, e - 1) {
+                        chunks.push(e - 1);
+                    }
+                } else if self.owns_node(ino, e - 1) {
+                    self.collect_subtree(ino, e - 1, level - 1, start, chunks, nodes);
                 }
-            } else if level > 0 {
-                self.cut(e - 1, level - 1, start, keep, chunks, nodes);
+            } else if level > 0 && self.owns_node(ino, e - 1) {
+                self.cut(ino, e - 1, level - 1, start, keep, chunks, nodes);
             }
         }
     }
 
-    fn collect_subtree(&self, node: u32, level: u32, chunks: &mut Vec<u32>, nodes: &mut Vec<u32>) {
-        if node >= self.geo.map_nodes {
-            return;
-        }
+    /// Collects `node` (owned by `ino`) and the nodes and chunks below it that are `ino`'s.
+    fn collect_subtree(
+        &self,
+        ino: u32,
+        node: u32,
+        level: u32,
+        base: u64,
+        chunks: &mut Vec<u32>,
+        nodes: &mut Vec<u32>,
+    ) {
         nodes.push(node);
-        for slot in &self.node(node).slots {
+        let s = span(level);
+        for (i, slot) in self.node(node).slots.iter().enumerate() {
             let e = slot.load(Acquire);
             if e == 0 {
                 continue;
             }
+            let start = base.saturating_add((i as u64).saturating_mul(s));
             if level == 0 {
-                chunks.push(e - 1);
-            } else {
-                self.collect_subtree(e - 1, level - 1, chunks, nodes);
+                if self.owns_chunk(ino, start, e - 1) {
+                    chunks.push(e - 1);
+                }
+            } else if self.owns_node(ino, e - 1) {
+                self.collect_subtree(ino, e - 1, level - 1, start, chunks, nodes);
             }
         }
     }
@@ -275,13 +391,15 @@ impl Block {
             inode.size.store(0, Release);
         }
         let mut reachable = vec![false; self.geo.map_nodes as usize];
-        let m = inode.map.load(Acquire);
-        if let (true, Some(root)) = (map_height(m) > 0, map_root(m).checked_sub(1)) {
-            let mut chunks = Vec::new();
-            let mut nodes = Vec::new();
-            self.collect_subtree(root, map_height(m) - 1, &mut chunks, &mut nodes);
-            for n in nodes {
-                reachable[n as usize] = true;
+        // A damaged map word reaches nothing: what it would name stays for fsck to report.
+        if let Ok(Some((root, h))) = self.map_root_checked(ino) {
+            if self.owns_node(ino, root) {
+                let mut chunks = Vec::new();
+                let mut nodes = Vec::new();
+                self.collect_subtree(ino, root, h - 1, 0, &mut chunks, &mut nodes);
+                for n in nodes {
+                    reachable[n as usize] = true;
+                }
             }
         }
         let h = self.header();
@@ -292,7 +410,7 @@ impl Block {
             if state_tag(s) != TAG_USED || used_ino(s) != ino {
                 continue;
             }
-            if live && self.map_lookup(ino, used_idx(s) as u64) == Some(c as u32) {
+            if live && self.map_lookup(ino, used_idx(s) as u64) == Ok(Some(c as u32)) {
                 if self.is_spill(c as u32) {
                     spill += 1
                 } else {
@@ -322,17 +440,19 @@ impl Block {
     pub(crate) fn sweep_removed_inodes(&self) -> Result<()> {
         let h = self.header();
         let _g = self.lock_alloc()?;
+        // An owner past the inode table is no file either: its chunk is freed the same way.
+        let removed = |s: u64| {
+            state_tag(s) == TAG_USED
+                && (used_ino(s) >= self.geo.max_inodes
+                    || self.inode(used_ino(s)).state.load(Acquire) == INODE_FREE)
+        };
         for (c, st) in self.chunk_states().iter().enumerate() {
-            let s = st.load(Acquire);
-            if state_tag(s) == TAG_USED && self.inode(used_ino(s)).state.load(Acquire) == INODE_FREE
-            {
+            if removed(st.load(Acquire)) {
                 self.push_free_locked(c as u32);
             }
         }
         for (n, st) in self.node_states().iter().enumerate() {
-            let s = st.load(Acquire);
-            if state_tag(s) == TAG_USED && self.inode(used_ino(s)).state.load(Acquire) == INODE_FREE
-            {
+            if removed(st.load(Acquire)) {
                 self.free_node_locked(n as u32, h);
             }
         }
@@ -426,7 +546,7 @@ impl Block {
         let mut hits = Vec::new();
         self.for_each_chunk(ino, from / cs, to.div_ceil(cs), &mut |idx, c| {
             hits.push((idx, c))
-        });
+        })?;
         for (idx, c) in hits {
             let start = idx * cs;
             self.chunk_zero(c, from.max(start) - start, to.min(start + cs) - start)?;
@@ -466,7 +586,7 @@ impl Block {
             let within = pos % cs;
             let n = ((cs - within) as usize).min(buf.len() - done);
             let part = &buf[done..done + n];
-            match self.map_lookup(ino, idx) {
+            match self.map_lookup(ino, idx)? {
                 Some(c) => self.chunk_write(c, within, part)?,
                 None => {
                     let c = match self.alloc_chunk(ino, idx as u32) {
@@ -530,22 +650,44 @@ impl Block {
     /// Reads into `buf` from `offset`; holes read as zeros. Lock-free, like a seqlock: if a
     /// truncation or removal of this file freed chunks meanwhile, the copy may hold bytes of
     /// a reused chunk, so it is retried; after a few tries the read takes the file's lock.
+    /// A damaged map is EIO, never zeros; an error seen while a truncation raced the read
+    /// (a chunk freed under it) is retried like a torn copy.
     pub(crate) fn read(&self, ino: u32, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.check_local(ino)?;
         let seq = &self.inode(ino).trunc_seq;
         for _ in 0..READ_RETRIES {
             let before = seq.load(Acquire);
             if before & 1 == 0 {
-                let n = self.read_unlocked(ino, buf, offset)?;
+                let n = self.read_unlocked(ino, buf, offset);
                 std::sync::atomic::fence(Acquire);
                 if seq.load(Relaxed) == before {
-                    return Ok(n);
+                    return n;
                 }
             }
             std::thread::yield_now();
         }
         let _g = self.lock_inode(ino)?;
         self.read_unlocked(ino, buf, offset)
+    }
+
+    /// Runs `f`, a lock-free look at `ino`'s map outside `read`, so that a truncation racing
+    /// it (a chunk freed and reused under it) is not taken for damage: an error seen while
+    /// the truncation sequence moved is retried, after a few tries under the file's lock.
+    pub(crate) fn map_stable<T>(&self, ino: u32, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let seq = &self.inode(ino).trunc_seq;
+        for _ in 0..READ_RETRIES {
+            let before = seq.load(Acquire);
+            if before & 1 == 0 {
+                let r = f();
+                std::sync::atomic::fence(Acquire);
+                if r.is_ok() || seq.load(Relaxed) == before {
+                    return r;
+                }
+            }
+            std::thread::yield_now();
+        }
+        let _g = self.lock_inode(ino)?;
+        f()
     }
 
     fn read_unlocked(&self, ino: u32, buf: &mut [u8], offset: u64) -> Result<usize> {
@@ -561,7 +703,7 @@ impl Block {
             let within = pos % cs;
             let n = ((cs - within) as usize).min(total - done);
             let out = &mut buf[done..done + n];
-            match self.map_lookup(ino, pos / cs) {
+            match self.map_lookup(ino, pos / cs)? {
                 Some(c) => self.chunk_read(c, within, out)?,
                 None => out.fill(0),
             }
@@ -612,7 +754,11 @@ impl Block {
         Ok(())
     }
 
-    pub(crate) fn chunk_infos(&self, ino: u32) -> Vec<ChunkInfo> {
+    pub(crate) fn chunk_infos(&self, ino: u32) -> Result<Vec<ChunkInfo>> {
+        self.map_stable(ino, || self.chunk_infos_once(ino))
+    }
+
+    fn chunk_infos_once(&self, ino: u32) -> Result<Vec<ChunkInfo>> {
         let cs = self.geo.chunk_size;
         let size = self.inode(ino).size.load(Acquire);
         let mut out = Vec::new();
@@ -632,8 +778,8 @@ impl Block {
                 location,
                 length: cs.min(size - idx * cs),
             });
-        });
-        out
+        })?;
+        Ok(out)
     }
 
     pub(crate) fn sync_spill(&self) -> Result<()> {
@@ -648,10 +794,18 @@ impl Block {
     }
 }
 
-/// A chunk map word or node link that points nowhere: the block is damaged (fsck --repair).
-fn damaged_map() -> Error {
-    Error::new(
-        libc::EIO,
-        "the file's chunk map is damaged (run cascade fsck --repair)",
-    )
+/// A map word with a height but no root node, or taller than any map.
+#[cold]
+#[inline(never)]
+fn bad_map_word(ino: u32, m: u64) -> Error {
+    let h = map_height(m);
+    if h > MAX_MAP_HEIGHT {
+        Error::damaged(format!(
+            "the chunk map of inode {ino} is {h} levels tall, more than {MAX_MAP_HEIGHT}"
+        ))
+    } else {
+        Error::damaged(format!(
+            "the chunk map of inode {ino} has {h} levels but no root node"
+        ))
+    }
 }

@@ -98,7 +98,9 @@ impl Fsck<'_> {
                 .push("inode 0 (the root) is not a directory".into());
         }
         let census = self.check_inodes();
-        if census.unindexed || self.index_disagrees(&census) {
+        // Always checked: it also reports index entries that name no inode.
+        let disagrees = self.index_disagrees(&census);
+        if census.unindexed || disagrees {
             self.r.warnings.push(
                 "namespace index (name hash, directory lists, free inodes) is out of date".into(),
             );
@@ -170,12 +172,14 @@ impl Fsck<'_> {
         }
         let mut indexed = true;
         match b.lookup(parent, &String::from_utf8_lossy(&name)) {
-            Some(found) if found == ino => {}
-            Some(other) => self.r.errors.push(format!(
+            Ok(Some(found)) if found == ino => {}
+            Ok(Some(other)) => self.r.errors.push(format!(
                 "inode {ino} and inode {other} both have the name {:?} in directory {parent}",
                 String::from_utf8_lossy(&name)
             )),
-            None => indexed = false,
+            Ok(None) => indexed = false,
+            // A name-index entry past the inode table: the index is stale (rebuilt by repair).
+            Err(_) => indexed = false,
         }
         if !self.reaches_root(ino) {
             self.r.errors.push(format!(
@@ -207,7 +211,8 @@ impl Fsck<'_> {
 
     /// Whether the directory lists, the name hash or the free inode stack disagree with
     /// the inodes' own parent links and counts.
-    fn index_disagrees(&self, census: &InodeCensus) -> bool {
+    /// Entries naming no inode (past the table) are errors, as the store reports them.
+    fn index_disagrees(&mut self, census: &InodeCensus) -> bool {
         let (b, g) = (self.b, self.g);
         let mut stale = false;
         let mut listed = 0u64;
@@ -215,18 +220,45 @@ impl Fsck<'_> {
             if b.inode(dir).state.load(Acquire) != INODE_DIR {
                 continue;
             }
-            for e in b.list_dir(dir) {
-                listed += 1;
-                if link_parent(b.inode(e.ino as u32).link.load(Acquire)) != dir {
+            match b.list_dir_checked(dir) {
+                Ok(entries) => listed += entries.len() as u64,
+                Err(e) => {
+                    self.r.errors.push(e.context().to_string());
                     stale = true;
                 }
             }
         }
-        let hashed = b
-            .hash_slots()
-            .iter()
-            .filter(|s| s.load(Relaxed) != 0)
-            .count() as u64;
+        for ino in 0..g.max_inodes {
+            let inode = b.inode(ino);
+            for (link, what) in [
+                (inode.prev_sibling.load(Relaxed), "previous"),
+                (inode.next_sibling.load(Relaxed), "next"),
+            ] {
+                if link != NIL && link >= g.max_inodes && is_linked(inode.state.load(Acquire)) {
+                    self.r.errors.push(format!(
+                        "inode {ino}: its {what} directory entry is inode {link}, past the {} \
+                         inodes",
+                        g.max_inodes
+                    ));
+                    stale = true;
+                }
+            }
+        }
+        let mut hashed = 0u64;
+        for (i, s) in b.hash_slots().iter().enumerate() {
+            let v = s.load(Relaxed);
+            if v == 0 {
+                continue;
+            }
+            hashed += 1;
+            if v > g.max_inodes {
+                self.r.errors.push(format!(
+                    "name-index entry {i} names inode {}, past the {} inodes",
+                    v - 1,
+                    g.max_inodes
+                ));
+            }
+        }
         let free_top = b.header().free_inode_top.load(Acquire) as u64;
         stale || listed != census.linked || hashed != census.linked || free_top != census.free
     }
@@ -258,6 +290,14 @@ impl Fsck<'_> {
         let inode = b.inode(ino);
         let m = inode.map.load(Acquire);
         if map_height(m) == 0 {
+            return;
+        }
+        if map_height(m) > MAX_MAP_HEIGHT || map_root(m) == 0 {
+            self.r.errors.push(format!(
+                "inode {ino}: chunk map word {m:#x} is damaged (height {}, root {})",
+                map_height(m),
+                map_root(m) as i64 - 1
+            ));
             return;
         }
         let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
@@ -305,8 +345,23 @@ impl Fsck<'_> {
         let mut leaks = Leaks::default();
         let pool = self.check_chunk_states(&in_stack, &refs.chunks, &mut leaks);
         self.check_node_states(&refs.nodes, &mut leaks);
+        self.check_lease_counts();
         self.report_free_pool(&pool);
         Ok(leaks)
+    }
+
+    /// No lease slot counts more chunks than a batch (the allocator refuses such a slot).
+    fn check_lease_counts(&mut self) {
+        let g = self.g;
+        for s in 0..g.lease_slots {
+            let count = self.b.lease_slot(s).count.load(Acquire);
+            if count > g.lease_batch {
+                self.r.errors.push(format!(
+                    "lease slot {s} counts {count} chunks, more than a batch of {}",
+                    g.lease_batch
+                ));
+            }
+        }
     }
 
     /// Each free stack holds distinct free chunks of its own range; returns which chunks
@@ -582,13 +637,9 @@ impl Fsck<'_> {
     }
 }
 
-fn describe_state(s: u64) -> String {
-    match state_tag(s) {
-        TAG_FREE => "free".into(),
-        TAG_LEASED => format!("leased to slot {}", lease_of(s)),
-        TAG_USED => format!("used by inode {} at index {}", used_ino(s), used_idx(s)),
-        _ => format!("invalid ({s:#x})"),
-    }
+/// A file or directory with a name (in the namespace, so on its directory's entry list).
+fn is_linked(state: u32) -> bool {
+    matches!(state, INODE_FILE | INODE_DIR)
 }
 
 /// Walks a file's map, checking node ownership and bounds; collects (index, chunk) pairs.

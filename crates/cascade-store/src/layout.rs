@@ -28,6 +28,8 @@ pub(crate) const MAX_FILE_BYTES: u64 = 1 << 48;
 /// Entries per map node: a file's chunk map is a radix tree of these.
 pub(crate) const FANOUT: usize = 64;
 pub(crate) const FANOUT_BITS: u32 = 6;
+/// The tallest chunk map: 6 levels of 64 entries cover the 2^32 chunks a file may have.
+pub(crate) const MAX_MAP_HEIGHT: u32 = 32u32.div_ceil(FANOUT_BITS);
 /// Chunks a process takes from the shared pool at a time (fewer for tiny stores).
 pub(crate) const LEASE_MAX: usize = 32;
 pub(crate) const LEASE_BYTES: u64 = 32 << 20;
@@ -112,6 +114,16 @@ pub(crate) fn used_ino(s: u64) -> u32 {
 }
 pub(crate) fn used_idx(s: u64) -> u32 {
     s as u32
+}
+
+/// A chunk or node state word in words, for messages.
+pub(crate) fn describe_state(s: u64) -> String {
+    match state_tag(s) {
+        TAG_FREE => "free".into(),
+        TAG_LEASED => format!("leased to slot {}", lease_of(s)),
+        TAG_USED => format!("used by inode {} at index {}", used_ino(s), used_idx(s)),
+        _ => format!("invalid ({s:#x})"),
+    }
 }
 
 /// Inode `link` word: parent inode, name length and which of the two name slots is current.

@@ -185,7 +185,14 @@ impl Block {
     /// the old path), and of the directories above it (namespace lock held).
     pub(crate) fn invalidate_subtree(&self, ino: u32) {
         let mut stack = vec![ino];
+        // A damaged (looping) entry list must not make this run forever: no tree holds more
+        // inodes than the table.
+        let mut budget = self.geo.max_inodes;
         while let Some(i) = stack.pop() {
+            budget = match budget.checked_sub(1) {
+                Some(b) => b,
+                None => break,
+            };
             let inode = self.inode(i);
             inode.mod_seq.fetch_add(1, AcqRel);
             if inode.state.load(Acquire) == INODE_DIR {
@@ -271,7 +278,9 @@ impl Block {
             return "(cannot read the namespace)".to_string();
         };
         let mut tree = Vec::new();
-        self.subtree(ROOT_INO, "/", &mut tree);
+        if let Err(e) = self.subtree(ROOT_INO, "/", &mut tree) {
+            return format!("(cannot read the namespace: {e})");
+        }
         let roots: Vec<String> = tree
             .iter()
             .filter(|e| e.committed)
@@ -314,15 +323,11 @@ impl Block {
     }
 
     /// The committed checkpoint `ino` lies inside, if any (namespace lock held).
-    fn committed_ancestor(&self, ino: u32) -> Option<u32> {
-        let mut cur = link_parent(self.inode(ino).link.load(Acquire));
-        while cur != ROOT_INO && cur < self.geo.max_inodes {
-            if self.inode(cur).life.load(Acquire) & LIFE_COMMITTED != 0 {
-                return Some(cur);
-            }
-            cur = link_parent(self.inode(cur).link.load(Acquire));
-        }
-        None
+    fn committed_ancestor(&self, ino: u32) -> Result<Option<u32>> {
+        self.find_ancestor(ino, |dir| {
+            (dir != ROOT_INO && self.inode(dir).life.load(Acquire) & LIFE_COMMITTED != 0)
+                .then_some(dir)
+        })
     }
 
     /// The registered agent's pid, if it is alive.
@@ -366,21 +371,22 @@ impl Block {
 
     /// `ino` and everything below it, depth first, parents before children (namespace lock
     /// held). Paths are built from `path`.
-    fn subtree(&self, ino: u32, path: &str, out: &mut Vec<LifeEntry>) {
+    fn subtree(&self, ino: u32, path: &str, out: &mut Vec<LifeEntry>) -> Result<()> {
         out.push(self.life_entry(ino, path.to_string()));
         if self.inode(ino).state.load(Acquire) != INODE_DIR {
-            return;
+            return Ok(());
         }
-        for entry in self.list_dir(ino) {
+        for entry in self.list_dir_checked(ino)? {
             let child_path = if path == "/" {
                 format!("/{}", entry.name)
             } else {
                 format!("{path}/{}", entry.name)
             };
-            if let Some(child) = self.lookup(ino, &entry.name) {
-                self.subtree(child, &child_path, out);
+            if let Some(child) = self.lookup(ino, &entry.name)? {
+                self.subtree(child, &child_path, out)?;
             }
         }
+        Ok(())
     }
 }
 
@@ -397,10 +403,10 @@ impl Store {
         let canonical = if ino == ROOT_INO {
             "/".to_string()
         } else {
-            b.path_of(ino).unwrap_or_else(|| path.to_string())
+            b.path_of(ino)?.unwrap_or_else(|| path.to_string())
         };
         let mut out = Vec::new();
-        b.subtree(ino, &canonical, &mut out);
+        b.subtree(ino, &canonical, &mut out)?;
         Ok(out)
     }
 
@@ -441,21 +447,21 @@ impl Store {
                     "the store root cannot be a checkpoint; commit a directory or a file in it",
                 ));
             }
-            let outer = b.committed_ancestor(ino);
+            let outer = b.committed_ancestor(ino)?;
             if let Some(outer) = outer {
                 if b.inode(outer).life.load(Acquire) & LIFE_IMPLICIT == 0 {
                     return Err(Error::new(
                         libc::EINVAL,
                         format!(
                             "{path} is inside the committed checkpoint {}; commit that one instead",
-                            b.path_of(outer).unwrap_or_default()
+                            b.path_of(outer)?.unwrap_or_default()
                         ),
                     ));
                 }
             }
-            let canonical = b.path_of(ino).unwrap_or_else(|| path.to_string());
+            let canonical = b.path_of(ino)?.unwrap_or_else(|| path.to_string());
             let mut tree = Vec::new();
-            b.subtree(ino, &canonical, &mut tree);
+            b.subtree(ino, &canonical, &mut tree)?;
             for e in &tree {
                 if e.ino != ino as u64 && e.committed {
                     return Err(Error::new(
@@ -680,7 +686,7 @@ impl Store {
                 return Ok(None);
             }
             let mut tree = Vec::new();
-            b.subtree(ino, path, &mut tree);
+            b.subtree(ino, path, &mut tree)?;
             let root = &tree[0];
             if root.generation != generation || !root.committed {
                 return Ok(None);
@@ -704,7 +710,7 @@ impl Store {
             // Children before parents.
             for e in tree.iter().rev() {
                 let ino = e.ino as u32;
-                let parent = link_parent(b.inode(ino).link.load(Acquire));
+                let parent = b.parent_of(ino)?;
                 b.remove_inode(parent, ino)?;
             }
             freed
@@ -738,7 +744,7 @@ impl Store {
                 && !e.committed
                 && !e.remote
                 && e.opens == 0;
-            if !evictable || b.committed_ancestor(ino).is_some() {
+            if !evictable || b.committed_ancestor(ino)?.is_some() {
                 return Ok(None);
             }
             // Opening takes the namespace lock too, so nobody can start reading meanwhile.
@@ -762,7 +768,7 @@ impl Store {
         let Some(name) = name else {
             return Ok(false);
         };
-        if b.lookup(parent, name).is_some() {
+        if b.lookup(parent, name)?.is_some() {
             return Ok(false);
         }
         if size > b.geo.max_file_bytes() {

@@ -93,52 +93,67 @@ impl Block {
         (name_hash(parent, &self.name_of(ino)) as usize) & (self.geo.hash_slots as usize - 1)
     }
 
-    /// Looks up `name` in directory `dir` (namespace lock held).
-    pub(crate) fn lookup(&self, dir: u32, name: &str) -> Option<u32> {
+    /// Looks up `name` in directory `dir` (namespace lock held). EIO when the probe meets
+    /// an index entry naming no inode, or finds no empty slot (the table has twice as many
+    /// slots as inodes, so only a damaged one is full).
+    pub(crate) fn lookup(&self, dir: u32, name: &str) -> Result<Option<u32>> {
         let slots = self.hash_slots();
         let mask = slots.len() - 1;
         let mut i = (name_hash(dir, name.as_bytes()) as usize) & mask;
-        loop {
+        for _ in 0..slots.len() {
             let v = slots[i].load(Relaxed);
             if v == 0 {
-                return None;
+                return Ok(None);
             }
-            let ino = v - 1;
-            if ino < self.geo.max_inodes {
-                let inode = self.inode(ino);
-                if inode.state.load(Acquire) != INODE_FREE
-                    && link_parent(inode.link.load(Acquire)) == dir
-                    && self.name_of(ino) == name.as_bytes()
-                {
-                    return Some(ino);
-                }
+            let ino = self.check_ino(v - 1, || {
+                let dir_path = match self.path_of(dir) {
+                    Ok(Some(p)) => p,
+                    _ => format!("directory inode {dir}"),
+                };
+                let dir_path = dir_path.trim_end_matches('/');
+                format!("name-index entry {i} (on the probe for {dir_path}/{name})")
+            })?;
+            let inode = self.inode(ino);
+            if inode.state.load(Acquire) != INODE_FREE
+                && link_parent(inode.link.load(Acquire)) == dir
+                && self.name_of(ino) == name.as_bytes()
+            {
+                return Ok(Some(ino));
             }
             i = (i + 1) & mask;
         }
+        Err(index_full())
     }
 
-    fn hash_insert(&self, ino: u32) {
+    fn hash_insert(&self, ino: u32) -> Result<()> {
         let slots = self.hash_slots();
         let mask = slots.len() - 1;
         let mut i = self.home(ino);
-        while slots[i].load(Relaxed) != 0 {
+        for _ in 0..slots.len() {
+            if slots[i].load(Relaxed) == 0 {
+                slots[i].store(ino + 1, Relaxed);
+                return Ok(());
+            }
             i = (i + 1) & mask;
         }
-        slots[i].store(ino + 1, Relaxed);
+        Err(index_full())
     }
 
     /// Removes `ino` from the index with backward-shift deletion (no tombstones, so lookups
     /// never slow down as files come and go).
-    fn hash_remove(&self, ino: u32) {
+    fn hash_remove(&self, ino: u32) -> Result<()> {
         let slots = self.hash_slots();
         let mask = slots.len() - 1;
         let mut i = self.home(ino);
+        let mut probed = 0;
         loop {
             match slots[i].load(Relaxed) {
-                0 => return,
+                0 => return Ok(()),
                 v if v == ino + 1 => break,
+                _ if probed == slots.len() => return Err(index_full()),
                 _ => i = (i + 1) & mask,
             }
+            probed += 1;
         }
         let mut j = i;
         loop {
@@ -147,7 +162,10 @@ impl Block {
             if v == 0 {
                 break;
             }
-            let k = self.home(v - 1);
+            if j == i {
+                return Err(index_full());
+            }
+            let k = self.home(self.check_ino(v - 1, || format!("name-index entry {j}"))?);
             // Move the entry at j back to the hole at i unless its home lies cyclically in (i, j].
             let stays = if i <= j {
                 i < k && k <= j
@@ -160,11 +178,39 @@ impl Block {
             }
         }
         slots[i].store(0, Relaxed);
+        Ok(())
     }
 
-    fn sibling_insert(&self, dir: u32, ino: u32) {
+    /// Checks, before a change starts, the list links that taking `ino` out of its directory
+    /// and putting it (back) into `into` will follow, so that a damaged list fails the
+    /// change before anything is half done.
+    fn check_entry_links(&self, ino: u32, into: u32) -> Result<()> {
+        let n = self.inode(ino);
+        for (link, what) in [
+            (n.prev_sibling.load(Relaxed), "the entry before"),
+            (n.next_sibling.load(Relaxed), "the entry after"),
+        ] {
+            if link != NIL {
+                self.check_ino(link, || format!("{what} inode {ino} in its directory"))?;
+            }
+        }
+        let first = self.inode(into).first_child.load(Relaxed);
+        if first != NIL {
+            self.check_ino(first, || {
+                format!("the first entry of directory inode {into}")
+            })?;
+        }
+        Ok(())
+    }
+
+    fn sibling_insert(&self, dir: u32, ino: u32) -> Result<()> {
         let d = self.inode(dir);
         let first = d.first_child.load(Relaxed);
+        if first != NIL {
+            self.check_ino(first, || {
+                format!("the first entry of directory inode {dir}")
+            })?;
+        }
         let n = self.inode(ino);
         n.prev_sibling.store(NIL, Relaxed);
         n.next_sibling.store(first, Relaxed);
@@ -172,12 +218,24 @@ impl Block {
             self.inode(first).prev_sibling.store(ino, Relaxed);
         }
         d.first_child.store(ino, Relaxed);
+        Ok(())
     }
 
-    fn sibling_remove(&self, dir: u32, ino: u32) {
+    fn sibling_remove(&self, dir: u32, ino: u32) -> Result<()> {
         let n = self.inode(ino);
         let prev = n.prev_sibling.load(Relaxed);
         let next = n.next_sibling.load(Relaxed);
+        // Both checked before either store: a damaged list is left as it was.
+        if prev != NIL {
+            self.check_ino(prev, || {
+                format!("the entry before inode {ino} in its directory")
+            })?;
+        }
+        if next != NIL {
+            self.check_ino(next, || {
+                format!("the entry after inode {ino} in its directory")
+            })?;
+        }
         if prev == NIL {
             self.inode(dir).first_child.store(next, Relaxed);
         } else {
@@ -186,6 +244,7 @@ impl Block {
         if next != NIL {
             self.inode(next).prev_sibling.store(prev, Relaxed);
         }
+        Ok(())
     }
 
     /// Rebuilds the hash index, sibling lists and free-inode stack from the inode table.
@@ -206,10 +265,12 @@ impl Block {
                 self.free_inode_stack()[free_top].store(ino, Relaxed);
                 free_top += 1;
             } else if !matches!(state, INODE_ORPHAN | INODE_ORPHAN_DIR) {
-                self.hash_insert(ino);
+                // Neither can fail here: the index was just cleared (it has twice as many
+                // slots as inodes) and every list head was reset to NIL or to a checked inode.
+                let _ = self.hash_insert(ino);
                 let parent = link_parent(self.inode(ino).link.load(Acquire));
                 if parent < self.geo.max_inodes {
-                    self.sibling_insert(parent, ino);
+                    let _ = self.sibling_insert(parent, ino);
                 }
             }
         }
@@ -269,10 +330,10 @@ impl Block {
                 if cur == ROOT_INO {
                     ROOT_INO
                 } else {
-                    link_parent(self.inode(cur).link.load(Acquire))
+                    self.parent_dir(cur)?
                 }
             } else {
-                self.lookup(cur, c)
+                self.lookup(cur, c)?
                     .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?
             };
         }
@@ -315,7 +376,7 @@ impl Block {
         if limit == 0 {
             return Ok(());
         }
-        let dir_path = self.path_of(dir).unwrap_or_default();
+        let dir_path = self.path_of(dir)?.unwrap_or_default();
         let dir_path = dir_path.trim_end_matches('/');
         let len = dir_path.len() + 1 + name.len();
         if len <= limit {
@@ -340,12 +401,34 @@ impl Block {
         mode: u32,
     ) -> Result<u32> {
         self.check_path_limit(parent, name)?;
+        // The entry list is followed only after the inode is published: check it first.
+        let first = self.inode(parent).first_child.load(Relaxed);
+        if first != NIL {
+            self.check_ino(first, || {
+                format!("the first entry of directory inode {parent}")
+            })?;
+        }
         let h = self.header();
         let top = h.free_inode_top.load(Relaxed);
         if top == 0 {
             return Err(self.record_enospc(EnospcReason::FileTableFull));
         }
-        let ino = self.free_inode_stack()[top as usize - 1].load(Relaxed);
+        let stack = self.free_inode_stack();
+        let entry = stack.get(top as usize - 1).ok_or_else(|| {
+            Error::damaged(format!(
+                "the free-inode stack top is {top}, past its {} entries",
+                stack.len()
+            ))
+        })?;
+        let ino = self.check_ino(entry.load(Relaxed), || {
+            format!("free-inode stack entry {}", top - 1)
+        })?;
+        // Handing out a live inode would overwrite a file.
+        if self.inode(ino).state.load(Acquire) != INODE_FREE {
+            return Err(Error::damaged(format!(
+                "the free-inode stack names inode {ino}, which is in use"
+            )));
+        }
         h.free_inode_top.store(top - 1, Release);
         let inode = self.inode(ino);
         // Taking the inode's lock repairs leftovers of a previous incarnation if needed.
@@ -376,8 +459,8 @@ impl Block {
         unsafe { std::ptr::copy_nonoverlapping(name.as_ptr(), self.name_ptr(ino, 0), name.len()) };
         inode.link.store(pack_link(parent, name.len(), 0), Release);
         inode.state.store(state, Release); // publish
-        self.hash_insert(ino);
-        self.sibling_insert(parent, ino);
+        self.hash_insert(ino)?;
+        self.sibling_insert(parent, ino)?;
         self.touch_dir(parent, now);
         self.invalidate_dir(parent);
         Ok(ino)
@@ -391,6 +474,7 @@ impl Block {
 
     /// Removes a file or empty directory (namespace lock held), freeing its data.
     pub(crate) fn remove_inode(&self, parent: u32, ino: u32) -> Result<()> {
+        self.check_entry_links(ino, parent)?;
         let orphan = {
             let _g = self.lock_inode(ino)?;
             let inode = self.inode(ino);
@@ -411,10 +495,10 @@ impl Block {
             }
             orphan
         };
-        self.hash_remove(ino);
-        self.sibling_remove(parent, ino);
+        self.hash_remove(ino)?;
+        self.sibling_remove(parent, ino)?;
         if !orphan {
-            self.push_free_inode(ino);
+            self.push_free_inode(ino)?;
         }
         self.touch_dir(parent, now_ns());
         self.invalidate_dir(parent);
@@ -436,61 +520,54 @@ impl Block {
             inode.state.store(INODE_FREE, Release); // publish
             self.free_file_data(ino)?;
         }
-        self.push_free_inode(ino);
+        self.push_free_inode(ino)
+    }
+
+    fn push_free_inode(&self, ino: u32) -> Result<()> {
+        let h = self.header();
+        let top = h.free_inode_top.load(Relaxed);
+        let stack = self.free_inode_stack();
+        let Some(slot) = stack.get(top as usize) else {
+            return Err(Error::damaged(format!(
+                "the free-inode stack top is {top}, past its {} entries",
+                stack.len()
+            )));
+        };
+        slot.store(ino, Relaxed);
+        h.free_inode_top.store(top + 1, Release);
         Ok(())
     }
 
-    fn push_free_inode(&self, ino: u32) {
-        let h = self.header();
-        let top = h.free_inode_top.load(Relaxed);
-        self.free_inode_stack()[top as usize].store(ino, Relaxed);
-        h.free_inode_top.store(top + 1, Release);
-    }
-
-    /// The entries of directory `dir`, sorted by name. EIO when a link read from the shared
-    /// block points outside the inode table (a corrupt store), rather than indexing with it.
+    /// The entries of directory `dir`, sorted by name. EIO when the entry list read from the
+    /// block is damaged: a link out of the inode table, an entry whose parent is another
+    /// directory, or a list longer than the table (a loop).
     pub(crate) fn list_dir_checked(&self, dir: u32) -> Result<Vec<DirEntry>> {
-        match self.walk_dir(dir) {
-            (out, None) => Ok(out),
-            (_, Some(bad)) => Err(Error::new(
-                libc::EIO,
-                format!(
-                    "corrupt store: directory inode {dir} links to inode {bad}, outside the \
-                     inode table ({} inodes)",
-                    self.geo.max_inodes
-                ),
-            )),
-        }
-    }
-
-    /// [`Block::list_dir_checked`] for fsck and the checkpoint walks: a corrupt link ends the
-    /// listing there.
-    pub(crate) fn list_dir(&self, dir: u32) -> Vec<DirEntry> {
-        self.walk_dir(dir).0
-    }
-
-    /// The listing, and the out-of-range link that ended it early, if one did.
-    fn walk_dir(&self, dir: u32) -> (Vec<DirEntry>, Option<u32>) {
         let mut out = Vec::new();
         let mut cur = self.inode(dir).first_child.load(Relaxed);
-        let mut guard = 0u64;
-        let mut bad = None;
-        while cur != NIL && guard <= self.geo.max_inodes as u64 {
-            if cur >= self.geo.max_inodes {
-                bad = Some(cur);
-                break;
+        while cur != NIL {
+            let ino = self.check_ino(cur, || format!("the entry list of directory inode {dir}"))?;
+            if out.len() >= self.geo.max_inodes as usize {
+                return Err(Error::damaged(format!(
+                    "the entry list of directory inode {dir} loops"
+                )));
             }
-            let inode = self.inode(cur);
+            let inode = self.inode(ino);
+            let parent = link_parent(inode.link.load(Acquire));
+            if parent != dir {
+                return Err(Error::damaged(format!(
+                    "the entry list of directory inode {dir} holds inode {ino}, whose parent \
+                     is inode {parent}"
+                )));
+            }
             out.push(DirEntry {
-                name: String::from_utf8_lossy(&self.name_of(cur)).into_owned(),
-                ino: cur as u64,
+                name: String::from_utf8_lossy(&self.name_of(ino)).into_owned(),
+                ino: ino as u64,
                 kind: kind_of(inode.state.load(Acquire)),
             });
             cur = inode.next_sibling.load(Relaxed);
-            guard += 1;
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        (out, bad)
+        Ok(out)
     }
 
     /// The inode an anchor component ("\0<ino>:<gen>") names, if that incarnation lives.
@@ -501,40 +578,99 @@ impl Block {
         (inode.state.load(Acquire) != INODE_FREE && inode.gen.load(Acquire) == gen).then_some(ino)
     }
 
-    /// The current store path of a live inode (namespace lock held); None once removed.
-    pub(crate) fn path_of(&self, ino: u32) -> Option<String> {
-        let mut parts: Vec<Vec<u8>> = Vec::new();
-        let mut cur = ino;
-        for _ in 0..=self.geo.max_inodes {
-            if cur == ROOT_INO {
-                let mut p = String::new();
-                for part in parts.iter().rev() {
-                    p.push('/');
-                    p.push_str(&String::from_utf8_lossy(part));
-                }
-                return Some(if p.is_empty() { "/".to_string() } else { p });
+    /// The parent of directory `dir` (not the root) for "..": a directory, or EIO.
+    fn parent_dir(&self, dir: u32) -> Result<u32> {
+        let parent = self.parent_of(dir)?;
+        if self.inode(parent).state.load(Acquire) != INODE_DIR {
+            return Err(Error::damaged(format!(
+                "the parent of directory inode {dir} is inode {parent}, which is not a directory"
+            )));
+        }
+        Ok(parent)
+    }
+
+    /// The parent link of `ino`, checked to lie inside the inode table.
+    pub(crate) fn parent_of(&self, ino: u32) -> Result<u32> {
+        let parent = link_parent(self.inode(ino).link.load(Acquire));
+        self.check_ino(parent, || {
+            format!(
+                "the parent link of inode {ino} ({:?})",
+                String::from_utf8_lossy(&self.name_of(ino))
+            )
+        })
+    }
+
+    /// Calls `f` on each directory above `ino`, from its parent up to the root, until it
+    /// returns Some. EIO when a parent link leaves the inode table or the links loop: Brent's
+    /// cycle detection finds a loop within a few of its lengths, with no step limit to tune.
+    pub(crate) fn find_ancestor<T>(
+        &self,
+        ino: u32,
+        mut f: impl FnMut(u32) -> Option<T>,
+    ) -> Result<Option<T>> {
+        let (mut cur, mut tortoise, mut power, mut steps) = (ino, ino, 1u32, 0u32);
+        while cur != ROOT_INO {
+            cur = self.parent_of(cur)?;
+            if cur == tortoise {
+                return Err(Error::damaged(format!(
+                    "the parent links above inode {ino} loop through inode {cur}"
+                )));
             }
-            if !matches!(self.inode(cur).state.load(Acquire), INODE_FILE | INODE_DIR) {
+            if let Some(found) = f(cur) {
+                return Ok(Some(found));
+            }
+            steps += 1;
+            if steps == power {
+                tortoise = cur;
+                power = power.saturating_mul(2);
+                steps = 0;
+            }
+        }
+        Ok(None)
+    }
+
+    /// The current store path of a live inode (namespace lock held); None once removed.
+    pub(crate) fn path_of(&self, ino: u32) -> Result<Option<String>> {
+        if ino == ROOT_INO {
+            return Ok(Some("/".to_string()));
+        }
+        if !matches!(self.inode(ino).state.load(Acquire), INODE_FILE | INODE_DIR) {
+            return Ok(None);
+        }
+        let mut parts = vec![self.name_of(ino)];
+        let mut child = ino;
+        let bad = self.find_ancestor(ino, |dir| {
+            if dir == ROOT_INO {
                 return None;
             }
-            parts.push(self.name_of(cur));
-            cur = link_parent(self.inode(cur).link.load(Acquire));
+            if self.inode(dir).state.load(Acquire) != INODE_DIR {
+                return Some(Error::damaged(format!(
+                    "the parent of inode {child} is inode {dir}, which is not a directory"
+                )));
+            }
+            parts.push(self.name_of(dir));
+            child = dir;
+            None
+        })?;
+        if let Some(e) = bad {
+            return Err(e);
         }
-        None
+        let mut p = String::new();
+        for part in parts.iter().rev() {
+            p.push('/');
+            p.push_str(&String::from_utf8_lossy(part));
+        }
+        Ok(Some(p))
     }
 
     /// True if `ino` is `ancestor` or lies below it.
-    fn is_within(&self, mut ino: u32, ancestor: u32) -> bool {
-        for _ in 0..=self.geo.max_inodes {
-            if ino == ancestor {
-                return true;
-            }
-            if ino == ROOT_INO {
-                return false;
-            }
-            ino = link_parent(self.inode(ino).link.load(Acquire));
+    fn is_within(&self, ino: u32, ancestor: u32) -> Result<bool> {
+        if ino == ancestor {
+            return Ok(true);
         }
-        false
+        Ok(self
+            .find_ancestor(ino, |dir| (dir == ancestor).then_some(()))?
+            .is_some())
     }
 
     /// Atomic rename (namespace lock held).
@@ -562,26 +698,28 @@ impl Block {
         let dst_name =
             dst_name.ok_or_else(|| Error::new(libc::EBUSY, "cannot replace the root directory"))?;
         let src = self
-            .lookup(src_dir, src_name)
+            .lookup(src_dir, src_name)?
             .ok_or_else(|| Error::new(libc::ENOENT, from.to_string()))?;
         too_long(Some(dst_name), to)?;
         let src_is_dir = self.inode(src).state.load(Acquire) == INODE_DIR;
         if !src_is_dir && (from.ends_with('/') || to.ends_with('/')) {
             return Err(Error::new(libc::ENOTDIR, from.to_string()));
         }
-        if src_is_dir && self.is_within(dst_dir, src) {
+        if src_is_dir && self.is_within(dst_dir, src)? {
             return Err(Error::new(
                 libc::EINVAL,
                 format!("cannot move {from} into itself ({to})"),
             ));
         }
-        let victim = self.lookup(dst_dir, dst_name);
+        let victim = self.lookup(dst_dir, dst_name)?;
         if victim == Some(src) {
             return Ok(None);
         }
         self.check_path_limit(dst_dir, dst_name)?;
-        if victim.is_some_and(|v| self.is_within(src, v)) {
-            return Err(Error::new(libc::ENOTEMPTY, to.to_string()));
+        if let Some(v) = victim {
+            if self.is_within(src, v)? {
+                return Err(Error::new(libc::ENOTEMPTY, to.to_string()));
+            }
         }
         if let Some(v) = victim {
             let v_is_dir = self.inode(v).state.load(Acquire) == INODE_DIR;
@@ -613,6 +751,10 @@ impl Block {
             dst_name,
             victim,
         } = rename;
+        self.check_entry_links(src, dst_dir)?;
+        if let Some(v) = victim {
+            self.check_entry_links(v, dst_dir)?;
+        }
         let inode = self.inode(src);
         let old_link = inode.link.load(Acquire);
         let slot = 1 - link_slot(old_link);
@@ -634,15 +776,15 @@ impl Block {
             h.rj_valid.store(1, Release);
         }
         // Derived structures are keyed by the current name: take the entry out first.
-        self.hash_remove(src);
-        self.sibling_remove(src_dir, src);
+        self.hash_remove(src)?;
+        self.sibling_remove(src_dir, src)?;
         inode.link.store(new_link, Release); // publish
         if let Some(v) = victim {
             self.remove_inode(dst_dir, v)?;
             h.rj_valid.store(0, Release);
         }
-        self.hash_insert(src);
-        self.sibling_insert(dst_dir, src);
+        self.hash_insert(src)?;
+        self.sibling_insert(dst_dir, src)?;
         // The durable copy of everything moved is at the old path: all of it is new again.
         self.invalidate_dir(src_dir);
         self.invalidate_subtree(src);
@@ -662,4 +804,9 @@ struct Rename<'n> {
     dst_dir: u32,
     dst_name: &'n str,
     victim: Option<u32>,
+}
+
+/// The name index has no empty slot: with twice as many slots as inodes, only damage fills it.
+fn index_full() -> Error {
+    Error::damaged("the name index has no empty slot (it has twice as many as there are inodes)")
 }

@@ -194,7 +194,7 @@ impl Store {
         let _g = b.lock_ns()?;
         let (parent, name) = b.resolve_parent(path)?;
         let name = name.ok_or_else(|| Error::new(libc::EEXIST, path.to_string()))?;
-        if b.lookup(parent, name).is_some() {
+        if b.lookup(parent, name)?.is_some() {
             return Err(Error::new(libc::EEXIST, path.to_string()));
         }
         b.create_inode(parent, name, INODE_DIR, mode).map(|_| ())
@@ -229,7 +229,7 @@ impl Store {
             let (parent, name) = b.resolve_parent(path)?;
             let existing = match name {
                 None => Some(parent),
-                Some(n) => b.lookup(parent, n),
+                Some(n) => b.lookup(parent, n)?,
             };
             // "name/" names a directory: creating with it is EISDIR (even when the directory
             // exists, as on Linux), and an existing file is ENOTDIR.
@@ -377,7 +377,7 @@ impl Store {
         let (parent, name) = b.resolve_parent(path)?;
         let name = name.ok_or_else(|| Error::new(libc::EISDIR, path.to_string()))?;
         let ino = b
-            .lookup(parent, name)
+            .lookup(parent, name)?
             .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
         if b.inode(ino).state.load(Acquire) == INODE_DIR {
             return Err(Error::new(libc::EISDIR, path.to_string()));
@@ -395,7 +395,7 @@ impl Store {
         let name =
             name.ok_or_else(|| Error::new(libc::EBUSY, "cannot remove the root directory"))?;
         let ino = b
-            .lookup(parent, name)
+            .lookup(parent, name)?
             .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?;
         let inode = b.inode(ino);
         if inode.state.load(Acquire) != INODE_DIR {
@@ -667,14 +667,18 @@ impl File {
             let idx = pos / cs;
             let within = pos % cs;
             let n = (cs - within).min(end - pos);
-            let mut c = self.block.map_lookup(self.ino, idx);
+            let lookup = || {
+                self.block
+                    .map_stable(self.ino, || self.block.map_lookup(self.ino, idx))
+            };
+            let mut c = lookup()?;
             if c.is_none() && allocate && pos < size {
                 // Allocate the hole by writing zeros over the part of it inside the file.
                 let start = idx * cs;
                 let stop = (start + cs).min(size);
                 let zeros = vec![0u8; (stop - start) as usize];
                 self.write_all_at(&zeros, start)?;
-                c = self.block.map_lookup(self.ino, idx);
+                c = lookup()?;
             }
             out.push(match c {
                 Some(c) if self.block.is_spill(c) => MapSource::Spill {
@@ -710,7 +714,7 @@ impl File {
         let _g = self.block.lock_ns()?;
         self.check_live()?;
         self.block
-            .path_of(self.ino)
+            .path_of(self.ino)?
             .ok_or_else(|| Error::new(libc::ENOENT, "the file was removed"))
     }
 
@@ -866,7 +870,7 @@ impl File {
     /// Where each chunk of the file lives (the paper's get_chunk_meta_list).
     pub fn chunk_list(&self) -> Result<Vec<ChunkInfo>> {
         self.check_file()?;
-        Ok(self.block.chunk_infos(self.ino))
+        self.block.chunk_infos(self.ino)
     }
 }
 

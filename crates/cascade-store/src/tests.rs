@@ -750,7 +750,11 @@ fn damaged_links_and_maps_are_errors_not_panics() {
     b.inode(ino).map.store(pack_map(0, 3), Ordering::Release);
     let err = f.write_at(&[1u8; 8192], 100_000).unwrap_err();
     assert_eq!(err.errno(), libc::EIO, "{err}");
-    assert!(err.to_string().contains("chunk map is damaged"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("store block is damaged: the chunk map of inode"),
+        "{err}"
+    );
     b.inode(ino).map.store(map, Ordering::Release);
 }
 

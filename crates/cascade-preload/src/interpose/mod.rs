@@ -779,3 +779,20 @@ extern "C" fn on_unload() {
 #[used]
 #[link_section = ".fini_array"]
 static ON_UNLOAD: extern "C" fn() = on_unload;
+
+#[cfg(test)]
+mod tests {
+    /// The panic boundary: a panic in a wrapper's body fails the call (its error value and
+    /// errno EIO) instead of unwinding into C. Unit-tested here since the store no longer
+    /// panics on a damaged block, the one way a program could make the library panic.
+    #[test]
+    fn a_panic_in_a_call_fails_it_with_eio() {
+        super::set_errno(0);
+        let r: i32 = super::catch_panic_or("test_call", -1, || panic!("deliberate"));
+        assert_eq!(r, -1);
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::EIO)
+        );
+    }
+}
