@@ -32,9 +32,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cascade_durable::DurableStore;
+use cascade_testkit::stage_server::untag_seals;
 use cascade_testkit::*;
+use cascade_wire::client::OutSegment;
 use cascade_wire::protocol::Level;
-use cascade_wire::ServerStatus;
+use cascade_wire::{ClientOptions, Connection, ServerStatus};
 
 const SHARED_SECRET: &str = "staging-tests-shared-secret";
 const WAIT: Duration = Duration::from_secs(90);
@@ -1091,6 +1093,80 @@ fn new_node_reads_staged_files_back() {
     stop_agent(&mut agent);
     eprintln!(
         "new_node_reads_staged_files_back: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// 6b. A staged copy without this job's tag does not override the durable store's copy: a
+///     newer version staged before version tags existed (its index record rewritten as an
+///     older server wrote it) is passed over by read-through with one line, and the durable
+///     version is fetched.
+#[test]
+fn a_staged_copy_without_the_jobs_tag_does_not_override_the_durable_one() {
+    let (_serial, started) = begin();
+    let env = Env::new("stage-untagged", 64 << 20);
+    let dirs = Dirs::new(&env);
+    // The durable store's version, uploaded by an agent without staging servers.
+    let durable_version = random(MIB, 61);
+    env.store().create_dir_all("/ck", 0o755).expect("mkdir /ck");
+    env.write("/ck/a.bin", &durable_version);
+    env.cascade_ok(&["commit", "/ck"], &[]);
+    let mut agent = env.agent(&dirs.durable, &[]);
+    wait_durable(&env, "/ck", &agent, &[]);
+    stop_agent(&mut agent);
+
+    // A newer version on a server that cannot drain it (its drain target has a regular
+    // file where the directory ck would go), staged with its tag...
+    let ssd = dirs.ssd("ssd");
+    let blocked = dirs.ssd("blocked");
+    std::fs::write(blocked.join("ck"), b"not a directory\n").expect("block ck/");
+    let mut s = StageServer::start(&env, &ssd, &path_str(&blocked), SHARED_SECRET, &[]);
+    let staged_version = random(MIB, 62);
+    let mut opts = ClientOptions::new(SHARED_SECRET);
+    opts.io_timeout = WAIT;
+    let mut c = Connection::connect(&s.addr, &opts).expect("connect");
+    let stamp = cascade_durable::now_unix_ns() + 3_600_000_000_000;
+    let size = staged_version.len() as u64;
+    let seal = c.seal(
+        "ck/a.bin",
+        stamp,
+        size,
+        *blake3::hash(&staged_version).as_bytes(),
+    );
+    c.write(&[OutSegment {
+        key: "ck/a.bin",
+        stamp,
+        size,
+        offset: 0,
+        seal: Some(seal),
+        data: &[&staged_version],
+    }])
+    .expect("write");
+    c.sync().expect("sync");
+    c.goodbye();
+    // ...then recorded without it, as a server from before tags would have.
+    s.kill9();
+    assert_eq!(untag_seals(&ssd.join("index.log")), 1);
+    s.restart(&env, &path_str(&blocked));
+    assert_eq!(s.pull_file("ck/a.bin").stamp, stamp, "{}", s.log());
+
+    // A fresh node reads /ck/a.bin through: the durable version, not the staged one.
+    let new = Env::new("stage-untagged2", 64 << 20);
+    let mut agent = staging_agent(&new, &dirs.durable, &[&s], SHARED_SECRET, "stripe");
+    let reply = cascade_agent::request(&new.name, "FETCH /ck/a.bin").expect("FETCH");
+    let all = || logs(&[&agent.log()], &[&s]);
+    assert_eq!(reply, "OK", "FETCH /ck/a.bin\n{}", all());
+    assert!(
+        new.read("/ck/a.bin") == durable_version,
+        "read-through took the untagged staged copy\n{}",
+        all()
+    );
+    agent.wait_line("the refusal of the staged copy", WAIT, |l| {
+        l.contains("ck/a.bin") && l.contains("this job did not write")
+    });
+    stop_agent(&mut agent);
+    eprintln!(
+        "a_staged_copy_without_the_jobs_tag_does_not_override_the_durable_one: {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }

@@ -261,3 +261,37 @@ pub fn raw_frame(k: u8, request: u32, body: &[u8]) -> Vec<u8> {
     let _ = protocol::write_frame(&mut out, header, &[body]);
     out
 }
+
+/// Rewrites a stopped server's `index.log` (docs/staging-arenas.md) as a server from before
+/// version tags would have written it: every TaggedSeal record (type 10) becomes a plain
+/// Seal (type 4) without the tag, its frame's length and CRC-32C recomputed. How many were
+/// rewritten.
+pub fn untag_seals(index: &Path) -> usize {
+    const HEADER: usize = 16;
+    const TAGGED_SEAL: u8 = 10;
+    const SEAL: u8 = 4;
+    const SEAL_BODY: usize = 1 + 8 + 32;
+    let old = std::fs::read(index).unwrap_or_else(|e| panic!("read {}: {e}", index.display()));
+    assert!(old.len() >= HEADER, "{} has no header", index.display());
+    let mut new = old[..HEADER].to_vec();
+    let mut at = HEADER;
+    let mut rewritten = 0;
+    while at + 8 <= old.len() {
+        let len = u32::from_le_bytes(old[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let body = &old[at + 8..at + 8 + len];
+        if body[0] == TAGGED_SEAL {
+            let mut seal = body[..SEAL_BODY].to_vec();
+            seal[0] = SEAL;
+            new.extend_from_slice(&(seal.len() as u32).to_le_bytes());
+            new.extend_from_slice(&crc32c::crc32c(&seal).to_le_bytes());
+            new.extend_from_slice(&seal);
+            rewritten += 1;
+        } else {
+            new.extend_from_slice(&old[at..at + 8 + len]);
+        }
+        at += 8 + len;
+    }
+    assert_eq!(at, old.len(), "{} ends with a torn record", index.display());
+    std::fs::write(index, new).unwrap_or_else(|e| panic!("write {}: {e}", index.display()));
+    rewritten
+}
