@@ -221,12 +221,7 @@ pub static SETTINGS: &[SettingDef] = &[
         value_name: "PATH",
         help: "File holding staging.secret (its first line), readable by its owner only: keeps the secret out of ps and the environment",
         default_help: "none",
-        parse: |t| {
-            if t.trim().is_empty() {
-                return Ok(Value::Text(String::new()));
-            }
-            parse_path(t)
-        },
+        parse: parse_optional_path,
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
@@ -246,12 +241,7 @@ pub static SETTINGS: &[SettingDef] = &[
         value_name: "PATH",
         help: "File holding staging.credential (its first line), readable by its owner only",
         default_help: "none",
-        parse: |t| {
-            if t.trim().is_empty() {
-                return Ok(Value::Text(String::new()));
-            }
-            parse_path(t)
-        },
+        parse: parse_optional_path,
         default: |_| (Value::Text(String::new()), String::new()),
     },
     SettingDef {
@@ -741,8 +731,6 @@ fn parse_mount_prefix(text: &str) -> Result<Value, String> {
     Ok(Value::Text(format!("/{}", parts.join("/"))))
 }
 
-/// Paths are stored absolute: the store records the spill path for every process that
-/// attaches, whatever its working directory.
 /// A path, or nothing (empty text): for settings that are off unless given.
 fn parse_optional_path(text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
@@ -751,6 +739,8 @@ fn parse_optional_path(text: &str) -> Result<Value, String> {
     parse_path(text)
 }
 
+/// Paths are stored absolute: the store records the spill path for every process that
+/// attaches, whatever its working directory.
 fn parse_path(text: &str) -> Result<Value, String> {
     if text.trim().is_empty() {
         return Err("empty path".to_string());

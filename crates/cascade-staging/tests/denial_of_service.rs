@@ -19,10 +19,12 @@ use cascade_staging::protocol::{
     code, encode_read, encode_segment_header, kind, read_frame, write_frame, BodyWriter, Header,
     Reply, Seal, HEADER_LEN,
 };
-use cascade_staging::{ClientOptions, Connection, Server, ServerOptions, ServerStatus, Stopper};
+use cascade_staging::{ClientOptions, Connection, ServerOptions, ServerStatus};
 use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
+use common::{InProcessServer, SECRET};
 
-const SECRET: &str = "secret";
+mod common;
+
 /// How long a condition may take on a loaded machine before the test fails.
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -34,38 +36,19 @@ fn my_turn() -> MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-struct Running {
-    addr: SocketAddr,
-    stopper: Stopper,
-    thread: Option<JoinHandle<cascade_staging::ServerResult<()>>>,
-    _dir: tempfile::TempDir,
+/// A server with two receive buffers: few enough to exhaust.
+struct Running(InProcessServer);
+
+impl std::ops::Deref for Running {
+    type Target = InProcessServer;
+    fn deref(&self) -> &InProcessServer {
+        &self.0
+    }
 }
 
 impl Running {
     fn start(tune: impl FnOnce(&mut ServerOptions)) -> Running {
-        let dir = tempfile::tempdir().unwrap();
-        let durable = dir.path().join("durable");
-        std::fs::create_dir_all(&durable).unwrap();
-        let mut opts = ServerOptions::new(
-            "127.0.0.1:0",
-            dir.path().join("arenas"),
-            durable.to_str().unwrap(),
-            SECRET,
-        );
-        // Each receive buffer is 17 MiB, faulted in at bind: two keep the pool small enough
-        // to exhaust.
-        opts.buffers = 2;
-        tune(&mut opts);
-        let server = Server::bind(opts).unwrap();
-        let addr = server.local_addr();
-        let stopper = server.stopper();
-        let thread = std::thread::spawn(move || server.run());
-        Running {
-            addr,
-            stopper,
-            thread: Some(thread),
-            _dir: dir,
-        }
+        Running(InProcessServer::start(2, |o, _| tune(o)))
     }
 
     fn client(&self) -> Connection {
@@ -155,9 +138,8 @@ impl Running {
         }
     }
 
-    fn stop(mut self) {
-        self.stopper.stop();
-        self.thread.take().unwrap().join().unwrap().unwrap();
+    fn stop(self) {
+        self.0.stop();
     }
 }
 

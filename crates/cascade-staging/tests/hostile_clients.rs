@@ -5,9 +5,7 @@
 //! durable tier) is polled with a deadline.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::thread::JoinHandle;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use cascade_staging::auth::{Credential, JobKey};
@@ -17,47 +15,31 @@ use cascade_staging::protocol::{
     read_frame, write_frame, BodyWriter, Header, Level, PullKind, PushFile, Reply, Seal,
     HEADER_LEN, MAX_BODY, MAX_KEY,
 };
-use cascade_staging::{ClientOptions, Connection, Error, Server, ServerOptions, Stopper};
+use cascade_staging::{ClientOptions, Connection, Error};
 use cascade_testkit::files_below;
+use common::{InProcessServer, SECRET};
+
+mod common;
 use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
 
-const SECRET: &str = "secret";
 /// Long enough for a loaded CI machine, short enough that a hang fails the test.
 const TIMEOUT: Duration = Duration::from_secs(30);
 /// The server's limit on bodies of frames other than Write and Push (server.rs).
 const SMALL_BODY: usize = 64 << 10;
 
-struct Running {
-    addr: SocketAddr,
-    stopper: Stopper,
-    thread: Option<JoinHandle<cascade_staging::ServerResult<()>>>,
-    durable: PathBuf,
-    dir: tempfile::TempDir,
+/// A server with three receive buffers.
+struct Running(InProcessServer);
+
+impl std::ops::Deref for Running {
+    type Target = InProcessServer;
+    fn deref(&self) -> &InProcessServer {
+        &self.0
+    }
 }
 
 impl Running {
     fn start() -> Running {
-        let dir = tempfile::tempdir().unwrap();
-        let durable = dir.path().join("durable");
-        let mut opts = ServerOptions::new(
-            "127.0.0.1:0",
-            dir.path().join("arenas"),
-            durable.to_str().unwrap(),
-            SECRET,
-        );
-        // Each receive buffer is MAX_BODY (17 MiB), faulted in at bind.
-        opts.buffers = 3;
-        let server = Server::bind(opts).unwrap();
-        let addr = server.local_addr();
-        let stopper = server.stopper();
-        let thread = std::thread::spawn(move || server.run());
-        Running {
-            addr,
-            stopper,
-            thread: Some(thread),
-            durable,
-            dir,
-        }
+        Running(InProcessServer::start(3, |_, _| {}))
     }
 
     fn options(&self, namespace: &str) -> ClientOptions {
@@ -105,10 +87,8 @@ impl Running {
         c.goodbye();
     }
 
-    fn stop(mut self) {
-        self.stopper.stop();
-        let run = self.thread.take().unwrap().join().unwrap();
-        run.unwrap();
+    fn stop(self) {
+        self.0.stop();
     }
 }
 

@@ -12,20 +12,26 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cascade_staging::client::OutSegment;
-use cascade_staging::{ClientOptions, Connection, Server, ServerOptions, Stopper};
+use cascade_staging::{ClientOptions, Connection, ServerOptions};
 use cascade_testkit::TestPki;
 use cascade_wire::tls;
+use common::{InProcessServer, SECRET};
 
-const SECRET: &str = "secret";
+mod common;
+
 /// Long enough for a loaded CI machine, short enough that a hang fails the test.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Running {
-    addr: SocketAddr,
-    stopper: Stopper,
-    thread: Option<JoinHandle<cascade_staging::ServerResult<()>>>,
+    server: InProcessServer,
     pki: TestPki,
-    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Running {
+    type Target = InProcessServer;
+    fn deref(&self) -> &InProcessServer {
+        &self.server
+    }
 }
 
 impl Running {
@@ -39,32 +45,19 @@ impl Running {
         hello_timeout: Duration,
         tune: impl FnOnce(&mut ServerOptions),
     ) -> Running {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let pki = TestPki::generate(dir.path());
-        let durable = dir.path().join("durable");
-        let mut opts = ServerOptions::new(
-            "127.0.0.1:0",
-            dir.path().join("arenas"),
-            durable.to_str().expect("utf-8 path"),
-            SECRET,
-        );
-        // Each receive buffer is MAX_BODY (17 MiB), faulted in at bind.
-        opts.buffers = 3;
-        opts.hello_timeout = hello_timeout;
-        if tls {
-            opts.tls = Some(tls::server_config(&pki.cert, &pki.key).expect("server config"));
-        }
-        tune(&mut opts);
-        let server = Server::bind(opts).expect("bind");
-        let addr = server.local_addr();
-        let stopper = server.stopper();
-        let thread = std::thread::spawn(move || server.run());
+        let mut pki = None;
+        let server = InProcessServer::start(3, |opts, dir| {
+            let made = TestPki::generate(dir);
+            opts.hello_timeout = hello_timeout;
+            if tls {
+                opts.tls = Some(tls::server_config(&made.cert, &made.key).expect("server config"));
+            }
+            tune(opts);
+            pki = Some(made);
+        });
         Running {
-            addr,
-            stopper,
-            thread: Some(thread),
-            pki,
-            _dir: dir,
+            server,
+            pki: pki.expect("certificates made"),
         }
     }
 
@@ -90,15 +83,8 @@ impl Running {
         c.goodbye();
     }
 
-    fn stop(mut self) {
-        self.stopper.stop();
-        let run = self
-            .thread
-            .take()
-            .expect("running")
-            .join()
-            .expect("server thread");
-        run.expect("server ran");
+    fn stop(self) {
+        self.server.stop();
     }
 }
 

@@ -117,6 +117,15 @@ impl Damaged {
     fn fsck_errors(&self) -> Vec<String> {
         self.store().fsck(false).expect("fsck").errors
     }
+
+    /// `cascade fsck` (without repairing) reports an error containing `what`.
+    fn assert_fsck_reports(&self, what: &str) {
+        let errors = self.fsck_errors();
+        assert!(
+            errors.iter().any(|e| e.contains(what)),
+            "{what}: {errors:?}"
+        );
+    }
 }
 
 fn rw() -> OpenOptions {
@@ -161,11 +170,7 @@ fn a_name_index_entry_past_the_inode_table_is_eio() {
     assert_damaged(d.store().stat("/a/b"), &what);
     assert_damaged(d.store().open("/a/b", &OpenOptions::new()), &what);
     assert_damaged(d.store().rename("/a/b", "/a/c"), "names inode 912345");
-    let errors = d.fsck_errors();
-    assert!(
-        errors.iter().any(|e| e.contains("names inode 912345")),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports("names inode 912345");
 }
 
 /// A directory's entry list (sibling links) points past the inode table.
@@ -181,13 +186,7 @@ fn a_directory_entry_list_past_the_inode_table_is_eio_on_rename_and_unlink() {
     let what = "the entry before inode";
     assert_damaged(d.store().rename("/d/x", "/d/z"), what);
     assert_damaged(d.store().unlink("/d/x"), what);
-    let errors = d.fsck_errors();
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains(&format!("previous directory entry is inode {FAR_INODE}"))),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports(&format!("previous directory entry is inode {FAR_INODE}"));
     // Nothing was half done: the file keeps its name and data.
     let f = d.store().open("/d/x", &OpenOptions::new()).expect("open");
     let mut buf = [0u8; 10];
@@ -216,13 +215,7 @@ fn a_map_entry_naming_another_files_chunk_reads_as_eio() {
     assert_eq!(f.read_at(&mut buf, 0).expect("read"), CHUNK as usize);
     assert!(buf.iter().all(|&b| b == 0xf));
     assert_damaged(f.chunk_list(), "which is marked used by inode");
-    let errors = d.fsck_errors();
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains(&format!("chunk {g_chunk} at index 1"))),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports(&format!("chunk {g_chunk} at index 1"));
 }
 
 /// Removing a file whose map names another file's chunk frees only its own chunks: the
@@ -265,11 +258,7 @@ fn a_map_entry_past_the_chunk_table_reads_as_eio() {
         .open("/f", &OpenOptions::new().write(true))
         .expect("open");
     assert_damaged(w.write_at(b"x", CHUNK + 1), "past the 256 chunks");
-    let errors = d.fsck_errors();
-    assert!(
-        errors.iter().any(|e| e.contains("which does not exist")),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports("which does not exist");
 }
 
 /// A chunk's state word says it is free (or some other file's): its owner is damaged.
@@ -292,13 +281,7 @@ fn a_chunk_whose_owner_is_not_the_file_reads_as_eio() {
         f.read_at(&mut buf, CHUNK),
         "which is marked used by inode 7 at index 1",
     );
-    let errors = d.fsck_errors();
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("is in its map but marked used by inode 7")),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports("is in its map but marked used by inode 7");
 }
 
 /// Parent links that loop (a's parent is b, b's is a): "..", the path of a file and the
@@ -319,11 +302,7 @@ fn parent_links_that_loop_are_eio_for_paths_and_renames() {
     assert_damaged(f.current_path(), "loop through inode");
     // Moving /x under b would hang the tree off the loop.
     assert_damaged(s.rename("/x", &dir_b.anchored("y")), "loop through inode");
-    let errors = d.fsck_errors();
-    assert!(
-        errors.iter().any(|e| e.contains("directory cycle")),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports("directory cycle");
 }
 
 /// A parent link past the inode table: ".." and the path of a file below it.
@@ -344,13 +323,7 @@ fn a_parent_link_past_the_inode_table_is_eio_for_dotdot_and_paths() {
     assert_damaged(s.stat(&dir_b.anchored("../..")), &what);
     assert_damaged(s.read_dir(&dir_b.anchored("../..")), &what);
     assert_damaged(f.current_path(), &what);
-    let errors = d.fsck_errors();
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.contains(&format!("parent {FAR_INODE} is not a live directory"))),
-        "{errors:?}"
-    );
+    d.assert_fsck_reports(&format!("parent {FAR_INODE} is not a live directory"));
 }
 
 /// The free-inode stack hands out an inode that is in use: a create must not overwrite it.

@@ -1,0 +1,64 @@
+//! What the integration tests of this crate share (`mod common;` in each): a staging server
+//! run in-process on 127.0.0.1, in a temporary directory of its own.
+
+// Each test file uses what it needs of this.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use cascade_staging::{Server, ServerOptions, ServerResult, Stopper};
+
+/// The cluster secret of the servers the tests start.
+pub const SECRET: &str = "secret";
+
+pub struct InProcessServer {
+    pub addr: SocketAddr,
+    /// The directory it drains to (`<dir>/durable`).
+    pub durable: PathBuf,
+    /// Its temporary directory: arenas in `arenas`, the durable store in `durable`.
+    pub dir: tempfile::TempDir,
+    stopper: Stopper,
+    thread: Option<JoinHandle<ServerResult<()>>>,
+}
+
+impl InProcessServer {
+    /// Binds a server with `buffers` receive buffers (17 MiB each, faulted in at bind: few
+    /// keep tests light) and whatever else `tune` sets (it also gets the temporary
+    /// directory), and runs it on a thread of its own.
+    pub fn start(buffers: usize, tune: impl FnOnce(&mut ServerOptions, &Path)) -> InProcessServer {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let durable = dir.path().join("durable");
+        std::fs::create_dir_all(&durable).expect("durable directory");
+        let mut opts = ServerOptions::new(
+            "127.0.0.1:0",
+            dir.path().join("arenas"),
+            durable.to_str().expect("utf-8 path"),
+            SECRET,
+        );
+        opts.buffers = buffers;
+        tune(&mut opts, dir.path());
+        let server = Server::bind(opts).expect("bind the server");
+        let addr = server.local_addr();
+        let stopper = server.stopper();
+        let thread = std::thread::spawn(move || server.run());
+        InProcessServer {
+            addr,
+            durable,
+            dir,
+            stopper,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the server; its run must have ended without an error.
+    pub fn stop(mut self) {
+        self.stopper.stop();
+        let thread = self.thread.take().expect("running");
+        thread
+            .join()
+            .expect("the server thread panicked")
+            .expect("the server failed");
+    }
+}
