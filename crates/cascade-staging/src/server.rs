@@ -1613,7 +1613,6 @@ impl Shared {
     }
 }
 
-/// The key of a file listed in a pushed checkpoint.
 /// A file name in a Write or Push that only the server may write in the durable layout
 /// (markers, checksums, parts and version objects): a client writing `ckpt/.cascade-complete`
 /// or `x.blake3` would forge a checkpoint's completion or a file's checksum once drained.
@@ -1668,6 +1667,7 @@ fn untagged_seal_in(request: &Request, key: &JobKey) -> Option<(u16, String)> {
     ))
 }
 
+/// The key of a file listed in a pushed checkpoint.
 fn manifest_key(m: &Manifest, f: &ManifestFile) -> String {
     if m.single_file {
         m.checkpoint.clone()
