@@ -148,6 +148,9 @@ pub struct HOpts {
     /// cache + twice this.
     #[arg(long, default_value_t = 32)]
     pub rss_bound_mib: u64,
+    /// Attack phases, one after the other (the memory check compares them).
+    #[arg(long, default_value_t = 2)]
+    pub attack_phases: usize,
     /// Skip the last phase (baseline after).
     #[arg(long)]
     pub no_after: bool,
@@ -1483,8 +1486,8 @@ fn stray_durable_files(dir: &Path) -> (usize, Vec<String>) {
 
 impl HOpts {
     fn resolve(&mut self) -> Res<()> {
-        if self.seconds == 0 || self.clients == 0 {
-            return err("--seconds and --clients must be positive");
+        if self.seconds == 0 || self.clients == 0 || self.attack_phases == 0 {
+            return err("--seconds, --clients and --attack-phases must be positive");
         }
         if self.flood_addrs > 100 {
             return err("--flood-addrs: at most 100 (127.0.0.60 and up)");
@@ -1681,9 +1684,13 @@ pub fn run(mut o: HOpts) -> Res<()> {
     let mut phases = Vec::new();
     let mut attacks: Vec<AttackRow> = Vec::new();
     let mut forged_keys = BTreeSet::new();
-    let mut names = vec!["baseline", "attack", "attack again"];
+    let mut names = vec!["baseline".to_string()];
+    names.extend((1..=o.attack_phases).map(|i| match i {
+        1 => "attack".to_string(),
+        i => format!("attack {i}"),
+    }));
     if !o.no_after {
-        names.push("baseline after");
+        names.push("baseline after".into());
     }
     // The server's (RSS MiB, threads) before the first attack and once each attack's
     // connections are gone.
@@ -1740,7 +1747,7 @@ pub fn run(mut o: HOpts) -> Res<()> {
             let st1 = status_of(&addr_s, &secret)?;
             let secs = t1.duration_since(t0).as_secs_f64();
             let row = PhaseRow {
-                phase: name.into(),
+                phase: name.clone(),
                 seconds: secs,
                 rounds: samples.rounds,
                 rounds_per_s: samples.rounds as f64 / o.seconds as f64,
@@ -1874,11 +1881,11 @@ pub fn run(mut o: HOpts) -> Res<()> {
         .map(|p| p.server.rss_peak_mib)
         .fold(0.0, f64::max);
     let ceiling = pool_mib() + READ_CACHE_MIB + o.rss_bound_mib as f64 * 2.0;
-    let (a1, a2) = (
-        after_attacks.first().copied().unwrap_or((f64::NAN, 0)),
-        after_attacks.last().copied().unwrap_or((f64::NAN, 0)),
-    );
-    let grow = a2.0 - a1.0;
+    // The most any attack phase after the first added.
+    let grow = after_attacks
+        .windows(2)
+        .map(|w| w[1].0 - w[0].0)
+        .fold(f64::NEG_INFINITY, f64::max);
     let last = phases
         .last()
         .map(|p| p.server.rss_end_mib)
@@ -1886,19 +1893,22 @@ pub fn run(mut o: HOpts) -> Res<()> {
     let threads_back = after_attacks.iter().all(|m| m.1 <= before_attack.1 + 2);
     check(
         &format!(
-            "server memory bounded (a second attack adds at most {} MiB of RSS; RSS never above \
-             {ceiling:.0} MiB; threads back after each attack)",
+            "server memory bounded (each attack after the first adds at most {} MiB of RSS; RSS \
+             never above {ceiling:.0} MiB; threads back after each attack)",
             o.rss_bound_mib
         ),
         grow <= o.rss_bound_mib as f64 && peak <= ceiling && threads_back,
         format!(
-            "RSS {:.0} MiB before the first attack, {:.0} MiB after it, {:.0} MiB after the \
-             second ({grow:+.0} MiB), {last:.0} MiB at the end, peak {peak:.0} MiB (ceiling: \
+            "RSS {:.0} MiB before the first attack, after each: {} MiB (at most {grow:+.0} MiB \
+             from one to the next), {last:.0} MiB at the end, peak {peak:.0} MiB (ceiling: \
              {:.0} MiB of receive buffers + {READ_CACHE_MIB:.0} MiB read cache + {} MiB); \
              threads {} before, {} after",
             before_attack.0,
-            a1.0,
-            a2.0,
+            after_attacks
+                .iter()
+                .map(|m| format!("{:.0}", m.0))
+                .collect::<Vec<_>>()
+                .join(", "),
             pool_mib(),
             o.rss_bound_mib * 2,
             before_attack.1,
