@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs the benchmarks; writes <suite>.md, <suite>.json and the plots into --out
 # (default bench/results).
-# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|all] [ARGS...]
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|hostile|all] [ARGS...]
 # `all` (the default) runs node-store and interposition, and durable, staging, fuse or dedup
-# when CASCADE_BENCH_DURABLE=1, _STAGING=1, _FUSE=1 or _DEDUP=1. ARGS go to the suite's
+# when CASCADE_BENCH_DURABLE=1, _STAGING=1, _FUSE=1 or _DEDUP=1 (never dedup-link, jobs or
+# hostile: name them). ARGS go to the suite's
 # `cascade-bench` subcommand (with `all`, to each: use only --out, --quick, --reps there).
 # Quick trial runs: bench/run.sh --suite SUITE --quick --out /tmp/bench (keeps bench/results).
 # The suites, what they need (root, network namespaces, restic and borg) and how they measure:
@@ -29,8 +30,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link, jobs or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|hostile|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link, jobs, hostile or all" >&2; exit 2 ;;
 esac
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then
@@ -55,6 +56,12 @@ fi
 jobs=0
 if [ "$suite" = jobs ]; then
     jobs=1
+fi
+# The hostile-client soak needs nothing but cascade-bench (its staging server is the bench
+# executable's own `stage-server` subcommand) and draws no plots.
+hostile=0
+if [ "$suite" = hostile ]; then
+    hostile=1
 fi
 if [ "$out_given" = 0 ]; then
     args=(--out "$out" ${args[@]+"${args[@]}"})
@@ -129,8 +136,8 @@ find_python() {
     done
 }
 py=""
-[ "$suite" = durable ] || [ "$suite" = dedup-link ] || [ "$suite" = jobs ] || py=$(find_python)
-if [ "$suite" != durable ] && [ "$suite" != dedup-link ] && [ "$suite" != jobs ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+[ "$suite" = durable ] || [ "$suite" = dedup-link ] || [ "$suite" = jobs ] || [ "$suite" = hostile ] || py=$(find_python)
+if [ "$suite" != durable ] && [ "$suite" != dedup-link ] && [ "$suite" != jobs ] && [ "$suite" != hostile ] && [ -z "$py" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     echo "run.sh: installing python3-matplotlib for the plots" >&2
     (apt-get update -qq && apt-get install -y -qq python3-matplotlib) >&2 || true
     py=$(find_python)
@@ -184,7 +191,7 @@ run_suite() {
         exit "$rc"
     fi
     pid=""
-    if [ "$sub" = durable ] || [ "$sub" = dedup-link ] || [ "$sub" = jobs ]; then
+    if [ "$sub" = durable ] || [ "$sub" = dedup-link ] || [ "$sub" = jobs ] || [ "$sub" = hostile ]; then
         return
     fi
     if [ -n "$py" ]; then
@@ -225,5 +232,9 @@ fi
 if [ "$jobs" = 1 ]; then
     run_suite jobs jobs.json
     echo "results: $out/jobs.md"
+fi
+if [ "$hostile" = 1 ]; then
+    run_suite hostile hostile.json
+    echo "results: $out/hostile.md"
 fi
 trap - INT TERM

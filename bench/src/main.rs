@@ -17,6 +17,7 @@ mod durable;
 mod format;
 mod fuse;
 mod harness;
+mod hostile;
 mod jobs;
 mod net;
 mod preload;
@@ -72,6 +73,13 @@ enum Cmd {
     /// a job on 1, 2, 4 simulated nodes against the ranks writing straight to S3, and what the
     /// job-wide completion costs; write jobs.md and jobs.json into --out.
     Jobs(Box<jobs::JOpts>),
+    /// Run the hostile-client soak: a staging server under slow clients, stalled readers,
+    /// forged names, replayed handshakes, fuzz and a connection flood, against the same
+    /// well-behaved clients without them; write hostile.md and hostile.json into --out.
+    Hostile(Box<hostile::HOpts>),
+    /// Internal: a staging server (`cascade_staging::Server`) for the hostile suite.
+    #[command(hide = true, name = "stage-server")]
+    StageServer(hostile::ServeArgs),
     /// Remove stores and files left by runs whose process is gone (or by --pid).
     Cleanup {
         /// Clean up after this run (parent pid) even if it is still alive.
@@ -204,7 +212,10 @@ fn run_interposition(mut opts: preload::POpts) -> Res<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let who = if matches!(cli.cmd, Cmd::Child { .. } | Cmd::DedupJob) {
+    let who = if matches!(
+        cli.cmd,
+        Cmd::Child { .. } | Cmd::DedupJob | Cmd::StageServer(_)
+    ) {
         "cascade-bench child"
     } else {
         "cascade-bench"
@@ -218,6 +229,8 @@ fn main() -> ExitCode {
         Cmd::Dedup(a) => dedup::run(*a),
         Cmd::DedupLink(a) => dedup_link::run(*a),
         Cmd::Jobs(a) => jobs::run(*a),
+        Cmd::Hostile(a) => hostile::run(*a),
+        Cmd::StageServer(a) => hostile::serve(a),
         Cmd::DedupJob => dedup::run_job(),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
@@ -278,6 +291,14 @@ mod tests {
             (i.replay_writes, i.pass_calls64, i.parts.len()),
             (10_000, 50_000, 6)
         );
+        let Cmd::Hostile(h) = parse(&["hostile", "--quick"]) else {
+            panic!()
+        };
+        assert_eq!((h.seconds, h.attackers.len()), (10, 6));
+        let Cmd::Hostile(h) = parse(&["hostile", "--quick", "--seconds", "30"]) else {
+            panic!()
+        };
+        assert_eq!(h.seconds, 30);
         let Cmd::Dedup(d) = parse(&["dedup", "--quick"]) else {
             panic!()
         };

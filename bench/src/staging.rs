@@ -196,7 +196,7 @@ pub struct SOpts {
     pub fio_sync_mib: u64,
 }
 
-fn random_secret() -> String {
+pub(crate) fn random_secret() -> String {
     let mut b = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = f.read_exact(&mut b);
