@@ -123,7 +123,9 @@ if [ "$jobs" = 1 ]; then
         { echo "run.sh: the jobs suite needs root and network namespaces (bench/netns-s3.sh), unavailable here" >&2; exit 1; }
     cargo build --release -p cascade-cli -p cascade-preload
 fi
-bin=target/release/cascade-bench
+# Where cargo put them: CARGO_TARGET_DIR if set.
+release="${CARGO_TARGET_DIR:-target}/release"
+bin="$release/cascade-bench"
 
 # The plots need matplotlib: use the first python3 that has it (a pyenv python3 on PATH may
 # not; Debian's /usr/bin/python3 gets it from the python3-matplotlib package).
@@ -159,8 +161,8 @@ trap on_signal INT TERM
 # The durable suite: the throttled S3 store, taken down again however the script ends (and
 # the suite's node store, which an interrupted run leaves behind).
 netns_down() {
-    CASCADE_STORE=/cascade-bench-durable target/release/cascade destroy --force >/dev/null 2>&1 || true
-    CASCADE_STORE=/cascade-bench-dedup-link target/release/cascade destroy --force >/dev/null 2>&1 || true
+    CASCADE_STORE=/cascade-bench-durable "$release/cascade" destroy --force >/dev/null 2>&1 || true
+    CASCADE_STORE=/cascade-bench-dedup-link "$release/cascade" destroy --force >/dev/null 2>&1 || true
     if [ "$staging" = 1 ]; then
         bench/netns-staging.sh down || true
     fi

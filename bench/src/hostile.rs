@@ -180,6 +180,8 @@ pub struct ServeArgs {
 
 /// Runs the server until killed (SIGTERM). The secret comes from CASCADE_STAGING_SECRET.
 pub fn serve(a: ServeArgs) -> Res<()> {
+    // As `cascade stage-server` does.
+    cascade_staging::server::limit_malloc_arenas();
     let _ = a.verbose;
     let secret = std::env::var("CASCADE_STAGING_SECRET").unwrap_or_default();
     let mut o = ServerOptions::new(&a.listen, a.dir, &a.drain_to, &secret);

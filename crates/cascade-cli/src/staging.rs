@@ -121,6 +121,7 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
 
 /// `cascade stage-server`: serves until SIGINT or SIGTERM.
 pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
+    cascade_staging::server::limit_malloc_arenas();
     crate::umask::restrict(config)?;
     let signals = block_stop_signals()?;
     let listen = config.text("stage_server.listen");
