@@ -40,7 +40,7 @@ use cascade_wire::client::OutSegment;
 use cascade_wire::protocol::{
     self, code, encode_get_manifest, encode_pull, encode_push, encode_read, encode_scores,
     encode_segment_header, kind, BodyWriter, Header as FrameHeader, PullKind, PushFile, Reply,
-    HEADER_LEN, MAX_BODY, MAX_DATA,
+    Seal, HEADER_LEN, MAX_BODY, MAX_DATA,
 };
 use cascade_wire::{ClientOptions, Connection, ServerStatus};
 use rand::rngs::StdRng;
@@ -351,13 +351,18 @@ fn still_open(s: &TcpStream) -> Option<()> {
     }
 }
 
-/// The body of a Write of one whole sealed file.
-fn write_body(key: &str, stamp: u64, data: &[u8]) -> Vec<u8> {
+/// The body of a Write of one whole file, sealed with the tag of `tag_key` (the key of the
+/// connection's namespace for a seal the server accepts).
+fn write_body(tag_key: &JobKey, key: &str, stamp: u64, data: &[u8]) -> Vec<u8> {
     let mut w = BodyWriter::default();
     w.u32(1);
-    let digest = *blake3::hash(data).as_bytes();
+    let blake3 = *blake3::hash(data).as_bytes();
     let len = data.len() as u64;
-    encode_segment_header(&mut w, key, stamp, len, 0, len as u32, Some(&digest));
+    let seal = Seal {
+        blake3,
+        tag: tag_key.version_tag(key, stamp, len, &blake3),
+    };
+    encode_segment_header(&mut w, key, stamp, len, 0, len as u32, Some(&seal));
     w.bytes(data);
     w.buf
 }
@@ -498,7 +503,7 @@ fn slow_client(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
             _ => {
                 let case = "a Write dripped after the handshake";
                 let out = handshake(&s, &key, NS_HOSTILE).and_then(|()| {
-                    let body = write_body(&format!("slow/{n}"), n, &[7u8; 1024]);
+                    let body = write_body(&key, &format!("slow/{n}"), n, &[7u8; 1024]);
                     drip(cx, &s, &raw_frame(kind::WRITE, 3, &body), started)?;
                     Err("sent whole".into())
                 });
@@ -588,14 +593,14 @@ fn write_big(addr: SocketAddr, secret: &str) -> cascade_wire::Result<()> {
     let mut c = Connection::connect(&addr.to_string(), &opts)?;
     let mut data = vec![0u8; BIG];
     fill_pattern(&mut data, 0xb16);
-    let digest = *blake3::hash(&data).as_bytes();
     let stamp = STAMP.fetch_add(1, Ordering::SeqCst);
+    let seal = c.seal(BIG_KEY, stamp, BIG as u64, *blake3::hash(&data).as_bytes());
     c.write(&[OutSegment {
         key: BIG_KEY,
         stamp,
         size: BIG as u64,
         offset: 0,
-        seal: Some(digest),
+        seal: Some(seal),
         data: &[data.as_slice()],
     }])?;
     c.sync()?;
@@ -639,17 +644,17 @@ fn forger(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
             }
         };
         let sync = raw_frame(kind::SYNC, 4, &[]);
-        let (case, namespace, frames): (&str, &str, Vec<u8>) = match rng.gen_range(0..6) {
+        let (case, namespace, frames): (&str, &str, Vec<u8>) = match rng.gen_range(0..7) {
             0 => {
                 let name = RESERVED[rng.gen_range(0..RESERVED.len())];
                 cx.forged(format!("{NS_FORGER}/{name}"));
-                let w = raw_frame(kind::WRITE, 3, &write_body(name, n, b"forged"));
+                let w = raw_frame(kind::WRITE, 3, &write_body(&own, name, n, b"forged"));
                 ("Write of a reserved name", NS_FORGER, [w, sync].concat())
             }
             1 => {
                 let (name, lands) = ESCAPES[rng.gen_range(0..ESCAPES.len())];
                 lands.iter().for_each(|k| cx.forged(k.to_string()));
-                let w = raw_frame(kind::WRITE, 3, &write_body(name, n, b"forged"));
+                let w = raw_frame(kind::WRITE, 3, &write_body(&own, name, n, b"forged"));
                 ("Write of a path escape", NS_FORGER, [w, sync].concat())
             }
             2 => {
@@ -680,7 +685,8 @@ fn forger(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
             }
             3 => {
                 cx.forged(format!("{NS_GOOD}/forged/{n}"));
-                let w = raw_frame(kind::WRITE, 3, &write_body(&format!("forged/{n}"), n, b"x"));
+                let body = write_body(&own, &format!("forged/{n}"), n, b"x");
+                let w = raw_frame(kind::WRITE, 3, &body);
                 (
                     "job-b's credential for job-a, then a Write",
                     NS_GOOD,
@@ -689,10 +695,22 @@ fn forger(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
             }
             4 => {
                 cx.forged(format!("forged/{n}"));
-                let w = raw_frame(kind::WRITE, 3, &write_body(&format!("forged/{n}"), n, b"x"));
+                let body = write_body(&own, &format!("forged/{n}"), n, b"x");
+                let w = raw_frame(kind::WRITE, 3, &body);
                 (
                     "job-b's credential for the empty namespace, then a Write",
                     "",
+                    [w, sync].concat(),
+                )
+            }
+            5 => {
+                // Its own namespace, but sealed with job-a's tag: not a version job-b wrote.
+                cx.forged(format!("{NS_FORGER}/tagged/{n}"));
+                let body = write_body(&cx.key(NS_GOOD), &format!("tagged/{n}"), n, b"x");
+                let w = raw_frame(kind::WRITE, 3, &body);
+                (
+                    "Write sealed with another job's tag",
+                    NS_FORGER,
                     [w, sync].concat(),
                 )
             }
@@ -804,7 +822,11 @@ fn replayer(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
         };
         let key = format!("replayed/{n}");
         cx.forged(format!("{NS_GOOD}/{key}"));
-        let write = raw_frame(kind::WRITE, 3, &write_body(&key, n, b"replayed"));
+        let write = raw_frame(
+            kind::WRITE,
+            3,
+            &write_body(&cx.key(NS_GOOD), &key, n, b"replayed"),
+        );
         let sync = raw_frame(kind::SYNC, 4, &[]);
         let mut answers = Vec::new();
         let case = match rng.gen_range(0..3) {
@@ -842,7 +864,7 @@ fn replayer(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
 // (5) Fuzz: valid frames from the encoders, mutated.
 
 /// A valid frame of a random kind (request id `id`).
-fn template(rng: &mut StdRng, n: u64, id: u32) -> (&'static str, Vec<u8>) {
+fn template(rng: &mut StdRng, key: &JobKey, n: u64, id: u32) -> (&'static str, Vec<u8>) {
     let mut proof = [0u8; 32];
     rng.fill(&mut proof[..]);
     let len = rng.gen_range(1..4096usize);
@@ -855,7 +877,7 @@ fn template(rng: &mut StdRng, n: u64, id: u32) -> (&'static str, Vec<u8>) {
         2 | 3 => (
             "Write",
             kind::WRITE,
-            write_body(&format!("fz/{n}"), n, &data),
+            write_body(key, &format!("fz/{n}"), n, &data),
         ),
         4 => ("Sync", kind::SYNC, Vec::new()),
         5 => ("Read", kind::READ, encode_read("fz/1", 0, 4096)),
@@ -950,7 +972,7 @@ fn fuzzer(cx: &Ctx, t: &Tally, mut rng: StdRng, ip: Ipv4Addr) {
         let next = Instant::now() + pace;
         let before = rng.gen_bool(0.3);
         let id = if before { 1 } else { 3 };
-        let (name, frame) = template(&mut rng, n, id);
+        let (name, frame) = template(&mut rng, &key, n, id);
         let (mutation, bytes) = mutate(&mut rng, frame);
         let when = if before {
             "as the first frame"
@@ -1113,12 +1135,13 @@ impl Good {
             return Err("no connection".into());
         };
         let t0 = Instant::now();
+        let seal = conn.seal(&key, stamp, size as u64, digest);
         let seg = OutSegment {
             key: &key,
             stamp,
             size: size as u64,
             offset: 0,
-            seal: Some(digest),
+            seal: Some(seal),
             data: &[self.buf.as_slice()],
         };
         conn.write(&[seg])
