@@ -1905,7 +1905,17 @@ pub fn run(mut o: HOpts) -> Res<()> {
         .iter()
         .map(|p| p.server.rss_peak_mib)
         .fold(0.0, f64::max);
-    let ceiling = pool_mib() + READ_CACHE_MIB + o.rss_bound_mib as f64 * 2.0;
+    // What the design bounds (docs/security.md, "Denial of service"): the receive buffers,
+    // the read cache, and per connection its 64 KiB header/small-body buffer and a 256 KiB
+    // piece of a reply being sent; plus slack for the allocator and the threads' stacks.
+    let connections = phases
+        .iter()
+        .map(|p| p.server.threads_peak)
+        .max()
+        .unwrap_or(0);
+    let per_connection_mib = (64.0 + 256.0) / 1024.0;
+    let connections_mib = connections as f64 * per_connection_mib;
+    let ceiling = pool_mib() + READ_CACHE_MIB + connections_mib + o.rss_bound_mib as f64 * 2.0;
     // The most any attack phase after the first added.
     let grow = after_attacks
         .windows(2)
@@ -1926,7 +1936,8 @@ pub fn run(mut o: HOpts) -> Res<()> {
         format!(
             "RSS {:.0} MiB before the first attack, after each: {} MiB (at most {grow:+.0} MiB \
              from one to the next), {last:.0} MiB at the end, peak {peak:.0} MiB (ceiling: \
-             {:.0} MiB of receive buffers + {READ_CACHE_MIB:.0} MiB read cache + {} MiB); \
+             {:.0} MiB of receive buffers + {READ_CACHE_MIB:.0} MiB read cache + \
+             {connections_mib:.0} MiB for {connections} connections at 320 KiB + {} MiB); \
              threads {} before, {} after",
             before_attack.0,
             after_attacks
