@@ -92,6 +92,9 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         usize::try_from(config.number("stage_server.max_connections_per_client"))
             .unwrap_or(usize::MAX)
             .max(1);
+    opts.drain_attempts = u32::try_from(config.number("stage_server.drain_attempts"))
+        .unwrap_or(u32::MAX)
+        .max(1);
     // Milliseconds; at least 0.1 s, and a Hello gets at most 10 s.
     opts.frame_timeout =
         Duration::from_millis(config.number("stage_server.frame_timeout").max(100));
