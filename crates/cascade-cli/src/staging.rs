@@ -197,6 +197,18 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
     if s.drain_failures > 0 {
         println!("  failures   {} drain attempt(s) failed", s.drain_failures);
     }
+    if s.drain_failed > 0 {
+        println!(
+            "  stuck      {} file(s) failed every drain attempt: kept staged, retried every 5 minutes",
+            s.drain_failed
+        );
+    }
+    if s.log_suppressed > 0 {
+        println!(
+            "  log        {} line(s) suppressed as repeats",
+            s.log_suppressed
+        );
+    }
     if let Some(e) = &s.last_error {
         println!("  last error {e}");
     }

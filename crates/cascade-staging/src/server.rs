@@ -62,7 +62,7 @@ pub struct ServerOptions {
     /// Most connections served at once from one client IP address.
     pub max_connections_per_client: usize,
     /// Failed drains of one version in a row before it is retried only every
-    /// [`DRAIN_RETRY_FAILED`] and counted in `drain_failed` (docs/staging.md, "Drain").
+    /// [`DRAIN_RETRY_FAILED`] and counted in `drain_failed` (docs/staging.md, "Bounded state").
     pub drain_attempts: u32,
     /// A namespace's dedup repository is closed once unused this long with nothing of it
     /// waiting to be pushed (reopened on demand).
@@ -620,6 +620,12 @@ impl Shared {
         self.say(std::panic::Location::caller(), line.clone());
         let mut c = lock(&self.counters);
         c.last_error = Some(line);
+    }
+
+    /// A line always logged (rate-limited per call site), not a failure.
+    #[track_caller]
+    fn notice(&self, line: String) {
+        self.say(std::panic::Location::caller(), line);
     }
 
     /// Every server log line goes through here: lines from one call site are alike, the
@@ -1340,7 +1346,8 @@ impl Shared {
                             if n >= attempts {
                                 let mut c = lock(&self.counters);
                                 c.drain_failed = c.drain_failed.saturating_sub(1);
-                                self.fail(format!("{} drained after {n} failed attempts", v.key));
+                                drop(c);
+                                self.notice(format!("{} drained after {n} failed attempts", v.key));
                             }
                         }
                         progressed = true;
