@@ -167,6 +167,9 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         usize::try_from(config.number("stage_server.max_connections_per_client"))
             .unwrap_or(usize::MAX)
             .max(1);
+    opts.drain_attempts = u32::try_from(config.number("stage_server.drain_attempts"))
+        .unwrap_or(u32::MAX)
+        .max(1);
     // Milliseconds; at least 0.1 s, and a Hello gets at most 10 s.
     opts.frame_timeout =
         Duration::from_millis(config.number("stage_server.frame_timeout").max(100));
@@ -273,6 +276,18 @@ pub fn status(config: &Config, server: Option<&str>, json: bool) -> Result<ExitC
     }
     if s.drain_failures > 0 {
         println!("  failures   {} drain attempt(s) failed", s.drain_failures);
+    }
+    if s.drain_failed > 0 {
+        println!(
+            "  stuck      {} file(s) failed every drain attempt: kept staged, retried every 5 minutes",
+            s.drain_failed
+        );
+    }
+    if s.log_suppressed > 0 {
+        println!(
+            "  log        {} line(s) suppressed as repeats",
+            s.log_suppressed
+        );
     }
     if let Some(e) = &s.last_error {
         println!("  last error {e}");

@@ -455,6 +455,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Count(64), String::new()),
     },
     SettingDef {
+        key: "stage_server.drain_attempts",
+        env: "CASCADE_STAGE_DRAIN_ATTEMPTS",
+        flag: Some("drain-attempts"),
+        value_name: "N",
+        help: "Failed drains of one staged file in a row (backoff 1 s doubling to 30 s) before the staging server counts it in drain_failed and retries it only every 5 minutes; its bytes stay staged",
+        default_help: "10",
+        parse: |t| parse_count_in(t, 1, 1 << 20),
+        default: |_| (Value::Count(10), String::new()),
+    },
+    SettingDef {
         key: "stage_server.frame_timeout",
         env: "CASCADE_STAGE_FRAME_TIMEOUT",
         flag: Some("frame-timeout"),

@@ -9,7 +9,7 @@
 mod dedup;
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -66,6 +66,12 @@ pub struct ServerOptions {
     /// Every connection speaks TLS with this config, its handshake first (within
     /// `hello_timeout`); None: plain TCP. There is no plain-text fallback.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Failed drains of one version in a row before it is retried only every
+    /// [`DRAIN_RETRY_FAILED`] and counted in `drain_failed` (docs/staging.md, "Bounded state").
+    pub drain_attempts: u32,
+    /// A namespace's dedup repository is closed once unused this long with nothing of it
+    /// waiting to be pushed (reopened on demand).
+    pub dedup_repo_idle: Duration,
     pub verbose: bool,
 }
 
@@ -91,6 +97,8 @@ impl std::fmt::Debug for ServerOptions {
                 &self.max_connections_per_client,
             )
             .field("tls", &self.tls.is_some())
+            .field("drain_attempts", &self.drain_attempts)
+            .field("dedup_repo_idle", &self.dedup_repo_idle)
             .field("verbose", &self.verbose)
             .finish()
     }
@@ -114,6 +122,8 @@ impl ServerOptions {
             max_connections: 1024,
             max_connections_per_client: 64,
             tls: None,
+            drain_attempts: 10,
+            dedup_repo_idle: Duration::from_secs(300),
             verbose: false,
         }
     }
@@ -240,7 +250,53 @@ struct Counters {
     superseded_files: u64,
     markers: u64,
     drain_failures: u64,
+    /// Versions given up on hot retry (now retried every [`DRAIN_RETRY_FAILED`]).
+    drain_failed: u64,
     last_error: Option<String>,
+}
+
+/// A version whose drain failed `drain_attempts` times in a row is retried this often: it
+/// was acknowledged, so its bytes are kept (its arena too) until it drains or is superseded.
+const DRAIN_RETRY_FAILED: Duration = Duration::from_secs(300);
+
+/// Bounds of the poll for pending checkpoints whose files drain elsewhere (`drain_loop`).
+const MANIFEST_POLL_MIN: Duration = Duration::from_millis(500);
+const MANIFEST_POLL_MAX: Duration = Duration::from_secs(5);
+
+/// Log lines from one place in the code: at most [`LOG_BURST`] per [`LOG_WINDOW`], then one
+/// line saying how many more were suppressed, so a failing drain or a stream of refused
+/// clients cannot fill the server's stderr.
+const LOG_BURST: u32 = 10;
+const LOG_WINDOW: Duration = Duration::from_secs(60);
+
+type LogSite = &'static std::panic::Location<'static>;
+
+struct LogLimit {
+    since: Instant,
+    /// Per call site in this window: lines seen, and the first one (for the summary).
+    sites: HashMap<LogSite, (u32, String)>,
+    suppressed: u64,
+}
+
+impl LogLimit {
+    /// Ends the window if it is over: the summary lines of what it suppressed.
+    fn roll(&mut self) -> Vec<String> {
+        if self.since.elapsed() < LOG_WINDOW {
+            return Vec::new();
+        }
+        self.since = Instant::now();
+        std::mem::take(&mut self.sites)
+            .into_values()
+            .filter(|(n, _)| *n > LOG_BURST)
+            .map(|(n, first)| {
+                format!(
+                    "... {} more like \"{first}\" suppressed in the last {} s",
+                    n - LOG_BURST,
+                    LOG_WINDOW.as_secs()
+                )
+            })
+            .collect()
+    }
 }
 
 struct Shared {
@@ -262,6 +318,7 @@ struct Shared {
     conns: Mutex<(usize, HashMap<IpAddr, usize>)>,
     stop: AtomicBool,
     drain_wake: (Mutex<u64>, Condvar),
+    log_limit: Mutex<LogLimit>,
 }
 
 /// A bound staging server. [`Server::run`] serves until [`Stopper::stop`].
@@ -336,6 +393,11 @@ impl Server {
             conns: Mutex::new((0, HashMap::new())),
             stop: AtomicBool::new(false),
             drain_wake: (Mutex::new(0), Condvar::new()),
+            log_limit: Mutex::new(LogLimit {
+                since: Instant::now(),
+                sites: HashMap::new(),
+                suppressed: 0,
+            }),
             opts,
         };
         Ok(Server {
@@ -659,16 +721,60 @@ impl Outbox {
 }
 
 impl Shared {
+    /// A line for the verbose log (`-v`), rate-limited per call site.
+    #[track_caller]
     fn log(&self, line: impl FnOnce() -> String) {
         if self.opts.verbose {
-            eprintln!("cascade stage-server {}: {}", self.name, line());
+            self.say(std::panic::Location::caller(), line());
         }
     }
 
+    /// A failure: always logged (rate-limited per call site) and kept as `last_error`.
+    #[track_caller]
     fn fail(&self, line: String) {
-        eprintln!("cascade stage-server {}: {line}", self.name);
+        self.say(std::panic::Location::caller(), line.clone());
         let mut c = lock(&self.counters);
         c.last_error = Some(line);
+    }
+
+    /// A line always logged (rate-limited per call site), not a failure.
+    #[track_caller]
+    fn notice(&self, line: String) {
+        self.say(std::panic::Location::caller(), line);
+    }
+
+    /// Every server log line goes through here: lines from one call site are alike, the
+    /// first [`LOG_BURST`] of them per [`LOG_WINDOW`] are printed, the rest counted.
+    fn say(&self, site: LogSite, line: String) {
+        let (summary, print) = {
+            let mut g = lock(&self.log_limit);
+            let summary = g.roll();
+            let entry = g.sites.entry(site).or_insert_with(|| (0, String::new()));
+            entry.0 = entry.0.saturating_add(1);
+            if entry.0 == 1 {
+                entry.1 = line.chars().take(120).collect();
+            }
+            let print = entry.0 <= LOG_BURST;
+            if !print {
+                g.suppressed += 1;
+            }
+            (summary, print)
+        };
+        for s in summary {
+            eprintln!("cascade stage-server {}: {s}", self.name);
+        }
+        if print {
+            eprintln!("cascade stage-server {}: {line}", self.name);
+        }
+    }
+
+    /// Prints the summary of a window that ended with no line after it (from the drain
+    /// loop, so that "N more suppressed" is not held back until the next failure).
+    fn tend_log(&self) {
+        let summary = lock(&self.log_limit).roll();
+        for s in summary {
+            eprintln!("cascade stage-server {}: {s}", self.name);
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -711,6 +817,8 @@ impl Shared {
             pending_bytes: drainable.iter().map(|v| v.size).sum(),
             pending_checkpoints: self.engine.pending_manifests().len() as u64,
             drain_failures: c.drain_failures,
+            drain_failed: c.drain_failed,
+            log_suppressed: lock(&self.log_limit).suppressed,
             last_error: c.last_error.clone(),
             usage: self.engine.usage(),
             dedup: self.dedup_status(),
@@ -753,14 +861,8 @@ impl Shared {
                 ip,
             });
         };
-        let first = {
-            let mut c = lock(&self.counters);
-            c.busy_refusals += 1;
-            c.busy_refusals == 1
-        };
-        if first || self.opts.verbose {
-            eprintln!("cascade stage-server {}: refused {ip}: {why}", self.name);
-        }
+        lock(&self.counters).busy_refusals += 1;
+        self.notice(format!("refused {ip}: {why}"));
         // The accepting thread must not wait on this peer: a small frame into an empty send
         // buffer, without blocking.
         if self.opts.tls.is_none() {
@@ -860,10 +962,7 @@ impl Shared {
                 } else {
                     ""
                 };
-                eprintln!(
-                    "cascade stage-server {}: refused {peer}: TLS handshake failed: {e}{hint}",
-                    self.name
-                );
+                self.notice(format!("refused {peer}: TLS handshake failed: {e}{hint}"));
                 return;
             }
             Err(e) => {
@@ -1071,7 +1170,7 @@ impl Shared {
         (request, code, why): (u32, u16, String),
     ) -> Option<T> {
         lock(&self.counters).refused_clients += 1;
-        eprintln!("cascade stage-server {}: refused {peer}: {why}", self.name);
+        self.notice(format!("refused {peer}: {why}"));
         self.reply_error(out, request, code, &why);
         self.flush(link, out, peer);
         None
@@ -1435,14 +1534,36 @@ impl Shared {
 
     // ---- drain ----
 
+    /// Drains every drainable version, then writes the markers of checkpoints that became
+    /// complete. A version whose drain fails is retried with backoff (1 s doubling to 30 s);
+    /// after `drain_attempts` failures in a row it is counted in `drain_failed` and retried
+    /// only every [`DRAIN_RETRY_FAILED`]: kept, since it was acknowledged, and never in the
+    /// way of the other versions.
     fn drain_loop(self: Arc<Self>) {
         let mut retry_at: HashMap<VersionId, (u32, Instant)> = HashMap::new();
         let mut manifests_checked = Instant::now() - Duration::from_secs(10);
+        // Pending checkpoints are checked at once after a drain here or a Push/Sync (the
+        // wake-up), and else polled for files that reach the durable store by other ways
+        // (other servers, agents), every 0.5 s doubling to 5 s while nothing completes.
+        let mut manifest_poll = MANIFEST_POLL_MIN;
+        let mut checked_at_wake = u64::MAX;
+        let attempts = self.opts.drain_attempts.max(1);
         while !self.stop.load(Ordering::SeqCst) {
             let seen = *lock(&self.drain_wake.0);
             let mut progressed = false;
             let now = Instant::now();
-            for v in self.engine.drainable() {
+            let drainable = self.engine.drainable();
+            // Versions drained or superseded meanwhile (e.g. by a newer write) leave the map.
+            let live: HashSet<VersionId> = drainable.iter().map(|v| v.id).collect();
+            retry_at.retain(|id, (n, _)| {
+                let keep = live.contains(id);
+                if !keep && *n >= attempts {
+                    let mut c = lock(&self.counters);
+                    c.drain_failed = c.drain_failed.saturating_sub(1);
+                }
+                keep
+            });
+            for v in drainable {
                 if self.stop.load(Ordering::SeqCst) {
                     return;
                 }
@@ -1451,32 +1572,69 @@ impl Shared {
                 }
                 match self.drain_one(&v) {
                     Ok(()) => {
-                        retry_at.remove(&v.id);
+                        if let Some((n, _)) = retry_at.remove(&v.id) {
+                            if n >= attempts {
+                                let mut c = lock(&self.counters);
+                                c.drain_failed = c.drain_failed.saturating_sub(1);
+                                drop(c);
+                                self.notice(format!("{} drained after {n} failed attempts", v.key));
+                            }
+                        }
                         progressed = true;
                     }
                     Err(e) => {
                         let entry = retry_at.entry(v.id).or_insert((0, now));
-                        entry.0 += 1;
-                        let delay = Duration::from_millis(500)
-                            .saturating_mul(1 << entry.0.min(6))
-                            .min(Duration::from_secs(30));
+                        entry.0 = entry.0.saturating_add(1);
+                        let n = entry.0;
+                        let delay = if n >= attempts {
+                            DRAIN_RETRY_FAILED
+                        } else {
+                            Duration::from_millis(500)
+                                .saturating_mul(1 << n.min(6))
+                                .min(Duration::from_secs(30))
+                        };
                         entry.1 = Instant::now() + delay;
-                        lock(&self.counters).drain_failures += 1;
-                        self.fail(format!(
-                            "drain of {} failed (attempt {}): {e}; retrying in {:.1} s",
-                            v.key,
-                            entry.0,
-                            delay.as_secs_f64()
-                        ));
+                        let mut c = lock(&self.counters);
+                        c.drain_failures += 1;
+                        if n == attempts {
+                            c.drain_failed += 1;
+                        }
+                        drop(c);
+                        if n == attempts {
+                            self.fail(format!(
+                                "drain of {} failed {n} times, last: {e}; giving up retrying \
+                                 it hot: its bytes stay staged (it was acknowledged) and it \
+                                 is tried again every {} s",
+                                v.key,
+                                DRAIN_RETRY_FAILED.as_secs()
+                            ));
+                        } else if n < attempts {
+                            self.fail(format!(
+                                "drain of {} failed (attempt {n} of {attempts}): {e}; retrying \
+                                 in {:.1} s",
+                                v.key,
+                                delay.as_secs_f64()
+                            ));
+                        } else {
+                            self.fail(format!("drain of {} failed again: {e}", v.key));
+                        }
                     }
                 }
             }
-            if progressed || manifests_checked.elapsed() >= Duration::from_millis(500) {
+            let woken = seen != checked_at_wake;
+            if progressed || woken || manifests_checked.elapsed() >= manifest_poll {
                 manifests_checked = Instant::now();
+                checked_at_wake = seen;
                 if self.complete_manifests() {
                     progressed = true;
                 }
+                manifest_poll = if progressed || woken {
+                    MANIFEST_POLL_MIN
+                } else {
+                    (manifest_poll * 2).min(MANIFEST_POLL_MAX)
+                };
             }
+            self.tend_log();
             if !progressed {
                 let (m, cv) = &self.drain_wake;
                 let g = lock(m);

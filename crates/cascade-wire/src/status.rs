@@ -38,6 +38,13 @@ pub struct ServerStatus {
     pub pending_bytes: u64,
     pub pending_checkpoints: u64,
     pub drain_failures: u64,
+    /// Versions whose drain failed `stage_server.drain_attempts` times in a row: kept (they
+    /// were acknowledged) and retried only every few minutes (docs/staging.md, "Drain").
+    #[serde(default)]
+    pub drain_failed: u64,
+    /// Log lines not printed because too many alike came within a minute.
+    #[serde(default)]
+    pub log_suppressed: u64,
     pub last_error: Option<String>,
     pub usage: Usage,
     /// Dedup chunks and manifests (docs/staging.md, "Dedup through the servers").
@@ -56,6 +63,9 @@ pub struct Usage {
     /// Bytes of the live versions (waiting to be drained).
     pub pending_bytes: u64,
     pub index_bytes: u64,
+    /// Checkpoint manifests held in memory: pending ones and the newest completed names.
+    #[serde(default)]
+    pub manifests_held: u64,
 }
 
 /// What `cascade stage-server status` shows about dedup (counters since the server started,
@@ -92,4 +102,7 @@ pub struct DedupStatus {
     /// Chunks in the in-memory score index and the memory its tables take.
     pub index_chunks: u64,
     pub index_memory_bytes: u64,
+    /// Namespace repositories open (or looked for) now: at most 64, idle ones are closed.
+    #[serde(default)]
+    pub open_repositories: u64,
 }

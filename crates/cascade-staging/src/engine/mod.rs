@@ -1246,6 +1246,7 @@ impl Engine {
             live_versions: g.m.live_versions(),
             pending_bytes: g.m.pending_bytes,
             index_bytes: g.index_len,
+            manifests_held: g.m.manifests.len() as u64,
         }
     }
 

@@ -2,12 +2,17 @@
 //! counters, manifests. Every change goes through `Model::apply(record)`, at run time and
 //! at replay alike, so a recovered engine has exactly the state the records describe.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::sync::Arc;
 
 use super::record::{FileRec, Record};
 use super::{Manifest, ManifestFile, VersionId, VersionInfo};
+
+/// How many done manifests (names only) the state keeps, so that a Pull Checkpoint for a
+/// recently completed checkpoint still answers Durable: bounded, so that a server that
+/// completes checkpoints for months neither grows its memory nor its index snapshot.
+pub(crate) const DONE_KEPT: usize = 1024;
 
 /// One append: `len` bytes of the version at `offset`, stored at `position` in `arena`.
 pub(crate) struct Extent {
@@ -77,9 +82,12 @@ pub(crate) struct Model {
     pub versions: HashMap<u64, Version>,
     keys: HashMap<String, KeyState>,
     pub arenas: BTreeMap<u32, Arena>,
-    /// id -> (manifest, done).
+    /// id -> (manifest, done). A done manifest keeps only its name (its file list is
+    /// dropped), and only the newest [`DONE_KEPT`] done ones are kept at all.
     pub manifests: BTreeMap<u64, (Manifest, bool)>,
     manifest_names: HashMap<String, u64>,
+    /// Ids of the done manifests still in `manifests`, oldest first.
+    done: BTreeSet<u64>,
     /// Seal order -> version: sealed, not drained, not superseded.
     drainable: BTreeMap<u64, u64>,
     pub pending_bytes: u64,
@@ -190,6 +198,7 @@ impl Model {
                 if let Some(old) = self.manifest_names.insert(checkpoint.clone(), *id) {
                     if old != *id {
                         self.manifests.remove(&old);
+                        self.done.remove(&old);
                     }
                 }
                 let m = Manifest {
@@ -210,6 +219,20 @@ impl Model {
             Record::ManifestDone { id } => {
                 if let Some(e) = self.manifests.get_mut(id) {
                     e.1 = true;
+                    // Its files are in the durable store now: only the name is still
+                    // answered (Pull Checkpoint -> Durable), and only for the newest done.
+                    e.0.files = Vec::new();
+                    self.done.insert(*id);
+                }
+                while self.done.len() > DONE_KEPT {
+                    let Some(old) = self.done.pop_first() else {
+                        break;
+                    };
+                    if let Some((m, _)) = self.manifests.remove(&old) {
+                        if self.manifest_names.get(&m.checkpoint) == Some(&old) {
+                            self.manifest_names.remove(&m.checkpoint);
+                        }
+                    }
                 }
             }
             Record::ArenaDeleted { arena } => {

@@ -837,3 +837,52 @@ fn a_missing_arena_drops_its_versions_with_a_warning() {
     assert!(e.lookup("a").is_none());
     check(&e, "b", 1, &b);
 }
+
+/// Issue 22: a done manifest used to stay in memory and in every index snapshot forever.
+#[test]
+fn completed_manifests_leave_memory_and_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = || EngineOptions {
+        index_compact_bytes: 64 << 10,
+        ..opts(8192)
+    };
+    let kept = super::model::DONE_KEPT as u64;
+    let rounds = 3 * kept;
+    // The largest index seen in the second and in the third thousand rounds.
+    let mut index_max = [0u64; 3];
+    {
+        let e = Engine::open(dir.path(), o()).unwrap();
+        for round in 0..rounds {
+            let m = e
+                .record_manifest(manifest(&format!("ckpt.{round}"), 4))
+                .unwrap();
+            e.mark_manifest_done(m).unwrap();
+            let u = e.usage();
+            assert!(
+                u.manifests_held <= kept,
+                "round {round}: {} manifests held",
+                u.manifests_held
+            );
+            let third = (round / kept) as usize;
+            index_max[third] = index_max[third].max(u.index_bytes);
+        }
+        // A pending one stays, whatever completes after it.
+        e.record_manifest(manifest("pending", 2)).unwrap();
+        e.sync().unwrap();
+    }
+    assert!(
+        index_max[2] <= index_max[1] + index_max[1] / 4,
+        "the index grows: {index_max:?}"
+    );
+    let e = Engine::open(dir.path(), o()).unwrap();
+    assert!(e.usage().manifests_held <= kept + 1);
+    assert_eq!(
+        e.manifest_state(&format!("ckpt.{}", rounds - 1)),
+        Some(true)
+    );
+    assert_eq!(e.manifest_state("ckpt.0"), None);
+    assert_eq!(e.manifest_state("pending"), Some(false));
+    let pending = e.pending_manifests();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].1, manifest("pending", 2));
+}

@@ -48,6 +48,10 @@ const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
 const GET_CHUNKS_REPLY: usize = 4 << 20;
 /// Delta chunks of a PutChunks whose bases are read from the repository at once.
 const REBUILD_BATCH: usize = 64;
+/// Most namespace repositories (or "none there" looks) kept at once: each holds its index in
+/// memory, and namespaces are named by clients. Past it the least recently used one that no
+/// request is using is closed (reopened on demand).
+pub(super) const MAX_OPEN_REPOS: usize = 64;
 
 #[derive(Default)]
 struct Counters {
@@ -69,6 +73,8 @@ struct Counters {
 struct RepoSlot {
     repo: Option<Arc<Repo>>,
     looked: Instant,
+    /// Last handed out: idle ones are closed (`retire_repos`).
+    used: Instant,
 }
 
 pub(super) struct Dedup {
@@ -197,6 +203,7 @@ impl Shared {
             segment_bytes: u.segment_bytes,
             index_chunks: u.index_chunks,
             index_memory_bytes: u.index_memory_bytes,
+            open_repositories: lock(&self.dedup.repos).len() as u64,
         }
     }
 
@@ -205,9 +212,10 @@ impl Shared {
     /// second). The first use of a namespace reads its index objects.
     fn repo_for(&self, namespace: &str, create: bool) -> Result<Option<Arc<Repo>>> {
         {
-            let repos = lock(&self.dedup.repos);
-            if let Some(slot) = repos.get(namespace) {
+            let mut repos = lock(&self.dedup.repos);
+            if let Some(slot) = repos.get_mut(namespace) {
                 if slot.repo.is_some() || (!create && slot.looked.elapsed() < LOOK_AGAIN) {
+                    slot.used = Instant::now();
                     return Ok(slot.repo.clone());
                 }
             }
@@ -226,10 +234,15 @@ impl Shared {
             Repo::open_existing(self.durable.clone(), &prefix)
         };
         let mut repos = lock(&self.dedup.repos);
+        if !repos.contains_key(namespace) {
+            evict_lru(&mut repos, MAX_OPEN_REPOS - 1);
+        }
         let slot = repos.entry(namespace.to_string()).or_insert(RepoSlot {
             repo: None,
             looked: Instant::now(),
+            used: Instant::now(),
         });
+        slot.used = Instant::now();
         // A failure too waits a second before the next look: requests must not each wait
         // for a durable store that is down.
         slot.looked = Instant::now();
@@ -696,6 +709,7 @@ impl Shared {
                 REFRESH_IDLE
             };
             self.tend_holds();
+            self.retire_repos();
             let mut refreshed = false;
             if last_refresh.elapsed() >= every {
                 last_refresh = Instant::now();
@@ -859,6 +873,25 @@ impl Shared {
         }
     }
 
+    /// Closes the repositories unused for `dedup_repo_idle` of namespaces with nothing
+    /// waiting here (no hold, no pending manifest) and no request using them now.
+    fn retire_repos(&self) {
+        let idle = self.opts.dedup_repo_idle;
+        let mut busy: HashSet<String> = lock(&self.dedup.holds).keys().cloned().collect();
+        busy.extend(
+            self.dedup
+                .manifests
+                .pending()
+                .iter()
+                .map(|m| m.namespace.clone()),
+        );
+        lock(&self.dedup.repos).retain(|ns, slot| {
+            busy.contains(ns)
+                || slot.used.elapsed() < idle
+                || slot.repo.as_ref().is_some_and(|r| Arc::strong_count(r) > 1)
+        });
+    }
+
     /// Loads other writers' new index objects into every open repository.
     fn refresh_repos(&self) {
         let repos: Vec<(String, Arc<Repo>)> = lock(&self.dedup.repos)
@@ -940,5 +973,24 @@ impl Shared {
         repo.write_prepared_manifest(manifest_of(m, cascade_durable::now_unix_ns()))?;
         self.dedup.manifests.done(m.id)?;
         Ok(true)
+    }
+}
+
+/// Closes least recently used repositories no request is using until at most `keep` remain
+/// (a namespace's chunks still waiting reopen it when pushed).
+fn evict_lru(repos: &mut HashMap<String, RepoSlot>, keep: usize) {
+    while repos.len() > keep {
+        let victim = repos
+            .iter()
+            .filter(|(_, s)| s.repo.as_ref().is_none_or(|r| Arc::strong_count(r) == 1))
+            .min_by_key(|(_, s)| s.used)
+            .map(|(ns, _)| ns.clone());
+        match victim {
+            Some(ns) => {
+                repos.remove(&ns);
+            }
+            // All in use right now: over the bound until they are returned.
+            None => break,
+        }
     }
 }
