@@ -45,3 +45,9 @@ impl From<ConfigError> for Failure {
         Failure::new(err.0)
     }
 }
+
+impl From<cascade_lifecycle::Error> for Failure {
+    fn from(err: cascade_lifecycle::Error) -> Failure {
+        Failure::new(err.message)
+    }
+}

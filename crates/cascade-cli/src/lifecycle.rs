@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use cascade_agent::{Agent, AgentOptions, CheckpointRules, JobOptions};
 use cascade_config::{format_size, Config};
-use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
-use cascade_durable::{DurableKey, DurableStore, Options as DurableOptions, Spec};
+use cascade_durable::DurableStore;
+use cascade_lifecycle::Level;
 use cascade_store::{FileKind, LifeEntry, Store};
 
 use crate::admin::attach;
@@ -45,16 +45,9 @@ fn job_options(config: &Config) -> Option<JobOptions> {
     })
 }
 
-/// Opens the configured durable store for the agent: few retries per request, since the
-/// agent retries whole files itself with its own backoff.
+/// Opens the configured durable store for the agent (few retries per request).
 pub fn open_durable(url: &str) -> Result<DurableStore, Failure> {
-    let spec = Spec::parse(url).map_err(|e| Failure::new(e.to_string()))?;
-    let opts = DurableOptions {
-        max_retries: 2,
-        retry_timeout: Duration::from_secs(10),
-        ..DurableOptions::default()
-    };
-    DurableStore::open_with(spec, opts).map_err(|e| Failure::new(e.to_string()))
+    Ok(cascade_lifecycle::open_durable(url)?)
 }
 
 fn require_durable(config: &Config) -> Result<String, Failure> {
@@ -172,28 +165,13 @@ pub(crate) fn wait_for_signal(set: &libc::sigset_t) {
 /// `cascade commit PATH`.
 pub fn commit(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
-    // A file closed through a FUSE mount is released by the kernel a moment after close()
-    // returned (docs/fuse.md): such a writer gets a short while before EBUSY is reported.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let seq = loop {
-        match store.commit(path, false) {
-            Err(e) if e.errno() == libc::EBUSY && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            done => break done.map_err(|e| Failure::store(path, &e))?,
-        }
-    };
-    let root = store
-        .life_tree(path)
-        .ok()
-        .and_then(|t| t.into_iter().next());
-    let flushed = root.as_ref().is_some_and(|r| r.flush);
-    let mut line = format!("committed {path} (checkpoint #{seq}");
-    if !flushed {
+    let done = cascade_lifecycle::commit(&store, path)?;
+    let mut line = format!("committed {path} (checkpoint #{}", done.seq);
+    if !done.flushed {
         line.push_str(", kept in memory only: not an Nth checkpoint (checkpoint.flush_every)");
     }
     line.push(')');
-    if flushed && store.agent_pid().is_none() {
+    if done.flushed && !done.agent_running {
         line.push_str(
             "; no agent is running: it drains when 'cascade agent' or 'cascade run' starts one",
         );
@@ -202,284 +180,44 @@ pub fn commit(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How far a path has got, from one snapshot.
-struct Progress {
-    files: usize,
-    /// Files at the level waited for (durable, or staged-or-durable).
-    durable_files: usize,
-    reached: bool,
-    /// Why it cannot get there without someone acting, if that is the case.
-    stuck: Option<String>,
-}
-
-/// `staged`: waiting for "safe from the loss of this node" (a staging server or the durable
-/// store holds it), else for the durable store.
-fn progress_of(tree: &[LifeEntry], staged: bool) -> Progress {
-    let root = &tree[0];
-    let files: Vec<&LifeEntry> = tree.iter().filter(|e| e.kind == FileKind::File).collect();
-    let at_level = |f: &&&LifeEntry| if staged { f.safe() } else { f.durable() };
-    let durable_files = files.iter().filter(at_level).count();
-    let reached = if root.committed {
-        root.complete() || (staged && root.checkpoint_safe())
-    } else {
-        durable_files == files.len()
-    };
-    let stuck = if let Some(f) = files.iter().find(|f| f.torn) {
-        Some(format!(
-            "{} was left incomplete by a process that died; rewrite or remove it",
-            f.path
-        ))
-    } else if let Some(f) = files.iter().find(|f| f.writers > 0) {
-        Some(format!("{} is still open for writing", f.path))
-    } else if root.committed && !root.flush {
-        Some(format!(
-            "{} is a checkpoint kept in memory only (not an Nth one: checkpoint.flush_every)",
-            root.path
-        ))
-    } else {
-        None
-    };
-    Progress {
-        files: files.len(),
-        durable_files,
-        reached,
-        stuck,
-    }
-}
-
-/// Whether the durable store holds `path` as a complete checkpoint.
-fn durable_complete(config: &Config, path: &str) -> Result<bool, Failure> {
-    let Some(url) = config.durable_url() else {
-        return Ok(false);
-    };
-    let durable = Arc::new(open_durable(&url)?);
-    complete_in(&durable, &DurableKey::from_store_path(path))
-}
-
-/// Whether checkpoint `ckpt` is complete in `durable`: its marker in the plain layout, or its
-/// manifest in the dedup repository.
-fn complete_in(durable: &Arc<DurableStore>, ckpt: &str) -> Result<bool, Failure> {
-    let failed = |e: &dyn std::fmt::Display| Failure::new(format!("{}: {e}", durable.name()));
-    if durable.is_complete(ckpt).map_err(|e| failed(&e))? {
-        return Ok(true);
-    }
-    let Some(repo) =
-        Repo::open_for_maintenance(Arc::clone(durable), DEFAULT_PREFIX).map_err(|e| failed(&e))?
-    else {
-        return Ok(false);
-    };
-    Ok(repo.read_manifest(ckpt).map_err(|e| failed(&e))?.is_some())
-}
-
-/// For a checkpoint of several nodes that is not complete, which nodes' parts are in the
-/// durable store ("parts from 1 of 2 nodes (a); missing b"); None for any other.
-fn job_parts(config: &Config, path: &str) -> Option<String> {
-    let durable = open_durable(&config.durable_url()?).ok()?;
-    let parts = durable
-        .read_parts(&DurableKey::from_store_path(path))
-        .ok()?;
-    (!parts.is_empty()).then(|| cascade_durable::PartsIn::of(&parts).describe())
-}
-
 /// `cascade wait PATH --level LEVEL --timeout SECS`.
 pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<ExitCode, Failure> {
-    if !matches!(level, "memory" | "staged" | "durable") {
-        return Err(Failure::new(format!(
-            "wait: unknown level {level:?} (use memory, staged or durable)"
-        )));
-    }
-    let staged = level == "staged";
+    let level: Level = level.parse()?;
     if !(timeout.is_finite() && timeout >= 0.0) {
         return Err(Failure::new(
             "wait: --timeout must be a number of seconds >= 0",
         ));
     }
     let store = attach(config)?;
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(timeout);
-    loop {
-        // Read before looking, so a level reached meanwhile ends the sleep below at once.
-        let progress = store.progress_counter();
-        let tree = match store.life_tree(path) {
-            Ok(t) => t,
-            Err(e) if e.errno() == libc::ENOENT && level != "memory" => {
-                // Evicted from memory once durable, or never here: ask the durable store.
-                if durable_complete(config, path)? {
-                    println!("{path}: durable (complete in the durable store)");
-                    return Ok(ExitCode::SUCCESS);
-                }
-                return Err(Failure::store(path, &e));
-            }
-            Err(e) => return Err(Failure::store(path, &e)),
-        };
-        if level == "memory" {
-            println!("{path}: in memory");
-            return Ok(ExitCode::SUCCESS);
-        }
-        let p = progress_of(&tree, staged);
-        if p.reached {
-            let root = &tree[0];
-            let how = if root.complete()
-                || tree.iter().all(|e| e.kind != FileKind::File || e.durable())
-            {
-                "durable"
-            } else {
-                "staged"
-            };
-            println!(
-                "{path}: {how} ({} files) after {:.3} s",
-                p.files,
-                started.elapsed().as_secs_f64()
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
-        if let Some(why) = &p.stuck {
-            return Err(Failure::new(format!(
-                "{path}: cannot become {level}: {why}"
-            )));
-        }
-        if store.agent_pid().is_none() {
-            return Err(Failure::new(format!(
-                "{path}: not {level} yet ({} of {} files{}) and no agent is running for store \
-                 {}; start one with 'cascade agent' (or run the job under 'cascade run' with a \
-                 durable store configured)",
-                p.durable_files,
-                p.files,
-                job_parts(config, path)
-                    .map(|parts| format!("; the job's checkpoint has {parts}"))
-                    .unwrap_or_default(),
-                store.name()
-            )));
-        }
-        if Instant::now() >= deadline {
-            let last = cascade_agent::status(store.name()).and_then(|s| s.last_error);
-            return Err(Failure::new(format!(
-                "{path}: timed out after {timeout} s: {} of {} files {level}{}{}",
-                p.durable_files,
-                p.files,
-                job_parts(config, path)
-                    .map(|parts| format!("; the job's checkpoint has {parts}"))
-                    .unwrap_or_default(),
-                last.map(|e| format!("; the agent's last error: {e}"))
-                    .unwrap_or_default()
-            )));
-        }
-        // Woken when a level is reached; the timeout still notices a dead agent.
-        let left = deadline.saturating_duration_since(Instant::now());
-        store.wait_for_progress(progress, Duration::from_millis(100).min(left));
+    let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
+    let done = cascade_lifecycle::wait(config, &store, path, level, timeout)?;
+    if done.only_durable {
+        println!("{path}: durable (complete in the durable store)");
+    } else if level == Level::Memory {
+        println!("{path}: in memory");
+    } else {
+        println!(
+            "{path}: {} ({} files) after {:.3} s",
+            done.level, done.files, done.seconds
+        );
     }
-}
-
-/// Where a file's bytes are: memory, spill or both, or only below (a remote file).
-fn residence(e: &LifeEntry) -> &'static str {
-    if e.remote {
-        return "durable";
-    }
-    match (e.chunks_mem > 0, e.chunks_spill > 0) {
-        (true, true) => "memory+spill",
-        (false, true) => "spill",
-        _ => "memory",
-    }
-}
-
-fn state_of(e: &LifeEntry, tree: &[LifeEntry]) -> String {
-    if e.committed {
-        let below: Vec<&LifeEntry> = tree
-            .iter()
-            .filter(|f| f.kind == FileKind::File && f.is_at_or_below(&e.path))
-            .collect();
-        let durable = below.iter().filter(|f| f.durable()).count();
-        let what = if e.complete() {
-            "complete".to_string()
-        } else if e.checkpoint_safe() {
-            format!("staged, draining ({durable}/{} files durable)", below.len())
-        } else if !e.flush {
-            "memory only (not flushed)".to_string()
-        } else {
-            format!("draining ({durable}/{} files durable)", below.len())
-        };
-        return format!("checkpoint #{} {what}", e.commit_seq);
-    }
-    match e.kind {
-        FileKind::Dir => String::new(),
-        FileKind::File if e.torn => "torn (writer died)".to_string(),
-        FileKind::File if e.writers > 0 => "writing".to_string(),
-        FileKind::File if e.remote => "durable (not in memory; fetched when opened)".to_string(),
-        FileKind::File if e.durable() => "durable".to_string(),
-        FileKind::File if e.staged() => "staged".to_string(),
-        FileKind::File => "dirty".to_string(),
-    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `cascade ls --levels [PATH]`: every entry below PATH with where it lives and its state,
 /// then the checkpoints only the durable store still has.
 pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
-    let tree = store
-        .life_tree(path)
-        .map_err(|e| Failure::store(path, &e))?;
+    let entries = cascade_lifecycle::levels(config, &store, path)?;
     println!("{:<13} {:>10}  {:<40} PATH", "LEVEL", "SIZE", "STATE");
-    for e in &tree {
-        if e.path == "/" {
-            continue;
-        }
-        let level = match e.kind {
-            FileKind::Dir => "-",
-            FileKind::File => residence(e),
-        };
-        let size = match e.kind {
-            FileKind::Dir => String::new(),
-            FileKind::File => format_size(e.size),
-        };
-        let suffix = if e.kind == FileKind::Dir { "/" } else { "" };
+    for e in &entries {
+        let size = e.size.map(format_size).unwrap_or_default();
+        // Checkpoints only the durable store has are listed without the trailing slash.
+        let suffix = if e.is_dir && e.level == "-" { "/" } else { "" };
         println!(
-            "{level:<13} {size:>10}  {:<40} {}{suffix}",
-            state_of(e, &tree),
-            e.path
+            "{:<13} {size:>10}  {:<40} {}{suffix}",
+            e.level, e.state, e.path
         );
-    }
-    if let Some(url) = config.durable_url() {
-        let durable = Arc::new(open_durable(&url)?);
-        let objects = durable
-            .list(&DurableKey::from_store_path(path))
-            .map_err(|e| Failure::new(e.to_string()))?;
-        for o in &objects {
-            let Some(ckpt) = o
-                .path
-                .strip_suffix(cascade_durable::MARKER_NAME)
-                .map(|c| c.trim_end_matches('/'))
-            else {
-                continue;
-            };
-            let store_path = format!("/{ckpt}");
-            if !tree.iter().any(|e| e.path == store_path) {
-                println!(
-                    "{:<13} {:>10}  {:<40} {store_path}",
-                    "durable", "", "checkpoint complete (not in memory)"
-                );
-            }
-        }
-        // Checkpoints of several nodes not complete yet: whose parts are in.
-        let mut with_parts: Vec<&str> = objects
-            .iter()
-            .filter_map(|o| o.path.rsplit_once('/'))
-            .filter(|(_, base)| base.starts_with(cascade_durable::PART_PREFIX))
-            .map(|(ckpt, _)| ckpt)
-            .collect();
-        with_parts.dedup();
-        for ckpt in with_parts {
-            if complete_in(&durable, ckpt).unwrap_or(false) {
-                continue;
-            }
-            if let Ok(parts) = durable.read_parts(ckpt) {
-                println!(
-                    "{:<13} {:>10}  {:<40} /{ckpt}",
-                    "parts",
-                    "",
-                    cascade_durable::PartsIn::of(&parts).describe()
-                );
-            }
-        }
     }
     Ok(ExitCode::SUCCESS)
 }
