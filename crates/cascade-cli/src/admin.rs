@@ -99,9 +99,10 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
     // The agent's own counters, if one is running (its control socket answers STATUS).
     let agent = cascade_agent::status(&status.name);
     if as_json {
-        let mut doc = status_json(&status, &others);
-        doc["agent"] = json!(agent);
-        println!("{doc}");
+        println!(
+            "{}",
+            cascade_lifecycle::status_json(&status, &others, agent.as_ref())
+        );
     } else {
         print_status(&status, &others);
         match agent {
@@ -135,33 +136,6 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn status_json(s: &Status, others: &[u32]) -> serde_json::Value {
-    json!({
-        "name": s.name,
-        "created_ns": s.created,
-        "block_bytes": s.block_bytes,
-        "chunk_size": s.chunk_size,
-        "memory_capacity": s.memory_capacity,
-        "memory_used": s.memory_used,
-        "spill_path": s.spill_path.as_ref().map(|p| p.display().to_string()),
-        "spill_capacity": s.spill_capacity,
-        "spill_used": s.spill_used,
-        "leased_bytes": s.leased_bytes,
-        "files": s.files,
-        "dirs": s.dirs,
-        "max_files": s.max_files,
-        "map_nodes_used": s.map_nodes_used,
-        "map_nodes_total": s.map_nodes_total,
-        "attached_pids": others,
-        "prefaulted_bytes": s.prefaulted_bytes,
-        "last_enospc": s.last_enospc.as_ref().map(|e| json!({
-            "time_ns": e.time,
-            "pid": e.pid,
-            "reason": e.reason,
-        })),
-    })
 }
 
 fn print_status(s: &Status, others: &[u32]) {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use cascade_config::Config;
 use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_durable::{DurableKey, DurableStore, Options as DurableOptions, Spec};
-use cascade_store::{errno_text, FileKind, LifeEntry, Store};
+use cascade_store::{errno_text, FileKind, LifeEntry, Status, Store};
+use serde_json::json;
 
 /// A failure as one line, with the errno when there is one (a store error), so that callers
 /// can tell "no such checkpoint" from "timed out".
@@ -454,4 +455,38 @@ pub fn levels(config: &Config, store: &Store, path: &str) -> Result<Vec<LevelEnt
         }
     }
     Ok(out)
+}
+
+/// `cascade status --json`: the store's status, the attached processes `others` than the
+/// caller, and the agent's counters if one answers.
+pub fn status_json(
+    s: &Status,
+    others: &[u32],
+    agent: Option<&cascade_agent::AgentStats>,
+) -> serde_json::Value {
+    json!({
+        "name": s.name,
+        "created_ns": s.created,
+        "block_bytes": s.block_bytes,
+        "chunk_size": s.chunk_size,
+        "memory_capacity": s.memory_capacity,
+        "memory_used": s.memory_used,
+        "spill_path": s.spill_path.as_ref().map(|p| p.display().to_string()),
+        "spill_capacity": s.spill_capacity,
+        "spill_used": s.spill_used,
+        "leased_bytes": s.leased_bytes,
+        "files": s.files,
+        "dirs": s.dirs,
+        "max_files": s.max_files,
+        "map_nodes_used": s.map_nodes_used,
+        "map_nodes_total": s.map_nodes_total,
+        "attached_pids": others,
+        "prefaulted_bytes": s.prefaulted_bytes,
+        "last_enospc": s.last_enospc.as_ref().map(|e| json!({
+            "time_ns": e.time,
+            "pid": e.pid,
+            "reason": e.reason,
+        })),
+        "agent": agent,
+    })
 }
