@@ -18,6 +18,8 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
 fi
 
 packages=(build-essential pkg-config python3)
+# The Python package's tests run in a venv of Debian's python (python/tests, below).
+packages+=(python3-venv)
 # Real programs the interposition tests run (crates/cascade-preload/tests/programs*.rs).
 packages+=(rsync fio gfortran python3-numpy python3-h5py openmpi-bin libopenmpi-dev)
 # GROMACS (solvate, grompp, mdrun and a restart) in crates/cascade-preload/tests/libc_paths.rs.
@@ -79,3 +81,27 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace --no-fail-fast
+
+# The Python package (python/, docs/python.md): installed with pip into a venv of Debian's
+# python that sees its numpy and torch (--system-site-packages), then its tests against a
+# real store, the `cascade` binary cargo test built and a real agent. maturin builds the
+# extension in the debug profile here (MATURIN_PEP517_ARGS), reusing what cargo test built;
+# the build runs without isolation, with the venv's maturin.
+echo "== python: pip install ./python, pytest python/tests"
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+venv="$target/python-venv"
+if [ ! -x "$venv/bin/python" ]; then
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/python" -m pip install -q maturin pytest
+# The venv's bin on PATH: maturin's build hook runs the `maturin` program.
+PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
+CASCADE_BIN="$target/debug/cascade" "$venv/bin/python" -m pytest -q python/tests
+# And into a plain venv (no system site packages: no numpy, no torch), where it must import.
+plain="$target/python-venv-plain"
+if [ ! -x "$plain/bin/python" ]; then
+    /usr/bin/python3 -m venv "$plain"
+fi
+"$plain/bin/python" -m pip install -q maturin
+PATH="$plain/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$plain/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
+"$plain/bin/python" -c 'import cascade, sys; assert "torch" not in sys.modules; print("python: import cascade in a plain venv: ok")'

@@ -42,12 +42,13 @@ impl Error {
     pub fn store(what: &str, err: &cascade_store::Error) -> Error {
         let text = errno_text(err.errno());
         let context = err.context();
-        let message =
-            if context.is_empty() || context.trim_start_matches('/') == what.trim_start_matches('/') {
-                format!("{what}: {text}")
-            } else {
-                format!("{what}: {text} ({context})")
-            };
+        let message = if context.is_empty()
+            || context.trim_start_matches('/') == what.trim_start_matches('/')
+        {
+            format!("{what}: {text}")
+        } else {
+            format!("{what}: {text} ({context})")
+        };
         Error::with_errno(err.errno(), message)
     }
 }
