@@ -134,7 +134,7 @@ def _path(path: PathLike) -> str:
 
 class StoreFile(io.RawIOBase):
     """An unbuffered binary file of the store (what ``Store.open(..., buffering=0)`` returns;
-    otherwise it comes wrapped in io.BufferedReader/BufferedWriter/BufferedRandom).
+    otherwise it comes wrapped in io's buffering).
 
     ``readinto`` copies from the store straight into the caller's buffer."""
 
@@ -279,9 +279,9 @@ class Store:
 
     def open(self, path: PathLike, mode: str = "rb", buffering: int = -1) -> Any:
         """Opens a file of the store like the built-in ``open`` in a binary mode (rb, wb,
-        ab, xb, r+b, w+b, a+b, x+b): a BufferedReader, BufferedWriter or BufferedRandom over a
-        :class:`StoreFile`, or the StoreFile itself with ``buffering=0``. Files are created
-        0600. The file counts as being written until closed (a checkpoint with an open
+        ab, xb, r+b, w+b, a+b, x+b): io's buffered file (a BufferedRandom reporting the
+        mode's readable()/writable(), see :class:`_Buffered`) over a :class:`StoreFile`, or the
+        StoreFile itself with ``buffering=0``. Files are created 0600. The file counts as being written until closed (a checkpoint with an open
         writer cannot be committed)."""
         p = _path(path)
         m = _normal_mode(mode)
