@@ -1,0 +1,239 @@
+"""PyTorch distributed checkpoints (``torch.distributed.checkpoint``) in the Cascade store.
+
+``Writer(path)`` is a ``StorageWriter`` and ``Reader(path)`` a ``StorageReader``: give them to
+``dcp.save`` / ``dcp.async_save`` / ``dcp.load`` (torch 2.x) or to ``save_state_dict`` /
+``load_state_dict`` (torch 1.13, where the module is ``torch.distributed._shard.checkpoint``).
+Each rank writes its items straight into the node store, one file per rank
+(``__<rank>_0.distcp``); the coordinator writes ``.metadata`` last and commits the
+directory as a checkpoint, so the agent drains it down the levels and a restart finds the
+newest complete one. The layout is torch's own ``FileSystemWriter`` layout, so the same
+directory read through ``cascade run`` or a ``cascade mount`` is a plain DCP checkpoint.
+
+This module needs PyTorch; ``import cascade`` alone does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+from typing import Any, Dict, List, Optional, Union
+
+try:
+    import torch
+    from torch.futures import Future
+except ImportError as e:  # pragma: no cover - exercised in the venv without torch
+    raise ImportError(
+        f"cascade.torch needs PyTorch ({e}); install torch, or use cascade without it"
+    ) from e
+
+try:  # torch >= 2.0
+    import torch.distributed.checkpoint as _dcp
+    from torch.distributed.checkpoint import filesystem as _fs
+except ImportError:  # torch 1.13
+    import torch.distributed._shard.checkpoint as _dcp  # type: ignore[no-redef]
+    from torch.distributed._shard.checkpoint import filesystem as _fs  # type: ignore[no-redef]
+
+Metadata = _dcp.Metadata
+SavePlan = _dcp.SavePlan
+LoadPlan = _dcp.LoadPlan
+SavePlanner = _dcp.SavePlanner
+LoadPlanner = _dcp.LoadPlanner
+WriteResult = _dcp.storage.WriteResult
+_WriteItemType = _dcp.planner.WriteItemType
+_LoadItemType = _dcp.planner.LoadItemType
+# torch's own record of where an item lies: keeping it makes `.metadata` readable by
+# torch's FileSystemReader too.
+_StorageInfo = _fs._StorageInfo
+
+_METADATA = ".metadata"
+_SUFFIX = ".distcp"
+
+
+def _store(store: Any) -> Any:
+    if store is not None:
+        return store
+    import cascade
+
+    return cascade.Store()
+
+
+def _storage_bytes(tensor: "torch.Tensor") -> int:
+    """Bytes of the storage under `tensor` (torch 2.x untyped storage, or 1.13's)."""
+    if hasattr(tensor, "untyped_storage"):
+        return int(tensor.untyped_storage().nbytes())
+    return int(tensor.storage().size()) * tensor.element_size()
+
+
+def _narrow(tensor: "torch.Tensor", offsets: Any, lengths: Any) -> "torch.Tensor":
+    """The part of a saved tensor a read asks for (a shard of it)."""
+    for dim, (offset, length) in enumerate(zip(offsets, lengths)):
+        if offset != 0 or length != tensor.size(dim):
+            tensor = tensor.narrow(dim, offset, length)
+    return tensor
+
+
+def _join(directory: str, name: str) -> str:
+    return directory.rstrip("/") + "/" + name
+
+
+@dataclasses.dataclass
+class _RankPrefix:
+    """What `prepare_global_plan` hands each rank: its files' name prefix."""
+
+    prefix: str
+
+
+class Writer(_dcp.StorageWriter):
+    """Writes a distributed checkpoint into the Cascade store under `path` (a store path,
+    with or without the store's mount prefix) and commits it when the save finishes.
+
+    `commit=False` leaves committing to the caller (e.g. a job-wide commit)."""
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        store: Any = None,
+        commit: bool = True,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.store = _store(store)
+        self.commit = commit
+        self.is_coordinator = False
+
+    # torch 2.x names; 1.13 calls `init`.
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return True
+
+    def set_up_storage_writer(self, is_coordinator: bool) -> None:
+        self.is_coordinator = is_coordinator
+
+    def init(self, is_coordinator: bool) -> None:
+        self.set_up_storage_writer(is_coordinator)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        self.store.makedirs(self.path, exist_ok=True)
+        return [
+            dataclasses.replace(plan, storage_data=_RankPrefix(f"__{i}_"))
+            for i, plan in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        prefix: _RankPrefix = plan.storage_data
+        name = f"{prefix.prefix}0{_SUFFIX}"
+        results = []
+        # Bytes first, then tensors, as torch's writer does.
+        items = sorted(plan.items, key=lambda i: i.type != _WriteItemType.BYTE_IO)
+        with self.store.open(_join(self.path, name), "wb") as stream:
+            for item in items:
+                data = planner.resolve_data(item)
+                offset = stream.tell()
+                if item.type == _WriteItemType.BYTE_IO:
+                    stream.write(data.getbuffer())
+                else:
+                    tensor = data.detach().cpu()
+                    # A view saves its whole storage; save only what it shows.
+                    if _storage_bytes(tensor) != tensor.numel() * tensor.element_size():
+                        tensor = tensor.clone()
+                    torch.save(tensor, stream)
+                length = stream.tell() - offset
+                results.append(
+                    WriteResult(
+                        index=item.index,
+                        size_in_bytes=length,
+                        storage_data=_StorageInfo(name, offset, length),
+                    )
+                )
+        future: Future = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: List[List[Any]]) -> None:
+        metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
+        temporary = _join(self.path, _METADATA + ".tmp")
+        with self.store.open(temporary, "wb") as f:
+            pickle.dump(metadata, f)
+        # The metadata appears whole or not at all: a reader never sees half of it.
+        self.store.rename(temporary, _join(self.path, _METADATA))
+        if self.commit:
+            import cascade
+
+            cascade.commit(self.path)
+
+    def storage_meta(self) -> Any:
+        return None
+
+
+class Reader(_dcp.StorageReader):
+    """Reads a distributed checkpoint from the Cascade store under `path`; files the node
+    store no longer holds are fetched from the levels below (read-through)."""
+
+    def __init__(self, path: Union[str, os.PathLike], store: Any = None) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.store = _store(store)
+        self.storage_data: Dict[Any, Any] = {}
+
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return True
+
+    def read_metadata(self) -> Metadata:
+        with self.store.open(_join(self.path, _METADATA), "rb") as f:
+            return pickle.load(f)
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool) -> None:
+        self.storage_data = metadata.storage_data
+
+    def init(self, metadata: Metadata, is_coordinator: bool) -> None:
+        self.set_up_storage_reader(metadata, is_coordinator)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        by_file: Dict[str, list] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in by_file.items():
+            with self.store.open(_join(self.path, name), "rb") as f:
+                for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
+                    info = self.storage_data[item.storage_index]
+                    f.seek(info.offset)
+                    piece = io.BytesIO(f.read(info.length))
+                    if item.type == _LoadItemType.BYTE_IO:
+                        planner.load_bytes(item, piece)
+                        continue
+                    tensor = torch.load(piece, map_location="cpu")
+                    tensor = _narrow(tensor, item.storage_offsets, item.lengths)
+                    target = planner.resolve_tensor(item).detach()
+                    if target.size() != tensor.size():
+                        raise ValueError(
+                            f"{name}: item {item.storage_index} has size {tuple(tensor.size())}, "
+                            f"the state dict expects {tuple(target.size())}"
+                        )
+                    target.copy_(tensor)
+                    planner.commit_tensor(item, target)
+        future: Future = Future()
+        future.set_result(None)
+        return future
+
+
+__all__ = ["Writer", "Reader"]
