@@ -101,13 +101,18 @@ class CascadeFileSystem(AbstractFileSystem):
         self.store.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
 
     def rm_file(self, path: str) -> None:
-        self.store.remove(self._strip_protocol(path))
+        self._rm(path)
 
     def _rm(self, path: str) -> None:
-        self.store.remove(self._strip_protocol(path))
+        # fsspec's recursive rm hands directories here too, deepest first.
+        path = self._strip_protocol(path)
+        if self.store.isdir(path):
+            self.store.rmdir(path)
+        else:
+            self.store.remove(path)
 
     def rmdir(self, path: str) -> None:
-        self.store.remove(self._strip_protocol(path))
+        self.store.rmdir(self._strip_protocol(path))
 
     def mv(self, path1: str, path2: str, recursive: bool = False, **kwargs: Any) -> None:
         self.store.rename(self._strip_protocol(path1), self._strip_protocol(path2))

@@ -1,0 +1,178 @@
+"""torch.distributed.checkpoint into the store (cascade.torch) with a current torch 2.x:
+dcp.save, dcp.async_save and dcp.load of a small model's parameters and optimizer state, a
+training loop killed with SIGKILL mid-checkpoint and restarted from the newest complete
+one, and two ranks on gloo. Debian's torch 1.13 cannot import its checkpoint module on
+Python 3.11 (a dataclass error in torch.distributed._shard), so these run in a venv with
+torch from the package registry (scripts/test.sh)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+import cascade
+from cascade.torch import Reader, Writer
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    # About 4 MB of parameters, 12 MB with Adam's state.
+    return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+
+
+def _trained(steps: int = 3):
+    model = _model()
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 512)).pow(2).mean().backward()
+        opt.step()
+    return model, opt
+
+
+def _state(model, opt) -> dict:
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 3}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.values(), b.values()))
+
+
+def test_save_commits_and_load_is_bit_identical(store_env, store: cascade.Store) -> None:
+    store_env.start_agent()
+    model, opt = _trained()
+    dcp.save(_state(model, opt), storage_writer=Writer("/run1/ckpt.3"))
+    assert sorted(store.listdir("/run1/ckpt.3")) == [".metadata", "__0_0.distcp"]
+    # The writer committed it: it becomes durable.
+    w = cascade.wait("/run1/ckpt.3", level="durable", timeout=60)
+    assert w.files == 2
+    assert (store_env.durable / "run1" / "ckpt.3" / ".metadata").exists()
+    fresh_model = _model()
+    fresh_opt = torch.optim.Adam(fresh_model.parameters())
+    state = _state(fresh_model, fresh_opt)
+    state["step"] = 0
+    dcp.load(state, storage_reader=Reader("/cascade/run1/ckpt.3"))
+    assert _same(state["model"], model.state_dict())
+    assert state["step"] == 3
+
+
+def test_async_save(store_env, store: cascade.Store) -> None:
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(29500 + os.getpid() % 1000)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model, opt = _trained()
+        future = dcp.async_save(_state(model, opt), storage_writer=Writer("/run1/async"))
+        future.result(timeout=120)
+        state = {"model": _model().state_dict()}
+        dcp.load(state, storage_reader=Reader("/run1/async"))
+        assert _same(state["model"], model.state_dict())
+    finally:
+        dist.destroy_process_group()
+
+
+TRAIN = textwrap.dedent(
+    """
+    import hashlib, sys, torch, torch.distributed.checkpoint as dcp
+    import cascade
+    from cascade.torch import Reader, Writer
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+    opt = torch.optim.Adam(model.parameters())
+    start = 0
+    done = sorted(int(n.split(".")[1]) for n in (cascade.Store().listdir("/train") if cascade.Store().exists("/train") else [])
+                  if cascade.Store().exists(f"/train/{n}/.metadata"))
+    if done:
+        state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 0}
+        dcp.load(state, storage_reader=Reader(f"/train/ckpt.{done[-1]}"))
+        model.load_state_dict(state["model"]); start = state["step"]
+        print("restarted", start, hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values())).hexdigest(), flush=True)
+        sys.exit(0)
+    for step in range(1, 1000):
+        opt.zero_grad(); model(torch.randn(8, 512)).pow(2).mean().backward(); opt.step()
+        if step % 5 == 0:
+            digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values())).hexdigest()
+            print("saving", step, digest, flush=True)
+            dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step},
+                     storage_writer=Writer(f"/train/ckpt.{step}"))
+            print("saved", step, flush=True)
+    """
+)
+
+
+def test_killed_mid_checkpoint_restarts_from_the_previous_complete_one(
+    store_env, store: cascade.Store, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = dict(os.environ)
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    digests = {}
+    saved = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = p.stdout.readline().split()
+        if not line:
+            break
+        if line[0] == "saving":
+            digests[int(line[1])] = line[2]
+            # Killed while its third checkpoint is being written.
+            if len(saved) == 2:
+                os.kill(p.pid, signal.SIGKILL)
+                break
+        elif line[0] == "saved":
+            saved.append(int(line[1]))
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL and saved == [5, 10], (p.returncode, saved)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    word, step, digest = out.stdout.split()
+    # The newest checkpoint with its metadata is the last complete one, bit for bit.
+    assert (word, int(step)) == ("restarted", 10)
+    assert digest == digests[10]
+    assert not store.exists("/train/ckpt.15/.metadata")
+
+
+RANKS = textwrap.dedent(
+    """
+    import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from cascade.torch import Reader, Writer
+    rank = int(sys.argv[1])
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=sys.argv[2])
+    torch.manual_seed(rank)
+    state = {f"rank{rank}": torch.randn(256, 256) + rank, "shared": torch.arange(10.0)}
+    dcp.save(state, storage_writer=Writer("/ranks/ckpt.1"))
+    dist.barrier()
+    loaded = {f"rank{rank}": torch.zeros(256, 256), "shared": torch.zeros(10)}
+    dcp.load(loaded, storage_reader=Reader("/ranks/ckpt.1"))
+    assert all(torch.equal(state[k], loaded[k]) for k in state), rank
+    print("rank", rank, "ok", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_two_ranks_on_gloo(store_env, store: cascade.Store, tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(r), init], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"rank {r} ok" in out, err
+    assert sorted(store.listdir("/ranks/ckpt.1")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
