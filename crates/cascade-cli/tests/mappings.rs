@@ -141,3 +141,28 @@ fn a_dead_writers_removed_file_is_freed_by_fsck_repair_and_by_a_full_store() {
         );
     }
 }
+
+/// A store attached inside a vfork child (Python starts subprocesses with vfork: the child
+/// shares the parent's memory, not its descriptor table) must not leave the parent mapping
+/// store files through the child's descriptor numbers. Before the fix the parent's mmap went
+/// through whatever its own fd of that number was (here /dev/null: ENODEV; under torch a
+/// memfd: SIGBUS on access).
+#[test]
+fn a_store_attached_in_a_vfork_child_maps_the_parents_files() {
+    let env = Env::new("map-vfork", 8 * MIB as u64);
+    let script = r#"
+import mmap, os, subprocess
+subprocess.run(["true"], check=True)
+hold = [open("/dev/null", "rb") for _ in range(4)]
+os.makedirs("/cascade/m", exist_ok=True)
+data = bytes(range(256)) * (3 * 4096 + 17)
+with open("/cascade/m/f", "wb") as f:
+    f.write(data)
+with open("/cascade/m/f", "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+print("mapped", "same" if m[:] == data else "DIFFERENT")
+"#;
+    let out = python(&env, script);
+    assert!(out.ok(), "{out}");
+    assert_eq!(out.stdout.trim(), "mapped same", "{out}");
+}

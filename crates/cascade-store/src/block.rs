@@ -53,6 +53,23 @@ pub(crate) struct Block {
     populate_started: AtomicBool,
     /// When this process last looked for batches of dead processes (see alloc.rs).
     pub last_reclaim: Mutex<Option<std::time::Instant>>,
+    /// (device, inode) of the shared-memory object and of the spill file, as opened.
+    ids: (FileId, Option<FileId>),
+    /// The objects opened again by a process in which `shm`'s and the spill file's
+    /// descriptor numbers name other files (see [`Block::map_fds`]), with its pid.
+    reopened: Mutex<Option<(u32, OsFile, Option<OsFile>)>>,
+}
+
+/// A file's identity: (device, inode).
+type FileId = (u64, u64);
+
+fn file_id(fd: i32) -> Option<FileId> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes a struct stat into `st`, read only when it succeeded.
+    let ok = unsafe { libc::fstat(fd, st.as_mut_ptr()) } == 0;
+    // SAFETY: initialised by the successful fstat above.
+    ok.then(|| unsafe { st.assume_init() })
+        .map(|st| (st.st_dev, st.st_ino))
 }
 
 // SAFETY: the block is a shared mapping whose mutable state is accessed only through atomics,
@@ -219,6 +236,10 @@ fn free_space(path: &Path) -> Option<u64> {
 
 impl Block {
     fn new(name: &str, shm: OsFile, map: MmapRaw, geo: Geometry, spill: Option<Spill>) -> Block {
+        let ids = (
+            file_id(shm.as_raw_fd()).unwrap_or((0, 0)),
+            spill.as_ref().and_then(|s| file_id(s.file.as_raw_fd())),
+        );
         Block {
             name: name.to_string(),
             shm,
@@ -232,7 +253,54 @@ impl Block {
             stop_populate: Arc::new(AtomicBool::new(false)),
             populate_started: AtomicBool::new(false),
             last_reclaim: Mutex::new(None),
+            ids,
+            reopened: Mutex::new(None),
         }
+    }
+
+    /// The descriptors to map this block's chunks through (shared memory, spill file),
+    /// valid in the calling process. The block's own can name other files here: a block
+    /// attached inside a vfork child (Python starts subprocesses with vfork, which shares
+    /// the parent's memory but not its descriptor table) leaves the parent with the child's
+    /// descriptor numbers. Checked by device and inode; opened again, with the same
+    /// ownership checks, when they do not match.
+    pub(crate) fn map_fds(&self) -> Result<(i32, Option<i32>)> {
+        let spill_fd = self.spill.as_ref().map(|s| s.file.as_raw_fd());
+        if file_id(self.shm.as_raw_fd()) == Some(self.ids.0)
+            && spill_fd.map(file_id) == self.ids.1.map(Some)
+        {
+            return Ok((self.shm.as_raw_fd(), spill_fd));
+        }
+        let pid = std::process::id();
+        let mut reopened = self
+            .reopened
+            .lock()
+            .map_err(|_| Error::new(libc::EIO, "store: a lock was poisoned"))?;
+        if let Some((owner, shm, spill)) = reopened.as_ref() {
+            if *owner == pid {
+                return Ok((shm.as_raw_fd(), spill.as_ref().map(|f| f.as_raw_fd())));
+            }
+        }
+        let shm = shm_open_existing(&self.name)?;
+        let spill = match &self.spill {
+            Some(s) => Some(open_spill(&format!("store {}", self.name), s.path.clone())?.file),
+            None => None,
+        };
+        let same = file_id(shm.as_raw_fd()) == Some(self.ids.0)
+            && spill.as_ref().map(|f| file_id(f.as_raw_fd())) == self.ids.1.map(Some);
+        if !same {
+            return Err(Error::new(
+                libc::EIO,
+                format!(
+                    "store {}: its shared-memory object or spill file was replaced since this \
+                     process attached it",
+                    self.name
+                ),
+            ));
+        }
+        let fds = (shm.as_raw_fd(), spill.as_ref().map(|f| f.as_raw_fd()));
+        *reopened = Some((pid, shm, spill));
+        Ok(fds)
     }
 
     pub(crate) fn create(cfg: &StoreConfig) -> Result<Block> {

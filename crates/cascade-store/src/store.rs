@@ -549,13 +549,10 @@ impl Store {
     }
 
     /// The descriptors `map_sources` offsets refer to: the shared-memory object and the
-    /// spill file.
-    pub fn map_fds(&self) -> (i32, Option<i32>) {
-        use std::os::fd::AsRawFd;
-        (
-            self.block.shm.as_raw_fd(),
-            self.block.spill.as_ref().map(|s| s.file.as_raw_fd()),
-        )
+    /// spill file, valid in the calling process (opened again here if the store was
+    /// attached by a vfork child, whose descriptors the parent does not have).
+    pub fn map_fds(&self) -> Result<(i32, Option<i32>)> {
+        self.block.map_fds()
     }
 
     pub(crate) fn block(&self) -> &Block {

@@ -176,3 +176,21 @@ def test_two_ranks_on_gloo(store_env, store: cascade.Store, tmp_path: Path) -> N
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"rank {r} ok" in out, err
     assert sorted(store.listdir("/ranks/ckpt.1")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+MMAP = textwrap.dedent(
+    """
+    import subprocess, torch
+    subprocess.run(["true"], check=True)   # as torch's own imports do: a vfork child first
+    sd = {"w": torch.arange(4_000_000, dtype=torch.float32)}
+    torch.save(sd, "/cascade/m/w.pt")
+    x = torch.load("/cascade/m/w.pt", mmap=True)
+    print("mmap", torch.equal(x["w"], sd["w"]))
+    """
+)
+
+
+def test_torch_load_mmap_under_cascade_run(store_env, store: cascade.Store) -> None:
+    store.makedirs("/m")
+    out = store_env.cascade("run", "--", sys.executable, "-W", "ignore", "-c", MMAP, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "mmap True", (out.returncode, out.stdout, out.stderr)

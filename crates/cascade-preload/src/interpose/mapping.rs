@@ -185,7 +185,7 @@ fn map_store(
     let len = (len as u64).div_ceil(page) * page;
     let writable_shared = shared && prot & libc::PROT_WRITE != 0;
     let sources = e.file.map_sources(off as u64, len, writable_shared)?;
-    let (shm_fd, spill_fd) = store()?.map_fds();
+    let (shm_fd, spill_fd) = store()?.map_fds()?;
     // Reserve the whole range, then map each piece over it.
     let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE);
     let base = call_real!(mmap: fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void, libc::MAP_FAILED;
