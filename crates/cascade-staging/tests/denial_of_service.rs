@@ -19,9 +19,9 @@ use cascade_staging::protocol::{
     code, encode_read, encode_segment_header, kind, read_frame, write_frame, BodyWriter, Header,
     Reply, Seal, HEADER_LEN,
 };
-use cascade_staging::{ClientOptions, Connection, ServerOptions, ServerStatus};
+use cascade_staging::{Connection, ServerOptions, ServerStatus};
 use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
-use common::{InProcessServer, SECRET};
+use common::{poll_status, InProcessServer, SECRET};
 
 mod common;
 
@@ -36,30 +36,21 @@ fn my_turn() -> MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A server with two receive buffers: few enough to exhaust.
-struct Running(InProcessServer);
+/// The server of these tests: two receive buffers, few enough to exhaust.
+type Running = InProcessServer;
 
-impl std::ops::Deref for Running {
-    type Target = InProcessServer;
-    fn deref(&self) -> &InProcessServer {
-        &self.0
-    }
-}
-
-impl Running {
+impl InProcessServer {
     fn start(tune: impl FnOnce(&mut ServerOptions)) -> Running {
-        Running(InProcessServer::start(2, |o, _| tune(o)))
+        Running::bind(2, |o, _| tune(o))
     }
 
-    fn client(&self) -> Connection {
-        let mut o = ClientOptions::new(SECRET);
-        o.namespace = "good".to_string();
-        o.io_timeout = DEADLINE;
-        Connection::connect(&self.addr.to_string(), &o).unwrap()
+    /// The well-behaved client (namespace `good`, from 127.0.0.1).
+    fn good_client(&self) -> Connection {
+        self.client("good", DEADLINE)
     }
 
     fn status(&self) -> ServerStatus {
-        self.client().status().unwrap()
+        self.good_client().status().unwrap()
     }
 
     /// The status asked from `ip` over a raw connection: polling it does not take the good
@@ -76,18 +67,7 @@ impl Running {
 
     /// Polls the status until `cond` holds; fails the test after [`DEADLINE`].
     fn wait_for(&self, what: &str, cond: impl Fn(&ServerStatus) -> bool) -> ServerStatus {
-        let start = Instant::now();
-        loop {
-            let s = self.status();
-            if cond(&s) {
-                return s;
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "{what}: not within {DEADLINE:?}: {s:?}"
-            );
-            std::thread::yield_now();
-        }
+        poll_status(what, DEADLINE, || self.status(), cond)
     }
 
     /// A raw stream from `ip` (a 127/8 address), its receive buffer cut to `rcvbuf` if given.
@@ -136,10 +116,6 @@ impl Running {
             assert_eq!((h.kind, h.request), (kind::AUTH | kind::REPLY, 2));
             return s;
         }
-    }
-
-    fn stop(self) {
-        self.0.stop();
     }
 }
 
@@ -288,7 +264,7 @@ fn a_frame_sent_a_byte_at_a_time_is_cut_off_at_its_deadline() {
     });
     assert_eq!(s.absorbed_files, 0, "{s:?}");
     // Between frames a connection may idle: an agent's keeps its connection open.
-    let mut c = srv.client();
+    let mut c = srv.good_client();
     std::thread::sleep(timeout * 2); // the idle time itself is what is tested
     round_trip(&mut c, "after-idle", b"still here");
     srv.stop();
@@ -317,7 +293,7 @@ fn connections_over_the_caps_are_refused_busy() {
     let mut held: Vec<TcpStream> = (0..3).map(|_| srv.hello_from("127.0.0.2", None)).collect();
     let msg = busy(&mut srv.raw_from("127.0.0.2", None));
     assert!(msg.contains("127.0.0.2"), "{msg}");
-    let mut good = srv.client();
+    let mut good = srv.good_client();
     round_trip(&mut good, "per-client", b"served");
     // One of them goes: its slot is free again (once its thread has ended).
     drop(held.pop());
@@ -335,7 +311,7 @@ fn connections_over_the_caps_are_refused_busy() {
     }
     // In total: 3 + 3 + the good client + a status connection = 8; a ninth is refused.
     held.extend((0..3).map(|_| srv.hello_from("127.0.0.3", None)));
-    let mut status_conn = srv.client();
+    let mut status_conn = srv.good_client();
     let msg = busy(&mut srv.raw_from("127.0.0.4", None));
     assert!(msg.contains("limit"), "{msg}");
     let s = status_conn.status().unwrap();
@@ -380,7 +356,7 @@ fn clients_that_do_not_read_their_replies_hold_no_receive_buffer() {
     let _turn = my_turn();
     // A deadline far beyond the test's bound: it is not what lets the good client through.
     let srv = Running::start(|o| o.frame_timeout = Duration::from_secs(120));
-    let mut good = srv.client();
+    let mut good = srv.good_client();
     round_trip(&mut good, "big", &big_file());
     // More stalled readers than receive buffers.
     let stalled = stalled_readers(&srv, 3, "good/big");
@@ -390,7 +366,7 @@ fn clients_that_do_not_read_their_replies_hold_no_receive_buffer() {
         "a write waited {took:?} behind clients that do not read"
     );
     // A new client too.
-    round_trip(&mut srv.client(), "new", &[6u8; 1 << 20]);
+    round_trip(&mut srv.good_client(), "new", &[6u8; 1 << 20]);
     drop(stalled);
     srv.stop();
 }
@@ -410,7 +386,7 @@ fn resident_bytes() -> u64 {
 fn a_reply_not_taken_holds_a_piece_of_it_not_all_of_it() {
     let _turn = my_turn();
     let srv = Running::start(|o| o.frame_timeout = Duration::from_secs(120));
-    let mut good = srv.client();
+    let mut good = srv.good_client();
     round_trip(&mut good, "big", &big_file());
     let before = resident_bytes();
     // Sixteen replies of 16 MiB not taken: 256 MiB if each were held whole.
@@ -431,7 +407,7 @@ fn a_reply_not_taken_holds_a_piece_of_it_not_all_of_it() {
 fn a_reply_not_taken_within_the_deadline_closes_the_connection() {
     let _turn = my_turn();
     let srv = Running::start(|o| o.frame_timeout = Duration::from_secs(1));
-    let mut good = srv.client();
+    let mut good = srv.good_client();
     round_trip(&mut good, "big", &big_file());
     let stalled = stalled_readers(&srv, 2, "good/big");
     srv.wait_for("the stalled readers were cut off", |s| {
@@ -453,7 +429,7 @@ fn a_well_behaved_client_is_served_through_a_hostile_crowd() {
         o.max_connections = 64;
         o.max_connections_per_client = 4;
     }));
-    let mut good = srv.client();
+    let mut good = srv.good_client();
     round_trip(&mut good, "big", &big_file());
     let stop = Arc::new(AtomicBool::new(false));
     let attacks = Arc::new(AtomicU64::new(0));
@@ -535,7 +511,7 @@ fn a_well_behaved_client_is_served_through_a_hostile_crowd() {
         worst = worst.max(round_trip(&mut good, &format!("round{round}"), &data));
         // A new client is admitted and served too.
         if round % 5 == 0 {
-            worst = worst.max(round_trip(&mut srv.client(), "fresh", b"fresh"));
+            worst = worst.max(round_trip(&mut srv.good_client(), "fresh", b"fresh"));
             let s = srv.status();
             if round >= 20 && s.timed_out_clients >= 16 && s.busy_refusals >= 8 {
                 break;
@@ -653,7 +629,7 @@ fn clients_that_stall_a_large_body_delay_a_writer_by_at_most_the_frame_timeout()
         })
         .collect();
     srv.wait_for("the stallers were cut off", |s| s.timed_out_clients >= 2);
-    let mut good = srv.client();
+    let mut good = srv.good_client();
     let mut worst = Duration::ZERO;
     for round in 0..8 {
         worst = worst.max(round_trip(

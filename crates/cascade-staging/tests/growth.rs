@@ -4,12 +4,11 @@
 //! of small checkpoints and many namespaces; synchronisation is by replies and by polling
 //! the server's status with deadlines.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cascade_staging::client::OutSegment;
 use cascade_staging::protocol::PushFile;
-use cascade_staging::{ClientOptions, Connection, ServerOptions, ServerStatus};
-use common::{InProcessServer, SECRET};
+use cascade_staging::{ServerOptions, ServerStatus};
+use common::{digest, poll_status, write_file, InProcessServer};
 
 mod common;
 /// How long a condition may take on a loaded machine before the test fails.
@@ -19,68 +18,21 @@ const DONE_KEPT: u64 = 1024;
 /// The server keeps at most this many namespace repositories open (server/dedup.rs).
 const MAX_OPEN_REPOS: u64 = 64;
 
-/// A server with two receive buffers.
-struct Running(InProcessServer);
+/// The server of these tests: two receive buffers.
+type Running = InProcessServer;
 
-impl std::ops::Deref for Running {
-    type Target = InProcessServer;
-    fn deref(&self) -> &InProcessServer {
-        &self.0
-    }
-}
-
-impl Running {
+impl InProcessServer {
     fn start(tune: impl FnOnce(&mut ServerOptions)) -> Running {
-        Running(InProcessServer::start(2, |o, _| tune(o)))
-    }
-
-    fn client(&self, namespace: &str) -> Connection {
-        let mut o = ClientOptions::new(SECRET);
-        o.namespace = namespace.to_string();
-        o.io_timeout = DEADLINE;
-        Connection::connect(&self.addr.to_string(), &o).unwrap()
+        Running::bind(2, |o, _| tune(o))
     }
 
     fn status(&self) -> ServerStatus {
-        self.client("status").status().unwrap()
+        self.client("status", DEADLINE).status().unwrap()
     }
 
-    /// Polls the status until `cond` holds; fails the test after [`DEADLINE`].
     fn wait_for(&self, what: &str, cond: impl Fn(&ServerStatus) -> bool) -> ServerStatus {
-        let start = Instant::now();
-        loop {
-            let s = self.status();
-            if cond(&s) {
-                return s;
-            }
-            assert!(
-                start.elapsed() < DEADLINE,
-                "{what}: not within {DEADLINE:?}: {s:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll_status(what, DEADLINE, || self.status(), cond)
     }
-
-    fn stop(self) {
-        self.0.stop();
-    }
-}
-
-fn digest(data: &[u8]) -> [u8; 32] {
-    *blake3::hash(data).as_bytes()
-}
-
-fn write_file(c: &mut Connection, key: &str, stamp: u64, data: &[u8]) {
-    let seal = c.seal(key, stamp, data.len() as u64, digest(data));
-    c.write(&[OutSegment {
-        key,
-        stamp,
-        size: data.len() as u64,
-        offset: 0,
-        seal: Some(seal),
-        data: &[data],
-    }])
-    .unwrap();
 }
 
 /// Thousands of checkpoints written, drained and completed, and many namespaces asked
@@ -92,7 +44,7 @@ fn a_long_run_keeps_the_servers_state_bounded() {
         o.dedup_repo_idle = Duration::from_millis(200);
     });
     let total = DONE_KEPT + 300;
-    let mut c = srv.client("job");
+    let mut c = srv.client("job", DEADLINE);
     let batch = 100;
     let mut done = 0;
     while done < total {
@@ -144,7 +96,7 @@ fn a_long_run_keeps_the_servers_state_bounded() {
     // Many namespaces asked about: a bounded number of repositories open at once, and none
     // once they are idle.
     for n in 0..3 * MAX_OPEN_REPOS {
-        let mut c = srv.client(&format!("ns{n}"));
+        let mut c = srv.client(&format!("ns{n}"), DEADLINE);
         assert_eq!(c.lacks(&[[n as u8; 32]]).unwrap(), vec![true]);
         let s = c.status().unwrap();
         assert!(
@@ -165,7 +117,7 @@ fn a_long_run_keeps_the_servers_state_bounded() {
 #[test]
 fn an_undrainable_version_is_given_up_but_kept_and_others_drain() {
     let srv = Running::start(|o| o.drain_attempts = 2);
-    let mut c = srv.client("job");
+    let mut c = srv.client("job", DEADLINE);
     let bad = format!("ckpt.0/{}", "x".repeat(300));
     write_file(&mut c, &bad, 1, b"kept");
     write_file(&mut c, "ckpt.0/good", 1, b"drains");

@@ -17,7 +17,7 @@ use cascade_staging::protocol::{
 };
 use cascade_staging::{ClientOptions, Connection, Error};
 use cascade_testkit::files_below;
-use common::{InProcessServer, SECRET};
+use common::{digest, write_file, InProcessServer, SECRET};
 
 mod common;
 use cascade_testkit::stage_server::{raw_auth_frame, raw_hello_frame};
@@ -27,30 +27,12 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// The server's limit on bodies of frames other than Write and Push (server.rs).
 const SMALL_BODY: usize = 64 << 10;
 
-/// A server with three receive buffers.
-struct Running(InProcessServer);
+/// The server of these tests: three receive buffers.
+type Running = InProcessServer;
 
-impl std::ops::Deref for Running {
-    type Target = InProcessServer;
-    fn deref(&self) -> &InProcessServer {
-        &self.0
-    }
-}
-
-impl Running {
+impl InProcessServer {
     fn start() -> Running {
-        Running(InProcessServer::start(3, |_, _| {}))
-    }
-
-    fn options(&self, namespace: &str) -> ClientOptions {
-        let mut o = ClientOptions::new(SECRET);
-        o.namespace = namespace.to_string();
-        o.io_timeout = TIMEOUT;
-        o
-    }
-
-    fn client(&self, namespace: &str) -> Connection {
-        Connection::connect(&self.addr.to_string(), &self.options(namespace)).unwrap()
+        Running::bind(3, |_, _| {})
     }
 
     fn raw(&self) -> TcpStream {
@@ -76,7 +58,7 @@ impl Running {
 
     /// A fresh well-behaved client can still write, sync and read back.
     fn assert_serves(&self) {
-        let mut c = self.client("health");
+        let mut c = self.client("health", TIMEOUT);
         let data = b"still serving";
         write_file(&mut c, "probe", 1, data);
         c.sync().unwrap();
@@ -85,10 +67,6 @@ impl Running {
         assert_eq!(out, data);
         assert_eq!(meta.blake3, digest(data));
         c.goodbye();
-    }
-
-    fn stop(self) {
-        self.0.stop();
     }
 }
 
@@ -102,24 +80,6 @@ fn handshake(s: &mut TcpStream, key: &JobKey, namespace: &str) -> (Vec<u8>, Vec<
     let auth = raw_auth_frame(&challenge, key, namespace);
     s.write_all(&auth).unwrap();
     (hello, auth)
-}
-
-fn digest(data: &[u8]) -> [u8; 32] {
-    *blake3::hash(data).as_bytes()
-}
-
-/// One sealed version of `key` in one Write frame.
-fn write_file(c: &mut Connection, key: &str, stamp: u64, data: &[u8]) {
-    let seal = c.seal(key, stamp, data.len() as u64, digest(data));
-    c.write(&[OutSegment {
-        key,
-        stamp,
-        size: data.len() as u64,
-        offset: 0,
-        seal: Some(seal),
-        data: &[data],
-    }])
-    .unwrap();
 }
 
 fn frame(k: u8, request: u32, body: &[u8]) -> Vec<u8> {
@@ -273,7 +233,7 @@ fn wrong_secret_is_refused_and_nothing_it_sends_is_stored() {
         send(&mut s, kind::WRITE, 6, &write_body("evil2", 1, b"more"));
     }
     // The client library reports the same refusal.
-    let mut o = srv.options("");
+    let mut o = srv.options("", TIMEOUT);
     o.credential = Credential::ClusterSecret("not it".into());
     match Connection::connect(&srv.addr.to_string(), &o) {
         Err(Error::Refused { code, .. }) => assert_eq!(code, code::AUTH),
@@ -281,7 +241,7 @@ fn wrong_secret_is_refused_and_nothing_it_sends_is_stored() {
         Ok(_) => panic!("a wrong secret was accepted"),
     }
 
-    let mut c = srv.client("");
+    let mut c = srv.client("", TIMEOUT);
     for key in ["evil", "evil2", "health/evil"] {
         assert_eq!(c.read(key, 0, 100, &mut Vec::new()).unwrap(), None, "{key}");
         assert_eq!(level_of(&mut c, PullKind::File, key).level, Level::Unknown);
@@ -306,7 +266,7 @@ fn wrong_secret_is_refused_and_nothing_it_sends_is_stored() {
 fn a_job_credential_opens_only_its_own_namespace() {
     let srv = Running::start();
     let job = |namespace: &str, credential_of: &str| {
-        let mut o = srv.options(namespace);
+        let mut o = srv.options(namespace, TIMEOUT);
         let credential = JobKey::derive(SECRET, credential_of).credential();
         o.credential = Credential::Job(JobKey::from_credential(&credential).unwrap());
         Connection::connect(&srv.addr.to_string(), &o)
@@ -336,7 +296,7 @@ fn a_job_credential_opens_only_its_own_namespace() {
     let mut out = Vec::new();
     a.read("ckpt/rank0", 0, 100, &mut out).unwrap().unwrap();
     assert_eq!(out, b"job one's data");
-    let mut root = srv.client("");
+    let mut root = srv.client("", TIMEOUT);
     root.read("teamA/job2/ckpt/rank0", 0, 100, &mut out)
         .unwrap()
         .unwrap();
@@ -368,7 +328,7 @@ fn a_recorded_handshake_cannot_be_replayed() {
         assert_eq!(id, 2, "{message}");
         assert_closed(&mut replay);
     }
-    let mut c = srv.client("job1");
+    let mut c = srv.client("job1", TIMEOUT);
     assert_eq!(c.read("forged", 0, 10, &mut Vec::new()).unwrap(), None);
     srv.assert_serves();
     srv.stop();
@@ -454,7 +414,7 @@ fn a_seal_without_the_jobs_tag_is_refused() {
         assert!(message.contains("tag does not verify"), "{what}: {message}");
         assert_closed(&mut s);
     }
-    let mut c = srv.client("job1");
+    let mut c = srv.client("job1", TIMEOUT);
     assert_eq!(c.read("x", 0, 100, &mut Vec::new()).unwrap(), None);
     write_file(&mut c, "x", 3, data);
     c.sync().unwrap();
@@ -503,7 +463,7 @@ fn reserved_names_are_refused_from_clients() {
             assert_closed(&mut s);
         }
     }
-    let mut c = srv.client("");
+    let mut c = srv.client("", TIMEOUT);
     assert_eq!(c.status().unwrap().absorbed_files, 0);
     for key in reserved {
         assert_eq!(
@@ -542,7 +502,7 @@ fn only_hello_is_accepted_first() {
         assert!(message.contains("Hello"), "{message}");
         assert_closed(&mut s);
     }
-    let mut c = srv.client("");
+    let mut c = srv.client("", TIMEOUT);
     assert_eq!(c.read("first", 0, 1, &mut Vec::new()).unwrap(), None);
     srv.assert_serves();
     srv.stop();
@@ -703,7 +663,7 @@ fn paths_escaping_the_namespace_are_refused() {
     ];
     for key in bad_keys {
         // Through the client library: the refusal surfaces at the next Sync.
-        let mut c = srv.client("job1");
+        let mut c = srv.client("job1", TIMEOUT);
         let data = b"escape";
         c.write(&[OutSegment {
             key,
@@ -752,7 +712,7 @@ fn paths_escaping_the_namespace_are_refused() {
     }
     // Nothing was staged, inside the namespace or out of it, and nothing reached the disk
     // outside the server's directories.
-    let mut c = srv.client("");
+    let mut c = srv.client("", TIMEOUT);
     for key in [
         "x",
         "job1/x",
@@ -817,7 +777,7 @@ fn truncated_frames_do_not_disturb_other_clients() {
 
     // Meanwhile others are served.
     srv.assert_serves();
-    let mut c = srv.client("other");
+    let mut c = srv.client("other", TIMEOUT);
     write_file(&mut c, "f", 1, b"while others stall");
     c.sync().unwrap();
 
@@ -829,7 +789,7 @@ fn truncated_frames_do_not_disturb_other_clients() {
     let mut out = Vec::new();
     assert!(c.read("f", 0, 100, &mut out).unwrap().is_some());
     assert_eq!(out, b"while others stall");
-    let mut root = srv.client("");
+    let mut root = srv.client("", TIMEOUT);
     assert_eq!(root.read("stall/big", 0, 10, &mut out).unwrap(), None);
 
     // Of a connection that goes away mid-frame, what it sealed in complete frames stays
@@ -950,7 +910,7 @@ fn write_failures_are_reported_by_the_next_sync() {
     assert!(message.contains("never received"), "{message}");
     assert_closed(&mut s);
 
-    let mut c = srv.client("");
+    let mut c = srv.client("", TIMEOUT);
     write_file(&mut c, "sized", 1, b"12345");
     c.sync().unwrap();
     write_file(&mut c, "sized", 1, b"123456");
@@ -958,7 +918,7 @@ fn write_failures_are_reported_by_the_next_sync() {
         Err(Error::Refused { code, .. }) => assert_eq!(code, code::INVALID),
         other => panic!("{other:?}"),
     }
-    let mut c = srv.client("");
+    let mut c = srv.client("", TIMEOUT);
     let mut out = Vec::new();
     assert_eq!(c.read("holey", 0, 10, &mut out).unwrap(), None);
     assert_eq!(c.read("later", 0, 10, &mut out).unwrap(), None);
@@ -970,7 +930,7 @@ fn write_failures_are_reported_by_the_next_sync() {
 #[test]
 fn unknown_keys_are_not_found_and_the_connection_stays() {
     let srv = Running::start();
-    let mut c = srv.client("job3");
+    let mut c = srv.client("job3", TIMEOUT);
     assert_eq!(c.read("nope", 0, 10, &mut Vec::new()).unwrap(), None);
     c.ping().unwrap();
     assert_eq!(c.read("nope/deeper", 5, 0, &mut Vec::new()).unwrap(), None);
@@ -997,7 +957,7 @@ fn unknown_keys_are_not_found_and_the_connection_stays() {
 #[test]
 fn a_good_client_writes_syncs_reads_and_pulls() {
     let srv = Running::start();
-    let mut c = srv.client("job7");
+    let mut c = srv.client("job7", TIMEOUT);
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 255) as u8).collect();
     let sum = digest(&data);
     let (a, b) = data.split_at(100_000);
@@ -1036,11 +996,11 @@ fn a_good_client_writes_syncs_reads_and_pulls() {
     assert!(out.is_empty());
 
     // The namespace is a prefix: visible under job7/ without one, not under another.
-    let mut root = srv.client("");
+    let mut root = srv.client("", TIMEOUT);
     root.read("job7/ckpt.1/meta.json", 0, 10, &mut out).unwrap();
     assert_eq!(out, b"{}");
     assert_eq!(
-        srv.client("job8")
+        srv.client("job8", TIMEOUT)
             .read("ckpt.1/meta.json", 0, 10, &mut out)
             .unwrap(),
         None
@@ -1292,7 +1252,7 @@ fn malformed_dedup_frames_are_refused_and_close_the_connection() {
         other => panic!("{other:?}"),
     }
     // Nothing of it was stored, and the server still serves.
-    let mut c = srv.client("dd");
+    let mut c = srv.client("dd", TIMEOUT);
     assert_eq!(c.lacks(&[digest(b"hello")]).unwrap(), [true]);
     let st = c.status().unwrap();
     assert_eq!((st.dedup.chunks_absorbed, st.dedup.refused_chunks), (0, 1));

@@ -46,7 +46,7 @@ impl Running {
         tune: impl FnOnce(&mut ServerOptions),
     ) -> Running {
         let mut pki = None;
-        let server = InProcessServer::start(3, |opts, dir| {
+        let server = InProcessServer::bind(3, |opts, dir| {
             let made = TestPki::generate(dir);
             opts.hello_timeout = hello_timeout;
             if tls {

@@ -7,8 +7,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use cascade_staging::{Server, ServerOptions, ServerResult, Stopper};
+use cascade_staging::client::OutSegment;
+use cascade_staging::{
+    ClientOptions, Connection, Server, ServerOptions, ServerResult, ServerStatus, Stopper,
+};
 
 /// The cluster secret of the servers the tests start.
 pub const SECRET: &str = "secret";
@@ -27,7 +31,7 @@ impl InProcessServer {
     /// Binds a server with `buffers` receive buffers (17 MiB each, faulted in at bind: few
     /// keep tests light) and whatever else `tune` sets (it also gets the temporary
     /// directory), and runs it on a thread of its own.
-    pub fn start(buffers: usize, tune: impl FnOnce(&mut ServerOptions, &Path)) -> InProcessServer {
+    pub fn bind(buffers: usize, tune: impl FnOnce(&mut ServerOptions, &Path)) -> InProcessServer {
         let dir = tempfile::tempdir().expect("temporary directory");
         let durable = dir.path().join("durable");
         std::fs::create_dir_all(&durable).expect("durable directory");
@@ -52,6 +56,20 @@ impl InProcessServer {
         }
     }
 
+    /// Options of a client of `namespace` holding the cluster secret.
+    pub fn options(&self, namespace: &str, io_timeout: Duration) -> ClientOptions {
+        let mut o = ClientOptions::new(SECRET);
+        o.namespace = namespace.to_string();
+        o.io_timeout = io_timeout;
+        o
+    }
+
+    /// A connected client of `namespace` holding the cluster secret.
+    pub fn client(&self, namespace: &str, io_timeout: Duration) -> Connection {
+        Connection::connect(&self.addr.to_string(), &self.options(namespace, io_timeout))
+            .expect("connect a client")
+    }
+
     /// Stops the server; its run must have ended without an error.
     pub fn stop(mut self) {
         self.stopper.stop();
@@ -61,4 +79,43 @@ impl InProcessServer {
             .expect("the server thread panicked")
             .expect("the server failed");
     }
+}
+
+/// Polls `status` until `cond` holds; fails the test after `within`.
+pub fn poll_status(
+    what: &str,
+    within: Duration,
+    status: impl Fn() -> ServerStatus,
+    cond: impl Fn(&ServerStatus) -> bool,
+) -> ServerStatus {
+    let start = Instant::now();
+    loop {
+        let s = status();
+        if cond(&s) {
+            return s;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{what}: not within {within:?}: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn digest(data: &[u8]) -> [u8; 32] {
+    *blake3::hash(data).as_bytes()
+}
+
+/// One whole version of `key` in one Write frame, sealed with the connection's tag.
+pub fn write_file(c: &mut Connection, key: &str, stamp: u64, data: &[u8]) {
+    let seal = c.seal(key, stamp, data.len() as u64, digest(data));
+    c.write(&[OutSegment {
+        key,
+        stamp,
+        size: data.len() as u64,
+        offset: 0,
+        seal: Some(seal),
+        data: &[data],
+    }])
+    .expect("write");
 }
