@@ -1395,16 +1395,9 @@ fn verify_acked(goods: &[Good], addr: &str, secret: &str, durable: &DurableStore
         keys.sort();
         for (key, &acked) in keys {
             let full = format!("{NS_GOOD}/{key}");
-            if conn.is_none() {
-                match Connection::connect(addr, &ClientOptions::new(secret)) {
-                    Ok(c) => conn = Some(c),
-                    Err(e) => {
-                        problems.push(format!("{full}: cannot connect to verify: {e}"));
-                        continue;
-                    }
-                }
-            }
-            let Some(c) = conn.as_mut() else { continue };
+            let Some(c) = verifier(&mut conn, addr, secret, &full, &mut problems) else {
+                continue;
+            };
             let (stamp, size) = match c.read(&full, 0, MAX_DATA as u32, &mut out) {
                 Ok(Some(meta)) => (meta.stamp, meta.size),
                 Ok(None) => match (durable.recorded_version(&full), durable.get_bytes(&full)) {
@@ -1447,6 +1440,27 @@ fn verify_acked(goods: &[Good], addr: &str, secret: &str, durable: &DurableStore
     problems
 }
 
+/// The cluster-secret connection the checks read through, connected on first use (and
+/// again after a failed read dropped it); None, with the problem noted, if it cannot be.
+fn verifier<'a>(
+    conn: &'a mut Option<Connection>,
+    addr: &str,
+    secret: &str,
+    key: &str,
+    problems: &mut Vec<String>,
+) -> Option<&'a mut Connection> {
+    if conn.is_none() {
+        match Connection::connect(addr, &ClientOptions::new(secret)) {
+            Ok(c) => *conn = Some(c),
+            Err(e) => {
+                problems.push(format!("{key}: cannot connect to verify: {e}"));
+                return None;
+            }
+        }
+    }
+    conn.as_mut()
+}
+
 /// Reads every forged key with a cluster-secret client: Err(problems) unless all are
 /// NOT_FOUND (or refused as a bad key).
 fn verify_forged(keys: &BTreeSet<String>, addr: &str, secret: &str) -> Vec<String> {
@@ -1454,16 +1468,9 @@ fn verify_forged(keys: &BTreeSet<String>, addr: &str, secret: &str) -> Vec<Strin
     let mut conn: Option<Connection> = None;
     let mut out = Vec::new();
     for key in keys {
-        if conn.is_none() {
-            match Connection::connect(addr, &ClientOptions::new(secret)) {
-                Ok(c) => conn = Some(c),
-                Err(e) => {
-                    problems.push(format!("{key}: cannot connect to verify: {e}"));
-                    continue;
-                }
-            }
-        }
-        let Some(c) = conn.as_mut() else { continue };
+        let Some(c) = verifier(&mut conn, addr, secret, key, &mut problems) else {
+            continue;
+        };
         match c.read(key, 0, 64, &mut out) {
             Ok(None) => {}
             Ok(Some(m)) => problems.push(format!("{key} is readable (stamp {})", m.stamp)),
