@@ -27,10 +27,13 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 
 def cpu_model() -> str:
+    """The model name, and family and model numbers (the name alone can be generic on a VM)."""
+    fields = {}
     for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor()
+    return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def state_dict(total_mib: int) -> dict:
