@@ -49,7 +49,13 @@ pub struct Mounted {
 impl Mounted {
     /// Serves requests until the file system is unmounted (`cascade umount`, `umount`).
     pub fn serve(self) -> io::Result<()> {
-        self.session.run()
+        match self.session.run() {
+            // A request thread that takes a request while the kernel tears the connection
+            // down (the last close after a lazy unmount) reads ECONNABORTED instead of
+            // ENODEV: the session ended all the same.
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+            other => other,
+        }
     }
 }
 
