@@ -273,6 +273,13 @@ class Store:
         """The prefix under which programs see the store ("/cascade")."""
         return str(self._s.mount_prefix)
 
+    @property
+    def node(self) -> Optional[str]:
+        """This node's name in a multi-node job (``SLURMD_NODENAME``, ``CASCADE_NODE``, the
+        host name...: docs/cluster.md); None outside a job."""
+        node = self._s.node
+        return None if node is None else str(node)
+
     def resolve(self, path: PathLike) -> str:
         """The store path ``path`` names: mount prefix stripped, ``.`` and ``..`` resolved."""
         return str(self._s.resolve(_path(path)))
@@ -281,8 +288,10 @@ class Store:
         """Opens a file of the store like the built-in ``open`` in a binary mode (rb, wb,
         ab, xb, r+b, w+b, a+b, x+b): io's buffered file (a BufferedRandom reporting the
         mode's readable()/writable(), see :class:`_Buffered`) over a :class:`StoreFile`, or the
-        StoreFile itself with ``buffering=0``. Files are created 0600. The file counts as being written until closed (a checkpoint with an open
-        writer cannot be committed)."""
+        StoreFile itself with ``buffering=0``. Files are created 0600. The file counts as
+        being written until closed (a checkpoint with an open writer cannot be committed).
+        A file the node store lacks (evicted, or written on another node) is read through
+        from the levels below by the node agent, as under ``cascade run``."""
         p = _path(path)
         m = _normal_mode(mode)
         native = self._s.open(p, *_MODES[m])

@@ -15,6 +15,7 @@ class NativeFile:
 
 class NativeStore:
     name: str
+    node: Optional[str]
     mount_prefix: str
     def __init__(self, name: Optional[str] = None) -> None: ...
     def resolve(self, path: str) -> str: ...

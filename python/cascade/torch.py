@@ -18,7 +18,8 @@ import dataclasses
 import io
 import os
 import pickle
-from typing import Any, Dict, List, Optional, Union
+import socket
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 try:
     import torch
@@ -79,10 +80,21 @@ def _join(directory: str, name: str) -> str:
 
 
 @dataclasses.dataclass
+class _RankNode:
+    """What each rank's local plan tells the coordinator: the node it writes on."""
+
+    node: str
+
+
+@dataclasses.dataclass
 class _RankPrefix:
-    """What `prepare_global_plan` hands each rank: its files' name prefix."""
+    """What `prepare_global_plan` hands each rank: its files' name prefix, its index in the
+    plan, and, on a node other than the coordinator's, the indexes of every rank writing on
+    that node (the last of them to finish commits the node's part)."""
 
     prefix: str
+    index: int = 0
+    node_ranks: Tuple[int, ...] = ()
 
 
 class Writer(_dcp.StorageWriter):
@@ -118,13 +130,29 @@ class Writer(_dcp.StorageWriter):
     def init(self, is_coordinator: bool) -> None:
         self.set_up_storage_writer(is_coordinator)
 
+    def _node(self) -> str:
+        return self.store.node or socket.gethostname()
+
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        return plan
+        return dataclasses.replace(plan, storage_data=_RankNode(self._node()))
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
-        self.store.makedirs(self.path, exist_ok=True)
+        nodes = [getattr(plan.storage_data, "node", None) for plan in plans]
+        here = self._node()
+        on_node: Dict[Optional[str], List[int]] = {}
+        for i, node in enumerate(nodes):
+            on_node.setdefault(node, []).append(i)
+        # The coordinator's node is committed in `finish`, after `.metadata`; every other
+        # node by the last of its ranks to finish writing.
         return [
-            dataclasses.replace(plan, storage_data=_RankPrefix(f"__{i}_"))
+            dataclasses.replace(
+                plan,
+                storage_data=_RankPrefix(
+                    f"__{i}_",
+                    i,
+                    () if nodes[i] == here or not self.commit else tuple(on_node[nodes[i]]),
+                ),
+            )
             for i, plan in enumerate(plans)
         ]
 
@@ -132,6 +160,8 @@ class Writer(_dcp.StorageWriter):
         prefix: _RankPrefix = plan.storage_data
         name = f"{prefix.prefix}0{_SUFFIX}"
         results = []
+        # Each node has a store of its own: the directory is made where this rank writes.
+        self.store.makedirs(self.path, exist_ok=True)
         # Bytes first, then tensors, as torch's writer does.
         items = sorted(plan.items, key=lambda i: i.type != _WriteItemType.BYTE_IO)
         with self.store.open(_join(self.path, name), "wb") as stream:
@@ -154,9 +184,43 @@ class Writer(_dcp.StorageWriter):
                         storage_data=_StorageInfo(name, offset, length),
                     )
                 )
+        if prefix.node_ranks:
+            self._node_part_done(prefix.index, prefix.node_ranks)
         future: Future = Future()
         future.set_result(results)
         return future
+
+    def _node_part_done(self, index: int, node_ranks: Tuple[int, ...]) -> None:
+        """Commits this node's part of the checkpoint once every rank writing on this node
+        has closed its file: each leaves a mark in a directory beside the checkpoint; the
+        rank that sees all marks and wins the exclusive claim commits (and clears up). A
+        commit needs every file of the node closed (EBUSY otherwise), so no rank commits
+        before the others are done, and no collective call is needed (async_save runs this
+        in a thread of its own)."""
+        head, _, tail = self.path.rstrip("/").rpartition("/")
+        sync = _join(head or "/", f".{tail}.cascade-dcp")
+        self.store.makedirs(sync, exist_ok=True)
+        marks = {f"done.{r}" for r in node_ranks}
+        self.store.open(_join(sync, f"done.{index}"), "wb").close()
+        if not marks <= set(self.store.listdir(sync)):
+            return  # a rank of this node is still writing: the last one commits
+        claim = _join(sync, "claim")
+        try:
+            self.store.open(claim, "xb").close()
+        except FileExistsError:
+            return  # another rank of this node commits
+        try:
+            # The claim may come after a winner released it: its marks are gone then.
+            if marks <= set(self.store.listdir(sync)):
+                for mark in marks:
+                    self.store.remove(_join(sync, mark))
+                self.store.commit(self.path)
+        finally:
+            self.store.remove(claim)
+            try:
+                self.store.rmdir(sync)
+            except OSError:
+                pass  # a late rank's claim: it removes the directory
 
     def finish(self, metadata: Metadata, results: List[List[Any]]) -> None:
         metadata.storage_data = {r.index: r.storage_data for rank in results for r in rank}
@@ -166,9 +230,7 @@ class Writer(_dcp.StorageWriter):
         # The metadata appears whole or not at all: a reader never sees half of it.
         self.store.rename(temporary, _join(self.path, _METADATA))
         if self.commit:
-            import cascade
-
-            cascade.commit(self.path)
+            self.store.commit(self.path)
 
     def storage_meta(self) -> Any:
         return None

@@ -38,13 +38,22 @@ class StoreEnv:
     """A store named /cascade-py-<random>, an empty config file, a durable directory, and the
     process environment pointing at them (CASCADE_STORE, CASCADE_CONFIG, CASCADE_DURABLE)."""
 
-    def __init__(self, tmp: Path, capacity: str = "64MiB") -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        capacity: str = "64MiB",
+        durable: Optional[Path] = None,
+        more_env: Optional[Dict[str, str]] = None,
+    ) -> None:
+        """`durable`: a durable directory shared with other stores (the simulated nodes of a
+        job); `more_env`: more settings for every command and agent (CASCADE_NODE...)."""
         self.name = f"/cascade-py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
         self.config = tmp / "config.toml"
         self.config.write_text("")
-        self.durable = tmp / "durable"
-        self.durable.mkdir()
+        self.durable = durable or tmp / "durable"
+        self.durable.mkdir(exist_ok=True)
         self.bin = cascade_bin()
         self.agents: List[subprocess.Popen] = []
         self.env = {
@@ -55,6 +64,7 @@ class StoreEnv:
             CASCADE_CONFIG=str(self.config),
             CASCADE_DURABLE=str(self.durable),
         )
+        self.env.update(more_env or {})
         self.cascade("init", "--capacity", capacity, "--spill-size", "0", "--prefault", "off", "--max-files", "1024")
 
     def cascade(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:

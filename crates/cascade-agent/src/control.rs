@@ -16,6 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use cascade_store::ownership::{self, Kind};
 use cascade_store::Store;
@@ -25,6 +26,11 @@ use crate::{Error, Result};
 
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 8192;
+/// How long `status` waits for the agent's counters.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read-through request may wait for the agent by default: a large file takes as
+/// long as the link needs (`CASCADE_FETCH_TIMEOUT` changes it, as for the preload library).
+const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Agent {
     /// Serves the control socket on a thread of its own until the agent stops. The socket
@@ -152,6 +158,15 @@ impl<R: std::io::Read> TakeLimited for R {
 /// the newline). Used by the CLI (`cascade status`) and tests. Refuses a lock directory or
 /// socket not private to this user, and a socket served by a process of another uid.
 pub fn request(store_name: &str, line: &str) -> std::io::Result<String> {
+    request_within(store_name, line, None)
+}
+
+/// [`request`], waiting at most `timeout` for the reply (None: no limit).
+pub fn request_within(
+    store_name: &str,
+    line: &str,
+    timeout: Option<Duration>,
+) -> std::io::Result<String> {
     let path = Store::agent_socket_path(store_name);
     let dir = Store::lock_dir(store_name);
     if !ownership::check_private_dir(&format!("lock directory of store {store_name}"), &dir)? {
@@ -165,6 +180,7 @@ pub fn request(store_name: &str, line: &str) -> std::io::Result<String> {
     }
     let mut conn = UnixStream::connect(&path)?;
     ownership::check_agent_peer(conn.as_raw_fd(), &path)?;
+    conn.set_read_timeout(timeout)?;
     conn.write_all(format!("{line}\n").as_bytes())?;
     let mut reply = String::new();
     BufReader::new(conn).read_line(&mut reply)?;
@@ -173,6 +189,83 @@ pub fn request(store_name: &str, line: &str) -> std::io::Result<String> {
 
 /// The counters of the agent of `store_name`, if one answers on its control socket.
 pub fn status(store_name: &str) -> Option<crate::AgentStats> {
-    let reply = request(store_name, "STATUS").ok()?;
+    let reply = request_within(store_name, "STATUS", Some(STATUS_TIMEOUT)).ok()?;
     serde_json::from_str(reply.strip_prefix("OK ")?).ok()
+}
+
+/// The read-through requests a client may make (docs/agent.md, "Read-through").
+#[derive(Debug, Clone, Copy)]
+pub enum ReadThroughRequest {
+    /// Bring a file (or a directory's name) into the store from the levels below.
+    Fetch,
+    /// Show in a store directory the names the levels below hold (no data).
+    List,
+}
+
+/// The agent's answer to a read-through request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadThrough {
+    /// Done: the path now exists in the store, or the directory shows what is below; retry.
+    Done,
+    /// No agent serves this store: the caller's own error stands.
+    NoAgent,
+    /// The agent's error (ENOENT: no level has it), or EIO when it could not be asked.
+    Failed { errno: i32, message: String },
+}
+
+/// Asks the agent of `store_name` to read `path` (an absolute store path) through from the
+/// levels below: what the preload library does for a program, for clients in Rust (the
+/// Python package). The wait is bounded by `CASCADE_FETCH_TIMEOUT` (seconds, 0 for none;
+/// default 300 s).
+pub fn read_through(store_name: &str, what: ReadThroughRequest, path: &str) -> ReadThrough {
+    if !path.starts_with('/') || path.contains('\n') {
+        return ReadThrough::NoAgent;
+    }
+    let verb = match what {
+        ReadThroughRequest::Fetch => "FETCH",
+        ReadThroughRequest::List => "LIST",
+    };
+    let timeout = fetch_timeout();
+    match request_within(store_name, &format!("{verb} {path}"), timeout) {
+        Ok(reply) if reply == "OK" => ReadThrough::Done,
+        Ok(reply) => {
+            let (errno, message) = reply
+                .strip_prefix("ERR ")
+                .and_then(|rest| rest.split_once(' '))
+                .and_then(|(n, m)| Some((n.parse().ok()?, m.to_string())))
+                .unwrap_or((libc::EIO, format!("unreadable answer from the node agent: {reply:?}")));
+            ReadThrough::Failed { errno, message }
+        }
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            ReadThrough::NoAgent
+        }
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            ReadThrough::Failed {
+                errno: libc::EIO,
+                message: format!(
+                    "read-through: the node agent did not answer within {} s (CASCADE_FETCH_TIMEOUT; is it hung?)",
+                    timeout.map_or(0.0, |t| t.as_secs_f64())
+                ),
+            }
+        }
+        Err(e) => ReadThrough::Failed {
+            errno: libc::EIO,
+            message: format!("read-through: cannot ask the node agent: {e}"),
+        },
+    }
+}
+
+/// `CASCADE_FETCH_TIMEOUT`, as the preload library reads it: None for 0 (no limit); the
+/// default for anything unreadable.
+fn fetch_timeout() -> Option<Duration> {
+    let Ok(text) = std::env::var("CASCADE_FETCH_TIMEOUT") else {
+        return Some(DEFAULT_FETCH_TIMEOUT);
+    };
+    match text.trim().parse::<f64>() {
+        Ok(0.0) => None,
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
+            Some(Duration::from_secs_f64(s).max(Duration::from_micros(1)))
+        }
+        _ => Some(DEFAULT_FETCH_TIMEOUT),
+    }
 }

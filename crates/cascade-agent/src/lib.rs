@@ -28,7 +28,7 @@ mod servers;
 mod store_write;
 
 pub use agent::{Agent, PassOutcome};
-pub use control::{request, status};
+pub use control::{read_through, request, status, ReadThrough, ReadThroughRequest};
 pub use drain::{
     checkpoint_name, drain_checkpoint, drain_checkpoint_dedup, previous_drained, DedupDrain,
 };

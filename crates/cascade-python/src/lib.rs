@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use cascade_agent::{ReadThrough, ReadThroughRequest};
 use cascade_config::{Config, Inputs};
 use cascade_lifecycle::Level;
 use cascade_store::{FileKind, OpenOptions, Store};
@@ -111,6 +112,100 @@ impl NativeStore {
         store_path(self.config.mount_prefix(), path)
             .map_err(|m| Python::with_gil(|py| raise(py, Kind::Outside, libc::EINVAL, m)))
     }
+
+    /// Runs `op` on store path `p`; if it fails with ENOENT and the node agent brings the
+    /// path in from the levels below (read-through, as the preload library does for a
+    /// program), runs it once more. Without an agent the ENOENT stands.
+    fn with_read_through<T>(
+        &self,
+        shown: &str,
+        p: &str,
+        op: impl Fn() -> Result<T, cascade_store::Error>,
+    ) -> PyResult<T> {
+        let missing = match op() {
+            Err(e) if e.errno() == libc::ENOENT => e,
+            other => return other.map_err(|e| store_err(shown, &e)),
+        };
+        let name = self.store.name();
+        // Listing the parent brings the name (a stat needs no more); else fetch the path.
+        if let Some((parent, _)) = p.rsplit_once('/') {
+            let parent = if parent.is_empty() { "/" } else { parent };
+            if cascade_agent::read_through(name, ReadThroughRequest::List, parent)
+                == ReadThrough::Done
+            {
+                if let found @ Ok(_) = op() {
+                    return found.map_err(|e| store_err(shown, &e));
+                }
+            }
+        }
+        match cascade_agent::read_through(name, ReadThroughRequest::Fetch, p) {
+            ReadThrough::Done => op().map_err(|e| store_err(shown, &e)),
+            ReadThrough::NoAgent => Err(store_err(shown, &missing)),
+            ReadThrough::Failed { errno, message } => Err(Python::with_gil(|py| {
+                raise(py, Kind::Store, errno, format!("{shown}: {message}"))
+            })),
+        }
+    }
+
+    /// Opens `p`, reading it through from the levels below when the store lacks it, or has
+    /// only its name (a remote file: listed from below, or evicted from memory).
+    fn open_through(
+        &self,
+        shown: &str,
+        p: &str,
+        opts: &OpenOptions,
+    ) -> PyResult<cascade_store::File> {
+        let again = OpenOptions {
+            create_new: false,
+            ..*opts
+        };
+        let mut file = if opts.create_new {
+            self.store.open(p, opts).map_err(|e| store_err(shown, &e))?
+        } else {
+            self.with_read_through(shown, p, || self.store.open(p, opts))?
+        };
+        // Another process's fetch may replace the remote file again before we open it.
+        for _ in 0..4 {
+            if !file.is_remote() {
+                return Ok(file);
+            }
+            drop(file);
+            match cascade_agent::read_through(self.store.name(), ReadThroughRequest::Fetch, p) {
+                ReadThrough::Done => {}
+                ReadThrough::NoAgent => {
+                    return Err(Python::with_gil(|py| {
+                        raise(
+                            py,
+                            Kind::Store,
+                            libc::EIO,
+                            format!(
+                                "{shown}: the content is only in a level below this node's store \
+                                 and no node agent runs to fetch it (start `cascade agent`, or \
+                                 `cascade restore` it)"
+                            ),
+                        )
+                    }))
+                }
+                ReadThrough::Failed { errno, message } => {
+                    return Err(Python::with_gil(|py| {
+                        raise(py, Kind::Store, errno, format!("{shown}: {message}"))
+                    }))
+                }
+            }
+            file = self
+                .store
+                .open(p, &again)
+                .map_err(|e| store_err(shown, &e))?;
+        }
+        Err(Python::with_gil(|py| {
+            raise(
+                py,
+                Kind::Store,
+                libc::EIO,
+                format!("{shown}: replaced by other processes each time it was fetched"),
+            )
+        }))
+    }
 }
 
 #[pymethods]
@@ -146,6 +241,12 @@ impl NativeStore {
         self.store.name().to_string()
     }
 
+    /// This node's name in a multi-node job (docs/cluster.md), None outside a job.
+    #[getter]
+    fn node(&self) -> Option<String> {
+        self.config.job().map(|job| job.node.value)
+    }
+
     #[getter]
     fn mount_prefix(&self) -> String {
         self.config.mount_prefix().to_string()
@@ -178,9 +279,7 @@ impl NativeStore {
             .truncate(truncate)
             .append(append)
             .mode(0o600);
-        let file = py
-            .allow_threads(|| self.store.open(&p, &opts))
-            .map_err(|e| store_err(path, &e))?;
+        let file = py.allow_threads(|| self.open_through(path, &p, &opts))?;
         if file.is_dir() {
             return Err(raise(
                 py,
@@ -206,9 +305,12 @@ impl NativeStore {
 
     fn listdir(&self, py: Python<'_>, path: &str) -> PyResult<Vec<String>> {
         let p = self.path(path)?;
-        let entries = py
-            .allow_threads(|| self.store.read_dir(&p))
-            .map_err(|e| store_err(path, &e))?;
+        let entries = py.allow_threads(|| {
+            // The names the levels below hold appear too (without their data); without an
+            // agent the listing is what the store has.
+            let _ = cascade_agent::read_through(self.store.name(), ReadThroughRequest::List, &p);
+            self.with_read_through(path, &p, || self.store.read_dir(&p))
+        })?;
         Ok(entries.into_iter().map(|e| e.name).collect())
     }
 
@@ -216,9 +318,7 @@ impl NativeStore {
     #[allow(clippy::type_complexity)]
     fn stat(&self, py: Python<'_>, path: &str) -> PyResult<(u64, i64, bool, u32, u64, u64, bool)> {
         let p = self.path(path)?;
-        let m = py
-            .allow_threads(|| self.store.stat(&p))
-            .map_err(|e| store_err(path, &e))?;
+        let m = py.allow_threads(|| self.with_read_through(path, &p, || self.store.stat(&p)))?;
         Ok((
             m.size,
             m.mtime,

@@ -194,3 +194,98 @@ def test_torch_load_mmap_under_cascade_run(store_env, store: cascade.Store) -> N
     store.makedirs("/m")
     out = store_env.cascade("run", "--", sys.executable, "-W", "ignore", "-c", MMAP, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "mmap True", (out.returncode, out.stdout, out.stderr)
+
+
+NODE_RANKS = textwrap.dedent(
+    """
+    import hashlib, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from cascade.torch import Reader, Writer
+
+    def digest(sd):
+        h = hashlib.sha256()
+        for k in sorted(sd):
+            h.update(k.encode()); h.update(sd[k].numpy().tobytes())
+        return h.hexdigest()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if sys.argv[1] == "save":
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 512)).pow(2).mean().backward()
+            opt.step()
+        sd = dict(model.state_dict())
+        dcp.save(sd, storage_writer=Writer("/job/ckpt.1"))
+        dcp.async_save(sd, storage_writer=Writer("/job/ckpt.2")).result()
+    else:
+        sd = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+        dcp.load(sd, storage_reader=Reader("/job/ckpt.2"))
+    print("rank", rank, "digest", digest(sd), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _torchrun(script: Path, mode: str, node: "StoreEnv", node_rank: int, nodes: int, port: int) -> subprocess.Popen:
+    """One simulated node's ranks, started by torch's own launcher (torchrun) with the
+    node's store and name in their environment."""
+    env = dict(node.env, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--node_rank={node_rank}",
+         "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+         str(script), mode],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=node.tmp,
+    )
+
+
+def _digests(procs: list) -> set:
+    found = set()
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        found |= {line.split()[-1] for line in out.splitlines() if " digest " in line}
+    return found
+
+
+def test_two_ranks_on_each_of_two_simulated_nodes_complete_job_wide_and_restart_on_one(tmp_path: Path) -> None:
+    """Nodes a and b (a store, an agent and a node name each; one durable directory): each
+    node's part of the checkpoint is committed by the last of its ranks to finish, the
+    checkpoint is complete only with both parts, and a restart on a third node with empty
+    stores reads it back through the agent, bit for bit."""
+    from conftest import StoreEnv
+
+    script = tmp_path / "node_ranks.py"
+    script.write_text(NODE_RANKS)
+    durable = tmp_path / "durable"
+    job = {"CASCADE_JOB": f"dcp-{os.getpid()}", "CASCADE_JOB_NAME": "dcp"}
+    nodes = [
+        StoreEnv(tmp_path / n, durable=durable, more_env=dict(job, CASCADE_NODE=n, CASCADE_JOB_NODES="a,b"))
+        for n in ("a", "b")
+    ]
+    restart = StoreEnv(tmp_path / "c", durable=durable, more_env=dict(job, CASCADE_NODE="c", CASCADE_JOB_NODES="c"))
+    try:
+        for node in (*nodes, restart):
+            node.start_agent()
+        port = 29500 + os.getpid() % 1000
+        saved = _digests([_torchrun(script, "save", node, i, 2, port) for i, node in enumerate(nodes)])
+        assert len(saved) == 1, saved
+        for node in nodes:
+            node.cascade("wait", "/job/ckpt.2", "--level", "durable", "--timeout", "120")
+        markers = list(durable.rglob("ckpt.2/.cascade-complete"))
+        assert len(markers) == 1, markers
+        marker = markers[0].read_text()
+        for name in (".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"):
+            assert name in marker, marker
+        parts = sorted(p.name for p in markers[0].parent.iterdir() if p.name.startswith(".cascade-part."))
+        assert parts == [".cascade-part.a", ".cascade-part.b"], parts
+        # Each node's store holds only its own ranks' files; no synchronisation marks remain.
+        assert sorted(nodes[1].cascade("ls", "/job/ckpt.2").stdout.split()) == ["__2_0.distcp", "__3_0.distcp"]
+        assert nodes[0].cascade("ls", "/job").stdout.split() == ["ckpt.1", "ckpt.2"]
+        loaded = _digests([_torchrun(script, "load", restart, 0, 1, port + 1)])
+        assert loaded == saved
+    finally:
+        for node in (*nodes, restart):
+            node.close()
