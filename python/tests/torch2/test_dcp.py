@@ -273,7 +273,7 @@ def test_two_ranks_on_each_of_two_simulated_nodes_complete_job_wide_and_restart_
         saved = _digests([_torchrun(script, "save", node, i, 2, port) for i, node in enumerate(nodes)])
         assert len(saved) == 1, saved
         for node in nodes:
-            node.cascade("wait", "/job/ckpt.2", "--level", "durable", "--timeout", "120")
+            node.cascade("wait", "/job/ckpt.2", "--level", "durable", "--timeout", "60")
         markers = list(durable.rglob("ckpt.2/.cascade-complete"))
         assert len(markers) == 1, markers
         marker = markers[0].read_text()
@@ -289,3 +289,53 @@ def test_two_ranks_on_each_of_two_simulated_nodes_complete_job_wide_and_restart_
     finally:
         for node in (*nodes, restart):
             node.close()
+
+
+MMAP_EVICTED = textwrap.dedent(
+    """
+    import gc, os, time, torch, cascade
+
+    def present(n):
+        # In memory (exists() would say yes for an evicted one too: read-through lists it).
+        return any(e.path.startswith(f"/m/ckpt.{n}/") and "memory" in e.level for e in cascade.levels("/m"))
+
+    def until(what, cond):
+        deadline = time.monotonic() + 60
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    def state(n):
+        return {"w": torch.arange(4_000_000, dtype=torch.float32) + n}
+
+    def save(n):
+        os.makedirs(f"/cascade/m/ckpt.{n}")
+        torch.save(state(n), f"/cascade/m/ckpt.{n}/w.pt")
+        cascade.commit(f"/m/ckpt.{n}")
+        cascade.wait(f"/m/ckpt.{n}", level="durable", timeout=60)
+
+    save(1)
+    mapped = torch.load("/cascade/m/ckpt.1/w.pt", mmap=True)
+    save(2)
+    save(3)
+    # keep=1: retention evicts ckpt.2 (nothing maps it); ckpt.1 stays while it is mapped.
+    until("ckpt.2 evicted", lambda: not present(2))
+    print("while mapped", present(1), torch.equal(mapped["w"], state(1)["w"]))
+    del mapped
+    gc.collect()
+    save(4)
+    until("ckpt.1 evicted once unmapped", lambda: not present(1))
+    again = torch.load("/cascade/m/ckpt.1/w.pt", mmap=True)
+    print("read through", torch.equal(again["w"], state(1)["w"]))
+    """
+)
+
+
+def test_a_mapped_checkpoint_outlives_retention_and_reads_through_after(store_env, store: cascade.Store) -> None:
+    """torch.load(mmap=True) under `cascade run` of a checkpoint that retention evicts: the
+    mapping keeps its bytes (the checkpoint stays in memory while mapped), and once unmapped
+    it is evicted and a new load reads it back from the durable store, bit for bit."""
+    store.makedirs("/m")
+    out = store_env.cascade("run", "--keep", "1", "--", sys.executable, "-W", "ignore", "-c", MMAP_EVICTED, check=False)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert out.stdout.split("\n")[:2] == ["while mapped True True", "read through True"], (out.stdout, out.stderr)

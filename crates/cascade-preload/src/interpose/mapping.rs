@@ -125,7 +125,10 @@ pub(crate) fn unpin_range(addr: usize, len: usize, all: bool) {
     if LIVE_PINS.load(Acquire) == 0 {
         return;
     }
-    let end = addr.saturating_add(len);
+    // The kernel unmaps whole pages, and a pin records its mapping's length in whole pages:
+    // a caller passes the length it mapped, a file's size.
+    let page = page_size() as usize;
+    let end = addr.saturating_add(len.div_ceil(page).saturating_mul(page));
     let Ok(store) = store() else {
         return;
     };
