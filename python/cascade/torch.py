@@ -6,7 +6,9 @@
 Each rank writes its items straight into the node store, one file per rank
 (``__<rank>_0.distcp``); the coordinator writes ``.metadata`` last and commits the
 directory as a checkpoint, so the agent drains it down the levels and a restart finds the
-newest complete one. The layout is torch's own ``FileSystemWriter`` layout, so the same
+newest complete one. On a job of several nodes, each node's part is committed by the last of
+its ranks to finish (docs/python.md, "Several nodes"); a reader on any node reads what its
+store lacks through from the levels below. The layout is torch's own ``FileSystemWriter`` layout, so the same
 directory read through ``cascade run`` or a ``cascade mount`` is a plain DCP checkpoint.
 
 This module needs PyTorch; ``import cascade`` alone does not.

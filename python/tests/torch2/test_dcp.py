@@ -1,7 +1,8 @@
 """torch.distributed.checkpoint into the store (cascade.torch) with a current torch 2.x:
 dcp.save, dcp.async_save and dcp.load of a small model's parameters and optimizer state, a
 training loop killed with SIGKILL mid-checkpoint and restarted from the newest complete
-one, and two ranks on gloo. Debian's torch 1.13 cannot import its checkpoint module on
+one, two ranks on gloo on one node and on each of two simulated nodes (torchrun), and
+torch.load(mmap=True) under `cascade run`, also of a checkpoint retention evicts. Debian's torch 1.13 cannot import its checkpoint module on
 Python 3.11 (a dataclass error in torch.distributed._shard), so these run in a venv with
 torch from the package registry (scripts/test.sh)."""
 
