@@ -65,6 +65,30 @@ def _store(store: Any) -> Any:
     return cascade._store()
 
 
+def _save_without_crc32() -> Any:
+    """`torch.save(tensor, stream)` without the zip records' CRC32, or None where this torch
+    cannot (before 2.6; then torch.save). Computing the CRC32 is a third of dcp.save's time
+    into the store, and nothing checks it: torch.load reads a damaged record without a word
+    (tried on torch 2.15), while Cascade checks every file's BLAKE3 on its way down the
+    levels and back (docs/durable-layout.md). torch's own switch for it is process-wide
+    (`set_crc32_options`), which would change the application's saves too, also during an
+    async_save; so the writer is built as torch.save builds it, with the CRC32 off."""
+    serialization = torch.serialization
+    if not (
+        hasattr(serialization, "get_crc32_options")
+        and hasattr(serialization, "_get_storage_alignment")
+        and hasattr(serialization, "_save")
+    ):
+        return None
+
+    def save(tensor: "torch.Tensor", stream: Any) -> None:
+        writer = torch._C.PyTorchFileWriter(stream, False, serialization._get_storage_alignment())
+        serialization._save(tensor, writer, pickle, serialization.DEFAULT_PROTOCOL, False)
+        writer.write_end_of_file()
+
+    return save
+
+
 def _storage_bytes(tensor: "torch.Tensor") -> int:
     """Bytes of the storage under `tensor` (torch 2.x untyped storage, or 1.13's)."""
     if hasattr(tensor, "untyped_storage"):
@@ -106,19 +130,23 @@ class Writer(_dcp.StorageWriter):
     """Writes a distributed checkpoint into the Cascade store under `path` (a store path,
     with or without the store's mount prefix) and commits it when the save finishes.
 
-    `commit=False` leaves committing to the caller (e.g. a job-wide commit)."""
+    `commit=False` leaves committing to the caller (e.g. a job-wide commit). Tensors are
+    saved as torch.save saves them, without the zip CRC32 that torch.load never checks
+    (`zip_crc32=True` computes it, for tools that unzip the records)."""
 
     def __init__(
         self,
         path: Union[str, os.PathLike],
         store: Any = None,
         commit: bool = True,
+        zip_crc32: bool = False,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.store = _store(store)
         self.commit = commit
         self.is_coordinator = False
+        self._save = (None if zip_crc32 else _save_without_crc32()) or torch.save
 
     # torch 2.x names; 1.13 calls `init`.
     def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
@@ -180,7 +208,7 @@ class Writer(_dcp.StorageWriter):
                     # A view saves its whole storage; save only what it shows.
                     if _storage_bytes(tensor) != tensor.numel() * tensor.element_size():
                         tensor = tensor.clone()
-                    torch.save(tensor, stream)
+                    self._save(tensor, stream)
                 length = stream.tell() - offset
                 results.append(
                     WriteResult(
@@ -207,16 +235,21 @@ class Writer(_dcp.StorageWriter):
         self.store.makedirs(sync, exist_ok=True)
         marks = {f"done.{r}" for r in node_ranks}
         self.store.open(_join(sync, f"done.{index}"), "wb").close()
-        if not marks <= set(self.store.listdir(sync)):
-            return  # a rank of this node is still writing: the last one commits
+
+        def all_marked() -> bool:
+            # This node's store only (no read-through): the marks never leave it.
+            return marks <= set(self.store._s.listdir(sync, False))
+
         claim = _join(sync, "claim")
         try:
+            if not all_marked():
+                return  # a rank of this node is still writing: the last one commits
             self.store.open(claim, "xb").close()
-        except FileExistsError:
-            return  # another rank of this node commits
+        except (FileExistsError, FileNotFoundError):
+            return  # another rank of this node commits, or has committed and cleared up
         try:
             # The claim may come after a winner released it: its marks are gone then.
-            if marks <= set(self.store.listdir(sync)):
+            if all_marked():
                 for mark in marks:
                     self.store.remove(_join(sync, mark))
                 self.store.commit(self.path)

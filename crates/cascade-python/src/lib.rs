@@ -303,11 +303,16 @@ impl NativeStore {
         })
     }
 
-    fn listdir(&self, py: Python<'_>, path: &str) -> PyResult<Vec<String>> {
+    /// `through`: the names the levels below hold appear too (read-through); else only what
+    /// this node's store has.
+    #[pyo3(signature = (path, through=true))]
+    fn listdir(&self, py: Python<'_>, path: &str, through: bool) -> PyResult<Vec<String>> {
         let p = self.path(path)?;
         let entries = py.allow_threads(|| {
-            // The names the levels below hold appear too (without their data); without an
-            // agent the listing is what the store has.
+            if !through {
+                return self.store.read_dir(&p).map_err(|e| store_err(path, &e));
+            }
+            // Without an agent the listing is what the store has.
             let _ = cascade_agent::read_through(self.store.name(), ReadThroughRequest::List, &p);
             self.with_read_through(path, &p, || self.store.read_dir(&p))
         })?;

@@ -284,7 +284,8 @@ def test_two_ranks_on_each_of_two_simulated_nodes_complete_job_wide_and_restart_
         assert parts == [".cascade-part.a", ".cascade-part.b"], parts
         # Each node's store holds only its own ranks' files; no synchronisation marks remain.
         assert sorted(nodes[1].cascade("ls", "/job/ckpt.2").stdout.split()) == ["__2_0.distcp", "__3_0.distcp"]
-        assert nodes[0].cascade("ls", "/job").stdout.split() == ["ckpt.1", "ckpt.2"]
+        for node in nodes:
+            assert node.cascade("ls", "/job").stdout.split() == ["ckpt.1", "ckpt.2"]
         loaded = _digests([_torchrun(script, "load", restart, 0, 1, port + 1)])
         assert loaded == saved
     finally:
