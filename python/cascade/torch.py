@@ -126,7 +126,13 @@ class _RankPrefix:
     node_ranks: Tuple[int, ...] = ()
 
 
-class Writer(_dcp.StorageWriter):
+try:  # torch >= 2.4: async_save stages through the writer when it is an AsyncStager
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager as _Stager
+except ImportError:  # pragma: no cover - older torch has no async_save
+    _Stager = object  # type: ignore[assignment,misc]
+
+
+class Writer(_dcp.StorageWriter, _Stager):  # type: ignore[misc,valid-type]
     """Writes a distributed checkpoint into the Cascade store under `path` (a store path,
     with or without the store's mount prefix) and commits it when the save finishes.
 
@@ -141,7 +147,12 @@ class Writer(_dcp.StorageWriter):
         commit: bool = True,
         zip_crc32: bool = False,
     ) -> None:
-        super().__init__()
+        _dcp.StorageWriter.__init__(self)
+        if _Stager is not object:
+            # async_save copies the state dict to CPU memory as for torch's FileSystemWriter
+            # (its default stager, for writers that are not stagers, is slower: 0.49 s
+            # against 0.28 s for 1 GiB here).
+            _Stager.__init__(self)
         self.path = os.fspath(path)
         self.store = _store(store)
         self.commit = commit
