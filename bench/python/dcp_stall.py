@@ -63,7 +63,9 @@ def main() -> int:
     open(env["CASCADE_CONFIG"], "w").close()
     os.makedirs(env["CASCADE_DURABLE"])
     os.environ.update({k: env[k] for k in ("CASCADE_STORE", "CASCADE_CONFIG", "CASCADE_DURABLE")})
-    capacity = f"{a.mib * 2 * a.reps + 1024}MiB"
+    # Retention (keep 2) evicts each checkpoint once two newer ones are durable, and every
+    # save starts once the previous one is durable: room for four, whatever --reps.
+    capacity = f"{a.mib * 4 + 1024}MiB"
     subprocess.run([cascade_bin, "init", "--capacity", capacity, "--spill-size", "0"], check=True,
                    env=env, capture_output=True)
     agent = subprocess.Popen([cascade_bin, "agent"], env=env, stderr=subprocess.DEVNULL)
@@ -79,8 +81,7 @@ def main() -> int:
         """The next timed save starts once Cascade's last checkpoint is durable, as in a
         training loop that checkpoints less often than the drain takes (here 1 GiB to local
         disk, about a second), and once torch's files are on disk: no writer's background
-        work competes with the next one's blocking time on this machine's cores. Cascade's
-        copies stay in the store (the capacity has room for every repetition)."""
+        work competes with the next one's blocking time on this machine's cores."""
         if kind == "cascade":
             cascade.wait(f"/dcp/{tag}", level="durable", timeout=600)
         else:
