@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs the benchmarks; writes <suite>.md, <suite>.json and the plots into --out
 # (default bench/results).
-# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|hostile|dcp|all] [ARGS...]
+# usage: bench/run.sh [--suite node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|hostile|dcp|dcp-durable|all] [ARGS...]
 # `all` (the default) runs node-store and interposition, and durable, staging, fuse or dedup
 # when CASCADE_BENCH_DURABLE=1, _STAGING=1, _FUSE=1 or _DEDUP=1 (never dedup-link, jobs or
-# hostile or dcp: name them). ARGS go to the suite's
+# hostile or dcp or dcp-durable: name them). ARGS go to the suite's
 # `cascade-bench` subcommand (with `all`, to each: use only --out, --quick, --reps there).
 # Quick trial runs: bench/run.sh --suite SUITE --quick --out /tmp/bench (keeps bench/results).
 # The suites, what they need (root, network namespaces, restic and borg) and how they measure:
@@ -30,23 +30,32 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$suite" in
-    node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|hostile|dcp|all) ;;
-    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link, jobs, hostile, dcp or all" >&2; exit 2 ;;
+    node-store|interposition|durable|staging|fuse|dedup|dedup-link|jobs|hostile|dcp|dcp-durable|all) ;;
+    *) echo "run.sh: --suite must be node-store, interposition, durable, staging, fuse, dedup, dedup-link, jobs, hostile, dcp, dcp-durable or all" >&2; exit 2 ;;
 esac
-if [ "$suite" = dcp ]; then
-    # torch.distributed.checkpoint stall (bench/python/dcp_stall.py): a venv of Debian's
-    # python with a current torch and the package built in release mode (a debug build
-    # measures the debug build). ARGS go to dcp_stall.py (--mib, --reps, --disk, --out).
+if [ "$suite" = dcp ] || [ "$suite" = dcp-durable ]; then
+    # torch.distributed.checkpoint (bench/python): a venv of Debian's python with a current
+    # torch and the package built in release mode (a debug build measures the debug build).
+    # dcp: how long a save blocks (dcp_stall.py: --mib, --reps, --disk, --out); dcp-durable:
+    # how soon a training series is durable over the shaped link (dcp_durable.py: --width,
+    # --checkpoints, --steps, --out; root, network namespaces).
     target_dir="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
     cargo build --release -p cascade-cli
     venv="$target_dir/bench-dcp-venv"
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
     "$venv/bin/python" -m pip install -q maturin numpy torch
     PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
-    if [ "$out_given" = 1 ]; then
-        CASCADE_BIN="$target_dir/release/cascade" exec "$venv/bin/python" -W ignore bench/python/dcp_stall.py "${args[@]}"
+    script=bench/python/dcp_stall.py
+    [ "$out_given" = 1 ] || args=(--out "$out/$suite.md" ${args[@]+"${args[@]}"})
+    if [ "$suite" = dcp-durable ]; then
+        [ "$(id -u)" = 0 ] || { echo "run.sh: the dcp-durable suite needs root (network namespaces)" >&2; exit 1; }
+        script=bench/python/dcp_durable.py
+        trap 'bench/netns-s3.sh down || true' EXIT
+        bench/netns-s3.sh up >/dev/null
+        eval "$(bench/netns-s3.sh env)"
     fi
-    CASCADE_BIN="$target_dir/release/cascade" exec "$venv/bin/python" -W ignore bench/python/dcp_stall.py --out "$out/dcp.md" ${args[@]+"${args[@]}"}
+    CASCADE_BIN="$target_dir/release/cascade" "$venv/bin/python" -W ignore "$script" ${args[@]+"${args[@]}"}
+    exit
 fi
 durable=0
 if [ "$suite" = durable ] || { [ "$suite" = all ] && [ "${CASCADE_BENCH_DURABLE:-0}" = 1 ]; }; then

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -25,15 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-
-def cpu_model() -> str:
-    """The model name, and family and model numbers (the name alone can be generic on a VM)."""
-    fields = {}
-    for line in open("/proc/cpuinfo"):
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor()
-    return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+from benchlib import machine
 
 
 def state_dict(total_mib: int) -> dict:
@@ -128,7 +119,7 @@ def main() -> int:
     lines = [
         "# torch.distributed.checkpoint: how long the training loop is blocked",
         "",
-        f"{cpu_model()} ({os.cpu_count()} CPUs), kernel {platform.release()}, torch {torch.__version__}; "
+        f"{machine()}, torch {torch.__version__}; "
         f"{a.mib} MiB state dict ({a.mib // 4} tensors of 4 MiB), {a.reps} repetitions alternating the order; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. `bench/python/dcp_stall.py`.",
         "",
