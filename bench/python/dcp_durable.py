@@ -99,15 +99,16 @@ class Node:
         else:
             raise SystemExit(f"dcp_durable: the agent did not start (exit {self.agent.wait()})")
         threading.Thread(target=self.agent.stderr.read, daemon=True).start()
-
-    def activate(self) -> None:
+        # Attached once (each attach maps the whole store), with this node's settings only:
+        # the durable store, layout and job namespace `wait` checks come from the environment.
+        for key in [k for k in os.environ if k.startswith("CASCADE_") and not k.startswith("CASCADE_BENCH")]:
+            del os.environ[key]
         os.environ.update(self.env)
         import cascade
-        cascade._default = None  # the module's store: this node's
+        self.store = cascade.Store()
 
     def close(self) -> None:
-        import cascade
-        cascade._default = None  # unmapped once collected: the store's memory is freed
+        del self.store  # unmapped once collected: the store's memory is freed
         gc.collect()
         self.agent.terminate()
         self.agent.wait()
@@ -134,7 +135,6 @@ def main() -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29600 + os.getpid() % 1000))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    import cascade
     from cascade.torch import Reader, Writer
 
     rows = {}
@@ -145,7 +145,6 @@ def main() -> int:
         opt = torch.optim.Adam(net.parameters(), lr=1e-4)
         torch.manual_seed(1)
         node = Node(cascade_bin, "6GiB", env)
-        node.activate()
         rows[mode] = []
         try:
             for k in range(a.checkpoints):
@@ -156,9 +155,9 @@ def main() -> int:
                 state = flat({"model": net.state_dict(), "optim": opt.state_dict()["state"]})
                 nbytes = sum(t.numel() * t.element_size() for t in state.values())
                 tx0, t0 = link_tx(dev), time.perf_counter()
-                dcp.save(state, storage_writer=Writer(f"/train/ckpt.{k}"))
+                dcp.save(state, storage_writer=Writer(f"/train/ckpt.{k}", store=node.store))
                 blocked = time.perf_counter() - t0
-                cascade.wait(f"/train/ckpt.{k}", level="durable", timeout=900)
+                node.store.wait(f"/train/ckpt.{k}", level="durable", timeout=900)
                 durable = time.perf_counter() - t0
                 rows[mode].append({"bytes": nbytes, "blocked": blocked, "durable": durable,
                                    "link": link_tx(dev) - tx0})
@@ -171,10 +170,9 @@ def main() -> int:
         # Restart: a fresh store (another node) loads the last checkpoint through the agent.
         path, want, template = final[mode]
         fresh = Node(cascade_bin, "6GiB", env)
-        fresh.activate()
         try:
             t0 = time.perf_counter()
-            dcp.load(template, storage_reader=Reader(path))
+            dcp.load(template, storage_reader=Reader(path, store=fresh.store))
             load_s = time.perf_counter() - t0
         finally:
             fresh.close()

@@ -305,9 +305,10 @@ class Store:
         finally:
             raw._claim_both = False
 
-    def listdir(self, path: PathLike = "/") -> List[str]:
-        """Names in a directory, sorted."""
-        return list(self._s.listdir(_path(path)))
+    def listdir(self, path: PathLike = "/", read_through: bool = True) -> List[str]:
+        """Names in a directory, sorted: with `read_through`, also the names the levels below
+        hold (asked of the node agent); else only what this node's store has."""
+        return list(self._s.listdir(_path(path), read_through))
 
     def stat(self, path: PathLike) -> StatResult:
         """Size, mtime, kind and where the data is."""

@@ -8,8 +8,9 @@ Each rank writes its items straight into the node store, one file per rank
 directory as a checkpoint, so the agent drains it down the levels and a restart finds the
 newest complete one. On a job of several nodes, each node's part is committed by the last of
 its ranks to finish (docs/python.md, "Several nodes"); a reader on any node reads what its
-store lacks through from the levels below. The layout is torch's own ``FileSystemWriter`` layout, so the same
-directory read through ``cascade run`` or a ``cascade mount`` is a plain DCP checkpoint.
+store lacks through from the levels below. The layout is torch's own ``FileSystemWriter``
+layout, so the same directory read through ``cascade run`` or a ``cascade mount`` is a plain
+DCP checkpoint.
 
 This module needs PyTorch; ``import cascade`` alone does not.
 """
@@ -249,7 +250,7 @@ class Writer(_dcp.StorageWriter, _Stager):  # type: ignore[misc,valid-type]
 
         def all_marked() -> bool:
             # This node's store only (no read-through): the marks never leave it.
-            return marks <= set(self.store._s.listdir(sync, False))
+            return marks <= set(self.store.listdir(sync, read_through=False))
 
         claim = _join(sync, "claim")
         try:
