@@ -20,6 +20,7 @@ use std::path::PathBuf;
 #[serde(rename_all = "lowercase")]
 pub enum Bench {
     Writes,
+    FirstWrite,
     Steady,
     Readback,
     Sweep,
@@ -87,7 +88,7 @@ pub struct Opts {
         long = "only",
         value_enum,
         value_delimiter = ',',
-        default_value = "writes,steady,readback,sweep,spill"
+        default_value = "writes,first-write,steady,readback,sweep,spill"
     )]
     pub benches: Vec<Bench>,
     /// Directory on local disk for the disk-write baseline.
@@ -190,6 +191,15 @@ pub struct SteadySide {
     pub steady: Stats,
 }
 
+/// A job's first checkpoint: a process that writes at once after attaching, against one
+/// that first waits until the store's pages are mapped into it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstWrite {
+    pub bytes: u64,
+    pub fresh: Stats,
+    pub mapped: Stats,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Steady {
     pub bytes: u64,
@@ -242,6 +252,7 @@ pub struct Results {
     pub writes: Vec<Row>,
     pub tight_pairs: Vec<TightPair>,
     pub steady: Option<Steady>,
+    pub first_write: Option<FirstWrite>,
     pub readback: Vec<Row>,
     pub sweep: Vec<SweepRow>,
     pub spill: Vec<SpillRow>,
@@ -278,7 +289,11 @@ pub fn run_all(opts: &Opts) -> Res<Results> {
     };
     let want = |b: Bench| opts.benches.contains(&b);
     let max_procs = opts.procs.iter().copied().max().unwrap_or(1);
-    if want(Bench::Writes) || want(Bench::Steady) || want(Bench::Readback) {
+    if want(Bench::Writes)
+        || want(Bench::FirstWrite)
+        || want(Bench::Steady)
+        || want(Bench::Readback)
+    {
         let needed = (max_procs as u64 * opts.size).max((opts.keep as u64 + 1) * opts.size);
         eprintln!("main store:");
         with_store(
@@ -294,6 +309,9 @@ pub fn run_all(opts: &Opts) -> Res<Results> {
                 let base = ShmBase::create(opts.pid, max_procs as u64 * opts.size)?;
                 if want(Bench::Writes) {
                     writes(opts, results, &mut names, main, &base)?;
+                }
+                if want(Bench::FirstWrite) {
+                    first_write(opts, results, main)?;
                 }
                 if want(Bench::Steady) {
                     steady(opts, results, main)?;
@@ -389,6 +407,7 @@ fn writes(
                             bytes,
                             io,
                             sync: false,
+                            fresh: false,
                         },
                     })
                     .collect();
@@ -458,6 +477,38 @@ fn steady_side(out: &[Outcome], bytes: u64, rounds: usize, keep: usize) -> Stead
         per_round,
         steady: Stats::of(&steady),
     }
+}
+
+/// One process each: write `size` at once after attaching (its pages still being mapped in
+/// by its populate thread), or after waiting for that; the order alternates.
+fn first_write(opts: &Opts, results: &mut Results, store: &Store) -> Res<()> {
+    eprintln!(
+        "1b. a fresh process's first {} (written at once after attaching):",
+        size_str(opts.size)
+    );
+    let (mut fresh, mut mapped) = (Vec::new(), Vec::new());
+    for rep in 0..opts.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let job = Job::StoreWrite {
+                store: store.name().to_string(),
+                path: format!("/fw-{rep}-{first}.dat"),
+                bytes: opts.size,
+                io: opts.io,
+                sync: false,
+                fresh: first,
+            };
+            let out = run_group(&[job]).ctx(|| "first write")?;
+            let what = if first { "fresh process" } else { "mapped in" };
+            report("first write", what, 1, rep, opts.reps, out.gbps());
+            if first { &mut fresh } else { &mut mapped }.push(out.gbps());
+        }
+    }
+    results.first_write = Some(FirstWrite {
+        bytes: opts.size,
+        fresh: Stats::of(&fresh),
+        mapped: Stats::of(&mapped),
+    });
+    Ok(())
 }
 
 fn steady(opts: &Opts, results: &mut Results, store: &Store) -> Res<()> {
@@ -614,6 +665,7 @@ fn sweep_one(
                     bytes,
                     io,
                     sync: false,
+                    fresh: false,
                 })
                 .collect();
             let out = run_group(&jobs)
@@ -701,6 +753,7 @@ fn spill_runs(opts: &Opts, results: &mut Results, st: &Store, p: usize, per: u64
                 bytes: per,
                 io: opts.io,
                 sync: true,
+                fresh: false,
             })
             .collect()
     };
@@ -964,6 +1017,26 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
         ]);
     }
     out.push(t);
+    if let Some(fw) = &r.first_write {
+        let mut t = Table::new(
+            format!(
+                "1b. A job's first checkpoint: {} written by a process at once after attaching",
+                size_str(fw.bytes)
+            ),
+            "process | Cascade GB/s | / mapped in",
+        );
+        t.row([
+            "fresh: writes at once (its populate thread and its writes map the pages)".into(),
+            st(&fw.fresh),
+            format!("{:.2}x", fw.fresh.median / fw.mapped.median),
+        ]);
+        t.row([
+            "mapped in: waits until the store's pages are mapped into it".into(),
+            st(&fw.mapped),
+            "1.00x".into(),
+        ]);
+        out.push(t);
+    }
     if let Some(sd) = &r.steady {
         let mut t = Table::new(
             format!(

@@ -39,12 +39,16 @@ pub enum Job {
         fsync: bool,
     },
     /// Create `path` in the store and File::write_at `bytes`; optionally File::sync at the end.
+    /// `fresh`: write at once after attaching, while the store's pages are still being mapped
+    /// into the process (a job's first checkpoint); else only once they are.
     StoreWrite {
         store: String,
         path: String,
         bytes: u64,
         io: u64,
         sync: bool,
+        #[serde(default)]
+        fresh: bool,
     },
     /// `rounds` checkpoints of `bytes` each into `dir`, deleting the oldest so `keep` remain.
     /// `store` = None: a tmpfs directory; Some: a directory inside that store.
@@ -368,10 +372,15 @@ pub fn run(job_json: &str) -> Res<()> {
             bytes,
             io,
             sync,
+            fresh,
         } => {
             check_sizes(bytes, io)?;
             let src = source(io, 1);
-            let st = attach(&store)?;
+            let st = if fresh {
+                Store::attach(&store).ctx(|| format!("attaching store {store}"))?
+            } else {
+                attach(&store)?
+            };
             let setup_s = secs_since(t_setup);
             let start = barrier()?;
             let f = st

@@ -607,6 +607,7 @@ fn writes(
                             bytes,
                             io,
                             sync: false,
+                            fresh: false,
                         })?,
                     });
                 }

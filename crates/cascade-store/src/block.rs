@@ -17,9 +17,6 @@ use std::thread::JoinHandle;
 
 /// Bytes faulted in per step, so progress is visible and a background prefault can be joined.
 const PREFAULT_STEP: u64 = 256 << 20;
-/// Bytes mapped per step by an attaching process's populate thread (a few ms each), so a
-/// detach stops it within one step.
-const POPULATE_STEP: u64 = 16 << 20;
 
 pub(crate) struct Spill {
     pub file: OsFile,
@@ -51,6 +48,8 @@ pub(crate) struct Block {
     /// Set once this process's populate thread was started (at its first access to file
     /// data), or is not wanted (the creator faults the block in itself).
     populate_started: AtomicBool,
+    /// Which memory chunks are mapped into this process (page tables populated).
+    populated: Arc<Populated>,
     /// When this process last looked for batches of dead processes (see alloc.rs).
     pub last_reclaim: Mutex<Option<std::time::Instant>>,
     /// (device, inode) of the shared-memory object and of the spill file, as opened.
@@ -240,10 +239,12 @@ impl Block {
             file_id(shm.as_raw_fd()).unwrap_or((0, 0)),
             spill.as_ref().and_then(|s| file_id(s.file.as_raw_fd())),
         );
+        let base = map.as_mut_ptr();
+        let populated = Arc::new(Populated::new(base, &geo));
         Block {
             name: name.to_string(),
             shm,
-            base: map.as_mut_ptr(),
+            base,
             map,
             geo,
             spill,
@@ -252,6 +253,7 @@ impl Block {
             prefault_threads: Mutex::new(Vec::new()),
             stop_populate: Arc::new(AtomicBool::new(false)),
             populate_started: AtomicBool::new(false),
+            populated,
             last_reclaim: Mutex::new(None),
             ids,
             reopened: Mutex::new(None),
@@ -381,8 +383,12 @@ impl Block {
             _ => None,
         };
         let block = Block::new(&cfg.name, file, map, geo, spill);
-        // Its prefault below maps the pages into this process as it allocates them.
+        // Its prefault below maps the pages into this process as it allocates them (without a
+        // prefault, each chunk is mapped by its first access, see `Populated`).
         block.populate_started.store(true, Ordering::Relaxed);
+        if !matches!(cfg.prefault, Prefault::Off) {
+            block.populated.mark_all();
+        }
         block.format(cfg)?;
         block.claim_lease()?;
         match cfg.prefault {
@@ -511,25 +517,37 @@ impl Block {
         if done == 0 {
             return;
         }
-        let start = SendPtr(self.data_ptr());
+        let done_chunks = (done / self.geo.chunk_size).min(self.geo.mem_chunks as u64) as u32;
+        let populated = Arc::clone(&self.populated);
         let stop = Arc::clone(&self.stop_populate);
+        let base = SendPtr(self.base);
+        let geo = self.geo.clone();
+        let slot = self.lock_lease().slot;
         let spawned = std::thread::Builder::new()
             .name("cascade-populate".into())
             .spawn(move || {
-                let start = start;
-                let mut at = 0;
-                while at < done && !stop.load(Ordering::Relaxed) {
-                    let n = POPULATE_STEP.min(done - at);
-                    // SAFETY: the range lies inside this process's live mapping of the block;
-                    // populating does not change its contents.
-                    unsafe {
-                        libc::madvise(
-                            start.0.add(at as usize) as *mut libc::c_void,
-                            n as usize,
-                            libc::MADV_POPULATE_WRITE,
-                        );
+                let base = base;
+                let batch = lease_slot_at(base.0, &geo, slot);
+                let mut next = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // Ahead of this process's writers first: the chunks of its lease batch,
+                    // from the far end (a writer takes them from the near end and maps each
+                    // one itself on its first access). Then the block in order.
+                    let n = batch.count.load(Ordering::Acquire).min(geo.lease_batch) as usize;
+                    let ahead = batch.ids[..n]
+                        .iter()
+                        .map(|id| id.load(Ordering::Relaxed))
+                        .find(|&c| c < geo.mem_chunks && !populated.is_set(c));
+                    match ahead {
+                        Some(c) => {
+                            populated.populate(c);
+                        }
+                        None if next < done_chunks => {
+                            populated.populate(next);
+                            next += 1;
+                        }
+                        None => break,
                     }
-                    at += n;
                 }
             });
         if let Ok(h) = spawned {
@@ -690,6 +708,7 @@ impl Block {
     pub(crate) fn chunk_ptr(&self, c: u32) -> *mut u8 {
         assert!(c < self.geo.mem_chunks, "chunk {c} is not a memory chunk");
         self.will_touch_data();
+        self.populated.populate(c);
         // SAFETY: bounds checked above; the data region holds mem_chunks chunks.
         unsafe {
             self.data_ptr()
@@ -729,6 +748,67 @@ struct SendPtr(*mut u8);
 // SAFETY: the pointer targets a shared mapping that outlives the threads using it (they are
 // joined or the process exits), and those threads only populate page tables.
 unsafe impl Send for SendPtr {}
+
+/// Which memory chunks this process has mapped (its page tables populated), a bit each. A
+/// chunk is mapped whole by its first access through [`Block::chunk_ptr`] or by the populate
+/// thread, whichever comes first: one MADV_POPULATE_WRITE per chunk instead of a page fault
+/// per page (docs/store-layout.md, "Memory and faults").
+pub(crate) struct Populated {
+    bits: Box<[AtomicU64]>,
+    data: *mut u8,
+    chunk_size: usize,
+}
+
+// SAFETY: `data` points into a shared mapping that outlives every user (the block joins its
+// populate thread before unmapping); through it this type only populates page tables.
+unsafe impl Send for Populated {}
+// SAFETY: as above; the bits are atomics.
+unsafe impl Sync for Populated {}
+
+impl Populated {
+    fn new(base: *mut u8, geo: &Geometry) -> Populated {
+        Populated {
+            bits: (0..(geo.mem_chunks as usize).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            // SAFETY: the data region starts inside the mapping.
+            data: unsafe { base.add(geo.off.data as usize) },
+            chunk_size: geo.chunk_size as usize,
+        }
+    }
+
+    fn mark_all(&self) {
+        for word in self.bits.iter() {
+            word.store(u64::MAX, Ordering::Relaxed);
+        }
+    }
+
+    fn is_set(&self, c: u32) -> bool {
+        self.bits[c as usize / 64].load(Ordering::Relaxed) & (1 << (c % 64)) != 0
+    }
+
+    /// Maps memory chunk `c` into this process unless that was done (or is being done by
+    /// another thread). The caller checked that `c` is a memory chunk.
+    fn populate(&self, c: u32) {
+        let bit = 1u64 << (c % 64);
+        let word = &self.bits[c as usize / 64];
+        if word.load(Ordering::Relaxed) & bit != 0
+            || word.fetch_or(bit, Ordering::AcqRel) & bit != 0
+        {
+            return;
+        }
+        // SAFETY: chunk `c` lies in the data region of this process's mapping; populating
+        // leaves the contents unchanged. A failure (no memory for a page) leaves the page to
+        // fault as it would have.
+        unsafe {
+            libc::madvise(
+                self.data.add(c as usize * self.chunk_size) as *mut libc::c_void,
+                self.chunk_size,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+    }
+}
 
 /// Opens the spill file an attached block names: not through a symlink, and only a regular
 /// file private to this process's effective uid.

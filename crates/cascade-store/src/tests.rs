@@ -793,3 +793,36 @@ fn paths_longer_than_the_durable_store_takes_are_refused_when_made() {
     s.open(&format!("{dir}/{}", name(room + 1)), &rw()).unwrap();
     assert_clean(&s);
 }
+
+/// How many pages of `addr..addr + len` this process's page tables map (/proc/self/pagemap:
+/// 8 bytes per virtual page, bit 63 = present).
+fn present_pages(addr: *const u8, len: usize) -> usize {
+    use std::io::{Read, Seek, SeekFrom};
+    let page = 4096;
+    let mut pagemap = std::fs::File::open("/proc/self/pagemap").expect("pagemap");
+    pagemap
+        .seek(SeekFrom::Start((addr as u64 / page as u64) * 8))
+        .expect("seek pagemap");
+    let mut entries = vec![0u8; len / page * 8];
+    pagemap.read_exact(&mut entries).expect("read pagemap");
+    entries
+        .chunks_exact(8)
+        .filter(|e| u64::from_ne_bytes((*e).try_into().expect("8 bytes")) >> 63 == 1)
+        .count()
+}
+
+#[test]
+fn the_first_access_to_a_chunk_maps_all_of_it_into_the_process() {
+    // Without a prefault nothing is mapped before its first access, and no populate thread
+    // runs: what is mapped afterwards is the first access's doing.
+    let s = store(8 << 20, 1 << 20, 0);
+    let f = s.open("/a", &rw()).unwrap();
+    f.write_all_at(b"x", 0).unwrap();
+    let sources = f.map_sources(0, 1 << 20, false).unwrap();
+    let Some(MapSource::Shm { offset, .. }) = sources.first() else {
+        panic!("the file's chunk is not in memory: {sources:?}");
+    };
+    let chunk = s.block().base.wrapping_add(*offset as usize);
+    // One MADV_POPULATE_WRITE for the chunk, not a page fault for the one page written.
+    assert_eq!(present_pages(chunk, 1 << 20), 256);
+}
