@@ -3,12 +3,13 @@
 bench/results/interposition.json (calls per second and bandwidth by write size),
 bench/results/staging.json (staging throughput by writer processes and servers),
 bench/results/fuse.json (FUSE vs LD_PRELOAD, tmpfs, disk and memcpy by operation, and by
-writer processes) and bench/results/dedup.json (stored bytes and ingest speed of the dedup
-repository against restic, borg, cp and zstd by series).
+writer processes), bench/results/dedup.json (stored bytes and ingest speed of the dedup
+repository against restic, borg, cp and zstd by series) and bench/results/dcp-durable.json
+(per checkpoint, the time until durable by mode).
 
 usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
 Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, staging-throughput.png,
-fuse.png or dedup.png, next to the JSON (or into OUT_DIR).
+fuse.png, dedup.png or dcp-durable.png, next to the JSON (or into OUT_DIR).
 """
 
 import json
@@ -359,6 +360,28 @@ def plot_dedup(rep, out):
     return save(fig, out, "dedup.png")
 
 
+def plot_dcp_durable(rep, out):
+    """Per checkpoint, the time until it was durable for each mode, and the raw minimum."""
+    modes = rep["modes"]
+    n = len(rep["bytes"])
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    width = 0.8 / len(modes)
+    for i, (mode, m) in enumerate(modes.items()):
+        xs = [k + (i - (len(modes) - 1) / 2) * width for k in range(n)]
+        ax.bar(xs, [r["durable"] for r in m["rows"]], width, color=f"C{i}", label=mode)
+    ax.hlines(rep["raw_s"], [k - 0.45 for k in range(n)], [k + 0.45 for k in range(n)],
+              colors="black", linestyles="dashed", label="raw minimum (bytes at the link rate)")
+    ax.set_xticks(range(n))
+    ax.set_xticklabels([f"ckpt.{k}" for k in range(n)])
+    ax.set_ylabel("seconds from the start of dcp.save until durable")
+    ax.set_title(f"DCP checkpoints of {rep['bytes'][0] / 1e9:.2f} GB durable over a "
+                 f"{rep['link_bytes_per_s'] * 8 / 1e9:g} Gbit/s link")
+    top = max(r["durable"] for m in modes.values() for r in m["rows"])
+    ax.set_ylim(0, top * 1.3)
+    ax.legend(fontsize="small", loc="upper left", ncol=3)
+    return save(fig, out, "dcp-durable.png")
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
@@ -367,7 +390,8 @@ def main():
     os.makedirs(out, exist_ok=True)
     suite = rep.get("suite")
     plots = {"interposition": (plot_interposition,), "staging": (plot_staging,),
-             "fuse": (plot_fuse,), "dedup": (plot_dedup,)}.get(suite, (plot_sweep, plot_spill))
+             "fuse": (plot_fuse,), "dedup": (plot_dedup,),
+             "dcp-durable": (plot_dcp_durable,)}.get(suite, (plot_sweep, plot_spill))
     plots = [plot(rep, out) for plot in plots]
     for path in plots:
         if path:

@@ -43,18 +43,40 @@ if [ "$suite" = dcp ] || [ "$suite" = dcp-durable ]; then
     cargo build --release -p cascade-cli
     venv="$target_dir/bench-dcp-venv"
     [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install -q maturin numpy torch
+    extra=()
+    if [ "$suite" = dcp-durable ]; then
+        # s3fs for the baseline (torch's FsspecWriter straight to S3), matplotlib for the plot.
+        extra=(s3fs matplotlib)
+    fi
+    "$venv/bin/python" -m pip install -q maturin numpy torch ${extra[@]+"${extra[@]}"}
     PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
     script=bench/python/dcp_stall.py
-    [ "$out_given" = 1 ] || args=(--out "$out/$suite.md" ${args[@]+"${args[@]}"})
+    md="$out"
+    [ "$out_given" = 1 ] || { md="$out/$suite.md"; args=(--out "$md" ${args[@]+"${args[@]}"}); }
     if [ "$suite" = dcp-durable ]; then
         [ "$(id -u)" = 0 ] || { echo "run.sh: the dcp-durable suite needs root (network namespaces)" >&2; exit 1; }
         script=bench/python/dcp_durable.py
-        trap 'bench/netns-s3.sh down || true' EXIT
+        # However the run ends: the link and the S3 server down, and the node stores an
+        # interrupted run left behind (named after this shell's pid; their agents die with
+        # the run).
+        export CASCADE_BENCH_RUN=$$
+        dcp_durable_down() {
+            local s
+            for s in /dev/shm/cascade-bench-dcpd-"$CASCADE_BENCH_RUN"-*; do
+                [ -e "$s" ] || continue
+                case "$s" in *.*) continue ;; esac
+                CASCADE_STORE="/$(basename "$s")" "$target_dir/release/cascade" destroy --force >/dev/null 2>&1 || true
+            done
+            bench/netns-s3.sh down || true
+        }
+        trap dcp_durable_down EXIT
         bench/netns-s3.sh up >/dev/null
         eval "$(bench/netns-s3.sh env)"
     fi
     CASCADE_BIN="$target_dir/release/cascade" "$venv/bin/python" -W ignore "$script" ${args[@]+"${args[@]}"}
+    if [ "$suite" = dcp-durable ]; then
+        "$venv/bin/python" bench/plot.py "${md%.md}.json" "$(dirname "$md")"
+    fi
     exit
 fi
 durable=0
