@@ -915,6 +915,22 @@ pub fn targets(opts: &Opts, r: &Results) -> Vec<Target> {
         m,
         met,
     ));
+    let (m, met) = r
+        .first_write
+        .as_ref()
+        .map_or(("not run".into(), None), |f| {
+            let (a, b) = (f.fresh.median, f.mapped.median);
+            (
+                format!("{:.2}x ({a:.2} vs {b:.2} GB/s)", a / b),
+                Some(a / b >= 0.8),
+            )
+        });
+    out.push(Target::new(
+        "a job's first checkpoint (issue 24)",
+        ">= 0.8x a process with the store mapped in (table 1b)",
+        m,
+        met,
+    ));
     let (m, met) = r.steady.as_ref().map_or(("not run".into(), None), |s| {
         let (c, t) = (s.cascade.steady.median, s.tmpfs.steady.median);
         (
