@@ -132,6 +132,12 @@ def _path(path: PathLike) -> str:
     return p
 
 
+def _bytes_view(b: Any) -> memoryview:
+    """`b` (any buffer: bytes, bytearray, numpy array, tensor storage) as flat bytes, no copy."""
+    m = memoryview(b)
+    return m if m.format == "B" and m.ndim == 1 else m.cast("B")
+
+
 class StoreFile(io.RawIOBase):
     """An unbuffered binary file of the store (what ``Store.open(..., buffering=0)`` returns;
     otherwise it comes wrapped in io's buffering).
@@ -159,10 +165,7 @@ class StoreFile(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:  # type: ignore[override]
         self._checkClosed()
-        m = memoryview(b)
-        if m.format != "B" or m.ndim != 1:
-            m = m.cast("B")
-        return int(self._f.readinto(m))
+        return int(self._f.readinto(_bytes_view(b)))
 
     def readall(self) -> bytes:
         self._checkClosed()
@@ -175,10 +178,7 @@ class StoreFile(io.RawIOBase):
 
     def write(self, b: Any) -> int:  # type: ignore[override]
         self._checkClosed()
-        m = memoryview(b)
-        if m.format != "B" or m.ndim != 1:
-            m = m.cast("B")
-        return int(self._f.write(m))
+        return int(self._f.write(_bytes_view(b)))
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         self._checkClosed()

@@ -127,13 +127,29 @@ class _RankPrefix:
     node_ranks: Tuple[int, ...] = ()
 
 
+class _CheckpointPath:
+    """What torch 2.x asks of a writer or reader about its checkpoint's place: any store
+    path is a valid checkpoint id, and `reset` moves to another (a writer reused for the next
+    checkpoint)."""
+
+    path: str
+
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return True
+
+
 try:  # torch >= 2.4: async_save stages through the writer when it is an AsyncStager
     from torch.distributed.checkpoint.staging import BlockingAsyncStager as _Stager
 except ImportError:  # pragma: no cover - older torch has no async_save
     _Stager = object  # type: ignore[assignment,misc]
 
 
-class Writer(_dcp.StorageWriter, _Stager):  # type: ignore[misc,valid-type]
+class Writer(_CheckpointPath, _dcp.StorageWriter, _Stager):  # type: ignore[misc,valid-type]
     """Writes a distributed checkpoint into the Cascade store under `path` (a store path,
     with or without the store's mount prefix) and commits it when the save finishes.
 
@@ -161,14 +177,6 @@ class Writer(_dcp.StorageWriter, _Stager):  # type: ignore[misc,valid-type]
         self._save = (None if zip_crc32 else _save_without_crc32()) or torch.save
 
     # torch 2.x names; 1.13 calls `init`.
-    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
-        return True
-
     def set_up_storage_writer(self, is_coordinator: bool) -> None:
         self.is_coordinator = is_coordinator
 
@@ -286,7 +294,7 @@ class Writer(_dcp.StorageWriter, _Stager):  # type: ignore[misc,valid-type]
         return None
 
 
-class Reader(_dcp.StorageReader):
+class Reader(_CheckpointPath, _dcp.StorageReader):
     """Reads a distributed checkpoint from the Cascade store under `path`; files the node
     store no longer holds are fetched from the levels below (read-through)."""
 
@@ -295,14 +303,6 @@ class Reader(_dcp.StorageReader):
         self.path = os.fspath(path)
         self.store = _store(store)
         self.storage_data: Dict[Any, Any] = {}
-
-    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
-        if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
-        return True
 
     def read_metadata(self) -> Metadata:
         with self.store.open(_join(self.path, _METADATA), "rb") as f:

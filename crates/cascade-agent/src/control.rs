@@ -28,9 +28,6 @@ use crate::{Error, Result};
 const MAX_REQUEST: u64 = 8192;
 /// How long `status` waits for the agent's counters.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a read-through request may wait for the agent by default: a large file takes as
-/// long as the link needs (`CASCADE_FETCH_TIMEOUT` changes it, as for the preload library).
-const DEFAULT_FETCH_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Agent {
     /// Serves the control socket on a thread of its own until the agent stops. The socket
@@ -215,8 +212,7 @@ pub enum ReadThrough {
 
 /// Asks the agent of `store_name` to read `path` (an absolute store path) through from the
 /// levels below: what the preload library does for a program, for clients in Rust (the
-/// Python package). The wait is bounded by `CASCADE_FETCH_TIMEOUT` (seconds, 0 for none;
-/// default 300 s).
+/// Python package). The wait is bounded by [`Store::fetch_timeout`].
 pub fn read_through(store_name: &str, what: ReadThroughRequest, path: &str) -> ReadThrough {
     if !path.starts_with('/') || path.contains('\n') {
         return ReadThrough::NoAgent;
@@ -225,7 +221,7 @@ pub fn read_through(store_name: &str, what: ReadThroughRequest, path: &str) -> R
         ReadThroughRequest::Fetch => "FETCH",
         ReadThroughRequest::List => "LIST",
     };
-    let timeout = fetch_timeout();
+    let timeout = Store::fetch_timeout();
     match request_within(store_name, &format!("{verb} {path}"), timeout) {
         Ok(reply) if reply == "OK" => ReadThrough::Done,
         Ok(reply) => {
@@ -233,39 +229,34 @@ pub fn read_through(store_name: &str, what: ReadThroughRequest, path: &str) -> R
                 .strip_prefix("ERR ")
                 .and_then(|rest| rest.split_once(' '))
                 .and_then(|(n, m)| Some((n.parse().ok()?, m.to_string())))
-                .unwrap_or((libc::EIO, format!("unreadable answer from the node agent: {reply:?}")));
+                .unwrap_or((
+                    libc::EIO,
+                    format!("unreadable answer from the node agent: {reply:?}"),
+                ));
             ReadThrough::Failed { errno, message }
         }
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            ) =>
+        {
             ReadThrough::NoAgent
         }
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
             ReadThrough::Failed {
                 errno: libc::EIO,
-                message: format!(
-                    "read-through: the node agent did not answer within {} s (CASCADE_FETCH_TIMEOUT; is it hung?)",
-                    timeout.map_or(0.0, |t| t.as_secs_f64())
-                ),
+                message: Store::fetch_timed_out(timeout),
             }
         }
         Err(e) => ReadThrough::Failed {
             errno: libc::EIO,
             message: format!("read-through: cannot ask the node agent: {e}"),
         },
-    }
-}
-
-/// `CASCADE_FETCH_TIMEOUT`, as the preload library reads it: None for 0 (no limit); the
-/// default for anything unreadable.
-fn fetch_timeout() -> Option<Duration> {
-    let Ok(text) = std::env::var("CASCADE_FETCH_TIMEOUT") else {
-        return Some(DEFAULT_FETCH_TIMEOUT);
-    };
-    match text.trim().parse::<f64>() {
-        Ok(0.0) => None,
-        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
-            Some(Duration::from_secs_f64(s).max(Duration::from_micros(1)))
-        }
-        _ => Some(DEFAULT_FETCH_TIMEOUT),
     }
 }

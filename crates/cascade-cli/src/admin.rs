@@ -88,16 +88,11 @@ fn chunks(bytes: u64, chunk_size: u64) -> u64 {
 }
 
 pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
-    let status = attach(config)?.status();
-    let me = std::process::id();
-    let others: Vec<u32> = status
-        .attached_pids
-        .iter()
-        .copied()
-        .filter(|&pid| pid != me)
-        .collect();
-    // The agent's own counters, if one is running (its control socket answers STATUS).
-    let agent = cascade_agent::status(&status.name);
+    let cascade_lifecycle::StatusReport {
+        status,
+        others,
+        agent,
+    } = cascade_lifecycle::status_report(&attach(config)?);
     if as_json {
         println!(
             "{}",

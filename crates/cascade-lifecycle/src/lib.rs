@@ -458,6 +458,33 @@ pub fn levels(config: &Config, store: &Store, path: &str) -> Result<Vec<LevelEnt
     Ok(out)
 }
 
+/// What `cascade status` reports.
+pub struct StatusReport {
+    pub status: Status,
+    /// The processes attached to the store other than the caller.
+    pub others: Vec<u32>,
+    /// The agent's counters, if one answers on its control socket.
+    pub agent: Option<cascade_agent::AgentStats>,
+}
+
+/// Gathers what `cascade status` reports about `store`.
+pub fn status_report(store: &Store) -> StatusReport {
+    let status = store.status();
+    let me = std::process::id();
+    let others = status
+        .attached_pids
+        .iter()
+        .copied()
+        .filter(|&pid| pid != me)
+        .collect();
+    let agent = cascade_agent::status(&status.name);
+    StatusReport {
+        status,
+        others,
+        agent,
+    }
+}
+
 /// `cascade status --json`: the store's status, the attached processes `others` than the
 /// caller, and the agent's counters if one answers.
 pub fn status_json(

@@ -43,16 +43,22 @@ fn raise(py: Python<'_>, kind: Kind, errno: i32, message: String) -> PyErr {
     PyOSError::new_err((errno, message))
 }
 
+/// A failed operation: the package's StoreError subclass for `errno`.
+fn failure(errno: i32, message: String) -> PyErr {
+    Python::with_gil(|py| raise(py, Kind::Store, errno, message))
+}
+
 fn store_err(path: &str, err: &cascade_store::Error) -> PyErr {
-    let e = cascade_lifecycle::Error::store(path, err);
-    Python::with_gil(|py| raise(py, Kind::Store, err.errno(), e.message))
+    failure(
+        err.errno(),
+        cascade_lifecycle::Error::store(path, err).message,
+    )
 }
 
 fn lifecycle_err(err: cascade_lifecycle::Error) -> PyErr {
     // Lifecycle failures without an errno (no agent, a torn file) are EIO-like: the level
     // cannot be reached; keep EIO so `except OSError` callers see a number.
-    let errno = err.errno.unwrap_or(libc::EIO);
-    Python::with_gil(|py| raise(py, Kind::Store, errno, err.message))
+    failure(err.errno.unwrap_or(libc::EIO), err.message)
 }
 
 #[pyfunction]
@@ -66,8 +72,7 @@ fn load_config(name: Option<&str>) -> PyResult<Config> {
     if let Some(name) = name {
         inputs.flags.push(("store.name", name.to_string()));
     }
-    Config::load(&inputs)
-        .map_err(|e| Python::with_gil(|py| raise(py, Kind::Store, libc::EINVAL, e.0)))
+    Config::load(&inputs).map_err(|e| failure(libc::EINVAL, e.0))
 }
 
 /// An attached store and the configuration it was found with.
@@ -138,12 +143,22 @@ impl NativeStore {
                 }
             }
         }
-        match cascade_agent::read_through(name, ReadThroughRequest::Fetch, p) {
-            ReadThrough::Done => op().map_err(|e| store_err(shown, &e)),
-            ReadThrough::NoAgent => Err(store_err(shown, &missing)),
-            ReadThrough::Failed { errno, message } => Err(Python::with_gil(|py| {
-                raise(py, Kind::Store, errno, format!("{shown}: {message}"))
-            })),
+        if self.fetch(shown, p)? {
+            op().map_err(|e| store_err(shown, &e))
+        } else {
+            Err(store_err(shown, &missing))
+        }
+    }
+
+    /// Asks the node agent to fetch `p` from the levels below: true once it is in the store,
+    /// false when no agent runs, the agent's error otherwise.
+    fn fetch(&self, shown: &str, p: &str) -> PyResult<bool> {
+        match cascade_agent::read_through(self.store.name(), ReadThroughRequest::Fetch, p) {
+            ReadThrough::Done => Ok(true),
+            ReadThrough::NoAgent => Ok(false),
+            ReadThrough::Failed { errno, message } => {
+                Err(failure(errno, format!("{shown}: {message}")))
+            }
         }
     }
 
@@ -170,41 +185,25 @@ impl NativeStore {
                 return Ok(file);
             }
             drop(file);
-            match cascade_agent::read_through(self.store.name(), ReadThroughRequest::Fetch, p) {
-                ReadThrough::Done => {}
-                ReadThrough::NoAgent => {
-                    return Err(Python::with_gil(|py| {
-                        raise(
-                            py,
-                            Kind::Store,
-                            libc::EIO,
-                            format!(
-                                "{shown}: the content is only in a level below this node's store \
-                                 and no node agent runs to fetch it (start `cascade agent`, or \
-                                 `cascade restore` it)"
-                            ),
-                        )
-                    }))
-                }
-                ReadThrough::Failed { errno, message } => {
-                    return Err(Python::with_gil(|py| {
-                        raise(py, Kind::Store, errno, format!("{shown}: {message}"))
-                    }))
-                }
+            if !self.fetch(shown, p)? {
+                return Err(failure(
+                    libc::EIO,
+                    format!(
+                        "{shown}: the content is only in a level below this node's store and no \
+                         node agent runs to fetch it (start `cascade agent`, or `cascade \
+                         restore` it)"
+                    ),
+                ));
             }
             file = self
                 .store
                 .open(p, &again)
                 .map_err(|e| store_err(shown, &e))?;
         }
-        Err(Python::with_gil(|py| {
-            raise(
-                py,
-                Kind::Store,
-                libc::EIO,
-                format!("{shown}: replaced by other processes each time it was fetched"),
-            )
-        }))
+        Err(failure(
+            libc::EIO,
+            format!("{shown}: replaced by other processes each time it was fetched"),
+        ))
     }
 }
 
@@ -229,8 +228,7 @@ impl NativeStore {
                         ),
                     )
                 } else {
-                    let e = cascade_lifecycle::Error::store(&format!("store {store_name}"), &err);
-                    raise(py, Kind::Store, err.errno(), e.message)
+                    store_err(&format!("store {store_name}"), &err)
                 }
             })?;
         Ok(NativeStore { store, config })
@@ -281,12 +279,7 @@ impl NativeStore {
             .mode(0o600);
         let file = py.allow_threads(|| self.open_through(path, &p, &opts))?;
         if file.is_dir() {
-            return Err(raise(
-                py,
-                Kind::Store,
-                libc::EISDIR,
-                format!("{path}: Is a directory"),
-            ));
+            return Err(failure(libc::EISDIR, format!("{path}: Is a directory")));
         }
         let pos = if append {
             file.len().map_err(|e| store_err(path, &e))?
@@ -392,9 +385,7 @@ impl NativeStore {
                 Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX)
             }
             Some(_) => {
-                return Err(raise(
-                    py,
-                    Kind::Store,
+                return Err(failure(
                     libc::EINVAL,
                     "wait: timeout must be a number of seconds >= 0".to_string(),
                 ))
@@ -428,16 +419,8 @@ impl NativeStore {
     /// `cascade status --json` as a JSON text.
     fn status_json(&self, py: Python<'_>) -> String {
         py.allow_threads(|| {
-            let status = self.store.status();
-            let me = std::process::id();
-            let others: Vec<u32> = status
-                .attached_pids
-                .iter()
-                .copied()
-                .filter(|&pid| pid != me)
-                .collect();
-            let agent = cascade_agent::status(&status.name);
-            cascade_lifecycle::status_json(&status, &others, agent.as_ref()).to_string()
+            let r = cascade_lifecycle::status_report(&self.store);
+            cascade_lifecycle::status_json(&r.status, &r.others, r.agent.as_ref()).to_string()
         })
     }
 }
@@ -462,14 +445,10 @@ impl NativeFile {
     }
 
     fn not_permitted(&self, what: &str) -> PyErr {
-        Python::with_gil(|py| {
-            raise(
-                py,
-                Kind::Store,
-                libc::EBADF,
-                format!("{}: file not open for {what}", self.path),
-            )
-        })
+        failure(
+            libc::EBADF,
+            format!("{}: file not open for {what}", self.path),
+        )
     }
 }
 
@@ -554,14 +533,10 @@ impl NativeFile {
             .checked_add(offset)
             .filter(|p| *p >= 0)
             .ok_or_else(|| {
-                Python::with_gil(|py| {
-                    raise(
-                        py,
-                        Kind::Store,
-                        libc::EINVAL,
-                        format!("{}: negative seek position", self.path),
-                    )
-                })
+                failure(
+                    libc::EINVAL,
+                    format!("{}: negative seek position", self.path),
+                )
             })?;
         self.pos = pos as u64;
         Ok(self.pos)

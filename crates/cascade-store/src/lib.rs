@@ -24,7 +24,7 @@ mod types;
 pub use descriptions::{Description, OpenDescription};
 pub use error::{errno_text, Error, Result};
 pub use lifecycle::{AgentRegistration, LifeEntry, PATH_SUFFIX_ROOM};
-pub use store::{File, Store};
+pub use store::{File, Store, FETCH_TIMEOUT_ENV};
 pub use types::*;
 
 /// Default shared-memory object name for the calling user ("/cascade-UID").

@@ -12,6 +12,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 
+/// The environment variable that bounds a read-through request ([`Store::fetch_timeout`]).
+pub const FETCH_TIMEOUT_ENV: &str = "CASCADE_FETCH_TIMEOUT";
+
 /// A node store attached in this process. Cheap to clone; detaches when the last clone and
 /// the last [`File`] are dropped (the block itself lives on until destroyed).
 #[derive(Clone)]
@@ -111,6 +114,33 @@ impl Store {
     /// The node agent's control socket (docs/agent.md): read-through requests.
     pub fn agent_socket_path(name: &str) -> std::path::PathBuf {
         Self::lock_dir(name).join("agent.sock")
+    }
+
+    /// How long a read-through request may wait for the node agent without a byte moving:
+    /// `CASCADE_FETCH_TIMEOUT` in seconds (a decimal number; 0: None, no limit), else, or
+    /// when unreadable, 300 s (a large file takes as long as the link needs). For every
+    /// client of the control socket: the preload library and the Python package.
+    pub fn fetch_timeout() -> Option<std::time::Duration> {
+        const DEFAULT: std::time::Duration = std::time::Duration::from_secs(300);
+        let Ok(text) = std::env::var(FETCH_TIMEOUT_ENV) else {
+            return Some(DEFAULT);
+        };
+        match text.trim().parse::<f64>() {
+            Ok(0.0) => None,
+            Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
+                // At least a microsecond: a zero timeval would mean "no timeout".
+                Some(std::time::Duration::from_secs_f64(s).max(std::time::Duration::from_micros(1)))
+            }
+            _ => Some(DEFAULT),
+        }
+    }
+
+    /// The error text of a read-through request that got no answer within `timeout`.
+    pub fn fetch_timed_out(timeout: Option<std::time::Duration>) -> String {
+        format!(
+            "read-through: the node agent did not answer within {} s ({FETCH_TIMEOUT_ENV}; is it hung?)",
+            timeout.map_or(0.0, |t| t.as_secs_f64())
+        )
     }
 
     pub fn exists(name: &str) -> bool {

@@ -189,38 +189,16 @@ fn absolute_store_path(store: &Store, path: &str) -> Option<String> {
     Some(normalise(&join_store(&dir, rel)))
 }
 
-/// The environment variable that bounds the wait for the node agent's answer, in seconds
-/// (a decimal number; 0 waits for ever).
-pub(crate) const FETCH_TIMEOUT_ENV: &str = "CASCADE_FETCH_TIMEOUT";
-/// Generous: a large file takes as long as the link needs.
-const DEFAULT_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// How long a request may wait for the agent without a byte moving (read once); None: no
-/// limit. An unreadable value keeps the default.
+/// How long a request may wait for the agent without a byte moving (read once):
+/// [`Store::fetch_timeout`].
 fn fetch_timeout() -> Option<std::time::Duration> {
     static TIMEOUT: OnceLock<Option<std::time::Duration>> = OnceLock::new();
-    *TIMEOUT.get_or_init(|| {
-        let Ok(text) = std::env::var(FETCH_TIMEOUT_ENV) else {
-            return Some(DEFAULT_FETCH_TIMEOUT);
-        };
-        match text.trim().parse::<f64>() {
-            Ok(0.0) => None,
-            Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
-                // At least a microsecond: a zero timeval would mean "no timeout".
-                Some(std::time::Duration::from_secs_f64(s).max(std::time::Duration::from_micros(1)))
-            }
-            _ => Some(DEFAULT_FETCH_TIMEOUT),
-        }
-    })
+    *TIMEOUT.get_or_init(Store::fetch_timeout)
 }
 
 /// The text of a request that ran out of time.
 fn timed_out() -> String {
-    let secs = fetch_timeout().map_or(0.0, |t| t.as_secs_f64());
-    format!(
-        "read-through: the node agent did not answer within {secs} s \
-         ({FETCH_TIMEOUT_ENV}; is it hung?)"
-    )
+    Store::fetch_timed_out(fetch_timeout())
 }
 
 /// Why a request got no answer (EIO for the application).
