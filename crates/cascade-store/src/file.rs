@@ -575,7 +575,9 @@ impl Block {
             return Ok(0);
         }
         self.check_local(ino)?;
-        inode.mod_seq.fetch_add(1, AcqRel);
+        // No `mod_seq` bump: a write comes through a handle or description that counts a
+        // writer, whose open already bumped it, and no version is recorded durable while
+        // writers > 0 (lifecycle.rs). An atomic here was a tenth of a 64-byte write.
         let old_size = inode.size.load(Acquire);
         self.zero_range(ino, old_size, offset)?;
         let mut done = 0usize;

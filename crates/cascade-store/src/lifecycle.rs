@@ -2,7 +2,7 @@
 //! interposition library), the CLI and the node agent (docs/store-layout.md, "Lifecycle").
 //!
 //! Per inode: `writers` (open write descriptions and writable handles), `mod_seq` (the version
-//! of the contents: bumped by every write-open, write, truncate and rename, and for a
+//! of the contents: bumped by every write-open, truncate and rename, and for a
 //! directory by every change below it), `durable_seq` (the version the durable tier holds)
 //! and `life` flags (torn, committed, flush, complete). A file is durable when
 //! `durable_seq == mod_seq` and nobody writes it; a checkpoint root is complete when, in

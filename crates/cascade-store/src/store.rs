@@ -8,8 +8,8 @@ use crate::namespace::parse_path;
 use crate::types::*;
 use crate::OpenOptions;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 /// The environment variable that bounds a read-through request ([`Store::fetch_timeout`]).
@@ -792,11 +792,23 @@ impl File {
     /// Writes at `offset` (at the end with `append`). On a full store, waits for the agent
     /// to free space when the store's policy says so (docs/store-layout.md, "Lifecycle").
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        self.write_to(buf, Position::At(offset))
+    }
+
+    /// Writes at the shared file offset `position` and advances it, both under the file's
+    /// lock (write(2) on a description: calls on it from any thread or process serialise,
+    /// as the kernel's f_pos lock makes them). At the end, and `position` after it, with
+    /// `append`.
+    pub fn write_advancing(&self, buf: &[u8], position: &AtomicU64) -> Result<usize> {
+        self.write_to(buf, Position::Shared(position))
+    }
+
+    fn write_to(&self, buf: &[u8], position: Position<'_>) -> Result<usize> {
         let mut deadline = None;
         let mut swept = false;
         loop {
             let seen = self.block.header().space_wake.load(Acquire);
-            match self.write_once(buf, offset) {
+            match self.write_once(buf, position) {
                 Err(e) if e.errno() == libc::ENOSPC => {
                     // The space may be held by dead writers' files removed since: freed by a
                     // sweep (once per write), whether or not an agent runs.
@@ -818,18 +830,21 @@ impl File {
         }
     }
 
-    fn write_once(&self, buf: &[u8], offset: u64) -> Result<usize> {
+    fn write_once(&self, buf: &[u8], position: Position<'_>) -> Result<usize> {
         if !self.writable {
             return Err(Error::new(libc::EBADF, "file not open for writing"));
         }
         let _g = self.block.lock_inode(self.ino)?;
         self.check_file()?;
-        let offset = if self.append {
-            self.block.inode(self.ino).size.load(Acquire)
-        } else {
-            offset
+        let offset = match position {
+            _ if self.append => self.block.inode(self.ino).size.load(Acquire),
+            Position::At(offset) => offset,
+            Position::Shared(p) => p.load(Acquire),
         };
         let n = self.block.write_locked(self.ino, buf, offset)?;
+        if let Position::Shared(p) = position {
+            p.store(offset + n as u64, Release);
+        }
         if self.block.spill.is_some() && self.block.spill_dirty.load(Relaxed) {
             self.wrote_spill.store(true, Relaxed);
         }
@@ -910,4 +925,12 @@ impl Drop for File {
             self.block.remove_writer(self.ino, self.gen, false);
         }
     }
+}
+
+/// Where [`File::write_to`] writes.
+#[derive(Clone, Copy)]
+enum Position<'a> {
+    At(u64),
+    /// A description's shared offset, read and advanced under the file's lock.
+    Shared(&'a AtomicU64),
 }

@@ -18,6 +18,7 @@ pub(crate) mod dirops;
 pub(crate) mod exec;
 pub(crate) mod fds;
 pub(crate) mod fts;
+pub(crate) mod hazard;
 pub(crate) mod mapping;
 pub(crate) mod more;
 pub(crate) mod names;
@@ -33,7 +34,10 @@ pub(crate) mod walk;
 
 use cascade_store::{Error, File, OpenDescription, Store};
 use std::ffi::{c_char, CStr};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 pub(crate) use cascade_boundary::boundary;
@@ -474,6 +478,9 @@ pub(crate) const HANDED_FDS_ENV: &str = "CASCADE_HANDED_FDS";
 /// The entries, each behind its own lock (held for the duration of a call on it, so a
 /// racing close cannot free an entry in use).
 static ENTRIES: [SlotLock; MAX_FDS] = [const { SlotLock::new() }; MAX_FDS];
+/// Per descriptor: the entry its slot holds, for [`with_entry`]'s lock-free readers.
+static PUBLISHED: [AtomicPtr<Entry>; MAX_FDS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_FDS];
 
 /// A descriptor's slot behind a futex lock of our own, not `std::sync::Mutex`, because a
 /// fork child must be able to take it back: a thread of the parent that held it at the fork
@@ -578,9 +585,16 @@ pub(crate) fn register(fd: i32, entry: Arc<Entry>) {
 }
 
 fn register_as(fd: i32, entry: Arc<Entry>, owned: bool) {
-    *slot(fd) = Some(entry);
+    let replaced = {
+        let mut s = slot(fd);
+        PUBLISHED[fd as usize].store(Arc::as_ptr(&entry).cast_mut(), Release);
+        s.replace(entry)
+    };
     OWNED[fd as usize].store(owned, Relaxed);
     IS_CASCADE[fd as usize].store(true, Relaxed);
+    if replaced.is_some() {
+        hazard::wait_for_readers(fd);
+    }
 }
 
 pub(crate) fn unregister(fd: i32) -> Option<Arc<Entry>> {
@@ -589,7 +603,16 @@ pub(crate) fn unregister(fd: i32) -> Option<Arc<Entry>> {
     }
     IS_CASCADE[fd as usize].store(false, Relaxed);
     OWNED[fd as usize].store(false, Relaxed);
-    slot(fd).take()
+    let entry = take_entry(&mut slot(fd), fd);
+    entry.is_some().then(|| hazard::wait_for_readers(fd));
+    entry
+}
+
+/// Takes `fd`'s entry out of its locked slot and unpublishes it; the caller waits for the
+/// lock-free readers ([`hazard::wait_for_readers`]) before dropping it.
+fn take_entry(slot: &mut SlotGuard<'_>, fd: i32) -> Option<Arc<Entry>> {
+    PUBLISHED[fd as usize].store(std::ptr::null_mut(), Release);
+    slot.take()
 }
 
 /// True if this process image holds `fd`'s reference (see [`OWNED`]).
@@ -604,15 +627,22 @@ pub(crate) fn lookup(fd: i32) -> Option<Arc<Entry>> {
     slot(fd).clone()
 }
 
-/// Runs `f` on `fd`'s entry with its slot locked (no reference count taken: the write path's
-/// two atomic operations fewer); None for a descriptor that is not Cascade's. Only for calls
-/// that serialise on the file anyway (writes take the inode lock): a concurrent call on the
-/// same descriptor waits.
+/// Runs `f` on `fd`'s entry without a lock or a reference count (the read and write paths:
+/// [`hazard`] keeps the entry alive until `f` returns); None for a descriptor that is not
+/// Cascade's. Calls on one descriptor may run at once, as in the kernel: the offset is
+/// advanced under the file's lock (writes) or by compare-and-swap (reads).
+#[inline]
 pub(crate) fn with_entry<T>(fd: i32, f: impl FnOnce(&Entry) -> T) -> Option<T> {
     if !is_cascade_fd(fd) {
         return None;
     }
-    slot(fd).as_deref().map(f)
+    let Some(_hazard) = hazard::Hazard::enter(fd) else {
+        return slot(fd).as_deref().map(f);
+    };
+    let entry = PUBLISHED[fd as usize].load(Acquire);
+    // SAFETY: a published entry is owned by its slot; whoever unpublishes it waits until no
+    // hazard record names `fd` (this one does until `_hazard` drops) before dropping it.
+    unsafe { entry.as_ref() }.map(f)
 }
 
 /// All registered descriptors (fork handler).
@@ -716,7 +746,13 @@ pub(crate) fn close_all_at_exit(flush: bool) {
         };
         IS_CASCADE[fd as usize].store(false, Relaxed);
         OWNED[fd as usize].store(false, Relaxed);
-        if let Some(e) = entry.take() {
+        if let Some(e) = take_entry(&mut entry, fd) {
+            if hazard::has_readers(fd) {
+                // In use by another thread: left like a held slot lock.
+                PUBLISHED[fd as usize].store(Arc::as_ptr(&e).cast_mut(), Release);
+                *entry = Some(e);
+                continue;
+            }
             store.release_description(e.desc);
             // SAFETY: closing a descriptor this process owns and no longer tracks.
             unsafe { libc::syscall(libc::SYS_close, fd) };
@@ -727,6 +763,7 @@ pub(crate) fn close_all_at_exit(flush: bool) {
 #[boundary]
 extern "C" fn after_fork_in_child() {
     OWNER_PID.store(current_pid(), Relaxed);
+    hazard::after_fork_in_child();
     // The parent's other threads are gone, and so is any slot lock one of them held.
     for (fd, lock) in ENTRIES.iter().enumerate() {
         if IS_CASCADE[fd].load(Relaxed) || lock.state.load(Relaxed) != 0 {
@@ -748,6 +785,7 @@ extern "C" fn after_fork_in_child() {
 extern "C" fn on_load() {
     install_panic_hook();
     OWNER_PID.store(current_pid(), Relaxed);
+    hazard::register_process();
     // SAFETY: registering a plain function as the fork child handler.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     if std::env::var_os("CASCADE_CWD").is_some() {

@@ -4,6 +4,7 @@ use super::*;
 use cascade_store::OpenOptions;
 use libc::{c_int, c_uint, c_void, iovec, off64_t, off_t, size_t, ssize_t};
 use std::ffi::c_char;
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
 
 /// Opens a Cascade path: a store file, a shared description and a real kernel fd (memfd).
 pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<c_int, Error> {
@@ -301,15 +302,22 @@ fn do_read(e: &Entry, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
     if e.is_dir {
         return Err(Error::new(libc::EISDIR, ""));
     }
-    match at {
-        Some(off) => e.file.read_at(buf, off),
-        None => {
-            let off = d.offset().load(Relaxed);
+    let Some(off) = at else {
+        // read(2): claim the bytes read by moving the shared offset past them; a call that
+        // raced another on the same description reads again at the offset that one left.
+        let offset = d.offset();
+        loop {
+            let off = offset.load(Acquire);
             let n = e.file.read_at(buf, off)?;
-            d.offset().store(off + n as u64, Relaxed);
-            Ok(n)
+            if offset
+                .compare_exchange(off, off + n as u64, AcqRel, Relaxed)
+                .is_ok()
+            {
+                return Ok(n);
+            }
         }
-    }
+    };
+    e.file.read_at(buf, off)
 }
 
 fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
@@ -331,12 +339,7 @@ fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
             d.offset().store(at + buf.len() as u64, Relaxed);
             Ok(buf.len())
         }
-        None => {
-            let off = d.offset().load(Relaxed);
-            let n = e.file.write_at(buf, off)?;
-            d.offset().store(off + n as u64, Relaxed);
-            Ok(n)
-        }
+        None => e.file.write_advancing(buf, d.offset()),
     }
 }
 
@@ -350,9 +353,9 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "read"))]
 #[boundary]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
-    match lookup(fd) {
-        // SAFETY: the caller provides `count` writable bytes at `buf`.
-        Some(e) => ssize(do_read(&e, unsafe { slice_mut(buf, count) }, None)),
+    // SAFETY: the caller provides `count` writable bytes at `buf`.
+    match with_entry(fd, |e| do_read(e, unsafe { slice_mut(buf, count) }, None)) {
+        Some(r) => ssize(r),
         None => call_real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t, -1; fd, buf, count),
     }
 }
@@ -378,13 +381,15 @@ macro_rules! pread_wrapper {
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, buf: *mut c_void, count: size_t, offset: $off) -> ssize_t {
-            match lookup(fd) {
-                Some(_) if offset < 0 => {
-                    set_errno(libc::EINVAL);
-                    -1
+            let read = with_entry(fd, |e| {
+                if offset < 0 {
+                    return Err(Error::new(libc::EINVAL, ""));
                 }
                 // SAFETY: the caller provides `count` writable bytes at `buf`.
-                Some(e) => ssize(do_read(&e, unsafe { slice_mut(buf, count) }, Some(offset as u64))),
+                do_read(e, unsafe { slice_mut(buf, count) }, Some(offset as u64))
+            });
+            match read {
+                Some(r) => ssize(r),
                 None => call_real!($name: fn(c_int, *mut c_void, size_t, $off) -> ssize_t, -1; fd, buf, count, offset),
             }
         }
@@ -493,8 +498,8 @@ fn vectored(
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readv"))]
 #[boundary]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match lookup(fd) {
-        Some(e) => ssize(vectored(&e, iov, cnt, None, false)),
+    match with_entry(fd, |e| vectored(e, iov, cnt, None, false)) {
+        Some(r) => ssize(r),
         None => call_real!(readv: fn(c_int, *const iovec, c_int) -> ssize_t, -1; fd, iov, cnt),
     }
 }
@@ -505,8 +510,8 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "writev"))]
 #[boundary]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match lookup(fd) {
-        Some(e) => ssize(vectored(&e, iov, cnt, None, true)),
+    match with_entry(fd, |e| vectored(e, iov, cnt, None, true)) {
+        Some(r) => ssize(r),
         None => call_real!(writev: fn(c_int, *const iovec, c_int) -> ssize_t, -1; fd, iov, cnt),
     }
 }
@@ -519,9 +524,9 @@ macro_rules! preadv_wrapper {
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t) -> ssize_t {
-            match lookup(fd) {
-                // preadv/pwritev with offset -1 (the *v2 forms) use the file offset.
-                Some(e) => ssize(vectored(&e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)),
+            // preadv/pwritev with offset -1 (the *v2 forms) use the file offset.
+            match with_entry(fd, |e| vectored(e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)) {
+                Some(r) => ssize(r),
                 None => call_real!($name: fn(c_int, *const iovec, c_int, off64_t) -> ssize_t, -1; fd, iov, cnt, offset),
             }
         }
@@ -540,8 +545,8 @@ macro_rules! preadv2_wrapper {
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t, flags: c_int) -> ssize_t {
-            match lookup(fd) {
-                Some(e) => ssize(vectored(&e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)),
+            match with_entry(fd, |e| vectored(e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)) {
+                Some(r) => ssize(r),
                 None => call_real!($name: fn(c_int, *const iovec, c_int, off64_t, c_int) -> ssize_t, -1; fd, iov, cnt, offset, flags),
             }
         }

@@ -1,0 +1,139 @@
+//! Threads using one descriptor at once (issue 24, item 1). Reads and writes take neither
+//! a lock nor a reference count on the descriptor (docs/interposition.md, "Descriptors");
+//! these check what the kernel promises for a regular file all the same: write(2) and
+//! read(2) on one description move its offset atomically, and a close or dup2 racing a
+//! call never frees what that call uses. Each runs a real C program under `cascade run`.
+
+use std::process::Output;
+
+mod common;
+use common::compile_c;
+use common::env::Env;
+
+const SRC: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { THREADS = 4, EACH = 5000, REC = 64 };
+static int fd;
+static atomic_int stop;
+static atomic_long failures;
+
+/* A record: thread number and sequence number, then filler. */
+static void record(char *r, int t, int i) {
+    memset(r, 'a' + t, REC);
+    snprintf(r, REC, "%d:%d:", t, i);
+}
+
+static void *appender(void *arg) {
+    int t = (int)(long)arg;
+    char r[REC];
+    for (int i = 0; i < EACH; i++) {
+        record(r, t, i);
+        if (write(fd, r, REC) != REC) { perror("write"); exit(1); }
+    }
+    return NULL;
+}
+
+static unsigned char seen[THREADS][EACH];
+
+static void *reader(void *arg) {
+    (void)arg;
+    char r[REC];
+    for (;;) {
+        ssize_t n = read(fd, r, REC);
+        if (n == 0) return NULL;
+        if (n != REC) { perror("read"); exit(1); }
+        int t, i;
+        if (sscanf(r, "%d:%d:", &t, &i) != 2 || t < 0 || t >= THREADS || i < 0 || i >= EACH) {
+            printf("torn record\n"); exit(1);
+        }
+        __atomic_add_fetch(&seen[t][i], 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void *pwriter(void *arg) {
+    int t = (int)(long)arg;
+    char r[REC];
+    record(r, t, 0);
+    while (!atomic_load(&stop)) {
+        ssize_t n = pwrite(fd, r, REC, (off_t)t * REC);
+        if (n != REC && !(n < 0 && errno == EBADF)) { atomic_fetch_add(&failures, 1); }
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    pthread_t th[THREADS];
+    if (!strcmp(argv[1], "write-read")) {
+        fd = open(argv[2], O_CREAT | O_TRUNC | O_RDWR, 0600);
+        if (fd < 0) { perror(argv[2]); return 1; }
+        for (long t = 0; t < THREADS; t++) pthread_create(&th[t], NULL, appender, (void *)t);
+        for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+        off_t end = lseek(fd, 0, SEEK_CUR);
+        if (end != (off_t)THREADS * EACH * REC) { printf("offset %lld after the writes\n", (long long)end); return 1; }
+        lseek(fd, 0, SEEK_SET);
+        for (long t = 0; t < THREADS; t++) pthread_create(&th[t], NULL, reader, (void *)t);
+        for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+        for (int t = 0; t < THREADS; t++)
+            for (int i = 0; i < EACH; i++)
+                if (seen[t][i] != 1) { printf("record %d:%d read %d times\n", t, i, seen[t][i]); return 1; }
+        printf("ok\n");
+        return 0;
+    }
+    if (!strcmp(argv[1], "replace")) {
+        char other[4096];
+        snprintf(other, sizeof other, "%s.other", argv[2]);
+        fd = open(argv[2], O_CREAT | O_RDWR, 0600);
+        int keep = dup(fd);
+        if (fd < 0 || keep < 0) { perror(argv[2]); return 1; }
+        for (long t = 0; t < THREADS; t++) pthread_create(&th[t], NULL, pwriter, (void *)t);
+        for (int round = 0; round < 3000; round++) {
+            int o = open(other, O_CREAT | O_RDWR, 0600);
+            if (o < 0 || dup2(o, fd) != fd || close(o) != 0) { perror("replace"); return 1; }
+            if (close(fd) != 0) { perror("close"); return 1; }
+            if (dup2(keep, fd) != fd) { perror("dup2 back"); return 1; }
+        }
+        atomic_store(&stop, 1);
+        for (int t = 0; t < THREADS; t++) pthread_join(th[t], NULL);
+        if (atomic_load(&failures)) { printf("%ld failed calls\n", atomic_load(&failures)); return 1; }
+        printf("ok\n");
+        return 0;
+    }
+    return 2;
+}
+"#;
+
+fn run(mode: &str, file: &str) -> Output {
+    let exe = compile_c("shared_descriptors", SRC, &["-lpthread"]);
+    let env = Env::new();
+    let out = env.command(
+        exe.to_str().expect("utf-8 path"),
+        &[mode, &format!("{}/{file}", env.mount)],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text == "ok\n",
+        "{mode}: {}\n{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn threads_writing_and_reading_one_descriptor_each_get_their_own_bytes() {
+    run("write-read", "records");
+}
+
+#[test]
+fn a_descriptor_replaced_and_closed_under_running_writers_is_never_used_after_it_is_freed() {
+    run("replace", "target");
+}
