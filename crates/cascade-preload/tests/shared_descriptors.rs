@@ -4,7 +4,8 @@
 //! read(2) on one description move its offset atomically, and a close or dup2 racing a
 //! call never frees what that call uses. Each runs a real C program under `cascade run`.
 
-use std::process::Output;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Output, Stdio};
 
 mod common;
 use common::compile_c;
@@ -14,6 +15,7 @@ const SRC: &str = r#"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +109,32 @@ int main(int argc, char **argv) {
         printf("ok\n");
         return 0;
     }
+    if (!strcmp(argv[1], "heir")) {
+        /* The parent opens (an anchored descriptor), forks and dies by SIGKILL; the child
+           waits for that (EOF on a pipe only the parent held open), asks for a sweep, then
+           writes through the inherited descriptor. */
+        fd = open(argv[2], O_CREAT | O_TRUNC | O_WRONLY, 0600);
+        if (fd < 0 || write(fd, "parent;", 7) != 7) { perror(argv[2]); return 1; }
+        int p[2];
+        if (pipe(p) != 0) { perror("pipe"); return 1; }
+        pid_t child = fork();
+        if (child < 0) { perror("fork"); return 1; }
+        if (child > 0) {
+            raise(SIGKILL);
+            return 1;
+        }
+        close(p[1]);
+        char c;
+        if (read(p[0], &c, 1) != 0) { printf("pipe\n"); return 1; }
+        printf("sweep now\n");
+        fflush(stdout);
+        char go[8];
+        if (!fgets(go, sizeof go, stdin)) { printf("no go\n"); return 1; }
+        if (write(fd, "child", 5) != 5) { perror("write after the sweep"); return 1; }
+        if (close(fd) != 0) { perror("close"); return 1; }
+        printf("ok\n");
+        return 0;
+    }
     return 2;
 }
 "#;
@@ -136,4 +164,43 @@ fn threads_writing_and_reading_one_descriptor_each_get_their_own_bytes() {
 #[test]
 fn a_descriptor_replaced_and_closed_under_running_writers_is_never_used_after_it_is_freed() {
     run("replace", "target");
+}
+
+/// A descriptor inherited over fork keeps its description alive in sweeps after the process
+/// that opened it (and holds it through its anchor, not a named memfd) was killed.
+#[test]
+fn a_description_inherited_over_fork_outlives_its_killed_opener() {
+    let exe = compile_c("shared_descriptors", SRC, &["-lpthread"]);
+    let env = Env::new();
+    let mut child = env
+        .cascade_run(
+            exe.to_str().expect("utf-8 path"),
+            &["heir", &format!("{}/heir", env.mount)],
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // The heir speaks once its parent is dead; `cascade run` waits for the parent only,
+    // so the heir's output comes through the pipe it inherited.
+    let first = lines.next().expect("a line").expect("read");
+    assert_eq!(first, "sweep now");
+    env.store().sweep_descriptions();
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").expect("go");
+    drop(stdin);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let mut errors = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut errors);
+    }
+    let _ = child.wait();
+    assert_eq!(
+        rest,
+        ["ok"],
+        "the heir could not write after the sweep: {errors}"
+    );
+    assert_eq!(env.read_store("/heir"), b"parent;child");
 }

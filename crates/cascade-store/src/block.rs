@@ -187,6 +187,21 @@ pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// This process's start time, read once per process (a fork child reads its own).
+pub(crate) fn my_start_time() -> u64 {
+    static CACHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let pid = my_pid();
+    let cached = CACHED.load(Ordering::Relaxed);
+    if cached >> 40 == u64::from(pid) && cached != 0 {
+        return cached & ((1 << 40) - 1);
+    }
+    let start = process_start_time(pid).unwrap_or(0);
+    if start < 1 << 40 {
+        CACHED.store(u64::from(pid) << 40 | start, Ordering::Relaxed);
+    }
+    start
+}
+
 pub(crate) fn process_alive(pid: u32, start_time: u64) -> bool {
     pid != 0 && process_start_time(pid) == Some(start_time)
 }

@@ -167,6 +167,7 @@ impl Store {
                     slot.flags.store(flags as u32, Relaxed);
                     slot.claimed_ns.store(crate::block::now_ns(), Relaxed);
                     slot.claimer_pid.store(crate::block::my_pid(), Relaxed);
+                    slot.anchor_start.store(0, Relaxed);
                     slot.rewrite_at_open.store(
                         self.block().inode(file.ino() as u32).life.load(Acquire)
                             >> crate::layout::LIFE_REWRITE_SHIFT,
@@ -307,6 +308,7 @@ impl Store {
         let live = referenced_descriptions();
         let now = crate::block::now_ns();
         let mut freed = 0;
+        let mut anchors_alive = std::collections::HashMap::new();
         for slot_no in 0..OFD_SLOTS {
             let slot = self.block().ofd(slot_no);
             let nonce = slot.nonce.load(Acquire);
@@ -322,6 +324,14 @@ impl Store {
             let rewrite = slot.rewrite_at_open.load(Acquire);
             let (ino, gen) = (slot.ino.load(Acquire), slot.gen.load(Acquire));
             let flags = slot.flags.load(Acquire) as i32;
+            let anchor = slot.anchor_start.load(Acquire);
+            if anchor != 0
+                && *anchors_alive
+                    .entry((claimer, anchor))
+                    .or_insert_with(|| crate::block::process_alive(claimer, anchor))
+            {
+                continue;
+            }
             if !live.contains(&OpenDescription {
                 slot: slot_no,
                 nonce,
@@ -335,6 +345,22 @@ impl Store {
             }
         }
         freed
+    }
+
+    /// Records that this process, which claimed `d`, holds it through its anchor descriptor
+    /// (no memfd named after the slot): sweeps keep it while this process lives. False if
+    /// that cannot be recorded (this process's start time is unknown): name a memfd then.
+    pub fn anchor_description(&self, d: OpenDescription) -> bool {
+        let start = crate::block::my_start_time();
+        match self.description(d) {
+            Some(desc)
+                if start != 0 && desc.slot.claimer_pid.load(Acquire) == crate::block::my_pid() =>
+            {
+                desc.slot.anchor_start.store(start, Release);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Opens the file a description refers to, by inode and generation (ESTALE if it was

@@ -320,7 +320,11 @@ pub(crate) struct OfdSlot {
     pub rewrite_at_open: AtomicU32,
     /// The process that claimed the slot: a young slot is swept only once it is dead.
     pub claimer_pid: AtomicU32,
-    pub _pad: [u64; 2],
+    /// The claimer's start time (clock ticks after boot) when it holds the description
+    /// through its *anchor* descriptor rather than a memfd named after the slot
+    /// (docs/interposition.md): the slot lives while that process does. 0 = not anchored.
+    pub anchor_start: AtomicU64,
+    pub _pad: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<OfdSlot>() == 64);

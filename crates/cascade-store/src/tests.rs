@@ -826,3 +826,36 @@ fn the_first_access_to_a_chunk_maps_all_of_it_into_the_process() {
     // One MADV_POPULATE_WRITE for the chunk, not a page fault for the one page written.
     assert_eq!(present_pages(chunk, 1 << 20), 256);
 }
+
+#[test]
+fn an_anchored_description_lives_as_long_as_its_process() {
+    use std::mem::offset_of;
+    // docs/store-layout.md, "Open file description".
+    assert_eq!(offset_of!(crate::layout::OfdSlot, anchor_start), 48);
+    let t = store(1 << 20, 64 << 10, 0);
+    let s = t.store.as_ref().expect("store");
+    let f = s.open("/held", &rw()).expect("open");
+    let d = s.describe_open(&f, libc::O_RDWR).expect("describe");
+    assert!(
+        s.anchor_description(d),
+        "this process's start time is readable"
+    );
+    // Old enough that only the holder's liveness can spare it, and named by no memfd.
+    let slot = s.block().ofd(d.slot);
+    slot.claimed_ns.store(0, Ordering::Relaxed);
+    assert_eq!(
+        s.sweep_descriptions(),
+        0,
+        "a live process's anchored description was swept"
+    );
+    assert!(s.description(d).is_some());
+    // The same pid with another start time is a process that died (its pid reused).
+    let start = slot.anchor_start.load(Ordering::Relaxed);
+    slot.anchor_start.store(start + 1, Ordering::Relaxed);
+    assert_eq!(
+        s.sweep_descriptions(),
+        1,
+        "a dead process's anchored description was kept"
+    );
+    assert!(s.description(d).is_none());
+}

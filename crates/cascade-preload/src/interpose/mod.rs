@@ -760,6 +760,12 @@ pub(crate) fn close_all_at_exit(flush: bool) {
     }
 }
 
+/// The child inherits every descriptor: each must name its description (not the anchor).
+#[boundary]
+extern "C" fn before_fork() {
+    sysio::name_anchored_descriptors();
+}
+
 #[boundary]
 extern "C" fn after_fork_in_child() {
     OWNER_PID.store(current_pid(), Relaxed);
@@ -787,7 +793,7 @@ extern "C" fn on_load() {
     OWNER_PID.store(current_pid(), Relaxed);
     hazard::register_process();
     // SAFETY: registering a plain function as the fork child handler.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_in_child)) };
     if std::env::var_os("CASCADE_CWD").is_some() {
         set_virtual_cwd(
             std::env::var("CASCADE_CWD")

@@ -99,6 +99,7 @@ unsafe fn exec_with(
     };
     let own_image = owns_its_table();
     let handed: Vec<c_int> = if own_image {
+        super::sysio::name_anchored_descriptors();
         owned_fds(false).into_iter().map(|(fd, _)| fd).collect()
     } else {
         Vec::new()

@@ -200,6 +200,7 @@ fn inherited(opened: &[(c_int, c_int)]) -> Vec<(c_int, Arc<Entry>)> {
     if !owns_its_table() {
         return Vec::new();
     }
+    super::sysio::name_anchored_descriptors();
     let mut out = owned_fds(false);
     for &(placeholder, child_fd) in opened {
         if let Some(e) = lookup(placeholder) {

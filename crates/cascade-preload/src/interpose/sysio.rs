@@ -73,19 +73,18 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         )
     })?;
     let is_dir = file.is_dir();
-    let name = desc.memfd_name();
-    let memfd_flags = if flags & libc::O_CLOEXEC != 0 {
-        libc::MFD_CLOEXEC
-    } else {
-        0
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    let made = match anchor_fd() {
+        Some(anchor) if store.anchor_description(desc) => duplicate_anchor(anchor, cloexec),
+        _ => named_memfd(&desc, cloexec),
     };
-    // SAFETY: `name` is a valid C string.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), memfd_flags) };
-    if fd < 0 {
-        let e = Error::last_os("memfd_create");
-        store.release_description(desc);
-        return Err(e);
-    }
+    let fd = match made {
+        Ok(fd) => fd,
+        Err(e) => {
+            store.release_description(desc);
+            return Err(e);
+        }
+    };
     if fd as usize >= MAX_FDS {
         // SAFETY: closing the fd we just made.
         unsafe { libc::close(fd) };
@@ -106,6 +105,99 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         }),
     );
     Ok(fd)
+}
+
+/// The process's anchor: a memfd (`cascade-anchor`) of which each Cascade descriptor is a
+/// duplicate while only this process holds its description (docs/interposition.md, "File
+/// descriptors"): F_DUPFD is a tenth of a memfd_create. None if it cannot be made.
+fn anchor_fd() -> Option<c_int> {
+    static ANCHOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+    let fd = ANCHOR.load(Acquire);
+    if fd >= 0 {
+        return Some(fd);
+    }
+    // SAFETY: a constant, NUL-terminated name.
+    let made = unsafe { libc::memfd_create(c"cascade-anchor".as_ptr(), libc::MFD_CLOEXEC) };
+    if made < 0 {
+        return None;
+    }
+    match ANCHOR.compare_exchange(-1, made, AcqRel, Acquire) {
+        Ok(_) => Some(made),
+        Err(other) => {
+            // SAFETY: closing the memfd this call made; another thread's won.
+            unsafe { libc::syscall(libc::SYS_close, made) };
+            Some(other)
+        }
+    }
+}
+
+/// The anchor's (device, inode), to tell anchored descriptors from named ones.
+fn anchor_identity() -> Option<(u64, u64)> {
+    identity(anchor_fd()?)
+}
+
+/// The (device, inode) of what `fd` is in the kernel (the real fstat, not the wrapper,
+/// which describes the store file; so are the calls below: `libc::syscall` is wrapped too).
+fn identity(fd: c_int) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    let rc = call_real!(fstat: fn(c_int, *mut libc::stat) -> c_int, -1; fd, st.as_mut_ptr());
+    // SAFETY: a successful fstat initialised it.
+    (rc == 0)
+        .then(|| unsafe { st.assume_init() })
+        .map(|st| (st.st_dev, st.st_ino))
+}
+
+/// The lowest free descriptor, a duplicate of the anchor.
+fn duplicate_anchor(anchor: c_int, cloexec: bool) -> Result<c_int, Error> {
+    let cmd = if cloexec {
+        libc::F_DUPFD_CLOEXEC
+    } else {
+        libc::F_DUPFD
+    };
+    let fd = call_real!(fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int, -1; anchor, cmd, 0);
+    if fd < 0 {
+        return Err(Error::last_os("fcntl(F_DUPFD)"));
+    }
+    Ok(fd as c_int)
+}
+
+/// A memfd named after description `desc` (`cascade-ofd:<slot>:<nonce>`), which other
+/// processes' sweeps and an exec'd image recognise.
+fn named_memfd(desc: &OpenDescription, cloexec: bool) -> Result<c_int, Error> {
+    let name = desc.memfd_name();
+    let memfd_flags = if cloexec { libc::MFD_CLOEXEC } else { 0 };
+    // SAFETY: `name` is a valid C string.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), memfd_flags) };
+    if fd < 0 {
+        return Err(Error::last_os("memfd_create"));
+    }
+    Ok(fd)
+}
+
+/// Before another process can inherit this one's descriptors (fork, exec, posix_spawn,
+/// system, popen): each anchored Cascade descriptor is replaced, under its number and with
+/// its close-on-exec flag, by a memfd named after its description, so that the heir's
+/// descriptors keep the description alive in sweeps after this process is gone, and an
+/// exec'd image can adopt them.
+pub(crate) fn name_anchored_descriptors() {
+    let Some(anchor) = anchor_identity() else {
+        return;
+    };
+    for (fd, entry) in all_entries() {
+        if identity(fd) != Some(anchor) {
+            continue;
+        }
+        let fd_flags =
+            call_real!(fcntl: fn(c_int, c_int, libc::c_ulong) -> c_int, -1; fd, libc::F_GETFD, 0);
+        let cloexec = fd_flags >= 0 && fd_flags & libc::FD_CLOEXEC != 0;
+        let Ok(named) = named_memfd(&entry.desc, cloexec) else {
+            continue;
+        };
+        let dup_flags = if cloexec { libc::O_CLOEXEC } else { 0 };
+        // The real dup3: the entry stays registered under `fd`.
+        call_real!(dup3: fn(c_int, c_int, c_int) -> c_int, -1; named, fd, dup_flags);
+        call_real!(close: fn(c_int) -> c_int, -1; named);
+    }
 }
 
 /// Whether the running kernel refuses `O_CREAT|O_DIRECTORY` with EINVAL (Linux 6.4 and
