@@ -25,14 +25,17 @@
  *            rounds of: the file phase (as write/read; a new file path-K per round for
  *            writes) and memcpy into (out of) a MAP_SHARED slice of the /dev/shm object shm
  *            at offset, taking turns, each phase timed
- *   sweep    path= sizes=SIZE:CALLS,... [warm=DIR]   per size, a new file written with CALLS
- *            write() calls of SIZE bytes (one phase per size)
+ *   sweep    path= sizes=SIZE:CALLS,... [read=1] [warm=DIR]   per size, a new file written
+ *            with CALLS write() calls of SIZE bytes (one phase per size); read=1: the file is
+ *            written untimed and the phase reads it back with CALLS read() calls
  *   replay   path= sizes=FILE [warm=DIR]        write() calls of the sizes in FILE
  *            (little-endian u32 each) into one new file
  *   meta     dir= files= passes= [warm=DIR]     create+write 4 KiB+close `files` files, then
  *            stat each `passes` times, then unlink them (one phase each)
  *   probe    path=                              (no protocol) create path with 4 KiB and keep
  *            it: the bench checks in the store that the library served it
+ *   mdtest   dir= files= rank= [shared=1] [warm=DIR]   mdtest-style: create (empty), stat,
+ *            remove `files` files in dir/p<rank> (shared=1: in dir itself), a phase each
  *   passthru path= region= calls64= calls4k= rounds=   write() and read() of 64 B and 4 KiB
  *            on one file, cycling over its first `region` bytes (lseek back to 0 at the end);
  *            the four phases `rounds` times in turn
@@ -579,7 +582,8 @@ static void mode_sweep(void)
         if (*p == ',')
             p++;
     }
-    unsigned char *src = alloc_aligned(maxs);
+    int reading = opt_u64("read", 0) != 0;
+    unsigned char *src = alloc_aligned(maxs), *dst = alloc_aligned(maxs);
     fill_pattern(src, maxs, 1);
     warm_up();
     double setup_s;
@@ -587,9 +591,20 @@ static void mode_sweep(void)
     char name[512], ph[32];
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "%s-%llu", path, (unsigned long long)size[i]);
-        uint64_t t0 = now_ns();
-        write_file(name, src, size[i] * calls[i], size[i]);
-        uint64_t t1 = now_ns();
+        uint64_t t0 = now_ns(), t1;
+        if (reading) {
+            /* read=1: the file is written untimed, then read back with size[i] reads. */
+            write_file(name, src, size[i] * calls[i], size[i]);
+            int fd = open_or_die(name, O_RDONLY);
+            t0 = now_ns();
+            for (uint64_t k = 0; k < calls[i]; k++)
+                read_full(fd, dst, size[i], name);
+            t1 = now_ns();
+            close_or_die(fd, name);
+        } else {
+            write_file(name, src, size[i] * calls[i], size[i]);
+            t1 = now_ns();
+        }
         snprintf(ph, sizeof ph, "%llu", (unsigned long long)size[i]);
         phase(ph, t0, t1);
         check_and_unlink(name, size[i] * calls[i]);
@@ -680,6 +695,60 @@ static void mode_meta(void)
         die("rmdir %s: %s", dir, strerror(errno));
 }
 
+/* mdtest-style: `files` empty files created (open O_CREAT|O_EXCL, close), each stat'ed
+   once, then removed, one phase each. shared=1: all processes in one directory `dir`
+   (names carry `rank`), else a directory of its own, dir/p<rank>. */
+static void mode_mdtest(void)
+{
+    const char *dir = need("dir");
+    uint64_t files = need_u64("files"), rank = need_u64("rank");
+    int shared = opt_u64("shared", 0) != 0;
+    char own[512];
+    if (shared)
+        snprintf(own, sizeof own, "%s", dir);
+    else
+        snprintf(own, sizeof own, "%s/p%llu", dir, (unsigned long long)rank);
+    size_t w = strlen(own) + 32;
+    char *names = malloc(files * w + 1);
+    if (!names)
+        die("out of memory");
+    for (uint64_t i = 0; i < files; i++)
+        snprintf(names + i * w, w, "%s/r%llu.f%07llu", own, (unsigned long long)rank,
+                 (unsigned long long)i);
+    warm_up();
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        die("mkdir %s: %s", dir, strerror(errno));
+    if (!shared && mkdir(own, 0755) != 0)
+        die("mkdir %s: %s", own, strerror(errno));
+    double setup_s;
+    uint64_t start = barrier(&setup_s);
+    uint64_t t0 = now_ns();
+    for (uint64_t i = 0; i < files; i++) {
+        const char *p = names + i * w;
+        close_or_die(open_or_die(p, O_WRONLY | O_CREAT | O_EXCL), p);
+    }
+    uint64_t t1 = now_ns();
+    phase("create", t0, t1);
+    struct stat st;
+    for (uint64_t i = 0; i < files; i++) {
+        const char *p = names + i * w;
+        if (stat(p, &st) != 0 || st.st_size != 0)
+            die("stat %s: %s", p, strerror(errno));
+    }
+    uint64_t t2 = now_ns();
+    phase("stat", t1, t2);
+    for (uint64_t i = 0; i < files; i++) {
+        const char *p = names + i * w;
+        if (unlink(p) != 0)
+            die("unlink %s: %s", p, strerror(errno));
+    }
+    uint64_t t3 = now_ns();
+    phase("remove", t2, t3);
+    finish(start, t3, 0, files * 3, setup_s);
+    if (!shared && rmdir(own) != 0)
+        die("rmdir %s: %s", own, strerror(errno));
+}
+
 static void mode_passthru(void)
 {
     const char *path = need("path");
@@ -747,7 +816,7 @@ int main(int argc, char **argv)
     g_argv = argv;
     g_parent = getppid();
     if (argc < 2)
-        die("usage: pio write|read|memcpy|paired|sweep|replay|meta|passthru|probe key=value...");
+        die("usage: pio write|read|memcpy|paired|sweep|replay|meta|mdtest|passthru|probe key=value...");
     const char *m = argv[1];
     if (!strcmp(m, "write"))
         mode_write();
@@ -763,6 +832,8 @@ int main(int argc, char **argv)
         mode_replay();
     else if (!strcmp(m, "meta"))
         mode_meta();
+    else if (!strcmp(m, "mdtest"))
+        mode_mdtest();
     else if (!strcmp(m, "passthru"))
         mode_passthru();
     else if (!strcmp(m, "probe"))

@@ -88,6 +88,13 @@ pub struct POpts {
     /// stat() passes over those files.
     #[arg(long, default_value_t = 3)]
     pub meta_passes: u64,
+    /// Files per process in the mdtest-style run (create empty, stat, remove).
+    #[arg(
+        long,
+        default_value_t = 10_000,
+        default_value_if("quick", "true", "2500")
+    )]
+    pub mdtest_files: u64,
     /// Pairs (with and without the library) in the pass-through benchmark.
     #[arg(long, default_value_t = 9, default_value_if("quick", "true", "2"))]
     pub pass_reps: usize,
@@ -209,6 +216,19 @@ pub struct MetaRow {
     pub stat_ns: Stats,
 }
 
+/// One mdtest-style run: aggregate operations per second over the processes.
+#[derive(Debug, Clone, Serialize)]
+pub struct MdtestRow {
+    pub method: String,
+    pub procs: usize,
+    /// "own" (a directory per process) or "shared" (one directory for all).
+    pub layout: String,
+    pub files: u64,
+    pub create_per_s: Stats,
+    pub stat_per_s: Stats,
+    pub remove_per_s: Stats,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PassRow {
     pub op: String,
@@ -231,6 +251,8 @@ pub struct PResults {
     pub mix: Vec<MixRow>,
     pub replay: Vec<Row>,
     pub meta: Vec<MetaRow>,
+    pub mdtest: Vec<MdtestRow>,
+    pub read_sweep: Vec<Row>,
     pub readback: Vec<Row>,
     pub passthrough: Vec<PassRow>,
 }
@@ -484,7 +506,8 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
                     writes(opts, pio, &mut res, &mut names, st, &base)?;
                 }
                 if want(Part::Small) {
-                    small(opts, pio, &mut res, st)?;
+                    small(opts, pio, &mut res, st, false)?;
+                    small(opts, pio, &mut res, st, true)?;
                 }
                 if want(Part::Replay) {
                     replay(opts, pio, &mut res, &mut names, st)?;
@@ -514,7 +537,8 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
             None,
             |_, st| {
                 pio.check_interception(st)?;
-                meta(opts, pio, &mut res, &mut names, st)
+                meta(opts, pio, &mut res, &mut names, st)?;
+                mdtest(opts, pio, &mut res, st)
             },
         )?;
     }
@@ -699,19 +723,39 @@ fn normalise(cp: &CPair, tp: &TightPair) -> Normalised {
 
 // ---- 2. small writes: the write-size sweep ------------------------------------------------
 
-fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
+/// The sizes of the small-read sweep (issue 24: 64 B and 4 KiB reads).
+const READ_SIZES: [u64; 2] = [64, 4 * KIB];
+
+/// Benchmark 2: per write size, a new file written with that size's calls; with `read`,
+/// the 64 B and 4 KiB files are written untimed and read back (library and tmpfs only: the
+/// store API's reads are the restart benchmark's).
+fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, read: bool) -> Res<()> {
+    let sweep: Vec<(u64, u64)> = if read {
+        opts.sweep
+            .iter()
+            .copied()
+            .filter(|(s, _)| READ_SIZES.contains(s))
+            .collect()
+    } else {
+        opts.sweep.clone()
+    };
     eprintln!(
-        "2. write-size sweep ({} to {}), one new file per size:",
-        size_str(opts.sweep.first().map_or(0, |s| s.0)),
-        size_str(opts.sweep.last().map_or(0, |s| s.0))
+        "2. {} sweep ({} to {}), one new file per size:",
+        if read { "read-size" } else { "write-size" },
+        size_str(sweep.first().map_or(0, |s| s.0)),
+        size_str(sweep.last().map_or(0, |s| s.0))
     );
-    let spec: String = opts
-        .sweep
+    let spec: String = sweep
         .iter()
         .map(|(s, c)| format!("{s}:{c}"))
         .collect::<Vec<_>>()
         .join(",");
-    let methods = ["preload", "store-api", "tmpfs"];
+    let read_arg = ("read", if read { "1" } else { "0" }.to_string());
+    let methods: &[&'static str] = if read {
+        &["preload", "tmpfs"]
+    } else {
+        &["preload", "store-api", "tmpfs"]
+    };
     for &p in &opts.procs {
         // Per size and method: GB/s, calls/s (aggregate) and ns/call (per process).
         type Acc = BTreeMap<(u64, &'static str), (Vec<f64>, Vec<f64>, Vec<f64>)>;
@@ -733,6 +777,7 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
                             &[
                                 ("path", pio.path(&format!("sweep-p{i}"))),
                                 ("sizes", spec.clone()),
+                                read_arg.clone(),
                                 pio.warm(),
                             ],
                         ),
@@ -742,6 +787,7 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
                             &[
                                 ("path", format!("/dev/shm/{}-sweep-{i}", prefix(opts.pid))),
                                 ("sizes", spec.clone()),
+                                read_arg.clone(),
                             ],
                         ),
                         _ => job_command(&Job::StoreSweep {
@@ -753,7 +799,7 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
                 }
                 let out = run(cmds, || format!("sweep: {m} with {p} processes"))?;
                 let mut line = Vec::new();
-                for (j, &(size, calls)) in opts.sweep.iter().enumerate() {
+                for (j, &(size, calls)) in sweep.iter().enumerate() {
                     let (_, span, per_proc) = phase_span(&out, j)?;
                     let e = acc.entry((size, m)).or_default();
                     e.0.push(gbps(size * calls * p as u64, span));
@@ -777,12 +823,17 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
                 );
             }
         }
-        for &(size, calls) in &opts.sweep {
-            for m in methods {
+        for &(size, calls) in &sweep {
+            for &m in methods {
                 let Some((g, c, n)) = acc.get(&(size, m)) else {
                     continue;
                 };
-                res.sweep.push(Row {
+                let rows = if read {
+                    &mut res.read_sweep
+                } else {
+                    &mut res.sweep
+                };
+                rows.push(Row {
                     method: m.to_string(),
                     procs: p,
                     io: size,
@@ -799,7 +850,11 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
                 };
                 let r: Vec<f64> = a.1.iter().zip(&b.1).map(|(x, y)| x / y).collect();
                 res.rep_ratios.push(RepRatio {
-                    what: format!("{calls} x 64 B preload/tmpfs calls/s"),
+                    what: if read {
+                        format!("{calls} x 64 B reads preload/tmpfs calls/s")
+                    } else {
+                        format!("{calls} x 64 B preload/tmpfs calls/s")
+                    },
                     procs: p,
                     ratio: Stats::of(&r),
                 });
@@ -1066,6 +1121,83 @@ fn meta(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &Sto
                 procs: p,
                 ratio: Stats::of(&r),
             });
+        }
+    }
+    Ok(())
+}
+
+/// mdtest-style (issue 24): `mdtest_files` empty files per process created, stat'ed once and
+/// removed, in a directory per process and in one shared directory.
+fn mdtest(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
+    let files = opts.mdtest_files;
+    eprintln!("4b. mdtest-style: {files} files per process, create (empty), stat, remove:");
+    let methods = ["preload", "tmpfs"];
+    for layout in ["own", "shared"] {
+        for &p in &opts.procs {
+            type Acc = BTreeMap<&'static str, [Vec<f64>; 3]>;
+            let mut acc: Acc = BTreeMap::new();
+            for rep in 0..opts.reps {
+                let order: Vec<&'static str> = if rep % 2 == 0 {
+                    methods.to_vec()
+                } else {
+                    methods.iter().rev().copied().collect()
+                };
+                for m in order {
+                    let dir = match m {
+                        "preload" => pio.path(&format!("md-{layout}-p{p}-r{rep}")),
+                        _ => format!("/dev/shm/{}-md-{layout}-p{p}-r{rep}", prefix(opts.pid)),
+                    };
+                    let cmds = (0..p)
+                        .map(|i| {
+                            let mut a = vec![
+                                ("dir", dir.clone()),
+                                ("files", files.to_string()),
+                                ("rank", i.to_string()),
+                                ("shared", u8::from(layout == "shared").to_string()),
+                            ];
+                            if m == "preload" {
+                                a.push(pio.warm());
+                                pio.cmd(Some(st.name()), "mdtest", &a)
+                            } else {
+                                pio.cmd(None, "mdtest", &a)
+                            }
+                        })
+                        .collect();
+                    let out = run(cmds, || {
+                        format!("mdtest: {m}, {layout} directories, {p} processes")
+                    });
+                    if m == "tmpfs" {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                    let out = out?;
+                    let n = (files * p as u64) as f64;
+                    let e = acc.entry(m).or_default();
+                    for (k, v) in e.iter_mut().enumerate() {
+                        let (_, span, _) = phase_span(&out, k)?;
+                        v.push(n * 1e9 / span.max(1) as f64);
+                    }
+                    eprintln!(
+                        "  [mdtest] {m:<7} {layout:<6} procs={p} rep {}/{}: {:9.0} creates/s, {:9.0} stats/s, {:9.0} removes/s",
+                        rep + 1,
+                        opts.reps,
+                        e[0].last().copied().unwrap_or(0.0),
+                        e[1].last().copied().unwrap_or(0.0),
+                        e[2].last().copied().unwrap_or(0.0)
+                    );
+                }
+            }
+            for m in methods {
+                let Some(e) = acc.get(m) else { continue };
+                res.mdtest.push(MdtestRow {
+                    method: m.to_string(),
+                    procs: p,
+                    layout: layout.to_string(),
+                    files,
+                    create_per_s: Stats::of(&e[0]),
+                    stat_per_s: Stats::of(&e[1]),
+                    remove_per_s: Stats::of(&e[2]),
+                });
+            }
         }
     }
     Ok(())
@@ -1396,6 +1528,73 @@ pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
         joined(parts),
         met,
     ));
+    // Issue 24, item 1: the library's own time per call, whatever the kernel's costs.
+    let (mut parts, mut met) = (Vec::new(), None);
+    for &p in &opts.procs {
+        let ns =
+            |rows: &[Row], m: &str, io: u64| find_io(rows, m, p, io).map(|x| x.ns_per_call.median);
+        let Some(w64) = ns(&r.sweep, "preload", 64) else {
+            continue;
+        };
+        let show = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0}"));
+        parts.push(format!(
+            "{p} proc: **{w64:.1} ns** (4 KiB writes {} ns; reads: 64 B {} ns, 4 KiB {} ns; tmpfs: {} / {} / {} / {} ns)",
+            show(ns(&r.sweep, "preload", 4 * KIB)),
+            show(ns(&r.read_sweep, "preload", 64)),
+            show(ns(&r.read_sweep, "preload", 4 * KIB)),
+            show(ns(&r.sweep, "tmpfs", 64)),
+            show(ns(&r.sweep, "tmpfs", 4 * KIB)),
+            show(ns(&r.read_sweep, "tmpfs", 64)),
+            show(ns(&r.read_sweep, "tmpfs", 4 * KIB)),
+        ));
+        met = Some(met.unwrap_or(true) && w64 <= 30.0);
+    }
+    out.push(Target::new(
+        "time per 64-byte write (issue 24)",
+        "<= 30 ns per call",
+        joined(parts),
+        met,
+    ));
+    // Issue 24, item 4: metadata with one and two processes.
+    let (mut parts, mut met) = (Vec::new(), None);
+    for &p in &opts.procs {
+        let m = |method: &str| r.meta.iter().find(|m| m.method == method && m.procs == p);
+        let Some((a, b)) = m("preload").zip(m("tmpfs")) else {
+            continue;
+        };
+        let (c, st) = (
+            a.create_per_s.median / b.create_per_s.median,
+            a.stat_per_s.median / b.stat_per_s.median,
+        );
+        let md: Vec<String> = ["own", "shared"]
+            .iter()
+            .filter_map(|layout| {
+                let f = |method: &str| {
+                    r.mdtest
+                        .iter()
+                        .find(|x| x.method == method && x.procs == p && x.layout == *layout)
+                };
+                let (a, b) = f("preload").zip(f("tmpfs"))?;
+                Some(format!(
+                    "mdtest {layout} dirs: create {:.2}x, stat {:.2}x, remove {:.2}x",
+                    a.create_per_s.median / b.create_per_s.median,
+                    a.stat_per_s.median / b.stat_per_s.median,
+                    a.remove_per_s.median / b.remove_per_s.median
+                ))
+            })
+            .collect();
+        parts.push(format!(
+            "{p} proc: create+4 KiB+close **{c:.2}x**, stat **{st:.2}x** ({})",
+            md.join("; ")
+        ));
+        met = Some(met.unwrap_or(true) && c >= 1.5 && st >= 1.5);
+    }
+    out.push(Target::new(
+        "metadata (issue 24)",
+        ">= 1.5x tmpfs for create and stat with 1 and 2 processes",
+        joined(parts),
+        met,
+    ));
     let worst = r
         .passthrough
         .iter()
@@ -1559,6 +1758,27 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         }
     }
     out.push(t);
+    let head = "procs | read size | calls per process | preload ns/call | tmpfs ns/call | preload calls/s | tmpfs calls/s | preload vs tmpfs";
+    let mut t = Table::new("2b. Small reads: calls per second by read size", head);
+    for &p in &o.procs {
+        for &(size, calls) in o.sweep.iter().filter(|(s, _)| READ_SIZES.contains(s)) {
+            let f = |m: &str| find_io(&r.read_sweep, m, p, size);
+            let (Some(a), Some(c)) = (f("preload"), f("tmpfs")) else {
+                continue;
+            };
+            t.row([
+                p.to_string(),
+                size_str(size),
+                count(calls as f64),
+                st_prec(&a.ns_per_call, 0),
+                st_prec(&c.ns_per_call, 0),
+                count_st(&a.calls_per_s),
+                count_st(&c.calls_per_s),
+                x(ratio(a.calls_per_s.median, c.calls_per_s.median)),
+            ]);
+        }
+    }
+    out.push(t);
     let head = "size class | paper: % of writes | paper: % of data | generated writes | % of writes | % of data";
     let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", head);
     for m in &r.mix {
@@ -1618,6 +1838,35 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
                 b.map(|b| b.create_per_s.median),
             )),
             x(ratio(m.stat_per_s.median, b.map(|b| b.stat_per_s.median))),
+        ]);
+    }
+    out.push(t);
+    let head = "directories | method | procs | creates/s | stats/s | removes/s | create vs tmpfs | stat vs tmpfs | remove vs tmpfs";
+    let title = format!(
+        "4b. mdtest-style: {} empty files per process created, stat'ed once, removed",
+        o.mdtest_files
+    );
+    let mut t = Table::new(title, head);
+    for m in &r.mdtest {
+        let b = r
+            .mdtest
+            .iter()
+            .find(|x| x.method == "tmpfs" && x.procs == m.procs && x.layout == m.layout);
+        let vs = |f: fn(&MdtestRow) -> f64| x(ratio(f(m), b.map(f)));
+        t.row([
+            if m.layout == "own" {
+                "one per process".to_string()
+            } else {
+                "one shared".to_string()
+            },
+            m.method.clone(),
+            m.procs.to_string(),
+            count_st(&m.create_per_s),
+            count_st(&m.stat_per_s),
+            count_st(&m.remove_per_s),
+            vs(|r| r.create_per_s.median),
+            vs(|r| r.stat_per_s.median),
+            vs(|r| r.remove_per_s.median),
         ]);
     }
     out.push(t);

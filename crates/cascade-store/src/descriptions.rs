@@ -198,7 +198,11 @@ impl Store {
                         ));
                     }
                     if writes(flags) {
+                        // A writer first, then a new version: an agent that read the file
+                        // between the open and now (writers == 0) cannot record it durable,
+                        // and writes do not bump the version (file.rs, write_locked).
                         self.block().add_writer(ino);
+                        inode.mod_seq.fetch_add(1, AcqRel);
                     }
                     return Ok(OpenDescription {
                         slot: slot_no,

@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::sync::atomic::{
-    AtomicU32, AtomicU64,
+    fence, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 use std::time::Duration;
@@ -26,6 +26,9 @@ pub(crate) struct ShmMutex {
     /// 0 free; else the holder, `pid << 32 | tid`, with [`WAITERS`] set when someone may
     /// sleep on it; [`NOT_RECOVERABLE`] after a holder died and its repair did not finish.
     word: AtomicU64,
+    /// Sequence for readers that do not lock ([`ShmMutex::lock_sequenced`]): odd while a
+    /// sequenced holder may change what the lock protects, even otherwise.
+    seq: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ShmMutex>() == 64);
@@ -96,6 +99,7 @@ impl ShmMutex {
     /// Initialises the mutex in place. Only the creator of a block calls this, before any other
     /// process can see the block.
     pub(crate) fn init(&self) -> Result<()> {
+        self.seq.store(0, Release);
         self.word.store(0, Release);
         Ok(())
     }
@@ -107,9 +111,37 @@ impl ShmMutex {
             return Ok(LockGuard {
                 mutex: self,
                 recovered: false,
+                sequenced: false,
             });
         }
         self.lock_contended(me)
+    }
+
+    /// Locks and makes the sequence odd until the guard drops, so that readers that did
+    /// not lock ([`Self::read_sequence`], [`Self::unchanged_since`]) retry.
+    pub(crate) fn lock_sequenced(&self) -> Result<LockGuard<'_>> {
+        let mut g = self.lock()?;
+        // A holder that died left it odd: step past it either way. Only holders write it.
+        let s = self.seq.load(Relaxed);
+        self.seq.store((s | 1) + 2 * (s & 1), Relaxed);
+        fence(Release);
+        g.sequenced = true;
+        Ok(g)
+    }
+
+    /// The sequence before a lock-free read, None while a sequenced holder is at work.
+    #[inline]
+    pub(crate) fn read_sequence(&self) -> Option<u64> {
+        let s = self.seq.load(Acquire);
+        (s & 1 == 0).then_some(s)
+    }
+
+    /// True if no sequenced holder ran since [`Self::read_sequence`] returned `before`:
+    /// what was read meanwhile is consistent.
+    #[inline]
+    pub(crate) fn unchanged_since(&self, before: u64) -> bool {
+        fence(Acquire);
+        self.seq.load(Relaxed) == before
     }
 
     #[cold]
@@ -118,6 +150,7 @@ impl ShmMutex {
             Ok(LockGuard {
                 mutex: self,
                 recovered,
+                sequenced: false,
             })
         };
         for _ in 0..SPINS {
@@ -214,6 +247,8 @@ const _: () = assert!(
 pub(crate) struct LockGuard<'a> {
     mutex: &'a ShmMutex,
     recovered: bool,
+    /// Taken with [`ShmMutex::lock_sequenced`]: the sequence is made even again at unlock.
+    sequenced: bool,
 }
 
 impl LockGuard<'_> {
@@ -231,6 +266,10 @@ impl LockGuard<'_> {
 impl Drop for LockGuard<'_> {
     #[inline]
     fn drop(&mut self) {
+        if self.sequenced {
+            let s = self.mutex.seq.load(Relaxed);
+            self.mutex.seq.store(s + 1, Release);
+        }
         // A repair that did not finish leaves the lock unusable, which later lockers report.
         if self.recovered {
             self.mutex.word.store(NOT_RECOVERABLE, Release);

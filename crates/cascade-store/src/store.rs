@@ -300,12 +300,13 @@ impl Store {
                 }
                 _ => return Err(Error::new(libc::ENOENT, path.to_string())),
             };
-            if writable || opts.truncate {
-                b.begin_modify(ino);
-            }
+            // The writer before the new version (see describe_open).
             let counts_writer = writable && !opts.described;
             if counts_writer {
                 b.add_writer(ino);
+            }
+            if writable || opts.truncate {
+                b.begin_modify(ino);
             }
             (ino, b.inode(ino).gen.load(Acquire), counts_writer)
         };
@@ -329,9 +330,7 @@ impl Store {
 
     pub fn stat(&self, path: &str) -> Result<Metadata> {
         let b = &self.block;
-        let _g = b.lock_ns()?;
-        let ino = b.resolve(path)?;
-        Ok(self.metadata_of(ino))
+        b.read_namespace(|| b.resolve(path).map(|ino| self.metadata_of(ino)))
     }
 
     /// Metadata and generation of inode `ino` if it is in use (a file, a directory, or one

@@ -98,8 +98,10 @@ unsafe fn exec_with(
         None => None,
     };
     let own_image = owns_its_table();
+    // Also in a vfork child (its descriptor table is its own): the new image adopts only
+    // descriptors named after their descriptions.
+    super::sysio::name_anchored_descriptors();
     let handed: Vec<c_int> = if own_image {
-        super::sysio::name_anchored_descriptors();
         owned_fds(false).into_iter().map(|(fd, _)| fd).collect()
     } else {
         Vec::new()

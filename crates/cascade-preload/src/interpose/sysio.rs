@@ -111,10 +111,12 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
 /// duplicate while only this process holds its description (docs/interposition.md, "File
 /// descriptors"): F_DUPFD is a tenth of a memfd_create. None if it cannot be made.
 fn anchor_fd() -> Option<c_int> {
-    static ANCHOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
-    let fd = ANCHOR.load(Acquire);
-    if fd >= 0 {
+    if let Some(fd) = existing_anchor() {
         return Some(fd);
+    }
+    if !owns_its_table() {
+        // A vfork child would make it in its own table and name it in its parent's memory.
+        return None;
     }
     // SAFETY: a constant, NUL-terminated name.
     let made = unsafe { libc::memfd_create(c"cascade-anchor".as_ptr(), libc::MFD_CLOEXEC) };
@@ -131,9 +133,18 @@ fn anchor_fd() -> Option<c_int> {
     }
 }
 
+static ANCHOR: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The anchor if this process made one. Never made here: a vfork child shares this
+/// variable with its parent but not its descriptor table.
+fn existing_anchor() -> Option<c_int> {
+    let fd = ANCHOR.load(Acquire);
+    (fd >= 0).then_some(fd)
+}
+
 /// The anchor's (device, inode), to tell anchored descriptors from named ones.
 fn anchor_identity() -> Option<(u64, u64)> {
-    identity(anchor_fd()?)
+    identity(existing_anchor()?)
 }
 
 /// The (device, inode) of what `fd` is in the kernel (the real fstat, not the wrapper,
