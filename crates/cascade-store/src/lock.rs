@@ -66,16 +66,22 @@ fn me() -> u64 {
 
 #[cold]
 fn me_uncached(generation: u32) -> u64 {
-    static REGISTER: std::sync::Once = std::sync::Once::new();
-    // SAFETY: registering a plain function as a fork child handler.
-    REGISTER.call_once(|| unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_in_child));
-    });
+    // 0: the fork handler is not registered, 1: being registered, 2: registered. No
+    // `Once`: a fork while another thread runs one would leave the child waiting on it.
+    static REGISTERED: AtomicU32 = AtomicU32::new(0);
+    if REGISTERED.compare_exchange(0, 1, Relaxed, Relaxed).is_ok() {
+        // SAFETY: registering a plain function as a fork child handler.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        REGISTERED.store(2, Release);
+    }
     // SAFETY: getpid and gettid take no arguments.
     let (pid, tid) = unsafe { (libc::getpid() as u64, libc::gettid() as u64) };
     debug_assert!(tid < WAITERS, "thread id {tid} does not fit the lock word");
     let value = pid << 32 | tid;
-    HOLDER.with(|h| h.set((value, generation)));
+    // Cached only once the handler that makes a fork child drop the cache is in place.
+    if REGISTERED.load(Acquire) == 2 {
+        HOLDER.with(|h| h.set((value, generation)));
+    }
     value
 }
 
