@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use cascade_durable::{DurableStore, MarkerFile};
+use cascade_durable::{DurableStore, FileDigest, MarkerFile};
 
 use crate::chunks::ChunkOptions;
 use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, VersionId, VersionInfo};
@@ -268,6 +268,10 @@ struct Counters {
 /// A version whose drain failed `drain_attempts` times in a row is retried this often: it
 /// was acknowledged, so its bytes are kept (its arena too) until it drains or is superseded.
 const DRAIN_RETRY_FAILED: Duration = Duration::from_secs(300);
+
+/// Versions from this size up (to `SINGLE_PUT_MAX`) drain in one request from their mapped
+/// arenas (`put_mapped`); smaller ones are read in (one request too).
+const MAPPED_DRAIN_MIN: u64 = 8 << 20;
 
 /// The longest a Watch is held before it is answered with the counter unchanged.
 const MAX_WATCH: Duration = Duration::from_secs(30);
@@ -1718,6 +1722,32 @@ impl Shared {
         }
     }
 
+    /// Uploads version `v` in one request from its mapped arenas (no multipart upload the
+    /// store must reassemble, no copy), checking its extents and hashing it on a second
+    /// thread meanwhile. The digest of what was read.
+    fn put_mapped(&self, v: &VersionInfo) -> Result<FileDigest> {
+        let mapped = self.engine.map_version(v.id)?;
+        let (put, checked) = std::thread::scope(|scope| {
+            let check = scope.spawn(|| mapped.verify());
+            let put = self.durable.put_buffers(&v.key, mapped.parts());
+            (put, check.join())
+        });
+        let blake3 = match checked {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Invalid(format!(
+                    "{}: the check of its staged bytes panicked",
+                    v.key
+                )))
+            }
+        };
+        put?;
+        Ok(FileDigest {
+            size: v.size,
+            blake3: hex(&blake3),
+        })
+    }
+
     /// Rebuilds one staged file in the durable tier (version, data, then `.blake3`), checking
     /// that what the arenas hold hashes to what the client sent. A version older than the
     /// one the durable store records is not drained (docs/staging.md, "Version order").
@@ -1727,13 +1757,17 @@ impl Shared {
         }
         let started = Instant::now();
         self.durable.put_version(&v.key, v.stamp)?;
-        let reader = DrainReader {
-            shared: self,
-            id: v.id,
-            offset: 0,
-            pacer: Pacer::new(),
+        let digest = if (MAPPED_DRAIN_MIN..=cascade_durable::SINGLE_PUT_MAX).contains(&v.size) {
+            self.put_mapped(v)?
+        } else {
+            let reader = DrainReader {
+                shared: self,
+                id: v.id,
+                offset: 0,
+                pacer: Pacer::new(),
+            };
+            self.durable.put_file(&v.key, reader, v.size)?
         };
-        let digest = self.durable.put_file(&v.key, reader, v.size)?;
         let expected = hex(&v.blake3);
         if digest.blake3 != expected {
             return Err(Error::Mismatch {

@@ -3,8 +3,8 @@
 //! hour, so only events can make these tests progress; every wait is a Watch that must be
 //! answered by an event (a Watch that runs out fails the test).
 //!
-//! 1. a Watch is answered when the server drains a file, and at once when the counter is
-//!    already past the client's;
+//! 1. a Watch is answered when the server drains a file (12 MiB: in one request from the
+//!    mapped arenas, bit for bit), and at once when the counter is already past the client's;
 //! 2. a checkpoint pushed to server A whose other file server B drains is completed when a
 //!    client asks A about it (Pull) after B's drain event, with no timer involved.
 
@@ -56,11 +56,17 @@ fn a_watch_is_answered_by_a_drain_and_at_once_when_already_past() {
     let mut c = srv.client("", DEADLINE);
     let mut watcher = srv.client("", DEADLINE * 3);
     let before = c.status().expect("status").events;
-    sync_one(&mut c, "ckpt/one.dat", &random(3 << 20, 1));
+    // Large enough to drain in one request from the mapped arenas.
+    let data = random(12 << 20, 1);
+    sync_one(&mut c, "ckpt/one.dat", &data);
     let events = watcher.watch(before, DEADLINE).expect("watch");
     assert!(events > before, "the drain was not an event");
     let s = watch_until(&srv, "the file drained", |s| s.drained_files == 1);
     assert!(s.watch_wakeups >= 1, "{s:#?}");
+    let drained = std::fs::read(srv.durable.join("ckpt/one.dat")).expect("drained file");
+    assert!(drained == data, "the drained file differs");
+    let sum = std::fs::read_to_string(srv.durable.join("ckpt/one.dat.blake3")).expect("checksum");
+    assert!(sum.starts_with(&blake3::hash(&data).to_hex().to_string()));
     // Past already: answered at once, with the counter.
     assert_eq!(watcher.watch(0, DEADLINE).expect("watch"), s.events);
     c.goodbye();

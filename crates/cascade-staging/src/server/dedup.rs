@@ -693,8 +693,9 @@ impl Shared {
         while !self.stop.load(Ordering::SeqCst) {
             let seen = *lock(&self.dedup.wake.0);
             let mut progressed = false;
+            let mut deferred = false;
             if Instant::now() >= retry_at {
-                match self.push_round(&mut last_push) {
+                match self.push_round(&mut last_push, &mut deferred) {
                     Ok(pushed) => {
                         progressed = pushed;
                         failures = 0;
@@ -744,10 +745,17 @@ impl Shared {
                 }
             }
             if !progressed {
+                // A round held back while clients send is due once they pause (the busy
+                // window), which nothing else signals.
+                let wait = if deferred {
+                    self.opts.busy_window.max(Duration::from_millis(1))
+                } else {
+                    Duration::from_millis(250)
+                };
                 let (m, cv) = &self.dedup.wake;
                 let g = lock(m);
                 if *g == seen {
-                    let _ = cv.wait_timeout(g, Duration::from_millis(250));
+                    let _ = cv.wait_timeout(g, wait);
                 }
             }
         }
@@ -764,7 +772,7 @@ impl Shared {
     /// One push round: up to [`PUSH_BATCH`] of records after the cursor, one repository
     /// session per namespace (packs, then the index object), then the cursor is moved
     /// (durably) and wholly pushed segments are deleted. True if it moved the cursor.
-    fn push_round(&self, last_push: &mut Instant) -> Result<bool> {
+    fn push_round(&self, last_push: &mut Instant, deferred: &mut bool) -> Result<bool> {
         let (cursor, end) = self.dedup.chunks.push_window();
         if cursor >= end {
             return Ok(false);
@@ -775,6 +783,7 @@ impl Shared {
             && waiting < PUSH_WHEN_BUSY
             && last_push.elapsed() < PUSH_AT_LEAST_EVERY
         {
+            *deferred = true;
             return Ok(false);
         }
         let mut since_pause = 0u64;
