@@ -1221,17 +1221,16 @@ struct RawRun {
     server_cpu_s: f64,
 }
 
-/// Sends `bytes` as one file (`key`, sealed, untagged) in 8 MiB Write frames to the first
+/// Sends `bytes` as one file (`key`, sealed with the job's tag) in 8 MiB Write frames to the first
 /// server of `rig` from this process, then Sync.
 fn raw_client_run(rig: &Rig, bytes: &[u8], key: &str) -> Res<RawRun> {
     use cascade_wire::client::OutSegment;
-    use cascade_wire::protocol::Seal;
     let mut conns = rig.connect()?;
     let Some(conn) = conns.first_mut() else {
         return err("the raw client's rig has no server");
     };
-    let seal = Seal::untagged(*blake3::hash(bytes).as_bytes());
     let size = bytes.len() as u64;
+    let seal = conn.seal(key, 1, size, *blake3::hash(bytes).as_bytes());
     let frame = 8usize << 20;
     let (_, cpu0) = rig.cpu();
     let t0 = Instant::now();

@@ -1596,9 +1596,17 @@ impl Shared {
                 files += 1;
             }
         }
-        let mut c = lock(&self.counters);
-        c.absorbed_files += files;
-        c.absorbed_bytes += bytes;
+        {
+            let mut c = lock(&self.counters);
+            c.absorbed_files += files;
+            c.absorbed_bytes += bytes;
+        }
+        if files > 0 {
+            // A sealed version may drain before the client's Sync: the drain reads it from
+            // the page cache, and `mark_drained` syncs its seal first. Waiting for the Sync's
+            // fdatasync would only start the durable store's link later.
+            self.wake_drain();
+        }
         Ok(())
     }
 
