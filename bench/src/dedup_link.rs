@@ -337,8 +337,11 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             }
         }
         let per = |mode: Mode, i: usize| -> ModeRow {
-            let mine: Vec<(f64, Option<f64>, u64)> =
-                runs.iter().filter(|r| r.0 == mode).map(|r| r.1[i]).collect();
+            let mine: Vec<(f64, Option<f64>, u64)> = runs
+                .iter()
+                .filter(|r| r.0 == mode)
+                .map(|r| r.1[i])
+                .collect();
             let secs: Vec<f64> = mine.iter().map(|x| x.0).collect();
             let staged: Vec<f64> = mine.iter().filter_map(|x| x.1).collect();
             let wire: Vec<u64> = mine.iter().map(|x| x.2).collect();

@@ -253,15 +253,20 @@ impl ServerPool {
 fn watch_server(state: Weak<WatchState>, i: usize, addr: &str, client: &ClientOptions) {
     let mut conn: Option<Connection> = None;
     let mut failures = 0u32;
+    // On a new connection the first Watch asks from 0: a restarted server counts afresh.
+    let mut fresh = false;
     loop {
-        let Some(after) = state.upgrade().map(|s| s.events[i].load(Ordering::Acquire)) else {
+        let Some(seen) = state.upgrade().map(|s| s.events[i].load(Ordering::Acquire)) else {
             return;
         };
+        let after = if fresh { 0 } else { seen };
+        fresh = false;
         let result = match conn.as_mut() {
             Some(c) => c.watch(after, WATCH_FOR),
             None => match Connection::connect(addr, client) {
                 Ok(c) => {
                     conn = Some(c);
+                    fresh = true;
                     continue;
                 }
                 Err(e) => Err(e),
@@ -272,7 +277,7 @@ fn watch_server(state: Weak<WatchState>, i: usize, addr: &str, client: &ClientOp
             Ok(events) => {
                 failures = 0;
                 st.watched[i].store(true, Ordering::Release);
-                if events != after {
+                if events != seen {
                     // A restarted server counts from 0 again: any change is news.
                     st.events[i].store(events, Ordering::Release);
                     if let Some(wake) = lock(&st.wake).as_ref() {

@@ -1447,7 +1447,6 @@ fn recover_arenas(
     Ok(())
 }
 
-/// Reads a whole extent into `dst` (its length) and checks its crc32c.
 /// Starts the writeback of bytes `pos..pos + len` of `file` now (SYNC_FILE_RANGE_WRITE: it
 /// does not wait for them), so that dirty pages do not pile up for the next Sync's
 /// fdatasync to write all at once. Advisory: a failure shows at that fdatasync.
@@ -1463,6 +1462,7 @@ fn start_writeback(file: &File, pos: u64, len: u64) {
     }
 }
 
+/// Reads a whole extent into `dst` (its length) and checks its crc32c.
 fn read_extent(p: &Piece, dst: &mut [u8], label: &str) -> Result<()> {
     let name = arena_name(p.arena);
     p.file.read_exact_at(dst, p.position).map_err(|e| {
