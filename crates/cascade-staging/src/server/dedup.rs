@@ -32,8 +32,11 @@ use crate::{hex, ServerError as Error, ServerResult as Result};
 /// one index object at the repository's 16 MiB packs).
 const PUSH_BATCH: u64 = 32 << 20;
 /// While clients send and no manifest waits, a round starts only with this much waiting, or
-/// after this long (bigger rounds, fewer index objects); a waiting manifest pushes at once.
-const PUSH_WHEN_BUSY: u64 = 64 << 20;
+/// after this long (fewer tiny packs and index objects); a waiting manifest pushes at once.
+/// Small: the durable store's link is the bottleneck, so the push should overlap the
+/// clients' sending, not follow it (64 MiB held the torch series' pushes until after each
+/// checkpoint was sent).
+const PUSH_WHEN_BUSY: u64 = 8 << 20;
 const PUSH_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
 /// How often other writers' index objects are looked for with nothing waiting; while a
 /// manifest waits, when a client asks for it (GetManifest: a watching agent asks as soon as
