@@ -125,6 +125,9 @@ impl Mode {
 #[derive(Debug, Clone, Serialize)]
 pub struct ModeRow {
     pub seconds: Stats,
+    /// Staged modes: from the first put until `cascade wait --level staged` returned (safe
+    /// from the loss of the node).
+    pub staged: Option<Stats>,
     pub wire: u64,
 }
 
@@ -145,6 +148,7 @@ pub struct SnapRow {
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct ModeTotal {
     pub seconds: f64,
+    pub staged: Option<f64>,
     pub wire: u64,
 }
 
@@ -178,8 +182,9 @@ struct Report<'a> {
     series: &'a [SeriesRow],
 }
 
-/// One run of a series in one mode: per snapshot, (seconds until durable, wire bytes).
-type RunOut = Vec<(f64, u64)>;
+/// One run of a series in one mode: per snapshot, (seconds until durable, seconds until
+/// staged in the staged modes, wire bytes).
+type RunOut = Vec<(f64, Option<f64>, u64)>;
 
 /// The node side of one run: a node store, its agent and, in the staged modes, two staging
 /// servers on 127.0.0.1 draining to the run's durable prefix; all go when dropped.
@@ -273,6 +278,12 @@ fn run_once(
             node.run_ok(&["put", "-p", &local, &format!("{ckpt}/{}", f.rel)])?;
         }
         node.run_ok(&["commit", &ckpt])?;
+        let staged = if mode.staged() {
+            node.wait_level(&ckpt, "staged", a.wait_timeout)?;
+            Some((now_ns() - t0) as f64 / 1e9)
+        } else {
+            None
+        };
         node.wait_level(&ckpt, "durable", a.wait_timeout)?;
         let secs = (now_ns() - t0) as f64 / 1e9;
         let wire = tx_bytes(&a.link_dev).saturating_sub(tx0);
@@ -284,7 +295,7 @@ fn run_once(
             size_str(snap.bytes()),
             size_str(wire)
         );
-        out.push((secs, wire));
+        out.push((secs, staged, wire));
     }
     drop(node);
     clear_remote(&remote, "")?;
@@ -326,10 +337,17 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             }
         }
         let per = |mode: Mode, i: usize| -> ModeRow {
-            let (secs, wire): (Vec<f64>, Vec<u64>) =
-                runs.iter().filter(|r| r.0 == mode).map(|r| r.1[i]).unzip();
+            let mine: Vec<(f64, Option<f64>, u64)> = runs
+                .iter()
+                .filter(|r| r.0 == mode)
+                .map(|r| r.1[i])
+                .collect();
+            let secs: Vec<f64> = mine.iter().map(|x| x.0).collect();
+            let staged: Vec<f64> = mine.iter().filter_map(|x| x.1).collect();
+            let wire: Vec<u64> = mine.iter().map(|x| x.2).collect();
             ModeRow {
                 seconds: Stats::of(&secs),
+                staged: (!staged.is_empty()).then(|| Stats::of(&staged)),
                 wire: median_u64(&wire),
             }
         };
@@ -347,6 +365,10 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             .collect();
         let total = |row: fn(&SnapRow) -> &ModeRow| ModeTotal {
             seconds: snaps.iter().map(|r| row(r).seconds.median).sum(),
+            staged: snaps
+                .iter()
+                .map(|r| row(r).staged.as_ref().map(|x| x.median))
+                .sum(),
             wire: snaps.iter().map(|r| row(r).wire).sum(),
         };
         let bytes = snaps.iter().map(|r| r.bytes).sum();
@@ -363,7 +385,10 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             snaps,
         });
     }
-    let targets = rows.iter().map(target).collect();
+    let targets = rows
+        .iter()
+        .flat_map(|r| [target(r), staged_target(r), safe_target(r)])
+        .collect();
     let rep = Report {
         suite: "dedup-link",
         header: clock.finish(&[
@@ -410,6 +435,45 @@ fn target(r: &SeriesRow) -> Target {
     )
 }
 
+/// Issue 24, item 2: through the staging servers, durable within 1.05x of the agent writing
+/// the repository itself (same settings).
+fn staged_target(r: &SeriesRow) -> Target {
+    let (sd, d) = (r.staged_delta.seconds, r.delta.seconds);
+    let (sn, n) = (r.staged_dedup.seconds, r.dedup.seconds);
+    let measured = format!(
+        "with deltas {sd:.2} s through the servers against {d:.2} s direct ({:.2}x); without \
+         {sn:.2} s against {n:.2} s ({:.2}x)",
+        sd / d,
+        sn / n
+    );
+    Target::new(
+        &format!("{}: durable through two staging servers", r.series),
+        "within 1.05x of the agent writing the repository itself",
+        measured,
+        Some(sd <= 1.05 * d && sn <= 1.05 * n),
+    )
+}
+
+/// Issue 24, item 2: safe from the loss of the node (staged) at least 5x sooner than durable.
+fn safe_target(r: &SeriesRow) -> Target {
+    let ratio = |m: &ModeTotal| m.staged.map(|st| m.seconds / st);
+    let (a, b) = (ratio(&r.staged_delta), ratio(&r.staged_dedup));
+    let show = |x: Option<f64>| x.map_or("?".to_string(), |v| format!("{v:.2}x"));
+    let measured = format!(
+        "durable / staged: {} with deltas ({} s staged, {:.2} s durable), {} without",
+        show(a),
+        opt_s(r.staged_delta.staged),
+        r.staged_delta.seconds,
+        show(b)
+    );
+    Target::new(
+        &format!("{}: staged before durable through the servers", r.series),
+        "staged at least 5x sooner than durable",
+        measured,
+        a.zip(b).map(|(a, b)| a >= 5.0 && b >= 5.0),
+    )
+}
+
 fn opt_s(x: Option<f64>) -> String {
     x.map_or("–".to_string(), |v| format!("{v:.2}"))
 }
@@ -422,19 +486,19 @@ fn tables(rep: &Report) -> Md {
         rep.durable, rep.link, rep.dedup, rep.compress, rep.reps
     ));
     s.title("Series".into());
-    s.head("| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | delta / raw minimum | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
+    s.head("| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | staged dedup: staged (s) | staged delta: staged (s) | delta / raw minimum | staged delta / delta | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
     for r in rep.series {
-        s.row(format!("| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |", r.series, r.snapshots, size_str(r.bytes), opt_s(r.link_min_s), r.plain.seconds, r.dedup.seconds, r.delta.seconds, r.staged_dedup.seconds, r.staged_delta.seconds, r.link_min_s.map_or("–".to_string(), |m| format!(
+        s.row(format!("| {} | {} | {} | {} | {:.2} | {:.2} | **{:.2}** | {:.2} | {:.2} | {} | {} | {} | {:.2}x | {} | {} | {} | {} | {} |", r.series, r.snapshots, size_str(r.bytes), opt_s(r.link_min_s), r.plain.seconds, r.dedup.seconds, r.delta.seconds, r.staged_dedup.seconds, r.staged_delta.seconds, opt_s(r.staged_dedup.staged), opt_s(r.staged_delta.staged), r.link_min_s.map_or("–".to_string(), |m| format!(
                 "{:.2}x",
                 r.delta.seconds / m
-            )), size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
+            )), r.staged_delta.seconds / r.delta.seconds, size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     for r in rep.series {
         s.title(format!("Snapshots of {}", r.series));
-        s.head("| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
+        s.head("| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | staged delta: staged (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
         for x in &r.snaps {
             s.row(format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
                 x.snapshot,
                 size_str(x.bytes),
                 opt_s(x.link_min_s),
@@ -443,6 +507,7 @@ fn tables(rep: &Report) -> Md {
                 x.delta.seconds.median,
                 x.staged_dedup.seconds.median,
                 x.staged_delta.seconds.median,
+                opt_s(x.staged_delta.staged.as_ref().map(|v| v.median)),
                 size_str(x.plain.wire),
                 size_str(x.dedup.wire),
                 size_str(x.delta.wire),

@@ -1047,6 +1047,8 @@ pub struct CkRow {
 #[derive(Debug, Default, Serialize)]
 pub struct SResults {
     pub baselines: Vec<Baseline>,
+    /// CPU seconds of the server per raw client run (`raw client → server`).
+    pub raw_server_cpu_s: Vec<f64>,
     /// One writer, one file of `total` bytes, one server, in turns with the baselines.
     pub stream: Option<TpRow>,
     pub throughput: Vec<TpRow>,
@@ -1145,7 +1147,121 @@ enum SsdMethod {
     Tmpfs,
     Disk,
     Fio(Fio),
+    /// Loopback TCP alone: one connection, the receiver discards.
+    Tcp,
+    /// Loopback TCP into write(2) to a file in the arena directory, fdatasync every
+    /// `fio_sync_mib`: the server's data path without its framing, checks and index.
+    TcpDisk,
+    /// A client of the bench's own (no agent) sending the bytes from memory as one file in
+    /// 8 MiB Write frames to the stream's server, then Sync.
+    RawClient,
     Stream,
+}
+
+/// One connection over 127.0.0.1 carrying `bytes` in `piece`-sized writes; the receiver
+/// reads into a 16 MiB buffer and discards it, or (`sink`) writes it into that file with an
+/// fdatasync every `sync_every` bytes and one at the end. Seconds from the first byte sent
+/// until the receiver is done.
+fn loopback_s(bytes: &[u8], piece: usize, sink: Option<(&Path, u64)>) -> Res<f64> {
+    use std::io::Write as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").ctx(|| "loopback listener")?;
+    let addr = listener.local_addr().ctx(|| "loopback address")?;
+    let total = bytes.len();
+    std::thread::scope(|scope| -> Res<f64> {
+        let receiver = scope.spawn(move || -> Res<()> {
+            let (mut sock, _) = listener.accept().ctx(|| "loopback accept")?;
+            let mut file = match sink {
+                Some((path, _)) => Some(
+                    std::fs::File::create(path).ctx(|| format!("creating {}", path.display()))?,
+                ),
+                None => None,
+            };
+            let sync_every = sink.map_or(u64::MAX, |(_, n)| n.max(1));
+            let mut buf = vec![1u8; 16 << 20];
+            let (mut got, mut unsynced) = (0usize, 0u64);
+            while got < total {
+                let n = sock.read(&mut buf).ctx(|| "loopback read")?;
+                if n == 0 {
+                    return err("loopback: the sender closed early");
+                }
+                got += n;
+                if let Some(f) = file.as_mut() {
+                    f.write_all(&buf[..n]).ctx(|| "loopback sink write")?;
+                    unsynced += n as u64;
+                    if unsynced >= sync_every {
+                        f.sync_data().ctx(|| "loopback sink fdatasync")?;
+                        unsynced = 0;
+                    }
+                }
+            }
+            if let Some(f) = file.as_mut() {
+                f.sync_all().ctx(|| "loopback sink fsync")?;
+            }
+            Ok(())
+        });
+        let mut sock = std::net::TcpStream::connect(addr).ctx(|| "loopback connect")?;
+        let t0 = Instant::now();
+        for part in bytes.chunks(piece.max(1)) {
+            sock.write_all(part).ctx(|| "loopback write")?;
+        }
+        let received = receiver.join();
+        let s = t0.elapsed().as_secs_f64();
+        match received {
+            Ok(r) => r?,
+            Err(_) => return err("loopback receiver panicked"),
+        }
+        Ok(s)
+    })
+}
+
+/// What one raw client run measured: seconds from the first Write until the SyncOk, and
+/// the CPU seconds the server used meanwhile.
+struct RawRun {
+    s: f64,
+    server_cpu_s: f64,
+}
+
+/// Sends `bytes` as one file (`key`, sealed with the job's tag) in 8 MiB Write frames to the first
+/// server of `rig` from this process, then Sync.
+fn raw_client_run(rig: &Rig, bytes: &[u8], key: &str) -> Res<RawRun> {
+    use cascade_wire::client::OutSegment;
+    let mut conns = rig.connect()?;
+    let Some(conn) = conns.first_mut() else {
+        return err("the raw client's rig has no server");
+    };
+    let size = bytes.len() as u64;
+    let seal = conn.seal(key, 1, size, *blake3::hash(bytes).as_bytes());
+    let frame = 8usize << 20;
+    let (_, cpu0) = rig.cpu();
+    let t0 = Instant::now();
+    let mut offset = 0usize;
+    while offset < bytes.len() || offset == 0 {
+        let end = (offset + frame).min(bytes.len());
+        let last = end == bytes.len();
+        conn.write(&[OutSegment {
+            key,
+            stamp: 1,
+            size,
+            offset: offset as u64,
+            seal: last.then_some(seal),
+            data: &[&bytes[offset..end]],
+        }])
+        .ctx(|| "raw client Write")?;
+        offset = end;
+        if last {
+            break;
+        }
+    }
+    conn.sync().ctx(|| "raw client Sync")?;
+    let s = t0.elapsed().as_secs_f64();
+    let (_, cpu1) = rig.cpu();
+    for c in conns {
+        c.goodbye();
+    }
+    Ok(RawRun {
+        s,
+        server_cpu_s: cpu1 - cpu0,
+    })
 }
 
 /// The disk and memory baselines and the single stream, in turns within each repetition.
@@ -1170,6 +1286,9 @@ fn ssd_part(
         SsdMethod::Fio(Fio::EndFsync),
         SsdMethod::Fio(Fio::Sync),
         SsdMethod::Fio(Fio::Direct),
+        SsdMethod::Tcp,
+        SsdMethod::TcpDisk,
+        SsdMethod::RawClient,
         SsdMethod::Stream,
     ];
     let mut got: Vec<Vec<f64>> = vec![Vec::new(); methods.len()];
@@ -1212,6 +1331,36 @@ fn ssd_part(
                         }
                     }
                 }
+                SsdMethod::Tcp => {
+                    let s = loopback_s(bytes, o.piece as usize, None)?;
+                    eprintln!("{label}: loopback TCP {:.2} GB/s", gb / s);
+                    got[i].push(gb / s);
+                }
+                SsdMethod::TcpDisk => {
+                    std::fs::create_dir_all(&disk_dir)
+                        .ctx(|| format!("creating {}", disk_dir.display()))?;
+                    let file = disk_dir.join("loopback.dat");
+                    let s =
+                        loopback_s(bytes, o.piece as usize, Some((&file, o.fio_sync_mib << 20)))?;
+                    let _ = std::fs::remove_file(&file);
+                    eprintln!("{label}: loopback TCP into the disk {:.2} GB/s", gb / s);
+                    got[i].push(gb / s);
+                }
+                SsdMethod::RawClient => {
+                    let Some(rig) = rig.as_deref_mut() else {
+                        continue;
+                    };
+                    let run = raw_client_run(rig, bytes, &format!("bench-raw/r{rep}.dat"))?;
+                    eprintln!(
+                        "{label}: raw client to the server {:.2} GB/s (server CPU {:.2} s)",
+                        gb / run.s,
+                        run.server_cpu_s
+                    );
+                    got[i].push(gb / run.s);
+                    r.raw_server_cpu_s.push(run.server_cpu_s);
+                    // Its drain must not overlap the next measurement.
+                    rig.wait_drained(Duration::from_secs(600))?;
+                }
                 SsdMethod::Stream => {
                     let Some(rig) = rig.as_deref_mut() else {
                         continue;
@@ -1230,7 +1379,7 @@ fn ssd_part(
         }
     }
     let _ = std::fs::remove_dir_all(&disk_dir);
-    let names: [(&str, String); 7] = [
+    let names: [(&str, String); 10] = [
         (
             "memcpy",
             "memcpy into a pre-faulted private buffer (one thread)".into(),
@@ -1264,6 +1413,30 @@ fn ssd_part(
         (
             "fio O_DIRECT",
             "fio, sequential 1 MiB O_DIRECT writes (--direct=1)".into(),
+        ),
+        (
+            "loopback TCP",
+            format!(
+                "one TCP connection on 127.0.0.1, {} writes, the receiver reads into a 16 MiB \
+                 buffer and discards",
+                size_str(o.piece)
+            ),
+        ),
+        (
+            "loopback TCP → disk",
+            format!(
+                "the same, the receiver writes into a file in the arena directory, fdatasync \
+                 every {} MiB and at the end: the server's data path without framing, checks \
+                 and index",
+                o.fio_sync_mib
+            ),
+        ),
+        (
+            "raw client → server",
+            "a client in the bench process (no agent, no node store) sends the bytes from \
+             memory as one file in 8 MiB Write frames to the stream's server, then Sync: first \
+             Write until SyncOk"
+                .into(),
         ),
         ("", String::new()),
     ];
@@ -1622,6 +1795,94 @@ fn used(v: &[usize]) -> String {
         .join("/")
 }
 
+/// Where one stream's time goes: each step adds a part of the path from the disk alone up to
+/// the agent's stream, in seconds per GB (medians; the parts overlap in time on 2 cores, so a
+/// difference is what the step costs the whole, not its own duration).
+fn ingest_breakdown(r: &SResults, s: &mut Md) {
+    let stream_absorb = r
+        .stream
+        .as_ref()
+        .and_then(|t| t.absorb_gbps.as_ref().map(|x| x.median));
+    let steps: [(&str, Option<f64>, &str); 5] = [
+        (
+            "fio fdatasync/256MiB",
+            baseline(r, "fio fdatasync/256MiB").map(|b| b.gbps.median),
+            "the disk, buffered, in the server's Sync rhythm",
+        ),
+        (
+            "loopback TCP",
+            baseline(r, "loopback TCP").map(|b| b.gbps.median),
+            "TCP on 127.0.0.1 alone: two copies (into and out of the socket) and the stack",
+        ),
+        (
+            "loopback TCP → disk",
+            baseline(r, "loopback TCP → disk").map(|b| b.gbps.median),
+            "TCP and the disk together: the copy into the page cache, writeback and fdatasync \
+             share the 2 cores with the TCP copies",
+        ),
+        (
+            "raw client → server",
+            baseline(r, "raw client → server").map(|b| b.gbps.median),
+            "the server: framing, the receive-buffer pool, the hand-off to the IO thread, \
+             pwrite into the arena, CRC32C per extent, the index record and the group commit",
+        ),
+        (
+            "one stream, server absorb",
+            stream_absorb,
+            "the agent: reading the node store, BLAKE3 on a second thread and sendmsg from the \
+             mapped blocks, on the same 2 cores",
+        ),
+    ];
+    if steps.iter().filter(|(_, v, _)| v.is_some()).count() < 2 {
+        return;
+    }
+    s.title("Server ingest: where one stream's time goes".into());
+    s.head("| step | GB/s | s per GB | added s per GB | what the step adds |");
+    let mut prev: Option<f64> = None;
+    for (i, (name, v, what)) in steps.iter().enumerate() {
+        let Some(g) = v else {
+            s.row(format!("| {name} | n/a | n/a | n/a | {what} |"));
+            continue;
+        };
+        let per = 1.0 / g;
+        // TCP alone is a part of its own, not a step on the disk.
+        let added = match (i, prev) {
+            (1, _) | (_, None) => "".to_string(),
+            (_, Some(p)) => format!("{:+.3}", per - p),
+        };
+        s.row(format!("| {name} | {g:.2} | {per:.3} | {added} | {what} |"));
+        if i != 1 {
+            prev = Some(per);
+        }
+    }
+    if !r.raw_server_cpu_s.is_empty() {
+        let cpu = Stats::of(&r.raw_server_cpu_s);
+        s.verdict(format!(
+            "Server CPU per raw client run: {} s (user + system; the run's bytes are the \
+             stream's).",
+            st(&cpu)
+        ));
+    }
+    let best_fio = ["fio fdatasync/256MiB", "fio O_DIRECT", "fio end_fsync"]
+        .iter()
+        .filter_map(|n| baseline(r, n).map(|b| b.gbps.median))
+        .fold(f64::NAN, f64::max);
+    if let Some(a) = stream_absorb.filter(|_| best_fio.is_finite()) {
+        s.verdict(format!(
+            "Target (issue 24, item 3): server absorb at least 0.8x the better fio figure \
+             ({best_fio:.2} GB/s): one stream absorbs {a:.2} GB/s = {:.2}x{}.",
+            a / best_fio,
+            baseline(r, "raw client → server")
+                .map(|b| format!(
+                    "; from a raw client (no agent) {:.2} GB/s = {:.2}x",
+                    b.gbps.median,
+                    b.gbps.median / best_fio
+                ))
+                .unwrap_or_default()
+        ));
+    }
+}
+
 fn baseline<'a>(r: &'a SResults, name: &str) -> Option<&'a Baseline> {
     r.baselines.iter().find(|b| b.name == name)
 }
@@ -1724,6 +1985,7 @@ fn tables(rep: &Report) -> Md {
                 s.row(format!("| {label} | {} |", cells.join(" | ")));
             }
         }
+        ingest_breakdown(r, &mut s);
     }
 
     // Checkpoint.

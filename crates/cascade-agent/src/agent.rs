@@ -85,7 +85,11 @@ impl PassOutcome {
 /// and the repository; without, the staging servers and the plain layout. The plain layout
 /// takes files outside every checkpoint in either case. On a job of several nodes the job's
 /// level goes first.
-fn levels_for(opts: &AgentOptions, durable: &Arc<DurableStore>) -> Vec<Box<dyn Level>> {
+fn levels_for(
+    opts: &AgentOptions,
+    durable: &Arc<DurableStore>,
+    store: &Store,
+) -> Vec<Box<dyn Level>> {
     let job = opts.job.clone().filter(|j| j.nodes > 1);
     let repository = Arc::new(Repository::new(
         Arc::clone(durable),
@@ -105,6 +109,9 @@ fn levels_for(opts: &AgentOptions, durable: &Arc<DurableStore>) -> Vec<Box<dyn L
     }
     if let Some(staging) = staging {
         let pool = Arc::new(ServerPool::new(staging));
+        // A server's event (a drain, a push, a marker) starts a pass at once.
+        let wakes = store.clone();
+        pool.start_watching(Box::new(move || wakes.wake_agent()));
         levels.push(Box::new(StagingServers::new(
             Arc::clone(&pool),
             sends_plain,
@@ -127,7 +134,7 @@ impl Agent {
         store.set_path_limit(durable.max_key_len());
         store.sweep_descriptions();
         let durable = Arc::new(durable);
-        let levels = levels_for(&opts, &durable);
+        let levels = levels_for(&opts, &durable, &store);
         let stats = AgentStats {
             pid: std::process::id(),
             durable: durable.name().to_string(),

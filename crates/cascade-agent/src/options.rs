@@ -235,6 +235,9 @@ pub struct StagingOptions {
     /// Speak TLS to the servers, trusting this config's CAs (`staging.tls_ca`); None: plain
     /// TCP.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// While every server is watched (Watch, docs/staging.md), how often the agent asks
+    /// them what has drained without having heard of an event: a fallback only.
+    pub ask_every: Duration,
 }
 
 /// Shows whether TLS is on, not the config's insides.
@@ -249,6 +252,7 @@ impl std::fmt::Debug for StagingOptions {
             .field("sync_bytes", &self.sync_bytes)
             .field("node", &self.node)
             .field("tls", &self.tls.is_some())
+            .field("ask_every", &self.ask_every)
             .finish()
     }
 }
@@ -270,6 +274,7 @@ impl StagingOptions {
             sync_bytes: 256 << 20,
             node,
             tls: None,
+            ask_every: Duration::from_secs(5),
         }
     }
 }

@@ -2,8 +2,9 @@
 //! one connection per server, a server that fails is marked down for a backoff, and where a
 //! file or chunk goes first (placement, rendezvous hashing of scores).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cascade_dedup::Score;
@@ -28,10 +29,36 @@ pub(crate) struct ServerPool {
     pub(crate) job_key: JobKey,
     servers: Vec<ServerSlot>,
     next: AtomicUsize,
+    /// What the watcher threads learnt (`start_watching`); they hold it weakly and end once
+    /// the pool is gone.
+    watch: Arc<WatchState>,
 }
 
-/// How often the agent asks the servers what has drained.
+/// How often the agent asks the servers what has drained when a server cannot be watched
+/// (one older than Watch, or while its watch connection is down).
 pub(crate) const PULL_EVERY: Duration = Duration::from_millis(500);
+/// How long one Watch waits before it is asked again (also how soon a watcher thread ends
+/// after its pool).
+const WATCH_FOR: Duration = Duration::from_secs(5);
+
+/// Per server: its event counter as last answered, and whether its watch works now.
+struct WatchState {
+    events: Vec<AtomicU64>,
+    watched: Vec<AtomicBool>,
+    /// Wakes the agent's pass (the node store's wake-up).
+    wake: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+}
+
+/// When a level last asked the servers about something it waits for, and the servers'
+/// event counters then: it asks again once a counter moved (a watcher saw an event), or
+/// after the fallback period.
+#[derive(Default)]
+pub(crate) struct Asked {
+    last: Mutex<HashMap<String, (Instant, Vec<u64>)>>,
+}
+
+/// More waiting things than this and the record starts afresh (each is asked once more).
+const ASKED_MAX: usize = 4096;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -51,13 +78,81 @@ impl ServerPool {
                 down: Mutex::new(None),
             })
             .collect();
+        let n = opts.servers.len();
         ServerPool {
             opts,
             job_key: client.job_key(),
             client,
             servers,
             next: AtomicUsize::new(0),
+            watch: Arc::new(WatchState {
+                events: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                watched: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                wake: Mutex::new(None),
+            }),
         }
+    }
+
+    /// Starts a thread per server holding a Watch (on a connection of its own) and calling
+    /// `wake` whenever the server's event counter moves: something it held reached the
+    /// durable store, so the levels ask it (and the server holding a checkpoint's marker or
+    /// manifest) at once instead of on a timer.
+    pub(crate) fn start_watching(&self, wake: Box<dyn Fn() + Send + Sync>) {
+        *lock(&self.watch.wake) = Some(wake);
+        for (i, slot) in self.servers.iter().enumerate() {
+            let state = Arc::downgrade(&self.watch);
+            let addr = slot.addr.clone();
+            let client = self.client.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("cascade-watch-{i}"))
+                .spawn(move || watch_server(state, i, &addr, &client));
+            if let Err(e) = spawned {
+                eprintln!("cascade agent: cannot start the watcher of staging server {i}: {e}");
+            }
+        }
+    }
+
+    /// The servers' event counters as last seen.
+    fn events(&self) -> Vec<u64> {
+        self.watch
+            .events
+            .iter()
+            .map(|e| e.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// How long a level waits before it asks again when no event came: `ask_every` while
+    /// every server is watched, else [`PULL_EVERY`].
+    pub(crate) fn ask_every(&self) -> Duration {
+        if self.watch.watched.iter().all(|w| w.load(Ordering::Acquire)) {
+            self.opts.ask_every
+        } else {
+            PULL_EVERY
+        }
+    }
+
+    /// Whether to ask the servers about `what` now (and if so, recorded as asked): never
+    /// asked, an event since the last time, or the fallback period over.
+    pub(crate) fn ask_due(&self, asked: &Asked, what: &str) -> bool {
+        let events = self.events();
+        let every = self.ask_every();
+        let mut g = lock(&asked.last);
+        let due = match g.get(what) {
+            None => true,
+            Some((at, seen)) => *seen != events || at.elapsed() >= every,
+        };
+        if due {
+            if g.len() >= ASKED_MAX {
+                g.clear();
+            }
+            g.insert(what.to_string(), (Instant::now(), events));
+        }
+        due
+    }
+
+    /// Forgets `what` (it no longer waits).
+    pub(crate) fn asked_done(&self, asked: &Asked, what: &str) {
+        lock(&asked.last).remove(what);
     }
 
     /// The address of server `i`.
@@ -149,5 +244,63 @@ impl ServerPool {
             }
         }
         result
+    }
+}
+
+/// A watcher thread: holds a Watch on server `i` until the pool is dropped. A server that
+/// refuses Watch (older) is left to the levels' polling; a failure reconnects after a
+/// backoff (0.5 s doubling to 30 s) and is polled meanwhile.
+fn watch_server(state: Weak<WatchState>, i: usize, addr: &str, client: &ClientOptions) {
+    let mut conn: Option<Connection> = None;
+    let mut failures = 0u32;
+    // On a new connection the first Watch asks from 0: a restarted server counts afresh.
+    let mut fresh = false;
+    loop {
+        let Some(seen) = state.upgrade().map(|s| s.events[i].load(Ordering::Acquire)) else {
+            return;
+        };
+        let after = if fresh { 0 } else { seen };
+        fresh = false;
+        let result = match conn.as_mut() {
+            Some(c) => c.watch(after, WATCH_FOR),
+            None => match Connection::connect(addr, client) {
+                Ok(c) => {
+                    conn = Some(c);
+                    fresh = true;
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let Some(st) = state.upgrade() else { return };
+        match result {
+            Ok(events) => {
+                failures = 0;
+                st.watched[i].store(true, Ordering::Release);
+                if events != seen {
+                    // A restarted server counts from 0 again: any change is news.
+                    st.events[i].store(events, Ordering::Release);
+                    if let Some(wake) = lock(&st.wake).as_ref() {
+                        wake();
+                    }
+                }
+            }
+            Err(cascade_wire::Error::Refused { code, .. })
+                if code == cascade_wire::protocol::code::BAD_FRAME =>
+            {
+                // A server older than Watch: the levels poll it.
+                st.watched[i].store(false, Ordering::Release);
+                return;
+            }
+            Err(_) => {
+                conn = None;
+                st.watched[i].store(false, Ordering::Release);
+                drop(st);
+                failures += 1;
+                let delay = (Duration::from_millis(500) * (1 << failures.min(6)))
+                    .min(Duration::from_secs(30));
+                std::thread::sleep(delay);
+            }
+        }
     }
 }

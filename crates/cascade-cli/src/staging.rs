@@ -174,6 +174,8 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     opts.frame_timeout =
         Duration::from_millis(config.number("stage_server.frame_timeout").max(100));
     opts.hello_timeout = opts.frame_timeout.min(Duration::from_secs(10));
+    opts.recheck_every =
+        Duration::from_millis(config.number("stage_server.recheck_every").max(100));
     opts.tls = server_tls(config)?;
     opts.verbose = verbose;
     let with_tls = if opts.tls.is_some() { " over TLS" } else { "" };

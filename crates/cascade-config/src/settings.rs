@@ -475,6 +475,16 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Count(60_000), String::new()),
     },
     SettingDef {
+        key: "stage_server.recheck_every",
+        env: "CASCADE_STAGE_RECHECK_EVERY",
+        flag: Some("recheck-every"),
+        value_name: "SECONDS",
+        help: "Pending checkpoints and dedup manifests whose files or blobs reach the durable store through other staging servers are looked at again at least this often when no agent asks (agents watching the servers ask at once); the fallback for a lost node",
+        default_help: "5",
+        parse: parse_seconds_as_ms,
+        default: |_| (Value::Count(5_000), String::new()),
+    },
+    SettingDef {
         key: "stage_server.tls_cert",
         env: "CASCADE_STAGE_TLS_CERT",
         flag: Some("tls-cert"),

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use cascade_durable::{DurableStore, MarkerFile};
+use cascade_durable::{DurableStore, FileDigest, MarkerFile};
 
 use crate::chunks::ChunkOptions;
 use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, VersionId, VersionInfo};
@@ -72,6 +72,10 @@ pub struct ServerOptions {
     /// A namespace's dedup repository is closed once unused this long with nothing of it
     /// waiting to be pushed (reopened on demand).
     pub dedup_repo_idle: Duration,
+    /// Pending checkpoints and dedup manifests whose files or blobs reach the durable store
+    /// by other servers are looked at again at least this often when nobody asks (an agent
+    /// that watches asks at once: Pull, GetManifest); the fallback for a lost node.
+    pub recheck_every: Duration,
     pub verbose: bool,
 }
 
@@ -99,6 +103,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("tls", &self.tls.is_some())
             .field("drain_attempts", &self.drain_attempts)
             .field("dedup_repo_idle", &self.dedup_repo_idle)
+            .field("recheck_every", &self.recheck_every)
             .field("verbose", &self.verbose)
             .finish()
     }
@@ -124,6 +129,7 @@ impl ServerOptions {
             tls: None,
             drain_attempts: 10,
             dedup_repo_idle: Duration::from_secs(300),
+            recheck_every: Duration::from_secs(5),
             verbose: false,
         }
     }
@@ -252,6 +258,10 @@ struct Counters {
     drain_failures: u64,
     /// Versions given up on hot retry (now retried every [`DRAIN_RETRY_FAILED`]).
     drain_failed: u64,
+    watches: u64,
+    watch_wakeups: u64,
+    asked_rechecks: u64,
+    timed_rechecks: u64,
     last_error: Option<String>,
 }
 
@@ -259,9 +269,12 @@ struct Counters {
 /// was acknowledged, so its bytes are kept (its arena too) until it drains or is superseded.
 const DRAIN_RETRY_FAILED: Duration = Duration::from_secs(300);
 
-/// Bounds of the poll for pending checkpoints whose files drain elsewhere (`drain_loop`).
-const MANIFEST_POLL_MIN: Duration = Duration::from_millis(500);
-const MANIFEST_POLL_MAX: Duration = Duration::from_secs(5);
+/// Versions from this size up (to `SINGLE_PUT_MAX`) drain in one request from their mapped
+/// arenas (`put_mapped`); smaller ones are read in (one request too).
+const MAPPED_DRAIN_MIN: u64 = 8 << 20;
+
+/// The longest a Watch is held before it is answered with the counter unchanged.
+const MAX_WATCH: Duration = Duration::from_secs(30);
 
 /// Log lines from one place in the code: at most [`LOG_BURST`] per [`LOG_WINDOW`], then one
 /// line saying how many more were suppressed, so a failing drain or a stream of refused
@@ -318,6 +331,9 @@ struct Shared {
     conns: Mutex<(usize, HashMap<IpAddr, usize>)>,
     stop: AtomicBool,
     drain_wake: (Mutex<u64>, Condvar),
+    /// The event counter Watch waits on: bumped when something reached the durable store
+    /// (a file drained, a marker, a dedup push round, a dedup manifest).
+    events: (Mutex<u64>, Condvar),
     log_limit: Mutex<LogLimit>,
 }
 
@@ -338,6 +354,7 @@ impl Stopper {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake_drain();
         self.shared.wake_push();
+        self.shared.events.1.notify_all();
         for q in &self.shared.queues {
             q.ready.notify_all();
         }
@@ -393,6 +410,7 @@ impl Server {
             conns: Mutex::new((0, HashMap::new())),
             stop: AtomicBool::new(false),
             drain_wake: (Mutex::new(0), Condvar::new()),
+            events: (Mutex::new(0), Condvar::new()),
             log_limit: Mutex::new(LogLimit {
                 since: Instant::now(),
                 sites: HashMap::new(),
@@ -786,6 +804,40 @@ impl Shared {
         last != 0 && self.now_ms().saturating_sub(last) < self.opts.busy_window.as_millis() as u64
     }
 
+    /// Something reached the durable store: wakes the watchers.
+    fn event(&self) {
+        let (m, cv) = &self.events;
+        *lock(m) += 1;
+        cv.notify_all();
+    }
+
+    /// Answers a Watch once the event counter is above `after`, the wait ran out (at most
+    /// [`MAX_WATCH`]), or the server stops.
+    fn watch(&self, after: u64, wait_ms: u32) -> u64 {
+        let wait = Duration::from_millis(u64::from(wait_ms)).min(MAX_WATCH);
+        let deadline = Instant::now() + wait;
+        let (m, cv) = &self.events;
+        let mut g = lock(m);
+        while *g <= after && !self.stop.load(Ordering::SeqCst) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            g = cv
+                .wait_timeout(g, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        let now = *g;
+        drop(g);
+        let mut c = lock(&self.counters);
+        c.watches += 1;
+        if now > after {
+            c.watch_wakeups += 1;
+        }
+        now
+    }
+
     fn wake_drain(&self) {
         let (m, cv) = &self.drain_wake;
         *lock(m) += 1;
@@ -822,6 +874,11 @@ impl Shared {
             last_error: c.last_error.clone(),
             usage: self.engine.usage(),
             dedup: self.dedup_status(),
+            events: *lock(&self.events.0),
+            watches: c.watches,
+            watch_wakeups: c.watch_wakeups,
+            asked_rechecks: c.asked_rechecks,
+            timed_rechecks: c.timed_rechecks,
         }
     }
 
@@ -1341,6 +1398,15 @@ impl Shared {
                     .iter()
                     .map(|(what, key)| self.pull_one(*what, &namespaced(ns, key)))
                     .collect();
+                // A client asking about a checkpoint still waiting here has heard of a drain
+                // elsewhere (Watch): the drain thread looks at the pending ones now.
+                let waits = queries.iter().zip(&states).any(|((what, _), st)| {
+                    *what == PullKind::Checkpoint && st.level == Level::Staged
+                });
+                if waits {
+                    lock(&self.counters).asked_rechecks += 1;
+                    self.wake_drain();
+                }
                 self.reply(out, id, kind::PULL, &[&protocol::encode_pull_ok(&states)])
             }
             Request::Ping => self.reply(out, id, kind::PING, &[]),
@@ -1358,6 +1424,10 @@ impl Shared {
             Request::GetChunks(scores) => return self.get_chunks(out, id, ns, &scores),
             Request::GetManifest { checkpoint } => {
                 return self.get_manifest(out, id, ns, checkpoint)
+            }
+            Request::Watch { after, wait_ms } => {
+                let events = self.watch(after, wait_ms);
+                self.reply(out, id, kind::WATCH, &[&protocol::encode_watch_ok(events)])
             }
         };
         true
@@ -1526,9 +1596,17 @@ impl Shared {
                 files += 1;
             }
         }
-        let mut c = lock(&self.counters);
-        c.absorbed_files += files;
-        c.absorbed_bytes += bytes;
+        {
+            let mut c = lock(&self.counters);
+            c.absorbed_files += files;
+            c.absorbed_bytes += bytes;
+        }
+        if files > 0 {
+            // A sealed version may drain before the client's Sync: the drain reads it from
+            // the page cache, and `mark_drained` syncs its seal first. Waiting for the Sync's
+            // fdatasync would only start the durable store's link later.
+            self.wake_drain();
+        }
         Ok(())
     }
 
@@ -1542,10 +1620,12 @@ impl Shared {
     fn drain_loop(self: Arc<Self>) {
         let mut retry_at: HashMap<VersionId, (u32, Instant)> = HashMap::new();
         let mut manifests_checked = Instant::now() - Duration::from_secs(10);
-        // Pending checkpoints are checked at once after a drain here or a Push/Sync (the
-        // wake-up), and else polled for files that reach the durable store by other ways
-        // (other servers, agents), every 0.5 s doubling to 5 s while nothing completes.
-        let mut manifest_poll = MANIFEST_POLL_MIN;
+        // Pending checkpoints are checked at once after a drain here or a Push/Sync/Pull (the
+        // wake-up: a watching agent asks as soon as another server drained), and else polled
+        // for files that reach the durable store by other ways (other servers, agents), every
+        // tenth of `recheck_every` doubling to it while nothing completes.
+        let poll_min = self.opts.recheck_every / 10;
+        let mut manifest_poll = poll_min;
         let mut checked_at_wake = u64::MAX;
         let attempts = self.opts.drain_attempts.max(1);
         while !self.stop.load(Ordering::SeqCst) {
@@ -1572,6 +1652,7 @@ impl Shared {
                 }
                 match self.drain_one(&v) {
                     Ok(()) => {
+                        self.event();
                         if let Some((n, _)) = retry_at.remove(&v.id) {
                             if n >= attempts {
                                 let mut c = lock(&self.counters);
@@ -1623,15 +1704,19 @@ impl Shared {
             }
             let woken = seen != checked_at_wake;
             if progressed || woken || manifests_checked.elapsed() >= manifest_poll {
+                if !progressed && !woken && !self.engine.pending_manifests().is_empty() {
+                    lock(&self.counters).timed_rechecks += 1;
+                }
                 manifests_checked = Instant::now();
                 checked_at_wake = seen;
                 if self.complete_manifests() {
                     progressed = true;
+                    self.event();
                 }
                 manifest_poll = if progressed || woken {
-                    MANIFEST_POLL_MIN
+                    poll_min
                 } else {
-                    (manifest_poll * 2).min(MANIFEST_POLL_MAX)
+                    (manifest_poll * 2).min(self.opts.recheck_every)
                 };
             }
             self.tend_log();
@@ -1645,6 +1730,32 @@ impl Shared {
         }
     }
 
+    /// Uploads version `v` in one request from its mapped arenas (no multipart upload the
+    /// store must reassemble, no copy), checking its extents and hashing it on a second
+    /// thread meanwhile. The digest of what was read.
+    fn put_mapped(&self, v: &VersionInfo) -> Result<FileDigest> {
+        let mapped = self.engine.map_version(v.id)?;
+        let (put, checked) = std::thread::scope(|scope| {
+            let check = scope.spawn(|| mapped.verify());
+            let put = self.durable.put_buffers(&v.key, mapped.parts());
+            (put, check.join())
+        });
+        let blake3 = match checked {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Invalid(format!(
+                    "{}: the check of its staged bytes panicked",
+                    v.key
+                )))
+            }
+        };
+        put?;
+        Ok(FileDigest {
+            size: v.size,
+            blake3: hex(&blake3),
+        })
+    }
+
     /// Rebuilds one staged file in the durable tier (version, data, then `.blake3`), checking
     /// that what the arenas hold hashes to what the client sent. A version older than the
     /// one the durable store records is not drained (docs/staging.md, "Version order").
@@ -1654,12 +1765,17 @@ impl Shared {
         }
         let started = Instant::now();
         self.durable.put_version(&v.key, v.stamp)?;
-        let reader = DrainReader {
-            shared: self,
-            id: v.id,
-            offset: 0,
+        let digest = if (MAPPED_DRAIN_MIN..=cascade_durable::SINGLE_PUT_MAX).contains(&v.size) {
+            self.put_mapped(v)?
+        } else {
+            let reader = DrainReader {
+                shared: self,
+                id: v.id,
+                offset: 0,
+                pacer: Pacer::new(),
+            };
+            self.durable.put_file(&v.key, reader, v.size)?
         };
-        let digest = self.durable.put_file(&v.key, reader, v.size)?;
         let expected = hex(&v.blake3);
         if digest.blake3 != expected {
             return Err(Error::Mismatch {
@@ -1847,21 +1963,48 @@ fn manifest_key(m: &Manifest, f: &ManifestFile) -> String {
     }
 }
 
+/// Keeps a reader of the arenas (drain, dedup push) to at most 1 MiB per `busy_pause` while
+/// clients write: a rate, not a pause per MiB, so a reader that its consumer (the durable
+/// store's link) holds back anyway loses nothing to the pacing.
+pub(crate) struct Pacer {
+    last: Option<Instant>,
+}
+
+impl Pacer {
+    pub(crate) fn new() -> Pacer {
+        Pacer { last: None }
+    }
+
+    /// Before a read of at most 1 MiB: waits out what is left of `busy_pause` since the
+    /// previous one while ingest is active. The most to read now.
+    fn pace(&mut self, shared: &Shared) -> usize {
+        if !shared.ingest_active() {
+            self.last = None;
+            return usize::MAX;
+        }
+        if let Some(last) = self.last {
+            let left = shared.opts.busy_pause.saturating_sub(last.elapsed());
+            if !left.is_zero() {
+                std::thread::sleep(left);
+            }
+        }
+        self.last = Some(Instant::now());
+        1 << 20
+    }
+}
+
 /// Streams a staged version out of the arenas for the durable upload, yielding to
-/// absorbing clients: while Writes arrive it reads at most 1 MiB per `busy_pause`.
+/// absorbing clients (`Pacer`).
 struct DrainReader<'a> {
     shared: &'a Shared,
     id: VersionId,
     offset: u64,
+    pacer: Pacer,
 }
 
 impl Read for DrainReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut want = buf.len();
-        if self.shared.ingest_active() {
-            std::thread::sleep(self.shared.opts.busy_pause);
-            want = want.min(1 << 20);
-        }
+        let want = buf.len().min(self.pacer.pace(self.shared));
         let n = self
             .shared
             .engine

@@ -282,6 +282,15 @@ struct InProcess {
 
 impl InProcess {
     fn start(dir: &Path, drain_to: &Path, segment_size: u64) -> InProcess {
+        Self::start_tuned(dir, drain_to, segment_size, |_| {})
+    }
+
+    fn start_tuned(
+        dir: &Path,
+        drain_to: &Path,
+        segment_size: u64,
+        tune: impl FnOnce(&mut ServerOptions),
+    ) -> InProcess {
         let mut opts = ServerOptions::new(
             "127.0.0.1:0",
             dir.to_path_buf(),
@@ -293,6 +302,7 @@ impl InProcess {
             segment_size,
             ..ChunkOptions::default()
         };
+        tune(&mut opts);
         let server = Server::bind(opts).unwrap();
         let addr = server.local_addr().to_string();
         let stopper = server.stopper();
@@ -525,6 +535,93 @@ fn two_servers_store_each_blob_once_and_write_the_manifest_after_both_pushed() {
     // Sending a blob again anyway is acknowledged without storing it.
     let again = conns[0].put_chunks(&[second.blobs[0].wire()]).unwrap();
     assert_eq!((again.stored, again.present), (0, 1));
+    for c in conns {
+        c.goodbye();
+    }
+}
+
+/// Waits for `done` on the server at `addr` by Watch, not by polling: each look at its status
+/// is followed by a Watch from the event counter it showed, which must move (a wait that runs
+/// out is a failure: nothing happened that could make `done` hold).
+fn watch_until(addr: &str, what: &str, done: impl Fn(&ServerStatus) -> bool) -> ServerStatus {
+    let mut watcher = connect(addr, "");
+    loop {
+        let s = status(addr);
+        if done(&s) {
+            watcher.goodbye();
+            return s;
+        }
+        let events = watcher.watch(s.events, DEADLINE).unwrap();
+        assert!(
+            events > s.events,
+            "{addr}: {what}: no event within the wait: {s:#?}"
+        );
+    }
+}
+
+/// The servers' fallback timers are an hour: only notifications can complete the manifest.
+/// B's push is an event its watcher hears; asking A for the pending manifest (GetManifest)
+/// makes A load B's index objects and write it at once, another event.
+#[test]
+fn a_manifest_waiting_for_another_servers_blobs_is_written_when_asked_after_its_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let hour = |o: &mut ServerOptions| o.recheck_every = Duration::from_secs(3600);
+    let a = InProcess::start_tuned(&tmp.path().join("a"), &durable, 64 << 20, hour);
+    let b = InProcess::start_tuned(&tmp.path().join("b"), &durable, 64 << 20, hour);
+    let names = [a.addr.as_str(), b.addr.as_str()];
+    let ns = "job9";
+    let mut conns = vec![connect(&a.addr, ns), connect(&b.addr, ns)];
+    let ckpt = cut(
+        "run/ckpt.1",
+        vec![
+            ("rank0.dat".into(), random(2 << 20, 11)),
+            ("rank1.dat".into(), compressible(1 << 20, 12)),
+        ],
+    );
+    let owned: Vec<usize> = ckpt
+        .blobs
+        .iter()
+        .map(|b| owner_of(&b.score, &names))
+        .collect();
+    let a_share = owned.iter().filter(|o| **o == 0).count() as u64;
+    let b_share = ckpt.blobs.len() as u64 - a_share;
+    assert!(a_share > 0 && b_share > 0, "both servers own blobs");
+
+    send_blobs(&mut conns, &names, &ckpt.blobs, |i| i == 0);
+    put_manifest(&mut conns[0], &ckpt);
+    watch_until(&a.addr, "A pushed its blobs", |s| {
+        s.dedup.chunks_pushed == a_share
+    });
+    send_blobs(&mut conns, &names, &ckpt.blobs, |i| i == 1);
+    let sb = watch_until(&b.addr, "B pushed its blobs", |s| {
+        s.dedup.chunks_pushed == b_share
+    });
+    assert!(sb.watch_wakeups > 0, "{sb:#?}");
+
+    // Asked for it, A looks again at once (whatever it answers now).
+    let mut watcher = connect(&a.addr, "");
+    let before = status(&a.addr);
+    let state = conns[0].get_manifest(&ckpt.name).unwrap().map(|(s, _)| s);
+    if state != Some(ManifestState::Written) {
+        assert_eq!(state, Some(ManifestState::Pending));
+        let events = watcher.watch(before.events, DEADLINE).unwrap();
+        assert!(events > before.events, "no event after GetManifest");
+    }
+    let sa = watch_until(&a.addr, "A wrote the manifest", |s| {
+        s.dedup.manifests_written == 1
+    });
+    let (state, _) = conns[0].get_manifest(&ckpt.name).unwrap().unwrap();
+    assert_eq!(state, ManifestState::Written);
+    assert!(sa.asked_rechecks >= 1, "{sa:#?}");
+    assert_eq!(
+        (sa.timed_rechecks, sb.timed_rechecks),
+        (0, 0),
+        "a fallback timer looked"
+    );
+    assert_restores(&durable.join(ns), &ckpt);
+    watcher.goodbye();
     for c in conns {
         c.goodbye();
     }

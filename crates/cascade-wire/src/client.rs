@@ -250,6 +250,8 @@ pub struct Connection {
     instance: u64,
     next_request: u32,
     reply_buf: Vec<u8>,
+    /// The socket's read timeout: a Watch asks for less than this.
+    io_timeout: Duration,
 }
 
 impl Connection {
@@ -288,6 +290,7 @@ impl Connection {
             instance: 0,
             next_request: 1,
             reply_buf: Vec::new(),
+            io_timeout: opts.io_timeout,
         };
         c.authenticate(opts)?;
         Ok(c)
@@ -528,6 +531,21 @@ impl Connection {
         let id = self.send(kind::PING, &[])?;
         match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
             (Reply::Pong, _) => Ok(started.elapsed()),
+            (other, _) => Err(unexpected(&self.server, &other)),
+        }
+    }
+
+    /// Waits until the server's event counter is above `after` (a file drained, a marker, a
+    /// push round or a dedup manifest written) or `wait` passes (at most half the socket's
+    /// read timeout), and returns the counter. Use a connection of its own: the server
+    /// answers nothing else on it meanwhile. A server older than Watch refuses it
+    /// (`Error::Refused`, code BAD_FRAME) and closes the connection.
+    pub fn watch(&mut self, after: u64, wait: Duration) -> Result<u64> {
+        let wait = wait.min(self.io_timeout / 2);
+        let wait_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+        let id = self.send(kind::WATCH, &[&protocol::encode_watch(after, wait_ms)])?;
+        match recv_reply(&mut self.stream, &mut self.reply_buf, &self.server, id)? {
+            (Reply::WatchOk { events }, _) => Ok(events),
             (other, _) => Err(unexpected(&self.server, &other)),
         }
     }

@@ -50,6 +50,22 @@ pub struct ServerStatus {
     /// Dedup chunks and manifests (docs/staging.md, "Dedup through the servers").
     #[serde(default)]
     pub dedup: DedupStatus,
+    /// The event counter a Watch waits on: something reached the durable store (a file
+    /// drained, a marker, a dedup push round, a dedup manifest).
+    #[serde(default)]
+    pub events: u64,
+    /// Watch requests answered, and of them those answered because the counter moved
+    /// (not because the wait ran out).
+    #[serde(default)]
+    pub watches: u64,
+    #[serde(default)]
+    pub watch_wakeups: u64,
+    /// Looks at pending checkpoints or dedup manifests a client's Pull or GetManifest
+    /// started, and those the fallback timer (`recheck_every`) started while one waited.
+    #[serde(default)]
+    pub asked_rechecks: u64,
+    #[serde(default)]
+    pub timed_rechecks: u64,
 }
 
 /// The arenas on a server's SSD (the engine's levels now).

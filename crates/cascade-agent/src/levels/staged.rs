@@ -25,7 +25,7 @@ use cascade_wire::protocol::{Level as WireLevel, PullKind, PushFile, Seal, MAX_D
 use crate::level::{Found, Level, Poll, Step, Unit};
 use crate::node::{files_of, Checkpoint, Node};
 use crate::reader::StoreFileReader;
-use crate::servers::{lock, ServerPool, PULL_EVERY};
+use crate::servers::{lock, Asked, ServerPool};
 use crate::store_write::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
 
@@ -39,7 +39,8 @@ pub(crate) struct StagingServers {
     placed: Mutex<HashMap<(u64, u32, u64), usize>>,
     /// Server each checkpoint root was pushed to: (ino, generation) -> server index.
     pushed: Mutex<HashMap<(u64, u32), usize>>,
-    last_pull: Mutex<Option<Instant>>,
+    /// When the servers were last asked what has drained.
+    asked: Asked,
 }
 
 /// A piece of file data on its way into a frame.
@@ -153,7 +154,7 @@ impl StagingServers {
             sends,
             placed: Mutex::new(HashMap::new()),
             pushed: Mutex::new(HashMap::new()),
-            last_pull: Mutex::new(None),
+            asked: Asked::default(),
         }
     }
 
@@ -456,14 +457,11 @@ impl StagingServers {
     }
 
     /// Asks the servers which staged files and pushed checkpoints reached the durable tier
-    /// and records it. At most every [`PULL_EVERY`]. True if anything became durable.
+    /// and records it: when a server's event counter moved (its watcher woke the agent),
+    /// else at most every `ServerPool::ask_every`. True if anything became durable.
     fn pull_levels(&self, node: &Node, tree: &[LifeEntry]) -> bool {
-        {
-            let mut last = lock(&self.last_pull);
-            if last.is_some_and(|t| t.elapsed() < PULL_EVERY) {
-                return false;
-            }
-            *last = Some(Instant::now());
+        if !self.pool.ask_due(&self.asked, "") {
+            return false;
         }
         // Each with the server it went to, if this agent knows (else every server is asked).
         let staged: Vec<(&LifeEntry, Option<usize>)> = {
@@ -682,7 +680,7 @@ impl Level for StagingServers {
         }
         if c.root.checkpoint_safe() {
             // Its server writes the marker once the files have drained.
-            return Step::Waiting(Instant::now() + PULL_EVERY);
+            return Step::Waiting(Instant::now() + self.pool.ask_every());
         }
         match self.push_checkpoint(node, c.root) {
             Ok(true) => Step::Handed,
@@ -700,7 +698,7 @@ impl Level for StagingServers {
         Poll {
             progressed,
             waiting,
-            ask_again: (waiting > 0).then(|| Instant::now() + PULL_EVERY),
+            ask_again: (waiting > 0).then(|| Instant::now() + self.pool.ask_every()),
         }
     }
 

@@ -28,7 +28,7 @@ use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::options::DedupOptions;
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
-use crate::servers::{ServerPool, PULL_EVERY};
+use crate::servers::{Asked, ServerPool};
 use crate::store_write::write_fetched;
 use crate::{Error, Result};
 
@@ -222,6 +222,8 @@ impl From<std::io::Error> for Failed {
 pub(crate) struct StagedDedup {
     pool: Arc<ServerPool>,
     repository: Arc<Repository>,
+    /// When each waiting manifest's server was last asked about it.
+    asked: Asked,
 }
 
 /// What sending a checkpoint's files cost.
@@ -232,7 +234,11 @@ struct Sent {
 
 impl StagedDedup {
     pub(crate) fn new(pool: Arc<ServerPool>, repository: Arc<Repository>) -> StagedDedup {
-        StagedDedup { pool, repository }
+        StagedDedup {
+            pool,
+            repository,
+            asked: Asked::default(),
+        }
     }
 
     /// Sends checkpoint `root` through the staging servers as chunks and its manifest;
@@ -425,9 +431,14 @@ impl StagedDedup {
     /// of a job's checkpoint, only its files (`Step::PartStored`: the job level completes
     /// it). `Step::Waiting` until the server wrote it.
     fn complete_staged(&self, node: &Node, root: &LifeEntry) -> Result<Step> {
-        let waiting = Step::Waiting(Instant::now() + PULL_EVERY);
+        let waiting = Step::Waiting(Instant::now() + self.pool.ask_every());
         let ckpt = DurableKey::from_store_path(&root.path);
         let (name, part) = self.repository.stored_name(root, &ckpt);
+        // Asked when a server's event counter moved: a push elsewhere may have completed
+        // the manifest's blobs, and asking makes its server look at once (GetManifest).
+        if !self.pool.ask_due(&self.asked, &name) {
+            return Ok(waiting);
+        }
         let owner = self.manifest_owner(&name);
         let state = self
             .pool
@@ -436,6 +447,7 @@ impl StagedDedup {
         if !matches!(state, Some((ManifestState::Written, _))) {
             return Ok(waiting);
         }
+        self.pool.asked_done(&self.asked, &name);
         let Some(tree) = node.fresh_tree(root)? else {
             return Ok(Step::Changed);
         };

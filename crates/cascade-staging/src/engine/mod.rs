@@ -388,6 +388,56 @@ struct Reserved {
 type CachedExtent = ((u32, u64), Arc<[u8]>);
 
 /// One piece of a read: `len` bytes at `within` in an extent, to `buf[at..]`.
+/// A sealed version mapped from the arenas ([`Engine::map_version`]).
+pub struct Mapped {
+    pieces: Vec<MappedPiece>,
+    label: String,
+}
+
+struct MappedPiece {
+    /// The version's bytes in this extent.
+    slice: bytes::Bytes,
+    /// The whole extent, which its crc32c covers.
+    extent: bytes::Bytes,
+    crc: u32,
+    arena: u32,
+    position: u64,
+}
+
+impl Mapped {
+    /// The version's bytes in order, as views of the mapped arenas (no copy).
+    pub fn parts(&self) -> Vec<bytes::Bytes> {
+        self.pieces.iter().map(|p| p.slice.clone()).collect()
+    }
+
+    /// Checks every extent's crc32c and returns the BLAKE3 of the version's bytes.
+    pub fn verify(&self) -> Result<[u8; 32]> {
+        let mut hasher = blake3::Hasher::new();
+        let mut checked: Option<(u32, u64)> = None;
+        for p in &self.pieces {
+            // A version's pieces of one extent are adjacent: each extent is checked once.
+            if checked != Some((p.arena, p.position)) {
+                let got = crc32c::crc32c(&p.extent);
+                if got != p.crc {
+                    return Err(Error::Corrupt {
+                        what: format!(
+                            "arena {} at {}: checksum mismatch (index says {:#010x}, data {got:#010x}) in a {}-byte extent of {}",
+                            arena_name(p.arena),
+                            p.position,
+                            p.crc,
+                            p.extent.len(),
+                            self.label
+                        ),
+                    });
+                }
+                checked = Some((p.arena, p.position));
+            }
+            hasher.update(&p.slice);
+        }
+        Ok(*hasher.finalize().as_bytes())
+    }
+}
+
 struct Piece {
     file: Arc<File>,
     arena: u32,
@@ -670,6 +720,9 @@ impl Engine {
         };
         // Outside the lock: other slots (and this one, at other positions) keep writing.
         let res = file.write_all_at(data, pos);
+        if res.is_ok() {
+            start_writeback(&file, pos, len);
+        }
         let paths = {
             let mut g = lock(&self.state);
             if let Some(a) = g.m.arenas.get_mut(&n) {
@@ -1031,10 +1084,106 @@ impl Engine {
         g.m.info(id)
     }
 
+    /// Sealed version `v` mapped from its arenas, extent by extent, for an upload in one
+    /// request without a copy; [`Mapped::verify`] checks every extent's crc32c and hashes it.
+    pub fn map_version(&self, v: VersionId) -> Result<Mapped> {
+        let size = {
+            let g = lock(&self.state);
+            match g.m.versions.get(&v.0) {
+                Some(ver) => ver.size,
+                None => {
+                    return Err(invalid(format!(
+                        "unknown version {v} (never staged, or reclaimed)"
+                    )))
+                }
+            }
+        };
+        let (pieces, _, label) = self.plan(v, 0, size as usize)?;
+        let mut parts = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let name = arena_name(p.arena);
+            let page = 4096u64;
+            let start = p.position - p.position % page;
+            let lead = (p.position - start) as usize;
+            let map_len = lead + p.ext_len as usize;
+            if p.file
+                .metadata()
+                .map_err(|e| io_err(format!("stat {name}"), e))?
+                .len()
+                < p.position + u64::from(p.ext_len)
+            {
+                return Err(Error::Corrupt {
+                    what: format!(
+                        "arena {name} at {}: file ends inside a {}-byte extent of {label}",
+                        p.position, p.ext_len
+                    ),
+                });
+            }
+            // SAFETY: the arena file is only ever appended to, and an arena is deleted (never
+            // truncated) once every extent in it is drained or superseded, which this version
+            // is not until its upload ends; the range was checked to lie within the file.
+            let map = unsafe {
+                memmap2::MmapOptions::new()
+                    .offset(start)
+                    .len(map_len)
+                    .map(&*p.file)
+            }
+            .map_err(|e| io_err(format!("map {name} at {}", p.position), e))?;
+            let extent = bytes::Bytes::from_owner(map).slice(lead..map_len);
+            let from = p.within as usize;
+            parts.push(MappedPiece {
+                slice: extent.slice(from..from + p.len),
+                extent,
+                crc: p.crc,
+                arena: p.arena,
+                position: p.position,
+            });
+        }
+        Ok(Mapped {
+            pieces: parts,
+            label,
+        })
+    }
+
     /// Reads up to `buf.len()` bytes of sealed version `v` at `offset` (short only at the
     /// end of the file), verifying the crc32c of every extent it touches.
     pub fn read_at(&self, v: VersionId, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let (pieces, total, label) = {
+        let (pieces, total, label) = self.plan(v, offset, buf.len())?;
+        for p in pieces {
+            let dst = &mut buf[p.at..p.at + p.len];
+            if p.within == 0 && p.len == p.ext_len as usize {
+                read_extent(&p, dst, &label)?;
+                continue;
+            }
+            let key = (p.arena, p.position);
+            let cached = lock(&self.read_cache)
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, b)| b.clone());
+            let bytes = match cached {
+                Some(b) => b,
+                None => {
+                    let mut v = vec![0u8; p.ext_len as usize];
+                    read_extent(&p, &mut v, &label)?;
+                    let b: Arc<[u8]> = v.into();
+                    let mut c = lock(&self.read_cache);
+                    if c.len() >= READ_CACHE {
+                        c.pop_front();
+                    }
+                    c.push_back((key, b.clone()));
+                    b
+                }
+            };
+            let from = p.within as usize;
+            dst.copy_from_slice(&bytes[from..from + p.len]);
+        }
+        Ok(total)
+    }
+
+    /// The extent pieces holding bytes `offset..offset + want` of sealed version `v` (cut at
+    /// its end), their total length and the version's label for messages.
+    fn plan(&self, v: VersionId, offset: u64, want: usize) -> Result<(Vec<Piece>, usize, String)> {
+        {
             let g = lock(&self.state);
             let Some(ver) = g.m.versions.get(&v.0) else {
                 return Err(invalid(format!(
@@ -1044,10 +1193,10 @@ impl Engine {
             if ver.seal.is_none() {
                 return Err(invalid(format!("{}@{} is not sealed", ver.key, ver.stamp)));
             }
-            if offset >= ver.size || buf.is_empty() {
-                return Ok(0);
+            if offset >= ver.size || want == 0 {
+                return Ok((Vec::new(), 0, String::new()));
             }
-            let end = ver.size.min(offset + buf.len() as u64);
+            let end = ver.size.min(offset + want as u64);
             let mut pieces = Vec::new();
             let mut pos = offset;
             let first = ver
@@ -1095,41 +1244,12 @@ impl Engine {
                     ),
                 });
             }
-            (
+            Ok((
                 pieces,
                 (end - offset) as usize,
                 format!("{}@{}", ver.key, ver.stamp),
-            )
-        };
-        for p in pieces {
-            let dst = &mut buf[p.at..p.at + p.len];
-            if p.within == 0 && p.len == p.ext_len as usize {
-                read_extent(&p, dst, &label)?;
-                continue;
-            }
-            let key = (p.arena, p.position);
-            let cached = lock(&self.read_cache)
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, b)| b.clone());
-            let bytes = match cached {
-                Some(b) => b,
-                None => {
-                    let mut v = vec![0u8; p.ext_len as usize];
-                    read_extent(&p, &mut v, &label)?;
-                    let b: Arc<[u8]> = v.into();
-                    let mut c = lock(&self.read_cache);
-                    if c.len() >= READ_CACHE {
-                        c.pop_front();
-                    }
-                    c.push_back((key, b.clone()));
-                    b
-                }
-            };
-            let from = p.within as usize;
-            dst.copy_from_slice(&bytes[from..from + p.len]);
+            ))
         }
-        Ok(total)
     }
 
     /// Sealed versions that are neither drained nor superseded, oldest seal first.
@@ -1325,6 +1445,21 @@ fn recover_arenas(
         }
     }
     Ok(())
+}
+
+/// Starts the writeback of bytes `pos..pos + len` of `file` now (SYNC_FILE_RANGE_WRITE: it
+/// does not wait for them), so that dirty pages do not pile up for the next Sync's
+/// fdatasync to write all at once. Advisory: a failure shows at that fdatasync.
+fn start_writeback(file: &File, pos: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(pos), Ok(len)) = (i64::try_from(pos), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: sync_file_range only reads its integer arguments; the descriptor is owned by
+    // `file`, open for the duration of the call.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), pos, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
 }
 
 /// Reads a whole extent into `dst` (its length) and checks its crc32c.

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use cascade_dedup::repo::{
 use cascade_dedup::score::to_hex;
 use cascade_dedup::{score, Chunking, Compression, Score};
 
-use super::{engine_code, lock, ConnState, Outbox, Shared};
+use super::{engine_code, lock, ConnState, Outbox, Pacer, Shared};
 use crate::chunks::manifests::{ManifestStore, PendingManifest};
 use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
 use crate::protocol::{
@@ -31,11 +31,16 @@ use crate::{hex, ServerError as Error, ServerResult as Result};
 /// Stored bytes one push round reads and writes as one repository session (two packs and
 /// one index object at the repository's 16 MiB packs).
 const PUSH_BATCH: u64 = 32 << 20;
-/// While clients send, a round starts only with this much waiting, or after this long.
-const PUSH_WHEN_BUSY: u64 = 64 << 20;
+/// While clients send and no manifest waits, a round starts only with this much waiting, or
+/// after this long (fewer tiny packs and index objects); a waiting manifest pushes at once.
+/// Small: the durable store's link is the bottleneck, so the push should overlap the
+/// clients' sending, not follow it (64 MiB held the torch series' pushes until after each
+/// checkpoint was sent).
+const PUSH_WHEN_BUSY: u64 = 8 << 20;
 const PUSH_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
-/// How often other writers' index objects are looked for: often while a manifest waits.
-const REFRESH_WAITING: Duration = Duration::from_secs(1);
+/// How often other writers' index objects are looked for with nothing waiting; while a
+/// manifest waits, when a client asks for it (GetManifest: a watching agent asks as soon as
+/// another server pushed) and else every `recheck_every`.
 const REFRESH_IDLE: Duration = Duration::from_secs(5);
 /// A namespace whose repository did not exist is looked for again after this.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
@@ -86,6 +91,9 @@ pub(super) struct Dedup {
     holds: Mutex<HashMap<String, (Hold, Instant)>>,
     counters: Mutex<Counters>,
     wake: (Mutex<u64>, Condvar),
+    /// A client asked for a pending manifest: other writers' index objects are loaded and
+    /// the pending manifests checked at once.
+    recheck: AtomicBool,
 }
 
 impl Dedup {
@@ -103,6 +111,7 @@ impl Dedup {
                 holds: Mutex::new(HashMap::new()),
                 counters: Mutex::new(Counters::default()),
                 wake: (Mutex::new(0), Condvar::new()),
+                recheck: AtomicBool::new(false),
             },
             warnings,
         ))
@@ -642,6 +651,11 @@ impl Shared {
                 Err(e) => Err(e),
             },
         };
+        if matches!(found, Ok(Some((ManifestState::Pending, _)))) {
+            self.dedup.recheck.store(true, Ordering::SeqCst);
+            lock(&self.counters).asked_rechecks += 1;
+            self.wake_push();
+        }
         let (state, json) = match found {
             Ok(Some((state, m))) => match serde_json::to_string(&m) {
                 Ok(json) => (state, json),
@@ -682,11 +696,15 @@ impl Shared {
         while !self.stop.load(Ordering::SeqCst) {
             let seen = *lock(&self.dedup.wake.0);
             let mut progressed = false;
+            let mut deferred = false;
             if Instant::now() >= retry_at {
-                match self.push_round(&mut last_push) {
+                match self.push_round(&mut last_push, &mut deferred) {
                     Ok(pushed) => {
                         progressed = pushed;
                         failures = 0;
+                        if pushed {
+                            self.event();
+                        }
                     }
                     Err(e) => {
                         failures += 1;
@@ -704,14 +722,18 @@ impl Shared {
             }
             let waiting = !self.dedup.manifests.pending().is_empty();
             let every = if waiting {
-                REFRESH_WAITING
+                self.opts.recheck_every
             } else {
-                REFRESH_IDLE
+                REFRESH_IDLE.max(self.opts.recheck_every)
             };
             self.tend_holds();
             self.retire_repos();
             let mut refreshed = false;
-            if last_refresh.elapsed() >= every {
+            let asked = self.dedup.recheck.swap(false, Ordering::SeqCst);
+            if asked || last_refresh.elapsed() >= every {
+                if waiting && !asked {
+                    lock(&self.counters).timed_rechecks += 1;
+                }
                 last_refresh = Instant::now();
                 self.refresh_repos();
                 refreshed = true;
@@ -722,13 +744,21 @@ impl Shared {
                 checked_at_wake = seen;
                 if self.complete_dedup_manifests(&mut manifest_retry) {
                     progressed = true;
+                    self.event();
                 }
             }
             if !progressed {
+                // A round held back while clients send is due once they pause (the busy
+                // window), which nothing else signals.
+                let wait = if deferred {
+                    self.opts.busy_window.max(Duration::from_millis(1))
+                } else {
+                    Duration::from_millis(250)
+                };
                 let (m, cv) = &self.dedup.wake;
                 let g = lock(m);
                 if *g == seen {
-                    let _ = cv.wait_timeout(g, Duration::from_millis(250));
+                    let _ = cv.wait_timeout(g, wait);
                 }
             }
         }
@@ -745,26 +775,27 @@ impl Shared {
     /// One push round: up to [`PUSH_BATCH`] of records after the cursor, one repository
     /// session per namespace (packs, then the index object), then the cursor is moved
     /// (durably) and wholly pushed segments are deleted. True if it moved the cursor.
-    fn push_round(&self, last_push: &mut Instant) -> Result<bool> {
+    fn push_round(&self, last_push: &mut Instant, deferred: &mut bool) -> Result<bool> {
         let (cursor, end) = self.dedup.chunks.push_window();
         if cursor >= end {
             return Ok(false);
         }
         let waiting = self.dedup.chunks.usage().pending_bytes;
         if self.ingest_active()
+            && self.dedup.manifests.pending().is_empty()
             && waiting < PUSH_WHEN_BUSY
             && last_push.elapsed() < PUSH_AT_LEAST_EVERY
         {
+            *deferred = true;
             return Ok(false);
         }
         let mut since_pause = 0u64;
+        let mut pacer = Pacer::new();
         let mut pace = |bytes: u64| {
             since_pause += bytes;
             if since_pause >= 1 << 20 {
                 since_pause = 0;
-                if self.ingest_active() {
-                    std::thread::sleep(self.opts.busy_pause);
-                }
+                pacer.pace(self);
             }
         };
         let batch = self

@@ -13,9 +13,9 @@ use cascade_wire::protocol::{
     encode_chunk_descriptors, encode_get_chunks_ok_head, encode_get_manifest,
     encode_get_manifest_ok, encode_hello, encode_lacks_ok, encode_manifest_part, encode_pull,
     encode_pull_ok, encode_push, encode_put_chunks_ok, encode_read, encode_read_ok_head,
-    encode_scores, encode_segment_header, kind, read_frame, BodyWriter, FrameError, Header,
-    ManifestState, Reply, Request, Stored, WireChunk, BLAKE3_LEN, HEADER_LEN, MAX_BODY, MAX_DATA,
-    MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY, TAG_LEN,
+    encode_scores, encode_segment_header, encode_watch, encode_watch_ok, kind, read_frame,
+    BodyWriter, FrameError, Header, ManifestState, Reply, Request, Stored, WireChunk, BLAKE3_LEN,
+    HEADER_LEN, MAX_BODY, MAX_DATA, MAX_FRAME_RAW, MAX_ITEMS, MAX_KEY, TAG_LEN,
 };
 
 /// What decoding one input as a frame gave.
@@ -377,6 +377,10 @@ fn check_request(k: u8, request: &Request<'_>, body: &[u8]) {
             assert!(check_key(checkpoint).is_ok());
             encode_get_manifest(checkpoint)
         }
+        Request::Watch { after, wait_ms } => {
+            assert_eq!(k, kind::WATCH);
+            encode_watch(*after, *wait_ms)
+        }
     };
     assert_eq!(again, body, "{request:?} does not re-encode");
 }
@@ -451,6 +455,10 @@ fn check_reply(k: u8, reply: &Reply<'_>, body: &[u8]) {
             assert_eq!(k, kind::GET_MANIFEST | kind::REPLY);
             assert_eq!(*state == ManifestState::Unknown, json.is_empty());
             encode_get_manifest_ok(*state, json)
+        }
+        Reply::WatchOk { events } => {
+            assert_eq!(k, kind::WATCH | kind::REPLY);
+            encode_watch_ok(*events)
         }
         Reply::PutManifestOk => empty(kind::PUT_MANIFEST),
         Reply::WriteOk => empty(kind::WRITE),

@@ -59,6 +59,9 @@ pub mod kind {
     pub const GET_MANIFEST: u8 = 0x0E;
     /// The client's proof after the server's challenge (the reply to Hello).
     pub const AUTH: u8 = 0x0F;
+    /// A long poll: answered once the server's event counter passes the client's, or after
+    /// the wait asked for (docs/staging-protocol.md, "Watch").
+    pub const WATCH: u8 = 0x10;
     pub const REPLY: u8 = 0x80;
     pub const ERROR: u8 = 0xFF;
 }

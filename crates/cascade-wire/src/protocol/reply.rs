@@ -74,6 +74,11 @@ pub enum Reply<'a> {
         /// The manifest as docs/dedup.md describes it (JSON); empty when Unknown.
         json: &'a str,
     },
+    /// The server's event counter when the Watch was answered (equal to the request's
+    /// `after` when the wait ran out first).
+    WatchOk {
+        events: u64,
+    },
     Error {
         code: u16,
         message: &'a str,
@@ -124,6 +129,12 @@ impl<'a> Reply<'a> {
             k::PUT_MANIFEST => empty(body, "PutManifestOk", Reply::PutManifestOk),
             k::GET_CHUNKS => decode_get_chunks_ok(body),
             k::GET_MANIFEST => decode_get_manifest_ok(body),
+            k::WATCH => {
+                let mut r = BodyReader::new(body, "WatchOk");
+                let events = r.u64()?;
+                r.end()?;
+                Ok(Reply::WatchOk { events })
+            }
             _ => Err(FrameError::Kind(kind)),
         }
     }
@@ -267,6 +278,12 @@ pub fn encode_pull_ok(states: &[PullState]) -> Vec<u8> {
             .u64(s.size)
             .bytes(&s.blake3);
     }
+    w.buf
+}
+
+pub fn encode_watch_ok(events: u64) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u64(events);
     w.buf
 }
 

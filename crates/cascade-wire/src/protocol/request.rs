@@ -121,6 +121,12 @@ pub enum Request<'a> {
     GetManifest {
         checkpoint: &'a str,
     },
+    /// Answer once the server's event counter is above `after` (a file drained, a marker,
+    /// a push round or a manifest written), or after `wait_ms` (clamped by the server).
+    Watch {
+        after: u64,
+        wait_ms: u32,
+    },
 }
 
 impl<'a> Request<'a> {
@@ -157,6 +163,13 @@ impl<'a> Request<'a> {
                 let checkpoint = r.key()?;
                 r.end()?;
                 Ok(Request::GetManifest { checkpoint })
+            }
+            k::WATCH => {
+                let mut r = BodyReader::new(body, "Watch");
+                let after = r.u64()?;
+                let wait_ms = r.u32()?;
+                r.end()?;
+                Ok(Request::Watch { after, wait_ms })
             }
             other => Err(FrameError::Kind(other)),
         }
@@ -356,6 +369,12 @@ pub fn encode_pull(queries: &[(PullKind, &str)]) -> Vec<u8> {
     for (what, key) in queries {
         w.u8(*what as u8).str(key);
     }
+    w.buf
+}
+
+pub fn encode_watch(after: u64, wait_ms: u32) -> Vec<u8> {
+    let mut w = BodyWriter::default();
+    w.u64(after).u32(wait_ms);
     w.buf
 }
 
