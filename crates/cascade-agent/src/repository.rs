@@ -3,10 +3,11 @@
 //! series remembered as the base of the next checkpoint's deltas.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cascade_dedup::adaptive::{self, Bottleneck, AUTO_MAX_LEVEL, AUTO_MIN_LEVEL};
+use cascade_dedup::adaptive::{
+    self, Bottleneck, Controller, Reason, AUTO_MAX_LEVEL, AUTO_MIN_LEVEL,
+};
 use cascade_dedup::repo::{part_name, FileRecipe, Manifest, Repo, WriteStats, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
 use cascade_durable::DurableKey;
@@ -40,14 +41,14 @@ pub(crate) struct Repository {
     /// its part (levels/job.rs joins the parts).
     part_of_node: Option<String>,
     /// The zstd level the next checkpoint is stored with, when the level is adaptive.
-    level: AtomicI32,
+    level: Mutex<Controller>,
 }
 
 /// The adaptive level's move after a checkpoint (for the log line and `cascade status`).
 pub(crate) struct LevelMove {
     pub(crate) from: i32,
     pub(crate) to: i32,
-    pub(crate) bottleneck: Option<Bottleneck>,
+    pub(crate) reason: Reason,
     pub(crate) measured: adaptive::Measured,
 }
 
@@ -56,11 +57,12 @@ impl LevelMove {
     pub(crate) fn describe(&self) -> String {
         let m = &self.measured;
         let gbps = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{:.2}", r / 1e9));
-        let why = match self.bottleneck {
-            Some(Bottleneck::Link) => "the link is the bottleneck",
-            Some(Bottleneck::Cpu) => "the CPU is the bottleneck",
-            Some(Bottleneck::Balanced) => "balanced",
-            None => "too little data to tell",
+        let why = match self.reason {
+            Reason::Bottleneck(Some(Bottleneck::Link)) => "the link is the bottleneck",
+            Reason::Bottleneck(Some(Bottleneck::Cpu)) => "the CPU is the bottleneck",
+            Reason::Bottleneck(Some(Bottleneck::Balanced)) => "balanced",
+            Reason::Bottleneck(None) => "too little data to tell",
+            Reason::DidNotPay => "the step up shrank the new data by less than 2 %",
         };
         format!(
             "zstd:{} -> zstd:{} ({why}: upload {:.2} s at {} GB/s, ingest {:.2} s at {} GB/s)",
@@ -86,10 +88,13 @@ impl Repository {
             repo: Mutex::new(None),
             latest_manifests: Mutex::new(HashMap::new()),
             part_of_node,
-            level: AtomicI32::new(match dedup.map(|d| d.compression) {
-                Some(Compression::Zstd { level }) => level,
-                _ => AUTO_MIN_LEVEL,
-            }),
+            level: Mutex::new(Controller::new(
+                match dedup.map(|d| d.compression) {
+                    Some(Compression::Zstd { level }) => level,
+                    _ => AUTO_MIN_LEVEL,
+                },
+                AUTO_MAX_LEVEL,
+            )),
         }
     }
 
@@ -98,7 +103,7 @@ impl Repository {
     pub(crate) fn compression(&self) -> Compression {
         match self.dedup {
             Some(d) if d.adaptive => Compression::Zstd {
-                level: self.level.load(Ordering::Relaxed),
+                level: self.level.lock().map_or(AUTO_MIN_LEVEL, |c| c.level),
             },
             Some(d) => d.compression,
             None => Compression::None,
@@ -112,13 +117,13 @@ impl Repository {
             return None;
         }
         let measured = stats.measured();
-        let from = self.level.load(Ordering::Relaxed);
-        let to = adaptive::next_level(from, AUTO_MIN_LEVEL, AUTO_MAX_LEVEL, &measured);
-        self.level.store(to, Ordering::Relaxed);
+        let mut controller = self.level.lock().ok()?;
+        let from = controller.level;
+        let reason = controller.observe(&measured);
         Some(LevelMove {
             from,
-            to,
-            bottleneck: measured.bottleneck(),
+            to: controller.level,
+            reason,
             measured,
         })
     }

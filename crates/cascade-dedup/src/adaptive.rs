@@ -2,8 +2,10 @@
 //! each checkpoint a writer stored, the agent compares how long its own ingest (cutting,
 //! hashing, compressing: the CPU) took with how long the durable store took to acknowledge the
 //! packs (the link), and compresses one level harder for the next checkpoint only while the
-//! link is the bottleneck, one level lighter while the CPU is. A pure function of measured
-//! figures, so it is tested without timing.
+//! link is the bottleneck, one level lighter while the CPU is — and goes back and stays below
+//! a level whose step up did not shrink the new data by at least [`MIN_GAIN`] (data like
+//! LAMMPS restarts, where harder levels cost CPU for a few per mille). Decisions depend only
+//! on the measured figures handed in, so they are tested without timing.
 
 use crate::compress::ZSTD_LEVELS;
 
@@ -22,6 +24,11 @@ pub const RAISE_WHEN_LINK_OVER_CPU: f64 = 1.25;
 pub const LOWER_WHEN_CPU_OVER_LINK: f64 = 1.05;
 /// Checkpoints smaller than this (file bytes) say too little about rates: the level stays.
 pub const MIN_SAMPLE_BYTES: u64 = 8 << 20;
+/// A step up must shrink what is uploaded per byte of new data by at least this share, else
+/// the level goes back and the step is not tried again for [`RETRY_AFTER`] checkpoints.
+pub const MIN_GAIN: f64 = 0.02;
+/// Checkpoints after which a level that did not pay is tried again (the data may change).
+pub const RETRY_AFTER: u32 = 16;
 
 /// What one checkpoint's store cost: the bytes the writer took in and the seconds its ingest
 /// worked (wall time less the time it waited for uploads), and the bytes the durable store
@@ -32,9 +39,17 @@ pub struct Measured {
     pub ingest_seconds: f64,
     pub uploaded_bytes: u64,
     pub upload_seconds: f64,
+    /// Bytes of the chunks the repository lacked (what compression worked on).
+    pub new_bytes: u64,
 }
 
 impl Measured {
+    /// Bytes uploaded per byte of new data, when there was enough new data to tell.
+    pub fn stored_fraction(&self) -> Option<f64> {
+        (self.new_bytes >= MIN_SAMPLE_BYTES)
+            .then(|| self.uploaded_bytes as f64 / self.new_bytes as f64)
+    }
+
     /// Ingest rate, bytes of file data per second of the writer's own work.
     pub fn ingest_rate(&self) -> Option<f64> {
         rate(self.input_bytes, self.ingest_seconds)
@@ -124,6 +139,75 @@ pub fn next_level(level: i32, min: i32, max: i32, m: &Measured) -> i32 {
     }
 }
 
+/// The adaptive level across checkpoints: [`next_level`] on the bottleneck, plus a ceiling
+/// learnt from steps up that did not pay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Controller {
+    pub level: i32,
+    pub min: i32,
+    pub max: i32,
+    /// The highest level to step up to for now (below `max` after a step that did not pay).
+    pub ceiling: i32,
+    /// Checkpoints since the ceiling came down.
+    held: u32,
+    /// The level before the last step up and what it stored per byte of new data.
+    raised_from: Option<(i32, f64)>,
+}
+
+/// Why the level moved (or not) after a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Bottleneck(Option<Bottleneck>),
+    /// The last step up shrank the new data by less than [`MIN_GAIN`]: back, and held.
+    DidNotPay,
+}
+
+impl Controller {
+    /// Starts at `min` (the level that keeps the reduction goals).
+    pub fn new(min: i32, max: i32) -> Controller {
+        let level = clamp_level(min, min, max);
+        Controller {
+            level,
+            min,
+            max,
+            ceiling: clamp_level(max, min, max),
+            held: 0,
+            raised_from: None,
+        }
+    }
+
+    /// The level for the next checkpoint after one stored at `self.level` measured `m`.
+    pub fn observe(&mut self, m: &Measured) -> Reason {
+        if self.ceiling < self.max {
+            self.held += 1;
+            if self.held >= RETRY_AFTER {
+                self.ceiling = clamp_level(self.max, self.min, self.max);
+                self.held = 0;
+            }
+        }
+        let fraction = m.stored_fraction();
+        if let (Some((from, before)), Some(now)) = (self.raised_from.take(), fraction) {
+            if now > before * (1.0 - MIN_GAIN) {
+                self.level = from;
+                self.ceiling = from;
+                self.held = 0;
+                return Reason::DidNotPay;
+            }
+        }
+        let next = clamp_level(
+            next_level(self.level, self.min, self.max, m),
+            self.min,
+            self.ceiling,
+        );
+        if next > self.level {
+            // Judged on the next checkpoint; without a measure of this one, not judged.
+            self.raised_from = fraction.map(|f| (self.level, f));
+        }
+        self.level = next;
+        Reason::Bottleneck(m.bottleneck())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,7 +220,57 @@ mod tests {
             ingest_seconds: ingest_s,
             uploaded_bytes: uploaded,
             upload_seconds: upload_s,
+            new_bytes: input,
         }
+    }
+
+    #[test]
+    fn the_controller_climbs_while_each_step_shrinks_the_data() {
+        let mut c = Controller::new(-2, 6);
+        assert_eq!(c.level, -2);
+        // Link-bound, and every level stores 5 % less than the one before.
+        let mut uploaded = 400_000_000f64;
+        let mut seen = vec![c.level];
+        for _ in 0..9 {
+            let m = measured(GB, 1.0, uploaded as u64, 3.0);
+            assert_eq!(c.observe(&m), Reason::Bottleneck(Some(Bottleneck::Link)));
+            seen.push(c.level);
+            uploaded *= 0.95;
+        }
+        assert_eq!(seen, [-2, -1, 1, 2, 3, 4, 5, 6, 6, 6]);
+    }
+
+    #[test]
+    fn a_step_up_that_does_not_shrink_the_data_goes_back_and_is_held() {
+        // LAMMPS-like: link-bound by latency, but a harder level stores 0.2 % less.
+        let mut c = Controller::new(-2, 6);
+        let m = measured(32_000_000, 0.1, 19_480_000, 0.3);
+        assert_eq!(c.observe(&m), Reason::Bottleneck(Some(Bottleneck::Link)));
+        assert_eq!(c.level, -1);
+        let m = measured(32_000_000, 0.1, 19_440_000, 0.3);
+        assert_eq!(c.observe(&m), Reason::DidNotPay);
+        assert_eq!((c.level, c.ceiling), (-2, -2));
+        // Held there while the link stays the bottleneck...
+        for _ in 0..RETRY_AFTER - 1 {
+            c.observe(&measured(32_000_000, 0.1, 19_480_000, 0.3));
+            assert_eq!((c.level, c.ceiling), (-2, -2));
+        }
+        // ... then tried again.
+        c.observe(&measured(32_000_000, 0.1, 19_480_000, 0.3));
+        assert_eq!((c.level, c.ceiling), (-1, 6));
+    }
+
+    #[test]
+    fn the_controller_comes_down_when_the_cpu_is_the_bottleneck() {
+        let mut c = Controller::new(-2, 6);
+        c.level = 3;
+        let busy = measured(GB, 3.0, 300_000_000, 1.0);
+        assert_eq!(c.observe(&busy), Reason::Bottleneck(Some(Bottleneck::Cpu)));
+        assert_eq!(c.level, 2);
+        for _ in 0..5 {
+            c.observe(&busy);
+        }
+        assert_eq!(c.level, -2, "never below the floor");
     }
 
     #[test]

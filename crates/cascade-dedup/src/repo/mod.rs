@@ -274,6 +274,7 @@ impl WriteStats {
             ingest_seconds: self.ingest_nanos as f64 / 1e9,
             uploaded_bytes: self.uploaded_bytes,
             upload_seconds: self.upload_nanos as f64 / 1e9,
+            new_bytes: self.new_bytes,
         }
     }
 }
