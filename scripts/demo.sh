@@ -40,4 +40,4 @@ fi
 
 echo "== build (release): cascade and libcascade.so"
 cargo build --release --quiet -p cascade-cli -p cascade-preload
-exec target/release/cascade demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/cascade" demo "$@"

@@ -44,14 +44,14 @@ CASCADE_MODES: dict[str, dict[str, str]] = {
     "plain": {},
     # dedup.chunking's default when switched on (Chunking::DEFAULT_CDC); dedup.compress stays
     # at its default, off, and deltas (dedup.delta, on) take effect only with compression.
-    "dedup": {"CASCADE_DEDUP": "cdc:avg=64KiB"},
+    "dedup": {"CASCADE_DEDUP": "on"},
     "dedup+zstd": {"CASCADE_DEDUP": "cdc:avg=64KiB", "CASCADE_COMPRESS": "zstd:1"},
 }
 DIRECT = "s3fs direct"
 MODES = [*CASCADE_MODES, DIRECT]
 LABELS = {
     "plain": "Cascade, plain layout",
-    "dedup": "Cascade, default dedup (`CASCADE_DEDUP=cdc:avg=64KiB`)",
+    "dedup": "Cascade, default dedup (`CASCADE_DEDUP=on`: fixed 64 KiB chunks, adaptive zstd, deltas)",
     "dedup+zstd": "Cascade, dedup + `CASCADE_COMPRESS=zstd:1` (deltas)",
     DIRECT: "torch FsspecWriter (s3fs) straight to S3",
 }

@@ -47,11 +47,11 @@ pub struct DedupLinkArgs {
     /// Repetitions of each series and mode; tables show the median [default: 1].
     #[arg(long, default_value_t = 1)]
     reps: usize,
-    /// The agent's dedup setting in dedup mode.
-    #[arg(long, default_value = "cdc:avg=64KiB")]
+    /// The agent's dedup setting in dedup mode (the default of `--dedup on`).
+    #[arg(long, default_value = "fixed:64KiB")]
     dedup: String,
-    /// The agent's compression setting in dedup mode.
-    #[arg(long, default_value = "zstd:1")]
+    /// The agent's compression setting in dedup mode (its default: the adaptive level).
+    #[arg(long, default_value = "auto")]
     compress: String,
     /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
     #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
@@ -142,6 +142,9 @@ pub struct SnapRow {
     pub delta: ModeRow,
     pub staged_dedup: ModeRow,
     pub staged_delta: ModeRow,
+    /// The compression the agent reported after this snapshot in delta mode (the default
+    /// configuration; with `auto`, the adaptive level), first repetition.
+    pub delta_compression: String,
 }
 
 /// A series in one mode: sums over its snapshots of the per-snapshot medians.
@@ -183,8 +186,9 @@ struct Report<'a> {
 }
 
 /// One run of a series in one mode: per snapshot, (seconds until durable, seconds until
-/// staged in the staged modes, wire bytes).
-type RunOut = Vec<(f64, Option<f64>, u64)>;
+/// staged in the staged modes, bytes on the link, the compression the agent reported after
+/// it (`cascade status`: the adaptive level in use), "" without dedup).
+type RunOut = Vec<(f64, Option<f64>, u64, String)>;
 
 /// The node side of one run: a node store, its agent and, in the staged modes, two staging
 /// servers on 127.0.0.1 draining to the run's durable prefix; all go when dropped.
@@ -249,6 +253,20 @@ fn url_below(url: &str, rel: &str) -> String {
     }
 }
 
+/// The agent's compression after a checkpoint, as `cascade status --json` reports it
+/// (`zstd:-2`, or with the adaptive level `zstd:1 (auto; last: ...)`), up to its first space;
+/// "" when it reports none.
+fn compression_in_use(node: &Node) -> String {
+    let Ok(out) = node.run_ok(&["status", "--json"]) else {
+        return String::new();
+    };
+    serde_json::from_str::<serde_json::Value>(&out)
+        .ok()
+        .and_then(|v| v["agent"]["dedup_compression"].as_str().map(str::to_string))
+        .and_then(|c| c.split_whitespace().next().map(str::to_string))
+        .unwrap_or_default()
+}
+
 fn run_once(
     bin: &Path,
     a: &DedupLinkArgs,
@@ -287,15 +305,21 @@ fn run_once(
         node.wait_level(&ckpt, "durable", a.wait_timeout)?;
         let secs = (now_ns() - t0) as f64 / 1e9;
         let wire = tx_bytes(&a.link_dev).saturating_sub(tx0);
+        let level = compression_in_use(&node);
         eprintln!(
-            "  {} {} {}: {} in {secs:.2} s, {} on the link",
+            "  {} {} {}: {} in {secs:.2} s, {} on the link{}",
             s.info.name,
             mode.name(),
             snap.name,
             size_str(snap.bytes()),
-            size_str(wire)
+            size_str(wire),
+            if level.is_empty() {
+                String::new()
+            } else {
+                format!("; compression {level}")
+            }
         );
-        out.push((secs, staged, wire));
+        out.push((secs, staged, wire, level));
     }
     drop(node);
     clear_remote(&remote, "")?;
@@ -340,7 +364,7 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             let mine: Vec<(f64, Option<f64>, u64)> = runs
                 .iter()
                 .filter(|r| r.0 == mode)
-                .map(|r| r.1[i])
+                .map(|r| (r.1[i].0, r.1[i].1, r.1[i].2))
                 .collect();
             let secs: Vec<f64> = mine.iter().map(|x| x.0).collect();
             let staged: Vec<f64> = mine.iter().filter_map(|x| x.1).collect();
@@ -361,6 +385,11 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
                 delta: per(Mode::Delta, i),
                 staged_dedup: per(Mode::StagedDedup, i),
                 staged_delta: per(Mode::StagedDelta, i),
+                delta_compression: runs
+                    .iter()
+                    .find(|r| r.0 == Mode::Delta)
+                    .map(|r| r.1[i].3.clone())
+                    .unwrap_or_default(),
             })
             .collect();
         let total = |row: fn(&SnapRow) -> &ModeRow| ModeTotal {
@@ -495,10 +524,10 @@ fn tables(rep: &Report) -> Md {
     }
     for r in rep.series {
         s.title(format!("Snapshots of {}", r.series));
-        s.head("| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | staged delta: staged (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");
+        s.head("| snapshot | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | staged delta: staged (s) | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta | delta: compression after it |");
         for x in &r.snaps {
             s.row(format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
                 x.snapshot,
                 size_str(x.bytes),
                 opt_s(x.link_min_s),
@@ -512,7 +541,8 @@ fn tables(rep: &Report) -> Md {
                 size_str(x.dedup.wire),
                 size_str(x.delta.wire),
                 size_str(x.staged_dedup.wire),
-                size_str(x.staged_delta.wire)
+                size_str(x.staged_delta.wire),
+                x.delta_compression
             ));
         }
     }

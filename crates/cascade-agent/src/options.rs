@@ -183,6 +183,10 @@ pub struct AgentStats {
     /// Of the chunks stored, those stored as deltas against the previous checkpoint.
     #[serde(default)]
     pub dedup_delta_chunks: u64,
+    /// The compression the next checkpoint is stored with (`zstd:-1`, ...; "" before the
+    /// first), `auto` when the agent adapts it, and why it last moved.
+    #[serde(default)]
+    pub dedup_compression: String,
 }
 
 /// How checkpoints are cut and stored in the repository.
@@ -193,6 +197,11 @@ pub struct DedupOptions {
     /// Add each file with the same file of the previous checkpoint in its series as its base
     /// (docs/dedup.md, "Delta blobs"); only with compression.
     pub delta: bool,
+    /// `dedup.compress = auto`: `compression` is the level to start at, and the agent moves
+    /// the level between `cascade_dedup::adaptive::AUTO_MIN_LEVEL` and `AUTO_MAX_LEVEL` from
+    /// each checkpoint's measured ingest and upload (docs/dedup.md, "Adaptive level"). Only
+    /// where the agent writes the repository itself (not through staging servers).
+    pub adaptive: bool,
 }
 
 /// How a node's files are spread over the servers.

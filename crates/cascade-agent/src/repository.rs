@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cascade_dedup::repo::{part_name, FileRecipe, Manifest, Repo, DEFAULT_PREFIX};
+use cascade_dedup::adaptive::{
+    self, Bottleneck, Controller, Reason, AUTO_MAX_LEVEL, AUTO_MIN_LEVEL,
+};
+use cascade_dedup::repo::{part_name, FileRecipe, Manifest, Repo, WriteStats, DEFAULT_PREFIX};
 use cascade_dedup::Compression;
 use cascade_durable::DurableKey;
 use cascade_durable::DurableStore;
@@ -37,6 +40,40 @@ pub(crate) struct Repository {
     /// This node's name on a job of several nodes: its directory checkpoints are stored as
     /// its part (levels/job.rs joins the parts).
     part_of_node: Option<String>,
+    /// The zstd level the next checkpoint is stored with, when the level is adaptive.
+    level: Mutex<Controller>,
+}
+
+/// The adaptive level's move after a checkpoint (for the log line and `cascade status`).
+pub(crate) struct LevelMove {
+    pub(crate) from: i32,
+    pub(crate) to: i32,
+    pub(crate) reason: Reason,
+    pub(crate) measured: adaptive::Measured,
+}
+
+impl LevelMove {
+    /// "zstd:-1 -> zstd:1: upload 2.10 s (0.16 GB/s) against ingest 0.85 s (1.12 GB/s)".
+    pub(crate) fn describe(&self) -> String {
+        let m = &self.measured;
+        let gbps = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{:.2}", r / 1e9));
+        let why = match self.reason {
+            Reason::Bottleneck(Some(Bottleneck::Link)) => "the link is the bottleneck",
+            Reason::Bottleneck(Some(Bottleneck::Cpu)) => "the CPU is the bottleneck",
+            Reason::Bottleneck(Some(Bottleneck::Balanced)) => "balanced",
+            Reason::Bottleneck(None) => "too little data to tell",
+            Reason::DidNotPay => "the step up shrank the new data by less than 2 %",
+        };
+        format!(
+            "zstd:{} -> zstd:{} ({why}: upload {:.2} s at {} GB/s, ingest {:.2} s at {} GB/s)",
+            self.from,
+            self.to,
+            m.upload_seconds,
+            gbps(m.upload_rate()),
+            m.ingest_seconds,
+            gbps(m.ingest_rate()),
+        )
+    }
 }
 
 impl Repository {
@@ -51,7 +88,44 @@ impl Repository {
             repo: Mutex::new(None),
             latest_manifests: Mutex::new(HashMap::new()),
             part_of_node,
+            level: Mutex::new(Controller::new(
+                match dedup.map(|d| d.compression) {
+                    Some(Compression::Zstd { level }) => level,
+                    _ => AUTO_MIN_LEVEL,
+                },
+                AUTO_MAX_LEVEL,
+            )),
         }
+    }
+
+    /// The compression the next checkpoint is stored with: the configured one, or with an
+    /// adaptive level the level in use.
+    pub(crate) fn compression(&self) -> Compression {
+        match self.dedup {
+            Some(d) if d.adaptive => Compression::Zstd {
+                level: self.level.lock().map_or(AUTO_MIN_LEVEL, |c| c.level),
+            },
+            Some(d) => d.compression,
+            None => Compression::None,
+        }
+    }
+
+    /// With an adaptive level, the level for the next checkpoint after one stored with
+    /// `stats` (crate cascade_dedup::adaptive); None when the level is fixed.
+    pub(crate) fn adapt(&self, stats: &WriteStats) -> Option<LevelMove> {
+        if !self.dedup.is_some_and(|d| d.adaptive) {
+            return None;
+        }
+        let measured = stats.measured();
+        let mut controller = self.level.lock().ok()?;
+        let from = controller.level;
+        let reason = controller.observe(&measured);
+        Some(LevelMove {
+            from,
+            to: controller.level,
+            reason,
+            measured,
+        })
     }
 
     /// The manifest name checkpoint `root` (durable name `ckpt`) is stored under, and

@@ -26,7 +26,11 @@
 //! 6. the agent killed with SIGKILL while storing a checkpoint as deltas (after some of its
 //!    packs are written, before its manifest): the base checkpoint still restores, the
 //!    interrupted one is not complete, and a restarted agent stores it again as deltas
-//!    against the same base; it restores bit for bit.
+//!    against the same base; it restores bit for bit;
+//! 7. the default configuration (`--dedup on`, nothing else: fixed 64 KiB chunks, the
+//!    adaptive zstd level starting at -2, deltas) on the quick PyTorch series: the repository
+//!    records that configuration, later checkpoints go as deltas, `cascade status` shows the
+//!    level in use, and every checkpoint restores bit for bit.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -837,4 +841,70 @@ fn agent_killed_while_storing_deltas_loses_nothing_complete() {
     restore_ok(&env, "ck.2", &r2, &url);
     check(&r2, &second);
     restore_ok(&env, "ck.1", &env.tmp.path().join("r1-again"), &url);
+}
+
+/// The default configuration: `CASCADE_DEDUP=on` and no other dedup setting.
+#[test]
+fn the_default_configuration_stores_deltas_at_an_adaptive_level_and_restores_bit_for_bit() {
+    let (_serial, _) = begin();
+    let models = quick_torch_models();
+    let env = Env::new("dedup-default", 256 << 20);
+    let durable = tempfile::tempdir().expect("durable dir");
+    let url = durable.path().to_str().expect("utf-8").to_string();
+    let mut agent = env.agent(&url, &[("CASCADE_DEDUP", "on")]);
+    for (i, model) in models.iter().enumerate() {
+        let ckpt = format!("/torch/snap-{i:02}");
+        write_checkpoint(&env, &ckpt, &[("model.pt", model)]);
+        let line = wait_complete(&mut agent, &ckpt);
+        if i > 0 {
+            assert_deltas_against(&line, &format!("/torch/snap-{:02}", i - 1));
+        }
+    }
+    let status = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(status.dedup_checkpoints, 3, "{status:?}");
+    // "zstd:L (auto; last: zstd:A -> zstd:L (...))", L within the adaptive range.
+    let shown = &status.dedup_compression;
+    let level: i32 = shown
+        .strip_prefix("zstd:")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("no level in {shown:?}"));
+    assert!(
+        (cascade_dedup::adaptive::AUTO_MIN_LEVEL..=cascade_dedup::adaptive::AUTO_MAX_LEVEL)
+            .contains(&level),
+        "{shown:?}"
+    );
+    assert!(shown.contains("(auto; last: "), "{shown:?}");
+    let out = env.cascade_ok(&["status"], &[]);
+    assert!(
+        out.stdout.contains("compression zstd:"),
+        "cascade status shows no compression: {out}"
+    );
+    stop_agent(&mut agent);
+
+    // The repository's format: its config, and manifests that name the default chunking
+    // and the level the agent starts at.
+    let repo = durable.path().join(".cascade-dedup");
+    let json = |path: PathBuf| -> serde_json::Value {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    assert_eq!(json(repo.join("config.json"))["format"], "cascade-dedup/1");
+    for (i, model) in models.iter().enumerate() {
+        let m = json(repo.join(format!("manifests/torch/snap-{i:02}.json")));
+        assert_eq!(m["chunking"], "fixed:64KiB", "{m}");
+        assert_eq!(m["compression"], "zstd:-2", "{m}");
+        assert_eq!(m["files"][0]["size"], model.len() as u64, "{m}");
+    }
+    assert!(!packs(durable.path()).is_empty());
+
+    for (i, model) in models.iter().enumerate() {
+        let dest = env.tmp.path().join(format!("restored-{i}"));
+        restore_ok(&env, &format!("torch/snap-{i:02}"), &dest, &url);
+        assert!(
+            std::fs::read(dest.join("model.pt")).expect("restored") == *model,
+            "snap-{i:02} differs"
+        );
+    }
 }

@@ -72,6 +72,7 @@ impl Node {
                 chunking: "fixed:16KiB".parse().expect("chunking"),
                 compression: cascade_dedup::Compression::Zstd { level: 1 },
                 delta: true,
+                adaptive: false,
             }),
             staging: match via {
                 Via::StagedDedup(server, secret) => Some(StagingOptions {

@@ -100,6 +100,18 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
         );
     } else {
         print_status(&status, &others);
+        let dedup_line = agent
+            .as_ref()
+            .filter(|a| !a.dedup_compression.is_empty())
+            .map(|a| {
+                format!(
+                    "dedup        {} checkpoints, {} of file data, {} stored; compression {}",
+                    a.dedup_checkpoints,
+                    format_size(a.dedup_bytes),
+                    format_size(a.dedup_stored_bytes),
+                    a.dedup_compression
+                )
+            });
         match agent {
             Some(a) => println!(
                 "agent        pid {} -> {}{}: {}uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} pending ({}), {} failures{}",
@@ -128,6 +140,9 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
                     .unwrap_or_default()
             ),
             None => println!("agent        none running"),
+        }
+        if let Some(line) = dedup_line {
+            println!("{line}");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -75,8 +75,12 @@ pub fn dedup_options(config: &Config) -> Result<Option<DedupOptions>, Failure> {
     let chunking = chunking
         .parse::<Chunking>()
         .map_err(|e| bad(e.to_string()))?;
-    let compression = match config.text("dedup.compress") {
+    let spec = config.text("dedup.compress");
+    let compression = match spec {
         "off" => Compression::None,
+        "auto" => Compression::Zstd {
+            level: cascade_dedup::adaptive::AUTO_MIN_LEVEL,
+        },
         spec => spec
             .parse::<Compression>()
             .map_err(|e| bad(e.to_string()))?,
@@ -85,6 +89,7 @@ pub fn dedup_options(config: &Config) -> Result<Option<DedupOptions>, Failure> {
         chunking,
         compression,
         delta: config.text("dedup.delta") == "on",
+        adaptive: spec == "auto",
     }))
 }
 

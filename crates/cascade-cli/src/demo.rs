@@ -4,7 +4,9 @@
 //! HPC code) is compiled into a fresh work dir and run four times:
 //!
 //! - A, baseline: straight to a directory on local disk (the stand-in for a parallel file
-//!   system), uninterrupted; its final grid checksum is the reference;
+//!   system), uninterrupted, each checkpoint made durable with fsync (as on a parallel file
+//!   system); its final grid checksum is the reference; then the same without fsync (the
+//!   page cache);
 //! - B, under `cascade run` with a durable store, SIGKILLed halfway through a checkpoint;
 //! - C, under `cascade run` again: it restarts from the node store's memory;
 //! - D, after the node store is destroyed and re-created: it restarts from the durable store
@@ -56,7 +58,9 @@ K steps into ckpt.<step>/{grid.bin,meta.txt} and restarts from its newest checkp
 compiled with cc into a fresh work dir and run four times:
 
   A  baseline: straight to a directory on local disk, the stand-in for a parallel file
-     system, uninterrupted; its final grid checksum is the reference
+     system, uninterrupted, with --fsync (each checkpoint on stable storage before the run
+     goes on, as on a parallel file system); its final grid checksum is the reference; then
+     the same without fsync (into the page cache)
   B  under 'cascade run --durable', killed (SIGKILL) halfway through writing a checkpoint
      in the middle of the run; the previous checkpoint is complete in the durable store
   C  under 'cascade run' again: it restarts from the node store's memory and finishes
@@ -64,8 +68,10 @@ compiled with cc into a fresh work dir and run four times:
      durable store (read-through) and finishes
 
 C and D must end with the reference checksum, bit for bit. The summary compares, per \
-checkpoint, how long heat stalled writing straight to disk and under Cascade (heat's own \
-stall_ms numbers), and gives PASS or FAIL per phase; exit 0 only when every phase passed.
+checkpoint, how long heat stalled writing straight to disk (with and without fsync) and under \
+Cascade (heat's own stall_ms numbers), with the GB/s of each and the node store's own \
+steady-state write rate (measured by the demo at the end), and gives PASS or FAIL per phase; \
+exit 0 only when every phase passed.
 
 The demo uses its own store (/cascade-demo-<uid>, or --store NAME), removing a leftover one \
 first, with --capacity of memory and no spill, and a work dir under $TMPDIR (or /var/tmp) \
@@ -693,7 +699,8 @@ impl Demo<'_> {
         if self.args.mpi {
             self.phase_e(&reference)?;
         }
-        self.summary(&baseline, &phase_b, &phase_c, drained);
+        let store_rate = self.store_write_rate();
+        self.summary(&baseline, &phase_b, &phase_c, drained, store_rate);
         self.verdict()
     }
 
@@ -756,43 +763,83 @@ impl Demo<'_> {
         Ok(())
     }
 
-    /// A: heat straight to local disk; returns its output and the reference checksum.
-    fn phase_a(&mut self) -> Result<(HeatOutput, String), Failure> {
+    /// A: heat straight to local disk, each checkpoint made durable with fsync (what a
+    /// checkpoint on a parallel file system has to wait for), then the same without fsync
+    /// (into the page cache); returns both outputs and the reference checksum.
+    fn phase_a(&mut self) -> Result<(Baselines, String), Failure> {
         self.heading(
             "A. baseline: heat writes its checkpoints straight to a directory on local disk \
-             ($WORK/pfs stands in for the parallel file system), no Cascade",
+             ($WORK/pfs stands in for the parallel file system), no Cascade: with --fsync \
+             (each checkpoint on stable storage before the run goes on), then without",
         );
         let direct_dir = self.work.join("pfs/heat").display().to_string();
         let mut args = self.heat_args(&direct_dir);
-        args.extend(["--keep".to_string(), "2".to_string()]);
+        args.extend(["--keep".to_string(), "2".to_string(), "--fsync".to_string()]);
         let ran = self.execute(&self.heat, "./heat", &args, 14)?;
-        let baseline = parse_heat(&ran);
-        let Some(reference) = baseline.fnv.clone().filter(|_| ran.status.success()) else {
+        let synced = parse_heat(&ran);
+        let Some(reference) = synced.fnv.clone().filter(|_| ran.status.success()) else {
             return Err(Failure::new(format!(
                 "demo: phase A (baseline) failed: heat {}",
                 ran.reason()
             )));
         };
-        self.say(format!(
-            "note: heat does not fsync, so these writes end in the page cache{}: the baseline \
-             is optimistic for a real parallel file system",
-            if on_tmpfs(&self.work) {
-                " (and $WORK is on tmpfs, i.e. memory)"
-            } else {
-                ""
-            }
-        ));
-        let complete = baseline.stalls.len() == self.checkpoints as usize;
+        let cached_dir = self.work.join("pfs/heat-cached").display().to_string();
+        let mut args = self.heat_args(&cached_dir);
+        args.extend(["--keep".to_string(), "2".to_string()]);
+        let ran = self.execute(&self.heat, "./heat", &args, 4)?;
+        let cached = parse_heat(&ran);
+        let _ = std::fs::remove_dir_all(&cached_dir);
+        if on_tmpfs(&self.work) {
+            self.say(
+                "note: $WORK is on tmpfs (memory): fsync costs nothing there, so both baselines \
+                 are optimistic for a parallel file system",
+            );
+        }
+        let complete = |h: &HeatOutput| h.stalls.len() == self.checkpoints as usize;
+        let same = cached.fnv.as_deref() == Some(reference.as_str());
         self.check(
             "A baseline",
-            complete,
+            complete(&synced) && complete(&cached) && same && ran.status.success(),
             format!(
-                "{} of {} checkpoints written straight to disk; reference fnv1a64={reference}",
-                baseline.stalls.len(),
-                self.checkpoints
+                "{} of {} checkpoints written straight to disk with fsync, {} without \
+                 (fnv1a64 {}); reference fnv1a64={reference}",
+                synced.stalls.len(),
+                self.checkpoints,
+                cached.stalls.len(),
+                if same { "the same" } else { "DIFFERENT" },
             ),
         );
-        Ok((baseline, reference))
+        Ok((Baselines { synced, cached }, reference))
+    }
+
+    /// The node store's steady-state write rate, measured the way a checkpoint is written
+    /// but from this process, with the chunks already mapped in: a file of one checkpoint's
+    /// size written from one buffer (in heat's 8 MiB writes), closed and removed, three
+    /// times; the fastest round, in bytes per second. None if the store cannot be used.
+    fn store_write_rate(&self) -> Option<f64> {
+        let store = cascade_store::Store::attach(&self.store).ok()?;
+        let buf = vec![0x5au8; usize::try_from(self.checkpoint_bytes).ok()?];
+        let path = "/.cascade-demo-rate";
+        let mut best: Option<f64> = None;
+        for _ in 0..3 {
+            let started = Instant::now();
+            let opts = cascade_store::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true);
+            let file = store.open(path, &opts).ok()?;
+            let mut offset = 0usize;
+            for piece in buf.chunks(8 << 20) {
+                file.write_at(piece, offset as u64).ok()?;
+                offset += piece.len();
+            }
+            drop(file);
+            let seconds = started.elapsed().as_secs_f64();
+            let _ = store.unlink(path);
+            let rate = self.checkpoint_bytes as f64 / seconds.max(1e-9);
+            best = Some(best.map_or(rate, |b: f64| b.max(rate)));
+        }
+        best
     }
 
     /// B: heat under Cascade, SIGKILLed halfway through a checkpoint; the one before must
@@ -1155,10 +1202,11 @@ impl Demo<'_> {
 
     fn summary(
         &self,
-        baseline: &HeatOutput,
+        baseline: &Baselines,
         phase_b: &HeatOutput,
         phase_c: &HeatOutput,
         drained: Option<f64>,
+        store_rate: Option<f64>,
     ) {
         let a = self.args;
         if !a.quiet {
@@ -1170,14 +1218,38 @@ impl Demo<'_> {
             size = format_size(self.checkpoint_bytes),
             c = self.checkpoints
         );
-        let (direct_mean, cascade_mean) = Self::stall_table(baseline, phase_b, phase_c);
-        if let (Some(d), Some(c)) = (direct_mean, cascade_mean) {
+        let means = Self::stall_table(baseline, phase_b, phase_c);
+        let gbps = |ms: f64| self.checkpoint_bytes as f64 / (ms / 1e3) / 1e9;
+        let compare = |direct: f64, cascade: f64| {
+            if direct >= cascade {
+                format!("{:.1}x shorter", direct / cascade)
+            } else {
+                format!("{:.1}x longer", cascade / direct)
+            }
+        };
+        if let (Some(synced), Some(cached), Some(c)) = (means.synced, means.cached, means.cascade) {
             if c > 0.0 {
                 println!(
-                    "the mean stall under Cascade is {:.1}x {} than writing straight to disk \
-                     (which, without fsync, ends in the page cache: an optimistic baseline)",
-                    if d >= c { d / c } else { c / d },
-                    if d >= c { "shorter" } else { "longer" }
+                    "the mean stall under Cascade is {} than writing straight to disk with fsync \
+                     (a checkpoint on stable storage, as a parallel file system must have it), \
+                     {} than writing into the page cache without fsync",
+                    compare(synced, c),
+                    compare(cached, c)
+                );
+                println!(
+                    "per checkpoint: {:.2} GB/s to disk with fsync, {:.2} GB/s into the page \
+                     cache, {:.2} GB/s under Cascade (steady state, without each run's first \
+                     checkpoint: {}){}",
+                    gbps(synced),
+                    gbps(cached),
+                    gbps(c),
+                    means
+                        .cascade_steady
+                        .map_or("-".to_string(), |m| format!("{:.2} GB/s", gbps(m))),
+                    store_rate.map_or(String::new(), |r| format!(
+                        "; the node store's own steady-state write rate {:.2} GB/s",
+                        r / 1e9
+                    ))
                 );
             }
         }
@@ -1198,17 +1270,14 @@ impl Demo<'_> {
         }
     }
 
-    /// Prints heat's stall per checkpoint, straight to disk and under Cascade (B, then C
-    /// for the steps B did not reach), with their means; returns the means.
-    fn stall_table(
-        baseline: &HeatOutput,
-        phase_b: &HeatOutput,
-        phase_c: &HeatOutput,
-    ) -> (Option<f64>, Option<f64>) {
-        println!("stall per checkpoint (heat's stall_ms: creating the directory, writing grid.bin and meta.txt, commit, rename onto latest)");
+    /// Prints heat's stall per checkpoint, straight to disk (with and without fsync) and
+    /// under Cascade (B, then C for the steps B did not reach), with their means; returns the
+    /// means.
+    fn stall_table(baseline: &Baselines, phase_b: &HeatOutput, phase_c: &HeatOutput) -> Means {
+        println!("stall per checkpoint (heat's stall_ms: creating the directory, writing grid.bin and meta.txt, commit, rename onto latest; with fsync: each file and directory synced)");
         println!(
-            "{:>8}  {:>18}  {:>18}",
-            "step", "direct to disk ms", "under Cascade ms"
+            "{:>8}  {:>18}  {:>18}  {:>18}",
+            "step", "disk + fsync ms", "page cache ms", "under Cascade ms"
         );
         let mut cascade_stalls: BTreeMap<u32, (f64, &str)> = BTreeMap::new();
         for (step, (ms, _)) in &phase_b.stalls {
@@ -1218,33 +1287,69 @@ impl Demo<'_> {
             cascade_stalls.entry(*step).or_insert((*ms, "C"));
         }
         let steps: std::collections::BTreeSet<u32> = baseline
+            .synced
             .stalls
             .keys()
+            .chain(baseline.cached.stalls.keys())
             .chain(cascade_stalls.keys())
             .copied()
             .collect();
-        for step in &steps {
-            let direct = baseline
-                .stalls
+        let ms_of = |h: &HeatOutput, step: &u32| {
+            h.stalls
                 .get(step)
-                .map_or_else(|| "-".to_string(), |(ms, _)| format!("{ms:.2}"));
+                .map_or_else(|| "-".to_string(), |(ms, _)| format!("{ms:.2}"))
+        };
+        for step in &steps {
             let cascade = cascade_stalls
                 .get(step)
                 .map_or_else(|| "-".to_string(), |(ms, p)| format!("{ms:.2} ({p})"));
-            println!("{step:>8}  {direct:>18}  {cascade:>18}");
+            println!(
+                "{step:>8}  {:>18}  {:>18}  {cascade:>18}",
+                ms_of(&baseline.synced, step),
+                ms_of(&baseline.cached, step)
+            );
         }
         let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-        let direct_mean = mean(baseline.stalls.values().map(|(ms, _)| *ms).collect());
-        let cascade_mean = mean(cascade_stalls.values().map(|(ms, _)| *ms).collect());
+        let means = Means {
+            synced: mean(baseline.synced.stalls.values().map(|(ms, _)| *ms).collect()),
+            cached: mean(baseline.cached.stalls.values().map(|(ms, _)| *ms).collect()),
+            cascade: mean(cascade_stalls.values().map(|(ms, _)| *ms).collect()),
+            // Each process's first checkpoint maps fresh chunks of the store into it; the
+            // rest show the rate a long run sees.
+            cascade_steady: mean(
+                [phase_b, phase_c]
+                    .iter()
+                    .flat_map(|h| h.stalls.values().skip(1).map(|(ms, _)| *ms))
+                    .collect(),
+            ),
+        };
         let show = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.2}"));
         println!(
-            "{:>8}  {:>18}  {:>18}",
+            "{:>8}  {:>18}  {:>18}  {:>18}",
             "mean",
-            show(direct_mean),
-            show(cascade_mean)
+            show(means.synced),
+            show(means.cached),
+            show(means.cascade)
         );
-        (direct_mean, cascade_mean)
+        means
     }
+}
+
+/// Phase A's two runs straight to disk.
+struct Baselines {
+    /// With --fsync: every checkpoint on stable storage inside its stall.
+    synced: HeatOutput,
+    /// Without: the checkpoint ends in the page cache.
+    cached: HeatOutput,
+}
+
+/// Mean stalls in ms.
+struct Means {
+    synced: Option<f64>,
+    cached: Option<f64>,
+    cascade: Option<f64>,
+    /// Under Cascade without each run's first checkpoint.
+    cascade_steady: Option<f64>,
 }
 
 /// Whether `path` is on a tmpfs (memory), which makes the baseline even more optimistic.

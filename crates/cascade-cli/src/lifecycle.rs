@@ -79,9 +79,17 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let staging = agent.stats().staging;
     let dedup = match &agent.options().dedup {
         Some(d) => format!(
-            " (dedup repository: {}, {}{})",
+            " (dedup repository: {}, {}{}{})",
             d.chunking,
             d.compression,
+            if d.adaptive {
+                format!(
+                    " (auto: up to zstd:{})",
+                    cascade_dedup::adaptive::AUTO_MAX_LEVEL
+                )
+            } else {
+                String::new()
+            },
             if d.delta && d.compression != Compression::None {
                 ", deltas"
             } else {

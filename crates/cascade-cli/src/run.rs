@@ -113,7 +113,10 @@ fn run_child(
         .args(&command[1..])
         .env("LD_PRELOAD", preload_value(library))
         .env("CASCADE_STORE", store.name())
-        .env("CASCADE_MOUNT", config.mount_prefix());
+        .env("CASCADE_MOUNT", config.mount_prefix())
+        // The child maps the store in when it attaches it, not at its first checkpoint
+        // (cascade-preload: `is_the_job`); its own children do not.
+        .env("CASCADE_MAP_IN_PARENT", std::process::id().to_string());
     for var in secret_variables() {
         child_command.env_remove(var);
     }

@@ -90,16 +90,31 @@ fn the_demo_passes_every_phase_and_cleans_up() {
     // --quiet: the summary only, no command transcripts.
     assert!(stdout.trim_start().starts_with("== Summary"), "{stdout}");
     assert!(!stdout.contains("$ cascade"), "{stdout}");
-    // Every checkpoint step has a stall both ways, then the means.
+    // Every checkpoint step has a stall three ways (disk with fsync, page cache, Cascade),
+    // then the means.
     for step in [10, 20, 30, 40, 50, 60] {
         let row = stdout
             .lines()
             .find(|l| l.split_whitespace().next() == Some(&step.to_string()))
             .unwrap_or_else(|| panic!("no row for step {step}:\n{stdout}"));
         let fields: Vec<&str> = row.split_whitespace().collect();
-        assert!(fields.len() >= 3, "{row}");
-        assert!(fields[1].parse::<f64>().is_ok(), "{row}");
-        assert!(fields[2].parse::<f64>().is_ok(), "{row}");
+        assert!(fields.len() >= 4, "{row}");
+        for field in &fields[1..4] {
+            assert!(field.parse::<f64>().is_ok(), "{row}");
+        }
+    }
+    // Both baselines and Cascade in GB/s, beside the store's own rate.
+    let rates = stdout
+        .lines()
+        .find(|l| l.starts_with("per checkpoint: "))
+        .unwrap_or_else(|| panic!("no rates:\n{stdout}"));
+    for what in [
+        "GB/s to disk with fsync",
+        "GB/s into the page cache",
+        "GB/s under Cascade",
+        "the node store's own steady-state write rate",
+    ] {
+        assert!(rates.contains(what), "{what:?} missing: {rates}");
     }
     assert!(
         stdout.lines().any(|l| l.trim_start().starts_with("mean ")),

@@ -291,12 +291,15 @@ pub static SETTINGS: &[SettingDef] = &[
         key: "dedup.chunking",
         env: "CASCADE_DEDUP",
         flag: Some("dedup"),
-        value_name: "off|fixed:SIZE|cdc:avg=SIZE",
-        help: "Store checkpoints in the durable store's dedup repository, cut into chunks this way (fixed:4KiB, cdc:avg=64KiB, cdc:min=..,avg=..,max=..), each distinct chunk once",
+        value_name: "off|on|fixed:SIZE|cdc:avg=SIZE",
+        help: "Store checkpoints in the durable store's dedup repository, cut into chunks this way (fixed:4KiB, cdc:avg=64KiB, cdc:min=..,avg=..,max=..; on: fixed:64KiB), each distinct chunk once",
         default_help: "off: the plain layout",
         parse: |t| {
             if t == "off" {
                 return Ok(Value::Text(t.to_string()));
+            }
+            if t == "on" {
+                return Ok(Value::Text(cascade_dedup::Chunking::DEFAULT.to_string()));
             }
             t.parse::<cascade_dedup::Chunking>()
                 .map(|c| Value::Text(c.to_string()))
@@ -308,18 +311,18 @@ pub static SETTINGS: &[SettingDef] = &[
         key: "dedup.compress",
         env: "CASCADE_COMPRESS",
         flag: Some("compress"),
-        value_name: "off|zstd[:LEVEL]",
-        help: "Compression of each new chunk in the dedup repository (skipped for a chunk it does not shrink by 1/8); LEVEL 1..=19, or -1..=-7 for zstd's fast levels",
-        default_help: "off",
+        value_name: "auto|off|zstd[:LEVEL]",
+        help: "Compression of each new chunk in the dedup repository (skipped for a chunk it does not shrink by 1/8); LEVEL 1..=19, or -1..=-7 for zstd's fast levels; auto: zstd from level -2 (the fastest that keeps the reduction goals), one level harder after a checkpoint whose upload took longer than its ingest, one lighter after one whose ingest took longer, up to level 6",
+        default_help: "auto",
         parse: |t| {
-            if t == "off" {
+            if t == "off" || t == "auto" {
                 return Ok(Value::Text(t.to_string()));
             }
             t.parse::<cascade_dedup::Compression>()
                 .map(|c| Value::Text(c.to_string()))
                 .map_err(|e| e.to_string())
         },
-        default: |_| (Value::Text("off".into()), String::new()),
+        default: |_| (Value::Text("auto".into()), String::new()),
     },
     SettingDef {
         key: "dedup.delta",

@@ -14,6 +14,7 @@
 //! The analysis of checkpoint series (`cascade analyze`, heatmaps) is the cascade-analyze
 //! crate, built on these.
 
+pub mod adaptive;
 pub mod chunking;
 pub mod compress;
 pub mod ingest;

@@ -208,6 +208,13 @@ impl Store {
         self.block.wait_prefault();
     }
 
+    /// Starts mapping the store's memory into this process in the background, as the first
+    /// data access would, without waiting: for a process that will write checkpoints soon
+    /// (the job `cascade run` started), so that its first one finds its chunks mapped.
+    pub fn start_map_in(&self) {
+        self.block.will_touch_data();
+    }
+
     pub fn data_region(&self) -> DataRegion {
         self.block.will_touch_data();
         let g = &self.block.geo;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cascade_dedup::repo::{Manifest, Repo, WriteStats};
+use cascade_dedup::Compression;
 use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
 
@@ -17,7 +18,7 @@ use crate::deltas::{deltas_note, with_base, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Listed, Step, Unit};
 use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::reader::StoreFileReader;
-use crate::repository::Repository;
+use crate::repository::{LevelMove, Repository};
 use crate::{Error, Result};
 
 pub(crate) struct DedupRepository {
@@ -56,11 +57,20 @@ impl DedupRepository {
         let previous = previous
             .filter(|_| self.repository.deltas())
             .and_then(|p| self.repository.previous_version(&repo, p));
-        let Some((stats, manifest)) =
-            write_checkpoint(node, &repo, now_root, &files, previous.as_ref(), &name)?
+        let compression = self.repository.compression();
+        let Some((stats, manifest)) = write_checkpoint(
+            node,
+            &repo,
+            compression,
+            now_root,
+            &files,
+            previous.as_ref(),
+            &name,
+        )?
         else {
             return Ok(Step::Changed);
         };
+        let moved = self.repository.adapt(&stats);
         // Reads of a version that changed meanwhile may mix old and new bytes: such a
         // manifest must not stay (opening a file for writing bumps its version).
         let digests = manifest.files.iter().map(|r| r.blake3.as_str());
@@ -79,6 +89,7 @@ impl DedupRepository {
             format!("checkpoint {} complete", now_root.path)
         };
         report_stored(node, &what, &stats, previous.as_ref(), started, !part);
+        report_level(node, compression, moved.as_ref());
         self.repository
             .remember_manifest(now_root, &ckpt, manifest.files);
         Ok(if part {
@@ -90,17 +101,19 @@ impl DedupRepository {
 }
 
 /// Adds every file of checkpoint `root` to the repository (with the same file of `previous`
-/// as its base, if any), then its manifest named `name`; None if a file went away meanwhile.
+/// as its base, if any) with `compression`, then its manifest named `name`; None if a file
+/// went away meanwhile.
 fn write_checkpoint(
     node: &Node,
     repo: &Repo,
+    compression: Compression,
     root: &LifeEntry,
     files: &[&LifeEntry],
     previous: Option<&PreviousVersion>,
     name: &str,
 ) -> Result<Option<(WriteStats, Manifest)>> {
     let store = &node.store;
-    let mut writer = repo.writer();
+    let mut writer = repo.writer().with_compression(compression);
     let mut recipes = Vec::with_capacity(files.len());
     for f in files {
         let Some(file) = node.open_snapshot_file(f)? else {
@@ -160,6 +173,18 @@ fn report_stored(
             started.elapsed().as_secs_f64()
         )
     });
+}
+
+/// Shows the compression in `cascade status` and logs the adaptive level's moves.
+fn report_level(node: &Node, used: Compression, moved: Option<&LevelMove>) {
+    let shown = match moved {
+        Some(m) => format!("zstd:{} (auto; last: {})", m.to, m.describe()),
+        None => used.to_string(),
+    };
+    node.count(|s| s.dedup_compression = shown);
+    if let Some(m) = moved.filter(|m| m.from != m.to) {
+        node.log(|| format!("dedup compression {}", m.describe()));
+    }
 }
 
 impl Level for DedupRepository {

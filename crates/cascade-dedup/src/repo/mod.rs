@@ -257,6 +257,30 @@ pub struct WriteStats {
     pub packs: u64,
     /// New chunks stored as deltas against the previous version's (docs/dedup.md).
     pub delta_chunks: u64,
+    /// Nanoseconds from the first file added to `finish`, less those the writer waited for
+    /// pack uploads (its own work: cutting, scoring, compressing), and nanoseconds at least
+    /// one pack upload was in flight, with the pack bytes the durable store acknowledged
+    /// (the adaptive level's inputs, crate::adaptive).
+    pub ingest_nanos: u64,
+    pub upload_nanos: u64,
+    pub uploaded_bytes: u64,
+}
+
+impl WriteStats {
+    /// The figures the adaptive level decides on.
+    pub fn measured(&self) -> crate::adaptive::Measured {
+        crate::adaptive::Measured {
+            input_bytes: self.bytes,
+            ingest_seconds: self.ingest_nanos as f64 / 1e9,
+            uploaded_bytes: self.uploaded_bytes,
+            upload_seconds: self.upload_nanos as f64 / 1e9,
+            new_bytes: self.new_bytes,
+        }
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The repository: opened once, shared by writers and readers.
@@ -612,6 +636,8 @@ impl Repo {
             files: Vec::new(),
             uploads: upload::PackUploader::new(Arc::clone(&self.durable), self.prefix.clone()),
             ingest: None,
+            compression: self.compression,
+            started: None,
         }
     }
 
@@ -1025,6 +1051,11 @@ pub struct RepoWriter<'r> {
     uploads: upload::PackUploader,
     /// Taken from the repository at the first file, given back when the writer goes.
     ingest: Option<Ingest>,
+    /// How new chunks and recipe blocks are compressed (the repository's, unless
+    /// [`RepoWriter::with_compression`]).
+    compression: Compression,
+    /// When the first file was added.
+    started: Option<std::time::Instant>,
 }
 
 impl Drop for RepoWriter<'_> {
@@ -1042,6 +1073,13 @@ impl RepoWriter<'_> {
     /// This writer's pack size (tests: many packs from little data).
     pub fn with_pack_size(mut self, bytes: usize) -> Self {
         self.pack_size = bytes.max(1);
+        self
+    }
+
+    /// This writer's compression instead of the repository's (the agent's adaptive level):
+    /// blobs say how they are stored, so readers need not know.
+    pub fn with_compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
         self
     }
 
@@ -1067,14 +1105,14 @@ impl RepoWriter<'_> {
         // A base whose recipe cannot be read (e.g. its checkpoint was pruned meanwhile) is
         // no base: it would only have saved bytes.
         let base = base
-            .filter(|_| self.repo.compression != Compression::None)
+            .filter(|_| self.compression != Compression::None)
             .and_then(|b| self.repo.base_file(b));
         let mut ingest = match self.ingest.take() {
             Some(ingest) => ingest,
             None => self.repo.idle_ingest(),
         };
         let repo = self.repo;
-        let compression = repo.compression;
+        let compression = self.compression;
         let pack = |s: &Score, offset: u64, data: &[u8]| -> Option<Packed> {
             if !repo.lacks(s) {
                 return None;
@@ -1104,6 +1142,7 @@ impl RepoWriter<'_> {
         if self.registration.is_none() {
             self.registration = Some(Session::start(self.repo)?);
         }
+        self.started.get_or_insert_with(std::time::Instant::now);
         Ok(())
     }
 
@@ -1189,7 +1228,6 @@ impl RepoWriter<'_> {
         for (s, bytes) in blocks {
             if !self.use_known(&s) {
                 let packed = self
-                    .repo
                     .compression
                     .compress(&bytes)
                     .map(|bytes| Packed { bytes, base: None });
@@ -1399,6 +1437,13 @@ impl RepoWriter<'_> {
         self.flush_pack()?;
         // The index names only packs that are written.
         let own_packs: Vec<Score> = self.uploads.wait()?.to_vec();
+        let timing = self.uploads.timing();
+        let wall = self
+            .started
+            .map_or(std::time::Duration::ZERO, |s| s.elapsed());
+        self.stats.ingest_nanos = nanos(wall.saturating_sub(timing.blocked));
+        self.stats.upload_nanos = nanos(timing.busy);
+        self.stats.uploaded_bytes = timing.bytes;
         let session: Vec<(Score, Vec<BlobEntry>)> = own_packs
             .iter()
             .copied()

@@ -9,6 +9,7 @@
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cascade_durable::DurableStore;
@@ -29,6 +30,50 @@ type Job = (usize, Vec<u8>);
 /// An upload thread: the positions and ids of the packs it wrote, or its first failure.
 type Worker = JoinHandle<Result<Vec<(usize, Score)>>>;
 
+/// How long uploads kept the writer waiting and the link busy (the adaptive level's inputs,
+/// crate::adaptive).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct UploadTiming {
+    /// The writer blocked handing a pack over (the queue full) or waiting for the last ones.
+    pub(super) blocked: Duration,
+    /// At least one pack was being written.
+    pub(super) busy: Duration,
+    /// Bytes of the packs the durable store acknowledged.
+    pub(super) bytes: u64,
+}
+
+/// When uploads are in flight: the busy time is the union of their intervals.
+#[derive(Default)]
+struct BusyClock {
+    in_flight: usize,
+    since: Option<Instant>,
+    busy: Duration,
+    bytes: u64,
+}
+
+impl BusyClock {
+    fn start(clock: &Mutex<BusyClock>) {
+        if let Ok(mut c) = clock.lock() {
+            if c.in_flight == 0 {
+                c.since = Some(Instant::now());
+            }
+            c.in_flight += 1;
+        }
+    }
+
+    fn end(clock: &Mutex<BusyClock>, bytes: Option<u64>) {
+        if let Ok(mut c) = clock.lock() {
+            c.in_flight = c.in_flight.saturating_sub(1);
+            c.bytes += bytes.unwrap_or(0);
+            if c.in_flight == 0 {
+                if let Some(since) = c.since.take() {
+                    c.busy += since.elapsed();
+                }
+            }
+        }
+    }
+}
+
 /// Threads writing packs to the durable store; ids are reported in the order packs were sent.
 pub(super) struct PackUploader {
     durable: Arc<DurableStore>,
@@ -39,6 +84,8 @@ pub(super) struct PackUploader {
     /// Ids of the packs written, in the order they were sent.
     written: Vec<Score>,
     spare: Arc<Mutex<Vec<Vec<u8>>>>,
+    clock: Arc<Mutex<BusyClock>>,
+    blocked: Duration,
 }
 
 impl PackUploader {
@@ -50,6 +97,21 @@ impl PackUploader {
             sent: 0,
             written: Vec::new(),
             spare: Arc::default(),
+            clock: Arc::default(),
+            blocked: Duration::ZERO,
+        }
+    }
+
+    /// How long uploads kept the writer waiting and the link busy so far.
+    pub(super) fn timing(&self) -> UploadTiming {
+        let (busy, bytes) = self
+            .clock
+            .lock()
+            .map_or((Duration::ZERO, 0), |c| (c.busy, c.bytes));
+        UploadTiming {
+            blocked: self.blocked,
+            busy,
+            bytes,
         }
     }
 
@@ -65,10 +127,12 @@ impl PackUploader {
         if self.workers.is_none() {
             self.workers = Some(self.spawn()?);
         }
+        let waiting = Instant::now();
         let sent = match &self.workers {
             Some((tx, _)) => tx.send((self.sent, pack)).is_ok(),
             None => false,
         };
+        self.blocked += waiting.elapsed();
         if sent {
             self.sent += 1;
             Ok(())
@@ -86,10 +150,11 @@ impl PackUploader {
             let durable = Arc::clone(&self.durable);
             let prefix = self.prefix.clone();
             let spare = Arc::clone(&self.spare);
+            let clock = Arc::clone(&self.clock);
             let rx = Arc::clone(&rx);
             let handle = std::thread::Builder::new()
                 .name("cascade-pack-upload".to_string())
-                .spawn(move || upload_all(&durable, &prefix, &spare, &rx))
+                .spawn(move || upload_all(&durable, &prefix, &spare, &clock, &rx))
                 .map_err(Error::Io)?;
             workers.push(handle);
         }
@@ -100,6 +165,7 @@ impl PackUploader {
     /// or the first failure.
     pub(super) fn wait(&mut self) -> Result<&[Score]> {
         if let Some((tx, handles)) = self.workers.take() {
+            let waiting = Instant::now();
             drop(tx);
             let mut ids = Vec::new();
             let mut failure = None;
@@ -117,6 +183,7 @@ impl PackUploader {
             if let Some(e) = failure {
                 return Err(e);
             }
+            self.blocked += waiting.elapsed();
             ids.sort_unstable_by_key(|(position, _)| *position);
             self.written.extend(ids.into_iter().map(|(_, id)| id));
         }
@@ -143,6 +210,7 @@ fn upload_all(
     durable: &DurableStore,
     prefix: &str,
     spare: &Mutex<Vec<Vec<u8>>>,
+    clock: &Mutex<BusyClock>,
     rx: &Mutex<Receiver<Job>>,
 ) -> Result<Vec<(usize, Score)>> {
     let mut ids = Vec::new();
@@ -161,7 +229,11 @@ fn upload_all(
         };
         let id = score(&pack);
         let bytes = Bytes::from(pack);
-        durable.put_buffers(&pack_key(prefix, &id), vec![bytes.clone()])?;
+        let len = bytes.len() as u64;
+        BusyClock::start(clock);
+        let put = durable.put_buffers(&pack_key(prefix, &id), vec![bytes.clone()]);
+        BusyClock::end(clock, put.is_ok().then_some(len));
+        put?;
         ids.push((position, id));
         // The store has let go of it (unless a client keeps it): reuse the buffer.
         if bytes.is_unique() {

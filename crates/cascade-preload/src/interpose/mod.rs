@@ -261,10 +261,32 @@ pub(crate) fn store() -> Result<&'static Store, Error> {
         .get_or_init(|| {
             let name = std::env::var("CASCADE_STORE")
                 .unwrap_or_else(|_| cascade_store::default_store_name());
-            Store::attach(&name)
+            let store = Store::attach(&name)?;
+            if is_the_job() {
+                store.start_map_in();
+            }
+            Ok(store)
         })
         .as_ref()
         .map_err(|e| e.clone())
+}
+
+/// Set by `cascade run` to its own pid: the process it started (the job) maps the store in
+/// as soon as it attaches it (docs/store-layout.md, "Memory and faults").
+const MAP_IN_PARENT_ENV: &str = "CASCADE_MAP_IN_PARENT";
+
+/// Whether this process is the one `cascade run` started: it will write checkpoints, so it
+/// maps the store's memory in at attach rather than at its first checkpoint. Its children
+/// (a shell's `ls`, say) do not: they may only look at the namespace.
+fn is_the_job() -> bool {
+    let Some(parent) = std::env::var(MAP_IN_PARENT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<libc::pid_t>().ok())
+    else {
+        return false;
+    };
+    // SAFETY: getppid cannot fail.
+    parent == unsafe { libc::getppid() }
 }
 
 // ---- paths ------------------------------------------------------------------------------
