@@ -51,6 +51,7 @@ fn checkpoint_durable_on_events(test: &str, dedup: bool) {
             chunking: "fixed:16KiB".parse().expect("chunking"),
             compression: cascade_dedup::Compression::Zstd { level: 1 },
             delta: true,
+            adaptive: false,
         }),
         rescan: HOUR,
         retry_min: Duration::from_millis(1),
