@@ -720,11 +720,19 @@ impl Block {
         // SAFETY: the data region starts inside the mapping.
         unsafe { self.base.add(self.geo.off.data as usize) }
     }
-    /// Address of a memory chunk in this process.
+    /// Address of a memory chunk in this process, to write: the chunk is mapped whole first.
     pub(crate) fn chunk_ptr(&self, c: u32) -> *mut u8 {
+        let p = self.chunk_ptr_to_read(c);
+        self.populated.populate(c);
+        p
+    }
+
+    /// Address of a memory chunk in this process, to read: not populated for writing (read
+    /// faults map 16 pages at a time, fault-around, and dirty nothing: a freshly started
+    /// restart read 1 GiB at 4.9 GB/s through `MADV_POPULATE_WRITE`, at 10 GB/s without).
+    pub(crate) fn chunk_ptr_to_read(&self, c: u32) -> *mut u8 {
         assert!(c < self.geo.mem_chunks, "chunk {c} is not a memory chunk");
         self.will_touch_data();
-        self.populated.populate(c);
         // SAFETY: bounds checked above; the data region holds mem_chunks chunks.
         unsafe {
             self.data_ptr()

@@ -525,7 +525,7 @@ impl Block {
             // SAFETY: within + len <= chunk size; the source lies inside memory chunk c.
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    self.chunk_ptr(c).add(within as usize),
+                    self.chunk_ptr_to_read(c).add(within as usize),
                     out.as_mut_ptr(),
                     out.len(),
                 )
