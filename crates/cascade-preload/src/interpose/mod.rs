@@ -658,14 +658,6 @@ pub(crate) fn with_entry<T>(fd: i32, f: impl FnOnce(&Entry) -> T) -> Option<T> {
     if !is_cascade_fd(fd) {
         return None;
     }
-    with_published_entry(fd, f)
-}
-
-/// [`with_entry`] for a Cascade descriptor. Not inlined: the wrapper of a call on another
-/// descriptor then keeps a small frame (its only work is the flag check and the real call,
-/// the overhead the pass-through benchmark holds under 5 %).
-#[inline(never)]
-fn with_published_entry<T>(fd: i32, f: impl FnOnce(&Entry) -> T) -> Option<T> {
     let Some(_hazard) = hazard::Hazard::enter(fd) else {
         return slot(fd).as_deref().map(f);
     };
