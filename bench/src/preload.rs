@@ -546,6 +546,16 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
     Ok(res)
 }
 
+/// The methods in the order repetition `rep` runs them: as listed on even repetitions,
+/// reversed on odd ones, so that no method always runs first (or after the same one).
+fn in_turn<'a>(methods: &[&'a str], rep: usize) -> Vec<&'a str> {
+    let mut order = methods.to_vec();
+    if rep % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
 // ---- 1. 1 MiB writes ----------------------------------------------------------------------
 
 fn writes(
@@ -762,11 +772,7 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, read: bool) ->
         let mut acc: Acc = BTreeMap::new();
         let mut setups: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         for rep in 0..opts.reps {
-            let order: Vec<&'static str> = if rep % 2 == 0 {
-                methods.to_vec()
-            } else {
-                methods.iter().rev().copied().collect()
-            };
+            let order = in_turn(methods, rep);
             for m in order {
                 let mut cmds = Vec::with_capacity(p);
                 for i in 0..p {
@@ -975,11 +981,7 @@ fn replay(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &S
         for &p in &opts.procs {
             let mut s = Samples::default();
             for rep in 0..opts.reps {
-                let order: Vec<&str> = if rep % 2 == 0 {
-                    methods.to_vec()
-                } else {
-                    methods.iter().rev().copied().collect()
-                };
+                let order = in_turn(&methods, rep);
                 for m in order {
                     let mut cmds = Vec::with_capacity(p);
                     for i in 0..p {
@@ -1045,11 +1047,7 @@ fn meta(opts: &POpts, pio: &Pio, res: &mut PResults, names: &mut Names, st: &Sto
         type Acc = BTreeMap<&'static str, [Vec<f64>; 5]>;
         let mut acc: Acc = BTreeMap::new();
         for rep in 0..opts.reps {
-            let order: Vec<&'static str> = if rep % 2 == 0 {
-                methods.to_vec()
-            } else {
-                methods.iter().rev().copied().collect()
-            };
+            let order = in_turn(&methods, rep);
             for m in order {
                 let mut cmds = Vec::with_capacity(p);
                 for i in 0..p {
@@ -1137,11 +1135,7 @@ fn mdtest(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store) -> Res<()> {
             type Acc = BTreeMap<&'static str, [Vec<f64>; 3]>;
             let mut acc: Acc = BTreeMap::new();
             for rep in 0..opts.reps {
-                let order: Vec<&'static str> = if rep % 2 == 0 {
-                    methods.to_vec()
-                } else {
-                    methods.iter().rev().copied().collect()
-                };
+                let order = in_turn(&methods, rep);
                 for m in order {
                     let dir = match m {
                         "preload" => pio.path(&format!("md-{layout}-p{p}-r{rep}")),
