@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use cascade_testkit::{cascade_bin, output_within};
+use cascade_testkit::{cascade_bin, number_printed_by};
 
 #[test]
 fn a_store_on_a_dev_shm_that_offers_huge_pages_is_mapped_in_huge_pages() {
@@ -23,17 +23,7 @@ export CASCADE_STORE=/cascade-huge-test CASCADE_CONFIG=/dev/null CASCADE_DURABLE
     );
     let mut cmd = Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
-    let out = output_within(cmd, std::time::Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let kib: u64 = stdout
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("ShmemPmdMapped: {stdout:?}"));
+    let kib = number_printed_by(cmd, std::time::Duration::from_secs(120), "ShmemPmdMapped");
     // The 16 MiB written, in 2 MiB pages (the writer maps each chunk it fills).
     assert!(kib >= 16 << 10, "the writer maps {kib} KiB in huge pages");
 }

@@ -6,7 +6,7 @@
 
 use std::process::Command;
 
-use cascade_testkit::{cascade_bin, output_within};
+use cascade_testkit::{cascade_bin, number_printed_by};
 
 #[test]
 fn the_job_maps_the_store_in_when_it_attaches_it() {
@@ -34,17 +34,7 @@ exit ${{status:-0}}"
     );
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &script]);
-    let out = output_within(cmd, std::time::Duration::from_secs(120));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bytes: u64 = stdout
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("RssShmem: {stdout:?}"));
+    let bytes = number_printed_by(cmd, std::time::Duration::from_secs(120), "RssShmem");
     assert!(
         bytes >= 60 << 20,
         "the job mapped only {} MiB of the 64 MiB block in",

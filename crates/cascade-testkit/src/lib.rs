@@ -12,7 +12,7 @@
 //!   into the running test's target directory and profile), [`cascade_bin`] (the `cascade`
 //!   binary with libcascade.so next to it), [`preload_library`] (libcascade.so).
 //! - **Processes** ([`process`]): [`run_with_timeout`] and its [`Out`] (text), or
-//!   [`output_within`] and [`wait_output`] (a std `Output`): a command that hangs is killed
+//!   [`output_within`], [`number_printed_by`] and [`wait_output`] (a std `Output`): a command that hangs is killed
 //!   and fails the test; [`Daemon`], a
 //!   background process whose stderr is collected as whole lines (readiness is one whole
 //!   line it prints, [`Daemon::wait_line`]), always killed and reaped.
@@ -53,7 +53,7 @@ pub use fs::{files_below, RemoveDir, Tmpfs};
 pub use node::{
     begin, cascade_command, levels_line, read_store_file, serial, stop_agent, write_store_file, Env,
 };
-pub use process::{output_within, run_with_timeout, wait_output, Daemon, Out};
+pub use process::{number_printed_by, output_within, run_with_timeout, wait_output, Daemon, Out};
 pub use stage_server::StageServer;
 pub use tls::TestPki;
 pub use versitygw::{free_port, Versitygw};

@@ -92,6 +92,22 @@ pub fn output_within(mut cmd: Command, timeout: Duration) -> Output {
     wait_output(child, timeout).unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
 }
 
+/// Runs `cmd` (within `timeout`), which must succeed and print one number: that number.
+/// `what` names it in the failure message.
+pub fn number_printed_by(cmd: Command, timeout: Duration, what: &str) -> u64 {
+    let out = output_within(cmd, timeout);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{what}: {stdout:?}"))
+}
+
 /// Waits for `child` to end and collects what it wrote to its piped stdout and stderr; after
 /// `timeout` it is killed (SIGKILL) and the error says so.
 pub fn wait_output(child: Child, timeout: Duration) -> Result<Output, String> {
