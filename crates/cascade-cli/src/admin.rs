@@ -287,14 +287,14 @@ pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> 
             })
             .collect();
         let document = json!({
-            "config_file": config.file().to_string(),
+            "config_files": config.files().read.iter().map(|(path, chosen_by)| json!({"path": path, "chosen_by": chosen_by})).collect::<Vec<_>>(),
             "settings": settings,
             "job": config.job().map(|job| job_json(&job)),
             "namespace": sourced_json(json!(config.namespace()), namespace_source(config)),
         });
         println!("{document}");
     } else {
-        println!("config file: {}", config.file());
+        println!("config files: {}", config.files());
         let entries = config.entries();
         let key_width = entries.iter().map(|e| e.def.key.len()).max().unwrap_or(0);
         let value_width = entries

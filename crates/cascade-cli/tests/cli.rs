@@ -376,7 +376,7 @@ fn config_shows_each_value_and_where_it_came_from() {
     assert!(text.contains("env CASCADE_CAPACITY"), "{text}");
     assert!(text.contains(&format!("file {}", file.display())), "{text}");
     assert!(
-        text.contains(&format!("config file: {} (from --config)", file.display())),
+        text.contains(&format!("config files: {} (--config)", file.display())),
         "{text}"
     );
 

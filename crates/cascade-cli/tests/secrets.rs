@@ -456,3 +456,111 @@ fn cascade_run_does_not_pass_its_secrets_to_the_application() {
         "{environ}"
     );
 }
+
+/// The AWS chain (docs/security.md, "Secrets"): a named profile of ~/.aws/credentials, and
+/// with no static credentials anywhere, the instance metadata service, here a real HTTP
+/// server on 127.0.0.1 speaking IMDSv2 (a token, the role's name, its credentials).
+#[test]
+fn s3_credentials_follow_the_aws_chain() {
+    let gw = Versitygw::start();
+    gw.create_bucket("chain");
+    let sb = Sandbox::new("sec-chain");
+    let url = format!("s3://chain?endpoint=http://127.0.0.1:{}", gw.port);
+    sb.ok(&[
+        "init",
+        "--capacity",
+        "4MiB",
+        "--chunk-size",
+        "64KiB",
+        "--max-files",
+        "64",
+        "--spill-size",
+        "0",
+        "--prefault",
+        "off",
+    ]);
+    let local = sb.dir.path().join("a");
+    std::fs::write(&local, b"checkpoint data").expect("local file");
+    for ckpt in ["/ckpt.1", "/ckpt.2"] {
+        sb.ok(&["mkdir", ckpt]);
+        sb.ok(&["put", s(&local), &format!("{ckpt}/a")]);
+    }
+
+    // A profile of the shared credentials file in $HOME/.aws, chosen by AWS_PROFILE.
+    std::fs::create_dir_all(sb.dir.path().join(".aws")).expect(".aws");
+    write_private(
+        &sb.dir.path().join(".aws/credentials"),
+        &format!("[default]\naws_access_key_id = nobody\naws_secret_access_key = {TOPSECRET}\n[ci]\naws_access_key_id = {ACCESS}\naws_secret_access_key = {SECRET}\n"),
+        0o600,
+    );
+    let out = sb
+        .command(&["drain", "/ckpt.1", "--to", &url])
+        .env("AWS_PROFILE", "ci")
+        .output()
+        .expect("run cascade");
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(gw.has("chain", "ckpt.1/.cascade-complete"));
+    // The default profile holds wrong keys: refused, the source named, the secret not shown.
+    let out = sb
+        .command(&["drain", "/ckpt.1", "--to", &url])
+        .output()
+        .expect("run cascade");
+    let err = stderr_of(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("access denied"), "{err}");
+    assert!(err.contains("profile default of"), "{err}");
+    assert!(!err.contains(TOPSECRET), "{err}");
+    std::fs::remove_dir_all(sb.dir.path().join(".aws")).expect("rm .aws");
+
+    // Nothing static: the instance metadata service gives temporary credentials.
+    let imds = format!(
+        r#"
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def reply(self, body):
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def do_PUT(self):
+        assert self.path == "/latest/api/token", self.path
+        self.reply(b"imds-token")
+    def do_GET(self):
+        if self.headers.get("X-aws-ec2-metadata-token") != "imds-token":
+            self.send_response(401); self.end_headers(); return
+        base = "/latest/meta-data/iam/security-credentials/"
+        if self.path == base:
+            self.reply(b"cascade-role")
+        elif self.path == base + "cascade-role":
+            self.reply(json.dumps({{"AccessKeyId": "{ACCESS}", "SecretAccessKey": "{SECRET}", "Token": "", "Expiration": "2099-01-01T00:00:00Z"}}).encode())
+        else:
+            self.send_response(404); self.end_headers()
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"#
+    );
+    let mut server = std::process::Command::new("python3")
+        .args(["-c", &imds])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the metadata server");
+    let mut port = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().expect("stdout")),
+        &mut port,
+    )
+    .expect("metadata server port");
+    let out = sb
+        .command(&["drain", "/ckpt.2", "--to", &url])
+        .env(
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+            format!("http://127.0.0.1:{}", port.trim()),
+        )
+        .output()
+        .expect("run cascade");
+    let _ = server.kill();
+    let _ = server.wait();
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(gw.has("chain", "ckpt.2/.cascade-complete"));
+}

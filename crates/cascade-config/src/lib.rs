@@ -1,6 +1,11 @@
 //! Cascade's configuration: every setting comes from, in order of precedence, a command-line
-//! flag, a `CASCADE_*` environment variable, a TOML config file, or a default (some sized from
+//! flag, a `CASCADE_*` environment variable, the config files, or a default (some sized from
 //! the machine), and remembers which one it came from so `cascade config` can say.
+//!
+//! The config files are layered, each overriding the keys it sets: the system file
+//! (/etc/cascade/config.toml), then the user's (`$XDG_CONFIG_HOME/cascade/config.toml`, else
+//! `~/.config/cascade/config.toml`), then the one named by `--config` or `CASCADE_CONFIG`.
+//! The first two are skipped when absent; a named file must exist.
 //!
 //! Settings are rows of [`SETTINGS`]; adding one is adding a row (and reading it where it is
 //! used). The config file mirrors the keys as TOML tables:
@@ -37,10 +42,12 @@ use cascade_store::{Prefault, SpillConfig, StoreConfig};
 
 /// Environment variable naming the config file (like `--config`).
 pub const CONFIG_ENV: &str = "CASCADE_CONFIG";
-/// The system-wide config file, read when there is no per-user one.
+/// The system-wide config file, the bottom layer.
 pub const SYSTEM_CONFIG: &str = "/etc/cascade/config.toml";
-/// The per-user config file, relative to `$HOME`.
+/// The per-user config file, relative to `$HOME` (when `XDG_CONFIG_HOME` is not set).
 pub const USER_CONFIG: &str = ".config/cascade/config.toml";
+/// The per-user config file, relative to `$XDG_CONFIG_HOME`.
+pub const XDG_USER_CONFIG: &str = "cascade/config.toml";
 
 /// A setting's parsed value. Debug, like Display, hides secrets (a URL's secret key too).
 #[derive(Clone, PartialEq, Eq)]
@@ -129,8 +136,8 @@ pub struct Inputs {
     pub flags: Vec<(&'static str, String)>,
     /// The `--config FILE` flag.
     pub config_flag: Option<PathBuf>,
-    /// Environment variables (only `CASCADE_*`, `HOME` and the launchers' variables of
-    /// [`job::LAUNCHER_ENV`] are looked at).
+    /// Environment variables (only `CASCADE_*`, `HOME`, `XDG_CONFIG_HOME` and the launchers'
+    /// variables of [`job::LAUNCHER_ENV`] are looked at).
     pub env: BTreeMap<String, String>,
     /// The system-wide config file to fall back to.
     pub system_config: PathBuf,
@@ -188,7 +195,10 @@ impl Inputs {
         let env = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| {
-                k.starts_with("CASCADE_") || k == "HOME" || job::LAUNCHER_ENV.contains(&k.as_str())
+                k.starts_with("CASCADE_")
+                    || k == "HOME"
+                    || k == "XDG_CONFIG_HOME"
+                    || job::LAUNCHER_ENV.contains(&k.as_str())
             })
             .collect();
         Inputs {
@@ -218,28 +228,32 @@ impl Inputs {
     }
 }
 
-/// Which config file was read, and why that one.
+/// The config files read, bottom layer first, and where the default ones were looked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigFile {
-    /// This file was read; the text says how it was chosen ("--config", "CASCADE_CONFIG",
-    /// "default location").
-    Read { path: PathBuf, chosen_by: String },
-    /// No file given and none at the default locations (listed).
-    None { looked_in: Vec<PathBuf> },
+pub struct ConfigFiles {
+    /// Each file read and how it was chosen ("system", "user", "--config",
+    /// "CASCADE_CONFIG"); a later file's keys override an earlier one's.
+    pub read: Vec<(PathBuf, String)>,
+    /// The default locations, system then user, whether they exist or not.
+    pub looked_in: Vec<PathBuf>,
 }
 
-impl fmt::Display for ConfigFile {
+impl fmt::Display for ConfigFiles {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigFile::Read { path, chosen_by } => {
-                write!(f, "{} (from {chosen_by})", path.display())
-            }
-            ConfigFile::None { looked_in } => {
-                let places: Vec<String> =
-                    looked_in.iter().map(|p| p.display().to_string()).collect();
-                write!(f, "none (looked for {})", places.join(", "))
-            }
+        if self.read.is_empty() {
+            let places: Vec<String> = self
+                .looked_in
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            return write!(f, "none (looked for {})", places.join(", "));
         }
+        let read: Vec<String> = self
+            .read
+            .iter()
+            .map(|(path, chosen_by)| format!("{} ({chosen_by})", path.display()))
+            .collect();
+        write!(f, "{}", read.join(", then "))
     }
 }
 
@@ -247,7 +261,7 @@ impl fmt::Display for ConfigFile {
 #[derive(Debug, Clone)]
 pub struct Config {
     entries: Vec<Entry>,
-    file: ConfigFile,
+    files: ConfigFiles,
     warnings: Vec<String>,
 }
 
@@ -259,7 +273,7 @@ impl Config {
                 return Err(ConfigError(format!("internal: no setting named {key}")));
             }
         }
-        let (file, file_values) = read_config_file(inputs)?;
+        let (files, file_values) = read_config_files(inputs)?;
         let mut entries: Vec<Entry> = Vec::with_capacity(SETTINGS.len());
         for def in SETTINGS {
             let flag = inputs.flags.iter().rev().find(|(key, _)| *key == def.key);
@@ -269,12 +283,9 @@ impl Config {
                 (raw, Source::Flag(name), format!("--{name}"))
             } else if let Some(raw) = env {
                 (raw, Source::Env(def.env), def.env.to_string())
-            } else if let Some(raw) = file_values.get(def.key) {
-                let path = match &file {
-                    ConfigFile::Read { path, .. } => path.clone(),
-                    ConfigFile::None { .. } => PathBuf::new(),
-                };
+            } else if let Some((raw, path)) = file_values.get(def.key) {
                 let origin = format!("{}: {}", path.display(), def.key);
+                let path = path.clone();
                 (raw, Source::File(path), origin)
             } else if let Some((value, source)) =
                 job::detected(def.key, inputs, &Resolved(&entries))
@@ -315,7 +326,7 @@ impl Config {
             "staging.credential_file",
         )?;
         check_tls_files(&entries, &mut warnings)?;
-        if let ConfigFile::Read { path, .. } = &file {
+        for (path, _) in &files.read {
             if let Some(warning) = exposed_config_file(path, &entries) {
                 warnings.push(warning);
             }
@@ -327,7 +338,7 @@ impl Config {
         }
         let config = Config {
             entries,
-            file,
+            files,
             warnings,
         };
         job::check(&config)?;
@@ -374,9 +385,9 @@ impl Config {
         Some(job::namespaced_url(url, self.namespace()))
     }
 
-    /// Which config file was read.
-    pub fn file(&self) -> &ConfigFile {
-        &self.file
+    /// Which config files were read.
+    pub fn files(&self) -> &ConfigFiles {
+        &self.files
     }
 
     /// The shared-memory name of the store (`store.name`).
@@ -485,48 +496,53 @@ impl<'a> Resolved<'a> {
     }
 }
 
-/// Finds, reads and flattens the config file into raw values by key.
-fn read_config_file(
-    inputs: &Inputs,
-) -> Result<(ConfigFile, BTreeMap<String, String>), ConfigError> {
-    let explicit = match (&inputs.config_flag, inputs.env.get(CONFIG_ENV)) {
-        (Some(path), _) => Some((path.clone(), "--config")),
-        (None, Some(path)) if !path.is_empty() => Some((PathBuf::from(path), CONFIG_ENV)),
-        _ => None,
-    };
-    let (path, chosen_by) = match explicit {
-        Some((path, chosen_by)) => (path, chosen_by),
+/// A config file's raw values by dotted key, with the file each came from.
+type FileValues = BTreeMap<String, (String, PathBuf)>;
+
+/// Reads the config file layers (module docs), later ones overriding earlier ones' keys.
+fn read_config_files(inputs: &Inputs) -> Result<(ConfigFiles, FileValues), ConfigError> {
+    let env = |name: &str| inputs.env.get(name).filter(|v| !v.is_empty());
+    let mut looked_in = vec![inputs.system_config.clone()];
+    // XDG_CONFIG_HOME counts only when absolute (the Base Directory specification).
+    match env("XDG_CONFIG_HOME").filter(|d| d.starts_with('/')) {
+        Some(xdg) => looked_in.push(Path::new(xdg).join(XDG_USER_CONFIG)),
         None => {
-            let mut candidates = Vec::new();
-            if let Some(home) = inputs.env.get("HOME").filter(|h| !h.is_empty()) {
-                candidates.push(Path::new(home).join(USER_CONFIG));
-            }
-            candidates.push(inputs.system_config.clone());
-            match candidates.iter().find(|p| p.exists()) {
-                Some(path) => (path.clone(), "default location"),
-                None => {
-                    let none = ConfigFile::None {
-                        looked_in: candidates,
-                    };
-                    return Ok((none, BTreeMap::new()));
-                }
+            if let Some(home) = env("HOME") {
+                looked_in.push(Path::new(home).join(USER_CONFIG));
             }
         }
+    }
+    let mut layers: Vec<(PathBuf, String)> = looked_in
+        .iter()
+        .zip(["system", "user"])
+        .filter(|(path, _)| path.exists())
+        .map(|(path, chosen_by)| (path.clone(), chosen_by.to_string()))
+        .collect();
+    match (&inputs.config_flag, env(CONFIG_ENV)) {
+        (Some(path), _) => layers.push((path.clone(), "--config".into())),
+        (None, Some(path)) => layers.push((PathBuf::from(path), CONFIG_ENV.into())),
+        _ => {}
+    }
+    let mut values = FileValues::new();
+    for (path, chosen_by) in &layers {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError(format!(
+                "config file {} (from {chosen_by}): {}",
+                path.display(),
+                io_text(&e)
+            ))
+        })?;
+        let file_values = parse_config_text(&text)
+            .map_err(|why| ConfigError(format!("{}{why}", path.display())))?;
+        for (key, raw) in file_values {
+            values.insert(key, (raw, path.clone()));
+        }
+    }
+    let files = ConfigFiles {
+        read: layers,
+        looked_in,
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        ConfigError(format!(
-            "config file {} (from {chosen_by}): {}",
-            path.display(),
-            io_text(&e)
-        ))
-    })?;
-    let values =
-        parse_config_text(&text).map_err(|why| ConfigError(format!("{}{why}", path.display())))?;
-    let file = ConfigFile::Read {
-        path,
-        chosen_by: chosen_by.to_string(),
-    };
-    Ok((file, values))
+    Ok((files, values))
 }
 
 /// Parses config file text into raw values by dotted key. Errors start with ":LINE: " or

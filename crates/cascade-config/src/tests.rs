@@ -83,11 +83,12 @@ fn nothing_configured_gives_defaults() {
     };
     assert!(spill <= capacity && spill % (1 << 20) == 0, "spill {spill}");
     assert_eq!(
-        config.file(),
-        &ConfigFile::None {
+        config.files(),
+        &ConfigFiles {
+            read: vec![],
             looked_in: vec![
+                dir.path().join("etc-cascade.toml"),
                 dir.path().join(USER_CONFIG),
-                dir.path().join("etc-cascade.toml")
             ]
         }
     );
@@ -120,13 +121,7 @@ fn flag_beats_env_beats_file_beats_default() {
         entry(&config, "store.prefault").source,
         Source::Default(_)
     ));
-    assert_eq!(
-        config.file(),
-        &ConfigFile::Read {
-            path: file,
-            chosen_by: "--config".into()
-        }
-    );
+    assert_eq!(config.files().read, vec![(file, "--config".to_string())]);
 }
 
 #[test]
@@ -148,27 +143,75 @@ fn last_flag_wins_and_empty_env_is_unset() {
 }
 
 #[test]
-fn user_config_is_preferred_to_system_config() {
-    let (dir, inputs) = isolated();
-    let system = write_file(&dir, "etc-cascade.toml", "[store]\nmax_files = 1000\n");
+fn config_files_are_layered_key_by_key() {
+    let (dir, mut inputs) = isolated();
+    let system = write_file(
+        &dir,
+        "etc-cascade.toml",
+        "[store]\nmax_files = 1000\nchunk_size = \"256KiB\"\n[mount]\nprefix = \"/ckpt\"\n",
+    );
     let config = Config::load(&inputs).expect("loads");
     assert_eq!(
         entry(&config, "store.max_files").source,
-        Source::File(system)
+        Source::File(system.clone())
     );
 
+    // The user's file overrides the keys it sets and nothing else.
     let user = write_file(&dir, USER_CONFIG, "[store]\nmax_files = 2000\n");
     let config = Config::load(&inputs).expect("loads");
     let max_files = entry(&config, "store.max_files");
     assert_eq!(max_files.value, Value::Count(2000));
     assert_eq!(max_files.source, Source::File(user.clone()));
+    let chunk = entry(&config, "store.chunk_size");
+    assert_eq!(chunk.value, Value::Bytes(256 << 10));
+    assert_eq!(chunk.source, Source::File(system.clone()));
+    assert_eq!(config.mount_prefix(), "/ckpt");
+
+    // A named file goes on top of both.
+    let named = write_file(&dir, "job.toml", "[store]\nchunk_size = \"512KiB\"\n");
+    inputs.config_flag = Some(named.clone());
+    let config = Config::load(&inputs).expect("loads");
     assert_eq!(
-        config.file(),
-        &ConfigFile::Read {
-            path: user,
-            chosen_by: "default location".into()
-        }
+        entry(&config, "store.chunk_size").value,
+        Value::Bytes(512 << 10)
     );
+    assert_eq!(entry(&config, "store.max_files").value, Value::Count(2000));
+    assert_eq!(config.mount_prefix(), "/ckpt");
+    assert_eq!(
+        config.files().read,
+        vec![
+            (system.clone(), "system".to_string()),
+            (user.clone(), "user".to_string()),
+            (named.clone(), "--config".to_string()),
+        ]
+    );
+    assert_eq!(
+        config.files().to_string(),
+        format!(
+            "{} (system), then {} (user), then {} (--config)",
+            system.display(),
+            user.display(),
+            named.display()
+        )
+    );
+}
+
+#[test]
+fn xdg_config_home_places_the_user_file() {
+    let (dir, mut inputs) = isolated();
+    let home_file = write_file(&dir, USER_CONFIG, "store.max_files = 10\n");
+    let xdg = dir.path().join("xdg");
+    let xdg_file = write_file(&dir, "xdg/cascade/config.toml", "store.max_files = 20\n");
+    inputs
+        .env
+        .insert("XDG_CONFIG_HOME".into(), xdg.display().to_string());
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(entry(&config, "store.max_files").value, Value::Count(20));
+    assert_eq!(config.files().read, vec![(xdg_file, "user".to_string())]);
+    // A relative XDG_CONFIG_HOME is ignored, as the Base Directory specification says.
+    inputs.env.insert("XDG_CONFIG_HOME".into(), "xdg".into());
+    let config = Config::load(&inputs).expect("loads");
+    assert_eq!(config.files().read, vec![(home_file, "user".to_string())]);
 }
 
 #[test]

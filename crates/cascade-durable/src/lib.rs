@@ -23,4 +23,4 @@ pub use layout::{
     FileDigest, Marker, MarkerFile, ObjectInfo, Part, CHECKSUM_SUFFIX, MARKER_FORMAT, MARKER_NAME,
     PART_FORMAT, PART_PREFIX, SINGLE_PUT_MAX, VERSION_SUFFIX,
 };
-pub use spec::{S3Spec, Spec, CREDENTIALS_FILE_ENV};
+pub use spec::{Credentials, S3Spec, Spec, CREDENTIALS_FILE_ENV};

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as StorePath;
 use object_store::prefix::PrefixStore;
@@ -166,7 +166,19 @@ impl AsyncDurableStore {
                 Arc::new(synced::SyncedDir::new(local, Arc::clone(&trace)))
             }
             Spec::S3(s3) => {
-                let mut builder = AmazonS3Builder::new()
+                // Without static credentials the client asks a provider (web identity, the
+                // container's endpoint, instance metadata), configured by AWS_* variables.
+                let base = match &s3.credentials {
+                    crate::Credentials::Provider(_) => {
+                        let mut b = AmazonS3Builder::from_env();
+                        if let Ok(ep) = std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT") {
+                            b = b.with_config(AmazonS3ConfigKey::MetadataEndpoint, ep);
+                        }
+                        b
+                    }
+                    _ => AmazonS3Builder::new(),
+                };
+                let mut builder = base
                     .with_bucket_name(&s3.bucket)
                     .with_region(&s3.region)
                     .with_retry(RetryConfig {
@@ -269,6 +281,11 @@ impl AsyncDurableStore {
         let text = error::chain_text(&e);
         let store = self.name.clone();
         let detail = error::one_line(&error::short_detail(&text));
+        // Where the credentials came from, for an error about them.
+        let with_source = |detail: String| match &self.spec {
+            Spec::S3(s) => format!("{detail} (credentials from {})", s.credentials),
+            Spec::Dir(_) => detail,
+        };
         if text.contains("NoSuchBucket") {
             let bucket = match &self.spec {
                 Spec::S3(s) => s.bucket.clone(),
@@ -300,11 +317,15 @@ impl AsyncDurableStore {
             | object_store::Error::Unauthenticated { .. }
                 if matches!(self.spec, Spec::S3(_)) =>
             {
+                let detail = with_source(detail);
                 Error::Auth { store, detail }
             }
             _ if matches!(self.spec, Spec::S3(_))
-                && auth_codes.iter().any(|c| text.contains(c)) =>
+                && (auth_codes.iter().any(|c| text.contains(c))
+                    || text.contains("Error getting credentials")
+                    || text.contains("credential")) =>
             {
+                let detail = with_source(detail);
                 Error::Auth { store, detail }
             }
             _ if matches!(self.spec, Spec::Dir(_))

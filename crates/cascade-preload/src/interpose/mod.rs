@@ -147,8 +147,7 @@ macro_rules! real {
         static PTR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let mut p = PTR.load(std::sync::atomic::Ordering::Relaxed);
         if p == 0 {
-            p = $crate::interpose::next_definition(concat!(stringify!($name), "\0"));
-            PTR.store(p, std::sync::atomic::Ordering::Relaxed);
+            p = $crate::interpose::resolve_once(&PTR, concat!(stringify!($name), "\0"));
         }
         if p == 0 {
             None
@@ -160,6 +159,16 @@ macro_rules! real {
     }};
 }
 pub(crate) use real;
+
+/// [`real!`]'s first call: finds the definition and keeps it in `cache`. Cold and out of
+/// line, so that a wrapper's pass-through path needs no frame of its own.
+#[cold]
+#[inline(never)]
+pub(crate) fn resolve_once(cache: &std::sync::atomic::AtomicUsize, name_nul: &str) -> usize {
+    let p = next_definition(name_nul);
+    cache.store(p, std::sync::atomic::Ordering::Relaxed);
+    p
+}
 
 /// The next definition of a wrapped function. Preloaded: the one after ours in the lookup
 /// order (dlsym RTLD_NEXT). Statically linked with `ld --wrap` (the `cascade-wrap` build):
