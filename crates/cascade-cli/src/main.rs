@@ -17,6 +17,7 @@ mod failure;
 mod files;
 mod format;
 mod fuse;
+mod generate;
 mod intercepted;
 mod io_functions;
 mod lifecycle;
@@ -181,6 +182,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Umount { mountpoint, lazy } => fuse::umount(mountpoint, *lazy),
         Command::Analyze(args) => analyze::analyze(args),
         Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
+        Command::Completions(args) => generate::completions(args),
+        Command::Man(args) => generate::man(args),
     }
 }
 
