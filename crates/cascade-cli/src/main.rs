@@ -4,7 +4,9 @@
 //! (`cascade-agent`), a staging server (`cascade-staging`) and the FUSE mount
 //! (`cascade-fuse`); commits, waits for, drains, restores and prunes checkpoints in the
 //! durable store and the dedup repository (`cascade-durable`, `cascade-dedup`); and carries
-//! `analyze` and `demo`. Every failure ends as one line on stderr and a non-zero exit code.
+//! `analyze` (`cascade-analyze`), `demo`, and `completions` and `man`, which generate shell
+//! completions and man pages from the command line itself (scripts/install.sh installs
+//! them). Every failure ends as one line on stderr and a non-zero exit code.
 
 mod admin;
 mod analyze;

@@ -189,7 +189,7 @@ fn install_sh_installs_a_prefix_that_works() {
         let text = fs::read_to_string(prefix.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert!(text.len() > 10_000, "{file} is {} bytes", text.len());
         assert!(text.contains(marker), "{file} lacks {marker}");
-        for word in ["stage-server", "check-binary", "--durable", "--chunk-size"] {
+        for word in ["stage-server", "check-binary", "durable", "chunk-size"] {
             assert!(text.contains(word), "{file} lacks {word}");
         }
     }
