@@ -73,6 +73,11 @@ esac
 prefix=${prefix%/}
 [ -n "$prefix" ] || die "--prefix / is not supported; use /usr"
 
+# cargo runs in the repository: a relative target directory means the caller's.
+case $target_dir in
+/*) ;;
+*) target_dir=$PWD/$target_dir ;;
+esac
 if [ -z "$bin_dir" ]; then
     if [ "$build" = yes ]; then
         command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (scripts/test.sh does) or give --bin-dir"
