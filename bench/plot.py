@@ -4,12 +4,16 @@ bench/results/interposition.json (calls per second and bandwidth by write size),
 bench/results/staging.json (staging throughput by writer processes and servers),
 bench/results/fuse.json (FUSE vs LD_PRELOAD, tmpfs, disk and memcpy by operation, and by
 writer processes), bench/results/dedup.json (stored bytes and ingest speed of the dedup
-repository against restic, borg, cp and zstd by series) and bench/results/dcp-durable.json
-(per checkpoint, the time until durable by mode).
+repository against restic, borg, cp and zstd by series), bench/results/dcp-durable.json
+(per checkpoint, the time until durable by mode), bench/results/durable.json (the stall and
+the time until durable of a checkpoint written straight to S3 and through Cascade) and
+bench/results/dedup-link.json (time until durable and bytes on the link per series, plain,
+dedup, deltas, staging servers).
 
 usage: python3 bench/plot.py [RESULTS_JSON] [OUT_DIR]
 Writes chunk-sweep.png and spill-over.png, interposition-sweep.png, staging-throughput.png,
-fuse.png, dedup.png or dcp-durable.png, next to the JSON (or into OUT_DIR).
+fuse.png, dedup.png, dcp-durable.png, durable.png or dedup-link.png, next to the JSON (or
+into OUT_DIR).
 """
 
 import json
@@ -382,6 +386,99 @@ def plot_dcp_durable(rep, out):
     return save(fig, out, "dcp-durable.png")
 
 
+def plot_durable(rep, out):
+    """Per checkpoint size: the application's stall writing straight to S3 or a directory and
+    under Cascade (log scale), and Cascade's time until durable against the link minimum."""
+    sizes = rep["results"]["sizes"]
+    if not sizes:
+        return None
+    labels = [size_label(s["bytes"]) for s in sizes]
+    via = {"cli": "cascade commit", "lib": "cascade_commit()"}
+    commits = [c["commit_via"] for c in sizes[0]["cascade"]]
+
+    def cascade(s, how, key):
+        for c in s["cascade"]:
+            if c["commit_via"] == how:
+                return c[key]
+        return None
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.4))
+    stalls = [("direct-s3", lambda s: s["direct_s3_s"], "straight to S3 (put, then on with work)"),
+              ("direct-dir", lambda s: s["direct_dir_s"], "straight to a local directory + fsync")]
+    stalls += [(f"cascade-{h}", (lambda s, h=h: cascade(s, h, "stall_s")),
+                f"Cascade, committed with {via.get(h, h)}") for h in commits]
+    bars(ax1, labels, [((get,), label) for _, get, label in stalls],
+         lambda g, m: m[0](sizes[labels.index(g)]), spread)
+    ax1.set_xticklabels(labels)
+    log_y(ax1)
+    ax1.set_ylabel("application stall per checkpoint, s (log)")
+    ax1.grid(True, axis="y", which="both", alpha=0.3)
+    ax1.legend(fontsize=8, loc="upper left")
+    ax1.set_title("How long the application waits (lower is better)")
+    durable = [("direct-s3", lambda s: s["direct_s3_s"], "straight to S3: durable when the put returns")]
+    durable += [(f"cascade-{h}", (lambda s, h=h: cascade(s, h, "until_durable_s")),
+                 f"Cascade ({via.get(h, h)}): until the marker is in S3") for h in commits]
+    bars(ax2, labels, [((get,), label) for _, get, label in durable],
+         lambda g, m: m[0](sizes[labels.index(g)]), spread)
+    for j, s in enumerate(sizes):
+        ax2.hlines(s["link_min_nominal_s"], j - 0.45, j + 0.45, colors="black",
+                   linestyles="dashed", label="link minimum (bytes at the nominal rate)" if j == 0 else None)
+        ax2.hlines(1.2 * s["link_min_nominal_s"], j - 0.45, j + 0.45, colors="red",
+                   linestyles="dotted", label="target: 1.2x the link minimum" if j == 0 else None)
+    ax2.set_xticklabels(labels)
+    ax2.set_ylabel("seconds from the start of the write until durable")
+    ax2.grid(True, axis="y", alpha=0.3)
+    ax2.legend(fontsize=8, loc="upper left")
+    link = rep["results"].get("link", {})
+    ax2.set_title(f"Time until durable over {link.get('name', 'the link')} "
+                  f"({link.get('nominal_bytes_per_s', 0) * 8 / 1e9:g} Gbit/s)")
+    fig.suptitle("A checkpoint to a throttled S3 store: written straight there, or through "
+                 "Cascade (median, min-max)")
+    return save(fig, out, "durable.png")
+
+
+def plot_dedup_link(rep, out):
+    """Per series: the time until every snapshot is durable over the link, plain, with dedup,
+    with deltas and through two staging servers (when staged, lighter), and the bytes sent."""
+    series = rep["series"]
+    if not series:
+        return None
+    names = [s["series"] for s in series]
+    modes = [("plain", "plain layout"), ("dedup", "dedup"), ("delta", "dedup + deltas (default)"),
+             ("staged_dedup", "2 staging servers, dedup"),
+             ("staged_delta", "2 staging servers, dedup + deltas")]
+    modes = [(m, label) for m, label in modes if all(s.get(m) for s in series)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.6))
+    width = 0.8 / len(modes)
+    for i, (m, label) in enumerate(modes):
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(series))]
+        ax1.bar(xs, [s[m]["seconds"] for s in series], width, color=f"C{i}", label=label)
+        staged = [s[m].get("staged") for s in series]
+        if any(v is not None for v in staged):
+            ax1.bar(xs, [v or 0 for v in staged], width * 0.5, color="white", alpha=0.6,
+                    edgecolor="black", linewidth=0.5, hatch="..",
+                    label="staged (safe from a node loss)" if i == len(modes) - 1 else None)
+        ax2.bar(xs, [s[m]["wire"] / 1e6 for s in series], width, color=f"C{i}", label=label)
+    for j, s in enumerate(series):
+        ax1.hlines(s["link_min_s"], j - 0.45, j + 0.45, colors="black", linestyles="dashed",
+                   label="raw bytes at the link rate" if j == 0 else None)
+        ax2.hlines(s["bytes"] / 1e6, j - 0.45, j + 0.45, colors="black", linestyles="dashed",
+                   label="raw bytes of the series" if j == 0 else None)
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(series)))
+        ax.set_xticklabels([f"{n} ({s['snapshots']} snapshots)" for n, s in zip(names, series)])
+        ax.grid(True, axis="y", alpha=0.3)
+    ax1.set_ylabel("seconds until every snapshot is durable (sum)")
+    ax1.set_title("Time until durable (lower is better)")
+    ax1.legend(fontsize=7, loc="upper right")
+    ax2.set_ylabel("MB sent over the link")
+    ax2.set_title("Bytes on the link")
+    ax2.legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"Real checkpoint series to S3 over a {rep['link_bytes_per_s'] * 8 / 1e9:g} Gbit/s "
+                 f"link, with and without dedup (median of {rep.get('reps', '?')} per snapshot)")
+    return save(fig, out, "dedup-link.png")
+
+
 def main():
     src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/node-store.json"
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.dirname(os.path.abspath(src))
@@ -391,7 +488,8 @@ def main():
     suite = rep.get("suite")
     plots = {"interposition": (plot_interposition,), "staging": (plot_staging,),
              "fuse": (plot_fuse,), "dedup": (plot_dedup,),
-             "dcp-durable": (plot_dcp_durable,)}.get(suite, (plot_sweep, plot_spill))
+             "dcp-durable": (plot_dcp_durable,), "durable": (plot_durable,),
+             "dedup-link": (plot_dedup_link,)}.get(suite, (plot_sweep, plot_spill))
     plots = [plot(rep, out) for plot in plots]
     for path in plots:
         if path:

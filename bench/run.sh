@@ -239,7 +239,7 @@ run_suite() {
         exit "$rc"
     fi
     pid=""
-    if [ "$sub" = durable ] || [ "$sub" = dedup-link ] || [ "$sub" = jobs ] || [ "$sub" = hostile ]; then
+    if [ "$sub" = jobs ] || [ "$sub" = hostile ]; then
         return
     fi
     if [ -n "$py" ]; then

@@ -4,10 +4,13 @@
 //!
 //! How the agent is built (docs/agent.md, "Levels in the agent"): `agent` runs passes over
 //! the store and decides what is ready; `level` is the interface of a level below the store,
-//! and `levels/` holds one file per level (staging servers plain or as chunks, the dedup
-//! repository, the plain durable layout). `node` is what they all share; `servers` and
-//! `repository` are shared by two levels each; `readthrough` and `control` serve the
-//! application's requests.
+//! and `levels/` holds one file per level (the job's checkpoints of many nodes, staging
+//! servers plain or as chunks, the dedup repository, the plain durable layout). `node` is
+//! what they all share; `servers` and `repository` are shared by two levels each; `deltas`
+//! finds the previous checkpoint a delta is stored against; `rules` commits the checkpoints
+//! of programs that never call `cascade_commit` (`checkpoint.rules`); `readthrough` and
+//! `control` serve the application's requests, and `store_write` writes what they fetch
+//! (and restores) into the node store.
 
 mod agent;
 mod control;

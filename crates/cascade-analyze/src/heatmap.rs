@@ -4,16 +4,22 @@
 //! its blocks changed, and the regions are laid out along a Hilbert curve, so that regions
 //! near each other in the file stay near each other in the picture.
 //!
-//! Layout of the image: a square of `side` x `side` cells, `side` = 2^order the smallest
-//! power of two with side^2 >= regions; each cell is `scale` x `scale` pixels, with scale =
-//! max(1, 512 / side), so the map is at least 512 pixels tall. Region i is the cell at the
-//! i-th point of the curve, which starts at the top-left corner and ends at the top-right
-//! one. The first half of the curve fills the left half of the square, so when the regions
-//! fit in half the cells only the left half is drawn (an image twice as tall as wide).
-//! Colours are viridis from
-//! dark purple (never changed) to yellow (changed in every transition); cells past the end
-//! of the file are grey. Below the map, a legend strip: the colour of each change count from
-//! 0 (left) to the number of transitions (right), with those two numbers under it.
+//! Layout of the image, top to bottom, so that it reads without the docs:
+//! - a title band: "Change heatmap: " and the file's name (bold), then how many snapshots and
+//!   regions of what size, and where the curve starts;
+//! - the map: a square of `side` x `side` cells, `side` = 2^order the smallest power of two
+//!   with side^2 >= regions; each cell is `scale` x `scale` pixels, with scale =
+//!   max(1, 512 / side), so the map is at least 512 pixels tall. Region i is the cell at the
+//!   i-th point of the curve, which starts at the top-left corner and ends at the top-right
+//!   one. The first half of the curve fills the left half of the square, so when the regions
+//!   fit in half the cells only the left half is drawn. Colours are viridis from dark purple
+//!   (never changed) to yellow (changed in every transition); cells past the end of the file
+//!   are grey. The map is centred in an image at least [`MIN_WIDTH_PX`] wide;
+//! - a legend: the colour of each change count from 0 (left) to the number of transitions
+//!   (right) with the counts under it, a sentence saying what the colour counts, and the grey
+//!   of "past the end of the file".
+//!
+//! The PNG also carries the title and the legend as text (iTXt `Title` and `Description`).
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -25,14 +31,22 @@ use crate::analyze::Error;
 pub const MAX_CELLS: u64 = 1 << 20;
 /// Smallest width of the map in pixels (small maps get bigger cells).
 pub const MIN_SIDE_PX: u32 = 512;
-/// Height of the legend strip below the map.
-pub const LEGEND_HEIGHT: u32 = 36;
+/// Smallest width of the image: room for the title and legend text beside a half-width map.
+pub const MIN_WIDTH_PX: u32 = 512;
 /// Colour of cells past the end of the file.
 pub const ABSENT: [u8; 3] = [0xc8, 0xc8, 0xc8];
-/// Colour of the legend strip's background.
+/// Colour of the title band's and the legend's background.
 pub const BACKGROUND: [u8; 3] = [0xff, 0xff, 0xff];
-/// Colour of the legend's digits.
+/// Colour of the text.
 pub const INK: [u8; 3] = [0x20, 0x20, 0x20];
+
+/// Margin around the text, in pixels.
+const MARGIN: u32 = 8;
+/// Glyphs are 8 x 8 pixels (font8x8); a line of text is 12 pixels.
+const GLYPH: u32 = 8;
+const LINE: u32 = 12;
+/// Height of the legend's colour bar.
+const BAR: u32 = 16;
 
 /// Viridis at 0.0, 0.1, ..., 1.0 (matplotlib's values), interpolated linearly between.
 const VIRIDIS: [[u8; 3]; 11] = [
@@ -134,11 +148,22 @@ impl Heatmap {
         }
     }
 
-    /// (width, height) of the image: the map plus the legend strip.
+    /// (width, height) of the image: title band, map and legend.
     pub fn image_size(&self) -> (u32, u32) {
+        let layout = self.layout();
+        (layout.width, layout.height)
+    }
+
+    /// (x, y) of the map's top-left pixel in the image.
+    pub fn map_origin(&self) -> (u32, u32) {
+        let layout = self.layout();
+        (layout.map_x, layout.map_y)
+    }
+
+    /// (width, height) of the map in pixels.
+    pub fn map_size(&self) -> (u32, u32) {
         let (columns, rows) = self.cells();
-        let scale = self.scale();
-        (columns * scale, rows * scale + LEGEND_HEIGHT)
+        (columns * self.scale(), rows * self.scale())
     }
 
     /// Colour of a region that changed in `changes` transitions.
@@ -150,21 +175,82 @@ impl Heatmap {
         }
     }
 
+    /// The title: the file's name, then what the map shows.
+    pub fn title(&self) -> (String, String) {
+        let snapshots = u64::from(self.transitions) + 1;
+        let what = format!(
+            "{snapshots} snapshot{}: {} region{} of {} (a cell each), in file order along a \
+             Hilbert curve from the top-left corner",
+            if snapshots == 1 { "" } else { "s" },
+            self.regions,
+            if self.regions == 1 { "" } else { "s" },
+            binary_size(self.region_size),
+        );
+        (self.name.clone(), what)
+    }
+
+    /// What the colours mean, as the legend says it.
+    pub fn legend(&self) -> String {
+        let t = self.transitions;
+        if t == 0 {
+            "colour: in how many snapshot transitions a region changed; a single snapshot has \
+             none, so every region is 0 (dark purple)"
+                .to_string()
+        } else {
+            format!(
+                "colour: in how many of the {t} snapshot transition{} a region changed, from 0 \
+                 (dark purple, never) to {t} (yellow, every time)",
+                if t == 1 { "" } else { "s" }
+            )
+        }
+    }
+
+    /// Where everything goes: text wrapped to the image's width.
+    fn layout(&self) -> Layout {
+        let (map_w, map_h) = self.map_size();
+        let width = map_w.max(MIN_WIDTH_PX);
+        let chars = ((width - 2 * MARGIN) / GLYPH) as usize;
+        let (name, what) = self.title();
+        let name = wrap(&format!("Change heatmap: {name}"), chars);
+        let what = wrap(&what, chars);
+        let title_h = MARGIN + (name.len() + what.len()) as u32 * LINE + MARGIN / 2;
+        let legend = wrap(&self.legend(), chars);
+        // Gap, bar, counts, the sentence, the grey swatch's line.
+        let legend_h = MARGIN + BAR + 4 + LINE + 4 + (legend.len() as u32 + 1) * LINE + MARGIN;
+        Layout {
+            width,
+            height: title_h + map_h + legend_h,
+            map_x: (width - map_w) / 2,
+            map_y: title_h,
+            name,
+            what,
+            legend,
+        }
+    }
+
     /// The image as RGB rows, top to bottom: (width, height, pixels).
     pub fn render(&self) -> (u32, u32, Vec<u8>) {
-        let (width, height) = self.image_size();
-        let (w, h) = (width as usize, height as usize);
-        let mut pixels = vec![0u8; w * h * 3];
-        let side = self.side();
-        let scale = self.scale() as usize;
-        let mut fill = |x0: usize, y0: usize, cw: usize, ch: usize, rgb: [u8; 3]| {
-            for y in y0..(y0 + ch).min(h) {
-                for x in x0..(x0 + cw).min(w) {
-                    let at = (y * w + x) * 3;
-                    pixels[at..at + 3].copy_from_slice(&rgb);
-                }
-            }
+        let layout = self.layout();
+        let (width, height) = (layout.width, layout.height);
+        let mut canvas = Canvas {
+            width: width as usize,
+            height: height as usize,
+            pixels: vec![0u8; width as usize * height as usize * 3],
         };
+        canvas.fill(0, 0, width, height, BACKGROUND);
+        // The title band.
+        let mut y = MARGIN;
+        for line in &layout.name {
+            canvas.text(MARGIN, y, line, true);
+            y += LINE;
+        }
+        for line in &layout.what {
+            canvas.text(MARGIN, y, line, false);
+            y += LINE;
+        }
+        // The map.
+        let side = self.side();
+        let scale = self.scale();
         let (columns, rows) = self.cells();
         let cells = u64::from(columns) * u64::from(rows);
         for d in 0..cells {
@@ -173,25 +259,59 @@ impl Heatmap {
                 _ => ABSENT,
             };
             let (x, y) = hilbert_d2xy(side, d);
-            fill(x as usize * scale, y as usize * scale, scale, scale, rgb);
+            canvas.fill(
+                layout.map_x + x * scale,
+                layout.map_y + y * scale,
+                scale,
+                scale,
+                rgb,
+            );
         }
-        // The legend strip.
-        let top = rows as usize * scale;
-        fill(0, top, w, LEGEND_HEIGHT as usize, BACKGROUND);
-        let margin = 8;
-        let bar = w.saturating_sub(2 * margin).max(1);
-        let steps = self.transitions as usize + 1;
+        // The legend: the colour bar, one step per count, the counts under their steps.
+        let top = layout.map_y + rows * scale + MARGIN;
+        let bar = width - 2 * MARGIN;
+        let steps = self.transitions + 1;
         for x in 0..bar {
-            let count = (x * steps / bar).min(steps - 1) as u32;
-            fill(margin + x, top + 4, 1, 16, self.colour(count));
+            let count = (u64::from(x) * u64::from(steps) / u64::from(bar)) as u32;
+            canvas.fill(MARGIN + x, top, 1, BAR, self.colour(count.min(steps - 1)));
         }
-        let digits_y = top + 23;
-        draw_number(&mut fill, 0, margin, digits_y, false);
-        draw_number(&mut fill, self.transitions, w - margin, digits_y, true);
-        (width, height, pixels)
+        let counts_y = top + BAR + 4;
+        let step_w = bar / steps;
+        // Every count if they fit, else every k-th; the last one always.
+        let label_w = (self.transitions.to_string().len() as u32 + 2) * GLYPH;
+        let every = label_w.div_ceil(step_w.max(1)).max(1);
+        for count in 0..steps {
+            if count % every != 0 && count != steps - 1 {
+                continue;
+            }
+            if count != steps - 1 && (steps - 1 - count) < every {
+                continue; // would overlap the last label
+            }
+            let label = count.to_string();
+            let w = label.len() as u32 * GLYPH;
+            let at = u64::from(count) * u64::from(bar) / u64::from(steps);
+            let centre = MARGIN + at as u32 + bar / (2 * steps);
+            let x = centre
+                .saturating_sub(w / 2)
+                .clamp(MARGIN, width - MARGIN - w);
+            canvas.text(x, counts_y, &label, false);
+        }
+        let mut y = counts_y + LINE + 4;
+        for line in &layout.legend {
+            canvas.text(MARGIN, y, line, false);
+            y += LINE;
+        }
+        canvas.fill(MARGIN, y, 2 * GLYPH, GLYPH, ABSENT);
+        canvas.text(
+            MARGIN + 3 * GLYPH,
+            y,
+            "grey: past the end of the file",
+            false,
+        );
+        (width, height, canvas.pixels)
     }
 
-    /// Writes the image as an 8-bit RGB PNG.
+    /// Writes the image as an 8-bit RGB PNG, with the title and legend as text chunks.
     pub fn write_png(&self, path: &Path) -> Result<(), Error> {
         let (width, height, pixels) = self.render();
         let file = File::create(path).map_err(|e| Error::io(path, &e))?;
@@ -202,50 +322,113 @@ impl Heatmap {
             path: path.to_path_buf(),
             message: format!("writing PNG: {e}"),
         };
+        let (name, what) = self.title();
+        encoder
+            .add_itxt_chunk("Title".into(), format!("Change heatmap of {name}"))
+            .map_err(png_error)?;
+        encoder
+            .add_itxt_chunk(
+                "Description".into(),
+                format!(
+                    "{what}. {}; grey: past the end of the file. Made by cascade analyze --plot.",
+                    self.legend()
+                ),
+            )
+            .map_err(png_error)?;
         let mut writer = encoder.write_header().map_err(png_error)?;
         writer.write_image_data(&pixels).map_err(png_error)?;
         writer.finish().map_err(png_error)
     }
 }
 
-/// 3 x 5 glyphs of the digits, one row of 3 bits per entry.
-const DIGITS: [[u8; 5]; 10] = [
-    [0b111, 0b101, 0b101, 0b101, 0b111],
-    [0b010, 0b110, 0b010, 0b010, 0b111],
-    [0b111, 0b001, 0b111, 0b100, 0b111],
-    [0b111, 0b001, 0b111, 0b001, 0b111],
-    [0b101, 0b101, 0b111, 0b001, 0b001],
-    [0b111, 0b100, 0b111, 0b001, 0b111],
-    [0b111, 0b100, 0b111, 0b101, 0b111],
-    [0b111, 0b001, 0b001, 0b001, 0b001],
-    [0b111, 0b101, 0b111, 0b101, 0b111],
-    [0b111, 0b101, 0b111, 0b001, 0b111],
-];
+/// Positions and wrapped text of one image.
+struct Layout {
+    width: u32,
+    height: u32,
+    map_x: u32,
+    map_y: u32,
+    name: Vec<String>,
+    what: Vec<String>,
+    legend: Vec<String>,
+}
 
-/// Draws `n` in 2x-scaled 3 x 5 digits starting at x (or ending at x when `right`).
-fn draw_number(
-    fill: &mut impl FnMut(usize, usize, usize, usize, [u8; 3]),
-    n: u32,
-    x: usize,
-    y: usize,
-    right: bool,
-) {
-    const PX: usize = 2;
-    const ADVANCE: usize = 4 * PX;
-    let text = n.to_string();
-    let width = text.len() * ADVANCE - PX;
-    let mut left = if right { x.saturating_sub(width) } else { x };
-    for ch in text.bytes() {
-        let glyph = DIGITS[usize::from(ch - b'0')];
-        for (row, bits) in glyph.iter().enumerate() {
-            for col in 0..3 {
-                if bits & (0b100 >> col) != 0 {
-                    fill(left + col * PX, y + row * PX, PX, PX, INK);
+/// An RGB image being drawn; drawing past its edges is clipped.
+struct Canvas {
+    width: usize,
+    height: usize,
+    pixels: Vec<u8>,
+}
+
+impl Canvas {
+    fn fill(&mut self, x0: u32, y0: u32, w: u32, h: u32, rgb: [u8; 3]) {
+        let (x0, y0) = (x0 as usize, y0 as usize);
+        for y in y0..(y0 + h as usize).min(self.height) {
+            for x in x0..(x0 + w as usize).min(self.width) {
+                let at = (y * self.width + x) * 3;
+                self.pixels[at..at + 3].copy_from_slice(&rgb);
+            }
+        }
+    }
+
+    /// Draws `text` in the 8 x 8 font from (x, y), bold by drawing it twice a pixel apart.
+    /// Characters outside ASCII are drawn as `?`.
+    fn text(&mut self, x: u32, y: u32, text: &str, bold: bool) {
+        for (i, ch) in text.chars().enumerate() {
+            let code = if ch.is_ascii() && !ch.is_ascii_control() {
+                ch as usize
+            } else {
+                usize::from(b'?')
+            };
+            let glyph = font8x8::legacy::BASIC_LEGACY[code];
+            let left = x + i as u32 * GLYPH;
+            for (row, bits) in glyph.iter().enumerate() {
+                for col in 0..GLYPH {
+                    // font8x8: bit 0 is the leftmost pixel.
+                    if bits & (1 << col) != 0 {
+                        let w = if bold { 2 } else { 1 };
+                        self.fill(left + col, y + row as u32, w, 1, INK);
+                    }
                 }
             }
         }
-        left += ADVANCE;
     }
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces where possible (a word
+/// longer than a line, such as a long path, is cut).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut lines = Vec::new();
+    let mut line: Vec<char> = Vec::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let word: Vec<char> = word.chars().collect();
+        if !line.is_empty() && line.len() + 1 + word.len() > width {
+            lines.push(line.drain(..).collect());
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.extend(word);
+        while line.len() > width {
+            let rest = line.split_off(width);
+            lines.push(line.iter().collect());
+            line = rest;
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line.iter().collect());
+    }
+    lines
+}
+
+/// Bytes in binary units: "4 KiB", "1 MiB", "12288 B".
+fn binary_size(bytes: u64) -> String {
+    for (unit, size) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= size && bytes % size == 0 {
+            return format!("{} {unit}", bytes / size);
+        }
+    }
+    format!("{bytes} B")
 }
 
 /// The PNG file name for a file's heatmap: its relative path with `/` turned into `__` and

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use cascade_analyze::analyze::Options;
 use cascade_analyze::heatmap::{
-    file_name, hilbert_d2xy, viridis, write_all, Heatmap, ABSENT, BACKGROUND, LEGEND_HEIGHT,
+    file_name, hilbert_d2xy, viridis, write_all, Heatmap, ABSENT, BACKGROUND, INK, MIN_WIDTH_PX,
     UNCHANGED,
 };
 use cascade_analyze::{analyze, scan};
@@ -36,7 +36,12 @@ fn pixel(image: &(u32, u32, Vec<u8>), x: u32, y: u32) -> [u8; 3] {
 fn cell(image: &(u32, u32, Vec<u8>), heatmap: &Heatmap, d: u64) -> [u8; 3] {
     let (x, y) = hilbert_d2xy(heatmap.side(), d);
     let scale = heatmap.scale();
-    pixel(image, x * scale + scale / 2, y * scale + scale / 2)
+    let (x0, y0) = heatmap.map_origin();
+    pixel(
+        image,
+        x0 + x * scale + scale / 2,
+        y0 + y * scale + scale / 2,
+    )
 }
 
 #[test]
@@ -90,28 +95,89 @@ fn sizes_follow_the_number_of_regions() {
         transitions: 2,
         changes: vec![0; regions as usize],
     };
-    // (regions, order, cells drawn, image size)
-    for (regions, order, cells, size) in [
-        (0, 0, (1, 1), (512, 512 + LEGEND_HEIGHT)),
-        (1, 0, (1, 1), (512, 512 + LEGEND_HEIGHT)),
-        (2, 1, (1, 2), (256, 512 + LEGEND_HEIGHT)),
-        (3, 1, (2, 2), (512, 512 + LEGEND_HEIGHT)),
-        (4, 1, (2, 2), (512, 512 + LEGEND_HEIGHT)),
-        (5, 2, (2, 4), (256, 512 + LEGEND_HEIGHT)),
-        (1000, 5, (32, 32), (512, 512 + LEGEND_HEIGHT)),
-        (32_768, 8, (128, 256), (256, 512 + LEGEND_HEIGHT)),
-        (262_144, 9, (512, 512), (512, 512 + LEGEND_HEIGHT)),
-        (262_145, 10, (512, 1024), (512, 1024 + LEGEND_HEIGHT)),
-        (1 << 20, 10, (1024, 1024), (1024, 1024 + LEGEND_HEIGHT)),
+    // (regions, order, cells drawn, map size in pixels)
+    for (regions, order, cells, map) in [
+        (0, 0, (1, 1), (512, 512)),
+        (1, 0, (1, 1), (512, 512)),
+        (2, 1, (1, 2), (256, 512)),
+        (3, 1, (2, 2), (512, 512)),
+        (4, 1, (2, 2), (512, 512)),
+        (5, 2, (2, 4), (256, 512)),
+        (1000, 5, (32, 32), (512, 512)),
+        (32_768, 8, (128, 256), (256, 512)),
+        (262_144, 9, (512, 512), (512, 512)),
+        (262_145, 10, (512, 1024), (512, 1024)),
+        (1 << 20, 10, (1024, 1024), (1024, 1024)),
     ] {
         let h = heatmap(regions);
         assert_eq!(h.order(), order, "{regions} regions");
         assert_eq!(h.cells(), cells, "{regions} regions");
-        assert_eq!(h.image_size(), size, "{regions} regions");
-        let (w, hgt, pixels) = h.render();
-        assert_eq!((w, hgt), size);
+        assert_eq!(h.map_size(), map, "{regions} regions");
+        // The map centred under the title, at least MIN_WIDTH_PX wide, the legend below.
+        let (w, hgt) = h.image_size();
+        assert_eq!(w, map.0.max(MIN_WIDTH_PX), "{regions} regions");
+        let (x0, y0) = h.map_origin();
+        assert_eq!(x0, (w - map.0) / 2, "{regions} regions");
+        assert!(y0 >= 20, "{regions} regions: a title band above the map");
+        assert!(
+            hgt >= y0 + map.1 + 60,
+            "{regions} regions: a legend below the map"
+        );
+        let (rw, rh, pixels) = h.render();
+        assert_eq!((rw, rh), (w, hgt));
         assert_eq!(pixels.len(), (w * hgt * 3) as usize);
     }
+}
+
+/// Pixels of `colour` in rows `rows` of an image.
+fn count_in_rows(
+    image: &(u32, u32, Vec<u8>),
+    rows: std::ops::Range<u32>,
+    colour: [u8; 3],
+) -> usize {
+    rows.flat_map(|y| (0..image.0).map(move |x| (x, y)))
+        .filter(|&(x, y)| pixel(image, x, y) == colour)
+        .count()
+}
+
+#[test]
+fn the_title_names_the_file_and_the_legend_says_what_the_colours_count() {
+    let make = |name: &str, transitions: u32| Heatmap {
+        name: name.into(),
+        region_size: 8192,
+        regions: 100,
+        transitions,
+        changes: vec![0; 100],
+    };
+    let h = make("rank0/model.bin", 4);
+    let (name, what) = h.title();
+    assert_eq!(name, "rank0/model.bin");
+    assert!(
+        what.contains("5 snapshots") && what.contains("100 regions of 8 KiB"),
+        "{what}"
+    );
+    let legend = h.legend();
+    assert!(legend.contains("of the 4 snapshot transitions"), "{legend}");
+    assert!(legend.contains("yellow, every time"), "{legend}");
+
+    // The title band has text in it, and a different name draws different text.
+    let image = h.render();
+    let (_, y0) = h.map_origin();
+    assert!(count_in_rows(&image, 0..y0, INK) > 200);
+    let other = make("rank1/model.bin", 4).render();
+    assert_ne!(
+        image.2[..(y0 * image.0 * 3) as usize],
+        other.2[..(y0 * image.0 * 3) as usize]
+    );
+    // The legend has the colour bar's both ends, the grey swatch and text.
+    let below = y0 + h.map_size().1;
+    assert!(count_in_rows(&image, below..image.1, INK) > 500);
+    assert!(count_in_rows(&image, below..image.1, ABSENT) > 0);
+    assert!(count_in_rows(&image, below..image.1, viridis(1.0)) > 0);
+    // A name too long for a line wraps: the map moves down, nothing is cut off.
+    let long = make(&"x/".repeat(100), 4);
+    assert!(long.map_origin().1 > y0);
+    assert_eq!(long.image_size().0, h.image_size().0);
 }
 
 #[test]
@@ -170,12 +236,13 @@ fn an_unchanged_file_is_all_the_unchanged_colour() {
     let heatmap = &heatmaps[0];
     let image = decode(&written[0]);
     assert_eq!((image.0, image.1), heatmap.image_size());
-    assert_eq!((image.0, image.1), (512, 512 + LEGEND_HEIGHT));
-    let map_height = image.1 - LEGEND_HEIGHT;
+    assert_eq!(heatmap.map_size(), (512, 512));
+    let (x0, y0) = heatmap.map_origin();
+    let map_height = y0 + 512;
     let mut unchanged = 0;
     let mut absent = 0;
-    for y in 0..map_height {
-        for x in 0..image.0 {
+    for y in y0..map_height {
+        for x in x0..x0 + 512 {
             match pixel(&image, x, y) {
                 UNCHANGED => unchanged += 1,
                 ABSENT => absent += 1,
@@ -193,8 +260,8 @@ fn an_unchanged_file_is_all_the_unchanged_colour() {
     }
     // The legend: white background, the colour bar from the unchanged colour to yellow.
     assert_eq!(pixel(&image, 2, map_height + 1), BACKGROUND);
-    assert_eq!(pixel(&image, 9, map_height + 10), UNCHANGED);
-    assert_eq!(pixel(&image, image.0 - 10, map_height + 10), viridis(1.0));
+    assert_eq!(pixel(&image, 9, map_height + 16), UNCHANGED);
+    assert_eq!(pixel(&image, image.0 - 10, map_height + 16), viridis(1.0));
 }
 
 #[test]

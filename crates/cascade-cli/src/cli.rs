@@ -348,6 +348,14 @@ the last one detaches."
     /// killed and restarted from memory and from the durable store; compares the stalls
     #[command(long_about = crate::demo::ABOUT)]
     Demo(crate::demo::DemoArgs),
+
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(long_about = crate::generate::COMPLETIONS_ABOUT)]
+    Completions(crate::generate::CompletionsArgs),
+
+    /// Write the man pages of cascade and every subcommand into a directory
+    #[command(long_about = crate::generate::MAN_ABOUT)]
+    Man(crate::generate::ManArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -4,7 +4,9 @@
 //! (`cascade-agent`), a staging server (`cascade-staging`) and the FUSE mount
 //! (`cascade-fuse`); commits, waits for, drains, restores and prunes checkpoints in the
 //! durable store and the dedup repository (`cascade-durable`, `cascade-dedup`); and carries
-//! `analyze` and `demo`. Every failure ends as one line on stderr and a non-zero exit code.
+//! `analyze` (`cascade-analyze`), `demo`, and `completions` and `man`, which generate shell
+//! completions and man pages from the command line itself (scripts/install.sh installs
+//! them). Every failure ends as one line on stderr and a non-zero exit code.
 
 mod admin;
 mod analyze;
@@ -17,6 +19,7 @@ mod failure;
 mod files;
 mod format;
 mod fuse;
+mod generate;
 mod intercepted;
 mod io_functions;
 mod lifecycle;
@@ -181,6 +184,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Umount { mountpoint, lazy } => fuse::umount(mountpoint, *lazy),
         Command::Analyze(args) => analyze::analyze(args),
         Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
+        Command::Completions(args) => generate::completions(args),
+        Command::Man(args) => generate::man(args),
     }
 }
 

@@ -16,6 +16,8 @@ const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 const UNCHANGED: [u8; 3] = [0x44, 0x01, 0x54];
 /// viridis(1): regions that changed in every transition.
 const ALWAYS: [u8; 3] = [0xfd, 0xe7, 0x25];
+/// The colour of the title and legend text.
+const INK: [u8; 3] = [0x20, 0x20, 0x20];
 
 fn cascade(args: &[&str], home: &Path) -> Output {
     Command::new(CASCADE)
@@ -155,6 +157,34 @@ fn pixel(image: &(u32, u32, Vec<u8>), x: u32, y: u32) -> [u8; 3] {
     [image.2[at], image.2[at + 1], image.2[at + 2]]
 }
 
+/// The first row whose pixel at column x has the unchanged colour: the map's top.
+fn map_top(image: &(u32, u32, Vec<u8>), x: u32) -> u32 {
+    (0..image.1)
+        .find(|&y| pixel(image, x, y) == UNCHANGED)
+        .expect("a map")
+}
+
+/// Pixels of `colour` in rows `rows`.
+fn count(image: &(u32, u32, Vec<u8>), rows: std::ops::Range<u32>, colour: [u8; 3]) -> usize {
+    rows.flat_map(|y| (0..image.0).map(move |x| (x, y)))
+        .filter(|&(x, y)| pixel(image, x, y) == colour)
+        .count()
+}
+
+/// The PNG's UTF-8 text chunks by keyword.
+fn png_texts(path: &Path) -> std::collections::HashMap<String, String> {
+    let file = fs::File::open(path).expect("open png");
+    let reader = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .expect("png header");
+    reader
+        .info()
+        .utf8_text
+        .iter()
+        .map(|t| (t.keyword.clone(), t.get_text().expect("text")))
+        .collect()
+}
+
 #[test]
 fn plot_writes_a_heatmap_per_file() {
     let dir = TempDir::new().expect("tempdir");
@@ -171,24 +201,54 @@ fn plot_writes_a_heatmap_per_file() {
     assert!(stdout.contains(frozen.to_str().expect("utf-8")), "{stdout}");
     assert!(stdout.contains(state.to_str().expect("utf-8")), "{stdout}");
 
-    // frozen.bin: 64 regions, an 8 x 8 map of 64-pixel cells, all unchanged.
+    // frozen.bin: 64 regions, an 8 x 8 map of 64-pixel cells, all unchanged, below a title
+    // band and above a legend taller than the old 36-pixel strip of two numbers.
     let image = decode(&frozen);
-    assert_eq!((image.0, image.1), (512, 512 + 36));
-    for y in 0..512 {
+    let top = map_top(&image, 16);
+    assert!(top >= 20, "a title band above the map");
+    assert_eq!(image.0, 512);
+    assert!(
+        image.1 >= top + 512 + 60,
+        "a legend below the map: {}",
+        image.1
+    );
+    for y in top..top + 512 {
         for x in 0..512 {
             assert_eq!(pixel(&image, x, y), UNCHANGED, "({x}, {y})");
         }
     }
-    // state.bin: 128 regions, the left half of a 16 x 16 map (32-pixel cells). The first
-    // quarter of the curve (the file's first half, never changed) fills the top-left
-    // quarter of the square, the second (the file's second half, changed in both
-    // transitions) the bottom-left one.
+    assert!(count(&image, 0..top, INK) > 200, "title text");
+    assert!(count(&image, top + 512..image.1, INK) > 500, "legend text");
+    assert!(
+        count(&image, top + 512..image.1, ALWAYS) > 0,
+        "the colour bar"
+    );
+    let texts = png_texts(&frozen);
+    assert_eq!(texts["Title"], "Change heatmap of frozen.bin");
+    let description = &texts["Description"];
+    assert!(
+        description.contains("3 snapshots: 64 regions of 4 KiB"),
+        "{description}"
+    );
+    assert!(
+        description.contains("of the 2 snapshot transitions"),
+        "{description}"
+    );
+    // state.bin: 128 regions, the left half of a 16 x 16 map (32-pixel cells), centred in an
+    // image 512 wide. The first quarter of the curve (the file's first half, never changed)
+    // fills the top-left quarter of the square, the second (the file's second half, changed
+    // in both transitions) the bottom-left one.
     let image = decode(&state);
-    assert_eq!((image.0, image.1), (256, 512 + 36));
-    assert_eq!(pixel(&image, 16, 16), UNCHANGED);
-    assert_eq!(pixel(&image, 240, 240), UNCHANGED);
-    assert_eq!(pixel(&image, 16, 500), ALWAYS);
-    assert_eq!(pixel(&image, 240, 272), ALWAYS);
+    assert_eq!(image.0, 512);
+    let (x0, y0) = (128, map_top(&image, 128 + 16));
+    assert_eq!(pixel(&image, x0 + 16, y0 + 16), UNCHANGED);
+    assert_eq!(pixel(&image, x0 + 240, y0 + 240), UNCHANGED);
+    assert_eq!(pixel(&image, x0 + 16, y0 + 500), ALWAYS);
+    assert_eq!(pixel(&image, x0 + 240, y0 + 272), ALWAYS);
+    assert_eq!(
+        png_texts(&state)["Title"],
+        "Change heatmap of rank0/state.bin"
+    );
 
     // With --json the files written are listed there.
     let mut args = vec![

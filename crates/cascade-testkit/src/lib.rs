@@ -27,7 +27,10 @@
 //! - **TLS** ([`tls`]): [`TestPki`], a CA and a server certificate for 127.0.0.1 and
 //!   localhost (rcgen), written as PEM files, and a second CA that signed nothing of it.
 //! - **Durable stores** ([`durable`]): [`durable_at`] (a directory as the durable store),
-//!   [`Expected`] and [`assert_durable_checkpoint`].
+//!   [`Expected`] and [`assert_durable_checkpoint`]; [`fsync`]: checks of a directory
+//!   store's fsync trace (every write durable before it returned, markers last).
+//! - **Another uid** ([`impostor`]): a process bound at an agent's socket path answering as
+//!   another user, for the socket owner checks.
 //! - **Real checkpoint series** ([`real_series`]): bench/datasets/make.sh's quick series.
 //! - **File system** ([`fs`]): [`files_below`] (a tree's files), [`Tmpfs`] (a small full
 //!   disk; root only) and [`RemoveDir`].
