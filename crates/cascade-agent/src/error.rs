@@ -15,6 +15,13 @@ pub enum Error {
     /// A durable-store operation failed (the message names the store and the file).
     #[error("{0}")]
     Durable(cascade_durable::Error),
+    /// Nothing of the checkpoint is in the durable store (or the store itself is missing).
+    #[error("{store}: no checkpoint {checkpoint}: {why}")]
+    NoCheckpoint {
+        store: String,
+        checkpoint: String,
+        why: String,
+    },
     /// The checkpoint has no completion marker: it never finished draining.
     #[error("{store}: checkpoint {checkpoint} is not complete (no {marker} marker); refusing to restore it")]
     Incomplete {
@@ -78,7 +85,9 @@ impl Error {
         match self {
             Error::Store { source, .. } => source.errno(),
             Error::Durable(e) => e.errno(),
-            Error::Incomplete { .. } | Error::IncompleteJob { .. } => libc::ENOENT,
+            Error::Incomplete { .. } | Error::IncompleteJob { .. } | Error::NoCheckpoint { .. } => {
+                libc::ENOENT
+            }
             Error::InvalidCheckpoint { .. } => libc::EINVAL,
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Mismatch { .. } => libc::EIO,

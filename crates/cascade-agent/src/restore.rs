@@ -98,6 +98,21 @@ fn complete_source<'a>(
             parts: PartsIn::of(&parts).describe(),
         });
     }
+    // Nothing at all under the name, or files without their marker (a drain that never
+    // finished) are different problems. A dedup repository's packs cannot be told apart by
+    // checkpoint, so with one it stays "not complete".
+    if repo.is_none()
+        && durable
+            .list(&format!("{ckpt}/"))
+            .map_err(Error::Durable)?
+            .is_empty()
+    {
+        return Err(Error::NoCheckpoint {
+            store: durable.name().to_string(),
+            checkpoint: ckpt.clone(),
+            why: format!("nothing under {ckpt}/ in the durable store"),
+        });
+    }
     Err(Error::Incomplete {
         store: durable.name().to_string(),
         checkpoint: ckpt,

@@ -205,11 +205,35 @@ fn print_status(s: &Status, others: &[u32]) {
     }
 }
 
-pub fn fsck(config: &Config, repair: bool) -> Result<ExitCode, Failure> {
+pub fn fsck(config: &Config, repair: bool, as_json: bool) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
     let report = store
         .fsck(repair)
         .map_err(|err| Failure::store(&format!("store {}", store.name()), &err))?;
+    let code = if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILURE)
+    };
+    if as_json {
+        let texts = |v: &[String]| v.to_vec();
+        println!(
+            "{}",
+            json!({
+                "store": store.name(),
+                "clean": report.is_clean(),
+                "files": report.files,
+                "dirs": report.dirs,
+                "chunks_used": report.chunks_used,
+                "chunks_free": report.chunks_free,
+                "chunks_leased": report.chunks_leased,
+                "errors": texts(&report.errors),
+                "warnings": texts(&report.warnings),
+                "repaired": texts(&report.repaired),
+            })
+        );
+        return Ok(code);
+    }
     for error in &report.errors {
         println!("error: {error}");
     }

@@ -25,7 +25,7 @@ What the numbers mean:
   same offset      per snapshot, the share of its 4 KiB blocks identical to the block at the \
 same offset of the same file in the previous snapshot (what an incremental checkpoint that \
 skips unchanged blocks would save)
-  dedup ratio      per chunking (fixed 512 B, 4 KiB, 8 KiB and CDC avg 64 KiB; --chunking adds \
+  dedup ratio      per chunking (fixed 512 B, 4 KiB, 8 KiB and CDC avg 64 KiB; --dedup adds \
 more): total bytes of the series / bytes of its unique chunks (each distinct chunk, by BLAKE3, \
 stored once); 1.00 means nothing repeats, 5.00 for five identical snapshots
   new / duplicate  per snapshot and chunking: chunks first seen in that snapshot, and chunks \
@@ -52,8 +52,9 @@ pub struct AnalyzeArgs {
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
     /// Analyse this chunking too, e.g. fixed:64KiB, cdc:avg=16KiB or
-    /// cdc:min=8KiB,avg=32KiB,max=128KiB (repeatable)
-    #[arg(long = "chunking", value_name = "SPEC")]
+    /// cdc:min=8KiB,avg=32KiB,max=128KiB (repeatable; the spec of the agent's --dedup; also
+    /// --chunking)
+    #[arg(long = "dedup", alias = "chunking", value_name = "SPEC")]
     pub chunkings: Vec<Chunking>,
     /// The snapshots, oldest first: files, or directories of files
     #[arg(required = true, value_name = "PATH")]

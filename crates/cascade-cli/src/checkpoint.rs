@@ -25,6 +25,21 @@ fn open_durable(url: &str) -> Result<DurableStore, Failure> {
     DurableStore::open(url).map_err(|e| Failure::new(e.to_string()))
 }
 
+/// Opens a durable store to read from: a directory must exist (opening one creates it, which
+/// is right for writers and wrong for a mistyped restore).
+pub fn open_durable_for_reading(url: &str) -> Result<DurableStore, Failure> {
+    let spec = cascade_durable::Spec::parse(url).map_err(|e| Failure::new(e.to_string()))?;
+    if let cascade_durable::Spec::Dir(dir) = &spec {
+        if !dir.is_dir() {
+            return Err(Failure::new(format!(
+                "durable store {}: no such directory",
+                spec.describe()
+            )));
+        }
+    }
+    open_durable(url)
+}
+
 /// A byte progress bar on stderr when a person is watching.
 fn progress_bar(total: u64) -> ProgressBar {
     if !io::stderr().is_terminal() {
@@ -111,7 +126,33 @@ fn repo_for_reading(durable: &Arc<DurableStore>) -> Result<Option<Repo>, Failure
         .map_err(|e| Failure::new(format!("{}: dedup repository: {e}", durable.name())))
 }
 
-pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure> {
+/// A drain's or restore's report as one JSON document (docs/cli-json.md).
+fn report_json(
+    verb: &str,
+    from: &str,
+    to: &str,
+    report: &cascade_agent::Report,
+    dedup: Option<serde_json::Value>,
+) -> String {
+    let files: Vec<serde_json::Value> = report
+        .files
+        .iter()
+        .map(|f| serde_json::json!({"path": f.path, "size": f.size, "blake3": f.blake3}))
+        .collect();
+    serde_json::json!({
+        "operation": verb,
+        "from": from,
+        "to": to,
+        "checkpoint": report.checkpoint,
+        "files": files,
+        "bytes": report.bytes,
+        "seconds": report.seconds,
+        "dedup": dedup,
+    })
+    .to_string()
+}
+
+pub fn drain(config: &Config, path: &str, url: &str, as_json: bool) -> Result<ExitCode, Failure> {
     crate::umask::restrict(config)?;
     let store = attach(config)?;
     let ckpt = cascade_agent::checkpoint_name(path).map_err(agent_failure)?;
@@ -131,6 +172,22 @@ pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure
             }
         };
         bar.finish_and_clear();
+        let stored = stats.stored_data_bytes + stats.stored_tree_bytes;
+        if as_json {
+            let dedup = serde_json::json!({
+                "chunking": repo.chunking().to_string(),
+                "compression": repo.compression().to_string(),
+                "chunks": stats.chunks,
+                "new_chunks": stats.new_chunks,
+                "new_bytes": stats.new_bytes,
+                "delta_chunks": stats.delta_chunks,
+                "delta_base": against,
+                "stored_bytes": stored,
+            });
+            let to = durable.name().trim_end_matches('/');
+            println!("{}", report_json("drain", path, to, &report, Some(dedup)));
+            return Ok(ExitCode::SUCCESS);
+        }
         let to = format!(
             "{} (dedup repository, {}, {})",
             durable.name().trim_end_matches('/'),
@@ -138,7 +195,6 @@ pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure
             repo.compression()
         );
         println!("{}", summary("drain", path, &to, &report));
-        let stored = stats.stored_data_bytes + stats.stored_tree_bytes;
         let against = against.map_or(String::new(), |base| {
             format!(", {} as deltas against {base}", stats.delta_chunks)
         });
@@ -162,7 +218,11 @@ pub fn drain(config: &Config, path: &str, url: &str) -> Result<ExitCode, Failure
     };
     bar.finish_and_clear();
     let to = format!("{}/{ckpt}", durable.name().trim_end_matches('/'));
-    println!("{}", summary("drain", path, &to, &report));
+    if as_json {
+        println!("{}", report_json("drain", path, &to, &report, None));
+    } else {
+        println!("{}", summary("drain", path, &to, &report));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -198,15 +258,16 @@ pub fn restore_local(
     dest: Option<&str>,
     url: &str,
     partial: bool,
+    as_json: bool,
 ) -> Result<ExitCode, Failure> {
-    let durable = Arc::new(open_durable(url)?);
+    let durable = Arc::new(open_durable_for_reading(url)?);
     let repo = repo_for_reading(&durable)?;
     let dest = PathBuf::from(dest.unwrap_or_else(|| last_component(ckpt)));
     let bar = progress_bar(marker_bytes(&durable, repo.as_ref(), ckpt)?);
     let set = |n| bar.set_position(n);
     if !partial {
         let report = cascade_agent::restore_checkpoint(&durable, repo.as_ref(), ckpt, &dest, &set);
-        return finish_restore(report, bar, ckpt, &dest.display().to_string());
+        return finish_restore(report, bar, ckpt, &dest.display().to_string(), as_json);
     }
     let restored =
         cascade_agent::restore_partial_checkpoint(&durable, repo.as_ref(), ckpt, &dest, &set);
@@ -214,7 +275,7 @@ pub fn restore_local(
         Ok((report, missing)) => (Ok(report), missing),
         Err(e) => (Err(e), None),
     };
-    let code = finish_restore(report, bar, ckpt, &dest.display().to_string())?;
+    let code = finish_restore(report, bar, ckpt, &dest.display().to_string(), as_json)?;
     match missing {
         Some(parts) => Err(Failure::new(format!(
             "{ckpt} is not complete: restored the files of {}",
@@ -229,9 +290,10 @@ pub fn restore_into_store(
     ckpt: &str,
     dest: Option<&str>,
     url: &str,
+    as_json: bool,
 ) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
-    let durable = Arc::new(open_durable(url)?);
+    let durable = Arc::new(open_durable_for_reading(url)?);
     let repo = repo_for_reading(&durable)?;
     let default_dest = format!("/{}", ckpt.trim_matches('/'));
     let dest = dest.unwrap_or(&default_dest);
@@ -240,7 +302,7 @@ pub fn restore_into_store(
         cascade_agent::restore_into_store(&durable, repo.as_ref(), ckpt, &store, dest, &|n| {
             bar.set_position(n)
         });
-    finish_restore(report, bar, ckpt, dest)
+    finish_restore(report, bar, ckpt, dest, as_json)
 }
 
 fn finish_restore(
@@ -248,11 +310,16 @@ fn finish_restore(
     bar: ProgressBar,
     ckpt: &str,
     dest: &str,
+    as_json: bool,
 ) -> Result<ExitCode, Failure> {
     match report {
         Ok(report) => {
             bar.finish_and_clear();
-            println!("{}", summary("restore", ckpt, dest, &report));
+            if as_json {
+                println!("{}", report_json("restore", ckpt, dest, &report, None));
+            } else {
+                println!("{}", summary("restore", ckpt, dest, &report));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(err) => {

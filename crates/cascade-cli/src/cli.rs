@@ -68,6 +68,9 @@ pub enum Command {
         /// Long listing: type and permissions, owner, size in bytes, modification time (UTC)
         #[arg(short = 'l')]
         long: bool,
+        /// With --levels: print one JSON document (field names: docs/cli-json.md)
+        #[arg(long, requires = "levels")]
+        json: bool,
         /// Store path to list
         #[arg(default_value = "/", value_name = "PATH")]
         path: String,
@@ -75,9 +78,12 @@ pub enum Command {
 
     /// Show a file's or directory's metadata and where its chunks are
     Stat {
-        /// Store path, e.g. /ckpt.0001/rank0.dat
+        /// Store path, e.g. /ckpt.0001/rank0.dat (or /cascade/ckpt.0001/rank0.dat)
         #[arg(value_name = "PATH")]
         path: String,
+        /// Print one JSON document (field names: docs/cli-json.md)
+        #[arg(long)]
+        json: bool,
     },
 
     /// Copy a local file into the store (1 MiB writes; prints bytes and GB/s)
@@ -142,6 +148,9 @@ processes) do not make the check fail; --repair reclaims them. Errors are violat
         /// Repair what can be repaired (reclaim leaked chunks and dead processes' leases)
         #[arg(long)]
         repair: bool,
+        /// Print one JSON document (field names: docs/cli-json.md)
+        #[arg(long)]
+        json: bool,
     },
 
     /// Delete the store: its shared-memory block and its spill file, with every file in it
@@ -176,6 +185,8 @@ the last one detaches."
         mount: MountParams,
         #[command(flatten)]
         agent: AgentParams,
+        #[command(flatten)]
+        dedup: DedupParams,
         /// The program to run and its arguments (put -- before them if they start with -)
         #[arg(
             value_name = "CMD",
@@ -214,13 +225,17 @@ the last one detaches."
         /// Store path, e.g. /ckpt.0042
         #[arg(value_name = "PATH")]
         path: String,
-        /// memory, staged (safe from the loss of this node: on a staging server or in the
-        /// durable store) or durable
-        #[arg(long, default_value = "durable", value_name = "LEVEL")]
-        level: String,
-        /// Give up after this many seconds (exit 1)
+        /// staged: safe from the loss of this node (on a staging server or in the durable
+        /// store)
+        #[arg(long, value_enum, default_value_t = WaitLevel::Durable, value_name = "LEVEL")]
+        level: WaitLevel,
+        /// Give up after this many seconds (exit 3; a path that can never get there exits 1 at
+        /// once)
         #[arg(long, default_value_t = 600.0, value_name = "SECONDS")]
         timeout: f64,
+        /// Print one JSON document (field names: docs/cli-json.md)
+        #[arg(long)]
+        json: bool,
     },
 
     /// Copy a checkpoint (a store directory or file) to the durable store, then mark it complete
@@ -229,12 +244,15 @@ the last one detaches."
         /// Checkpoint in the store, e.g. /ckpt.0042 (a directory) or /ckpt.0042.dat (a file)
         #[arg(value_name = "PATH")]
         path: String,
-        /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
-        /// [default: the configured durable.url]
-        #[arg(long, value_name = "URL")]
-        to: Option<String>,
+        /// Durable store: file:///dir, /dir, or 's3://bucket/prefix?endpoint=URL'
+        /// [default: the configured durable.url] (also --to)
+        #[arg(long, alias = "to", value_name = "URL")]
+        durable: Option<String>,
         #[command(flatten)]
         dedup: DedupParams,
+        /// Print one JSON document (field names: docs/cli-json.md)
+        #[arg(long)]
+        json: bool,
     },
 
     /// Copy a complete checkpoint from the durable store to a local directory or the store
@@ -247,10 +265,10 @@ the last one detaches."
         /// or with --into-store a store directory (default /CKPT)
         #[arg(value_name = "DEST")]
         dest: Option<String>,
-        /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
-        /// [default: the configured durable.url]
-        #[arg(long, value_name = "URL")]
-        from: Option<String>,
+        /// Durable store: file:///dir, /dir, or 's3://bucket/prefix?endpoint=URL'
+        /// [default: the configured durable.url] (also --from)
+        #[arg(long, alias = "from", value_name = "URL")]
+        durable: Option<String>,
         /// DEST is a directory of the node store, not a local directory
         #[arg(long)]
         into_store: bool,
@@ -258,22 +276,25 @@ the last one detaches."
         /// nodes whose parts are in, and say which nodes are missing (exit 1)
         #[arg(long, conflicts_with = "into_store")]
         partial: bool,
+        /// Print one JSON document (field names: docs/cli-json.md)
+        #[arg(long)]
+        json: bool,
     },
 
     /// Forget old checkpoints of the durable store's dedup repository and delete the packs
     /// only they used
     #[command(
         after_help = crate::prune::DETAILS,
-        group = clap::ArgGroup::new("which").args(["checkpoints", "keep"])
+        group = clap::ArgGroup::new("which").args(["checkpoints", "keep_last"])
     )]
     Prune {
-        /// Checkpoints to forget, e.g. run1/ckpt.0042 (instead of --keep)
-        #[arg(value_name = "CKPT", required_unless_present_any = ["keep", "orphans"])]
+        /// Checkpoints to forget, e.g. run1/ckpt.0042 (instead of --keep-last)
+        #[arg(value_name = "CKPT", required_unless_present_any = ["keep_last", "orphans"])]
         checkpoints: Vec<String>,
-        /// Keep the N newest checkpoints (by when their manifests were written), forget the
-        /// others; N is at least 1
-        #[arg(long, value_name = "N", value_parser = crate::prune::parse_keep)]
-        keep: Option<u64>,
+        /// Keep the N newest checkpoints of the repository (by when their manifests were
+        /// written), forget the others; N is at least 1 (also --keep)
+        #[arg(long, alias = "keep", value_name = "N", value_parser = crate::prune::parse_keep)]
+        keep_last: Option<u64>,
         /// Print what would be forgotten and deleted; change nothing
         #[arg(long)]
         dry_run: bool,
@@ -281,7 +302,10 @@ the last one detaches."
         /// index); a later prune deletes them. Lists every pack of the repository
         #[arg(long)]
         orphans: bool,
-        /// Durable store: file:///dir, /dir, or s3://bucket/prefix?endpoint=URL
+        /// Print one JSON document (field names: docs/cli-json.md)
+        #[arg(long)]
+        json: bool,
+        /// Durable store: file:///dir, /dir, or 's3://bucket/prefix?endpoint=URL'
         /// [default: the configured durable.url]
         #[arg(long, value_name = "URL")]
         durable: Option<String>,
@@ -358,6 +382,27 @@ the last one detaches."
     Man(crate::generate::ManArgs),
 }
 
+/// The levels `cascade wait` waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WaitLevel {
+    /// In the node store (at once, once written)
+    Memory,
+    /// Safe from the loss of this node: on a staging server's SSD or in the durable store
+    Staged,
+    /// In the durable store (the checkpoint's completion marker written)
+    Durable,
+}
+
+impl From<WaitLevel> for cascade_lifecycle::Level {
+    fn from(level: WaitLevel) -> Self {
+        match level {
+            WaitLevel::Memory => cascade_lifecycle::Level::Memory,
+            WaitLevel::Staged => cascade_lifecycle::Level::Staged,
+            WaitLevel::Durable => cascade_lifecycle::Level::Durable,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum StageServerAction {
     /// Show a running staging server: absorbed, drained and pending bytes, arena usage
@@ -419,7 +464,9 @@ also if the checkpoint has since been evicted from memory. --level staged return
 every file is on a staging server's SSD (or durable) and a server has accepted the \
 checkpoint's file list: from then on losing this node loses nothing. Fails at once, with the reason, \
 when PATH cannot get there without someone acting: no agent running, a file still open for \
-writing or torn, a checkpoint not selected for flushing.";
+writing or torn, a checkpoint not selected for flushing. PATH may carry the mount prefix \
+(/cascade/ckpt.0042, as the application names it). Exit codes: 0 reached, 1 cannot get \
+there (or another error), 2 usage, 3 timed out (it may still get there: wait again).";
 
 const DRAIN_DETAILS: &str = "The checkpoint's name in the durable store is PATH without its \
 leading '/': /ckpt.0042 becomes <root>/ckpt.0042/, each file at its relative path with its \
@@ -616,6 +663,7 @@ impl<G: SettingGroup> Args for SettingFlags<G> {
             );
             let arg = Arg::new(flag)
                 .long(flag)
+                .aliases(def.aliases)
                 .value_name(def.value_name)
                 .help(help)
                 .num_args(1);

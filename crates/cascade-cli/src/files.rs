@@ -51,13 +51,36 @@ fn print_entry(name: &str, meta: &Metadata, long: bool) {
     }
 }
 
-pub fn stat(config: &Config, path: &str) -> Result<ExitCode, Failure> {
+pub fn stat(config: &Config, path: &str, as_json: bool) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
     let m = stat_of(&store, path)?;
     let kind = match m.kind {
         FileKind::Dir => "directory",
         FileKind::File => "regular file",
     };
+    if as_json {
+        let file = m.kind == FileKind::File;
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": path,
+                "type": if file { "file" } else { "directory" },
+                "size": m.size,
+                "inode": m.ino,
+                "mode": m.mode,
+                "uid": m.uid,
+                "gid": m.gid,
+                "chunks_in_memory": file.then_some(m.chunks_in_memory),
+                "chunks_spilled": file.then_some(m.chunks_spilled),
+                "chunk_size": m.chunk_size,
+                "allocated_bytes": file.then(|| m.allocated_bytes()),
+                "atime_ns": m.atime,
+                "mtime_ns": m.mtime,
+                "ctime_ns": m.ctime,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     println!("  path    {path}");
     println!("  type    {kind}");
     println!("  size    {} ({})", m.size, format_size(m.size));

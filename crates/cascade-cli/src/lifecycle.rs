@@ -189,8 +189,17 @@ pub fn commit(config: &Config, path: &str) -> Result<ExitCode, Failure> {
 }
 
 /// `cascade wait PATH --level LEVEL --timeout SECS`.
-pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<ExitCode, Failure> {
-    let level: Level = level.parse()?;
+/// `cascade wait`'s exit code when the time ran out but the path may still get there.
+pub const EXIT_TIMED_OUT: u8 = 3;
+
+pub fn wait(
+    config: &Config,
+    path: &str,
+    level: crate::cli::WaitLevel,
+    timeout: f64,
+    as_json: bool,
+) -> Result<ExitCode, Failure> {
+    let level = Level::from(level);
     if !(timeout.is_finite() && timeout >= 0.0) {
         return Err(Failure::new(
             "wait: --timeout must be a number of seconds >= 0",
@@ -198,7 +207,42 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
     }
     let store = attach(config)?;
     let timeout = Duration::try_from_secs_f64(timeout).unwrap_or(Duration::MAX);
-    let done = cascade_lifecycle::wait(config, &store, path, level, timeout)?;
+    let waited = cascade_lifecycle::wait(config, &store, path, level, timeout);
+    // Timed out (it may still get there) and cannot get there are different exits.
+    let failed = |e: cascade_lifecycle::Error| {
+        let timed_out = e.errno == Some(libc::ETIMEDOUT);
+        let code = if timed_out {
+            EXIT_TIMED_OUT
+        } else {
+            crate::failure::EXIT_FAILURE
+        };
+        if as_json {
+            let outcome = if timed_out { "timed_out" } else { "never" };
+            println!(
+                "{}",
+                serde_json::json!({
+                    "path": path, "wanted": level.name(), "reached": false,
+                    "outcome": outcome, "error": e.message,
+                })
+            );
+        }
+        Failure {
+            message: e.message,
+            code,
+        }
+    };
+    let done = waited.map_err(failed)?;
+    if as_json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "path": path, "wanted": level.name(), "reached": true, "outcome": "reached",
+                "level": done.level, "files": done.files, "seconds": done.seconds,
+                "only_durable": done.only_durable,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if done.only_durable {
         println!("{path}: durable (complete in the durable store)");
     } else if level == Level::Memory {
@@ -214,9 +258,28 @@ pub fn wait(config: &Config, path: &str, level: &str, timeout: f64) -> Result<Ex
 
 /// `cascade ls --levels [PATH]`: every entry below PATH with where it lives and its state,
 /// then the checkpoints only the durable store still has.
-pub fn ls_levels(config: &Config, path: &str) -> Result<ExitCode, Failure> {
+pub fn ls_levels(config: &Config, path: &str, as_json: bool) -> Result<ExitCode, Failure> {
     let store = attach(config)?;
     let entries = cascade_lifecycle::levels(config, &store, path)?;
+    if as_json {
+        let entries: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "path": e.path,
+                    "is_dir": e.is_dir,
+                    "level": e.level,
+                    "size": e.size,
+                    "state": e.state,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "path": path, "entries": entries })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     println!("{:<13} {:>10}  {:<40} PATH", "LEVEL", "SIZE", "STATE");
     for e in &entries {
         let size = e.size.map(format_size).unwrap_or_default();

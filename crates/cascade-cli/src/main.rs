@@ -69,13 +69,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Store paths given on the command line, each as [`Config::store_path`] takes it.
+fn store_paths(config: &Config, paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| config.store_path(p).into_owned())
+        .collect()
+}
+
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let load = |flags: &[&[(&'static str, String)]]| load_config(&cli, flags);
     let none = || load(&[]);
     match &cli.command {
         Command::Init { params } => admin::init(&load(&[&params.values])?),
         Command::Status { json } => admin::status(&none()?, *json),
-        Command::Fsck { repair } => admin::fsck(&none()?, *repair),
+        Command::Fsck { repair, json } => admin::fsck(&none()?, *repair, *json),
         Command::Destroy { force } => admin::destroy(&none()?, *force),
         Command::Config {
             json,
@@ -83,69 +91,112 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             mount,
         } => admin::show_config(&load(&[&params.values, &mount.values])?, *json),
         Command::Ls {
-            levels: true, path, ..
-        } => lifecycle::ls_levels(&none()?, path),
-        Command::Ls { long, path, .. } => files::ls(&none()?, path, *long),
-        Command::Stat { path } => files::stat(&none()?, path),
-        Command::Mkdir { parents, paths } => files::mkdir(&none()?, paths, *parents),
-        Command::Rm { recursive, paths } => files::rm(&none()?, paths, *recursive),
+            levels: true,
+            path,
+            json,
+            ..
+        } => {
+            let config = none()?;
+            lifecycle::ls_levels(&config, &config.store_path(path), *json)
+        }
+        Command::Ls { long, path, .. } => {
+            let config = none()?;
+            files::ls(&config, &config.store_path(path), *long)
+        }
+        Command::Stat { path, json } => {
+            let config = none()?;
+            files::stat(&config, &config.store_path(path), *json)
+        }
+        Command::Mkdir { parents, paths } => {
+            let config = none()?;
+            files::mkdir(&config, &store_paths(&config, paths), *parents)
+        }
+        Command::Rm { recursive, paths } => {
+            let config = none()?;
+            files::rm(&config, &store_paths(&config, paths), *recursive)
+        }
         Command::Put {
             parents,
             local,
             store_path,
-        } => transfer::put(&none()?, local, store_path, *parents),
-        Command::Get { store_path, local } => transfer::get(&none()?, store_path, local),
+        } => {
+            let config = none()?;
+            transfer::put(&config, local, &config.store_path(store_path), *parents)
+        }
+        Command::Get { store_path, local } => {
+            let config = none()?;
+            transfer::get(&config, &config.store_path(store_path), local)
+        }
         Command::Run {
             mount,
             agent,
+            dedup,
             command,
         } => {
             // A missing command is a usage error, found before any store is touched.
             run::require_command(command)?;
-            run::run(&load(&[&mount.values, &agent.values])?, command)
+            run::run(
+                &load(&[&mount.values, &agent.values, &dedup.values])?,
+                command,
+            )
         }
         Command::Agent {
             agent,
             dedup,
             verbose,
         } => lifecycle::agent(&load(&[&agent.values, &dedup.values])?, *verbose),
-        Command::Commit { path } => lifecycle::commit(&none()?, path),
+        Command::Commit { path } => {
+            let config = none()?;
+            lifecycle::commit(&config, &config.store_path(path))
+        }
         Command::Wait {
             path,
             level,
             timeout,
-        } => lifecycle::wait(&none()?, path, level, *timeout),
-        Command::Drain { path, to, dedup } => {
+            json,
+        } => {
+            let config = none()?;
+            lifecycle::wait(&config, &config.store_path(path), *level, *timeout, *json)
+        }
+        Command::Drain {
+            path,
+            durable,
+            dedup,
+            json,
+        } => {
             let config = load(&[&dedup.values])?;
-            let to = durable_or_configured(&config, to.as_deref(), "--to")?;
-            checkpoint::drain(&config, path, &to)
+            let to = durable_or_configured(&config, durable.as_deref(), "--durable")?;
+            checkpoint::drain(&config, &config.store_path(path), &to, *json)
         }
         Command::Restore {
             ckpt,
             dest,
-            from,
+            durable,
             into_store,
             partial,
+            json,
         } => {
             let config = none()?;
-            let from = durable_or_configured(&config, from.as_deref(), "--from")?;
+            let from = durable_or_configured(&config, durable.as_deref(), "--durable")?;
             if *into_store {
-                checkpoint::restore_into_store(&config, ckpt, dest.as_deref(), &from)
+                let dest = dest.as_deref().map(|d| config.store_path(d));
+                checkpoint::restore_into_store(&config, ckpt, dest.as_deref(), &from, *json)
             } else {
-                checkpoint::restore_local(ckpt, dest.as_deref(), &from, *partial)
+                checkpoint::restore_local(ckpt, dest.as_deref(), &from, *partial, *json)
             }
         }
         Command::Prune {
             checkpoints,
-            keep,
+            keep_last,
             dry_run,
             orphans,
             durable,
+            json,
         } => {
             let config = none()?;
             let url = durable_or_configured(&config, durable.as_deref(), "--durable")?;
             umask::restrict(&config)?;
-            prune::prune(&url, checkpoints, *keep, *dry_run, *orphans)
+            prune::prune(&url, checkpoints, *keep_last, *dry_run, *orphans, *json)
         }
         Command::LinkFlags => binary::link_flags(),
         Command::CheckBinary { program } => binary::check_binary(program),

@@ -45,12 +45,13 @@ pub fn prune(
     keep: Option<u64>,
     dry_run: bool,
     orphans: bool,
+    as_json: bool,
 ) -> Result<ExitCode, Failure> {
     let selection = match keep {
         Some(n) => PruneSelection::KeepNewest(usize::try_from(n).unwrap_or(usize::MAX)),
         None => PruneSelection::Checkpoints(checkpoints.to_vec()),
     };
-    let durable = Arc::new(DurableStore::open(url).map_err(|e| Failure::new(e.to_string()))?);
+    let durable = Arc::new(crate::checkpoint::open_durable_for_reading(url)?);
     let repo = Repo::open_for_maintenance(durable.clone(), DEFAULT_PREFIX)
         .map_err(|e| failure(&durable, e))?
         .ok_or_else(|| {
@@ -69,6 +70,28 @@ pub fn prune(
             },
         )
         .map_err(|e| failure(&durable, e))?;
+    if as_json {
+        let gc = &report.gc;
+        println!(
+            "{}",
+            serde_json::json!({
+                "dry_run": gc.dry_run,
+                "forgotten": report.forgotten,
+                "kept": report.kept,
+                "packs_deleted": gc.packs_deleted,
+                "bytes_freed": gc.bytes_freed,
+                "packs_unreclaimed": gc.packs_unreclaimed,
+                "bytes_unreclaimed": gc.bytes_unreclaimed,
+                "packs_waiting": gc.packs_waiting,
+                "sessions_waited_for": gc.sessions_waited_for,
+                "orphans_found": gc.orphans_found,
+                "orphans_deleted": gc.orphans_deleted,
+                "orphan_bytes_freed": gc.orphan_bytes_freed,
+                "orphans_waiting": gc.orphans_waiting,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if dry_run {
         for name in &report.forgotten {
             println!("would forget {name}");

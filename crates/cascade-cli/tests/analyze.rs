@@ -92,7 +92,7 @@ fn prints_a_text_report() {
 fn json_report_has_the_figures() {
     let dir = TempDir::new().expect("tempdir");
     let paths = series(dir.path());
-    let mut args = vec!["analyze", "--json", "--chunking", "fixed:64KiB"];
+    let mut args = vec!["analyze", "--json", "--dedup", "fixed:64KiB"];
     args.extend(strs(&paths));
     let out = cascade(&args, dir.path());
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -34,7 +34,7 @@ fn drain_then_restore_round_trips_through_a_directory() {
 
     let durable = sb.dir.path().join("durable");
     let url = format!("file://{}", durable.display());
-    let out = sb.ok(&["drain", "/ckpt.0001", "--to", &url]);
+    let out = sb.ok(&["drain", "/ckpt.0001", "--durable", &url]);
     assert!(out.contains("2 files, 500000 bytes"), "{out}");
     assert!(out.contains("GB/s") && out.contains(" s, "), "{out}");
     assert!(durable.join("ckpt.0001/.cascade-complete").exists());
@@ -44,7 +44,7 @@ fn drain_then_restore_round_trips_through_a_directory() {
     );
 
     let dest = sb.dir.path().join("restored");
-    let out = sb.ok(&["restore", "ckpt.0001", s(&dest), "--from", &url]);
+    let out = sb.ok(&["restore", "ckpt.0001", s(&dest), "--durable", &url]);
     assert!(out.contains("2 files, 500000 bytes"), "{out}");
     assert_eq!(std::fs::read(dest.join("rank0.dat")).unwrap(), a);
     assert_eq!(std::fs::read(dest.join("sub/rank1.dat")).unwrap(), b);
@@ -62,20 +62,20 @@ fn drain_then_restore_round_trips_through_a_directory() {
     assert_eq!(std::fs::read(&got).unwrap(), b);
 
     // Errors: one line, exit 1.
-    let line = sb.fails(&["drain", "/missing", "--to", &url], 1);
+    let line = sb.fails(&["drain", "/missing", "--durable", &url], 1);
     assert!(
         line.contains("/missing: No such file or directory"),
         "{line}"
     );
     std::fs::remove_file(durable.join("ckpt.0001/.cascade-complete")).unwrap();
-    let line = sb.fails(&["restore", "ckpt.0001", s(&dest), "--from", &url], 1);
+    let line = sb.fails(&["restore", "ckpt.0001", s(&dest), "--durable", &url], 1);
     assert!(line.contains("not complete"), "{line}");
-    let line = sb.fails(&["restore", "ckpt.0001", "--from", "s3://"], 1);
+    let line = sb.fails(&["restore", "ckpt.0001", "--durable", "s3://"], 1);
     assert!(line.contains("durable store"), "{line}");
     // No durable store given or configured.
     let line = sb.fails(&["drain", "/ckpt.0001"], 1);
     assert!(
-        line.contains("--to") && line.contains("CASCADE_DURABLE"),
+        line.contains("--durable") && line.contains("CASCADE_DURABLE"),
         "{line}"
     );
     let help = sb.ok(&["restore", "--help"]);
@@ -115,13 +115,13 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
     let durable = sb.dir.path().join("durable");
     let url = format!("file://{}", durable.display());
     let dedup = ["--dedup", "cdc:avg=16KiB", "--compress", "zstd:1"];
-    let out = sb.ok(&[&["drain", "/ck1", "--to", &url][..], &dedup[..]].concat());
+    let out = sb.ok(&[&["drain", "/ck1", "--durable", &url][..], &dedup[..]].concat());
     assert!(
         out.contains("2 files, 4145728 bytes") && out.contains("dedup repository"),
         "{out}"
     );
     // The second checkpoint: only the chunks around the changed 4 KiB are new.
-    let out = sb.ok(&[&["drain", "/ck2", "--to", &url][..], &dedup[..]].concat());
+    let out = sb.ok(&[&["drain", "/ck2", "--durable", &url][..], &dedup[..]].concat());
     let new_line = out
         .lines()
         .find(|l| l.contains("chunks new"))
@@ -141,11 +141,11 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
     assert!(durable.join(".cascade-dedup/manifests/ck2.json").exists());
 
     let dest = sb.dir.path().join("restored");
-    let out = sb.ok(&["restore", "ck1", s(&dest), "--from", &url]);
+    let out = sb.ok(&["restore", "ck1", s(&dest), "--durable", &url]);
     assert!(out.contains("2 files, 4145728 bytes"), "{out}");
     assert!(std::fs::read(dest.join("a.dat")).unwrap() == a);
     assert!(std::fs::read(dest.join("b.dat")).unwrap() == b);
-    sb.ok(&["restore", "ck2", "/back", "--from", &url, "--into-store"]);
+    sb.ok(&["restore", "ck2", "/back", "--durable", &url, "--into-store"]);
     let got = sb.dir.path().join("got");
     sb.ok(&["get", "/back/a.dat", s(&got)]);
     assert!(std::fs::read(&got).unwrap() == a2);
@@ -162,7 +162,7 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
         }
     }
     let bad = sb.dir.path().join("bad");
-    let line = sb.fails(&["restore", "ck1", s(&bad), "--from", &url], 1);
+    let line = sb.fails(&["restore", "ck1", s(&bad), "--durable", &url], 1);
     assert!(line.contains("corrupt"), "{line}");
     let left: Vec<_> = std::fs::read_dir(&bad)
         .map(|d| d.map(|e| e.unwrap().file_name()).collect())
@@ -170,9 +170,15 @@ fn drain_with_dedup_stores_repeats_once_and_restores_verified() {
     assert!(left.is_empty(), "a failed restore left {left:?}");
 
     // Bad specs: one line each.
-    let line = sb.fails(&["drain", "/ck1", "--to", &url, "--dedup", "cdc:avg=1"], 1);
+    let line = sb.fails(
+        &["drain", "/ck1", "--durable", &url, "--dedup", "cdc:avg=1"],
+        1,
+    );
     assert!(line.contains("cdc:avg=1"), "{line}");
-    let line = sb.fails(&["drain", "/ck1", "--to", &url, "--compress", "gzip"], 1);
+    let line = sb.fails(
+        &["drain", "/ck1", "--durable", &url, "--compress", "gzip"],
+        1,
+    );
     assert!(line.contains("gzip"), "{line}");
 }
 
@@ -202,11 +208,11 @@ fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
     sb.ok(&["put", s(&local.join("big")), "/ck2/b.dat"]);
     let durable = sb.dir.path().join("durable");
     let url = format!("file://{}", durable.display());
-    sb.ok(&["drain", "/ck1", "--to", &url, "--dedup", "fixed:64KiB"]);
+    sb.ok(&["drain", "/ck1", "--durable", &url, "--dedup", "fixed:64KiB"]);
 
     // Many packs: the first appears long before the last, and the index comes last.
     let mut drain = sb
-        .command(&["drain", "/ck2", "--to", &url, "--dedup", "fixed:64KiB"])
+        .command(&["drain", "/ck2", "--durable", &url, "--dedup", "fixed:64KiB"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -240,7 +246,7 @@ fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
     assert!(!durable.join(".cascade-dedup/manifests/ck2.json").exists());
 
     let dest = sb.dir.path().join("r1");
-    sb.ok(&["restore", "ck1", s(&dest), "--from", &url]);
+    sb.ok(&["restore", "ck1", s(&dest), "--durable", &url]);
     assert!(std::fs::read(dest.join("s.dat")).unwrap() == small);
     let line = sb.fails(
         &[
@@ -254,9 +260,9 @@ fn drain_with_dedup_killed_mid_checkpoint_loses_nothing_complete() {
     );
     assert!(line.contains("not complete"), "{line}");
 
-    sb.ok(&["drain", "/ck2", "--to", &url, "--dedup", "fixed:64KiB"]);
+    sb.ok(&["drain", "/ck2", "--durable", &url, "--dedup", "fixed:64KiB"]);
     let dest = sb.dir.path().join("r2");
-    sb.ok(&["restore", "ck2", s(&dest), "--from", &url]);
+    sb.ok(&["restore", "ck2", s(&dest), "--durable", &url]);
     assert!(std::fs::read(dest.join("b.dat")).unwrap() == big);
 }
 
@@ -305,7 +311,7 @@ fn drain_with_dedup_stores_the_next_checkpoint_as_deltas_against_the_previous_on
     let dedup = ["--dedup", "fixed:16KiB", "--compress", "zstd:1"];
     let drain = |ckpt: &str, repo: &str, extra: &[&str]| {
         let url = format!("file://{}", sb.dir.path().join(repo).display());
-        sb.ok(&[&["drain", ckpt, "--to", &url][..], &dedup[..], extra].concat())
+        sb.ok(&[&["drain", ckpt, "--durable", &url][..], &dedup[..], extra].concat())
     };
     // Without deltas, then with (the default).
     drain("/run/ck.1", "plain", &["--delta", "off"]);

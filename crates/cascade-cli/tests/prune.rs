@@ -163,7 +163,11 @@ fn prune_keeps_the_newest_checkpoints_and_frees_what_only_the_others_used() {
     let line = sb.fails(&["prune", "--keep", "1"], 1);
     assert!(line.contains("no durable store"), "{line}");
     let empty = sb.dir.path().join("empty-durable");
-    let line = sb.fails(&["prune", "--keep", "1", "--durable", s(&empty)], 1);
+    let line = sb.fails(&["prune", "--keep-last", "1", "--durable", s(&empty)], 1);
+    assert!(line.contains("no such directory"), "{line}");
+    assert!(!empty.exists(), "a prune created the durable directory");
+    std::fs::create_dir(&empty).expect("empty durable dir");
+    let line = sb.fails(&["prune", "--keep-last", "1", "--durable", s(&empty)], 1);
     assert!(line.contains("no dedup repository"), "{line}");
     let help = sb.ok(&["prune", "--help"]);
     assert!(

@@ -40,7 +40,7 @@ fn a_bad_durable_url_is_reported_without_its_secret_key() {
         // As a flag, in the environment, and as a command's own argument.
         let err = sb.fails(&["stage-server", "status", "--drain-to", url], 1);
         assert!(!err.contains(TOPSECRET), "{err}");
-        assert!(err.contains("--drain-to="), "{err}");
+        assert!(err.contains("--durable="), "{err}");
 
         let out = sb
             .command(&["config"])
@@ -123,7 +123,7 @@ fn a_secret_on_the_command_line_gives_one_warning_that_does_not_repeat_it() {
         .expect("run cascade");
     let err = stderr_of(&out);
     assert_eq!(err.lines().count(), 2, "{err}");
-    assert!(err.contains("warning: flag --drain-to"), "{err}");
+    assert!(err.contains("warning: flag --durable"), "{err}");
     assert!(!err.contains(TOPSECRET), "{err}");
 
     // The same secret from the environment: no warning.
@@ -336,19 +336,7 @@ fn s3_credentials_can_come_from_a_credentials_file() {
         &format!("[other]\naws_access_key_id = x\n[default]\naws_access_key_id = {ACCESS}\naws_secret_access_key = {SECRET}\n"),
         0o600,
     );
-    sb.ok(&[
-        "init",
-        "--capacity",
-        "4MiB",
-        "--chunk-size",
-        "64KiB",
-        "--max-files",
-        "64",
-        "--spill-size",
-        "0",
-        "--prefault",
-        "off",
-    ]);
+    sb.init_small("4MiB");
     let local = sb.dir.path().join("a");
     std::fs::write(&local, b"checkpoint data").expect("local file");
     sb.ok(&["mkdir", "/ckpt.1"]);
@@ -466,19 +454,7 @@ fn s3_credentials_follow_the_aws_chain() {
     gw.create_bucket("chain");
     let sb = Sandbox::new("sec-chain");
     let url = format!("s3://chain?endpoint=http://127.0.0.1:{}", gw.port);
-    sb.ok(&[
-        "init",
-        "--capacity",
-        "4MiB",
-        "--chunk-size",
-        "64KiB",
-        "--max-files",
-        "64",
-        "--spill-size",
-        "0",
-        "--prefault",
-        "off",
-    ]);
+    sb.init_small("4MiB");
     let local = sb.dir.path().join("a");
     std::fs::write(&local, b"checkpoint data").expect("local file");
     for ckpt in ["/ckpt.1", "/ckpt.2"] {

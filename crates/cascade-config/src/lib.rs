@@ -34,7 +34,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use job::{expand_hostlist, JobIdentity, NodeCount, Sourced};
-pub use settings::{find_by_flag, umask_for_file_mode, SettingDef, DEFAULT_MOUNT, SETTINGS};
+pub use settings::{umask_for_file_mode, SettingDef, DEFAULT_MOUNT, SETTINGS};
 pub use size::{format_rate, format_size, parse_size, SIZE_HINT};
 
 pub use cascade_secret::Secret;
@@ -398,6 +398,18 @@ impl Config {
     /// The mount prefix (`mount.prefix`): absolute, normalised, never "/".
     pub fn mount_prefix(&self) -> &str {
         Resolved(&self.entries).text("mount.prefix")
+    }
+
+    /// A path as the store knows it: one under the mount prefix (`/cascade/run1/ckpt.42`,
+    /// as the application and `cascade_commit()` see it) loses the prefix (`/run1/ckpt.42`);
+    /// any other path is taken as a store path already.
+    pub fn store_path<'a>(&self, path: &'a str) -> std::borrow::Cow<'a, str> {
+        let prefix = self.mount_prefix();
+        match path.strip_prefix(prefix) {
+            Some("") => "/".into(),
+            Some(rest) if rest.starts_with('/') => rest.into(),
+            _ => path.into(),
+        }
     }
 
     /// The parameters to create a store with, checked against each other.

@@ -435,7 +435,13 @@ fn default_spill_is_capacity_capped_by_quarter_free_disk() {
 fn every_setting_has_a_unique_key_env_and_flag() {
     let mut keys: Vec<&str> = SETTINGS.iter().map(|d| d.key).collect();
     let mut envs: Vec<&str> = SETTINGS.iter().map(|d| d.env).collect();
-    let mut flags: Vec<&str> = SETTINGS.iter().filter_map(|d| d.flag).collect();
+    // One flag name per concept: the durable store is `--durable` for agents (durable.url)
+    // and staging servers (stage_server.drain_to), which never share a command line.
+    let mut flags: Vec<&str> = SETTINGS
+        .iter()
+        .filter(|d| d.key != "stage_server.drain_to")
+        .flat_map(|d| d.flag.into_iter().chain(d.aliases.iter().copied()))
+        .collect();
     for list in [&mut keys, &mut envs, &mut flags] {
         let before = list.len();
         list.sort_unstable();
@@ -443,10 +449,13 @@ fn every_setting_has_a_unique_key_env_and_flag() {
         assert_eq!(list.len(), before, "duplicates in {list:?}");
     }
     assert!(envs.iter().all(|e| e.starts_with("CASCADE_")));
+    let drain_to = SETTINGS
+        .iter()
+        .find(|d| d.key == "stage_server.drain_to")
+        .expect("stage_server.drain_to");
+    assert_eq!(drain_to.flag, Some("durable"));
     for def in SETTINGS {
-        if let Some(flag) = def.flag {
-            assert_eq!(find_by_flag(flag).map(|d| d.key), Some(def.key));
-        }
+        assert!(def.aliases.is_empty() || def.flag.is_some(), "{}", def.key);
     }
 }
 
@@ -932,4 +941,17 @@ fn tls_cert_and_key_come_together_and_a_readable_key_is_warned_about() {
     assert_eq!(config.text("staging.tls_ca"), "");
     let config = Config::load(&inputs.flag("staging.tls_ca", &cert_text)).expect("loads");
     assert_eq!(config.text("staging.tls_ca"), cert_text);
+}
+
+#[test]
+fn mount_prefixed_paths_are_store_paths() {
+    let (_dir, inputs) = isolated();
+    let config = Config::load(&inputs.flag("mount.prefix", "/ckpt")).expect("loads");
+    assert_eq!(config.store_path("/ckpt/run1/ckpt.42"), "/run1/ckpt.42");
+    assert_eq!(config.store_path("/ckpt"), "/");
+    assert_eq!(config.store_path("/ckpt/"), "/");
+    assert_eq!(config.store_path("/run1/ckpt.42"), "/run1/ckpt.42");
+    // Only whole components: /ckpts is not under /ckpt.
+    assert_eq!(config.store_path("/ckpts/a"), "/ckpts/a");
+    assert_eq!(config.store_path("ckpt.42"), "ckpt.42");
 }

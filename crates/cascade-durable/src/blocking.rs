@@ -66,6 +66,11 @@ impl DurableStore {
         self.inner.name()
     }
 
+    /// Where this store lives, as parsed.
+    pub fn spec(&self) -> &crate::Spec {
+        self.inner.spec()
+    }
+
     /// See [`AsyncDurableStore::put_reader`].
     pub fn put_file(
         &self,

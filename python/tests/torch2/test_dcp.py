@@ -338,6 +338,6 @@ def test_a_mapped_checkpoint_outlives_retention_and_reads_through_after(store_en
     mapping keeps its bytes (the checkpoint stays in memory while mapped), and once unmapped
     it is evicted and a new load reads it back from the durable store, bit for bit."""
     store.makedirs("/m")
-    out = store_env.cascade("run", "--keep", "1", "--", sys.executable, "-W", "ignore", "-c", MMAP_EVICTED, check=False)
+    out = store_env.cascade("run", "--keep-in-memory", "1", "--", sys.executable, "-W", "ignore", "-c", MMAP_EVICTED, check=False)
     assert out.returncode == 0, (out.stdout, out.stderr)
     assert out.stdout.split("\n")[:2] == ["while mapped True True", "read through True"], (out.stdout, out.stderr)

@@ -41,6 +41,25 @@ impl Sandbox {
         c
     }
 
+    /// `cascade init` of a small store in memory only (64 KiB chunks, 64 files, no spill,
+    /// no prefault) of `capacity`.
+    #[allow(dead_code)] // each test binary compiles this module; not all of them use this
+    pub fn init_small(&self, capacity: &str) {
+        self.ok(&[
+            "init",
+            "--capacity",
+            capacity,
+            "--chunk-size",
+            "64KiB",
+            "--max-files",
+            "64",
+            "--spill-size",
+            "0",
+            "--prefault",
+            "off",
+        ]);
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         self.command(args).output().expect("run cascade")
     }
