@@ -446,7 +446,7 @@ store is configured.
 
 The agent uploads every file closed after writing (read straight from the store's memory, \
 with its BLAKE3 beside it), writes the completion marker of each committed checkpoint once \
-all its files are durable, keeps the newest --keep checkpoints of each directory in memory \
+all its files are durable, keeps the newest --keep-in-memory checkpoints of each directory in memory \
 and evicts older ones once they are durable, makes room for writers waiting on a full store \
 by evicting durable checkpoints, and fetches files the store does not have from the durable \
 store when a program opens them (read-through, verified). A failed upload is retried with \

@@ -17,12 +17,12 @@ the packs no remaining checkpoint uses; a pack a kept checkpoint still uses stay
 some bytes of forgotten checkpoints may stay in it ('unreclaimed'). Packs a writer that \
 started before this run may still use are left for a later prune ('waiting for writers'); \
 running prune again later finishes them. Nothing is read but the repository's small \
-records: no pack data. --keep N keeps the N newest checkpoints, by when their manifests \
+records: no pack data. --keep-last N keeps the N newest checkpoints, by when their manifests \
 were written; a checkpoint in the plain layout (with a .cascade-complete marker) is not \
 touched. Sizes are binary (1 MiB = 2^20 bytes), with the exact byte count in parentheses. \
 S3 credentials come from the URL or CASCADE_S3_* / AWS_* variables.";
 
-/// `--keep N`: a whole number, at least 1 (forgetting every checkpoint takes naming them).
+/// `--keep-last N`: a whole number, at least 1 (forgetting every checkpoint takes naming them).
 pub fn parse_keep(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
         Ok(0) => Err("keep at least 1 checkpoint (to forget them all, name them)".to_string()),
