@@ -3,9 +3,12 @@
 use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Buffered arenas: these tests count arena bytes and files for extents packed back to
+/// back; the direct mode's padded layout has tests of its own (`direct_*`).
 fn opts(arena_size: u64) -> EngineOptions {
     EngineOptions {
         arena_size,
+        direct: false,
         ..EngineOptions::default()
     }
 }
@@ -473,6 +476,7 @@ fn capacity_limit_gives_full_and_the_engine_keeps_working() {
             arena_size: 4096,
             capacity: Some(10_000),
             writers: 1,
+            direct: false,
             ..EngineOptions::default()
         },
     )
