@@ -1605,7 +1605,9 @@ impl Shared {
     }
 
     fn absorb(&self, slot: usize, job: &WriteJob) -> std::result::Result<(), crate::engine::Error> {
-        let Ok(Request::Write(segments)) = Request::decode(kind::WRITE, &job.buf[job.at..job.at + job.len]) else {
+        let Ok(Request::Write(segments)) =
+            Request::decode(kind::WRITE, &job.buf[job.at..job.at + job.len])
+        else {
             // Checked by the connection thread before queueing.
             return Ok(());
         };

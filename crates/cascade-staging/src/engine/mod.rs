@@ -857,7 +857,11 @@ impl Engine {
                 return Ok(());
             }
         }
-        let (from, at) = if aligned { (bulk, pos + bulk as u64) } else { (0, pos) };
+        let (from, at) = if aligned {
+            (bulk, pos + bulk as u64)
+        } else {
+            (0, pos)
+        };
         let rest = &data[from..];
         let span = padded(rest.len() as u64) as usize;
         let mut b = lock(&self.bounce)
@@ -1609,7 +1613,10 @@ fn probe_direct(dir: &Path) -> IoMode {
         if rc != 0 {
             return Err(format!("statx: {}", io::Error::last_os_error()));
         }
-        let (mem, off) = (st.stx_dio_mem_align as usize, st.stx_dio_offset_align as usize);
+        let (mem, off) = (
+            st.stx_dio_mem_align as usize,
+            st.stx_dio_offset_align as usize,
+        );
         if st.stx_mask & libc::STATX_DIOALIGN == 0 || mem == 0 || off == 0 {
             return Err("the file system reports no O_DIRECT alignment".into());
         }
