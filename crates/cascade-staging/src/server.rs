@@ -1644,7 +1644,8 @@ impl Shared {
         }
         if files > 0 {
             // A sealed version may drain before the client's Sync: the drain reads it from
-            // the page cache, and `mark_drained` syncs its seal first. Waiting for the Sync's
+            // the arenas (the page cache, or the SSD with O_DIRECT arenas), and
+            // `mark_drained` syncs its seal first. Waiting for the Sync's
             // fdatasync would only start the durable store's link later.
             self.wake_drain();
         }

@@ -850,7 +850,7 @@ impl Engine {
     /// (only the last partial block through a bounce buffer); others are copied into one.
     fn write_direct(&self, f: &File, data: &[u8], pos: u64) -> io::Result<()> {
         let bulk = data.len() / BLOCK * BLOCK;
-        let aligned = (data.as_ptr() as usize).is_multiple_of(BLOCK);
+        let aligned = data.as_ptr() as usize % BLOCK == 0;
         if aligned && bulk > 0 {
             f.write_all_at(&data[..bulk], pos)?;
             if bulk == data.len() {
@@ -1620,7 +1620,7 @@ fn probe_direct(dir: &Path) -> IoMode {
         if st.stx_mask & libc::STATX_DIOALIGN == 0 || mem == 0 || off == 0 {
             return Err("the file system reports no O_DIRECT alignment".into());
         }
-        if !BLOCK.is_multiple_of(mem) || !BLOCK.is_multiple_of(off) {
+        if BLOCK % mem != 0 || BLOCK % off != 0 {
             return Err(format!(
                 "O_DIRECT needs {mem}-byte memory and {off}-byte offset alignment, more than {BLOCK}"
             ));
