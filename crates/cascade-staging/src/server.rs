@@ -171,7 +171,8 @@ impl BufferPool {
                 // fill of a fresh allocation is turned into calloc, whose pages stay unmapped
                 // until first used (the hostile-client soak saw 8 MiB resident for 136 MiB of
                 // buffers).
-                vec![0xa5u8; protocol::MAX_BODY]
+                // BLOCK more than a body: room to shift a Write's data to an aligned address.
+                vec![0xa5u8; protocol::MAX_BODY + crate::engine::BLOCK]
             })
             .collect();
         BufferPool {
@@ -235,7 +236,34 @@ impl ConnState {
 struct WriteJob {
     conn: Arc<ConnState>,
     buf: Vec<u8>,
+    /// The body is `buf[at..at + len]` (shifted so that its data starts block-aligned).
+    at: usize,
     len: usize,
+}
+
+/// Where in `buf` a Write body whose first bytes are `prefix` should start so that its data
+/// (after the descriptors, docs/staging-protocol.md "Write") begins at a BLOCK-aligned
+/// address: then the engine writes its first segment with O_DIRECT straight from the
+/// receive buffer (and the following ones too while the lengths before them are multiples
+/// of BLOCK). 0 when the descriptors do not all lie in `prefix` or do not parse (the decoder
+/// then says what is wrong).
+fn aligned_body_at(prefix: &[u8], buf: &[u8]) -> usize {
+    let data_at = || -> Option<usize> {
+        let count = u32::from_le_bytes(prefix.get(0..4)?.try_into().ok()?);
+        let mut at = 4usize;
+        for _ in 0..count {
+            let k = u16::from_le_bytes(prefix.get(at..at + 2)?.try_into().ok()?) as usize;
+            // key, stamp, size, offset, len, sealed, blake3, tag
+            at = at.checked_add(2 + k + 8 + 8 + 8 + 4 + 1 + 32 + 32)?;
+            if at > prefix.len() {
+                return None;
+            }
+        }
+        Some(at)
+    };
+    let Some(d) = data_at() else { return 0 };
+    let block = crate::engine::BLOCK;
+    (block - (buf.as_ptr() as usize + d) % block) % block
 }
 
 struct IoQueue {
@@ -378,6 +406,11 @@ impl Server {
         }
         let durable = Arc::new(DurableStore::open(&opts.drain_to)?);
         let engine = Engine::open(&opts.dir, opts.engine.clone())?;
+        eprintln!(
+            "cascade stage-server: arenas in {}: {}",
+            opts.dir.display(),
+            engine.io_mode()
+        );
         let (dedup, warnings) = dedup::Dedup::open(&opts.dir.join("dedup"), opts.chunks.clone())?;
         for w in warnings {
             eprintln!("cascade stage-server: recovered: {w}");
@@ -1083,15 +1116,20 @@ impl Shared {
                     break;
                 }
                 let mut buf = self.pool.take();
-                buf[..first].copy_from_slice(&small[..first]);
+                let at = if header.kind == kind::WRITE {
+                    aligned_body_at(&small[..first], &buf)
+                } else {
+                    0
+                };
+                buf[at..at + first].copy_from_slice(&small[..first]);
                 // The rest's deadline starts now that the server is ready for it.
-                if let Err(e) = link.by(within).read_exact(&mut buf[first..len]) {
+                if let Err(e) = link.by(within).read_exact(&mut buf[at + first..at + len]) {
                     self.pool.give(buf);
                     self.lost(&peer, &e);
                     break;
                 }
                 if header.kind == kind::WRITE {
-                    let refusal = match Request::decode(kind::WRITE, &buf[..len]) {
+                    let refusal = match Request::decode(kind::WRITE, &buf[at..at + len]) {
                         Err(e) => Some((e.code(), e.to_string())),
                         Ok(request) => reserved_name_in(&request)
                             .or_else(|| untagged_seal_in(&request, &job_key)),
@@ -1109,12 +1147,13 @@ impl Shared {
                     lock(&queue.jobs).push_back(WriteJob {
                         conn: conn.clone(),
                         buf,
+                        at,
                         len,
                     });
                     queue.ready.notify_one();
                     continue;
                 }
-                let keep = self.handle(&out, header, &buf[..len], &conn, submitted);
+                let keep = self.handle(&out, header, &buf[at..at + len], &conn, submitted);
                 // Back to the pool before the reply is sent: a client that does not read
                 // its replies must not hold a receive buffer.
                 self.pool.give(buf);
@@ -1566,7 +1605,9 @@ impl Shared {
     }
 
     fn absorb(&self, slot: usize, job: &WriteJob) -> std::result::Result<(), crate::engine::Error> {
-        let Ok(Request::Write(segments)) = Request::decode(kind::WRITE, &job.buf[..job.len]) else {
+        let Ok(Request::Write(segments)) =
+            Request::decode(kind::WRITE, &job.buf[job.at..job.at + job.len])
+        else {
             // Checked by the connection thread before queueing.
             return Ok(());
         };
@@ -1603,7 +1644,8 @@ impl Shared {
         }
         if files > 0 {
             // A sealed version may drain before the client's Sync: the drain reads it from
-            // the page cache, and `mark_drained` syncs its seal first. Waiting for the Sync's
+            // the arenas (the page cache, or the SSD with O_DIRECT arenas), and
+            // `mark_drained` syncs its seal first. Waiting for the Sync's
             // fdatasync would only start the durable store's link later.
             self.wake_drain();
         }

@@ -39,6 +39,14 @@ const READ_CACHE: usize = 4;
 /// record, so an id handed out before a crash is never handed out again.
 const ID_RESERVE: u64 = 1 << 20;
 
+/// In direct mode every extent starts at a multiple of this in its arena and its bytes are
+/// followed by zeros up to the next multiple (docs/staging-arenas.md, "Arenas").
+pub const BLOCK: usize = 4096;
+
+/// Probe file for O_DIRECT support, created and removed by `open` (a `*.tmp` file, so a
+/// crash between the two leaves nothing a later open does not remove).
+const DIRECT_PROBE: &str = "direct-probe.tmp";
+
 const INDEX: &str = "index.log";
 const INDEX_TMP: &str = "index.log.tmp";
 
@@ -56,6 +64,28 @@ pub struct EngineOptions {
     /// index.log is compacted when it is larger than this and more than half of its
     /// records describe dead state (default 64 MiB).
     pub index_compact_bytes: u64,
+    /// Write arenas with O_DIRECT (block-aligned, padded extents) where the file system
+    /// supports it, else buffered (default true). See [`Engine::io_mode`].
+    pub direct: bool,
+}
+
+/// How the engine writes arenas ([`Engine::io_mode`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoMode {
+    /// O_DIRECT appends, each extent at a multiple of [`BLOCK`] and padded with zeros to
+    /// one: no page-cache copy, no writeback.
+    Direct,
+    /// Buffered `pwrite`s, extents back to back; the reason direct I/O is not used.
+    Buffered(String),
+}
+
+impl std::fmt::Display for IoMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoMode::Direct => write!(f, "O_DIRECT ({BLOCK}-byte aligned extents)"),
+            IoMode::Buffered(why) => write!(f, "buffered ({why})"),
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -65,6 +95,7 @@ impl Default for EngineOptions {
             capacity: None,
             writers: 2,
             index_compact_bytes: 64 << 20,
+            direct: true,
         }
     }
 }
@@ -380,8 +411,31 @@ fn unsummarize(kind: ErrKind, msg: &str) -> Error {
 /// Where an append goes.
 struct Reserved {
     arena: u32,
+    /// For the fdatasync (and buffered writes).
     file: Arc<File>,
+    /// The O_DIRECT handle, in direct mode.
+    direct: Option<Arc<File>>,
     pos: u64,
+}
+
+/// A heap buffer with a [`BLOCK`]-aligned window, for O_DIRECT writes of bytes that are not
+/// aligned in memory (and of the padded last block of an extent).
+struct Bounce(Vec<u8>);
+
+impl Bounce {
+    fn new(len: usize) -> Bounce {
+        Bounce(vec![0u8; len + BLOCK])
+    }
+    /// `len` bytes starting at an aligned address (`len` at most the size it was made for).
+    fn window(&mut self, len: usize) -> &mut [u8] {
+        let skew = (BLOCK - self.0.as_ptr() as usize % BLOCK) % BLOCK;
+        &mut self.0[skew..skew + len]
+    }
+}
+
+/// `len` rounded up to a multiple of [`BLOCK`].
+fn padded(len: u64) -> u64 {
+    len.div_ceil(BLOCK as u64) * BLOCK as u64
 }
 
 /// ((arena, position), the extent's verified bytes).
@@ -459,6 +513,10 @@ pub struct Engine {
     /// Verified extents, newest last: ((arena, position), bytes). Arena numbers are never
     /// reused and extents never change, so entries cannot go stale.
     read_cache: Mutex<VecDeque<CachedExtent>>,
+    /// Direct or buffered arena writes, decided once by `open`.
+    mode: IoMode,
+    /// Aligned buffers of `MAX_EXTENT + BLOCK` bytes for direct writes of unaligned data.
+    bounce: Mutex<Vec<Bounce>>,
     /// Holds the flock on dir/LOCK for the engine's lifetime.
     _lock: File,
 }
@@ -574,6 +632,11 @@ impl Engine {
             m.next_arena = m.next_arena.max(max.saturating_add(1));
         }
         recover_arenas(dir, &mut m, &on_disk, &mut warnings)?;
+        let mode = if opts.direct {
+            probe_direct(dir)
+        } else {
+            IoMode::Buffered("O_DIRECT not asked for".into())
+        };
         let arena_bytes = m.arenas.values().map(|a| a.size).sum();
         let next_version = m.next_version;
         let next_manifest = m.next_manifest;
@@ -615,6 +678,8 @@ impl Engine {
                 len: scan.valid_len,
             }),
             read_cache: Mutex::new(VecDeque::new()),
+            mode,
+            bounce: Mutex::new(Vec::new()),
             _lock: lock_file,
         };
         // Ids below the recovered maximum (and every reservation before it) may have been
@@ -622,6 +687,12 @@ impl Engine {
         lock(&engine.state).queue_reserve();
         engine.sync()?;
         Ok(engine)
+    }
+
+    /// How arenas are written: O_DIRECT, or buffered and why (the file system refused
+    /// O_DIRECT, e.g. tmpfs, or it was not asked for).
+    pub fn io_mode(&self) -> &IoMode {
+        &self.mode
     }
 
     /// Problems open() recovered from (torn index tail, missing or short arena files),
@@ -691,9 +762,15 @@ impl Engine {
     fn append_extent(&self, slot: usize, v: VersionId, offset: u64, data: &[u8]) -> Result<()> {
         let len = data.len() as u64;
         let crc = crc32c::crc32c(data);
+        // Room taken in the arena: in direct mode the extent is padded to whole blocks.
+        let span = match self.mode {
+            IoMode::Direct => padded(len),
+            IoMode::Buffered(_) => len,
+        };
         let Reserved {
             arena: n,
             file,
+            direct,
             pos,
         } = {
             let mut g = lock(&self.state);
@@ -713,16 +790,22 @@ impl Engine {
                     ver.size
                 )));
             }
-            let (reserved, paths) = self.reserve(&mut g, slot, len);
+            let (reserved, paths) = self.reserve(&mut g, slot, span);
             drop(g);
             self.unlink(paths);
             reserved?
         };
         // Outside the lock: other slots (and this one, at other positions) keep writing.
-        let res = file.write_all_at(data, pos);
-        if res.is_ok() {
-            start_writeback(&file, pos, len);
-        }
+        let res = match &direct {
+            Some(d) => self.write_direct(d, data, pos),
+            None => {
+                let res = file.write_all_at(data, pos);
+                if res.is_ok() {
+                    start_writeback(&file, pos, len);
+                }
+                res
+            }
+        };
         let paths = {
             let mut g = lock(&self.state);
             if let Some(a) = g.m.arenas.get_mut(&n) {
@@ -762,6 +845,36 @@ impl Engine {
         }
     }
 
+    /// Writes `data` at `pos` (a multiple of BLOCK) of an O_DIRECT handle, followed by zeros
+    /// up to the next multiple of BLOCK. Bytes aligned in memory go straight from `data`
+    /// (only the last partial block through a bounce buffer); others are copied into one.
+    fn write_direct(&self, f: &File, data: &[u8], pos: u64) -> io::Result<()> {
+        let bulk = data.len() / BLOCK * BLOCK;
+        let aligned = data.as_ptr() as usize % BLOCK == 0;
+        if aligned && bulk > 0 {
+            f.write_all_at(&data[..bulk], pos)?;
+            if bulk == data.len() {
+                return Ok(());
+            }
+        }
+        let (from, at) = if aligned {
+            (bulk, pos + bulk as u64)
+        } else {
+            (0, pos)
+        };
+        let rest = &data[from..];
+        let span = padded(rest.len() as u64) as usize;
+        let mut b = lock(&self.bounce)
+            .pop()
+            .unwrap_or_else(|| Bounce::new(MAX_EXTENT));
+        let w = b.window(span);
+        w[..rest.len()].copy_from_slice(rest);
+        w[rest.len()..].fill(0);
+        let res = f.write_all_at(w, at);
+        lock(&self.bounce).push(b);
+        res
+    }
+
     /// Reserves `len` bytes at the end of the slot's arena (rotating if needed).
     /// Returns the place and the arena files to unlink (a rotated-away arena).
     fn reserve(&self, g: &mut Inner, slot: usize, len: u64) -> (Result<Reserved>, Vec<PathBuf>) {
@@ -794,6 +907,7 @@ impl Engine {
                 if let Some(old) = g.slots[s].take() {
                     if let Some(a) = g.m.arenas.get_mut(&old) {
                         a.active = false;
+                        a.direct = None;
                     }
                     paths = g.reclaim(&self.dir, vec![old]);
                 }
@@ -817,12 +931,28 @@ impl Engine {
                     }
                     Err(e) => return (Err(io_err(format!("create {}", path.display()), e)), paths),
                 };
+                // A second handle for the appends, with O_DIRECT: reads, maps and fdatasync
+                // keep the buffered one.
+                let direct = match self.mode {
+                    IoMode::Direct => match open_direct(&path, false) {
+                        Ok(f) => Some(Arc::new(f)),
+                        Err(e) => {
+                            // The file exists and is empty: delete it, and its number is
+                            // simply never used.
+                            let _ = std::fs::remove_file(&path);
+                            let what = format!("open {} with O_DIRECT", path.display());
+                            return (Err(io_err(what, e)), paths);
+                        }
+                    },
+                    IoMode::Buffered(_) => None,
+                };
                 let rec = Record::NewArena { arena: n };
                 g.m.apply(&rec);
                 g.queue(&rec);
                 g.dir_dirty = true;
                 if let Some(a) = g.m.arenas.get_mut(&n) {
                     a.file = Some(file);
+                    a.direct = direct;
                     a.active = true;
                 }
                 g.slots[s] = Some(n);
@@ -835,6 +965,7 @@ impl Engine {
         let Some(file) = a.file.clone() else {
             return (Err(invalid(format!("arena {n} has no open file"))), paths);
         };
+        let direct = a.direct.clone();
         let pos = a.size;
         a.size += len;
         a.inflight += 1;
@@ -843,6 +974,7 @@ impl Engine {
             Ok(Reserved {
                 arena: n,
                 file,
+                direct,
                 pos,
             }),
             paths,
@@ -1445,6 +1577,64 @@ fn recover_arenas(
         }
     }
     Ok(())
+}
+
+/// Opens `path` for writing with O_DIRECT (creating it if `create`).
+fn open_direct(path: &Path, create: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .create_new(create)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+/// Whether arenas in `dir` can be written with O_DIRECT in BLOCK units: a probe file opened
+/// with O_DIRECT must report (statx STATX_DIOALIGN) memory and offset alignments that divide
+/// BLOCK, and take one aligned block. tmpfs, for one, reports no direct I/O alignment.
+fn probe_direct(dir: &Path) -> IoMode {
+    let path = dir.join(DIRECT_PROBE);
+    let _ = std::fs::remove_file(&path);
+    let res = (|| -> std::result::Result<(), String> {
+        let f = open_direct(&path, true).map_err(|e| format!("open with O_DIRECT: {e}"))?;
+        // SAFETY: an all-zero statx is a valid value of this plain C struct.
+        let mut st: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is owned by `f`, open for the call; the empty path is a
+        // NUL-terminated static string; `st` is a valid, writable statx.
+        let rc = unsafe {
+            libc::statx(
+                f.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                libc::STATX_DIOALIGN,
+                &mut st,
+            )
+        };
+        if rc != 0 {
+            return Err(format!("statx: {}", io::Error::last_os_error()));
+        }
+        let (mem, off) = (
+            st.stx_dio_mem_align as usize,
+            st.stx_dio_offset_align as usize,
+        );
+        if st.stx_mask & libc::STATX_DIOALIGN == 0 || mem == 0 || off == 0 {
+            return Err("the file system reports no O_DIRECT alignment".into());
+        }
+        if BLOCK % mem != 0 || BLOCK % off != 0 {
+            return Err(format!(
+                "O_DIRECT needs {mem}-byte memory and {off}-byte offset alignment, more than {BLOCK}"
+            ));
+        }
+        let mut b = Bounce::new(BLOCK);
+        f.write_all_at(b.window(BLOCK), 0)
+            .map_err(|e| format!("an O_DIRECT write: {e}"))?;
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    match res {
+        Ok(()) => IoMode::Direct,
+        Err(why) => IoMode::Buffered(format!("O_DIRECT refused in {}: {why}", dir.display())),
+    }
 }
 
 /// Starts the writeback of bytes `pos..pos + len` of `file` now (SYNC_FILE_RANGE_WRITE: it

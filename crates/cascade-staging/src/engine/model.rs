@@ -56,6 +56,9 @@ pub(crate) struct Version {
 pub(crate) struct Arena {
     /// Open handle (None during replay, before open() opens the file).
     pub file: Option<Arc<File>>,
+    /// The same file opened with O_DIRECT, for appends (an active arena of an engine in
+    /// direct mode only; reads, maps and fdatasync use `file`).
+    pub direct: Option<Arc<File>>,
     /// Bytes in the file (at run time: reserved up to here).
     pub size: u64,
     /// Bytes of useful extents of versions not released.

@@ -3,9 +3,12 @@
 use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Buffered arenas: these tests count arena bytes and files for extents packed back to
+/// back; the direct mode's padded layout has tests of its own (`direct_*`).
 fn opts(arena_size: u64) -> EngineOptions {
     EngineOptions {
         arena_size,
+        direct: false,
         ..EngineOptions::default()
     }
 }
@@ -473,6 +476,7 @@ fn capacity_limit_gives_full_and_the_engine_keeps_working() {
             arena_size: 4096,
             capacity: Some(10_000),
             writers: 1,
+            direct: false,
             ..EngineOptions::default()
         },
     )
@@ -885,4 +889,119 @@ fn completed_manifests_leave_memory_and_the_index() {
     let pending = e.pending_manifests();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].1, manifest("pending", 2));
+}
+
+/// Whether `dir` is on tmpfs (the engine then falls back to buffered arenas).
+fn on_tmpfs(dir: &Path) -> bool {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path, `st` a valid, writable statfs.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    assert_eq!(rc, 0);
+    st.f_type == libc::TMPFS_MAGIC
+}
+
+/// Lengths of the arena files in `dir`, by arena number.
+fn arena_lengths(dir: &Path) -> Vec<u64> {
+    let mut v: Vec<(u32, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let n = parse_arena_name(e.file_name().to_str()?)?;
+            Some((n, e.metadata().unwrap().len()))
+        })
+        .collect();
+    v.sort();
+    v.into_iter().map(|(_, l)| l).collect()
+}
+
+#[test]
+fn direct_mode_on_a_disk_pads_extents_with_zeros_and_reads_back_bit_for_bit() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    if on_tmpfs(dir.path()) {
+        // Nothing to test on this machine: /var/tmp is no disk.
+        return;
+    }
+    let o = || EngineOptions {
+        writers: 1,
+        direct: true,
+        ..EngineOptions::default()
+    };
+    // Sources not aligned in memory (a slice at +1), sizes off the block size, one larger
+    // than MAX_EXTENT, appends of odd sizes.
+    let backing = data(60, (MAX_EXTENT + 3 * BLOCK) * 2 + 10);
+    let a = &backing[1..4097 + 1];
+    let b = &backing[BLOCK..BLOCK + MAX_EXTENT + 5];
+    let c = &backing[3..3 + 1000];
+    let (va, vb, vc);
+    {
+        let e = Engine::open(dir.path(), o()).unwrap();
+        assert_eq!(*e.io_mode(), IoMode::Direct);
+        va = put(&e, 0, "a", 1, a, 4097);
+        vb = put(&e, 0, "b", 1, b, MAX_EXTENT + 5);
+        vc = put(&e, 0, "c", 1, c, 333);
+        e.sync().unwrap();
+        // a: 2 blocks; b: a 4 MiB extent and a 5-byte one (1 block); c: 4 extents of 1 block.
+        let want = 2 * BLOCK as u64 + MAX_EXTENT as u64 + BLOCK as u64 + 4 * BLOCK as u64;
+        assert_eq!(arena_lengths(dir.path()), vec![want]);
+        let arena = std::fs::read(dir.path().join(arena_name(0))).unwrap();
+        assert_eq!(&arena[..a.len()], a);
+        assert!(
+            arena[a.len()..2 * BLOCK].iter().all(|&x| x == 0),
+            "padding is not zeros"
+        );
+        let at = 2 * BLOCK;
+        assert_eq!(&arena[at..at + MAX_EXTENT], &b[..MAX_EXTENT]);
+        let at = at + MAX_EXTENT;
+        assert_eq!(&arena[at..at + 5], &b[MAX_EXTENT..]);
+        assert!(arena[at + 5..at + BLOCK].iter().all(|&x| x == 0));
+        for (v, bytes) in [(va, a), (vb, b), (vc, c)] {
+            let m = e.map_version(v).unwrap();
+            assert_eq!(m.verify().unwrap(), hash(bytes));
+            assert_eq!(m.parts().concat(), bytes);
+        }
+    }
+    // Recovery reads the padded arena as any other.
+    let e = Engine::open(dir.path(), o()).unwrap();
+    assert!(
+        e.recovery_warnings().is_empty(),
+        "{:?}",
+        e.recovery_warnings()
+    );
+    check(&e, "a", 1, a);
+    check(&e, "b", 1, b);
+    check(&e, "c", 1, c);
+    let _ = (va, vb, vc);
+}
+
+#[test]
+fn tmpfs_falls_back_to_buffered_arenas_packed_back_to_back() {
+    let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+        return; // no /dev/shm on this machine
+    };
+    if !on_tmpfs(dir.path()) {
+        return;
+    }
+    let e = Engine::open(
+        dir.path(),
+        EngineOptions {
+            writers: 1,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    match e.io_mode() {
+        IoMode::Buffered(why) => assert!(why.contains("O_DIRECT"), "{why}"),
+        IoMode::Direct => panic!("tmpfs reports no O_DIRECT alignment: buffered expected"),
+    }
+    assert!(e.io_mode().to_string().starts_with("buffered"));
+    let a = data(61, 4097);
+    let b = data(62, 1000);
+    put(&e, 0, "a", 1, &a, 4097);
+    put(&e, 0, "b", 1, &b, 1000);
+    e.sync().unwrap();
+    assert_eq!(arena_lengths(dir.path()), vec![5097]);
+    check(&e, "a", 1, &a);
+    check(&e, "b", 1, &b);
 }
