@@ -1824,7 +1824,8 @@ fn ingest_breakdown(r: &SResults, s: &mut Md) {
             "raw client → server",
             baseline(r, "raw client → server").map(|b| b.gbps.median),
             "the server: framing, the receive-buffer pool, the hand-off to the IO thread, \
-             pwrite into the arena, CRC32C per extent, the index record and the group commit",
+             the O_DIRECT write into the arena (buffered where the file system refuses it), \
+             CRC32C per extent, the index record and the group commit",
         ),
         (
             "one stream, server absorb",
