@@ -405,13 +405,15 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Header, full_wait_ms),
         offset_of!(Header, progress_wake),
         offset_of!(Header, max_path),
+        offset_of!(Header, ns_seq),
+        offset_of!(Header, ns_stripes),
     ];
     assert_eq!(
         header,
         [
             0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 168, 176, 1216, 1280, 1344,
             1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404, 1408, 1412, 1416,
-            1420, 1424, 1432, 1440, 1444, 1448, 1452
+            1420, 1424, 1432, 1440, 1444, 1448, 1452, 1472, 1536
         ]
     );
     let inode = [
@@ -458,7 +460,7 @@ fn header_and_record_offsets_match_the_docs() {
         ],
         [0, 4, 8, 16]
     );
-    assert_eq!(size_of::<Header>(), 1472);
+    assert_eq!(size_of::<Header>(), 2048);
 }
 
 /// An open racing unlink + re-create must never hand out a handle to the new occupant of
