@@ -74,7 +74,7 @@ const OPTIMISTIC_TRIES: u32 = 64;
 /// Holds the namespace lock; for [`Block::lock_ns`] also keeps the namespace's sequence
 /// odd, so that lock-free lookups retry, until it drops.
 pub(crate) struct NsGuard<'a> {
-    _lock: LockGuard<'a>,
+    lock: LockGuard<'a>,
     seq: Option<&'a AtomicU64>,
 }
 
@@ -148,14 +148,22 @@ impl Probes for StripesSeen {
     }
 }
 
+/// A parent directory resolved without the lock (see [`Block::resolve_parent_early`]).
+pub(crate) struct Resolved<'p> {
+    before: u64,
+    seen: StripesSeen,
+    parent: u32,
+    name: Option<&'p str>,
+}
+
 /// Keeps the stripes of `mask` odd until it drops (a removal of a file, lock held).
-struct StripesWritten<'a> {
+pub(crate) struct StripesWritten<'a> {
     b: &'a Block,
     mask: u64,
 }
 
 impl<'a> StripesWritten<'a> {
-    fn begin(b: &'a Block, mask: u64) -> StripesWritten<'a> {
+    pub(crate) fn begin(b: &'a Block, mask: u64) -> StripesWritten<'a> {
         for_each_stripe(mask, |s| begin_write(&b.header().ns_stripes[s]));
         StripesWritten { b, mask }
     }
@@ -181,12 +189,12 @@ impl Block {
         let lock = h.ns_lock.lock()?;
         begin_write(&h.ns_seq.seq);
         let mut g = NsGuard {
-            _lock: lock,
+            lock,
             seq: Some(&h.ns_seq.seq),
         };
-        if g._lock.recovered() {
+        if g.lock.recovered() {
             self.recover_namespace()?;
-            g._lock.mark_consistent();
+            g.lock.mark_consistent();
         }
         Ok(g)
     }
@@ -200,18 +208,15 @@ impl Block {
         let h = self.header();
         let lock = h.ns_lock.lock()?;
         if !lock.recovered() {
-            return Ok(NsGuard {
-                _lock: lock,
-                seq: None,
-            });
+            return Ok(NsGuard { lock, seq: None });
         }
         begin_write(&h.ns_seq.seq);
         let mut g = NsGuard {
-            _lock: lock,
+            lock,
             seq: Some(&h.ns_seq.seq),
         };
         self.recover_namespace()?;
-        g._lock.mark_consistent();
+        g.lock.mark_consistent();
         Ok(g)
     }
 
@@ -257,21 +262,34 @@ impl Block {
     /// The current name of a live inode (namespace lock held, or inside
     /// [`Block::read_namespace`], which discards a name torn by a holder of the lock).
     pub(crate) fn name_of(&self, ino: u32) -> Vec<u8> {
+        self.with_name(ino, |_, name| name.to_vec())
+    }
+
+    /// Calls `f` with the parent and a copy of the current name of a live inode (on the
+    /// stack: lookups under the lock allocate nothing); same conditions as [`Self::name_of`].
+    #[inline]
+    fn with_name<T>(&self, ino: u32, f: impl FnOnce(u32, &[u8]) -> T) -> T {
         let link = self.inode(ino).link.load(Acquire);
         let len = link_len(link).min(NAME_MAX);
-        let mut v = vec![0u8; len];
-        // SAFETY: the name slot holds 256 bytes and `len` is at most NAME_MAX; names change
-        // only under the namespace lock, which the caller holds, or a lock-free reader
-        // validates the copy afterwards (the bytes are plain data, any value is safe).
+        let mut buf = [0u8; NAME_MAX];
+        // SAFETY: the name slot holds 256 bytes and `len` is at most NAME_MAX = the buffer's
+        // length; names change only under the namespace lock, which the caller holds, or a
+        // lock-free reader validates the copy afterwards (the bytes are plain data, any
+        // value is safe).
         unsafe {
-            std::ptr::copy_nonoverlapping(self.name_ptr(ino, link_slot(link)), v.as_mut_ptr(), len)
+            std::ptr::copy_nonoverlapping(
+                self.name_ptr(ino, link_slot(link)),
+                buf.as_mut_ptr(),
+                len,
+            )
         };
-        v
+        f(link_parent(link), &buf[..len])
     }
 
     fn home(&self, ino: u32) -> usize {
-        let parent = link_parent(self.inode(ino).link.load(Acquire));
-        (name_hash(parent, &self.name_of(ino)) as usize) & (self.geo.hash_slots as usize - 1)
+        self.with_name(ino, |parent, name| {
+            (name_hash(parent, name) as usize) & (self.geo.hash_slots as usize - 1)
+        })
     }
 
     /// Looks up `name` in directory `dir` (namespace lock held). EIO when the probe meets
@@ -303,8 +321,7 @@ impl Block {
             })?;
             let inode = self.inode(ino);
             if inode.state.load(Acquire) != INODE_FREE
-                && link_parent(inode.link.load(Acquire)) == dir
-                && self.name_of(ino) == name.as_bytes()
+                && self.with_name(ino, |parent, n| parent == dir && n == name.as_bytes())
             {
                 return Ok(Some(ino));
             }
@@ -331,7 +348,7 @@ impl Block {
     /// The stripes of the slots removing `ino` from the index may change: from its home to
     /// the end of its run of occupied slots (backward-shift deletion moves entries of that
     /// run back). All of them when the index is damaged (no empty slot).
-    fn removal_stripes(&self, ino: u32) -> u64 {
+    pub(crate) fn removal_stripes(&self, ino: u32) -> u64 {
         let slots = self.hash_slots();
         let mask = slots.len() - 1;
         let mut i = self.home(ino);
@@ -570,17 +587,65 @@ impl Block {
         Ok((parent, name))
     }
 
+    /// [`Self::resolve_parent`] without the lock, before taking it: the walk to the parent
+    /// (most of the lookups of a create or an unlink) leaves the critical section, and
+    /// [`Self::still_holds`] confirms it under the lock. None when it failed (the caller
+    /// resolves under the lock, which reports the error).
+    pub(crate) fn resolve_parent_early<'p>(&self, path: &'p str) -> Option<Resolved<'p>> {
+        let before = read_begin(&self.header().ns_seq.seq)?;
+        let mut seen = StripesSeen::new();
+        let (parent, name) = self.resolve_parent_probed(path, &mut seen).ok()?;
+        if name.is_some_and(|n| n.len() > NAME_MAX) {
+            return None;
+        }
+        Some(Resolved {
+            before,
+            seen,
+            parent,
+            name,
+        })
+    }
+
+    /// True (namespace lock held) if what [`Self::resolve_parent_early`] found is still
+    /// so: no holder of [`Self::lock_ns`] and no removal in a stripe it probed ran since.
+    /// Creates need no check: they only add entries, and the parent (a directory) was found.
+    pub(crate) fn still_holds(&self, early: &Resolved) -> bool {
+        fence(Acquire);
+        unchanged_since(&self.header().ns_seq.seq, early.before) && early.seen.unchanged(self)
+    }
+
+    /// [`Self::resolve_parent`] under the lock, or what [`Self::resolve_parent_early`]
+    /// found if it still holds.
+    pub(crate) fn resolve_parent_with<'p>(
+        &self,
+        path: &'p str,
+        early: Option<Resolved<'p>>,
+    ) -> Result<(u32, Option<&'p str>)> {
+        match early {
+            Some(e) if self.still_holds(&e) => Ok((e.parent, e.name)),
+            _ => self.resolve_parent(path),
+        }
+    }
+
     /// [`Self::resolve_parent`] without the length check of the last name (rename checks
     /// both names only after resolving both parents, as the kernel does).
     fn resolve_parent_unchecked<'p>(&self, path: &'p str) -> Result<(u32, Option<&'p str>)> {
+        self.resolve_parent_probed(path, &mut UnderLock)
+    }
+
+    fn resolve_parent_probed<'p>(
+        &self,
+        path: &'p str,
+        probes: &mut impl Probes,
+    ) -> Result<(u32, Option<&'p str>)> {
         let comps = parse_path(path)?;
         let Some((last, dirs)) = comps.split_last() else {
             return Ok((ROOT_INO, None));
         };
         if *last == ".." || last.starts_with(ANCHOR) {
-            return Ok((self.resolve_comps(&comps, path, &mut UnderLock)?, None));
+            return Ok((self.resolve_comps(&comps, path, probes)?, None));
         }
-        let parent = self.resolve_comps(dirs, path, &mut UnderLock)?;
+        let parent = self.resolve_comps(dirs, path, probes)?;
         match self.inode(parent).state.load(Acquire) {
             INODE_DIR => Ok((parent, Some(last))),
             INODE_ORPHAN_DIR => Err(Error::new(libc::ENOENT, path.to_string())),

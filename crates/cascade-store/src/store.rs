@@ -262,9 +262,10 @@ impl Store {
         // The generation is read under the namespace lock: once that is released, the name may
         // be removed and its inode reused by another file.
         let (ino, gen, counts_writer) = {
+            let early = b.resolve_parent_early(path);
             // Creates an entry at most: lock-free lookups need not retry.
             let _g = b.lock_ns_entries()?;
-            let (parent, name) = b.resolve_parent(path)?;
+            let (parent, name) = b.resolve_parent_with(path, early)?;
             let existing = match name {
                 None => Some(parent),
                 Some(n) => b.lookup(parent, n)?,
@@ -413,9 +414,10 @@ impl Store {
 
     pub fn unlink(&self, path: &str) -> Result<()> {
         let b = &self.block;
+        let early = b.resolve_parent_early(path);
         // Removes a file only, marking the stripes of the name index it changes.
         let _g = b.lock_ns_entries()?;
-        let (parent, name) = b.resolve_parent(path)?;
+        let (parent, name) = b.resolve_parent_with(path, early)?;
         let name = name.ok_or_else(|| Error::new(libc::EISDIR, path.to_string()))?;
         let ino = b
             .lookup(parent, name)?
