@@ -1086,3 +1086,23 @@ fn creates_fill_one_empty_slot_and_removals_stay_in_the_stripes_they_mark() {
     );
     assert_clean(&s);
 }
+
+/// An odd stripe sequence with no removal at work (damage) is a warning fsck repairs.
+#[test]
+fn fsck_reports_and_repairs_an_odd_stripe_sequence() {
+    let s = store_with_files(64);
+    s.open("/f", &rw().create_new(true)).unwrap();
+    let stripe = &s.block().header().ns_stripes[3];
+    stripe.store(7, Ordering::Relaxed);
+    let r = s.fsck(false).unwrap();
+    assert!(
+        r.warnings.iter().any(|w| w.contains("stripe")),
+        "not reported: {r:?}"
+    );
+    // Lookups still answer (through the lock where they meet that stripe).
+    s.stat("/f").unwrap();
+    let r = s.fsck(true).unwrap();
+    assert!(!r.repaired.is_empty(), "{r:?}");
+    assert_eq!(stripe.load(Ordering::Relaxed), 8);
+    assert_clean(&s);
+}
