@@ -109,6 +109,27 @@ impl Fsck<'_> {
                 self.r.repaired.push("rebuilt the namespace index".into());
             }
         }
+        // Under the namespace lock no removal is at work: an odd stripe sequence is left
+        // over (by damage; a dead remover's is made even by the recovery that locking ran)
+        // and sends every lock-free lookup in that stripe to the lock.
+        let odd: Vec<usize> = (self.b.header().ns_stripes.iter().enumerate())
+            .filter(|(_, s)| s.load(Relaxed) & 1 != 0)
+            .map(|(i, _)| i)
+            .collect();
+        if !odd.is_empty() {
+            self.r.warnings.push(format!(
+                "name-index stripe sequences {odd:?} are odd with no removal at work (lock-free \
+                 lookups there take the lock)"
+            ));
+            if self.repair {
+                for &i in &odd {
+                    crate::lock::end_write(&self.b.header().ns_stripes[i]);
+                }
+                self.r
+                    .repaired
+                    .push("made the name-index stripe sequences even".into());
+            }
+        }
     }
 
     /// Counts the inodes by state and checks each linked one.

@@ -7,11 +7,11 @@
 //! open file descriptions | data chunks
 
 use crate::error::{Error, Result};
-use crate::lock::ShmMutex;
+use crate::lock::{SeqLine, ShmMutex};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"CASCADE\0";
-pub(crate) const FORMAT_VERSION: u32 = 5;
+pub(crate) const FORMAT_VERSION: u32 = 6;
 pub(crate) const HEADER_SIZE: usize = 4096;
 
 pub(crate) const MIN_CHUNK: u64 = 4096;
@@ -220,7 +220,17 @@ pub(crate) struct Header {
     /// Longest store path the durable tier takes, in bytes (set by the agent; 0 = no limit):
     /// creates and renames to a longer path fail with ENAMETOOLONG at once, not at drain.
     pub max_path: AtomicU32,
+    /// The namespace's sequence for lock-free lookups (`Block::read_namespace`): odd while a
+    /// holder of `ns_lock` changes the namespace in a way other than creating an entry or
+    /// removing a file (rename, rmdir, repair...).
+    pub ns_seq: SeqLine,
+    /// Sequences of the name index's stripes (`NS_STRIPES` runs of consecutive slots): odd
+    /// while the removal of a file moves or clears slots of that stripe.
+    pub ns_stripes: [AtomicU64; NS_STRIPES],
 }
+
+/// Stripes of the name index with a sequence each (`Header::ns_stripes`).
+pub(crate) const NS_STRIPES: usize = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -26,9 +26,9 @@ pub(crate) struct ShmMutex {
     /// 0 free; else the holder, `pid << 32 | tid`, with [`WAITERS`] set when someone may
     /// sleep on it; [`NOT_RECOVERABLE`] after a holder died and its repair did not finish.
     word: AtomicU64,
-    /// Sequence for readers that do not lock ([`ShmMutex::lock_sequenced`]): odd while a
-    /// sequenced holder may change what the lock protects, even otherwise.
-    seq: AtomicU64,
+    /// Unused since format 6 (the namespace's sequences moved to their own cache lines in
+    /// the header: [`SeqLine`]); zero.
+    spare: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ShmMutex>() == 64);
@@ -105,7 +105,7 @@ impl ShmMutex {
     /// Initialises the mutex in place. Only the creator of a block calls this, before any other
     /// process can see the block.
     pub(crate) fn init(&self) -> Result<()> {
-        self.seq.store(0, Release);
+        self.spare.store(0, Release);
         self.word.store(0, Release);
         Ok(())
     }
@@ -117,37 +117,9 @@ impl ShmMutex {
             return Ok(LockGuard {
                 mutex: self,
                 recovered: false,
-                sequenced: false,
             });
         }
         self.lock_contended(me)
-    }
-
-    /// Locks and makes the sequence odd until the guard drops, so that readers that did
-    /// not lock ([`Self::read_sequence`], [`Self::unchanged_since`]) retry.
-    pub(crate) fn lock_sequenced(&self) -> Result<LockGuard<'_>> {
-        let mut g = self.lock()?;
-        // A holder that died left it odd: step past it either way. Only holders write it.
-        let s = self.seq.load(Relaxed);
-        self.seq.store((s | 1) + 2 * (s & 1), Relaxed);
-        fence(Release);
-        g.sequenced = true;
-        Ok(g)
-    }
-
-    /// The sequence before a lock-free read, None while a sequenced holder is at work.
-    #[inline]
-    pub(crate) fn read_sequence(&self) -> Option<u64> {
-        let s = self.seq.load(Acquire);
-        (s & 1 == 0).then_some(s)
-    }
-
-    /// True if no sequenced holder ran since [`Self::read_sequence`] returned `before`:
-    /// what was read meanwhile is consistent.
-    #[inline]
-    pub(crate) fn unchanged_since(&self, before: u64) -> bool {
-        fence(Acquire);
-        self.seq.load(Relaxed) == before
     }
 
     #[cold]
@@ -156,7 +128,6 @@ impl ShmMutex {
             Ok(LockGuard {
                 mutex: self,
                 recovered,
-                sequenced: false,
             })
         };
         for _ in 0..SPINS {
@@ -253,8 +224,6 @@ const _: () = assert!(
 pub(crate) struct LockGuard<'a> {
     mutex: &'a ShmMutex,
     recovered: bool,
-    /// Taken with [`ShmMutex::lock_sequenced`]: the sequence is made even again at unlock.
-    sequenced: bool,
 }
 
 impl LockGuard<'_> {
@@ -272,10 +241,6 @@ impl LockGuard<'_> {
 impl Drop for LockGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        if self.sequenced {
-            let s = self.mutex.seq.load(Relaxed);
-            self.mutex.seq.store(s + 1, Release);
-        }
         // A repair that did not finish leaves the lock unusable, which later lockers report.
         if self.recovered {
             self.mutex.word.store(NOT_RECOVERABLE, Release);
@@ -284,6 +249,50 @@ impl Drop for LockGuard<'_> {
             self.mutex.wake(1);
         }
     }
+}
+
+/// A seqlock sequence on a cache line of its own (readers load it on every lock-free read;
+/// sharing the line of a lock word that others compare-and-swap would make each of those
+/// loads a miss). Only holders of the lock that guards what it covers write it: odd while
+/// a holder may change that, even otherwise. A holder that died leaves it odd; the next
+/// one steps past it ([`Self::begin_write`]).
+#[repr(C, align(64))]
+pub(crate) struct SeqLine {
+    pub seq: AtomicU64,
+    _spare: [u64; 7],
+}
+
+const _: () = assert!(std::mem::size_of::<SeqLine>() == 64);
+
+/// Makes `seq` odd before a change lock-free readers must not trust (lock held).
+#[inline]
+pub(crate) fn begin_write(seq: &AtomicU64) {
+    // Odd already when a holder died meanwhile: step past it to the next odd value, so a
+    // reader that started before still sees a change.
+    let s = seq.load(Relaxed);
+    seq.store((s | 1) + 2 * (s & 1), Relaxed);
+    fence(Release);
+}
+
+/// Makes `seq` even again after the change (lock held).
+#[inline]
+pub(crate) fn end_write(seq: &AtomicU64) {
+    let s = seq.load(Relaxed);
+    seq.store((s | 1) + 1, Release);
+}
+
+/// The sequence before a lock-free read, None while a holder is changing what it covers.
+#[inline]
+pub(crate) fn read_begin(seq: &AtomicU64) -> Option<u64> {
+    let s = seq.load(Acquire);
+    (s & 1 == 0).then_some(s)
+}
+
+/// True if no holder changed what `seq` covers since [`read_begin`] returned `before`
+/// (call after [`fence`]`(Acquire)`, which orders the reads before it).
+#[inline]
+pub(crate) fn unchanged_since(seq: &AtomicU64, before: u64) -> bool {
+    seq.load(Relaxed) == before
 }
 
 #[cfg(test)]

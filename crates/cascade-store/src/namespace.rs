@@ -11,9 +11,12 @@ use crate::alloc::EnospcReason;
 use crate::block::{now_ns, Block};
 use crate::error::{Error, Result};
 use crate::layout::*;
-use crate::lock::LockGuard;
+use crate::lock::{begin_write, end_write, read_begin, unchanged_since, LockGuard};
 use crate::types::{DirEntry, FileKind};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{
+    fence, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// Marks a path that starts at an inode rather than the root (see `File::anchored`): no C
 /// path can contain a NUL byte, so it cannot collide with a name.
@@ -68,66 +71,243 @@ fn kind_of(state: u32) -> FileKind {
 /// Lock-free tries of [`Block::read_namespace`] before it takes the lock.
 const OPTIMISTIC_TRIES: u32 = 64;
 
+/// Holds the namespace lock; for [`Block::lock_ns`] also keeps the namespace's sequence
+/// odd, so that lock-free lookups retry, until it drops.
+pub(crate) struct NsGuard<'a> {
+    lock: LockGuard<'a>,
+    seq: Option<&'a AtomicU64>,
+}
+
+impl Drop for NsGuard<'_> {
+    fn drop(&mut self) {
+        // Before the lock (the field drops after this).
+        if let Some(seq) = self.seq {
+            end_write(seq);
+        }
+    }
+}
+
+/// Where a lookup probes the name index: nothing to note under the lock
+/// ([`UnderLock`]); the stripes and their sequences for a lock-free one ([`StripesSeen`]).
+pub(crate) trait Probes {
+    /// Called before slot `slot` is read.
+    fn probe(&mut self, b: &Block, slot: usize);
+}
+
+/// A lookup under the namespace lock: nothing changes meanwhile.
+pub(crate) struct UnderLock;
+
+impl Probes for UnderLock {
+    #[inline]
+    fn probe(&mut self, _: &Block, _: usize) {}
+}
+
+/// The stripes of the name index a lock-free lookup read, with their sequences then.
+pub(crate) struct StripesSeen {
+    mask: u64,
+    seqs: [u64; NS_STRIPES],
+    /// A stripe was odd (a removal at work in it): the lookup counts for nothing.
+    busy: bool,
+}
+
+impl StripesSeen {
+    fn new() -> StripesSeen {
+        StripesSeen {
+            mask: 0,
+            seqs: [0; NS_STRIPES],
+            busy: false,
+        }
+    }
+
+    /// True if no stripe read moved since (after an acquire fence).
+    fn unchanged(&self, b: &Block) -> bool {
+        let stripes = &b.header().ns_stripes;
+        let mut mask = self.mask;
+        while mask != 0 {
+            let s = mask.trailing_zeros() as usize;
+            if !unchanged_since(&stripes[s], self.seqs[s]) {
+                return false;
+            }
+            mask &= mask - 1;
+        }
+        !self.busy
+    }
+}
+
+impl Probes for StripesSeen {
+    #[inline]
+    fn probe(&mut self, b: &Block, slot: usize) {
+        let s = b.stripe_of(slot);
+        if self.mask & (1 << s) == 0 {
+            self.mask |= 1 << s;
+            match read_begin(&b.header().ns_stripes[s]) {
+                Some(seq) => self.seqs[s] = seq,
+                None => self.busy = true,
+            }
+        }
+    }
+}
+
+/// A parent directory resolved without the lock (see [`Block::resolve_parent_early`]).
+pub(crate) struct Resolved<'p> {
+    before: u64,
+    seen: StripesSeen,
+    parent: u32,
+    name: Option<&'p str>,
+}
+
+/// Keeps the stripes of `mask` odd until it drops (a removal of a file, lock held).
+pub(crate) struct StripesWritten<'a> {
+    b: &'a Block,
+    mask: u64,
+}
+
+impl<'a> StripesWritten<'a> {
+    pub(crate) fn begin(b: &'a Block, mask: u64) -> StripesWritten<'a> {
+        for_each_stripe(mask, |s| begin_write(&b.header().ns_stripes[s]));
+        StripesWritten { b, mask }
+    }
+}
+
+impl Drop for StripesWritten<'_> {
+    fn drop(&mut self) {
+        for_each_stripe(self.mask, |s| end_write(&self.b.header().ns_stripes[s]));
+    }
+}
+
+fn for_each_stripe(mut mask: u64, mut f: impl FnMut(usize)) {
+    while mask != 0 {
+        f(mask.trailing_zeros() as usize);
+        mask &= mask - 1;
+    }
+}
+
 impl Block {
-    pub(crate) fn lock_ns(&self) -> Result<LockGuard<'_>> {
-        let mut g = self.header().ns_lock.lock_sequenced()?;
-        if g.recovered() {
+    /// Takes the namespace lock for any change: lock-free lookups retry until it drops.
+    pub(crate) fn lock_ns(&self) -> Result<NsGuard<'_>> {
+        let h = self.header();
+        let lock = h.ns_lock.lock()?;
+        begin_write(&h.ns_seq.seq);
+        let mut g = NsGuard {
+            lock,
+            seq: Some(&h.ns_seq.seq),
+        };
+        if g.lock.recovered() {
             self.recover_namespace()?;
-            g.mark_consistent();
+            g.lock.mark_consistent();
         }
         Ok(g)
     }
 
+    /// Takes the namespace lock for a holder that only reads, creates entries
+    /// ([`Self::create_inode`]) or removes files ([`Self::remove_inode`] of a file, which
+    /// marks the stripes of the name index it changes): lock-free lookups need not retry
+    /// for those, so a create does not disturb a stat elsewhere. Anything else — a rename,
+    /// removing a directory, a repair — takes [`Self::lock_ns`].
+    pub(crate) fn lock_ns_entries(&self) -> Result<NsGuard<'_>> {
+        let h = self.header();
+        let lock = h.ns_lock.lock()?;
+        if !lock.recovered() {
+            return Ok(NsGuard { lock, seq: None });
+        }
+        begin_write(&h.ns_seq.seq);
+        let mut g = NsGuard {
+            lock,
+            seq: Some(&h.ns_seq.seq),
+        };
+        self.recover_namespace()?;
+        g.lock.mark_consistent();
+        Ok(g)
+    }
+
+    /// The stripe of name-index slot `slot`: `NS_STRIPES` runs of consecutive slots.
+    #[inline]
+    pub(crate) fn stripe_of(&self, slot: usize) -> usize {
+        let shift = self
+            .geo
+            .hash_slots
+            .trailing_zeros()
+            .saturating_sub(NS_STRIPES.trailing_zeros());
+        (slot >> shift) & (NS_STRIPES - 1)
+    }
+
     /// Runs `read`, a look at the namespace that changes nothing, without the namespace lock
-    /// when it can: like a seqlock, its result counts only if no holder of the lock ran
-    /// meanwhile (a lookup racing a rename may see a torn name, or damage that is not
-    /// there); after a few tries it runs under the lock. stat(2) of two processes then
-    /// scales instead of taking turns.
-    pub(crate) fn read_namespace<T>(&self, mut read: impl FnMut() -> Result<T>) -> Result<T> {
-        let m = &self.header().ns_lock;
+    /// when it can: like a seqlock, its result counts only if no holder of [`Self::lock_ns`]
+    /// ran meanwhile and no removal changed a stripe of the name index it probed (a lookup
+    /// racing a rename may see a torn name, or damage that is not there; one racing a
+    /// removal may miss an entry moved back); after a few tries it runs under the lock.
+    /// Creates need no retry: they fill an empty slot only after the inode is complete
+    /// (release). stat(2) of two processes then scales instead of taking turns.
+    pub(crate) fn read_namespace<T>(
+        &self,
+        mut read: impl FnMut(&mut StripesSeen) -> Result<T>,
+    ) -> Result<T> {
+        let seq = &self.header().ns_seq.seq;
         for _ in 0..OPTIMISTIC_TRIES {
-            let Some(before) = m.read_sequence() else {
+            let Some(before) = read_begin(seq) else {
                 std::hint::spin_loop();
                 continue;
             };
-            let r = read();
-            if m.unchanged_since(before) {
+            let mut seen = StripesSeen::new();
+            let r = read(&mut seen);
+            fence(Acquire);
+            if unchanged_since(seq, before) && seen.unchanged(self) {
                 return r;
             }
         }
-        let _g = self.lock_ns()?;
-        read()
+        let _g = self.lock_ns_entries()?;
+        read(&mut StripesSeen::new())
     }
 
     /// The current name of a live inode (namespace lock held, or inside
     /// [`Block::read_namespace`], which discards a name torn by a holder of the lock).
     pub(crate) fn name_of(&self, ino: u32) -> Vec<u8> {
+        self.with_name(ino, |_, name| name.to_vec())
+    }
+
+    /// Calls `f` with the parent and a copy of the current name of a live inode (on the
+    /// stack: lookups under the lock allocate nothing); same conditions as [`Self::name_of`].
+    #[inline]
+    fn with_name<T>(&self, ino: u32, f: impl FnOnce(u32, &[u8]) -> T) -> T {
         let link = self.inode(ino).link.load(Acquire);
         let len = link_len(link).min(NAME_MAX);
-        let mut v = vec![0u8; len];
-        // SAFETY: the name slot holds 256 bytes and `len` is at most NAME_MAX; names change
-        // only under the namespace lock, which the caller holds, or a lock-free reader
-        // validates the copy afterwards (the bytes are plain data, any value is safe).
+        let mut buf = [0u8; NAME_MAX];
+        // SAFETY: the name slot holds 256 bytes and `len` is at most NAME_MAX = the buffer's
+        // length; names change only under the namespace lock, which the caller holds, or a
+        // lock-free reader validates the copy afterwards (the bytes are plain data, any
+        // value is safe).
         unsafe {
-            std::ptr::copy_nonoverlapping(self.name_ptr(ino, link_slot(link)), v.as_mut_ptr(), len)
+            std::ptr::copy_nonoverlapping(
+                self.name_ptr(ino, link_slot(link)),
+                buf.as_mut_ptr(),
+                len,
+            )
         };
-        v
+        f(link_parent(link), &buf[..len])
     }
 
     fn home(&self, ino: u32) -> usize {
-        let parent = link_parent(self.inode(ino).link.load(Acquire));
-        (name_hash(parent, &self.name_of(ino)) as usize) & (self.geo.hash_slots as usize - 1)
+        self.with_name(ino, |parent, name| {
+            (name_hash(parent, name) as usize) & (self.geo.hash_slots as usize - 1)
+        })
     }
 
     /// Looks up `name` in directory `dir` (namespace lock held). EIO when the probe meets
     /// an index entry naming no inode, or finds no empty slot (the table has twice as many
     /// slots as inodes, so only a damaged one is full).
     pub(crate) fn lookup(&self, dir: u32, name: &str) -> Result<Option<u32>> {
+        self.lookup_probed(dir, name, &mut UnderLock)
+    }
+
+    /// [`Self::lookup`], telling `probes` each slot before it reads it.
+    fn lookup_probed(&self, dir: u32, name: &str, probes: &mut impl Probes) -> Result<Option<u32>> {
         let slots = self.hash_slots();
         let mask = slots.len() - 1;
         let mut i = (name_hash(dir, name.as_bytes()) as usize) & mask;
         for _ in 0..slots.len() {
-            let v = slots[i].load(Relaxed);
+            probes.probe(self, i);
+            // Acquire: an entry a create just stored names a complete inode.
+            let v = slots[i].load(Acquire);
             if v == 0 {
                 return Ok(None);
             }
@@ -141,8 +321,7 @@ impl Block {
             })?;
             let inode = self.inode(ino);
             if inode.state.load(Acquire) != INODE_FREE
-                && link_parent(inode.link.load(Acquire)) == dir
-                && self.name_of(ino) == name.as_bytes()
+                && self.with_name(ino, |parent, n| parent == dir && n == name.as_bytes())
             {
                 return Ok(Some(ino));
             }
@@ -157,12 +336,31 @@ impl Block {
         let mut i = self.home(ino);
         for _ in 0..slots.len() {
             if slots[i].load(Relaxed) == 0 {
-                slots[i].store(ino + 1, Relaxed);
+                // Release: a lock-free lookup that finds the entry finds the inode complete.
+                slots[i].store(ino + 1, Release);
                 return Ok(());
             }
             i = (i + 1) & mask;
         }
         Err(index_full())
+    }
+
+    /// The stripes of the slots removing `ino` from the index may change: from its home to
+    /// the end of its run of occupied slots (backward-shift deletion moves entries of that
+    /// run back). All of them when the index is damaged (no empty slot).
+    pub(crate) fn removal_stripes(&self, ino: u32) -> u64 {
+        let slots = self.hash_slots();
+        let mask = slots.len() - 1;
+        let mut i = self.home(ino);
+        let mut stripes = 0u64;
+        for _ in 0..slots.len() {
+            stripes |= 1 << self.stripe_of(i);
+            if slots[i].load(Relaxed) == 0 {
+                return stripes;
+            }
+            i = (i + 1) & mask;
+        }
+        u64::MAX
     }
 
     /// Removes `ino` from the index with backward-shift deletion (no tombstones, so lookups
@@ -320,13 +518,25 @@ impl Block {
             h.rj_valid.store(0, Release);
         }
         self.rebuild_namespace_index();
+        // A removal that died left its stripes odd (the namespace's sequence, odd
+        // meanwhile, covers the rebuild).
+        for s in &h.ns_stripes {
+            if s.load(Relaxed) & 1 != 0 {
+                end_write(s);
+            }
+        }
         self.sweep_removed_inodes()
     }
 
     /// Resolves a path to an inode (namespace lock held).
     pub(crate) fn resolve(&self, path: &str) -> Result<u32> {
+        self.resolve_probed(path, &mut UnderLock)
+    }
+
+    /// [`Self::resolve`], telling `probes` every slot of the name index it reads.
+    pub(crate) fn resolve_probed(&self, path: &str, probes: &mut impl Probes) -> Result<u32> {
         let comps = parse_path(path)?;
-        let ino = self.resolve_comps(&comps, path)?;
+        let ino = self.resolve_comps(&comps, path, probes)?;
         // "file/" names a directory that is not there.
         if path.ends_with('/') && self.inode(ino).state.load(Acquire) != INODE_DIR {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));
@@ -334,7 +544,7 @@ impl Block {
         Ok(ino)
     }
 
-    fn resolve_comps(&self, comps: &[&str], path: &str) -> Result<u32> {
+    fn resolve_comps(&self, comps: &[&str], path: &str, probes: &mut impl Probes) -> Result<u32> {
         let mut cur = ROOT_INO;
         let mut comps = comps;
         if let Some(first) = comps.first().filter(|c| c.starts_with(ANCHOR)) {
@@ -359,7 +569,7 @@ impl Block {
                     self.parent_dir(cur)?
                 }
             } else {
-                self.lookup(cur, c)?
+                self.lookup_probed(cur, c, probes)?
                     .ok_or_else(|| Error::new(libc::ENOENT, path.to_string()))?
             };
         }
@@ -377,17 +587,65 @@ impl Block {
         Ok((parent, name))
     }
 
+    /// [`Self::resolve_parent`] without the lock, before taking it: the walk to the parent
+    /// (most of the lookups of a create or an unlink) leaves the critical section, and
+    /// [`Self::still_holds`] confirms it under the lock. None when it failed (the caller
+    /// resolves under the lock, which reports the error).
+    pub(crate) fn resolve_parent_early<'p>(&self, path: &'p str) -> Option<Resolved<'p>> {
+        let before = read_begin(&self.header().ns_seq.seq)?;
+        let mut seen = StripesSeen::new();
+        let (parent, name) = self.resolve_parent_probed(path, &mut seen).ok()?;
+        if name.is_some_and(|n| n.len() > NAME_MAX) {
+            return None;
+        }
+        Some(Resolved {
+            before,
+            seen,
+            parent,
+            name,
+        })
+    }
+
+    /// True (namespace lock held) if what [`Self::resolve_parent_early`] found is still
+    /// so: no holder of [`Self::lock_ns`] and no removal in a stripe it probed ran since.
+    /// Creates need no check: they only add entries, and the parent (a directory) was found.
+    pub(crate) fn still_holds(&self, early: &Resolved) -> bool {
+        fence(Acquire);
+        unchanged_since(&self.header().ns_seq.seq, early.before) && early.seen.unchanged(self)
+    }
+
+    /// [`Self::resolve_parent`] under the lock, or what [`Self::resolve_parent_early`]
+    /// found if it still holds.
+    pub(crate) fn resolve_parent_with<'p>(
+        &self,
+        path: &'p str,
+        early: Option<Resolved<'p>>,
+    ) -> Result<(u32, Option<&'p str>)> {
+        match early {
+            Some(e) if self.still_holds(&e) => Ok((e.parent, e.name)),
+            _ => self.resolve_parent(path),
+        }
+    }
+
     /// [`Self::resolve_parent`] without the length check of the last name (rename checks
     /// both names only after resolving both parents, as the kernel does).
     fn resolve_parent_unchecked<'p>(&self, path: &'p str) -> Result<(u32, Option<&'p str>)> {
+        self.resolve_parent_probed(path, &mut UnderLock)
+    }
+
+    fn resolve_parent_probed<'p>(
+        &self,
+        path: &'p str,
+        probes: &mut impl Probes,
+    ) -> Result<(u32, Option<&'p str>)> {
         let comps = parse_path(path)?;
         let Some((last, dirs)) = comps.split_last() else {
             return Ok((ROOT_INO, None));
         };
         if *last == ".." || last.starts_with(ANCHOR) {
-            return Ok((self.resolve_comps(&comps, path)?, None));
+            return Ok((self.resolve_comps(&comps, path, probes)?, None));
         }
-        let parent = self.resolve_comps(dirs, path)?;
+        let parent = self.resolve_comps(dirs, path, probes)?;
         match self.inode(parent).state.load(Acquire) {
             INODE_DIR => Ok((parent, Some(last))),
             INODE_ORPHAN_DIR => Err(Error::new(libc::ENOENT, path.to_string())),
@@ -498,9 +756,12 @@ impl Block {
         d.ctime.store(now, Relaxed);
     }
 
-    /// Removes a file or empty directory (namespace lock held), freeing its data.
+    /// Removes a file or empty directory (namespace lock held, [`Self::lock_ns`] for a
+    /// directory), freeing its data. The stripes of the name index the removal changes are
+    /// odd meanwhile, so that a lock-free lookup there retries.
     pub(crate) fn remove_inode(&self, parent: u32, ino: u32) -> Result<()> {
         self.check_entry_links(ino, parent)?;
+        let _stripes = StripesWritten::begin(self, self.removal_stripes(ino));
         let orphan = {
             let _g = self.lock_inode(ino)?;
             let inode = self.inode(ino);

@@ -228,7 +228,7 @@ impl Store {
 
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
         let b = &self.block;
-        let _g = b.lock_ns()?;
+        let _g = b.lock_ns_entries()?;
         let (parent, name) = b.resolve_parent(path)?;
         let name = name.ok_or_else(|| Error::new(libc::EEXIST, path.to_string()))?;
         if b.lookup(parent, name)?.is_some() {
@@ -262,8 +262,10 @@ impl Store {
         // The generation is read under the namespace lock: once that is released, the name may
         // be removed and its inode reused by another file.
         let (ino, gen, counts_writer) = {
-            let _g = b.lock_ns()?;
-            let (parent, name) = b.resolve_parent(path)?;
+            let early = b.resolve_parent_early(path);
+            // Creates an entry at most: lock-free lookups need not retry.
+            let _g = b.lock_ns_entries()?;
+            let (parent, name) = b.resolve_parent_with(path, early)?;
             let existing = match name {
                 None => Some(parent),
                 Some(n) => b.lookup(parent, n)?,
@@ -337,14 +339,17 @@ impl Store {
 
     pub fn stat(&self, path: &str) -> Result<Metadata> {
         let b = &self.block;
-        b.read_namespace(|| b.resolve(path).map(|ino| self.metadata_of(ino)))
+        b.read_namespace(|seen| {
+            b.resolve_probed(path, seen)
+                .map(|ino| self.metadata_of(ino))
+        })
     }
 
     /// Metadata and generation of inode `ino` if it is in use (a file, a directory, or one
     /// removed while still open): the FUSE front end addresses files by inode number.
     pub fn stat_inode(&self, ino: u64) -> Result<(Metadata, u32)> {
         let b = &self.block;
-        let _g = b.lock_ns()?;
+        let _g = b.lock_ns_entries()?;
         let gone = || Error::new(libc::ENOENT, format!("inode {ino} is not in use"));
         let n = u32::try_from(ino)
             .ok()
@@ -394,7 +399,7 @@ impl Store {
 
     pub fn read_dir(&self, path: &str) -> Result<Vec<DirEntry>> {
         let b = &self.block;
-        let _g = b.lock_ns()?;
+        let _g = b.lock_ns_entries()?;
         let ino = b.resolve(path)?;
         if !is_dir_state(b.inode(ino).state.load(Acquire)) {
             return Err(Error::new(libc::ENOTDIR, path.to_string()));
@@ -409,8 +414,10 @@ impl Store {
 
     pub fn unlink(&self, path: &str) -> Result<()> {
         let b = &self.block;
-        let _g = b.lock_ns()?;
-        let (parent, name) = b.resolve_parent(path)?;
+        let early = b.resolve_parent_early(path);
+        // Removes a file only, marking the stripes of the name index it changes.
+        let _g = b.lock_ns_entries()?;
+        let (parent, name) = b.resolve_parent_with(path, early)?;
         let name = name.ok_or_else(|| Error::new(libc::EISDIR, path.to_string()))?;
         let ino = b
             .lookup(parent, name)?

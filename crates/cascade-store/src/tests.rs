@@ -405,13 +405,15 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Header, full_wait_ms),
         offset_of!(Header, progress_wake),
         offset_of!(Header, max_path),
+        offset_of!(Header, ns_seq),
+        offset_of!(Header, ns_stripes),
     ];
     assert_eq!(
         header,
         [
             0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 168, 176, 1216, 1280, 1344,
             1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404, 1408, 1412, 1416,
-            1420, 1424, 1432, 1440, 1444, 1448, 1452
+            1420, 1424, 1432, 1440, 1444, 1448, 1452, 1472, 1536
         ]
     );
     let inode = [
@@ -458,7 +460,7 @@ fn header_and_record_offsets_match_the_docs() {
         ],
         [0, 4, 8, 16]
     );
-    assert_eq!(size_of::<Header>(), 1472);
+    assert_eq!(size_of::<Header>(), 2048);
 }
 
 /// An open racing unlink + re-create must never hand out a handle to the new occupant of
@@ -858,4 +860,249 @@ fn an_anchored_description_lives_as_long_as_its_process() {
         "a dead process's anchored description was kept"
     );
     assert!(s.description(d).is_none());
+}
+
+/// A store with `files` inodes: a dense name index (twice as many slots), so that removals
+/// move entries of other directories back (backward-shift deletion).
+fn store_with_files(files: u32) -> TestStore {
+    let (mut cfg, dir) = cfg(4 << 20, 4096, 0);
+    cfg.max_files = files;
+    TestStore {
+        store: Some(Store::create(&cfg).expect("create")),
+        name: cfg.name,
+        _dir: dir,
+    }
+}
+
+/// Lock-free stats (no namespace lock, no retry for creates; a retry only when a removal
+/// changed a stripe of the index they probed) racing two threads that create and remove
+/// files in directories of their own: every stable name is always found as the same
+/// inode, a name never created is never found, and each creator sees its own files.
+#[test]
+fn stats_racing_creates_and_removes_in_other_directories_stay_right() {
+    let s = store_with_files(256);
+    s.mkdir("/stable", 0o755).unwrap();
+    let stable: Vec<(String, u64)> = (0..60)
+        .map(|i| {
+            let p = format!("/stable/f{i}");
+            s.open(&p, &rw().create_new(true)).unwrap();
+            let ino = s.stat(&p).unwrap().ino;
+            (p, ino)
+        })
+        .collect();
+    for d in ["/d0", "/d1"] {
+        s.mkdir(d, 0o755).unwrap();
+    }
+    let done = std::sync::atomic::AtomicU32::new(0);
+    std::thread::scope(|scope| {
+        for d in ["/d0", "/d1"] {
+            let (s, done) = (&s, &done);
+            scope.spawn(move || {
+                for round in 0..150 {
+                    let names: Vec<String> = (0..90).map(|i| format!("{d}/r{round}-{i}")).collect();
+                    for p in &names {
+                        s.open(p, &rw().create_new(true)).unwrap();
+                        assert_eq!(s.stat(p).unwrap().kind, FileKind::File, "{p}");
+                    }
+                    for p in names.iter().rev() {
+                        s.unlink(p).unwrap();
+                    }
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        let mut passes = 0u64;
+        while done.load(Ordering::Relaxed) < 2 || passes == 0 {
+            for (p, ino) in &stable {
+                let m = s
+                    .stat(p)
+                    .unwrap_or_else(|e| panic!("stat {p} while others churn: {e}"));
+                assert_eq!(m.ino, *ino, "{p} resolved to another inode");
+            }
+            for p in ["/stable/never", "/d0/never", "/d1/never"] {
+                let e = s.stat(p).expect_err("a name never created was found");
+                assert_eq!(e.errno(), libc::ENOENT, "{p}: {e}");
+            }
+            passes += 1;
+        }
+    });
+    let h = s.block().header();
+    assert_eq!(
+        h.ns_seq.seq.load(Ordering::Relaxed) & 1,
+        0,
+        "namespace sequence left odd"
+    );
+    for (i, st) in h.ns_stripes.iter().enumerate() {
+        assert_eq!(st.load(Ordering::Relaxed) & 1, 0, "stripe {i} left odd");
+    }
+    assert_clean(&s);
+}
+
+/// A process killed -9 in the middle of removing a file (namespace lock held, the stripes
+/// of the index it changes odd, the file's state already FREE, its index entry not yet
+/// removed) is repaired by the next locker: stats stop failing over to the lock forever,
+/// the removed name is gone, the others are found, and the stripes are even again.
+#[test]
+fn a_remover_killed_mid_removal_is_repaired() {
+    let s = store_with_files(64);
+    s.mkdir("/d", 0o755).unwrap();
+    for i in 0..20 {
+        s.open(&format!("/d/f{i}"), &rw().create_new(true)).unwrap();
+    }
+    let victim = s.stat("/d/f7").unwrap().ino as u32;
+    let b = s.block();
+    let stripes = b.removal_stripes(victim);
+    assert_ne!(stripes, 0);
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe for the child to say it is in the middle of the removal.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: fork in a test; the child only locks, stores, writes one byte and pauses.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let g = b.lock_ns_entries().expect("lock");
+        let w = crate::namespace::StripesWritten::begin(b, stripes);
+        b.inode(victim)
+            .state
+            .store(crate::layout::INODE_FREE, Ordering::Release);
+        std::mem::forget(w);
+        std::mem::forget(g);
+        // SAFETY: one byte to the parent, then sleep until SIGKILL.
+        unsafe {
+            libc::write(pipe[1], b"x".as_ptr().cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let mut byte = 0u8;
+    // SAFETY: reading the child's byte into a local.
+    let got = unsafe { libc::read(pipe[0], (&mut byte as *mut u8).cast(), 1) };
+    assert_eq!(got, 1);
+    // SAFETY: killing and reaping our own child; closing our pipe ends.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+    let h = b.header();
+    assert!(
+        h.ns_stripes
+            .iter()
+            .any(|st| st.load(Ordering::Relaxed) & 1 != 0),
+        "the dead remover left no stripe odd: the test tests nothing"
+    );
+    // Falls back to the lock, finds its holder dead and recovers the namespace.
+    assert_eq!(s.stat("/d/f7").unwrap_err().errno(), libc::ENOENT);
+    for i in (0..20).filter(|&i| i != 7) {
+        s.stat(&format!("/d/f{i}")).unwrap();
+    }
+    for (i, st) in h.ns_stripes.iter().enumerate() {
+        assert_eq!(st.load(Ordering::Relaxed) & 1, 0, "stripe {i} still odd");
+    }
+    assert_eq!(h.ns_seq.seq.load(Ordering::Relaxed) & 1, 0);
+    let names: Vec<String> = s
+        .read_dir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names.len(), 19, "{names:?}");
+    s.open("/d/f7", &rw().create_new(true)).unwrap();
+    assert_clean(&s);
+}
+
+/// What lock-free lookups rely on, slot by slot: a create only fills one empty slot of the
+/// name index (no sequence moves for it), and a removal of a file changes only slots of the
+/// stripes it marks odd (`removal_stripes`, computed before it starts).
+#[test]
+fn creates_fill_one_empty_slot_and_removals_stay_in_the_stripes_they_mark() {
+    let s = store_with_files(512);
+    let b = s.block();
+    let snapshot = || -> Vec<u32> {
+        b.hash_slots()
+            .iter()
+            .map(|v| v.load(Ordering::Relaxed))
+            .collect()
+    };
+    for d in ["/a", "/b", "/c"] {
+        s.mkdir(d, 0o755).unwrap();
+    }
+    let mut live = Vec::new();
+    // Dense (about 0.45 of the slots), so that removals shift entries of other directories.
+    for i in 0..230 {
+        let p = format!("/{}/f{i}", ["a", "b", "c"][i % 3]);
+        let before = snapshot();
+        s.open(&p, &rw().create_new(true)).unwrap();
+        let after = snapshot();
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|&k| before[k] != after[k])
+            .collect();
+        assert_eq!(changed.len(), 1, "a create changed slots {changed:?}");
+        assert_eq!(before[changed[0]], 0, "a create overwrote a used slot");
+        live.push(p);
+    }
+    let mut shifted = 0;
+    // Every other file, in an order unrelated to creation, then the rest.
+    let order: Vec<usize> = (0..live.len())
+        .step_by(2)
+        .chain((1..live.len()).step_by(2))
+        .collect();
+    for k in order {
+        let p = &live[k];
+        let ino = s.stat(p).unwrap().ino as u32;
+        let marked = b.removal_stripes(ino);
+        let seqs = || -> Vec<u64> {
+            b.header()
+                .ns_stripes
+                .iter()
+                .map(|v| v.load(Ordering::Relaxed))
+                .collect()
+        };
+        let (before, seqs_before) = (snapshot(), seqs());
+        s.unlink(p).unwrap();
+        let (after, seqs_after) = (snapshot(), seqs());
+        for (st, (x, y)) in seqs_before.iter().zip(&seqs_after).enumerate() {
+            let expected = if marked & (1 << st) != 0 { x + 2 } else { *x };
+            assert_eq!(*y, expected, "stripe {st}'s sequence after removing {p}");
+        }
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|&k| before[k] != after[k])
+            .collect();
+        shifted += changed.len().saturating_sub(1);
+        for slot in changed {
+            assert!(
+                marked & (1 << b.stripe_of(slot)) != 0,
+                "removing {p} changed slot {slot} of stripe {}, not in the stripes it marked \
+                 ({marked:#x})",
+                b.stripe_of(slot)
+            );
+        }
+    }
+    assert!(
+        shifted > 0,
+        "no removal moved an entry back: the test tests nothing"
+    );
+    assert_clean(&s);
+}
+
+/// An odd stripe sequence with no removal at work (damage) is a warning fsck repairs.
+#[test]
+fn fsck_reports_and_repairs_an_odd_stripe_sequence() {
+    let s = store_with_files(64);
+    s.open("/f", &rw().create_new(true)).unwrap();
+    let stripe = &s.block().header().ns_stripes[3];
+    stripe.store(7, Ordering::Relaxed);
+    let r = s.fsck(false).unwrap();
+    assert!(
+        r.warnings.iter().any(|w| w.contains("stripe")),
+        "not reported: {r:?}"
+    );
+    // Lookups still answer (through the lock where they meet that stripe).
+    s.stat("/f").unwrap();
+    let r = s.fsck(true).unwrap();
+    assert!(!r.repaired.is_empty(), "{r:?}");
+    assert_eq!(stripe.load(Ordering::Relaxed), 8);
+    assert_clean(&s);
 }
