@@ -182,10 +182,11 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let server = Server::bind(opts).map_err(|e| Failure::new(e.to_string()))?;
     let status = server.status();
     eprintln!(
-        "cascade stage-server: listening on {}{with_tls} (pid {}), arenas in {}, draining to {}; recovered: {}",
+        "cascade stage-server: listening on {}{with_tls} (pid {}), arenas in {} ({}), draining to {}; recovered: {}",
         server.local_addr(),
         std::process::id(),
         status.dir,
+        server.arena_io(),
         status.drain_to,
         pending_text(&status),
     );

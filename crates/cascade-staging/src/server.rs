@@ -406,11 +406,6 @@ impl Server {
         }
         let durable = Arc::new(DurableStore::open(&opts.drain_to)?);
         let engine = Engine::open(&opts.dir, opts.engine.clone())?;
-        eprintln!(
-            "cascade stage-server: arenas in {}: {}",
-            opts.dir.display(),
-            engine.io_mode()
-        );
         let (dedup, warnings) = dedup::Dedup::open(&opts.dir.join("dedup"), opts.chunks.clone())?;
         for w in warnings {
             eprintln!("cascade stage-server: recovered: {w}");
@@ -459,6 +454,11 @@ impl Server {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.shared.listen
+    }
+
+    /// How the arenas are written: "O_DIRECT (...)" or "buffered (why)", for the start line.
+    pub fn arena_io(&self) -> String {
+        self.shared.engine.io_mode().to_string()
     }
 
     pub fn stopper(&self) -> Stopper {

@@ -248,6 +248,7 @@ fn child_server_process() {
     opts.buffers = 2;
     opts.verbose = true;
     let server = Server::bind(opts).expect("bind");
+    eprintln!("arenas: {}", server.arena_io());
     eprintln!("{LISTENING}{}", server.local_addr());
     server.run().expect("run");
 }
