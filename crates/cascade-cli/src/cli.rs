@@ -194,9 +194,14 @@ the last one detaches."
         agent: AgentParams,
         #[command(flatten)]
         dedup: DedupParams,
+        #[command(flatten)]
+        log: LogParams,
         /// Print one line per upload, completed checkpoint, eviction and fetch
         #[arg(short, long)]
         verbose: bool,
+        /// Only warnings and errors (log.level warn)
+        #[arg(short, long, conflicts_with = "verbose")]
+        quiet: bool,
     },
 
     /// Commit a checkpoint (a store directory or file): the agent drains it and writes its
@@ -307,9 +312,14 @@ the last one detaches."
         action: Option<StageServerAction>,
         #[command(flatten)]
         params: StageServerParams,
+        #[command(flatten)]
+        log: LogParams,
         /// Print one line per client, drained file and completed checkpoint
         #[arg(short, long)]
         verbose: bool,
+        /// Only warnings and errors (log.level warn)
+        #[arg(short, long, conflicts_with = "verbose")]
+        quiet: bool,
     },
 
     /// Mount the node store as a FUSE file system, for programs the preload library cannot
@@ -528,6 +538,10 @@ pub trait SettingGroup {
     const HEADING: Option<&'static str>;
     /// Whether the setting belongs to the group.
     fn includes(def: &SettingDef) -> bool;
+    /// Its flag in this group's commands (the table's, unless the group names it).
+    fn flag(def: &SettingDef) -> Option<&'static str> {
+        def.flag
+    }
 }
 
 /// The parameters a store is created with (`init`, `config`).
@@ -575,6 +589,26 @@ impl SettingGroup for StageServerGroup {
     fn includes(def: &SettingDef) -> bool {
         def.key.starts_with("stage_server.") || SHARED_STAGING_SETTINGS.contains(&def.key)
     }
+    // `--metrics` like the agent's, though the table's flags are unique (the agent's is
+    // agent.metrics).
+    fn flag(def: &SettingDef) -> Option<&'static str> {
+        if def.key == "stage_server.metrics" {
+            Some("metrics")
+        } else {
+            def.flag
+        }
+    }
+}
+
+/// The log lines of the agent and staging servers (`agent`, `stage-server`).
+#[derive(Debug, Clone)]
+pub struct LogGroup;
+
+impl SettingGroup for LogGroup {
+    const HEADING: Option<&'static str> = Some("Logs");
+    fn includes(def: &SettingDef) -> bool {
+        def.key.starts_with("log.")
+    }
 }
 
 /// Settings of agents and staging servers alike (both groups give them a flag).
@@ -597,13 +631,14 @@ pub type AgentParams = SettingFlags<AgentGroup>;
 pub type StageServerParams = SettingFlags<StageServerGroup>;
 pub type StoreParams = SettingFlags<StoreGroup>;
 pub type MountParams = SettingFlags<MountGroup>;
+pub type LogParams = SettingFlags<LogGroup>;
 
 /// Settings of the group with a flag of their own; `--store` is global instead.
 fn group_settings<G: SettingGroup>() -> impl Iterator<Item = (&'static str, &'static SettingDef)> {
     SETTINGS
         .iter()
         .filter(|def| G::includes(def))
-        .filter_map(|def| def.flag.map(|flag| (flag, def)))
+        .filter_map(|def| G::flag(def).map(|flag| (flag, def)))
         .filter(|(flag, _)| *flag != "store")
 }
 
@@ -699,6 +734,7 @@ mod tests {
                 AgentGroup::includes(def),
                 StageServerGroup::includes(def),
                 DedupGroup::includes(def),
+                LogGroup::includes(def),
             ];
             // The shared secret and the CA are given to agents and servers alike.
             let expected = if SHARED_STAGING_SETTINGS.contains(&def.key) {

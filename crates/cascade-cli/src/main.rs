@@ -23,6 +23,7 @@ mod generate;
 mod intercepted;
 mod io_functions;
 mod lifecycle;
+mod observe;
 mod prune;
 mod run;
 mod staging;
@@ -107,8 +108,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Agent {
             agent,
             dedup,
+            log,
             verbose,
-        } => lifecycle::agent(&load(&[&agent.values, &dedup.values])?, *verbose),
+            quiet,
+        } => {
+            let config = load(&[&agent.values, &dedup.values, &log.values])?;
+            let _log = observe::start_logs(&config, *quiet)?;
+            lifecycle::agent(&config, *verbose)
+        }
         Command::Commit { path } => lifecycle::commit(&none()?, path),
         Command::Wait {
             path,
@@ -165,8 +172,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::StageServer {
             action: None,
             params,
+            log,
             verbose,
-        } => staging::serve(&load(&[&params.values])?, *verbose),
+            quiet,
+        } => {
+            let config = load(&[&params.values, &log.values])?;
+            let _log = observe::start_logs(&config, *quiet)?;
+            staging::serve(&config, *verbose)
+        }
         Command::Mount {
             mountpoint,
             threads,
