@@ -115,7 +115,9 @@ impl Agent {
                 Ok(()) => "OK\n".to_string(),
                 Err(e) => {
                     if e.errno() != libc::ENOENT {
-                        cascade_observe::warn!("cascade agent: listing {path} from the levels below: {e}");
+                        cascade_observe::warn!(
+                            "cascade agent: listing {path} from the levels below: {e}"
+                        );
                     }
                     format!("ERR {} {}\n", e.errno(), one_line(&e.to_string()))
                 }

@@ -54,19 +54,18 @@ fn is_rfc3339(t: &str) -> bool {
 
 const LEVELS: [&str; 5] = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"];
 
-/// An agent on `env`'s store with a durable store nobody listens on, `envs` added; ready
-/// once it printed its start line (in whatever format).
-fn agent_with_dead_durable(env: &Env, envs: &[(&str, &str)]) -> Daemon {
-    let dead = free_port();
-    let url =
-        format!("s3://bucket?endpoint=http://127.0.0.1:{dead}&access_key=test&secret_key=test");
+/// An agent on `env`'s store draining to `url` (given in the environment, as a job would),
+/// `envs` added; ready once it printed its start line (in whatever format).
+fn agent_on(env: &Env, url: &str, envs: &[(&str, &str)]) -> Daemon {
     let mut cmd = env.cli();
-    cmd.args(["agent", "--durable", &url]);
+    cmd.arg("agent").env("CASCADE_DURABLE", url);
     for (k, v) in envs {
         cmd.env(k, v);
     }
     let mut d = Daemon::spawn(cmd, "cascade agent");
-    d.wait_line("its start line", WAIT, |l| l.contains("cascade agent: store "));
+    d.wait_line("its start line", WAIT, |l| {
+        l.contains("cascade agent: store ")
+    });
     d
 }
 
@@ -78,14 +77,18 @@ fn failures(env: &Env) -> u64 {
 #[test]
 fn agent_logs_have_timestamps_levels_json_and_collapse_repeats() {
     let (_serial, _started) = begin();
-    // Two agents at once, one per format: each retries the upload of one file against a
-    // dead durable store (0.5 s, 1 s, 2 s, ... apart).
+    // Two agents at once, one per format, draining to an S3 server that then goes away:
+    // each retries the upload of one file against its dead port (0.5 s, 1 s, 2 s, ... apart).
+    let mut s3 = Versitygw::start();
+    s3.create_bucket("logs");
+    let url = s3.url("logs");
     let text_env = Env::new("log-text", 16 << 20);
     let json_env = Env::new("log-json", 16 << 20);
+    let mut text = agent_on(&text_env, &url, &[("CASCADE_LOG_REPEATS", "1")]);
+    let mut json = agent_on(&json_env, &url, &[("CASCADE_LOG_FORMAT", "json")]);
+    s3.stop();
     text_env.write("/f.bin", &random(64 << 10, 1));
     json_env.write("/f.bin", &random(64 << 10, 2));
-    let mut text = agent_with_dead_durable(&text_env, &[("CASCADE_LOG_REPEATS", "1")]);
-    let mut json = agent_with_dead_durable(&json_env, &[("CASCADE_LOG_FORMAT", "json")]);
     wait_for("4 failed uploads by the text agent", WAIT, || {
         failures(&text_env) >= 4
     });
@@ -156,7 +159,9 @@ fn http_get(port: u16, target: &str) -> Option<String> {
 
 /// The address in a "...: metrics on http://ADDR/metrics" line.
 fn metrics_port(d: &mut Daemon) -> u16 {
-    let line = d.wait_line("its metrics line", WAIT, |l| l.contains("metrics on http://"));
+    let line = d.wait_line("its metrics line", WAIT, |l| {
+        l.contains("metrics on http://")
+    });
     line.rsplit_once("http://")
         .and_then(|(_, r)| r.strip_suffix("/metrics"))
         .and_then(|a| a.rsplit_once(':'))
@@ -167,9 +172,7 @@ fn metrics_port(d: &mut Daemon) -> u16 {
 fn percent_encode(q: &str) -> String {
     q.bytes()
         .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => {
-                (b as char).to_string()
-            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -177,7 +180,10 @@ fn percent_encode(q: &str) -> String {
 
 /// The value of `query` (an instant vector of one series) in Prometheus on `port`.
 fn query(port: u16, query: &str) -> Option<f64> {
-    let body = http_get(port, &format!("/api/v1/query?query={}", percent_encode(query)))?;
+    let body = http_get(
+        port,
+        &format!("/api/v1/query?query={}", percent_encode(query)),
+    )?;
     let v: serde_json::Value = serde_json::from_str(&body).ok()?;
     v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
 }

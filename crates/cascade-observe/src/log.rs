@@ -180,7 +180,11 @@ impl Limit {
         }
         let key = (site, mask_digits(&line.message));
         let full = self.kinds.len() >= MAX_KINDS;
-        match self.kinds.get(&key).map(|k| now.duration_since(k.since) >= self.window) {
+        match self
+            .kinds
+            .get(&key)
+            .map(|k| now.duration_since(k.since) >= self.window)
+        {
             Some(true) => {
                 if let Some(k) = self.kinds.get_mut(&key) {
                     if let Some(summary) = std::mem::replace(k, Kind::new(now)).summary() {

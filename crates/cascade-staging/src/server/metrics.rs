@@ -52,20 +52,76 @@ fn filesystem(dir: &str) -> Option<(u64, u64)> {
 pub fn render(s: &ServerStatus) -> String {
     let mut e = Exposition::new();
     let counters: [(&str, &str, u64); 14] = [
-        ("cascade_stage_clients_total", "Client connections accepted.", s.clients),
-        ("cascade_stage_refused_clients_total", "Connections refused at the handshake (bad proof, bad namespace, bad frames).", s.refused_clients),
-        ("cascade_stage_busy_refusals_total", "Connections refused with BUSY: over the server's cap in total or per client address.", s.busy_refusals),
-        ("cascade_stage_timed_out_clients_total", "Connections closed because a frame did not arrive, or a reply was not taken, in time.", s.timed_out_clients),
-        ("cascade_stage_absorbed_files_total", "Files sealed (acknowledged on the SSD).", s.absorbed_files),
-        ("cascade_stage_absorbed_bytes_total", "Bytes appended to the arenas.", s.absorbed_bytes),
-        ("cascade_stage_drained_files_total", "Files drained to the durable store.", s.drained_files),
-        ("cascade_stage_drained_bytes_total", "Bytes drained to the durable store.", s.drained_bytes),
-        ("cascade_stage_superseded_files_total", "Versions not drained because the durable store had a newer one.", s.superseded_files),
-        ("cascade_stage_checkpoints_complete_total", "Completion markers the server wrote.", s.markers),
-        ("cascade_stage_drain_failures_total", "Failed drain attempts (each logged and retried).", s.drain_failures),
-        ("cascade_stage_log_suppressed_lines_total", "Log lines not written because too many alike came within a minute.", s.log_suppressed),
-        ("cascade_stage_watch_events_total", "Events a Watch waits on: something reached the durable store.", s.events),
-        ("cascade_stage_watches_total", "Watch requests answered.", s.watches),
+        (
+            "cascade_stage_clients_total",
+            "Client connections accepted.",
+            s.clients,
+        ),
+        (
+            "cascade_stage_refused_clients_total",
+            "Connections refused at the handshake (bad proof, bad namespace, bad frames).",
+            s.refused_clients,
+        ),
+        (
+            "cascade_stage_busy_refusals_total",
+            "Connections refused with BUSY: over the server's cap in total or per client address.",
+            s.busy_refusals,
+        ),
+        (
+            "cascade_stage_timed_out_clients_total",
+            "Connections closed because a frame did not arrive, or a reply was not taken, in time.",
+            s.timed_out_clients,
+        ),
+        (
+            "cascade_stage_absorbed_files_total",
+            "Files sealed (acknowledged on the SSD).",
+            s.absorbed_files,
+        ),
+        (
+            "cascade_stage_absorbed_bytes_total",
+            "Bytes appended to the arenas.",
+            s.absorbed_bytes,
+        ),
+        (
+            "cascade_stage_drained_files_total",
+            "Files drained to the durable store.",
+            s.drained_files,
+        ),
+        (
+            "cascade_stage_drained_bytes_total",
+            "Bytes drained to the durable store.",
+            s.drained_bytes,
+        ),
+        (
+            "cascade_stage_superseded_files_total",
+            "Versions not drained because the durable store had a newer one.",
+            s.superseded_files,
+        ),
+        (
+            "cascade_stage_checkpoints_complete_total",
+            "Completion markers the server wrote.",
+            s.markers,
+        ),
+        (
+            "cascade_stage_drain_failures_total",
+            "Failed drain attempts (each logged and retried).",
+            s.drain_failures,
+        ),
+        (
+            "cascade_stage_log_suppressed_lines_total",
+            "Log lines not written because too many alike came within a minute.",
+            s.log_suppressed,
+        ),
+        (
+            "cascade_stage_watch_events_total",
+            "Events a Watch waits on: something reached the durable store.",
+            s.events,
+        ),
+        (
+            "cascade_stage_watches_total",
+            "Watch requests answered.",
+            s.watches,
+        ),
     ];
     for (name, help, v) in counters {
         e.counter(name, help, v);
@@ -115,36 +171,112 @@ pub fn render(s: &ServerStatus) -> String {
         );
     }
     let more: [(&str, &str, u64); 3] = [
-        ("cascade_stage_live_versions", "Sealed versions not drained and not superseded.", s.usage.live_versions),
-        ("cascade_stage_index_bytes", "Bytes of the arenas' index.", s.usage.index_bytes),
-        ("cascade_stage_manifests_held", "Checkpoint manifests held in memory.", s.usage.manifests_held),
+        (
+            "cascade_stage_live_versions",
+            "Sealed versions not drained and not superseded.",
+            s.usage.live_versions,
+        ),
+        (
+            "cascade_stage_index_bytes",
+            "Bytes of the arenas' index.",
+            s.usage.index_bytes,
+        ),
+        (
+            "cascade_stage_manifests_held",
+            "Checkpoint manifests held in memory.",
+            s.usage.manifests_held,
+        ),
     ];
     for (name, help, v) in more {
         e.gauge(name, help, v as f64);
     }
     let d = &s.dedup;
     let dedup_counters: [(&str, &str, u64); 11] = [
-        ("cascade_stage_dedup_chunks_absorbed_total", "Dedup chunks stored on this server's SSD.", d.chunks_absorbed),
-        ("cascade_stage_dedup_chunk_raw_bytes_total", "Raw bytes of those chunks.", d.chunk_bytes_raw),
-        ("cascade_stage_dedup_chunk_stored_bytes_total", "Stored (compressed) bytes of those chunks.", d.chunk_bytes_stored),
-        ("cascade_stage_dedup_delta_chunks_absorbed_total", "Of them, chunks that came as deltas.", d.delta_chunks_absorbed),
-        ("cascade_stage_dedup_chunks_deduplicated_total", "Chunks sent that this server or the repository already had.", d.chunks_deduplicated),
-        ("cascade_stage_dedup_chunks_pushed_total", "Chunks written into packs of the durable repository.", d.chunks_pushed),
-        ("cascade_stage_dedup_pushed_bytes_total", "Stored bytes of the chunks pushed.", d.pushed_bytes),
-        ("cascade_stage_dedup_manifests_written_total", "Dedup manifests written into the repository.", d.manifests_written),
-        ("cascade_stage_dedup_refused_chunks_total", "Chunks refused because their bytes did not match their scores.", d.refused_chunks),
-        ("cascade_stage_dedup_lost_chunks_total", "Acknowledged chunks whose records failed their checksum when pushed.", d.lost_chunks),
-        ("cascade_stage_dedup_push_failures_total", "Failed pushes to the repository.", d.push_failures),
+        (
+            "cascade_stage_dedup_chunks_absorbed_total",
+            "Dedup chunks stored on this server's SSD.",
+            d.chunks_absorbed,
+        ),
+        (
+            "cascade_stage_dedup_chunk_raw_bytes_total",
+            "Raw bytes of those chunks.",
+            d.chunk_bytes_raw,
+        ),
+        (
+            "cascade_stage_dedup_chunk_stored_bytes_total",
+            "Stored (compressed) bytes of those chunks.",
+            d.chunk_bytes_stored,
+        ),
+        (
+            "cascade_stage_dedup_delta_chunks_absorbed_total",
+            "Of them, chunks that came as deltas.",
+            d.delta_chunks_absorbed,
+        ),
+        (
+            "cascade_stage_dedup_chunks_deduplicated_total",
+            "Chunks sent that this server or the repository already had.",
+            d.chunks_deduplicated,
+        ),
+        (
+            "cascade_stage_dedup_chunks_pushed_total",
+            "Chunks written into packs of the durable repository.",
+            d.chunks_pushed,
+        ),
+        (
+            "cascade_stage_dedup_pushed_bytes_total",
+            "Stored bytes of the chunks pushed.",
+            d.pushed_bytes,
+        ),
+        (
+            "cascade_stage_dedup_manifests_written_total",
+            "Dedup manifests written into the repository.",
+            d.manifests_written,
+        ),
+        (
+            "cascade_stage_dedup_refused_chunks_total",
+            "Chunks refused because their bytes did not match their scores.",
+            d.refused_chunks,
+        ),
+        (
+            "cascade_stage_dedup_lost_chunks_total",
+            "Acknowledged chunks whose records failed their checksum when pushed.",
+            d.lost_chunks,
+        ),
+        (
+            "cascade_stage_dedup_push_failures_total",
+            "Failed pushes to the repository.",
+            d.push_failures,
+        ),
     ];
     for (name, help, v) in dedup_counters {
         e.counter(name, help, v);
     }
     let dedup_gauges: [(&str, &str, u64); 5] = [
-        ("cascade_stage_dedup_pending_chunks", "Acknowledged chunks not yet pushed.", d.pending_chunks),
-        ("cascade_stage_dedup_pending_bytes", "Stored bytes of those chunks.", d.pending_bytes),
-        ("cascade_stage_dedup_pending_manifests", "Manifests waiting for their chunks.", d.pending_manifests),
-        ("cascade_stage_dedup_segment_bytes", "Bytes of the chunk segment files.", d.segment_bytes),
-        ("cascade_stage_dedup_index_memory_bytes", "Memory of the in-memory chunk index.", d.index_memory_bytes),
+        (
+            "cascade_stage_dedup_pending_chunks",
+            "Acknowledged chunks not yet pushed.",
+            d.pending_chunks,
+        ),
+        (
+            "cascade_stage_dedup_pending_bytes",
+            "Stored bytes of those chunks.",
+            d.pending_bytes,
+        ),
+        (
+            "cascade_stage_dedup_pending_manifests",
+            "Manifests waiting for their chunks.",
+            d.pending_manifests,
+        ),
+        (
+            "cascade_stage_dedup_segment_bytes",
+            "Bytes of the chunk segment files.",
+            d.segment_bytes,
+        ),
+        (
+            "cascade_stage_dedup_index_memory_bytes",
+            "Memory of the in-memory chunk index.",
+            d.index_memory_bytes,
+        ),
     ];
     for (name, help, v) in dedup_gauges {
         e.gauge(name, help, v as f64);
