@@ -105,12 +105,10 @@ pub fn serve(
     std::thread::Builder::new()
         .name("cascade-metrics".into())
         .spawn(move || {
-            for conn in listener.incoming() {
-                // A failed accept (a client that went away, no descriptors left) is that
-                // client's problem; the endpoint goes on.
-                if let Ok(conn) = conn {
-                    let _ = answer(conn, &*render);
-                }
+            // A failed accept (a client that went away, no descriptors left) is that
+            // client's problem; the endpoint goes on.
+            for conn in listener.incoming().flatten() {
+                let _ = answer(conn, &*render);
             }
         })?;
     Ok(bound)
