@@ -15,15 +15,29 @@ pub fn start_logs(config: &Config, quiet: bool) -> Result<Guard, Failure> {
             .text("log.format")
             .parse::<Format>()
             .map_err(Failure::new)?,
-        filter: if quiet {
-            "warn".to_string()
+        filter: filter(if quiet {
+            "warn"
         } else {
-            config.text("log.level").to_string()
-        },
+            config.text("log.level")
+        }),
         repeats: u32::try_from(config.number("log.repeats")).unwrap_or(u32::MAX),
         window: Duration::from_millis(config.number("log.repeat_window").max(1)),
     };
     cascade_observe::log::init(&opts).map_err(Failure::new)
+}
+
+/// A bare level is for Cascade's own lines; other libraries' (the S3 client's retries, ...)
+/// are shown from warn up, or as given in directives with `=`.
+fn filter(level: &str) -> String {
+    if level.contains('=') || level.contains(',') || level.is_empty() {
+        return level.to_string();
+    }
+    let others = match level.to_ascii_lowercase().as_str() {
+        "off" => "off",
+        "error" => "error",
+        _ => "warn",
+    };
+    format!("{others},cascade={level}")
 }
 
 /// Serves `render` at http://ADDR/metrics if `addr` (the setting `key`) is set.
@@ -41,4 +55,17 @@ pub fn serve_metrics(
         .map_err(|e| Failure::new(format!("cannot serve metrics on {addr} ({key}): {e}")))?;
     cascade_observe::info!("{who}: metrics on http://{bound}/metrics");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter;
+
+    #[test]
+    fn a_bare_level_is_for_cascade_and_directives_are_kept() {
+        assert_eq!(filter("info"), "warn,cascade=info");
+        assert_eq!(filter("debug"), "warn,cascade=debug");
+        assert_eq!(filter("error"), "error,cascade=error");
+        assert_eq!(filter("warn,object_store=info"), "warn,object_store=info");
+    }
 }

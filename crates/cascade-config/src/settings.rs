@@ -546,7 +546,7 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_LOG",
         flag: Some("log-level"),
         value_name: "FILTER",
-        help: "Which log lines the agent and staging servers write: a level (error, warn, info, debug, trace) or RUST_LOG-style directives (warn,cascade_agent=info); -q means warn",
+        help: "Which log lines the agent and staging servers write: a level (error, warn, info, debug, trace) for Cascade's own lines, other libraries' from warn up; or RUST_LOG-style directives, used as given (warn,cascade_agent=info,object_store=info); -q means warn",
         default_help: "info",
         parse: parse_log_filter,
         default: |_| (Value::Text("info".into()), String::new()),
