@@ -556,7 +556,7 @@ pub static SETTINGS: &[SettingDef] = &[
         env: "CASCADE_LOG_REPEATS",
         flag: None,
         value_name: "N",
-        help: "Log lines alike (same place, same text but for numbers) written per log.repeat_window; the rest are counted and reported as one line ending in (repeated K times); 0 = no limit",
+        help: "Warnings and errors alike (same place, same text but for numbers) written per log.repeat_window; the rest are counted and reported as one line ending in (repeated K times); 0 = no limit",
         default_help: "5",
         parse: |t| parse_count_in(t, 0, 1 << 20),
         default: |_| (Value::Count(5), String::new()),

@@ -47,8 +47,9 @@ pub struct LogOptions {
     /// An `EnvFilter` directive list: a level (`info`), or per target
     /// (`warn,cascade_agent=debug`).
     pub filter: String,
-    /// Lines alike (same place, same text up to its numbers) shown per `window`; the rest
-    /// are counted and reported as one line "... (repeated K times)". 0 = no limit.
+    /// Warnings and errors alike (same place, same text up to its numbers) shown per
+    /// `window`; the rest are counted and reported as one line "... (repeated K times)".
+    /// 0 = no limit.
     pub repeats: u32,
     pub window: Duration,
 }
@@ -156,7 +157,9 @@ const MAX_KINDS: usize = 4096;
 impl Limit {
     /// Whether `line` (from call site `site`) is shown, and summaries of windows that ended.
     fn admit(&mut self, site: usize, line: &Line) -> (bool, Vec<Line>) {
-        if self.repeats == 0 {
+        // Info and below are one line per event by design (`-v`: a line per file); what
+        // repeats without bound is failures, a retry loop against a dead server.
+        if self.repeats == 0 || line.level > Level::WARN {
             return (true, Vec::new());
         }
         let now = Instant::now();
@@ -442,6 +445,10 @@ mod tests {
         // Another place, or other text, is another kind.
         assert!(limit.admit(2, &line("attempt 9 failed")).0);
         assert!(limit.admit(1, &line("something else")).0);
+        // Info lines are never held back.
+        let mut info = line("attempt 1 failed");
+        info.level = Level::INFO;
+        assert!((0..5).all(|_| limit.admit(1, &info).0));
         let held = std::mem::take(&mut limit.kinds);
         let summaries: Vec<Line> = held.into_values().filter_map(Kind::summary).collect();
         assert_eq!(summaries.len(), 1);
