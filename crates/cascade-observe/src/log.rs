@@ -258,21 +258,28 @@ fn text_line(line: &Line) -> String {
 }
 
 fn json_line(line: &Line) -> String {
-    let mut map = serde_json::Map::new();
-    map.insert("timestamp".into(), timestamp(SystemTime::now()).into());
-    map.insert("level".into(), line.level.as_str().into());
-    map.insert("target".into(), line.target.into());
+    // Built in this order (timestamp, level, target, message, then the event's own fields)
+    // for people reading the raw lines; each value is escaped by serde_json.
+    let text = |s: &str| serde_json::Value::from(s).to_string();
     let mut message = line.message.clone();
     if line.repeated > 0 {
         let _ = write!(message, " (repeated {} times)", line.repeated);
-        map.insert("repeated".into(), line.repeated.into());
     }
-    map.insert("message".into(), message.into());
-    for (k, v) in &line.fields {
-        map.entry(k.to_string()).or_insert_with(|| v.clone().into());
+    let mut out = format!(
+        "{{\"timestamp\":{},\"level\":{},\"target\":{},\"message\":{}",
+        text(&timestamp(SystemTime::now())),
+        text(line.level.as_str()),
+        text(line.target),
+        text(&message)
+    );
+    if line.repeated > 0 {
+        let _ = write!(out, ",\"repeated\":{}", line.repeated);
     }
-    let mut out = serde_json::Value::Object(map).to_string();
-    out.push('\n');
+    let reserved = ["timestamp", "level", "target", "message", "repeated"];
+    for (k, v) in line.fields.iter().filter(|(k, _)| !reserved.contains(k)) {
+        let _ = write!(out, ",{}:{}", text(k), text(v));
+    }
+    out.push_str("}\n");
     out
 }
 
@@ -455,5 +462,13 @@ mod tests {
         assert_eq!(summaries[0].repeated, 3);
         assert_eq!(summaries[0].message, "attempt 4 failed");
         assert!(text_line(&summaries[0]).ends_with(" (repeated 3 times)\n"));
+        let mut with_field = summaries[0].clone();
+        with_field.fields.push(("path", "/a\"b".into()));
+        let json: serde_json::Value =
+            serde_json::from_str(&json_line(&with_field)).expect("JSON line");
+        assert_eq!(json["message"], "attempt 4 failed (repeated 3 times)");
+        assert_eq!(json["repeated"], 3);
+        assert_eq!(json["path"], "/a\"b");
+        assert_eq!(json["level"], "WARN");
     }
 }
