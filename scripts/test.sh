@@ -27,6 +27,9 @@ packages+=(gromacs)
 # The durability test checks the real fsync order of a drain under strace
 # (crates/cascade-durable/tests/durability.rs).
 packages+=(strace)
+# A real Prometheus scrapes the agent's and a staging server's --metrics, and promtool checks
+# the example alert rules (crates/cascade-cli/tests/observe.rs, docs/operations.md).
+packages+=(prometheus)
 # Real programs that generate the checkpoint series of bench/datasets/make.sh.
 packages+=(python3-torch lammps)
 # `cascade check-binary` is tested on a Go program built with `go build`; Go may come from

@@ -84,7 +84,7 @@ impl Agent {
         match ownership::peer_uid(conn.as_raw_fd()) {
             Ok(uid) if uid == ownership::euid() => {}
             Ok(uid) => {
-                eprintln!(
+                cascade_observe::warn!(
                     "cascade agent: refused a control connection from uid {uid} (only uid {} is served)",
                     ownership::euid()
                 );
@@ -106,7 +106,7 @@ impl Agent {
                 Err(e) => {
                     // A missing file is routine; a partial checkpoint deserves a word.
                     if e.errno() != libc::ENOENT || matches!(e, Error::IncompleteJob { .. }) {
-                        eprintln!("cascade agent: read-through of {path}: {e}");
+                        cascade_observe::warn!("cascade agent: read-through of {path}: {e}");
                     }
                     format!("ERR {} {}\n", e.errno(), one_line(&e.to_string()))
                 }
@@ -115,7 +115,9 @@ impl Agent {
                 Ok(()) => "OK\n".to_string(),
                 Err(e) => {
                     if e.errno() != libc::ENOENT {
-                        eprintln!("cascade agent: listing {path} from the levels below: {e}");
+                        cascade_observe::warn!(
+                            "cascade agent: listing {path} from the levels below: {e}"
+                        );
                     }
                     format!("ERR {} {}\n", e.errno(), one_line(&e.to_string()))
                 }

@@ -19,6 +19,7 @@ mod drain;
 mod error;
 mod level;
 mod levels;
+pub mod metrics;
 mod node;
 mod options;
 mod reader;

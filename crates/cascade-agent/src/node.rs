@@ -106,15 +106,17 @@ impl Node {
 
     pub(crate) fn log(&self, line: impl FnOnce() -> String) {
         if self.opts.verbose {
-            eprintln!("cascade agent: {}", line());
+            cascade_observe::info!("cascade agent: {}", line());
         }
     }
 
     pub(crate) fn record_failure(&self, what: String) {
-        eprintln!("cascade agent: {what}");
+        cascade_observe::warn!("cascade agent: {what}");
+        let now = cascade_observe::metrics::unix_seconds(std::time::SystemTime::now());
         self.count(|s| {
             s.failures += 1;
             s.last_error = Some(what);
+            s.last_error_time = Some(now);
         });
     }
 

@@ -162,6 +162,9 @@ pub struct AgentStats {
     pub pending_files: u64,
     pub pending_bytes: u64,
     pub last_error: Option<String>,
+    /// When `last_error` happened: seconds since the Unix epoch.
+    #[serde(default)]
+    pub last_error_time: Option<f64>,
     /// Store paths being uploaded right now.
     pub uploading: Vec<String>,
     /// Entries of the agent's caches after its last pass: file digests remembered, and

@@ -107,7 +107,9 @@ impl ServerPool {
                 .name(format!("cascade-watch-{i}"))
                 .spawn(move || watch_server(state, i, &addr, &client));
             if let Err(e) = spawned {
-                eprintln!("cascade agent: cannot start the watcher of staging server {i}: {e}");
+                cascade_observe::error!(
+                    "cascade agent: cannot start the watcher of staging server {i}: {e}"
+                );
             }
         }
     }

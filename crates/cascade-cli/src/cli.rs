@@ -205,9 +205,14 @@ the last one detaches."
         agent: AgentParams,
         #[command(flatten)]
         dedup: DedupParams,
+        #[command(flatten)]
+        log: LogParams,
         /// Print one line per upload, completed checkpoint, eviction and fetch
         #[arg(short, long)]
         verbose: bool,
+        /// Only warnings and errors (log.level warn)
+        #[arg(short, long, conflicts_with = "verbose")]
+        quiet: bool,
     },
 
     /// Commit a checkpoint (a store directory or file): the agent drains it and writes its
@@ -331,9 +336,14 @@ the last one detaches."
         action: Option<StageServerAction>,
         #[command(flatten)]
         params: StageServerParams,
+        #[command(flatten)]
+        log: LogParams,
         /// Print one line per client, drained file and completed checkpoint
         #[arg(short, long)]
         verbose: bool,
+        /// Only warnings and errors (log.level warn)
+        #[arg(short, long, conflicts_with = "verbose")]
+        quiet: bool,
     },
 
     /// Mount the node store as a FUSE file system, for programs the preload library cannot
@@ -624,6 +634,17 @@ impl SettingGroup for StageServerGroup {
     }
 }
 
+/// The log lines of the agent and staging servers (`agent`, `stage-server`).
+#[derive(Debug, Clone)]
+pub struct LogGroup;
+
+impl SettingGroup for LogGroup {
+    const HEADING: Option<&'static str> = Some("Logs");
+    fn includes(def: &SettingDef) -> bool {
+        def.key.starts_with("log.")
+    }
+}
+
 /// Settings of agents and staging servers alike (both groups give them a flag).
 const SHARED_STAGING_SETTINGS: [&str; 3] =
     ["staging.secret", "staging.secret_file", "staging.tls_ca"];
@@ -644,6 +665,7 @@ pub type AgentParams = SettingFlags<AgentGroup>;
 pub type StageServerParams = SettingFlags<StageServerGroup>;
 pub type StoreParams = SettingFlags<StoreGroup>;
 pub type MountParams = SettingFlags<MountGroup>;
+pub type LogParams = SettingFlags<LogGroup>;
 
 /// Settings of the group with a flag of their own; `--store` is global instead.
 fn group_settings<G: SettingGroup>() -> impl Iterator<Item = (&'static str, &'static SettingDef)> {
@@ -747,6 +769,7 @@ mod tests {
                 AgentGroup::includes(def),
                 StageServerGroup::includes(def),
                 DedupGroup::includes(def),
+                LogGroup::includes(def),
             ];
             // The shared secret and the CA are given to agents and servers alike.
             let expected = if SHARED_STAGING_SETTINGS.contains(&def.key) {

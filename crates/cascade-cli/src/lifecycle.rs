@@ -76,6 +76,7 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let control = agent
         .serve_control()
         .map_err(|e| Failure::new(e.to_string()))?;
+    serve_agent_metrics(config, &agent)?;
     let staging = agent.stats().staging;
     let dedup = match &agent.options().dedup {
         Some(d) => format!(
@@ -98,7 +99,7 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         ),
         None => String::new(),
     };
-    eprintln!(
+    cascade_observe::info!(
         "cascade agent: store {} -> {}{}{dedup} (pid {})",
         agent.store().name(),
         if staging.is_empty() {
@@ -119,7 +120,7 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let _ = control.join();
     let s = agent.stats();
     if s.dedup_checkpoints > 0 {
-        eprintln!(
+        cascade_observe::info!(
             "cascade agent: dedup: {} checkpoints, {} of file data, {} new, {} stored ({} chunks \
              as deltas)",
             s.dedup_checkpoints,
@@ -129,7 +130,7 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
             s.dedup_delta_chunks
         );
     }
-    eprintln!(
+    cascade_observe::info!(
         "cascade agent: stopped; uploaded {} files ({}), {} checkpoints complete, {} evicted, {} fetched, {} failures",
         s.uploaded_files,
         format_size(s.uploaded_bytes),
@@ -139,6 +140,18 @@ pub fn agent(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         s.failures
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The agent's metrics endpoint (agent.metrics), if configured. It holds the agent weakly:
+/// the endpoint outlives nothing.
+fn serve_agent_metrics(config: &Config, agent: &Arc<Agent>) -> Result<(), Failure> {
+    let agent = Arc::downgrade(agent);
+    crate::observe::serve_metrics(config, "agent.metrics", "cascade agent", move || {
+        agent
+            .upgrade()
+            .map(|a| cascade_agent::metrics::render(&a.stats()))
+            .unwrap_or_default()
+    })
 }
 
 fn start_agent(store: Store, durable: DurableStore, opts: AgentOptions) -> Result<Agent, Failure> {
@@ -334,6 +347,7 @@ impl EmbeddedAgent {
         let control = agent
             .serve_control()
             .map_err(|e| Failure::new(e.to_string()))?;
+        serve_agent_metrics(config, &agent)?;
         let worker_agent = Arc::clone(&agent);
         let worker = std::thread::Builder::new()
             .name("cascade-agent".to_string())

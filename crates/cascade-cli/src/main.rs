@@ -23,6 +23,7 @@ mod generate;
 mod intercepted;
 mod io_functions;
 mod lifecycle;
+mod observe;
 mod prune;
 mod run;
 mod staging;
@@ -143,8 +144,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Agent {
             agent,
             dedup,
+            log,
             verbose,
-        } => lifecycle::agent(&load(&[&agent.values, &dedup.values])?, *verbose),
+            quiet,
+        } => {
+            let config = load(&[&agent.values, &dedup.values, &log.values])?;
+            let _log = observe::start_logs(&config, *quiet)?;
+            lifecycle::agent(&config, *verbose)
+        }
         Command::Commit { path } => {
             let config = none()?;
             lifecycle::commit(&config, &config.store_path(path))
@@ -216,8 +223,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::StageServer {
             action: None,
             params,
+            log,
             verbose,
-        } => staging::serve(&load(&[&params.values])?, *verbose),
+            quiet,
+        } => {
+            let config = load(&[&params.values, &log.values])?;
+            let _log = observe::start_logs(&config, *quiet)?;
+            staging::serve(&config, *verbose)
+        }
         Command::Mount {
             mountpoint,
             threads,

@@ -181,7 +181,13 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     let with_tls = if opts.tls.is_some() { " over TLS" } else { "" };
     let server = Server::bind(opts).map_err(|e| Failure::new(e.to_string()))?;
     let status = server.status();
-    eprintln!(
+    crate::observe::serve_metrics(
+        config,
+        "stage_server.metrics",
+        "cascade stage-server",
+        server.metrics_source(),
+    )?;
+    cascade_observe::info!(
         "cascade stage-server: listening on {}{with_tls} (pid {}), arenas in {} ({}), draining to {}; recovered: {}",
         server.local_addr(),
         std::process::id(),
@@ -196,7 +202,7 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         stopper.stop();
     });
     server.run().map_err(|e| Failure::new(e.to_string()))?;
-    eprintln!("cascade stage-server: stopped");
+    cascade_observe::info!("cascade stage-server: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

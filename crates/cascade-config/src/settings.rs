@@ -223,6 +223,17 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Count(60_000), String::new()),
     },
     SettingDef {
+        key: "agent.metrics",
+        env: "CASCADE_AGENT_METRICS",
+        flag: Some("metrics"),
+        aliases: &[],
+        value_name: "ADDR:PORT",
+        help: "Address the node agent serves Prometheus metrics on (plain HTTP, GET /metrics), e.g. 127.0.0.1:9470; empty = none (docs/operations.md)",
+        default_help: "none",
+        parse: |t| Ok(Value::Text(t.trim().to_string())),
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
         key: "staging.servers",
         env: "CASCADE_STAGING",
         flag: Some("staging"),
@@ -553,6 +564,65 @@ pub static SETTINGS: &[SettingDef] = &[
         parse: parse_optional_path,
         default: |_| (Value::Text(String::new()), String::new()),
     },
+    SettingDef {
+        key: "stage_server.metrics",
+        env: "CASCADE_STAGE_METRICS",
+        // --metrics like the agent's agent.metrics: they never share a command line.
+        flag: Some("metrics"),
+        aliases: &[],
+        value_name: "ADDR:PORT",
+        help: "Address the staging server serves Prometheus metrics on (plain HTTP, GET /metrics), e.g. 0.0.0.0:9471; empty = none (docs/operations.md)",
+        default_help: "none",
+        parse: |t| Ok(Value::Text(t.trim().to_string())),
+        default: |_| (Value::Text(String::new()), String::new()),
+    },
+    SettingDef {
+        key: "log.format",
+        env: "CASCADE_LOG_FORMAT",
+        flag: Some("log-format"),
+        aliases: &[],
+        value_name: "text|json",
+        help: "How the agent and staging servers write their log lines on stderr: text (timestamp, level, message) or json (one object a line, with timestamp, level, target and message)",
+        default_help: "text",
+        parse: |t| match t.trim() {
+            "text" | "json" => Ok(Value::Text(t.trim().to_string())),
+            _ => Err("expected text or json".into()),
+        },
+        default: |_| (Value::Text("text".into()), String::new()),
+    },
+    SettingDef {
+        key: "log.level",
+        env: "CASCADE_LOG",
+        flag: Some("log-level"),
+        aliases: &[],
+        value_name: "FILTER",
+        help: "Which log lines the agent and staging servers write: a level (error, warn, info, debug, trace) for Cascade's own lines, other libraries' from warn up; or RUST_LOG-style directives, used as given (warn,cascade_agent=info,object_store=info); -q means warn",
+        default_help: "info",
+        parse: parse_log_filter,
+        default: |_| (Value::Text("info".into()), String::new()),
+    },
+    SettingDef {
+        key: "log.repeats",
+        env: "CASCADE_LOG_REPEATS",
+        flag: None,
+        aliases: &[],
+        value_name: "N",
+        help: "Warnings and errors alike (same place, same text but for numbers) written per log.repeat_window; the rest are counted and reported as one line ending in (repeated K times); 0 = no limit",
+        default_help: "5",
+        parse: |t| parse_count_in(t, 0, 1 << 20),
+        default: |_| (Value::Count(5), String::new()),
+    },
+    SettingDef {
+        key: "log.repeat_window",
+        env: "CASCADE_LOG_REPEAT_WINDOW",
+        flag: None,
+        aliases: &[],
+        value_name: "SECONDS",
+        help: "The window of log.repeats",
+        default_help: "60",
+        parse: parse_seconds_as_ms,
+        default: |_| (Value::Count(60_000), String::new()),
+    },
     // The job rows: before their built-in default, a launcher's variable is tried
     // (job::detected), so their sources may be e.g. "env SLURM_JOB_ID". job.id comes first:
     // without one there is no job and the others stay empty.
@@ -711,6 +781,22 @@ fn parse_count_in(text: &str, min: u64, max: u64) -> Result<Value, String> {
         return Err(format!("must be from {min} to {max}"));
     }
     Ok(Value::Count(n))
+}
+
+/// A log filter: levels and `target=level` directives (checked here so that a typo is a
+/// configuration error, not a silent default).
+fn parse_log_filter(text: &str) -> Result<Value, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let t = text.trim();
+    for d in t.split(',').filter(|d| !d.is_empty()) {
+        let level = d.rsplit_once('=').map_or(d, |(_, l)| l);
+        if !LEVELS.contains(&level.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{d:?}: expected a level (error, warn, info, debug, trace, off) or TARGET=LEVEL"
+            ));
+        }
+    }
+    Ok(Value::Text(t.to_string()))
 }
 
 /// Seconds (decimals allowed, at most a day), kept as milliseconds.

@@ -435,11 +435,13 @@ fn default_spill_is_capacity_capped_by_quarter_free_disk() {
 fn every_setting_has_a_unique_key_env_and_flag() {
     let mut keys: Vec<&str> = SETTINGS.iter().map(|d| d.key).collect();
     let mut envs: Vec<&str> = SETTINGS.iter().map(|d| d.env).collect();
-    // One flag name per concept: the durable store is `--durable` for agents (durable.url)
-    // and staging servers (stage_server.drain_to), which never share a command line.
+    // One flag name per concept: the durable store is `--durable` and the metrics address
+    // `--metrics` for agents (durable.url, agent.metrics) and staging servers
+    // (stage_server.drain_to, stage_server.metrics), which never share a command line.
+    let shared = ["stage_server.drain_to", "stage_server.metrics"];
     let mut flags: Vec<&str> = SETTINGS
         .iter()
-        .filter(|d| d.key != "stage_server.drain_to")
+        .filter(|d| !shared.contains(&d.key))
         .flat_map(|d| d.flag.into_iter().chain(d.aliases.iter().copied()))
         .collect();
     for list in [&mut keys, &mut envs, &mut flags] {

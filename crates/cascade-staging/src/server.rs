@@ -7,6 +7,7 @@
 //! repository by their own thread.
 
 mod dedup;
+pub mod metrics;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -18,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cascade_durable::{DurableStore, FileDigest, MarkerFile};
+use cascade_observe::tracing::Level as LogLevel;
 
 use crate::chunks::ChunkOptions;
 use crate::engine::{Engine, EngineOptions, Manifest, ManifestFile, VersionId, VersionInfo};
@@ -408,7 +410,7 @@ impl Server {
         let engine = Engine::open(&opts.dir, opts.engine.clone())?;
         let (dedup, warnings) = dedup::Dedup::open(&opts.dir.join("dedup"), opts.chunks.clone())?;
         for w in warnings {
-            eprintln!("cascade stage-server: recovered: {w}");
+            cascade_observe::warn!("cascade stage-server: recovered: {w}");
         }
         let listener = TcpListener::bind(&opts.listen)
             .map_err(|e| Error::io(format!("cannot listen on {}", opts.listen), e))?;
@@ -776,14 +778,15 @@ impl Shared {
     #[track_caller]
     fn log(&self, line: impl FnOnce() -> String) {
         if self.opts.verbose {
-            self.say(std::panic::Location::caller(), line());
+            self.say(std::panic::Location::caller(), LogLevel::INFO, line());
         }
     }
 
     /// A failure: always logged (rate-limited per call site) and kept as `last_error`.
     #[track_caller]
     fn fail(&self, line: String) {
-        self.say(std::panic::Location::caller(), line.clone());
+        self.say(std::panic::Location::caller(), LogLevel::WARN, line.clone());
+        metrics::note_error();
         let mut c = lock(&self.counters);
         c.last_error = Some(line);
     }
@@ -791,12 +794,12 @@ impl Shared {
     /// A line always logged (rate-limited per call site), not a failure.
     #[track_caller]
     fn notice(&self, line: String) {
-        self.say(std::panic::Location::caller(), line);
+        self.say(std::panic::Location::caller(), LogLevel::INFO, line);
     }
 
     /// Every server log line goes through here: lines from one call site are alike, the
     /// first [`LOG_BURST`] of them per [`LOG_WINDOW`] are printed, the rest counted.
-    fn say(&self, site: LogSite, line: String) {
+    fn say(&self, site: LogSite, level: LogLevel, line: String) {
         let (summary, print) = {
             let mut g = lock(&self.log_limit);
             let summary = g.roll();
@@ -812,10 +815,12 @@ impl Shared {
             (summary, print)
         };
         for s in summary {
-            eprintln!("cascade stage-server {}: {s}", self.name);
+            cascade_observe::info!("cascade stage-server {}: {s}", self.name);
         }
-        if print {
-            eprintln!("cascade stage-server {}: {line}", self.name);
+        if print && level == LogLevel::WARN {
+            cascade_observe::warn!("cascade stage-server {}: {line}", self.name);
+        } else if print {
+            cascade_observe::info!("cascade stage-server {}: {line}", self.name);
         }
     }
 
@@ -824,7 +829,7 @@ impl Shared {
     fn tend_log(&self) {
         let summary = lock(&self.log_limit).roll();
         for s in summary {
-            eprintln!("cascade stage-server {}: {s}", self.name);
+            cascade_observe::info!("cascade stage-server {}: {s}", self.name);
         }
     }
 

@@ -56,7 +56,9 @@ pub use fs::{files_below, RemoveDir, Tmpfs};
 pub use node::{
     begin, cascade_command, levels_line, read_store_file, serial, stop_agent, write_store_file, Env,
 };
-pub use process::{number_printed_by, output_within, run_with_timeout, wait_output, Daemon, Out};
+pub use process::{
+    log_message, number_printed_by, output_within, run_with_timeout, wait_output, Daemon, Out,
+};
 pub use stage_server::StageServer;
 pub use tls::TestPki;
 pub use versitygw::{free_port, Versitygw};

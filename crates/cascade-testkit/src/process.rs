@@ -25,13 +25,38 @@ impl Out {
         self.status.success()
     }
 
-    /// Non-empty stderr lines.
+    /// Non-empty stderr lines, log lines without their timestamp and level.
     pub fn err_lines(&self) -> Vec<&str> {
         self.stderr
             .lines()
             .filter(|l| !l.trim().is_empty())
+            .map(log_message)
             .collect()
     }
+}
+
+/// A text log line of the agent or a staging server without its timestamp and level
+/// (`2026-01-02T03:04:05.678901Z  WARN cascade agent: ...` -> `cascade agent: ...`), so that
+/// tests read messages as they are worded; other lines as they are.
+pub fn log_message(line: &str) -> &str {
+    let Some((stamp, rest)) = line.split_once(' ') else {
+        return line;
+    };
+    let is_stamp = stamp.len() > 20
+        && stamp.ends_with('Z')
+        && stamp.as_bytes()[4] == b'-'
+        && stamp.as_bytes()[10] == b'T'
+        && stamp[..4].bytes().all(|b| b.is_ascii_digit());
+    if !is_stamp {
+        return line;
+    }
+    let rest = rest.trim_start();
+    for level in ["TRACE ", "DEBUG ", "INFO ", "WARN ", "ERROR "] {
+        if let Some(message) = rest.strip_prefix(level) {
+            return message;
+        }
+    }
+    line
 }
 
 impl std::fmt::Display for Out {
@@ -147,7 +172,10 @@ fn signal(pid: u32, sig: i32) {
 /// once gave an address of "127.").
 #[derive(Default)]
 struct Stderr {
+    /// Log lines as [`log_message`] gives them.
     lines: Vec<String>,
+    /// The lines as printed.
+    raw: Vec<String>,
     unfinished: String,
 }
 
@@ -183,7 +211,10 @@ impl Daemon {
                 let text = String::from_utf8_lossy(&line);
                 let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
                 match text.strip_suffix('\n') {
-                    Some(whole) => sink.lines.push(whole.to_string()),
+                    Some(whole) => {
+                        sink.lines.push(log_message(whole).to_string());
+                        sink.raw.push(whole.to_string());
+                    }
                     // End of the pipe in the middle of a line.
                     None => sink.unfinished = text.into_owned(),
                 }
@@ -207,6 +238,16 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .lines
+            .clone()
+    }
+
+    /// The whole stderr lines printed so far as printed (log lines with their timestamp and
+    /// level).
+    pub fn raw_lines(&self) -> Vec<String> {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .raw
             .clone()
     }
 

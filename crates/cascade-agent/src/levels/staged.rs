@@ -624,7 +624,7 @@ impl StagingServers {
         if !proofs_match(&meta.tag, &tag) {
             let _ = store.unlink(tmp);
             node.count(|s| s.untrusted_staged += 1);
-            eprintln!(
+            cascade_observe::warn!(
                 "cascade agent: staging server {} holds a copy of {key} (stamp {}) that this \
                  job did not write (its tag does not verify with the job's key): not used",
                 self.pool.addr(i),
