@@ -140,7 +140,8 @@ class Node:
         # Ready once it says so: read-through asks its control socket, which must exist.
         assert self.agent.stderr is not None
         for line in self.agent.stderr:
-            if line.startswith("cascade agent: store "):
+            # After the log line's timestamp and level (docs/operations.md).
+            if "cascade agent: store " in line:
                 break
         else:
             raise SystemExit(f"dcp_durable: the agent did not start (exit {self.agent.wait()})")

@@ -170,8 +170,8 @@ impl StageServer {
         })
     }
 
-    /// Waits for the start line, `cascade stage-server: listening on ADDR ...` (whole lines
-    /// only: the start line may be read half written).
+    /// Waits for the start line, `cascade stage-server: listening on ADDR ...` after the log
+    /// line's timestamp and level (whole lines only: the start line may be read half written).
     pub(crate) fn wait_listening(&mut self) -> Res<()> {
         const START: &str = "cascade stage-server: listening on ";
         let log = self.log.clone();
@@ -180,7 +180,9 @@ impl StageServer {
             || {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
                 let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-                let line = whole.lines().find_map(|l| l.strip_prefix(START))?;
+                let line = whole
+                    .lines()
+                    .find_map(|l| l.find(START).map(|at| &l[at + START.len()..]))?;
                 line.split_whitespace().next().map(str::to_string)
             },
             || exited(&mut self.child, "cascade stage-server", &self.log),
