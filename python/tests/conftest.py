@@ -87,7 +87,8 @@ class StoreEnv:
             line = p.stderr.readline()
             if not line:
                 break
-            if line.startswith("cascade agent: store "):
+            # After the log line's timestamp and level (docs/operations.md).
+            if "cascade agent: store " in line:
                 return p
         raise AssertionError(f"agent did not start (exit {p.poll()})")
 

@@ -63,6 +63,17 @@ fn summary(verb: &str, from: &str, to: &str, report: &cascade_agent::Report) -> 
     )
 }
 
+/// The summary line (not with -q) and, with -v, a line per file: path, size and BLAKE3.
+fn print_report(verb: &str, from: &str, to: &str, report: &cascade_agent::Report) {
+    crate::format::summary_line(&summary(verb, from, to, report));
+    for f in &report.files {
+        crate::format::detail_line(&format!(
+            "  {} {} bytes blake3 {}",
+            f.path, f.size, f.blake3
+        ));
+    }
+}
+
 /// Bytes of the checkpoint at `path` in the store (for the progress bar's length).
 fn store_bytes(store: &cascade_store::Store, path: &str) -> u64 {
     let Ok(meta) = store.stat(path) else { return 0 };
@@ -194,17 +205,17 @@ pub fn drain(config: &Config, path: &str, url: &str, as_json: bool) -> Result<Ex
             repo.chunking(),
             repo.compression()
         );
-        println!("{}", summary("drain", path, &to, &report));
+        print_report("drain", path, &to, &report);
         let against = against.map_or(String::new(), |base| {
             format!(", {} as deltas against {base}", stats.delta_chunks)
         });
-        println!(
+        crate::format::summary_line(&format!(
             "  {} of {} chunks new ({}){against}, {} stored",
             stats.new_chunks,
             stats.chunks,
             format_size(stats.new_bytes),
             format_size(stored)
-        );
+        ));
         return Ok(ExitCode::SUCCESS);
     }
     let bar = progress_bar(store_bytes(&store, path));
@@ -221,7 +232,7 @@ pub fn drain(config: &Config, path: &str, url: &str, as_json: bool) -> Result<Ex
     if as_json {
         println!("{}", report_json("drain", path, &to, &report, None));
     } else {
-        println!("{}", summary("drain", path, &to, &report));
+        print_report("drain", path, &to, &report);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -318,7 +329,7 @@ fn finish_restore(
             if as_json {
                 println!("{}", report_json("restore", ckpt, dest, &report, None));
             } else {
-                println!("{}", summary("restore", ckpt, dest, &report));
+                print_report("restore", ckpt, dest, &report);
             }
             Ok(ExitCode::SUCCESS)
         }

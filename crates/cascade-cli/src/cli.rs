@@ -37,6 +37,16 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// More detail: a line per upload and event (agent, stage-server), per file (drain,
+    /// restore), per checkpoint (prune)
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
+    /// Less: warnings and errors only (agent, stage-server: log.level warn); no summary line
+    /// on success (put, get, drain, restore, prune); only the summary (demo)
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -207,12 +217,6 @@ the last one detaches."
         dedup: DedupParams,
         #[command(flatten)]
         log: LogParams,
-        /// Print one line per upload, completed checkpoint, eviction and fetch
-        #[arg(short, long)]
-        verbose: bool,
-        /// Only warnings and errors (log.level warn)
-        #[arg(short, long, conflicts_with = "verbose")]
-        quiet: bool,
     },
 
     /// Commit a checkpoint (a store directory or file): the agent drains it and writes its
@@ -338,12 +342,6 @@ the last one detaches."
         params: StageServerParams,
         #[command(flatten)]
         log: LogParams,
-        /// Print one line per client, drained file and completed checkpoint
-        #[arg(short, long)]
-        verbose: bool,
-        /// Only warnings and errors (log.level warn)
-        #[arg(short, long, conflicts_with = "verbose")]
-        quiet: bool,
     },
 
     /// Mount the node store as a FUSE file system, for programs the preload library cannot

@@ -79,7 +79,7 @@ that holds heat, the baseline's checkpoints and, unless --durable, the durable s
 are removed at the end unless --keep-work. It needs a C compiler (cc) and libcascade.so, \
 found as 'cascade run' finds it.";
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// Grid side: the grid is N x N doubles, so a checkpoint is 8*N*N bytes (2048: 32 MiB)
     #[arg(
@@ -115,8 +115,8 @@ pub struct DemoArgs {
     /// Keep the work dir and the store at the end (and say where they are)
     #[arg(long)]
     pub keep_work: bool,
-    /// Print only the summary
-    #[arg(short, long)]
+    /// Print only the summary: the global -q/--quiet (set by main)
+    #[arg(skip)]
     pub quiet: bool,
     /// Also run phase E: the MPI solver on two simulated nodes, restarted on a third with
     /// another number of ranks (needs Open MPI: mpicc, mpirun)

@@ -88,3 +88,31 @@ mod tests {
         assert_eq!(percent(1, 0), "0.0");
     }
 }
+
+/// `-v` and `-q` (global flags) for the commands that report what they moved: set once by
+/// `main`, read where a summary or a per-file line is printed.
+static VERBOSITY: std::sync::atomic::AtomicI8 = std::sync::atomic::AtomicI8::new(0);
+
+pub fn set_verbosity(verbose: bool, quiet: bool) {
+    let level = i8::from(verbose) - i8::from(quiet);
+    VERBOSITY.store(level, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Prints a command's summary line on standard output, unless `-q`.
+pub fn summary_line(line: &str) {
+    if VERBOSITY.load(std::sync::atomic::Ordering::Relaxed) >= 0 {
+        println!("{line}");
+    }
+}
+
+/// Prints a line of detail on standard output with `-v`.
+pub fn detail_line(line: &str) {
+    if VERBOSITY.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        println!("{line}");
+    }
+}
+
+/// Whether `-q` was given.
+pub fn quiet() -> bool {
+    VERBOSITY.load(std::sync::atomic::Ordering::Relaxed) < 0
+}

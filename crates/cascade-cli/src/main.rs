@@ -79,6 +79,7 @@ fn store_paths(config: &Config, paths: &[String]) -> Vec<String> {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    format::set_verbosity(cli.verbose, cli.quiet);
     let load = |flags: &[&[(&'static str, String)]]| load_config(&cli, flags);
     let none = || load(&[]);
     match &cli.command {
@@ -141,16 +142,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
                 command,
             )
         }
-        Command::Agent {
-            agent,
-            dedup,
-            log,
-            verbose,
-            quiet,
-        } => {
+        Command::Agent { agent, dedup, log } => {
             let config = load(&[&agent.values, &dedup.values, &log.values])?;
-            let _log = observe::start_logs(&config, *quiet)?;
-            lifecycle::agent(&config, *verbose)
+            let _log = observe::start_logs(&config, cli.quiet)?;
+            lifecycle::agent(&config, cli.verbose)
         }
         Command::Commit { path } => {
             let config = none()?;
@@ -224,12 +219,10 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             action: None,
             params,
             log,
-            verbose,
-            quiet,
         } => {
             let config = load(&[&params.values, &log.values])?;
-            let _log = observe::start_logs(&config, *quiet)?;
-            staging::serve(&config, *verbose)
+            let _log = observe::start_logs(&config, cli.quiet)?;
+            staging::serve(&config, cli.verbose)
         }
         Command::Mount {
             mountpoint,
@@ -247,7 +240,13 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         ),
         Command::Umount { mountpoint, lazy } => fuse::umount(mountpoint, *lazy),
         Command::Analyze(args) => analyze::analyze(args),
-        Command::Demo(args) => demo::demo(args, cli.store.as_deref(), cli.config.as_deref()),
+        Command::Demo(args) => {
+            let args = demo::DemoArgs {
+                quiet: cli.quiet,
+                ..args.clone()
+            };
+            demo::demo(&args, cli.store.as_deref(), cli.config.as_deref())
+        }
         Command::Completions(args) => generate::completions(args),
         Command::Man(args) => generate::man(args),
     }

@@ -96,8 +96,15 @@ pub fn prune(
         for name in &report.forgotten {
             println!("would forget {name}");
         }
+    } else {
+        for name in &report.forgotten {
+            crate::format::detail_line(&format!("forgot {name}"));
+        }
     }
-    println!("{}", summary(&report));
+    for name in &report.kept {
+        crate::format::detail_line(&format!("kept {name}"));
+    }
+    crate::format::summary_line(&summary(&report));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -121,7 +121,7 @@ pub fn put(
     progress.finish_and_clear();
     drop(file);
     let seconds = started.elapsed().as_secs_f64();
-    println!("{}", summary("put", &local_name, &dest, offset, seconds));
+    crate::format::summary_line(&summary("put", &local_name, &dest, offset, seconds));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -213,10 +213,12 @@ pub fn get(config: &Config, store_path: &str, local: &Path) -> Result<ExitCode, 
     let seconds = started.elapsed().as_secs_f64();
     let line = summary("get", store_path, &local_name, offset, seconds);
     // Data may be going to stdout (`-`, /dev/stdout): keep the summary out of it.
-    if matches!(sink, Sink::Stream(_)) {
-        eprintln!("{line}");
-    } else {
-        println!("{line}");
+    if !crate::format::quiet() {
+        if matches!(sink, Sink::Stream(_)) {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -122,6 +122,18 @@ fn mount_prefixed_paths_and_json_reports() {
     assert_eq!(pruned["forgotten"], serde_json::json!(["run1/ckpt.2"]));
     assert_eq!(pruned["kept"], serde_json::json!(["run1/ckpt.3"]));
 
+    // -v and -q are global: a line per file, or no summary at all.
+    let verbose = sb.ok(&["drain", "-v", "/run1/ckpt.1", "--durable", s(&durable)]);
+    assert!(
+        verbose.contains("drain /run1/ckpt.1 -> ")
+            && verbose.contains("  rank0.dat 100000 bytes blake3 "),
+        "{verbose}"
+    );
+    assert_eq!(sb.ok(&["-q", "put", s(&local), "/run1/quiet.dat"]), "");
+    assert_eq!(sb.ok(&["rm", "/run1/quiet.dat"]), "");
+    let err = sb.fails(&["drain", "-v", "-q", "/run1/ckpt.1"], 2);
+    assert!(err.contains("cannot be used with"), "{err}");
+
     let fsck = json_of(&sb.ok(&["fsck", "--json"]));
     assert_eq!(fsck["clean"], true);
     assert_eq!(fsck["files"], 3);
