@@ -62,33 +62,6 @@ pub fn percent(part: u64, whole: u64) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formats_utc_times() {
-        assert_eq!(time(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(time(951_782_400 * 1_000_000_000), "2000-02-29 00:00:00 UTC");
-        assert_eq!(time(1_700_000_000_123_456_789), "2023-11-14 22:13:20 UTC");
-        assert_eq!(time(-1_000_000_000), "1969-12-31 23:59:59 UTC");
-    }
-
-    #[test]
-    fn formats_modes_like_ls() {
-        assert_eq!(mode(FileKind::Dir, 0o755), "drwxr-xr-x");
-        assert_eq!(mode(FileKind::File, 0o640), "-rw-r-----");
-    }
-
-    #[test]
-    fn joins_store_paths() {
-        assert_eq!(join("/", "a"), "/a");
-        assert_eq!(join("/ckpt", "a"), "/ckpt/a");
-        assert_eq!(percent(1, 4), "25.0");
-        assert_eq!(percent(1, 0), "0.0");
-    }
-}
-
 /// `-v` and `-q` (global flags) for the commands that report what they moved: set once by
 /// `main`, read where a summary or a per-file line is printed.
 static VERBOSITY: std::sync::atomic::AtomicI8 = std::sync::atomic::AtomicI8::new(0);
@@ -115,4 +88,31 @@ pub fn detail_line(line: &str) {
 /// Whether `-q` was given.
 pub fn quiet() -> bool {
     VERBOSITY.load(std::sync::atomic::Ordering::Relaxed) < 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc_times() {
+        assert_eq!(time(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(time(951_782_400 * 1_000_000_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(time(1_700_000_000_123_456_789), "2023-11-14 22:13:20 UTC");
+        assert_eq!(time(-1_000_000_000), "1969-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn formats_modes_like_ls() {
+        assert_eq!(mode(FileKind::Dir, 0o755), "drwxr-xr-x");
+        assert_eq!(mode(FileKind::File, 0o640), "-rw-r-----");
+    }
+
+    #[test]
+    fn joins_store_paths() {
+        assert_eq!(join("/", "a"), "/a");
+        assert_eq!(join("/ckpt", "a"), "/ckpt/a");
+        assert_eq!(percent(1, 4), "25.0");
+        assert_eq!(percent(1, 0), "0.0");
+    }
 }
