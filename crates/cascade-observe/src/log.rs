@@ -307,8 +307,9 @@ pub fn timestamp(t: SystemTime) -> String {
     )
 }
 
-/// Year, month, day of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+/// Year, month, day of a day count since 1970-01-01 (Howard Hinnant's algorithm, proleptic
+/// Gregorian calendar; `cascade ls -l` and `stat` use it too).
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

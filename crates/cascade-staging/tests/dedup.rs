@@ -19,9 +19,10 @@
 //!    is refused with nothing of its frame stored; good ones are stored, served back and
 //!    pushed as deltas, and the checkpoint restores bit for bit.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,15 +38,10 @@ use cascade_staging::protocol::{code, delta_data, BlobKind, ManifestState, Store
 use cascade_staging::{
     owner_of, ClientOptions, Connection, Error, Server, ServerOptions, ServerStatus, Stopper,
 };
-use cascade_testkit::{compressible, random, Daemon};
+use cascade_testkit::{compressible, random};
+use common::{ServerProcess, SECRET};
 
-const SECRET: &str = "dedup-secret";
 const DEADLINE: Duration = Duration::from_secs(60);
-/// Environment of a server process started by [`ServerProcess::start`].
-const CHILD_DIR: &str = "CASCADE_DEDUP_TEST_SERVER_DIR";
-const CHILD_DRAIN: &str = "CASCADE_DEDUP_TEST_SERVER_DRAIN";
-/// The start of the line a server process prints once it listens, followed by its address.
-const LISTENING: &str = "LISTENING ";
 
 // ---- the agent's side, played by the test ----
 
@@ -327,30 +323,7 @@ impl Drop for InProcess {
     }
 }
 
-/// A server in its own process (this test binary run again as [`child_server_process`]),
-/// so that it can be killed with SIGKILL. Ready once it has printed its address.
-struct ServerProcess {
-    daemon: Daemon,
-    addr: String,
-}
-
 impl ServerProcess {
-    fn start(dir: &Path, drain_to: &Path) -> ServerProcess {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "child_server_process",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR, dir)
-        .env(CHILD_DRAIN, drain_to);
-        let mut daemon = Daemon::spawn(cmd, "the server process");
-        let line = daemon.wait_line("its address", DEADLINE, |l| l.starts_with(LISTENING));
-        let addr = line.trim_start_matches(LISTENING).trim().to_string();
-        ServerProcess { daemon, addr }
-    }
-
     fn kill9(mut self) {
         let status = self.daemon.kill9();
         assert!(!status.success(), "{status}");
@@ -361,28 +334,11 @@ impl ServerProcess {
     }
 }
 
-/// Not a test of its own: the body of the server processes [`ServerProcess::start`] runs
-/// (this binary started again with `CASCADE_DEDUP_TEST_SERVER_DIR` set, 1 MiB segments).
-/// Run without that variable, as in every `cargo test`, it returns at once.
+/// The server processes of [`ServerProcess::start`] (common::serve_in_child), with 1 MiB
+/// segments.
 #[test]
 fn child_server_process() {
-    let (Some(dir), Some(drain)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_DRAIN))
-    else {
-        return;
-    };
-    let mut opts = ServerOptions::new(
-        "127.0.0.1:0",
-        PathBuf::from(dir),
-        drain.to_str().unwrap(),
-        SECRET,
-    );
-    opts.buffers = 2;
-    opts.verbose = true;
-    opts.chunks.segment_size = 1 << 20;
-    let server = Server::bind(opts).unwrap();
-    // On stderr, after the recovery's lines: the parent reads them all from one pipe.
-    eprintln!("{LISTENING}{}", server.local_addr());
-    server.run().unwrap();
+    common::serve_in_child(|o| o.chunks.segment_size = 1 << 20, |_| {});
 }
 
 /// Makes every push to the repository at `repo_dir` fail (and every look at it): a file
@@ -718,7 +674,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
 
     // The server cannot push: everything it acknowledges stays on its SSD.
     block_repository(&broken.join(DEFAULT_PREFIX));
-    let srv = ServerProcess::start(&dir, &broken);
+    let srv = ServerProcess::start(&dir, &broken, DEADLINE);
     let mut c = connect(&srv.addr, "");
     send_checkpoint(&mut c, &srv.addr, &ckpt);
     let s = wait_for(&srv.addr, "a push attempt failed", |s| {
@@ -754,7 +710,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
     drop(f);
 
     // Restarted (still unable to push): every acknowledged chunk and the manifest are back.
-    let srv = ServerProcess::start(&dir, &broken);
+    let srv = ServerProcess::start(&dir, &broken, DEADLINE);
     assert!(
         srv.log().contains("cut an incomplete tail"),
         "{}",
@@ -781,7 +737,7 @@ fn a_killed_server_pushes_every_acknowledged_chunk_after_restart() {
 
     // Restarted with a durable store it can reach: it pushes everything and writes the
     // manifest.
-    let srv = ServerProcess::start(&dir, &good);
+    let srv = ServerProcess::start(&dir, &good, DEADLINE);
     let s = wait_for(&srv.addr, "the manifest was written", |s| {
         s.dedup.manifests_written == 1
     });

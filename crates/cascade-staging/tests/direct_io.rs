@@ -13,20 +13,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cascade_staging::client::OutSegment;
-use cascade_staging::{ClientOptions, Connection, Server, ServerOptions, ServerStatus};
-use cascade_testkit::{random, Daemon};
-use common::{digest, poll_status, InProcessServer, SECRET};
+use cascade_staging::{ClientOptions, Connection, ServerStatus};
+use cascade_testkit::random;
+use common::{digest, poll_status, InProcessServer, ServerProcess, SECRET};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const NS: &str = "job1";
 /// Environment of a server process started by [`ServerProcess::start`].
-const CHILD_DIR: &str = "CASCADE_DIRECT_TEST_SERVER_DIR";
-const CHILD_DRAIN: &str = "CASCADE_DIRECT_TEST_SERVER_DRAIN";
-const LISTENING: &str = "LISTENING ";
 const BLOCK: u64 = cascade_staging::engine::BLOCK as u64;
 
 /// A directory on the disk under /var/tmp (the arenas' usual kind of file system).
@@ -191,30 +187,7 @@ fn padded_o_direct_extents_are_acknowledged_and_drain_bit_for_bit() {
     srv.stop();
 }
 
-/// A server in its own process (this test binary run again as [`child_server_process`]),
-/// so that it can be killed with SIGKILL. Ready once it has printed its address.
-struct ServerProcess {
-    daemon: Daemon,
-    addr: String,
-}
-
 impl ServerProcess {
-    fn start(dir: &Path, drain_to: &Path) -> ServerProcess {
-        let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
-        cmd.args([
-            "child_server_process",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR, dir)
-        .env(CHILD_DRAIN, drain_to);
-        let mut daemon = Daemon::spawn(cmd, "the server process");
-        let line = daemon.wait_line("its address", DEADLINE, |l| l.starts_with(LISTENING));
-        let addr = line.trim_start_matches(LISTENING).trim().to_string();
-        ServerProcess { daemon, addr }
-    }
-
     fn connect(&self) -> Connection {
         let mut o = ClientOptions::new(SECRET);
         o.namespace = NS.to_string();
@@ -230,27 +203,10 @@ impl ServerProcess {
     }
 }
 
-/// Not a test of its own: the body of the server processes [`ServerProcess::start`] runs
-/// (this binary started again with `CASCADE_DIRECT_TEST_SERVER_DIR` set). Run without that
-/// variable, as in every `cargo test`, it returns at once.
+/// The server processes of [`ServerProcess::start`] (common::serve_in_child).
 #[test]
 fn child_server_process() {
-    let (Some(dir), Some(drain)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_DRAIN))
-    else {
-        return;
-    };
-    let mut opts = ServerOptions::new(
-        "127.0.0.1:0",
-        PathBuf::from(dir),
-        drain.to_str().expect("utf-8 path"),
-        SECRET,
-    );
-    opts.buffers = 2;
-    opts.verbose = true;
-    let server = Server::bind(opts).expect("bind");
-    eprintln!("arenas: {}", server.arena_io());
-    eprintln!("{LISTENING}{}", server.local_addr());
-    server.run().expect("run");
+    common::serve_in_child(|_| {}, |server| eprintln!("arenas: {}", server.arena_io()));
 }
 
 #[test]
@@ -263,7 +219,7 @@ fn a_server_killed_with_sigkill_recovers_its_padded_extents() {
     // The drain cannot create <durable>/<namespace>/...: a file is in the way.
     std::fs::write(durable.join(NS), b"in the way\n").expect("block the durable store");
     let files = files();
-    let mut server = ServerProcess::start(&dir, &durable);
+    let mut server = ServerProcess::start(&dir, &durable, DEADLINE);
     assert!(
         server
             .daemon
@@ -294,7 +250,7 @@ fn a_server_killed_with_sigkill_recovers_its_padded_extents() {
     assert!(!status.success(), "{status}");
 
     std::fs::remove_file(durable.join(NS)).expect("unblock the durable store");
-    server = ServerProcess::start(&dir, &durable);
+    server = ServerProcess::start(&dir, &durable, DEADLINE);
     let n = files.len() as u64;
     let deadline = Instant::now() + DEADLINE;
     loop {

@@ -13,6 +13,7 @@ use cascade_staging::client::OutSegment;
 use cascade_staging::{
     ClientOptions, Connection, Server, ServerOptions, ServerResult, ServerStatus, Stopper,
 };
+use cascade_testkit::Daemon;
 
 /// The cluster secret of the servers the tests start.
 pub const SECRET: &str = "secret";
@@ -118,4 +119,61 @@ pub fn write_file(c: &mut Connection, key: &str, stamp: u64, data: &[u8]) {
         data: &[data],
     }])
     .expect("write");
+}
+
+/// The environment a [`ServerProcess`] is started with: its arena directory and drain target.
+const CHILD_DIR: &str = "CASCADE_STAGING_TEST_SERVER_DIR";
+const CHILD_DRAIN: &str = "CASCADE_STAGING_TEST_SERVER_DRAIN";
+/// The line before the server's address on its stderr.
+const LISTENING: &str = "LISTENING ";
+
+/// A staging server in its own process, so that it can be killed with SIGKILL: this test
+/// binary run again as its test `child_server_process`, whose body is [`serve_in_child`].
+/// Ready once it has printed its address.
+pub struct ServerProcess {
+    pub daemon: Daemon,
+    pub addr: String,
+}
+
+impl ServerProcess {
+    pub fn start(dir: &Path, drain_to: &Path, deadline: Duration) -> ServerProcess {
+        let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+        cmd.args([
+            "child_server_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_DRAIN, drain_to);
+        let mut daemon = Daemon::spawn(cmd, "the server process");
+        let line = daemon.wait_line("its address", deadline, |l| l.starts_with(LISTENING));
+        let addr = line.trim_start_matches(LISTENING).trim().to_string();
+        ServerProcess { daemon, addr }
+    }
+}
+
+/// The body of a test binary's `child_server_process` (not a test of its own): a server on
+/// the directories [`ServerProcess::start`] passed, with 2 buffers, verbose, then `tune`d;
+/// `announce` may print lines before its address. Run without those variables, as in every
+/// `cargo test`, it returns at once.
+pub fn serve_in_child(tune: impl FnOnce(&mut ServerOptions), announce: impl FnOnce(&Server)) {
+    let (Some(dir), Some(drain)) = (std::env::var_os(CHILD_DIR), std::env::var_os(CHILD_DRAIN))
+    else {
+        return;
+    };
+    let mut opts = ServerOptions::new(
+        "127.0.0.1:0",
+        PathBuf::from(dir),
+        drain.to_str().expect("utf-8 path"),
+        SECRET,
+    );
+    opts.buffers = 2;
+    opts.verbose = true;
+    tune(&mut opts);
+    let server = Server::bind(opts).expect("bind");
+    announce(&server);
+    // On stderr, after the recovery's lines: the parent reads them all from one pipe.
+    eprintln!("{LISTENING}{}", server.local_addr());
+    server.run().expect("run");
 }
