@@ -358,18 +358,8 @@ pub fn machine_table(h: &Header, extra: Vec<(String, String)>) -> Table {
 
 /// "2025-01-31 12:34:56" for a Unix time in seconds (UTC; no time-zone database needed).
 pub fn utc_string(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
     let secs = unix % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = cascade_observe::log::civil_from_days((unix / 86_400) as i64);
     let (h, min, sec) = (secs / 3600, secs / 60 % 60, secs % 60);
     format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{sec:02}")
 }

@@ -379,32 +379,7 @@ mod tests {
     fn a_holder_killed_is_recovered_and_an_unfinished_repair_is_reported() {
         let s = Shared::new();
         s.mutex().init().unwrap();
-        let mut pipe = [0; 2];
-        // SAFETY: a pipe for the child to say it holds the lock.
-        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
-        // SAFETY: fork in a test; the child locks, says so and waits to be killed.
-        let child = unsafe { libc::fork() };
-        if child == 0 {
-            let g = s.mutex().lock().unwrap();
-            std::mem::forget(g);
-            // SAFETY: one byte to the parent, then sleep until SIGKILL.
-            unsafe {
-                libc::write(pipe[1], b"x".as_ptr().cast(), 1);
-                loop {
-                    libc::pause();
-                }
-            }
-        }
-        let mut byte = 0u8;
-        // SAFETY: reading the child's byte into a local.
-        let got = unsafe { libc::read(pipe[0], (&mut byte as *mut u8).cast(), 1) };
-        assert_eq!(got, 1);
-        // SAFETY: killing and reaping our own child (also a zombie counts as dead; reaping
-        // first is the common case).
-        unsafe {
-            libc::kill(child, libc::SIGKILL);
-            libc::waitpid(child, std::ptr::null_mut(), 0);
-        }
+        crate::tests::killed_after(|| std::mem::forget(s.mutex().lock().unwrap()));
         let g = s.mutex().lock().unwrap();
         assert!(
             g.recovered(),

@@ -953,13 +953,7 @@ fn a_remover_killed_mid_removal_is_repaired() {
     let b = s.block();
     let stripes = b.removal_stripes(victim);
     assert_ne!(stripes, 0);
-    let mut pipe = [0; 2];
-    // SAFETY: a pipe for the child to say it is in the middle of the removal.
-    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
-    // SAFETY: fork in a test; the child only locks, stores, writes one byte and pauses.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0);
-    if child == 0 {
+    killed_after(|| {
         let g = b.lock_ns_entries().expect("lock");
         let w = crate::namespace::StripesWritten::begin(b, stripes);
         b.inode(victim)
@@ -967,25 +961,7 @@ fn a_remover_killed_mid_removal_is_repaired() {
             .store(crate::layout::INODE_FREE, Ordering::Release);
         std::mem::forget(w);
         std::mem::forget(g);
-        // SAFETY: one byte to the parent, then sleep until SIGKILL.
-        unsafe {
-            libc::write(pipe[1], b"x".as_ptr().cast(), 1);
-            loop {
-                libc::pause();
-            }
-        }
-    }
-    let mut byte = 0u8;
-    // SAFETY: reading the child's byte into a local.
-    let got = unsafe { libc::read(pipe[0], (&mut byte as *mut u8).cast(), 1) };
-    assert_eq!(got, 1);
-    // SAFETY: killing and reaping our own child; closing our pipe ends.
-    unsafe {
-        libc::kill(child, libc::SIGKILL);
-        libc::waitpid(child, std::ptr::null_mut(), 0);
-        libc::close(pipe[0]);
-        libc::close(pipe[1]);
-    }
+    });
     let h = b.header();
     assert!(
         h.ns_stripes
@@ -1105,4 +1081,37 @@ fn fsck_reports_and_repairs_an_odd_stripe_sequence() {
     assert!(!r.repaired.is_empty(), "{r:?}");
     assert_eq!(stripe.load(Ordering::Relaxed), 8);
     assert_clean(&s);
+}
+
+/// Runs `hold` in a forked child, then kills the child with SIGKILL and reaps it: a process
+/// that dies at exactly the point `hold` leaves it (a lock held, a change half made).
+pub(crate) fn killed_after(hold: impl FnOnce()) {
+    let mut pipe = [0; 2];
+    // SAFETY: a pipe for the child to say it got there.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: fork in a test; the child runs `hold`, writes one byte and pauses.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        hold();
+        // SAFETY: one byte to the parent, then sleep until SIGKILL.
+        unsafe {
+            libc::write(pipe[1], b"x".as_ptr().cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let mut byte = 0u8;
+    // SAFETY: reading the child's byte into a local.
+    let got = unsafe { libc::read(pipe[0], (&mut byte as *mut u8).cast(), 1) };
+    assert_eq!(got, 1);
+    // SAFETY: killing and reaping our own child (a zombie counts as dead too; reaping first
+    // is the common case); closing our pipe ends.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
 }
