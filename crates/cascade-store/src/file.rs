@@ -38,8 +38,9 @@ fn height_for(idx: u64) -> u32 {
 }
 
 impl Block {
+    #[inline]
     pub(crate) fn lock_inode(&self, ino: u32) -> Result<LockGuard<'_>> {
-        let mut g = self.inode(ino).lock.lock()?;
+        let mut g = self.inode(ino).lock.lock_biased()?;
         if g.recovered() {
             self.repair_inode(ino)?;
             g.mark_consistent();

@@ -11,7 +11,7 @@ use crate::lock::{SeqLine, ShmMutex};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"CASCADE\0";
-pub(crate) const FORMAT_VERSION: u32 = 6;
+pub(crate) const FORMAT_VERSION: u32 = 7;
 pub(crate) const HEADER_SIZE: usize = 4096;
 
 pub(crate) const MIN_CHUNK: u64 = 4096;

@@ -11,12 +11,25 @@
 //! compare-and-swap and unlocking one swap. The word names the holder as (pid, tid); the
 //! kernel does not release it at the holder's death, so a waiter that has slept
 //! [`DEAD_CHECK_EVERY`] without being woken looks the holder up in /proc.
+//!
+//! **Biased file locks.** A file's lock ([`ShmMutex::lock_biased`]) is nearly always taken
+//! by one thread only: the rank writing its checkpoint. Its first holder keeps the lock word
+//! for good and from then on enters with plain loads and stores of `bias` and `busy`, no
+//! atomic read-modify-write (two of them were a third of a 64-byte write). Another thread
+//! that wants the lock *revokes* the bias: it marks `bias` as being revoked, runs
+//! `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)` — a full memory barrier on every CPU
+//! running a thread of a process that registered for it, which every bias holder did before
+//! taking a bias — then waits for `busy` to be 0 and takes the word over. The barrier stands
+//! in for the store-load fence the owner leaves out between "busy = 1" and re-reading
+//! `bias` (an asymmetric Dekker handshake), so either the owner sees the revocation and
+//! backs off, or the revoker sees it busy and waits. Once revoked a lock stays unbiased
+//! until its inode is reused. Where membarrier is not available nobody takes a bias.
 
 use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::sync::atomic::{
-    fence, AtomicU32, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
+    compiler_fence, fence, AtomicU32, AtomicU64,
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 use std::time::Duration;
 
@@ -25,17 +38,30 @@ use std::time::Duration;
 pub(crate) struct ShmMutex {
     /// 0 free; else the holder, `pid << 32 | tid`, with [`WAITERS`] set when someone may
     /// sleep on it; [`NOT_RECOVERABLE`] after a holder died and its repair did not finish.
+    /// A biased lock's owner holds it for as long as the bias lasts.
     word: AtomicU64,
-    /// Unused since format 6 (the namespace's sequences moved to their own cache lines in
-    /// the header: [`SeqLine`]); zero.
-    spare: AtomicU64,
+    /// [`UNBIASED`] (never biased), the bias owner's holder value, a revoker's holder value
+    /// with [`REVOKING`] set, or [`REVOKED`]. Always [`UNBIASED`] in the namespace and
+    /// allocator locks.
+    bias: AtomicU64,
+    /// 1 while the bias owner is inside the lock (only the owner writes it while the bias
+    /// lasts); revokers sleep on it.
+    busy: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<ShmMutex>() == 64);
+const _: () = assert!(std::mem::offset_of!(ShmMutex, bias) == 8);
+const _: () = assert!(std::mem::offset_of!(ShmMutex, busy) == 16);
 
 /// Set in the word while a waiter may sleep on it: the unlocker must wake one.
 const WAITERS: u64 = 1 << 31;
 const NOT_RECOVERABLE: u64 = u64::MAX;
+/// `bias`: no thread ever held a bias on this lock.
+const UNBIASED: u64 = 0;
+/// `bias`: a bias was revoked; the lock is an ordinary one until its inode is reused.
+const REVOKED: u64 = u64::MAX;
+/// Set in `bias` (with the revoker's holder value) while a revocation is under way.
+const REVOKING: u64 = WAITERS;
 /// Spins before sleeping: store locks are held for a copy of at most a chunk.
 const SPINS: u32 = 200;
 /// How long a waiter sleeps before it checks that the holder is still alive.
@@ -51,6 +77,8 @@ thread_local! {
 
 extern "C" fn after_fork_in_child() {
     FORK_GENERATION.fetch_add(1, Relaxed);
+    // A fork child's memory map is new and not registered for membarrier.
+    MEMBARRIER.store(MEMBARRIER_UNKNOWN, Relaxed);
 }
 
 /// This thread's holder value, cached (gettid is a system call).
@@ -85,6 +113,63 @@ fn me_uncached(generation: u32) -> u64 {
     value
 }
 
+// membarrier(2) commands (linux/membarrier.h; not in the libc crate).
+const MEMBARRIER_CMD_QUERY: libc::c_long = 0;
+const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_long = 2;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_long = 4;
+
+/// Whether this process may hold biases: registered for `MEMBARRIER_CMD_GLOBAL_EXPEDITED`.
+static MEMBARRIER: AtomicU32 = AtomicU32::new(MEMBARRIER_UNKNOWN);
+const MEMBARRIER_UNKNOWN: u32 = 0;
+const MEMBARRIER_REGISTERED: u32 = 1;
+const MEMBARRIER_UNAVAILABLE: u32 = 2;
+
+fn membarrier(cmd: libc::c_long) -> libc::c_long {
+    // SAFETY: membarrier(2) with a command and flags 0 reads and writes no user memory.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
+}
+
+/// Registers this process for expedited global barriers once (a bias holder must be
+/// reached by a revoker's barrier); false where the kernel or a seccomp filter refuses.
+#[inline]
+fn may_hold_bias() -> bool {
+    match MEMBARRIER.load(Relaxed) {
+        MEMBARRIER_REGISTERED => true,
+        MEMBARRIER_UNAVAILABLE => false,
+        _ => register_for_membarrier(),
+    }
+}
+
+#[cold]
+fn register_for_membarrier() -> bool {
+    let wanted =
+        1 << MEMBARRIER_CMD_GLOBAL_EXPEDITED | 1 << MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+    let supported = membarrier(MEMBARRIER_CMD_QUERY);
+    let ok = supported >= 0
+        && supported & wanted == wanted
+        && membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+    let state = if ok {
+        MEMBARRIER_REGISTERED
+    } else {
+        MEMBARRIER_UNAVAILABLE
+    };
+    MEMBARRIER.store(state, Relaxed);
+    ok
+}
+
+/// A full barrier on every CPU running a thread of a registered process, so that a bias
+/// owner's "busy = 1" is visible to us and our revocation mark to it.
+fn barrier_on_every_bias_holder() -> Result<()> {
+    if membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0 || membarrier(MEMBARRIER_CMD_GLOBAL) == 0 {
+        return Ok(());
+    }
+    Err(Error::new(
+        libc::ENOLCK,
+        "a store file lock is biased to another thread and membarrier(2) is refused here, so it cannot be taken over; run Cascade's processes of one store under the same seccomp policy",
+    ))
+}
+
 /// True unless /proc says thread `tid` of process `pid` is gone (or a zombie). Without a
 /// readable /proc nobody is declared dead: a lost holder then wedges its lock, as before
 /// robust mutexes.
@@ -101,45 +186,106 @@ fn holder_alive(word: u64) -> bool {
     }
 }
 
+/// A holder value with [`WAITERS`] cleared.
+fn holder_of(word: u64) -> u64 {
+    word & !WAITERS
+}
+
 impl ShmMutex {
-    /// Initialises the mutex in place. Only the creator of a block calls this, before any other
-    /// process can see the block.
+    /// Initialises the mutex in place, unbiased. Only the creator of a block (or of an
+    /// inode, under the namespace lock) calls this, before any other thread can lock it.
     pub(crate) fn init(&self) -> Result<()> {
-        self.spare.store(0, Release);
+        self.busy.store(0, Release);
+        self.bias.store(UNBIASED, Release);
         self.word.store(0, Release);
         Ok(())
     }
 
+    /// Takes the lock; never biases it (the namespace and allocator locks, which every
+    /// process takes).
     #[inline]
     pub(crate) fn lock(&self) -> Result<LockGuard<'_>> {
         let me = me();
         if self.word.compare_exchange(0, me, Acquire, Relaxed).is_ok() {
-            return Ok(LockGuard {
-                mutex: self,
-                recovered: false,
-            });
+            return Ok(self.guard(me, Held::Word, false));
         }
         self.lock_contended(me)
     }
 
+    /// Takes a file's lock: with plain loads and stores while this thread holds the lock's
+    /// bias, which the first locker of a fresh lock takes (module docs).
+    #[inline]
+    pub(crate) fn lock_biased(&self) -> Result<LockGuard<'_>> {
+        let me = me();
+        // `busy` is 1 on entry only if an earlier incarnation of this (pid, tid) died inside.
+        if self.bias.load(Relaxed) == me
+            && self.busy.load(Relaxed) == 0
+            && MEMBARRIER.load(Relaxed) == MEMBARRIER_REGISTERED
+        {
+            self.busy.store(1, Relaxed);
+            // The store-load fence this handshake needs is the revoker's membarrier.
+            compiler_fence(SeqCst);
+            if self.bias.load(Acquire) == me {
+                return Ok(self.guard(me, Held::Bias, false));
+            }
+            self.leave_bias(me);
+        }
+        if self.word.compare_exchange(0, me, Acquire, Relaxed).is_ok() {
+            if self.bias.load(Relaxed) == UNBIASED && may_hold_bias() {
+                // Busy before the bias is published: a revoker that sees the bias waits.
+                self.busy.store(1, Relaxed);
+                self.bias.store(me, Release);
+                return Ok(self.guard(me, Held::Bias, false));
+            }
+            return Ok(self.guard(me, Held::Word, false));
+        }
+        self.lock_contended(me)
+    }
+
+    /// True if this thread holds the lock's bias (it enters without atomic read-modify-writes).
+    #[cfg(test)]
+    pub(crate) fn biased_to_this_thread(&self) -> bool {
+        self.bias.load(Relaxed) == me()
+    }
+
+    /// True if the lock is as [`Self::init`] left it.
+    #[cfg(test)]
+    pub(crate) fn is_fresh(&self) -> bool {
+        self.word.load(Relaxed) == 0
+            && self.bias.load(Relaxed) == UNBIASED
+            && self.busy.load(Relaxed) == 0
+    }
+
+    fn guard(&self, me: u64, held: Held, recovered: bool) -> LockGuard<'_> {
+        let flags = match held {
+            Held::Word => 0,
+            Held::Bias => BY_BIAS,
+        } | if recovered { RECOVERED } else { 0 };
+        LockGuard {
+            mutex: self,
+            me,
+            flags,
+        }
+    }
+
+    /// The bias owner leaves the lock (or backs off a revocation): a revoker may sleep on
+    /// `busy`.
+    #[inline]
+    fn leave_bias(&self, me: u64) {
+        self.busy.store(0, Release);
+        // Seeing the revoker's mark here is what its membarrier guarantees; a missed wake
+        // costs it one DEAD_CHECK_EVERY, never the lock.
+        if self.bias.load(Relaxed) != me {
+            futex_wake(self.busy.as_ptr(), i32::MAX);
+        }
+    }
+
     #[cold]
     fn lock_contended(&self, me: u64) -> Result<LockGuard<'_>> {
-        let held = |recovered| {
-            Ok(LockGuard {
-                mutex: self,
-                recovered,
-            })
-        };
-        for _ in 0..SPINS {
-            std::hint::spin_loop();
-            if self.word.load(Relaxed) == 0
-                && self.word.compare_exchange(0, me, Acquire, Relaxed).is_ok()
-            {
-                return held(false);
-            }
-        }
-        // From here on this thread may have slept: it takes the lock with WAITERS set, as
-        // others may still sleep on it.
+        let mut spins = 0;
+        // After sleeping, this thread takes the lock with WAITERS set, as others may still
+        // sleep on it.
+        let mut slept = false;
         let mut slept_unwoken = false;
         loop {
             let seen = self.word.load(Relaxed);
@@ -150,23 +296,47 @@ impl ShmMutex {
                 ));
             }
             if seen == 0 {
+                let value = if slept { me | WAITERS } else { me };
                 if self
                     .word
-                    .compare_exchange(0, me | WAITERS, Acquire, Relaxed)
+                    .compare_exchange(0, value, Acquire, Relaxed)
                     .is_ok()
                 {
-                    return held(false);
+                    return Ok(self.guard(me, Held::Word, false));
                 }
                 continue;
             }
-            if slept_unwoken && !holder_alive(seen) {
+            let bias = self.bias.load(Acquire);
+            let bias_holds_word = match bias {
+                UNBIASED | REVOKED => false,
+                // A revocation under way: the word is still the owner's until the revoker
+                // takes it.
+                b if b & REVOKING != 0 => holder_of(b) != holder_of(seen),
+                owner => owner == holder_of(seen),
+            };
+            if bias_holds_word {
+                if let Some(guard) = self.try_revoke(me, seen, bias, slept_unwoken)? {
+                    return Ok(guard);
+                }
+            } else if holder_of(seen) == me || (slept_unwoken && !holder_alive(seen)) {
+                // The holder is dead. A word naming this very thread is a dead incarnation's
+                // (pid and tid reused): no thread takes a lock it holds.
                 if self
                     .word
                     .compare_exchange(seen, me | WAITERS, Acquire, Relaxed)
                     .is_ok()
                 {
-                    return held(true);
+                    if bias != UNBIASED && bias != REVOKED {
+                        // A revoker that died between taking the word and finishing.
+                        self.bias.store(REVOKED, Release);
+                    }
+                    return Ok(self.guard(me, Held::Word, true));
                 }
+                continue;
+            }
+            if spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
                 continue;
             }
             if seen & WAITERS == 0
@@ -177,42 +347,99 @@ impl ShmMutex {
             {
                 continue;
             }
-            slept_unwoken = self.sleep_while((seen | WAITERS) as u32);
+            slept = true;
+            slept_unwoken = futex_wait(self.word.as_ptr().cast(), (seen | WAITERS) as u32);
         }
     }
 
-    /// Sleeps while the word's low half is `expected`; true if the sleep timed out.
-    fn sleep_while(&self, expected: u32) -> bool {
-        let ts = libc::timespec {
-            tv_sec: DEAD_CHECK_EVERY.as_secs() as libc::time_t,
-            tv_nsec: DEAD_CHECK_EVERY.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: futex(2) on the word's low half (little-endian: its first four bytes), a
-        // live, aligned u32 in a MAP_SHARED mapping, shared between processes (no
-        // FUTEX_PRIVATE_FLAG); the kernel only reads it and the timespec.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr().cast::<u32>(),
-                libc::FUTEX_WAIT,
-                expected,
-                &ts as *const libc::timespec,
-            )
-        };
-        rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
+    /// With the word held by a bias (`seen`, `bias` as loaded): becomes the revoker if none
+    /// is at work (or the one at work is dead) and takes the lock; None to wait.
+    fn try_revoke(
+        &self,
+        me: u64,
+        seen: u64,
+        bias: u64,
+        slept_unwoken: bool,
+    ) -> Result<Option<LockGuard<'_>>> {
+        if bias & REVOKING != 0 {
+            let revoker = holder_of(bias);
+            let revoker_gone = revoker == me || (slept_unwoken && !holder_alive(revoker));
+            if !revoker_gone {
+                return Ok(None);
+            }
+        }
+        if self
+            .bias
+            .compare_exchange(bias, me | REVOKING, Acquire, Relaxed)
+            .is_err()
+        {
+            return Ok(None);
+        }
+        self.revoke(me, holder_of(seen)).map(Some)
     }
 
-    fn wake(&self, waiters: i32) {
-        // SAFETY: futex(2) wake on the word's low half (see `sleep_while`).
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr().cast::<u32>(),
-                libc::FUTEX_WAKE,
-                waiters,
-            )
-        };
+    /// Ends `owner`'s bias (this thread marked it as revoking): waits until the owner is
+    /// out of the lock, or dead inside it (then the guard says recovered), and takes the
+    /// word over.
+    fn revoke(&self, me: u64, owner: u64) -> Result<LockGuard<'_>> {
+        // An owner that is this very thread is a dead incarnation, or this thread in a new
+        // image after exec: in neither case inside the lock now, and no barrier is needed.
+        if owner != me {
+            if let Err(e) = barrier_on_every_bias_holder() {
+                self.bias.store(owner, Release);
+                return Err(e);
+            }
+        }
+        let mut recovered = false;
+        let mut spins = 0;
+        while self.busy.load(Acquire) != 0 {
+            if owner == me {
+                recovered = true;
+                break;
+            }
+            if spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            if futex_wait(self.busy.as_ptr(), 1) && !holder_alive(owner) {
+                recovered = true;
+                break;
+            }
+        }
+        // Nobody else changes the word meanwhile but to set WAITERS, which stays set.
+        self.word.swap(me | WAITERS, Acquire);
+        self.busy.store(0, Relaxed);
+        self.bias.store(REVOKED, Release);
+        Ok(self.guard(me, Held::Word, recovered))
     }
+}
+
+/// Sleeps while `*word == expected`, at most [`DEAD_CHECK_EVERY`]; true if the sleep timed
+/// out.
+fn futex_wait(word: *mut u32, expected: u32) -> bool {
+    let ts = libc::timespec {
+        tv_sec: DEAD_CHECK_EVERY.as_secs() as libc::time_t,
+        tv_nsec: DEAD_CHECK_EVERY.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: futex(2) on a live, aligned u32 of a lock slot in a MAP_SHARED mapping,
+    // shared between processes (no FUTEX_PRIVATE_FLAG); the kernel only reads it and the
+    // timespec.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word,
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
+}
+
+fn futex_wake(word: *mut u32, waiters: i32) {
+    // SAFETY: futex(2) wake on a u32 of a lock slot (see `futex_wait`).
+    unsafe { libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAKE, waiters) };
 }
 
 const _: () = assert!(
@@ -220,33 +447,84 @@ const _: () = assert!(
     "the futex is the lock word's low half"
 );
 
+/// How a guard holds its lock.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// By the word: unlocking clears it.
+    Word,
+    /// By the bias: unlocking clears `busy`; the word stays the owner's.
+    Bias,
+}
+
+// A guard's flags, in one u64 rather than bools: a guard built byte by byte and then
+// copied as a whole (as a `Result` is) stalls on store forwarding, a few ns per write.
+/// Held by the bias ([`Held::Bias`]).
+const BY_BIAS: u64 = 1;
+/// The previous holder died inside ([`LockGuard::recovered`]).
+const RECOVERED: u64 = 2;
+/// Unlock into a fresh lock ([`LockGuard::make_fresh_on_unlock`]).
+const FRESH: u64 = 4;
+
 /// Holds a [`ShmMutex`]; unlocks on drop.
 pub(crate) struct LockGuard<'a> {
     mutex: &'a ShmMutex,
-    recovered: bool,
+    me: u64,
+    /// [`BY_BIAS`], [`RECOVERED`], [`FRESH`].
+    flags: u64,
 }
 
 impl LockGuard<'_> {
     /// True when the previous holder died holding the lock: the protected state may be
     /// half-updated and must be repaired before [`Self::mark_consistent`].
     pub(crate) fn recovered(&self) -> bool {
-        self.recovered
+        self.flags & RECOVERED != 0
     }
 
     pub(crate) fn mark_consistent(&mut self) {
-        self.recovered = false;
+        self.flags &= !RECOVERED;
+    }
+
+    /// Unlocks into a lock as fresh as a new one: no bias, none revoked. For an inode freed
+    /// or handed out under this guard, so that the next file there is biased to its writer
+    /// and not to the last one's, and a revocation in an earlier life does not stay.
+    pub(crate) fn make_fresh_on_unlock(&mut self) {
+        self.flags |= FRESH;
     }
 }
 
 impl Drop for LockGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        // A repair that did not finish leaves the lock unusable, which later lockers report.
-        if self.recovered {
-            self.mutex.word.store(NOT_RECOVERABLE, Release);
-            self.mutex.wake(i32::MAX);
-        } else if self.mutex.word.swap(0, Release) & WAITERS != 0 {
-            self.mutex.wake(1);
+        let mutex = self.mutex;
+        let fresh = self.flags & FRESH != 0;
+        if self.flags & BY_BIAS != 0 {
+            // A revoker that marked the bias meanwhile gets the lock as usual instead.
+            if fresh
+                && mutex
+                    .bias
+                    .compare_exchange(self.me, UNBIASED, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                mutex.busy.store(0, Relaxed);
+                if mutex.word.swap(0, Release) & WAITERS != 0 {
+                    futex_wake(mutex.word.as_ptr().cast(), 1);
+                }
+            } else {
+                mutex.leave_bias(self.me);
+            }
+        } else if self.recovered() {
+            // A repair that did not finish leaves the lock unusable, which later lockers
+            // report.
+            mutex.word.store(NOT_RECOVERABLE, Release);
+            futex_wake(mutex.word.as_ptr().cast(), i32::MAX);
+        } else {
+            if fresh {
+                // Nobody else writes `bias` of an unbiased or revoked lock.
+                mutex.bias.store(UNBIASED, Relaxed);
+            }
+            if mutex.word.swap(0, Release) & WAITERS != 0 {
+                futex_wake(mutex.word.as_ptr().cast(), 1);
+            }
         }
     }
 }
@@ -328,6 +606,18 @@ mod tests {
         fn bump(&self) {
             // SAFETY: callers hold the mutex; volatile so that the compiler keeps both.
             unsafe { self.1.write_volatile(self.1.read_volatile() + 1) }
+        }
+        /// The same, with a pause between the load and the store that a second holder
+        /// would fall into.
+        fn bump_slowly(&self) {
+            // SAFETY: as above.
+            unsafe {
+                let v = self.1.read_volatile();
+                for _ in 0..50 {
+                    std::hint::spin_loop();
+                }
+                self.1.write_volatile(v + 1)
+            }
         }
         fn count(&self) -> u64 {
             // SAFETY: as above.
@@ -423,5 +713,165 @@ mod tests {
             "a normal hand-over reported as a recovery"
         );
         waiter.join().unwrap();
+    }
+
+    /// Asserts the fast path's precondition: `s`'s bias is this thread's and idle.
+    fn assert_biased_to_me(s: &Shared) {
+        let m = s.mutex();
+        assert_eq!(m.bias.load(Relaxed), me(), "no bias taken");
+        assert_eq!(
+            holder_of(m.word.load(Relaxed)),
+            me(),
+            "the owner lost the word"
+        );
+        assert_eq!(m.busy.load(Relaxed), 0, "busy outside the lock");
+    }
+
+    #[test]
+    fn a_biased_lock_excludes_a_revoker_in_every_round() {
+        if !may_hold_bias() {
+            eprintln!("membarrier(2) refused here: file locks are never biased");
+            return;
+        }
+        const ROUNDS: u64 = 2_000;
+        const OWNER_EACH: u64 = 40;
+        const REVOKER_EACH: u64 = 4;
+        let s = Arc::new(Shared::new());
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let revoker = {
+            let (s, start) = (s.clone(), start.clone());
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    start.wait();
+                    for _ in 0..REVOKER_EACH {
+                        let _g = s.mutex().lock_biased().unwrap();
+                        s.bump_slowly();
+                    }
+                    start.wait();
+                }
+            })
+        };
+        for round in 0..ROUNDS {
+            s.mutex().init().unwrap();
+            drop(s.mutex().lock_biased().unwrap());
+            assert_biased_to_me(&s);
+            let before = s.count();
+            start.wait();
+            // The owner keeps entering by the fast path while the other thread revokes.
+            for _ in 0..OWNER_EACH {
+                let _g = s.mutex().lock_biased().unwrap();
+                s.bump_slowly();
+            }
+            start.wait();
+            assert_eq!(
+                s.count() - before,
+                OWNER_EACH + REVOKER_EACH,
+                "round {round}: a lost update, two holders at once"
+            );
+            assert_eq!(s.mutex().bias.load(Relaxed), REVOKED, "round {round}");
+            assert_eq!(
+                s.mutex().word.load(Relaxed) & !WAITERS,
+                0,
+                "round {round}: left held"
+            );
+        }
+        revoker.join().unwrap();
+    }
+
+    #[test]
+    fn another_process_revokes_a_bias_and_waits_for_its_owner_to_leave() {
+        if !may_hold_bias() {
+            eprintln!("membarrier(2) refused here: file locks are never biased");
+            return;
+        }
+        let s = Shared::new();
+        s.mutex().init().unwrap();
+        drop(s.mutex().lock_biased().unwrap());
+        assert_biased_to_me(&s);
+        let inside = s.mutex().lock_biased().unwrap();
+        // SAFETY: fork in a test; the child locks, bumps and _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            let g = s.mutex().lock_biased().unwrap();
+            // The owner bumped before it left; the child must see that bump.
+            let code = if s.count() == 1 && !g.recovered() {
+                0
+            } else {
+                1
+            };
+            s.bump();
+            drop(g);
+            // SAFETY: leave without running the test harness's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        // The child cannot get in while the owner is inside: it must end up asleep in
+        // futex(2) (on `busy`), not finish.
+        let mut status = 0;
+        let mut finished = false;
+        loop {
+            // SAFETY: polling our own child.
+            if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == child {
+                finished = true;
+                break;
+            }
+            let syscall = std::fs::read_to_string(format!("/proc/{child}/syscall"));
+            if syscall.is_ok_and(|s| s.starts_with(&format!("{} ", libc::SYS_futex))) {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        assert!(!finished, "the revoker got in while the owner was inside");
+        assert_ne!(s.mutex().bias.load(Relaxed) & REVOKING, 0);
+        s.bump();
+        drop(inside);
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert_eq!(status, 0, "the revoker did not see the owner's change");
+        assert_eq!(s.count(), 2);
+        assert_eq!(s.mutex().bias.load(Relaxed), REVOKED);
+        // An ordinary lock from now on.
+        let g = s.mutex().lock_biased().unwrap();
+        assert_eq!(holder_of(s.mutex().word.load(Relaxed)), me());
+        drop(g);
+        assert_eq!(s.mutex().word.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn a_bias_owner_killed_inside_is_recovered_and_outside_is_not() {
+        if !may_hold_bias() {
+            eprintln!("membarrier(2) refused here: file locks are never biased");
+            return;
+        }
+        let s = Shared::new();
+        // Killed outside: the bias ends at once, nothing to repair.
+        s.mutex().init().unwrap();
+        crate::tests::killed_after(|| drop(s.mutex().lock_biased().unwrap()));
+        assert_ne!(
+            s.mutex().bias.load(Relaxed),
+            UNBIASED,
+            "the child took no bias"
+        );
+        let g = s.mutex().lock_biased().unwrap();
+        assert!(
+            !g.recovered(),
+            "an idle dead owner's lock reported recovered"
+        );
+        drop(g);
+        // Killed inside (by the fast path: its second entry): recovered.
+        s.mutex().init().unwrap();
+        crate::tests::killed_after(|| {
+            drop(s.mutex().lock_biased().unwrap());
+            std::mem::forget(s.mutex().lock_biased().unwrap());
+        });
+        assert_eq!(s.mutex().busy.load(Relaxed), 1);
+        let mut g = s.mutex().lock_biased().unwrap();
+        assert!(
+            g.recovered(),
+            "a dead owner's half-done change not reported"
+        );
+        g.mark_consistent();
+        drop(g);
+        assert_eq!(s.mutex().word.load(Relaxed), 0);
     }
 }

@@ -716,7 +716,8 @@ impl Block {
         h.free_inode_top.store(top - 1, Release);
         let inode = self.inode(ino);
         // Taking the inode's lock repairs leftovers of a previous incarnation if needed.
-        let _g = self.lock_inode(ino)?;
+        let mut g = self.lock_inode(ino)?;
+        g.make_fresh_on_unlock();
         let now = now_ns();
         inode.gen.fetch_add(1, Relaxed);
         inode.size.store(0, Relaxed);
@@ -763,7 +764,7 @@ impl Block {
         self.check_entry_links(ino, parent)?;
         let _stripes = StripesWritten::begin(self, self.removal_stripes(ino));
         let orphan = {
-            let _g = self.lock_inode(ino)?;
+            let mut g = self.lock_inode(ino)?;
             let inode = self.inode(ino);
             // A file still open somewhere keeps its data (POSIX): it leaves the namespace now
             // and is freed when its last open description closes (see reap_orphan).
@@ -779,6 +780,7 @@ impl Block {
             } else {
                 inode.state.store(INODE_FREE, Release); // publish
                 self.free_file_data(ino)?;
+                g.make_fresh_on_unlock();
             }
             orphan
         };
@@ -796,7 +798,7 @@ impl Block {
     pub(crate) fn reap_orphan(&self, ino: u32, gen: u32) -> Result<()> {
         let _ns = self.lock_ns()?;
         {
-            let _g = self.lock_inode(ino)?;
+            let mut g = self.lock_inode(ino)?;
             let inode = self.inode(ino);
             if !matches!(inode.state.load(Acquire), INODE_ORPHAN | INODE_ORPHAN_DIR)
                 || inode.gen.load(Acquire) != gen
@@ -806,6 +808,7 @@ impl Block {
             }
             inode.state.store(INODE_FREE, Release); // publish
             self.free_file_data(ino)?;
+            g.make_fresh_on_unlock();
         }
         self.push_free_inode(ino)
     }

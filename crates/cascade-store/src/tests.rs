@@ -1115,3 +1115,52 @@ pub(crate) fn killed_after(hold: impl FnOnce()) {
         libc::close(pipe[1]);
     }
 }
+
+#[test]
+fn a_file_lock_is_biased_to_its_writer() {
+    let s = store(8 << 20, 1 << 20, 0);
+    let f = s.open("/biased", &rw()).unwrap();
+    for i in 0..3u64 {
+        f.write_at(b"0123456789abcdef", i * 16).unwrap();
+    }
+    let ino = f.ino() as u32;
+    assert!(
+        s.block().inode(ino).lock.biased_to_this_thread(),
+        "the writer's file lock is not biased to it"
+    );
+    drop(f);
+    s.unlink("/biased").unwrap();
+    assert!(
+        s.block().inode(ino).lock.is_fresh(),
+        "a freed inode's lock kept its bias"
+    );
+}
+
+#[test]
+fn a_reused_inode_is_biased_to_its_new_writer() {
+    let s = store(8 << 20, 1 << 20, 0);
+    let f = s.open("/first", &rw()).unwrap();
+    f.write_at(b"x", 0).unwrap();
+    let ino = f.ino() as u32;
+    drop(f);
+    // Another thread writes the file, revoking the bias, and removes it.
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            let f = s.open("/first", &rw()).unwrap();
+            f.write_at(b"y", 1).unwrap();
+            drop(f);
+            s.unlink("/first").unwrap();
+        });
+    });
+    let f = s.open("/second", &rw()).unwrap();
+    assert_eq!(
+        f.ino() as u32,
+        ino,
+        "the freed inode was not handed out again"
+    );
+    f.write_at(b"z", 0).unwrap();
+    assert!(
+        s.block().inode(ino).lock.biased_to_this_thread(),
+        "a revocation in the inode's earlier life stayed"
+    );
+}
