@@ -215,6 +215,35 @@ impl Store {
         self.block.will_touch_data();
     }
 
+    /// Bytes of the store this process maps in huge pages (`ShmemPmdMapped` of the block's
+    /// mapping in /proc/self/smaps); None if that cannot be read. Zero where /dev/shm gives
+    /// only 4 KiB pages, which makes a process's first writes pay for its page tables
+    /// (docs/store-layout.md, "Memory and faults").
+    pub fn huge_page_bytes(&self) -> Option<u64> {
+        let g = &self.block.geo;
+        let block = self.block.base as u64;
+        let block_end = block + g.off.data + g.mem_chunks as u64 * g.chunk_size;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        // The block is several mappings (MADV_HUGEPAGE on the data region splits it): sum
+        // the field over every mapping inside it.
+        let mut inside = false;
+        let mut kib = 0;
+        for line in smaps.lines() {
+            let first = line.split_whitespace().next().unwrap_or("");
+            if let Some((start, _)) = first.split_once('-') {
+                inside = u64::from_str_radix(start, 16).is_ok_and(|a| a >= block && a < block_end);
+            } else if let Some(value) = line.strip_prefix("ShmemPmdMapped:").filter(|_| inside) {
+                kib += value
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?;
+            }
+        }
+        Some(kib << 10)
+    }
+
     pub fn data_region(&self) -> DataRegion {
         self.block.will_touch_data();
         let g = &self.block.geo;
