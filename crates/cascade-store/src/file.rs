@@ -557,6 +557,30 @@ impl Block {
 
     /// Writes `buf` at `offset` (inode lock held). Returns bytes written: short only when the
     /// store filled up after some bytes went in (ENOSPC if none did).
+    /// The chunk at `idx` of `ino` if the file's lock hint names it (inode lock held): the
+    /// chunk last written, checked to be still marked USED(ino, idx). A chunk so marked is
+    /// the one the map publishes at `idx` (an unpublished one is a dead holder's leftover,
+    /// which taking the lock repaired), so this skips the walk down the map, whose nodes
+    /// were a sixth of a 64-byte write. A truncation or a free leaves the hint stale; the
+    /// check then fails.
+    #[inline]
+    fn hinted_chunk(&self, ino: u32, idx: u64) -> Option<u32> {
+        let hint = self.inode(ino).lock.hint.load(Relaxed);
+        let c = (hint as u32).checked_sub(1)?;
+        let state = self.chunk_states().get(c as usize)?.load(Relaxed);
+        (hint >> 32 == idx && idx <= u32::MAX as u64 && state == used(ino, idx as u32)).then_some(c)
+    }
+
+    /// Remembers chunk `c` at `idx` of `ino` as the hint (inode lock held).
+    #[inline]
+    fn set_hint(&self, ino: u32, idx: u64, c: u32) {
+        let hint = &self.inode(ino).lock.hint;
+        let value = idx << 32 | (c as u64 + 1);
+        if idx <= u32::MAX as u64 && hint.load(Relaxed) != value {
+            hint.store(value, Relaxed);
+        }
+    }
+
     pub(crate) fn write_locked(&self, ino: u32, buf: &[u8], offset: u64) -> Result<usize> {
         let cs = self.geo.chunk_size;
         let inode = self.inode(ino);
@@ -589,8 +613,15 @@ impl Block {
             let within = pos % cs;
             let n = ((cs - within) as usize).min(buf.len() - done);
             let part = &buf[done..done + n];
-            match self.map_lookup(ino, idx)? {
-                Some(c) => self.chunk_write(c, within, part)?,
+            let found = match self.hinted_chunk(ino, idx) {
+                Some(c) => Some(c),
+                None => self.map_lookup(ino, idx)?,
+            };
+            match found {
+                Some(c) => {
+                    self.chunk_write(c, within, part)?;
+                    self.set_hint(ino, idx, c);
+                }
                 None => {
                     let c = match self.alloc_chunk(ino, idx as u32) {
                         Ok(c) => c,
@@ -618,6 +649,7 @@ impl Block {
                     } else {
                         inode.chunks_mem.fetch_add(1, Relaxed);
                     }
+                    self.set_hint(ino, idx, c);
                 }
             }
             done += n;

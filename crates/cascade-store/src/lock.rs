@@ -47,11 +47,16 @@ pub(crate) struct ShmMutex {
     /// 1 while the bias owner is inside the lock (only the owner writes it while the bias
     /// lasts); revokers sleep on it.
     busy: AtomicU32,
+    /// A word for holders of the lock to keep a hint in (file locks: the chunk last
+    /// written, see `Block::write_locked`). Read and written only under the lock; whoever
+    /// uses it checks it first, so a stale hint costs nothing but the check.
+    pub hint: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<ShmMutex>() == 64);
 const _: () = assert!(std::mem::offset_of!(ShmMutex, bias) == 8);
 const _: () = assert!(std::mem::offset_of!(ShmMutex, busy) == 16);
+const _: () = assert!(std::mem::offset_of!(ShmMutex, hint) == 24);
 
 /// Set in the word while a waiter may sleep on it: the unlocker must wake one.
 const WAITERS: u64 = 1 << 31;
@@ -195,6 +200,7 @@ impl ShmMutex {
     /// Initialises the mutex in place, unbiased. Only the creator of a block (or of an
     /// inode, under the namespace lock) calls this, before any other thread can lock it.
     pub(crate) fn init(&self) -> Result<()> {
+        self.hint.store(0, Release);
         self.busy.store(0, Release);
         self.bias.store(UNBIASED, Release);
         self.word.store(0, Release);

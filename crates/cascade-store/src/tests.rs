@@ -1164,3 +1164,27 @@ fn a_reused_inode_is_biased_to_its_new_writer() {
         "a revocation in the inode's earlier life stayed"
     );
 }
+
+/// The file lock's hint (the chunk last written) goes stale when a truncation frees that
+/// chunk and another file takes it: a write must then find its own chunk, never the other
+/// file's.
+#[test]
+fn a_stale_chunk_hint_never_writes_into_another_file() {
+    let s = store(4 << 20, 1 << 20, 0);
+    let a = s.open("/a", &rw()).unwrap();
+    a.write_at(&pattern(1, 4096), 1 << 20).unwrap(); // chunk index 1: the hint
+    a.set_len(0).unwrap(); // frees it
+    let b = s.open("/b", &rw()).unwrap();
+    let theirs = pattern(2, 3 << 20);
+    b.write_at(&theirs, 0).unwrap(); // takes every free chunk but one
+    a.write_at(&pattern(3, 4096), 1 << 20).unwrap();
+    assert_eq!(
+        read_all(&b),
+        theirs,
+        "a write through a stale hint hit another file"
+    );
+    let mut back = vec![0u8; 4096];
+    a.read_at(&mut back, 1 << 20).unwrap();
+    assert_eq!(back, pattern(3, 4096));
+    assert_clean(&s);
+}
