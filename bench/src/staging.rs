@@ -1823,9 +1823,11 @@ fn ingest_breakdown(r: &SResults, s: &mut Md) {
         (
             "raw client → server",
             baseline(r, "raw client → server").map(|b| b.gbps.median),
-            "the server: framing, the receive-buffer pool, the hand-off to the IO thread, \
-             the O_DIRECT write into the arena (buffered where the file system refuses it), \
-             CRC32C per extent, the index record and the group commit",
+            "the server: framing, the receive-buffer pool, the hand-off to the IO thread and \
+             its disk writers, the O_DIRECT writes into the arena (up to 4 in flight, \
+             overlapping the receive; buffered where the file system refuses O_DIRECT), \
+             CRC32C per extent, the frames kept for the drain, the index record and the \
+             group commit",
         ),
         (
             "one stream, server absorb",

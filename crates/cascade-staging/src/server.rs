@@ -49,6 +49,14 @@ pub struct ServerOptions {
     pub buffers: usize,
     /// Threads appending to the arenas (each connection is served by one of them, in order).
     pub io_threads: usize,
+    /// Arena writes (of up to 4 MiB each) in flight at once, server-wide: the IO threads hand
+    /// a frame's extents to this many disk writer threads and go on with the next frame, so
+    /// O_DIRECT writes overlap each other and the receiving of the next frames.
+    pub writes_in_flight: usize,
+    /// Bytes of received Write frames kept in memory after they are written, so that the
+    /// drain uploads a sealed version from them instead of reading the arenas back (a
+    /// version that does not fit drains from the arenas, as after a restart). 0: none.
+    pub drain_memory: u64,
     /// The drain pauses while a Write arrived less than this long ago.
     pub busy_window: Duration,
     /// While clients write, the drain reads at most one MiB per this pause.
@@ -92,6 +100,8 @@ impl std::fmt::Debug for ServerOptions {
             .field("engine", &self.engine)
             .field("buffers", &self.buffers)
             .field("io_threads", &self.io_threads)
+            .field("writes_in_flight", &self.writes_in_flight)
+            .field("drain_memory", &self.drain_memory)
             .field("busy_window", &self.busy_window)
             .field("busy_pause", &self.busy_pause)
             .field("chunks", &self.chunks)
@@ -121,6 +131,8 @@ impl ServerOptions {
             engine: EngineOptions::default(),
             buffers: 8,
             io_threads: 2,
+            writes_in_flight: 4,
+            drain_memory: 2 << 30,
             busy_window: Duration::from_millis(50),
             busy_pause: Duration::from_millis(10),
             chunks: ChunkOptions::default(),
@@ -150,47 +162,106 @@ pub fn limit_malloc_arenas() {
     }
 }
 
-/// Fixed receive buffers, faulted in once so receiving never page-faults or allocates.
-/// Connections get them in the order they asked: a stream of clients that each hold one for
-/// long cannot starve a waiting one.
+/// Receive buffers. The base ones are faulted in once, so receiving never page-faults or
+/// allocates. Connections get them in the order they asked: a stream of clients that each
+/// hold one for long cannot starve a waiting one. A buffer whose bytes are kept for the drain
+/// (`drain_memory`) is pinned until its versions drained; the pool puts a replacement in
+/// service for each pinned one, so receiving always has the base count, and takes
+/// replacements out of service again when pinned buffers come back.
 struct BufferPool {
     free: Mutex<PoolState>,
     returned: Condvar,
+    /// Most bytes of frames pinned for the drain at once (`drain_memory`).
+    keep_budget: u64,
+    /// Most spare buffers kept out of service (`keep_budget` in whole buffers).
+    max_spares: usize,
 }
 
 struct PoolState {
-    buffers: Vec<Vec<u8>>,
+    buffers: Vec<PoolBuf>,
     /// The next ticket handed out, and the one whose turn it is.
     next: u64,
     turn: u64,
+    /// Buffers in service (free in `buffers` or in use): the base count plus replacements.
+    in_service: usize,
+    base: usize,
+    /// Buffers pinned for the drain now, and the bytes of their frames.
+    pinned: usize,
+    pinned_bytes: u64,
+    /// Buffers out of service, for the next replacements (at most `max_spares`): their
+    /// pages stay in memory, so a checkpoint after the first one pays no page faults for
+    /// them (not MADV_FREE: pages the kernel is free to drop would be faulted in again).
+    spares: Vec<PoolBuf>,
+}
+
+/// Bytes a receive buffer holds: a body and room to shift a Write's data to an aligned
+/// address.
+const RECEIVE_BUFFER: usize = protocol::MAX_BODY + crate::engine::BLOCK;
+
+/// A receive buffer (anonymous memory of its own, not the allocator's: a replacement's pages
+/// are faulted in only as far as frames reach, and nothing zeroes it first) and what the
+/// drain memory counts of it (0 while not pinned).
+struct PoolBuf {
+    buf: memmap2::MmapMut,
+    pinned: Arc<AtomicU64>,
+}
+
+impl PoolBuf {
+    fn map() -> io::Result<PoolBuf> {
+        Ok(PoolBuf {
+            buf: memmap2::MmapMut::map_anon(RECEIVE_BUFFER)?,
+            pinned: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// A replacement: in huge pages where the kernel allows, so that faulting it in as
+    /// frames arrive costs one fault per 2 MiB instead of per 4 KiB.
+    fn replacement() -> io::Result<PoolBuf> {
+        let b = PoolBuf::map()?;
+        // SAFETY: the range is exactly the new mapping; MADV_HUGEPAGE only advises the
+        // kernel how to back it and changes no content.
+        unsafe {
+            libc::madvise(
+                b.buf.as_ptr() as *mut libc::c_void,
+                b.buf.len(),
+                libc::MADV_HUGEPAGE,
+            );
+        }
+        Ok(b)
+    }
 }
 
 impl BufferPool {
-    fn new(count: usize) -> BufferPool {
-        let free = (0..count.max(1))
-            .map(|_| {
-                // Every page written now, so receiving never faults. Not with zeros: a zero
-                // fill of a fresh allocation is turned into calloc, whose pages stay unmapped
-                // until first used (the hostile-client soak saw 8 MiB resident for 136 MiB of
-                // buffers).
-                // BLOCK more than a body: room to shift a Write's data to an aligned address.
-                vec![0xa5u8; protocol::MAX_BODY + crate::engine::BLOCK]
-            })
-            .collect();
-        BufferPool {
+    fn new(count: usize, keep_budget: u64) -> io::Result<BufferPool> {
+        let base = count.max(1);
+        let mut free = Vec::with_capacity(base);
+        for _ in 0..base {
+            let mut b = PoolBuf::map()?;
+            // Every page written now, so receiving never faults.
+            b.buf.fill(0xa5);
+            free.push(b);
+        }
+        Ok(BufferPool {
             free: Mutex::new(PoolState {
                 buffers: free,
                 next: 0,
                 turn: 0,
+                in_service: base,
+                base,
+                pinned: 0,
+                pinned_bytes: 0,
+                spares: Vec::new(),
             }),
             returned: Condvar::new(),
-        }
+            keep_budget,
+            max_spares: usize::try_from(keep_budget / RECEIVE_BUFFER as u64).unwrap_or(0),
+        })
     }
 
     /// Waits for a free buffer, first come first served: a full pool slows clients down
-    /// instead of growing memory.
-    fn take(&self) -> Vec<u8> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+    /// instead of growing memory (it grows only by replacements of pinned buffers).
+    fn take(&self) -> PoolBuf {
+        let mut free = lock(&self.free);
         let ticket = free.next;
         free.next += 1;
         loop {
@@ -201,16 +272,96 @@ impl BufferPool {
                     self.returned.notify_all();
                     return b;
                 }
+                if free.in_service < free.base + free.pinned {
+                    let b = free.spares.pop().or_else(|| PoolBuf::replacement().ok());
+                    // (Out of memory for a replacement: wait for a buffer instead.)
+                    if let Some(b) = b {
+                        free.in_service += 1;
+                        free.turn += 1;
+                        self.returned.notify_all();
+                        return b;
+                    }
+                }
             }
             free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    fn give(&self, b: Vec<u8>) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+    fn give(&self, b: PoolBuf) {
+        let mut free = lock(&self.free);
+        let pinned = b.pinned.swap(0, Ordering::Relaxed);
+        if pinned > 0 {
+            free.pinned -= 1;
+            free.pinned_bytes -= pinned;
+        }
+        if free.in_service > free.base + free.pinned {
+            // A replacement no longer needed.
+            free.in_service -= 1;
+            if free.spares.len() < self.max_spares {
+                free.spares.push(b);
+            } else {
+                drop(free);
+                drop(b);
+            }
+            return;
+        }
         free.buffers.push(b);
         self.returned.notify_all();
     }
+
+    /// Pins a buffer holding `bytes` of frame for the drain, if the budget allows (true if
+    /// it is pinned already).
+    fn pin(&self, pinned: &AtomicU64, bytes: u64) -> bool {
+        let mut free = lock(&self.free);
+        if pinned.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
+        let bytes = bytes.max(1);
+        if free.pinned_bytes + bytes > self.keep_budget {
+            return false;
+        }
+        pinned.store(bytes, Ordering::Relaxed);
+        free.pinned += 1;
+        free.pinned_bytes += bytes;
+        // A receiver waiting for a buffer may now get a replacement.
+        self.returned.notify_all();
+        true
+    }
+
+    /// Bytes of frames pinned for the drain.
+    fn pinned_bytes(&self) -> u64 {
+        lock(&self.free).pinned_bytes
+    }
+}
+
+/// A receive buffer shared as `Bytes` by a frame being absorbed and by the kept parts of its
+/// versions; back to the pool when the last of them lets go.
+struct Received {
+    buf: Option<PoolBuf>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Received {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_ref().map_or(&[], |b| &b.buf[..])
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.pool.give(b);
+        }
+    }
+}
+
+/// A sealed (or still arriving) version's bytes kept from its Write frames for the drain.
+#[derive(Default)]
+struct KeptVersion {
+    /// (offset in the version, bytes), in the order written.
+    parts: Vec<(u64, bytes::Bytes)>,
+    /// Over the budget: drained from the arenas; nothing more is kept of it.
+    spilled: bool,
 }
 
 /// Per-connection progress of its Write frames through the IO threads.
@@ -223,6 +374,9 @@ struct ConnState {
     open: Mutex<HashMap<(String, u64), VersionId>>,
     /// A dedup manifest being received part by part (its temporary file goes with it).
     upload: Mutex<Option<crate::chunks::manifests::Upload>>,
+    /// Arena writes of this connection's frames handed to the disk writers and not finished.
+    writes: Mutex<u64>,
+    written: Condvar,
 }
 
 impl ConnState {
@@ -233,11 +387,62 @@ impl ConnState {
         }
         d.1.clone()
     }
+
+    fn failed(&self) -> bool {
+        lock(&self.done).1.is_some()
+    }
+
+    /// Waits until every arena write handed to the disk writers for this connection is done.
+    fn wait_writes(&self) {
+        let mut w = lock(&self.writes);
+        while *w > 0 {
+            w = self.written.wait(w).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// A Write frame being absorbed. The IO thread holds it while it walks the segments, each
+/// disk write of its data while it runs; the last holder to let go gives the receive buffer
+/// back to the pool and counts the frame done (after any failure was recorded).
+struct InFlight {
+    conn: Arc<ConnState>,
+    /// The receive buffer; the body is `buf[at..at + len]`.
+    buf: bytes::Bytes,
+    at: usize,
+    len: usize,
+    /// What the drain memory counts of the buffer ([`BufferPool::pin`]).
+    pinned: Arc<AtomicU64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut d = lock(&self.conn.done);
+        d.0 += 1;
+        self.conn.completed.notify_all();
+    }
+}
+
+/// One extent (at most `MAX_EXTENT` bytes) of a Write frame's data, for a disk writer.
+struct DiskJob {
+    frame: Arc<InFlight>,
+    slot: usize,
+    version: VersionId,
+    /// Where the bytes go in the version.
+    offset: u64,
+    /// Where they are in `frame.buf`.
+    data: std::ops::Range<usize>,
+}
+
+struct DiskQueue {
+    jobs: Mutex<VecDeque<DiskJob>>,
+    ready: Condvar,
+    /// Set once the IO threads have exited: the writers leave when the queue is empty.
+    closing: AtomicBool,
 }
 
 struct WriteJob {
     conn: Arc<ConnState>,
-    buf: Vec<u8>,
+    buf: PoolBuf,
     /// The body is `buf[at..at + len]` (shifted so that its data starts block-aligned).
     at: usize,
     len: usize,
@@ -292,6 +497,11 @@ struct Counters {
     watch_wakeups: u64,
     asked_rechecks: u64,
     timed_rechecks: u64,
+    /// Versions drained from the bytes kept in memory, bytes the drain read from the
+    /// arenas, versions that did not fit in `drain_memory`.
+    drained_from_memory: u64,
+    drain_arena_bytes: u64,
+    drain_memory_spills: u64,
     last_error: Option<String>,
 }
 
@@ -351,8 +561,11 @@ struct Shared {
     name: String,
     instance: u64,
     started: Instant,
-    pool: BufferPool,
+    pool: Arc<BufferPool>,
     queues: Vec<IoQueue>,
+    disk: DiskQueue,
+    /// Versions' bytes kept in memory for the drain (`drain_memory`).
+    kept: Mutex<HashMap<VersionId, KeptVersion>>,
     counters: Mutex<Counters>,
     /// Milliseconds since `started` of the last Write frame.
     last_write_ms: AtomicU64,
@@ -418,6 +631,8 @@ impl Server {
             .local_addr()
             .map_err(|e| Error::io("local address", e))?;
         let host = crate::host_name();
+        let pool = BufferPool::new(opts.buffers, opts.drain_memory)
+            .map_err(|e| Error::io("map the receive buffers", e))?;
         let queues = (0..opts.io_threads.max(1))
             .map(|_| IoQueue {
                 jobs: Mutex::new(VecDeque::new()),
@@ -432,8 +647,14 @@ impl Server {
             name: format!("{host}:{}", listen.port()),
             instance: random_u64(),
             started: Instant::now(),
-            pool: BufferPool::new(opts.buffers),
+            pool: Arc::new(pool),
+            kept: Mutex::new(HashMap::new()),
             queues,
+            disk: DiskQueue {
+                jobs: Mutex::new(VecDeque::new()),
+                ready: Condvar::new(),
+                closing: AtomicBool::new(false),
+            },
             counters: Mutex::new(Counters::default()),
             last_write_ms: AtomicU64::new(0),
             next_conn: AtomicU64::new(0),
@@ -476,11 +697,17 @@ impl Server {
     /// Serves until stopped: IO threads, the drain thread, and a thread per connection.
     pub fn run(self) -> Result<()> {
         let shared = self.shared;
-        let mut workers = Vec::new();
+        let mut io_workers = Vec::new();
         for i in 0..shared.queues.len() {
             let s = shared.clone();
-            workers.push(std::thread::spawn(move || s.io_thread(i)));
+            io_workers.push(std::thread::spawn(move || s.io_thread(i)));
         }
+        let mut disk_writers = Vec::new();
+        for _ in 0..shared.opts.writes_in_flight.max(1) {
+            let s = shared.clone();
+            disk_writers.push(std::thread::spawn(move || s.disk_writer()));
+        }
+        let mut workers = Vec::new();
         {
             let s = shared.clone();
             workers.push(std::thread::spawn(move || s.drain_loop()));
@@ -509,7 +736,13 @@ impl Server {
                 s.serve(stream)
             });
         }
-        for w in workers {
+        for w in io_workers {
+            let _ = w.join();
+        }
+        // The IO threads hand no more writes: let the writers finish the queued ones.
+        shared.disk.closing.store(true, Ordering::SeqCst);
+        shared.disk.ready.notify_all();
+        for w in disk_writers.into_iter().chain(workers) {
             let _ = w.join();
         }
         // What clients were told is durable already is; make the rest so too on a clean stop.
@@ -917,6 +1150,11 @@ impl Shared {
             watch_wakeups: c.watch_wakeups,
             asked_rechecks: c.asked_rechecks,
             timed_rechecks: c.timed_rechecks,
+            drain_memory: self.pool.pinned_bytes(),
+            drain_memory_budget: self.opts.drain_memory,
+            drained_from_memory: c.drained_from_memory,
+            drain_arena_bytes: c.drain_arena_bytes,
+            drain_memory_spills: c.drain_memory_spills,
         }
     }
 
@@ -1080,6 +1318,8 @@ impl Shared {
             completed: Condvar::new(),
             open: Mutex::new(HashMap::new()),
             upload: Mutex::new(None),
+            writes: Mutex::new(0),
+            written: Condvar::new(),
         });
         let mut submitted = 0u64;
         let queue = &self.queues[(conn_id % self.queues.len() as u64) as usize];
@@ -1122,19 +1362,22 @@ impl Shared {
                 }
                 let mut buf = self.pool.take();
                 let at = if header.kind == kind::WRITE {
-                    aligned_body_at(&small[..first], &buf)
+                    aligned_body_at(&small[..first], &buf.buf)
                 } else {
                     0
                 };
-                buf[at..at + first].copy_from_slice(&small[..first]);
+                buf.buf[at..at + first].copy_from_slice(&small[..first]);
                 // The rest's deadline starts now that the server is ready for it.
-                if let Err(e) = link.by(within).read_exact(&mut buf[at + first..at + len]) {
+                if let Err(e) = link
+                    .by(within)
+                    .read_exact(&mut buf.buf[at + first..at + len])
+                {
                     self.pool.give(buf);
                     self.lost(&peer, &e);
                     break;
                 }
                 if header.kind == kind::WRITE {
-                    let refusal = match Request::decode(kind::WRITE, &buf[at..at + len]) {
+                    let refusal = match Request::decode(kind::WRITE, &buf.buf[at..at + len]) {
                         Err(e) => Some((e.code(), e.to_string())),
                         Ok(request) => reserved_name_in(&request)
                             .or_else(|| untagged_seal_in(&request, &job_key)),
@@ -1158,7 +1401,7 @@ impl Shared {
                     queue.ready.notify_one();
                     continue;
                 }
-                let keep = self.handle(&out, header, &buf[at..at + len], &conn, submitted);
+                let keep = self.handle(&out, header, &buf.buf[at..at + len], &conn, submitted);
                 // Back to the pool before the reply is sent: a client that does not read
                 // its replies must not hold a receive buffer.
                 self.pool.give(buf);
@@ -1581,47 +1824,64 @@ impl Shared {
                         .unwrap_or_else(|p| p.into_inner().0);
                 }
             };
-            let Some(job) = job else { return };
-            let failed = {
-                let d = lock(&job.conn.done);
-                d.1.is_some()
+            let Some(WriteJob { conn, buf, at, len }) = job else {
+                return;
             };
+            let pinned = buf.pinned.clone();
+            let frame = Arc::new(InFlight {
+                conn,
+                buf: bytes::Bytes::from_owner(Received {
+                    buf: Some(buf),
+                    pool: self.pool.clone(),
+                }),
+                at,
+                len,
+                pinned,
+            });
             // After a failure the connection is closing: skip the rest of its frames.
-            let result = if failed {
-                Ok(())
-            } else {
-                self.absorb(slot, &job)
-            };
-            let WriteJob { conn, buf, .. } = job;
-            self.pool.give(buf);
-            let mut d = lock(&conn.done);
-            d.0 += 1;
-            if let Err(e) = result {
-                if d.1.is_none() {
-                    let (c, why) = engine_code(&e);
-                    if c != code::FULL {
-                        self.fail(format!("cannot absorb a write: {why}"));
-                    }
-                    d.1 = Some((c, why));
+            if !frame.conn.failed() {
+                if let Err(e) = self.absorb(slot, &frame) {
+                    self.absorb_failed(&frame.conn, &e);
                 }
             }
-            conn.completed.notify_all();
+            // The frame is done (its buffer back in the pool) once its disk writes are.
+            drop(frame);
         }
     }
 
-    fn absorb(&self, slot: usize, job: &WriteJob) -> std::result::Result<(), crate::engine::Error> {
+    /// Records the first failure of a connection's frames (its next Sync gets it).
+    fn absorb_failed(&self, conn: &ConnState, e: &crate::engine::Error) {
+        let mut d = lock(&conn.done);
+        if d.1.is_none() {
+            let (c, why) = engine_code(e);
+            if c != code::FULL {
+                self.fail(format!("cannot absorb a write: {why}"));
+            }
+            d.1 = Some((c, why));
+        }
+    }
+
+    /// Walks a Write frame's segments in order: begins versions, hands the data to the disk
+    /// writers in extents (not waiting for them), and seals a version once this
+    /// connection's writes so far are done (a seal checks that the extents cover the file).
+    fn absorb(
+        &self,
+        slot: usize,
+        frame: &Arc<InFlight>,
+    ) -> std::result::Result<(), crate::engine::Error> {
         let Ok(Request::Write(segments)) =
-            Request::decode(kind::WRITE, &job.buf[job.at..job.at + job.len])
+            Request::decode(kind::WRITE, &frame.buf[frame.at..frame.at + frame.len])
         else {
             // Checked by the connection thread before queueing.
             return Ok(());
         };
+        let conn = &frame.conn;
+        let base = frame.buf.as_ptr() as usize;
         let mut files = 0;
-        let mut bytes = 0;
         for s in segments {
-            let key = namespaced(&job.conn.namespace, s.key);
+            let key = namespaced(&conn.namespace, s.key);
             let id = {
-                let mut open = lock(&job.conn.open);
+                let mut open = lock(&conn.open);
                 match open.get(&(key.clone(), s.stamp)) {
                     Some(id) => *id,
                     None => {
@@ -1631,23 +1891,35 @@ impl Shared {
                     }
                 }
             };
-            if !s.data.is_empty() {
-                self.engine.append(slot, id, s.offset, s.data)?;
-                bytes += s.data.len() as u64;
+            // Where the segment's data lies in the frame's buffer (it is a slice of it).
+            let first = s.data.as_ptr() as usize - base;
+            let mut done = 0;
+            while done < s.data.len() {
+                let n = (s.data.len() - done).min(crate::engine::MAX_EXTENT);
+                *lock(&conn.writes) += 1;
+                lock(&self.disk.jobs).push_back(DiskJob {
+                    frame: frame.clone(),
+                    slot,
+                    version: id,
+                    offset: s.offset + done as u64,
+                    data: first + done..first + done + n,
+                });
+                self.disk.ready.notify_one();
+                done += n;
             }
             if let Some(seal) = s.seal {
+                conn.wait_writes();
+                if conn.failed() {
+                    return Ok(());
+                }
                 let tag = (seal.tag != [0; 32]).then_some(seal.tag);
                 self.engine.seal(id, seal.blake3, tag)?;
-                lock(&job.conn.open).remove(&(key, s.stamp));
+                lock(&conn.open).remove(&(key, s.stamp));
                 files += 1;
             }
         }
-        {
-            let mut c = lock(&self.counters);
-            c.absorbed_files += files;
-            c.absorbed_bytes += bytes;
-        }
         if files > 0 {
+            lock(&self.counters).absorbed_files += files;
             // A sealed version may drain before the client's Sync: the drain reads it from
             // the arenas (the page cache, or the SSD with O_DIRECT arenas), and
             // `mark_drained` syncs its seal first. Waiting for the Sync's
@@ -1655,6 +1927,120 @@ impl Shared {
             self.wake_drain();
         }
         Ok(())
+    }
+
+    /// A disk writer: appends extents handed over by the IO threads to the arenas. Several
+    /// run at once (`writes_in_flight`), so O_DIRECT writes, which mostly wait for the
+    /// device, overlap each other and the receiving of the next frames.
+    fn disk_writer(self: Arc<Self>) {
+        loop {
+            let job = {
+                let mut jobs = lock(&self.disk.jobs);
+                loop {
+                    if let Some(j) = jobs.pop_front() {
+                        break Some(j);
+                    }
+                    if self.disk.closing.load(Ordering::SeqCst) {
+                        break None;
+                    }
+                    jobs = self
+                        .disk
+                        .ready
+                        .wait_timeout(jobs, Duration::from_millis(500))
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+            };
+            let Some(job) = job else { return };
+            let conn = &job.frame.conn;
+            if !conn.failed() {
+                let data = &job.frame.buf[job.data.clone()];
+                match self.engine.append(job.slot, job.version, job.offset, data) {
+                    Ok(()) => {
+                        lock(&self.counters).absorbed_bytes += data.len() as u64;
+                        self.keep(&job);
+                    }
+                    Err(e) => self.absorb_failed(conn, &e),
+                }
+            }
+            {
+                let mut w = lock(&conn.writes);
+                *w -= 1;
+                if *w == 0 {
+                    conn.written.notify_all();
+                }
+            }
+            // The frame's last holder gives its buffer back.
+            drop(job);
+        }
+    }
+
+    /// Keeps an extent just written for the drain of its version, pinning its frame's
+    /// buffer, while the budget allows; else the version drains from the arenas.
+    fn keep(&self, job: &DiskJob) {
+        if self.opts.drain_memory == 0 {
+            return;
+        }
+        let mut kept = lock(&self.kept);
+        let entry = kept.entry(job.version).or_default();
+        if entry.spilled {
+            return;
+        }
+        let frame_bytes = (job.frame.at + job.frame.len) as u64;
+        if self.pool.pin(&job.frame.pinned, frame_bytes) {
+            let part = job.frame.buf.slice(job.data.clone());
+            entry.parts.push((job.offset, part));
+            return;
+        }
+        entry.spilled = true;
+        let parts = std::mem::take(&mut entry.parts);
+        drop(kept);
+        lock(&self.counters).drain_memory_spills += 1;
+        // Their buffers go back to the pool outside the lock.
+        drop(parts);
+    }
+
+    /// The kept bytes of `v` in order, if they are exactly its bytes 0..size.
+    fn kept_parts(&self, v: &VersionInfo) -> Option<Vec<bytes::Bytes>> {
+        let mut parts = {
+            let kept = lock(&self.kept);
+            let entry = kept.get(&v.id)?;
+            if entry.spilled {
+                return None;
+            }
+            entry.parts.clone()
+        };
+        parts.sort_by_key(|(offset, _)| *offset);
+        let mut at = 0u64;
+        for (offset, b) in &parts {
+            // A resend kept twice, or a gap: the arenas know which bytes won.
+            if *offset != at {
+                return None;
+            }
+            at += b.len() as u64;
+        }
+        (at == v.size).then(|| parts.into_iter().map(|(_, b)| b).collect())
+    }
+
+    /// Lets go of what is kept of `v` (drained, superseded, or to be read from the arenas).
+    fn release_kept(&self, v: VersionId) {
+        let entry = lock(&self.kept).remove(&v);
+        drop(entry);
+    }
+
+    /// Lets go of what is kept of versions that are no longer being received or waiting to
+    /// drain (abandoned by their client, superseded by a newer seal).
+    fn prune_kept(&self) {
+        let stale: Vec<KeptVersion> = {
+            let mut kept = lock(&self.kept);
+            let ids: Vec<VersionId> = kept
+                .keys()
+                .copied()
+                .filter(|id| !self.engine.is_live(*id))
+                .collect();
+            ids.iter().filter_map(|id| kept.remove(id)).collect()
+        };
+        drop(stale);
     }
 
     // ---- drain ----
@@ -1680,6 +2066,7 @@ impl Shared {
             let mut progressed = false;
             let now = Instant::now();
             let drainable = self.engine.drainable();
+            self.prune_kept();
             // Versions drained or superseded meanwhile (e.g. by a newer write) leave the map.
             let live: HashSet<VersionId> = drainable.iter().map(|v| v.id).collect();
             retry_at.retain(|id, (n, _)| {
@@ -1711,6 +2098,8 @@ impl Shared {
                         progressed = true;
                     }
                     Err(e) => {
+                        // Retries read the arenas: kept bytes must not wait on a failing store.
+                        self.release_kept(v.id);
                         let entry = retry_at.entry(v.id).or_insert((0, now));
                         entry.0 = entry.0.saturating_add(1);
                         let n = entry.0;
@@ -1803,6 +2192,34 @@ impl Shared {
         })
     }
 
+    /// Uploads version `v` in one request from the bytes kept of its Write frames (no read
+    /// of the arenas, no copy), hashing them on a second thread meanwhile. The digest of
+    /// what was sent.
+    fn put_kept(&self, v: &VersionInfo, parts: Vec<bytes::Bytes>) -> Result<FileDigest> {
+        let (put, hashed) = std::thread::scope(|scope| {
+            let hash = scope.spawn(|| {
+                let mut hasher = blake3::Hasher::new();
+                for p in &parts {
+                    hasher.update(p);
+                }
+                *hasher.finalize().as_bytes()
+            });
+            let put = self.durable.put_buffers(&v.key, parts.clone());
+            (put, hash.join())
+        });
+        let Ok(blake3) = hashed else {
+            return Err(Error::Invalid(format!(
+                "{}: the hash of its kept bytes panicked",
+                v.key
+            )));
+        };
+        put?;
+        Ok(FileDigest {
+            size: v.size,
+            blake3: hex(&blake3),
+        })
+    }
+
     /// Rebuilds one staged file in the durable tier (version, data, then `.blake3`), checking
     /// that what the arenas hold hashes to what the client sent. A version older than the
     /// one the durable store records is not drained (docs/staging.md, "Version order").
@@ -1812,9 +2229,18 @@ impl Shared {
         }
         let started = Instant::now();
         self.durable.put_version(&v.key, v.stamp)?;
-        let digest = if (MAPPED_DRAIN_MIN..=cascade_durable::SINGLE_PUT_MAX).contains(&v.size) {
+        let kept = (v.size <= cascade_durable::SINGLE_PUT_MAX)
+            .then(|| self.kept_parts(v))
+            .flatten();
+        let digest = if let Some(parts) = kept {
+            let digest = self.put_kept(v, parts)?;
+            lock(&self.counters).drained_from_memory += 1;
+            digest
+        } else if (MAPPED_DRAIN_MIN..=cascade_durable::SINGLE_PUT_MAX).contains(&v.size) {
+            lock(&self.counters).drain_arena_bytes += v.size;
             self.put_mapped(v)?
         } else {
+            lock(&self.counters).drain_arena_bytes += v.size;
             let reader = DrainReader {
                 shared: self,
                 id: v.id,
@@ -1839,6 +2265,7 @@ impl Shared {
         }
         self.durable.put_checksum(&v.key, &digest)?;
         self.engine.mark_drained(v.id)?;
+        self.release_kept(v.id);
         {
             let mut c = lock(&self.counters);
             c.drained_files += 1;
@@ -1885,6 +2312,7 @@ impl Shared {
             }
         }
         self.engine.mark_drained(v.id)?;
+        self.release_kept(v.id);
         lock(&self.counters).superseded_files += 1;
         self.log(|| {
             format!(

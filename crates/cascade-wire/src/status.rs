@@ -66,6 +66,20 @@ pub struct ServerStatus {
     pub asked_rechecks: u64,
     #[serde(default)]
     pub timed_rechecks: u64,
+    /// Bytes of received frames kept in memory for the drain (`drain_memory`, the
+    /// budget), so that sealed versions upload without reading the arenas back.
+    #[serde(default)]
+    pub drain_memory: u64,
+    #[serde(default)]
+    pub drain_memory_budget: u64,
+    /// Versions drained from those kept bytes; bytes the drain read from the arenas
+    /// (versions over the budget, or staged before a restart); versions that did not fit.
+    #[serde(default)]
+    pub drained_from_memory: u64,
+    #[serde(default)]
+    pub drain_arena_bytes: u64,
+    #[serde(default)]
+    pub drain_memory_spills: u64,
 }
 
 /// The arenas on a server's SSD (the engine's levels now).

@@ -1389,6 +1389,16 @@ impl Engine {
         lock(&self.state).m.drainable()
     }
 
+    /// Whether `v` is known and neither drained nor superseded: still being received, or
+    /// sealed and waiting to drain.
+    pub fn is_live(&self, v: VersionId) -> bool {
+        lock(&self.state)
+            .m
+            .versions
+            .get(&v.0)
+            .is_some_and(|x| !x.drained && !x.superseded)
+    }
+
     /// Records (and syncs) that `v` is in the durable store; its extents become garbage
     /// and every rotated arena left with no live byte is deleted.
     pub fn mark_drained(&self, v: VersionId) -> Result<()> {

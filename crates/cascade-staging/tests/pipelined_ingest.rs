@@ -1,0 +1,220 @@
+//! The pipelined receive path and the drain from memory (docs/staging.md, "Absorb" and
+//! "Drain"), with real servers on 127.0.0.1, real clients and a real directory as the
+//! durable store; the arenas on the disk under /var/tmp, where they are written with
+//! O_DIRECT by several disk writers at once.
+//!
+//! 1. a sealed version drains from the bytes the server kept of its Write frames: the Status
+//!    says so, and that the drain read nothing from the arenas; they drain bit for bit and
+//!    the memory is let go;
+//! 2. without the memory (`drain_memory` 0), or past its budget, versions drain from the
+//!    arenas as before, bit for bit;
+//! 3. a server process killed with SIGKILL in the middle of a stream (Write frames of a file
+//!    still arriving and being written) recovers every file a Sync acknowledged and,
+//!    restarted, drains each bit for bit; the file being sent is not there.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use cascade_staging::client::OutSegment;
+use cascade_staging::{ClientOptions, Connection, ServerStatus};
+use cascade_testkit::random;
+use common::{digest, poll_status, InProcessServer, ServerProcess, SECRET};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const NS: &str = "job1";
+
+/// A directory on the disk under /var/tmp (the arenas' usual kind of file system).
+fn disk_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/var/tmp").expect("a temporary directory in /var/tmp")
+}
+
+/// Files of awkward sizes: (key, bytes).
+fn files(seed: u64) -> Vec<(String, Vec<u8>)> {
+    [1usize, 4097, (3 << 20) + 123, (13 << 20) + 5]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (format!("ckpt/f{i}.dat"), random(n, seed + i as u64)))
+        .collect()
+}
+
+/// Sends `data` as `key` in Write frames of `piece` bytes (the last one sealing it).
+fn send_file(c: &mut Connection, key: &str, data: &[u8], piece: usize) {
+    let n = data.len().div_ceil(piece).max(1);
+    for (i, chunk) in data.chunks(piece).enumerate() {
+        let seal = (i + 1 == n).then(|| c.seal(key, 1, data.len() as u64, digest(data)));
+        c.write(&[OutSegment {
+            key,
+            stamp: 1,
+            size: data.len() as u64,
+            offset: (i * piece) as u64,
+            seal,
+            data: &[chunk],
+        }])
+        .expect("write a piece");
+    }
+}
+
+/// Sends `files` in frames of 1 MiB + 4321 bytes (unaligned offsets), then Sync.
+fn send(c: &mut Connection, files: &[(String, Vec<u8>)]) {
+    for (k, d) in files {
+        send_file(c, k, d, (1 << 20) + 4321);
+    }
+    c.sync().expect("sync");
+}
+
+/// Every file is in the durable directory `durable`, bit for bit.
+fn assert_drained(durable: &Path, files: &[(String, Vec<u8>)]) {
+    for (k, d) in files {
+        let p = durable.join(NS).join(k);
+        let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            got == *d,
+            "{k}: {} bytes drained, {} sent, or other bytes",
+            got.len(),
+            d.len()
+        );
+    }
+}
+
+fn status_of(srv: &InProcessServer) -> ServerStatus {
+    let mut q = srv.client(NS, DEADLINE);
+    let s = q.status().expect("status");
+    q.goodbye();
+    s
+}
+
+/// Sends `files` to a server tuned by `tune`, waits until they drained, checks them bit for
+/// bit and returns the server's status then (and after the memory was let go).
+fn send_and_drain(
+    files: &[(String, Vec<u8>)],
+    tune: impl FnOnce(&mut cascade_staging::ServerOptions),
+) -> ServerStatus {
+    let arena_dir = disk_dir();
+    let dir = arena_dir.path().join("arenas");
+    let srv = InProcessServer::bind(2, move |o, _| {
+        o.dir = dir;
+        tune(o);
+    });
+    let mut c = srv.client(NS, DEADLINE);
+    send(&mut c, files);
+    let n = files.len() as u64;
+    poll_status(
+        "drained and let go",
+        DEADLINE,
+        || status_of(&srv),
+        |s| s.drained_files >= n && s.drain_memory == 0,
+    );
+    assert_drained(&srv.durable, files);
+    let s = status_of(&srv);
+    c.goodbye();
+    srv.stop();
+    s
+}
+
+#[test]
+fn a_sealed_version_drains_from_memory_without_reading_the_arenas() {
+    let files = files(300);
+    let s = send_and_drain(&files, |_| {});
+    let n = files.len() as u64;
+    assert_eq!(s.drained_from_memory, n, "{s:?}");
+    assert_eq!(s.drain_arena_bytes, 0, "the drain read the arenas: {s:?}");
+    assert_eq!(s.drain_memory_spills, 0, "{s:?}");
+    assert_eq!(s.drain_memory_budget, 2 << 30, "{s:?}");
+}
+
+#[test]
+fn without_drain_memory_versions_drain_from_the_arenas() {
+    let files = files(400);
+    let s = send_and_drain(&files, |o| o.drain_memory = 0);
+    let total: u64 = files.iter().map(|(_, d)| d.len() as u64).sum();
+    assert_eq!(s.drained_from_memory, 0, "{s:?}");
+    assert_eq!(s.drain_arena_bytes, total, "{s:?}");
+}
+
+#[test]
+fn a_version_over_the_budget_drains_from_the_arenas() {
+    // Room for two of the 1 MiB frames: the 13 MiB file does not fit, the others do.
+    let files = files(500);
+    let s = send_and_drain(&files, |o| o.drain_memory = 3 << 20);
+    let big = files.iter().map(|(_, d)| d.len() as u64).max().unwrap_or(0);
+    assert!(s.drain_memory_spills >= 1, "{s:?}");
+    assert!(s.drain_arena_bytes >= big, "{s:?}");
+    assert_eq!(
+        s.drained_from_memory + s.drain_memory_spills,
+        files.len() as u64,
+        "{s:?}"
+    );
+}
+
+impl ServerProcess {
+    fn connect(&self) -> Connection {
+        let mut o = ClientOptions::new(SECRET);
+        o.namespace = NS.to_string();
+        o.io_timeout = DEADLINE;
+        Connection::connect(&self.addr, &o).expect("connect")
+    }
+
+    fn status(&self) -> ServerStatus {
+        let mut c = self.connect();
+        let s = c.status().expect("status");
+        c.goodbye();
+        s
+    }
+}
+
+/// The server processes of [`ServerProcess::start`] (common::serve_in_child).
+#[test]
+fn child_server_process() {
+    common::serve_in_child(|_| {}, |_| {});
+}
+
+#[test]
+fn a_server_killed_mid_stream_drains_every_acknowledged_file_after_a_restart() {
+    let arena_dir = disk_dir();
+    let dir = arena_dir.path().join("arenas");
+    let durable_dir = tempfile::tempdir().expect("temporary directory");
+    let durable = durable_dir.path().to_path_buf();
+    // The drain cannot create <durable>/<namespace>/...: a file is in the way, so what was
+    // acknowledged is still only on the server's disk when it is killed.
+    std::fs::write(durable.join(NS), b"in the way\n").expect("block the durable store");
+    let acked = files(600);
+    let streaming = random(40 << 20, 700);
+    let mut server = ServerProcess::start(&dir, &durable, DEADLINE);
+    let mut c = server.connect();
+    send(&mut c, &acked);
+    // Half of a larger file in 4 MiB frames, no Sync: frames are arriving and being written
+    // by the disk writers when the server dies.
+    let key = "ckpt/streaming.dat";
+    let piece = 4 << 20;
+    for (i, chunk) in streaming[..20 << 20].chunks(piece).enumerate() {
+        c.write(&[OutSegment {
+            key,
+            stamp: 1,
+            size: streaming.len() as u64,
+            offset: (i * piece) as u64,
+            seal: None,
+            data: &[chunk],
+        }])
+        .expect("write a piece of the streaming file");
+    }
+    let status = server.daemon.kill9();
+    assert!(!status.success(), "{status}");
+    drop(c);
+
+    std::fs::remove_file(durable.join(NS)).expect("unblock the durable store");
+    server = ServerProcess::start(&dir, &durable, DEADLINE);
+    let n = acked.len() as u64;
+    let s = poll_status(
+        "drained after the restart",
+        DEADLINE,
+        || server.status(),
+        |s| s.drained_files >= n,
+    );
+    assert_drained(&durable, &acked);
+    assert!(!durable.join(NS).join(key).exists());
+    // Nothing was kept in memory across the restart: the arenas served the drain.
+    assert_eq!(s.drained_from_memory, 0, "{s:?}");
+    server.daemon.kill9();
+}
