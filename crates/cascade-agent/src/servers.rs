@@ -230,9 +230,11 @@ impl ServerPool {
         match &result {
             Ok(_) => *lock(&slot.down) = None,
             // The server is up: it refused delta chunks (closing the connection), which are
-            // sent whole at once.
+            // sent whole at once; or it is full for what was asked, which a smaller file or
+            // the next batch, after a drain, may fit (its drains take well under a backoff).
             Err(cascade_wire::Error::Refused { code, .. })
-                if *code == cascade_wire::protocol::code::BASE_UNKNOWN =>
+                if *code == cascade_wire::protocol::code::BASE_UNKNOWN
+                    || *code == cascade_wire::protocol::code::FULL =>
             {
                 *conn = None;
             }
