@@ -181,6 +181,7 @@ impl AsyncDurableStore {
                 let mut builder = base
                     .with_bucket_name(&s3.bucket)
                     .with_region(&s3.region)
+                    .with_unsigned_payload(!s3.sign_payload)
                     .with_retry(RetryConfig {
                         max_retries: opts.max_retries,
                         retry_timeout: opts.retry_timeout,
