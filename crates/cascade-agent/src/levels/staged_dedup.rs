@@ -212,32 +212,38 @@ impl<'a> Sender<'a> {
                 .unwrap_or(home);
             by_target[target].push(p);
         }
-        for (server, packed) in by_target.into_iter().enumerate() {
-            if packed.is_empty() {
-                continue;
-            }
-            let packed = match self.put(server, &packed) {
-                // A base the server does not hold as one (pruned meanwhile, or pushed where
-                // it has not looked yet): the same chunks again, the deltas among them whole.
-                Err(cascade_wire::Error::Refused { code, .. })
-                    if code == cascade_wire::protocol::code::BASE_UNKNOWN =>
-                {
-                    let whole: Vec<Outgoing> = packed
-                        .into_par_iter()
-                        .map(|p| match p.stored {
-                            Stored::Delta => self.pack(p.blob, false),
-                            _ => p,
-                        })
-                        .collect();
-                    self.put(server, &whole)
-                        .map_err(|e| self.pool.error(server, e))?;
-                    whole
-                }
-                other => {
-                    other.map_err(|e| self.pool.error(server, e))?;
-                    packed
-                }
-            };
+        // Each server's PutChunks at the same time: a server checks and syncs its frame
+        // while the other does.
+        let targets: Vec<(usize, Vec<Outgoing>)> = by_target
+            .into_iter()
+            .enumerate()
+            .filter(|(_, packed)| !packed.is_empty())
+            .collect();
+        let this = &*self;
+        let sent: Vec<Result<(usize, Vec<Outgoing>)>> = if targets.len() == 1 {
+            targets
+                .into_iter()
+                .map(|(server, packed)| Ok((server, this.put_or_whole(server, packed)?)))
+                .collect()
+        } else {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = targets
+                    .into_iter()
+                    .map(|(server, packed)| {
+                        scope.spawn(move || Ok((server, this.put_or_whole(server, packed)?)))
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect()
+            })
+        };
+        for result in sent {
+            let (server, packed) = result?;
             for p in &packed {
                 if p.blob.kind == BlobKind::Data {
                     self.placed.insert(p.blob.score, server);
@@ -251,6 +257,36 @@ impl<'a> Sender<'a> {
                 .sum::<u64>();
         }
         Ok(())
+    }
+
+    /// PutChunks of `packed` to `server`; if it refuses a base (pruned meanwhile, or pushed
+    /// where it has not looked yet), the same chunks again, the deltas among them whole. What
+    /// was sent.
+    fn put_or_whole<'b>(
+        &self,
+        server: usize,
+        packed: Vec<Outgoing<'b>>,
+    ) -> Result<Vec<Outgoing<'b>>> {
+        match self.put(server, &packed) {
+            Err(cascade_wire::Error::Refused { code, .. })
+                if code == cascade_wire::protocol::code::BASE_UNKNOWN =>
+            {
+                let whole: Vec<Outgoing> = packed
+                    .into_par_iter()
+                    .map(|p| match p.stored {
+                        Stored::Delta => self.pack(p.blob, false),
+                        _ => p,
+                    })
+                    .collect();
+                self.put(server, &whole)
+                    .map_err(|e| self.pool.error(server, e))?;
+                Ok(whole)
+            }
+            other => {
+                other.map_err(|e| self.pool.error(server, e))?;
+                Ok(packed)
+            }
+        }
     }
 
     fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_wire::Result<()> {
