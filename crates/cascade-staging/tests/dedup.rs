@@ -1147,7 +1147,7 @@ fn delta_bases_come_from_the_base_cache_and_a_damaged_entry_is_read_again() {
     std::fs::create_dir_all(&durable).unwrap();
     let srv_dir = tmp.path().join("srv");
     let srv = InProcess::start(&srv_dir, &durable, 64 << 20);
-    let (_first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+    let (first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
     let bases = bases_of(&deltas);
     assert!(bases.len() > 2, "{} bases", bases.len());
     // v1's data chunks went to the cache as they were stored (after the reply).
@@ -1155,15 +1155,29 @@ fn delta_bases_come_from_the_base_cache_and_a_damaged_entry_is_read_again() {
         s.dedup.base_cache_chunks >= bases.len() as u64
     });
 
-    // One entry damaged on the server's SSD.
+    // One entry damaged on the server's SSD: its bytes found in the cache's files.
     let damaged = bases[0];
-    let entry = srv_dir
-        .join("dedup")
-        .join("base-cache")
-        .join(to_hex(&damaged));
-    let mut bytes = std::fs::read(&entry).expect("the base's cache entry");
-    bytes[100] ^= 0x40;
-    std::fs::write(&entry, &bytes).unwrap();
+    let damaged_raw = &first
+        .blobs
+        .iter()
+        .find(|b| b.score == damaged)
+        .expect("the base is a chunk of v1")
+        .raw;
+    let cache_dir = srv_dir.join("dedup").join("base-cache");
+    let (file, at) = std::fs::read_dir(&cache_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find_map(|path| {
+            let bytes = std::fs::read(&path).unwrap();
+            let at = bytes
+                .windows(damaged_raw.len())
+                .position(|w| w == damaged_raw.as_slice())?;
+            Some((path, at))
+        })
+        .expect("the base's entry in a cache file");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[at + 100] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
 
     // With the durable store's packs out of reach, the deltas on the other bases are
     // checked all the same: their bases come from the cache, not from the durable store.
@@ -1214,8 +1228,21 @@ fn delta_bases_come_from_the_base_cache_and_a_damaged_entry_is_read_again() {
         (1, 1),
         "{s:?}"
     );
-    assert_eq!(std::fs::read(&entry).unwrap().len(), bytes.len());
-    assert_eq!(score(&std::fs::read(&entry).unwrap()), damaged);
+    // Cached again, whole: a delta on it now finds it in the cache.
+    let before = s.delta_bases_from_cache;
+    let again = deltas
+        .iter()
+        .find(|d| on_damaged(d))
+        .expect("a delta on it");
+    let mut c = connect(&srv.addr, "");
+    let present = c.put_chunks(&[delta_wire(again)]).unwrap().present;
+    assert_eq!(present, 1);
+    let s = c.status().unwrap().dedup;
+    assert_eq!(
+        (s.delta_bases_from_cache, s.delta_bases_from_durable),
+        (before + 1, 1),
+        "{s:?}"
+    );
 
     // v2 is written and restores bit for bit.
     send_checkpoint(&mut c, &srv.addr, &second);
