@@ -20,7 +20,7 @@ use crate::baselines::{clear_remote, settle};
 use crate::datasets::{load_series, Series};
 use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
-use crate::procs::{clean_cmd, Node, StageServer};
+use crate::procs::{clean_cmd, cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
 use crate::util::{now_ns, prefix, require_s3_url, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
@@ -170,6 +170,9 @@ pub struct SeriesRow {
     /// The servers' delta bases in the staged modes (the repetition of median time).
     pub staged_dedup_bases: BaseReads,
     pub staged_delta_bases: BaseReads,
+    /// The direct modes' agent CPU (their base counts are zero).
+    pub dedup_parts: BaseReads,
+    pub delta_parts: BaseReads,
     pub snaps: Vec<SnapRow>,
 }
 
@@ -259,11 +262,30 @@ pub struct BaseReads {
     pub from_durable: u64,
     pub bytes_from_durable: u64,
     pub read_s: f64,
+    /// CPU seconds of the agent and of the staging servers over the whole run (the rig runs
+    /// them, and the S3 store, on the same cores).
+    pub agent_cpu_s: f64,
+    pub servers_cpu_s: f64,
+}
+
+/// The pid a `cascade stage-server` log's start line names (`... (pid N) ...`).
+fn server_pid(log: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let at = text.find("(pid ")? + 5;
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn base_reads(node: &Node, secret: &str) -> BaseReads {
-    let mut r = BaseReads::default();
+    let mut r = BaseReads {
+        agent_cpu_s: node.agent_pid().and_then(cpu_s).unwrap_or(0.0),
+        ..BaseReads::default()
+    };
     for server in &node.servers {
+        r.servers_cpu_s += server_pid(&server.log).and_then(cpu_s).unwrap_or(0.0);
         let Ok(mut c) = Connection::connect(&server.addr, &ClientOptions::new(secret)) else {
             continue;
         };
@@ -359,7 +381,7 @@ fn run_once(
         out.push((secs, staged, wire, level));
     }
     keep_logs(&node, &rel);
-    let reads = mode.staged().then(|| base_reads(&node, &secret));
+    let reads = Some(base_reads(&node, &secret));
     drop(node);
     clear_remote(&remote, "")?;
     Ok((out, reads))
@@ -479,6 +501,8 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             staged_delta: total(|r| &r.staged_delta),
             staged_dedup_bases: median_reads(Mode::StagedDedup),
             staged_delta_bases: median_reads(Mode::StagedDelta),
+            dedup_parts: median_reads(Mode::Dedup),
+            delta_parts: median_reads(Mode::Delta),
             snaps,
         });
     }
@@ -591,25 +615,27 @@ fn tables(rep: &Report) -> Md {
             )), r.staged_delta.seconds / r.delta.seconds, size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     s.title("Parts of the staged modes".into());
-    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them |");
+    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | agent CPU direct (s) |");
     for r in rep.series {
-        for (name, m, direct, b) in [
+        for (name, m, direct, b, d) in [
             (
                 "staged-dedup",
                 &r.staged_dedup,
                 &r.dedup,
                 &r.staged_dedup_bases,
+                &r.dedup_parts,
             ),
             (
                 "staged-delta",
                 &r.staged_delta,
                 &r.delta,
                 &r.staged_delta_bases,
+                &r.delta_parts,
             ),
         ] {
             let staged = m.staged.unwrap_or(0.0);
             s.row(format!(
-                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} |",
+                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 r.series,
                 m.seconds - staged,
                 direct.seconds,
@@ -617,7 +643,10 @@ fn tables(rep: &Report) -> Md {
                 b.from_cache,
                 b.from_durable,
                 size_str(b.bytes_from_durable),
-                b.read_s
+                b.read_s,
+                b.agent_cpu_s,
+                b.servers_cpu_s,
+                d.agent_cpu_s
             ));
         }
     }
