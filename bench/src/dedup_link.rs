@@ -20,10 +20,11 @@ use crate::baselines::{clear_remote, settle};
 use crate::datasets::{load_series, Series};
 use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
-use crate::procs::{clean_cmd, Node, StageServer};
+use crate::procs::{clean_cmd, cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
 use crate::util::{now_ns, prefix, require_s3_url, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
+use cascade_wire::{ClientOptions, Connection};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -166,6 +167,12 @@ pub struct SeriesRow {
     pub delta: ModeTotal,
     pub staged_dedup: ModeTotal,
     pub staged_delta: ModeTotal,
+    /// The servers' delta bases in the staged modes (the repetition of median time).
+    pub staged_dedup_bases: BaseReads,
+    pub staged_delta_bases: BaseReads,
+    /// The direct modes' agent CPU (their base counts are zero).
+    pub dedup_parts: BaseReads,
+    pub delta_parts: BaseReads,
     pub snaps: Vec<SnapRow>,
 }
 
@@ -192,7 +199,13 @@ type RunOut = Vec<(f64, Option<f64>, u64, String)>;
 
 /// The node side of one run: a node store, its agent and, in the staged modes, two staging
 /// servers on 127.0.0.1 draining to the run's durable prefix; all go when dropped.
-fn start_node(bin: &Path, a: &DedupLinkArgs, url: &str, capacity: u64, mode: Mode) -> Res<Node> {
+fn start_node(
+    bin: &Path,
+    a: &DedupLinkArgs,
+    url: &str,
+    capacity: u64,
+    mode: Mode,
+) -> Res<(Node, String)> {
     let pid = std::process::id();
     let env = [
         ("CASCADE_STORE", a.store.as_str()),
@@ -223,7 +236,7 @@ fn start_node(bin: &Path, a: &DedupLinkArgs, url: &str, capacity: u64, mode: Mod
         let addrs: Vec<&str> = node.servers.iter().map(|s| s.addr.as_str()).collect();
         agent_env = vec![
             ("CASCADE_STAGING", addrs.join(",")),
-            ("CASCADE_STAGING_SECRET", secret),
+            ("CASCADE_STAGING_SECRET", secret.clone()),
         ];
     }
     let mut args = vec!["--durable", url];
@@ -238,7 +251,53 @@ fn start_node(bin: &Path, a: &DedupLinkArgs, url: &str, capacity: u64, mode: Mod
         ]);
     }
     node.start_agent(&args, &agent_env)?;
-    Ok(node)
+    Ok((node, secret))
+}
+
+/// What the staging servers of a staged run did with the bases of delta chunks, summed over
+/// the servers (their status; servers without a base cache report zeros).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct BaseReads {
+    pub from_cache: u64,
+    pub from_durable: u64,
+    pub bytes_from_durable: u64,
+    pub read_s: f64,
+    /// CPU seconds of the agent and of the staging servers over the whole run (the rig runs
+    /// them, and the S3 store, on the same cores).
+    pub agent_cpu_s: f64,
+    pub servers_cpu_s: f64,
+}
+
+/// The pid a `cascade stage-server` log's start line names (`... (pid N) ...`).
+fn server_pid(log: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let at = text.find("(pid ")? + 5;
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn base_reads(node: &Node, secret: &str) -> BaseReads {
+    let mut r = BaseReads {
+        agent_cpu_s: node.agent_pid().and_then(cpu_s).unwrap_or(0.0),
+        ..BaseReads::default()
+    };
+    for server in &node.servers {
+        r.servers_cpu_s += server_pid(&server.log).and_then(cpu_s).unwrap_or(0.0);
+        let Ok(mut c) = Connection::connect(&server.addr, &ClientOptions::new(secret)) else {
+            continue;
+        };
+        if let Ok(s) = c.status() {
+            r.from_cache += s.dedup.delta_bases_from_cache;
+            r.from_durable += s.dedup.delta_bases_from_durable;
+            r.bytes_from_durable += s.dedup.delta_base_bytes_from_durable;
+            r.read_s += s.dedup.delta_base_read_micros as f64 / 1e6;
+        }
+        c.goodbye();
+    }
+    r
 }
 
 /// The durable URL with `rel` appended to its path (`s3://bucket/rel?...`).
@@ -274,7 +333,7 @@ fn run_once(
     snaps: usize,
     mode: Mode,
     rep: usize,
-) -> Res<RunOut> {
+) -> Res<(RunOut, Option<BaseReads>)> {
     let pid = std::process::id();
     let url = a.url.clone().unwrap_or_default();
     let rel = format!("{}-{}-{}-{rep}", prefix(pid), s.info.name, mode.name());
@@ -284,7 +343,7 @@ fn run_once(
     let biggest = s.snaps.iter().map(|x| x.bytes()).max().unwrap_or(0);
     // Three checkpoints in memory (the agent keeps 2), and room to write the next.
     let capacity = (4 * biggest + 256 * MIB).div_ceil(MIB) * MIB;
-    let mut node = start_node(bin, a, &sub, capacity, mode)?;
+    let (mut node, secret) = start_node(bin, a, &sub, capacity, mode)?;
     let mut out = Vec::new();
     for (i, snap) in s.snaps.iter().take(snaps).enumerate() {
         let ckpt = format!("/ck.{i:02}");
@@ -321,9 +380,24 @@ fn run_once(
         );
         out.push((secs, staged, wire, level));
     }
+    keep_logs(&node, &rel);
+    let reads = Some(base_reads(&node, &secret));
     drop(node);
     clear_remote(&remote, "")?;
-    Ok(out)
+    Ok((out, reads))
+}
+
+/// With `CASCADE_BENCH_KEEP_LOGS=DIR`: the run's agent and staging server logs copied into
+/// DIR (named by the run) before the node goes, for timelines of where the seconds go.
+fn keep_logs(node: &Node, run: &str) {
+    let Some(dir) = std::env::var_os("CASCADE_BENCH_KEEP_LOGS").map(PathBuf::from) else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::copy(&node.agent_log, dir.join(format!("{run}-agent.log")));
+    for (i, server) in node.servers.iter().enumerate() {
+        let _ = std::fs::copy(&server.log, dir.join(format!("{run}-stage-{i}.log")));
+    }
 }
 
 pub fn run(a: DedupLinkArgs) -> Res<()> {
@@ -353,13 +427,27 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
         })?;
         let n = snapshots.unwrap_or(s.snaps.len()).min(s.snaps.len());
         let mut runs: Vec<(Mode, RunOut)> = Vec::new();
+        let mut reads: Vec<(Mode, BaseReads)> = Vec::new();
         for rep in 0..a.reps.max(1) {
             // The mode that goes first rotates with the repetition.
             for k in 0..MODES.len() {
                 let mode = MODES[(k + rep) % MODES.len()];
-                runs.push((mode, run_once(&bin, &a, &s, n, mode, rep)?));
+                let (out, r) = run_once(&bin, &a, &s, n, mode, rep)?;
+                runs.push((mode, out));
+                reads.extend(r.map(|r| (mode, r)));
             }
         }
+        // Per staged mode, the repetition with the median total time's base reads.
+        let median_reads = |mode: Mode| -> BaseReads {
+            let mut mine: Vec<(f64, BaseReads)> = runs
+                .iter()
+                .filter(|r| r.0 == mode)
+                .map(|r| r.1.iter().map(|x| x.0).sum::<f64>())
+                .zip(reads.iter().filter(|r| r.0 == mode).map(|r| r.1))
+                .collect();
+            mine.sort_by(|x, y| x.0.total_cmp(&y.0));
+            mine.get(mine.len() / 2).map(|x| x.1).unwrap_or_default()
+        };
         let per = |mode: Mode, i: usize| -> ModeRow {
             let mine: Vec<(f64, Option<f64>, u64)> = runs
                 .iter()
@@ -411,6 +499,10 @@ pub fn run(a: DedupLinkArgs) -> Res<()> {
             delta: total(|r| &r.delta),
             staged_dedup: total(|r| &r.staged_dedup),
             staged_delta: total(|r| &r.staged_delta),
+            staged_dedup_bases: median_reads(Mode::StagedDedup),
+            staged_delta_bases: median_reads(Mode::StagedDelta),
+            dedup_parts: median_reads(Mode::Dedup),
+            delta_parts: median_reads(Mode::Delta),
             snaps,
         });
     }
@@ -521,6 +613,42 @@ fn tables(rep: &Report) -> Md {
                 "{:.2}x",
                 r.delta.seconds / m
             )), r.staged_delta.seconds / r.delta.seconds, size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
+    }
+    s.title("Parts of the staged modes".into());
+    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | agent CPU direct (s) |");
+    for r in rep.series {
+        for (name, m, direct, b, d) in [
+            (
+                "staged-dedup",
+                &r.staged_dedup,
+                &r.dedup,
+                &r.staged_dedup_bases,
+                &r.dedup_parts,
+            ),
+            (
+                "staged-delta",
+                &r.staged_delta,
+                &r.delta,
+                &r.staged_delta_bases,
+                &r.delta_parts,
+            ),
+        ] {
+            let staged = m.staged.unwrap_or(0.0);
+            s.row(format!(
+                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                r.series,
+                m.seconds - staged,
+                direct.seconds,
+                m.seconds / direct.seconds,
+                b.from_cache,
+                b.from_durable,
+                size_str(b.bytes_from_durable),
+                b.read_s,
+                b.agent_cpu_s,
+                b.servers_cpu_s,
+                d.agent_cpu_s
+            ));
+        }
     }
     for r in rep.series {
         s.title(format!("Snapshots of {}", r.series));

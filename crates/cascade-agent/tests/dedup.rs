@@ -737,6 +737,17 @@ fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_lo
     let second = wait_line_with(&mut agent, &pushed(1));
     let mut deltas = assert_deltas_against(&second, "/torch/snap-00");
     assert_eq!(absorbed(&[&a, &b]), deltas, "{second}");
+    // Each delta went to the server that took its base in snap-00, which checked it against
+    // the base in its cache: no base was read back from the durable store.
+    let (cached, read): (u64, u64) = [&a, &b]
+        .iter()
+        .map(|s| s.status().dedup)
+        .map(|d| (d.delta_bases_from_cache, d.delta_bases_from_durable))
+        .fold((0, 0), |(c, r), (c2, r2)| (c + c2, r + r2));
+    assert!(
+        cached > 0 && read == 0,
+        "snap-01's delta bases: {cached} from the servers' caches, {read} read from the durable store"
+    );
     let waiting = a.status().dedup.pending_chunks;
     a.kill9();
     eprintln!("server A killed with {waiting} acknowledged chunks not pushed yet");

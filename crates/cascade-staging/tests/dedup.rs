@@ -1129,3 +1129,126 @@ fn a_delta_that_does_not_rebuild_its_score_is_refused_and_nothing_is_built_on_it
         Some(ManifestState::Pending)
     );
 }
+
+/// The delta chunks' distinct bases, in the order of their first use.
+fn bases_of(deltas: &[Delta]) -> Vec<Score> {
+    let mut seen = HashSet::new();
+    deltas
+        .iter()
+        .filter_map(|d| cascade_staging::protocol::split_delta(&d.2).map(|(b, _)| b.score))
+        .filter(|s| seen.insert(*s))
+        .collect()
+}
+
+#[test]
+fn delta_bases_come_from_the_base_cache_and_a_damaged_entry_is_read_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv_dir = tmp.path().join("srv");
+    let srv = InProcess::start(&srv_dir, &durable, 64 << 20);
+    let (first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+    let bases = bases_of(&deltas);
+    assert!(bases.len() > 2, "{} bases", bases.len());
+    // v1's data chunks went to the cache as they were stored (after the reply).
+    wait_for(&srv.addr, "v1's chunks are in the base cache", |s| {
+        s.dedup.base_cache_chunks >= bases.len() as u64
+    });
+
+    // One entry damaged on the server's SSD: its bytes found in the cache's files.
+    let damaged = bases[0];
+    let damaged_raw = &first
+        .blobs
+        .iter()
+        .find(|b| b.score == damaged)
+        .expect("the base is a chunk of v1")
+        .raw;
+    let cache_dir = srv_dir.join("dedup").join("base-cache");
+    let (file, at) = std::fs::read_dir(&cache_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find_map(|path| {
+            let bytes = std::fs::read(&path).unwrap();
+            let at = bytes
+                .windows(damaged_raw.len())
+                .position(|w| w == damaged_raw.as_slice())?;
+            Some((path, at))
+        })
+        .expect("the base's entry in a cache file");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[at + 100] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+
+    // With the durable store's packs out of reach, the deltas on the other bases are
+    // checked all the same: their bases come from the cache, not from the durable store.
+    let on_damaged = |d: &Delta| {
+        cascade_staging::protocol::split_delta(&d.2).map(|(b, _)| b.score) == Some(damaged)
+    };
+    let (later, now): (Vec<&Delta>, Vec<&Delta>) = deltas.iter().partition(|d| on_damaged(d));
+    assert!(!later.is_empty() && !now.is_empty());
+    let packs = durable.join(DEFAULT_PREFIX).join("packs");
+    let hidden = durable.join(DEFAULT_PREFIX).join("packs.away");
+    std::fs::rename(&packs, &hidden).unwrap();
+    let mut c = connect(&srv.addr, "");
+    let wire: Vec<WireChunk> = now.iter().map(|d| delta_wire(d)).collect();
+    assert_eq!(c.put_chunks(&wire).unwrap().stored, now.len() as u64);
+    let s = c.status().unwrap().dedup;
+    assert!(
+        s.delta_bases_from_cache >= bases.len() as u64 - 1 && s.delta_bases_from_durable == 0,
+        "{s:?}"
+    );
+
+    // The damaged entry is found out by its hash, and that base is read from the durable
+    // store instead (unreachable: the frame is refused, nothing of it stored) ...
+    let wire: Vec<WireChunk> = later.iter().map(|d| delta_wire(d)).collect();
+    match c.put_chunks(&wire) {
+        Err(Error::Refused { code, message, .. }) => {
+            assert_eq!(code, code::BASE_UNKNOWN, "{message}")
+        }
+        other => panic!("a delta whose base could not be read was accepted: {other:?}"),
+    }
+    let s = status(&srv.addr).dedup;
+    assert_eq!((s.base_cache_corrupt, s.refused_chunks), (1, 0), "{s:?}");
+    // ... (reachable again: taken, its base read once from the durable store and cached).
+    // The push wrote new packs meanwhile: the old ones go back beside them.
+    for sub in std::fs::read_dir(&hidden).unwrap() {
+        let sub = sub.unwrap().path();
+        let into = packs.join(sub.file_name().unwrap());
+        std::fs::create_dir_all(&into).unwrap();
+        for pack in std::fs::read_dir(&sub).unwrap() {
+            let pack = pack.unwrap().path();
+            std::fs::rename(&pack, into.join(pack.file_name().unwrap())).unwrap();
+        }
+    }
+    let mut c = connect(&srv.addr, "");
+    assert_eq!(c.put_chunks(&wire).unwrap().stored, later.len() as u64);
+    let s = c.status().unwrap().dedup;
+    assert_eq!(
+        (s.delta_bases_from_durable, s.base_cache_corrupt),
+        (1, 1),
+        "{s:?}"
+    );
+    // Cached again, whole: a delta on it now finds it in the cache.
+    let before = s.delta_bases_from_cache;
+    let again = deltas
+        .iter()
+        .find(|d| on_damaged(d))
+        .expect("a delta on it");
+    let mut c = connect(&srv.addr, "");
+    let present = c.put_chunks(&[delta_wire(again)]).unwrap().present;
+    assert_eq!(present, 1);
+    let s = c.status().unwrap().dedup;
+    assert_eq!(
+        (s.delta_bases_from_cache, s.delta_bases_from_durable),
+        (before + 1, 1),
+        "{s:?}"
+    );
+
+    // v2 is written and restores bit for bit.
+    send_checkpoint(&mut c, &srv.addr, &second);
+    let s = wait_for(&srv.addr, "v2 was written", |s| {
+        s.dedup.manifests_written == 2
+    });
+    assert_eq!(s.dedup.lost_chunks, 0, "{:?}", s.dedup);
+    assert_restores(&durable, &second);
+}

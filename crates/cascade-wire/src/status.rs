@@ -135,4 +135,23 @@ pub struct DedupStatus {
     /// Namespace repositories open (or looked for) now: at most 64, idle ones are closed.
     #[serde(default)]
     pub open_repositories: u64,
+    /// Bases of delta chunks checked here: found in the base cache (their bytes hashed to
+    /// their scores), and read from the durable repository instead (with their raw bytes and
+    /// the microseconds those reads took); cache entries that did not hash to their scores
+    /// (dropped, the base read from the repository).
+    #[serde(default)]
+    pub delta_bases_from_cache: u64,
+    #[serde(default)]
+    pub delta_bases_from_durable: u64,
+    #[serde(default)]
+    pub delta_base_bytes_from_durable: u64,
+    #[serde(default)]
+    pub delta_base_read_micros: u64,
+    #[serde(default)]
+    pub base_cache_corrupt: u64,
+    /// Entries of the base cache and their bytes now.
+    #[serde(default)]
+    pub base_cache_chunks: u64,
+    #[serde(default)]
+    pub base_cache_bytes: u64,
 }

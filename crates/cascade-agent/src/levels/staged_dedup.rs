@@ -7,7 +7,7 @@
 //! its blobs are there.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cascade_dedup::ingest::Ingest;
@@ -49,7 +49,15 @@ struct Outgoing<'b> {
     blob: &'b Blob,
     stored: Stored,
     data: Option<Vec<u8>>,
+    /// A delta's base.
+    base: Option<Score>,
 }
+
+/// Where the data chunks of the last checkpoint sent went (a server's index): a delta chunk
+/// goes to the server that has its base, whose base cache then holds it, so the server
+/// checks the delta without reading the base from the durable store over its link. The
+/// chunks of a region that changes every checkpoint stay on one server that way.
+pub(crate) type Placement = HashMap<Score, usize>;
 
 impl Outgoing<'_> {
     fn wire(&self) -> WireChunk<'_> {
@@ -69,6 +77,9 @@ struct Sender<'a> {
     dedup: DedupOptions,
     /// Per file of the checkpoint, the previous version as a source of delta bases.
     bases: &'a [Option<BaseFile<'a>>],
+    /// Where the previous checkpoint's data chunks went, and where this one's go.
+    placed_before: &'a Placement,
+    placed: Placement,
     /// Every blob score of the checkpoint (the manifest lists them all).
     all: Vec<Score>,
     seen: HashSet<Score>,
@@ -84,11 +95,14 @@ impl<'a> Sender<'a> {
         pool: &'a ServerPool,
         dedup: DedupOptions,
         bases: &'a [Option<BaseFile<'a>>],
+        placed_before: &'a Placement,
     ) -> Sender<'a> {
         Sender {
             pool,
             dedup,
             bases,
+            placed_before,
+            placed: Placement::new(),
             all: Vec::new(),
             seen: HashSet::new(),
             batch: Vec::new(),
@@ -125,30 +139,46 @@ impl<'a> Sender<'a> {
                     blob,
                     stored: Stored::Delta,
                     data: Some(delta_data(&base, &p.bytes)),
+                    base: Some(base.score),
                 },
                 None => Outgoing {
                     blob,
                     stored: Stored::Zstd,
                     data: Some(p.bytes),
+                    base: None,
                 },
             },
             None => Outgoing {
                 blob,
                 stored: Stored::Raw,
                 data: None,
+                base: None,
             },
         }
     }
 
-    /// Per owner: which of the batch it lacks, then those, compressed where it pays.
+    /// The server asked whether it lacks a blob: where the previous checkpoint put it (an
+    /// unchanged chunk), else its score's owner.
+    fn home_of(&self, b: &Blob) -> usize {
+        self.placed_before
+            .get(&b.score)
+            .copied()
+            .filter(|&i| i < self.pool.count())
+            .unwrap_or_else(|| self.pool.owner_of(&b.score))
+    }
+
+    /// Per server: which of the batch it lacks; then those, compressed where it pays, each to
+    /// the server asked, except a delta chunk whose base went to another server in the
+    /// previous checkpoint: to that one, whose base cache has the base.
     fn flush(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
         self.batch_bytes = 0;
-        let mut by_owner: Vec<Vec<&Blob>> = vec![Vec::new(); self.pool.count()];
+        let mut by_home: Vec<Vec<&Blob>> = vec![Vec::new(); self.pool.count()];
         for b in &batch {
-            by_owner[self.pool.owner_of(&b.score)].push(b);
+            by_home[self.home_of(b)].push(b);
         }
-        for (server, blobs) in by_owner.into_iter().enumerate() {
+        let mut lacked: Vec<(&Blob, usize)> = Vec::new();
+        for (server, blobs) in by_home.into_iter().enumerate() {
             if blobs.is_empty() {
                 continue;
             }
@@ -157,37 +187,68 @@ impl<'a> Sender<'a> {
                 .pool
                 .with_conn(server, |c| c.lacks(&scores))
                 .map_err(|e| self.pool.error(server, e))?;
-            let lacked: Vec<&Blob> = blobs
-                .into_iter()
-                .zip(lacking)
-                .filter_map(|(b, lacks)| lacks.then_some(b))
-                .collect();
-            if lacked.is_empty() {
-                continue;
+            for (b, lacks) in blobs.into_iter().zip(lacking) {
+                if lacks {
+                    lacked.push((b, server));
+                } else if b.kind == BlobKind::Data {
+                    self.placed.insert(b.score, server);
+                }
             }
-            let packed: Vec<Outgoing> = lacked.par_iter().map(|b| self.pack(b, true)).collect();
-            let packed = match self.put(server, &packed) {
-                // A base the server does not hold as one (pruned meanwhile, or pushed where
-                // it has not looked yet): the same chunks again, the deltas among them whole.
-                Err(cascade_wire::Error::Refused { code, .. })
-                    if code == cascade_wire::protocol::code::BASE_UNKNOWN =>
-                {
-                    let whole: Vec<Outgoing> = packed
-                        .into_par_iter()
-                        .map(|p| match p.stored {
-                            Stored::Delta => self.pack(p.blob, false),
-                            _ => p,
-                        })
-                        .collect();
-                    self.put(server, &whole)
-                        .map_err(|e| self.pool.error(server, e))?;
-                    whole
+        }
+        if lacked.is_empty() {
+            return Ok(());
+        }
+        let packed: Vec<(Outgoing, usize)> = lacked
+            .par_iter()
+            .map(|&(b, home)| (self.pack(b, true), home))
+            .collect();
+        let mut by_target: Vec<Vec<Outgoing>> =
+            (0..self.pool.count()).map(|_| Vec::new()).collect();
+        for (p, home) in packed {
+            let target = p
+                .base
+                .and_then(|base| self.placed_before.get(&base).copied())
+                .filter(|&i| i < self.pool.count())
+                .unwrap_or(home);
+            by_target[target].push(p);
+        }
+        // Each server's PutChunks at the same time: a server checks and syncs its frame
+        // while the other does.
+        let targets: Vec<(usize, Vec<Outgoing>)> = by_target
+            .into_iter()
+            .enumerate()
+            .filter(|(_, packed)| !packed.is_empty())
+            .collect();
+        let this = &*self;
+        let sent: Vec<Result<(usize, Vec<Outgoing>)>> = if targets.len() == 1 {
+            targets
+                .into_iter()
+                .map(|(server, packed)| Ok((server, this.put_or_whole(server, packed)?)))
+                .collect()
+        } else {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = targets
+                    .into_iter()
+                    .map(|(server, packed)| {
+                        scope.spawn(move || Ok((server, this.put_or_whole(server, packed)?)))
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect()
+            })
+        };
+        for result in sent {
+            let (server, packed) = result?;
+            for p in &packed {
+                if p.blob.kind == BlobKind::Data {
+                    self.placed.insert(p.blob.score, server);
                 }
-                other => {
-                    other.map_err(|e| self.pool.error(server, e))?;
-                    packed
-                }
-            };
+            }
             self.sent_chunks += packed.len() as u64;
             self.sent_deltas += packed.iter().filter(|p| p.stored == Stored::Delta).count() as u64;
             self.sent_bytes += packed
@@ -196,6 +257,36 @@ impl<'a> Sender<'a> {
                 .sum::<u64>();
         }
         Ok(())
+    }
+
+    /// PutChunks of `packed` to `server`; if it refuses a base (pruned meanwhile, or pushed
+    /// where it has not looked yet), the same chunks again, the deltas among them whole. What
+    /// was sent.
+    fn put_or_whole<'b>(
+        &self,
+        server: usize,
+        packed: Vec<Outgoing<'b>>,
+    ) -> Result<Vec<Outgoing<'b>>> {
+        match self.put(server, &packed) {
+            Err(cascade_wire::Error::Refused { code, .. })
+                if code == cascade_wire::protocol::code::BASE_UNKNOWN =>
+            {
+                let whole: Vec<Outgoing> = packed
+                    .into_par_iter()
+                    .map(|p| match p.stored {
+                        Stored::Delta => self.pack(p.blob, false),
+                        _ => p,
+                    })
+                    .collect();
+                self.put(server, &whole)
+                    .map_err(|e| self.pool.error(server, e))?;
+                Ok(whole)
+            }
+            other => {
+                other.map_err(|e| self.pool.error(server, e))?;
+                Ok(packed)
+            }
+        }
     }
 
     fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_wire::Result<()> {
@@ -224,6 +315,8 @@ pub(crate) struct StagedDedup {
     repository: Arc<Repository>,
     /// When each waiting manifest's server was last asked about it.
     asked: Asked,
+    /// Where the data chunks of the last checkpoint sent went.
+    placement: Mutex<Placement>,
 }
 
 /// What sending a checkpoint's files cost.
@@ -238,6 +331,7 @@ impl StagedDedup {
             pool,
             repository,
             asked: Asked::default(),
+            placement: Mutex::new(Placement::new()),
         }
     }
 
@@ -273,8 +367,20 @@ impl StagedDedup {
                 repo.as_ref()?.base_file(FileBase { recipe, bytes })
             })
             .collect();
-        let mut sender = Sender::new(&self.pool, dedup, &bases);
-        let Some(sent) = send_files(node, dedup, now_root, &files, &mut sender)? else {
+        let placed_before =
+            std::mem::take(&mut *self.placement.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut sender = Sender::new(&self.pool, dedup, &bases, &placed_before);
+        let sent = send_files(node, dedup, now_root, &files, &mut sender);
+        // Kept for the next checkpoint even if this one failed: its chunks are where they
+        // were sent.
+        let mut placed = std::mem::take(&mut sender.placed);
+        if !matches!(sent, Ok(Some(_))) {
+            for (s, server) in &placed_before {
+                placed.entry(*s).or_insert(*server);
+            }
+        }
+        *self.placement.lock().unwrap_or_else(|e| e.into_inner()) = placed;
+        let Some(sent) = sent? else {
             return Ok(false);
         };
         let ckpt = DurableKey::from_store_path(&now_root.path);
@@ -365,9 +471,11 @@ impl StagedDedup {
         })
     }
 
-    /// The blobs of `scores` their owners still hold, checked against their scores (a delta
-    /// chunk rebuilt against its base from `repo`). A server down or a chunk it lost is
-    /// skipped: the repository may have it.
+    /// The blobs of `scores` the servers still hold, checked against their scores (a delta
+    /// chunk rebuilt against its base from `repo`): asked of their owners first, then what
+    /// is still missing of the other servers (a delta chunk goes to the server holding its
+    /// base, `Placement`). A server down or a chunk it lost is skipped: the repository may
+    /// have it.
     fn chunks_from_servers(
         &self,
         scores: &[Score],
@@ -378,11 +486,40 @@ impl StagedDedup {
             by_owner[self.pool.owner_of(s)].push(*s);
         }
         let mut found = HashMap::new();
-        for (server, wanted) in by_owner.iter().enumerate() {
+        self.chunks_from(&by_owner, repo, &mut found);
+        if found.len() < scores.len() && self.pool.count() > 1 {
+            let mut elsewhere: Vec<Vec<Score>> = vec![Vec::new(); self.pool.count()];
+            for (owner, wanted) in by_owner.iter().enumerate() {
+                for s in wanted.iter().filter(|s| !found.contains_key(*s)) {
+                    for (server, list) in elsewhere.iter_mut().enumerate() {
+                        if server != owner {
+                            list.push(*s);
+                        }
+                    }
+                }
+            }
+            self.chunks_from(&elsewhere, repo, &mut found);
+        }
+        found
+    }
+
+    /// Asks server `i` for the blobs `wanted[i]` not found yet, into `found`.
+    fn chunks_from(
+        &self,
+        wanted: &[Vec<Score>],
+        repo: Option<&Repo>,
+        found: &mut HashMap<Score, Vec<u8>>,
+    ) {
+        for (server, wanted) in wanted.iter().enumerate() {
+            let wanted: Vec<Score> = wanted
+                .iter()
+                .filter(|s| !found.contains_key(*s))
+                .copied()
+                .collect();
             if wanted.is_empty() {
                 continue;
             }
-            let Ok(chunks) = self.pool.with_conn(server, |c| c.get_chunks(wanted)) else {
+            let Ok(chunks) = self.pool.with_conn(server, |c| c.get_chunks(&wanted)) else {
                 continue;
             };
             for c in chunks {
@@ -399,7 +536,6 @@ impl StagedDedup {
                 }
             }
         }
-        found
     }
 
     /// The newest manifest a staging server holds, not yet written to the repository, of a

@@ -9,6 +9,7 @@
 //! never held across a pwrite, pread or fsync; `sync_to` elects one caller per round to
 //! fdatasync, the others wait for the round that covers them.
 
+pub mod base_cache;
 pub mod manifests;
 mod record;
 
@@ -45,6 +46,10 @@ pub struct ChunkOptions {
     /// at most 755 MiB of tables, docs/staging-arenas.md); a PutChunks past it is refused
     /// with FULL.
     pub max_chunks: usize,
+    /// Most bytes of the cache of recent delta bases on the SSD (`base_cache`; default
+    /// 1 GiB; 0: none): raw chunks this server received or read lately, so that checking a
+    /// delta against its base does not read the base over the durable store's link.
+    pub base_cache_bytes: u64,
 }
 
 impl Default for ChunkOptions {
@@ -53,6 +58,7 @@ impl Default for ChunkOptions {
             segment_size: 64 << 20,
             capacity: None,
             max_chunks: 8 << 20,
+            base_cache_bytes: 1 << 30,
         }
     }
 }
