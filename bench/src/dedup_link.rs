@@ -400,8 +400,10 @@ fn keep_logs(node: &Node, run: &str) {
     }
 }
 
-pub fn run(a: DedupLinkArgs) -> Res<()> {
+pub fn run(mut a: DedupLinkArgs) -> Res<()> {
     let pid = std::process::id();
+    // The agent writing the repository and the servers pushing to it alike.
+    a.url = a.url.map(crate::util::as_over_https);
     require_s3_url(a.url.as_deref().unwrap_or_default(), "dedup-link")?;
     let durable = Spec::parse(a.url.as_deref().unwrap_or_default())
         .ctx(|| "--url")?

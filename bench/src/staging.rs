@@ -232,16 +232,12 @@ impl SOpts {
         }
         check_mount(&self.mount)?;
         self.mount = self.mount.trim_end_matches('/').to_string();
-        // The shaped plain-HTTP endpoint stands for a durable store behind a link, which is
-        // HTTPS in use, where requests carry UNSIGNED-PAYLOAD by default: every method here
-        // (direct, through the agent, through a server) is run that way (bench/README.md).
-        self.url = self.url.take().filter(|u| !u.is_empty()).map(|u| {
-            if u.contains("sign_payload=") {
-                u
-            } else {
-                format!("{u}&sign_payload=no")
-            }
-        });
+        // Every method here (direct, through the agent, through a server) alike.
+        self.url = self
+            .url
+            .take()
+            .filter(|u| !u.is_empty())
+            .map(crate::util::as_over_https);
         if let Some(u) = &self.url {
             self.durable = Some(Spec::parse(u).ctx(|| "--url")?.describe());
         }

@@ -157,7 +157,7 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
         capacity: (chunk_capacity > 0).then_some(chunk_capacity),
         max_chunks: usize::try_from(config.number("stage_server.chunk_index_limit"))
             .unwrap_or(usize::MAX),
-        ..ChunkOptions::default()
+        base_cache_bytes: config.number("stage_server.base_cache"),
     };
     opts.buffers = config.number("stage_server.buffers").max(1) as usize;
     opts.io_threads = config.number("stage_server.io_threads").max(1) as usize;

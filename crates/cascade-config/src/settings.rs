@@ -488,6 +488,17 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Bytes(0), String::new()),
     },
     SettingDef {
+        key: "stage_server.base_cache",
+        env: "CASCADE_STAGE_BASE_CACHE",
+        flag: Some("base-cache"),
+        aliases: &[],
+        value_name: "SIZE",
+        help: "Most bytes of recent dedup chunks the staging server keeps on its SSD as delta bases, so that checking a delta does not read its base over the durable store's link (0 = none; emptied at start)",
+        default_help: "1GiB",
+        parse: parse_bytes,
+        default: |_| (Value::Bytes(1 << 30), String::new()),
+    },
+    SettingDef {
         key: "stage_server.chunk_segment_size",
         env: "CASCADE_STAGE_CHUNK_SEGMENT_SIZE",
         flag: Some("chunk-segment-size"),
