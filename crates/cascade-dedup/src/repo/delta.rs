@@ -26,7 +26,7 @@ const TRIALS: u64 = 16;
 /// rewritten file; molecular-dynamics restarts, where every value moves and the XOR is only a
 /// few per cent smaller than the chunk alone) it notices when they win again, and where
 /// they win it checks that the chunk alone is not clearly smaller (data that moved).
-const PROBE_EVERY: u64 = 16;
+const PROBE_EVERY: u64 = 32;
 
 /// The bytes of a file's previous version, read by offset: a slice or a mapped file
 /// (`AsRef<[u8]>`), or e.g. a file in the node store whose pieces are not contiguous.
@@ -461,7 +461,7 @@ mod tests {
             .flatten()
             .filter(|p| p.base.is_some())
             .count();
-        assert!(late >= 2, "{late} deltas in the nudged half");
+        assert!(late >= 1, "{late} deltas in the nudged half");
     }
 
     #[test]
