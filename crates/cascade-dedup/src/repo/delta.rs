@@ -15,15 +15,18 @@ use crate::{score, Compression, Score};
 /// at most this many more. A chunk whose base is this deep is stored on its own.
 pub const MAX_DELTA_DEPTH: usize = 4;
 
-/// A delta is kept without trying the chunk on its own when its frame is at most this
-/// fraction of the chunk (1/4): compressing the chunk as well could not gain much.
+/// A delta is kept without trying the chunk on its own, even on a probe, when its frame is at
+/// most this fraction of the chunk (1/4): compressing the chunk as well could not gain much.
 const CLEAR_WIN_DIVISOR: usize = 4;
 
-/// Deltas tried in a file before their record decides whether to go on trying them.
+/// New chunks at the start of a file that are probes: each tries a delta, and one that pays
+/// but is over a quarter of the chunk is compared with the chunk compressed alone.
 const TRIALS: u64 = 16;
-/// Once deltas lose (in a file whose data does not drift, e.g. molecular-dynamics restarts
-/// where every value moves), one chunk in this many still tries one, to notice a change.
-const PROBE_EVERY: u64 = 16;
+/// After the first [`TRIALS`], one new chunk in this many is a probe: where deltas lose (a
+/// rewritten file; molecular-dynamics restarts, where every value moves and the XOR is only a
+/// few per cent smaller than the chunk alone) it notices when they win again, and where
+/// they win it checks that the chunk alone is not clearly smaller (data that moved).
+const PROBE_EVERY: u64 = 32;
 
 /// The bytes of a file's previous version, read by offset: a slice or a mapped file
 /// (`AsRef<[u8]>`), or e.g. a file in the node store whose pieces are not contiguous.
@@ -65,10 +68,14 @@ pub(crate) struct BaseChunk {
 pub struct BaseFile<'a> {
     bytes: &'a dyn BaseBytes,
     chunks: Vec<BaseChunk>,
-    /// Deltas tried in this file, and those that won: smaller than the chunk compressed
-    /// alone by at least an eighth (trying costs a second compression).
+    /// New chunks of this file asked for (the probes are counted in them).
+    seen: AtomicU64,
+    /// Deltas whose outcome is known in this file, and those that won: at most a quarter of
+    /// the chunk, or smaller than the chunk compressed alone less an eighth of it.
     tried: AtomicU64,
     won: AtomicU64,
+    /// Chunks compressed twice (alone beside their delta, on probes).
+    compared: AtomicU64,
 }
 
 thread_local! {
@@ -102,16 +109,11 @@ impl<'a> BaseFile<'a> {
         BaseFile {
             bytes,
             chunks,
+            seen: AtomicU64::new(0),
             tried: AtomicU64::new(0),
             won: AtomicU64::new(0),
+            compared: AtomicU64::new(0),
         }
-    }
-
-    /// Whether the next chunk tries a delta: always for the first [`TRIALS`], then while at
-    /// least a quarter won, else one in [`PROBE_EVERY`].
-    fn worth_trying(&self) -> bool {
-        let tried = self.tried.load(Ordering::Relaxed);
-        tried < TRIALS || self.won.load(Ordering::Relaxed) * 4 >= tried || tried % PROBE_EVERY == 0
     }
 
     /// The usable base chunk covering file offset `offset`.
@@ -121,41 +123,75 @@ impl<'a> BaseFile<'a> {
     }
 
     /// The stored form of a new chunk at file offset `offset`: a delta against the base chunk
-    /// covering that offset when its frame is smaller than the chunk compressed alone, else
-    /// the chunk compressed alone (`None`: neither saves an eighth, store it raw). A delta
-    /// frame of at most a quarter of the chunk is kept without compressing the chunk alone;
-    /// in a file where deltas mostly lose, most chunks do not try one (`worth_trying`).
+    /// covering that offset, or the chunk compressed alone (`None`: neither saves an eighth,
+    /// store it raw). Each chunk is compressed once, but on *probes* (the first [`TRIALS`]
+    /// new chunks of the file, then one in [`PROBE_EVERY`]): there a delta over a quarter of
+    /// the chunk is compared with the chunk alone and the smaller kept. The probes, and the
+    /// deltas whose outcome is plain without comparing, make the file's record: while deltas
+    /// win in at least a quarter of it, every chunk is stored as a delta when that pays,
+    /// without a second compression; otherwise as the chunk alone, only probes trying a delta.
     pub fn pack(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Packed> {
-        let alone = |limit| {
+        let alone = || {
             compression
-                .compress_within(data, limit)
+                .compress(data)
                 .map(|bytes| Packed { bytes, base: None })
         };
-        if !self.worth_trying() {
-            return alone(max_compressed_len(data.len()));
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed);
+        let probe = seen < TRIALS || seen % PROBE_EVERY == 0;
+        if !probe && !self.deltas_win() {
+            return alone();
         }
         let Some(delta) = self.delta(compression, offset, data) else {
-            return alone(max_compressed_len(data.len()));
+            // No usable base here: nothing learnt about deltas.
+            return alone();
         };
-        self.tried.fetch_add(1, Ordering::Relaxed);
+        let Some(delta) = delta else {
+            self.record(false);
+            return alone();
+        };
         if delta.bytes.len() <= data.len() / CLEAR_WIN_DIVISOR {
-            self.won.fetch_add(1, Ordering::Relaxed);
+            self.record(true);
             return Some(delta);
         }
-        match alone(max_compressed_len(data.len())) {
-            Some(packed) if packed.bytes.len() < delta.bytes.len() => Some(packed),
-            packed => {
-                if packed.is_none_or(|p| delta.bytes.len() <= max_compressed_len(p.bytes.len())) {
-                    self.won.fetch_add(1, Ordering::Relaxed);
+        if !probe {
+            return Some(delta);
+        }
+        // The chunk alone as well, and the smaller kept. zstd stops once the chunk alone is
+        // an eighth larger than the delta: past that the delta wins, whatever its size.
+        self.compared.fetch_add(1, Ordering::Relaxed);
+        let limit = delta.bytes.len() + delta.bytes.len() / 7;
+        match compression.compress_within(data, limit) {
+            Some(bytes) => {
+                self.record(delta.bytes.len() <= max_compressed_len(bytes.len()));
+                if bytes.len() < delta.bytes.len() {
+                    Some(Packed { bytes, base: None })
+                } else {
+                    Some(delta)
                 }
+            }
+            None => {
+                self.record(true);
                 Some(delta)
             }
         }
     }
 
-    /// `data` as a delta against the base chunk covering `offset`, if there is one and its
-    /// bytes are what its score says (the source's bytes are checked, never trusted).
-    fn delta(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Packed> {
+    fn record(&self, won: bool) {
+        self.tried.fetch_add(1, Ordering::Relaxed);
+        if won {
+            self.won.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Deltas won in at least a quarter of this file's record (or nothing is recorded yet).
+    fn deltas_win(&self) -> bool {
+        self.won.load(Ordering::Relaxed) * 4 >= self.tried.load(Ordering::Relaxed)
+    }
+
+    /// `data` as a delta against the base chunk covering `offset`: `None` when there is no
+    /// such chunk or its bytes are not what its score says (the source's bytes are checked,
+    /// never trusted), `Some(None)` when the delta's frame does not pay.
+    fn delta(&self, compression: Compression, offset: u64, data: &[u8]) -> Option<Option<Packed>> {
         let base = self.base_at(offset)?;
         let from = u32::try_from(offset - base.offset).ok()?;
         SCRATCH.with(|scratch| {
@@ -168,14 +204,14 @@ impl<'a> BaseFile<'a> {
             xored.clear();
             xored.extend_from_slice(data);
             xor_with_base(xored, base_bytes, from).ok()?;
-            let bytes = compression.compress_within(xored, max_compressed_len(data.len()))?;
-            Some(Packed {
+            let bytes = compression.compress_within(xored, max_compressed_len(data.len()));
+            Some(bytes.map(|bytes| Packed {
                 bytes,
                 base: Some(DeltaBase {
                     score: base.score,
                     from,
                 }),
-            })
+            }))
         })
     }
 }
@@ -264,6 +300,168 @@ mod tests {
         let mut back = Compression::decompress(&packed.bytes, chunk.len()).unwrap();
         xor_with_base(&mut back, &old[half as usize..], delta.from).unwrap();
         assert_eq!(back, chunk);
+    }
+
+    /// Bytes of a xorshift stream: incompressible.
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Compressible bytes: words from a small vocabulary picked by a xorshift stream.
+    fn text(n: usize, seed: u64) -> Vec<u8> {
+        let words: [&[u8]; 8] = [
+            b"atom ", b"x=1.5 ", b"type 2 ", b"v 0.0 ", b"id ", b"mol ", b"q ", b"\n",
+        ];
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut out = Vec::with_capacity(n + 8);
+        while out.len() < n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            out.extend_from_slice(words[(x % 8) as usize]);
+        }
+        out.truncate(n);
+        out
+    }
+
+    /// A base file of `n` chunks of `len` bytes over `old`, every chunk usable.
+    #[allow(clippy::ptr_arg)] // BaseBytes is for sized sources: a Vec, not a slice.
+    fn base_of(old: &Vec<u8>, len: usize) -> BaseFile<'_> {
+        let leaves: Vec<(Score, u64)> = old
+            .chunks(len)
+            .map(|c| (score(c), c.len() as u64))
+            .collect();
+        BaseFile::new(old, &leaves, |_| true)
+    }
+
+    /// Packs every chunk of `new` in file order; checks each comes back whole.
+    fn pack_all(base: &BaseFile, old: &[u8], new: &[u8], len: usize) -> Vec<Option<Packed>> {
+        let zstd = Compression::Zstd { level: -2 };
+        new.chunks(len)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let at = i * len;
+                let packed = base.pack(zstd, at as u64, chunk);
+                if let Some(p) = &packed {
+                    let back = match &p.base {
+                        Some(b) => {
+                            undo_delta(&p.bytes, chunk.len() as u32, &old[at..at + len], b.from)
+                        }
+                        None => Compression::decompress(&p.bytes, chunk.len())
+                            .map_err(|e| e.to_string()),
+                    };
+                    assert_eq!(back.as_deref(), Ok(chunk), "chunk {i}");
+                }
+                packed
+            })
+            .collect()
+    }
+
+    const LEN: usize = 8192;
+    const CHUNKS: usize = 64;
+
+    /// An old and a new version of [`CHUNKS`] chunks: in each, the first half noise that
+    /// changed, the second half `kept(i)` in both.
+    fn half_rewritten(kept: impl Fn(u64) -> Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        for i in 0..CHUNKS as u64 {
+            let kept = kept(i);
+            old.extend_from_slice(&noise(LEN / 2, 2 * i + 1));
+            old.extend_from_slice(&kept);
+            new.extend_from_slice(&noise(LEN / 2, 2 * i + 2));
+            new.extend_from_slice(&kept);
+        }
+        (old, new)
+    }
+
+    #[test]
+    fn a_delta_that_wins_is_kept_without_compressing_the_chunk_alone_but_on_probes() {
+        // Every chunk: half of it rewritten with noise, half text left as it was. The delta is
+        // the noise alone, over a quarter of the chunk; the chunk alone is the noise and the
+        // text compressed: the delta wins by more than an eighth.
+        let (old, new) = half_rewritten(|i| text(LEN / 2, 1000 + i));
+        let alone = Compression::Zstd { level: -2 }
+            .compress(&new[..LEN])
+            .expect("pays");
+        let base = base_of(&old, LEN);
+        let packed = pack_all(&base, &old, &new, LEN);
+        let delta_len = packed[0].as_ref().expect("packed").bytes.len();
+        assert!(delta_len > LEN / 4 && delta_len <= max_compressed_len(alone.len()));
+        let deltas = packed.iter().flatten().filter(|p| p.base.is_some()).count();
+        assert_eq!(deltas, CHUNKS, "every chunk a delta");
+        // The chunk alone was compressed beside its delta only on the probes.
+        let compared = base.compared.load(Ordering::Relaxed);
+        assert_eq!(compared, TRIALS + (CHUNKS as u64 - TRIALS) / PROBE_EVERY);
+    }
+
+    #[test]
+    fn where_a_delta_saves_less_than_an_eighth_over_the_chunk_alone_only_probes_try_one() {
+        // As above, but the text half compresses so well that the delta, though smaller than
+        // the chunk alone, is not an eighth smaller (as in molecular-dynamics restarts, where
+        // every value moves): not worth reading and checking the base for every chunk.
+        let (old, new) = half_rewritten(|i| text(LEN / 32, 1000 + i).repeat(16));
+        let alone = Compression::Zstd { level: -2 }
+            .compress(&new[..LEN])
+            .expect("pays");
+        let base = base_of(&old, LEN);
+        let packed = pack_all(&base, &old, &new, LEN);
+        let delta_len = packed[0].as_ref().expect("packed").bytes.len();
+        assert!(delta_len < alone.len() && delta_len > max_compressed_len(alone.len()));
+        for (i, p) in packed.iter().enumerate().skip(TRIALS as usize) {
+            let probe = i as u64 % PROBE_EVERY == 0;
+            assert_eq!(
+                p.as_ref().map(|p| p.base.is_some()),
+                Some(probe),
+                "chunk {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn where_the_chunk_alone_beats_its_delta_it_is_stored_alone() {
+        // The new version is the old one moved by 3 bytes: the XOR of two shifted texts still
+        // pays, but the text compressed alone is far smaller.
+        let old = text(LEN * CHUNKS + 3, 7);
+        let new = old[3..].to_vec();
+        let base = base_of(&old, LEN);
+        let packed = pack_all(&base, &old, &new, LEN);
+        let zstd = Compression::Zstd { level: -2 };
+        let alone: usize = new
+            .chunks(LEN)
+            .map(|c| zstd.compress(c).expect("pays").len())
+            .sum();
+        let stored: usize = packed.iter().flatten().map(|p| p.bytes.len()).sum();
+        assert!(stored * 20 <= alone * 21, "stored {stored}, alone {alone}");
+        assert!(packed.iter().flatten().all(|p| p.base.is_none()));
+    }
+
+    #[test]
+    fn deltas_are_probed_again_after_they_stopped_paying() {
+        // The first half of the file was rewritten with noise (no delta pays), the second
+        // half nudged (every delta pays): the probes find the second half.
+        let old = floats(LEN / 4 * CHUNKS, 0.0);
+        let mut new = noise(LEN * CHUNKS / 2, 9);
+        new.extend_from_slice(&floats(LEN / 4 * CHUNKS, 1e-6)[LEN * CHUNKS / 2..]);
+        let base = base_of(&old, LEN);
+        let packed = pack_all(&base, &old, &new, LEN);
+        assert!(
+            packed[..CHUNKS / 2].iter().all(Option::is_none),
+            "noise stays raw"
+        );
+        let late = packed[CHUNKS / 2..]
+            .iter()
+            .flatten()
+            .filter(|p| p.base.is_some())
+            .count();
+        assert!(late >= 1, "{late} deltas in the nudged half");
     }
 
     #[test]
