@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cascade_staging::client::OutSegment;
-use cascade_staging::{ClientOptions, Connection, ServerStatus};
+use cascade_staging::Connection;
 use cascade_testkit::random;
-use common::{digest, poll_status, InProcessServer, ServerProcess, SECRET};
+use common::{digest, poll_status, InProcessServer, ServerProcess};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const NS: &str = "job1";
@@ -187,22 +187,6 @@ fn padded_o_direct_extents_are_acknowledged_and_drain_bit_for_bit() {
     srv.stop();
 }
 
-impl ServerProcess {
-    fn connect(&self) -> Connection {
-        let mut o = ClientOptions::new(SECRET);
-        o.namespace = NS.to_string();
-        o.io_timeout = DEADLINE;
-        Connection::connect(&self.addr, &o).expect("connect")
-    }
-
-    fn status(&self) -> ServerStatus {
-        let mut c = self.connect();
-        let s = c.status().expect("status");
-        c.goodbye();
-        s
-    }
-}
-
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child).
 #[test]
 fn child_server_process() {
@@ -229,7 +213,7 @@ fn a_server_killed_with_sigkill_recovers_its_padded_extents() {
         server.daemon.log()
     );
     {
-        let mut c = server.connect();
+        let mut c = server.connect(NS, DEADLINE);
         send(&mut c, &files);
         // An unacknowledged, unsealed file after the Sync: dropped at recovery.
         c.write(&[OutSegment {
@@ -242,7 +226,7 @@ fn a_server_killed_with_sigkill_recovers_its_padded_extents() {
         }])
         .expect("write a partial file");
     }
-    assert_eq!(server.status().drained_files, 0);
+    assert_eq!(server.status(NS, DEADLINE).drained_files, 0);
     if direct {
         assert_padded(&dir, &files);
     }
@@ -254,7 +238,7 @@ fn a_server_killed_with_sigkill_recovers_its_padded_extents() {
     let n = files.len() as u64;
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let s = server.status();
+        let s = server.status(NS, DEADLINE);
         if s.drained_files >= n {
             break;
         }

@@ -18,9 +18,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use cascade_staging::client::OutSegment;
-use cascade_staging::{ClientOptions, Connection, ServerStatus};
+use cascade_staging::{Connection, ServerStatus};
 use cascade_testkit::random;
-use common::{digest, poll_status, InProcessServer, ServerProcess, SECRET};
+use common::{digest, poll_status, InProcessServer, ServerProcess};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const NS: &str = "job1";
@@ -148,22 +148,6 @@ fn a_version_over_the_budget_drains_from_the_arenas() {
     );
 }
 
-impl ServerProcess {
-    fn connect(&self) -> Connection {
-        let mut o = ClientOptions::new(SECRET);
-        o.namespace = NS.to_string();
-        o.io_timeout = DEADLINE;
-        Connection::connect(&self.addr, &o).expect("connect")
-    }
-
-    fn status(&self) -> ServerStatus {
-        let mut c = self.connect();
-        let s = c.status().expect("status");
-        c.goodbye();
-        s
-    }
-}
-
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child).
 #[test]
 fn child_server_process() {
@@ -182,7 +166,7 @@ fn a_server_killed_mid_stream_drains_every_acknowledged_file_after_a_restart() {
     let acked = files(600);
     let streaming = random(40 << 20, 700);
     let mut server = ServerProcess::start(&dir, &durable, DEADLINE);
-    let mut c = server.connect();
+    let mut c = server.connect(NS, DEADLINE);
     send(&mut c, &acked);
     // Half of a larger file in 4 MiB frames, no Sync: frames are arriving and being written
     // by the disk writers when the server dies.
@@ -209,7 +193,7 @@ fn a_server_killed_mid_stream_drains_every_acknowledged_file_after_a_restart() {
     let s = poll_status(
         "drained after the restart",
         DEADLINE,
-        || server.status(),
+        || server.status(NS, DEADLINE),
         |s| s.drained_files >= n,
     );
     assert_drained(&durable, &acked);

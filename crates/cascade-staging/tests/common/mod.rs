@@ -151,6 +151,20 @@ impl ServerProcess {
         let addr = line.trim_start_matches(LISTENING).trim().to_string();
         ServerProcess { daemon, addr }
     }
+
+    pub fn connect(&self, namespace: &str, io_timeout: Duration) -> Connection {
+        let mut o = ClientOptions::new(SECRET);
+        o.namespace = namespace.to_string();
+        o.io_timeout = io_timeout;
+        Connection::connect(&self.addr, &o).expect("connect")
+    }
+
+    pub fn status(&self, namespace: &str, io_timeout: Duration) -> ServerStatus {
+        let mut c = self.connect(namespace, io_timeout);
+        let s = c.status().expect("status");
+        c.goodbye();
+        s
+    }
 }
 
 /// The body of a test binary's `child_server_process` (not a test of its own): a server on
