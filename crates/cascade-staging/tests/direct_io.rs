@@ -18,17 +18,12 @@ use std::time::{Duration, Instant};
 use cascade_staging::client::OutSegment;
 use cascade_staging::Connection;
 use cascade_testkit::random;
-use common::{digest, poll_status, InProcessServer, ServerProcess};
+use common::{assert_drained, digest, disk_dir, poll_status, InProcessServer, ServerProcess};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const NS: &str = "job1";
 /// Environment of a server process started by [`ServerProcess::start`].
 const BLOCK: u64 = cascade_staging::engine::BLOCK as u64;
-
-/// A directory on the disk under /var/tmp (the arenas' usual kind of file system).
-fn disk_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in("/var/tmp").expect("a temporary directory in /var/tmp")
-}
 
 /// Whether `dir` is on tmpfs (there the server falls back to buffered arenas).
 fn on_tmpfs(dir: &Path) -> bool {
@@ -131,20 +126,6 @@ fn assert_padded(dir: &Path, files: &[(String, Vec<u8>)]) {
     );
 }
 
-/// Every file is in the durable directory `durable`, bit for bit.
-fn assert_drained(durable: &Path, files: &[(String, Vec<u8>)]) {
-    for (k, d) in files {
-        let p = durable.join(NS).join(k);
-        let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        assert!(
-            got == *d,
-            "{k}: {} bytes drained, {} sent, or other bytes",
-            got.len(),
-            d.len()
-        );
-    }
-}
-
 #[test]
 fn padded_o_direct_extents_are_acknowledged_and_drain_bit_for_bit() {
     let arena_dir = disk_dir();
@@ -182,7 +163,7 @@ fn padded_o_direct_extents_are_acknowledged_and_drain_bit_for_bit() {
         },
         |s| s.drained_files >= n,
     );
-    assert_drained(&srv.durable, &files);
+    assert_drained(NS, &srv.durable, &files);
     c.goodbye();
     srv.stop();
 }
@@ -245,7 +226,7 @@ fn a_server_killed_with_sigkill_recovers_its_padded_extents() {
         assert!(Instant::now() < deadline, "not drained in time: {s:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_drained(&durable, &files);
+    assert_drained(NS, &durable, &files);
     assert!(!durable.join(NS).join("ckpt/partial.dat").exists());
     server.daemon.kill9();
 }

@@ -14,21 +14,15 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use cascade_staging::client::OutSegment;
 use cascade_staging::{Connection, ServerStatus};
 use cascade_testkit::random;
-use common::{digest, poll_status, InProcessServer, ServerProcess};
+use common::{assert_drained, digest, disk_dir, poll_status, InProcessServer, ServerProcess};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const NS: &str = "job1";
-
-/// A directory on the disk under /var/tmp (the arenas' usual kind of file system).
-fn disk_dir() -> tempfile::TempDir {
-    tempfile::tempdir_in("/var/tmp").expect("a temporary directory in /var/tmp")
-}
 
 /// Files of awkward sizes: (key, bytes).
 fn files(seed: u64) -> Vec<(String, Vec<u8>)> {
@@ -64,20 +58,6 @@ fn send(c: &mut Connection, files: &[(String, Vec<u8>)]) {
     c.sync().expect("sync");
 }
 
-/// Every file is in the durable directory `durable`, bit for bit.
-fn assert_drained(durable: &Path, files: &[(String, Vec<u8>)]) {
-    for (k, d) in files {
-        let p = durable.join(NS).join(k);
-        let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        assert!(
-            got == *d,
-            "{k}: {} bytes drained, {} sent, or other bytes",
-            got.len(),
-            d.len()
-        );
-    }
-}
-
 fn status_of(srv: &InProcessServer) -> ServerStatus {
     let mut q = srv.client(NS, DEADLINE);
     let s = q.status().expect("status");
@@ -106,7 +86,7 @@ fn send_and_drain(
         || status_of(&srv),
         |s| s.drained_files >= n && s.drain_memory == 0,
     );
-    assert_drained(&srv.durable, files);
+    assert_drained(NS, &srv.durable, files);
     let s = status_of(&srv);
     c.goodbye();
     srv.stop();
@@ -196,7 +176,7 @@ fn a_server_killed_mid_stream_drains_every_acknowledged_file_after_a_restart() {
         || server.status(NS, DEADLINE),
         |s| s.drained_files >= n,
     );
-    assert_drained(&durable, &acked);
+    assert_drained(NS, &durable, &acked);
     assert!(!durable.join(NS).join(key).exists());
     // Nothing was kept in memory across the restart: the arenas served the drain.
     assert_eq!(s.drained_from_memory, 0, "{s:?}");

@@ -103,6 +103,26 @@ pub fn poll_status(
     }
 }
 
+/// A directory on the disk under /var/tmp (the arenas' usual kind of file system).
+pub fn disk_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/var/tmp").expect("a temporary directory in /var/tmp")
+}
+
+/// Every file of `files` drained into the durable directory `durable`, under `namespace`,
+/// bit for bit.
+pub fn assert_drained(namespace: &str, durable: &Path, files: &[(String, Vec<u8>)]) {
+    for (k, d) in files {
+        let p = durable.join(namespace).join(k);
+        let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert!(
+            got == *d,
+            "{k}: {} bytes drained, {} sent, or other bytes",
+            got.len(),
+            d.len()
+        );
+    }
+}
+
 pub fn digest(data: &[u8]) -> [u8; 32] {
     *blake3::hash(data).as_bytes()
 }
