@@ -261,6 +261,7 @@ pub(crate) fn xor_with_base(data: &mut [u8], base: &[u8], from: u32) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cascade_testkit::random;
 
     fn floats(n: usize, nudge: f32) -> Vec<u8> {
         (0..n)
@@ -300,19 +301,6 @@ mod tests {
         let mut back = Compression::decompress(&packed.bytes, chunk.len()).unwrap();
         xor_with_base(&mut back, &old[half as usize..], delta.from).unwrap();
         assert_eq!(back, chunk);
-    }
-
-    /// Bytes of a xorshift stream: incompressible.
-    fn noise(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
     }
 
     /// Compressible bytes: words from a small vocabulary picked by a xorshift stream.
@@ -374,9 +362,9 @@ mod tests {
         let (mut old, mut new) = (Vec::new(), Vec::new());
         for i in 0..CHUNKS as u64 {
             let kept = kept(i);
-            old.extend_from_slice(&noise(LEN / 2, 2 * i + 1));
+            old.extend_from_slice(&random(LEN / 2, 2 * i + 1));
             old.extend_from_slice(&kept);
-            new.extend_from_slice(&noise(LEN / 2, 2 * i + 2));
+            new.extend_from_slice(&random(LEN / 2, 2 * i + 2));
             new.extend_from_slice(&kept);
         }
         (old, new)
@@ -448,7 +436,7 @@ mod tests {
         // The first half of the file was rewritten with noise (no delta pays), the second
         // half nudged (every delta pays): the probes find the second half.
         let old = floats(LEN / 4 * CHUNKS, 0.0);
-        let mut new = noise(LEN * CHUNKS / 2, 9);
+        let mut new = random(LEN * CHUNKS / 2, 9);
         new.extend_from_slice(&floats(LEN / 4 * CHUNKS, 1e-6)[LEN * CHUNKS / 2..]);
         let base = base_of(&old, LEN);
         let packed = pack_all(&base, &old, &new, LEN);
