@@ -721,6 +721,15 @@ mod tests {
         waiter.join().unwrap();
     }
 
+    /// These tests need biased locks: membarrier(2) with expedited global barriers (Linux
+    /// 4.16, not refused by seccomp), as the store tests of file locks do.
+    fn require_biased_locks() {
+        assert!(
+            may_hold_bias(),
+            "membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) refused: file locks are never biased here"
+        );
+    }
+
     /// Asserts the fast path's precondition: `s`'s bias is this thread's and idle.
     fn assert_biased_to_me(s: &Shared) {
         let m = s.mutex();
@@ -735,10 +744,7 @@ mod tests {
 
     #[test]
     fn a_biased_lock_excludes_a_revoker_in_every_round() {
-        if !may_hold_bias() {
-            eprintln!("membarrier(2) refused here: file locks are never biased");
-            return;
-        }
+        require_biased_locks();
         const ROUNDS: u64 = 2_000;
         const OWNER_EACH: u64 = 40;
         const REVOKER_EACH: u64 = 4;
@@ -786,10 +792,7 @@ mod tests {
 
     #[test]
     fn another_process_revokes_a_bias_and_waits_for_its_owner_to_leave() {
-        if !may_hold_bias() {
-            eprintln!("membarrier(2) refused here: file locks are never biased");
-            return;
-        }
+        require_biased_locks();
         let s = Shared::new();
         s.mutex().init().unwrap();
         drop(s.mutex().lock_biased().unwrap());
@@ -845,10 +848,7 @@ mod tests {
 
     #[test]
     fn a_bias_owner_killed_inside_is_recovered_and_outside_is_not() {
-        if !may_hold_bias() {
-            eprintln!("membarrier(2) refused here: file locks are never biased");
-            return;
-        }
+        require_biased_locks();
         let s = Shared::new();
         // Killed outside: the bias ends at once, nothing to repair.
         s.mutex().init().unwrap();
