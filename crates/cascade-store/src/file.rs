@@ -555,8 +555,6 @@ impl Block {
         Ok(())
     }
 
-    /// Writes `buf` at `offset` (inode lock held). Returns bytes written: short only when the
-    /// store filled up after some bytes went in (ENOSPC if none did).
     /// The chunk at `idx` of `ino` if the file's lock hint names it (inode lock held): the
     /// chunk last written, checked to be still marked USED(ino, idx). A chunk so marked is
     /// the one the map publishes at `idx` (an unpublished one is a dead holder's leftover,
@@ -566,9 +564,12 @@ impl Block {
     #[inline]
     fn hinted_chunk(&self, ino: u32, idx: u64) -> Option<u32> {
         let hint = self.inode(ino).lock.hint.load(Relaxed);
+        if hint >> 32 != idx || idx > u32::MAX as u64 {
+            return None;
+        }
         let c = (hint as u32).checked_sub(1)?;
         let state = self.chunk_states().get(c as usize)?.load(Relaxed);
-        (hint >> 32 == idx && idx <= u32::MAX as u64 && state == used(ino, idx as u32)).then_some(c)
+        (state == used(ino, idx as u32)).then_some(c)
     }
 
     /// Remembers chunk `c` at `idx` of `ino` as the hint (inode lock held).
@@ -581,6 +582,8 @@ impl Block {
         }
     }
 
+    /// Writes `buf` at `offset` (inode lock held). Returns bytes written: short only when the
+    /// store filled up after some bytes went in (ENOSPC if none did).
     pub(crate) fn write_locked(&self, ino: u32, buf: &[u8], offset: u64) -> Result<usize> {
         let cs = self.geo.chunk_size;
         let inode = self.inode(ino);
