@@ -109,7 +109,8 @@ torch2="$target/python-venv-torch2"
 if [ ! -x "$torch2/bin/python" ]; then
     /usr/bin/python3 -m venv "$torch2"
 fi
-"$torch2/bin/python" -m pip install -q maturin pytest fsspec numpy torch
+# --no-cache-dir: pip's cache would keep another 3 GB of wheels next to the installed ones.
+"$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy torch
 PATH="$torch2/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$torch2/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
 CASCADE_BIN="$target/debug/cascade" "$torch2/bin/python" -m pytest -q -W ignore::UserWarning python/tests
 # And into a plain venv (no system site packages: no numpy, no torch), where it must import.
