@@ -607,7 +607,9 @@ impl Block {
         // writer, whose open already bumped it, and no version is recorded durable while
         // writers > 0 (lifecycle.rs). An atomic here was a tenth of a 64-byte write.
         let old_size = inode.size.load(Acquire);
-        self.zero_range(ino, old_size, offset)?;
+        if offset > old_size {
+            self.zero_range(ino, old_size, offset)?;
+        }
         let mut done = 0usize;
         let mut err = None;
         while done < buf.len() {
@@ -626,33 +628,11 @@ impl Block {
                     self.set_hint(ino, idx, c);
                 }
                 None => {
-                    let c = match self.alloc_chunk(ino, idx as u32) {
-                        Ok(c) => c,
-                        Err(e) => {
-                            err = Some(e);
-                            break;
-                        }
-                    };
-                    // A fresh chunk holds stale bytes: zero what will lie inside the file
-                    // but is not covered by this write.
-                    let start = idx * cs;
-                    let valid_end = (old_size.max(end).min(start + cs)) - start;
-                    let filled = self
-                        .chunk_zero(c, 0, within)
-                        .and_then(|_| self.chunk_write(c, within, part))
-                        .and_then(|_| self.chunk_zero(c, within + n as u64, valid_end));
-                    if let Err(e) = filled.and_then(|_| self.map_insert(ino, idx, c)) {
-                        // Never published: give the chunk back (repair would find it too).
-                        let _ = self.free_chunks(&[c]);
+                    let valid_end = old_size.max(end).min((idx + 1) * cs) - idx * cs;
+                    if let Err(e) = self.write_fresh_chunk(ino, idx, within, part, valid_end) {
                         err = Some(e);
                         break;
                     }
-                    if self.is_spill(c) {
-                        inode.chunks_spill.fetch_add(1, Relaxed);
-                    } else {
-                        inode.chunks_mem.fetch_add(1, Relaxed);
-                    }
-                    self.set_hint(ino, idx, c);
                 }
             }
             done += n;
@@ -662,14 +642,47 @@ impl Block {
             if new_end > old_size {
                 inode.size.store(new_end, Release);
             }
-            let now = coarse_now_ns();
-            inode.mtime.store(now, Relaxed);
-            inode.ctime.store(now, Relaxed);
+            if inode.mtime.load(Relaxed) != TIMES_MARKED {
+                inode.mtime.store(TIMES_MARKED, Relaxed);
+            }
         }
         match err {
             Some(e) if done == 0 => Err(e),
             _ => Ok(done),
         }
+    }
+
+    /// Writes `part` at `within` of a new chunk for `idx` of `ino` and publishes it (inode
+    /// lock held); the chunk's bytes below `valid_end` that `part` does not cover are zeroed
+    /// (a fresh chunk holds stale bytes). Out of line: a small write's path stays short.
+    #[inline(never)]
+    fn write_fresh_chunk(
+        &self,
+        ino: u32,
+        idx: u64,
+        within: u64,
+        part: &[u8],
+        valid_end: u64,
+    ) -> Result<()> {
+        let c = self.alloc_chunk(ino, idx as u32)?;
+        let filled = self
+            .chunk_zero(c, 0, within)
+            .and_then(|_| self.chunk_write(c, within, part))
+            .and_then(|_| self.chunk_zero(c, within + part.len() as u64, valid_end))
+            .and_then(|_| self.map_insert(ino, idx, c));
+        if let Err(e) = filled {
+            // Never published: give the chunk back (repair would find it too).
+            let _ = self.free_chunks(&[c]);
+            return Err(e);
+        }
+        let inode = self.inode(ino);
+        if self.is_spill(c) {
+            inode.chunks_spill.fetch_add(1, Relaxed);
+        } else {
+            inode.chunks_mem.fetch_add(1, Relaxed);
+        }
+        self.set_hint(ino, idx, c);
+        Ok(())
     }
 
     /// EIO if the file's content is only in a level below (LIFE_REMOTE): it must never read
@@ -790,6 +803,25 @@ impl Block {
         inode.mtime.store(now, Relaxed);
         inode.ctime.store(now, Relaxed);
         Ok(())
+    }
+
+    /// `ino`'s (mtime, ctime), setting both to now first if a write marked them for update
+    /// ([`TIMES_MARKED`]). Racing resolvers agree: one sets mtime, all read it back.
+    pub(crate) fn file_times(&self, ino: u32) -> (i64, i64) {
+        let inode = self.inode(ino);
+        let mut mtime = inode.mtime.load(Relaxed);
+        if mtime == TIMES_MARKED {
+            let now = coarse_now_ns();
+            mtime = match inode
+                .mtime
+                .compare_exchange(TIMES_MARKED, now, Relaxed, Relaxed)
+            {
+                Ok(_) => now,
+                Err(set) => set,
+            };
+            inode.ctime.fetch_max(mtime, Relaxed);
+        }
+        (mtime, inode.ctime.load(Relaxed))
     }
 
     pub(crate) fn chunk_infos(&self, ino: u32) -> Result<Vec<ChunkInfo>> {

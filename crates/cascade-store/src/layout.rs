@@ -11,8 +11,14 @@ use crate::lock::{SeqLine, ShmMutex};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 pub(crate) const MAGIC: [u8; 8] = *b"CASCADE\0";
-pub(crate) const FORMAT_VERSION: u32 = 7;
+pub(crate) const FORMAT_VERSION: u32 = 8;
 pub(crate) const HEADER_SIZE: usize = 4096;
+
+/// An inode's `mtime` while a write has marked its mtime and ctime for update (POSIX allows
+/// the update to wait until "an update point"): the next stat or writer's close sets both to
+/// the time then, and an explicit time replaces the mark. A write thus leaves the clock
+/// alone, and its store is skipped when the mark is already there.
+pub(crate) const TIMES_MARKED: i64 = i64::MIN;
 
 pub(crate) const MIN_CHUNK: u64 = 4096;
 pub(crate) const MAX_CHUNK: u64 = 64 << 20;
@@ -270,6 +276,7 @@ pub(crate) struct Inode {
     /// Open file descriptions (interposition) referring to this incarnation.
     pub opens: AtomicU32,
     pub atime: AtomicI64,
+    /// [`TIMES_MARKED`] while a write has marked mtime and ctime for update.
     pub mtime: AtomicI64,
     pub ctime: AtomicI64,
     // Derived under the namespace lock (rebuilt from the fields above after a crash).

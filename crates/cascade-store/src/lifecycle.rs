@@ -224,6 +224,8 @@ impl Block {
         if torn {
             inode.life.fetch_or(LIFE_TORN, AcqRel);
         }
+        // A writer's close is an update point for the times its writes marked.
+        self.file_times(ino);
         let before = inode
             .writers
             .fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)))
@@ -781,7 +783,9 @@ impl Store {
         let inode = b.inode(ino);
         inode.life.fetch_or(LIFE_REMOTE, AcqRel);
         inode.size.store(size, Release);
-        inode.mtime.store(mtime_ns, Relaxed);
+        inode
+            .mtime
+            .store(crate::store::explicit_time(mtime_ns), Relaxed);
         inode.ctime.store(mtime_ns, Relaxed);
         inode
             .durable_seq

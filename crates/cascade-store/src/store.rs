@@ -404,6 +404,7 @@ impl Store {
 
     fn metadata_of(&self, ino: u32) -> Metadata {
         let i = self.block.inode(ino);
+        let (mtime, ctime) = self.block.file_times(ino);
         Metadata {
             ino: ino as u64,
             kind: kind(i.state.load(Acquire)),
@@ -412,8 +413,8 @@ impl Store {
             uid: i.uid.load(Relaxed),
             gid: i.gid.load(Relaxed),
             atime: i.atime.load(Relaxed),
-            mtime: i.mtime.load(Relaxed),
-            ctime: i.ctime.load(Relaxed),
+            mtime,
+            ctime,
             links: match i.state.load(Acquire) {
                 INODE_DIR => 2,
                 INODE_ORPHAN | INODE_ORPHAN_DIR => 0,
@@ -521,7 +522,7 @@ impl Store {
                 i.atime.store(t, Relaxed);
             }
             if let Some(t) = mtime {
-                i.mtime.store(t, Relaxed);
+                i.mtime.store(explicit_time(t), Relaxed);
             }
         })
     }
@@ -715,7 +716,7 @@ impl File {
             i.atime.store(t, Relaxed);
         }
         if let Some(t) = mtime {
-            i.mtime.store(t, Relaxed);
+            i.mtime.store(explicit_time(t), Relaxed);
         }
         i.ctime.store(crate::block::now_ns(), Relaxed);
         Ok(())
@@ -975,4 +976,9 @@ enum Position<'a> {
     At(u64),
     /// A description's shared offset, read and advanced under the file's lock.
     Shared(&'a AtomicU64),
+}
+
+/// A time given explicitly (utimensat, a remote file's), kept off [`TIMES_MARKED`].
+pub(crate) fn explicit_time(t: TimeNs) -> TimeNs {
+    t.max(TIMES_MARKED + 1)
 }

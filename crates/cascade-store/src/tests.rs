@@ -1188,3 +1188,70 @@ fn a_stale_chunk_hint_never_writes_into_another_file() {
     assert_eq!(back, pattern(3, 4096));
     assert_clean(&s);
 }
+
+/// Spins until the coarse clock has passed `t` (a kernel tick): a later resolution of
+/// marked times would then give a larger time.
+fn until_the_clock_passes(t: i64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while crate::block::coarse_now_ns() <= t {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the coarse clock stands still"
+        );
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn a_write_marks_the_times_and_the_first_stat_sets_them() {
+    let s = store(8 << 20, 1 << 20, 0);
+    let f = s.open("/t", &rw()).unwrap();
+    let before = crate::block::coarse_now_ns();
+    f.write_at(b"data", 0).unwrap();
+    let ino = f.ino() as u32;
+    assert_eq!(
+        s.block().inode(ino).mtime.load(Ordering::Relaxed),
+        crate::layout::TIMES_MARKED
+    );
+    let first = s.stat("/t").unwrap();
+    assert!(first.mtime >= before, "{} < {before}", first.mtime);
+    assert!(first.ctime >= first.mtime);
+    until_the_clock_passes(first.mtime);
+    let second = s.stat("/t").unwrap();
+    assert_eq!(
+        (second.mtime, second.ctime),
+        (first.mtime, first.ctime),
+        "a stat without a write in between moved the times"
+    );
+    // The next write marks them again: the next stat sees a later time.
+    f.write_at(b"more", 4).unwrap();
+    assert!(s.stat("/t").unwrap().mtime > first.mtime);
+}
+
+#[test]
+fn closing_a_writer_sets_the_times_its_writes_marked() {
+    let s = store(8 << 20, 1 << 20, 0);
+    let f = s.open("/c", &rw()).unwrap();
+    f.write_at(b"data", 0).unwrap();
+    drop(f);
+    let closed = crate::block::coarse_now_ns();
+    until_the_clock_passes(closed);
+    let m = s.stat("/c").unwrap();
+    assert!(
+        m.mtime <= closed,
+        "mtime {} is later than the close at {closed}",
+        m.mtime
+    );
+}
+
+#[test]
+fn an_explicit_time_replaces_the_mark() {
+    let s = store(8 << 20, 1 << 20, 0);
+    let f = s.open("/e", &rw()).unwrap();
+    f.write_at(b"data", 0).unwrap();
+    f.set_times(None, Some(42)).unwrap();
+    assert_eq!(s.stat("/e").unwrap().mtime, 42);
+    // The marker's own value is not a time anyone can set.
+    s.set_times("/e", None, Some(i64::MIN)).unwrap();
+    assert_eq!(s.stat("/e").unwrap().mtime, i64::MIN + 1);
+}

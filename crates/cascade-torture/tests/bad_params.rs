@@ -118,7 +118,7 @@ fn a_different_format_version_is_refused_and_left_untouched() {
     let original = std::fs::read(&path).unwrap();
     // docs/store-layout.md: the header's version is the u32 at offset 8.
     let version = u32::from_ne_bytes(original[8..12].try_into().unwrap());
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     let mut changed = original.clone();
     changed[8..12].copy_from_slice(&(version + 1).to_ne_bytes());
     std::fs::write(&path, &changed).unwrap();

@@ -105,10 +105,16 @@ pub(crate) fn after_fork_in_child() {
 /// This thread's record, claimed on its first call; None if all are taken.
 #[inline]
 fn my_record() -> Option<(&'static Record, u32)> {
-    let (index, seq) = MINE.with(Cell::get);
-    if (index as usize) < RECORDS {
+    // One thread-local access: in a shared library each is a call to __tls_get_addr.
+    let (index, seq) = MINE.with(|m| {
+        let (index, seq) = m.get();
         let seq = seq.wrapping_add(1);
-        MINE.with(|m| m.set((index, seq)));
+        if (index as usize) < RECORDS {
+            m.set((index, seq));
+        }
+        (index, seq)
+    });
+    if (index as usize) < RECORDS {
         return Some((&RECORD_TABLE[index as usize], seq));
     }
     if index == NO_RECORD {
