@@ -142,9 +142,12 @@ fn single_files_parts_job_markers_and_buffers_are_fsynced() {
 
 /// The store's own trace records an fsync right after making it; this checks the system
 /// calls themselves. [`uploads_of_the_syscall_test`] runs under `strace` (needed for this
-/// test), and every object that a rename or hard link put into place must be fsynced, with
-/// every directory from its parent up to the store root, before the next object is put into
-/// place; every marker only after all the objects it lists.
+/// test), and every object that a rename or hard link put into place must be fsynced (its
+/// staging file before the rename, or the object after it), with every directory from its
+/// parent up to the store root, before the next object is put into place; every marker only
+/// after all the objects it lists. A single put (every object but the multipart one) syncs
+/// its data before the rename, so that a crash never leaves a partial object under the name,
+/// and writes one of at least 64 KiB with O_DIRECT where the file system takes it.
 #[test]
 fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the_marker() {
     let tmp = tempfile::tempdir().unwrap();
@@ -153,7 +156,7 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
     let exe = std::env::current_exe().unwrap();
     let status = std::process::Command::new("strace")
         .args(["-f", "-y", "-qq", "-e", "signal=none", "-e"])
-        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat")
+        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat,fcntl")
         .arg("-o")
         .arg(&out)
         .arg(&exe)
@@ -177,10 +180,20 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
         let key = &events[i].1;
         let end = placed.get(n + 1).copied().unwrap_or(events.len());
         let window = &events[i + 1..end];
+        // Since the previous object was put into place: this one's staging file.
+        let before = &events[n.checked_sub(1).map_or(0, |p| placed[p] + 1)..i];
+        let staged_synced = before
+            .iter()
+            .any(|(op, k)| *op == "fsync_staged" && k == key);
         let mut missing = Vec::new();
-        if !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
+        if !staged_synced && !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
             missing.push(key.clone());
         }
+        let multipart = key == &format!("{SYSCALL_CKPT}/big.dat");
+        assert!(
+            staged_synced || multipart,
+            "{key} put into place before its data was synced: {events:#?}"
+        );
         for d in key_dirs(key) {
             if !window.iter().any(|(op, k)| *op == "fsync" && *k == d) {
                 missing.push(format!("{d}/"));
@@ -191,6 +204,16 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
             "{key} put into place, then the next object before fsync of {missing:?}: {events:#?}"
         );
         synced_at.insert(key.clone(), end);
+    }
+    // The single puts of at least 64 KiB, written with O_DIRECT unless the file system
+    // refused it (then asked once, and refused).
+    let refused = events.iter().any(|(op, _)| *op == "direct_refused");
+    for rel in ["rank0.dat", "sub/rank1.dat"] {
+        let key = format!("{SYSCALL_CKPT}/{rel}");
+        assert!(
+            refused || events.contains(&("direct", key.clone())),
+            "{key} not written with O_DIRECT: {events:#?}"
+        );
     }
     // Markers after what they list.
     let markers = [
@@ -270,7 +293,9 @@ fn uploads_of_the_syscall_test() {
 
 /// The events below `root` in an `strace -f -y` log, in the order they completed:
 /// `("place", key)` for a successful rename or hard link onto `key`, `("fsync", key)` for a
-/// successful fsync of the file or directory `key` ("" for the root).
+/// successful fsync of the file or directory `key` ("" for the root), `("fsync_staged", key)`
+/// for one of a staging file `key#<n>`, `("direct", key)` when O_DIRECT was turned on for it,
+/// `("direct_refused", key)` when the file system refused that.
 fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
     let root = root.to_str().unwrap();
     let key_of = |path: &str| -> Option<String> {
@@ -300,19 +325,39 @@ fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
         } else {
             rest.to_string()
         };
+        let name = call.split('(').next().unwrap_or("");
+        // fsync(7</path/to/file>) = 0, fcntl(7</path/to/file#1>, F_SETFL, O_RDWR|O_DIRECT) = 0
+        let fd_key = || {
+            call.split_once('<')
+                .and_then(|(_, p)| p.split_once('>'))
+                .and_then(|(p, _)| key_of(p))
+        };
+        // `key#<n>` -> `key`
+        let staged = |key: &str| {
+            let (name, n) = key.rsplit_once('#')?;
+            let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+            digits.then(|| name.to_string())
+        };
+        if name == "fcntl" && call.contains("F_SETFL") && call.contains("O_DIRECT") {
+            if let Some(key) = fd_key().as_deref().and_then(staged) {
+                if call.trim_end().ends_with("= 0") {
+                    events.push(("direct", key));
+                } else if call.contains("EINVAL") {
+                    events.push(("direct_refused", key));
+                }
+            }
+            continue;
+        }
         if !call.trim_end().ends_with("= 0") {
             continue;
         }
-        let name = call.split('(').next().unwrap_or("");
         match name {
             "fsync" | "fdatasync" => {
-                // fsync(7</path/to/file>) = 0
-                let path = call
-                    .split_once('<')
-                    .and_then(|(_, p)| p.split_once(">)"))
-                    .map(|(p, _)| p);
-                if let Some(key) = path.and_then(key_of) {
-                    events.push(("fsync", key));
+                if let Some(key) = fd_key() {
+                    match staged(&key) {
+                        Some(object) => events.push(("fsync_staged", object)),
+                        None => events.push(("fsync", key)),
+                    }
                 }
             }
             "rename" | "renameat" | "renameat2" | "link" | "linkat" => {
