@@ -143,8 +143,9 @@ fn single_files_parts_job_markers_and_buffers_are_fsynced() {
 /// The store's own trace records an fsync right after making it; this checks the system
 /// calls themselves. [`uploads_of_the_syscall_test`] runs under `strace` (needed for this
 /// test), and every object that a rename or hard link put into place must be fsynced (its
-/// staging file before the rename, or the object after it), with every directory from its
-/// parent up to the store root, before the next object is put into place; every marker only
+/// staging file before the rename, or the object after it), with its parent directory and
+/// each directory above holding a directory made since that one was last synced, before the
+/// next object is put into place; every marker only
 /// after all the objects it lists. A single put (every object but the multipart one) syncs
 /// its data before the rename, so that a crash never leaves a partial object under the name,
 /// and writes one of at least 64 KiB with O_DIRECT where the file system takes it.
@@ -156,7 +157,7 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
     let exe = std::env::current_exe().unwrap();
     let status = std::process::Command::new("strace")
         .args(["-f", "-y", "-qq", "-e", "signal=none", "-e"])
-        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat,fcntl")
+        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat,fcntl,mkdir,mkdirat")
         .arg("-o")
         .arg(&out)
         .arg(&exe)
@@ -194,9 +195,23 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
             staged_synced || multipart,
             "{key} put into place before its data was synced: {events:#?}"
         );
-        for d in key_dirs(key) {
-            if !window.iter().any(|(op, k)| *op == "fsync" && *k == d) {
-                missing.push(format!("{d}/"));
+        // Its parent, and each directory above holding a directory made since it was synced.
+        let dirs = key_dirs(key);
+        if !window.iter().any(|(op, k)| *op == "fsync" && *k == dirs[0]) {
+            missing.push(format!("{}/", dirs[0]));
+        }
+        for pair in dirs.windows(2) {
+            let Some(made) = events[..end]
+                .iter()
+                .rposition(|(op, k)| *op == "mkdir" && *k == pair[0])
+            else {
+                continue;
+            };
+            if !events[made..end]
+                .iter()
+                .any(|(op, k)| *op == "fsync" && *k == pair[1])
+            {
+                missing.push(format!("{}/ (after mkdir {})", pair[1], pair[0]));
             }
         }
         assert!(
@@ -293,7 +308,8 @@ fn uploads_of_the_syscall_test() {
 
 /// The events below `root` in an `strace -f -y` log, in the order they completed:
 /// `("place", key)` for a successful rename or hard link onto `key`, `("fsync", key)` for a
-/// successful fsync of the file or directory `key` ("" for the root), `("fsync_staged", key)`
+/// successful fsync of the file or directory `key` ("" for the root), `("mkdir", key)` for a
+/// directory made, `("fsync_staged", key)`
 /// for one of a staging file `key#<n>`, `("direct", key)` when O_DIRECT was turned on for it,
 /// `("direct_refused", key)` when the file system refused that.
 fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
@@ -360,6 +376,12 @@ fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
                     }
                 }
             }
+            "mkdir" | "mkdirat" => {
+                // mkdir("/path/to/dir", 0777) = 0; mkdirat(AT_FDCWD</cwd>, "/path/to/dir", 0777)
+                if let Some(key) = call.split('"').nth(1).and_then(key_of) {
+                    events.push(("mkdir", key));
+                }
+            }
             "rename" | "renameat" | "renameat2" | "link" | "linkat" => {
                 // The destination is the second quoted (absolute) path.
                 let dest = call.split('"').nth(3);
@@ -371,4 +393,56 @@ fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
         }
     }
     events
+}
+
+/// A write syncs the chain of directories above its object only up to the first one a write
+/// of this store already made durable: the second object in a directory costs one directory
+/// fsync, not one per level (each flushes the disk's cache), and a new directory beside
+/// durable ones only the levels that changed. Directories made for a multipart upload are
+/// synced too.
+#[test]
+fn the_directories_above_an_object_are_synced_once_per_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let store = DurableStore::open(root.to_str().unwrap()).unwrap();
+    let fsync_dirs = |trace: &Trace| -> Vec<String> {
+        trace
+            .iter()
+            .filter(|(op, _)| *op == "fsync_dir")
+            .map(|(_, k)| k.clone())
+            .collect()
+    };
+    let data = cascade_testkit::pattern(100_000, 3);
+
+    store.start_trace();
+    store.put_bytes("a/b/c/one", &data).unwrap();
+    let trace = store.take_trace();
+    assert_writes_fsynced(&trace);
+    assert_eq!(fsync_dirs(&trace), ["a/b/c", "a/b", "a", ""]);
+
+    store.start_trace();
+    store.put_bytes("a/b/c/two", &data).unwrap();
+    store.put_bytes("a/b/new/three", &data).unwrap();
+    let trace = store.take_trace();
+    assert_writes_fsynced(&trace);
+    assert_eq!(fsync_dirs(&trace), ["a/b/c", "a/b/new", "a/b"]);
+    assert!(
+        trace.contains(&("mkdir", "a/b/new".to_string())),
+        "{trace:#?}"
+    );
+
+    // A multipart upload (larger than one part) into new directories.
+    let big = cascade_testkit::pattern(9 << 20, 4);
+    store.start_trace();
+    let digest = store.put_bytes("a/x/y/big", &big).unwrap();
+    let trace = store.take_trace();
+    assert_writes_fsynced(&trace);
+    assert_eq!(fsync_dirs(&trace), ["a/x/y", "a/x", "a"]);
+    assert_eq!(digest.blake3, cascade_testkit::b3(&big));
+
+    // Another store (another process) knows none of them: the whole chain once.
+    let again = DurableStore::open(root.to_str().unwrap()).unwrap();
+    again.start_trace();
+    again.put_bytes("a/b/c/four", &data).unwrap();
+    assert_eq!(fsync_dirs(&again.take_trace()), ["a/b/c", "a/b", "a", ""]);
 }
