@@ -327,9 +327,10 @@ struct DirectWrites {
 }
 
 impl DirectWrites {
-    /// Writes `payload` to the new, empty `file`: whole pages with O_DIRECT (copied through an
-    /// aligned buffer, since the payload's memory is not aligned), the rest through the page
-    /// cache. Falls back to the page cache for everything left when the file system refuses.
+    /// Writes `payload` to the new, empty `file`: whole pages with O_DIRECT (straight from the
+    /// payload where its memory is page-aligned, else copied through an aligned buffer), the
+    /// rest through the page cache. Falls back to the page cache for everything left when the
+    /// file system refuses.
     fn write(&self, file: &File, payload: &PutPayload) -> std::io::Result<()> {
         let total = payload.content_length();
         let mut offset = 0u64;
@@ -346,39 +347,57 @@ impl DirectWrites {
             direct_left = 0;
         }
         if direct_left > 0 {
-            let mut bounce = self.bounce(direct_left.min(BOUNCE_MAX));
-            let (start, cap) = aligned_window(&bounce, direct_left.min(BOUNCE_MAX));
+            // Only for payload memory that is not aligned (packs are: upload::PACK_ALIGN).
+            let mut bounce: Option<Vec<u8>> = None;
             while direct_left > 0 {
-                let want = direct_left.min(cap);
-                let window = &mut bounce[start..start + want];
-                let mut filled = 0;
-                while filled < want {
-                    if current.is_empty() {
-                        current = slices.next().unwrap_or_default();
-                    }
-                    let n = current.len().min(want - filled);
-                    window[filled..filled + n].copy_from_slice(&current[..n]);
-                    filled += n;
-                    current = &current[n..];
+                if current.is_empty() {
+                    current = slices.next().unwrap_or_default();
                 }
-                match file.write_all_at(window, offset) {
-                    Ok(()) => direct_left -= want,
+                let straight = if current.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+                    let n = current.len().min(direct_left);
+                    n - n % DIRECT_ALIGN
+                } else {
+                    0
+                };
+                let piece: &[u8] = if straight > 0 {
+                    let (piece, rest) = current.split_at(straight);
+                    current = rest;
+                    piece
+                } else {
+                    let buffer =
+                        bounce.get_or_insert_with(|| self.bounce(direct_left.min(BOUNCE_MAX)));
+                    let (start, cap) = aligned_window(buffer, direct_left.min(BOUNCE_MAX));
+                    let want = direct_left.min(cap);
+                    let window = &mut buffer[start..start + want];
+                    let mut filled = 0;
+                    while filled < want {
+                        if current.is_empty() {
+                            current = slices.next().unwrap_or_default();
+                        }
+                        let n = current.len().min(want - filled);
+                        window[filled..filled + n].copy_from_slice(&current[..n]);
+                        filled += n;
+                        current = &current[n..];
+                    }
+                    window
+                };
+                match file.write_all_at(piece, offset) {
+                    Ok(()) => direct_left -= piece.len(),
                     // Refused at write time (an alignment the file system wants larger): this
                     // piece again, and the rest, through the page cache.
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                         self.refused.store(true, Ordering::Relaxed);
                         self.set_direct(file, false)?;
-                        file.write_all_at(window, offset)?;
+                        file.write_all_at(piece, offset)?;
                         direct_left = 0;
                     }
-                    Err(e) => {
-                        self.give_back(bounce);
-                        return Err(e);
-                    }
+                    Err(e) => return Err(e),
                 }
-                offset += want as u64;
+                offset += piece.len() as u64;
             }
-            self.give_back(bounce);
+            if let Some(buffer) = bounce {
+                self.give_back(buffer);
+            }
             self.set_direct(file, false)?;
         }
         file.write_all_at(current, offset)?;
