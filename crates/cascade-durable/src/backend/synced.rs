@@ -17,10 +17,9 @@
 //! (or hard link): an object is never found partial under its name after a crash, even where
 //! it replaced an older one. Objects of at least [`DIRECT_MIN`] bytes are written with
 //! O_DIRECT (all but their last partial page, which goes through the page cache; not on
-//! tmpfs, whose storage is the page cache): the page
-//! cache copy, its writeback and its reclaim cost this 2-core VM about 0.35-0.45 s of kernel
-//! CPU per GB written, O_DIRECT about 0.1 (docs/dedup.md, "What bounds the ingest on 2
-//! cores").
+//! tmpfs, whose storage is the page cache): the page cache copy, its writeback and its
+//! reclaim cost this 2-core VM about 0.35-0.45 s of kernel CPU per GB written, O_DIRECT
+//! about 0.1 (docs/dedup.md, "What bounds the ingest on 2 cores").
 
 use std::collections::HashSet;
 use std::fmt;
@@ -223,9 +222,9 @@ impl SyncJob {
 
     /// A single put: the payload into a new staging file `<name>#<n>` (the name
     /// `LocalFileSystem` uses, which its listings skip), its data synced, renamed into place,
-    /// then the directories synced (see the module documentation).
-    /// With `create` (a conditional put), hard-linked into place instead, failing with
-    /// `AlreadyExists` if the name is taken.
+    /// then the directories synced (see the module documentation). With `create` (a
+    /// conditional put), hard-linked into place instead, failing with `AlreadyExists` if the
+    /// name is taken.
     fn put_blocking(
         &self,
         payload: &PutPayload,
@@ -264,9 +263,8 @@ impl SyncJob {
         let meta = match written {
             Ok(meta) => meta,
             Err(e) => {
-                if !create {
-                    let _ = std::fs::remove_file(&staging);
-                }
+                // (Already gone after a conditional put's link.)
+                let _ = std::fs::remove_file(&staging);
                 return Err(e);
             }
         };
