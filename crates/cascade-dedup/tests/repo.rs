@@ -1,8 +1,9 @@
 //! The content-addressed repository on a real durable store (a directory): a series of
 //! checkpoints is written and restored byte for byte; unchanged data is stored once;
 //! compressible data is compressed; a reopened repository dedups against what earlier
-//! sessions wrote; a writer dropped before `finish` (a crash) leaves earlier checkpoints
-//! intact and no manifest; every corruption of a pack or an index is reported, never
+//! sessions wrote; a writer dropped before `finish` (a crash), or killed with SIGKILL while
+//! its packs are being written, leaves earlier checkpoints intact, no manifest and no torn
+//! pack under a pack's name; every corruption of a pack or an index is reported, never
 //! returned as data.
 
 use std::sync::Arc;
@@ -282,4 +283,104 @@ fn a_writer_starts_with_small_packs_and_many_packs_restore_in_order() {
     assert_restores(&repo, "ck", &[("big", &data)]);
     let reopened = open(&f, "fixed:16KiB", "none");
     assert_restores(&reopened, "ck", &[("big", &data)]);
+}
+
+const KILL_DIR: &str = "CASCADE_REPO_TEST_KILL_DIR";
+
+/// The child of the SIGKILL test (does nothing in a normal run): in the directory store
+/// $CASCADE_REPO_TEST_KILL_DIR, writes checkpoint `ck/1` to the end (its manifest), says so,
+/// then adds a file of `ck/2` in small packs, says so while its uploader threads may still be
+/// writing packs, and blocks until the parent kills it.
+#[test]
+fn killed_writer_child() {
+    let Ok(dir) = std::env::var(KILL_DIR) else {
+        return;
+    };
+    let durable = Arc::new(DurableStore::open(&dir).expect("open"));
+    let repo = Repo::open(
+        durable,
+        DEFAULT_PREFIX,
+        "fixed:64KiB".parse::<Chunking>().expect("chunking"),
+        "zstd:1".parse::<Compression>().expect("compression"),
+    )
+    .expect("open repo")
+    .with_pack_size(256 * 1024);
+    write_checkpoint(&repo, "ck/1", &[("a", &compressible(4 * MIB, 20))]);
+    println!("DONE ck/1");
+    let mut w = repo.writer();
+    w.add_file("b", random(8 * MIB, 21).as_slice())
+        .expect("add");
+    println!("PACKS ck/2");
+    let mut line = String::new();
+    // The parent never writes: this blocks until SIGKILL.
+    let _ = std::io::stdin().read_line(&mut line);
+    std::process::abort();
+}
+
+/// A writer killed with SIGKILL between its pack writes and its index and manifest: the
+/// repository opens, the checkpoint it reported done restores byte for byte, the one it was
+/// writing has no manifest, every pack under its name is whole (its BLAKE3 is its name: a
+/// torn write is only ever a staging file `<id>#<n>`, which listings skip), and the
+/// checkpoint can be written again.
+#[test]
+fn a_writer_killed_between_pack_writes_and_its_index_loses_nothing_reported_done() {
+    use std::io::BufRead;
+    let f = fixture();
+    let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "killed_writer_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(KILL_DIR, &f.root)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut said = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("child stdout");
+        if line.contains("DONE ck/1") {
+            said.push("done");
+        }
+        // The harness prints "test killed_writer_child ... " before the child's own output.
+        if line.contains("PACKS ck/2") {
+            said.push("packs");
+            break;
+        }
+    }
+    child.kill().expect("SIGKILL");
+    let status = child.wait().expect("reap");
+    assert_eq!(said, ["done", "packs"], "child: {status:?}");
+
+    let repo = open(&f, "fixed:64KiB", "zstd:1");
+    assert_restores(&repo, "ck/1", &[("a", &compressible(4 * MIB, 20))]);
+    assert!(repo.read_manifest("ck/2").expect("read").is_none());
+    let packs_dir = f.root.join(DEFAULT_PREFIX).join("packs");
+    let mut whole = 0;
+    for sub in std::fs::read_dir(&packs_dir).expect("packs") {
+        for pack in std::fs::read_dir(sub.expect("entry").path()).expect("pack dir") {
+            let path = pack.expect("pack").path();
+            let name = path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .to_string();
+            if name.contains('#') {
+                continue; // a staging file: never read
+            }
+            let bytes = std::fs::read(&path).expect("read pack");
+            assert_eq!(blake3::hash(&bytes).to_hex().as_str(), name, "torn pack");
+            whole += 1;
+        }
+    }
+    assert!(whole > 1, "{whole} packs");
+    let b = random(8 * MIB, 21);
+    write_checkpoint(&repo, "ck/2", &[("b", &b)]);
+    let fresh = open(&f, "fixed:64KiB", "zstd:1");
+    assert_restores(&fresh, "ck/2", &[("b", &b)]);
+    assert_restores(&fresh, "ck/1", &[("a", &compressible(4 * MIB, 20))]);
 }

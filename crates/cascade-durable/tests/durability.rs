@@ -142,9 +142,13 @@ fn single_files_parts_job_markers_and_buffers_are_fsynced() {
 
 /// The store's own trace records an fsync right after making it; this checks the system
 /// calls themselves. [`uploads_of_the_syscall_test`] runs under `strace` (needed for this
-/// test), and every object that a rename or hard link put into place must be fsynced, with
-/// every directory from its parent up to the store root, before the next object is put into
-/// place; every marker only after all the objects it lists.
+/// test), and every object that a rename or hard link put into place must be fsynced (its
+/// staging file before the rename, or the object after it), with its parent directory and
+/// each directory above holding a directory made since that one was last synced, before the
+/// next object is put into place; every marker only
+/// after all the objects it lists. A single put (every object but the multipart one) syncs
+/// its data before the rename, so that a crash never leaves a partial object under the name,
+/// and writes one of at least 64 KiB with O_DIRECT where the file system takes it.
 #[test]
 fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the_marker() {
     let tmp = tempfile::tempdir().unwrap();
@@ -153,7 +157,7 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
     let exe = std::env::current_exe().unwrap();
     let status = std::process::Command::new("strace")
         .args(["-f", "-y", "-qq", "-e", "signal=none", "-e"])
-        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat")
+        .arg("trace=fsync,fdatasync,rename,renameat,renameat2,link,linkat,fcntl,mkdir,mkdirat")
         .arg("-o")
         .arg(&out)
         .arg(&exe)
@@ -177,13 +181,37 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
         let key = &events[i].1;
         let end = placed.get(n + 1).copied().unwrap_or(events.len());
         let window = &events[i + 1..end];
+        // Since the previous object was put into place: this one's staging file.
+        let before = &events[n.checked_sub(1).map_or(0, |p| placed[p] + 1)..i];
+        let staged_synced = before
+            .iter()
+            .any(|(op, k)| *op == "fsync_staged" && k == key);
         let mut missing = Vec::new();
-        if !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
+        if !staged_synced && !window.iter().any(|(op, k)| *op == "fsync" && k == key) {
             missing.push(key.clone());
         }
-        for d in key_dirs(key) {
-            if !window.iter().any(|(op, k)| *op == "fsync" && *k == d) {
-                missing.push(format!("{d}/"));
+        let multipart = key == &format!("{SYSCALL_CKPT}/big.dat");
+        assert!(
+            staged_synced || multipart,
+            "{key} put into place before its data was synced: {events:#?}"
+        );
+        // Its parent, and each directory above holding a directory made since it was synced.
+        let dirs = key_dirs(key);
+        if !window.iter().any(|(op, k)| *op == "fsync" && *k == dirs[0]) {
+            missing.push(format!("{}/", dirs[0]));
+        }
+        for pair in dirs.windows(2) {
+            let Some(made) = events[..end]
+                .iter()
+                .rposition(|(op, k)| *op == "mkdir" && *k == pair[0])
+            else {
+                continue;
+            };
+            if !events[made..end]
+                .iter()
+                .any(|(op, k)| *op == "fsync" && *k == pair[1])
+            {
+                missing.push(format!("{}/ (after mkdir {})", pair[1], pair[0]));
             }
         }
         assert!(
@@ -191,6 +219,23 @@ fn the_system_calls_sync_each_object_and_its_directories_before_the_next_and_the
             "{key} put into place, then the next object before fsync of {missing:?}: {events:#?}"
         );
         synced_at.insert(key.clone(), end);
+    }
+    // The single puts of at least 64 KiB, written with O_DIRECT unless the file system
+    // refused it (then asked once, and refused) or keeps its files in memory (not asked).
+    let fs_type = std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(&root)
+        .output()
+        .expect("stat -f");
+    let fs_type = String::from_utf8_lossy(&fs_type.stdout).trim().to_string();
+    let in_memory = fs_type == "tmpfs" || fs_type == "ramfs";
+    let refused = in_memory || events.iter().any(|(op, _)| *op == "direct_refused");
+    for rel in ["rank0.dat", "sub/rank1.dat"] {
+        let key = format!("{SYSCALL_CKPT}/{rel}");
+        assert!(
+            refused || events.contains(&("direct", key.clone())),
+            "{key} not written with O_DIRECT: {events:#?}"
+        );
     }
     // Markers after what they list.
     let markers = [
@@ -270,7 +315,10 @@ fn uploads_of_the_syscall_test() {
 
 /// The events below `root` in an `strace -f -y` log, in the order they completed:
 /// `("place", key)` for a successful rename or hard link onto `key`, `("fsync", key)` for a
-/// successful fsync of the file or directory `key` ("" for the root).
+/// successful fsync of the file or directory `key` ("" for the root), `("mkdir", key)` for a
+/// directory made, `("fsync_staged", key)`
+/// for one of a staging file `key#<n>`, `("direct", key)` when O_DIRECT was turned on for it,
+/// `("direct_refused", key)` when the file system refused that.
 fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
     let root = root.to_str().unwrap();
     let key_of = |path: &str| -> Option<String> {
@@ -300,19 +348,45 @@ fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
         } else {
             rest.to_string()
         };
+        let name = call.split('(').next().unwrap_or("");
+        // fsync(7</path/to/file>) = 0, fcntl(7</path/to/file#1>, F_SETFL, O_RDWR|O_DIRECT) = 0
+        let fd_key = || {
+            call.split_once('<')
+                .and_then(|(_, p)| p.split_once('>'))
+                .and_then(|(p, _)| key_of(p))
+        };
+        // `key#<n>` -> `key`
+        let staged = |key: &str| {
+            let (name, n) = key.rsplit_once('#')?;
+            let digits = !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+            digits.then(|| name.to_string())
+        };
+        if name == "fcntl" && call.contains("F_SETFL") && call.contains("O_DIRECT") {
+            if let Some(key) = fd_key().as_deref().and_then(staged) {
+                if call.trim_end().ends_with("= 0") {
+                    events.push(("direct", key));
+                } else if call.contains("EINVAL") {
+                    events.push(("direct_refused", key));
+                }
+            }
+            continue;
+        }
         if !call.trim_end().ends_with("= 0") {
             continue;
         }
-        let name = call.split('(').next().unwrap_or("");
         match name {
             "fsync" | "fdatasync" => {
-                // fsync(7</path/to/file>) = 0
-                let path = call
-                    .split_once('<')
-                    .and_then(|(_, p)| p.split_once(">)"))
-                    .map(|(p, _)| p);
-                if let Some(key) = path.and_then(key_of) {
-                    events.push(("fsync", key));
+                if let Some(key) = fd_key() {
+                    match staged(&key) {
+                        Some(object) => events.push(("fsync_staged", object)),
+                        None => events.push(("fsync", key)),
+                    }
+                }
+            }
+            "mkdir" | "mkdirat" => {
+                // mkdir("/path/to/dir", 0777) = 0; mkdirat(AT_FDCWD</cwd>, "/path/to/dir", 0777)
+                if let Some(key) = call.split('"').nth(1).and_then(key_of) {
+                    events.push(("mkdir", key));
                 }
             }
             "rename" | "renameat" | "renameat2" | "link" | "linkat" => {
@@ -326,4 +400,56 @@ fn syscall_events(log: &str, root: &Path) -> Vec<(&'static str, String)> {
         }
     }
     events
+}
+
+/// A write syncs the chain of directories above its object only up to the first one a write
+/// of this store already made durable: the second object in a directory costs one directory
+/// fsync, not one per level (each flushes the disk's cache), and a new directory beside
+/// durable ones only the levels that changed. Directories made for a multipart upload are
+/// synced too.
+#[test]
+fn the_directories_above_an_object_are_synced_once_per_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("durable");
+    let store = DurableStore::open(root.to_str().unwrap()).unwrap();
+    let fsync_dirs = |trace: &Trace| -> Vec<String> {
+        trace
+            .iter()
+            .filter(|(op, _)| *op == "fsync_dir")
+            .map(|(_, k)| k.clone())
+            .collect()
+    };
+    let data = cascade_testkit::pattern(100_000, 3);
+
+    store.start_trace();
+    store.put_bytes("a/b/c/one", &data).unwrap();
+    let trace = store.take_trace();
+    assert_writes_fsynced(&trace);
+    assert_eq!(fsync_dirs(&trace), ["a/b/c", "a/b", "a", ""]);
+
+    store.start_trace();
+    store.put_bytes("a/b/c/two", &data).unwrap();
+    store.put_bytes("a/b/new/three", &data).unwrap();
+    let trace = store.take_trace();
+    assert_writes_fsynced(&trace);
+    assert_eq!(fsync_dirs(&trace), ["a/b/c", "a/b/new", "a/b"]);
+    assert!(
+        trace.contains(&("mkdir", "a/b/new".to_string())),
+        "{trace:#?}"
+    );
+
+    // A multipart upload (larger than one part) into new directories.
+    let big = cascade_testkit::pattern(9 << 20, 4);
+    store.start_trace();
+    let digest = store.put_bytes("a/x/y/big", &big).unwrap();
+    let trace = store.take_trace();
+    assert_writes_fsynced(&trace);
+    assert_eq!(fsync_dirs(&trace), ["a/x/y", "a/x", "a"]);
+    assert_eq!(digest.blake3, cascade_testkit::b3(&big));
+
+    // Another store (another process) knows none of them: the whole chain once.
+    let again = DurableStore::open(root.to_str().unwrap()).unwrap();
+    again.start_trace();
+    again.put_bytes("a/b/c/four", &data).unwrap();
+    assert_eq!(fsync_dirs(&again.take_trace()), ["a/b/c", "a/b", "a", ""]);
 }

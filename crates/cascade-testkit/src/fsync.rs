@@ -1,6 +1,6 @@
 //! Checks of a directory store's trace ([`cascade_durable::DurableStore::start_trace`]): it
-//! records each fsync (`fsync` of an object, `fsync_dir` of a directory) once done, in order
-//! with the requests, so a test can tell whether every write was durable before it returned
+//! records each fsync (`fsync` of an object, `fsync_dir` of a directory) once done, and each
+//! directory it creates for a write (`mkdir`), in order with the requests, so a test can tell whether every write was durable before it returned
 //! and every completion marker only after what it lists (docs/durable-layout.md,
 //! "Durability").
 
@@ -33,24 +33,36 @@ pub fn version_key_of(key: &str) -> String {
 }
 
 /// Checks that every write in `trace` is followed, before the next request, by the fsync of
-/// the object and of every directory from its parent up to the root, that the fsyncs after a
-/// delete are of its directory only, and that nothing else is followed by fsyncs. Returns,
-/// for each key written, the position in `trace` at which its last write was durable.
+/// the object and of its parent directory, and of every directory above it whose child on
+/// the way the write created (`mkdir` in the trace) since that directory was last synced;
+/// that the fsyncs after a delete are of its directory only, and that nothing else is
+/// followed by fsyncs. Returns, for each key written, the position in `trace` at which its
+/// last write was durable.
 pub fn assert_writes_fsynced(trace: &Trace) -> HashMap<String, usize> {
     let mut durable = HashMap::new();
+    // Directory -> position of its last mkdir.
+    let mut made: HashMap<&str, usize> = HashMap::new();
+    // Directory -> position of its last fsync.
+    let mut synced_dir: HashMap<&str, usize> = HashMap::new();
     let mut i = 0;
     while i < trace.len() {
         let (op, key) = &trace[i];
         assert!(
-            !op.starts_with("fsync"),
-            "fsync before any request: {trace:#?}"
+            !op.starts_with("fsync") && *op != "mkdir",
+            "{op} before any request: {trace:#?}"
         );
         let mut j = i + 1;
-        while j < trace.len() && trace[j].0.starts_with("fsync") {
+        while j < trace.len() && (trace[j].0.starts_with("fsync") || trace[j].0 == "mkdir") {
+            match trace[j].0 {
+                "mkdir" => made.insert(trace[j].1.as_str(), j),
+                "fsync_dir" => synced_dir.insert(trace[j].1.as_str(), j),
+                _ => None,
+            };
             j += 1;
         }
         let synced: HashSet<(&str, &str)> = trace[i + 1..j]
             .iter()
+            .filter(|(o, _)| *o != "mkdir")
             .map(|(o, k)| (*o, k.as_str()))
             .collect();
         match *op {
@@ -59,9 +71,17 @@ pub fn assert_writes_fsynced(trace: &Trace) -> HashMap<String, usize> {
                 if !synced.contains(&("fsync", key.as_str())) {
                     missing.push(format!("fsync {key}"));
                 }
-                for d in key_dirs(key) {
-                    if !synced.contains(&("fsync_dir", d.as_str())) {
-                        missing.push(format!("fsync_dir {d:?}"));
+                let dirs = key_dirs(key);
+                if !synced.contains(&("fsync_dir", dirs[0].as_str())) {
+                    missing.push(format!("fsync_dir {:?}", dirs[0]));
+                }
+                // Above the parent: the directory holding each directory made since.
+                for pair in dirs.windows(2) {
+                    let (child, dir) = (pair[0].as_str(), pair[1].as_str());
+                    if let Some(&at) = made.get(child) {
+                        if synced_dir.get(dir).is_none_or(|&s| s < at) {
+                            missing.push(format!("fsync_dir {dir:?} (after mkdir {child:?})"));
+                        }
                     }
                 }
                 assert!(

@@ -625,6 +625,7 @@ impl Repo {
         RepoWriter {
             repo: self,
             pack: Vec::new(),
+            pack_pad: 0,
             entries: Vec::new(),
             written: HashMap::new(),
             own_bases: HashMap::new(),
@@ -1029,7 +1030,11 @@ fn parse_score(hex: &str) -> Result<Score> {
 /// Dropped without `finish`, the packs already written stay unreferenced (garbage).
 pub struct RepoWriter<'r> {
     repo: &'r Repo,
+    /// The pack being filled: after `pack_pad` bytes that are not part of it, so that the
+    /// pack starts at an address a directory store can write with O_DIRECT without copying
+    /// it first (upload::PACK_ALIGN).
     pack: Vec<u8>,
+    pack_pad: usize,
     entries: Vec<BlobEntry>,
     /// Blobs of this writer's packs (the repository's index learns them only once the index
     /// object naming them is written, so a writer that fails never leaves blobs others would
@@ -1188,11 +1193,17 @@ impl RepoWriter<'_> {
     fn open_pack(&mut self) {
         if self.pack.is_empty() {
             if self.pack.capacity() == 0 {
-                // Room for a full pack, the chunk that overflows it and its trailer.
-                self.pack = self
-                    .uploads
-                    .buffer(self.pack_size + (self.pack_size >> 1) + (4 << 20));
+                // Room for a full pack, the chunk that overflows it, its trailer and the pad.
+                self.pack = self.uploads.buffer(
+                    self.pack_size + (self.pack_size >> 1) + (4 << 20) + upload::PACK_ALIGN,
+                );
             }
+            self.pack_pad = self
+                .pack
+                .as_ptr()
+                .align_offset(upload::PACK_ALIGN)
+                .min(upload::PACK_ALIGN);
+            self.pack.resize(self.pack_pad, 0);
             self.pack.extend_from_slice(&session::pack_nonce());
         }
     }
@@ -1285,7 +1296,7 @@ impl RepoWriter<'_> {
         self.open_pack();
         self.entries.push(BlobEntry {
             score: s,
-            offset: self.pack.len() as u32,
+            offset: (self.pack.len() - self.pack_pad) as u32,
             stored_len: bytes.len() as u32,
             raw_len,
             kind,
@@ -1295,7 +1306,7 @@ impl RepoWriter<'_> {
         self.pack.extend_from_slice(bytes);
         let slot = self.packs.len() as u32;
         self.written.insert(s, slot);
-        if self.pack.len() >= self.pack_target() {
+        if self.pack.len() - self.pack_pad >= self.pack_target() {
             self.flush_pack()?;
         }
         Ok(slot)
@@ -1423,7 +1434,7 @@ impl RepoWriter<'_> {
         }
         let mut pack = std::mem::take(&mut self.pack);
         format::encode_pack_trailer(&self.entries, &mut pack);
-        self.uploads.send(pack)?;
+        self.uploads.send(pack, self.pack_pad)?;
         self.packs.push(std::mem::take(&mut self.entries));
         self.stats.packs += 1;
         self.keep_alive()

@@ -25,8 +25,12 @@ const QUEUED_PACKS: usize = 1;
 /// Written packs' buffers kept for reuse (one per pack that can be queued or in flight).
 const SPARE_BUFFERS: usize = QUEUED_PACKS + UPLOAD_THREADS;
 
-/// A pack and its position among the writer's packs.
-type Job = (usize, Vec<u8>);
+/// Where a pack's bytes start in its buffer: a page boundary, so that a directory store
+/// writes them with O_DIRECT straight from the buffer (cascade-durable's SyncedDir).
+pub(super) const PACK_ALIGN: usize = 4096;
+
+/// A pack's position among the writer's packs, its buffer, and where the pack starts in it.
+type Job = (usize, Vec<u8>, usize);
 /// An upload thread: the positions and ids of the packs it wrote, or its first failure.
 type Worker = JoinHandle<Result<Vec<(usize, Score)>>>;
 
@@ -121,15 +125,16 @@ impl PackUploader {
         reused.unwrap_or_else(|| Vec::with_capacity(capacity))
     }
 
-    /// Queues `pack` for writing (at the key of its id); blocks while the queue is full. An
-    /// earlier upload's failure is returned here (or by [`PackUploader::wait`]).
-    pub(super) fn send(&mut self, pack: Vec<u8>) -> Result<()> {
+    /// Queues the pack `buffer[start..]` for writing (at the key of its id); blocks while the
+    /// queue is full. An earlier upload's failure is returned here (or by
+    /// [`PackUploader::wait`]).
+    pub(super) fn send(&mut self, buffer: Vec<u8>, start: usize) -> Result<()> {
         if self.workers.is_none() {
             self.workers = Some(self.spawn()?);
         }
         let waiting = Instant::now();
         let sent = match &self.workers {
-            Some((tx, _)) => tx.send((self.sent, pack)).is_ok(),
+            Some((tx, _)) => tx.send((self.sent, buffer, start)).is_ok(),
             None => false,
         };
         self.blocked += waiting.elapsed();
@@ -224,14 +229,21 @@ fn upload_all(
                 ))
             }
         };
-        let Ok((position, pack)) = next else {
+        let Ok((position, buffer, start)) = next else {
             return Ok(ids);
         };
-        let id = score(&pack);
-        let bytes = Bytes::from(pack);
-        let len = bytes.len() as u64;
+        let Some(pack) = buffer.get(start..) else {
+            return Err(Error::Invalid(format!(
+                "a pack starts at {start} of a {}-byte buffer",
+                buffer.len()
+            )));
+        };
+        let id = score(pack);
+        let len = pack.len() as u64;
+        let bytes = Bytes::from(buffer);
         BusyClock::start(clock);
-        let put = durable.put_buffers(&pack_key(prefix, &id), vec![bytes.clone()]);
+        // The pack alone; `bytes` keeps the whole buffer for its reuse below.
+        let put = durable.put_buffers(&pack_key(prefix, &id), vec![bytes.slice(start..)]);
         BusyClock::end(clock, put.is_ok().then_some(len));
         put?;
         ids.push((position, id));
