@@ -8,6 +8,7 @@
 
 mod dedup;
 pub mod metrics;
+mod streaming;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -502,6 +503,10 @@ struct Counters {
     drained_from_memory: u64,
     drain_arena_bytes: u64,
     drain_memory_spills: u64,
+    /// Versions drained by a streaming upload, and streaming uploads given up
+    /// (docs/staging.md, "Streaming drain").
+    drained_streaming: u64,
+    streaming_fallbacks: u64,
     last_error: Option<String>,
 }
 
@@ -566,6 +571,9 @@ struct Shared {
     disk: DiskQueue,
     /// Versions' bytes kept in memory for the drain (`drain_memory`).
     kept: Mutex<HashMap<VersionId, KeptVersion>>,
+    /// Uploads streaming while their versions arrive (`streaming`).
+    feeds: Mutex<streaming::Feeds>,
+    stream_stats: Arc<streaming::StreamStats>,
     counters: Mutex<Counters>,
     /// Milliseconds since `started` of the last Write frame.
     last_write_ms: AtomicU64,
@@ -649,6 +657,8 @@ impl Server {
             started: Instant::now(),
             pool: Arc::new(pool),
             kept: Mutex::new(HashMap::new()),
+            feeds: Mutex::new(HashMap::new()),
+            stream_stats: Arc::default(),
             queues,
             disk: DiskQueue {
                 jobs: Mutex::new(VecDeque::new()),
@@ -745,6 +755,8 @@ impl Server {
         for w in disk_writers.into_iter().chain(workers) {
             let _ = w.join();
         }
+        // Uploads of versions never sealed are aborted (nothing half-written remains).
+        shared.prune_streams(true);
         // What clients were told is durable already is; make the rest so too on a clean stop.
         shared.engine.sync()?;
         Ok(())
@@ -1155,6 +1167,9 @@ impl Shared {
             drained_from_memory: c.drained_from_memory,
             drain_arena_bytes: c.drain_arena_bytes,
             drain_memory_spills: c.drain_memory_spills,
+            drained_streaming: c.drained_streaming,
+            streaming_fallbacks: c.streaming_fallbacks,
+            streamed_bytes: self.stream_stats.streamed_bytes(),
         }
     }
 
@@ -1426,6 +1441,7 @@ impl Shared {
         lock(&conn.upload).take();
         let open: Vec<VersionId> = lock(&conn.open).drain().map(|(_, v)| v).collect();
         for v in open {
+            self.stop_stream(v, "its client went away before sealing it");
             self.engine.abandon(v);
         }
         let mut c = lock(&self.counters);
@@ -1880,17 +1896,21 @@ impl Shared {
         let mut files = 0;
         for s in segments {
             let key = namespaced(&conn.namespace, s.key);
-            let id = {
+            let (id, begun) = {
                 let mut open = lock(&conn.open);
                 match open.get(&(key.clone(), s.stamp)) {
-                    Some(id) => *id,
+                    Some(id) => (*id, false),
                     None => {
                         let id = self.engine.begin_version(&key, s.stamp, s.size)?;
                         open.insert((key.clone(), s.stamp), id);
-                        id
+                        (id, true)
                     }
                 }
             };
+            if begun && s.seal.is_none() {
+                // More frames to come: upload while they arrive.
+                self.start_stream(id, &key, s.stamp, s.size);
+            }
             // Where the segment's data lies in the frame's buffer (it is a slice of it).
             let first = s.data.as_ptr() as usize - base;
             let mut done = 0;
@@ -1989,12 +2009,15 @@ impl Shared {
         let frame_bytes = (job.frame.at + job.frame.len) as u64;
         if self.pool.pin(&job.frame.pinned, frame_bytes) {
             let part = job.frame.buf.slice(job.data.clone());
-            entry.parts.push((job.offset, part));
+            entry.parts.push((job.offset, part.clone()));
+            drop(kept);
+            self.feed_stream(job.version, job.offset, &part);
             return;
         }
         entry.spilled = true;
         let parts = std::mem::take(&mut entry.parts);
         drop(kept);
+        self.stop_stream(job.version, "it no longer fits in the drain memory");
         lock(&self.counters).drain_memory_spills += 1;
         // Their buffers go back to the pool outside the lock.
         drop(parts);
@@ -2041,6 +2064,7 @@ impl Shared {
             ids.iter().filter_map(|id| kept.remove(id)).collect()
         };
         drop(stale);
+        self.prune_streams(false);
     }
 
     // ---- drain ----
@@ -2224,10 +2248,31 @@ impl Shared {
     /// that what the arenas hold hashes to what the client sent. A version older than the
     /// one the durable store records is not drained (docs/staging.md, "Version order").
     fn drain_one(&self, v: &VersionInfo) -> Result<()> {
+        let started = Instant::now();
+        // An upload that streamed while the version arrived: only its last byte is left.
+        match self.finish_stream(v) {
+            Some(Ok(streaming::Streamed::Uploaded(digest))) => {
+                lock(&self.counters).drained_streaming += 1;
+                return self.commit(v, digest, started);
+            }
+            // Nothing was written; the checksum check below refuses it as ever.
+            Some(Ok(streaming::Streamed::Mismatch(digest))) => {
+                return self.commit(v, digest, started);
+            }
+            Some(Err(e)) => {
+                lock(&self.counters).streaming_fallbacks += 1;
+                self.log(|| {
+                    format!(
+                        "{}: streaming upload failed ({e}); uploading it whole",
+                        v.key
+                    )
+                });
+            }
+            None => {}
+        }
         if let Some(newer) = self.newer_in_durable(v)? {
             return self.supersede(v, newer);
         }
-        let started = Instant::now();
         self.durable.put_version(&v.key, v.stamp)?;
         let kept = (v.size <= cascade_durable::SINGLE_PUT_MAX)
             .then(|| self.kept_parts(v))
@@ -2249,6 +2294,13 @@ impl Shared {
             };
             self.durable.put_file(&v.key, reader, v.size)?
         };
+        self.commit(v, digest, started)
+    }
+
+    /// Commits version `v` whose data object was uploaded with `digest`: its checksum
+    /// object once the digest is the client's and no newer version took the name, then the
+    /// Drained record.
+    fn commit(&self, v: &VersionInfo, digest: FileDigest, started: Instant) -> Result<()> {
         let expected = hex(&v.blake3);
         if digest.blake3 != expected {
             return Err(Error::Mismatch {
