@@ -2255,7 +2255,7 @@ impl Shared {
                 lock(&self.counters).drained_streaming += 1;
                 return self.commit(v, digest, started);
             }
-            // Nothing was written; the checksum check below refuses it as ever.
+            // Nothing was written; `commit` refuses it, as any other mismatch.
             Some(Ok(streaming::Streamed::Mismatch(digest))) => {
                 return self.commit(v, digest, started);
             }
