@@ -629,6 +629,8 @@ impl Server {
         }
         let durable = Arc::new(DurableStore::open(&opts.drain_to)?);
         let engine = Engine::open(&opts.dir, opts.engine.clone())?;
+        // Arenas freed by a drain are deleted after the markers that drain completes.
+        engine.defer_unlinks();
         let (dedup, warnings) = dedup::Dedup::open(&opts.dir.join("dedup"), opts.chunks.clone())?;
         for w in warnings {
             cascade_observe::warn!("cascade stage-server: recovered: {w}");
@@ -759,6 +761,7 @@ impl Server {
         shared.prune_streams(true);
         // What clients were told is durable already is; make the rest so too on a clean stop.
         shared.engine.sync()?;
+        shared.engine.unlink_reclaimed();
         Ok(())
     }
 }
@@ -2179,6 +2182,8 @@ impl Shared {
                     (manifest_poll * 2).min(self.opts.recheck_every)
                 };
             }
+            // After the markers: deleting freed arenas takes a while (Engine::defer_unlinks).
+            self.engine.unlink_reclaimed();
             self.tend_log();
             if !progressed {
                 let (m, cv) = &self.drain_wake;
@@ -2311,12 +2316,16 @@ impl Shared {
                 ),
             });
         }
+        let data_done = started.elapsed();
         // A newer writer that started meanwhile owns the name: its checksum must stay.
         if let Some(newer) = self.newer_in_durable(v)? {
             return self.supersede(v, newer);
         }
+        let checked = started.elapsed();
         self.durable.put_checksum(&v.key, &digest)?;
+        let summed = started.elapsed();
         self.engine.mark_drained(v.id)?;
+        let recorded = started.elapsed();
         self.release_kept(v.id);
         {
             let mut c = lock(&self.counters);
@@ -2324,11 +2333,18 @@ impl Shared {
             c.drained_bytes += v.size;
         }
         self.log(|| {
+            let s = |d: Duration| d.as_secs_f64();
             format!(
-                "drained {} ({} bytes) in {:.3} s",
+                "drained {} ({} bytes) in {:.3} s (data {:.3}, version check {:.3}, \
+                 checksum {:.3}, drained record {:.3}, memory let go {:.3})",
                 v.key,
                 v.size,
-                started.elapsed().as_secs_f64()
+                s(started.elapsed()),
+                s(data_done),
+                s(checked - data_done),
+                s(summed - checked),
+                s(recorded - summed),
+                s(started.elapsed() - recorded),
             )
         });
         Ok(())
