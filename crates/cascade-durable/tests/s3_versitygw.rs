@@ -92,7 +92,7 @@ fn s3_unreachable_endpoint_is_one_clear_error() {
 /// aborted or ended short leaves no object, and an older object of the name stays as it was.
 #[test]
 fn s3_streaming_uploads_are_whole_or_absent() {
-    let server = Versitygw::start();
+    let mut server = Versitygw::start();
     server.create_bucket("cascade");
     for (prefix, extra) in [("signed", ""), ("unsigned", "&sign_payload=no")] {
         let spec = format!(
@@ -160,4 +160,12 @@ fn s3_streaming_uploads_are_whole_or_absent() {
         }
         assert_eq!(&store.get_bytes(name).unwrap()[..], &data[..], "{prefix}");
     }
+    // The store goes away mid-body: finishing fails (the caller falls back), no hang.
+    let store = DurableStore::open(&server.spec("cascade/cut", SECRET)).unwrap();
+    let mut put = store.put_stream("cut.bin", 4 << 20).unwrap();
+    put.send(bytes::Bytes::from(vec![2u8; 1 << 20]));
+    server.stop();
+    put.send(bytes::Bytes::from(vec![2u8; 3 << 20]));
+    let e = store.finish_stream(put).unwrap_err();
+    eprintln!("store gone mid-body: {e}");
 }

@@ -12,7 +12,7 @@
 //! feeder goes away) fails the request mid-body, and S3 keeps nothing of an incomplete PUT.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -39,6 +39,7 @@ type Piece = std::result::Result<Bytes, std::io::Error>;
 /// A PUT in flight whose body is fed with [`StreamingPut::send`]. Dropping it without
 /// [`StreamingPut::finish`] aborts the request (no object is written).
 pub struct StreamingPut {
+    store: String,
     rel: String,
     len: u64,
     sent: u64,
@@ -90,13 +91,14 @@ impl StreamingPut {
     }
 
     /// Ends the body and waits for the store's answer. Fewer bytes sent than announced fail
-    /// the request (no object is written).
+    /// the request (no object is written); so does a request that failed already, with its
+    /// own error.
     pub async fn finish(mut self) -> Result<()> {
-        let short = self.sent != self.len;
-        if short {
+        let failed_early = self.task.as_ref().is_some_and(|t| t.is_finished());
+        if self.sent != self.len && !failed_early {
             self.abort_now();
             return Err(Error::ShortSource {
-                store: String::new(),
+                store: self.store.clone(),
                 path: self.rel.clone(),
                 got: self.sent,
                 expected: self.len,
@@ -104,21 +106,24 @@ impl StreamingPut {
         }
         drop(self.tx.take());
         let Some(task) = self.task.take() else {
-            return Err(Error::Store {
-                store: String::new(),
-                op: "put",
-                path: self.rel.clone(),
-                detail: "the upload was aborted".into(),
-            });
+            return Err(self.failed("the upload was aborted".into()));
         };
         match task.await {
+            Ok(Ok(())) if self.sent != self.len => Err(self.failed(format!(
+                "the store answered after {} of {} bytes",
+                self.sent, self.len
+            ))),
             Ok(r) => r,
-            Err(e) => Err(Error::Store {
-                store: String::new(),
-                op: "put",
-                path: self.rel.clone(),
-                detail: format!("the upload task ended: {e}"),
-            }),
+            Err(e) => Err(self.failed(format!("the upload task ended: {e}"))),
+        }
+    }
+
+    fn failed(&self, detail: String) -> Error {
+        Error::Store {
+            store: self.store.clone(),
+            op: "put",
+            path: self.rel.clone(),
+            detail,
         }
     }
 }
@@ -436,7 +441,11 @@ impl AsyncDurableStore {
 
         let (tx, rx) = mpsc::unbounded();
         let body = reqwest::Body::wrap_stream(body_stream(rx, len, signer));
-        let mut request = self.http_client()?.put(&url).body(body);
+        // A bound on the whole request (body included, which is sent as fast as it is fed):
+        // an upload slower than 1 MiB/s on average, or a store that never answers, is given
+        // up (its caller falls back to an ordinary upload) instead of hanging.
+        let bound = self.opts.retry_timeout + Duration::from_secs(len >> 20);
+        let mut request = self.http_client()?.put(&url).body(body).timeout(bound);
         for (k, v) in &headers {
             if *k != "host" {
                 request = request.header(*k, v);
@@ -468,6 +477,7 @@ impl AsyncDurableStore {
             Err(fail(detail))
         });
         Ok(StreamingPut {
+            store: self.name.clone(),
             rel,
             len,
             sent: 0,
