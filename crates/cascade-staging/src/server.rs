@@ -1937,6 +1937,7 @@ impl Shared {
                 }
                 let tag = (seal.tag != [0; 32]).then_some(seal.tag);
                 self.engine.seal(id, seal.blake3, tag)?;
+                self.seal_stream(id, seal.blake3);
                 lock(&conn.open).remove(&(key, s.stamp));
                 files += 1;
             }

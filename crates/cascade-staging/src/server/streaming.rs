@@ -136,8 +136,19 @@ impl Shared {
         }
     }
 
-    /// For sealed version `v` with a streaming upload: hands it the seal and waits for the
-    /// outcome. None without one.
+    /// Hands version `id`, just sealed with `blake3`, to its streaming upload (if it has
+    /// one), which completes at once if the hash matches: the upload's last byte does not
+    /// wait for the drain thread (which may be busy with another version while the store
+    /// times the idle request out). The drain thread collects the outcome
+    /// ([`Shared::finish_stream`]).
+    pub(super) fn seal_stream(&self, id: VersionId, blake3: [u8; 32]) {
+        if let Some(feed) = lock(&self.feeds).get(&id) {
+            let _ = feed.tx.send(FeedMsg::Seal(blake3));
+        }
+    }
+
+    /// For sealed version `v` with a streaming upload: hands it the seal (unless
+    /// [`Shared::seal_stream`] did) and waits for the outcome. None without one.
     pub(super) fn finish_stream(&self, v: &VersionInfo) -> Option<Result<Streamed>> {
         let feed = lock(&self.feeds).remove(&v.id)?;
         let _ = feed.tx.send(FeedMsg::Seal(v.blake3));
