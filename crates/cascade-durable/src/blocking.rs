@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use crate::{
     AsyncDurableStore, Error, FileDigest, JobProgress, Marker, MarkerFile, ObjectInfo, Options,
-    Part, Result, Spec, UploadItem,
+    Part, Result, Spec, StreamingPut, UploadItem,
 };
 
 /// The durable tier with a blocking API; owns a small tokio runtime
@@ -85,6 +85,22 @@ impl DurableStore {
     /// Uploads a file from memory (data only).
     pub fn put_bytes(&self, rel: &str, data: &[u8]) -> Result<FileDigest> {
         self.put_file(rel, data, data.len() as u64)
+    }
+
+    /// See [`AsyncDurableStore::can_stream`].
+    pub fn can_stream(&self) -> bool {
+        self.inner.can_stream()
+    }
+
+    /// Starts a streaming upload; see [`AsyncDurableStore::put_stream`]. Feed it with
+    /// [`StreamingPut::send`] from any thread, end it with [`Self::finish_stream`].
+    pub fn put_stream(&self, rel: &str, len: u64) -> Result<StreamingPut> {
+        self.rt.block_on(self.inner.put_stream(rel, len))
+    }
+
+    /// Ends a streaming upload and waits for the store's answer.
+    pub fn finish_stream(&self, put: StreamingPut) -> Result<()> {
+        self.rt.block_on(put.finish())
     }
 
     pub fn put_buffers(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {

@@ -14,7 +14,7 @@ mod key;
 mod layout;
 mod spec;
 
-pub use backend::{AsyncDurableStore, JobProgress, Options, PartsIn, UploadItem};
+pub use backend::{AsyncDurableStore, JobProgress, Options, PartsIn, StreamingPut, UploadItem};
 pub use blocking::DurableStore;
 pub use error::{Error, Result};
 pub use key::DurableKey;

@@ -8,6 +8,7 @@
 
 mod dedup;
 pub mod metrics;
+mod streaming;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -502,6 +503,10 @@ struct Counters {
     drained_from_memory: u64,
     drain_arena_bytes: u64,
     drain_memory_spills: u64,
+    /// Versions drained by a streaming upload, and streaming uploads given up
+    /// (docs/staging.md, "Streaming drain").
+    drained_streaming: u64,
+    streaming_fallbacks: u64,
     last_error: Option<String>,
 }
 
@@ -566,6 +571,9 @@ struct Shared {
     disk: DiskQueue,
     /// Versions' bytes kept in memory for the drain (`drain_memory`).
     kept: Mutex<HashMap<VersionId, KeptVersion>>,
+    /// Uploads streaming while their versions arrive (`streaming`).
+    feeds: Mutex<streaming::Feeds>,
+    stream_stats: Arc<streaming::StreamStats>,
     counters: Mutex<Counters>,
     /// Milliseconds since `started` of the last Write frame.
     last_write_ms: AtomicU64,
@@ -621,6 +629,8 @@ impl Server {
         }
         let durable = Arc::new(DurableStore::open(&opts.drain_to)?);
         let engine = Engine::open(&opts.dir, opts.engine.clone())?;
+        // Arenas freed by a drain are deleted after the markers that drain completes.
+        engine.defer_unlinks();
         let (dedup, warnings) = dedup::Dedup::open(&opts.dir.join("dedup"), opts.chunks.clone())?;
         for w in warnings {
             cascade_observe::warn!("cascade stage-server: recovered: {w}");
@@ -649,6 +659,8 @@ impl Server {
             started: Instant::now(),
             pool: Arc::new(pool),
             kept: Mutex::new(HashMap::new()),
+            feeds: Mutex::new(HashMap::new()),
+            stream_stats: Arc::default(),
             queues,
             disk: DiskQueue {
                 jobs: Mutex::new(VecDeque::new()),
@@ -745,8 +757,11 @@ impl Server {
         for w in disk_writers.into_iter().chain(workers) {
             let _ = w.join();
         }
+        // Uploads of versions never sealed are aborted (nothing half-written remains).
+        shared.prune_streams(true);
         // What clients were told is durable already is; make the rest so too on a clean stop.
         shared.engine.sync()?;
+        shared.engine.unlink_reclaimed();
         Ok(())
     }
 }
@@ -1155,6 +1170,9 @@ impl Shared {
             drained_from_memory: c.drained_from_memory,
             drain_arena_bytes: c.drain_arena_bytes,
             drain_memory_spills: c.drain_memory_spills,
+            drained_streaming: c.drained_streaming,
+            streaming_fallbacks: c.streaming_fallbacks,
+            streamed_bytes: self.stream_stats.streamed_bytes(),
         }
     }
 
@@ -1426,6 +1444,7 @@ impl Shared {
         lock(&conn.upload).take();
         let open: Vec<VersionId> = lock(&conn.open).drain().map(|(_, v)| v).collect();
         for v in open {
+            self.stop_stream(v, "its client went away before sealing it");
             self.engine.abandon(v);
         }
         let mut c = lock(&self.counters);
@@ -1880,17 +1899,21 @@ impl Shared {
         let mut files = 0;
         for s in segments {
             let key = namespaced(&conn.namespace, s.key);
-            let id = {
+            let (id, begun) = {
                 let mut open = lock(&conn.open);
                 match open.get(&(key.clone(), s.stamp)) {
-                    Some(id) => *id,
+                    Some(id) => (*id, false),
                     None => {
                         let id = self.engine.begin_version(&key, s.stamp, s.size)?;
                         open.insert((key.clone(), s.stamp), id);
-                        id
+                        (id, true)
                     }
                 }
             };
+            if begun && s.seal.is_none() {
+                // More frames to come: upload while they arrive.
+                self.start_stream(id, &key, s.stamp, s.size);
+            }
             // Where the segment's data lies in the frame's buffer (it is a slice of it).
             let first = s.data.as_ptr() as usize - base;
             let mut done = 0;
@@ -1914,6 +1937,7 @@ impl Shared {
                 }
                 let tag = (seal.tag != [0; 32]).then_some(seal.tag);
                 self.engine.seal(id, seal.blake3, tag)?;
+                self.seal_stream(id, seal.blake3);
                 lock(&conn.open).remove(&(key, s.stamp));
                 files += 1;
             }
@@ -1989,12 +2013,15 @@ impl Shared {
         let frame_bytes = (job.frame.at + job.frame.len) as u64;
         if self.pool.pin(&job.frame.pinned, frame_bytes) {
             let part = job.frame.buf.slice(job.data.clone());
-            entry.parts.push((job.offset, part));
+            entry.parts.push((job.offset, part.clone()));
+            drop(kept);
+            self.feed_stream(job.version, job.offset, &part);
             return;
         }
         entry.spilled = true;
         let parts = std::mem::take(&mut entry.parts);
         drop(kept);
+        self.stop_stream(job.version, "it no longer fits in the drain memory");
         lock(&self.counters).drain_memory_spills += 1;
         // Their buffers go back to the pool outside the lock.
         drop(parts);
@@ -2041,6 +2068,7 @@ impl Shared {
             ids.iter().filter_map(|id| kept.remove(id)).collect()
         };
         drop(stale);
+        self.prune_streams(false);
     }
 
     // ---- drain ----
@@ -2155,6 +2183,8 @@ impl Shared {
                     (manifest_poll * 2).min(self.opts.recheck_every)
                 };
             }
+            // After the markers: deleting freed arenas takes a while (Engine::defer_unlinks).
+            self.engine.unlink_reclaimed();
             self.tend_log();
             if !progressed {
                 let (m, cv) = &self.drain_wake;
@@ -2224,10 +2254,31 @@ impl Shared {
     /// that what the arenas hold hashes to what the client sent. A version older than the
     /// one the durable store records is not drained (docs/staging.md, "Version order").
     fn drain_one(&self, v: &VersionInfo) -> Result<()> {
+        let started = Instant::now();
+        // An upload that streamed while the version arrived: only its last byte is left.
+        match self.finish_stream(v) {
+            Some(Ok(streaming::Streamed::Uploaded(digest))) => {
+                lock(&self.counters).drained_streaming += 1;
+                return self.commit(v, digest, started);
+            }
+            // Nothing was written; `commit` refuses it, as any other mismatch.
+            Some(Ok(streaming::Streamed::Mismatch(digest))) => {
+                return self.commit(v, digest, started);
+            }
+            Some(Err(e)) => {
+                lock(&self.counters).streaming_fallbacks += 1;
+                self.log(|| {
+                    format!(
+                        "{}: streaming upload failed ({e}); uploading it whole",
+                        v.key
+                    )
+                });
+            }
+            None => {}
+        }
         if let Some(newer) = self.newer_in_durable(v)? {
             return self.supersede(v, newer);
         }
-        let started = Instant::now();
         self.durable.put_version(&v.key, v.stamp)?;
         let kept = (v.size <= cascade_durable::SINGLE_PUT_MAX)
             .then(|| self.kept_parts(v))
@@ -2249,6 +2300,13 @@ impl Shared {
             };
             self.durable.put_file(&v.key, reader, v.size)?
         };
+        self.commit(v, digest, started)
+    }
+
+    /// Commits version `v` whose data object was uploaded with `digest`: its checksum
+    /// object once the digest is the client's and no newer version took the name, then the
+    /// Drained record.
+    fn commit(&self, v: &VersionInfo, digest: FileDigest, started: Instant) -> Result<()> {
         let expected = hex(&v.blake3);
         if digest.blake3 != expected {
             return Err(Error::Mismatch {
@@ -2259,12 +2317,16 @@ impl Shared {
                 ),
             });
         }
+        let data_done = started.elapsed();
         // A newer writer that started meanwhile owns the name: its checksum must stay.
         if let Some(newer) = self.newer_in_durable(v)? {
             return self.supersede(v, newer);
         }
+        let checked = started.elapsed();
         self.durable.put_checksum(&v.key, &digest)?;
+        let summed = started.elapsed();
         self.engine.mark_drained(v.id)?;
+        let recorded = started.elapsed();
         self.release_kept(v.id);
         {
             let mut c = lock(&self.counters);
@@ -2272,11 +2334,18 @@ impl Shared {
             c.drained_bytes += v.size;
         }
         self.log(|| {
+            let s = |d: Duration| d.as_secs_f64();
             format!(
-                "drained {} ({} bytes) in {:.3} s",
+                "drained {} ({} bytes) in {:.3} s (data {:.3}, version check {:.3}, \
+                 checksum {:.3}, drained record {:.3}, memory let go {:.3})",
                 v.key,
                 v.size,
-                started.elapsed().as_secs_f64()
+                s(started.elapsed()),
+                s(data_done),
+                s(checked - data_done),
+                s(summed - checked),
+                s(recorded - summed),
+                s(started.elapsed() - recorded),
             )
         });
         Ok(())

@@ -80,6 +80,16 @@ pub struct ServerStatus {
     pub drain_arena_bytes: u64,
     #[serde(default)]
     pub drain_memory_spills: u64,
+    /// Streaming drain (docs/staging.md, "Streaming drain"): versions whose upload started
+    /// with their first bytes and completed at their seal; uploads started so but given up
+    /// (client gone, out of order, over the memory budget, failed: the ordinary drain takes
+    /// them); bytes handed to streaming uploads so far.
+    #[serde(default)]
+    pub drained_streaming: u64,
+    #[serde(default)]
+    pub streaming_fallbacks: u64,
+    #[serde(default)]
+    pub streamed_bytes: u64,
 }
 
 /// The arenas on a server's SSD (the engine's levels now).

@@ -4,13 +4,15 @@
 mod checkpoints;
 mod objects;
 mod parts;
+mod stream;
 mod synced;
 
 pub use parts::{JobProgress, PartsIn};
+pub use stream::StreamingPut;
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -97,6 +99,11 @@ pub struct AsyncDurableStore {
     name: String,
     opts: Options,
     trace: Arc<Trace>,
+    /// The S3 client (for streaming uploads, signed with its credentials); None for a
+    /// directory.
+    s3: Option<stream::S3Client>,
+    /// The HTTP client of streaming uploads, made on first use.
+    http: Arc<OnceLock<reqwest::Client>>,
 }
 
 /// The requests a store made while tracing was on: tests measure with it what an operation
@@ -144,6 +151,7 @@ impl AsyncDurableStore {
             });
         }
         let trace: Arc<Trace> = Arc::default();
+        let mut s3_client = None;
         let store: Arc<dyn ObjectStore> = match &spec {
             Spec::Dir(dir) => {
                 let not_writable = |e: std::io::Error| Error::NotWritable {
@@ -209,8 +217,11 @@ impl AsyncDurableStore {
                     spec: name.clone(),
                     reason: error::one_line(&error::chain_text(&e)),
                 })?;
+                let s3store = Arc::new(s3store);
+                s3_client = Some(Arc::clone(&s3store));
+                let s3store: Arc<dyn ObjectStore> = s3store;
                 if s3.prefix.is_empty() {
-                    Arc::new(s3store)
+                    s3store
                 } else {
                     Arc::new(PrefixStore::new(s3store, s3.prefix.as_str()))
                 }
@@ -222,6 +233,8 @@ impl AsyncDurableStore {
             name,
             opts,
             trace,
+            s3: s3_client,
+            http: Arc::default(),
         };
         // One request that needs the bucket and valid credentials.
         if let Spec::S3(_) = this.spec {

@@ -517,6 +517,10 @@ pub struct Engine {
     mode: IoMode,
     /// Aligned buffers of `MAX_EXTENT + BLOCK` bytes for direct writes of unaligned data.
     bounce: Mutex<Vec<Bounce>>,
+    /// Reclaimed arenas are left for [`Engine::unlink_reclaimed`] instead of being deleted
+    /// in the sync that reclaimed them ([`Engine::defer_unlinks`]).
+    defer_unlink: std::sync::atomic::AtomicBool,
+    unlink_later: Mutex<Vec<PathBuf>>,
     /// Holds the flock on dir/LOCK for the engine's lifetime.
     _lock: File,
 }
@@ -680,6 +684,8 @@ impl Engine {
             read_cache: Mutex::new(VecDeque::new()),
             mode,
             bounce: Mutex::new(Vec::new()),
+            defer_unlink: std::sync::atomic::AtomicBool::new(false),
+            unlink_later: Mutex::new(Vec::new()),
             _lock: lock_file,
         };
         // Ids below the recovered maximum (and every reservation before it) may have been
@@ -1154,7 +1160,11 @@ impl Engine {
             g.reclaim(&self.dir, touched)
         };
         drop(ix);
-        self.unlink(paths);
+        if self.defer_unlink.load(std::sync::atomic::Ordering::Relaxed) {
+            lock(&self.unlink_later).extend(paths);
+        } else {
+            self.unlink(paths);
+        }
         Ok(())
     }
 
@@ -1200,6 +1210,23 @@ impl Engine {
         // Appends to the new file must not become durable before the rename does.
         fsync_dir(&self.dir).map_err(|e| (true, e))?;
         Ok(f)
+    }
+
+    /// From now on, arenas reclaimed by a sync are deleted only by
+    /// [`Engine::unlink_reclaimed`]: deleting them takes time (0.14 s for 768 MiB of arenas on
+    /// ext4 mounted with `discard`, measured on the bench's disk), which the caller of the
+    /// sync (the drain, before a checkpoint's marker) need not wait for. They are garbage
+    /// already (nothing live is in them, the index says so): one left behind by a crash is
+    /// deleted by the next `open`.
+    pub fn defer_unlinks(&self) {
+        self.defer_unlink
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Deletes the arenas reclaimed since the last call (see [`Engine::defer_unlinks`]).
+    pub fn unlink_reclaimed(&self) {
+        let paths = std::mem::take(&mut *lock(&self.unlink_later));
+        self.unlink(paths);
     }
 
     fn unlink(&self, paths: Vec<PathBuf>) {

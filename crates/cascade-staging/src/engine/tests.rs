@@ -566,6 +566,41 @@ fn draining_reclaims_arenas_whose_data_is_all_garbage() {
     assert_eq!(e.usage().arena_files, 2);
 }
 
+/// With `defer_unlinks` (the server's drain), a drain's sync reclaims the arenas in the
+/// index and in the usage at once, but deletes their files only at `unlink_reclaimed`: the
+/// drain writes the markers first. A file left behind goes at the next open.
+#[test]
+fn deferred_unlinks_delete_reclaimed_arenas_only_when_asked() {
+    for crash in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Engine::open(dir.path(), opts(4096)).unwrap();
+        e.defer_unlinks();
+        let ids: Vec<VersionId> = (0..4)
+            .map(|i| put(&e, 0, &format!("f{i}"), 1, &data(60 + i, 3000), 3000))
+            .collect();
+        e.sync().unwrap();
+        assert_eq!(arena_files(dir.path()), 4);
+        for &v in &ids[..3] {
+            e.mark_drained(v).unwrap();
+        }
+        assert_eq!(e.usage().arena_files, 1);
+        assert_eq!(
+            arena_files(dir.path()),
+            4,
+            "deleted before unlink_reclaimed"
+        );
+        if crash {
+            // Reclaimed and never deleted: gone at the next open.
+            drop(e);
+            let e = Engine::open(dir.path(), opts(4096)).unwrap();
+            assert_eq!(arena_files(dir.path()) as u64, e.usage().arena_files);
+        } else {
+            e.unlink_reclaimed();
+            assert_eq!(arena_files(dir.path()), 1);
+        }
+    }
+}
+
 #[test]
 fn abandoned_versions_are_reclaimed_without_a_sync() {
     let dir = tempfile::tempdir().unwrap();
