@@ -186,6 +186,13 @@ fn a_client_gone_before_its_seal_leaves_nothing_in_s3() {
     );
     assert_eq!(s.drained_files, 0, "{s:?}");
     let rel = format!("{NS}/{key}");
+    // Not even its version object: it would retire an older sealed version of the key.
+    assert_eq!(
+        store
+            .recorded_version(&rel)
+            .expect("read the version object"),
+        None
+    );
     let listed = objects(&store);
     assert!(
         !listed

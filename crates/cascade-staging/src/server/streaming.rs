@@ -163,9 +163,12 @@ impl Shared {
     }
 }
 
-/// The feeder of one streaming upload: writes the version object (unless the durable store
-/// has a newer version), starts the PUT, sends the bytes in order as they come (all but the
-/// last one), and at the seal completes it if the hash of what was sent is the client's.
+/// The feeder of one streaming upload: starts the PUT (unless the durable store has a newer
+/// version), sends the bytes in order as they come (all but the last one), and at the seal,
+/// if the hash of what was sent is the client's, writes the version object and completes
+/// the PUT. The version object waits for the seal: written at the start, it would claim the
+/// name for a version that may never be sealed, and an older sealed version of the same key
+/// would then be retired as superseded (docs/staging.md, "Version order") and lost.
 fn upload(
     durable: &DurableStore,
     stats: &StreamStats,
@@ -175,14 +178,15 @@ fn upload(
     rx: mpsc::Receiver<FeedMsg>,
 ) -> Result<Streamed> {
     let stopped = |why: &str| Error::Invalid(format!("{key}: streaming upload given up: {why}"));
-    // Version order (docs/staging.md): the version object before the data, and never over
-    // a newer one.
-    if let Some(newer) = durable.recorded_version(key)?.filter(|&s| s > stamp) {
-        return Err(stopped(&format!(
-            "the durable store has a newer version (stamp {newer})"
-        )));
-    }
-    durable.put_version(key, stamp)?;
+    let newer = || -> Result<()> {
+        match durable.recorded_version(key)?.filter(|&s| s > stamp) {
+            Some(newer) => Err(stopped(&format!(
+                "the durable store has a newer version (stamp {newer})"
+            ))),
+            None => Ok(()),
+        }
+    };
+    newer()?;
     let mut put = durable.put_stream(key, size)?;
     let mut hasher = blake3::Hasher::new();
     let mut next = 0u64;
@@ -227,6 +231,11 @@ fn upload(
                     put.abort();
                     return Ok(Streamed::Mismatch(digest));
                 }
+                // Version order: the version object before the data object appears (S3
+                // shows a PUT's object only once its last byte arrived), never over a newer
+                // one. The upload is dropped (aborted) on either failure.
+                newer()?;
+                durable.put_version(key, stamp)?;
                 put.send(last);
                 stats.streamed_bytes.fetch_add(1, Ordering::Relaxed);
                 durable.finish_stream(put)?;
