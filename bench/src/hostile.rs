@@ -120,6 +120,12 @@ pub struct HOpts {
     /// (`stage_server.max_connections_per_client`).
     #[arg(long, default_value_t = 64)]
     pub per_client_cap: usize,
+    /// The server's memory for received files kept for the drain (`stage_server.drain_memory`,
+    /// 2 GiB by default), MiB. Smaller here: up to this much stays resident as spare receive
+    /// buffers once the good writers have filled it (by design, docs/security.md), and the
+    /// memory check's ceiling counts it.
+    #[arg(long, default_value_t = 128)]
+    pub drain_memory_mib: u64,
     /// The attackers of the attack phases.
     #[arg(
         long,
@@ -176,6 +182,8 @@ pub struct ServeArgs {
     frame_timeout_ms: u64,
     #[arg(long, default_value_t = 64)]
     max_connections_per_client: usize,
+    #[arg(long, default_value_t = 2048)]
+    drain_memory_mib: u64,
 }
 
 /// Runs the server until killed (SIGTERM). The secret comes from CASCADE_STAGING_SECRET.
@@ -188,6 +196,7 @@ pub fn serve(a: ServeArgs) -> Res<()> {
     o.frame_timeout = Duration::from_millis(a.frame_timeout_ms.max(100));
     o.hello_timeout = o.frame_timeout.min(Duration::from_secs(10));
     o.max_connections_per_client = a.max_connections_per_client.max(1);
+    o.drain_memory = a.drain_memory_mib << 20;
     let server = Server::bind(o).ctx(|| "starting the staging server")?;
     eprintln!(
         "cascade stage-server: listening on {} (pid {})",
@@ -1669,9 +1678,10 @@ pub fn run(mut o: HOpts) -> Res<()> {
     let mut cmd = clean_cmd(&exe);
     cmd.env("CASCADE_STAGING_SECRET", &secret);
     let arenas = o.arena_dir.join(format!("{}-arenas", prefix(pid)));
-    let (ft, cap) = (
+    let (ft, cap, kept) = (
         (o.frame_timeout_s * 1000).to_string(),
         o.per_client_cap.to_string(),
+        o.drain_memory_mib.to_string(),
     );
     let drain_s = drain.to_string_lossy().into_owned();
     let args = [
@@ -1683,6 +1693,8 @@ pub fn run(mut o: HOpts) -> Res<()> {
         &ft,
         "--max-connections-per-client",
         &cap,
+        "--drain-memory-mib",
+        &kept,
     ];
     let mut server = StageServer::spawn(cmd, arenas.clone(), arenas.with_extension("log"), &args)?;
     server.wait_listening()?;
@@ -1913,8 +1925,9 @@ pub fn run(mut o: HOpts) -> Res<()> {
         .map(|p| p.server.rss_peak_mib)
         .fold(0.0, f64::max);
     // What the design bounds (docs/security.md, "Denial of service"): the receive buffers,
-    // the read cache, and per connection its 64 KiB header/small-body buffer and a 256 KiB
-    // piece of a reply being sent; plus slack for the allocator and the threads' stacks.
+    // the read cache, the drain memory (kept frames, then spare buffers), and per connection
+    // its 64 KiB header/small-body buffer and a 256 KiB piece of a reply being sent; plus
+    // slack for the allocator and the threads' stacks.
     let connections = phases
         .iter()
         .map(|p| p.server.threads_peak)
@@ -1922,7 +1935,9 @@ pub fn run(mut o: HOpts) -> Res<()> {
         .unwrap_or(0);
     let per_connection_mib = (64.0 + 256.0) / 1024.0;
     let connections_mib = connections as f64 * per_connection_mib;
-    let ceiling = pool_mib() + READ_CACHE_MIB + connections_mib + o.rss_bound_mib as f64 * 2.0;
+    let kept_mib = o.drain_memory_mib as f64;
+    let ceiling =
+        pool_mib() + READ_CACHE_MIB + kept_mib + connections_mib + o.rss_bound_mib as f64 * 2.0;
     // The most any attack phase after the first added.
     let grow = after_attacks
         .windows(2)
@@ -1944,7 +1959,7 @@ pub fn run(mut o: HOpts) -> Res<()> {
             "RSS {:.0} MiB before the first attack, after each: {} MiB (at most {grow:+.0} MiB \
              from one to the next), {last:.0} MiB at the end, peak {peak:.0} MiB (ceiling: \
              {:.0} MiB of receive buffers + {READ_CACHE_MIB:.0} MiB read cache + \
-             {connections_mib:.0} MiB for {connections} connections at 320 KiB + {} MiB); \
+             {kept_mib:.0} MiB drain memory + {connections_mib:.0} MiB for {connections} connections at 320 KiB + {} MiB); \
              threads {} before, {} after",
             before_attack.0,
             after_attacks
@@ -2174,9 +2189,10 @@ fn tables(
             "server".into(),
             format!(
                 "cascade_staging::Server with the defaults of `cascade stage-server` but a frame \
-                 timeout of {} s ({} connections per address, {} receive buffers of {}); arenas \
-                 and drain on {}",
+                 timeout of {} s and a drain memory of {} MiB ({} connections per address, {} \
+                 receive buffers of {}); arenas and drain on {}",
                 o.frame_timeout_s,
+                o.drain_memory_mib,
                 o.per_client_cap,
                 ServerOptions::new("", PathBuf::new(), "", "").buffers,
                 size_str(MAX_BODY as u64),
