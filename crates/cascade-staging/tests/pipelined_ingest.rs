@@ -35,19 +35,8 @@ fn files(seed: u64) -> Vec<(String, Vec<u8>)> {
 
 /// Sends `data` as `key` in Write frames of `piece` bytes (the last one sealing it).
 fn send_file(c: &mut Connection, key: &str, data: &[u8], piece: usize) {
-    let n = data.len().div_ceil(piece).max(1);
-    for (i, chunk) in data.chunks(piece).enumerate() {
-        let seal = (i + 1 == n).then(|| c.seal(key, 1, data.len() as u64, digest(data)));
-        c.write(&[OutSegment {
-            key,
-            stamp: 1,
-            size: data.len() as u64,
-            offset: (i * piece) as u64,
-            seal,
-            data: &[chunk],
-        }])
-        .expect("write a piece");
-    }
+    let pieces = data.len().div_ceil(piece);
+    common::write_pieces(c, key, data, piece, 0..pieces, digest(data));
 }
 
 /// Sends `files` in frames of 1 MiB + 4321 bytes (unaligned offsets), then Sync.

@@ -17,7 +17,6 @@ mod common;
 use std::time::Duration;
 
 use cascade_durable::DurableStore;
-use cascade_staging::client::OutSegment;
 use cascade_staging::{Connection, ServerStatus};
 use cascade_testkit::versitygw::SECRET as S3_SECRET;
 use cascade_testkit::{random, Versitygw};
@@ -35,7 +34,7 @@ fn s3(prefix: &str) -> (Versitygw, String) {
     (gw, spec)
 }
 
-/// Sends frames `range` of `data` as version 1 of `key` (FRAME bytes each); the frame that
+/// Sends frames `range` of `data` (FRAME bytes each) as version 1 of `key`; the frame that
 /// ends the file seals it with `sealed` as its BLAKE3.
 fn send_frames(
     c: &mut Connection,
@@ -44,20 +43,7 @@ fn send_frames(
     frames: std::ops::Range<usize>,
     sealed: [u8; 32],
 ) {
-    for i in frames {
-        let chunk = &data[i * FRAME..((i + 1) * FRAME).min(data.len())];
-        let last = (i + 1) * FRAME >= data.len();
-        let seal = last.then(|| c.seal(key, 1, data.len() as u64, sealed));
-        c.write(&[OutSegment {
-            key,
-            stamp: 1,
-            size: data.len() as u64,
-            offset: (i * FRAME) as u64,
-            seal,
-            data: &[chunk],
-        }])
-        .expect("write a frame");
-    }
+    common::write_pieces(c, key, data, FRAME, frames, sealed);
 }
 
 fn frames_of(data: &[u8]) -> usize {

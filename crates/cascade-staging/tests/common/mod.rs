@@ -141,6 +141,32 @@ pub fn write_file(c: &mut Connection, key: &str, stamp: u64, data: &[u8]) {
     .expect("write");
 }
 
+/// Sends pieces `pieces` of `data` (`piece` bytes each, one Write frame per piece) as
+/// version 1 of `key`; the piece that ends the file seals it with `sealed` as its BLAKE3.
+pub fn write_pieces(
+    c: &mut Connection,
+    key: &str,
+    data: &[u8],
+    piece: usize,
+    pieces: std::ops::Range<usize>,
+    sealed: [u8; 32],
+) {
+    for i in pieces {
+        let chunk = &data[i * piece..((i + 1) * piece).min(data.len())];
+        let last = (i + 1) * piece >= data.len();
+        let seal = last.then(|| c.seal(key, 1, data.len() as u64, sealed));
+        c.write(&[OutSegment {
+            key,
+            stamp: 1,
+            size: data.len() as u64,
+            offset: (i * piece) as u64,
+            seal,
+            data: &[chunk],
+        }])
+        .expect("write a piece");
+    }
+}
+
 /// The environment a [`ServerProcess`] is started with: its arena directory and drain target.
 const CHILD_DIR: &str = "CASCADE_STAGING_TEST_SERVER_DIR";
 const CHILD_DRAIN: &str = "CASCADE_STAGING_TEST_SERVER_DRAIN";
