@@ -71,19 +71,7 @@ fn send(c: &mut Connection, files: &[(String, Vec<u8>)]) {
     c.write(&segs).expect("write the small files");
     for (k, d) in files.iter().filter(|(_, d)| d.len() > 8192) {
         let piece = (1 << 20) + 4321;
-        let n = d.len().div_ceil(piece);
-        for (i, chunk) in d.chunks(piece).enumerate() {
-            let seal = (i + 1 == n).then(|| c.seal(k, 1, d.len() as u64, digest(d)));
-            c.write(&[OutSegment {
-                key: k,
-                stamp: 1,
-                size: d.len() as u64,
-                offset: (i * piece) as u64,
-                seal,
-                data: &[chunk],
-            }])
-            .expect("write a piece");
-        }
+        common::write_pieces(c, k, d, piece, 0..d.len().div_ceil(piece), digest(d));
     }
     c.sync().expect("sync");
 }

@@ -358,6 +358,21 @@ mod tests {
 
     /// An old and a new version of [`CHUNKS`] chunks: in each, the first half noise that
     /// changed, the second half `kept(i)` in both.
+    /// Every chunk of `new` packed against `old`, the first one's stored length, and the
+    /// length of that chunk compressed alone.
+    fn pack_half_rewritten(
+        base: &BaseFile,
+        old: &[u8],
+        new: &[u8],
+    ) -> (Vec<Option<Packed>>, usize, usize) {
+        let alone = Compression::Zstd { level: -2 }
+            .compress(&new[..LEN])
+            .expect("pays");
+        let packed = pack_all(base, old, new, LEN);
+        let delta_len = packed[0].as_ref().expect("packed").bytes.len();
+        (packed, delta_len, alone.len())
+    }
+
     fn half_rewritten(kept: impl Fn(u64) -> Vec<u8>) -> (Vec<u8>, Vec<u8>) {
         let (mut old, mut new) = (Vec::new(), Vec::new());
         for i in 0..CHUNKS as u64 {
@@ -376,13 +391,9 @@ mod tests {
         // the noise alone, over a quarter of the chunk; the chunk alone is the noise and the
         // text compressed: the delta wins by more than an eighth.
         let (old, new) = half_rewritten(|i| text(LEN / 2, 1000 + i));
-        let alone = Compression::Zstd { level: -2 }
-            .compress(&new[..LEN])
-            .expect("pays");
         let base = base_of(&old, LEN);
-        let packed = pack_all(&base, &old, &new, LEN);
-        let delta_len = packed[0].as_ref().expect("packed").bytes.len();
-        assert!(delta_len > LEN / 4 && delta_len <= max_compressed_len(alone.len()));
+        let (packed, delta_len, alone_len) = pack_half_rewritten(&base, &old, &new);
+        assert!(delta_len > LEN / 4 && delta_len <= max_compressed_len(alone_len));
         let deltas = packed.iter().flatten().filter(|p| p.base.is_some()).count();
         assert_eq!(deltas, CHUNKS, "every chunk a delta");
         // The chunk alone was compressed beside its delta only on the probes.
@@ -396,13 +407,9 @@ mod tests {
         // the chunk alone, is not an eighth smaller (as in molecular-dynamics restarts, where
         // every value moves): not worth reading and checking the base for every chunk.
         let (old, new) = half_rewritten(|i| text(LEN / 32, 1000 + i).repeat(16));
-        let alone = Compression::Zstd { level: -2 }
-            .compress(&new[..LEN])
-            .expect("pays");
         let base = base_of(&old, LEN);
-        let packed = pack_all(&base, &old, &new, LEN);
-        let delta_len = packed[0].as_ref().expect("packed").bytes.len();
-        assert!(delta_len < alone.len() && delta_len > max_compressed_len(alone.len()));
+        let (packed, delta_len, alone_len) = pack_half_rewritten(&base, &old, &new);
+        assert!(delta_len < alone_len && delta_len > max_compressed_len(alone_len));
         for (i, p) in packed.iter().enumerate().skip(TRIALS as usize) {
             let probe = i as u64 % PROBE_EVERY == 0;
             assert_eq!(
