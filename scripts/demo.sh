@@ -40,4 +40,7 @@ fi
 
 echo "== build (release): cascade and libcascade.so"
 cargo build --release --quiet -p cascade-cli -p cascade-preload
+# A fresh build leaves gigabytes of dirty pages whose writeback would run during the
+# measurement (a first run from a fresh clone gave 4.5x where the next gave 14x): flush them.
+sync
 exec "${CARGO_TARGET_DIR:-target}/release/cascade" demo "$@"
