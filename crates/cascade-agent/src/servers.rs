@@ -1,6 +1,7 @@
 //! Connections to the staging servers (docs/staging.md), shared by the two staging levels:
-//! one connection per server, a server that fails is marked down for a backoff, and where a
-//! file or chunk goes first (placement, rendezvous hashing of scores).
+//! a connection per server for requests and one for bulk chunk uploads, a server that fails
+//! is marked down for a backoff, and where a file or chunk goes first (placement, rendezvous
+//! hashing of scores).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -17,6 +18,9 @@ use crate::Error;
 struct ServerSlot {
     addr: String,
     conn: Mutex<Option<Connection>>,
+    /// PutChunks go on a connection of their own: asking about the next batch (Lacks) need
+    /// not wait until the server has checked and synced this batch's chunks.
+    bulk: Mutex<Option<Connection>>,
     /// Consecutive failures and when to try again.
     down: Mutex<Option<(u32, Instant)>>,
 }
@@ -75,6 +79,7 @@ impl ServerPool {
             .map(|a| ServerSlot {
                 addr: a.clone(),
                 conn: Mutex::new(None),
+                bulk: Mutex::new(None),
                 down: Mutex::new(None),
             })
             .collect();
@@ -216,8 +221,26 @@ impl ServerPool {
         i: usize,
         f: impl FnOnce(&mut Connection) -> cascade_wire::Result<T>,
     ) -> cascade_wire::Result<T> {
+        self.run_on(i, &self.servers[i].conn, f)
+    }
+
+    /// Like [`ServerPool::with_conn`], on server `i`'s bulk connection (chunk uploads).
+    pub(crate) fn with_bulk_conn<T>(
+        &self,
+        i: usize,
+        f: impl FnOnce(&mut Connection) -> cascade_wire::Result<T>,
+    ) -> cascade_wire::Result<T> {
+        self.run_on(i, &self.servers[i].bulk, f)
+    }
+
+    fn run_on<T>(
+        &self,
+        i: usize,
+        conn: &Mutex<Option<Connection>>,
+        f: impl FnOnce(&mut Connection) -> cascade_wire::Result<T>,
+    ) -> cascade_wire::Result<T> {
         let slot = &self.servers[i];
-        let mut conn = lock(&slot.conn);
+        let mut conn = lock(conn);
         let result = (|| {
             if conn.is_none() {
                 *conn = Some(Connection::connect(&slot.addr, &self.client)?);

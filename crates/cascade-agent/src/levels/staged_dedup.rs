@@ -7,6 +7,7 @@
 //! its blobs are there.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -40,13 +41,13 @@ struct Blob {
     score: Score,
     kind: BlobKind,
     raw: Vec<u8>,
-    /// For a data chunk: its file (an index into `Sender::bases`) and its offset there.
+    /// For a data chunk: its file (an index into `Packer::bases`) and its offset there.
     at: Option<(usize, u64)>,
 }
 
 /// A blob in the form it is sent in.
-struct Outgoing<'b> {
-    blob: &'b Blob,
+struct Outgoing {
+    blob: Blob,
     stored: Stored,
     data: Option<Vec<u8>>,
     /// A delta's base.
@@ -59,7 +60,7 @@ struct Outgoing<'b> {
 /// chunks of a region that changes every checkpoint stay on one server that way.
 pub(crate) type Placement = HashMap<Score, usize>;
 
-impl Outgoing<'_> {
+impl Outgoing {
     fn wire(&self) -> WireChunk<'_> {
         WireChunk {
             score: self.blob.score,
@@ -71,89 +72,42 @@ impl Outgoing<'_> {
     }
 }
 
-/// Blobs on their way to their owners, grouped by server.
-struct Sender<'a> {
+/// How a checkpoint's blobs are packed and where they go: shared by the thread that cuts,
+/// asks and packs ([`Sender`]) and the one that uploads ([`put_batches`]).
+struct Packer<'a> {
     pool: &'a ServerPool,
     dedup: DedupOptions,
     /// Per file of the checkpoint, the previous version as a source of delta bases.
     bases: &'a [Option<BaseFile<'a>>],
-    /// Where the previous checkpoint's data chunks went, and where this one's go.
+    /// Where the previous checkpoint's data chunks went.
     placed_before: &'a Placement,
-    placed: Placement,
-    /// Every blob score of the checkpoint (the manifest lists them all).
-    all: Vec<Score>,
-    seen: HashSet<Score>,
-    batch: Vec<Blob>,
-    batch_bytes: usize,
-    sent_bytes: u64,
-    sent_chunks: u64,
-    sent_deltas: u64,
 }
 
-impl<'a> Sender<'a> {
-    fn new(
-        pool: &'a ServerPool,
-        dedup: DedupOptions,
-        bases: &'a [Option<BaseFile<'a>>],
-        placed_before: &'a Placement,
-    ) -> Sender<'a> {
-        Sender {
-            pool,
-            dedup,
-            bases,
-            placed_before,
-            placed: Placement::new(),
-            all: Vec::new(),
-            seen: HashSet::new(),
-            batch: Vec::new(),
-            batch_bytes: 0,
-            sent_bytes: 0,
-            sent_chunks: 0,
-            sent_deltas: 0,
-        }
-    }
-
-    fn add(&mut self, blob: Blob) -> Result<()> {
-        if !self.seen.insert(blob.score) {
-            return Ok(());
-        }
-        self.all.push(blob.score);
-        self.batch_bytes += blob.raw.len();
-        self.batch.push(blob);
-        if self.batch_bytes >= BATCH_BYTES {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
+impl Packer<'_> {
     /// A blob's stored form: a delta against the previous version of its file where that
     /// wins (and `deltas`), else compressed where that pays, else raw.
-    fn pack<'b>(&self, blob: &'b Blob, deltas: bool) -> Outgoing<'b> {
+    fn pack(&self, blob: Blob, deltas: bool) -> Outgoing {
         let (base, offset) = match blob.at.filter(|_| deltas) {
             Some((file, offset)) => (self.bases.get(file).and_then(Option::as_ref), offset),
             None => (None, 0),
         };
-        match pack_chunk(self.dedup.compression, base, offset, &blob.raw) {
+        let (stored, data, base) = match pack_chunk(self.dedup.compression, base, offset, &blob.raw)
+        {
             Some(p) => match p.base {
-                Some(base) => Outgoing {
-                    blob,
-                    stored: Stored::Delta,
-                    data: Some(delta_data(&base, &p.bytes)),
-                    base: Some(base.score),
-                },
-                None => Outgoing {
-                    blob,
-                    stored: Stored::Zstd,
-                    data: Some(p.bytes),
-                    base: None,
-                },
+                Some(base) => (
+                    Stored::Delta,
+                    Some(delta_data(&base, &p.bytes)),
+                    Some(base.score),
+                ),
+                None => (Stored::Zstd, Some(p.bytes), None),
             },
-            None => Outgoing {
-                blob,
-                stored: Stored::Raw,
-                data: None,
-                base: None,
-            },
+            None => (Stored::Raw, None, None),
+        };
+        Outgoing {
+            blob,
+            stored,
+            data,
+            base,
         }
     }
 
@@ -167,106 +121,10 @@ impl<'a> Sender<'a> {
             .unwrap_or_else(|| self.pool.owner_of(&b.score))
     }
 
-    /// Per server: which of the batch it lacks; then those, compressed where it pays, each to
-    /// the server asked, except a delta chunk whose base went to another server in the
-    /// previous checkpoint: to that one, whose base cache has the base.
-    fn flush(&mut self) -> Result<()> {
-        let batch = std::mem::take(&mut self.batch);
-        self.batch_bytes = 0;
-        let mut by_home: Vec<Vec<&Blob>> = vec![Vec::new(); self.pool.count()];
-        for b in &batch {
-            by_home[self.home_of(b)].push(b);
-        }
-        let mut lacked: Vec<(&Blob, usize)> = Vec::new();
-        for (server, blobs) in by_home.into_iter().enumerate() {
-            if blobs.is_empty() {
-                continue;
-            }
-            let scores: Vec<Score> = blobs.iter().map(|b| b.score).collect();
-            let lacking = self
-                .pool
-                .with_conn(server, |c| c.lacks(&scores))
-                .map_err(|e| self.pool.error(server, e))?;
-            for (b, lacks) in blobs.into_iter().zip(lacking) {
-                if lacks {
-                    lacked.push((b, server));
-                } else if b.kind == BlobKind::Data {
-                    self.placed.insert(b.score, server);
-                }
-            }
-        }
-        if lacked.is_empty() {
-            return Ok(());
-        }
-        let packed: Vec<(Outgoing, usize)> = lacked
-            .par_iter()
-            .map(|&(b, home)| (self.pack(b, true), home))
-            .collect();
-        let mut by_target: Vec<Vec<Outgoing>> =
-            (0..self.pool.count()).map(|_| Vec::new()).collect();
-        for (p, home) in packed {
-            let target = p
-                .base
-                .and_then(|base| self.placed_before.get(&base).copied())
-                .filter(|&i| i < self.pool.count())
-                .unwrap_or(home);
-            by_target[target].push(p);
-        }
-        // Each server's PutChunks at the same time: a server checks and syncs its frame
-        // while the other does.
-        let targets: Vec<(usize, Vec<Outgoing>)> = by_target
-            .into_iter()
-            .enumerate()
-            .filter(|(_, packed)| !packed.is_empty())
-            .collect();
-        let this = &*self;
-        let sent: Vec<Result<(usize, Vec<Outgoing>)>> = if targets.len() == 1 {
-            targets
-                .into_iter()
-                .map(|(server, packed)| Ok((server, this.put_or_whole(server, packed)?)))
-                .collect()
-        } else {
-            std::thread::scope(|scope| {
-                let threads: Vec<_> = targets
-                    .into_iter()
-                    .map(|(server, packed)| {
-                        scope.spawn(move || Ok((server, this.put_or_whole(server, packed)?)))
-                    })
-                    .collect();
-                threads
-                    .into_iter()
-                    .map(|t| {
-                        t.join()
-                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                    })
-                    .collect()
-            })
-        };
-        for result in sent {
-            let (server, packed) = result?;
-            for p in &packed {
-                if p.blob.kind == BlobKind::Data {
-                    self.placed.insert(p.blob.score, server);
-                }
-            }
-            self.sent_chunks += packed.len() as u64;
-            self.sent_deltas += packed.iter().filter(|p| p.stored == Stored::Delta).count() as u64;
-            self.sent_bytes += packed
-                .iter()
-                .map(|p| p.wire().data.len() as u64)
-                .sum::<u64>();
-        }
-        Ok(())
-    }
-
     /// PutChunks of `packed` to `server`; if it refuses a base (pruned meanwhile, or pushed
     /// where it has not looked yet), the same chunks again, the deltas among them whole. What
     /// was sent.
-    fn put_or_whole<'b>(
-        &self,
-        server: usize,
-        packed: Vec<Outgoing<'b>>,
-    ) -> Result<Vec<Outgoing<'b>>> {
+    fn put_or_whole(&self, server: usize, packed: Vec<Outgoing>) -> Result<Vec<Outgoing>> {
         match self.put(server, &packed) {
             Err(cascade_wire::Error::Refused { code, .. })
                 if code == cascade_wire::protocol::code::BASE_UNKNOWN =>
@@ -292,10 +150,171 @@ impl<'a> Sender<'a> {
     fn put(&self, server: usize, packed: &[Outgoing]) -> cascade_wire::Result<()> {
         let wire: Vec<WireChunk> = packed.iter().map(Outgoing::wire).collect();
         self.pool
-            .with_conn(server, |c| c.put_chunks(&wire))
+            .with_bulk_conn(server, |c| c.put_chunks(&wire))
             .map(|_| ())
     }
 }
+
+/// One batch's chunks to send, per server.
+type PackedBatch = Vec<(usize, Vec<Outgoing>)>;
+
+/// What [`put_batches`] sent.
+#[derive(Default)]
+struct SentChunks {
+    /// The servers the data chunks went to.
+    placed: Placement,
+    chunks: u64,
+    deltas: u64,
+    bytes: u64,
+}
+
+/// Uploads each packed batch, every server's part at the same time (a server checks and
+/// syncs its frames while the other does), while the sender cuts, asks about and packs the
+/// next batch. Ends with the first failure, which stops the sender (its next batch finds
+/// nobody receiving).
+fn put_batches(packer: &Packer, batches: Receiver<PackedBatch>) -> Result<SentChunks> {
+    let mut sent = SentChunks::default();
+    for targets in batches {
+        let done: Vec<Result<(usize, Vec<Outgoing>)>> = if targets.len() == 1 {
+            targets
+                .into_iter()
+                .map(|(server, packed)| Ok((server, packer.put_or_whole(server, packed)?)))
+                .collect()
+        } else {
+            std::thread::scope(|scope| {
+                let threads: Vec<_> = targets
+                    .into_iter()
+                    .map(|(server, packed)| {
+                        scope.spawn(move || Ok((server, packer.put_or_whole(server, packed)?)))
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect()
+            })
+        };
+        for result in done {
+            let (server, packed) = result?;
+            for p in &packed {
+                if p.blob.kind == BlobKind::Data {
+                    sent.placed.insert(p.blob.score, server);
+                }
+            }
+            sent.chunks += packed.len() as u64;
+            sent.deltas += packed.iter().filter(|p| p.stored == Stored::Delta).count() as u64;
+            sent.bytes += packed
+                .iter()
+                .map(|p| p.wire().data.len() as u64)
+                .sum::<u64>();
+        }
+    }
+    Ok(sent)
+}
+
+/// Blobs on their way to their owners: batched, asked about, packed, and handed to the
+/// uploading thread ([`put_batches`]).
+struct Sender<'a> {
+    packer: &'a Packer<'a>,
+    to_put: SyncSender<PackedBatch>,
+    /// The data chunks a server already held, and which.
+    placed: Placement,
+    /// Every blob score of the checkpoint (the manifest lists them all).
+    all: Vec<Score>,
+    seen: HashSet<Score>,
+    batch: Vec<Blob>,
+    batch_bytes: usize,
+}
+
+impl<'a> Sender<'a> {
+    fn new(packer: &'a Packer<'a>, to_put: SyncSender<PackedBatch>) -> Sender<'a> {
+        Sender {
+            packer,
+            to_put,
+            placed: Placement::new(),
+            all: Vec::new(),
+            seen: HashSet::new(),
+            batch: Vec::new(),
+            batch_bytes: 0,
+        }
+    }
+
+    fn add(&mut self, blob: Blob) -> Result<()> {
+        if !self.seen.insert(blob.score) {
+            return Ok(());
+        }
+        self.all.push(blob.score);
+        self.batch_bytes += blob.raw.len();
+        self.batch.push(blob);
+        if self.batch_bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Per server: which of the batch it lacks; then those, compressed where it pays, for
+    /// the server asked, except a delta chunk whose base went to another server in the
+    /// previous checkpoint: for that one, whose base cache has the base. The upload is left
+    /// to [`put_batches`].
+    fn flush(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_bytes = 0;
+        let pool = self.packer.pool;
+        let mut by_home: Vec<Vec<Blob>> = (0..pool.count()).map(|_| Vec::new()).collect();
+        for b in batch {
+            by_home[self.packer.home_of(&b)].push(b);
+        }
+        let mut lacked: Vec<(Blob, usize)> = Vec::new();
+        for (server, blobs) in by_home.into_iter().enumerate() {
+            if blobs.is_empty() {
+                continue;
+            }
+            let scores: Vec<Score> = blobs.iter().map(|b| b.score).collect();
+            let lacking = pool
+                .with_conn(server, |c| c.lacks(&scores))
+                .map_err(|e| pool.error(server, e))?;
+            for (b, lacks) in blobs.into_iter().zip(lacking) {
+                if lacks {
+                    lacked.push((b, server));
+                } else if b.kind == BlobKind::Data {
+                    self.placed.insert(b.score, server);
+                }
+            }
+        }
+        if lacked.is_empty() {
+            return Ok(());
+        }
+        let packer = self.packer;
+        let packed: Vec<(Outgoing, usize)> = lacked
+            .into_par_iter()
+            .map(|(b, home)| (packer.pack(b, true), home))
+            .collect();
+        let mut by_target: Vec<Vec<Outgoing>> = (0..pool.count()).map(|_| Vec::new()).collect();
+        for (p, home) in packed {
+            let target = p
+                .base
+                .and_then(|base| packer.placed_before.get(&base).copied())
+                .filter(|&i| i < pool.count())
+                .unwrap_or(home);
+            by_target[target].push(p);
+        }
+        let targets: PackedBatch = by_target
+            .into_iter()
+            .enumerate()
+            .filter(|(_, packed)| !packed.is_empty())
+            .collect();
+        self.to_put
+            .send(targets)
+            .map_err(|_| Error::io("staging servers", std::io::Error::other(UPLOAD_STOPPED)))
+    }
+}
+
+/// The sender's error when the uploading thread ended first; that thread's error is the one
+/// reported.
+const UPLOAD_STOPPED: &str = "the upload of chunks stopped";
 
 /// Why cutting a file for the servers stopped.
 enum Failed {
@@ -369,11 +388,39 @@ impl StagedDedup {
             .collect();
         let placed_before =
             std::mem::take(&mut *self.placement.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut sender = Sender::new(&self.pool, dedup, &bases, &placed_before);
-        let sent = send_files(node, dedup, now_root, &files, &mut sender);
+        let packer = Packer {
+            pool: &self.pool,
+            dedup,
+            bases: &bases,
+            placed_before: &placed_before,
+        };
+        // Cutting, asking and packing here; uploading on a thread of its own, a batch behind.
+        let (sent, present, all, uploaded) = std::thread::scope(|scope| {
+            let (to_put, batches) = sync_channel(1);
+            let uploader = scope.spawn(|| put_batches(&packer, batches));
+            let mut sender = Sender::new(&packer, to_put);
+            let sent = send_files(node, dedup, now_root, &files, &mut sender);
+            // Closes the channel: the uploader ends after the last batch.
+            let Sender {
+                placed,
+                all,
+                to_put,
+                ..
+            } = sender;
+            drop(to_put);
+            let uploaded = uploader
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (sent, placed, all, uploaded)
+        });
+        let (sent, uploaded) = match (sent, uploaded) {
+            (_, Err(e)) => (Err(e), SentChunks::default()),
+            (sent, Ok(uploaded)) => (sent, uploaded),
+        };
         // Kept for the next checkpoint even if this one failed: its chunks are where they
         // were sent.
-        let mut placed = std::mem::take(&mut sender.placed);
+        let mut placed = present;
+        placed.extend(uploaded.placed.iter().map(|(s, server)| (*s, *server)));
         if !matches!(sent, Ok(Some(_))) {
             for (s, server) in &placed_before {
                 placed.entry(*s).or_insert(*server);
@@ -390,13 +437,21 @@ impl StagedDedup {
             now_root.kind == FileKind::File,
             dedup,
             &sent.recipes,
-            &sender.all,
+            &all,
         )?;
         let digests = sent.recipes.iter().map(|r| r.blake3.as_str());
         if !node.record_whole(now_root, &files, digests, Reached::Staged) {
             return Ok(false);
         }
-        report_pushed(node, now_root, &sent, &sender, previous.as_ref(), started);
+        report_pushed(
+            node,
+            now_root,
+            &sent,
+            &uploaded,
+            all.len(),
+            previous.as_ref(),
+            started,
+        );
         self.repository
             .remember_manifest(now_root, &ckpt, sent.recipes);
         Ok(true)
@@ -639,7 +694,8 @@ fn report_pushed(
     node: &Node,
     root: &LifeEntry,
     sent: &Sent,
-    sender: &Sender,
+    uploaded: &SentChunks,
+    blobs: usize,
     previous: Option<&PreviousVersion>,
     started: Instant,
 ) {
@@ -649,18 +705,18 @@ fn report_pushed(
         s.staged_files += files as u64;
         s.staged_bytes += total;
         s.dedup_bytes += total;
-        s.dedup_new_bytes += sender.sent_bytes;
-        s.dedup_delta_chunks += sender.sent_deltas;
+        s.dedup_new_bytes += uploaded.bytes;
+        s.dedup_delta_chunks += uploaded.deltas;
     });
     node.log(|| {
-        let against = deltas_note(sender.sent_deltas, previous);
+        let against = deltas_note(uploaded.deltas, previous);
         format!(
             "checkpoint {} pushed to the staging servers as chunks ({files} files, {total} bytes; \
              {} of {} blobs sent{against}, {} bytes) in {:.3} s",
             root.path,
-            sender.sent_chunks,
-            sender.all.len(),
-            sender.sent_bytes,
+            uploaded.chunks,
+            blobs,
+            uploaded.bytes,
             started.elapsed().as_secs_f64()
         )
     });
