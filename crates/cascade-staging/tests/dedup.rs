@@ -336,6 +336,57 @@ impl ServerProcess {
 
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child), with 1 MiB
 /// segments.
+/// More than two push rounds (32 MiB each) of chunks, while the repository turns unwritable
+/// after it was opened: the rounds under way fail together, and once it is back every chunk
+/// is pushed exactly once (no round read twice, none skipped) and the manifest written.
+#[test]
+fn overlapping_push_rounds_push_each_chunk_once_also_after_they_failed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let repo_dir = durable.join(DEFAULT_PREFIX);
+    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 16 << 20);
+    let mut c = connect(&srv.addr, "");
+    let warm = cut("warm", vec![("w.dat".into(), random(1 << 20, 30))]);
+    send_checkpoint(&mut c, &srv.addr, &warm);
+    wait_for(&srv.addr, "the first manifest was written", |s| {
+        s.dedup.manifests_written == 1
+    });
+
+    // The open repository's directory gives way to a file: every pack upload fails.
+    let away = tmp.path().join("repository-away");
+    std::fs::rename(&repo_dir, &away).unwrap();
+    block_repository(&repo_dir);
+    let big = cut(
+        "big",
+        (0..3)
+            .map(|i| (format!("part{i}.dat"), random(25 << 20, 31 + i)))
+            .collect(),
+    );
+    send_checkpoint(&mut c, &srv.addr, &big);
+    let s = wait_for(&srv.addr, "a push round failed", |s| {
+        s.dedup.push_failures >= 1
+    });
+    assert_eq!(s.dedup.manifests_written, 1);
+    assert_eq!(s.dedup.pending_manifests, 1);
+
+    std::fs::remove_file(&repo_dir).unwrap();
+    std::fs::rename(&away, &repo_dir).unwrap();
+    let s = wait_for(&srv.addr, "the big manifest was written", |s| {
+        s.dedup.manifests_written == 2
+    });
+    let n = (warm.blobs.len() + big.blobs.len()) as u64;
+    assert_eq!((s.dedup.chunks_pushed, s.dedup.pending_chunks), (n, 0));
+    let mut entries = repository_entries(&repo_dir);
+    let listed = entries.len();
+    entries.sort_unstable();
+    entries.dedup();
+    assert_eq!((listed as u64, entries.len() as u64), (n, n));
+    assert_restores(&durable, &big);
+    assert_restores(&durable, &warm);
+    c.goodbye();
+}
+
 #[test]
 fn child_server_process() {
     common::serve_in_child(|o| o.chunks.segment_size = 1 << 20, |_| {});
