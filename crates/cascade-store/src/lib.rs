@@ -19,6 +19,7 @@ mod lock;
 mod namespace;
 pub mod ownership;
 mod store;
+mod thread_word;
 mod types;
 
 pub use descriptions::{Description, OpenDescription};

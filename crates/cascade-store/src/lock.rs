@@ -26,7 +26,6 @@
 //! until its inode is reused. Where membarrier is not available nobody takes a bias.
 
 use crate::error::{Error, Result};
-use std::cell::Cell;
 use std::sync::atomic::{
     compiler_fence, fence, AtomicU32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
@@ -72,16 +71,15 @@ const SPINS: u32 = 200;
 /// How long a waiter sleeps before it checks that the holder is still alive.
 pub(crate) const DEAD_CHECK_EVERY: Duration = Duration::from_millis(50);
 
-/// Bumped in every fork child, whose threads' cached (pid, tid) are stale.
-static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
-
-thread_local! {
-    /// This thread's lock word (pid << 32 | tid) and the fork generation it was read in.
-    static HOLDER: Cell<(u64, u32)> = const { Cell::new((0, u32::MAX)) };
+crate::thread_word! {
+    /// This thread's lock word (pid << 32 | tid), 0 until cached. A fork child's only
+    /// thread is the one that forked, and the fork handler clears its word there: the
+    /// child's (pid, tid) differ from the parent's.
+    struct Holder = "cascade_store_lock_holder";
 }
 
 extern "C" fn after_fork_in_child() {
-    FORK_GENERATION.fetch_add(1, Relaxed);
+    Holder::set(0);
     // A fork child's memory map is new and not registered for membarrier.
     MEMBARRIER.store(MEMBARRIER_UNKNOWN, Relaxed);
 }
@@ -89,16 +87,15 @@ extern "C" fn after_fork_in_child() {
 /// This thread's holder value, cached (gettid is a system call).
 #[inline]
 fn me() -> u64 {
-    let generation = FORK_GENERATION.load(Relaxed);
-    let (value, seen) = HOLDER.with(Cell::get);
-    if seen == generation {
+    let value = Holder::get();
+    if value != 0 {
         return value;
     }
-    me_uncached(generation)
+    me_uncached()
 }
 
 #[cold]
-fn me_uncached(generation: u32) -> u64 {
+fn me_uncached() -> u64 {
     // 0: the fork handler is not registered, 1: being registered, 2: registered. No
     // `Once`: a fork while another thread runs one would leave the child waiting on it.
     static REGISTERED: AtomicU32 = AtomicU32::new(0);
@@ -111,9 +108,9 @@ fn me_uncached(generation: u32) -> u64 {
     let (pid, tid) = unsafe { (libc::getpid() as u64, libc::gettid() as u64) };
     debug_assert!(tid < WAITERS, "thread id {tid} does not fit the lock word");
     let value = pid << 32 | tid;
-    // Cached only once the handler that makes a fork child drop the cache is in place.
+    // Cached only once the handler that clears a fork child's cache is in place.
     if REGISTERED.load(Acquire) == 2 {
-        HOLDER.with(|h| h.set((value, generation)));
+        Holder::set(value);
     }
     value
 }
@@ -669,6 +666,35 @@ mod tests {
         assert_eq!(status, 0);
         assert_eq!(s.count(), 4 * EACH, "a lost update: two holders at once");
         assert_eq!(s.mutex().word.load(Relaxed), 0, "left held");
+    }
+
+    /// The holder value is cached per thread; a fork child (whose one thread is a copy of
+    /// the one that forked, cache included) must name itself, or it would take the
+    /// parent's locks for its own.
+    #[test]
+    fn a_fork_child_names_itself_not_the_thread_that_forked() {
+        // SAFETY: getpid and gettid take no arguments.
+        let actual = || unsafe { (libc::getpid() as u64) << 32 | libc::gettid() as u64 };
+        assert_eq!(me(), actual());
+        let parent = me();
+        // SAFETY: fork in a test; the child compares and _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            // Twice: the first call fills the child's cache, the second reads it.
+            let named = me() == actual() && me() == actual() && me() != parent;
+            let code = if named { 0 } else { 1 };
+            // SAFETY: leave without running the test harness's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert_eq!(
+            status, 0,
+            "the fork child used the parent thread's holder value"
+        );
+        assert_eq!(me(), parent, "the parent's holder value changed");
     }
 
     #[test]
