@@ -19,12 +19,12 @@ mod lock;
 mod namespace;
 pub mod ownership;
 mod store;
-mod thread_word;
 mod types;
 
 pub use descriptions::{Description, OpenDescription};
 pub use error::{errno_text, Error, Result};
 pub use lifecycle::{AgentRegistration, LifeEntry, PATH_SUFFIX_ROOM};
+pub use lock::LockHolder;
 pub use store::{File, Store, FETCH_TIMEOUT_ENV};
 pub use types::*;
 

@@ -15,6 +15,8 @@
 //! used the library at once) or a nested call (a signal handler's write inside a write)
 //! takes the slot lock as before.
 
+use cascade_store::LockHolder;
+use std::marker::PhantomData;
 use std::sync::atomic::{
     compiler_fence, fence, AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
@@ -30,12 +32,17 @@ struct Record {
     /// so a closer waiting for one call never mistakes the thread's next call for it.
     word: AtomicU64,
     claimed: AtomicBool,
+    /// The claiming thread's store lock holder value (`LockHolder`), 0 until its first
+    /// write: the write path's lock then needs no thread-local of its own. Only that
+    /// thread reads or writes it.
+    holder: AtomicU64,
 }
 
 static RECORD_TABLE: [Record; RECORDS] = [const {
     Record {
         word: AtomicU64::new(0),
         claimed: AtomicBool::new(false),
+        holder: AtomicU64::new(0),
     }
 }; RECORDS];
 /// Records claimed; a closer that finds only its own skips the membarrier.
@@ -43,7 +50,7 @@ static CLAIMED: AtomicUsize = AtomicUsize::new(0);
 /// Set when this process could not register for expedited membarriers.
 static READERS_FENCE: AtomicBool = AtomicBool::new(false);
 
-cascade_store::thread_word! {
+super::thread_word::thread_word! {
     /// This thread's record and call sequence: `(sequence << 32) | tag`, the tag 0 before
     /// the thread's first call, `index + 1` while it holds record `index`, [`NONE_FREE`]
     /// when it has none. Read on every call: an initial-exec TLS word, two loads where a
@@ -105,6 +112,8 @@ pub(crate) fn after_fork_in_child() {
     for (i, r) in RECORD_TABLE.iter().enumerate() {
         if i == mine {
             count += 1;
+            // This thread's (pid, tid) are the child's now.
+            r.holder.store(0, Relaxed);
         } else {
             r.word.store(0, Relaxed);
             r.claimed.store(false, Relaxed);
@@ -149,6 +158,7 @@ fn claim() -> Option<(&'static Record, u32)> {
         Mine::set(u64::from(NONE_FREE));
         return None;
     };
+    RECORD_TABLE[i].holder.store(0, Relaxed);
     CLAIMED.fetch_add(1, SeqCst);
     // Pairs with the closer's fence: either it counts this thread, or this thread's first
     // load of an entry sees the closer's unpublish.
@@ -158,8 +168,9 @@ fn claim() -> Option<(&'static Record, u32)> {
 }
 
 /// A call in progress on `fd` in this thread's record; idle again when dropped (also when
-/// the call unwinds, so a caught panic never leaves a closer waiting).
-pub(crate) struct Hazard(&'static Record);
+/// the call unwinds, so a caught panic never leaves a closer waiting). Not `Send`: it
+/// stands for the thread whose record it is.
+pub(crate) struct Hazard(&'static Record, PhantomData<*const ()>);
 
 impl Hazard {
     /// Announces a call on `fd`; None means: use the slot lock (no record, or nested).
@@ -179,7 +190,29 @@ impl Hazard {
             // not move the entry's load above the store.
             compiler_fence(SeqCst);
         }
-        Some(Hazard(record))
+        Some(Hazard(record, PhantomData))
+    }
+}
+
+impl Hazard {
+    /// The calling thread's store lock holder value, kept in its record.
+    #[inline]
+    pub(crate) fn holder(&self) -> LockHolder {
+        let raw = self.0.holder.load(Relaxed);
+        if raw == 0 {
+            return self.holder_first();
+        }
+        // SAFETY: the record is this thread's (a hazard exists only in the thread that
+        // entered it); the value was this thread's, set below since it claimed the record
+        // and cleared in a fork child.
+        unsafe { LockHolder::from_raw(raw) }
+    }
+
+    #[cold]
+    fn holder_first(&self) -> LockHolder {
+        let holder = LockHolder::this_thread();
+        self.0.holder.store(holder.to_raw(), Relaxed);
+        holder
     }
 }
 
@@ -240,7 +273,8 @@ mod tests {
     use std::sync::{Arc, Barrier};
 
     /// `n` threads, all inside a call at once (on fds 0..n): each reports the record it got
-    /// (None: the slot lock) and whether a call nested in its call got one too.
+    /// (None: the slot lock) and whether a call nested in its call got one too, and checks
+    /// the lock holder value its record gives.
     fn all_inside_at_once(n: usize) -> Vec<(Option<usize>, bool)> {
         let inside = Arc::new(Barrier::new(n));
         let threads: Vec<_> = (0..n)
@@ -253,6 +287,10 @@ mod tests {
                             / std::mem::size_of::<Record>()
                     });
                     let nested = Hazard::enter(fd as i32).is_some();
+                    if let Some(h) = &hazard {
+                        // A reused record must not give the last thread's value.
+                        assert_eq!(h.holder(), LockHolder::this_thread());
+                    }
                     inside.wait();
                     (index, nested)
                 })
@@ -279,6 +317,30 @@ mod tests {
             assert!(std::ptr::eq(record, second.0), "another record");
             assert_eq!((a & 0xffff_ffff, b & 0xffff_ffff), (6, 6));
             assert_ne!(a, b, "two calls stored the same value");
+            let parent = second.holder();
+            assert_eq!(parent, LockHolder::this_thread());
+            drop(second);
+            // SAFETY: fork in a test; the child compares and _exits.
+            let child = unsafe { libc::fork() };
+            assert!(child >= 0);
+            if child == 0 {
+                // The child's thread keeps the record, and must not keep the parent's
+                // value in it.
+                let ok = std::panic::catch_unwind(|| {
+                    let h = Hazard::enter(5).expect("the record, kept over fork");
+                    let r = h.0.holder.load(Relaxed);
+                    r == 0 || r != parent.to_raw()
+                });
+                // SAFETY: leave without running the test harness's exit handlers.
+                unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 1 }) };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+            assert_eq!(
+                status, 0,
+                "the fork child's record kept the parent's holder"
+            );
         })
         .join()
         .unwrap();

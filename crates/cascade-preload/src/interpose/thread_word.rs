@@ -1,23 +1,25 @@
 //! Per-thread words that cost a load, not a call, inside a shared library.
 //!
 //! Rust's `thread_local!` in a cdylib uses the global-dynamic TLS model: every access is a
-//! call to `__tls_get_addr`, and the write path through libcascade.so makes two (the hazard
-//! record and the store lock's holder), a few ns of a 64-byte write on any CPU. Stable Rust
-//! cannot choose the TLS model, so on x86-64 Linux [`thread_word!`] defines the word in
-//! assembly, in `.tbss`, and reads its offset from the thread pointer through the GOT, as C's
-//! `__attribute__((tls_model("initial-exec")))` does: two loads. An initial-exec word in a
-//! library that is dlopen'ed (the Python extension links this crate) comes out of glibc's
-//! small surplus of static TLS (hundreds of bytes), so there are few of them and each is 8
-//! bytes. Elsewhere the word is a `thread_local!` cell.
+//! call to `__tls_get_addr`. The read and write paths read one per-thread word on every
+//! call (the hazard record's), so on x86-64 Linux [`thread_word!`] defines it in assembly,
+//! in `.tbss`, and reads its offset from the thread pointer through the GOT, as C's
+//! `__attribute__((tls_model("initial-exec")))` does: two loads (stable Rust cannot choose
+//! the model). Elsewhere the word is a `thread_local!` cell.
+//!
+//! The cost of the model: libcascade.so is marked `STATIC_TLS`, so its TLS block (about 200
+//! bytes) must live in the static TLS area. Loaded at start (LD_PRELOAD, `-lcascade`) that
+//! is free; a program that dlopen's libcascade.so takes it from glibc's surplus kept for
+//! such libraries (`glibc.rtld.optional_static_tls`, 512 bytes by default), and dlopen
+//! fails if that is used up. The store crate, which the dlopen'ed Python extension links,
+//! has none.
 //!
 //! A word starts as 0 in every thread, and is never destroyed: it stays readable in the
 //! thread's TLS destructors.
 
 /// Defines `$name`, a type with `get() -> u64` and `set(u64)` on this thread's word, named
-/// `$symbol` in the object file (hidden: each library that links the crate has its own).
-/// The symbol must be unique in the final link.
-#[macro_export]
-#[doc(hidden)]
+/// `$symbol` in the object file (hidden: not exported from libcascade.so). The symbol must
+/// be unique in the final link.
 macro_rules! thread_word {
     ($(#[$meta:meta])* $vis:vis struct $name:ident = $symbol:literal;) => {
         $(#[$meta])*
@@ -98,11 +100,12 @@ macro_rules! thread_word {
         }
     };
 }
+pub(crate) use thread_word;
 
 #[cfg(test)]
 mod tests {
-    crate::thread_word! {
-        struct Word = "cascade_store_thread_word_test";
+    super::thread_word! {
+        struct Word = "cascade_preload_thread_word_test";
     }
 
     #[test]
