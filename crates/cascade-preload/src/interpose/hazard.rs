@@ -192,9 +192,7 @@ impl Hazard {
         }
         Some(Hazard(record, PhantomData))
     }
-}
 
-impl Hazard {
     /// The calling thread's store lock holder value, kept in its record.
     #[inline]
     pub(crate) fn holder(&self) -> LockHolder {
