@@ -71,6 +71,53 @@ static void *pwriter(void *arg) {
     return NULL;
 }
 
+/* "churn": waves of more threads than the library has hazard records (256), all inside
+   write() on one descriptor at once; the threads of a wave end before the next starts, so
+   its threads reuse the records the last one's gave back at their exit. */
+enum { WAVES = 3, WAVE = 300, EACH_IN_WAVE = 20 };
+static pthread_barrier_t together;
+static unsigned char churn_seen[WAVES * WAVE][EACH_IN_WAVE];
+
+static void *churner(void *arg) {
+    int t = (int)(long)arg;
+    char r[REC];
+    pthread_barrier_wait(&together);
+    for (int i = 0; i < EACH_IN_WAVE; i++) {
+        record(r, t % 26, i);
+        snprintf(r, REC, "%d:%d:", t, i);
+        if (write(fd, r, REC) != REC) { perror("write"); exit(1); }
+    }
+    return NULL;
+}
+
+static int churn(const char *path) {
+    fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    if (fd < 0) { perror(path); return 1; }
+    static pthread_t wave[WAVE];
+    for (int w = 0; w < WAVES; w++) {
+        pthread_barrier_init(&together, NULL, WAVE);
+        for (long t = 0; t < WAVE; t++)
+            if (pthread_create(&wave[t], NULL, churner, (void *)(w * WAVE + t)) != 0) { printf("pthread_create\n"); return 1; }
+        for (int t = 0; t < WAVE; t++) pthread_join(wave[t], NULL);
+        pthread_barrier_destroy(&together);
+    }
+    off_t end = lseek(fd, 0, SEEK_END);
+    if (end != (off_t)WAVES * WAVE * EACH_IN_WAVE * REC) { printf("size %lld\n", (long long)end); return 1; }
+    char r[REC];
+    for (off_t at = 0; at < end; at += REC) {
+        int t, i;
+        if (pread(fd, r, REC, at) != REC || sscanf(r, "%d:%d:", &t, &i) != 2 || t < 0 || t >= WAVES * WAVE || i < 0 || i >= EACH_IN_WAVE) {
+            printf("torn record at %lld\n", (long long)at); return 1;
+        }
+        churn_seen[t][i]++;
+    }
+    for (int t = 0; t < WAVES * WAVE; t++)
+        for (int i = 0; i < EACH_IN_WAVE; i++)
+            if (churn_seen[t][i] != 1) { printf("record %d:%d written %d times\n", t, i, churn_seen[t][i]); return 1; }
+    printf("ok\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     pthread_t th[THREADS];
@@ -90,6 +137,7 @@ int main(int argc, char **argv) {
         printf("ok\n");
         return 0;
     }
+    if (!strcmp(argv[1], "churn")) return churn(argv[2]);
     if (!strcmp(argv[1], "replace")) {
         char other[4096];
         snprintf(other, sizeof other, "%s.other", argv[2]);
@@ -159,6 +207,13 @@ fn run(mode: &str, file: &str) -> Output {
 #[test]
 fn threads_writing_and_reading_one_descriptor_each_get_their_own_bytes() {
     run("write-read", "records");
+}
+
+/// Threads beyond the hazard records (they take the slot lock), threads ending and new ones
+/// reusing their records: every write lands once.
+#[test]
+fn waves_of_more_threads_than_hazard_records_each_write_their_own_bytes() {
+    run("churn", "churn");
 }
 
 #[test]

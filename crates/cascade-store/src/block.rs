@@ -520,6 +520,7 @@ impl Block {
     /// writes do not take minor faults. Processes that only look at the namespace (`cascade
     /// wait`, `commit`, `status`, a preloaded `ls`) never start it: it costs about 0.3 s of
     /// CPU per GiB, which a `cascade wait` beside the agent took from the agent.
+    #[inline]
     pub(crate) fn will_touch_data(&self) {
         if !self.populate_started.load(Ordering::Relaxed)
             && !self.populate_started.swap(true, Ordering::AcqRel)
@@ -528,6 +529,7 @@ impl Block {
         }
     }
 
+    #[cold]
     fn populate_in_background(&self) {
         let done = self.header().prefaulted.load(Ordering::Acquire);
         if done == 0 {
@@ -709,6 +711,7 @@ impl Block {
     pub(crate) fn lease_slot(&self, slot: u32) -> &LeaseSlot {
         lease_slot_at(self.base, &self.geo, slot)
     }
+    #[inline]
     pub(crate) fn ofd(&self, slot: u32) -> &OfdSlot {
         assert!(slot < OFD_SLOTS, "description slot {slot} out of range");
         // SAFETY: bounds checked; the region holds OFD_SLOTS slots.

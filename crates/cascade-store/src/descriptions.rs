@@ -83,9 +83,11 @@ pub struct Description<'a> {
 
 impl Description<'_> {
     /// The shared file offset.
+    #[inline]
     pub fn offset(&self) -> &AtomicU64 {
         &self.slot.offset
     }
+    #[inline]
     pub fn flags(&self) -> i32 {
         self.slot.flags.load(Acquire) as i32
     }
@@ -250,6 +252,7 @@ impl Store {
     }
 
     /// The description `d` names, if it is still live (its nonce matches).
+    #[inline]
     pub fn description(&self, d: OpenDescription) -> Option<Description<'_>> {
         if d.slot >= OFD_SLOTS {
             return None;

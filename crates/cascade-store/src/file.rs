@@ -10,7 +10,7 @@
 use crate::block::{coarse_now_ns, Block};
 use crate::error::{Error, Result};
 use crate::layout::*;
-use crate::lock::LockGuard;
+use crate::lock::{LockGuard, LockHolder};
 use crate::types::{ChunkInfo, ChunkLocation};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -40,7 +40,13 @@ fn height_for(idx: u64) -> u32 {
 impl Block {
     #[inline]
     pub(crate) fn lock_inode(&self, ino: u32) -> Result<LockGuard<'_>> {
-        let mut g = self.inode(ino).lock.lock_biased()?;
+        self.lock_inode_as(ino, LockHolder::this_thread())
+    }
+
+    /// [`Self::lock_inode`] for a caller that knows its holder value.
+    #[inline]
+    pub(crate) fn lock_inode_as(&self, ino: u32, me: LockHolder) -> Result<LockGuard<'_>> {
+        let mut g = self.inode(ino).lock.lock_biased_as(me)?;
         if g.recovered() {
             self.repair_inode(ino)?;
             g.mark_consistent();

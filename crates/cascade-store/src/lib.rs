@@ -24,6 +24,7 @@ mod types;
 pub use descriptions::{Description, OpenDescription};
 pub use error::{errno_text, Error, Result};
 pub use lifecycle::{AgentRegistration, LifeEntry, PATH_SUFFIX_ROOM};
+pub use lock::LockHolder;
 pub use store::{File, Store, FETCH_TIMEOUT_ENV};
 pub use types::*;
 

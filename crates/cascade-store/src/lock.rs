@@ -12,7 +12,7 @@
 //! kernel does not release it at the holder's death, so a waiter that has slept
 //! [`DEAD_CHECK_EVERY`] without being woken looks the holder up in /proc.
 //!
-//! **Biased file locks.** A file's lock ([`ShmMutex::lock_biased`]) is nearly always taken
+//! **Biased file locks.** A file's lock ([`ShmMutex::lock_biased_as`]) is nearly always taken
 //! by one thread only: the rank writing its checkpoint. Its first holder keeps the lock word
 //! for good and from then on enters with plain loads and stores of `bias` and `busy`, no
 //! atomic read-modify-write (two of them were a third of a 64-byte write). Another thread
@@ -72,16 +72,15 @@ const SPINS: u32 = 200;
 /// How long a waiter sleeps before it checks that the holder is still alive.
 pub(crate) const DEAD_CHECK_EVERY: Duration = Duration::from_millis(50);
 
-/// Bumped in every fork child, whose threads' cached (pid, tid) are stale.
-static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
-
 thread_local! {
-    /// This thread's lock word (pid << 32 | tid) and the fork generation it was read in.
-    static HOLDER: Cell<(u64, u32)> = const { Cell::new((0, u32::MAX)) };
+    /// This thread's lock word (pid << 32 | tid), 0 until cached. A fork child's only
+    /// thread is the one that forked, and the fork handler clears its copy there: the
+    /// child's (pid, tid) differ from the parent's.
+    static HOLDER: Cell<u64> = const { Cell::new(0) };
 }
 
 extern "C" fn after_fork_in_child() {
-    FORK_GENERATION.fetch_add(1, Relaxed);
+    let _ = HOLDER.try_with(|h| h.set(0));
     // A fork child's memory map is new and not registered for membarrier.
     MEMBARRIER.store(MEMBARRIER_UNKNOWN, Relaxed);
 }
@@ -89,16 +88,15 @@ extern "C" fn after_fork_in_child() {
 /// This thread's holder value, cached (gettid is a system call).
 #[inline]
 fn me() -> u64 {
-    let generation = FORK_GENERATION.load(Relaxed);
-    let (value, seen) = HOLDER.with(Cell::get);
-    if seen == generation {
+    let value = HOLDER.try_with(Cell::get).unwrap_or(0);
+    if value != 0 {
         return value;
     }
-    me_uncached(generation)
+    me_uncached()
 }
 
 #[cold]
-fn me_uncached(generation: u32) -> u64 {
+fn me_uncached() -> u64 {
     // 0: the fork handler is not registered, 1: being registered, 2: registered. No
     // `Once`: a fork while another thread runs one would leave the child waiting on it.
     static REGISTERED: AtomicU32 = AtomicU32::new(0);
@@ -111,11 +109,42 @@ fn me_uncached(generation: u32) -> u64 {
     let (pid, tid) = unsafe { (libc::getpid() as u64, libc::gettid() as u64) };
     debug_assert!(tid < WAITERS, "thread id {tid} does not fit the lock word");
     let value = pid << 32 | tid;
-    // Cached only once the handler that makes a fork child drop the cache is in place.
+    // Cached only once the handler that clears a fork child's cache is in place.
     if REGISTERED.load(Acquire) == 2 {
-        HOLDER.with(|h| h.set((value, generation)));
+        let _ = HOLDER.try_with(|h| h.set(value));
     }
     value
+}
+
+/// The value that names a thread in a lock word (`pid << 32 | tid`). The interposition
+/// library keeps it with the thread's hazard record and passes it to
+/// [`crate::File::write_advancing_as`], so that a write reads one per-thread word, not two
+/// (a `thread_local!` in a shared library is a call to `__tls_get_addr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockHolder(u64);
+
+impl LockHolder {
+    /// The calling thread's.
+    #[inline]
+    pub fn this_thread() -> LockHolder {
+        LockHolder(me())
+    }
+
+    /// The value, never 0.
+    #[inline]
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+
+    /// # Safety
+    /// `raw` is what [`Self::to_raw`] returned for [`Self::this_thread`] in the calling
+    /// thread of the calling process (a fork child's value differs from its parent's):
+    /// another thread's value would let two threads hold one lock.
+    #[inline]
+    pub unsafe fn from_raw(raw: u64) -> LockHolder {
+        debug_assert_eq!(raw, me(), "another thread's lock holder value");
+        LockHolder(raw)
+    }
 }
 
 // membarrier(2) commands (linux/membarrier.h; not in the libc crate).
@@ -218,11 +247,19 @@ impl ShmMutex {
         self.lock_contended(me)
     }
 
-    /// Takes a file's lock: with plain loads and stores while this thread holds the lock's
-    /// bias, which the first locker of a fresh lock takes (module docs).
-    #[inline]
+    /// [`Self::lock_biased_as`] by the calling thread (the store's callers go through
+    /// `Block::lock_inode`).
+    #[cfg(test)]
     pub(crate) fn lock_biased(&self) -> Result<LockGuard<'_>> {
-        let me = me();
+        self.lock_biased_as(LockHolder::this_thread())
+    }
+
+    /// Takes a file's lock as the thread `me` names: with plain loads and stores while that
+    /// thread holds the lock's bias, which the first locker of a fresh lock takes (module
+    /// docs).
+    #[inline]
+    pub(crate) fn lock_biased_as(&self, me: LockHolder) -> Result<LockGuard<'_>> {
+        let me = me.0;
         // `busy` is 1 on entry only if an earlier incarnation of this (pid, tid) died inside.
         if self.bias.load(Relaxed) == me
             && self.busy.load(Relaxed) == 0
@@ -669,6 +706,35 @@ mod tests {
         assert_eq!(status, 0);
         assert_eq!(s.count(), 4 * EACH, "a lost update: two holders at once");
         assert_eq!(s.mutex().word.load(Relaxed), 0, "left held");
+    }
+
+    /// The holder value is cached per thread; a fork child (whose one thread is a copy of
+    /// the one that forked, cache included) must name itself, or it would take the
+    /// parent's locks for its own.
+    #[test]
+    fn a_fork_child_names_itself_not_the_thread_that_forked() {
+        // SAFETY: getpid and gettid take no arguments.
+        let actual = || unsafe { (libc::getpid() as u64) << 32 | libc::gettid() as u64 };
+        assert_eq!(me(), actual());
+        let parent = me();
+        // SAFETY: fork in a test; the child compares and _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            // Twice: the first call fills the child's cache, the second reads it.
+            let named = me() == actual() && me() == actual() && me() != parent;
+            let code = if named { 0 } else { 1 };
+            // SAFETY: leave without running the test harness's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert_eq!(
+            status, 0,
+            "the fork child used the parent thread's holder value"
+        );
+        assert_eq!(me(), parent, "the parent's holder value changed");
     }
 
     #[test]

@@ -4,6 +4,7 @@ use crate::alloc::EnospcReason;
 use crate::block::{process_alive, Block};
 use crate::error::{Error, Result};
 use crate::layout::*;
+use crate::lock::LockHolder;
 use crate::namespace::parse_path;
 use crate::types::*;
 use crate::OpenOptions;
@@ -628,6 +629,7 @@ impl Store {
         self.block.map_fds()
     }
 
+    #[inline]
     pub(crate) fn block(&self) -> &Block {
         &self.block
     }
@@ -668,9 +670,15 @@ impl File {
         Ok(())
     }
 
+    /// [`Self::check_live`], and not a directory: one load of the state (every write).
+    #[inline]
     fn check_file(&self) -> Result<()> {
-        self.check_live()?;
-        if is_dir_state(self.block.inode(self.ino).state.load(Acquire)) {
+        let i = self.block.inode(self.ino);
+        let state = i.state.load(Acquire);
+        if state == INODE_FREE || i.gen.load(Acquire) != self.gen {
+            return Err(Error::new(libc::ESTALE, "the file was removed while open"));
+        }
+        if is_dir_state(state) {
             return Err(Error::new(libc::EISDIR, "is a directory"));
         }
         Ok(())
@@ -834,24 +842,44 @@ impl File {
 
     /// Writes at `offset` (at the end with `append`). On a full store, waits for the agent
     /// to free space when the store's policy says so (docs/store-layout.md, "Lifecycle").
+    #[inline]
     pub fn write_at(&self, buf: &[u8], offset: u64) -> Result<usize> {
-        self.write_to(buf, Position::At(offset))
+        self.write_to(buf, Position::At(offset), LockHolder::this_thread())
+    }
+
+    /// [`Self::write_at`] by the thread `me` names (the interposition library keeps it per
+    /// thread: [`LockHolder`]).
+    #[inline]
+    pub fn write_at_as(&self, me: LockHolder, buf: &[u8], offset: u64) -> Result<usize> {
+        self.write_to(buf, Position::At(offset), me)
     }
 
     /// Writes at the shared file offset `position` and advances it, both under the file's
     /// lock (write(2) on a description: calls on it from any thread or process serialise,
     /// as the kernel's f_pos lock makes them). At the end, and `position` after it, with
     /// `append`.
+    #[inline]
     pub fn write_advancing(&self, buf: &[u8], position: &AtomicU64) -> Result<usize> {
-        self.write_to(buf, Position::Shared(position))
+        self.write_to(buf, Position::Shared(position), LockHolder::this_thread())
     }
 
-    fn write_to(&self, buf: &[u8], position: Position<'_>) -> Result<usize> {
+    /// [`Self::write_advancing`] by the thread `me` names.
+    #[inline]
+    pub fn write_advancing_as(
+        &self,
+        me: LockHolder,
+        buf: &[u8],
+        position: &AtomicU64,
+    ) -> Result<usize> {
+        self.write_to(buf, Position::Shared(position), me)
+    }
+
+    fn write_to(&self, buf: &[u8], position: Position<'_>, me: LockHolder) -> Result<usize> {
         let mut deadline = None;
         let mut swept = false;
         loop {
             let seen = self.block.header().space_wake.load(Acquire);
-            match self.write_once(buf, position) {
+            match self.write_once(buf, position, me) {
                 Err(e) if e.errno() == libc::ENOSPC => {
                     // The space may be held by dead writers' files removed since: freed by a
                     // sweep (once per write), whether or not an agent runs.
@@ -873,11 +901,11 @@ impl File {
         }
     }
 
-    fn write_once(&self, buf: &[u8], position: Position<'_>) -> Result<usize> {
+    fn write_once(&self, buf: &[u8], position: Position<'_>, me: LockHolder) -> Result<usize> {
         if !self.writable {
             return Err(Error::new(libc::EBADF, "file not open for writing"));
         }
-        let _g = self.block.lock_inode(self.ino)?;
+        let _g = self.block.lock_inode_as(self.ino, me)?;
         self.check_file()?;
         let offset = match position {
             _ if self.append => self.block.inode(self.ino).size.load(Acquire),

@@ -15,7 +15,8 @@
 //! used the library at once) or a nested call (a signal handler's write inside a write)
 //! takes the slot lock as before.
 
-use std::cell::Cell;
+use cascade_store::LockHolder;
+use std::marker::PhantomData;
 use std::sync::atomic::{
     compiler_fence, fence, AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
@@ -31,12 +32,17 @@ struct Record {
     /// so a closer waiting for one call never mistakes the thread's next call for it.
     word: AtomicU64,
     claimed: AtomicBool,
+    /// The claiming thread's store lock holder value (`LockHolder`), 0 until its first
+    /// write: the write path's lock then needs no thread-local of its own. Only that
+    /// thread reads or writes it.
+    holder: AtomicU64,
 }
 
 static RECORD_TABLE: [Record; RECORDS] = [const {
     Record {
         word: AtomicU64::new(0),
         claimed: AtomicBool::new(false),
+        holder: AtomicU64::new(0),
     }
 }; RECORDS];
 /// Records claimed; a closer that finds only its own skips the membarrier.
@@ -44,13 +50,26 @@ static CLAIMED: AtomicUsize = AtomicUsize::new(0);
 /// Set when this process could not register for expedited membarriers.
 static READERS_FENCE: AtomicBool = AtomicBool::new(false);
 
-const NO_RECORD: u32 = u32::MAX;
-/// `RECORDS` when all were taken: this thread uses the slot lock.
-const NONE_FREE: u32 = RECORDS as u32;
+super::thread_word::thread_word! {
+    /// This thread's record and call sequence: `(sequence << 32) | tag`, the tag 0 before
+    /// the thread's first call, `index + 1` while it holds record `index`, [`NONE_FREE`]
+    /// when it has none. Read on every call: an initial-exec TLS word, two loads where a
+    /// `thread_local!` in a shared library is a call to `__tls_get_addr`.
+    struct Mine = "cascade_preload_hazard_mine";
+}
+
+/// The tag of a thread that found every record taken, or gave its record back at exit: it
+/// uses the slot lock.
+const NONE_FREE: u32 = RECORDS as u32 + 1;
+
+/// This thread's record index (`RECORDS` or more for none) and call sequence.
+#[inline]
+fn mine() -> (usize, u32) {
+    let word = Mine::get();
+    ((word as u32).wrapping_sub(1) as usize, (word >> 32) as u32)
+}
 
 thread_local! {
-    /// This thread's record index (NO_RECORD until its first call) and call sequence.
-    static MINE: Cell<(u32, u32)> = const { Cell::new((NO_RECORD, 0)) };
     /// Gives the record back when the thread ends.
     static RELEASE: ReleaseAtExit = const { ReleaseAtExit };
 }
@@ -59,14 +78,14 @@ struct ReleaseAtExit;
 
 impl Drop for ReleaseAtExit {
     fn drop(&mut self) {
-        if let Ok((index, _)) = MINE.try_with(Cell::get) {
-            if (index as usize) < RECORDS {
-                let r = &RECORD_TABLE[index as usize];
-                r.word.store(0, Release);
-                r.claimed.store(false, Release);
-                CLAIMED.fetch_sub(1, SeqCst);
-                let _ = MINE.try_with(|m| m.set((NONE_FREE, 0)));
-            }
+        let (index, _) = mine();
+        if index < RECORDS {
+            let r = &RECORD_TABLE[index];
+            r.word.store(0, Release);
+            r.claimed.store(false, Release);
+            CLAIMED.fetch_sub(1, SeqCst);
+            // Calls from later TLS destructors of this thread use the slot lock.
+            Mine::set(u64::from(NONE_FREE));
         }
     }
 }
@@ -88,11 +107,13 @@ pub(crate) fn register_process() {
 
 /// In a fork child: the parent's other threads are gone, and so is any call they were in.
 pub(crate) fn after_fork_in_child() {
-    let mine = MINE.with(Cell::get).0 as usize;
+    let (mine, _) = mine();
     let mut count = 0;
     for (i, r) in RECORD_TABLE.iter().enumerate() {
         if i == mine {
             count += 1;
+            // This thread's (pid, tid) are the child's now.
+            r.holder.store(0, Relaxed);
         } else {
             r.word.store(0, Relaxed);
             r.claimed.store(false, Relaxed);
@@ -102,51 +123,54 @@ pub(crate) fn after_fork_in_child() {
     register_process();
 }
 
-/// This thread's record, claimed on its first call; None if all are taken.
+/// This thread's record and the sequence number of this call, the record claimed on the
+/// thread's first call; None if all are taken.
 #[inline]
 fn my_record() -> Option<(&'static Record, u32)> {
-    // One thread-local access: in a shared library each is a call to __tls_get_addr.
-    let (index, seq) = MINE.with(|m| {
-        let (index, seq) = m.get();
-        let seq = seq.wrapping_add(1);
-        if (index as usize) < RECORDS {
-            m.set((index, seq));
-        }
-        (index, seq)
-    });
-    if (index as usize) < RECORDS {
-        return Some((&RECORD_TABLE[index as usize], seq));
+    let word = Mine::get();
+    let index = (word as u32).wrapping_sub(1) as usize;
+    if index < RECORDS {
+        let word = word.wrapping_add(1 << 32);
+        Mine::set(word);
+        return Some((&RECORD_TABLE[index], (word >> 32) as u32));
     }
-    if index == NO_RECORD {
-        claim();
-        return my_record();
+    if word as u32 == 0 {
+        return claim();
     }
     None
 }
 
 #[cold]
-fn claim() {
+#[inline(never)]
+fn claim() -> Option<(&'static Record, u32)> {
+    // Registers the record's release at thread exit first: in a thread whose TLS
+    // destructors already ran nothing would give a record back.
+    if RELEASE.try_with(|_| ()).is_err() {
+        Mine::set(u64::from(NONE_FREE));
+        return None;
+    }
     let found = RECORD_TABLE.iter().position(|r| {
         r.claimed
             .compare_exchange(false, true, AcqRel, Relaxed)
             .is_ok()
     });
-    match found {
-        Some(i) => {
-            CLAIMED.fetch_add(1, SeqCst);
-            // Pairs with the closer's fence: either it counts this thread, or this thread's
-            // first load of an entry sees the closer's unpublish.
-            fence(SeqCst);
-            MINE.with(|m| m.set((i as u32, 0)));
-            RELEASE.with(|_| ());
-        }
-        None => MINE.with(|m| m.set((NONE_FREE, 0))),
-    }
+    let Some(i) = found else {
+        Mine::set(u64::from(NONE_FREE));
+        return None;
+    };
+    RECORD_TABLE[i].holder.store(0, Relaxed);
+    CLAIMED.fetch_add(1, SeqCst);
+    // Pairs with the closer's fence: either it counts this thread, or this thread's first
+    // load of an entry sees the closer's unpublish.
+    fence(SeqCst);
+    Mine::set(i as u64 + 1);
+    Some((&RECORD_TABLE[i], 0))
 }
 
 /// A call in progress on `fd` in this thread's record; idle again when dropped (also when
-/// the call unwinds, so a caught panic never leaves a closer waiting).
-pub(crate) struct Hazard(&'static Record);
+/// the call unwinds, so a caught panic never leaves a closer waiting). Not `Send`: it
+/// stands for the thread whose record it is.
+pub(crate) struct Hazard(&'static Record, PhantomData<*const ()>);
 
 impl Hazard {
     /// Announces a call on `fd`; None means: use the slot lock (no record, or nested).
@@ -166,7 +190,27 @@ impl Hazard {
             // not move the entry's load above the store.
             compiler_fence(SeqCst);
         }
-        Some(Hazard(record))
+        Some(Hazard(record, PhantomData))
+    }
+
+    /// The calling thread's store lock holder value, kept in its record.
+    #[inline]
+    pub(crate) fn holder(&self) -> LockHolder {
+        let raw = self.0.holder.load(Relaxed);
+        if raw == 0 {
+            return self.holder_first();
+        }
+        // SAFETY: the record is this thread's (a hazard exists only in the thread that
+        // entered it); the value was this thread's, set below since it claimed the record
+        // and cleared in a fork child.
+        unsafe { LockHolder::from_raw(raw) }
+    }
+
+    #[cold]
+    fn holder_first(&self) -> LockHolder {
+        let holder = LockHolder::this_thread();
+        self.0.holder.store(holder.to_raw(), Relaxed);
+        holder
     }
 }
 
@@ -196,7 +240,7 @@ pub(crate) fn has_readers(fd: i32) -> bool {
 /// Calls `f` with each other thread's record that names `fd`, and the value seen there.
 fn for_each_reader(fd: i32, mut f: impl FnMut(&Record, u64)) {
     fence(SeqCst);
-    let mine = MINE.try_with(Cell::get).map_or(NO_RECORD, |m| m.0) as usize;
+    let (mine, _) = mine();
     let others = CLAIMED.load(SeqCst) - usize::from(mine < RECORDS);
     if others == 0 {
         return;
@@ -218,5 +262,107 @@ fn for_each_reader(fd: i32, mut f: impl FnMut(&Record, u64)) {
         if seen & 0xffff_ffff == fd_tag {
             f(r, seen);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier};
+
+    /// `n` threads, all inside a call at once (on fds 0..n): each reports the record it got
+    /// (None: the slot lock) and whether a call nested in its call got one too, and checks
+    /// the lock holder value its record gives.
+    fn all_inside_at_once(n: usize) -> Vec<(Option<usize>, bool)> {
+        let inside = Arc::new(Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|fd| {
+                let inside = inside.clone();
+                std::thread::spawn(move || {
+                    let hazard = Hazard::enter(fd as i32);
+                    let index = hazard.as_ref().map(|h| {
+                        (h.0 as *const Record as usize - RECORD_TABLE.as_ptr() as usize)
+                            / std::mem::size_of::<Record>()
+                    });
+                    let nested = Hazard::enter(fd as i32).is_some();
+                    if let Some(h) = &hazard {
+                        // A reused record must not give the last thread's value.
+                        assert_eq!(h.holder(), LockHolder::this_thread());
+                    }
+                    inside.wait();
+                    (index, nested)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    /// Records are claimed per thread on its first call, given back when it ends (its TLS
+    /// destructor), and claimed again by later threads; a thread beyond them, and a nested
+    /// call, get none. Each call stores a value of its own in the record (a closer waiting
+    /// for one call must not take the next for it), and the record is idle between calls.
+    /// One test: no other test of this crate may hold records meanwhile.
+    #[test]
+    fn records_go_to_threads_and_come_back_when_they_end() {
+        std::thread::spawn(|| {
+            let first = Hazard::enter(5).expect("a record");
+            let record = first.0;
+            let a = record.word.load(Relaxed);
+            drop(first);
+            assert_eq!(record.word.load(Relaxed), 0, "busy after the call");
+            let second = Hazard::enter(5).expect("a record");
+            let b = second.0.word.load(Relaxed);
+            assert!(std::ptr::eq(record, second.0), "another record");
+            assert_eq!((a & 0xffff_ffff, b & 0xffff_ffff), (6, 6));
+            assert_ne!(a, b, "two calls stored the same value");
+            let parent = second.holder();
+            assert_eq!(parent, LockHolder::this_thread());
+            drop(second);
+            // SAFETY: fork in a test; the child compares and _exits.
+            let child = unsafe { libc::fork() };
+            assert!(child >= 0);
+            if child == 0 {
+                // The child's thread keeps the record, and must not keep the parent's
+                // value in it.
+                let ok = std::panic::catch_unwind(|| {
+                    let h = Hazard::enter(5).expect("the record, kept over fork");
+                    let r = h.0.holder.load(Relaxed);
+                    r == 0 || r != parent.to_raw()
+                });
+                // SAFETY: leave without running the test harness's exit handlers.
+                unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 1 }) };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+            assert_eq!(
+                status, 0,
+                "the fork child's record kept the parent's holder"
+            );
+        })
+        .join()
+        .unwrap();
+        for round in 0..3 {
+            assert_eq!(CLAIMED.load(SeqCst), 0, "round {round}: claims left");
+            let got = all_inside_at_once(RECORDS + 8);
+            let mut indices: Vec<usize> = got.iter().filter_map(|g| g.0).collect();
+            assert_eq!(
+                indices.len(),
+                RECORDS,
+                "round {round}: records held by the threads inside at once (fewer: ended threads kept theirs)"
+            );
+            indices.sort_unstable();
+            indices.dedup();
+            assert_eq!(
+                indices.len(),
+                RECORDS,
+                "round {round}: one record held twice"
+            );
+            assert!(
+                got.iter().all(|&(_, nested)| !nested),
+                "round {round}: a nested call got a record"
+            );
+        }
+        assert_eq!(CLAIMED.load(SeqCst), 0, "claims left at the end");
     }
 }

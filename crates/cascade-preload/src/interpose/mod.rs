@@ -30,6 +30,7 @@ pub(crate) mod stat;
 pub(crate) mod stdio;
 pub(crate) mod sysio;
 pub(crate) mod temp;
+mod thread_word;
 pub(crate) mod walk;
 
 use cascade_store::{Error, File, OpenDescription, Store};
@@ -489,8 +490,14 @@ impl Drop for Entry {
 }
 
 impl Entry {
+    /// The entry's description, None once it was freed. Every entry came from the attached
+    /// store, so this reads the cell without the attach path (on every read and write).
+    #[inline]
     pub(crate) fn description(&self) -> Option<cascade_store::Description<'static>> {
-        store().ok()?.description(self.desc)
+        match STORE_CELL.get() {
+            Some(Ok(store)) => store.description(self.desc),
+            _ => None,
+        }
     }
 }
 
@@ -663,17 +670,35 @@ pub(crate) fn lookup(fd: i32) -> Option<Arc<Entry>> {
 /// Cascade's. Calls on one descriptor may run at once, as in the kernel: the offset is
 /// advanced under the file's lock (writes) or by compare-and-swap (reads).
 #[inline]
-pub(crate) fn with_entry<T>(fd: i32, f: impl FnOnce(&Entry) -> T) -> Option<T> {
+pub(crate) fn with_entry<T>(fd: i32, f: impl FnOnce(&Entry, &Caller) -> T) -> Option<T> {
     if !is_cascade_fd(fd) {
         return None;
     }
-    let Some(_hazard) = hazard::Hazard::enter(fd) else {
-        return slot(fd).as_deref().map(f);
+    let Some(hazard) = hazard::Hazard::enter(fd) else {
+        return slot(fd).as_deref().map(|e| f(e, &Caller(None)));
     };
     let entry = PUBLISHED[fd as usize].load(Acquire);
     // SAFETY: a published entry is owned by its slot; whoever unpublishes it waits until no
-    // hazard record names `fd` (this one does until `_hazard` drops) before dropping it.
-    unsafe { entry.as_ref() }.map(f)
+    // hazard record names `fd` (this one does until `hazard` drops) before dropping it.
+    let result = unsafe { entry.as_ref() }.map(|e| f(e, &Caller(Some(&hazard))));
+    drop(hazard);
+    result
+}
+
+/// The thread making a [`with_entry`] call: through its hazard record, or (the slot lock's
+/// path) not.
+pub(crate) struct Caller<'a>(Option<&'a hazard::Hazard>);
+
+impl Caller<'_> {
+    /// The thread's store lock holder value: kept in its hazard record, so that a write
+    /// reads one per-thread word (the record's index), not a second one in the store.
+    #[inline]
+    pub(crate) fn holder(&self) -> cascade_store::LockHolder {
+        match self.0 {
+            Some(hazard) => hazard.holder(),
+            None => cascade_store::LockHolder::this_thread(),
+        }
+    }
 }
 
 /// All registered descriptors (fork handler).

@@ -397,7 +397,8 @@ fn ebadf() -> Error {
 }
 
 /// Reads at the shared offset (or at `at`) and advances it when positional is false.
-fn do_read(e: &Entry, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
+/// Reads take no lock (the caller is for [`do_write`]'s signature).
+fn do_read(e: &Entry, _: &Caller, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
     let d = e.description().ok_or_else(ebadf)?;
     if !readable(d.flags()) {
         return Err(ebadf());
@@ -423,7 +424,7 @@ fn do_read(e: &Entry, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
     e.file.read_at(buf, off)
 }
 
-fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
+fn do_write(e: &Entry, caller: &Caller, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
     let d = e.description().ok_or_else(ebadf)?;
     let flags = d.flags();
     if !writable(flags) {
@@ -436,13 +437,13 @@ fn do_write(e: &Entry, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
     match at {
         // Linux appends even for pwrite on an O_APPEND descriptor (pwrite(2), BUGS).
         Some(_) if flags & libc::O_APPEND != 0 => e.file.append(buf).map(|_| buf.len()),
-        Some(off) => e.file.write_at(buf, off),
+        Some(off) => e.file.write_at_as(caller.holder(), buf, off),
         None if flags & libc::O_APPEND != 0 => {
             let at = e.file.append(buf)?;
             d.offset().store(at + buf.len() as u64, Relaxed);
             Ok(buf.len())
         }
-        None => e.file.write_advancing(buf, d.offset()),
+        None => e.file.write_advancing_as(caller.holder(), buf, d.offset()),
     }
 }
 
@@ -476,14 +477,14 @@ macro_rules! io_wrapper {
         #[inline(never)]
         #[boundary]
         unsafe fn $cascade(fd: c_int, buf: $ptr, count: size_t $(, $off: $off_ty)?) -> ssize_t {
-            let done = with_entry(fd, |e| {
+            let done = with_entry(fd, |e, caller| {
                 // The offset of pread/pwrite; none for read/write.
                 let at: Option<i64> = None $(.or(Some($off as i64)))?;
                 if at.is_some_and(|o| o < 0) {
                     return Err(Error::new(libc::EINVAL, ""));
                 }
                 // SAFETY: the caller provides `count` bytes at `buf`.
-                $do(e, unsafe { $slice(buf, count) }, at.map(|o| o as u64))
+                $do(e, caller, unsafe { $slice(buf, count) }, at.map(|o| o as u64))
             });
             match done {
                 Some(r) => ssize(r),
@@ -524,6 +525,7 @@ unsafe fn slice_mut<'a>(buf: *mut c_void, len: usize) -> &'a mut [u8] {
 /// Vectored I/O: one call per buffer, stopping at a short transfer.
 fn vectored(
     e: &Entry,
+    caller: &Caller,
     iov: *const iovec,
     cnt: c_int,
     mut at: Option<u64>,
@@ -552,10 +554,10 @@ fn vectored(
         let v = unsafe { &*iov.add(i) };
         let n = if write {
             // SAFETY: each iovec describes readable memory.
-            do_write(e, unsafe { slice(v.iov_base, v.iov_len) }, at)?
+            do_write(e, caller, unsafe { slice(v.iov_base, v.iov_len) }, at)?
         } else {
             // SAFETY: each iovec describes writable memory.
-            do_read(e, unsafe { slice_mut(v.iov_base, v.iov_len) }, at)?
+            do_read(e, caller, unsafe { slice_mut(v.iov_base, v.iov_len) }, at)?
         };
         total += n;
         if let Some(a) = at.as_mut() {
@@ -574,7 +576,7 @@ fn vectored(
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "readv"))]
 #[boundary]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match with_entry(fd, |e| vectored(e, iov, cnt, None, false)) {
+    match with_entry(fd, |e, caller| vectored(e, caller, iov, cnt, None, false)) {
         Some(r) => ssize(r),
         None => call_real!(readv: fn(c_int, *const iovec, c_int) -> ssize_t, -1; fd, iov, cnt),
     }
@@ -586,7 +588,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", "writev"))]
 #[boundary]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    match with_entry(fd, |e| vectored(e, iov, cnt, None, true)) {
+    match with_entry(fd, |e, caller| vectored(e, caller, iov, cnt, None, true)) {
         Some(r) => ssize(r),
         None => call_real!(writev: fn(c_int, *const iovec, c_int) -> ssize_t, -1; fd, iov, cnt),
     }
@@ -601,7 +603,7 @@ macro_rules! preadv_wrapper {
         #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t) -> ssize_t {
             // preadv/pwritev with offset -1 (the *v2 forms) use the file offset.
-            match with_entry(fd, |e| vectored(e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)) {
+            match with_entry(fd, |e, caller| vectored(e, caller, iov, cnt, (offset >= 0).then_some(offset as u64), $write)) {
                 Some(r) => ssize(r),
                 None => call_real!($name: fn(c_int, *const iovec, c_int, off64_t) -> ssize_t, -1; fd, iov, cnt, offset),
             }
@@ -621,7 +623,7 @@ macro_rules! preadv2_wrapper {
         #[cfg_attr(cascade_wrap, export_name = concat!("__wrap_", stringify!($name)))]
         #[boundary]
         pub unsafe extern "C" fn $name(fd: c_int, iov: *const iovec, cnt: c_int, offset: off64_t, flags: c_int) -> ssize_t {
-            match with_entry(fd, |e| vectored(e, iov, cnt, (offset >= 0).then_some(offset as u64), $write)) {
+            match with_entry(fd, |e, caller| vectored(e, caller, iov, cnt, (offset >= 0).then_some(offset as u64), $write)) {
                 Some(r) => ssize(r),
                 None => call_real!($name: fn(c_int, *const iovec, c_int, off64_t, c_int) -> ssize_t, -1; fd, iov, cnt, offset, flags),
             }
