@@ -15,12 +15,22 @@ use cascade_wire::client::{ClientOptions, Connection};
 use crate::options::{Placement, StagingOptions};
 use crate::Error;
 
+/// A connection, and the server's failure count when it was made.
+struct Connected {
+    connection: Connection,
+    failures_seen: u64,
+}
+
 struct ServerSlot {
     addr: String,
-    conn: Mutex<Option<Connection>>,
+    conn: Mutex<Option<Connected>>,
     /// PutChunks go on a connection of their own: asking about the next batch (Lacks) need
     /// not wait until the server has checked and synced this batch's chunks.
-    bulk: Mutex<Option<Connection>>,
+    bulk: Mutex<Option<Connected>>,
+    /// Bumped when a request to the server fails: the server may have died or restarted,
+    /// so its other connection, made before, is dropped at its next use too (as is one the
+    /// server closed meanwhile: `Connection::peer_closed`).
+    failures_seen: AtomicU64,
     /// Consecutive failures and when to try again.
     down: Mutex<Option<(u32, Instant)>>,
 }
@@ -80,6 +90,7 @@ impl ServerPool {
                 addr: a.clone(),
                 conn: Mutex::new(None),
                 bulk: Mutex::new(None),
+                failures_seen: AtomicU64::new(0),
                 down: Mutex::new(None),
             })
             .collect();
@@ -236,17 +247,27 @@ impl ServerPool {
     fn run_on<T>(
         &self,
         i: usize,
-        conn: &Mutex<Option<Connection>>,
+        conn: &Mutex<Option<Connected>>,
         f: impl FnOnce(&mut Connection) -> cascade_wire::Result<T>,
     ) -> cascade_wire::Result<T> {
         let slot = &self.servers[i];
         let mut conn = lock(conn);
+        let failures_seen = slot.failures_seen.load(Ordering::Acquire);
+        if conn
+            .as_ref()
+            .is_some_and(|c| c.failures_seen != failures_seen || c.connection.peer_closed())
+        {
+            *conn = None;
+        }
         let result = (|| {
             if conn.is_none() {
-                *conn = Some(Connection::connect(&slot.addr, &self.client)?);
+                *conn = Some(Connected {
+                    connection: Connection::connect(&slot.addr, &self.client)?,
+                    failures_seen,
+                });
             }
             match conn.as_mut() {
-                Some(c) => f(c),
+                Some(c) => f(&mut c.connection),
                 None => unreachable!("connected above"),
             }
         })();
@@ -263,6 +284,7 @@ impl ServerPool {
             }
             Err(_) => {
                 *conn = None;
+                slot.failures_seen.fetch_add(1, Ordering::AcqRel);
                 let mut down = lock(&slot.down);
                 let failures = down.map_or(0, |(n, _)| n) + 1;
                 let delay = (Duration::from_millis(500) * (1 << failures.min(6)))

@@ -387,6 +387,34 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether the server closed this connection (or sent something nobody asked for) since
+    /// its last reply: a connection idle while its server restarted is found dead here, one
+    /// non-blocking peek, instead of failing the next request.
+    /// Plain TCP only: over TLS the server may send records of its own (session tickets),
+    /// so a TLS connection is never judged here.
+    pub fn peer_closed(&self) -> bool {
+        let Transport::Plain(socket) = &self.stream else {
+            return false;
+        };
+        let mut byte = 0u8;
+        // SAFETY: a non-blocking peek of at most one byte into `byte` on the connection's
+        // own socket; the socket and the buffer outlive the call.
+        let n = unsafe {
+            libc::recv(
+                std::os::fd::AsRawFd::as_raw_fd(socket),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            // 0: the server closed it; more: bytes no request is waiting for.
+            return true;
+        }
+        let e = io::Error::last_os_error().raw_os_error();
+        !(e == Some(libc::EAGAIN) || e == Some(libc::EWOULDBLOCK) || e == Some(libc::EINTR))
+    }
+
     /// Changes when the server restarts.
     pub fn instance(&self) -> u64 {
         self.instance
