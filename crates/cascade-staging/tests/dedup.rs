@@ -337,10 +337,10 @@ impl ServerProcess {
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child), with 1 MiB
 /// segments.
 /// More than two push rounds (32 MiB each) of chunks, while the repository turns unwritable
-/// after it was opened: the rounds under way fail together, and once it is back every chunk
-/// is pushed exactly once (no round read twice, none skipped) and the manifest written.
+/// after it was opened: the rounds fail, and once it is back every chunk is pushed exactly
+/// once (no record read twice, none skipped) and the manifest written.
 #[test]
-fn overlapping_push_rounds_push_each_chunk_once_also_after_they_failed() {
+fn push_rounds_push_each_chunk_once_also_after_they_failed() {
     let tmp = tempfile::tempdir().unwrap();
     let durable = tmp.path().join("durable");
     std::fs::create_dir_all(&durable).unwrap();

@@ -4,10 +4,9 @@
 //! `<drain-to>/<namespace>/.cascade-dedup`) as packs and index objects, then the manifests
 //! whose blobs are all indexed there.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use cascade_dedup::{score, Chunking, Compression, Score};
 use super::{engine_code, lock, ConnState, Outbox, Shared};
 use crate::chunks::base_cache::{BaseCache, Cached};
 use crate::chunks::manifests::{ManifestStore, PendingManifest};
-use crate::chunks::{ChunkOptions, ChunkStore, Position, Scanned};
+use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
 use crate::protocol::{
     self, code, kind, ManifestPart, ManifestState, Stored, WireChunk, CHUNK_FIXED, MAX_BODY,
 };
@@ -30,41 +29,9 @@ pub use cascade_wire::status::DedupStatus;
 
 use crate::{hex, ServerError as Error, ServerResult as Result};
 
-/// Stored bytes one push round reads and writes as one repository session (one pack and
+/// Stored bytes one push round reads and writes as one repository session (two packs and
 /// one index object at the repository's 16 MiB packs).
-const PUSH_BATCH: u64 = 16 << 20;
-/// Push rounds under way at once: while the oldest writes its index object and the cursor
-/// is synced, the others upload their packs, each request's round trip hidden by the
-/// others' (at most 64 MiB of records held).
-const ROUNDS_IN_FLIGHT: usize = 4;
-
-/// A push round on its thread, and where the cursor goes once it has ended.
-struct Round {
-    worker: std::thread::JoinHandle<()>,
-    /// The round's outcome, sent before the thread wakes the push loop.
-    outcome: Receiver<Result<()>>,
-    next: Position,
-    chunks: u64,
-    bytes: u64,
-}
-
-/// The push rounds under way, oldest first, and where the last one's batch ended.
-#[derive(Default)]
-struct Rounds {
-    under_way: VecDeque<Round>,
-    read_to: Option<Position>,
-}
-
-impl Rounds {
-    /// Waits for every round under way to end and drops them: the cursor stays, and their
-    /// records are pushed again (what reached the repository is found there).
-    fn abandon(&mut self) {
-        for round in self.under_way.drain(..) {
-            let _ = round.worker.join();
-        }
-        self.read_to = None;
-    }
-}
+const PUSH_BATCH: u64 = 32 << 20;
 /// How often other writers' index objects are looked for with nothing waiting; while a
 /// manifest waits, when a client asks for it (GetManifest: a watching agent asks as soon as
 /// another server pushed) and else every `recheck_every`.
@@ -132,10 +99,6 @@ pub(super) struct Dedup {
     /// A client asked for a pending manifest: other writers' index objects are loaded and
     /// the pending manifests checked at once.
     recheck: AtomicBool,
-    /// A look for other writers' index objects is under way (on a thread of its own).
-    refreshing: AtomicBool,
-    /// One ended since the push thread last checked the pending manifests.
-    refreshed: AtomicBool,
 }
 
 impl Dedup {
@@ -162,8 +125,6 @@ impl Dedup {
                 counters: Mutex::new(Counters::default()),
                 wake: (Mutex::new(0), Condvar::new()),
                 recheck: AtomicBool::new(false),
-                refreshing: AtomicBool::new(false),
-                refreshed: AtomicBool::new(false),
             },
             warnings,
         ))
@@ -838,16 +799,15 @@ impl Shared {
         let mut last_refresh = Instant::now();
         let mut manifest_retry: HashMap<u64, (u32, Instant)> = HashMap::new();
         let mut checked_at_wake = u64::MAX;
-        let mut rounds = Rounds::default();
         while !self.stop.load(Ordering::SeqCst) {
             let seen = *lock(&self.dedup.wake.0);
             let mut progressed = false;
             if Instant::now() >= retry_at {
-                match self.push_step(&mut rounds) {
+                match self.push_round() {
                     Ok(pushed) => {
                         progressed = pushed;
+                        failures = 0;
                         if pushed {
-                            failures = 0;
                             self.event();
                         }
                     }
@@ -873,19 +833,16 @@ impl Shared {
             };
             self.tend_holds();
             self.retire_repos();
-            // One look at a time; an ask meanwhile is kept for the next (index objects may
-            // have come after the running one listed them).
-            if !self.dedup.refreshing.load(Ordering::SeqCst) {
-                let asked = self.dedup.recheck.swap(false, Ordering::SeqCst);
-                if asked || last_refresh.elapsed() >= every {
-                    if waiting && !asked {
-                        lock(&self.counters).timed_rechecks += 1;
-                    }
-                    last_refresh = Instant::now();
-                    self.start_refresh();
+            let mut refreshed = false;
+            let asked = self.dedup.recheck.swap(false, Ordering::SeqCst);
+            if asked || last_refresh.elapsed() >= every {
+                if waiting && !asked {
+                    lock(&self.counters).timed_rechecks += 1;
                 }
+                last_refresh = Instant::now();
+                self.refresh_repos();
+                refreshed = true;
             }
-            let refreshed = self.dedup.refreshed.swap(false, Ordering::SeqCst);
             // Checked when something may have changed: a push, other writers' index
             // objects, or a request that woke this thread (a new manifest, new chunks).
             if waiting && (progressed || refreshed || seen != checked_at_wake) {
@@ -896,8 +853,8 @@ impl Shared {
                 }
             }
             if !progressed {
-                // New chunks, a manifest, a GetManifest or a round's end wake it
-                // (`wake_push`); the timeout is for the holds and the idle refresh.
+                // New chunks, a manifest or a GetManifest wake it (`wake_push`); the timeout
+                // is for the holds and the idle refresh.
                 let (m, cv) = &self.dedup.wake;
                 let g = lock(m);
                 if *g == seen {
@@ -905,8 +862,6 @@ impl Shared {
                 }
             }
         }
-        // Rounds under way end (each is one batch) before the holds do.
-        rounds.abandon();
         // Stopping: the collector need not wait for these holds' leases to run out. A
         // restarted server pushes what waits before garbage collection can delete a base
         // unless it stays down longer than a lease.
@@ -917,62 +872,19 @@ impl Shared {
         }
     }
 
-    /// One step of the push: moves the cursor past the rounds that have ended (in log
-    /// order), then starts the next round if acknowledged chunks wait and fewer than
-    /// [`ROUNDS_IN_FLIGHT`] are under way. True if it moved the cursor.
-    ///
-    /// A round is a batch of up to [`PUSH_BATCH`] of records, pushed on a thread of its own
-    /// with one repository session per namespace: packs, then the index object naming them;
-    /// only then may the cursor move (durably), and wholly pushed segments are deleted.
-    /// Rounds overlap: the next one reads and uploads its packs while the previous one
-    /// writes its index object and the cursor is synced, so the link does not idle between
-    /// rounds, and chunks that arrive while a round uploads start at once.
+    /// One push round: up to [`PUSH_BATCH`] of records after the cursor, one repository
+    /// session per namespace (packs, then the index object), then the cursor is moved
+    /// (durably) and wholly pushed segments are deleted. True if it moved the cursor.
     ///
     /// A round starts as soon as acknowledged chunks wait, also while agents still send:
     /// the durable store's link is the bottleneck, so the push must overlap the sending, and
-    /// what arrives while rounds upload makes the next round (rounds batch themselves
+    /// what arrives while a round uploads makes the next round (rounds batch themselves
     /// under load). Holding rounds back for 8 MiB or a 50 ms pause in the sending made the
     /// last server of a checkpoint start its upload only after the agent had finished.
-    fn push_step(self: &Arc<Self>, rounds: &mut Rounds) -> Result<bool> {
-        let mut moved = false;
-        while let Some(round) = rounds.under_way.front() {
-            let done = match round.outcome.try_recv() {
-                Ok(done) => done,
-                Err(TryRecvError::Empty) => break,
-                // It panicked: the panic goes on here, as when rounds ran on this thread.
-                Err(TryRecvError::Disconnected) => Err(Error::Invalid(String::new())),
-            };
-            let Some(round) = rounds.under_way.pop_front() else {
-                break;
-            };
-            if let Err(panic) = round.worker.join() {
-                std::panic::resume_unwind(panic);
-            }
-            if let Err(e) = done {
-                // The rounds after it end too; the push starts again from the cursor.
-                rounds.abandon();
-                return Err(e);
-            }
-            if let Err(e) = self
-                .dedup
-                .chunks
-                .mark_pushed(round.next, round.chunks, round.bytes)
-            {
-                rounds.abandon();
-                return Err(e.into());
-            }
-            moved = true;
-        }
-        if rounds.under_way.len() >= ROUNDS_IN_FLIGHT {
-            return Ok(moved);
-        }
+    fn push_round(&self) -> Result<bool> {
         let (cursor, end) = self.dedup.chunks.push_window();
-        let from = rounds
-            .read_to
-            .filter(|_| !rounds.under_way.is_empty())
-            .unwrap_or(cursor);
-        if from >= end {
-            return Ok(moved);
+        if cursor >= end {
+            return Ok(false);
         }
         // Not paced like the drain (`Pacer`): the records were just written, so they come
         // from the page cache, and the batch is read whole before its upload starts; paced
@@ -981,23 +893,12 @@ impl Shared {
         let batch = self
             .dedup
             .chunks
-            .read_for_push(from, PUSH_BATCH, &mut |_| {})?;
-        if batch.next == from {
-            return Ok(moved);
-        }
-        let mut by_namespace: BTreeMap<String, (Arc<Repo>, Vec<usize>)> = BTreeMap::new();
+            .read_for_push(cursor, PUSH_BATCH, &mut |_| {})?;
+        let mut by_namespace: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (i, r) in batch.records.iter().enumerate() {
             match r {
                 Scanned::Chunk { namespace, .. } => {
-                    if !by_namespace.contains_key(namespace) {
-                        let repo = self.repo_for(namespace, true)?.ok_or_else(|| {
-                            Error::Invalid(format!("no dedup repository for {namespace:?}"))
-                        })?;
-                        by_namespace.insert(namespace.clone(), (repo, Vec::new()));
-                    }
-                    if let Some((_, records)) = by_namespace.get_mut(namespace) {
-                        records.push(i);
-                    }
+                    by_namespace.entry(namespace.clone()).or_default().push(i)
                 }
                 Scanned::Corrupt { at, why } => {
                     lock(&self.dedup.counters).lost_chunks += 1;
@@ -1008,39 +909,13 @@ impl Shared {
                 }
             }
         }
-        let (next, chunks, bytes) = (batch.next, batch.chunks, batch.bytes);
-        let this = Arc::clone(self);
-        let (send_outcome, outcome) = channel();
-        let worker = std::thread::Builder::new()
-            .name("cascade-dedup-push".to_string())
-            .spawn(move || {
-                let _ = send_outcome.send(this.push_round(&batch.records, by_namespace));
-                // The push loop moves the cursor.
-                this.wake_push();
-            })
-            .map_err(|e| Error::Invalid(format!("cannot start a push round: {e}")))?;
-        rounds.under_way.push_back(Round {
-            worker,
-            outcome,
-            next,
-            chunks,
-            bytes,
-        });
-        rounds.read_to = Some(next);
-        Ok(moved)
-    }
-
-    /// Pushes one round's records, per namespace one repository session: packs first, then
-    /// the index object naming them.
-    fn push_round(
-        &self,
-        records: &[Scanned],
-        by_namespace: BTreeMap<String, (Arc<Repo>, Vec<usize>)>,
-    ) -> Result<()> {
         let (mut pushed, mut pushed_bytes, mut already) = (0u64, 0u64, 0u64);
-        for (repo, indices) in by_namespace.values() {
+        for (namespace, records) in &by_namespace {
+            let repo = self
+                .repo_for(namespace, true)?
+                .ok_or_else(|| Error::Invalid(format!("no dedup repository for {namespace:?}")))?;
             let mut writer = repo.writer();
-            for &i in indices {
+            for &i in records {
                 let Scanned::Chunk {
                     score,
                     kind,
@@ -1048,7 +923,7 @@ impl Shared {
                     raw_len,
                     data,
                     ..
-                } = &records[i]
+                } = &batch.records[i]
                 else {
                     continue;
                 };
@@ -1066,6 +941,7 @@ impl Shared {
                     already += 1;
                 }
             }
+            // Packs first, then the index object naming them: only then may the cursor move.
             writer.finish()?;
         }
         {
@@ -1074,12 +950,19 @@ impl Shared {
             c.pushed_bytes += pushed_bytes;
             c.chunks_already_durable += already;
         }
+        if batch.next == cursor {
+            return Ok(false);
+        }
+        self.dedup
+            .chunks
+            .mark_pushed(batch.next, batch.chunks, batch.bytes)?;
         self.log(|| {
             format!(
-                "pushed {pushed} dedup chunks ({pushed_bytes} bytes; {already} already in the repository)"
+                "pushed {pushed} dedup chunks ({pushed_bytes} bytes; {already} already in the repository) up to segment {} offset {}",
+                batch.next.segment, batch.next.offset
             )
         });
-        Ok(())
+        Ok(true)
     }
 
     /// Pushes a delta chunk (`data`: base, `from`, frame); None when it is lost (its base
@@ -1129,28 +1012,6 @@ impl Shared {
                 || slot.used.elapsed() < idle
                 || slot.repo.as_ref().is_some_and(|r| Arc::strong_count(r) > 1)
         });
-    }
-
-    /// Starts loading other writers' new index objects on a thread of its own: a listing and
-    /// reads over the durable store's link, which take tens of milliseconds while the link
-    /// is busy, and meanwhile the push thread keeps moving the cursor and starting rounds.
-    /// Its end wakes the push thread to check the pending manifests.
-    fn start_refresh(self: &Arc<Self>) {
-        self.dedup.refreshing.store(true, Ordering::SeqCst);
-        let this = Arc::clone(self);
-        let spawned = std::thread::Builder::new()
-            .name("cascade-dedup-refresh".to_string())
-            .spawn(move || this.refresh_and_wake());
-        if spawned.is_err() {
-            self.refresh_and_wake();
-        }
-    }
-
-    fn refresh_and_wake(&self) {
-        self.refresh_repos();
-        self.dedup.refreshed.store(true, Ordering::SeqCst);
-        self.dedup.refreshing.store(false, Ordering::SeqCst);
-        self.wake_push();
     }
 
     /// Loads other writers' new index objects into every open repository.
