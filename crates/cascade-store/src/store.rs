@@ -663,22 +663,24 @@ pub struct File {
 impl File {
     /// Checks that the file still exists (it may have been unlinked or replaced meanwhile).
     fn check_live(&self) -> Result<()> {
-        let i = self.block.inode(self.ino);
-        if i.state.load(Acquire) == INODE_FREE || i.gen.load(Acquire) != self.gen {
-            return Err(Error::new(libc::ESTALE, "the file was removed while open"));
-        }
-        Ok(())
+        self.live_state().map(|_| ())
     }
 
-    /// [`Self::check_live`], and not a directory: one load of the state (every write).
+    /// The inode's state, if the file was not removed while open.
     #[inline]
-    fn check_file(&self) -> Result<()> {
+    fn live_state(&self) -> Result<u32> {
         let i = self.block.inode(self.ino);
         let state = i.state.load(Acquire);
         if state == INODE_FREE || i.gen.load(Acquire) != self.gen {
             return Err(Error::new(libc::ESTALE, "the file was removed while open"));
         }
-        if is_dir_state(state) {
+        Ok(state)
+    }
+
+    /// [`Self::check_live`], and not a directory: one load of the state (every write).
+    #[inline]
+    fn check_file(&self) -> Result<()> {
+        if is_dir_state(self.live_state()?) {
             return Err(Error::new(libc::EISDIR, "is a directory"));
         }
         Ok(())

@@ -396,23 +396,22 @@ impl Connection {
         let Transport::Plain(socket) = &self.stream else {
             return false;
         };
-        let mut byte = 0u8;
-        // SAFETY: a non-blocking peek of at most one byte into `byte` on the connection's
-        // own socket; the socket and the buffer outlive the call.
-        let n = unsafe {
-            libc::recv(
-                std::os::fd::AsRawFd::as_raw_fd(socket),
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if n >= 0 {
-            // 0: the server closed it; more: bytes no request is waiting for.
+        let mut byte = [0u8; 1];
+        let peeked = socket
+            .set_nonblocking(true)
+            .and_then(|()| socket.peek(&mut byte));
+        if socket.set_nonblocking(false).is_err() {
+            // Left non-blocking, it would fail its next request: make it anew.
             return true;
         }
-        let e = io::Error::last_os_error().raw_os_error();
-        !(e == Some(libc::EAGAIN) || e == Some(libc::EWOULDBLOCK) || e == Some(libc::EINTR))
+        match peeked {
+            // 0: the server closed it; more: bytes no request is waiting for.
+            Ok(_) => true,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ),
+        }
     }
 
     /// Changes when the server restarts.

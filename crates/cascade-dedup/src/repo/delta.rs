@@ -356,8 +356,6 @@ mod tests {
     const LEN: usize = 8192;
     const CHUNKS: usize = 64;
 
-    /// An old and a new version of [`CHUNKS`] chunks: in each, the first half noise that
-    /// changed, the second half `kept(i)` in both.
     /// Every chunk of `new` packed against `old`, the first one's stored length, and the
     /// length of that chunk compressed alone.
     fn pack_half_rewritten(
@@ -373,6 +371,8 @@ mod tests {
         (packed, delta_len, alone.len())
     }
 
+    /// An old and a new version of [`CHUNKS`] chunks: in each, the first half noise that
+    /// changed, the second half `kept(i)` in both.
     fn half_rewritten(kept: impl Fn(u64) -> Vec<u8>) -> (Vec<u8>, Vec<u8>) {
         let (mut old, mut new) = (Vec::new(), Vec::new());
         for i in 0..CHUNKS as u64 {

@@ -65,7 +65,12 @@ const NONE_FREE: u32 = RECORDS as u32 + 1;
 /// This thread's record index (`RECORDS` or more for none) and call sequence.
 #[inline]
 fn mine() -> (usize, u32) {
-    let word = Mine::get();
+    decode(Mine::get())
+}
+
+/// A [`Mine`] word's record index (`RECORDS` or more for none) and call sequence.
+#[inline]
+fn decode(word: u64) -> (usize, u32) {
     ((word as u32).wrapping_sub(1) as usize, (word >> 32) as u32)
 }
 
@@ -128,11 +133,11 @@ pub(crate) fn after_fork_in_child() {
 #[inline]
 fn my_record() -> Option<(&'static Record, u32)> {
     let word = Mine::get();
-    let index = (word as u32).wrapping_sub(1) as usize;
+    let (index, _) = decode(word);
     if index < RECORDS {
         let word = word.wrapping_add(1 << 32);
         Mine::set(word);
-        return Some((&RECORD_TABLE[index], (word >> 32) as u32));
+        return Some((&RECORD_TABLE[index], decode(word).1));
     }
     if word as u32 == 0 {
         return claim();

@@ -680,9 +680,7 @@ pub(crate) fn with_entry<T>(fd: i32, f: impl FnOnce(&Entry, &Caller) -> T) -> Op
     let entry = PUBLISHED[fd as usize].load(Acquire);
     // SAFETY: a published entry is owned by its slot; whoever unpublishes it waits until no
     // hazard record names `fd` (this one does until `hazard` drops) before dropping it.
-    let result = unsafe { entry.as_ref() }.map(|e| f(e, &Caller(Some(&hazard))));
-    drop(hazard);
-    result
+    unsafe { entry.as_ref() }.map(|e| f(e, &Caller(Some(&hazard))))
 }
 
 /// The thread making a [`with_entry`] call: through its hazard record, or (the slot lock's
