@@ -257,7 +257,7 @@ impl ShmMutex {
     /// Takes a file's lock as the thread `me` names: with plain loads and stores while that
     /// thread holds the lock's bias, which the first locker of a fresh lock takes (module
     /// docs).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lock_biased_as(&self, me: LockHolder) -> Result<LockGuard<'_>> {
         let me = me.0;
         // `busy` is 1 on entry only if an earlier incarnation of this (pid, tid) died inside.

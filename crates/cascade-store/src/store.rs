@@ -356,6 +356,7 @@ impl Store {
             writable,
             append: opts.append,
             wrote_spill: AtomicBool::new(false),
+            read_hint: AtomicU64::new(0),
             counts_writer,
         };
         // Like Linux, O_TRUNC truncates even a read-only open.
@@ -655,6 +656,9 @@ pub struct File {
     writable: bool,
     append: bool,
     wrote_spill: AtomicBool,
+    /// The chunk this handle last read (`Block::read_hinted`): process-local, so readers
+    /// in many processes do not share a cache line.
+    read_hint: AtomicU64,
     /// This handle is one of the inode's `writers` (a writable open not registered as an
     /// open file description); dropping it is the close that hands the file to the agent.
     counts_writer: bool,
@@ -672,7 +676,7 @@ impl File {
         let i = self.block.inode(self.ino);
         let state = i.state.load(Acquire);
         if state == INODE_FREE || i.gen.load(Acquire) != self.gen {
-            return Err(Error::new(libc::ESTALE, "the file was removed while open"));
+            return Err(removed_while_open());
         }
         Ok(state)
     }
@@ -681,7 +685,7 @@ impl File {
     #[inline]
     fn check_file(&self) -> Result<()> {
         if is_dir_state(self.live_state()?) {
-            return Err(Error::new(libc::EISDIR, "is a directory"));
+            return Err(is_a_directory());
         }
         Ok(())
     }
@@ -744,8 +748,7 @@ impl File {
         let mut pos = offset;
         let end = offset.saturating_add(len);
         while pos < end {
-            let idx = pos / cs;
-            let within = pos % cs;
+            let (idx, within) = self.block.geo.chunk_of(pos);
             let n = (cs - within).min(end - pos);
             let lookup = || {
                 self.block
@@ -831,15 +834,23 @@ impl File {
             writable: acc == libc::O_WRONLY || acc == libc::O_RDWR,
             append: flags & libc::O_APPEND != 0,
             wrote_spill: AtomicBool::new(false),
+            read_hint: AtomicU64::new(0),
             counts_writer: false,
         };
         file.check_live()?;
         Ok(file)
     }
 
+    #[inline]
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.check_file()?;
-        self.block.read(self.ino, buf, offset)
+        match self
+            .block
+            .read_hinted(self.ino, buf, offset, &self.read_hint)
+        {
+            Some(n) => Ok(n),
+            None => self.block.read(self.ino, buf, offset),
+        }
     }
 
     /// Writes at `offset` (at the end with `append`). On a full store, waits for the agent
@@ -876,33 +887,52 @@ impl File {
         self.write_to(buf, Position::Shared(position), me)
     }
 
+    #[inline(always)]
     fn write_to(&self, buf: &[u8], position: Position<'_>, me: LockHolder) -> Result<usize> {
+        // Read before the attempt: a wake-up between a failed attempt and the wait is seen.
+        let seen = self.block.header().space_wake.load(Acquire);
+        match self.write_once(buf, position, me) {
+            Err(e) if e.errno() == libc::ENOSPC => self.write_when_full(buf, position, me, seen, e),
+            other => other,
+        }
+    }
+
+    /// [`Self::write_to`] after an attempt found the store full (`err`, with the space
+    /// wake-up counter `seen` before it): retries after a sweep, then as the store's policy
+    /// says (docs/store-layout.md, "Lifecycle").
+    #[cold]
+    fn write_when_full(
+        &self,
+        buf: &[u8],
+        position: Position<'_>,
+        me: LockHolder,
+        mut seen: u32,
+        mut err: Error,
+    ) -> Result<usize> {
         let mut deadline = None;
         let mut swept = false;
         loop {
-            let seen = self.block.header().space_wake.load(Acquire);
+            // The space may be held by dead writers' files removed since: freed by a sweep
+            // (once per write), whether or not an agent runs.
+            let freed = !swept && {
+                swept = true;
+                let store = Store {
+                    block: self.block.clone(),
+                };
+                store.sweep_descriptions() > 0
+            };
+            if !freed && !self.block.wait_for_space(&mut deadline, seen) {
+                return Err(err);
+            }
+            seen = self.block.header().space_wake.load(Acquire);
             match self.write_once(buf, position, me) {
-                Err(e) if e.errno() == libc::ENOSPC => {
-                    // The space may be held by dead writers' files removed since: freed by a
-                    // sweep (once per write), whether or not an agent runs.
-                    if !swept {
-                        swept = true;
-                        let store = Store {
-                            block: self.block.clone(),
-                        };
-                        if store.sweep_descriptions() > 0 {
-                            continue;
-                        }
-                    }
-                    if !self.block.wait_for_space(&mut deadline, seen) {
-                        return Err(e);
-                    }
-                }
+                Err(e) if e.errno() == libc::ENOSPC => err = e,
                 other => return other,
             }
         }
     }
 
+    #[inline(always)]
     fn write_once(&self, buf: &[u8], position: Position<'_>, me: LockHolder) -> Result<usize> {
         if !self.writable {
             return Err(Error::new(libc::EBADF, "file not open for writing"));
@@ -914,7 +944,10 @@ impl File {
             Position::At(offset) => offset,
             Position::Shared(p) => p.load(Acquire),
         };
-        let n = self.block.write_locked(self.ino, buf, offset)?;
+        let n = match self.block.write_hinted(self.ino, buf, offset) {
+            Some(n) => n,
+            None => self.block.write_locked(self.ino, buf, offset)?,
+        };
         if let Position::Shared(p) = position {
             p.store(offset + n as u64, Release);
         }
@@ -998,6 +1031,17 @@ impl Drop for File {
             self.block.remove_writer(self.ino, self.gen, false);
         }
     }
+}
+
+// Out of line: the checks on every write stay a load and a branch each.
+#[cold]
+fn removed_while_open() -> Error {
+    Error::new(libc::ESTALE, "the file was removed while open")
+}
+
+#[cold]
+fn is_a_directory() -> Error {
+    Error::new(libc::EISDIR, "is a directory")
 }
 
 /// Where [`File::write_to`] writes.

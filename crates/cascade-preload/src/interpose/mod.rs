@@ -79,29 +79,39 @@ impl<T> OnPanic for *const T {
 /// Runs the body of an `extern "C"` function: a panic (a bug, or store code meeting a
 /// corrupt shared block) must not unwind into C, which aborts the host program. It fails
 /// the call instead: errno EIO, the function's error value, and one line on stderr.
+#[inline(always)]
 pub(crate) fn catch_panic<R: OnPanic>(name: &str, f: impl FnOnce() -> R) -> R {
     catch_panic_or(name, R::on_panic(), f)
 }
 
 /// [`catch_panic`] with an explicit error value (functions that return an error number).
+/// Inlined, as the call it wraps: a 64-byte write is a few dozen instructions, and a frame
+/// more is a tenth of them.
+#[inline(always)]
 pub(crate) fn catch_panic_or<R>(name: &str, fail: R, f: impl FnOnce() -> R) -> R {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => {
-            let what = LAST_PANIC
-                .try_with(|p| p.take())
-                .ok()
-                .flatten()
-                .unwrap_or_else(|| panic_text(&*payload));
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                format!("cascade: {name}: internal error ({what}); the call fails with EIO\n")
-                    .as_bytes(),
-            );
-            set_errno(libc::EIO);
+            report_panic(name, payload);
             fail
         }
     }
+}
+
+/// One line on stderr for a panic the boundary caught; errno EIO.
+#[cold]
+#[inline(never)]
+fn report_panic(name: &str, payload: Box<dyn std::any::Any + Send>) {
+    let what = LAST_PANIC
+        .try_with(|p| p.take())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic_text(&*payload));
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("cascade: {name}: internal error ({what}); the call fails with EIO\n").as_bytes(),
+    );
+    set_errno(libc::EIO);
 }
 
 thread_local! {

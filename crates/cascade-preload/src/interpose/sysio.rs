@@ -398,6 +398,7 @@ fn ebadf() -> Error {
 
 /// Reads at the shared offset (or at `at`) and advances it when positional is false.
 /// Reads take no lock (the caller is for [`do_write`]'s signature).
+#[inline(always)]
 fn do_read(e: &Entry, _: &Caller, buf: &mut [u8], at: Option<u64>) -> Result<usize, Error> {
     let d = e.description().ok_or_else(ebadf)?;
     if !readable(d.flags()) {
@@ -424,6 +425,7 @@ fn do_read(e: &Entry, _: &Caller, buf: &mut [u8], at: Option<u64>) -> Result<usi
     e.file.read_at(buf, off)
 }
 
+#[inline(always)]
 fn do_write(e: &Entry, caller: &Caller, buf: &[u8], at: Option<u64>) -> Result<usize, Error> {
     let d = e.description().ok_or_else(ebadf)?;
     let flags = d.flags();
