@@ -2,6 +2,7 @@
 //! the methods within a repetition so that slow drift of the machine hits them all alike.
 
 use crate::child::Job;
+use crate::first_write::{self, FirstWrite, HugeFirstWrite};
 use crate::format::{ratio, st, x};
 use crate::harness::{median_setup, run_group, Names, Outcome};
 use crate::report::{Table, Target};
@@ -191,15 +192,6 @@ pub struct SteadySide {
     pub steady: Stats,
 }
 
-/// A job's first checkpoint: a process that writes at once after attaching, against one
-/// that first waits until the store's pages are mapped into it.
-#[derive(Debug, Clone, Serialize)]
-pub struct FirstWrite {
-    pub bytes: u64,
-    pub fresh: Stats,
-    pub mapped: Stats,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct Steady {
     pub bytes: u64,
@@ -252,7 +244,10 @@ pub struct Results {
     pub writes: Vec<Row>,
     pub tight_pairs: Vec<TightPair>,
     pub steady: Option<Steady>,
+    /// On the host's /dev/shm.
     pub first_write: Option<FirstWrite>,
+    /// On a tmpfs with huge=advise in a private mount namespace.
+    pub first_write_huge: Option<HugeFirstWrite>,
     pub readback: Vec<Row>,
     pub sweep: Vec<SweepRow>,
     pub spill: Vec<SpillRow>,
@@ -274,7 +269,7 @@ fn with_store<T>(
     with_store_files(results, pid, tag, capacity, chunk_size, 4096, spill, f)
 }
 
-fn report(section: &str, what: &str, procs: usize, rep: usize, reps: usize, gbps: f64) {
+pub(crate) fn report(section: &str, what: &str, procs: usize, rep: usize, reps: usize, gbps: f64) {
     eprintln!(
         "  [{section}] {what:<18} procs={procs} rep {}/{reps}: {gbps:6.2} GB/s",
         rep + 1
@@ -295,12 +290,13 @@ pub fn run_all(opts: &Opts) -> Res<Results> {
         || want(Bench::Readback)
     {
         let needed = (max_procs as u64 * opts.size).max((opts.keep as u64 + 1) * opts.size);
+        let capacity = capacity_for(needed, opts.chunk_size);
         eprintln!("main store:");
         with_store(
             &mut results,
             opts.pid,
             "main",
-            capacity_for(needed, opts.chunk_size),
+            capacity,
             opts.chunk_size,
             None,
             |results, main| {
@@ -311,7 +307,7 @@ pub fn run_all(opts: &Opts) -> Res<Results> {
                     writes(opts, results, &mut names, main, &base)?;
                 }
                 if want(Bench::FirstWrite) {
-                    first_write(opts, results, main)?;
+                    first_write(opts, results, main, capacity)?;
                 }
                 if want(Bench::Steady) {
                     steady(opts, results, main)?;
@@ -408,6 +404,7 @@ fn writes(
                             io,
                             sync: false,
                             fresh: false,
+                            pages: false,
                         },
                     })
                     .collect();
@@ -479,35 +476,23 @@ fn steady_side(out: &[Outcome], bytes: u64, rounds: usize, keep: usize) -> Stead
     }
 }
 
-/// One process each: write `size` at once after attaching (its pages still being mapped in
-/// by its populate thread), or after waiting for that; the order alternates.
-fn first_write(opts: &Opts, results: &mut Results, store: &Store) -> Res<()> {
+/// 1b: on the host's /dev/shm, then on a huge-page tmpfs in a mount namespace of its own
+/// (bench/src/first_write.rs).
+fn first_write(opts: &Opts, results: &mut Results, store: &Store, memory: u64) -> Res<()> {
     eprintln!(
         "1b. a fresh process's first {} (written at once after attaching):",
         size_str(opts.size)
     );
-    let (mut fresh, mut mapped) = (Vec::new(), Vec::new());
-    for rep in 0..opts.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let job = Job::StoreWrite {
-                store: store.name().to_string(),
-                path: format!("/fw-{rep}-{first}.dat"),
-                bytes: opts.size,
-                io: opts.io,
-                sync: false,
-                fresh: first,
-            };
-            let out = run_group(&[job]).ctx(|| "first write")?;
-            let what = if first { "fresh process" } else { "mapped in" };
-            report("first write", what, 1, rep, opts.reps, out.gbps());
-            if first { &mut fresh } else { &mut mapped }.push(out.gbps());
-        }
-    }
-    results.first_write = Some(FirstWrite {
-        bytes: opts.size,
-        fresh: Stats::of(&fresh),
-        mapped: Stats::of(&mapped),
-    });
+    let s = first_write::runs(store, memory, opts.size, opts.io, opts.reps)?;
+    results.first_write = Some(s.into());
+    results.first_write_huge = Some(first_write::on_huge_pages(
+        opts.size,
+        opts.io,
+        opts.reps,
+        opts.chunk_size,
+        opts.pid,
+        &mut results.creation,
+    ));
     Ok(())
 }
 
@@ -666,6 +651,7 @@ fn sweep_one(
                     io,
                     sync: false,
                     fresh: false,
+                    pages: false,
                 })
                 .collect();
             let out = run_group(&jobs)
@@ -754,6 +740,7 @@ fn spill_runs(opts: &Opts, results: &mut Results, st: &Store, p: usize, per: u64
                 io: opts.io,
                 sync: true,
                 fresh: false,
+                pages: false,
             })
             .collect()
     };
@@ -915,16 +902,7 @@ pub fn targets(opts: &Opts, r: &Results) -> Vec<Target> {
         m,
         met,
     ));
-    let (m, met) = r
-        .first_write
-        .as_ref()
-        .map_or(("not run".into(), None), |f| {
-            let (a, b) = (f.fresh.median, f.mapped.median);
-            (
-                format!("{:.2}x ({a:.2} vs {b:.2} GB/s)", a / b),
-                Some(a / b >= 0.8),
-            )
-        });
+    let (m, met) = first_write::target(r.first_write.as_ref(), r.first_write_huge.as_ref());
     out.push(Target::new(
         "a job's first checkpoint (issue 24)",
         ">= 0.8x a process with the store mapped in (table 1b)",
@@ -1039,18 +1017,20 @@ pub fn tables(o: &Opts, r: &Results) -> Vec<Table> {
                 "1b. A job's first checkpoint: {} written by a process at once after attaching",
                 size_str(fw.bytes)
             ),
-            "process | Cascade GB/s | / mapped in",
+            "/dev/shm | process | Cascade GB/s | / mapped in",
         );
-        t.row([
-            "fresh: writes at once (its populate thread and its writes map the pages)".into(),
-            st(&fw.fresh),
-            format!("{:.2}x", fw.fresh.median / fw.mapped.median),
-        ]);
-        t.row([
-            "mapped in: waits until the store's pages are mapped into it".into(),
-            st(&fw.mapped),
-            "1.00x".into(),
-        ]);
+        first_write::rows(&mut t, "host's /dev/shm", fw);
+        let huge = "tmpfs `huge=advise` on /dev/shm, private mount namespace";
+        match &r.first_write_huge {
+            Some(HugeFirstWrite::Ran(h)) => first_write::rows(&mut t, huge, h),
+            Some(HugeFirstWrite::NotRun(why)) => t.row([
+                huge.to_string(),
+                format!("not run: {why}"),
+                "-".into(),
+                "-".into(),
+            ]),
+            None => {}
+        }
         out.push(t);
     }
     if let Some(sd) = &r.steady {

@@ -40,7 +40,9 @@ pub enum Job {
     },
     /// Create `path` in the store and File::write_at `bytes`; optionally File::sync at the end.
     /// `fresh`: write at once after attaching, while the store's pages are still being mapped
-    /// into the process (a job's first checkpoint); else only once they are.
+    /// into the process (a job's first checkpoint); else only once they are. `pages`: after
+    /// the timed part, report how much of the store the process maps in 2 MiB pages (its
+    /// /proc/self/smaps, read only where no other process is being timed).
     StoreWrite {
         store: String,
         path: String,
@@ -49,6 +51,8 @@ pub enum Job {
         sync: bool,
         #[serde(default)]
         fresh: bool,
+        #[serde(default)]
+        pages: bool,
     },
     /// `rounds` checkpoints of `bytes` each into `dir`, deleting the oldest so `keep` remain.
     /// `store` = None: a tmpfs directory; Some: a directory inside that store.
@@ -153,6 +157,10 @@ pub struct ChildResult {
     /// I/O calls made in the timed part (jobs that count them).
     #[serde(default)]
     pub calls: u64,
+    /// Bytes of the store this process maps in 2 MiB pages (`Store::huge_page_bytes`), when
+    /// the job asked and smaps could be read.
+    #[serde(default)]
+    pub huge_page_bytes: Option<u64>,
 }
 
 /// Signals READY and blocks until the parent releases everyone (one "GO" line written to
@@ -373,6 +381,7 @@ pub fn run(job_json: &str) -> Res<()> {
             io,
             sync,
             fresh,
+            pages,
         } => {
             check_sizes(bytes, io)?;
             let src = source(io, 1);
@@ -408,6 +417,9 @@ pub fn run(job_json: &str) -> Res<()> {
             let mut r = result(start, end, bytes, setup_s);
             r.marks.insert("write_end".into(), write_end);
             r.spilled_bytes = md.chunks_spilled * md.chunk_size;
+            if pages {
+                r.huge_page_bytes = st.huge_page_bytes();
+            }
             finish(&r)?;
             st.unlink(&path)
                 .ctx(|| format!("unlinking {path} in {store}"))?;

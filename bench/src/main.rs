@@ -14,6 +14,7 @@ mod datasets;
 mod dedup;
 mod dedup_link;
 mod durable;
+mod first_write;
 mod format;
 mod fuse;
 mod harness;
@@ -95,6 +96,10 @@ enum Cmd {
         #[arg(long)]
         job: String,
     },
+    /// Internal: the huge-page part of node-store's table 1b, run by `run` inside a private
+    /// mount namespace with a tmpfs (huge=advise) on /dev/shm; answers with one JSON line.
+    #[command(hide = true, name = "first-write-huge")]
+    FirstWriteHuge(first_write::HugeArgs),
     /// Internal: run one job of the dedup suite (JSON on stdin, result on stdout).
     #[command(hide = true)]
     DedupJob,
@@ -214,7 +219,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let who = if matches!(
         cli.cmd,
-        Cmd::Child { .. } | Cmd::DedupJob | Cmd::StageServer(_)
+        Cmd::Child { .. } | Cmd::DedupJob | Cmd::StageServer(_) | Cmd::FirstWriteHuge(_)
     ) {
         "cascade-bench child"
     } else {
@@ -232,6 +237,7 @@ fn main() -> ExitCode {
         Cmd::Hostile(a) => hostile::run(*a),
         Cmd::StageServer(a) => hostile::serve(a),
         Cmd::DedupJob => dedup::run_job(),
+        Cmd::FirstWriteHuge(a) => first_write::run_in_namespace(a),
         Cmd::Child { job } => child::run(&job),
         Cmd::Cleanup { pid, dir } => {
             for what in cleanup(pid, &dir) {

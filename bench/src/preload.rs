@@ -642,6 +642,7 @@ fn writes(
                             io,
                             sync: false,
                             fresh: false,
+                            pages: false,
                         })?,
                     });
                 }

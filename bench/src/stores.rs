@@ -8,7 +8,7 @@ use crate::util::{
     fill_pattern, gbps, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
 };
 use cascade_store::{OpenOptions, Prefault, SpillConfig, Store, StoreConfig};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// Where a suite's results keep the creation of its stores.
@@ -22,7 +22,7 @@ impl Creations for Vec<Creation> {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Creation {
     pub store: String,
     pub capacity: u64,
