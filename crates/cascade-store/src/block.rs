@@ -169,8 +169,10 @@ pub(crate) fn coarse_now_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// This process's pid, from the thread's cached lock holder value (a fork child's handler
+/// clears that cache): getpid is a system call, and a create made four.
 pub(crate) fn my_pid() -> u32 {
-    std::process::id()
+    (crate::lock::me() >> 32) as u32
 }
 
 /// Start time (clock ticks after boot) of a running, non-zombie process, or None.

@@ -124,21 +124,39 @@ fn writes(flags: i32) -> bool {
     matches!(flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
 }
 
+/// A nonce for a description slot: unique among live slots is all that is needed, and a
+/// create takes one, so not a getrandom system call each. A process-wide seed (getrandom
+/// once, else the time), a process-wide counter and this thread's pid and tid, mixed with
+/// splitmix64: a fork child (its own pid) and a vfork child (the parent's counter, in shared
+/// memory) never repeat the parent's sequence.
 fn fresh_nonce() -> u64 {
-    let mut n = 0u64;
-    // SAFETY: getrandom writes at most 8 bytes into `n`.
-    let got = unsafe {
-        libc::getrandom(
-            &mut n as *mut u64 as *mut libc::c_void,
-            8,
-            libc::GRND_NONBLOCK,
-        )
-    };
-    if got != 8 || n == 0 {
-        // Fall back on time and pid: uniqueness among live slots is all that is needed.
-        n = (crate::block::now_ns() as u64) ^ ((std::process::id() as u64) << 40) | 1;
+    static SEED: AtomicU64 = AtomicU64::new(0);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut seed = SEED.load(Relaxed);
+    if seed == 0 {
+        let mut n = 0u64;
+        // SAFETY: getrandom writes at most 8 bytes into `n`.
+        let got = unsafe {
+            libc::getrandom(
+                &mut n as *mut u64 as *mut libc::c_void,
+                8,
+                libc::GRND_NONBLOCK,
+            )
+        };
+        if got != 8 || n == 0 {
+            n = crate::block::now_ns() as u64 | 1;
+        }
+        seed = match SEED.compare_exchange(0, n, Relaxed, Relaxed) {
+            Ok(_) => n,
+            Err(theirs) => theirs,
+        };
     }
-    n
+    let count = COUNTER.fetch_add(1, Relaxed);
+    let mut z =
+        seed ^ crate::lock::me().rotate_left(17) ^ count.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)).max(1)
 }
 
 impl Store {

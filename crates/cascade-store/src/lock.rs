@@ -87,7 +87,7 @@ extern "C" fn after_fork_in_child() {
 
 /// This thread's holder value, cached (gettid is a system call).
 #[inline]
-fn me() -> u64 {
+pub(crate) fn me() -> u64 {
     let value = HOLDER.try_with(Cell::get).unwrap_or(0);
     if value != 0 {
         return value;

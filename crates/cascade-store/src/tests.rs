@@ -646,6 +646,53 @@ fn reaching_a_level_wakes_whoever_waits_for_progress() {
     assert_eq!(s.progress_counter(), now);
 }
 
+/// A waker makes the FUTEX_WAKE call only if a sleeper marked the word: two threads hand
+/// the agent's wake word back and forth 3000 times, each sleeping until the other's bump.
+/// A lost wake-up would leave one asleep until its 60 s timeout; and with nobody asleep a
+/// bump leaves the mark clear.
+#[test]
+fn wake_words_lose_no_wake_up_and_mark_their_sleepers() {
+    use std::time::{Duration, Instant};
+    const ROUNDS: u32 = 3000;
+    let s = store(1 << 20, 4096, 0);
+    let word = &s.block().header().agent_wake;
+    let start = s.work_counter();
+    s.wake_agent();
+    assert_eq!(
+        word.load(Ordering::Relaxed),
+        start + 1,
+        "a bump, and no sleeper mark"
+    );
+    let started = Instant::now();
+    let other: Store = (*s).clone();
+    // Counts start + 1 + 2k are the first thread's bumps, start + 2 + 2k the second's.
+    let second = std::thread::spawn(move || {
+        for k in 0..ROUNDS {
+            let mine = start + 2 + 2 * k;
+            while other.work_counter() != mine - 1 {
+                other.wait_for_work(mine - 2, Duration::from_secs(60));
+            }
+            other.wake_agent();
+        }
+    });
+    for k in 0..ROUNDS {
+        let mine = start + 1 + 2 * k;
+        while s.work_counter() == mine {
+            s.wait_for_work(mine, Duration::from_secs(60));
+        }
+        if k + 1 < ROUNDS {
+            s.wake_agent();
+        }
+    }
+    second.join().unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(30),
+        "a wake-up was lost: {took:?}"
+    );
+    assert_eq!(s.work_counter(), start + 2 * ROUNDS);
+}
+
 #[test]
 fn a_commit_inside_an_implicit_checkpoint_supersedes_it_and_an_explicit_one_refuses() {
     let s = store(1 << 20, 4096, 0);
