@@ -490,36 +490,46 @@ fn open_never_binds_to_a_reused_inode() {
     assert_clean(&s);
 }
 
-/// A lock-free read racing truncation of the same file never returns bytes of another file.
-/// Large reads widen the window in which the writer can free and reuse the chunks.
-#[test]
-fn read_racing_truncate_never_sees_foreign_bytes() {
-    const LEN: usize = 64 * 4096;
+/// Runs `read_once` on `/victim` over and over for a second, while another thread fills it
+/// with 1s and truncates it, then fills `/other` with 2s (taking the chunks just freed) and
+/// truncates that: the read races the free and reuse of its file's chunks.
+fn race_reads_with_truncations(len: usize, mut read_once: impl FnMut(&File)) {
     let s = store(256 * 4096, 4096, 0);
     let victim = s.open("/victim", &rw()).unwrap();
     let other = s.open("/other", &rw()).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
+            let (ones, twos) = (vec![1; len], vec![2; len]);
             let start = std::time::Instant::now();
             while start.elapsed() < std::time::Duration::from_secs(1) {
-                victim.write_all_at(&[1; LEN], 0).unwrap();
+                victim.write_all_at(&ones, 0).unwrap();
                 victim.set_len(0).unwrap();
-                other.write_all_at(&[2; LEN], 0).unwrap();
+                other.write_all_at(&twos, 0).unwrap();
                 other.set_len(0).unwrap();
             }
             stop.store(true, Ordering::Relaxed);
         });
-        let mut buf = vec![0u8; LEN];
         while !stop.load(Ordering::Relaxed) {
-            let n = victim.read_at(&mut buf, 0).unwrap();
-            assert!(
-                buf[..n].iter().all(|&b| b == 1 || b == 0),
-                "read another file's bytes"
-            );
+            read_once(&victim);
         }
     });
     assert_clean(&s);
+}
+
+/// A lock-free read racing truncation of the same file never returns bytes of another file.
+/// Large reads widen the window in which the writer can free and reuse the chunks.
+#[test]
+fn read_racing_truncate_never_sees_foreign_bytes() {
+    const LEN: usize = 64 * 4096;
+    let mut buf = vec![0u8; LEN];
+    race_reads_with_truncations(LEN, |victim| {
+        let n = victim.read_at(&mut buf, 0).unwrap();
+        assert!(
+            buf[..n].iter().all(|&b| b == 1 || b == 0),
+            "read another file's bytes"
+        );
+    });
 }
 
 /// The same race for small reads, which take the short path through the handle's chunk
@@ -528,37 +538,20 @@ fn read_racing_truncate_never_sees_foreign_bytes() {
 #[test]
 fn small_reads_racing_truncate_never_see_foreign_bytes() {
     const LEN: usize = 64 * 4096;
-    let s = store(256 * 4096, 4096, 0);
-    let victim = s.open("/victim", &rw()).unwrap();
-    let other = s.open("/other", &rw()).unwrap();
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            let start = std::time::Instant::now();
-            while start.elapsed() < std::time::Duration::from_secs(1) {
-                victim.write_all_at(&[1; LEN], 0).unwrap();
-                victim.set_len(0).unwrap();
-                other.write_all_at(&[2; LEN], 0).unwrap();
-                other.set_len(0).unwrap();
-            }
-            stop.store(true, Ordering::Relaxed);
-        });
-        let mut buf = [0u8; 64];
-        let mut reads_with_data = 0u64;
-        let mut at = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            let n = victim.read_at(&mut buf, at).unwrap();
-            assert!(
-                buf[..n].iter().all(|&b| b == 1 || b == 0),
-                "read another file's bytes"
-            );
-            reads_with_data += (n > 0) as u64;
-            // The same chunk several times (the hint), then the next.
-            at = (at + 64 * 17) % LEN as u64;
-        }
-        assert!(reads_with_data > 0, "no read found the file's data");
+    let mut buf = [0u8; 64];
+    let mut reads_with_data = 0u64;
+    let mut at = 0u64;
+    race_reads_with_truncations(LEN, |victim| {
+        let n = victim.read_at(&mut buf, at).unwrap();
+        assert!(
+            buf[..n].iter().all(|&b| b == 1 || b == 0),
+            "read another file's bytes"
+        );
+        reads_with_data += (n > 0) as u64;
+        // The same chunk several times (the hint), then the next.
+        at = (at + 64 * 17) % LEN as u64;
     });
-    assert_clean(&s);
+    assert!(reads_with_data > 0, "no read found the file's data");
 }
 
 /// A file unlinked while an open description refers to it keeps its data until the last
