@@ -195,7 +195,9 @@ pub(crate) struct Header {
     pub rj_valid: AtomicU32,
     pub rj_src: AtomicU32,
     pub rj_victim: AtomicU32,
-    pub _pad1: u32,
+    /// 1 once the interposition library made a lock file for a file of this store (flock
+    /// and fcntl locks, `Store::lock_dir`); until then a removal has no lock file to clean.
+    pub lock_files: AtomicU32,
     pub rj_link: AtomicU64,
     /// Last ENOSPC: when, who, why (code) and how much was asked for.
     pub enospc_time: AtomicI64,

@@ -112,6 +112,21 @@ impl Store {
         std::path::PathBuf::from(format!("/dev/shm/{}.locks", name.trim_start_matches('/')))
     }
 
+    /// Records that a lock file is about to be made for a file of this store (before it is
+    /// made), so that removals look for lock files from then on.
+    pub fn note_lock_file(&self) {
+        let flag = &self.block.header().lock_files;
+        if flag.load(Relaxed) == 0 {
+            flag.store(1, Release);
+        }
+    }
+
+    /// False while no lock file was ever made for a file of this store: a removal then has
+    /// none to delete (docs/store-layout.md, `lock_files`).
+    pub fn may_have_lock_files(&self) -> bool {
+        self.block.header().lock_files.load(Acquire) != 0
+    }
+
     /// The node agent's control socket (docs/agent.md): read-through requests.
     pub fn agent_socket_path(name: &str) -> std::path::PathBuf {
         Self::lock_dir(name).join("agent.sock")

@@ -391,6 +391,7 @@ fn header_and_record_offsets_match_the_docs() {
         offset_of!(Header, rj_valid),
         offset_of!(Header, rj_src),
         offset_of!(Header, rj_victim),
+        offset_of!(Header, lock_files),
         offset_of!(Header, rj_link),
         offset_of!(Header, enospc_time),
         offset_of!(Header, enospc_pid),
@@ -412,8 +413,8 @@ fn header_and_record_offsets_match_the_docs() {
         header,
         [
             0, 8, 12, 16, 24, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 168, 176, 1216, 1280, 1344,
-            1348, 1352, 1356, 1360, 1368, 1372, 1376, 1384, 1392, 1400, 1404, 1408, 1412, 1416,
-            1420, 1424, 1432, 1440, 1444, 1448, 1452, 1472, 1536
+            1348, 1352, 1356, 1360, 1368, 1372, 1376, 1380, 1384, 1392, 1400, 1404, 1408, 1412,
+            1416, 1420, 1424, 1432, 1440, 1444, 1448, 1452, 1472, 1536
         ]
     );
     let inode = [
@@ -1399,4 +1400,15 @@ fn small_writes_through_the_hint_and_the_general_path_agree_with_a_model() {
         );
     }
     assert_clean(&s);
+}
+
+/// Removals look for lock files only once one was made (`lock_files` in the header): a
+/// fresh store says none were, and the mark, once set, is seen by every attacher.
+#[test]
+fn the_lock_file_mark_starts_clear_and_is_shared() {
+    let s = store(1 << 20, 4096, 0);
+    assert!(!s.may_have_lock_files());
+    let other = Store::attach(s.name()).unwrap();
+    other.note_lock_file();
+    assert!(s.may_have_lock_files());
 }

@@ -173,7 +173,9 @@ fn lock_fd(e: &Entry) -> Result<c_int, Error> {
     if let Some(fd) = e.lock_fd.get() {
         return Ok(*fd);
     }
-    let path = lock_file_path(store()?, e.file.ino(), e.file.generation());
+    let s = store()?;
+    s.note_lock_file();
+    let path = lock_file_path(s, e.file.ino(), e.file.generation());
     if let Some(dir) = std::path::Path::new(&path).parent() {
         use std::os::unix::fs::DirBuilderExt;
         let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);

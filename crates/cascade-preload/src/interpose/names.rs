@@ -107,12 +107,15 @@ pub unsafe extern "C" fn umask(mask: libc::mode_t) -> libc::mode_t {
     old
 }
 
-/// Unlinks a store file and removes its lock file, if locks were ever taken on it.
+/// Unlinks a store file and removes its lock file, if locks were ever taken on it. While no
+/// lock file was ever made in this store, that is the unlink alone (no open to learn the
+/// file's inode, no failing unlink of a lock file that is not there).
 fn unlink_store(p: &str) -> Result<(), Error> {
     let s = store()?;
     let lock = s
-        .open(p, &cascade_store::OpenOptions::new())
-        .ok()
+        .may_have_lock_files()
+        .then(|| s.open(p, &cascade_store::OpenOptions::new()).ok())
+        .flatten()
         .map(|f| fds::lock_file_path(s, f.ino(), f.generation()));
     s.unlink(p)?;
     if let Some(l) = lock {
