@@ -51,8 +51,24 @@ if [ "$suite" = dcp ] || [ "$suite" = dcp-durable ]; then
     "$venv/bin/python" -m pip install -q maturin numpy torch ${extra[@]+"${extra[@]}"}
     PATH="$venv/bin:$PATH" "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
     script=bench/python/dcp_stall.py
+    # The Python scripts take the report's file; --out names a directory here as for every
+    # other suite (a path ending in .md is taken as the file itself).
     md="$out"
-    [ "$out_given" = 1 ] || { md="$out/$suite.md"; args=(--out "$md" ${args[@]+"${args[@]}"}); }
+    if [ "${out%.md}" = "$out" ]; then
+        md="$out/$suite.md"
+        mkdir -p "$out"
+        kept=()
+        skip=0
+        for a in ${args[@]+"${args[@]}"}; do
+            if [ "$skip" = 1 ]; then skip=0; continue; fi
+            case "$a" in
+                --out) skip=1; continue ;;
+                --out=*) continue ;;
+            esac
+            kept+=("$a")
+        done
+        args=(--out "$md" ${kept[@]+"${kept[@]}"})
+    fi
     if [ "$suite" = dcp-durable ]; then
         [ "$(id -u)" = 0 ] || { echo "run.sh: the dcp-durable suite needs root (network namespaces)" >&2; exit 1; }
         script=bench/python/dcp_durable.py
