@@ -605,8 +605,8 @@ impl Block {
     /// The usual small write without the general loop (inode lock held): `buf` lies inside
     /// one memory chunk, the one the file's hint names, and starts at or before the end of
     /// the file. None when any of that does not hold, having changed nothing: the caller
-    /// takes [`Self::write_locked`]. The same effects as that, in a third of its instructions
-    /// (docs/interposition.md, "What a small write costs").
+    /// takes [`Self::write_locked`]. The same effects as that, without its loop, its hole and
+    /// boundary handling or its frame (docs/interposition.md, "What a small write costs").
     #[inline]
     pub(crate) fn write_hinted(&self, ino: u32, buf: &[u8], offset: u64) -> Option<usize> {
         let inode = self.inode(ino);
