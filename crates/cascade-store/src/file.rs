@@ -492,17 +492,42 @@ impl Block {
                 .map_err(|e| Error::from_io(&e, format!("spill file {}", spill.path.display())))?;
             self.spill_dirty.store(true, Relaxed);
         } else {
-            // SAFETY: within + len <= chunk size (callers split at chunk boundaries), so the
-            // destination lies inside memory chunk c, which our inode owns under its lock.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    data.as_ptr(),
-                    self.chunk_ptr(c).add(within as usize),
-                    data.len(),
-                )
-            };
+            self.memory_chunk_write(c, within, data);
         }
         Ok(())
+    }
+
+    /// Copies `data` to `within` of memory chunk `c` (not spilled), which the caller's inode
+    /// owns under its lock; `within + data.len()` must not pass the chunk's end.
+    #[inline]
+    fn memory_chunk_write(&self, c: u32, within: u64, data: &[u8]) {
+        assert!(within + data.len() as u64 <= self.geo.chunk_size);
+        // SAFETY: the destination lies inside memory chunk c (asserted above; chunk_ptr
+        // checks c), which the caller's inode owns under its lock.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.chunk_ptr(c).add(within as usize),
+                data.len(),
+            )
+        };
+    }
+
+    /// Copies from `within` of memory chunk `c` (not spilled) into `out`; `within +
+    /// out.len()` must not pass the chunk's end. Lock-free readers check afterwards that the
+    /// chunk was not freed meanwhile.
+    #[inline]
+    fn memory_chunk_read(&self, c: u32, within: u64, out: &mut [u8]) {
+        assert!(within + out.len() as u64 <= self.geo.chunk_size);
+        // SAFETY: the source lies inside memory chunk c (asserted above; chunk_ptr_to_read
+        // checks c).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.chunk_ptr_to_read(c).add(within as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
     }
 
     fn chunk_zero(&self, c: u32, from: u64, to: u64) -> Result<()> {
@@ -537,14 +562,7 @@ impl Block {
                 .read_exact_at(out, self.spill_offset(c) + within)
                 .map_err(|e| Error::from_io(&e, format!("spill file {}", spill.path.display())))
         } else {
-            // SAFETY: within + len <= chunk size; the source lies inside memory chunk c.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    self.chunk_ptr_to_read(c).add(within as usize),
-                    out.as_mut_ptr(),
-                    out.len(),
-                )
-            };
+            self.memory_chunk_read(c, within, out);
             Ok(())
         }
     }
@@ -596,9 +614,10 @@ impl Block {
     #[inline]
     fn set_hint(&self, ino: u32, idx: u64, c: u32) {
         let hint = &self.inode(ino).lock.hint;
-        let value = idx << 32 | (c as u64 + 1);
-        if idx <= u32::MAX as u64 && hint.load(Relaxed) != value {
-            hint.store(value, Relaxed);
+        if let Some(value) = hint_word(idx, c) {
+            if hint.load(Relaxed) != value {
+                hint.store(value, Relaxed);
+            }
         }
     }
 
@@ -624,26 +643,12 @@ impl Block {
         if offset > old_size {
             return None;
         }
-        let c = self.hinted_chunk(ino, idx)?;
+        let c = self.chunk_if_hinted(ino, idx, inode.lock.hint.load(Relaxed))?;
         if self.is_spill(c) {
             return None;
         }
-        // SAFETY: within + len <= chunk size (checked above), so the destination lies inside
-        // memory chunk c, which our inode owns under its lock (the hint was checked against
-        // the chunk's state).
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                buf.as_ptr(),
-                self.chunk_ptr(c).add(within as usize),
-                buf.len(),
-            )
-        };
-        if end > old_size {
-            inode.size.store(end, Release);
-        }
-        if inode.mtime.load(Relaxed) != TIMES_MARKED {
-            inode.mtime.store(TIMES_MARKED, Relaxed);
-        }
+        self.memory_chunk_write(c, within, buf);
+        mark_written(inode, old_size, end);
         Some(buf.len())
     }
 
@@ -702,13 +707,7 @@ impl Block {
             done += n;
         }
         if done > 0 {
-            let new_end = offset + done as u64;
-            if new_end > old_size {
-                inode.size.store(new_end, Release);
-            }
-            if inode.mtime.load(Relaxed) != TIMES_MARKED {
-                inode.mtime.store(TIMES_MARKED, Relaxed);
-            }
+            mark_written(inode, old_size, offset + done as u64);
         }
         match err {
             Some(e) if done == 0 => Err(e),
@@ -814,8 +813,8 @@ impl Block {
             Some(c) => c,
             None => {
                 let c = self.map_lookup(ino, idx).ok()??;
-                if idx <= u32::MAX as u64 {
-                    hint.store(idx << 32 | (c as u64 + 1), Relaxed);
+                if let Some(value) = hint_word(idx, c) {
+                    hint.store(value, Relaxed);
                 }
                 c
             }
@@ -823,15 +822,8 @@ impl Block {
         if self.is_spill(c) {
             return None;
         }
-        // SAFETY: within + len <= chunk size (checked above): the source lies inside memory
-        // chunk c. Bytes of a chunk freed and reused meanwhile are discarded below.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.chunk_ptr_to_read(c).add(within as usize),
-                buf.as_mut_ptr(),
-                len as usize,
-            )
-        };
+        // Bytes of a chunk freed and reused meanwhile are discarded below.
+        self.memory_chunk_read(c, within, &mut buf[..len as usize]);
         std::sync::atomic::fence(Acquire);
         (seq.load(Relaxed) == before).then_some(len as usize)
     }
@@ -992,5 +984,23 @@ fn bad_map_word(ino: u32, m: u64) -> Error {
         Error::damaged(format!(
             "the chunk map of inode {ino} has {h} levels but no root node"
         ))
+    }
+}
+
+/// A chunk hint's word: `idx << 32 | chunk + 1`; None for an index past what it can hold.
+#[inline]
+fn hint_word(idx: u64, c: u32) -> Option<u64> {
+    (idx <= u32::MAX as u64).then_some(idx << 32 | (c as u64 + 1))
+}
+
+/// After a write that ended at `end` (inode lock held): the size grows to `end` if it was
+/// `old_size` and less, and the file's times are marked for the next update point.
+#[inline]
+fn mark_written(inode: &Inode, old_size: u64, end: u64) {
+    if end > old_size {
+        inode.size.store(end, Release);
+    }
+    if inode.mtime.load(Relaxed) != TIMES_MARKED {
+        inode.mtime.store(TIMES_MARKED, Relaxed);
     }
 }
