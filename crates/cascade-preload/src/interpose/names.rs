@@ -112,11 +112,13 @@ pub unsafe extern "C" fn umask(mask: libc::mode_t) -> libc::mode_t {
 /// file's inode, no failing unlink of a lock file that is not there).
 fn unlink_store(p: &str) -> Result<(), Error> {
     let s = store()?;
-    let lock = s
-        .may_have_lock_files()
-        .then(|| s.open(p, &cascade_store::OpenOptions::new()).ok())
-        .flatten()
-        .map(|f| fds::lock_file_path(s, f.ino(), f.generation()));
+    let lock = if s.may_have_lock_files() {
+        s.open(p, &cascade_store::OpenOptions::new())
+            .ok()
+            .map(|f| fds::lock_file_path(s, f.ino(), f.generation()))
+    } else {
+        None
+    };
     s.unlink(p)?;
     if let Some(l) = lock {
         let _ = std::fs::remove_file(l);
