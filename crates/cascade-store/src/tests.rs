@@ -491,68 +491,74 @@ fn open_never_binds_to_a_reused_inode() {
     assert_clean(&s);
 }
 
-/// Runs `read_once` on `/victim` over and over for a second, while another thread fills it
-/// with 1s and truncates it, then fills `/other` with 2s (taking the chunks just freed) and
-/// truncates that: the read races the free and reuse of its file's chunks.
-fn race_reads_with_truncations(len: usize, mut read_once: impl FnMut(&File)) {
-    let s = store(256 * 4096, 4096, 0);
+/// Reads all of `/victim` over and over for a second, while another thread fills it with
+/// `len` 1s and, once a read has met them, truncates it, then fills `/other` with 2s
+/// (taking the chunks just freed) and truncates that: each round a read races the free and
+/// reuse of its file's chunks, and must never return a 2.
+fn race_reads_with_truncations(chunk: u64, len: usize) {
+    // Room for one file's data, so the other file takes the chunks the victim frees.
+    let s = store(len as u64, chunk, 0);
     let victim = s.open("/victim", &rw()).unwrap();
     let other = s.open("/other", &rw()).unwrap();
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let reads_with_data = std::sync::atomic::AtomicU64::new(0);
     std::thread::scope(|scope| {
         scope.spawn(|| {
             let (ones, twos) = (vec![1; len], vec![2; len]);
-            let start = std::time::Instant::now();
-            while start.elapsed() < std::time::Duration::from_secs(1) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while std::time::Instant::now() < deadline {
                 victim.write_all_at(&ones, 0).unwrap();
+                // Truncate only once a read has met the data, so each round races a reader
+                // whose hint names a chunk about to be freed and taken by the other file.
+                let seen = reads_with_data.load(Ordering::Relaxed);
+                while reads_with_data.load(Ordering::Relaxed) == seen
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::yield_now();
+                }
                 victim.set_len(0).unwrap();
+                // A piece far ahead of the start first. A reader copies front to back and
+                // would stay ahead of one write going the same way; this piece (after the
+                // zeroing of the hole before it, which runs faster than a copy) lands while
+                // a reader that began at the truncation is still on its way there.
+                other
+                    .write_all_at(&twos[..4096], (len / 4 * 3) as u64)
+                    .unwrap();
                 other.write_all_at(&twos, 0).unwrap();
                 other.set_len(0).unwrap();
             }
             stop.store(true, Ordering::Relaxed);
         });
+        let mut buf = vec![0u8; len];
         while !stop.load(Ordering::Relaxed) {
-            read_once(&victim);
+            let n = victim.read_at(&mut buf, 0).unwrap();
+            assert!(!buf[..n].contains(&2), "read another file's bytes");
+            if n > 0 {
+                reads_with_data.fetch_add(1, Ordering::Relaxed);
+            }
         }
     });
+    assert!(
+        reads_with_data.into_inner() > 0,
+        "no read found the file's data"
+    );
     assert_clean(&s);
 }
 
 /// A lock-free read racing truncation of the same file never returns bytes of another file.
-/// Large reads widen the window in which the writer can free and reuse the chunks.
+/// Reads across many chunks take the general path.
 #[test]
 fn read_racing_truncate_never_sees_foreign_bytes() {
-    const LEN: usize = 64 * 4096;
-    let mut buf = vec![0u8; LEN];
-    race_reads_with_truncations(LEN, |victim| {
-        let n = victim.read_at(&mut buf, 0).unwrap();
-        assert!(
-            buf[..n].iter().all(|&b| b == 1 || b == 0),
-            "read another file's bytes"
-        );
-    });
+    race_reads_with_truncations(4096, 64 * 4096);
 }
 
-/// The same race for small reads, which take the short path through the handle's chunk
-/// hint (`read_hinted`): the hint names a chunk the truncation freed and the other file
-/// took, and the read must notice.
+/// The same race for reads within one chunk, which take the short path through the
+/// handle's chunk hint (`read_hinted`): the hint names a chunk the truncation freed and the
+/// other file took, and the read must notice. A whole 4 MiB chunk makes the copy long enough
+/// for the truncation and the other file's write to land inside it.
 #[test]
-fn small_reads_racing_truncate_never_see_foreign_bytes() {
-    const LEN: usize = 64 * 4096;
-    let mut buf = [0u8; 64];
-    let mut reads_with_data = 0u64;
-    let mut at = 0u64;
-    race_reads_with_truncations(LEN, |victim| {
-        let n = victim.read_at(&mut buf, at).unwrap();
-        assert!(
-            buf[..n].iter().all(|&b| b == 1 || b == 0),
-            "read another file's bytes"
-        );
-        reads_with_data += (n > 0) as u64;
-        // The same chunk several times (the hint), then the next.
-        at = (at + 64 * 17) % LEN as u64;
-    });
-    assert!(reads_with_data > 0, "no read found the file's data");
+fn single_chunk_reads_racing_truncate_never_see_foreign_bytes() {
+    race_reads_with_truncations(4 << 20, 4 << 20);
 }
 
 /// A file unlinked while an open description refers to it keeps its data until the last
