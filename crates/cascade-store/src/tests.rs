@@ -911,8 +911,22 @@ fn the_first_access_to_a_chunk_maps_all_of_it_into_the_process() {
         panic!("the file's chunk is not in memory: {sources:?}");
     };
     let chunk = s.block().base.wrapping_add(*offset as usize);
-    // One MADV_POPULATE_WRITE for the chunk, not a page fault for the one page written.
+    // One populate for the chunk, not a page fault for the one page written.
     assert_eq!(present_pages(chunk, 1 << 20), 256);
+    // Mapped for writing too, though populated as for a read: filling the chunk takes no
+    // page fault.
+    let data = vec![7u8; 1 << 20];
+    let faults = || {
+        // SAFETY: an all-zero rusage is valid.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: getrusage writes only the struct given.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+        assert_eq!(rc, 0);
+        usage.ru_minflt
+    };
+    let before = faults();
+    f.write_all_at(&data, 0).unwrap();
+    assert_eq!(faults() - before, 0, "writing the populated chunk faulted");
 }
 
 #[test]
