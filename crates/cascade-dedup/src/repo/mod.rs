@@ -298,6 +298,9 @@ pub struct Repo {
     parked: Mutex<Vec<session::Parked>>,
     /// Ingest pipelines (their window buffers) of finished writers, for the next ones.
     idle_ingests: Mutex<Vec<Ingest>>,
+    /// Buffers of written packs, for the next pack of any writer: a writer per checkpoint
+    /// would otherwise fault in fresh pack buffers for every checkpoint.
+    spare_packs: upload::SparePacks,
     /// Threads deleting the session objects of writers whose files manifests now name.
     ending_sessions: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -394,6 +397,7 @@ impl Repo {
             session_lease: DEFAULT_SESSION_LEASE,
             parked: Mutex::new(Vec::new()),
             idle_ingests: Mutex::new(Vec::new()),
+            spare_packs: upload::SparePacks::default(),
             ending_sessions: Mutex::new(Vec::new()),
         };
         Ok(Some(repo))
@@ -635,7 +639,11 @@ impl Repo {
             registration: None,
             file_packs: FilePacks::default(),
             files: Vec::new(),
-            uploads: upload::PackUploader::new(Arc::clone(&self.durable), self.prefix.clone()),
+            uploads: upload::PackUploader::new(
+                Arc::clone(&self.durable),
+                self.prefix.clone(),
+                Arc::clone(&self.spare_packs),
+            ),
             ingest: None,
             compression: self.compression,
             started: None,

@@ -3,8 +3,8 @@
 //! larger of the two, not their sum (over a 1 Gbit/s link the upload is the longer one). Two
 //! packs are written at once, so the link stays busy during each request's round trip and
 //! the store's own work on it. The threads also hash each pack for its id (the writer needs
-//! the ids only at `finish`), and hand the written pack's buffer back for the next pack, so
-//! packs do not fault in fresh memory.
+//! the ids only at `finish`), and hand the written pack's buffer back to the repository for
+//! the next pack of this or a later writer, so packs do not fault in fresh memory.
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,10 @@ const UPLOAD_THREADS: usize = 2;
 const QUEUED_PACKS: usize = 1;
 /// Written packs' buffers kept for reuse (one per pack that can be queued or in flight).
 const SPARE_BUFFERS: usize = QUEUED_PACKS + UPLOAD_THREADS;
+
+/// Written packs' buffers, kept by the repository for every writer's next packs (at most
+/// [`SPARE_BUFFERS`] of them, about 10 MiB each).
+pub(super) type SparePacks = Arc<Mutex<Vec<Vec<u8>>>>;
 
 /// Where a pack's bytes start in its buffer: a page boundary, so that a directory store
 /// writes them with O_DIRECT straight from the buffer (cascade-durable's SyncedDir).
@@ -87,20 +91,24 @@ pub(super) struct PackUploader {
     sent: usize,
     /// Ids of the packs written, in the order they were sent.
     written: Vec<Score>,
-    spare: Arc<Mutex<Vec<Vec<u8>>>>,
+    spare: SparePacks,
     clock: Arc<Mutex<BusyClock>>,
     blocked: Duration,
 }
 
 impl PackUploader {
-    pub(super) fn new(durable: Arc<DurableStore>, prefix: String) -> PackUploader {
+    pub(super) fn new(
+        durable: Arc<DurableStore>,
+        prefix: String,
+        spare: SparePacks,
+    ) -> PackUploader {
         PackUploader {
             durable,
             prefix,
             workers: None,
             sent: 0,
             written: Vec::new(),
-            spare: Arc::default(),
+            spare,
             clock: Arc::default(),
             blocked: Duration::ZERO,
         }
@@ -257,5 +265,50 @@ fn upload_all(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cascade_durable::DurableStore;
+    use cascade_testkit::random;
+
+    use crate::repo::{Repo, DEFAULT_PREFIX};
+    use crate::{Chunking, Compression};
+
+    /// The addresses of the pack buffers `repo` keeps for reuse.
+    fn spare_addresses(repo: &Repo) -> Vec<usize> {
+        let spare = repo.spare_packs.lock().expect("spare packs");
+        spare.iter().map(|b| b.as_ptr() as usize).collect()
+    }
+
+    /// A writer per checkpoint, as the agent makes them, fills its packs in the buffers of
+    /// the writers before it instead of faulting in new ones.
+    #[test]
+    fn a_later_writer_fills_its_packs_in_the_buffers_of_an_earlier_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("durable");
+        let durable = Arc::new(DurableStore::open(root.to_str().expect("utf-8")).expect("open"));
+        let chunking: Chunking = "fixed:64KiB".parse().expect("chunking");
+        let repo = Repo::open(durable, DEFAULT_PREFIX, chunking, Compression::None)
+            .expect("open")
+            .with_pack_size(1 << 20);
+        let mut kept = Vec::new();
+        for seed in 0..3 {
+            // New bytes each time, less than a pack: one pack per writer.
+            let mut w = repo.writer();
+            w.add_file("ckpt", &random(seed, 256 << 10)[..])
+                .expect("add");
+            assert_eq!(w.finish().expect("finish").packs, 1);
+            let spare = spare_addresses(&repo);
+            assert_eq!(spare.len(), 1, "the written pack's buffer is kept");
+            kept.extend(spare);
+        }
+        assert!(
+            kept.iter().all(|&a| a == kept[0]),
+            "each writer took a buffer of its own: {kept:x?}"
+        );
     }
 }
