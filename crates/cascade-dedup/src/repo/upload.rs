@@ -297,10 +297,9 @@ mod tests {
             .with_pack_size(1 << 20);
         let mut kept = Vec::new();
         for seed in 0..3 {
-            // New bytes each time, less than a pack: one pack per writer.
+            // New bytes each time, a few KiB: one pack per writer.
             let mut w = repo.writer();
-            w.add_file("ckpt", &random(seed, 256 << 10)[..])
-                .expect("add");
+            w.add_file("ckpt", &random(4 << 10, seed)[..]).expect("add");
             assert_eq!(w.finish().expect("finish").packs, 1);
             let spare = spare_addresses(&repo);
             assert_eq!(spare.len(), 1, "the written pack's buffer is kept");
