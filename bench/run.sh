@@ -15,15 +15,16 @@ cd "$(dirname "$0")/.."
 
 suite=all
 out=bench/results
-out_given=0
 lib_given=0
 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --suite) suite="${2:-}"; shift 2; continue ;;
         --suite=*) suite="${1#--suite=}"; shift; continue ;;
-        --out) out="${2:-$out}"; out_given=1 ;;
-        --out=*) out="${1#--out=}"; out_given=1 ;;
+        --out)
+            [ $# -ge 2 ] || { echo "run.sh: --out needs a directory" >&2; exit 2; }
+            out="$2"; shift 2; continue ;;
+        --out=*) out="${1#--out=}"; shift; continue ;;
         --lib|--lib=*) lib_given=1 ;;
     esac
     args+=("$1")
@@ -57,18 +58,8 @@ if [ "$suite" = dcp ] || [ "$suite" = dcp-durable ]; then
     if [ "${out%.md}" = "$out" ]; then
         md="$out/$suite.md"
         mkdir -p "$out"
-        kept=()
-        skip=0
-        for a in ${args[@]+"${args[@]}"}; do
-            if [ "$skip" = 1 ]; then skip=0; continue; fi
-            case "$a" in
-                --out) skip=1; continue ;;
-                --out=*) continue ;;
-            esac
-            kept+=("$a")
-        done
-        args=(--out "$md" ${kept[@]+"${kept[@]}"})
     fi
+    args=(--out "$md" ${args[@]+"${args[@]}"})
     if [ "$suite" = dcp-durable ]; then
         [ "$(id -u)" = 0 ] || { echo "run.sh: the dcp-durable suite needs root (network namespaces)" >&2; exit 1; }
         script=bench/python/dcp_durable.py
@@ -125,9 +116,7 @@ hostile=0
 if [ "$suite" = hostile ]; then
     hostile=1
 fi
-if [ "$out_given" = 0 ]; then
-    args=(--out "$out" ${args[@]+"${args[@]}"})
-fi
+args=(--out "$out" ${args[@]+"${args[@]}"})
 
 cargo build --release -p cascade-bench
 if { [ "$suite" = interposition ] || [ "$suite" = all ]; } && [ "$lib_given" = 0 ]; then
