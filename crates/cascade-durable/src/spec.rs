@@ -35,6 +35,7 @@ pub struct S3Spec {
     /// Sign each request's body (SHA-256 in the signature; `sign_payload=`): the default
     /// over `http://`, where nothing else protects it; off over HTTPS, whose TLS does, as
     /// the AWS CLI does. Hashing costs about 0.5 s per GiB before the first byte is sent.
+    /// Streaming uploads sign their chunks either way (backend/stream.rs).
     pub sign_payload: bool,
 }
 

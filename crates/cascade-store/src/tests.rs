@@ -899,6 +899,16 @@ fn present_pages(addr: *const u8, len: usize) -> usize {
         .count()
 }
 
+/// Minor page faults this thread has taken so far.
+fn thread_minor_faults() -> i64 {
+    // SAFETY: an all-zero rusage is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes only the struct given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    assert_eq!(rc, 0);
+    usage.ru_minflt
+}
+
 #[test]
 fn the_first_access_to_a_chunk_maps_all_of_it_into_the_process() {
     // Without a prefault nothing is mapped before its first access, and no populate thread
@@ -916,17 +926,13 @@ fn the_first_access_to_a_chunk_maps_all_of_it_into_the_process() {
     // Mapped for writing too, though populated as for a read: filling the chunk takes no
     // page fault.
     let data = vec![7u8; 1 << 20];
-    let faults = || {
-        // SAFETY: an all-zero rusage is valid.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: getrusage writes only the struct given.
-        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
-        assert_eq!(rc, 0);
-        usage.ru_minflt
-    };
-    let before = faults();
+    let before = thread_minor_faults();
     f.write_all_at(&data, 0).unwrap();
-    assert_eq!(faults() - before, 0, "writing the populated chunk faulted");
+    assert_eq!(
+        thread_minor_faults() - before,
+        0,
+        "writing the populated chunk faulted"
+    );
 }
 
 #[test]
