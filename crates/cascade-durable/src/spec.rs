@@ -35,7 +35,8 @@ pub struct S3Spec {
     /// Sign each request's body (SHA-256 in the signature; `sign_payload=`): the default
     /// over `http://`, where nothing else protects it; off over HTTPS, whose TLS does, as
     /// the AWS CLI does. Hashing costs about 0.5 s per GiB before the first byte is sent.
-    /// Streaming uploads sign their chunks either way (backend/stream.rs).
+    /// Only multipart parts (and bodiless requests) follow it: single PUTs
+    /// (backend/signed_puts.rs) and streaming uploads (backend/stream.rs) sign either way.
     pub sign_payload: bool,
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cascade_durable::{DurableStore, Error, Options, Spec};
 use cascade_testkit::versitygw::SECRET;
-use cascade_testkit::{free_port, Versitygw};
+use cascade_testkit::{free_port, CuttingProxy, Versitygw};
 
 #[test]
 fn s3_checkpoint_layout_errors_and_verification() {
@@ -50,8 +50,9 @@ fn s3_checkpoint_layout_errors_and_verification() {
     );
 }
 
-/// `sign_payload=no` (the default over HTTPS) sends UNSIGNED-PAYLOAD instead of the body's
-/// SHA-256: the server takes it, and the data reads back bit for bit.
+/// `sign_payload=no` (the default over HTTPS) sends multipart parts as UNSIGNED-PAYLOAD
+/// instead of with the body's SHA-256: the server takes them, and the data reads back bit
+/// for bit.
 #[test]
 fn s3_unsigned_payloads_round_trip() {
     let server = Versitygw::start();
@@ -66,6 +67,57 @@ fn s3_unsigned_payloads_round_trip() {
     }
     let store = DurableStore::open(&spec).unwrap();
     common::checkpoint_round_trip(&store, &server.root.join("cascade/unsigned"));
+}
+
+/// A single PUT whose body is cut off (its client killed mid-upload; here a proxy that
+/// closes both connections) never replaces the older object of the name, with
+/// `sign_payload=yes` and `no`: single PUTs are signed either way, because versitygw took
+/// an unsigned body cut short for a whole one (docs/durable-layout.md). A multipart upload
+/// (a file larger than one part) whose part is cut short is not completed either.
+#[test]
+fn s3_single_puts_cut_short_leave_the_older_object() {
+    let server = Versitygw::start();
+    server.create_bucket("cascade");
+    let proxy = CuttingProxy::start(server.port);
+    let opts = Options {
+        max_retries: 1,
+        retry_timeout: Duration::from_secs(5),
+        ..Options::default()
+    };
+    let older = cascade_testkit::random(20 << 20, 1);
+    let newer = cascade_testkit::random(20 << 20, 2);
+    for (prefix, extra) in [("signed", ""), ("unsigned", "&sign_payload=no")] {
+        let direct = DurableStore::open(&format!(
+            "{}{extra}",
+            server.spec(&format!("cascade/{prefix}"), SECRET)
+        ))
+        .unwrap();
+        let through_proxy = format!(
+            "{}{extra}",
+            server
+                .spec(&format!("cascade/{prefix}"), SECRET)
+                .replace(&server.port.to_string(), &proxy.port.to_string())
+        );
+        let cut =
+            DurableStore::open_with(Spec::parse(&through_proxy).unwrap(), opts.clone()).unwrap();
+        // Five single PUTs of 6 MiB cut at 1..5 MiB, and a multipart upload of 20 MiB.
+        for round in 0..6 {
+            let name = format!("f{round}.bin");
+            let len = if round < 5 { 6 << 20 } else { 20 << 20 };
+            let (older, newer) = (&older[..len], &newer[..len]);
+            direct.put_bytes(&name, older).unwrap();
+            let cuts = proxy.cuts();
+            proxy.cut_puts(&format!("/{prefix}/{name}"), (1 << 20) * (round % 5 + 1));
+            let e = cut.put_bytes(&name, newer).unwrap_err();
+            assert!(proxy.cuts() > cuts, "{prefix}: the proxy cut nothing: {e}");
+            let stored = direct.get_bytes(&name).unwrap();
+            assert!(
+                stored[..] == older[..],
+                "{prefix}: a PUT cut short replaced the older object with {} bytes",
+                stored.len()
+            );
+        }
+    }
 }
 
 #[test]

@@ -23,7 +23,8 @@
 //! - **Servers**: [`StageServer`] (`cascade stage-server`, ready after its start line, the
 //!   address read from it; kill and restart on the same port), [`Versitygw`] (a real S3
 //!   server, ready when its port accepts; stop and restart on the same port), with
-//!   [`versitygw::ACCESS`], [`versitygw::SECRET`] and [`free_port`].
+//!   [`versitygw::ACCESS`], [`versitygw::SECRET`] and [`free_port`]; [`CuttingProxy`], a
+//!   TCP proxy in front of it that cuts chosen PUTs part-way through their bodies.
 //! - **TLS** ([`tls`]): [`TestPki`], a CA and a server certificate for 127.0.0.1 and
 //!   localhost (rcgen), written as PEM files, and a second CA that signed nothing of it.
 //! - **Durable stores** ([`durable`]): [`durable_at`] (a directory as the durable store),
@@ -36,6 +37,7 @@
 //!   disk; root only) and [`RemoveDir`].
 
 pub mod build;
+pub mod cut_proxy;
 pub mod data;
 pub mod durable;
 pub mod fs;
@@ -50,6 +52,7 @@ pub mod versitygw;
 pub mod wait;
 
 pub use build::{build, cascade_bin, compile_heat, preload_library, repo_root};
+pub use cut_proxy::CuttingProxy;
 pub use data::{b3, compressible, counting_doubles, pattern, random, MIB};
 pub use durable::{assert_durable_checkpoint, durable_at, expected, Expected};
 pub use fs::{files_below, RemoveDir, Tmpfs};

@@ -4,6 +4,7 @@
 mod checkpoints;
 mod objects;
 mod parts;
+mod signed_puts;
 mod stream;
 mod synced;
 
@@ -213,13 +214,23 @@ impl AsyncDurableStore {
                 if let Some(t) = &s3.session_token {
                     builder = builder.with_token(t.expose());
                 }
-                let s3store = builder.build().map_err(|e| Error::Config {
-                    spec: name.clone(),
-                    reason: error::one_line(&error::chain_text(&e)),
-                })?;
-                let s3store = Arc::new(s3store);
-                s3_client = Some(Arc::clone(&s3store));
-                let s3store: Arc<dyn ObjectStore> = s3store;
+                let build = |builder: AmazonS3Builder| {
+                    builder.build().map_err(|e| Error::Config {
+                        spec: name.clone(),
+                        reason: error::one_line(&error::chain_text(&e)),
+                    })
+                };
+                let client = Arc::new(build(builder.clone())?);
+                s3_client = Some(Arc::clone(&client));
+                // Single PUTs signed whatever `sign_payload` says (signed_puts.rs).
+                let s3store: Arc<dyn ObjectStore> = if s3.sign_payload {
+                    client
+                } else {
+                    Arc::new(signed_puts::SignedSinglePuts {
+                        signed: build(builder.with_unsigned_payload(false))?,
+                        unsigned: client,
+                    })
+                };
                 if s3.prefix.is_empty() {
                     s3store
                 } else {
