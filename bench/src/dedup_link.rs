@@ -20,7 +20,7 @@ use crate::baselines::{clear_remote, settle};
 use crate::datasets::{load_series, Series};
 use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
-use crate::procs::{clean_cmd, cpu_s, Node, StageServer};
+use crate::procs::{clean_cmd, cpu_s, threads_cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
 use crate::util::{now_ns, prefix, require_s3_url, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
@@ -266,7 +266,14 @@ pub struct BaseReads {
     /// them, and the S3 store, on the same cores).
     pub agent_cpu_s: f64,
     pub servers_cpu_s: f64,
+    /// The part of `servers_cpu_s` spent taking chunks in: the threads that receive, check
+    /// and store them (`cascade-conn`, `cascade-io-N`, `cascade-disk`), all before a chunk
+    /// counts as staged; the rest is the push to the durable store.
+    pub servers_receive_cpu_s: f64,
 }
+
+/// Threads of `cascade stage-server` that take chunks in (`Server::run` names them).
+const RECEIVING_THREADS: &[&str] = &["cascade-conn", "cascade-io-", "cascade-disk"];
 
 /// The pid a `cascade stage-server` log's start line names (`... (pid N) ...`).
 fn server_pid(log: &Path) -> Option<u32> {
@@ -285,7 +292,10 @@ fn base_reads(node: &Node, secret: &str) -> BaseReads {
         ..BaseReads::default()
     };
     for server in &node.servers {
-        r.servers_cpu_s += server_pid(&server.log).and_then(cpu_s).unwrap_or(0.0);
+        if let Some(pid) = server_pid(&server.log) {
+            r.servers_cpu_s += cpu_s(pid).unwrap_or(0.0);
+            r.servers_receive_cpu_s += threads_cpu_s(pid, RECEIVING_THREADS);
+        }
         let Ok(mut c) = Connection::connect(&server.addr, &ClientOptions::new(secret)) else {
             continue;
         };
@@ -578,16 +588,26 @@ fn staged_target(r: &SeriesRow) -> Target {
 }
 
 /// Issue 24, item 2: safe from the loss of the node (staged) at least 5x sooner than durable.
+/// Also the bound this machine puts on it: before a chunk is staged the agent has cut,
+/// hashed and compressed it and a server has checked and stored it, all on these cores.
 fn safe_target(r: &SeriesRow) -> Target {
     let ratio = |m: &ModeTotal| m.staged.map(|st| m.seconds / st);
     let (a, b) = (ratio(&r.staged_delta), ratio(&r.staged_dedup));
     let show = |x: Option<f64>| x.map_or("?".to_string(), |v| format!("{v:.2}x"));
+    let cores = cores();
+    let staged_min = staged_no_sooner_than(&r.staged_delta_bases, cores);
     let measured = format!(
-        "durable / staged: {} with deltas ({} s staged, {:.2} s durable), {} without",
+        "durable / staged: {} with deltas ({} s staged, {:.2} s durable), {} without; bound \
+         on these {cores} cores: with deltas staged no sooner than {staged_min:.2} s ((agent \
+         CPU {:.2} s + servers' CPU receiving {:.2} s) / {cores}), so at most {:.2}x at this \
+         durable time",
         show(a),
         opt_s(r.staged_delta.staged),
         r.staged_delta.seconds,
-        show(b)
+        show(b),
+        r.staged_delta_bases.agent_cpu_s,
+        r.staged_delta_bases.servers_receive_cpu_s,
+        r.staged_delta.seconds / staged_min,
     );
     Target::new(
         &format!("{}: staged before durable through the servers", r.series),
@@ -595,6 +615,17 @@ fn safe_target(r: &SeriesRow) -> Target {
         measured,
         a.zip(b).map(|(a, b)| a >= 5.0 && b >= 5.0),
     )
+}
+
+/// The cores the agent, the servers and the S3 server share in this rig.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The earliest a series could be staged on `cores` cores: the agent's CPU and the servers'
+/// receiving CPU spread perfectly over all of them.
+fn staged_no_sooner_than(b: &BaseReads, cores: usize) -> f64 {
+    (b.agent_cpu_s + b.servers_receive_cpu_s) / cores as f64
 }
 
 fn opt_s(x: Option<f64>) -> String {
@@ -617,7 +648,7 @@ fn tables(rep: &Report) -> Md {
             )), r.staged_delta.seconds / r.delta.seconds, size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     s.title("Parts of the staged modes".into());
-    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | agent CPU direct (s) |");
+    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | of it receiving (s) | staged no sooner than (s) | agent CPU direct (s) |");
     for r in rep.series {
         for (name, m, direct, b, d) in [
             (
@@ -637,7 +668,7 @@ fn tables(rep: &Report) -> Md {
         ] {
             let staged = m.staged.unwrap_or(0.0);
             s.row(format!(
-                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 r.series,
                 m.seconds - staged,
                 direct.seconds,
@@ -648,6 +679,8 @@ fn tables(rep: &Report) -> Md {
                 b.read_s,
                 b.agent_cpu_s,
                 b.servers_cpu_s,
+                b.servers_receive_cpu_s,
+                staged_no_sooner_than(b, cores()),
                 d.agent_cpu_s
             ));
         }

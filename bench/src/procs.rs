@@ -22,13 +22,35 @@ pub(crate) fn clean_cmd(bin: &Path) -> Command {
 
 /// utime + stime of a process, in seconds.
 pub(crate) fn cpu_s(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_s_of(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime from a `stat` file of /proc (a process's or a thread's).
+fn cpu_s_of(path: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     let after = stat.rsplit_once(')')?.1;
     let f: Vec<u64> = after
         .split_whitespace()
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     Some((f.get(11)? + f.get(12)?) as f64 / 100.0)
+}
+
+/// utime + stime, in seconds, of the live threads of a process whose names start with one of
+/// `prefixes` (threads that have exited are counted only in the process's total).
+pub(crate) fn threads_cpu_s(pid: u32, prefixes: &[&str]) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|comm| prefixes.iter().any(|p| comm.starts_with(p)))
+        })
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .filter_map(|tid: u32| cpu_s_of(&format!("/proc/{pid}/task/{tid}/stat")))
+        .sum()
 }
 
 /// Sends SIGTERM to a child and waits up to `secs` for it, then kills it.

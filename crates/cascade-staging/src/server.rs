@@ -707,26 +707,46 @@ impl Server {
     }
 
     /// Serves until stopped: IO threads, the drain thread, and a thread per connection.
+    /// Threads are named (`top -H`, and the bench's CPU split between receiving and
+    /// pushing): cascade-io-N, cascade-disk, cascade-drain, cascade-push, cascade-conn.
     pub fn run(self) -> Result<()> {
         let shared = self.shared;
+        let spawn = |name: String, work: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(work)
+                .map_err(|e| Error::io(format!("starting thread {name}"), e))
+        };
         let mut io_workers = Vec::new();
         for i in 0..shared.queues.len() {
             let s = shared.clone();
-            io_workers.push(std::thread::spawn(move || s.io_thread(i)));
+            io_workers.push(spawn(
+                format!("cascade-io-{i}"),
+                Box::new(move || s.io_thread(i)),
+            )?);
         }
         let mut disk_writers = Vec::new();
         for _ in 0..shared.opts.writes_in_flight.max(1) {
             let s = shared.clone();
-            disk_writers.push(std::thread::spawn(move || s.disk_writer()));
+            disk_writers.push(spawn(
+                "cascade-disk".into(),
+                Box::new(move || s.disk_writer()),
+            )?);
         }
         let mut workers = Vec::new();
         {
             let s = shared.clone();
-            workers.push(std::thread::spawn(move || s.drain_loop()));
+            workers.push(spawn(
+                "cascade-drain".into(),
+                Box::new(move || s.drain_loop()),
+            )?);
         }
         {
             let s = shared.clone();
-            workers.push(std::thread::spawn(move || s.dedup_push_loop()));
+            workers.push(spawn(
+                "cascade-push".into(),
+                Box::new(move || s.dedup_push_loop()),
+            )?);
         }
         for stream in self.listener.incoming() {
             if shared.stop.load(Ordering::SeqCst) {
@@ -743,10 +763,14 @@ impl Server {
                 continue;
             };
             let s = shared.clone();
-            std::thread::spawn(move || {
+            let serve = Box::new(move || {
                 let _slot = slot;
                 s.serve(stream)
             });
+            // Out of threads: this connection is dropped (its client retries), not the server.
+            if let Err(e) = spawn("cascade-conn".into(), serve) {
+                shared.log(|| format!("{e}"));
+            }
         }
         for w in io_workers {
             let _ = w.join();

@@ -10,7 +10,8 @@
 //!    arenas as before, bit for bit;
 //! 3. a server process killed with SIGKILL in the middle of a stream (Write frames of a file
 //!    still arriving and being written) recovers every file a Sync acknowledged and,
-//!    restarted, drains each bit for bit; the file being sent is not there.
+//!    restarted, drains each bit for bit; the file being sent is not there;
+//! 4. the server's threads carry the names `top -H` and the bench's CPU split rely on.
 
 mod common;
 
@@ -170,4 +171,41 @@ fn a_server_killed_mid_stream_drains_every_acknowledged_file_after_a_restart() {
     // Nothing was kept in memory across the restart: the arenas served the drain.
     assert_eq!(s.drained_from_memory, 0, "{s:?}");
     server.daemon.kill9();
+}
+
+/// Every worker thread of a server process is named, and each connection gets a
+/// `cascade-conn` thread (docs/staging.md, "The server"; bench/src/dedup_link.rs sums the
+/// receiving threads by these names).
+#[test]
+fn the_server_threads_are_named() {
+    let dir = disk_dir();
+    let durable = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(dir.path(), durable.path(), DEADLINE);
+    let names = || -> Vec<String> {
+        let tasks = format!("/proc/{}/task", server.daemon.pid());
+        let mut names: Vec<String> = std::fs::read_dir(tasks)
+            .unwrap()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut c = server.connect(NS, DEADLINE);
+    c.sync().expect("sync");
+    let with_client = names();
+    for name in [
+        "cascade-io-0",
+        "cascade-disk",
+        "cascade-drain",
+        "cascade-push",
+        "cascade-conn",
+    ] {
+        assert!(
+            with_client.iter().any(|n| n == name),
+            "{name} in {with_client:?}"
+        );
+    }
+    c.goodbye();
 }
