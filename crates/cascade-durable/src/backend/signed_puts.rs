@@ -8,7 +8,7 @@
 //! SHA-256 in the signature it refuses the body instead. A multipart part needs no such
 //! guard: no server completes an upload without the client's last request, which names
 //! every part's ETag. The hash costs about 0.5 s of CPU per GB, paid only on files up to one
-//! part (docs/durable-layout.md).
+//! part and on dedup packs (docs/durable-layout.md).
 
 use std::fmt;
 use std::sync::Arc;
