@@ -32,7 +32,9 @@ use crate::baselines::{self, data_file, memcpy_s, run_ckptwriter, tmpfs_s, WRITE
 use crate::format::{num, secs_gbps, st};
 use crate::net;
 use crate::net::{measure_link, s3_server, WireWatch};
-use crate::procs::{self, clean_cmd, compile, cpu_s, tool_version, Node, StageServer};
+use crate::procs::{
+    self, clean_cmd, compile, cpu_s, threads_cpu_s, tool_version, Node, StageServer,
+};
 use crate::report::{self, machine_table, Header, Md, RunClock, Table};
 use crate::util::{
     self, check_mount, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
@@ -443,12 +445,20 @@ impl Rig {
             .ok_or_else(|| util::BenchError("the rig's store is not attached".into()))
     }
 
-    /// CPU seconds used so far by the agent and by all servers together.
-    fn cpu(&self) -> (f64, f64) {
+    /// CPU seconds used so far by the agent, by all servers together, and by the servers'
+    /// draining threads (`cascade-drain`, and the durable store's `cascade-durable` and
+    /// `cascade-stream`: named by `Server::run` and cascade-durable).
+    fn cpu(&self) -> (f64, f64, f64) {
         let cpu = |pid: Option<u32>| pid.and_then(cpu_s).unwrap_or(f64::NAN);
+        let draining = |pid: Option<u32>| {
+            pid.map_or(f64::NAN, |pid| {
+                threads_cpu_s(pid, &["cascade-drain", "cascade-durable", "cascade-stream"])
+            })
+        };
         (
             cpu(self.node.agent_pid()),
             self.node.servers.iter().map(|s| cpu(s.pid())).sum(),
+            self.node.servers.iter().map(|s| draining(s.pid())).sum(),
         )
     }
 
@@ -688,6 +698,8 @@ struct TpSample {
     absorbed: Vec<u64>,
     agent_cpu_s: f64,
     server_cpu_s: f64,
+    /// The part of `server_cpu_s` spent draining files sealed before the last one was staged.
+    server_drain_cpu_s: f64,
     /// Until the servers had drained everything (to tmpfs), after staged.
     drained_after_s: f64,
 }
@@ -833,6 +845,7 @@ fn throughput_point(
         absorbed,
         agent_cpu_s: cpu1.0 - cpu0.0,
         server_cpu_s: cpu1.1 - cpu0.1,
+        server_drain_cpu_s: cpu1.2 - cpu0.2,
         drained_after_s: durable_wait.max(0.0),
     })
 }
@@ -1019,6 +1032,8 @@ pub struct TpRow {
     pub absorbed_ratio: Vec<f64>,
     pub agent_cpu_s: Stats,
     pub server_cpu_s: Stats,
+    /// Of `server_cpu_s`, the draining threads' part (files sealed earlier drain meanwhile).
+    pub server_drain_cpu_s: Stats,
     pub drained_after_s: Stats,
 }
 
@@ -1117,6 +1132,7 @@ fn tp_row(servers: usize, procs: usize, total: u64, xs: &[TpSample]) -> TpRow {
             .collect(),
         agent_cpu_s: col(&|x| x.agent_cpu_s),
         server_cpu_s: col(&|x| x.server_cpu_s),
+        server_drain_cpu_s: col(&|x| x.server_drain_cpu_s),
         drained_after_s: col(&|x| x.drained_after_s),
     }
 }
@@ -1237,7 +1253,7 @@ fn raw_client_run(rig: &Rig, bytes: &[u8], key: &str) -> Res<RawRun> {
     let size = bytes.len() as u64;
     let seal = conn.seal(key, 1, size, *blake3::hash(bytes).as_bytes());
     let frame = 8usize << 20;
-    let (_, cpu0) = rig.cpu();
+    let (_, cpu0, _) = rig.cpu();
     let t0 = Instant::now();
     let mut offset = 0usize;
     while offset < bytes.len() || offset == 0 {
@@ -1259,7 +1275,7 @@ fn raw_client_run(rig: &Rig, bytes: &[u8], key: &str) -> Res<RawRun> {
     }
     conn.sync().ctx(|| "raw client Sync")?;
     let s = t0.elapsed().as_secs_f64();
-    let (_, cpu1) = rig.cpu();
+    let (_, cpu1, _) = rig.cpu();
     for c in conns {
         c.goodbye();
     }
@@ -1931,11 +1947,11 @@ fn tables(rep: &Report) -> Md {
             .iter()
             .find(|t| t.servers == 1 && t.procs == 1)
             .map(|t| t.gbps.median);
-        s.head("| servers | writers × file | GB/s to staged | s to staged | written, GB/s | after the last close, s | files staged first / last, s | absorb GB/s | absorb from, s | servers used | agent / servers CPU, s | vs fio end_fsync | vs disk write+fsync | vs 1 writer, 1 server |");
+        s.head("| servers | writers × file | GB/s to staged | s to staged | written, GB/s | after the last close, s | files staged first / last, s | absorb GB/s | absorb from, s | servers used | agent / servers CPU, s | of it draining, s | vs fio end_fsync | vs disk write+fsync | vs 1 writer, 1 server |");
         for t in &r.throughput {
-            s.row(format!("| {} | {} × {} | {} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} |", t.servers, t.procs, size_str(t.file_bytes), st(&t.gbps), st(&t.staged_s), st(&t.write_gbps), st(&t.after_close_s), t.first_file_s.median, t.last_file_s.median, st_opt_ref(&t.absorb_gbps), t.absorb_start_s
+            s.row(format!("| {} | {} × {} | {} | {} | {} | {} | {:.2} / {:.2} | {} | {} | {} | {:.2} / {:.2} | {:.2} | {} | {} | {} |", t.servers, t.procs, size_str(t.file_bytes), st(&t.gbps), st(&t.staged_s), st(&t.write_gbps), st(&t.after_close_s), t.first_file_s.median, t.last_file_s.median, st_opt_ref(&t.absorb_gbps), t.absorb_start_s
                     .as_ref()
-                    .map_or_else(|| "n/a".into(), |x| format!("{:.2}", x.median)), used(&t.servers_used), t.agent_cpu_s.median, t.server_cpu_s.median, fio_end.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)), disk.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)), base11.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b))));
+                    .map_or_else(|| "n/a".into(), |x| format!("{:.2}", x.median)), used(&t.servers_used), t.agent_cpu_s.median, t.server_cpu_s.median, t.server_drain_cpu_s.median, fio_end.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)), disk.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b)), base11.map_or_else(|| "n/a".into(), |b| ratio(t.gbps.median, b))));
         }
         let resent: Vec<String> = r
             .throughput
