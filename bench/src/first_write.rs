@@ -326,9 +326,9 @@ pub fn target(host: Option<&FirstWrite>, huge: Option<&HugeFirstWrite>) -> (Stri
         } else {
             "4 KiB pages"
         },
-        h.measured(false)
+        h.measured(host_met)
     );
-    if !h.huge() {
+    if !h.huge() && !host_met {
         text.push_str(", bound by populating 4 KiB page tables");
     }
     let mut huge_met = false;

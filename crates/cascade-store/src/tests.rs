@@ -1438,3 +1438,42 @@ fn the_lock_file_mark_starts_clear_and_is_shared() {
     other.note_lock_file();
     assert!(s.may_have_lock_files());
 }
+
+/// The populate thread's order: its lease batch from the far end, then the free stack from
+/// the top down, each chunk once; the stack is walked once, not from its top for every
+/// chunk; chunks freed onto it later are not looked at, chunks taken from it are skipped.
+#[test]
+fn the_populate_thread_maps_the_batch_then_the_free_stack_from_its_top() {
+    use crate::block::next_to_populate;
+    use std::cell::RefCell;
+    use std::collections::HashSet;
+    let ids = |v: &[u32]| v.iter().map(|&c| AtomicU32::new(c)).collect::<Vec<_>>();
+    let batch = ids(&[5, 9, 2]);
+    // Four entries in use (7, 3, 8, 1: top 4), then two pushed later.
+    let free = ids(&[7, 3, 8, 1, 4, 6]);
+    let stack_values = [7u32, 3, 8, 1, 4, 6];
+    let mapped = RefCell::new(HashSet::from([5u32, 8]));
+    let stack_looks = RefCell::new(Vec::new());
+    let mut below = u32::MAX;
+    let mut next = |batch: &[AtomicU32], top: u32| {
+        let c = next_to_populate(batch, &free, top, &mut below, |c| {
+            if stack_values.contains(&c) {
+                stack_looks.borrow_mut().push(c);
+            }
+            !mapped.borrow().contains(&c)
+        })?;
+        mapped.borrow_mut().insert(c);
+        Some(c)
+    };
+    // The batch, then the stack from its top (8 is mapped already).
+    let order: Vec<u32> = std::iter::from_fn(|| next(&batch, 4)).collect();
+    assert_eq!(order, [9, 2, 1, 3, 7]);
+    assert_eq!(stack_looks.take(), [1, 8, 3, 7], "each stack entry once");
+    // A refill took 7 into a new batch, and 4 and 6 were freed onto the stack (top 6): the
+    // batch is mapped, the stack below is done, the freed chunks are not looked at.
+    mapped.borrow_mut().remove(&7);
+    let batch = ids(&[7]);
+    assert_eq!(next(&batch, 6), Some(7));
+    assert_eq!(next(&batch, 6), None);
+    assert!(stack_looks.take().iter().all(|c| *c == 7));
+}
