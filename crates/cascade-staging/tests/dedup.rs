@@ -336,9 +336,11 @@ impl ServerProcess {
 
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child), with 1 MiB
 /// segments.
-/// More than two push rounds (32 MiB each) of chunks, while the repository turns unwritable
-/// after it was opened: the rounds fail, and once it is back every chunk is pushed exactly
-/// once (no record read twice, none skipped) and the manifest written.
+/// More than two push batches (32 MiB each) of chunks, while the repository turns
+/// unwritable after it was opened: the rounds fail, and once it is back every chunk is
+/// pushed exactly once (no record read twice, none skipped) and the manifest written. A
+/// round goes on with the records waiting after its first batch, up to 64 MiB: 75 MiB take
+/// two rounds, so two index objects, not one per batch.
 #[test]
 fn push_rounds_push_each_chunk_once_also_after_they_failed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -382,6 +384,12 @@ fn push_rounds_push_each_chunk_once_also_after_they_failed() {
     entries.sort_unstable();
     entries.dedup();
     assert_eq!((listed as u64, entries.len() as u64), (n, n));
+    let index_objects = std::fs::read_dir(repo_dir.join("index")).unwrap().count();
+    assert_eq!(
+        index_objects,
+        1 + 2,
+        "the warm checkpoint's, then two rounds"
+    );
     assert_restores(&durable, &big);
     assert_restores(&durable, &warm);
     c.goodbye();

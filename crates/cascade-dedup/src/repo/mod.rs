@@ -1448,6 +1448,13 @@ impl RepoWriter<'_> {
         self.keep_alive()
     }
 
+    /// Waits until the packs sent so far are written (the pack being filled stays open): a
+    /// caller that then adds what arrived meanwhile (a staging server's push round) keeps
+    /// one session and one index object for all of it. The first failed upload is returned.
+    pub fn wait_uploads(&mut self) -> Result<()> {
+        self.uploads.wait().map(|_| ())
+    }
+
     /// Writes the last pack and one index object naming every pack of this writer, then
     /// lets the repository's index know them. After this, manifests may name the files added.
     /// The writer's session stays open (parked in the repository) until manifests name every

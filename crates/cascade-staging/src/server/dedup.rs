@@ -21,7 +21,7 @@ use cascade_dedup::{score, Chunking, Compression, Score};
 use super::{engine_code, lock, ConnState, Outbox, Shared};
 use crate::chunks::base_cache::{BaseCache, Cached};
 use crate::chunks::manifests::{ManifestStore, PendingManifest};
-use crate::chunks::{ChunkOptions, ChunkStore, Scanned};
+use crate::chunks::{ChunkOptions, ChunkStore, Position, PushBatch, Scanned};
 use crate::protocol::{
     self, code, kind, ManifestPart, ManifestState, Stored, WireChunk, CHUNK_FIXED, MAX_BODY,
 };
@@ -32,10 +32,35 @@ use crate::{hex, ServerError as Error, ServerResult as Result};
 /// Stored bytes one push round reads and writes as one repository session (two packs and
 /// one index object at the repository's 16 MiB packs).
 const PUSH_BATCH: u64 = 32 << 20;
+/// Stored bytes one push round goes on reading while more is acknowledged (then it ends,
+/// moving the cursor: a crash pushes at most this again).
+const ROUND_MAX: u64 = 64 << 20;
 /// How often other writers' index objects are looked for with nothing waiting; while a
 /// manifest waits, when a client asks for it (GetManifest: a watching agent asks as soon as
 /// another server pushed) and else every `recheck_every`.
 const REFRESH_IDLE: Duration = Duration::from_secs(5);
+/// What a push round read and pushed so far.
+#[derive(Default)]
+struct PushedRound {
+    /// Where its records end: the cursor once the round is done.
+    next: Position,
+    /// Records and their stored bytes read.
+    chunks: u64,
+    read_bytes: u64,
+    /// Chunks written into packs, their bytes, and chunks the repository had.
+    pushed: u64,
+    pushed_bytes: u64,
+    already: u64,
+}
+
+/// The namespaces of a batch's chunk records.
+fn namespaces_in(records: &[Scanned]) -> impl Iterator<Item = &str> {
+    records.iter().filter_map(|r| match r {
+        Scanned::Chunk { namespace, .. } => Some(namespace.as_str()),
+        Scanned::Corrupt { .. } => None,
+    })
+}
+
 /// A namespace whose repository did not exist is looked for again after this.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// Scores of a pending manifest checked against the index per read of its file.
@@ -872,15 +897,20 @@ impl Shared {
         }
     }
 
-    /// One push round: up to [`PUSH_BATCH`] of records after the cursor, one repository
-    /// session per namespace (packs, then the index object), then the cursor is moved
-    /// (durably) and wholly pushed segments are deleted. True if it moved the cursor.
+    /// One push round: records after the cursor, one repository session per namespace
+    /// (packs, then the index object), then the cursor is moved (durably) and wholly pushed
+    /// segments are deleted. True if it moved the cursor.
     ///
     /// A round starts as soon as acknowledged chunks wait, also while agents still send:
-    /// the durable store's link is the bottleneck, so the push must overlap the sending, and
-    /// what arrives while a round uploads makes the next round (rounds batch themselves
-    /// under load). Holding rounds back for 8 MiB or a 50 ms pause in the sending made the
-    /// last server of a checkpoint start its upload only after the agent had finished.
+    /// the durable store's link is the bottleneck, so the push must overlap the sending.
+    /// Holding rounds back for 8 MiB or a 50 ms pause in the sending made the last server of
+    /// a checkpoint start its upload only after the agent had finished. A round reads up to
+    /// [`PUSH_BATCH`] at a time and goes on with what was acknowledged while its packs
+    /// uploaded (up to [`ROUND_MAX`], and only for namespaces it has open): one session, one
+    /// index object and one cursor move for all of it. Each round costs the durable store
+    /// several requests besides its packs (the session, the condemned packs and other
+    /// writers' index objects looked up, the index object); ending a round at every batch
+    /// made 2-3 rounds of a few hundred KiB each at the end of every checkpoint.
     fn push_round(&self) -> Result<bool> {
         let (cursor, end) = self.dedup.chunks.push_window();
         if cursor >= end {
@@ -890,79 +920,127 @@ impl Shared {
         // from the page cache, and the batch is read whole before its upload starts; paced
         // at 1 MiB per 10 ms while agents send, a 32 MiB round read for 0.3 s with the link
         // idle.
-        let batch = self
+        let mut batch = self
             .dedup
             .chunks
             .read_for_push(cursor, PUSH_BATCH, &mut |_| {})?;
-        let mut by_namespace: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-        for (i, r) in batch.records.iter().enumerate() {
-            match r {
-                Scanned::Chunk { namespace, .. } => {
-                    by_namespace.entry(namespace.clone()).or_default().push(i)
-                }
-                Scanned::Corrupt { at, why } => {
-                    lock(&self.dedup.counters).lost_chunks += 1;
-                    self.fail(format!(
-                        "dedup segment {} at {}: {why}; the rest of that segment is lost",
-                        at.segment, at.offset
-                    ));
-                }
-            }
-        }
-        let (mut pushed, mut pushed_bytes, mut already) = (0u64, 0u64, 0u64);
-        for (namespace, records) in &by_namespace {
+        let mut repos: BTreeMap<String, Arc<Repo>> = BTreeMap::new();
+        for namespace in namespaces_in(&batch.records) {
             let repo = self
                 .repo_for(namespace, true)?
                 .ok_or_else(|| Error::Invalid(format!("no dedup repository for {namespace:?}")))?;
-            let mut writer = repo.writer();
-            for &i in records {
-                let Scanned::Chunk {
+            repos.insert(namespace.to_string(), repo);
+        }
+        let mut writers: BTreeMap<&str, RepoWriter> = repos
+            .iter()
+            .map(|(namespace, repo)| (namespace.as_str(), repo.writer()))
+            .collect();
+        let mut round = PushedRound {
+            next: cursor,
+            ..PushedRound::default()
+        };
+        loop {
+            self.push_batch(&batch, &mut writers, &mut round)?;
+            if round.read_bytes >= ROUND_MAX || self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            for writer in writers.values_mut() {
+                writer.wait_uploads()?;
+            }
+            if round.next >= self.dedup.chunks.push_window().1 {
+                break;
+            }
+            let more = self
+                .dedup
+                .chunks
+                .read_for_push(round.next, PUSH_BATCH, &mut |_| {})?;
+            // Another namespace's chunks: the next round, with its own session.
+            if namespaces_in(&more.records).any(|n| !writers.contains_key(n)) {
+                break;
+            }
+            batch = more;
+        }
+        // Packs first, then the index object naming them: only then may the cursor move.
+        for writer in writers.into_values() {
+            writer.finish()?;
+        }
+        {
+            let mut c = lock(&self.dedup.counters);
+            c.chunks_pushed += round.pushed;
+            c.pushed_bytes += round.pushed_bytes;
+            c.chunks_already_durable += round.already;
+        }
+        if round.next == cursor {
+            return Ok(false);
+        }
+        self.dedup
+            .chunks
+            .mark_pushed(round.next, round.chunks, round.read_bytes)?;
+        let PushedRound {
+            pushed,
+            pushed_bytes,
+            already,
+            next,
+            ..
+        } = round;
+        self.log(|| {
+            format!(
+                "pushed {pushed} dedup chunks ({pushed_bytes} bytes; {already} already in the repository) up to segment {} offset {}",
+                next.segment, next.offset
+            )
+        });
+        Ok(true)
+    }
+
+    /// Adds one batch's records to the writers of their namespaces (every one open) and
+    /// counts them in `round`; a corrupt record is counted lost and reported.
+    fn push_batch(
+        &self,
+        batch: &PushBatch,
+        writers: &mut BTreeMap<&str, RepoWriter>,
+        round: &mut PushedRound,
+    ) -> Result<()> {
+        for r in &batch.records {
+            let (namespace, score, kind, stored, raw_len, data) = match r {
+                Scanned::Chunk {
+                    namespace,
                     score,
                     kind,
                     stored,
                     raw_len,
                     data,
                     ..
-                } = &batch.records[i]
-                else {
+                } => (namespace, score, kind, stored, raw_len, data),
+                Scanned::Corrupt { at, why } => {
+                    lock(&self.dedup.counters).lost_chunks += 1;
+                    self.fail(format!(
+                        "dedup segment {} at {}: {why}; the rest of that segment is lost",
+                        at.segment, at.offset
+                    ));
                     continue;
-                };
-                let added = match stored {
-                    Stored::Delta => match self.push_delta(&mut writer, score, *raw_len, data)? {
-                        Some(added) => added,
-                        None => continue,
-                    },
-                    _ => writer.add_stored(*score, *kind, *raw_len, *stored, data)?,
-                };
-                if added {
-                    pushed += 1;
-                    pushed_bytes += data.len() as u64;
-                } else {
-                    already += 1;
                 }
+            };
+            let writer = writers
+                .get_mut(namespace.as_str())
+                .ok_or_else(|| Error::Invalid(format!("no dedup session for {namespace:?}")))?;
+            let added = match stored {
+                Stored::Delta => match self.push_delta(writer, score, *raw_len, data)? {
+                    Some(added) => added,
+                    None => continue,
+                },
+                _ => writer.add_stored(*score, *kind, *raw_len, *stored, data)?,
+            };
+            if added {
+                round.pushed += 1;
+                round.pushed_bytes += data.len() as u64;
+            } else {
+                round.already += 1;
             }
-            // Packs first, then the index object naming them: only then may the cursor move.
-            writer.finish()?;
         }
-        {
-            let mut c = lock(&self.dedup.counters);
-            c.chunks_pushed += pushed;
-            c.pushed_bytes += pushed_bytes;
-            c.chunks_already_durable += already;
-        }
-        if batch.next == cursor {
-            return Ok(false);
-        }
-        self.dedup
-            .chunks
-            .mark_pushed(batch.next, batch.chunks, batch.bytes)?;
-        self.log(|| {
-            format!(
-                "pushed {pushed} dedup chunks ({pushed_bytes} bytes; {already} already in the repository) up to segment {} offset {}",
-                batch.next.segment, batch.next.offset
-            )
-        });
-        Ok(true)
+        round.next = batch.next;
+        round.chunks += batch.chunks;
+        round.read_bytes += batch.bytes;
+        Ok(())
     }
 
     /// Pushes a delta chunk (`data`: base, `from`, frame); None when it is lost (its base
