@@ -29,8 +29,7 @@ pub use cascade_wire::status::DedupStatus;
 
 use crate::{hex, ServerError as Error, ServerResult as Result};
 
-/// Stored bytes one push round reads and writes as one repository session (two packs and
-/// one index object at the repository's 16 MiB packs).
+/// Stored bytes a push round reads at a time (a batch).
 const PUSH_BATCH: u64 = 32 << 20;
 /// Stored bytes one push round goes on reading while more is acknowledged (then it ends,
 /// moving the cursor: a crash pushes at most this again).
