@@ -773,7 +773,7 @@ fn lease_slot_at(base: *mut u8, geo: &Geometry, slot: u32) -> &LeaseSlot {
 /// Following the free stack rather than the block's order matters once files have come and
 /// gone: the stack then holds freed chunks in no order, and a fresh process writing 1 GiB
 /// mapped 370-430 of its 1024 chunks itself (0.62-0.68x the mapped-in rate) where it maps
-/// 60-150 now (0.78-0.79x, bench/results/node-store.md, table 1b).
+/// 60-150 now (0.78-0.86x, bench/results/node-store.md, table 1b).
 pub(crate) fn next_to_populate(
     batch: &[AtomicU32],
     free: &[AtomicU32],
@@ -904,7 +904,6 @@ impl Populated {
         if self.bits[c as usize / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0 {
             return;
         }
-
         // Populating to read maps the chunk writable all the same (a shared shmem mapping
         // tracks no dirtying, so its page-table entries carry write permission), and maps 16
         // pages per fault (fault-around) where populating to write maps one: 0.08 s per GiB
