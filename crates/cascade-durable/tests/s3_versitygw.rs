@@ -94,9 +94,10 @@ fn s3_single_puts_cut_short_leave_the_older_object() {
         .unwrap();
         let through_proxy = format!(
             "{}{extra}",
-            server
-                .spec(&format!("cascade/{prefix}"), SECRET)
-                .replace(&server.port.to_string(), &proxy.port.to_string())
+            server.spec(&format!("cascade/{prefix}"), SECRET).replace(
+                &format!("127.0.0.1:{}", server.port),
+                &format!("127.0.0.1:{}", proxy.port)
+            )
         );
         let cut =
             DurableStore::open_with(Spec::parse(&through_proxy).unwrap(), opts.clone()).unwrap();
