@@ -22,8 +22,9 @@ use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes};
 use crate::procs::{clean_cmd, cpu_s, threads_cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
-use crate::util::{now_ns, prefix, require_s3_url, size_str, Context, Res, Stats, MIB};
+use crate::util::{cores, now_ns, prefix, require_s3_url, size_str, Context, Res, Stats, MIB};
 use cascade_durable::{DurableStore, Spec};
+use cascade_staging::server::threads;
 use cascade_wire::{ClientOptions, Connection};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -267,13 +268,10 @@ pub struct BaseReads {
     pub agent_cpu_s: f64,
     pub servers_cpu_s: f64,
     /// The part of `servers_cpu_s` spent taking chunks in: the threads that receive, check
-    /// and store them (`cascade-conn`, `cascade-io-N`, `cascade-disk`), all before a chunk
-    /// counts as staged; the rest is the push to the durable store.
+    /// and store them (`threads::RECEIVING`), all before a chunk counts as staged; the rest
+    /// is the push to the durable store.
     pub servers_receive_cpu_s: f64,
 }
-
-/// Threads of `cascade stage-server` that take chunks in (`Server::run` names them).
-const RECEIVING_THREADS: &[&str] = &["cascade-conn", "cascade-io-", "cascade-disk"];
 
 /// The pid a `cascade stage-server` log's start line names (`... (pid N) ...`).
 fn server_pid(log: &Path) -> Option<u32> {
@@ -294,7 +292,7 @@ fn base_reads(node: &Node, secret: &str) -> BaseReads {
     for server in &node.servers {
         if let Some(pid) = server_pid(&server.log) {
             r.servers_cpu_s += cpu_s(pid).unwrap_or(0.0);
-            r.servers_receive_cpu_s += threads_cpu_s(pid, RECEIVING_THREADS);
+            r.servers_receive_cpu_s += threads_cpu_s(pid, threads::RECEIVING);
         }
         let Ok(mut c) = Connection::connect(&server.addr, &ClientOptions::new(secret)) else {
             continue;
@@ -615,11 +613,6 @@ fn safe_target(r: &SeriesRow) -> Target {
         measured,
         a.zip(b).map(|(a, b)| a >= 5.0 && b >= 5.0),
     )
-}
-
-/// The cores the agent, the servers and the S3 server share in this rig.
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The earliest a series could be staged on `cores` cores: the agent's CPU and the servers'

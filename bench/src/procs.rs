@@ -22,11 +22,11 @@ pub(crate) fn clean_cmd(bin: &Path) -> Command {
 
 /// utime + stime of a process, in seconds.
 pub(crate) fn cpu_s(pid: u32) -> Option<f64> {
-    cpu_s_of(&format!("/proc/{pid}/stat"))
+    cpu_s_of(Path::new(&format!("/proc/{pid}/stat")))
 }
 
 /// utime + stime from a `stat` file of /proc (a process's or a thread's).
-fn cpu_s_of(path: &str) -> Option<f64> {
+fn cpu_s_of(path: &Path) -> Option<f64> {
     let stat = std::fs::read_to_string(path).ok()?;
     let after = stat.rsplit_once(')')?.1;
     let f: Vec<u64> = after
@@ -48,8 +48,7 @@ pub(crate) fn threads_cpu_s(pid: u32, prefixes: &[&str]) -> f64 {
             std::fs::read_to_string(t.path().join("comm"))
                 .is_ok_and(|comm| prefixes.iter().any(|p| comm.starts_with(p)))
         })
-        .filter_map(|t| t.file_name().to_str()?.parse().ok())
-        .filter_map(|tid: u32| cpu_s_of(&format!("/proc/{pid}/task/{tid}/stat")))
+        .filter_map(|t| cpu_s_of(&t.path().join("stat")))
         .sum()
 }
 

@@ -40,6 +40,7 @@ use crate::util::{
     self, check_mount, err, now_ns, prefix, size_str, store_name, Context, Res, Stats, MIB,
 };
 use cascade_durable::{DurableStore, Spec};
+use cascade_staging::server::threads;
 use cascade_store::{FileKind, Store};
 use cascade_wire::{ClientOptions, Connection, ServerStatus};
 use serde::{Deserialize, Serialize};
@@ -446,15 +447,11 @@ impl Rig {
     }
 
     /// CPU seconds used so far by the agent, by all servers together, and by the servers'
-    /// draining threads (`cascade-drain`, and the durable store's `cascade-durable` and
-    /// `cascade-stream`: named by `Server::run` and cascade-durable).
+    /// draining threads (`threads::DRAINING`).
     fn cpu(&self) -> (f64, f64, f64) {
         let cpu = |pid: Option<u32>| pid.and_then(cpu_s).unwrap_or(f64::NAN);
-        let draining = |pid: Option<u32>| {
-            pid.map_or(f64::NAN, |pid| {
-                threads_cpu_s(pid, &["cascade-drain", "cascade-durable", "cascade-stream"])
-            })
-        };
+        let draining =
+            |pid: Option<u32>| pid.map_or(f64::NAN, |pid| threads_cpu_s(pid, threads::DRAINING));
         (
             cpu(self.node.agent_pid()),
             self.node.servers.iter().map(|s| cpu(s.pid())).sum(),

@@ -205,6 +205,11 @@ fn cpu_description() -> String {
     }
 }
 
+/// The cores this process may run on.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 pub fn machine(disk_dir: &Path, spill_dir: &Path) -> Machine {
     let cpu_model = cpu_description();
     let ram_kib: f64 = field_of("/proc/meminfo", "MemTotal:")
@@ -212,9 +217,7 @@ pub fn machine(disk_dir: &Path, spill_dir: &Path) -> Machine {
         .unwrap_or(0.0);
     Machine {
         cpu_model,
-        cores: std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0),
+        cores: cores(),
         kernel: read_trim("/proc/sys/kernel/osrelease"),
         ram_gib: (ram_kib / (1024.0 * 1024.0) * 10.0).round() / 10.0,
         thp_anon: read_trim("/sys/kernel/mm/transparent_hugepage/enabled"),

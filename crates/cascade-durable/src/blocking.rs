@@ -11,6 +11,10 @@ use crate::{
     Part, Result, Spec, StreamingPut, UploadItem,
 };
 
+/// The name of the threads of the runtime a [`DurableStore`] owns (its uploads and
+/// downloads run there), for `top -H` and CPU accounting by thread.
+pub const RUNTIME_THREAD: &str = "cascade-durable";
+
 /// The durable tier with a blocking API; owns a small tokio runtime
 /// (`Options::io_threads` workers). Do not call it from inside another tokio runtime: use
 /// [`AsyncDurableStore`] there.
@@ -34,7 +38,7 @@ impl DurableStore {
     pub fn open_with(spec: Spec, opts: Options) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(opts.io_threads.max(1))
-            .thread_name("cascade-durable")
+            .thread_name(RUNTIME_THREAD)
             .enable_all()
             .build()
             .map_err(|e| Error::io("start the durable-store runtime", e))?;

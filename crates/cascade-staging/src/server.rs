@@ -706,47 +706,32 @@ impl Server {
         self.shared.status()
     }
 
-    /// Serves until stopped: IO threads, the drain thread, and a thread per connection.
-    /// Threads are named (`top -H`, and the bench's CPU split between receiving and
-    /// pushing): cascade-io-N, cascade-disk, cascade-drain, cascade-push, cascade-conn.
+    /// Serves until stopped: IO threads, the drain thread, and a thread per connection,
+    /// named as [`threads`] says.
     pub fn run(self) -> Result<()> {
         let shared = self.shared;
-        let spawn = |name: String, work: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(work)
-                .map_err(|e| Error::io(format!("starting thread {name}"), e))
-        };
         let mut io_workers = Vec::new();
         for i in 0..shared.queues.len() {
             let s = shared.clone();
-            io_workers.push(spawn(
-                format!("cascade-io-{i}"),
-                Box::new(move || s.io_thread(i)),
-            )?);
+            io_workers.push(spawn_named(format!("{}{i}", threads::IO), move || {
+                s.io_thread(i)
+            })?);
         }
         let mut disk_writers = Vec::new();
         for _ in 0..shared.opts.writes_in_flight.max(1) {
             let s = shared.clone();
-            disk_writers.push(spawn(
-                "cascade-disk".into(),
-                Box::new(move || s.disk_writer()),
-            )?);
+            disk_writers.push(spawn_named(threads::DISK.into(), move || s.disk_writer())?);
         }
         let mut workers = Vec::new();
         {
             let s = shared.clone();
-            workers.push(spawn(
-                "cascade-drain".into(),
-                Box::new(move || s.drain_loop()),
-            )?);
+            workers.push(spawn_named(threads::DRAIN.into(), move || s.drain_loop())?);
         }
         {
             let s = shared.clone();
-            workers.push(spawn(
-                "cascade-push".into(),
-                Box::new(move || s.dedup_push_loop()),
-            )?);
+            workers.push(spawn_named(threads::PUSH.into(), move || {
+                s.dedup_push_loop()
+            })?);
         }
         for stream in self.listener.incoming() {
             if shared.stop.load(Ordering::SeqCst) {
@@ -763,12 +748,12 @@ impl Server {
                 continue;
             };
             let s = shared.clone();
-            let serve = Box::new(move || {
+            let serve = move || {
                 let _slot = slot;
                 s.serve(stream)
-            });
+            };
             // Out of threads: this connection is dropped (its client retries), not the server.
-            if let Err(e) = spawn("cascade-conn".into(), serve) {
+            if let Err(e) = spawn_named(threads::CONN.into(), serve) {
                 shared.log(|| format!("{e}"));
             }
         }
@@ -788,6 +773,38 @@ impl Server {
         shared.engine.unlink_reclaimed();
         Ok(())
     }
+}
+
+/// The names of a server's threads, for `top -H` and `ps -L`, and for the bench, which
+/// splits the servers' CPU by them (docs/staging.md, "The server").
+pub mod threads {
+    /// IO threads: `cascade-io-0`, `cascade-io-1`, ...
+    pub const IO: &str = "cascade-io-";
+    /// Disk writers (a frame's arena writes).
+    pub const DISK: &str = "cascade-disk";
+    /// One per connection.
+    pub const CONN: &str = "cascade-conn";
+    /// The drain of sealed versions.
+    pub const DRAIN: &str = "cascade-drain";
+    /// One per streaming drain upload.
+    pub const STREAM: &str = "cascade-stream";
+    /// The dedup push.
+    pub const PUSH: &str = "cascade-push";
+    /// The threads that take data in, all before it counts as staged (name prefixes).
+    pub const RECEIVING: &[&str] = &[CONN, IO, DISK];
+    /// The threads that drain staged files to the durable store (name prefixes).
+    pub const DRAINING: &[&str] = &[DRAIN, STREAM, cascade_durable::RUNTIME_THREAD];
+}
+
+/// Starts a thread named `name`; failing to is an error, not a panic.
+fn spawn_named<T: Send + 'static>(
+    name: String,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(work)
+        .map_err(|e| Error::io(format!("starting thread {name}"), e))
 }
 
 fn random_u64() -> u64 {

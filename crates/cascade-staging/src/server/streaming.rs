@@ -85,7 +85,7 @@ impl Shared {
         let stats = Arc::clone(&self.stream_stats);
         let key = key.to_string();
         let spawned = std::thread::Builder::new()
-            .name("cascade-stream".into())
+            .name(super::threads::STREAM.into())
             .spawn(move || upload(&durable, &stats, &key, stamp, size, rx));
         match spawned {
             Ok(thread) => {
