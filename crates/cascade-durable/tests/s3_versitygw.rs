@@ -94,10 +94,7 @@ fn s3_single_puts_cut_short_leave_the_older_object() {
         .unwrap();
         let through_proxy = format!(
             "{}{extra}",
-            server.spec(&format!("cascade/{prefix}"), SECRET).replace(
-                &format!("127.0.0.1:{}", server.port),
-                &format!("127.0.0.1:{}", proxy.port)
-            )
+            server.spec_via(proxy.port, &format!("cascade/{prefix}"), SECRET)
         );
         let cut =
             DurableStore::open_with(Spec::parse(&through_proxy).unwrap(), opts.clone()).unwrap();

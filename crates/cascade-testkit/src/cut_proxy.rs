@@ -83,12 +83,9 @@ fn forward(
             if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
                 break i + 4;
             }
-            match client.read(&mut buf) {
-                Ok(0) | Err(_) => {
-                    let _ = server.shutdown(Shutdown::Write);
-                    return;
-                }
-                Ok(n) => pending.extend_from_slice(&buf[..n]),
+            if !read_more(&mut client, &mut buf, &mut pending) {
+                let _ = server.shutdown(Shutdown::Write);
+                return;
             }
         };
         let head = String::from_utf8_lossy(&pending[..head_end]).to_string();
@@ -108,14 +105,9 @@ fn forward(
         let mut to_send = head_end + cut_after.unwrap_or(body_len);
         // Forward the head and the body (or its part before the cut).
         while to_send > 0 {
-            if pending.is_empty() {
-                match client.read(&mut buf) {
-                    Ok(0) | Err(_) => {
-                        let _ = server.shutdown(Shutdown::Write);
-                        return;
-                    }
-                    Ok(n) => pending.extend_from_slice(&buf[..n]),
-                }
+            if pending.is_empty() && !read_more(&mut client, &mut buf, &mut pending) {
+                let _ = server.shutdown(Shutdown::Write);
+                return;
             }
             let n = to_send.min(pending.len());
             if server.write_all(&pending[..n]).is_err() {
@@ -129,6 +121,17 @@ fn forward(
             let _ = server.shutdown(Shutdown::Both);
             let _ = client.shutdown(Shutdown::Both);
             return;
+        }
+    }
+}
+
+/// Appends what `client` sends next to `pending`; false once it closed or failed.
+fn read_more(client: &mut TcpStream, buf: &mut [u8], pending: &mut Vec<u8>) -> bool {
+    match client.read(buf) {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            pending.extend_from_slice(&buf[..n]);
+            true
         }
     }
 }

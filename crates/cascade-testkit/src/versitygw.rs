@@ -44,6 +44,13 @@ pub fn find_versitygw() -> PathBuf {
         .expect("versitygw not found: run scripts/test.sh, which installs it with go install")
 }
 
+/// The durable-store URL of `bucket` on an S3 endpoint at `127.0.0.1:port`.
+fn url_at(port: u16, bucket: &str, access: &str, secret: &str) -> String {
+    format!(
+        "s3://{bucket}?endpoint=http://127.0.0.1:{port}&access_key={access}&secret_key={secret}"
+    )
+}
+
 /// A TCP port of 127.0.0.1 that was free a moment ago (bound and released).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -149,10 +156,13 @@ impl Versitygw {
 
     /// The durable-store URL of `bucket` with the keys given.
     pub fn url_with(&self, bucket: &str, access: &str, secret: &str) -> String {
-        format!(
-            "s3://{bucket}?endpoint=http://127.0.0.1:{}&access_key={access}&secret_key={secret}",
-            self.port
-        )
+        url_at(self.port, bucket, access, secret)
+    }
+
+    /// [`Versitygw::spec`] reached through another port of 127.0.0.1 (a proxy in front of
+    /// the server, [`crate::CuttingProxy`]).
+    pub fn spec_via(&self, port: u16, bucket_and_prefix: &str, secret: &str) -> String {
+        url_at(port, bucket_and_prefix, ACCESS, secret)
     }
 
     /// The directory `bucket`'s objects are files in (the posix backend's data directory).
