@@ -664,6 +664,7 @@ impl Block {
         )))
     }
 
+    #[inline]
     pub(crate) fn inode(&self, ino: u32) -> &Inode {
         assert!(ino < self.geo.max_inodes, "inode {ino} out of range");
         // SAFETY: bounds checked above; the inode table is inside the mapping.

@@ -493,6 +493,7 @@ impl Geometry {
     }
 
     /// The largest file size this geometry allows.
+    #[inline]
     pub(crate) fn max_file_bytes(&self) -> u64 {
         MAX_FILE_BYTES.min(self.chunk_size << 32)
     }
