@@ -1189,6 +1189,37 @@ fn a_delta_that_does_not_rebuild_its_score_is_refused_and_nothing_is_built_on_it
     );
 }
 
+#[test]
+fn a_delta_whose_frame_does_not_decompress_is_refused_with_nothing_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let durable = tmp.path().join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 64 << 20);
+    let (_, _, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+
+    // A real base, the right score and length, and a frame cut short: checked only where
+    // the server rebuilds it on its base.
+    let mut cut_short = deltas[0].2.clone();
+    cut_short.truncate(cut_short.len() - 4);
+    let broken = WireChunk {
+        data: &cut_short,
+        ..delta_wire(&deltas[0])
+    };
+    let good = delta_wire(&deltas[1]);
+    let mut c = connect(&srv.addr, "");
+    match c.put_chunks(&[good, broken]) {
+        Err(Error::Refused { code, message, .. }) => {
+            assert_eq!(code, code::BAD_CHUNK, "{message}");
+            assert!(message.contains(&to_hex(&deltas[0].0)), "{message}");
+            assert!(message.contains("decompress"), "{message}");
+        }
+        other => panic!("a delta whose frame does not decompress was accepted: {other:?}"),
+    }
+    let mut c = connect(&srv.addr, "");
+    assert_eq!(c.lacks(&[deltas[0].0, good.score]).unwrap(), [true, true]);
+    assert_eq!(c.status().unwrap().dedup.refused_chunks, 1);
+}
+
 /// The delta chunks' distinct bases, in the order of their first use.
 fn bases_of(deltas: &[Delta]) -> Vec<Score> {
     let mut seen = HashSet::new();
