@@ -202,8 +202,8 @@ pub struct DedupOptions {
     pub delta: bool,
     /// `dedup.compress = auto`: `compression` is the level to start at, and the agent moves
     /// the level between `cascade_dedup::adaptive::AUTO_MIN_LEVEL` and `AUTO_MAX_LEVEL` from
-    /// each checkpoint's measured ingest and upload (docs/dedup.md, "Adaptive level"). Only
-    /// where the agent writes the repository itself (not through staging servers).
+    /// each checkpoint's measured ingest and upload (docs/dedup.md, "Adaptive level"); through
+    /// staging servers, the upload is the time until they made the checkpoint durable.
     pub adaptive: bool,
 }
 

@@ -113,10 +113,16 @@ impl Repository {
     /// With an adaptive level, the level for the next checkpoint after one stored with
     /// `stats` (crate cascade_dedup::adaptive); None when the level is fixed.
     pub(crate) fn adapt(&self, stats: &WriteStats) -> Option<LevelMove> {
+        self.adapt_measured(stats.measured())
+    }
+
+    /// [`Self::adapt`] from figures measured elsewhere (a checkpoint pushed through the
+    /// staging servers: the agent's own work against the time until the servers made it
+    /// durable).
+    pub(crate) fn adapt_measured(&self, measured: adaptive::Measured) -> Option<LevelMove> {
         if !self.dedup.is_some_and(|d| d.adaptive) {
             return None;
         }
-        let measured = stats.measured();
         let mut controller = self.level.lock().ok()?;
         let from = controller.level;
         let reason = controller.observe(&measured);

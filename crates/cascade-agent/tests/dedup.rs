@@ -697,10 +697,11 @@ fn later_checkpoints_are_stored_as_deltas_against_the_previous_one_in_memory() {
     }
 }
 
-/// Through two staging servers, each checkpoint of a real PyTorch series after the first
-/// goes as deltas against the previous one (complete, so in the repository); server A is
-/// killed with SIGKILL right after acknowledging the second and restarted: every checkpoint
-/// completes and restores bit for bit.
+/// Through two staging servers, with the default dedup settings, each checkpoint of a real
+/// PyTorch series after the first goes as deltas against the previous one (complete, so in
+/// the repository); server A is killed with SIGKILL right after acknowledging the second and
+/// restarted: every checkpoint completes and restores bit for bit, and the adaptive level
+/// learnt from each checkpoint the servers made durable.
 #[test]
 fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_loses_none() {
     let (_serial, _) = begin();
@@ -715,7 +716,7 @@ fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_lo
     let secret = "dedup-staging-delta-secret";
     let mut a = StageServer::start(&env, &root.join("ssd-a"), &url, secret, &[]);
     let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
-    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &DEDUP);
+    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &[("CASCADE_DEDUP", "on")]);
     let pushed = |i: usize| {
         format!(
             "cascade agent: checkpoint /torch/snap-{i:02} pushed to the staging servers as chunks"
@@ -760,6 +761,12 @@ fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_lo
     wait_complete(&mut agent, "/torch/snap-02");
     let status = cascade_agent::status(&env.name).expect("status");
     assert_eq!(status.dedup_delta_chunks, deltas, "{status:?}");
+    // "zstd:L (auto; last: zstd:A -> zstd:L (...))": the level moved (or held) on what the
+    // agent measured of a checkpoint through the servers.
+    assert!(
+        status.dedup_compression.contains("(auto; last: "),
+        "{status:?}"
+    );
     for server in [&a, &b] {
         let s = server.status().dedup;
         assert_eq!((s.lost_chunks, s.pending_chunks), (0, 0), "{s:?}");

@@ -176,7 +176,7 @@ fn report_stored(
 }
 
 /// Shows the compression in `cascade status` and logs the adaptive level's moves.
-fn report_level(node: &Node, used: Compression, moved: Option<&LevelMove>) {
+pub(crate) fn report_level(node: &Node, used: Compression, moved: Option<&LevelMove>) {
     let shown = match moved {
         Some(m) => format!("zstd:{} (auto; last: {})", m.to, m.describe()),
         None => used.to_string(),

@@ -9,15 +9,16 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use cascade_dedup::adaptive::Measured;
 use cascade_dedup::ingest::Ingest;
 use cascade_dedup::repo::format::{recipe_blocks, BlobKind, Stored};
 use cascade_dedup::repo::{
     pack_chunk, rebuild_file, undo_delta, BaseFile, FileBase, FileRecipe, Repo,
 };
 use cascade_dedup::score::to_hex;
-use cascade_dedup::{score, Score};
+use cascade_dedup::{score, Compression, Score};
 use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
 use cascade_wire::protocol::{delta_data, ManifestState, WireChunk};
@@ -25,6 +26,7 @@ use rayon::prelude::*;
 
 use crate::deltas::{deltas_note, recipe_in, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
+use crate::levels::dedup::report_level;
 use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::options::DedupOptions;
 use crate::reader::StoreFileReader;
@@ -166,6 +168,8 @@ struct SentChunks {
     chunks: u64,
     deltas: u64,
     bytes: u64,
+    /// Raw bytes of the data chunks sent (what compression worked on).
+    new_bytes: u64,
 }
 
 /// Uploads each packed batch, every server's part at the same time (a server checks and
@@ -210,6 +214,11 @@ fn put_batches(packer: &Packer, batches: Receiver<PackedBatch>) -> Result<SentCh
                 .iter()
                 .map(|p| p.wire().data.len() as u64)
                 .sum::<u64>();
+            sent.new_bytes += packed
+                .iter()
+                .filter(|p| p.blob.kind == BlobKind::Data)
+                .map(|p| p.blob.raw.len() as u64)
+                .sum::<u64>();
         }
     }
     Ok(sent)
@@ -227,6 +236,10 @@ struct Sender<'a> {
     seen: HashSet<Score>,
     batch: Vec<Blob>,
     batch_bytes: usize,
+    /// When the first batch went to the uploader, and how long handing batches over waited
+    /// for it (the servers): the adaptive level's upload start and the sender's idle time.
+    first_handed: Option<Instant>,
+    blocked: Duration,
 }
 
 impl<'a> Sender<'a> {
@@ -239,6 +252,8 @@ impl<'a> Sender<'a> {
             seen: HashSet::new(),
             batch: Vec::new(),
             batch_bytes: 0,
+            first_handed: None,
+            blocked: Duration::ZERO,
         }
     }
 
@@ -306,9 +321,11 @@ impl<'a> Sender<'a> {
             .enumerate()
             .filter(|(_, packed)| !packed.is_empty())
             .collect();
-        self.to_put
-            .send(targets)
-            .map_err(|_| Error::io("staging servers", std::io::Error::other(UPLOAD_STOPPED)))
+        let handing = Instant::now();
+        self.first_handed.get_or_insert(handing);
+        let handed = self.to_put.send(targets);
+        self.blocked += handing.elapsed();
+        handed.map_err(|_| Error::io("staging servers", std::io::Error::other(UPLOAD_STOPPED)))
     }
 }
 
@@ -336,6 +353,22 @@ pub(crate) struct StagedDedup {
     asked: Asked,
     /// Where the data chunks of the last checkpoint sent went.
     placement: Mutex<Placement>,
+    /// Checkpoints pushed whose manifests are not written yet (the newest
+    /// [`MEASURING_MAX`]), by manifest name: the adaptive level learns from each once it is.
+    measuring: Mutex<Vec<(String, Pushed)>>,
+}
+
+/// Checkpoints awaiting their manifests that the adaptive level keeps figures for (others
+/// changed or failed; the oldest is dropped).
+const MEASURING_MAX: usize = 16;
+
+/// A checkpoint pushed as chunks, for the adaptive level: the level it was sent at, the
+/// agent's own work (`upload_seconds` is filled in once the manifest is written), and when
+/// the servers got its first chunks.
+struct Pushed {
+    compression: Compression,
+    measured: Measured,
+    upload_from: Instant,
 }
 
 /// What sending a checkpoint's files cost.
@@ -351,6 +384,7 @@ impl StagedDedup {
             repository,
             asked: Asked::default(),
             placement: Mutex::new(Placement::new()),
+            measuring: Mutex::new(Vec::new()),
         }
     }
 
@@ -366,6 +400,12 @@ impl StagedDedup {
         let started = Instant::now();
         let Some(tree) = node.closed_checkpoint(root)? else {
             return Ok(false);
+        };
+        // Blobs are packed at the adaptive level's current level (they say how they are
+        // stored); the manifest names the configured compression, as the agent's own do.
+        let packing = DedupOptions {
+            compression: self.repository.compression(),
+            ..dedup
         };
         let now_root = &tree[0];
         let files: Vec<&LifeEntry> = files_of(&tree).collect();
@@ -390,12 +430,12 @@ impl StagedDedup {
             std::mem::take(&mut *self.placement.lock().unwrap_or_else(|e| e.into_inner()));
         let packer = Packer {
             pool: &self.pool,
-            dedup,
+            dedup: packing,
             bases: &bases,
             placed_before: &placed_before,
         };
         // Cutting, asking and packing here; uploading on a thread of its own, a batch behind.
-        let (sent, present, all, uploaded) = std::thread::scope(|scope| {
+        let (sent, present, all, uploaded, handed) = std::thread::scope(|scope| {
             let (to_put, batches) = sync_channel(1);
             let uploader = scope.spawn(|| put_batches(&packer, batches));
             let mut sender = Sender::new(&packer, to_put);
@@ -405,13 +445,15 @@ impl StagedDedup {
                 placed,
                 all,
                 to_put,
+                first_handed,
+                blocked,
                 ..
             } = sender;
             drop(to_put);
             let uploaded = uploader
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (sent, placed, all, uploaded)
+            (sent, placed, all, uploaded, (first_handed, blocked))
         });
         let (sent, uploaded) = match (sent, uploaded) {
             (_, Err(e)) => (Err(e), SentChunks::default()),
@@ -452,9 +494,53 @@ impl StagedDedup {
             previous.as_ref(),
             started,
         );
+        let (first_handed, blocked) = handed;
+        self.measure(
+            name,
+            Pushed {
+                compression: packing.compression,
+                measured: Measured {
+                    input_bytes: sent.bytes,
+                    ingest_seconds: started.elapsed().saturating_sub(blocked).as_secs_f64(),
+                    uploaded_bytes: uploaded.bytes,
+                    upload_seconds: 0.0,
+                    new_bytes: uploaded.new_bytes,
+                },
+                upload_from: first_handed.unwrap_or(started),
+            },
+        );
         self.repository
             .remember_manifest(now_root, &ckpt, sent.recipes);
         Ok(true)
+    }
+
+    /// Keeps a pushed checkpoint's figures until its manifest is written.
+    fn measure(&self, name: String, pushed: Pushed) {
+        let mut measuring = self.measuring.lock().unwrap_or_else(|e| e.into_inner());
+        measuring.retain(|(n, _)| *n != name);
+        if measuring.len() >= MEASURING_MAX {
+            measuring.remove(0);
+        }
+        measuring.push((name, pushed));
+    }
+
+    /// Manifest `name` was written: the adaptive level learns from its checkpoint, whose
+    /// upload is the time from its first chunks reaching the servers until now (the
+    /// servers' push to the durable store, the link the level is to spare).
+    fn adapt_level(&self, node: &Node, name: &str) {
+        let pushed = {
+            let mut measuring = self.measuring.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(i) = measuring.iter().position(|(n, _)| n == name) else {
+                return;
+            };
+            measuring.remove(i).1
+        };
+        let measured = Measured {
+            upload_seconds: pushed.upload_from.elapsed().as_secs_f64(),
+            ..pushed.measured
+        };
+        let moved = self.repository.adapt_measured(measured);
+        report_level(node, pushed.compression, moved.as_ref());
     }
 
     /// The repository and the previous checkpoint's version in it, for deltas: only when
@@ -639,6 +725,7 @@ impl StagedDedup {
             return Ok(waiting);
         }
         self.pool.asked_done(&self.asked, &name);
+        self.adapt_level(node, &name);
         let Some(tree) = node.fresh_tree(root)? else {
             return Ok(Step::Changed);
         };
