@@ -22,7 +22,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -1105,6 +1105,16 @@ fn v1_written_and_v2_as_deltas(srv: &InProcess, durable: &Path) -> (Cut, Cut, Ve
     (first, second, deltas)
 }
 
+/// A server (in `tmp`/srv) draining to the directory `tmp`/durable, with v1 written and v2
+/// cut into deltas against it ([`v1_written_and_v2_as_deltas`]).
+fn server_with_deltas(tmp: &Path) -> (PathBuf, InProcess, Cut, Cut, Vec<Delta>) {
+    let durable = tmp.join("durable");
+    std::fs::create_dir_all(&durable).unwrap();
+    let srv = InProcess::start(&tmp.join("srv"), &durable, 64 << 20);
+    let (first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+    (durable, srv, first, second, deltas)
+}
+
 fn delta_wire(d: &Delta) -> WireChunk<'_> {
     WireChunk {
         score: d.0,
@@ -1118,10 +1128,7 @@ fn delta_wire(d: &Delta) -> WireChunk<'_> {
 #[test]
 fn a_delta_that_does_not_rebuild_its_score_is_refused_and_nothing_is_built_on_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let durable = tmp.path().join("durable");
-    std::fs::create_dir_all(&durable).unwrap();
-    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 64 << 20);
-    let (first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+    let (durable, srv, first, second, deltas) = server_with_deltas(tmp.path());
 
     // A well-formed delta on a real base (its frame decompresses to its raw length) that
     // claims the score of other bytes: what a buggy or malicious agent could send.
@@ -1192,10 +1199,7 @@ fn a_delta_that_does_not_rebuild_its_score_is_refused_and_nothing_is_built_on_it
 #[test]
 fn a_delta_whose_frame_does_not_decompress_is_refused_with_nothing_stored() {
     let tmp = tempfile::tempdir().unwrap();
-    let durable = tmp.path().join("durable");
-    std::fs::create_dir_all(&durable).unwrap();
-    let srv = InProcess::start(&tmp.path().join("srv"), &durable, 64 << 20);
-    let (_, _, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+    let (_durable, srv, _, _, deltas) = server_with_deltas(tmp.path());
 
     // A real base, the right score and length, and a frame cut short: checked only where
     // the server rebuilds it on its base.
@@ -1233,11 +1237,8 @@ fn bases_of(deltas: &[Delta]) -> Vec<Score> {
 #[test]
 fn delta_bases_come_from_the_base_cache_and_a_damaged_entry_is_read_again() {
     let tmp = tempfile::tempdir().unwrap();
-    let durable = tmp.path().join("durable");
-    std::fs::create_dir_all(&durable).unwrap();
     let srv_dir = tmp.path().join("srv");
-    let srv = InProcess::start(&srv_dir, &durable, 64 << 20);
-    let (first, second, deltas) = v1_written_and_v2_as_deltas(&srv, &durable);
+    let (durable, srv, first, second, deltas) = server_with_deltas(tmp.path());
     let bases = bases_of(&deltas);
     assert!(bases.len() > 2, "{} bases", bases.len());
     // v1's data chunks went to the cache as they were stored (after the reply).
