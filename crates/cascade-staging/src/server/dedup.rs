@@ -38,6 +38,25 @@ const ROUND_MAX: u64 = 64 << 20;
 /// manifest waits, when a client asks for it (GetManifest: a watching agent asks as soon as
 /// another server pushed) and else every `recheck_every`.
 const REFRESH_IDLE: Duration = Duration::from_secs(5);
+/// A namespace whose repository did not exist is looked for again after this.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+/// Scores of a pending manifest checked against the index per read of its file.
+const CHECK_BATCH: usize = 8192;
+/// A hold on a repository ends once every chunk is pushed and no delta was checked for
+/// this long.
+const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
+/// A GetChunksOk holds chunks up to this many bytes (at least one chunk, up to `MAX_BODY`).
+const GET_CHUNKS_REPLY: usize = 4 << 20;
+/// Delta chunks of a PutChunks whose bases are read from the repository at once.
+const REBUILD_BATCH: usize = 64;
+/// Raw bytes of a PutChunks (decompressed or rebuilt) kept in memory until after the reply
+/// to go into the base cache; past it they go in at once (a frame may hold 256 MiB raw).
+const CACHE_AFTER_REPLY: usize = 16 << 20;
+/// Most namespace repositories (or "none there" looks) kept at once: each holds its index in
+/// memory, and namespaces are named by clients. Past it the least recently used one that no
+/// request is using is closed (reopened on demand).
+pub(super) const MAX_OPEN_REPOS: usize = 64;
+
 /// What a push round read and pushed so far.
 #[derive(Default)]
 struct PushedRound {
@@ -59,25 +78,6 @@ fn namespaces_in(records: &[Scanned]) -> impl Iterator<Item = &str> {
         Scanned::Corrupt { .. } => None,
     })
 }
-
-/// A namespace whose repository did not exist is looked for again after this.
-const LOOK_AGAIN: Duration = Duration::from_secs(1);
-/// Scores of a pending manifest checked against the index per read of its file.
-const CHECK_BATCH: usize = 8192;
-/// A hold on a repository ends once every chunk is pushed and no delta was checked for
-/// this long.
-const HOLD_AFTER_LAST_DELTA: Duration = Duration::from_secs(10);
-/// A GetChunksOk holds chunks up to this many bytes (at least one chunk, up to `MAX_BODY`).
-const GET_CHUNKS_REPLY: usize = 4 << 20;
-/// Delta chunks of a PutChunks whose bases are read from the repository at once.
-const REBUILD_BATCH: usize = 64;
-/// Raw bytes of a PutChunks (decompressed or rebuilt) kept in memory until after the reply
-/// to go into the base cache; past it they go in at once (a frame may hold 256 MiB raw).
-const CACHE_AFTER_REPLY: usize = 16 << 20;
-/// Most namespace repositories (or "none there" looks) kept at once: each holds its index in
-/// memory, and namespaces are named by clients. Past it the least recently used one that no
-/// request is using is closed (reopened on demand).
-pub(super) const MAX_OPEN_REPOS: usize = 64;
 
 #[derive(Default)]
 struct Counters {

@@ -84,9 +84,9 @@ impl Shared {
         let durable = Arc::clone(&self.durable);
         let stats = Arc::clone(&self.stream_stats);
         let key = key.to_string();
-        let spawned = std::thread::Builder::new()
-            .name(super::threads::STREAM.into())
-            .spawn(move || upload(&durable, &stats, &key, stamp, size, rx));
+        let spawned = super::spawn_named(super::threads::STREAM.into(), move || {
+            upload(&durable, &stats, &key, stamp, size, rx)
+        });
         match spawned {
             Ok(thread) => {
                 feeds.insert(id, Feed { tx, thread });
