@@ -387,6 +387,12 @@ pub fn loadavg() -> String {
         .join(" ")
 }
 
+/// CPU seconds all cores were busy between two snapshots, whatever process it was for
+/// (USER_HZ = 100 ticks per second on Linux).
+pub fn busy_core_s(a: &CpuSnap, b: &CpuSnap) -> f64 {
+    b.busy.saturating_sub(a.busy) as f64 / 100.0
+}
+
 /// Compares two snapshots (clock ticks are USER_HZ = 100 per second on Linux).
 pub fn interference(a: &CpuSnap, b: &CpuSnap, cores: usize, load_a: String) -> Interference {
     let wall_ticks = (b.at_ns.saturating_sub(a.at_ns)) as f64 / 1e7 * cores.max(1) as f64;
