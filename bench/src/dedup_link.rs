@@ -19,7 +19,7 @@
 use crate::baselines::{clear_remote, settle};
 use crate::datasets::{load_series, Series};
 use crate::format::median_u64;
-use crate::net::{tbf_of, tx_bytes};
+use crate::net::{tbf_of, tx_bytes, WireWatch};
 use crate::procs::{clean_cmd, cpu_s, threads_cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
 use crate::util::{
@@ -136,6 +136,10 @@ pub struct ModeRow {
     pub wire: u64,
     /// CPU seconds the machine was busy meanwhile ([`SnapOut::busy_core_s`]).
     pub busy_core_s: f64,
+    /// [`SnapOut::first_bytes_s`], [`SnapOut::on_link_s`], [`SnapOut::after_link_s`].
+    pub first_bytes_s: f64,
+    pub on_link_s: f64,
+    pub after_link_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -161,6 +165,9 @@ pub struct ModeTotal {
     pub staged: Option<f64>,
     pub wire: u64,
     pub busy_core_s: f64,
+    pub first_bytes_s: f64,
+    pub on_link_s: f64,
+    pub after_link_s: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -213,6 +220,12 @@ struct SnapOut {
     /// servers, the S3 store, the kernel's network path): on these cores the snapshot could
     /// not have taken less than this over the number of cores.
     busy_core_s: f64,
+    /// The link's use ([`WireWatch`]): seconds until the first 64 KiB were on it, from then
+    /// until 99 % of the snapshot's bytes had gone, and from then until durable (the three
+    /// add up to `secs`).
+    first_bytes_s: f64,
+    on_link_s: f64,
+    after_link_s: f64,
 }
 
 type RunOut = Vec<SnapOut>;
@@ -377,6 +390,7 @@ fn run_once(
         settle();
         let tx0 = tx_bytes(&a.link_dev);
         let cpu0 = cpu_snap();
+        let watch = WireWatch::start(&a.link_dev);
         let t0 = now_ns();
         for f in &snap.files {
             let local = f.path.to_string_lossy().into_owned();
@@ -393,6 +407,14 @@ fn run_once(
         let secs = (now_ns() - t0) as f64 / 1e9;
         let wire = tx_bytes(&a.link_dev).saturating_sub(tx0);
         let busy_core_s = busy_core_s(&cpu0, &cpu_snap());
+        let (first_bytes_s, on_link_s, after_link_s) = match watch.and_then(|w| w.finish()) {
+            Some((start, end)) => (
+                start.saturating_sub(t0) as f64 / 1e9,
+                end.saturating_sub(start) as f64 / 1e9,
+                secs - end.saturating_sub(t0) as f64 / 1e9,
+            ),
+            None => (0.0, 0.0, 0.0),
+        };
         let level = compression_in_use(&node);
         eprintln!(
             "  {} {} {}: {} in {secs:.2} s, {} on the link{}",
@@ -413,6 +435,9 @@ fn run_once(
             wire,
             level,
             busy_core_s,
+            first_bytes_s,
+            on_link_s,
+            after_link_s,
         });
     }
     keep_logs(&node, &rel);
@@ -494,12 +519,17 @@ pub fn run(mut a: DedupLinkArgs) -> Res<()> {
             let secs: Vec<f64> = mine.iter().map(|x| x.secs).collect();
             let staged: Vec<f64> = mine.iter().filter_map(|x| x.staged).collect();
             let wire: Vec<u64> = mine.iter().map(|x| x.wire).collect();
-            let busy: Vec<f64> = mine.iter().map(|x| x.busy_core_s).collect();
+            let median = |f: fn(&SnapOut) -> f64| {
+                Stats::of(&mine.iter().map(|x| f(x)).collect::<Vec<f64>>()).median
+            };
             ModeRow {
                 seconds: Stats::of(&secs),
                 staged: (!staged.is_empty()).then(|| Stats::of(&staged)),
                 wire: median_u64(&wire),
-                busy_core_s: Stats::of(&busy).median,
+                busy_core_s: median(|x| x.busy_core_s),
+                first_bytes_s: median(|x| x.first_bytes_s),
+                on_link_s: median(|x| x.on_link_s),
+                after_link_s: median(|x| x.after_link_s),
             }
         };
         let snaps: Vec<SnapRow> = (s.snaps.iter().take(n).enumerate())
@@ -527,6 +557,9 @@ pub fn run(mut a: DedupLinkArgs) -> Res<()> {
                 .sum(),
             wire: snaps.iter().map(|r| row(r).wire).sum(),
             busy_core_s: snaps.iter().map(|r| row(r).busy_core_s).sum(),
+            first_bytes_s: snaps.iter().map(|r| row(r).first_bytes_s).sum(),
+            on_link_s: snaps.iter().map(|r| row(r).on_link_s).sum(),
+            after_link_s: snaps.iter().map(|r| row(r).after_link_s).sum(),
         };
         let bytes = snaps.iter().map(|r| r.bytes).sum();
         rows.push(SeriesRow {
@@ -686,7 +719,7 @@ fn tables(rep: &Report) -> Md {
             )), r.staged_delta.seconds / r.delta.seconds, size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     s.title("Parts of the staged modes".into());
-    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | of it receiving (s) | staged no sooner than (s) | agent CPU direct (s) | machine busy (CPU s) | durable no sooner than (s) | machine busy direct (CPU s) |");
+    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | of it receiving (s) | staged no sooner than (s) | agent CPU direct (s) | machine busy (CPU s) | durable no sooner than (s) | machine busy direct (CPU s) | until the first bytes on the link (s) | direct (s) | on the link until 99 % (s) | direct (s) | its bytes at the link's rate (s) | after the link until durable (s) | direct (s) |");
     for r in rep.series {
         for (name, m, direct, b, d) in [
             (
@@ -706,7 +739,7 @@ fn tables(rep: &Report) -> Md {
         ] {
             let staged = m.staged.unwrap_or(0.0);
             s.row(format!(
-                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.2} |",
                 r.series,
                 m.seconds - staged,
                 direct.seconds,
@@ -722,7 +755,15 @@ fn tables(rep: &Report) -> Md {
                 d.agent_cpu_s,
                 m.busy_core_s,
                 durable_no_sooner_than(m, cores()),
-                direct.busy_core_s
+                direct.busy_core_s,
+                m.first_bytes_s,
+                direct.first_bytes_s,
+                m.on_link_s,
+                direct.on_link_s,
+                rep.link_bytes_per_s
+                    .map_or("–".to_string(), |rate| format!("{:.2}", m.wire as f64 / rate)),
+                m.after_link_s,
+                direct.after_link_s
             ));
         }
     }
