@@ -196,7 +196,14 @@ fn upload(
     loop {
         match rx.recv() {
             Ok(FeedMsg::Bytes(offset, part)) => {
-                if offset < next || offset + part.len() as u64 > size {
+                let end = offset + part.len() as u64;
+                // A resend overlaps bytes sent on or bytes still waiting for their turn,
+                // whichever copy the disk writers kept first.
+                let overlaps_early = early
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(&at, p)| at + p.len() as u64 > offset);
+                if offset < next || overlaps_early || end > size {
                     return Err(stopped(
                         "its segments overlap (a resend) or overrun its size",
                     ));
@@ -250,3 +257,43 @@ fn upload(
 
 /// Streaming uploads in progress, by version.
 pub(super) type Feeds = HashMap<VersionId, Feed>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cascade_testkit::versitygw::SECRET;
+    use cascade_testkit::{random, Versitygw};
+
+    /// A frame sent twice is a resend however the disk writers ordered the copies: here
+    /// both copies come before the bytes ahead of them, so neither has been sent on yet.
+    #[test]
+    fn a_segment_resent_before_its_turn_gives_the_stream_up() {
+        let gw = Versitygw::start();
+        gw.create_bucket("cascade");
+        let durable =
+            DurableStore::open(&gw.spec("cascade/resend", SECRET)).expect("open the store");
+        let frame = 4 << 20;
+        let data = Bytes::from(random(3 * frame, 7));
+        let (tx, rx) = mpsc::channel();
+        for (offset, range) in [
+            (frame, frame..2 * frame),
+            (frame, frame..2 * frame),
+            (0, 0..frame),
+            (2 * frame, 2 * frame..3 * frame),
+        ] {
+            tx.send(FeedMsg::Bytes(offset as u64, data.slice(range)))
+                .expect("feed");
+        }
+        tx.send(FeedMsg::Seal(*blake3::hash(&data).as_bytes()))
+            .expect("seal");
+        let stats = StreamStats::default();
+        match upload(&durable, &stats, "ckpt/f", 1, data.len() as u64, rx) {
+            Err(e) => assert!(e.to_string().contains("overlap"), "{e}"),
+            Ok(_) => panic!("a resent segment was streamed as if sent once"),
+        }
+        assert!(
+            durable.list("").expect("list").is_empty(),
+            "the given-up upload left an object"
+        );
+    }
+}
