@@ -521,8 +521,49 @@ pub struct Engine {
     /// in the sync that reclaimed them ([`Engine::defer_unlinks`]).
     defer_unlink: std::sync::atomic::AtomicBool,
     unlink_later: Mutex<Vec<PathBuf>>,
-    /// Holds the flock on dir/LOCK for the engine's lifetime.
-    _lock: File,
+    /// Holds the flock on dir/LOCK for the engine's lifetime (last field: dropped last).
+    _lock: DirLock,
+}
+
+/// An exclusive flock on a staging directory's LOCK file, released explicitly on drop.
+///
+/// A flock belongs to the open file description, which a child forked by any thread of
+/// this process shares until it execs (or for good, if it never does): closing our
+/// descriptor alone would then leave the directory locked. LOCK_UN releases it for every
+/// holder at once.
+struct DirLock(File);
+
+impl DirLock {
+    fn acquire(dir: &Path) -> Result<DirLock> {
+        let path = dir.join("LOCK");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| io_err(format!("open {}", path.display()), e))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(Error::Locked {
+                    dir: dir.display().to_string(),
+                });
+            }
+            return Err(io_err(format!("flock {}", path.display()), e));
+        }
+        Ok(DirLock(file))
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // SAFETY: flock on the descriptor this value owns; no memory is involved. A failure
+        // leaves the lock to the close that follows, as before.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -549,23 +590,7 @@ impl Engine {
         }
         let d = dir.display().to_string();
         std::fs::create_dir_all(dir).map_err(|e| io_err(format!("create {d}"), e))?;
-        let lock_path = dir.join("LOCK");
-        let lock_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| io_err(format!("open {}", lock_path.display()), e))?;
-        // SAFETY: flock on a descriptor this function owns; no memory is involved.
-        let rc = unsafe { libc::flock(lock_file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(Error::Locked { dir: d });
-            }
-            return Err(io_err(format!("flock {}", lock_path.display()), e));
-        }
+        let dir_lock = DirLock::acquire(dir)?;
 
         // Stray temp files (a compaction cut short) and the arena files on disk.
         let mut on_disk: Vec<u32> = Vec::new();
@@ -686,7 +711,7 @@ impl Engine {
             bounce: Mutex::new(Vec::new()),
             defer_unlink: std::sync::atomic::AtomicBool::new(false),
             unlink_later: Mutex::new(Vec::new()),
-            _lock: lock_file,
+            _lock: dir_lock,
         };
         // Ids below the recovered maximum (and every reservation before it) may have been
         // handed out by the previous run: reserve a fresh block before issuing any.

@@ -857,6 +857,41 @@ fn a_second_open_of_the_same_directory_is_locked() {
     Engine::open(dir.path(), opts(4096)).unwrap();
 }
 
+/// A process forked by another thread while an engine is open shares its LOCK descriptor
+/// until it execs (a test binary spawning an S3 server, a server spawning a helper): the
+/// engine's drop must still free the directory for the next open.
+#[test]
+fn a_child_forked_while_the_engine_was_open_does_not_keep_it_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Engine::open(dir.path(), opts(4096)).unwrap();
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe() fills the two-element array it is given.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: the child only calls the async-signal-safe read() and _exit().
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let mut byte = 0u8;
+        // SAFETY: reads one byte into a local; the child then exits without unwinding.
+        unsafe {
+            libc::read(pipe[0], (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(e);
+    let reopened = Engine::open(dir.path(), opts(4096));
+    // SAFETY: writes one byte from a local to the pipe, closes both ends and reaps the child.
+    unsafe {
+        libc::write(pipe[1], b"x".as_ptr().cast(), 1);
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    if let Err(err) = reopened {
+        panic!("reopen while a forked child lives: {err}");
+    }
+}
+
 #[test]
 fn a_missing_arena_drops_its_versions_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
