@@ -31,6 +31,12 @@ pub use cascade_wire::status::Usage;
 /// load (and checksum) more than this for one extent.
 pub const MAX_EXTENT: usize = 4 << 20;
 
+/// Direct mode: an active arena is preallocated this far ahead of its reserved end (at most
+/// a quarter of `arena_size`). O_DIRECT writes past a file's end extend it, and ext4 runs
+/// those one at a time under the inode's exclusive lock, the waiting writers spinning on it;
+/// writes inside it take the lock shared and overlap (docs/staging-arenas.md).
+pub const PREALLOCATE_AHEAD: u64 = 64 << 20;
+
 /// Extents kept after a partial read, so that small sequential reads do not load and
 /// checksum the same extent again for every call.
 const READ_CACHE: usize = 4;
@@ -416,6 +422,11 @@ struct Reserved {
     /// The O_DIRECT handle, in direct mode.
     direct: Option<Arc<File>>,
     pos: u64,
+    /// Direct mode: preallocate the arena from `.0` to `.1` before writing.
+    preallocate: Option<(u64, u64)>,
+    /// The arena the slot rotated away from and its reserved end: its preallocated tail
+    /// is cut off.
+    trim: Option<(Arc<File>, u64)>,
 }
 
 /// A heap buffer with a [`BLOCK`]-aligned window, for O_DIRECT writes of bytes that are not
@@ -803,6 +814,8 @@ impl Engine {
             file,
             direct,
             pos,
+            preallocate,
+            trim,
         } = {
             let mut g = lock(&self.state);
             g.check_poisoned()?;
@@ -827,6 +840,22 @@ impl Engine {
             reserved?
         };
         // Outside the lock: other slots (and this one, at other positions) keep writing.
+        // Both only make writes faster or the file shorter: a failure is ignored (a write
+        // past the end still works; ENOSPC shows in the write).
+        if let Some((file, end)) = trim {
+            let _ = file.set_len(end);
+        }
+        if let (Some(d), Some((from, to))) = (&direct, preallocate) {
+            // SAFETY: fallocate on a descriptor this engine holds open; no memory is involved.
+            unsafe {
+                libc::fallocate(
+                    d.as_raw_fd(),
+                    0,
+                    from as libc::off_t,
+                    (to - from) as libc::off_t,
+                )
+            };
+        }
         let res = match &direct {
             Some(d) => self.write_direct(d, data, pos),
             None => {
@@ -932,6 +961,7 @@ impl Engine {
                 .is_some_and(|a| a.size == 0 || a.size + len <= self.opts.arena_size)
         });
         let mut paths = Vec::new();
+        let mut trim = None;
         let n = match current {
             Some(n) => n,
             None => {
@@ -939,6 +969,10 @@ impl Engine {
                     if let Some(a) = g.m.arenas.get_mut(&old) {
                         a.active = false;
                         a.direct = None;
+                        if a.allocated > a.size {
+                            trim = a.file.clone().map(|f| (f, a.size));
+                            a.allocated = a.size;
+                        }
                     }
                     paths = g.reclaim(&self.dir, vec![old]);
                 }
@@ -1000,6 +1034,13 @@ impl Engine {
         let pos = a.size;
         a.size += len;
         a.inflight += 1;
+        let mut preallocate = None;
+        if direct.is_some() && a.size > a.allocated {
+            let ahead = PREALLOCATE_AHEAD.min(self.opts.arena_size / 4);
+            let to = self.opts.arena_size.min(a.size + ahead).max(a.size);
+            preallocate = Some((a.allocated.max(pos), to));
+            a.allocated = to;
+        }
         g.arena_bytes += len;
         (
             Ok(Reserved {
@@ -1007,6 +1048,8 @@ impl Engine {
                 file,
                 direct,
                 pos,
+                preallocate,
+                trim,
             }),
             paths,
         )

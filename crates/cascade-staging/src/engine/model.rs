@@ -61,6 +61,9 @@ pub(crate) struct Arena {
     pub direct: Option<Arc<File>>,
     /// Bytes in the file (at run time: reserved up to here).
     pub size: u64,
+    /// Direct mode: the file's length as preallocated so far (`fallocate`), at least `size`
+    /// once the preallocation asked for by `reserve` is done.
+    pub allocated: u64,
     /// Bytes of useful extents of versions not released.
     pub live: u64,
     /// Appends reserved here whose pwrite has not finished.

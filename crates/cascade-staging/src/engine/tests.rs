@@ -1012,9 +1012,12 @@ fn direct_mode_on_a_disk_pads_extents_with_zeros_and_reads_back_bit_for_bit() {
         vb = put(&e, 0, "b", 1, b, MAX_EXTENT + 5);
         vc = put(&e, 0, "c", 1, c, 333);
         e.sync().unwrap();
-        // a: 2 blocks; b: a 4 MiB extent and a 5-byte one (1 block); c: 4 extents of 1 block.
-        let want = 2 * BLOCK as u64 + MAX_EXTENT as u64 + BLOCK as u64 + 4 * BLOCK as u64;
-        assert_eq!(arena_lengths(dir.path()), vec![want]);
+        // a: 2 blocks; b: a 4 MiB extent and a 5-byte one (1 block); c: 4 extents of 1 block;
+        // the arena was preallocated ahead of the first extent's end.
+        let used = 2 * BLOCK as u64 + MAX_EXTENT as u64 + BLOCK as u64 + 4 * BLOCK as u64;
+        let preallocated = 2 * BLOCK as u64 + PREALLOCATE_AHEAD;
+        assert!(used < preallocated);
+        assert_eq!(arena_lengths(dir.path()), vec![preallocated]);
         let arena = std::fs::read(dir.path().join(arena_name(0))).unwrap();
         assert_eq!(&arena[..a.len()], a);
         assert!(
@@ -1043,6 +1046,56 @@ fn direct_mode_on_a_disk_pads_extents_with_zeros_and_reads_back_bit_for_bit() {
     check(&e, "b", 1, b);
     check(&e, "c", 1, c);
     let _ = (va, vb, vc);
+}
+
+/// Direct mode preallocates an active arena a quarter of `arena_size` (at most
+/// PREALLOCATE_AHEAD) past its reserved end, so that O_DIRECT writes do not extend the file
+/// (ext4 runs extending ones one at a time), and cuts the unused tail off when it rotates.
+#[test]
+fn direct_arenas_are_preallocated_ahead_and_trimmed_when_they_rotate() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    if on_tmpfs(dir.path()) {
+        return; // /var/tmp is no disk: buffered arenas, nothing preallocated
+    }
+    const MIB: u64 = 1 << 20;
+    let o = || EngineOptions {
+        writers: 1,
+        direct: true,
+        arena_size: 16 * MIB,
+        ..EngineOptions::default()
+    };
+    let bytes: Vec<Vec<u8>> = [MIB, 9 * MIB / 2, 8 * MIB, 4 * MIB]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| data(90 + i as u64, n as usize))
+        .collect();
+    let key = |i: usize| format!("k{i}");
+    {
+        let e = Engine::open(dir.path(), o()).unwrap();
+        assert_eq!(*e.io_mode(), IoMode::Direct);
+        let mut lengths = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            put(&e, 0, &key(i), 1, b, b.len());
+            lengths.push(arena_lengths(dir.path()));
+        }
+        // Reserved ends 1, 5.5 and 13.5 MiB (4 MiB extents): each write past the
+        // preallocated end moves it 4 MiB past its own end, at most to 16 MiB. The fourth
+        // does not fit: the arena is cut to 13.5 MiB and the next one starts, 4 + 4 MiB.
+        let want: Vec<Vec<u64>> = vec![
+            vec![5 * MIB],
+            vec![19 * MIB / 2],
+            vec![16 * MIB],
+            vec![27 * MIB / 2, 8 * MIB],
+        ];
+        assert_eq!(lengths, want);
+        e.sync().unwrap();
+    }
+    // The preallocated tail of the active arena reads as nothing after a restart.
+    let e = Engine::open(dir.path(), o()).unwrap();
+    assert!(e.recovery_warnings().is_empty(), "{:?}", e.recovery_warnings());
+    for (i, b) in bytes.iter().enumerate() {
+        check(&e, &key(i), 1, b);
+    }
 }
 
 #[test]
