@@ -831,7 +831,12 @@ fn throughput_point(
     }
     let drained = Path::new(&rig.durable).join(tag);
     if drained.exists() {
-        std::fs::remove_dir_all(&drained).ctx(|| format!("removing {}", drained.display()))?;
+        if let Err(e) = std::fs::remove_dir_all(&drained) {
+            // Not a failed measurement: the servers reported everything drained, but
+            // something still wrote below (named here, to find out what).
+            let left: Vec<String> = walkdir_names(&drained);
+            eprintln!("  warning: removing {}: {e}; left: {left:?}", drained.display());
+        }
     }
     Ok(TpSample {
         staged_s: rel(staged),
@@ -2169,4 +2174,20 @@ pub fn run(mut o: SOpts) -> Res<()> {
 
 fn st_opt_ref(s: &Option<Stats>) -> String {
     crate::format::st_opt(s.as_ref())
+}
+
+/// Paths below `dir` (for a warning).
+fn walkdir_names(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path.clone());
+            }
+            out.push(path.display().to_string());
+        }
+    }
+    out
 }
