@@ -835,7 +835,10 @@ fn throughput_point(
             // Not a failed measurement: the servers reported everything drained, but
             // something still wrote below (named here, to find out what).
             let left: Vec<String> = walkdir_names(&drained);
-            eprintln!("  warning: removing {}: {e}; left: {left:?}", drained.display());
+            eprintln!(
+                "  warning: removing {}: {e}; left: {left:?}",
+                drained.display()
+            );
         }
     }
     Ok(TpSample {

@@ -1092,7 +1092,11 @@ fn direct_arenas_are_preallocated_ahead_and_trimmed_when_they_rotate() {
     }
     // The preallocated tail of the active arena reads as nothing after a restart.
     let e = Engine::open(dir.path(), o()).unwrap();
-    assert!(e.recovery_warnings().is_empty(), "{:?}", e.recovery_warnings());
+    assert!(
+        e.recovery_warnings().is_empty(),
+        "{:?}",
+        e.recovery_warnings()
+    );
     for (i, b) in bytes.iter().enumerate() {
         check(&e, &key(i), 1, b);
     }
