@@ -1909,6 +1909,39 @@ fn ingest_breakdown(r: &SResults, s: &mut Md) {
                 ))
                 .unwrap_or_default()
         ));
+        // Many streams: the files staged first drain while the others arrive, on the same
+        // cores (one stream drains only after it is staged).
+        let many: Vec<&TpRow> = r.throughput.iter().filter(|t| t.procs > 1).collect();
+        let absorbs: Vec<f64> = many
+            .iter()
+            .filter_map(|t| t.absorb_gbps.as_ref().map(|x| x.median))
+            .collect();
+        if !absorbs.is_empty() {
+            let (lo, hi) = absorbs
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+                    (l.min(x), h.max(x))
+                });
+            let drain_share: Vec<f64> = many
+                .iter()
+                .map(|t| t.server_drain_cpu_s.median / t.server_cpu_s.median)
+                .filter(|x| x.is_finite())
+                .collect();
+            let (dl, dh) = drain_share
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+                    (l.min(x), h.max(x))
+                });
+            s.verdict(format!(
+                "Many streams (2 or more writers): absorb {lo:.2}-{hi:.2} GB/s = \
+                 {:.2}-{:.2}x; draining the files staged first took {:.0}-{:.0} % of the \
+                 servers' CPU meanwhile.",
+                lo / best_fio,
+                hi / best_fio,
+                dl * 100.0,
+                dh * 100.0
+            ));
+        }
     }
 }
 
