@@ -75,3 +75,66 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// A small ext4 file system on a loop device, mounted on `<dir>/mnt` from an image file in
+/// `dir` (a small, really full SSD that, unlike tmpfs, takes O_DIRECT writes); unmounted and
+/// its image removed on drop. Needs root and e2fsprogs (the tests run as root in CI).
+pub struct SmallExt4 {
+    pub mnt: PathBuf,
+    image: PathBuf,
+}
+
+impl SmallExt4 {
+    /// Makes and mounts an ext4 of `mib` MiB in `dir` (created); the reason if that is not
+    /// possible.
+    pub fn mount(dir: &Path, mib: u64) -> Result<SmallExt4, String> {
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
+        let image = dir.join("ext4.img");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(mib << 20))
+            .map_err(|e| format!("create {}: {e}", image.display()))?;
+        let run = |program: &str, args: &[&std::ffi::OsStr]| -> Result<(), String> {
+            let out = Command::new(program)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("run {program}: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{program}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        run(
+            "mkfs.ext4",
+            &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
+        )?;
+        run(
+            "mount",
+            &[
+                "-o".as_ref(),
+                "loop".as_ref(),
+                image.as_os_str(),
+                mnt.as_os_str(),
+            ],
+        )?;
+        Ok(SmallExt4 { mnt, image })
+    }
+}
+
+impl Drop for SmallExt4 {
+    fn drop(&mut self) {
+        // The loop device mount detaches its device when it goes.
+        let _ = Command::new("umount")
+            .arg(&self.mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
