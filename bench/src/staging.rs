@@ -1912,26 +1912,15 @@ fn ingest_breakdown(r: &SResults, s: &mut Md) {
         // Many streams: the files staged first drain while the others arrive, on the same
         // cores (one stream drains only after it is staged).
         let many: Vec<&TpRow> = r.throughput.iter().filter(|t| t.procs > 1).collect();
-        let absorbs: Vec<f64> = many
-            .iter()
-            .filter_map(|t| t.absorb_gbps.as_ref().map(|x| x.median))
-            .collect();
-        if !absorbs.is_empty() {
-            let (lo, hi) = absorbs
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
-                    (l.min(x), h.max(x))
-                });
-            let drain_share: Vec<f64> = many
-                .iter()
-                .map(|t| t.server_drain_cpu_s.median / t.server_cpu_s.median)
-                .filter(|x| x.is_finite())
-                .collect();
-            let (dl, dh) = drain_share
-                .iter()
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
-                    (l.min(x), h.max(x))
-                });
+        let absorbs = span(
+            many.iter()
+                .filter_map(|t| t.absorb_gbps.as_ref().map(|x| x.median)),
+        );
+        let drain_shares = span(
+            many.iter()
+                .map(|t| t.server_drain_cpu_s.median / t.server_cpu_s.median),
+        );
+        if let (Some((lo, hi)), Some((dl, dh))) = (absorbs, drain_shares) {
             s.verdict(format!(
                 "Many streams (2 or more writers): absorb {lo:.2}-{hi:.2} GB/s = \
                  {:.2}-{:.2}x; draining the files staged first took {:.0}-{:.0} % of the \
@@ -2210,6 +2199,16 @@ pub fn run(mut o: SOpts) -> Res<()> {
 
 fn st_opt_ref(s: &Option<Stats>) -> String {
     crate::format::st_opt(s.as_ref())
+}
+
+/// The smallest and largest finite value, if any.
+fn span(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values
+        .filter(|x| x.is_finite())
+        .fold(None, |acc, x| match acc {
+            None => Some((x, x)),
+            Some((lo, hi)) => Some((f64::min(lo, x), f64::max(hi, x))),
+        })
 }
 
 /// Paths below `dir` (for a warning).

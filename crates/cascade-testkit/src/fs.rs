@@ -33,6 +33,27 @@ impl Drop for RemoveDir {
     }
 }
 
+/// Runs `program` with `args`; its stderr if it fails.
+fn run(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("run {program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// A tmpfs mounted on a directory of the test (a small, really full SSD); unmounted on drop.
 /// Needs root (the tests run as root in CI).
 pub struct Tmpfs {
@@ -43,19 +64,17 @@ impl Tmpfs {
     /// Mounts a tmpfs of `size` ("64m") on `dir` (created); the reason if that is not possible.
     pub fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("run mount: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "mount -t tmpfs on {}: {}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        run(
+            "mount",
+            &[
+                "-t".as_ref(),
+                "tmpfs".as_ref(),
+                "-o".as_ref(),
+                format!("size={size}").as_ref(),
+                "tmpfs".as_ref(),
+                dir.as_os_str(),
+            ],
+        )?;
         Ok(Tmpfs {
             dir: dir.to_path_buf(),
         })
@@ -66,13 +85,7 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         // Lazy: a process still holding a file there (a server being killed) does not keep
         // the mount around.
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = run("umount", &["-l".as_ref(), self.dir.as_os_str()]);
     }
 }
 
@@ -94,21 +107,6 @@ impl SmallExt4 {
         std::fs::File::create(&image)
             .and_then(|f| f.set_len(mib << 20))
             .map_err(|e| format!("create {}: {e}", image.display()))?;
-        let run = |program: &str, args: &[&std::ffi::OsStr]| -> Result<(), String> {
-            let out = Command::new(program)
-                .args(args)
-                .stdin(Stdio::null())
-                .output()
-                .map_err(|e| format!("run {program}: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{program}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
-        };
         run(
             "mkfs.ext4",
             &["-q".as_ref(), "-F".as_ref(), image.as_os_str()],
@@ -129,12 +127,7 @@ impl SmallExt4 {
 impl Drop for SmallExt4 {
     fn drop(&mut self) {
         // The loop device mount detaches its device when it goes.
-        let _ = Command::new("umount")
-            .arg(&self.mnt)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let _ = run("umount", &[self.mnt.as_os_str()]);
         let _ = std::fs::remove_file(&self.image);
     }
 }

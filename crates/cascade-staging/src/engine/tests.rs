@@ -40,6 +40,17 @@ fn put(e: &Engine, slot: usize, key: &str, stamp: u64, bytes: &[u8], chunk: usiz
     v
 }
 
+/// Opens the engine in `dir` again after a clean stop or a crash: nothing to warn about.
+fn reopen_without_warnings(dir: &Path, o: EngineOptions) -> Engine {
+    let e = Engine::open(dir, o).unwrap();
+    assert!(
+        e.recovery_warnings().is_empty(),
+        "{:?}",
+        e.recovery_warnings()
+    );
+    e
+}
+
 /// The whole version through odd-sized reads.
 fn read_all(e: &Engine, v: VersionId) -> Vec<u8> {
     let mut out = Vec::new();
@@ -118,12 +129,7 @@ fn versions_round_trip_across_arena_rotation_and_reopen() {
         assert!(u.arena_bytes >= u.pending_bytes);
         assert_eq!(e.drainable().len(), files.len());
     }
-    let e = Engine::open(dir.path(), opts(4096)).unwrap();
-    assert!(
-        e.recovery_warnings().is_empty(),
-        "{:?}",
-        e.recovery_warnings()
-    );
+    let e = reopen_without_warnings(dir.path(), opts(4096));
     for (key, bytes) in &files {
         check(&e, key, 7, bytes);
     }
@@ -807,12 +813,7 @@ fn compaction_keeps_the_index_small_and_the_state_intact() {
         assert_eq!(e.usage().live_versions, 4);
     }
     assert!(!dir.path().join(INDEX_TMP).exists());
-    let e = Engine::open(dir.path(), o()).unwrap();
-    assert!(
-        e.recovery_warnings().is_empty(),
-        "{:?}",
-        e.recovery_warnings()
-    );
+    let e = reopen_without_warnings(dir.path(), o());
     for (key, stamp, bytes) in &expected {
         check(&e, key, *stamp, bytes);
     }
@@ -1036,12 +1037,7 @@ fn direct_mode_on_a_disk_pads_extents_with_zeros_and_reads_back_bit_for_bit() {
         }
     }
     // Recovery reads the padded arena as any other.
-    let e = Engine::open(dir.path(), o()).unwrap();
-    assert!(
-        e.recovery_warnings().is_empty(),
-        "{:?}",
-        e.recovery_warnings()
-    );
+    let e = reopen_without_warnings(dir.path(), o());
     check(&e, "a", 1, a);
     check(&e, "b", 1, b);
     check(&e, "c", 1, c);
@@ -1091,12 +1087,7 @@ fn direct_arenas_are_preallocated_ahead_and_trimmed_when_they_rotate() {
         e.sync().unwrap();
     }
     // The preallocated tail of the active arena reads as nothing after a restart.
-    let e = Engine::open(dir.path(), o()).unwrap();
-    assert!(
-        e.recovery_warnings().is_empty(),
-        "{:?}",
-        e.recovery_warnings()
-    );
+    let e = reopen_without_warnings(dir.path(), o());
     for (i, b) in bytes.iter().enumerate() {
         check(&e, &key(i), 1, b);
     }
@@ -1146,16 +1137,10 @@ fn a_full_disk_in_direct_mode_gives_full_and_loses_nothing_synced() {
         }
         e.sync().unwrap();
     }
-    let e = Engine::open(&dir, o()).unwrap();
-    assert!(
-        e.recovery_warnings().is_empty(),
-        "{:?}",
-        e.recovery_warnings()
-    );
+    let e = reopen_without_warnings(&dir, o());
     for (key, bytes) in &kept {
         check(&e, key, 1, bytes);
     }
-    drop(e);
 }
 
 #[test]
