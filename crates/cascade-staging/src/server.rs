@@ -502,6 +502,7 @@ struct Counters {
     /// arenas, versions that did not fit in `drain_memory`.
     drained_from_memory: u64,
     drain_arena_bytes: u64,
+    drain_yields: u64,
     drain_memory_spills: u64,
     /// Versions drained by a streaming upload, and streaming uploads given up
     /// (docs/staging.md, "Streaming drain").
@@ -1127,8 +1128,18 @@ impl Shared {
     }
 
     fn ingest_active(&self) -> bool {
+        !self.ingest_left().is_zero()
+    }
+
+    /// How long clients count as writing from now on: what is left of `busy_window` since
+    /// the last Write arrived (zero if none arrived within it).
+    fn ingest_left(&self) -> Duration {
         let last = self.last_write_ms.load(Ordering::Relaxed);
-        last != 0 && self.now_ms().saturating_sub(last) < self.opts.busy_window.as_millis() as u64
+        if last == 0 {
+            return Duration::ZERO;
+        }
+        let since = Duration::from_millis(self.now_ms().saturating_sub(last));
+        self.opts.busy_window.saturating_sub(since)
     }
 
     /// Something reached the durable store: wakes the watchers.
@@ -1214,6 +1225,7 @@ impl Shared {
             drained_streaming: c.drained_streaming,
             streaming_fallbacks: c.streaming_fallbacks,
             streamed_bytes: self.stream_stats.streamed_bytes(),
+            drain_yields: c.drain_yields,
         }
     }
 
@@ -2121,6 +2133,8 @@ impl Shared {
     /// way of the other versions.
     fn drain_loop(self: Arc<Self>) {
         let mut retry_at: HashMap<VersionId, (u32, Instant)> = HashMap::new();
+        // Versions whose drain waits for the clients to stop writing, since when.
+        let mut yielding: HashMap<VersionId, Instant> = HashMap::new();
         let mut manifests_checked = Instant::now() - Duration::from_secs(10);
         // Pending checkpoints are checked at once after a drain here or a Push/Sync/Pull (the
         // wake-up: a watching agent asks as soon as another server drained), and else polled
@@ -2133,11 +2147,15 @@ impl Shared {
         while !self.stop.load(Ordering::SeqCst) {
             let seen = *lock(&self.drain_wake.0);
             let mut progressed = false;
+            // When to look again if nothing drains: at the latest when a yielding version
+            // may go; a seal or a client's request wakes the drain sooner.
+            let mut look_again = Duration::from_millis(250);
             let now = Instant::now();
             let drainable = self.engine.drainable();
             self.prune_kept();
             // Versions drained or superseded meanwhile (e.g. by a newer write) leave the map.
             let live: HashSet<VersionId> = drainable.iter().map(|v| v.id).collect();
+            yielding.retain(|id, _| live.contains(id));
             retry_at.retain(|id, (n, _)| {
                 let keep = live.contains(id);
                 if !keep && *n >= attempts {
@@ -2153,8 +2171,14 @@ impl Shared {
                 if retry_at.get(&v.id).is_some_and(|(_, at)| *at > now) {
                     continue;
                 }
-                match self.drain_one(&v) {
-                    Ok(()) => {
+                let since = yielding.get(&v.id).copied().unwrap_or(now);
+                match self.drain_one(&v, since) {
+                    Ok(Drain::Yielded(wait)) => {
+                        yielding.entry(v.id).or_insert(now);
+                        look_again = look_again.min(wait);
+                    }
+                    Ok(Drain::Done) => {
+                        yielding.remove(&v.id);
                         self.event();
                         if let Some((n, _)) = retry_at.remove(&v.id) {
                             if n >= attempts {
@@ -2231,7 +2255,7 @@ impl Shared {
                 let (m, cv) = &self.drain_wake;
                 let g = lock(m);
                 if *g == seen {
-                    let _ = cv.wait_timeout(g, Duration::from_millis(250));
+                    let _ = cv.wait_timeout(g, look_again);
                 }
             }
         }
@@ -2291,20 +2315,42 @@ impl Shared {
         })
     }
 
+    /// Whether the upload of `v` in one request (from the kept frames or the mapped arenas:
+    /// its hash and its copy cost the CPU the receiving threads need) waits, having waited
+    /// since `since`: while clients write (`busy_window`), no longer than the paced reader
+    /// would take over it (1 MiB per `busy_pause`, so the drain keeps that rate under a
+    /// steady stream of writes), and not while room runs short (kept frames past three
+    /// quarters of `drain_memory`, which would send the next versions to the arenas, or
+    /// arenas past half the `capacity`, when one is set).
+    /// How long it may wait from now, or None: it goes now.
+    fn yields_to_ingest(&self, v: &VersionInfo, since: Instant) -> Option<Duration> {
+        let writing = self.ingest_left();
+        let paced = self
+            .opts
+            .busy_pause
+            .saturating_mul(u32::try_from(v.size.div_ceil(1 << 20)).unwrap_or(u32::MAX));
+        let wait = writing.min(paced.saturating_sub(since.elapsed()));
+        let usage = self.engine.usage();
+        let room = self.pool.pinned_bytes() < self.opts.drain_memory / 4 * 3
+            && usage.capacity.is_none_or(|c| usage.arena_bytes < c / 2);
+        (!wait.is_zero() && room).then_some(wait)
+    }
+
     /// Rebuilds one staged file in the durable tier (version, data, then `.blake3`), checking
-    /// that what the arenas hold hashes to what the client sent. A version older than the
-    /// one the durable store records is not drained (docs/staging.md, "Version order").
-    fn drain_one(&self, v: &VersionInfo) -> Result<()> {
+    /// that what the arenas hold hashes to what the client sent, or leaves it for now to
+    /// absorbing clients (`yields_to_ingest`, waiting since `since`). A version older than
+    /// the one the durable store records is not drained (docs/staging.md, "Version order").
+    fn drain_one(&self, v: &VersionInfo, since: Instant) -> Result<Drain> {
         let started = Instant::now();
         // An upload that streamed while the version arrived: only its last byte is left.
         match self.finish_stream(v) {
             Some(Ok(streaming::Streamed::Uploaded(digest))) => {
                 lock(&self.counters).drained_streaming += 1;
-                return self.commit(v, digest, started);
+                return self.commit(v, digest, started).map(|()| Drain::Done);
             }
             // Nothing was written; `commit` refuses it, as any other mismatch.
             Some(Ok(streaming::Streamed::Mismatch(digest))) => {
-                return self.commit(v, digest, started);
+                return self.commit(v, digest, started).map(|()| Drain::Done);
             }
             Some(Err(e)) => {
                 lock(&self.counters).streaming_fallbacks += 1;
@@ -2317,13 +2363,19 @@ impl Shared {
             }
             None => {}
         }
+        let one_request = v.size <= cascade_durable::SINGLE_PUT_MAX;
+        if let Some(wait) = one_request
+            .then(|| self.yields_to_ingest(v, since))
+            .flatten()
+        {
+            lock(&self.counters).drain_yields += 1;
+            return Ok(Drain::Yielded(wait));
+        }
         if let Some(newer) = self.newer_in_durable(v)? {
-            return self.supersede(v, newer);
+            return self.supersede(v, newer).map(|()| Drain::Done);
         }
         self.durable.put_version(&v.key, v.stamp)?;
-        let kept = (v.size <= cascade_durable::SINGLE_PUT_MAX)
-            .then(|| self.kept_parts(v))
-            .flatten();
+        let kept = one_request.then(|| self.kept_parts(v)).flatten();
         let digest = if let Some(parts) = kept {
             let digest = self.put_kept(v, parts)?;
             lock(&self.counters).drained_from_memory += 1;
@@ -2341,7 +2393,7 @@ impl Shared {
             };
             self.durable.put_file(&v.key, reader, v.size)?
         };
-        self.commit(v, digest, started)
+        self.commit(v, digest, started).map(|()| Drain::Done)
     }
 
     /// Commits version `v` whose data object was uploaded with `digest`: its checksum
@@ -2546,6 +2598,16 @@ fn manifest_key(m: &Manifest, f: &ManifestFile) -> String {
     } else {
         format!("{}/{}", m.checkpoint, f.path)
     }
+}
+
+/// What one turn of the drain did with a version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Drained, superseded or committed from its stream.
+    Done,
+    /// Left for a later turn, at most this long: clients are writing
+    /// (`Shared::yields_to_ingest`).
+    Yielded(Duration),
 }
 
 /// Keeps a reader of the arenas (drain, dedup push) to at most 1 MiB per `busy_pause` while

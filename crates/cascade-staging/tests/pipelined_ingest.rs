@@ -11,11 +11,14 @@
 //! 3. a server process killed with SIGKILL in the middle of a stream (Write frames of a file
 //!    still arriving and being written) recovers every file a Sync acknowledged and,
 //!    restarted, drains each bit for bit; the file being sent is not there;
-//! 4. the server's threads carry the names `top -H` and the bench's CPU split rely on.
+//! 4. the server's threads carry the names `top -H` and the bench's CPU split rely on;
+//! 5. a sealed version's drain waits while clients write (absorbing has the CPU), but no
+//!    longer than the paced drain would take over it, and not when the arenas run short
+//!    of room.
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cascade_staging::client::OutSegment;
 use cascade_staging::{Connection, ServerStatus};
@@ -116,6 +119,76 @@ fn a_version_over_the_budget_drains_from_the_arenas() {
         files.len() as u64,
         "{s:?}"
     );
+}
+
+/// Sends one 2 MiB file (two Write frames and a Sync) to a server tuned by `tune` and waits
+/// until it drained, within `within`: how long after the first byte was sent, and the
+/// server's status then.
+fn drained_after(
+    within: Duration,
+    tune: impl FnOnce(&mut cascade_staging::ServerOptions),
+) -> (Duration, ServerStatus) {
+    let arena_dir = disk_dir();
+    let dir = arena_dir.path().join("arenas");
+    let srv = InProcessServer::bind(2, move |o, _| {
+        o.dir = dir;
+        tune(o);
+    });
+    let file = vec![("ckpt/a.dat".to_string(), random(2 << 20, 800))];
+    let mut c = srv.client(NS, DEADLINE);
+    let sent = Instant::now();
+    send(&mut c, &file);
+    let s = poll_status(
+        "drained",
+        within,
+        || status_of(&srv),
+        |s| s.drained_files >= 1,
+    );
+    let waited = sent.elapsed();
+    assert_drained(NS, &srv.durable, &file);
+    c.goodbye();
+    srv.stop();
+    (waited, s)
+}
+
+#[test]
+fn a_sealed_version_waits_until_the_clients_stop_writing() {
+    // The Write keeps the server busy for 1 s; the paced drain would take 2 minutes.
+    let (waited, s) = drained_after(Duration::from_secs(30), |o| {
+        o.busy_window = Duration::from_secs(1);
+        o.busy_pause = Duration::from_secs(60);
+    });
+    assert!(
+        waited >= Duration::from_secs(1),
+        "drained {waited:?} after the write: {s:?}"
+    );
+    assert!(s.drain_yields >= 1, "{s:?}");
+}
+
+#[test]
+fn a_sealed_version_waits_no_longer_than_the_paced_drain_would_take() {
+    // The Write keeps the server busy for a minute; 2 MiB at 1 MiB per second take 2 s.
+    let (waited, s) = drained_after(Duration::from_secs(30), |o| {
+        o.busy_window = Duration::from_secs(60);
+        o.busy_pause = Duration::from_secs(1);
+    });
+    assert!(
+        waited >= Duration::from_secs(2),
+        "drained {waited:?} after the write: {s:?}"
+    );
+    assert!(s.drain_yields >= 1, "{s:?}");
+}
+
+#[test]
+fn a_sealed_version_does_not_wait_when_the_arenas_are_short_of_room() {
+    // The 2 MiB version fills over half of the 3 MiB capacity: it drains while the server
+    // is busy for another minute.
+    let (_, s) = drained_after(Duration::from_secs(30), |o| {
+        o.busy_window = Duration::from_secs(60);
+        o.busy_pause = Duration::from_secs(60);
+        o.engine.capacity = Some(3 << 20);
+    });
+    assert_eq!(s.drain_yields, 0, "{s:?}");
 }
 
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child).

@@ -90,6 +90,10 @@ pub struct ServerStatus {
     pub streaming_fallbacks: u64,
     #[serde(default)]
     pub streamed_bytes: u64,
+    /// Turns of the drain that left a sealed version for later because clients were
+    /// writing (docs/staging.md, "Drain").
+    #[serde(default)]
+    pub drain_yields: u64,
 }
 
 /// The arenas on a server's SSD (the engine's levels now).
