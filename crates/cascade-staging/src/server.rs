@@ -502,8 +502,9 @@ struct Counters {
     /// arenas, versions that did not fit in `drain_memory`.
     drained_from_memory: u64,
     drain_arena_bytes: u64,
-    drain_yields: u64,
     drain_memory_spills: u64,
+    /// Turns of the drain that left a sealed version for later while clients wrote.
+    drain_yields: u64,
     /// Versions drained by a streaming upload, and streaming uploads given up
     /// (docs/staging.md, "Streaming drain").
     drained_streaming: u64,
@@ -2204,12 +2205,7 @@ impl Shared {
                                 .min(Duration::from_secs(30))
                         };
                         entry.1 = Instant::now() + delay;
-                        let mut c = lock(&self.counters);
-                        c.drain_failures += 1;
-                        if n == attempts {
-                            c.drain_failed += 1;
-                        }
-                        drop(c);
+                        // The line first: a status that counts the failure shows it.
                         if n == attempts {
                             self.fail(format!(
                                 "drain of {} failed {n} times, last: {e}; giving up retrying \
@@ -2227,6 +2223,11 @@ impl Shared {
                             ));
                         } else {
                             self.fail(format!("drain of {} failed again: {e}", v.key));
+                        }
+                        let mut c = lock(&self.counters);
+                        c.drain_failures += 1;
+                        if n == attempts {
+                            c.drain_failed += 1;
                         }
                     }
                 }
@@ -2315,14 +2316,14 @@ impl Shared {
         })
     }
 
-    /// Whether the upload of `v` in one request (from the kept frames or the mapped arenas:
-    /// its hash and its copy cost the CPU the receiving threads need) waits, having waited
-    /// since `since`: while clients write (`busy_window`), no longer than the paced reader
-    /// would take over it (1 MiB per `busy_pause`, so the drain keeps that rate under a
-    /// steady stream of writes), and not while room runs short (kept frames past three
-    /// quarters of `drain_memory`, which would send the next versions to the arenas, or
-    /// arenas past half the `capacity`, when one is set).
-    /// How long it may wait from now, or None: it goes now.
+    /// How much longer the upload of `v` in one request (from the kept frames or the mapped
+    /// arenas: its hash and its copy cost the CPU the receiving threads need) waits, having
+    /// waited since `since`; None: it goes now. It waits while clients write
+    /// (`busy_window`), no longer than the paced reader would take over it (1 MiB per
+    /// `busy_pause`, so the drain keeps that rate under a steady stream of writes), and not
+    /// while room runs short (kept frames past three quarters of `drain_memory`, which would
+    /// send the next versions to the arenas, or arenas past half the `capacity`, when one
+    /// is set).
     fn yields_to_ingest(&self, v: &VersionInfo, since: Instant) -> Option<Duration> {
         let writing = self.ingest_left();
         let paced = self

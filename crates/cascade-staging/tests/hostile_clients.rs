@@ -429,6 +429,47 @@ fn a_seal_without_the_jobs_tag_is_refused() {
     srv.stop();
 }
 
+/// A sealed version's name and stamp belong to its bytes: a resend of the same file is
+/// accepted and changes nothing, another file under them is refused and not stored.
+#[test]
+fn another_file_under_a_sealed_name_and_stamp_is_refused() {
+    let srv = Running::start();
+    let data = b"the first file's bytes".to_vec();
+    let other: Vec<u8> = data.iter().rev().copied().collect();
+    let mut c = srv.client("job1", TIMEOUT);
+    write_file(&mut c, "x", 5, &data);
+    c.sync().unwrap();
+    let mut s = srv.raw_hello("job1");
+    send(
+        &mut s,
+        kind::WRITE,
+        61,
+        &write_body_in("job1", "x", 5, &data),
+    );
+    send(
+        &mut s,
+        kind::WRITE,
+        62,
+        &write_body_in("job1", "x", 5, &other),
+    );
+    send(&mut s, kind::SYNC, 63, &[]);
+    // Writes are not answered one by one: the Sync gets the refusal.
+    let (id, message) = expect_error(&mut s, code::INVALID);
+    assert_eq!(id, 63, "{message}");
+    assert!(
+        message.contains("already sealed with another BLAKE3"),
+        "{message}"
+    );
+    assert_closed(&mut s);
+    let mut out = Vec::new();
+    let meta = c.read("x", 0, 100, &mut out).unwrap().unwrap();
+    assert_eq!(out, data);
+    assert_eq!(meta.blake3, digest(&data));
+    c.goodbye();
+    srv.assert_serves();
+    srv.stop();
+}
+
 /// Names the durable layout reserves (markers, checksums, parts, version objects) are
 /// written by the server only: a client that Writes or Pushes one is refused, and nothing
 /// of it reaches the durable store. (Dedup manifests are repository records, where a node's

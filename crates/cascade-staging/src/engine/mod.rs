@@ -1063,7 +1063,16 @@ impl Engine {
         let Some(ver) = g.m.versions.get(&v.0) else {
             return Err(invalid(format!("unknown version {v}")));
         };
-        if ver.seal.is_some() {
+        if let Some((sealed, _)) = ver.seal {
+            // A resend of the same file changes nothing; another file under the same name
+            // and stamp must not be acknowledged as stored.
+            if sealed != blake3 {
+                return Err(invalid(format!(
+                    "{}@{} is already sealed with another BLAKE3: a different file under the \
+                     same name and stamp is not stored",
+                    ver.key, ver.stamp
+                )));
+            }
             return Ok(());
         }
         if let Some(missing) = g.m.missing_byte(v.0) {

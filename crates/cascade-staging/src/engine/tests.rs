@@ -653,7 +653,12 @@ fn a_newer_seal_supersedes_and_resends_are_idempotent() {
         // Resend of a sealed version: same id, appends and seal are no-ops.
         assert_eq!(e.begin_version("k", 1, 3000).unwrap(), v1);
         e.append(0, v1, 0, &[0u8; 1000]).unwrap();
-        e.seal(v1, [0; 32], None).unwrap();
+        e.seal(v1, hash(&d1), None).unwrap();
+        // Another file under the same name and stamp is refused, and changes nothing.
+        assert!(matches!(
+            e.seal(v1, hash(&d2[..3000]), None),
+            Err(Error::Invalid { .. })
+        ));
         check(&e, "k", 1, &d1);
 
         let v2 = e.begin_version("k", 2, d2.len() as u64).unwrap();
