@@ -834,10 +834,13 @@ fn throughput_point(
         if let Err(e) = std::fs::remove_dir_all(&drained) {
             // Not a failed measurement: the servers reported everything drained, but
             // something still wrote below (named here, to find out what).
+            // The agent's log says whether it uploaded anything itself (a server it took
+            // for down sends the rest straight to the durable store).
             let left: Vec<String> = walkdir_names(&drained);
             eprintln!(
-                "  warning: removing {}: {e}; left: {left:?}",
-                drained.display()
+                "  warning: removing {}: {e}; left: {left:?}; agent log: {}",
+                drained.display(),
+                procs::tail(&rig.node.agent_log, 5)
             );
         }
     }
