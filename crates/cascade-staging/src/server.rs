@@ -2153,6 +2153,8 @@ impl Shared {
             let mut look_again = Duration::from_millis(250);
             let now = Instant::now();
             let drainable = self.engine.drainable();
+            // Once a turn, not per version: thousands may be waiting.
+            let held = self.held_for_ingest();
             self.prune_kept();
             // Versions drained or superseded meanwhile (e.g. by a newer write) leave the map.
             let live: HashSet<VersionId> = drainable.iter().map(|v| v.id).collect();
@@ -2173,7 +2175,7 @@ impl Shared {
                     continue;
                 }
                 let since = yielding.get(&v.id).copied().unwrap_or(now);
-                match self.drain_one(&v, since) {
+                match self.drain_one(&v, since, held) {
                     Ok(Drain::Yielded(wait)) => {
                         yielding.entry(v.id).or_insert(now);
                         look_again = look_again.min(wait);
@@ -2316,32 +2318,47 @@ impl Shared {
         })
     }
 
-    /// How much longer the upload of `v` in one request (from the kept frames or the mapped
-    /// arenas: its hash and its copy cost the CPU the receiving threads need) waits, having
-    /// waited since `since`; None: it goes now. It waits while clients write
-    /// (`busy_window`), no longer than the paced reader would take over it (1 MiB per
-    /// `busy_pause`, so the drain keeps that rate under a steady stream of writes), and not
-    /// while room runs short (kept frames past three quarters of `drain_memory`, which would
-    /// send the next versions to the arenas, or arenas past half the `capacity`, when one
-    /// is set).
-    fn yields_to_ingest(&self, v: &VersionInfo, since: Instant) -> Option<Duration> {
+    /// How long the drain holds back uploads in one request for the clients now (from the
+    /// kept frames or the mapped arenas: their hash and their copy cost the CPU the
+    /// receiving threads need), or None: not at all. It holds back while clients write
+    /// (what is left of `busy_window`), and not while room runs short: kept frames past
+    /// three quarters of `drain_memory` (the next versions would have to drain from the
+    /// arenas), or arenas past half the `capacity`, when one is set.
+    fn held_for_ingest(&self) -> Option<Duration> {
         let writing = self.ingest_left();
+        if writing.is_zero() {
+            return None;
+        }
+        let usage = self.engine.usage();
+        let room = self.pool.pinned_bytes() < self.opts.drain_memory / 4 * 3
+            && usage.capacity.is_none_or(|c| usage.arena_bytes < c / 2);
+        room.then_some(writing)
+    }
+
+    /// How much longer version `v`, held back since `since`, waits while the drain holds
+    /// back for `held` (`held_for_ingest`); None: it goes now. No longer than the paced
+    /// reader would take over it (1 MiB per `busy_pause`), so under a steady stream of
+    /// writes the drain keeps that rate.
+    fn yields_to_ingest(
+        &self,
+        v: &VersionInfo,
+        since: Instant,
+        held: Option<Duration>,
+    ) -> Option<Duration> {
         let paced = self
             .opts
             .busy_pause
             .saturating_mul(u32::try_from(v.size.div_ceil(1 << 20)).unwrap_or(u32::MAX));
-        let wait = writing.min(paced.saturating_sub(since.elapsed()));
-        let usage = self.engine.usage();
-        let room = self.pool.pinned_bytes() < self.opts.drain_memory / 4 * 3
-            && usage.capacity.is_none_or(|c| usage.arena_bytes < c / 2);
-        (!wait.is_zero() && room).then_some(wait)
+        let wait = held?.min(paced.saturating_sub(since.elapsed()));
+        (!wait.is_zero()).then_some(wait)
     }
 
     /// Rebuilds one staged file in the durable tier (version, data, then `.blake3`), checking
     /// that what the arenas hold hashes to what the client sent, or leaves it for now to
-    /// absorbing clients (`yields_to_ingest`, waiting since `since`). A version older than
-    /// the one the durable store records is not drained (docs/staging.md, "Version order").
-    fn drain_one(&self, v: &VersionInfo, since: Instant) -> Result<Drain> {
+    /// absorbing clients (`yields_to_ingest`: held back since `since`, for `held`). A version
+    /// older than the one the durable store records is not drained (docs/staging.md,
+    /// "Version order").
+    fn drain_one(&self, v: &VersionInfo, since: Instant, held: Option<Duration>) -> Result<Drain> {
         let started = Instant::now();
         // An upload that streamed while the version arrived: only its last byte is left.
         match self.finish_stream(v) {
@@ -2366,7 +2383,7 @@ impl Shared {
         }
         let one_request = v.size <= cascade_durable::SINGLE_PUT_MAX;
         if let Some(wait) = one_request
-            .then(|| self.yields_to_ingest(v, since))
+            .then(|| self.yields_to_ingest(v, since, held))
             .flatten()
         {
             lock(&self.counters).drain_yields += 1;
