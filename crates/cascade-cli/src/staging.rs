@@ -163,6 +163,7 @@ pub fn serve(config: &Config, verbose: bool) -> Result<ExitCode, Failure> {
     opts.io_threads = config.number("stage_server.io_threads").max(1) as usize;
     opts.writes_in_flight = config.number("stage_server.writes_in_flight").max(1) as usize;
     opts.drain_memory = config.number("stage_server.drain_memory");
+    opts.prefault = config.text("stage_server.prefault_drain_memory") == "on";
     opts.max_connections = usize::try_from(config.number("stage_server.max_connections"))
         .unwrap_or(usize::MAX)
         .max(1);

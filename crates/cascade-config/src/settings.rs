@@ -477,6 +477,20 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Bytes(2 << 30), String::new()),
     },
     SettingDef {
+        key: "stage_server.prefault_drain_memory",
+        env: "CASCADE_STAGE_PREFAULT_DRAIN_MEMORY",
+        flag: Some("prefault-drain-memory"),
+        aliases: &[],
+        value_name: "on|off",
+        help: "Fault the drain memory in on a background thread once the staging server runs, so that its first large checkpoint is received as fast as the next ones (off: it is faulted in as frames arrive)",
+        default_help: "on",
+        parse: |t| match t {
+            "on" | "off" => Ok(Value::Text(t.to_string())),
+            _ => Err("expected on or off".into()),
+        },
+        default: |_| (Value::Text("on".into()), String::new()),
+    },
+    SettingDef {
         key: "stage_server.chunk_capacity",
         env: "CASCADE_STAGE_CHUNK_CAPACITY",
         flag: Some("chunk-capacity"),

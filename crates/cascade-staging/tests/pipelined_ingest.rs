@@ -14,7 +14,9 @@
 //! 4. the server's threads carry the names `top -H` and the bench's CPU split rely on;
 //! 5. a sealed version's drain waits while clients write (absorbing has the CPU), but no
 //!    longer than the paced drain would take over it, and not when the arenas run short
-//!    of room.
+//!    of room;
+//! 6. with `prefault`, the drain memory is faulted in as spare buffers after the start, up
+//!    to its budget; without, nothing is until frames arrive.
 
 mod common;
 
@@ -189,6 +191,45 @@ fn a_sealed_version_does_not_wait_when_the_arenas_are_short_of_room() {
         o.engine.capacity = Some(3 << 20);
     });
     assert_eq!(s.drain_yields, 0, "{s:?}");
+}
+
+#[test]
+fn prefault_fills_the_drain_memory_with_spare_buffers_after_the_start() {
+    let budget = 64 << 20;
+    for prefault in [true, false] {
+        let srv = InProcessServer::bind(2, |o, _| {
+            o.drain_memory = budget;
+            o.prefault = prefault;
+        });
+        if prefault {
+            // Receive buffers are a little over 16 MiB: three fit.
+            let s = poll_status(
+                "spares faulted in",
+                DEADLINE,
+                || status_of(&srv),
+                |s| s.drain_memory_spare >= budget / 2,
+            );
+            assert!(s.drain_memory_spare <= budget, "{s:?}");
+        } else {
+            let mut c = srv.client(NS, DEADLINE);
+            c.sync().expect("sync");
+            c.goodbye();
+            assert_eq!(status_of(&srv).drain_memory_spare, 0);
+        }
+        // Spares serve the frames of a file, and it drains bit for bit.
+        let file = vec![("ckpt/p.dat".to_string(), random(20 << 20, 900))];
+        let mut c = srv.client(NS, DEADLINE);
+        send(&mut c, &file);
+        poll_status(
+            "drained",
+            DEADLINE,
+            || status_of(&srv),
+            |s| s.drained_files >= 1,
+        );
+        assert_drained(NS, &srv.durable, &file);
+        c.goodbye();
+        srv.stop();
+    }
 }
 
 /// The server processes of [`ServerProcess::start`] (common::serve_in_child).

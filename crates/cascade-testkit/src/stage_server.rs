@@ -113,6 +113,8 @@ impl StageServer {
         ])
         .arg("--dir")
         .arg(dir)
+        // Tests start many servers at once: each faulting 2 GiB in would only load CI.
+        .args(["--prefault-drain-memory", "off"])
         .args(extra)
         .env("CASCADE_STAGING_SECRET", secret);
         let mut d = Daemon::spawn(

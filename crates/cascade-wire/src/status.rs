@@ -72,6 +72,10 @@ pub struct ServerStatus {
     pub drain_memory: u64,
     #[serde(default)]
     pub drain_memory_budget: u64,
+    /// Bytes of receive buffers faulted in and out of service, ready to keep frames of the
+    /// next checkpoint (`stage_server.prefault_drain_memory` fills them up to the budget at start).
+    #[serde(default)]
+    pub drain_memory_spare: u64,
     /// Versions drained from those kept bytes; bytes the drain read from the arenas
     /// (versions over the budget, or staged before a restart); versions that did not fit.
     #[serde(default)]
