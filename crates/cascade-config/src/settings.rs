@@ -371,10 +371,7 @@ pub static SETTINGS: &[SettingDef] = &[
         value_name: "on|off",
         help: "With compression on, a new chunk of a checkpoint file may be stored as a compressed XOR with the same file of the previous checkpoint in its directory (still in the store), where that is smaller",
         default_help: "on",
-        parse: |t| match t {
-            "on" | "off" => Ok(Value::Text(t.to_string())),
-            _ => Err("expected on or off".into()),
-        },
+        parse: parse_on_off,
         default: |_| (Value::Text("on".into()), String::new()),
     },
     SettingDef {
@@ -484,10 +481,7 @@ pub static SETTINGS: &[SettingDef] = &[
         value_name: "on|off",
         help: "Fault the drain memory in on a background thread once the staging server runs, so that its first large checkpoint is received as fast as the next ones (off: it is faulted in as frames arrive)",
         default_help: "on",
-        parse: |t| match t {
-            "on" | "off" => Ok(Value::Text(t.to_string())),
-            _ => Err("expected on or off".into()),
-        },
+        parse: parse_on_off,
         default: |_| (Value::Text("on".into()), String::new()),
     },
     SettingDef {
@@ -889,6 +883,13 @@ fn parse_durable_url(text: &str) -> Result<Value, String> {
     // The error shows the URL with its credentials hidden (cascade_durable::Error::Config).
     cascade_durable::Spec::parse(text).map_err(|e| e.to_string())?;
     Ok(Value::Text(text.to_string()))
+}
+
+fn parse_on_off(text: &str) -> Result<Value, String> {
+    match text {
+        "on" | "off" => Ok(Value::Text(text.to_string())),
+        _ => Err("expected on or off".into()),
+    }
 }
 
 fn parse_prefault(text: &str) -> Result<Value, String> {
