@@ -78,6 +78,29 @@ if ! command -v versitygw >/dev/null 2>&1; then
     export PATH="$PATH:$gobin"
 fi
 
+# Disk: a clean clone needs about 10 GB on the target directory's disk at its peak, and CI
+# machines have run out. Cargo's incremental cache (2.5 GB) is no use to a single build, and
+# the torch venv below is installed before cargo builds, so that pip's 3 GB of downloaded
+# wheels are gone again by then.
+export CARGO_INCREMENTAL=0
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+mkdir -p "$target"
+echo "test: $(df -h --output=avail "$target" | tail -1 | tr -d ' ') free on the disk of $target"
+
+# A venv with a current torch (about 40 s and 4.5 GB the first time; kept in the target
+# directory), where every Python test runs: torch.save/load, dcp.save/async_save/load, fsspec
+# (the package itself is installed into it after cargo test, below).
+torch2="$target/python-venv-torch2"
+if [ ! -x "$torch2/bin/python" ]; then
+    /usr/bin/python3 -m venv "$torch2"
+fi
+if ! [ -x "$torch2/bin/maturin" ] || ! "$torch2/bin/python" -c 'import torch, numpy, fsspec, pytest' 2>/dev/null; then
+    # --no-cache-dir: pip's cache would keep another 3 GB of wheels beside the installed ones.
+    "$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy torch
+    # triton (1 GB) serves torch.compile on GPUs only; nothing here uses it.
+    "$torch2/bin/python" -m pip uninstall -q -y triton
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
@@ -91,7 +114,6 @@ cargo test --workspace --no-fail-fast
 # extension in the debug profile here (MATURIN_PEP517_ARGS), reusing what cargo test built;
 # the build runs without isolation, with the venv's maturin.
 echo "== python: pip install ./python, pytest python/tests"
-target="${CARGO_TARGET_DIR:-$PWD/target}"
 venv="$target/python-venv"
 if [ ! -x "$venv/bin/python" ]; then
     /usr/bin/python3 -m venv --system-site-packages "$venv"
@@ -100,17 +122,9 @@ fi
 # The venv's bin on PATH: maturin's build hook runs the `maturin` program.
 PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
 # Debian's torch 1.13 cannot import its distributed checkpoint module on Python 3.11
-# (torch.distributed._shard fails with a dataclass error): the DCP tests (torch2/) run
-# below, with torch 2.x from the package registry.
+# (torch.distributed._shard fails with a dataclass error): the DCP tests (torch2/) run in
+# the venv with torch 2.x from the package registry, installed at the start.
 CASCADE_BIN="$target/debug/cascade" "$venv/bin/python" -m pytest -q python/tests --ignore=python/tests/torch2
-# A venv with a current torch (about 40 s and 5 GB the first time; kept in the target
-# directory), where every Python test runs: torch.save/load, dcp.save/async_save/load, fsspec.
-torch2="$target/python-venv-torch2"
-if [ ! -x "$torch2/bin/python" ]; then
-    /usr/bin/python3 -m venv "$torch2"
-fi
-# --no-cache-dir: pip's cache would keep another 3 GB of wheels next to the installed ones.
-"$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy torch
 PATH="$torch2/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" "$torch2/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps ./python
 CASCADE_BIN="$target/debug/cascade" "$torch2/bin/python" -m pytest -q -W ignore::UserWarning python/tests
 # And into a plain venv (no system site packages: no numpy, no torch), where it must import.
