@@ -50,6 +50,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "test: installing ${missing[*]}"
     as_root apt-get update
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    # The downloaded .deb files (about 1 GB) are not needed once installed.
+    as_root apt-get clean
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -73,7 +75,13 @@ if ! command -v versitygw >/dev/null 2>&1; then
     gobin="${GOBIN:-$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin}"
     if [ ! -x "$gobin/versitygw" ]; then
         echo "test: installing versitygw into $gobin"
-        GOBIN="$gobin" go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+        # Its modules and build cache (about 1 GB) go into a directory of their own, removed
+        # after the build: neither the disk nor a Go developer's own caches keep them.
+        gowork="$(mktemp -d)"
+        GOBIN="$gobin" GOCACHE="$gowork/cache" GOMODCACHE="$gowork/mod" \
+            go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+        GOMODCACHE="$gowork/mod" go clean -modcache
+        rm -rf "$gowork"
     fi
     export PATH="$PATH:$gobin"
 fi
@@ -85,7 +93,11 @@ fi
 export CARGO_INCREMENTAL=0
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 mkdir -p "$target"
-echo "test: $(df -h --output=avail "$target" | tail -1 | tr -d ' ') free on the disk of $target"
+free_gb=$(($(df -k --output=avail "$target" | tail -1) / 1024 / 1024))
+echo "test: $free_gb GB free on the disk of $target"
+if [ ! -x "$target/python-venv-torch2/bin/python" ] && [ "$free_gb" -lt 10 ]; then
+    echo "test: warning: a first run needs about 10 GB free there (README.md); it may fail with 'No space left on device'" >&2
+fi
 
 # A venv with a current torch (about 40 s and 4.5 GB the first time; kept in the target
 # directory), where every Python test runs: torch.save/load, dcp.save/async_save/load, fsspec
