@@ -101,14 +101,15 @@ fi
 
 # A venv with a current torch (about 40 s and 4.5 GB the first time; kept in the target
 # directory), where every Python test runs: torch.save/load, dcp.save/async_save/load, fsspec
-# (the package itself is installed into it after cargo test, below).
+# (the package itself is installed into it after cargo test, below). torch is pinned to the
+# release last tested, so that a new one changes CI only when we move the pin.
 torch2="$target/python-venv-torch2"
 if [ ! -x "$torch2/bin/python" ]; then
     /usr/bin/python3 -m venv "$torch2"
 fi
 if ! [ -x "$torch2/bin/maturin" ] || ! "$torch2/bin/python" -c 'import torch, numpy, fsspec, pytest' 2>/dev/null; then
     # --no-cache-dir: pip's cache would keep another 3 GB of wheels beside the installed ones.
-    "$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy torch
+    "$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy torch==2.15.0
     # triton (1 GB) serves torch.compile on GPUs only; nothing here uses it.
     "$torch2/bin/python" -m pip uninstall -q -y triton
 fi
