@@ -18,7 +18,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tempfile::TempDir;
 
-use cascade_testkit::{build, output_within, preload_library, repo_root, wait_output};
+use cascade_testkit::{
+    build, output_within, preload_library, repo_root, wait_output, with_default_signal_actions,
+};
 
 const CASCADE: &str = env!("CARGO_BIN_EXE_cascade");
 const MIB: u64 = 1 << 20;
@@ -90,6 +92,8 @@ impl Sandbox {
             .env("CASCADE_SPILL_SIZE", "0")
             .env("CASCADE_PREFAULT", "off")
             .env("CASCADE_PRELOAD_LIB", preload_library());
+        // The tests of signals expect their default actions, wherever the tests run from.
+        with_default_signal_actions(&mut command);
         command
     }
 

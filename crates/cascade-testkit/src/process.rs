@@ -35,6 +35,26 @@ impl Out {
     }
 }
 
+/// Gives `cmd` the default action for the signals a shell makes a background job ignore
+/// (SIGINT and SIGQUIT), and for SIGHUP, which `nohup` ignores. A test of what a signal does
+/// to a program then asserts the same, whether the test runs from a terminal or from a
+/// background job or batch script, whose children inherit "ignored" through exec.
+pub fn with_default_signal_actions(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec and only calls signal(2), which is
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP] {
+                if libc::signal(signal, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
 /// A text log line of the agent or a staging server without its timestamp and level
 /// (`2026-01-02T03:04:05.678901Z  WARN cascade agent: ...` -> `cascade agent: ...`), so that
 /// tests read messages as they are worded; other lines as they are.
