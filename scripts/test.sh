@@ -103,13 +103,15 @@ fi
 # directory), where every Python test runs: torch.save/load, dcp.save/async_save/load, fsspec
 # (the package itself is installed into it after cargo test, below). torch is pinned to the
 # release last tested, so that a new one changes CI only when we move the pin.
+torch_release=2.15.0
 torch2="$target/python-venv-torch2"
 if [ ! -x "$torch2/bin/python" ]; then
     /usr/bin/python3 -m venv "$torch2"
 fi
-if ! [ -x "$torch2/bin/maturin" ] || ! "$torch2/bin/python" -c 'import torch, numpy, fsspec, pytest' 2>/dev/null; then
+if ! [ -x "$torch2/bin/maturin" ] || ! "$torch2/bin/python" -c "import numpy, fsspec, pytest, torch
+assert torch.__version__.split('+')[0] == '$torch_release'" 2>/dev/null; then
     # --no-cache-dir: pip's cache would keep another 3 GB of wheels beside the installed ones.
-    "$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy torch==2.15.0
+    "$torch2/bin/python" -m pip install -q --no-cache-dir maturin pytest fsspec numpy "torch==$torch_release"
     # triton (1 GB) serves torch.compile on GPUs only; nothing here uses it.
     "$torch2/bin/python" -m pip uninstall -q -y triton
 fi
