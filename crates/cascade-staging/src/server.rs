@@ -2405,15 +2405,13 @@ impl Shared {
     fn drain_one(&self, v: &VersionInfo, since: Instant, held: Option<Duration>) -> Result<Drain> {
         let started = Instant::now();
         // An upload that streamed while the version arrived: only its last byte is left.
-        match self.finish_stream(v) {
+        let streamed = match self.finish_stream(v) {
             Some(Ok(streaming::Streamed::Uploaded(digest))) => {
                 lock(&self.counters).drained_streaming += 1;
-                return self.commit(v, digest, started).map(|()| Drain::Done);
+                Some(digest)
             }
             // Nothing was written; `commit` refuses it, as any other mismatch.
-            Some(Ok(streaming::Streamed::Mismatch(digest))) => {
-                return self.commit(v, digest, started).map(|()| Drain::Done);
-            }
+            Some(Ok(streaming::Streamed::Mismatch(digest))) => Some(digest),
             Some(Err(e)) => {
                 lock(&self.counters).streaming_fallbacks += 1;
                 self.log(|| {
@@ -2422,8 +2420,12 @@ impl Shared {
                         v.key
                     )
                 });
+                None
             }
-            None => {}
+            None => None,
+        };
+        if let Some(digest) = streamed {
+            return self.commit(v, digest, started).map(|()| Drain::Done);
         }
         let one_request = v.size <= cascade_durable::SINGLE_PUT_MAX;
         if let Some(wait) = one_request
@@ -2433,8 +2435,16 @@ impl Shared {
             lock(&self.counters).drain_yields += 1;
             return Ok(Drain::Yielded(wait));
         }
+        self.upload_whole(v, one_request, started)
+            .map(|()| Drain::Done)
+    }
+
+    /// Uploads version `v` whole (from the kept frames, the mapped arenas or a paced reader
+    /// of the arenas; `one_request`: it fits one request) and commits it, or supersedes it
+    /// when the durable store already records a newer one.
+    fn upload_whole(&self, v: &VersionInfo, one_request: bool, started: Instant) -> Result<()> {
         if let Some(newer) = self.newer_in_durable(v)? {
-            return self.supersede(v, newer).map(|()| Drain::Done);
+            return self.supersede(v, newer);
         }
         self.durable.put_version(&v.key, v.stamp)?;
         let kept = one_request.then(|| self.kept_parts(v)).flatten();
@@ -2455,7 +2465,7 @@ impl Shared {
             };
             self.durable.put_file(&v.key, reader, v.size)?
         };
-        self.commit(v, digest, started).map(|()| Drain::Done)
+        self.commit(v, digest, started)
     }
 
     /// Commits version `v` whose data object was uploaded with `digest`: its checksum

@@ -95,7 +95,7 @@ pub struct ServerStatus {
     #[serde(default)]
     pub streamed_bytes: u64,
     /// Turns of the drain that left a sealed version for later because clients were
-    /// writing (docs/staging.md, "Drain").
+    /// writing (docs/staging.md, "Absorbing first").
     #[serde(default)]
     pub drain_yields: u64,
 }
