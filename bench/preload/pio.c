@@ -25,9 +25,11 @@
  *            rounds of: the file phase (as write/read; a new file path-K per round for
  *            writes) and memcpy into (out of) a MAP_SHARED slice of the /dev/shm object shm
  *            at offset, taking turns, each phase timed
- *   sweep    path= sizes=SIZE:CALLS,... [read=1] [warm=DIR]   per size, a new file written
- *            with CALLS write() calls of SIZE bytes (one phase per size); read=1: the file is
- *            written untimed and the phase reads it back with CALLS read() calls
+ *   sweep    path= sizes=SIZE:CALLS,... [read=1] [rewrite=1] [warm=DIR]   per size, a new
+ *            file written with CALLS write() calls of SIZE bytes (one phase per size); read=1:
+ *            the file is written untimed and the phase reads it back with CALLS read() calls;
+ *            rewrite=1: the file is not new but one a child process wrote and exited (set-up,
+ *            untimed), opened with O_TRUNC, as the next run of a job rewrites its files
  *   replay   path= sizes=FILE [warm=DIR]        write() calls of the sizes in FILE
  *            (little-endian u32 each) into one new file
  *   meta     dir= files= passes= [warm=DIR]     create+write 4 KiB+close `files` files, then
@@ -57,6 +59,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -381,6 +384,22 @@ static void write_file(const char *path, const unsigned char *src, uint64_t byte
     close_or_die(fd, path);
 }
 
+/* A child process writes `path` with one `io`-byte write and exits: the file the last run
+ * of a job left (sweep rewrite=1). */
+static void written_by_an_exited_process(const char *path, const unsigned char *src, uint64_t io)
+{
+    pid_t child = fork();
+    if (child < 0)
+        die("fork: %s", strerror(errno));
+    if (child == 0) {
+        write_file(path, src, io, io);
+        _exit(0);
+    }
+    int status;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        die("the child that writes %s failed", path);
+}
+
 static void read_file(const char *path, unsigned char *buf, uint64_t bytes, uint64_t io)
 {
     int fd = open_or_die(path, O_RDONLY);
@@ -582,7 +601,7 @@ static void mode_sweep(void)
         if (*p == ',')
             p++;
     }
-    int reading = opt_u64("read", 0) != 0;
+    int reading = opt_u64("read", 0) != 0, rewrite = opt_u64("rewrite", 0) != 0;
     unsigned char *src = alloc_aligned(maxs), *dst = alloc_aligned(maxs);
     fill_pattern(src, maxs, 1);
     warm_up();
@@ -601,6 +620,14 @@ static void mode_sweep(void)
                 read_full(fd, dst, size[i], name);
             t1 = now_ns();
             close_or_die(fd, name);
+        } else if (rewrite) {
+            written_by_an_exited_process(name, src, size[i]);
+            t0 = now_ns();
+            int fd = open_or_die(name, O_WRONLY | O_TRUNC);
+            for (uint64_t k = 0; k < calls[i]; k++)
+                write_full(fd, src, size[i], name);
+            close_or_die(fd, name);
+            t1 = now_ns();
         } else {
             write_file(name, src, size[i] * calls[i], size[i]);
             t1 = now_ns();

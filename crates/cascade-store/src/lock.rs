@@ -22,8 +22,11 @@
 //! taking a bias — then waits for `busy` to be 0 and takes the word over. The barrier stands
 //! in for the store-load fence the owner leaves out between "busy = 1" and re-reading
 //! `bias` (an asymmetric Dekker handshake), so either the owner sees the revocation and
-//! backs off, or the revoker sees it busy and waits. Once revoked a lock stays unbiased
-//! until its inode is reused. Where membarrier is not available nobody takes a bias.
+//! backs off, or the revoker sees it busy and waits. A lock revoked from a live owner stays
+//! unbiased until its inode is reused (two live writers would otherwise revoke each other
+//! at every turn); one revoked from a dead owner is fresh again, so the next run of a job
+//! that rewrites its files gets the fast path back. Where membarrier is not available
+//! nobody takes a bias.
 
 use crate::error::{Error, Result};
 use std::cell::Cell;
@@ -40,9 +43,9 @@ pub(crate) struct ShmMutex {
     /// sleep on it; [`NOT_RECOVERABLE`] after a holder died and its repair did not finish.
     /// A biased lock's owner holds it for as long as the bias lasts.
     word: AtomicU64,
-    /// [`UNBIASED`] (never biased), the bias owner's holder value, a revoker's holder value
-    /// with [`REVOKING`] set, or [`REVOKED`]. Always [`UNBIASED`] in the namespace and
-    /// allocator locks.
+    /// [`UNBIASED`] (never biased, or the last owner's bias ended with its death), the bias
+    /// owner's holder value, a revoker's holder value with [`REVOKING`] set, or [`REVOKED`].
+    /// Always [`UNBIASED`] in the namespace and allocator locks.
     bias: AtomicU64,
     /// 1 while the bias owner is inside the lock (only the owner writes it while the bias
     /// lasts); revokers sleep on it.
@@ -61,9 +64,10 @@ const _: () = assert!(std::mem::offset_of!(ShmMutex, hint) == 24);
 /// Set in the word while a waiter may sleep on it: the unlocker must wake one.
 const WAITERS: u64 = 1 << 31;
 const NOT_RECOVERABLE: u64 = u64::MAX;
-/// `bias`: no thread ever held a bias on this lock.
+/// `bias`: nobody holds a bias on this lock, and none was revoked from a live owner.
 const UNBIASED: u64 = 0;
-/// `bias`: a bias was revoked; the lock is an ordinary one until its inode is reused.
+/// `bias`: a live owner's bias was revoked; the lock is an ordinary one until its inode is
+/// reused.
 const REVOKED: u64 = u64::MAX;
 /// Set in `bias` (with the revoker's holder value) while a revocation is under way.
 const REVOKING: u64 = WAITERS;
@@ -453,7 +457,13 @@ impl ShmMutex {
         // Nobody else changes the word meanwhile but to set WAITERS, which stays set.
         self.word.swap(me | WAITERS, Acquire);
         self.busy.store(0, Relaxed);
-        self.bias.store(REVOKED, Release);
+        // A live owner would revoke in turn when it writes again, each time with a barrier
+        // on every CPU, so its lock stays an ordinary one. A dead owner never comes back
+        // (the usual case: the last run of a job, whose next run rewrites the file), so the
+        // lock is left as fresh and the next locker takes the bias.
+        let owner_gone = owner == me || recovered || !holder_alive(owner);
+        self.bias
+            .store(if owner_gone { UNBIASED } else { REVOKED }, Release);
         Ok(self.guard(me, Held::Word, recovered))
     }
 }
@@ -930,6 +940,10 @@ mod tests {
             "an idle dead owner's lock reported recovered"
         );
         drop(g);
+        // A dead owner never comes back: the lock is fresh again, biased to its next user.
+        assert_eq!(s.mutex().bias.load(Relaxed), UNBIASED);
+        drop(s.mutex().lock_biased().unwrap());
+        assert_biased_to_me(&s);
         // Killed inside (by the fast path: its second entry): recovered.
         s.mutex().init().unwrap();
         crate::tests::killed_after(|| {
@@ -945,5 +959,48 @@ mod tests {
         g.mark_consistent();
         drop(g);
         assert_eq!(s.mutex().word.load(Relaxed), 0);
+        drop(s.mutex().lock_biased().unwrap());
+        assert_biased_to_me(&s);
+    }
+
+    #[test]
+    fn a_bias_whose_owner_ended_goes_to_the_next_writer_and_a_live_ones_does_not() {
+        require_biased_locks();
+        let s = Shared::new();
+        // The owner's thread ended (as a process that wrote the file and exited).
+        s.mutex().init().unwrap();
+        std::thread::scope(|t| {
+            // Joined, not only finished: the thread is gone from /proc.
+            t.spawn(|| drop(s.mutex().lock_biased().unwrap()))
+                .join()
+                .unwrap();
+        });
+        let ended_owner = s.mutex().bias.load(Relaxed);
+        assert!(
+            ended_owner != UNBIASED && ended_owner != me(),
+            "the thread took no bias"
+        );
+        drop(s.mutex().lock_biased().unwrap());
+        drop(s.mutex().lock_biased().unwrap());
+        assert_biased_to_me(&s);
+        // The owner still runs: revoked for good, so that two writers do not revoke each
+        // other at every turn.
+        s.mutex().init().unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let shared = &s;
+        std::thread::scope(|t| {
+            let (taken_tx, taken_rx) = std::sync::mpsc::channel();
+            t.spawn(move || {
+                drop(shared.mutex().lock_biased().unwrap());
+                taken_tx.send(()).unwrap();
+                let _ = done_rx.recv();
+            });
+            taken_rx.recv().unwrap();
+            drop(s.mutex().lock_biased().unwrap());
+            assert_eq!(s.mutex().bias.load(Relaxed), REVOKED);
+            drop(s.mutex().lock_biased().unwrap());
+            assert_eq!(s.mutex().bias.load(Relaxed), REVOKED);
+            done_tx.send(()).unwrap();
+        });
     }
 }

@@ -1271,6 +1271,40 @@ fn a_reused_inode_is_biased_to_its_new_writer() {
     );
 }
 
+/// The next run of a job rewrites the files of the last one, whose processes have exited
+/// holding the biases of their files' locks: the new writer gets the fast path back.
+#[test]
+fn a_file_rewritten_after_its_writer_exited_is_biased_to_the_new_writer() {
+    let s = store(8 << 20, 1 << 20, 0);
+    let ino = s.open("/restart", &rw()).unwrap().ino() as u32;
+    // SAFETY: fork in a test; the child writes the file and _exits.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let wrote = s
+            .open("/restart", &rw())
+            .and_then(|f| f.write_at(b"last run", 0));
+        // SAFETY: leave without running the test harness's exit handlers.
+        unsafe { libc::_exit(i32::from(wrote.is_err())) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert_eq!(status, 0, "the child's write failed");
+    assert!(
+        !s.block().inode(ino).lock.biased_to_this_thread() && !s.block().inode(ino).lock.is_fresh(),
+        "the child took no bias: the test tests nothing"
+    );
+    let f = s.open("/restart", &rw()).unwrap();
+    f.write_at(b"next run", 0).unwrap();
+    f.write_at(b"!", 8).unwrap();
+    assert!(
+        s.block().inode(ino).lock.biased_to_this_thread(),
+        "a dead writer's bias kept the new writer on the locked path"
+    );
+    assert_eq!(read_all(&f), b"next run!");
+}
+
 /// The file lock's hint (the chunk last written) goes stale when a truncation frees that
 /// chunk and another file takes it: a write must then find its own chunk, never the other
 /// file's.
