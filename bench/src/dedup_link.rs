@@ -295,14 +295,32 @@ pub struct BaseReads {
     pub from_durable: u64,
     pub bytes_from_durable: u64,
     pub read_s: f64,
-    /// CPU seconds of the agent and of the staging servers over the whole run (the rig runs
-    /// them, and the S3 store, on the same cores).
+    /// CPU seconds of the agent and of the staging servers from the first snapshot to the end
+    /// of the run (the rig runs them, and the S3 store, on the same cores): their start-up,
+    /// the servers' prefault of their drain memory among it, is left out.
     pub agent_cpu_s: f64,
     pub servers_cpu_s: f64,
     /// The part of `servers_cpu_s` spent taking chunks in: the threads that receive, check
     /// and store them (`threads::RECEIVING`), all before a chunk counts as staged; the rest
     /// is the push to the durable store.
     pub servers_receive_cpu_s: f64,
+}
+
+impl BaseReads {
+    /// What happened since `start`.
+    fn since(self, start: BaseReads) -> BaseReads {
+        BaseReads {
+            from_cache: self.from_cache.saturating_sub(start.from_cache),
+            from_durable: self.from_durable.saturating_sub(start.from_durable),
+            bytes_from_durable: self
+                .bytes_from_durable
+                .saturating_sub(start.bytes_from_durable),
+            read_s: self.read_s - start.read_s,
+            agent_cpu_s: self.agent_cpu_s - start.agent_cpu_s,
+            servers_cpu_s: self.servers_cpu_s - start.servers_cpu_s,
+            servers_receive_cpu_s: self.servers_receive_cpu_s - start.servers_receive_cpu_s,
+        }
+    }
 }
 
 /// The pid a `cascade stage-server` log's start line names (`... (pid N) ...`).
@@ -384,6 +402,7 @@ fn run_once(
     // Three checkpoints in memory (the agent keeps 2), and room to write the next.
     let capacity = (4 * biggest + 256 * MIB).div_ceil(MIB) * MIB;
     let (mut node, secret) = start_node(bin, a, &sub, capacity, mode)?;
+    let started = base_reads(&node, &secret);
     let mut out = Vec::new();
     for (i, snap) in s.snaps.iter().take(snaps).enumerate() {
         let ckpt = format!("/ck.{i:02}");
@@ -441,7 +460,7 @@ fn run_once(
         });
     }
     keep_logs(&node, &rel);
-    let reads = Some(base_reads(&node, &secret));
+    let reads = Some(base_reads(&node, &secret).since(started));
     drop(node);
     clear_remote(&remote, "")?;
     Ok((out, reads))

@@ -52,6 +52,20 @@ pub(crate) fn threads_cpu_s(pid: u32, prefixes: &[&str]) -> f64 {
         .sum()
 }
 
+/// Whether process `pid` has a thread whose name starts with `prefix` (as far as the
+/// kernel keeps it: 15 bytes).
+fn thread_running(pid: u32, prefix: &str) -> bool {
+    let prefix = &prefix[..prefix.len().min(15)];
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+        tasks.flatten().any(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+    })
+}
+
+/// How long [`StageServer::wait_listening`] waits for a server's start-up prefault.
+const PREFAULT_WAIT: Duration = Duration::from_secs(60);
+
 /// Sends SIGTERM to a child and waits up to `secs` for it, then kills it.
 pub(crate) fn terminate(child: &mut Child, what: &str, secs: u64) -> Res<()> {
     // SAFETY: plain kill(2) of our own child, which has not been reaped yet.
@@ -192,7 +206,11 @@ impl StageServer {
     }
 
     /// Waits for the start line, `cascade stage-server: listening on ADDR ...` after the log
-    /// line's timestamp and level (whole lines only: the start line may be read half written).
+    /// line's timestamp and level (whole lines only: the start line may be read half written),
+    /// then for the server's start-up prefault of its drain memory to end (its thread gone,
+    /// at most [`PREFAULT_WAIT`]): with the 2 GiB default it keeps a core busy for 1-4 s, and
+    /// a measurement that starts meanwhile shares the cores with it (`settle` waits 3 s at
+    /// most).
     pub(crate) fn wait_listening(&mut self) -> Res<()> {
         const START: &str = "cascade stage-server: listening on ";
         let log = self.log.clone();
@@ -209,6 +227,20 @@ impl StageServer {
             || exited(&mut self.child, "cascade stage-server", &self.log),
         )?;
         self.addr = addr;
+        if let Some(pid) = self.pid() {
+            let since = Instant::now();
+            while thread_running(pid, cascade_staging::server::threads::PREFAULT) {
+                if since.elapsed() >= PREFAULT_WAIT {
+                    eprintln!(
+                        "note: cascade stage-server {} still faults its drain memory in after {} s; measuring anyway",
+                        self.addr,
+                        PREFAULT_WAIT.as_secs()
+                    );
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         Ok(())
     }
 
