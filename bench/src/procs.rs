@@ -228,8 +228,11 @@ impl StageServer {
         )?;
         self.addr = addr;
         if let Some(pid) = self.pid() {
+            use cascade_staging::server::threads::{PREFAULT, PUSH};
+            // The start line comes before the server starts its threads; the push thread
+            // starts after the prefault's.
             let since = Instant::now();
-            while thread_running(pid, cascade_staging::server::threads::PREFAULT) {
+            while !thread_running(pid, PUSH) || thread_running(pid, PREFAULT) {
                 if since.elapsed() >= PREFAULT_WAIT {
                     eprintln!(
                         "note: cascade stage-server {} still faults its drain memory in after {} s; measuring anyway",
