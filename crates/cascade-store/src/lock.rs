@@ -986,9 +986,10 @@ mod tests {
         // The owner still runs: revoked for good, so that two writers do not revoke each
         // other at every turn.
         s.mutex().init().unwrap();
-        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let shared = &s;
         std::thread::scope(|t| {
+            // Both ends in here: a failed assertion drops `done_tx`, which ends the owner.
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
             let (taken_tx, taken_rx) = std::sync::mpsc::channel();
             t.spawn(move || {
                 drop(shared.mutex().lock_biased().unwrap());
