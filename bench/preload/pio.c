@@ -376,12 +376,19 @@ static void check_and_unlink(const char *path, uint64_t size)
 }
 
 /* Writes a new file with bytes/io calls; returns the number of write() calls. */
-static void write_file(const char *path, const unsigned char *src, uint64_t bytes, uint64_t io)
+/* Opens `path` with `flags` and writes `bytes` with `io`-byte write() calls. */
+static void write_opened(const char *path, int flags, const unsigned char *src, uint64_t bytes,
+                         uint64_t io)
 {
-    int fd = open_or_die(path, O_WRONLY | O_CREAT | O_EXCL);
+    int fd = open_or_die(path, flags);
     for (uint64_t off = 0; off < bytes; off += io)
         write_full(fd, src, io, path);
     close_or_die(fd, path);
+}
+
+static void write_file(const char *path, const unsigned char *src, uint64_t bytes, uint64_t io)
+{
+    write_opened(path, O_WRONLY | O_CREAT | O_EXCL, src, bytes, io);
 }
 
 /* A child process writes `path` with one `io`-byte write and exits: the file the last run
@@ -623,10 +630,7 @@ static void mode_sweep(void)
         } else if (rewrite) {
             written_by_an_exited_process(name, src, size[i]);
             t0 = now_ns();
-            int fd = open_or_die(name, O_WRONLY | O_TRUNC);
-            for (uint64_t k = 0; k < calls[i]; k++)
-                write_full(fd, src, size[i], name);
-            close_or_die(fd, name);
+            write_opened(name, O_WRONLY | O_TRUNC, src, size[i] * calls[i], size[i]);
             t1 = now_ns();
         } else {
             write_file(name, src, size[i] * calls[i], size[i]);

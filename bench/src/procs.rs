@@ -36,31 +36,32 @@ fn cpu_s_of(path: &Path) -> Option<f64> {
     Some((f.get(11)? + f.get(12)?) as f64 / 100.0)
 }
 
-/// utime + stime, in seconds, of the live threads of a process whose names start with one of
-/// `prefixes` (threads that have exited are counted only in the process's total).
-pub(crate) fn threads_cpu_s(pid: u32, prefixes: &[&str]) -> f64 {
+/// The /proc/PID/task directories of the live threads of process `pid` whose names start
+/// with one of `prefixes` (as far as the kernel keeps a name: 15 bytes).
+fn threads_named(pid: u32, prefixes: &[&str]) -> Vec<PathBuf> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0.0;
+        return Vec::new();
     };
     tasks
         .flatten()
+        .map(|t| t.path())
         .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|comm| prefixes.iter().any(|p| comm.starts_with(p)))
+            std::fs::read_to_string(t.join("comm")).is_ok_and(|comm| {
+                prefixes
+                    .iter()
+                    .any(|p| comm.starts_with(&p[..p.len().min(15)]))
+            })
         })
-        .filter_map(|t| cpu_s_of(&t.path().join("stat")))
-        .sum()
+        .collect()
 }
 
-/// Whether process `pid` has a thread whose name starts with `prefix` (as far as the
-/// kernel keeps it: 15 bytes).
-fn thread_running(pid: u32, prefix: &str) -> bool {
-    let prefix = &prefix[..prefix.len().min(15)];
-    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
-        tasks.flatten().any(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
-        })
-    })
+/// utime + stime, in seconds, of the live threads of a process whose names start with one of
+/// `prefixes` (threads that have exited are counted only in the process's total).
+pub(crate) fn threads_cpu_s(pid: u32, prefixes: &[&str]) -> f64 {
+    threads_named(pid, prefixes)
+        .iter()
+        .filter_map(|t| cpu_s_of(&t.join("stat")))
+        .sum()
 }
 
 /// How long [`StageServer::wait_listening`] waits for a server's start-up prefault.
@@ -232,7 +233,9 @@ impl StageServer {
             // The start line comes before the server starts its threads; the push thread
             // starts after the prefault's.
             let since = Instant::now();
-            while !thread_running(pid, PUSH) || thread_running(pid, PREFAULT) {
+            while threads_named(pid, &[PUSH]).is_empty()
+                || !threads_named(pid, &[PREFAULT]).is_empty()
+            {
                 if since.elapsed() >= PREFAULT_WAIT {
                     eprintln!(
                         "note: cascade stage-server {} still faults its drain memory in after {} s; measuring anyway",
