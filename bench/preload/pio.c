@@ -29,7 +29,8 @@
  *            file written with CALLS write() calls of SIZE bytes (one phase per size); read=1:
  *            the file is written untimed and the phase reads it back with CALLS read() calls;
  *            rewrite=1: the file is not new but one a child process wrote and exited (set-up,
- *            untimed), opened with O_TRUNC, as the next run of a job rewrites its files
+ *            untimed), opened with O_TRUNC, as the next run of a job rewrites its files;
+ *            before each phase the core probe (core_probe, "probe_ns" in the result)
  *   replay   path= sizes=FILE [warm=DIR]        write() calls of the sizes in FILE
  *            (little-endian u32 each) into one new file
  *   meta     dir= files= passes= [warm=DIR]     create+write 4 KiB+close `files` files, then
@@ -243,6 +244,32 @@ static struct {
 } g_phases[MAX_PHASES];
 static int g_nphases;
 static uint64_t g_write_end; /* the "write_end" mark (write with fsync=1), 0 for none */
+static double g_probe[MAX_PHASES]; /* core_probe() before each sweep phase, ns per round */
+static int g_nprobes;
+
+/* How much of its core this process has right now: ns per round of eight independent
+ * one-cycle integer operations, the best of three short runs (an interrupt does not count;
+ * a busy neighbour lasting seconds does). A core that runs them side by side does a round in
+ * about two cycles; a host that runs another guest's thread on the same physical core (SMT)
+ * takes issue slots from it, and the round slows by up to 2x, while a chain of dependent
+ * operations does not. The library's small-write path is such wide code, so the bench shows
+ * the probe next to its ns per call (bench/README.md, "Core sharing"). */
+static double core_probe(void)
+{
+    enum { ROUNDS = 1 << 16 };
+    double best = 1e30;
+    for (int run = 0; run < 3; run++) {
+        uint64_t a = 1, b = 2, c = 3, d = 4, e = 5, f = 6, g = 7, h = 8;
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < ROUNDS; i++) {
+            a ^= b; c <<= 1; d |= e; f -= g; h >>= 1; b ^= a; e |= d; g -= f;
+            __asm__ volatile("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d), "+r"(e), "+r"(f), "+r"(g), "+r"(h));
+        }
+        double ns = (double)(now_ns() - t0) / ROUNDS;
+        best = ns < best ? ns : best;
+    }
+    return best;
+}
 
 static void phase(const char *name, uint64_t s, uint64_t e)
 {
@@ -268,6 +295,12 @@ static void finish(uint64_t start, uint64_t end, uint64_t bytes, uint64_t calls,
     js("]");
     if (g_write_end)
         js(",\"marks\":{\"write_end\":%llu}", (unsigned long long)g_write_end);
+    if (g_nprobes) {
+        js(",\"probe_ns\":[");
+        for (int i = 0; i < g_nprobes; i++)
+            js("%s%.4f", i ? "," : "", g_probe[i]);
+        js("]");
+    }
     js("}\n");
     put(g_json, g_len);
     char junk[256];
@@ -617,6 +650,7 @@ static void mode_sweep(void)
     char name[512], ph[32];
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "%s-%llu", path, (unsigned long long)size[i]);
+        g_probe[g_nprobes++] = core_probe();
         uint64_t t0 = now_ns(), t1;
         if (reading) {
             /* read=1: the file is written untimed, then read back with size[i] reads. */

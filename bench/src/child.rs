@@ -161,6 +161,10 @@ pub struct ChildResult {
     /// the job asked and smaps could be read.
     #[serde(default)]
     pub huge_page_bytes: Option<u64>,
+    /// pio's core probe before each sweep phase, ns per round: how much of its core the
+    /// process had (bench/README.md, "Core sharing").
+    #[serde(default)]
+    pub probe_ns: Vec<f64>,
 }
 
 /// Signals READY and blocks until the parent releases everyone (one "GO" line written to

@@ -255,6 +255,54 @@ pub struct PResults {
     pub read_sweep: Vec<Row>,
     pub readback: Vec<Row>,
     pub passthrough: Vec<PassRow>,
+    pub core_probe: Vec<ProbeRow>,
+}
+
+/// One method's sweep phases of one size with the core probe taken before each: how much of
+/// its core the slowest process had (bench/README.md, "Core sharing").
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeRow {
+    pub method: String,
+    pub procs: usize,
+    pub io: u64,
+    pub read: bool,
+    /// (ns per call, the slowest process's probe in ns per round), one per repetition.
+    pub reps: Vec<(f64, f64)>,
+}
+
+/// A probe within this factor of the run's fastest counts as the core to itself.
+const PROBE_FULL_CORE: f64 = 1.15;
+
+impl PResults {
+    /// The fastest core probe of the run: the machine with a physical core to itself.
+    fn fastest_probe(&self) -> Option<f64> {
+        self.core_probe
+            .iter()
+            .flat_map(|r| r.reps.iter().map(|&(_, probe)| probe))
+            .min_by(f64::total_cmp)
+    }
+
+    /// Median ns per call of `method`'s `io`-byte writes over the repetitions whose probe
+    /// found the core to itself, and how many of all they were.
+    fn ns_on_a_full_core(
+        &self,
+        method: &str,
+        procs: usize,
+        io: u64,
+    ) -> Option<(f64, usize, usize)> {
+        let fastest = self.fastest_probe()?;
+        let row = self
+            .core_probe
+            .iter()
+            .find(|r| !r.read && r.method == method && r.procs == procs && r.io == io)?;
+        let full: Vec<f64> = row
+            .reps
+            .iter()
+            .filter(|&&(_, probe)| probe <= fastest * PROBE_FULL_CORE)
+            .map(|&(ns, _)| ns)
+            .collect();
+        (!full.is_empty()).then(|| (Stats::of(&full).median, full.len(), row.reps.len()))
+    }
 }
 
 /// The compiled C program and how to run it.
@@ -771,7 +819,7 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, read: bool) ->
     };
     for &p in &opts.procs {
         // Per size and method: GB/s, calls/s (aggregate) and ns/call (per process).
-        type Acc = BTreeMap<(u64, &'static str), (Vec<f64>, Vec<f64>, Vec<f64>)>;
+        type Acc = BTreeMap<(u64, &'static str), (Vec<f64>, Vec<f64>, Vec<f64>, Vec<(f64, f64)>)>;
         let mut acc: Acc = BTreeMap::new();
         let mut setups: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         for rep in 0..opts.reps {
@@ -815,6 +863,14 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, read: bool) ->
                     e.0.push(gbps(size * calls * p as u64, span));
                     e.1.push((calls * p as u64) as f64 * 1e9 / span.max(1) as f64);
                     e.2.push(per_proc / calls.max(1) as f64);
+                    let probe = out
+                        .children
+                        .iter()
+                        .filter_map(|c| c.probe_ns.get(j).copied())
+                        .max_by(f64::total_cmp);
+                    if let Some(probe) = probe {
+                        e.3.push((per_proc / calls.max(1) as f64, probe));
+                    }
                     line.push(format!(
                         "{}: {:.0} ns",
                         size_str(size),
@@ -835,9 +891,18 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, read: bool) ->
         }
         for &(size, calls) in &sweep {
             for &m in methods {
-                let Some((g, c, n)) = acc.get(&(size, m)) else {
+                let Some((g, c, n, probed)) = acc.get(&(size, m)) else {
                     continue;
                 };
+                if !probed.is_empty() {
+                    res.core_probe.push(ProbeRow {
+                        method: m.to_string(),
+                        procs: p,
+                        io: size,
+                        read,
+                        reps: probed.clone(),
+                    });
+                }
                 let rows = if read {
                     &mut res.read_sweep
                 } else {
@@ -1535,8 +1600,13 @@ pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
             continue;
         };
         let show = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.0}"));
+        let full_core = r
+            .ns_on_a_full_core("preload", p, 64)
+            .map_or(String::new(), |(ns, k, n)| {
+                format!(", {ns:.1} ns with the core to itself ({k} of {n} repetitions)")
+            });
         parts.push(format!(
-            "{p} proc: **{w64:.1} ns** (into a file an exited process wrote {} ns; 4 KiB writes {} ns; reads: 64 B {} ns, 4 KiB {} ns; tmpfs: {} / {} / {} / {} ns)",
+            "{p} proc: **{w64:.1} ns**{full_core} (into a file an exited process wrote {} ns; 4 KiB writes {} ns; reads: 64 B {} ns, 4 KiB {} ns; tmpfs: {} / {} / {} / {} ns)",
             show(ns(&r.sweep, "preload-rewrite", 64)),
             show(ns(&r.sweep, "preload", 4 * KIB)),
             show(ns(&r.read_sweep, "preload", 64)),
@@ -1706,6 +1776,23 @@ pub fn verdicts(o: &POpts, r: &PResults) -> Vec<String> {
             ));
         }
     }
+    let probes: Vec<f64> = r
+        .core_probe
+        .iter()
+        .flat_map(|row| row.reps.iter().map(|&(_, probe)| probe))
+        .collect();
+    if let Some(fastest) = r.fastest_probe() {
+        let slowest = probes.iter().copied().fold(fastest, f64::max);
+        let full = probes
+            .iter()
+            .filter(|&&x| x <= fastest * PROBE_FULL_CORE)
+            .count();
+        lines.push(format!(
+            "core sharing: the sweeps' core probe took {fastest:.2}–{slowest:.2} ns per round (slowest **{:.2}x** the fastest); {full} of {} sweep phases had the core to themselves (within {PROBE_FULL_CORE}x)",
+            slowest / fastest,
+            probes.len()
+        ));
+    }
     lines
 }
 
@@ -1779,6 +1866,35 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
         }
     }
     out.push(t);
+    if let Some(fastest) = r.fastest_probe() {
+        let head = "call | method | procs | ns per call in each repetition (the core probe against the run's fastest)";
+        let mut t = Table::new(
+            "2c. Core sharing: 64 B and 4 KiB calls beside the core probe taken before them",
+            head,
+        );
+        for row in r
+            .core_probe
+            .iter()
+            .filter(|row| READ_SIZES.contains(&row.io))
+        {
+            let reps: Vec<String> = row
+                .reps
+                .iter()
+                .map(|&(ns, probe)| format!("{ns:.0} ({:.2}x)", probe / fastest))
+                .collect();
+            t.row([
+                format!(
+                    "{} {}",
+                    if row.read { "read" } else { "write" },
+                    size_str(row.io)
+                ),
+                row.method.clone(),
+                row.procs.to_string(),
+                reps.join(", "),
+            ]);
+        }
+        out.push(t);
+    }
     let head = "size class | paper: % of writes | paper: % of data | generated writes | % of writes | % of data";
     let mut t = Table::new("3. Replayed write mix (paper 001, Table 2)", head);
     for m in &r.mix {
