@@ -56,6 +56,7 @@ const EXIT: &str = "ends the process without exit handlers (libcascade's end-of-
 does not run)";
 const SYSCALL: &str =
     "raw system call: bypasses every libc wrapper (Rust's std makes statx this way)";
+const IDS: &str = "changes the effective ids new files are owned by (libcascade keeps them)";
 
 /// Every file-I/O function `cascade check-binary` looks for in a program's imports, with a
 /// short note for its report, grouped by family.
@@ -217,6 +218,14 @@ pub const FILE_IO_FUNCTIONS: &[(&str, &str)] = &[
     ("mkfifoat", NODES),
     ("chmod", ATTRS),
     ("umask", ATTRS),
+    ("setuid", IDS),
+    ("seteuid", IDS),
+    ("setreuid", IDS),
+    ("setresuid", IDS),
+    ("setgid", IDS),
+    ("setegid", IDS),
+    ("setregid", IDS),
+    ("setresgid", IDS),
     ("fchmod", ATTRS),
     ("fchmodat", ATTRS),
     ("lchmod", ATTRS),

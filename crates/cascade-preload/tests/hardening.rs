@@ -547,3 +547,89 @@ fn an_agent_that_stopped_accepting_fails_the_open_after_the_fetch_timeout() {
         );
     }
 }
+
+/// The library keeps the effective ids new files are given: a program that changes them
+/// (seteuid to drop privileges, a raw system call that changes one thread's) must still
+/// create files owned as the kernel would own them. Compared with the same program on a host
+/// directory.
+#[test]
+fn files_created_after_a_change_of_ids_are_owned_as_the_kernel_owns_them() {
+    const SRC: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static const char *dir;
+
+static void create(const char *name) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_CREAT | O_WRONLY | O_EXCL, 0644);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) { perror(p); exit(1); }
+    close(fd);
+    printf("%s %u:%u\n", name, (unsigned)st.st_uid, (unsigned)st.st_gid);
+}
+
+static int go[2];
+
+/* Started before the change (a new thread copies its creator's ids), creates after it. */
+static void *other_thread(void *arg) {
+    char c;
+    if (read(go[0], &c, 1) != 1) { perror("read"); exit(1); }
+    create((const char *)arg);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2)
+        return 2;
+    dir = argv[1];
+    if (chmod(dir, 0777) != 0) { perror("chmod"); return 1; }
+    create("root-first");
+    if (setegid(65534) != 0 || seteuid(65534) != 0) { perror("seteuid"); return 1; }
+    create("dropped");
+    if (seteuid(0) != 0 || setegid(0) != 0) { perror("seteuid back"); return 1; }
+    create("restored");
+    pthread_t t;
+    if (pipe(go) != 0 || pthread_create(&t, NULL, other_thread, "other-thread") != 0) return 1;
+    /* A raw system call changes the calling thread's ids only. */
+    if (syscall(SYS_setresuid, -1, 1234, -1) != 0) { perror("setresuid"); return 1; }
+    create("this-thread");
+    if (write(go[1], "g", 1) != 1) return 1;
+    pthread_join(t, NULL);
+    return 0;
+}
+"#;
+    assert_eq!(
+        cascade_store::ownership::euid(),
+        0,
+        "this test changes ids: run it as root (scripts/test.sh does)"
+    );
+    let exe = compile_c("ids_change", SRC, &["-lpthread"]);
+    let expected =
+        "root-first 0:0\ndropped 65534:65534\nrestored 0:0\nthis-thread 1234:0\nother-thread 0:0\n";
+    let host_dir = std::env::temp_dir().join(format!("cascade-ids-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&host_dir);
+    std::fs::create_dir(&host_dir).expect("host dir");
+    let host = std::process::Command::new(&exe)
+        .arg(&host_dir)
+        .output()
+        .expect("run on the host");
+    let _ = std::fs::remove_dir_all(&host_dir);
+    assert!(host.status.success(), "{}", show(&host));
+    assert_eq!(stdout(&host), expected, "the kernel itself");
+    let env = Env::new();
+    env.mkdir_store("/ids");
+    let ours = env.command(
+        exe.to_str().expect("utf-8 path"),
+        &[&format!("{}/ids", env.mount)],
+    );
+    assert!(ours.status.success(), "{}", show(&ours));
+    assert_eq!(stdout(&ours), expected, "{}", show(&ours));
+}

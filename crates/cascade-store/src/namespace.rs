@@ -723,10 +723,9 @@ impl Block {
         inode.size.store(0, Relaxed);
         inode.map.store(0, Relaxed);
         inode.mode.store(mode & 0o7777, Relaxed);
-        // SAFETY: geteuid/getegid cannot fail.
-        inode.uid.store(unsafe { libc::geteuid() }, Relaxed);
-        // SAFETY: as above.
-        inode.gid.store(unsafe { libc::getegid() }, Relaxed);
+        let (uid, gid) = crate::ownership::creator_ids::get();
+        inode.uid.store(uid, Relaxed);
+        inode.gid.store(gid, Relaxed);
         inode.chunks_mem.store(0, Relaxed);
         inode.chunks_spill.store(0, Relaxed);
         inode.opens.store(0, Relaxed);

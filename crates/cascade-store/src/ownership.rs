@@ -44,6 +44,67 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// The owner a new file or directory is given: the creating thread's effective uid and gid.
+/// Asking the kernel costs two system calls per create (a tenth of a create through the
+/// preload library where system calls are cheap, docs/interposition.md, "What a create
+/// costs"), so a process that sees every change of its ids, the preload library through its
+/// set*id wrappers, may keep them: [`creator_ids::keep`] turns the cache on,
+/// [`creator_ids::changed`] empties it after a process-wide change, and
+/// [`creator_ids::per_thread`] turns it off for good once a thread changed its own ids (a raw
+/// system call does that to the calling thread only).
+pub mod creator_ids {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+    /// Bit 0: the cache is on; bits 1..: the generation, advanced by every change.
+    static STATE: AtomicU32 = AtomicU32::new(0);
+    const ON: u32 = 1;
+    const ONE_GENERATION: u32 = 2;
+    /// `state << 32 | id`: an id tagged with the `STATE` its filler read before asking the
+    /// kernel. Used only while the tag is the current state, so a fill that raced with a
+    /// change is never used, and without a lock (a fork child or a signal handler may
+    /// create files while another thread was filling).
+    static UID: AtomicU64 = AtomicU64::new(0);
+    static GID: AtomicU64 = AtomicU64::new(0);
+
+    /// The effective uid and gid new inodes get.
+    #[inline]
+    pub fn get() -> (u32, u32) {
+        let state = STATE.load(Acquire);
+        if state & ON == 0 {
+            return from_the_kernel();
+        }
+        let (uid, gid) = (UID.load(Acquire), GID.load(Acquire));
+        if (uid >> 32) as u32 == state && (gid >> 32) as u32 == state {
+            return (uid as u32, gid as u32);
+        }
+        let ids = from_the_kernel();
+        UID.store(u64::from(state) << 32 | u64::from(ids.0), Release);
+        GID.store(u64::from(state) << 32 | u64::from(ids.1), Release);
+        ids
+    }
+
+    fn from_the_kernel() -> (u32, u32) {
+        // SAFETY: geteuid and getegid cannot fail.
+        unsafe { (libc::geteuid(), libc::getegid()) }
+    }
+
+    /// Keeps the ids from now on (until a change).
+    pub fn keep() {
+        STATE.fetch_or(ON, AcqRel);
+    }
+
+    /// After a change of the process's ids: the next create asks the kernel again.
+    pub fn changed() {
+        STATE.fetch_add(ONE_GENERATION, AcqRel);
+    }
+
+    /// After a thread changed its own ids only: threads may differ from now on, so every
+    /// create asks the kernel.
+    pub fn per_thread() {
+        STATE.fetch_and(!ON, AcqRel);
+    }
+}
+
 fn type_word(mode: libc::mode_t) -> &'static str {
     match mode & libc::S_IFMT {
         libc::S_IFREG => "a regular file",

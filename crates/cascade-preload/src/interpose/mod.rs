@@ -14,6 +14,7 @@
 //! calls that no preload sees; those that matter are wrapped here (docs/interposition.md,
 //! "Paths inside glibc").
 
+pub(crate) mod credentials;
 pub(crate) mod dirops;
 pub(crate) mod exec;
 pub(crate) mod fds;
@@ -856,6 +857,8 @@ extern "C" fn on_load() {
     install_panic_hook();
     OWNER_PID.store(current_pid(), Relaxed);
     hazard::register_process();
+    // The set*id wrappers report every change of the ids new files are given.
+    cascade_store::ownership::creator_ids::keep();
     // SAFETY: registering a plain function as the fork child handler.
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_in_child)) };
     if std::env::var_os("CASCADE_CWD").is_some() {

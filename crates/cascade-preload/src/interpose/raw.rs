@@ -114,6 +114,9 @@ pub unsafe extern "C" fn syscall(
             if n == libc::SYS_umask {
                 names::umask_cache::invalidate();
             }
+            if credentials::changes_a_threads_ids(n) {
+                cascade_store::ownership::creator_ids::per_thread();
+            }
             r
         }
     }
