@@ -274,12 +274,16 @@ pub struct ProbeRow {
 const PROBE_FULL_CORE: f64 = 1.15;
 
 impl PResults {
-    /// The fastest core probe of the run: the machine with a physical core to itself.
-    fn fastest_probe(&self) -> Option<f64> {
+    /// Every core probe of the run, ns per round.
+    fn probes(&self) -> impl Iterator<Item = f64> + '_ {
         self.core_probe
             .iter()
             .flat_map(|r| r.reps.iter().map(|&(_, probe)| probe))
-            .min_by(f64::total_cmp)
+    }
+
+    /// The fastest core probe of the run: the machine with a physical core to itself.
+    fn fastest_probe(&self) -> Option<f64> {
+        self.probes().min_by(f64::total_cmp)
     }
 
     /// Median ns per call of `method`'s `io`-byte writes over the repetitions whose probe
@@ -862,20 +866,17 @@ fn small(opts: &POpts, pio: &Pio, res: &mut PResults, st: &Store, read: bool) ->
                     let e = acc.entry((size, m)).or_default();
                     e.0.push(gbps(size * calls * p as u64, span));
                     e.1.push((calls * p as u64) as f64 * 1e9 / span.max(1) as f64);
-                    e.2.push(per_proc / calls.max(1) as f64);
+                    let ns_per_call = per_proc / calls.max(1) as f64;
+                    e.2.push(ns_per_call);
                     let probe = out
                         .children
                         .iter()
                         .filter_map(|c| c.probe_ns.get(j).copied())
                         .max_by(f64::total_cmp);
                     if let Some(probe) = probe {
-                        e.3.push((per_proc / calls.max(1) as f64, probe));
+                        e.3.push((ns_per_call, probe));
                     }
-                    line.push(format!(
-                        "{}: {:.0} ns",
-                        size_str(size),
-                        per_proc / calls as f64
-                    ));
+                    line.push(format!("{}: {ns_per_call:.0} ns", size_str(size)));
                 }
                 setups
                     .entry(m)
@@ -1776,21 +1777,16 @@ pub fn verdicts(o: &POpts, r: &PResults) -> Vec<String> {
             ));
         }
     }
-    let probes: Vec<f64> = r
-        .core_probe
-        .iter()
-        .flat_map(|row| row.reps.iter().map(|&(_, probe)| probe))
-        .collect();
     if let Some(fastest) = r.fastest_probe() {
-        let slowest = probes.iter().copied().fold(fastest, f64::max);
-        let full = probes
-            .iter()
-            .filter(|&&x| x <= fastest * PROBE_FULL_CORE)
+        let slowest = r.probes().fold(fastest, f64::max);
+        let full = r
+            .probes()
+            .filter(|&x| x <= fastest * PROBE_FULL_CORE)
             .count();
         lines.push(format!(
             "core sharing: the sweeps' core probe took {fastest:.2}–{slowest:.2} ns per round (slowest **{:.2}x** the fastest); {full} of {} sweep phases had the core to themselves (within {PROBE_FULL_CORE}x)",
             slowest / fastest,
-            probes.len()
+            r.probes().count()
         ));
     }
     lines
