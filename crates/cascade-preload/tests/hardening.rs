@@ -633,3 +633,74 @@ int main(int argc, char **argv) {
     assert!(ours.status.success(), "{}", show(&ours));
     assert_eq!(stdout(&ours), expected, "{}", show(&ours));
 }
+
+/// A vfork child shares its parent's memory until it execs, and its exec kills any thread
+/// it started wherever that thread is: dash vforks to run a command with a redirection, and
+/// its child read the stored script, started the store's populate thread, and the exec
+/// killed that thread inside the dynamic loader's lock, so dash hung in its next dlsym. The
+/// library must start no thread in such a child, and the parent must still start its own.
+/// The program counts the threads started in it by defining pthread_create itself.
+#[test]
+fn a_vfork_child_that_reads_a_stored_file_starts_no_thread() {
+    const SRC: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+static create_fn real_create;
+/* In memory the vfork child shares: the parent sees the child's count. */
+static volatile int started;
+
+int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg) {
+    started++;
+    return real_create(t, a, f, arg);
+}
+
+static int read_it(const char *path) {
+    char buf[64];
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    return n == 6 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    real_create = (create_fn)dlsym(RTLD_NEXT, "pthread_create");
+    if (!real_create) return 3;
+    started = 0;
+    pid_t child = vfork();
+    if (child == 0)
+        _exit(read_it(argv[1]) != 0);
+    int status;
+    if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return 1;
+    if (WEXITSTATUS(status) != 0) { fprintf(stderr, "the vfork child could not read\n"); return 1; }
+    printf("threads started by the vfork child: %d\n", started);
+    started = 0;
+    if (read_it(argv[1]) != 0) { perror("read in the parent"); return 1; }
+    printf("threads started by the parent: %d\n", started);
+    return 0;
+}
+"#;
+    let exe = compile_c("vfork_reader", SRC, &["-rdynamic", "-ldl"]);
+    // Prefaulted at creation: a process that touches data maps those pages in with a thread.
+    let env = Env::with_prefault(cascade_store::Prefault::Foreground);
+    env.ok("printf stored > \"$M/data\"");
+    let out = env.command(
+        exe.to_str().expect("utf-8 path"),
+        &[&format!("{}/data", env.mount)],
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(
+        stdout(&out),
+        "threads started by the vfork child: 0\nthreads started by the parent: 1\n",
+        "{}",
+        show(&out)
+    );
+}

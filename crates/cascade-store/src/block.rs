@@ -533,6 +533,12 @@ impl Block {
 
     #[cold]
     fn populate_in_background(&self) {
+        if !crate::memory_owner::is_this_process() {
+            // A vfork child: its exec would kill the thread (memory_owner says what that
+            // breaks). The parent starts it when it touches data itself.
+            self.populate_started.store(false, Ordering::Release);
+            return;
+        }
         let done = self.header().prefaulted.load(Ordering::Acquire);
         if done == 0 {
             return;

@@ -16,6 +16,7 @@ mod fsck;
 mod layout;
 mod lifecycle;
 mod lock;
+pub mod memory_owner;
 mod namespace;
 pub mod ownership;
 mod store;

@@ -769,20 +769,11 @@ fn adopt_inherited() {
     }
 }
 
-/// The process whose fd table this is: set at load and in a fork child. A child made
-/// without fork handlers (vfork, posix_spawn's clone) shares the parent's memory, so it must
-/// not change the table (see [`close_all_at_exit`]).
-static OWNER_PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
 /// False in a child that shares this process's memory (vfork, posix_spawn's clone): its
-/// descriptors' references are the parent's.
+/// descriptors' references are the parent's, so it must not change the table (see
+/// [`close_all_at_exit`]). The owner is recorded at load and in a fork child.
 pub(crate) fn owns_its_table() -> bool {
-    OWNER_PID.load(Relaxed) == current_pid()
-}
-
-fn current_pid() -> i32 {
-    // SAFETY: getpid has no arguments; the raw call is not cached by libc.
-    unsafe { libc::syscall(libc::SYS_getpid) as i32 }
+    cascade_store::memory_owner::is_this_process()
 }
 
 /// Closes this process's Cascade descriptors at a normal end (exit, return from main, the
@@ -833,7 +824,7 @@ extern "C" fn before_fork() {
 
 #[boundary]
 extern "C" fn after_fork_in_child() {
-    OWNER_PID.store(current_pid(), Relaxed);
+    cascade_store::memory_owner::record();
     hazard::after_fork_in_child();
     // The parent's other threads are gone, and so is any slot lock one of them held.
     for (fd, lock) in ENTRIES.iter().enumerate() {
@@ -855,7 +846,7 @@ extern "C" fn after_fork_in_child() {
 #[boundary]
 extern "C" fn on_load() {
     install_panic_hook();
-    OWNER_PID.store(current_pid(), Relaxed);
+    cascade_store::memory_owner::record();
     hazard::register_process();
     // The set*id wrappers report every change of the ids new files are given.
     cascade_store::ownership::creator_ids::keep();

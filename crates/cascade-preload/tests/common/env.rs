@@ -11,7 +11,6 @@ use super::cascade_bin;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// A store, a mount prefix of its own and a scratch directory; all removed on drop.
 /// A store, a mount prefix and a scratch directory of its own; all removed on drop.
 pub struct Env {
     store: Option<Store>,
@@ -21,7 +20,12 @@ pub struct Env {
 }
 
 impl Env {
+    /// The store's memory is not faulted in at creation.
     pub fn new() -> Env {
+        Env::with_prefault(Prefault::Off)
+    }
+
+    pub fn with_prefault(prefault: Prefault) -> Env {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let name = format!("/cascade-prog-{pid}-{n}");
@@ -31,7 +35,7 @@ impl Env {
             chunk_size: 64 << 10,
             max_files: 4096,
             spill: None,
-            prefault: Prefault::Off,
+            prefault,
         })
         .expect("create store");
         let tmp = std::env::temp_dir().join(format!("cascade-prog-{pid}-{n}"));
@@ -93,12 +97,12 @@ impl Env {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Runs `script` with /bin/sh under the library, asserting success; returns stdout.
     /// Runs `script` with /bin/sh; $M is the mount, $T the scratch dir.
     pub fn sh(&self, script: &str) -> Output {
         self.command("/bin/sh", &["-c", script])
     }
 
+    /// Runs `script` with /bin/sh under the library, asserting success; returns stdout.
     pub fn ok(&self, script: &str) -> String {
         self.run("/bin/sh", &["-c", script])
     }
