@@ -111,6 +111,12 @@ impl DurableStore {
         self.rt.block_on(self.inner.put_buffers(rel, parts))
     }
 
+    /// See [`AsyncDurableStore::put_buffers_streamed`].
+    pub fn put_buffers_streamed(&self, rel: &str, parts: Vec<Bytes>) -> Result<()> {
+        self.rt
+            .block_on(self.inner.put_buffers_streamed(rel, parts))
+    }
+
     pub fn put_checksum(&self, rel: &str, digest: &FileDigest) -> Result<()> {
         self.rt.block_on(self.inner.put_checksum(rel, digest))
     }

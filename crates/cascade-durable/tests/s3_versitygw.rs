@@ -118,6 +118,51 @@ fn s3_single_puts_cut_short_leave_the_older_object() {
     }
 }
 
+/// Buffers uploaded in one request are streamed to S3 (signed chunk by chunk while they
+/// are sent, so the first byte leaves before the whole body is hashed) and arrive bit for
+/// bit; a stream that fails is sent again as one PUT, and the store streams no more.
+#[test]
+fn s3_streamed_buffers_arrive_whole_and_a_failed_stream_is_sent_again() {
+    let server = Versitygw::start();
+    server.create_bucket("cascade");
+    let proxy = CuttingProxy::start(server.port);
+    let direct = DurableStore::open(&server.spec("cascade/streamed", SECRET)).unwrap();
+    let store =
+        DurableStore::open(&server.spec_via(proxy.port, "cascade/streamed", SECRET)).unwrap();
+    let data = bytes::Bytes::from(cascade_testkit::random((6 << 20) + 777, 3));
+    // Pieces that straddle the 1 MiB signed chunks, one of them several chunks long.
+    let parts = |d: &bytes::Bytes| {
+        vec![
+            d.slice(..5),
+            d.slice(5..(3 << 20) + 1),
+            d.slice((3 << 20) + 1..(4 << 20)),
+            d.slice(4 << 20..),
+        ]
+    };
+    store.put_buffers_streamed("a.bin", parts(&data)).unwrap();
+    assert_eq!(direct.get_bytes("a.bin").unwrap(), data);
+    let streamed = |heads: &[String]| {
+        heads
+            .iter()
+            .filter(|h| h.contains("STREAMING-AWS4-HMAC-SHA256-PAYLOAD"))
+            .count()
+    };
+    assert_eq!(streamed(&proxy.put_heads()), 1, "{:?}", proxy.put_heads());
+
+    let newer = bytes::Bytes::from(cascade_testkit::random(data.len(), 4));
+    proxy.cut_next_put("/streamed/a.bin", 2 << 20);
+    store.put_buffers_streamed("a.bin", parts(&newer)).unwrap();
+    assert_eq!(proxy.cuts(), 1, "the proxy cut nothing");
+    assert_eq!(direct.get_bytes("a.bin").unwrap(), newer);
+    let heads = proxy.put_heads();
+    assert_eq!(heads.len(), 3, "the stream, then one PUT: {heads:?}");
+    assert_eq!(streamed(&heads), 2, "{heads:?}");
+    // Streaming is off for this store now.
+    store.put_buffers_streamed("b.bin", parts(&data)).unwrap();
+    assert_eq!(direct.get_bytes("b.bin").unwrap(), data);
+    assert_eq!(streamed(&proxy.put_heads()), 2, "{:?}", proxy.put_heads());
+}
+
 #[test]
 fn s3_unreachable_endpoint_is_one_clear_error() {
     // A port nothing listens on (bound and released).

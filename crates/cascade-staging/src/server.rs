@@ -2315,7 +2315,7 @@ impl Shared {
         let mapped = self.engine.map_version(v.id)?;
         let (put, checked) = std::thread::scope(|scope| {
             let check = scope.spawn(|| mapped.verify());
-            let put = self.durable.put_buffers(&v.key, mapped.parts());
+            let put = self.durable.put_buffers_streamed(&v.key, mapped.parts());
             (put, check.join())
         });
         let blake3 = match checked {
@@ -2346,7 +2346,7 @@ impl Shared {
                 }
                 *hasher.finalize().as_bytes()
             });
-            let put = self.durable.put_buffers(&v.key, parts.clone());
+            let put = self.durable.put_buffers_streamed(&v.key, parts.clone());
             (put, hash.join())
         });
         let Ok(blake3) = hashed else {

@@ -1,7 +1,7 @@
 //! A TCP proxy on 127.0.0.1 in front of an HTTP/1.1 server that, once armed, cuts every PUT
-//! whose request line names a given key part-way through its body: it forwards the head and
-//! the first bytes of the body, then closes both connections, as the kernel does when the
-//! client is killed mid-upload. Tests of "a PUT cut short never replaces an object" use it
+//! (or the next one) whose request line names a given key part-way through its body: it
+//! forwards the head and the first bytes of the body, then closes both connections, as the
+//! kernel does when the client is killed mid-upload. Tests of "a PUT cut short never replaces an object" use it
 //! in front of a real S3 server ([`crate::Versitygw`]).
 
 use std::io::{Read, Write};
@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 struct Cut {
     key: String,
     after: usize,
+    /// Disarmed after its first cut.
+    once: bool,
 }
 
 /// The proxy; its accept thread ends with the process (tests are short-lived).
@@ -23,6 +25,7 @@ pub struct CuttingProxy {
     pub port: u16,
     cut: Arc<Mutex<Option<Cut>>>,
     cuts: Arc<AtomicUsize>,
+    put_heads: Arc<Mutex<Vec<String>>>,
 }
 
 impl CuttingProxy {
@@ -32,26 +35,48 @@ impl CuttingProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let cut = Arc::new(Mutex::new(None));
         let cuts = Arc::new(AtomicUsize::new(0));
-        let (rule, count) = (Arc::clone(&cut), Arc::clone(&cuts));
+        let put_heads = Arc::new(Mutex::new(Vec::new()));
+        let (rule, count, heads) = (Arc::clone(&cut), Arc::clone(&cuts), Arc::clone(&put_heads));
         let server = SocketAddr::from(([127, 0, 0, 1], upstream));
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Ok(server) = TcpStream::connect(server) else {
                     continue;
                 };
-                let (rule, count) = (Arc::clone(&rule), Arc::clone(&count));
-                std::thread::spawn(move || forward(client, server, &rule, &count));
+                let (rule, count, heads) =
+                    (Arc::clone(&rule), Arc::clone(&count), Arc::clone(&heads));
+                std::thread::spawn(move || forward(client, server, &rule, &count, &heads));
             }
         });
-        CuttingProxy { port, cut, cuts }
+        CuttingProxy {
+            port,
+            cut,
+            cuts,
+            put_heads,
+        }
     }
 
     /// From now on, cut PUTs of `key` after `after` bytes of body.
     pub fn cut_puts(&self, key: &str, after: usize) {
+        self.arm(key, after, false);
+    }
+
+    /// Cuts the next PUT of `key` after `after` bytes of body, and no other.
+    pub fn cut_next_put(&self, key: &str, after: usize) {
+        self.arm(key, after, true);
+    }
+
+    fn arm(&self, key: &str, after: usize, once: bool) {
         *self.cut.lock().expect("proxy rule") = Some(Cut {
             key: key.to_string(),
             after,
+            once,
         });
+    }
+
+    /// The heads (request line and headers) of the PUTs forwarded so far.
+    pub fn put_heads(&self) -> Vec<String> {
+        self.put_heads.lock().expect("proxy heads").clone()
     }
 
     /// How many requests it has cut so far.
@@ -67,6 +92,7 @@ fn forward(
     mut server: TcpStream,
     rule: &Mutex<Option<Cut>>,
     cuts: &AtomicUsize,
+    put_heads: &Mutex<Vec<String>>,
 ) {
     let (Ok(mut from_server), Ok(mut to_client)) = (server.try_clone(), client.try_clone()) else {
         return;
@@ -96,12 +122,20 @@ fn forward(
             .and_then(|(_, v)| v.trim().parse::<usize>().ok())
             .unwrap_or(0);
         let request_line = head.lines().next().unwrap_or("");
-        let cut_after = rule
-            .lock()
-            .expect("proxy rule")
-            .as_ref()
-            .filter(|c| request_line.starts_with("PUT ") && request_line.contains(&c.key))
-            .map(|c| c.after.min(body_len));
+        if request_line.starts_with("PUT ") {
+            put_heads.lock().expect("proxy heads").push(head.clone());
+        }
+        let cut_after = {
+            let mut rule = rule.lock().expect("proxy rule");
+            let hit = rule
+                .as_ref()
+                .filter(|c| request_line.starts_with("PUT ") && request_line.contains(&c.key))
+                .map(|c| (c.after.min(body_len), c.once));
+            if hit.is_some_and(|(_, once)| once) {
+                *rule = None;
+            }
+            hit.map(|(after, _)| after)
+        };
         let mut to_send = head_end + cut_after.unwrap_or(body_len);
         // Forward the head and the body (or its part before the cut).
         while to_send > 0 {

@@ -192,7 +192,7 @@ fn upload_version(node: &Node, e: &LifeEntry) -> Result<Option<FileDigest>> {
 
 /// Uploads a file that is wholly in memory chunks in one request whose body is the chunks
 /// themselves (no copy, no multipart reassembly on the server), hashing it on a second
-/// thread meanwhile.
+/// thread meanwhile. Streamed to S3, so that its first byte leaves at once.
 fn put_from_memory(node: &Node, key: &str, pieces: &[(usize, usize)]) -> Result<FileDigest> {
     let region = node.store.data_region().addr as usize;
     let parts: Vec<Bytes> = pieces
@@ -213,7 +213,7 @@ fn put_from_memory(node: &Node, key: &str, pieces: &[(usize, usize)]) -> Result<
             }
             hasher.finalize().to_hex().to_string()
         });
-        let put = node.durable.put_buffers(key, parts.clone());
+        let put = node.durable.put_buffers_streamed(key, parts.clone());
         (put, hashing.join())
     });
     put.map_err(Error::Durable)?;

@@ -105,6 +105,9 @@ pub struct AsyncDurableStore {
     s3: Option<stream::S3Client>,
     /// The HTTP client of streaming uploads, made on first use.
     http: Arc<OnceLock<reqwest::Client>>,
+    /// Set once a streaming upload of [`Self::put_buffers_streamed`] failed: it sends single
+    /// PUTs from then on, so a server that refuses streams late does not get every file twice.
+    stream_failed: Arc<AtomicBool>,
 }
 
 /// The requests a store made while tracing was on: tests measure with it what an operation
@@ -246,6 +249,7 @@ impl AsyncDurableStore {
             trace,
             s3: s3_client,
             http: Arc::default(),
+            stream_failed: Arc::default(),
         };
         // One request that needs the bucket and valid credentials.
         if let Spec::S3(_) = this.spec {
