@@ -36,7 +36,6 @@ pub fn check_mount(mount: &str) -> Res<()> {
     Ok(())
 }
 
-/// Checks that a suite measuring over the shaped link was given the S3 server's URL.
 /// The bench's S3 URL as an HTTPS durable store would be used: `sign_payload=no` (Cascade's
 /// default over HTTPS) unless the URL says otherwise. The shaped plain-HTTP endpoint stands
 /// for a store behind a link, which is HTTPS in use (bench/README.md).
@@ -48,6 +47,7 @@ pub fn as_over_https(url: String) -> String {
     }
 }
 
+/// Checks that a suite measuring over the shaped link was given the S3 server's URL.
 pub fn require_s3_url(url: &str, suite: &str) -> Res<()> {
     if url.is_empty() {
         return err(format!(
