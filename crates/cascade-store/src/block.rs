@@ -522,7 +522,7 @@ impl Block {
     /// writes do not take minor faults. Processes that only look at the namespace (`cascade
     /// wait`, `commit`, `status`, a preloaded `ls`) never start it: it costs about 0.3 s of
     /// CPU per GiB, which a `cascade wait` beside the agent took from the agent.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn will_touch_data(&self) {
         if !self.populate_started.load(Ordering::Relaxed)
             && !self.populate_started.swap(true, Ordering::AcqRel)
@@ -672,9 +672,22 @@ impl Block {
 
     #[inline]
     pub(crate) fn inode(&self, ino: u32) -> &Inode {
-        assert!(ino < self.geo.max_inodes, "inode {ino} out of range");
+        match self.inode_checked(ino) {
+            Some(inode) => inode,
+            None => panic!("inode {ino} out of range"),
+        }
+    }
+
+    /// [`Self::inode`] without a panic: None out of range.
+    #[inline(always)]
+    pub(crate) fn inode_checked(&self, ino: u32) -> Option<&Inode> {
+        if ino >= self.geo.max_inodes {
+            return None;
+        }
         // SAFETY: bounds checked above; the inode table is inside the mapping.
-        unsafe { &*(self.base.add(self.geo.off.inodes as usize) as *const Inode).add(ino as usize) }
+        Some(unsafe {
+            &*(self.base.add(self.geo.off.inodes as usize) as *const Inode).add(ino as usize)
+        })
     }
 
     /// Raw pointer to one of an inode's two name slots (written only under the namespace lock).
@@ -690,6 +703,7 @@ impl Block {
         unsafe { std::slice::from_raw_parts(self.base.add(off as usize) as *const T, len as usize) }
     }
 
+    #[inline(always)]
     pub(crate) fn chunk_states(&self) -> &[AtomicU64] {
         self.atomics(self.geo.off.chunk_states, self.geo.total_chunks())
     }
@@ -719,7 +733,7 @@ impl Block {
     pub(crate) fn lease_slot(&self, slot: u32) -> &LeaseSlot {
         lease_slot_at(self.base, &self.geo, slot)
     }
-    #[inline]
+    #[inline(always)]
     pub(crate) fn ofd(&self, slot: u32) -> &OfdSlot {
         assert!(slot < OFD_SLOTS, "description slot {slot} out of range");
         // SAFETY: bounds checked; the region holds OFD_SLOTS slots.
@@ -727,12 +741,13 @@ impl Block {
             &*(self.base.add(self.geo.off.ofds as usize) as *const OfdSlot).add(slot as usize)
         }
     }
+    #[inline(always)]
     pub(crate) fn data_ptr(&self) -> *mut u8 {
         // SAFETY: the data region starts inside the mapping.
         unsafe { self.base.add(self.geo.off.data as usize) }
     }
     /// Address of a memory chunk in this process, to write: the chunk is mapped whole first.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn chunk_ptr(&self, c: u32) -> *mut u8 {
         let p = self.chunk_ptr_to_read(c);
         self.populated.populate(c);
@@ -742,7 +757,7 @@ impl Block {
     /// Address of a memory chunk in this process, to read: not populated (read faults map 16
     /// pages at a time, fault-around, like the populate; a freshly started restart read
     /// 1 GiB at 4.9 GB/s through `MADV_POPULATE_WRITE`, at 10 GB/s without).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn chunk_ptr_to_read(&self, c: u32) -> *mut u8 {
         assert!(c < self.geo.mem_chunks, "chunk {c} is not a memory chunk");
         self.will_touch_data();
@@ -751,6 +766,30 @@ impl Block {
             self.data_ptr()
                 .add(c as usize * self.geo.chunk_size as usize)
         }
+    }
+    /// Address of memory chunk `c` if it is one and this process has mapped it already
+    /// (its populate thread started, the chunk populated): what a write may use without a
+    /// call, a wait or a panic (`Block::write_hinted`). None otherwise: [`Self::chunk_ptr`]
+    /// maps it.
+    #[inline(always)]
+    pub(crate) fn mapped_memory_chunk(&self, c: u32) -> Option<*mut u8> {
+        self.memory_chunk_to_read(c)
+            .filter(|_| self.populated.is_set(c))
+    }
+    /// Address of memory chunk `c`, to read, if it is one and this process's populate
+    /// thread started (reads fault pages in as they go: [`Self::chunk_ptr_to_read`]); no
+    /// call and no panic. None otherwise.
+    #[inline(always)]
+    pub(crate) fn memory_chunk_to_read(&self, c: u32) -> Option<*mut u8> {
+        if c >= self.geo.mem_chunks || !self.populate_started.load(Ordering::Relaxed) {
+            return None;
+        }
+        // SAFETY: c is a memory chunk (checked above); the data region holds mem_chunks of
+        // them.
+        Some(unsafe {
+            self.data_ptr()
+                .add(c as usize * self.geo.chunk_size as usize)
+        })
     }
     pub(crate) fn is_spill(&self, c: u32) -> bool {
         c >= self.geo.mem_chunks
@@ -891,14 +930,17 @@ impl Populated {
         }
     }
 
-    #[inline]
+    /// False for a chunk beyond the bits (no panic: `Block::mapped_memory_chunk`).
+    #[inline(always)]
     fn is_set(&self, c: u32) -> bool {
-        self.bits[c as usize / 64].load(Ordering::Relaxed) & (1 << (c % 64)) != 0
+        self.bits
+            .get(c as usize / 64)
+            .is_some_and(|bits| bits.load(Ordering::Relaxed) & (1 << (c % 64)) != 0)
     }
 
     /// Maps memory chunk `c` into this process unless that was done (or is being done by
     /// another thread). The caller checked that `c` is a memory chunk.
-    #[inline]
+    #[inline(always)]
     fn populate(&self, c: u32) {
         if !self.is_set(c) {
             self.populate_first(c);

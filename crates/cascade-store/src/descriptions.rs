@@ -6,6 +6,7 @@
 //! the block. A slot is claimed lock-free (compare-and-swap on its nonce), reference-counted
 //! by the library, and swept when the table fills up (after kill -9 left counts behind).
 
+use crate::block::Block;
 use crate::error::{Error, Result};
 use crate::layout::{OfdSlot, OFD_SLOTS};
 use crate::store::{File, Store};
@@ -79,6 +80,18 @@ const SWEEP_MIN_AGE_NS: i64 = 2_000_000_000;
 /// A live description in the block.
 pub struct Description<'a> {
     slot: &'a OfdSlot,
+}
+
+impl Block {
+    /// [`Store::description`]: one slot check and the nonce, no panic.
+    #[inline(always)]
+    pub(crate) fn description(&self, d: OpenDescription) -> Option<Description<'_>> {
+        if d.slot >= OFD_SLOTS {
+            return None;
+        }
+        let slot = self.ofd(d.slot);
+        (slot.nonce.load(Acquire) == d.nonce).then_some(Description { slot })
+    }
 }
 
 impl Description<'_> {
@@ -272,11 +285,7 @@ impl Store {
     /// The description `d` names, if it is still live (its nonce matches).
     #[inline]
     pub fn description(&self, d: OpenDescription) -> Option<Description<'_>> {
-        if d.slot >= OFD_SLOTS {
-            return None;
-        }
-        let slot = self.block().ofd(d.slot);
-        (slot.nonce.load(Acquire) == d.nonce).then_some(Description { slot })
+        self.block().description(d)
     }
 
     /// Drops one reference; frees the slot when it was the last (and the file, if it was

@@ -498,8 +498,9 @@ impl Block {
     }
 
     /// Copies `data` to `within` of memory chunk `c` (not spilled), which the caller's inode
-    /// owns under its lock; `within + data.len()` must not pass the chunk's end.
-    #[inline]
+    /// owns under its lock; `within + data.len()` must not pass the chunk's end. Always
+    /// inlined: out of line, its frame was a ninth of a 64-byte write.
+    #[inline(always)]
     fn memory_chunk_write(&self, c: u32, within: u64, data: &[u8]) {
         assert!(within + data.len() as u64 <= self.geo.chunk_size);
         // SAFETY: the destination lies inside memory chunk c (asserted above; chunk_ptr
@@ -600,7 +601,7 @@ impl Block {
 
     /// The chunk a hint word (`idx << 32 | chunk + 1`) names for `idx` of `ino`, if the
     /// chunk's state says it still is that.
-    #[inline]
+    #[inline(always)]
     fn chunk_if_hinted(&self, ino: u32, idx: u64, hint: u64) -> Option<u32> {
         if hint >> 32 != idx || idx > u32::MAX as u64 {
             return None;
@@ -622,13 +623,19 @@ impl Block {
     }
 
     /// The usual small write without the general loop (inode lock held): `buf` lies inside
-    /// one memory chunk, the one the file's hint names, and starts at or before the end of
-    /// the file. None when any of that does not hold, having changed nothing: the caller
-    /// takes [`Self::write_locked`]. The same effects as that, without its loop, its hole and
-    /// boundary handling or its frame (docs/interposition.md, "What a small write costs").
-    #[inline]
-    pub(crate) fn write_hinted(&self, ino: u32, buf: &[u8], offset: u64) -> Option<usize> {
-        let inode = self.inode(ino);
+    /// one memory chunk this process has mapped, the one the file's hint names, and starts
+    /// at or before the end of the file. None when any of that does not hold, having changed
+    /// nothing: the caller takes [`Self::write_locked`]. The same effects as that, without
+    /// its loop, its hole and boundary handling or its frame, and without a call or a panic
+    /// (docs/interposition.md, "What a small write costs").
+    #[inline(always)]
+    pub(crate) fn write_hinted(
+        &self,
+        ino: u32,
+        inode: &Inode,
+        buf: &[u8],
+        offset: u64,
+    ) -> Option<usize> {
         let (idx, within) = self.geo.chunk_of(offset);
         let len = buf.len() as u64;
         let end = offset.checked_add(len)?;
@@ -644,10 +651,12 @@ impl Block {
             return None;
         }
         let c = self.chunk_if_hinted(ino, idx, inode.lock.hint.load(Relaxed))?;
-        if self.is_spill(c) {
-            return None;
-        }
-        self.memory_chunk_write(c, within, buf);
+        let chunk = self.mapped_memory_chunk(c)?;
+        // SAFETY: within + len <= chunk_size (checked above), so the bytes lie inside memory
+        // chunk c, which `ino` owns (its state says so) under the lock the caller holds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), chunk.add(within as usize), buf.len())
+        };
         mark_written(inode, old_size, end);
         Some(buf.len())
     }
@@ -797,7 +806,47 @@ impl Block {
         offset: u64,
         hint: &AtomicU64,
     ) -> Option<usize> {
-        let inode = self.inode(ino);
+        // Starts this process's populate thread on its first read, as every other path
+        // to data does; then `memory_chunk_to_read` finds it started.
+        self.will_touch_data();
+        self.read_in_one_chunk(self.inode(ino), buf, offset, |idx| {
+            if let Some(c) = self.chunk_if_hinted(ino, idx, hint.load(Relaxed)) {
+                return Some(c);
+            }
+            let c = self.map_lookup(ino, idx).ok()??;
+            if let Some(value) = hint_word(idx, c) {
+                hint.store(value, Relaxed);
+            }
+            Some(c)
+        })
+    }
+
+    /// [`Self::read_hinted`] when the hint names the chunk, without the map lookup, a call
+    /// or a panic (the interposition library's read before its panic boundary); None
+    /// otherwise.
+    #[inline(always)]
+    pub(crate) fn read_hinted_fast(
+        &self,
+        ino: u32,
+        inode: &Inode,
+        buf: &mut [u8],
+        offset: u64,
+        hint: &AtomicU64,
+    ) -> Option<usize> {
+        self.read_in_one_chunk(inode, buf, offset, |idx| {
+            self.chunk_if_hinted(ino, idx, hint.load(Relaxed))
+        })
+    }
+
+    /// The read of [`Self::read_hinted`], with the chunk of index `idx` from `find`.
+    #[inline(always)]
+    fn read_in_one_chunk(
+        &self,
+        inode: &Inode,
+        buf: &mut [u8],
+        offset: u64,
+        find: impl FnOnce(u64) -> Option<u32>,
+    ) -> Option<usize> {
         let seq = &inode.trunc_seq;
         let before = seq.load(Acquire);
         if before & 1 != 0 || inode.life.load(Acquire) & LIFE_REMOTE != 0 {
@@ -809,21 +858,17 @@ impl Block {
         if len == 0 || within + len > self.geo.chunk_size {
             return None;
         }
-        let c = match self.chunk_if_hinted(ino, idx, hint.load(Relaxed)) {
-            Some(c) => c,
-            None => {
-                let c = self.map_lookup(ino, idx).ok()??;
-                if let Some(value) = hint_word(idx, c) {
-                    hint.store(value, Relaxed);
-                }
-                c
-            }
+        let chunk = self.memory_chunk_to_read(find(idx)?)?;
+        // SAFETY: within + len <= chunk_size (checked above) and len <= buf.len(): the
+        // bytes lie inside memory chunk `chunk` and fit `buf`. Bytes of a chunk freed and
+        // reused meanwhile are discarded below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                chunk.add(within as usize),
+                buf.as_mut_ptr(),
+                len as usize,
+            )
         };
-        if self.is_spill(c) {
-            return None;
-        }
-        // Bytes of a chunk freed and reused meanwhile are discarded below.
-        self.memory_chunk_read(c, within, &mut buf[..len as usize]);
         std::sync::atomic::fence(Acquire);
         (seq.load(Relaxed) == before).then_some(len as usize)
     }
@@ -995,7 +1040,7 @@ fn hint_word(idx: u64, c: u32) -> Option<u64> {
 
 /// After a write that ended at `end` (inode lock held): the size grows to `end` if it was
 /// `old_size` and less, and the file's times are marked for the next update point.
-#[inline]
+#[inline(always)]
 fn mark_written(inode: &Inode, old_size: u64, end: u64) {
     if end > old_size {
         inode.size.store(end, Release);

@@ -263,20 +263,10 @@ impl ShmMutex {
     /// docs).
     #[inline(always)]
     pub(crate) fn lock_biased_as(&self, me: LockHolder) -> Result<LockGuard<'_>> {
-        let me = me.0;
-        // `busy` is 1 on entry only if an earlier incarnation of this (pid, tid) died inside.
-        if self.bias.load(Relaxed) == me
-            && self.busy.load(Relaxed) == 0
-            && MEMBARRIER.load(Relaxed) == MEMBARRIER_REGISTERED
-        {
-            self.busy.store(1, Relaxed);
-            // The store-load fence this handshake needs is the revoker's membarrier.
-            compiler_fence(SeqCst);
-            if self.bias.load(Acquire) == me {
-                return Ok(self.guard(me, Held::Bias, false));
-            }
-            self.leave_bias(me);
+        if let Some(guard) = self.enter_bias(me) {
+            return Ok(guard);
         }
+        let me = me.0;
         if self.word.compare_exchange(0, me, Acquire, Relaxed).is_ok() {
             if self.bias.load(Relaxed) == UNBIASED && may_hold_bias() {
                 // Busy before the bias is published: a revoker that sees the bias waits.
@@ -287,6 +277,28 @@ impl ShmMutex {
             return Ok(self.guard(me, Held::Word, false));
         }
         self.lock_contended(me)
+    }
+
+    /// The lock, if the thread `me` names holds its bias and no revoker is marking it: the
+    /// usual case of a file's writer, without an atomic read-modify-write. None having
+    /// changed nothing: [`Self::lock_biased_as`] then takes the lock as usual.
+    #[inline(always)]
+    pub(crate) fn enter_bias(&self, me: LockHolder) -> Option<LockGuard<'_>> {
+        let me = me.0;
+        // `busy` is 1 on entry only if an earlier incarnation of this (pid, tid) died inside.
+        if self.bias.load(Relaxed) == me
+            && self.busy.load(Relaxed) == 0
+            && MEMBARRIER.load(Relaxed) == MEMBARRIER_REGISTERED
+        {
+            self.busy.store(1, Relaxed);
+            // The store-load fence this handshake needs is the revoker's membarrier.
+            compiler_fence(SeqCst);
+            if self.bias.load(Acquire) == me {
+                return Some(self.guard(me, Held::Bias, false));
+            }
+            self.leave_bias(me);
+        }
+        None
     }
 
     /// True if this thread holds the lock's bias (it enters without atomic read-modify-writes).
@@ -317,13 +329,13 @@ impl ShmMutex {
 
     /// The bias owner leaves the lock (or backs off a revocation): a revoker may sleep on
     /// `busy`.
-    #[inline]
+    #[inline(always)]
     fn leave_bias(&self, me: u64) {
         self.busy.store(0, Release);
         // Seeing the revoker's mark here is what its membarrier guarantees; a missed wake
         // costs it one DEAD_CHECK_EVERY, never the lock.
         if self.bias.load(Relaxed) != me {
-            futex_wake(self.busy.as_ptr(), i32::MAX);
+            wake_revoker(&self.busy);
         }
     }
 
@@ -490,6 +502,13 @@ fn futex_wait(word: *mut u32, expected: u32) -> bool {
     rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
+/// Wakes a revoker sleeping on `busy` (rare: out of line, off the path of every write).
+#[cold]
+#[inline(never)]
+fn wake_revoker(busy: &AtomicU32) {
+    futex_wake(busy.as_ptr(), i32::MAX);
+}
+
 fn futex_wake(word: *mut u32, waiters: i32) {
     // SAFETY: futex(2) wake on a u32 of a lock slot (see `futex_wait`).
     unsafe { libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAKE, waiters) };
@@ -546,8 +565,36 @@ impl LockGuard<'_> {
 }
 
 impl Drop for LockGuard<'_> {
-    #[inline]
     fn drop(&mut self) {
+        self.unlock();
+    }
+}
+
+impl LockGuard<'_> {
+    /// Unlocks now. The same as dropping the guard, but inlined where the drop glue of a
+    /// large caller is not: a call to it kept the guard in memory, moved through the stack
+    /// three times (the path of every small write releases its guard so).
+    #[inline(always)]
+    pub(crate) fn release(self) {
+        let mut guard = std::mem::ManuallyDrop::new(self);
+        guard.unlock();
+    }
+
+    /// The common case inline (a biased holder leaving: a store, a load, a compare), the
+    /// rest out of line.
+    #[inline(always)]
+    fn unlock(&mut self) {
+        if self.flags == BY_BIAS {
+            self.mutex.leave_bias(self.me);
+        } else {
+            self.unlock_slow();
+        }
+    }
+
+    /// [`Drop`] for every guard but a plain biased one: a fresh unlock, a word-held lock, a
+    /// repair that did not finish.
+    #[inline(never)]
+    fn unlock_slow(&mut self) {
         let mutex = self.mutex;
         let fresh = self.flags & FRESH != 0;
         if self.flags & BY_BIAS != 0 {

@@ -688,7 +688,12 @@ impl File {
     /// The inode's state, if the file was not removed while open.
     #[inline]
     fn live_state(&self) -> Result<u32> {
-        let i = self.block.inode(self.ino);
+        self.state_if_live(self.block.inode(self.ino))
+    }
+
+    /// [`Self::live_state`], given this handle's inode.
+    #[inline(always)]
+    fn state_if_live(&self, i: &Inode) -> Result<u32> {
         let state = i.state.load(Acquire);
         if state == INODE_FREE || i.gen.load(Acquire) != self.gen {
             return Err(removed_while_open());
@@ -952,14 +957,127 @@ impl File {
         if !self.writable {
             return Err(Error::new(libc::EBADF, "file not open for writing"));
         }
-        let _g = self.block.lock_inode_as(self.ino, me)?;
-        self.check_file()?;
+        // The inode once: every atomic load with Acquire after this would make the compiler
+        // load the block's fields and bounds-check the index again.
+        let inode = self.block.inode(self.ino);
+        // The bias apart from the general path, so that its guard stays in registers
+        // (merged with the general path's `Result`, returned through memory, it was copied
+        // through the stack four times).
+        let guard = match inode.lock.enter_bias(me) {
+            Some(guard) => guard,
+            None => self.lock_as(me)?,
+        };
+        let written = self.write_under_lock(inode, buf, position);
+        guard.release();
+        written
+    }
+
+    /// The usual small write(2) whole, or nothing: the calling thread `me` holds the file's
+    /// bias, the handle is writable without O_APPEND, and the bytes go at the shared offset
+    /// `position` into the hinted memory chunk (`Block::write_hinted`). None, having changed
+    /// nothing, when any of that does not hold; the caller then takes
+    /// [`Self::write_advancing_as`], which does the same and everything else. It cannot
+    /// fail, wait or panic, so a caller may run it outside its panic boundary.
+    #[inline(always)]
+    pub fn try_write_advancing_fast(
+        &self,
+        me: LockHolder,
+        buf: &[u8],
+        position: &AtomicU64,
+    ) -> Option<usize> {
+        self.try_write_fast(me, buf, Position::Shared(position))
+    }
+
+    /// [`Self::try_write_advancing_fast`] at `offset` (pwrite(2)): None for
+    /// [`Self::write_at_as`].
+    #[inline(always)]
+    pub fn try_write_at_fast(&self, me: LockHolder, buf: &[u8], offset: u64) -> Option<usize> {
+        self.try_write_fast(me, buf, Position::At(offset))
+    }
+
+    #[inline(always)]
+    fn try_write_fast(&self, me: LockHolder, buf: &[u8], position: Position<'_>) -> Option<usize> {
+        if !self.writable || self.append {
+            return None;
+        }
+        let inode = self.block.inode_checked(self.ino)?;
+        let guard = inode.lock.enter_bias(me)?;
+        let written = self.write_fast_under_lock(inode, buf, position);
+        guard.release();
+        written
+    }
+
+    /// [`Self::write_under_lock`] for [`Self::try_write_fast`]: only its hinted path, and
+    /// None where that reports an error.
+    #[inline(always)]
+    fn write_fast_under_lock(
+        &self,
+        inode: &Inode,
+        buf: &[u8],
+        position: Position<'_>,
+    ) -> Option<usize> {
+        if !self.is_live_file(inode) {
+            return None;
+        }
         let offset = match position {
-            _ if self.append => self.block.inode(self.ino).size.load(Acquire),
             Position::At(offset) => offset,
             Position::Shared(p) => p.load(Acquire),
         };
-        let n = match self.block.write_hinted(self.ino, buf, offset) {
+        let n = self.block.write_hinted(self.ino, inode, buf, offset)?;
+        if let Position::Shared(p) = position {
+            p.store(offset + n as u64, Release);
+        }
+        // No spill was written: nothing for `wrote_spill`.
+        Some(n)
+    }
+
+    /// [`Self::check_file`] as a yes or no, given this handle's inode (the fast paths).
+    #[inline(always)]
+    fn is_live_file(&self, inode: &Inode) -> bool {
+        let state = inode.state.load(Acquire);
+        state != INODE_FREE && !is_dir_state(state) && inode.gen.load(Acquire) == self.gen
+    }
+
+    /// The usual small read whole, or None: the bytes lie in one memory chunk, the one the
+    /// handle's read hint names (`Block::read_hinted`); [`Self::read_at`] does that and
+    /// everything else. Lock-free; it cannot fail, wait or panic, so a caller may run it
+    /// outside its panic boundary. A None may have copied bytes into `buf`, which the
+    /// caller's read then overwrites.
+    #[inline(always)]
+    pub fn try_read_at_fast(&self, buf: &mut [u8], offset: u64) -> Option<usize> {
+        let inode = self.block.inode_checked(self.ino)?;
+        if !self.is_live_file(inode) {
+            return None;
+        }
+        self.block
+            .read_hinted_fast(self.ino, inode, buf, offset, &self.read_hint)
+    }
+
+    /// The description `d` names if it is live (as `Store::description`, through this
+    /// handle's block: the path of every read and write needs no store handle).
+    #[inline(always)]
+    pub fn description(&self, d: crate::OpenDescription) -> Option<crate::Description<'_>> {
+        self.block.description(d)
+    }
+
+    /// The inode's lock, taken by any path but the bias's (out of line).
+    #[inline(never)]
+    fn lock_as(&self, me: LockHolder) -> Result<crate::lock::LockGuard<'_>> {
+        self.block.lock_inode_as(self.ino, me)
+    }
+
+    /// [`Self::write_once`] with the inode's lock held.
+    #[inline(always)]
+    fn write_under_lock(&self, inode: &Inode, buf: &[u8], position: Position<'_>) -> Result<usize> {
+        if is_dir_state(self.state_if_live(inode)?) {
+            return Err(is_a_directory());
+        }
+        let offset = match position {
+            _ if self.append => inode.size.load(Acquire),
+            Position::At(offset) => offset,
+            Position::Shared(p) => p.load(Acquire),
+        };
+        let n = match self.block.write_hinted(self.ino, inode, buf, offset) {
             Some(n) => n,
             None => self.block.write_locked(self.ino, buf, offset)?,
         };

@@ -1,7 +1,7 @@
 //! Unit tests of the allocator, the chunk maps and the namespace, on real blocks in /dev/shm.
 
 use crate::*;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -530,8 +530,15 @@ fn race_reads_with_truncations(chunk: u64, len: usize) {
             stop.store(true, Ordering::Relaxed);
         });
         let mut buf = vec![0u8; len];
+        let mut fast = false;
         while !stop.load(Ordering::Relaxed) {
-            let n = victim.read_at(&mut buf, 0).unwrap();
+            // Every other read tries the fast path first (`try_read_at_fast`).
+            fast = !fast;
+            let tried = fast.then(|| victim.try_read_at_fast(&mut buf, 0)).flatten();
+            let n = match tried {
+                Some(n) => n,
+                None => victim.read_at(&mut buf, 0).unwrap(),
+            };
             assert!(!buf[..n].contains(&2), "read another file's bytes");
             if n > 0 {
                 reads_with_data.fetch_add(1, Ordering::Relaxed);
@@ -583,6 +590,10 @@ fn unlinked_open_file_lives_until_its_last_description_closes() {
         .unwrap();
     s.release_description(d);
     assert_eq!(f.read_at(&mut [0; 4], 0).unwrap_err().errno(), libc::ESTALE);
+    // The fast paths decline (the general path's ESTALE stands), changing nothing.
+    assert_eq!(f.try_read_at_fast(&mut [0; 4], 0), None);
+    let me = crate::LockHolder::this_thread();
+    assert_eq!(f.try_write_at_fast(me, b"x", 0), None);
     assert_eq!(
         s.status().memory_used,
         4096,
@@ -1399,7 +1410,10 @@ fn an_explicit_time_replaces_the_mark() {
 /// Small writes take a short path when they fall inside the chunk the file's hint names
 /// (`write_hinted`), the general loop otherwise: holes, chunk boundaries, stale hints after
 /// truncations, another file reusing the freed chunks. Both must leave what a model of the
-/// file says, byte for byte, after every step.
+/// file says, byte for byte, after every step. Half the writes and reads try the whole
+/// fast path first (`try_write_at_fast`, `try_write_advancing_fast`, `try_read_at_fast`:
+/// the interposition library's calls before its panic boundary), which either does all
+/// (and moves the offset) or changes nothing.
 #[test]
 fn small_writes_through_the_hint_and_the_general_path_agree_with_a_model() {
     use rand::{Rng, SeedableRng};
@@ -1410,6 +1424,8 @@ fn small_writes_through_the_hint_and_the_general_path_agree_with_a_model() {
     let mut model: Vec<u8> = Vec::new();
     let mut theirs: Vec<u8> = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+    let me = LockHolder::this_thread();
+    let (mut fast_writes, mut fast_reads) = (0, 0);
     for step in 0..4000u32 {
         match rng.gen_range(0..100) {
             // Mostly small writes near the end of the file, sometimes past it (a hole) or
@@ -1426,7 +1442,24 @@ fn small_writes_through_the_hint_and_the_general_path_agree_with_a_model() {
                 }
                 .min(6 * CHUNK);
                 let data = pattern(step as u8, len);
-                a.write_all_at(&data, offset).unwrap();
+                let fast = match rng.gen_range(0..4) {
+                    0 => a.try_write_at_fast(me, &data, offset),
+                    1 => {
+                        let position = AtomicU64::new(offset);
+                        let n = a.try_write_advancing_fast(me, &data, &position);
+                        let moved_to = position.load(Relaxed);
+                        assert_eq!(moved_to, offset + n.unwrap_or(0) as u64, "step {step}");
+                        n
+                    }
+                    _ => None,
+                };
+                match fast {
+                    Some(n) => {
+                        assert_eq!(n, len, "a fast write is whole, step {step}");
+                        fast_writes += 1;
+                    }
+                    None => a.write_all_at(&data, offset).unwrap(),
+                }
                 let to = offset as usize + len;
                 if model.len() < to {
                     model.resize(to, 0);
@@ -1447,10 +1480,21 @@ fn small_writes_through_the_hint_and_the_general_path_agree_with_a_model() {
             }
         }
         assert_eq!(read_all(&a), model, "after step {step}");
-        // A small read, through the handle's read hint when it names the chunk.
+        // A small read, through the handle's read hint when it names the chunk, half the
+        // time tried on the fast path first.
         let at = rng.gen_range(0..model.len() as u64 + 10);
         let mut small = [0u8; 100];
-        let n = a.read_at(&mut small, at).unwrap();
+        let fast = rng
+            .gen_bool(0.5)
+            .then(|| a.try_read_at_fast(&mut small, at))
+            .flatten();
+        if fast.is_some() {
+            fast_reads += 1;
+        }
+        let n = match fast {
+            Some(n) => n,
+            None => a.read_at(&mut small, at).unwrap(),
+        };
         let want = model.get(at as usize..).unwrap_or(&[]);
         let want = &want[..want.len().min(100)];
         assert_eq!(&small[..n], want, "read at {at} after step {step}");
@@ -1459,6 +1503,80 @@ fn small_writes_through_the_hint_and_the_general_path_agree_with_a_model() {
             "a write hit another file at step {step}"
         );
     }
+    // About 1600 writes tried it; those past the end, across a boundary or after a
+    // truncation did not take it.
+    assert!(
+        (400..1600).contains(&fast_writes),
+        "{fast_writes} writes took the fast path"
+    );
+    assert!(
+        (300..2000).contains(&fast_reads),
+        "{fast_reads} reads took the fast path"
+    );
+    assert_clean(&s);
+}
+
+/// The fast path declines, changing nothing, wherever the general path has more to do:
+/// a hole, a chunk not written yet, a read-only or O_APPEND handle, a file whose bias
+/// another thread's write revoked.
+#[test]
+fn the_fast_write_path_declines_what_it_does_not_handle() {
+    const CHUNK: u64 = 4096;
+    let s = store(16 * CHUNK, CHUNK, 0);
+    let me = LockHolder::this_thread();
+    let f = s.open("/f", &rw()).unwrap();
+    f.write_all_at(&[1; 100], 0).unwrap();
+    assert_eq!(f.try_write_at_fast(me, &[2; 10], 10), Some(10));
+    let position = AtomicU64::new(90);
+    assert_eq!(
+        f.try_write_advancing_fast(me, &[3; 20], &position),
+        Some(20)
+    );
+    assert_eq!(position.load(Relaxed), 110);
+    let mut want = vec![1u8; 110];
+    want[10..20].fill(2);
+    want[90..110].fill(3);
+    assert_eq!(read_all(&f), want);
+    let declined = |n: Option<usize>, want: &[u8], what: &str| {
+        assert_eq!(n, None, "{what}");
+        assert_eq!(read_all(&f), want, "{what} changed the file");
+    };
+    declined(
+        f.try_write_at_fast(me, &[4; 10], 200),
+        &want,
+        "a write past the end",
+    );
+    declined(
+        f.try_write_at_fast(me, &[4; 10], CHUNK),
+        &want,
+        "a write into a new chunk",
+    );
+    let reader = s.open("/f", &OpenOptions::default()).unwrap();
+    declined(
+        reader.try_write_at_fast(me, &[4; 10], 0),
+        &want,
+        "a read-only handle",
+    );
+    let appender = s.open("/f", &rw().append(true)).unwrap();
+    let position = AtomicU64::new(0);
+    let n = appender.try_write_advancing_fast(me, &[4; 10], &position);
+    declined(n, &want, "an O_APPEND handle");
+    assert_eq!(position.load(Relaxed), 0);
+    // Another thread's write revokes this thread's bias.
+    std::thread::scope(|scope| {
+        scope.spawn(|| f.write_all_at(&[5; 10], 20).unwrap());
+    });
+    want[20..30].fill(5);
+    declined(
+        f.try_write_at_fast(me, &[4; 10], 30),
+        &want,
+        "a revoked bias",
+    );
+    // The general path still writes.
+    f.write_all_at(&[6; 10], 30).unwrap();
+    want[30..40].fill(6);
+    assert_eq!(read_all(&f), want);
+    drop((reader, appender, f));
     assert_clean(&s);
 }
 

@@ -501,14 +501,11 @@ impl Drop for Entry {
 }
 
 impl Entry {
-    /// The entry's description, None once it was freed. Every entry came from the attached
-    /// store, so this reads the cell without the attach path (on every read and write).
-    #[inline]
-    pub(crate) fn description(&self) -> Option<cascade_store::Description<'static>> {
-        match STORE_CELL.get() {
-            Some(Ok(store)) => store.description(self.desc),
-            _ => None,
-        }
+    /// The entry's description, None once it was freed (through the file's own block: no
+    /// store handle on the path of every read and write).
+    #[inline(always)]
+    pub(crate) fn description(&self) -> Option<cascade_store::Description<'_>> {
+        self.file.description(self.desc)
     }
 }
 
@@ -692,6 +689,41 @@ pub(crate) fn with_entry<T>(fd: i32, f: impl FnOnce(&Entry, &Caller) -> T) -> Op
     // SAFETY: a published entry is owned by its slot; whoever unpublishes it waits until no
     // hazard record names `fd` (this one does until `hazard` drops) before dropping it.
     unsafe { entry.as_ref() }.map(|e| f(e, &Caller(Some(&hazard))))
+}
+
+/// A descriptor's entry held as [`with_entry`] holds it (by this thread's hazard record),
+/// for a fast path that cannot panic, run before the panic boundary (the usual small
+/// write). A struct and not a closure, so that the path inlines into the wrapper whole.
+pub(crate) struct HeldEntry {
+    hazard: hazard::Hazard,
+    entry: std::ptr::NonNull<Entry>,
+}
+
+impl HeldEntry {
+    /// `fd`'s entry; None where [`with_entry`] would take its slot lock's path or finds no
+    /// entry.
+    #[inline(always)]
+    pub(crate) fn of(fd: i32) -> Option<HeldEntry> {
+        let hazard = hazard::Hazard::enter(fd)?;
+        let entry = PUBLISHED.get(usize::try_from(fd).ok()?)?.load(Acquire);
+        Some(HeldEntry {
+            hazard,
+            entry: std::ptr::NonNull::new(entry)?,
+        })
+    }
+
+    #[inline(always)]
+    pub(crate) fn entry(&self) -> &Entry {
+        // SAFETY: as in with_entry: the entry lives while this thread's hazard record names
+        // its descriptor, which it does until `self.hazard` drops.
+        unsafe { self.entry.as_ref() }
+    }
+
+    /// The calling thread's store lock holder value ([`Caller::holder`]).
+    #[inline(always)]
+    pub(crate) fn holder(&self) -> cascade_store::LockHolder {
+        self.hazard.holder()
+    }
 }
 
 /// The thread making a [`with_entry`] call: through its hazard record, or (the slot lock's

@@ -456,10 +456,90 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 // read, write, pread and pwrite ask whether the descriptor is Cascade's before the panic
 // boundary: a call on any other descriptor (the pass-through the bench holds under 5 %)
 // then costs one flag load and a jump to the real function, without the boundary's frame.
-// Nothing on that path can panic.
+// Nothing on that path can panic. Neither on the next: the usual small write or read is
+// tried whole (`try_write_fast`, `try_read_fast`) before the boundary, and the general path
+// runs inside it only when that declines.
+
+/// The usual small write(2) or pwrite(2) on a Cascade descriptor, or None having changed
+/// nothing (`File::try_write_advancing_fast`: this thread holds the file's bias, the bytes
+/// go into the hinted chunk, no O_APPEND). It cannot panic: every check is one that
+/// declines, so it runs without the boundary's frame and `Result`.
+///
+/// # Safety
+/// As the wrapper's: `buf` holds `count` bytes.
+#[inline(always)]
+unsafe fn try_write_fast(
+    fd: c_int,
+    buf: *const c_void,
+    count: size_t,
+    at: Option<i64>,
+) -> Option<ssize_t> {
+    if count == 0 || buf.is_null() || count > isize::MAX as usize {
+        return None;
+    }
+    let held = HeldEntry::of(fd)?;
+    let e = held.entry();
+    let d = e.description()?;
+    let flags = d.flags();
+    if !writable(flags) || flags & libc::O_APPEND != 0 {
+        return None;
+    }
+    // SAFETY: the caller provides `count` bytes at `buf` (not null, checked above).
+    let data = unsafe { std::slice::from_raw_parts(buf as *const u8, count) };
+    let n = match at {
+        None => e
+            .file
+            .try_write_advancing_fast(held.holder(), data, d.offset()),
+        Some(off) => e
+            .file
+            .try_write_at_fast(held.holder(), data, u64::try_from(off).ok()?),
+    }?;
+    Some(n as ssize_t)
+}
+
+/// The usual small read(2) or pread(2) on a Cascade descriptor, or None
+/// (`File::try_read_at_fast`: the bytes lie in the chunk the handle last read), as
+/// [`try_write_fast`] for writes. A read(2) claims its bytes by moving the shared offset
+/// past them with one compare-and-swap; when another call moved it first, the general path
+/// reads again (as `do_read` does) and overwrites `buf`.
+///
+/// # Safety
+/// As the wrapper's: `buf` is writable for `count` bytes.
+#[inline(always)]
+unsafe fn try_read_fast(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    at: Option<i64>,
+) -> Option<ssize_t> {
+    if count == 0 || buf.is_null() || count > isize::MAX as usize {
+        return None;
+    }
+    let held = HeldEntry::of(fd)?;
+    let e = held.entry();
+    let d = e.description()?;
+    if !readable(d.flags()) || e.is_dir {
+        return None;
+    }
+    // SAFETY: the caller provides `count` writable bytes at `buf` (not null, checked above).
+    let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count) };
+    let n = match at {
+        None => {
+            let offset = d.offset();
+            let at = offset.load(Acquire);
+            let n = e.file.try_read_at_fast(out, at)?;
+            offset
+                .compare_exchange(at, at + n as u64, AcqRel, Relaxed)
+                .ok()?;
+            n
+        }
+        Some(off) => e.file.try_read_at_fast(out, u64::try_from(off).ok()?)?,
+    };
+    Some(n as ssize_t)
+}
 
 macro_rules! io_wrapper {
-    ($name:ident, $cascade:ident, $ptr:ty, $slice:ident, $do:ident; $($off:ident: $off_ty:ty)?) => {
+    ($name:ident, $cascade:ident, $ptr:ty, $slice:ident, $do:ident, $fast:ident; $($off:ident: $off_ty:ty)?) => {
         /// # Safety
         /// C ABI: `buf` holds `count` bytes (writable for a read).
         #[cfg_attr(not(cascade_wrap), no_mangle)]
@@ -467,6 +547,10 @@ macro_rules! io_wrapper {
         pub unsafe extern "C" fn $name(fd: c_int, buf: $ptr, count: size_t $(, $off: $off_ty)?) -> ssize_t {
             if !is_cascade_fd(fd) {
                 return call_real!($name: fn(c_int, $ptr, size_t $(, $off_ty)?) -> ssize_t, -1; fd, buf, count $(, $off)?);
+            }
+            // SAFETY: the caller's contract, passed on.
+            if let Some(n) = unsafe { $fast(fd, buf, count, None $(.or(Some($off as i64)))?) } {
+                return n;
             }
             // SAFETY: the caller's contract, passed on.
             unsafe { $cascade(fd, buf, count $(, $off)?) }
@@ -495,12 +579,12 @@ macro_rules! io_wrapper {
         }
     };
 }
-io_wrapper!(read, cascade_read, *mut c_void, slice_mut, do_read;);
-io_wrapper!(write, cascade_write, *const c_void, slice, do_write;);
-io_wrapper!(pread, cascade_pread, *mut c_void, slice_mut, do_read; offset: off_t);
-io_wrapper!(pread64, cascade_pread64, *mut c_void, slice_mut, do_read; offset: off64_t);
-io_wrapper!(pwrite, cascade_pwrite, *const c_void, slice, do_write; offset: off_t);
-io_wrapper!(pwrite64, cascade_pwrite64, *const c_void, slice, do_write; offset: off64_t);
+io_wrapper!(read, cascade_read, *mut c_void, slice_mut, do_read, try_read_fast;);
+io_wrapper!(write, cascade_write, *const c_void, slice, do_write, try_write_fast;);
+io_wrapper!(pread, cascade_pread, *mut c_void, slice_mut, do_read, try_read_fast; offset: off_t);
+io_wrapper!(pread64, cascade_pread64, *mut c_void, slice_mut, do_read, try_read_fast; offset: off64_t);
+io_wrapper!(pwrite, cascade_pwrite, *const c_void, slice, do_write, try_write_fast; offset: off_t);
+io_wrapper!(pwrite64, cascade_pwrite64, *const c_void, slice, do_write, try_write_fast; offset: off64_t);
 
 /// # Safety
 /// `buf` is null only with `len == 0`, else valid for `len` bytes.
