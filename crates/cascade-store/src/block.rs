@@ -52,6 +52,9 @@ pub(crate) struct Block {
     populated: Arc<Populated>,
     /// When this process last looked for batches of dead processes (see alloc.rs).
     pub last_reclaim: Mutex<Option<std::time::Instant>>,
+    /// Where this process's next search for a free description slot starts
+    /// (descriptions.rs, `next_slot_to_try`).
+    pub next_ofd_slot: AtomicU64,
     /// (device, inode) of the shared-memory object and of the spill file, as opened.
     ids: (FileId, Option<FileId>),
     /// The objects opened again by a process in which `shm`'s and the spill file's
@@ -273,6 +276,7 @@ impl Block {
             populate_started: AtomicBool::new(false),
             populated,
             last_reclaim: Mutex::new(None),
+            next_ofd_slot: AtomicU64::new(0),
             ids,
             reopened: Mutex::new(None),
         }

@@ -1629,3 +1629,24 @@ fn the_populate_thread_maps_the_batch_then_the_free_stack_from_its_top() {
     assert_eq!(next(&batch, 6), None);
     assert!(stack_looks.take().iter().all(|c| *c == 7));
 }
+
+/// A process takes description slots next to the one it took last (in cache lines it
+/// touched already), not at a random place in the table each time.
+#[test]
+fn a_process_takes_description_slots_side_by_side() {
+    let s = store(1 << 20, 4096, 0);
+    let f = s.open("/f", &rw()).unwrap();
+    let first = s.describe_open(&f, libc::O_RDONLY).unwrap();
+    let second = s.describe_open(&f, libc::O_RDONLY).unwrap();
+    assert_eq!(second.slot, (first.slot + 1) % crate::layout::OFD_SLOTS);
+    // Slots given back behind the last one taken are left for later: the search goes on
+    // from there.
+    let third = s.describe_open(&f, libc::O_RDONLY).unwrap();
+    s.release_description(second);
+    s.release_description(third);
+    let fourth = s.describe_open(&f, libc::O_RDONLY).unwrap();
+    assert_eq!(fourth.slot, (third.slot + 1) % crate::layout::OFD_SLOTS);
+    s.release_description(first);
+    s.release_description(fourth);
+    assert_clean(&s);
+}
