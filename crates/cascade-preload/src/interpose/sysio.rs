@@ -455,7 +455,8 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 
 // read, write, pread and pwrite ask whether the descriptor is Cascade's before the panic
 // boundary: a call on any other descriptor (the pass-through the bench holds under 5 %)
-// then costs one flag load and a jump to the real function, without the boundary's frame.
+// then costs one flag load and the call of the real function, without the boundary's
+// frame (and the wrapper's prologue, which saves the registers of the fast path below).
 // Nothing on that path can panic. Neither on the next: the usual small write or read is
 // tried whole (`try_write_fast`, `try_read_fast`) before the boundary, and the general path
 // runs inside it only when that declines.
