@@ -498,9 +498,8 @@ impl Block {
     }
 
     /// Copies `data` to `within` of memory chunk `c` (not spilled), which the caller's inode
-    /// owns under its lock; `within + data.len()` must not pass the chunk's end. Always
-    /// inlined: out of line, its frame was a ninth of a 64-byte write.
-    #[inline(always)]
+    /// owns under its lock; `within + data.len()` must not pass the chunk's end.
+    #[inline]
     fn memory_chunk_write(&self, c: u32, within: u64, data: &[u8]) {
         assert!(within + data.len() as u64 <= self.geo.chunk_size);
         // SAFETY: the destination lies inside memory chunk c (asserted above; chunk_ptr

@@ -461,6 +461,17 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 // tried whole (`try_write_fast`, `try_read_fast`) before the boundary, and the general path
 // runs inside it only when that declines.
 
+/// `fd`'s entry for a fast read or write of `count` bytes at `buf`: None for a call the
+/// fast paths leave to the general one (nothing to move, a null buffer, a count past
+/// `isize::MAX`) and where [`HeldEntry::of`] finds none.
+#[inline(always)]
+fn held_for_io(fd: c_int, buf: *const c_void, count: size_t) -> Option<HeldEntry> {
+    if count == 0 || buf.is_null() || count > isize::MAX as usize {
+        return None;
+    }
+    HeldEntry::of(fd)
+}
+
 /// The usual small write(2) or pwrite(2) on a Cascade descriptor, or None having changed
 /// nothing (`File::try_write_advancing_fast`: this thread holds the file's bias, the bytes
 /// go into the hinted chunk, no O_APPEND). It cannot panic: every check is one that
@@ -475,17 +486,14 @@ unsafe fn try_write_fast(
     count: size_t,
     at: Option<i64>,
 ) -> Option<ssize_t> {
-    if count == 0 || buf.is_null() || count > isize::MAX as usize {
-        return None;
-    }
-    let held = HeldEntry::of(fd)?;
+    let held = held_for_io(fd, buf, count)?;
     let e = held.entry();
     let d = e.description()?;
     let flags = d.flags();
     if !writable(flags) || flags & libc::O_APPEND != 0 {
         return None;
     }
-    // SAFETY: the caller provides `count` bytes at `buf` (not null, checked above).
+    // SAFETY: the caller provides `count` bytes at `buf` (not null: held_for_io).
     let data = unsafe { std::slice::from_raw_parts(buf as *const u8, count) };
     let n = match at {
         None => e
@@ -513,16 +521,13 @@ unsafe fn try_read_fast(
     count: size_t,
     at: Option<i64>,
 ) -> Option<ssize_t> {
-    if count == 0 || buf.is_null() || count > isize::MAX as usize {
-        return None;
-    }
-    let held = HeldEntry::of(fd)?;
+    let held = held_for_io(fd, buf.cast_const(), count)?;
     let e = held.entry();
     let d = e.description()?;
     if !readable(d.flags()) || e.is_dir {
         return None;
     }
-    // SAFETY: the caller provides `count` writable bytes at `buf` (not null, checked above).
+    // SAFETY: the caller provides `count` writable bytes at `buf` (not null: held_for_io).
     let out = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, count) };
     let n = match at {
         None => {
