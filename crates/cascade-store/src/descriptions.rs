@@ -8,10 +8,10 @@
 
 use crate::block::Block;
 use crate::error::{Error, Result};
-use crate::layout::{OfdSlot, OFD_SLOTS};
+use crate::layout::{is_orphan_state, OfdSlot, OFD_SLOTS};
 use crate::store::{File, Store};
 use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 
 /// Names one open file description: its slot and the nonce it was claimed with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -348,11 +348,14 @@ impl Store {
         if flags & PIN_FLAG != 0 {
             let _ = b.unpin(ino, gen);
         }
+        // SeqCst, with the state load below, pairs with remove_inode's store of the orphan
+        // state and its second look at `opens`: at least one of the two sees the other, so
+        // an orphan is always freed, and the last close of a file still named takes no lock.
         let left = inode
             .opens
-            .fetch_update(AcqRel, Acquire, |n| Some(n.saturating_sub(1)))
+            .fetch_update(SeqCst, SeqCst, |n| Some(n.saturating_sub(1)))
             .map_or(0, |n| n.saturating_sub(1));
-        if left == 0 {
+        if left == 0 && is_orphan_state(inode.state.load(SeqCst)) {
             let _ = b.reap_orphan(ino, gen);
         }
     }

@@ -62,16 +62,19 @@ impl Block {
         Ok(g)
     }
 
-    /// The map word of `ino`, checked: (root node, height), None for an empty map.
+    /// The map word of `ino`, checked: empty, the one chunk of a tree of height 0, or a
+    /// root node and height. The chunk or node is only checked to exist; its state word is
+    /// checked where it is used (`check_chunk`, `owns_node`).
     #[inline]
-    fn map_root_checked(&self, ino: u32) -> Result<Option<(u32, u32)>> {
+    fn map_top_checked(&self, ino: u32) -> Result<MapTop> {
         let m = self.inode(ino).map.load(Acquire);
         let h = map_height(m);
-        if h == 0 {
-            return Ok(None);
-        }
         match map_root(m).checked_sub(1) {
-            Some(root) if h <= MAX_MAP_HEIGHT => Ok(Some((self.check_node(ino, root)?, h))),
+            None if h == 0 => Ok(MapTop::Empty),
+            Some(c) if h == 0 && c < self.geo.total_chunks() => Ok(MapTop::Chunk(c)),
+            Some(root) if h > 0 && h <= MAX_MAP_HEIGHT => {
+                Ok(MapTop::Tree(self.check_node(ino, root)?, h))
+            }
             _ => Err(bad_map_word(ino, m)),
         }
     }
@@ -129,8 +132,11 @@ impl Block {
     /// single atomic stores and nodes stay mapped, so a racing reader sees old or new.
     /// EIO when the map is damaged (see `check_chunk`).
     pub(crate) fn map_lookup(&self, ino: u32, idx: u64) -> Result<Option<u32>> {
-        let Some((mut node, h)) = self.map_root_checked(ino)? else {
-            return Ok(None);
+        let (mut node, h) = match self.map_top_checked(ino)? {
+            MapTop::Empty => return Ok(None),
+            MapTop::Chunk(c) if idx == 0 => return self.check_chunk(ino, 0, c).map(Some),
+            MapTop::Chunk(_) => return Ok(None),
+            MapTop::Tree(root, h) => (root, h),
         };
         if idx >= span(h) {
             return Ok(None);
@@ -149,17 +155,30 @@ impl Block {
     }
 
     /// Publishes chunk `c` at index `idx` of inode `ino` (inode lock held), growing the tree.
+    /// The first chunk of a file at index 0 is the map itself (a tree of height 0): a file
+    /// of one chunk takes no map node, so creating and removing one takes no shared lock.
     fn map_insert(&self, ino: u32, idx: u64, c: u32) -> Result<()> {
         let inode = self.inode(ino);
-        let mut m = match self.map_root_checked(ino)? {
-            Some((root, h)) => pack_map(root + 1, h),
-            None => {
+        let mut m = match self.map_top_checked(ino)? {
+            MapTop::Empty if idx == 0 => {
+                inode.map.store(pack_map(c + 1, 0), Release);
+                return Ok(());
+            }
+            MapTop::Empty => {
                 let root = self.alloc_node(ino)?;
                 let m = pack_map(root + 1, height_for(idx));
                 inode.map.store(m, Release);
                 m
             }
+            MapTop::Chunk(c0) => pack_map(c0 + 1, 0),
+            MapTop::Tree(root, h) => pack_map(root + 1, h),
         };
+        if map_height(m) == 0 && idx == 0 {
+            inode.map.store(pack_map(c + 1, 0), Release);
+            return Ok(());
+        }
+        // Growing keeps the old top as entry 0 of the new root: a chunk at height 0 becomes
+        // the leaf entry for index 0, as a node does for its range.
         while idx >= span(map_height(m)) {
             let root = self.alloc_node(ino)?;
             self.node(root).slots[0].store(map_root(m), Release);
@@ -191,13 +210,18 @@ impl Block {
         hi: u64,
         f: &mut dyn FnMut(u64, u32),
     ) -> Result<()> {
-        let Some((root, h)) = self.map_root_checked(ino)? else {
-            return Ok(());
-        };
         if lo >= hi {
             return Ok(());
         }
-        self.walk(ino, root, h - 1, 0, lo, hi, f)
+        match self.map_top_checked(ino)? {
+            MapTop::Empty => Ok(()),
+            MapTop::Chunk(c) if lo == 0 => {
+                f(0, self.check_chunk(ino, 0, c)?);
+                Ok(())
+            }
+            MapTop::Chunk(_) => Ok(()),
+            MapTop::Tree(root, h) => self.walk(ino, root, h - 1, 0, lo, hi, f),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -259,10 +283,12 @@ impl Block {
     /// stays marked as this file's, for fsck --repair (or the sweep of removed files).
     pub(crate) fn map_truncate(&self, ino: u32, keep: u64) -> Result<()> {
         let inode = self.inode(ino);
-        let root = match self.map_root_checked(ino) {
-            Ok(None) => return Ok(()),
-            Ok(Some((root, h))) if self.owns_node(ino, root) => (root, h),
-            Ok(Some(_)) if keep > 0 => {
+        let top = match self.map_top_checked(ino) {
+            Ok(MapTop::Empty) => return Ok(()),
+            Ok(MapTop::Chunk(_)) if keep > 0 => return Ok(()),
+            Ok(MapTop::Chunk(c)) => MapTop::Chunk(c),
+            Ok(MapTop::Tree(root, h)) if self.owns_node(ino, root) => MapTop::Tree(root, h),
+            Ok(MapTop::Tree(..)) if keep > 0 => {
                 return Err(Error::damaged(format!(
                     "the chunk map of inode {ino} starts at a map node that is not the file's"
                 )))
@@ -274,17 +300,26 @@ impl Block {
                 return Ok(());
             }
         };
-        let (root, height) = root;
         let mut chunks = Vec::new();
         let mut nodes = Vec::new();
         // Tell lock-free readers that chunks they may be copying are about to be freed.
         inode.trunc_seq.fetch_add(1, Relaxed);
         std::sync::atomic::fence(Release);
-        if keep == 0 {
-            inode.map.store(0, Release);
-            self.collect_subtree(ino, root, height - 1, 0, &mut chunks, &mut nodes);
-        } else {
-            self.cut(ino, root, height - 1, 0, keep, &mut chunks, &mut nodes);
+        match top {
+            MapTop::Chunk(c) => {
+                inode.map.store(0, Release);
+                if self.owns_chunk(ino, 0, c) {
+                    chunks.push(c);
+                }
+            }
+            MapTop::Tree(root, height) if keep == 0 => {
+                inode.map.store(0, Release);
+                self.collect_subtree(ino, root, height - 1, 0, &mut chunks, &mut nodes);
+            }
+            MapTop::Tree(root, height) => {
+                self.cut(ino, root, height - 1, 0, keep, &mut chunks, &mut nodes)
+            }
+            MapTop::Empty => {}
         }
         let (mut mem, mut spill) = (0, 0);
         for &c in &chunks {
@@ -407,7 +442,7 @@ impl Block {
         }
         let mut reachable = vec![false; self.geo.map_nodes as usize];
         // A damaged map word reaches nothing: what it would name stays for fsck to report.
-        if let Ok(Some((root, h))) = self.map_root_checked(ino) {
+        if let Ok(MapTop::Tree(root, h)) = self.map_top_checked(ino) {
             if self.owns_node(ino, root) {
                 let mut chunks = Vec::new();
                 let mut nodes = Vec::new();
@@ -1015,12 +1050,27 @@ impl Block {
     }
 }
 
-/// A map word with a height but no root node, or taller than any map.
+/// The top of a file's chunk map (the inode's `map` word).
+#[derive(Clone, Copy)]
+enum MapTop {
+    Empty,
+    /// A tree of height 0: the file's only chunk, at index 0.
+    Chunk(u32),
+    /// Root node and height (at least 1).
+    Tree(u32, u32),
+}
+
+/// A map word with a height but no root node, a chunk past the table, or taller than any map.
 #[cold]
 #[inline(never)]
 fn bad_map_word(ino: u32, m: u64) -> Error {
     let h = map_height(m);
-    if h > MAX_MAP_HEIGHT {
+    if h == 0 {
+        Error::damaged(format!(
+            "the chunk map of inode {ino} names chunk {} at index 0, past the chunk table",
+            map_root(m) - 1
+        ))
+    } else if h > MAX_MAP_HEIGHT {
         Error::damaged(format!(
             "the chunk map of inode {ino} is {h} levels tall, more than {MAX_MAP_HEIGHT}"
         ))

@@ -310,28 +310,39 @@ impl Fsck<'_> {
         let b = self.b;
         let inode = b.inode(ino);
         let m = inode.map.load(Acquire);
-        if map_height(m) == 0 {
+        if m == 0 {
             return;
         }
-        if map_height(m) > MAX_MAP_HEIGHT || map_root(m) == 0 {
+        let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
+        if map_height(m) == 0 {
+            // A tree of height 0: the file's one chunk, at index 0.
+            let c = map_root(m) - 1;
+            if c >= b.geo.total_chunks() {
+                self.r.errors.push(format!(
+                    "inode {ino}: index 0 points at chunk {c}, which does not exist"
+                ));
+                return;
+            }
+            chunks.push((0, c));
+        } else if map_height(m) > MAX_MAP_HEIGHT || map_root(m) == 0 {
             self.r.errors.push(format!(
                 "inode {ino}: chunk map word {m:#x} is damaged (height {}, root {})",
                 map_height(m),
                 map_root(m) as i64 - 1
             ));
             return;
+        } else {
+            check_tree(
+                b,
+                ino,
+                map_root(m) - 1,
+                map_height(m) - 1,
+                0,
+                &mut chunks,
+                &mut nodes,
+                &mut self.r,
+            );
         }
-        let (mut chunks, mut nodes) = (Vec::new(), Vec::new());
-        check_tree(
-            b,
-            ino,
-            map_root(m) - 1,
-            map_height(m) - 1,
-            0,
-            &mut chunks,
-            &mut nodes,
-            &mut self.r,
-        );
         for n in nodes {
             refs.nodes[n as usize] = true;
         }

@@ -58,6 +58,11 @@ pub(crate) const INODE_ORPHAN: u32 = 3;
 /// A directory removed while open: empty, out of the namespace, freed at the last close.
 pub(crate) const INODE_ORPHAN_DIR: u32 = 4;
 
+/// Removed while open: freed by the last close (`Block::reap_orphan`).
+pub(crate) fn is_orphan_state(state: u32) -> bool {
+    state == INODE_ORPHAN || state == INODE_ORPHAN_DIR
+}
+
 /// A directory, named or removed while open.
 pub(crate) fn is_dir_state(state: u32) -> bool {
     state == INODE_DIR || state == INODE_ORPHAN_DIR

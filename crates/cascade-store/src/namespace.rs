@@ -15,7 +15,7 @@ use crate::lock::{begin_write, end_write, read_begin, unchanged_since, LockGuard
 use crate::types::{DirEntry, FileKind};
 use std::sync::atomic::{
     fence, AtomicU64,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
 /// Marks a path that starts at an inode rather than the root (see `File::anchored`): no C
@@ -768,15 +768,18 @@ impl Block {
             // A file still open somewhere keeps its data (POSIX): it leaves the namespace now
             // and is freed when its last open description closes (see reap_orphan).
             let state = inode.state.load(Acquire);
-            let orphan = inode.opens.load(Acquire) > 0;
-            if orphan {
+            let orphan = inode.opens.load(SeqCst) > 0 && {
                 let kept = if state == INODE_DIR {
                     INODE_ORPHAN_DIR
                 } else {
                     INODE_ORPHAN
                 };
-                inode.state.store(kept, Release); // publish
-            } else {
+                inode.state.store(kept, SeqCst); // publish
+                                                 // A last close that read the state before this store left the freeing to
+                                                 // us (closed_description): look at the count again after it.
+                inode.opens.load(SeqCst) > 0
+            };
+            if !orphan {
                 inode.state.store(INODE_FREE, Release); // publish
                 self.free_file_data(ino)?;
                 g.make_fresh_on_unlock();
@@ -799,7 +802,7 @@ impl Block {
         {
             let mut g = self.lock_inode(ino)?;
             let inode = self.inode(ino);
-            if !matches!(inode.state.load(Acquire), INODE_ORPHAN | INODE_ORPHAN_DIR)
+            if !is_orphan_state(inode.state.load(Acquire))
                 || inode.gen.load(Acquire) != gen
                 || inode.opens.load(Acquire) > 0
             {

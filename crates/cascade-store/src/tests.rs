@@ -1650,3 +1650,112 @@ fn a_process_takes_description_slots_side_by_side() {
     s.release_description(fourth);
     assert_clean(&s);
 }
+
+#[test]
+fn a_one_chunk_file_is_its_own_map_until_it_grows() {
+    let s = store(64 * 4096, 4096, 0);
+    let f = s.open("/one", &rw()).unwrap();
+    f.write_all_at(&pattern(1, 4096), 0).unwrap();
+    assert_eq!(
+        s.status().map_nodes_used,
+        0,
+        "one chunk at index 0 takes no node"
+    );
+    assert_clean(&s);
+    // Growing makes the chunk entry 0 of a root node; the data stays where it was.
+    f.write_all_at(&pattern(2, 4096), 5 * 4096).unwrap();
+    assert_eq!(s.status().map_nodes_used, 1);
+    let mut want = pattern(1, 4096);
+    want.resize(5 * 4096, 0);
+    want.extend(pattern(2, 4096));
+    assert_eq!(read_all(&f), want);
+    assert_clean(&s);
+    // Cutting back to one chunk keeps the tree; cutting to nothing frees chunk and node.
+    f.set_len(4096).unwrap();
+    assert_eq!(read_all(&f), pattern(1, 4096));
+    f.set_len(0).unwrap();
+    assert_eq!((s.status().map_nodes_used, s.status().memory_used), (0, 0));
+    // A file whose first chunk is not at index 0 needs a node from the start.
+    f.write_all_at(b"far", 3 * 4096).unwrap();
+    assert_eq!(s.status().map_nodes_used, 1);
+    f.set_len(0).unwrap();
+    // One chunk again, truncated to nothing and removed: everything comes back.
+    f.write_all_at(b"x", 0).unwrap();
+    f.set_len(1).unwrap();
+    assert_eq!(s.status().memory_used, 4096);
+    f.set_len(0).unwrap();
+    f.write_all_at(b"y", 0).unwrap();
+    drop(f);
+    s.unlink("/one").unwrap();
+    assert_eq!((s.status().map_nodes_used, s.status().memory_used), (0, 0));
+    assert_clean(&s);
+}
+
+#[test]
+fn a_one_chunk_map_naming_no_chunk_is_an_error_not_a_panic() {
+    use crate::layout::pack_map;
+    let s = store(64 * 4096, 4096, 0);
+    let f = s.open("/f", &rw()).unwrap();
+    f.write_all_at(b"data", 0).unwrap();
+    let b = s.block();
+    let inode = b.inode(f.ino() as u32);
+    let map = inode.map.load(Ordering::Acquire);
+    inode.map.store(pack_map(u32::MAX, 0), Ordering::Release);
+    let err = f.read_at(&mut [0; 4], 0).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(err.to_string().contains("past the chunk table"), "{err}");
+    let r = s.fsck(false).unwrap();
+    assert!(
+        r.errors.iter().any(|e| e.contains("does not exist")),
+        "{r:?}"
+    );
+    inode.map.store(map, Ordering::Release);
+    assert_eq!(read_all(&f), b"data");
+    assert_clean(&s);
+}
+
+/// The last close of an unlinked file and its unlink race: whichever comes second frees it,
+/// and a close of a file still named takes no namespace lock (closed_description). Two
+/// threads spin on a round counter so that the two calls start within nanoseconds.
+#[test]
+fn an_unlink_racing_the_last_close_never_leaks_the_file() {
+    let s = store(64 * 4096, 4096, 0);
+    const ROUNDS: u64 = 20_000;
+    let round = AtomicU64::new(0);
+    let handed = std::sync::Mutex::new(None);
+    let closed = AtomicU64::new(0);
+    let mut leaked = Vec::new();
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            for r in 1..=ROUNDS {
+                while round.load(Ordering::Acquire) != r {
+                    std::hint::spin_loop();
+                }
+                let d = handed.lock().unwrap().take().expect("a description");
+                s.release_description(d);
+                closed.store(r, Ordering::Release);
+            }
+        });
+        for r in 1..=ROUNDS {
+            let f = s.open("/raced", &rw()).unwrap();
+            f.write_all_at(b"data", 0).unwrap();
+            *handed.lock().unwrap() = Some(s.describe_open(&f, libc::O_RDWR).unwrap());
+            drop(f);
+            round.store(r, Ordering::Release);
+            s.unlink("/raced").unwrap();
+            while closed.load(Ordering::Acquire) != r {
+                std::hint::spin_loop();
+            }
+            let st = s.status();
+            if (st.files, st.memory_used) != (0, 0) {
+                leaked.push(r);
+                s.fsck(true).unwrap();
+            }
+        }
+    });
+    assert!(
+        leaked.is_empty(),
+        "the file outlived its name and its last close in rounds {leaked:?}"
+    );
+    assert_clean(&s);
+}
