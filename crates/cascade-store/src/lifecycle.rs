@@ -184,13 +184,15 @@ impl Block {
 
     /// Bumps the version of directory `dir` and of every directory above it.
     pub(crate) fn invalidate_dir(&self, dir: u32) {
-        if dir < self.geo.max_inodes {
+        if dir < self.geo.max_inodes && dir != ROOT_INO {
             self.inode(dir).mod_seq.fetch_add(1, AcqRel);
             self.invalidate_ancestors(dir);
         }
     }
 
-    /// Bumps the version of every directory above `ino`.
+    /// Bumps the version of every directory above `ino` but the root. The root is never a
+    /// checkpoint (commit refuses it), so nothing reads its version; bumping it would make
+    /// every create and removal anywhere in the store write one shared cache line.
     pub(crate) fn invalidate_ancestors(&self, ino: u32) {
         let mut cur = ino;
         for _ in 0..crate::layout::PATH_MAX {
@@ -199,7 +201,7 @@ impl Block {
             }
             cur = link_parent(self.inode(cur).link.load(Acquire));
             // A damaged link stops the walk; fsck --repair rebuilds the namespace.
-            if cur >= self.geo.max_inodes {
+            if cur == ROOT_INO || cur >= self.geo.max_inodes {
                 return;
             }
             self.inode(cur).mod_seq.fetch_add(1, AcqRel);

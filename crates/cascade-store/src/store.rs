@@ -308,6 +308,9 @@ impl Store {
         // be removed and its inode reused by another file.
         let (ino, gen, counts_writer) = {
             let early = b.resolve_parent_early(path);
+            if let Some(e) = &early {
+                b.prefetch_for(e, opts.create || opts.create_new);
+            }
             // Creates an entry at most: lock-free lookups need not retry.
             let _g = b.lock_ns_entries()?;
             let (parent, name) = b.resolve_parent_with(path, early)?;
@@ -462,6 +465,9 @@ impl Store {
     pub fn unlink(&self, path: &str) -> Result<()> {
         let b = &self.block;
         let early = b.resolve_parent_early(path);
+        if let Some(e) = &early {
+            b.prefetch_for(e, false);
+        }
         // Removes a file only, marking the stripes of the name index it changes.
         let _g = b.lock_ns_entries()?;
         let (parent, name) = b.resolve_parent_with(path, early)?;

@@ -1759,3 +1759,29 @@ fn an_unlink_racing_the_last_close_never_leaks_the_file() {
     );
     assert_clean(&s);
 }
+
+/// Creates and removals bump the versions of the directories above them (the agent's
+/// checkpoint roots), but not the root's: nothing reads it, and it would be one cache line
+/// every create in the store writes.
+#[test]
+fn creates_and_removals_leave_the_root_version_alone() {
+    let s = store(64 * 4096, 4096, 0);
+    s.create_dir_all("/ckpt/step1", 0o755).unwrap();
+    let b = s.block();
+    let version = |p: &str| {
+        let ino = if p == "/" {
+            crate::layout::ROOT_INO
+        } else {
+            s.stat(p).unwrap().ino as u32
+        };
+        b.inode(ino).mod_seq.load(Ordering::Acquire)
+    };
+    let (root, ckpt) = (version("/"), version("/ckpt"));
+    s.open("/ckpt/step1/rank0", &rw())
+        .unwrap()
+        .write_all_at(b"state", 0)
+        .unwrap();
+    s.unlink("/ckpt/step1/rank0").unwrap();
+    assert!(version("/ckpt") > ckpt, "the checkpoint's version moves");
+    assert_eq!(version("/"), root, "the root's does not");
+}
