@@ -113,7 +113,7 @@ impl Block {
 
     /// Takes a free lease slot (freeing slots of dead processes on the way). Lock order is
     /// always: this process's lease mutex, then the allocator lock.
-    fn claim_lease_slot(&self) -> Result<u32> {
+    pub(crate) fn claim_lease_slot(&self) -> Result<u32> {
         let pid = my_pid();
         let start = process_start_time(pid).unwrap_or(0);
         let _g = self.lock_alloc()?;
@@ -140,8 +140,10 @@ impl Block {
         ))
     }
 
-    /// Gives back this process's batch and its slot (on detach).
+    /// Gives back this process's batches (chunks and inodes) and its slot (on detach).
     pub(crate) fn release_lease(&self) {
+        // Namespace lock before the lease mutex (the order of a create).
+        self.return_own_inode_batch();
         let mut local = self.lock_lease();
         if local.pid != my_pid() {
             return; // a forked child never claimed a slot of its own

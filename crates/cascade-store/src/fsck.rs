@@ -280,8 +280,15 @@ impl Fsck<'_> {
                 ));
             }
         }
+        // Free inodes are on the shared stack or in a process's batch.
         let free_top = b.header().free_inode_top.load(Acquire) as u64;
-        stale || listed != census.linked || hashed != census.linked || free_top != census.free
+        let batched: u64 = (0..g.lease_slots)
+            .map(|s| (b.lease_slot(s).inode_count.load(Acquire) as u64).min(INODE_BATCH as u64))
+            .sum();
+        stale
+            || listed != census.linked
+            || hashed != census.linked
+            || free_top + batched != census.free
     }
 
     // ---- each file's chunk map (under its lock) ----

@@ -309,7 +309,7 @@ pub(crate) struct Inode {
 
 const _: () = assert!(std::mem::size_of::<Inode>() == 704);
 
-/// Per-process batch of free memory chunks (192 bytes).
+/// Per-process batch of free memory chunks and of free inodes (192 bytes).
 #[repr(C, align(64))]
 pub(crate) struct LeaseSlot {
     /// Owning pid, 0 = slot free.
@@ -318,7 +318,14 @@ pub(crate) struct LeaseSlot {
     /// The owner's start time (clock ticks after boot) to tell a reused pid apart.
     pub start_time: AtomicU64,
     pub ids: [AtomicU32; LEASE_MAX],
+    /// Free inodes this slot's process took from the free-inode stack for its next creates
+    /// (`inodes[..inode_count]`); changed only under the namespace lock.
+    pub inode_count: AtomicU32,
+    pub inodes: [AtomicU32; INODE_BATCH],
 }
+
+/// Free inodes a process takes from the shared stack at once (`LeaseSlot::inodes`).
+pub(crate) const INODE_BATCH: usize = 8;
 
 const _: () = assert!(std::mem::size_of::<LeaseSlot>() == 192);
 

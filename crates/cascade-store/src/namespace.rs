@@ -497,6 +497,10 @@ impl Block {
         for ino in 0..self.geo.max_inodes {
             self.inode(ino).first_child.store(NIL, Relaxed);
         }
+        // Every free inode goes back to the stack, those in processes' batches too.
+        for s in 0..self.geo.lease_slots {
+            self.lease_slot(s).inode_count.store(0, Relaxed);
+        }
         let mut free_top = 0;
         for ino in (0..self.geo.max_inodes).rev() {
             let state = self.inode(ino).state.load(Acquire);
@@ -626,8 +630,8 @@ impl Block {
 
     /// Prefetches, before the namespace lock is taken, the cache lines its holder will write
     /// for `early`'s name: the name index's home slot for it, the inode that slot names (an
-    /// unlink, or an open of an existing file), and for a create the inode on top of the
-    /// free stack. Their misses then overlap here, instead of running one after another
+    /// unlink, or an open of an existing file), and for a create the inode this process's
+    /// batch hands out next (no other process takes it meanwhile). Their misses then overlap here, instead of running one after another
     /// inside the critical section that other processes wait for. A hint only: what it reads
     /// may be stale by the time the lock is held, and nothing depends on it.
     pub(crate) fn prefetch_for(&self, early: &Resolved, create: bool) {
@@ -647,15 +651,12 @@ impl Block {
         {
             prefetch_for_write(inode as *const Inode as *const u8, INODE_LINES_WRITTEN);
         }
-        if create {
-            let top = self.header().free_inode_top.load(Relaxed);
-            if let Some(inode) = top
-                .checked_sub(1)
-                .and_then(|t| self.free_inode_stack().get(t as usize))
-                .and_then(|e| self.inode_checked(e.load(Relaxed)))
-            {
-                prefetch_for_write(inode as *const Inode as *const u8, INODE_LINES_WRITTEN);
-            }
+        if let Some(inode) = create
+            .then(|| self.next_inode_hint())
+            .flatten()
+            .and_then(|ino| self.inode_checked(ino))
+        {
+            prefetch_for_write(inode as *const Inode as *const u8, INODE_LINES_WRITTEN);
         }
     }
 
@@ -745,28 +746,7 @@ impl Block {
                 format!("the first entry of directory inode {parent}")
             })?;
         }
-        let h = self.header();
-        let top = h.free_inode_top.load(Relaxed);
-        if top == 0 {
-            return Err(self.record_enospc(EnospcReason::FileTableFull));
-        }
-        let stack = self.free_inode_stack();
-        let entry = stack.get(top as usize - 1).ok_or_else(|| {
-            Error::damaged(format!(
-                "the free-inode stack top is {top}, past its {} entries",
-                stack.len()
-            ))
-        })?;
-        let ino = self.check_ino(entry.load(Relaxed), || {
-            format!("free-inode stack entry {}", top - 1)
-        })?;
-        // Handing out a live inode would overwrite a file.
-        if self.inode(ino).state.load(Acquire) != INODE_FREE {
-            return Err(Error::damaged(format!(
-                "the free-inode stack names inode {ino}, which is in use"
-            )));
-        }
-        h.free_inode_top.store(top - 1, Release);
+        let ino = self.take_free_inode()?;
         let inode = self.inode(ino);
         // Taking the inode's lock repairs leftovers of a previous incarnation if needed.
         let mut g = self.lock_inode(ino)?;
@@ -868,7 +848,158 @@ impl Block {
         self.push_free_inode(ino)
     }
 
+    /// The lease slot of this process (namespace lock held): the one it claimed at attach,
+    /// or a new one for a forked child or after detach, as for chunks.
+    fn own_lease_slot(&self) -> Result<u32> {
+        let mut local = self.lock_lease();
+        if local.pid != crate::block::my_pid() {
+            local.slot = self.claim_lease_slot()?;
+            local.pid = crate::block::my_pid();
+        }
+        Ok(local.slot)
+    }
+
+    /// A free inode for a create (namespace lock held). It comes from this process's batch
+    /// (`LeaseSlot::inodes`), refilled from the shared stack `INODE_BATCH` at a time: the
+    /// slot's line stays in this process's cache and the stack's top is written once per
+    /// batch, so creates of several processes do not pass those lines back and forth inside
+    /// the critical section, and `Store::open` can prefetch the inode it will get. When the
+    /// stack is empty, every process's batch goes back to it first: no create fails while a
+    /// free inode is left anywhere.
+    fn take_free_inode(&self) -> Result<u32> {
+        let s = self.own_lease_slot()?;
+        if let Some(ino) = self.pop_inode_batch(s)? {
+            return Ok(ino);
+        }
+        if self.header().free_inode_top.load(Relaxed) == 0 {
+            for other in 0..self.geo.lease_slots {
+                self.return_inode_batch(other)?;
+            }
+        }
+        let slot = self.lease_slot(s);
+        for n in 0..INODE_BATCH {
+            let Some(ino) = self.pop_free_inode_stack()? else {
+                break;
+            };
+            slot.inodes[n].store(ino, Relaxed);
+            slot.inode_count.store(n as u32 + 1, Relaxed);
+        }
+        self.pop_inode_batch(s)?
+            .ok_or_else(|| self.record_enospc(EnospcReason::FileTableFull))
+    }
+
+    /// The inode on top of lease slot `s`'s batch, if any, checked to be FREE: handing out
+    /// a live inode would overwrite a file.
+    fn pop_inode_batch(&self, s: u32) -> Result<Option<u32>> {
+        let slot = self.lease_slot(s);
+        let n = slot.inode_count.load(Relaxed) as usize;
+        let Some(n) = n.checked_sub(1) else {
+            return Ok(None);
+        };
+        let entry = slot.inodes.get(n).ok_or_else(|| {
+            Error::damaged(format!(
+                "lease slot {s} counts {} free inodes, more than a batch of {INODE_BATCH}",
+                n + 1
+            ))
+        })?;
+        let ino = self.check_ino(entry.load(Relaxed), || {
+            format!("entry {n} of lease slot {s}'s free inodes")
+        })?;
+        if self.inode(ino).state.load(Acquire) != INODE_FREE {
+            return Err(Error::damaged(format!(
+                "lease slot {s}'s free inodes name inode {ino}, which is in use"
+            )));
+        }
+        slot.inode_count.store(n as u32, Relaxed);
+        Ok(Some(ino))
+    }
+
+    /// Pops the shared free-inode stack (namespace lock held): None when it is empty.
+    fn pop_free_inode_stack(&self) -> Result<Option<u32>> {
+        let h = self.header();
+        let top = h.free_inode_top.load(Relaxed);
+        let Some(t) = top.checked_sub(1) else {
+            return Ok(None);
+        };
+        let stack = self.free_inode_stack();
+        let entry = stack.get(t as usize).ok_or_else(|| {
+            Error::damaged(format!(
+                "the free-inode stack top is {top}, past its {} entries",
+                stack.len()
+            ))
+        })?;
+        let ino = self.check_ino(entry.load(Relaxed), || {
+            format!("free-inode stack entry {t}")
+        })?;
+        if self.inode(ino).state.load(Acquire) != INODE_FREE {
+            return Err(Error::damaged(format!(
+                "the free-inode stack names inode {ino}, which is in use"
+            )));
+        }
+        h.free_inode_top.store(t, Release);
+        Ok(Some(ino))
+    }
+
+    /// Moves lease slot `s`'s batch of free inodes back to the shared stack (namespace lock
+    /// held). An entry that names no free inode is dropped: a free inode is only ever in
+    /// one place, so that one is in a file (fsck counts what the stack and the batches hold
+    /// against the free inodes, and a repair rebuilds both).
+    pub(crate) fn return_inode_batch(&self, s: u32) -> Result<()> {
+        let slot = self.lease_slot(s);
+        let n = (slot.inode_count.load(Relaxed) as usize).min(INODE_BATCH);
+        for entry in &slot.inodes[..n] {
+            let ino = entry.load(Relaxed);
+            if ino < self.geo.max_inodes && self.inode(ino).state.load(Acquire) == INODE_FREE {
+                self.push_free_inode_stack(ino)?;
+            }
+        }
+        slot.inode_count.store(0, Relaxed);
+        Ok(())
+    }
+
+    /// Gives this process's batch of free inodes back to the shared stack (at detach).
+    pub(crate) fn return_own_inode_batch(&self) {
+        let slot = {
+            let local = self.lock_lease();
+            if local.pid != crate::block::my_pid() {
+                return;
+            }
+            local.slot
+        };
+        if let Ok(_g) = self.lock_ns_entries() {
+            let _ = self.return_inode_batch(slot);
+        }
+    }
+
+    /// The inode a create of this process will get next, if it has a batch (a hint for
+    /// [`Self::prefetch_for`]; read without the namespace lock).
+    fn next_inode_hint(&self) -> Option<u32> {
+        let s = {
+            let local = self.lock_lease();
+            if local.pid != crate::block::my_pid() {
+                return None;
+            }
+            local.slot
+        };
+        let slot = self.lease_slot(s);
+        let n = (slot.inode_count.load(Relaxed) as usize).checked_sub(1)?;
+        slot.inodes.get(n).map(|e| e.load(Relaxed))
+    }
+
+    /// Frees inode `ino` (namespace lock held): into this process's batch while it has
+    /// room, else onto the shared stack.
     fn push_free_inode(&self, ino: u32) -> Result<()> {
+        let slot = self.lease_slot(self.own_lease_slot()?);
+        let n = slot.inode_count.load(Relaxed) as usize;
+        if n < INODE_BATCH {
+            slot.inodes[n].store(ino, Relaxed);
+            slot.inode_count.store(n as u32 + 1, Relaxed);
+            return Ok(());
+        }
+        self.push_free_inode_stack(ino)
+    }
+
+    fn push_free_inode_stack(&self, ino: u32) -> Result<()> {
         let h = self.header();
         let top = h.free_inode_top.load(Relaxed);
         let stack = self.free_inode_stack();

@@ -457,10 +457,13 @@ fn header_and_record_offsets_match_the_docs() {
             offset_of!(LeaseSlot, pid),
             offset_of!(LeaseSlot, count),
             offset_of!(LeaseSlot, start_time),
-            offset_of!(LeaseSlot, ids)
+            offset_of!(LeaseSlot, ids),
+            offset_of!(LeaseSlot, inode_count),
+            offset_of!(LeaseSlot, inodes)
         ],
-        [0, 4, 8, 16]
+        [0, 4, 8, 16, 144, 148]
     );
+    assert_eq!(size_of::<LeaseSlot>(), 192);
     assert_eq!(size_of::<Header>(), 2048);
 }
 
@@ -1784,4 +1787,51 @@ fn creates_and_removals_leave_the_root_version_alone() {
     s.unlink("/ckpt/step1/rank0").unwrap();
     assert!(version("/ckpt") > ckpt, "the checkpoint's version moves");
     assert_eq!(version("/"), root, "the root's does not");
+}
+
+/// Two attachments (two lease slots, as two processes have) take free inodes a batch at a
+/// time; when the shared stack runs dry the other's batch comes back to it, so every inode
+/// of the table can still be created, and detaching returns a batch.
+#[test]
+fn inode_batches_never_hide_free_inodes() {
+    let s = store(1 << 20, 4096, 0);
+    let other = Store::attach(&s.name).unwrap();
+    other.open("/theirs", &rw()).unwrap();
+    let free_top = || s.block().header().free_inode_top.load(Ordering::Acquire);
+    let before = free_top();
+    s.open("/mine", &rw()).unwrap();
+    assert_eq!(
+        before - free_top(),
+        crate::layout::INODE_BATCH as u32,
+        "the first create takes a batch"
+    );
+    s.open("/mine2", &rw()).unwrap();
+    assert_eq!(before - free_top(), crate::layout::INODE_BATCH as u32);
+    assert_clean(&s);
+    // 64 inodes with the root: all of them, though `other` holds a batch it never used.
+    let mut made = 3;
+    let err = loop {
+        match s.open(&format!("/f{made}"), &rw()) {
+            Ok(_) => made += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!((made, err.errno()), (63, libc::ENOSPC));
+    assert_clean(&s);
+    // Removals fill this attachment's batch, then the stack; detaching returns the batch.
+    for i in 3..20 {
+        s.unlink(&format!("/f{i}")).unwrap();
+    }
+    assert_clean(&s);
+    other.unlink("/theirs").unwrap();
+    let top = free_top();
+    drop(other);
+    assert_eq!(
+        free_top(),
+        top + 1,
+        "the inode /theirs freed into its batch is back"
+    );
+    assert_clean(&s);
+    let st = s.status();
+    assert_eq!(st.files, 63 - 18);
 }

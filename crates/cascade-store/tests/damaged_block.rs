@@ -18,6 +18,10 @@ const H_OFF_INODES: usize = 72;
 const H_OFF_CHUNK_STATES: usize = 80;
 const H_OFF_NODES: usize = 96;
 const H_OFF_FREE_INODES: usize = 128;
+const H_OFF_LEASES: usize = 144;
+/// Lease slot field (docs/store-layout.md, "Lease slot"): the count of its free inodes,
+/// followed by the inodes.
+const L_INODE_COUNT: usize = 144;
 const H_OFF_HASH: usize = 136;
 const H_FREE_INODE_TOP: usize = 1356;
 // Inode record (704 bytes).
@@ -330,12 +334,24 @@ fn a_parent_link_past_the_inode_table_is_eio_for_dotdot_and_paths() {
     d.assert_fsck_reports(&format!("parent {FAR_INODE} is not a live directory"));
 }
 
-/// The free-inode stack hands out an inode that is in use: a create must not overwrite it.
+/// The free-inode stack, or the batch of free inodes a process took from it, hands out an
+/// inode that is in use: a create must not overwrite it.
 #[test]
 fn a_free_inode_stack_naming_a_live_inode_is_eio_on_create() {
     let mut d = Damaged::new();
     write_file(&d, "/keep", 7, 10);
     let live = d.ino("/keep") as u32;
+    // The first create took a batch into the store's lease slot (slot 0): its next inode.
+    let batch = d.region(H_OFF_LEASES) + L_INODE_COUNT;
+    let count = d.u32_at(batch) as usize;
+    assert!(count > 0, "the first create left inodes in the batch");
+    d.set_u32(batch + 4 * count, live);
+    assert_damaged(
+        d.store().open("/new", &rw()),
+        &format!("lease slot 0's free inodes name inode {live}, which is in use"),
+    );
+    // An empty batch is refilled from the stack, whose top names the live inode too.
+    d.set_u32(batch, 0);
     let top = d.u32_at(H_FREE_INODE_TOP) as usize;
     let at = d.region(H_OFF_FREE_INODES) + (top - 1) * 4;
     d.set_u32(at, live);
