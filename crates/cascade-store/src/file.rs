@@ -160,7 +160,7 @@ impl Block {
     fn map_insert(&self, ino: u32, idx: u64, c: u32) -> Result<()> {
         let inode = self.inode(ino);
         let mut m = match self.map_top_checked(ino)? {
-            MapTop::Empty if idx == 0 => {
+            MapTop::Empty | MapTop::Chunk(_) if idx == 0 => {
                 inode.map.store(pack_map(c + 1, 0), Release);
                 return Ok(());
             }
@@ -173,10 +173,6 @@ impl Block {
             MapTop::Chunk(c0) => pack_map(c0 + 1, 0),
             MapTop::Tree(root, h) => pack_map(root + 1, h),
         };
-        if map_height(m) == 0 && idx == 0 {
-            inode.map.store(pack_map(c + 1, 0), Release);
-            return Ok(());
-        }
         // Growing keeps the old top as entry 0 of the new root: a chunk at height 0 becomes
         // the leaf entry for index 0, as a node does for its range.
         while idx >= span(map_height(m)) {
@@ -286,8 +282,8 @@ impl Block {
         let top = match self.map_top_checked(ino) {
             Ok(MapTop::Empty) => return Ok(()),
             Ok(MapTop::Chunk(_)) if keep > 0 => return Ok(()),
-            Ok(MapTop::Chunk(c)) => MapTop::Chunk(c),
-            Ok(MapTop::Tree(root, h)) if self.owns_node(ino, root) => MapTop::Tree(root, h),
+            Ok(top @ MapTop::Chunk(_)) => top,
+            Ok(top @ MapTop::Tree(root, _)) if self.owns_node(ino, root) => top,
             Ok(MapTop::Tree(..)) if keep > 0 => {
                 return Err(Error::damaged(format!(
                     "the chunk map of inode {ino} starts at a map node that is not the file's"

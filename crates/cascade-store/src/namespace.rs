@@ -631,9 +631,10 @@ impl Block {
     /// Prefetches, before the namespace lock is taken, the cache lines its holder will write
     /// for `early`'s name: the name index's home slot for it, the inode that slot names (an
     /// unlink, or an open of an existing file), and for a create the inode this process's
-    /// batch hands out next (no other process takes it meanwhile). Their misses then overlap here, instead of running one after another
-    /// inside the critical section that other processes wait for. A hint only: what it reads
-    /// may be stale by the time the lock is held, and nothing depends on it.
+    /// batch hands out next (no other process takes it meanwhile). Their misses then
+    /// overlap here, instead of running one after another inside the critical section that
+    /// other processes wait for. A hint only: what it reads may be stale by the time the
+    /// lock is held, and nothing depends on it.
     pub(crate) fn prefetch_for(&self, early: &Resolved, create: bool) {
         let Some(name) = early.name else {
             return;
@@ -957,14 +958,16 @@ impl Block {
         Ok(())
     }
 
+    /// The lease slot this process claimed, if it has one (a forked child has not yet).
+    fn claimed_lease_slot(&self) -> Option<u32> {
+        let local = self.lock_lease();
+        (local.pid == crate::block::my_pid()).then_some(local.slot)
+    }
+
     /// Gives this process's batch of free inodes back to the shared stack (at detach).
     pub(crate) fn return_own_inode_batch(&self) {
-        let slot = {
-            let local = self.lock_lease();
-            if local.pid != crate::block::my_pid() {
-                return;
-            }
-            local.slot
+        let Some(slot) = self.claimed_lease_slot() else {
+            return;
         };
         if let Ok(_g) = self.lock_ns_entries() {
             let _ = self.return_inode_batch(slot);
@@ -974,14 +977,7 @@ impl Block {
     /// The inode a create of this process will get next, if it has a batch (a hint for
     /// [`Self::prefetch_for`]; read without the namespace lock).
     fn next_inode_hint(&self) -> Option<u32> {
-        let s = {
-            let local = self.lock_lease();
-            if local.pid != crate::block::my_pid() {
-                return None;
-            }
-            local.slot
-        };
-        let slot = self.lease_slot(s);
+        let slot = self.lease_slot(self.claimed_lease_slot()?);
         let n = (slot.inode_count.load(Relaxed) as usize).checked_sub(1)?;
         slot.inodes.get(n).map(|e| e.load(Relaxed))
     }
