@@ -247,7 +247,10 @@ def _digests(procs: list) -> set:
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
-        found |= {line.split()[-1] for line in out.splitlines() if " digest " in line}
+        digests = {line.split()[-1] for line in out.splitlines() if " digest " in line}
+        # torchrun once exited 0 with no rank's line (CI, 2026-11-28): show what it said.
+        assert digests, f"no rank printed a digest; stdout: {out[-1500:]!r}; stderr: {err[-3000:]}"
+        found |= digests
     return found
 
 
