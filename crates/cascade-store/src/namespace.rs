@@ -889,8 +889,7 @@ impl Block {
             .ok_or_else(|| self.record_enospc(EnospcReason::FileTableFull))
     }
 
-    /// The inode on top of lease slot `s`'s batch, if any, checked to be FREE: handing out
-    /// a live inode would overwrite a file.
+    /// The inode on top of lease slot `s`'s batch, if any, checked to be FREE.
     fn pop_inode_batch(&self, s: u32) -> Result<Option<u32>> {
         let slot = self.lease_slot(s);
         let n = slot.inode_count.load(Relaxed) as usize;
@@ -903,14 +902,11 @@ impl Block {
                 n + 1
             ))
         })?;
-        let ino = self.check_ino(entry.load(Relaxed), || {
-            format!("entry {n} of lease slot {s}'s free inodes")
-        })?;
-        if self.inode(ino).state.load(Acquire) != INODE_FREE {
-            return Err(Error::damaged(format!(
-                "lease slot {s}'s free inodes name inode {ino}, which is in use"
-            )));
-        }
+        let ino = self.checked_free_inode(
+            entry.load(Relaxed),
+            || format!("entry {n} of lease slot {s}'s free inodes"),
+            || format!("lease slot {s}'s free inodes name"),
+        )?;
         slot.inode_count.store(n as u32, Relaxed);
         Ok(Some(ino))
     }
@@ -929,16 +925,32 @@ impl Block {
                 stack.len()
             ))
         })?;
-        let ino = self.check_ino(entry.load(Relaxed), || {
-            format!("free-inode stack entry {t}")
-        })?;
-        if self.inode(ino).state.load(Acquire) != INODE_FREE {
-            return Err(Error::damaged(format!(
-                "the free-inode stack names inode {ino}, which is in use"
-            )));
-        }
+        let ino = self.checked_free_inode(
+            entry.load(Relaxed),
+            || format!("free-inode stack entry {t}"),
+            || "the free-inode stack names".to_string(),
+        )?;
         h.free_inode_top.store(t, Release);
         Ok(Some(ino))
+    }
+
+    /// Inode `ino`, read from `entry` of a free list (`holder` names the list in the error),
+    /// checked to lie in the table and to be FREE: handing out a live inode would
+    /// overwrite a file.
+    fn checked_free_inode(
+        &self,
+        ino: u32,
+        entry: impl FnOnce() -> String,
+        holder: impl FnOnce() -> String,
+    ) -> Result<u32> {
+        let ino = self.check_ino(ino, entry)?;
+        if self.inode(ino).state.load(Acquire) != INODE_FREE {
+            return Err(Error::damaged(format!(
+                "{} inode {ino}, which is in use",
+                holder()
+            )));
+        }
+        Ok(ino)
     }
 
     /// Moves lease slot `s`'s batch of free inodes back to the shared stack (namespace lock
