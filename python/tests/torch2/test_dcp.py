@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -66,11 +67,19 @@ def test_save_commits_and_load_is_bit_identical(store_env, store: cascade.Store)
     assert state["step"] == 3
 
 
+def _free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's choice), for a rendezvous: a port
+    derived from the pid can be one another test or job on the host holds."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_async_save(store_env, store: cascade.Store) -> None:
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(29500 + os.getpid() % 1000)
+    os.environ["MASTER_PORT"] = str(_free_port())
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         model, opt = _trained()
@@ -273,7 +282,7 @@ def test_two_ranks_on_each_of_two_simulated_nodes_complete_job_wide_and_restart_
     try:
         for node in (*nodes, restart):
             node.start_agent()
-        port = 29500 + os.getpid() % 1000
+        port = _free_port()
         saved = _digests([_torchrun(script, "save", node, i, 2, port) for i, node in enumerate(nodes)])
         assert len(saved) == 1, saved
         for node in nodes:
@@ -289,7 +298,7 @@ def test_two_ranks_on_each_of_two_simulated_nodes_complete_job_wide_and_restart_
         assert sorted(nodes[1].cascade("ls", "/job/ckpt.2").stdout.split()) == ["__2_0.distcp", "__3_0.distcp"]
         for node in nodes:
             assert node.cascade("ls", "/job").stdout.split() == ["ckpt.1", "ckpt.2"]
-        loaded = _digests([_torchrun(script, "load", restart, 0, 1, port + 1)])
+        loaded = _digests([_torchrun(script, "load", restart, 0, 1, _free_port())])
         assert loaded == saved
     finally:
         for node in (*nodes, restart):
