@@ -715,12 +715,14 @@ impl Block {
         if limit == 0 {
             return Ok(());
         }
-        let dir_path = self.path_of(dir)?.unwrap_or_default();
-        let dir_path = dir_path.trim_end_matches('/');
-        let len = dir_path.len() + 1 + name.len();
+        // Summed from the parent links, without building the path: this runs inside the
+        // namespace lock on every create once the durable store is S3.
+        let len = self.path_len(dir)? + 1 + name.len();
         if len <= limit {
             return Ok(());
         }
+        let dir_path = self.path_of(dir)?.unwrap_or_default();
+        let dir_path = dir_path.trim_end_matches('/');
         Err(Error::new(
             libc::ENAMETOOLONG,
             format!(
@@ -1145,6 +1147,34 @@ impl Block {
             p.push_str(&String::from_utf8_lossy(part));
         }
         Ok(Some(p))
+    }
+
+    /// The length of [`Self::path_of`] directory `dir` without its trailing '/' (0 for the
+    /// root), allocating nothing; the same errors for a damaged chain of parents.
+    fn path_len(&self, dir: u32) -> Result<usize> {
+        if dir == ROOT_INO {
+            return Ok(0);
+        }
+        let component = |ino: u32| 1 + link_len(self.inode(ino).link.load(Acquire)).min(NAME_MAX);
+        let mut len = component(dir);
+        let mut child = dir;
+        let bad = self.find_ancestor(dir, |up| {
+            if up == ROOT_INO {
+                return None;
+            }
+            if self.inode(up).state.load(Acquire) != INODE_DIR {
+                return Some(Error::damaged(format!(
+                    "the parent of inode {child} is inode {up}, which is not a directory"
+                )));
+            }
+            len += component(up);
+            child = up;
+            None
+        })?;
+        match bad {
+            Some(e) => Err(e),
+            None => Ok(len),
+        }
     }
 
     /// True if `ino` is `ancestor` or lies below it.
