@@ -1123,7 +1123,35 @@ impl Block {
         if !matches!(self.inode(ino).state.load(Acquire), INODE_FILE | INODE_DIR) {
             return Ok(None);
         }
-        let mut parts = vec![self.name_of(ino)];
+        let mut parts = Vec::new();
+        self.walk_up(ino, |i| parts.push(self.name_of(i)))?;
+        let mut p = String::new();
+        for part in parts.iter().rev() {
+            p.push('/');
+            p.push_str(&String::from_utf8_lossy(part));
+        }
+        Ok(Some(p))
+    }
+
+    /// The length of [`Self::path_of`] directory `dir` without its trailing '/' (0 for the
+    /// root and for an inode no longer live), allocating nothing.
+    fn path_len(&self, dir: u32) -> Result<usize> {
+        if dir == ROOT_INO || !matches!(self.inode(dir).state.load(Acquire), INODE_FILE | INODE_DIR)
+        {
+            return Ok(0);
+        }
+        let mut len = 0;
+        self.walk_up(dir, |i| {
+            len += 1 + link_len(self.inode(i).link.load(Acquire)).min(NAME_MAX);
+        })?;
+        Ok(len)
+    }
+
+    /// Calls `f` on `ino` and then on each directory above it, up to but not including the
+    /// root. EIO when a parent link is damaged (see [`Self::find_ancestor`]) or names an
+    /// inode that is not a directory.
+    fn walk_up(&self, ino: u32, mut f: impl FnMut(u32)) -> Result<()> {
+        f(ino);
         let mut child = ino;
         let bad = self.find_ancestor(ino, |dir| {
             if dir == ROOT_INO {
@@ -1134,47 +1162,11 @@ impl Block {
                     "the parent of inode {child} is inode {dir}, which is not a directory"
                 )));
             }
-            parts.push(self.name_of(dir));
+            f(dir);
             child = dir;
             None
         })?;
-        if let Some(e) = bad {
-            return Err(e);
-        }
-        let mut p = String::new();
-        for part in parts.iter().rev() {
-            p.push('/');
-            p.push_str(&String::from_utf8_lossy(part));
-        }
-        Ok(Some(p))
-    }
-
-    /// The length of [`Self::path_of`] directory `dir` without its trailing '/' (0 for the
-    /// root), allocating nothing; the same errors for a damaged chain of parents.
-    fn path_len(&self, dir: u32) -> Result<usize> {
-        if dir == ROOT_INO {
-            return Ok(0);
-        }
-        let component = |ino: u32| 1 + link_len(self.inode(ino).link.load(Acquire)).min(NAME_MAX);
-        let mut len = component(dir);
-        let mut child = dir;
-        let bad = self.find_ancestor(dir, |up| {
-            if up == ROOT_INO {
-                return None;
-            }
-            if self.inode(up).state.load(Acquire) != INODE_DIR {
-                return Some(Error::damaged(format!(
-                    "the parent of inode {child} is inode {up}, which is not a directory"
-                )));
-            }
-            len += component(up);
-            child = up;
-            None
-        })?;
-        match bad {
-            Some(e) => Err(e),
-            None => Ok(len),
-        }
+        bad.map_or(Ok(()), Err)
     }
 
     /// True if `ino` is `ancestor` or lies below it.
