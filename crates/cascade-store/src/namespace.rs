@@ -22,30 +22,37 @@ use std::sync::atomic::{
 /// path can contain a NUL byte, so it cannot collide with a name.
 pub(crate) const ANCHOR: char = '\0';
 
+/// A path's components: up to [`INLINE_COMPONENTS`] on the stack, so that a lookup does
+/// not allocate (callgrind: the Vec it replaced, its allocation and free, were about 140 of
+/// the 2 100 instructions of a `stat` under the library).
+pub(crate) type Components<'p> = smallvec::SmallVec<[&'p str; INLINE_COMPONENTS]>;
+const INLINE_COMPONENTS: usize = 8;
+
 /// Splits a store path into components, dropping "." and empty ones. ".." stays: it is
 /// walked like the kernel does (its directory must exist), not resolved lexically.
-pub(crate) fn parse_path(path: &str) -> Result<Vec<&str>> {
+pub(crate) fn parse_path(path: &str) -> Result<Components<'_>> {
     if path.len() > PATH_MAX {
         return Err(Error::new(
             libc::ENAMETOOLONG,
             format!("path of {} bytes", path.len()),
         ));
     }
-    let mut comps = Vec::new();
+    let mut comps = Components::new();
     for c in path.split('/') {
-        match c {
-            "" | "." => {}
-            name if name.starts_with(ANCHOR) && comps.is_empty() => comps.push(name),
-            name => {
-                if name.contains('\0') {
-                    return Err(Error::new(
-                        libc::EINVAL,
-                        format!("{path:?} contains a NUL byte"),
-                    ));
-                }
-                comps.push(name);
-            }
+        if !matches!(c, "" | ".") {
+            comps.push(c);
         }
+    }
+    // A NUL byte may only start an anchor, and only as the first component.
+    let named = match comps.first() {
+        Some(first) if first.starts_with(ANCHOR) => &comps[1..],
+        _ => &comps[..],
+    };
+    if named.iter().any(|name| name.as_bytes().contains(&0)) {
+        return Err(Error::new(
+            libc::EINVAL,
+            format!("{path:?} contains a NUL byte"),
+        ));
     }
     Ok(comps)
 }
@@ -289,19 +296,23 @@ impl Block {
     fn with_name<T>(&self, ino: u32, f: impl FnOnce(u32, &[u8]) -> T) -> T {
         let link = self.inode(ino).link.load(Acquire);
         let len = link_len(link).min(NAME_MAX);
-        let mut buf = [0u8; NAME_MAX];
+        // Not zeroed first: only the `len` bytes copied in are read (zeroing the 255 bytes
+        // cost about 17 instructions per name compared, callgrind).
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); NAME_MAX];
         // SAFETY: the name slot holds 256 bytes and `len` is at most NAME_MAX = the buffer's
         // length; names change only under the namespace lock, which the caller holds, or a
         // lock-free reader validates the copy afterwards (the bytes are plain data, any
-        // value is safe).
-        unsafe {
+        // value is safe). The first `len` bytes of `buf` are initialised by the copy, and
+        // only they are read.
+        let name = unsafe {
             std::ptr::copy_nonoverlapping(
                 self.name_ptr(ino, link_slot(link)),
-                buf.as_mut_ptr(),
+                buf.as_mut_ptr().cast::<u8>(),
                 len,
-            )
+            );
+            std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len)
         };
-        f(link_parent(link), &buf[..len])
+        f(link_parent(link), name)
     }
 
     fn home(&self, ino: u32) -> usize {

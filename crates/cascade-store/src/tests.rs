@@ -1837,3 +1837,24 @@ fn inode_batches_never_hide_free_inodes() {
     let st = s.status();
     assert_eq!(st.files, 63 - 18);
 }
+
+#[test]
+fn a_path_splits_into_its_components_on_the_stack_and_past_it() {
+    use crate::namespace::{parse_path, ANCHOR};
+    fn comps(p: &str) -> Result<Vec<&str>> {
+        parse_path(p).map(|c| c.to_vec())
+    }
+    assert_eq!(comps("/").unwrap(), Vec::<&str>::new());
+    assert_eq!(comps("//a/./b/../c/").unwrap(), ["a", "b", "..", "c"]);
+    // More components than fit inline.
+    let deep = "/d".repeat(40);
+    assert_eq!(comps(&deep).unwrap(), vec!["d"; 40]);
+    // An anchor may start the path, and only there; a NUL anywhere else is EINVAL.
+    let anchored = format!("/{ANCHOR}12:3/x");
+    assert_eq!(comps(&anchored).unwrap(), [&anchored[1..6], "x"]);
+    for bad in [format!("/x/{ANCHOR}12:3"), "/a\0b".to_string(), format!("/{ANCHOR}1:1/a\0")] {
+        assert_eq!(comps(&bad).unwrap_err().errno(), libc::EINVAL, "{bad:?}");
+    }
+    let long = "/".to_string() + &"x".repeat(4095);
+    assert_eq!(comps(&long).unwrap_err().errno(), libc::ENAMETOOLONG);
+}
