@@ -1852,7 +1852,11 @@ fn a_path_splits_into_its_components_on_the_stack_and_past_it() {
     // An anchor may start the path, and only there; a NUL anywhere else is EINVAL.
     let anchored = format!("/{ANCHOR}12:3/x");
     assert_eq!(comps(&anchored).unwrap(), [&anchored[1..6], "x"]);
-    for bad in [format!("/x/{ANCHOR}12:3"), "/a\0b".to_string(), format!("/{ANCHOR}1:1/a\0")] {
+    for bad in [
+        format!("/x/{ANCHOR}12:3"),
+        "/a\0b".to_string(),
+        format!("/{ANCHOR}1:1/a\0"),
+    ] {
         assert_eq!(comps(&bad).unwrap_err().errno(), libc::EINVAL, "{bad:?}");
     }
     let long = "/".to_string() + &"x".repeat(4095);
