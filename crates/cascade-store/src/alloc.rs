@@ -9,7 +9,7 @@
 //! chunks. Taking a chunk from the own batch (LEASED -> USED) and returning a freed one to it
 //! (USED -> LEASED) need no shared lock; only refills and overflow touch the allocator lock.
 
-use crate::block::{my_pid, now_ns, process_alive, process_start_time, Block};
+use crate::block::{my_pid, now_ns, process_alive, process_start_time, Block, LeaseLocal};
 use crate::error::{Error, Result};
 use crate::layout::*;
 use crate::lock::LockGuard;
@@ -111,9 +111,20 @@ impl Block {
         Ok(())
     }
 
+    /// This process's lease slot (`local`: its lease mutex, held), claimed first if it has
+    /// none: a forked child takes a slot of its own rather than share its parent's, and so
+    /// does a thread still working after detach.
+    pub(crate) fn own_slot(&self, local: &mut LeaseLocal) -> Result<u32> {
+        if local.pid != my_pid() {
+            local.slot = self.claim_lease_slot()?;
+            local.pid = my_pid();
+        }
+        Ok(local.slot)
+    }
+
     /// Takes a free lease slot (freeing slots of dead processes on the way). Lock order is
     /// always: this process's lease mutex, then the allocator lock.
-    pub(crate) fn claim_lease_slot(&self) -> Result<u32> {
+    fn claim_lease_slot(&self) -> Result<u32> {
         let pid = my_pid();
         let start = process_start_time(pid).unwrap_or(0);
         let _g = self.lock_alloc()?;
@@ -265,11 +276,7 @@ impl Block {
         let want = used(ino, idx);
         {
             let mut local = self.lock_lease();
-            if local.pid != my_pid() {
-                // A forked child: take a slot of its own rather than share the parent's.
-                local.slot = self.claim_lease_slot()?;
-                local.pid = my_pid();
-            }
+            self.own_slot(&mut local)?;
             let slot = self.lease_slot(local.slot);
             if self.lease_count(local.slot)? == 0 {
                 self.refill(local.slot)?;

@@ -315,10 +315,14 @@ impl Block {
         f(link_parent(link), name)
     }
 
+    /// The name index's home slot of inode `ino`'s name.
     fn home(&self, ino: u32) -> usize {
-        self.with_name(ino, |parent, name| {
-            (name_hash(parent, name) as usize) & (self.geo.hash_slots as usize - 1)
-        })
+        self.with_name(ino, |parent, name| self.home_slot(parent, name))
+    }
+
+    /// The name index's home slot of `name` in directory `parent`: where its probe starts.
+    fn home_slot(&self, parent: u32, name: &[u8]) -> usize {
+        (name_hash(parent, name) as usize) & (self.geo.hash_slots as usize - 1)
     }
 
     /// Looks up `name` in directory `dir` (namespace lock held). EIO when the probe meets
@@ -332,7 +336,7 @@ impl Block {
     fn lookup_probed(&self, dir: u32, name: &str, probes: &mut impl Probes) -> Result<Option<u32>> {
         let slots = self.hash_slots();
         let mask = slots.len() - 1;
-        let mut i = (name_hash(dir, name.as_bytes()) as usize) & mask;
+        let mut i = self.home_slot(dir, name.as_bytes());
         for _ in 0..slots.len() {
             probes.probe(self, i);
             // Acquire: an entry a create just stored names a complete inode.
@@ -651,8 +655,7 @@ impl Block {
             return;
         };
         let slots = self.hash_slots();
-        let home = (name_hash(early.parent, name.as_bytes()) as usize) & (slots.len() - 1);
-        let Some(slot) = slots.get(home) else {
+        let Some(slot) = slots.get(self.home_slot(early.parent, name.as_bytes())) else {
             return;
         };
         prefetch_for_write(slot.as_ptr() as *const u8, 1);
@@ -865,12 +868,7 @@ impl Block {
     /// The lease slot of this process (namespace lock held): the one it claimed at attach,
     /// or a new one for a forked child or after detach, as for chunks.
     fn own_lease_slot(&self) -> Result<u32> {
-        let mut local = self.lock_lease();
-        if local.pid != crate::block::my_pid() {
-            local.slot = self.claim_lease_slot()?;
-            local.pid = crate::block::my_pid();
-        }
-        Ok(local.slot)
+        self.own_slot(&mut self.lock_lease())
     }
 
     /// A free inode for a create (namespace lock held). It comes from this process's batch
