@@ -20,7 +20,7 @@ use crate::baselines::{clear_remote, settle};
 use crate::datasets::{load_series, Series};
 use crate::format::median_u64;
 use crate::net::{tbf_of, tx_bytes, WireWatch};
-use crate::procs::{clean_cmd, cpu_s, threads_cpu_s, Node, StageServer};
+use crate::procs::{clean_cmd, cpu_s, cpu_s_named, threads_cpu_s, Node, StageServer};
 use crate::report::{self, machine_table, Header, Md, RunClock, Target};
 use crate::util::{
     busy_core_s, cores, cpu_snap, now_ns, prefix, require_s3_url, size_str, Context, Res, Stats,
@@ -99,6 +99,8 @@ const MODES: [Mode; 5] = [
 
 /// Staging servers per node in the staged modes.
 const STAGE_SERVERS: usize = 2;
+/// The S3 store's process name (bench/netns-s3.sh), whose CPU the runs report.
+const S3_SERVER: &str = "versitygw";
 
 impl Mode {
     fn name(self) -> &'static str {
@@ -304,6 +306,8 @@ pub struct BaseReads {
     /// and store them (`threads::RECEIVING`), all before a chunk counts as staged; the rest
     /// is the push to the durable store.
     pub servers_receive_cpu_s: f64,
+    /// CPU seconds of the S3 store (versitygw) over the same time, in every mode.
+    pub s3_cpu_s: f64,
 }
 
 impl BaseReads {
@@ -319,6 +323,7 @@ impl BaseReads {
             agent_cpu_s: self.agent_cpu_s - start.agent_cpu_s,
             servers_cpu_s: self.servers_cpu_s - start.servers_cpu_s,
             servers_receive_cpu_s: self.servers_receive_cpu_s - start.servers_receive_cpu_s,
+            s3_cpu_s: self.s3_cpu_s - start.s3_cpu_s,
         }
     }
 }
@@ -337,6 +342,7 @@ fn server_pid(log: &Path) -> Option<u32> {
 fn base_reads(node: &Node, secret: &str) -> BaseReads {
     let mut r = BaseReads {
         agent_cpu_s: node.agent_pid().and_then(cpu_s).unwrap_or(0.0),
+        s3_cpu_s: cpu_s_named(S3_SERVER),
         ..BaseReads::default()
     };
     for server in &node.servers {
@@ -738,7 +744,7 @@ fn tables(rep: &Report) -> Md {
             )), r.staged_delta.seconds / r.delta.seconds, size_str(r.plain.wire), size_str(r.dedup.wire), size_str(r.delta.wire), size_str(r.staged_dedup.wire), size_str(r.staged_delta.wire)));
     }
     s.title("Parts of the staged modes".into());
-    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | of it receiving (s) | staged no sooner than (s) | agent CPU direct (s) | machine busy (CPU s) | durable no sooner than (s) | machine busy direct (CPU s) | until the first bytes on the link (s) | direct (s) | on the link until 99 % (s) | direct (s) | its bytes at the link's rate (s) | after the link until durable (s) | direct (s) |");
+    s.head("| series | mode | until staged (s) | staged to durable (s) | direct, same settings (s) | durable / direct | delta bases from the servers' caches | delta bases read over the link | their raw bytes | seconds reading them | agent CPU (s) | servers' CPU (s) | of it receiving (s) | staged no sooner than (s) | agent CPU direct (s) | S3 store CPU (s) | direct (s) | machine busy (CPU s) | durable no sooner than (s) | machine busy direct (CPU s) | until the first bytes on the link (s) | direct (s) | on the link until 99 % (s) | direct (s) | its bytes at the link's rate (s) | after the link until durable (s) | direct (s) |");
     for r in rep.series {
         for (name, m, direct, b, d) in [
             (
@@ -758,7 +764,7 @@ fn tables(rep: &Report) -> Md {
         ] {
             let staged = m.staged.unwrap_or(0.0);
             s.row(format!(
-                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.2} |",
+                "| {} | {name} | {staged:.2} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.2} |",
                 r.series,
                 m.seconds - staged,
                 direct.seconds,
@@ -772,6 +778,8 @@ fn tables(rep: &Report) -> Md {
                 b.servers_receive_cpu_s,
                 staged_no_sooner_than(b, cores()),
                 d.agent_cpu_s,
+                b.s3_cpu_s,
+                d.s3_cpu_s,
                 m.busy_core_s,
                 durable_no_sooner_than(m, cores()),
                 direct.busy_core_s,

@@ -25,6 +25,20 @@ pub(crate) fn cpu_s(pid: u32) -> Option<f64> {
     cpu_s_of(Path::new(&format!("/proc/{pid}/stat")))
 }
 
+/// utime + stime, in seconds, of every live process whose name (`comm`) is `name`: a server
+/// the rig did not start itself, such as the S3 store in its network namespace.
+pub(crate) fn cpu_s_named(name: &str) -> f64 {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    procs
+        .flatten()
+        .map(|p| p.path())
+        .filter(|p| std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim_end() == name))
+        .filter_map(|p| cpu_s_of(&p.join("stat")))
+        .sum()
+}
+
 /// utime + stime from a `stat` file of /proc (a process's or a thread's).
 fn cpu_s_of(path: &Path) -> Option<f64> {
     let stat = std::fs::read_to_string(path).ok()?;
