@@ -372,7 +372,7 @@ fn leave() {
 pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
-        Some(p) => enter(p, true),
+        Some(p) => enter(p.into_owned(), true),
         None => {
             let rc = call_real!(chdir: fn(*const c_char) -> c_int, -1; path);
             if rc == 0 {

@@ -35,6 +35,7 @@ mod thread_word;
 pub(crate) mod walk;
 
 use cascade_store::{Error, File, OpenDescription, Store};
+use std::borrow::Cow;
 use std::ffi::{c_char, CStr};
 use std::sync::atomic::{
     AtomicBool, AtomicPtr,
@@ -322,6 +323,16 @@ pub(crate) fn virtual_cwd() -> Option<String> {
         .clone()
 }
 
+/// `rel` joined onto the virtual working directory, if there is one (the directory is not
+/// copied out first: one allocation per relative path).
+fn in_virtual_cwd(rel: &str) -> Option<String> {
+    VIRTUAL_CWD
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_deref()
+        .map(|cwd| join_store(cwd, rel))
+}
+
 pub(crate) fn set_virtual_cwd(cwd: Option<String>) {
     *VIRTUAL_CWD.write().unwrap_or_else(|p| p.into_inner()) = cwd;
 }
@@ -355,63 +366,61 @@ fn below_mount(p: &str) -> Option<&str> {
     (rest.is_empty() || rest.starts_with('/')).then_some(rest)
 }
 
-/// The store path for an absolute host path, if it lies under the mount.
+/// The store path for an absolute host path, if it lies under the mount: borrowed from `abs`
+/// unless it had to be normalised (a path without "/." or "//", the usual case, allocates
+/// nothing: every call that takes a path asks this first).
 ///
 /// Whether it does is decided lexically (so "/cascade/../etc" is the host's /etc); below
 /// the mount the path is handed to the store as written, so that ".." is walked through
 /// directories that must exist, as the kernel does.
-pub(crate) fn store_path_of(abs: &str) -> Option<String> {
+pub(crate) fn store_path_of(abs: &str) -> Option<Cow<'_, str>> {
     if !abs.contains("/.") && !abs.contains("//") {
         let rest = below_mount(abs)?;
-        return Some(if rest.is_empty() {
-            "/".to_string()
-        } else {
-            rest.to_string()
-        });
+        return Some(Cow::Borrowed(if rest.is_empty() { "/" } else { rest }));
     }
     let norm = normalise(abs);
     below_mount(&norm)?;
     Some(match below_mount(abs) {
-        Some("") => "/".to_string(),
-        Some(rest) => rest.to_string(),
+        Some("") => Cow::Borrowed("/"),
+        Some(rest) => Cow::Borrowed(rest),
         // e.g. "//cascade/x": only the normalised form starts with the mount.
-        None => below_mount(&norm).map(|r| {
-            if r.is_empty() {
-                "/".to_string()
-            } else {
-                r.to_string()
-            }
-        })?,
+        None => match below_mount(&norm)? {
+            "" => Cow::Borrowed("/"),
+            r => Cow::Owned(r.to_string()),
+        },
     })
 }
 
 /// Joins a relative path onto a store directory path (walked by the store, not normalised).
 pub(crate) fn join_store(dir: &str, rel: &str) -> String {
-    if dir.ends_with('/') {
-        format!("{dir}{rel}")
-    } else {
-        format!("{dir}/{rel}")
+    let mut joined = String::with_capacity(dir.len() + 1 + rel.len());
+    joined.push_str(dir);
+    if !dir.ends_with('/') {
+        joined.push('/');
     }
+    joined.push_str(rel);
+    joined
 }
 
 /// Classifies a C path: `Some(store path)` when Cascade serves it.
 ///
 /// # Safety
-/// `path` is null or a NUL-terminated string.
-pub(crate) unsafe fn classify(path: *const c_char) -> Option<String> {
+/// `path` is null or a NUL-terminated string that stays unchanged for `'a` (the store path
+/// may borrow from it: the wrapped call's argument, for the call).
+pub(crate) unsafe fn classify<'a>(path: *const c_char) -> Option<Cow<'a, str>> {
     classify_at(libc::AT_FDCWD, path)
 }
 
 /// Like [`classify`], relative to directory descriptor `dirfd` (an `*at` call).
 ///
 /// # Safety
-/// `path` is null or a NUL-terminated string.
-pub(crate) unsafe fn classify_at(dirfd: i32, path: *const c_char) -> Option<String> {
+/// As [`classify`].
+pub(crate) unsafe fn classify_at<'a>(dirfd: i32, path: *const c_char) -> Option<Cow<'a, str>> {
     if path.is_null() {
         return None;
     }
-    // SAFETY: non-null and NUL-terminated per the caller's contract.
-    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    // SAFETY: non-null, NUL-terminated and unchanged for 'a per the caller's contract.
+    let bytes = unsafe { CStr::from_ptr::<'a>(path) }.to_bytes();
     let s = std::str::from_utf8(bytes).ok()?;
     if s.starts_with('/') {
         return store_path_of(s);
@@ -423,11 +432,11 @@ pub(crate) unsafe fn classify_at(dirfd: i32, path: *const c_char) -> Option<Stri
         if let Some(e) = fds::entry(dirfd) {
             // Resolved from the directory's inode: right after renames, and ENOTDIR for a
             // file descriptor, as the kernel says.
-            return Some(e.file.anchored(s));
+            return Some(Cow::Owned(e.file.anchored(s)));
         }
-        return host_dir_into_mount(dirfd, s);
+        return host_dir_into_mount(dirfd, s).map(Cow::Owned);
     }
-    virtual_cwd().map(|cwd| join_store(&cwd, s))
+    in_virtual_cwd(s).map(Cow::Owned)
 }
 
 /// The store path of an application path given to the C API (`cascade_commit`): absolute
@@ -444,14 +453,16 @@ pub(crate) fn app_store_path(path: &str) -> Result<String, Error> {
         )
     };
     if path.starts_with('/') {
-        return store_path_of(path).ok_or_else(outside);
+        return store_path_of(path).map(Cow::into_owned).ok_or_else(outside);
     }
-    if let Some(cwd) = virtual_cwd() {
-        return Ok(join_store(&cwd, path));
+    if let Some(joined) = in_virtual_cwd(path) {
+        return Ok(joined);
     }
     let cwd = std::env::current_dir().map_err(|e| Error::from_io(&e, "getcwd"))?;
     let cwd = cwd.to_str().ok_or_else(outside)?;
-    store_path_of(&format!("{cwd}/{path}")).ok_or_else(outside)
+    store_path_of(&format!("{cwd}/{path}"))
+        .map(Cow::into_owned)
+        .ok_or_else(outside)
 }
 
 /// A host directory descriptor plus a relative path can still lead into the mount (rsync
@@ -470,7 +481,7 @@ fn host_dir_into_mount(dirfd: i32, rel: &str) -> Option<String> {
     if !dir.starts_with('/') {
         return None;
     }
-    store_path_of(&normalise(&format!("{dir}/{rel}")))
+    store_path_of(&normalise(&format!("{dir}/{rel}"))).map(Cow::into_owned)
 }
 
 // ---- the fd table -----------------------------------------------------------------------
@@ -916,6 +927,41 @@ static ON_UNLOAD: extern "C" fn() = on_unload;
 
 #[cfg(test)]
 mod tests {
+    use std::borrow::Cow;
+
+    /// A path under the mount is handed to the store as written, borrowed from the caller's
+    /// string (no allocation on the usual call); only a path whose written form does not start
+    /// with the mount is normalised into a new one. Assumes the default mount, `/cascade`
+    /// (the test process does not set CASCADE_MOUNT).
+    #[test]
+    fn store_paths_borrow_the_callers_path_unless_it_needs_normalising() {
+        let m = super::mount();
+        let borrowed = |abs: &str, want: &str| match super::store_path_of(abs) {
+            Some(Cow::Borrowed(p)) => assert_eq!(p, want, "{abs}"),
+            other => panic!("{abs}: {other:?}, want borrowed {want}"),
+        };
+        borrowed(m, "/");
+        borrowed(&format!("{m}/"), "/");
+        borrowed(&format!("{m}/run/ckpt.0"), "/run/ckpt.0");
+        // Lexically below the mount, walked by the store as written.
+        borrowed(&format!("{m}/run/../ckpt.0"), "/run/../ckpt.0");
+        borrowed(&format!("{m}/./x"), "/./x");
+        match super::store_path_of(&format!("/{m}/x")) {
+            Some(Cow::Owned(p)) => assert_eq!(p, "/x"),
+            other => panic!("//cascade/x: {other:?}"),
+        }
+        for outside in [
+            format!("{m}x/y"),
+            format!("{m}/../etc"),
+            "/etc/passwd".to_string(),
+            "/".to_string(),
+        ] {
+            assert_eq!(super::store_path_of(&outside), None, "{outside}");
+        }
+        assert_eq!(super::join_store("/run", "a/b"), "/run/a/b");
+        assert_eq!(super::join_store("/", "a"), "/a");
+    }
+
     /// The panic boundary: a panic in a wrapper's body fails the call (its error value and
     /// errno EIO) instead of unwinding into C. Unit-tested here since the store no longer
     /// panics on a damaged block, the one way a program could make the library panic.

@@ -201,14 +201,14 @@ pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint
 }
 
 /// A rename with exactly one side in the store crosses file systems.
-fn rename_pair(from: Option<String>, to: Option<String>, flags: c_uint) -> Option<c_int> {
+fn rename_pair(from: Option<Cow<str>>, to: Option<Cow<str>>, flags: c_uint) -> Option<c_int> {
     match (from, to) {
         (None, None) => None,
         (Some(f), Some(t)) => {
             if flags & libc::RENAME_NOREPLACE != 0 {
                 if let Ok(s) = store() {
                     if s.stat(&t).is_ok() {
-                        return Some(fail(&Error::new(libc::EEXIST, t)));
+                        return Some(fail(&Error::new(libc::EEXIST, t.into_owned())));
                     }
                 }
             } else if flags != 0 {

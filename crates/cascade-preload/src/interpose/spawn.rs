@@ -101,7 +101,7 @@ pub unsafe extern "C" fn posix_spawn_file_actions_addopen(
             .push(PendingOpen {
                 placeholder,
                 child_fd: fd,
-                path: p,
+                path: p.into_owned(),
                 oflag,
                 mode,
             })
@@ -144,7 +144,7 @@ pub unsafe extern "C" fn posix_spawn_file_actions_addchdir_np(
     // SAFETY: per the C contract.
     match unsafe { classify(path) } {
         Some(p) => {
-            with_extras(|x| x.entry(actions as usize).or_default().cwd = Some(p));
+            with_extras(|x| x.entry(actions as usize).or_default().cwd = Some(p.into_owned()));
             0
         }
         None => {

@@ -81,15 +81,15 @@ fn fd_meta(e: &Entry) -> Result<Metadata, Error> {
 }
 
 /// Where a stat-like call's target is: a Cascade path, a Cascade fd, or not ours.
-enum Target {
-    Path(String),
+enum Target<'a> {
+    Path(Cow<'a, str>),
     Fd(Arc<Entry>),
     Foreign,
 }
 
 /// # Safety
-/// `path` is null or NUL-terminated.
-unsafe fn target_at(dirfd: c_int, path: *const c_char, flags: c_int) -> Target {
+/// `path` is null or NUL-terminated, unchanged for `'a`.
+unsafe fn target_at<'a>(dirfd: c_int, path: *const c_char, flags: c_int) -> Target<'a> {
     // SAFETY: per the caller's contract.
     let empty = !path.is_null() && unsafe { *path } == 0;
     if empty && flags & libc::AT_EMPTY_PATH != 0 {

@@ -84,8 +84,9 @@ unsafe fn draw<T>(
     };
     for _ in 0..ATTEMPTS {
         bytes[at..at + 6].copy_from_slice(&random_letters());
-        // SAFETY: still NUL-terminated; only the X's changed.
-        let Some(path) = (unsafe { classify(template) }) else {
+        // SAFETY: still NUL-terminated; only the X's changed. Copied out: the next attempt
+        // writes new X's into the template.
+        let Some(path) = (unsafe { classify(template) }).map(std::borrow::Cow::into_owned) else {
             return Some(Err(Error::new(libc::EINVAL, "")));
         };
         match make(&path) {
