@@ -28,6 +28,12 @@ pub(crate) const ANCHOR: char = '\0';
 pub(crate) type Components<'p> = smallvec::SmallVec<[&'p str; INLINE_COMPONENTS]>;
 const INLINE_COMPONENTS: usize = 8;
 
+/// The length of the name a `link` word gives, at most a name slot's (a damaged word never
+/// reads past its slot).
+fn name_len(link: u64) -> usize {
+    link_len(link).min(NAME_MAX)
+}
+
 /// Splits a store path into components, dropping "." and empty ones. ".." stays: it is
 /// walked like the kernel does (its directory must exist), not resolved lexically.
 pub(crate) fn parse_path(path: &str) -> Result<Components<'_>> {
@@ -295,7 +301,7 @@ impl Block {
     #[inline]
     fn with_name<T>(&self, ino: u32, f: impl FnOnce(u32, &[u8]) -> T) -> T {
         let link = self.inode(ino).link.load(Acquire);
-        let len = link_len(link).min(NAME_MAX);
+        let len = name_len(link);
         // Not zeroed first: only the `len` bytes copied in are read (zeroing the 255 bytes
         // cost about 17 instructions per name compared, callgrind).
         let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); NAME_MAX];
@@ -1151,7 +1157,7 @@ impl Block {
         }
         let mut len = 0;
         self.walk_up(dir, |i| {
-            len += 1 + link_len(self.inode(i).link.load(Acquire)).min(NAME_MAX);
+            len += 1 + name_len(self.inode(i).link.load(Acquire));
         })?;
         Ok(len)
     }

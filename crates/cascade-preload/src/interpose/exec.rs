@@ -140,7 +140,7 @@ fn plan_store(p: &str, given: CString, args: Vec<CString>, depth: usize) -> Resu
 fn store_path_of_relative(path: &str) -> Option<String> {
     let c = CString::new(path).ok()?;
     // SAFETY: a NUL-terminated string, alive until the path is copied out of it.
-    unsafe { classify(c.as_ptr()) }.map(std::borrow::Cow::into_owned)
+    unsafe { classify(c.as_ptr()) }.map(Cow::into_owned)
 }
 
 /// A close-on-exec memfd holding the whole of store file `file`.
@@ -241,7 +241,7 @@ unsafe fn stored_library(path: *const c_char) -> Option<String> {
         return None;
     }
     // SAFETY: as above.
-    unsafe { classify(path) }.map(std::borrow::Cow::into_owned)
+    unsafe { classify(path) }.map(Cow::into_owned)
 }
 
 /// # Safety

@@ -375,20 +375,24 @@ fn below_mount(p: &str) -> Option<&str> {
 /// directories that must exist, as the kernel does.
 pub(crate) fn store_path_of(abs: &str) -> Option<Cow<'_, str>> {
     if !abs.contains("/.") && !abs.contains("//") {
-        let rest = below_mount(abs)?;
-        return Some(Cow::Borrowed(if rest.is_empty() { "/" } else { rest }));
+        return below_mount(abs).map(|rest| Cow::Borrowed(or_root(rest)));
     }
     let norm = normalise(abs);
-    below_mount(&norm)?;
+    let below = below_mount(&norm)?;
     Some(match below_mount(abs) {
-        Some("") => Cow::Borrowed("/"),
-        Some(rest) => Cow::Borrowed(rest),
+        Some(rest) => Cow::Borrowed(or_root(rest)),
         // e.g. "//cascade/x": only the normalised form starts with the mount.
-        None => match below_mount(&norm)? {
-            "" => Cow::Borrowed("/"),
-            r => Cow::Owned(r.to_string()),
-        },
+        None => Cow::Owned(or_root(below).to_string()),
     })
+}
+
+/// The store path of what lies below the mount: "" (the mount itself) is the root.
+fn or_root(rest: &str) -> &str {
+    if rest.is_empty() {
+        "/"
+    } else {
+        rest
+    }
 }
 
 /// Joins a relative path onto a store directory path (walked by the store, not normalised).

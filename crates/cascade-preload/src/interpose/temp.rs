@@ -86,7 +86,7 @@ unsafe fn draw<T>(
         bytes[at..at + 6].copy_from_slice(&random_letters());
         // SAFETY: still NUL-terminated; only the X's changed. Copied out: the next attempt
         // writes new X's into the template.
-        let Some(path) = (unsafe { classify(template) }).map(std::borrow::Cow::into_owned) else {
+        let Some(path) = (unsafe { classify(template) }).map(Cow::into_owned) else {
             return Some(Err(Error::new(libc::EINVAL, "")));
         };
         match make(&path) {
