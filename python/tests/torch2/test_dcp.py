@@ -208,7 +208,7 @@ def test_torch_load_mmap_under_cascade_run(store_env, store: cascade.Store) -> N
 
 NODE_RANKS = textwrap.dedent(
     """
-    import hashlib, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    import hashlib, os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from cascade.torch import Reader, Writer
 
     def digest(sd):
@@ -233,7 +233,10 @@ NODE_RANKS = textwrap.dedent(
     else:
         sd = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
         dcp.load(sd, storage_reader=Reader("/job/ckpt.2"))
-    print("rank", rank, "digest", digest(sd), flush=True)
+    # One write(2) for the whole line: torchrun's ranks share its stdout, and with
+    # PYTHONUNBUFFERED set (as on the CI machine) print() writes each piece apart, so two
+    # ranks' lines interleaved ("rankrank 0 1 digestdigest ...").
+    os.write(1, f"rank {rank} digest {digest(sd)}\\n".encode())
     dist.destroy_process_group()
     """
 )
@@ -257,7 +260,8 @@ def _digests(procs: list) -> set:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
         digests = {line.split()[-1] for line in out.splitlines() if " digest " in line}
-        # torchrun once exited 0 with no rank's line (CI, 2026-11-28): show what it said.
+        # torchrun once exited 0 with no rank's line (CI, 2026-11-28: two ranks' unbuffered
+        # prints interleaved, see NODE_RANKS): show what it said.
         assert digests, f"no rank printed a digest; stdout: {out[-1500:]!r}; stderr: {err[-3000:]}"
         found |= digests
     return found
