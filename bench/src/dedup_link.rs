@@ -7,8 +7,8 @@
 //! Per series (bench/datasets: torch, numpy, lammps) and mode (plain; dedup, with
 //! `--dedup ... --compress ... --delta off`; delta, the same with `--delta on`, the default;
 //! staged-dedup and staged-delta, the same as dedup and delta plus two `cascade stage-server`
-//! on 127.0.0.1 that the agent sends the chunks to, `CASCADE_STAGING`, and that push packs,
-//! index and manifest to the durable store), a fresh node store and `cascade agent --durable
+//! on 127.0.0.1, `CASCADE_STAGING`, on which the agent stages its packs, index and manifest
+//! and which drain them to the durable store), a fresh node store and `cascade agent --durable
 //! URL/<fresh prefix>` (the servers drain to the same prefix); then, snapshot by snapshot:
 //! `cascade put` of each file into `/ck.NN/`, `cascade commit /ck.NN`, `cascade wait /ck.NN
 //! --level durable`. Measured: from the first put until `cascade wait` returned (time until
@@ -58,6 +58,10 @@ pub struct DedupLinkArgs {
     /// The agent's compression setting in dedup mode (its default: the adaptive level).
     #[arg(long, default_value = "auto")]
     compress: String,
+    /// What the agent sends the staging servers in the staged modes (its
+    /// `staging.dedup`): packs (its default) or chunks.
+    #[arg(long, default_value = "packs", value_parser = ["packs", "chunks"])]
+    staging_dedup: String,
     /// The throttled durable store (`bench/netns-s3.sh up` prints it; `env` exports it).
     #[arg(long, env = "CASCADE_BENCH_S3_URL", hide_env_values = true)]
     url: Option<String>,
@@ -203,6 +207,7 @@ struct Report<'a> {
     link_bytes_per_s: Option<f64>,
     dedup: String,
     compress: String,
+    staging_dedup: String,
     reps: usize,
     targets: Vec<Target>,
     series: &'a [SeriesRow],
@@ -272,6 +277,7 @@ fn start_node(
         agent_env = vec![
             ("CASCADE_STAGING", addrs.join(",")),
             ("CASCADE_STAGING_SECRET", secret.clone()),
+            ("CASCADE_STAGING_DEDUP", a.staging_dedup.clone()),
         ];
     }
     let mut args = vec!["--durable", url];
@@ -614,6 +620,7 @@ pub fn run(mut a: DedupLinkArgs) -> Res<()> {
             "crates/cascade-dedup",
             "crates/cascade-agent",
             "crates/cascade-cli",
+            "crates/cascade-staging",
             "bench",
         ]),
         cascade_cli: report::describe(&a.cascade),
@@ -622,6 +629,7 @@ pub fn run(mut a: DedupLinkArgs) -> Res<()> {
         link_bytes_per_s: rate,
         dedup: a.dedup.clone(),
         compress: a.compress.clone(),
+        staging_dedup: a.staging_dedup.clone(),
         reps: a.reps.max(1),
         targets,
         series: &rows,
@@ -741,8 +749,8 @@ fn opt_s(x: Option<f64>) -> String {
 fn tables(rep: &Report) -> Md {
     let mut s = Md::default();
     s.verdict(format!(
-        "durable store {} behind {}; dedup `--dedup {} --compress {}`; median of {} repetition(s) per snapshot, series totals are sums",
-        rep.durable, rep.link, rep.dedup, rep.compress, rep.reps
+        "durable store {} behind {}; dedup `--dedup {} --compress {}`, through the servers as {} (`staging.dedup`); median of {} repetition(s) per snapshot, series totals are sums",
+        rep.durable, rep.link, rep.dedup, rep.compress, rep.staging_dedup, rep.reps
     ));
     s.title("Series".into());
     s.head("| series | snapshots | bytes | raw minimum (s) | plain (s) | dedup (s) | delta (s) | staged dedup (s) | staged delta (s) | staged dedup: staged (s) | staged delta: staged (s) | delta / raw minimum | staged delta / delta | on the link plain | on the link dedup | on the link delta | on the link staged dedup | on the link staged delta |");

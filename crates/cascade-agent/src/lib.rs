@@ -38,7 +38,8 @@ pub use drain::{
 };
 pub use error::{Error, Result};
 pub use options::{
-    AgentOptions, AgentStats, CheckpointRules, DedupOptions, JobOptions, Placement, StagingOptions,
+    AgentOptions, AgentStats, CheckpointRules, DedupOptions, DedupStaging, JobOptions, Placement,
+    StagingOptions,
 };
 pub use reader::StoreFileReader;
 pub use report::{Progress, Report};

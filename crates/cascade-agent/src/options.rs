@@ -228,6 +228,31 @@ impl std::str::FromStr for Placement {
     }
 }
 
+/// How a checkpoint goes through the servers with dedup on (docs/dedup.md, "Through
+/// staging servers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DedupStaging {
+    /// The agent builds packs, index object and manifest as when it writes the repository
+    /// itself, and stages them as files; the servers drain them, the manifest last.
+    Packs,
+    /// The agent sends the chunks a server lacks; the servers check them, pack them and
+    /// write the repository (a second node's `Lacks` see chunks not yet durable).
+    Chunks,
+}
+
+impl std::str::FromStr for DedupStaging {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<DedupStaging, String> {
+        match s {
+            "packs" => Ok(DedupStaging::Packs),
+            "chunks" => Ok(DedupStaging::Chunks),
+            other => Err(format!(
+                "{other:?} is not a dedup staging form (packs or chunks)"
+            )),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct StagingOptions {
     /// `host:port` of every staging server.
@@ -238,6 +263,8 @@ pub struct StagingOptions {
     /// `<drain-to>/<namespace>/...`.
     pub namespace: String,
     pub placement: Placement,
+    /// With dedup on: packs or chunks through the servers.
+    pub dedup: DedupStaging,
     /// Data bytes per Write frame.
     pub frame_bytes: usize,
     /// Data bytes sent between Syncs (each Sync acknowledges the files sealed before it).
@@ -260,6 +287,7 @@ impl std::fmt::Debug for StagingOptions {
             .field("credential", &self.credential)
             .field("namespace", &self.namespace)
             .field("placement", &self.placement)
+            .field("dedup", &self.dedup)
             .field("frame_bytes", &self.frame_bytes)
             .field("sync_bytes", &self.sync_bytes)
             .field("node", &self.node)
@@ -282,6 +310,7 @@ impl StagingOptions {
             credential,
             namespace: String::new(),
             placement: Placement::Stripe,
+            dedup: DedupStaging::Packs,
             frame_bytes: 8 << 20,
             sync_bytes: 256 << 20,
             node,

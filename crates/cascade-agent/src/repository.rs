@@ -181,7 +181,7 @@ impl Repository {
 
     /// Drops the cached repository, so the next use reloads every index object (blobs that
     /// other writers added since it was opened).
-    fn reopen(&self) {
+    pub(crate) fn reopen(&self) {
         if let Ok(mut cached) = self.repo.lock() {
             *cached = None;
         }

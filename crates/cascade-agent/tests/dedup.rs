@@ -42,6 +42,12 @@ const DEDUP: [(&str, &str); 2] = [
     ("CASCADE_DEDUP", "cdc:avg=16KiB"),
     ("CASCADE_COMPRESS", "zstd:1"),
 ];
+/// [`DEDUP`] through the staging servers as chunks (the default is packs).
+const DEDUP_AS_CHUNKS: [(&str, &str); 3] = [
+    ("CASCADE_DEDUP", "cdc:avg=16KiB"),
+    ("CASCADE_COMPRESS", "zstd:1"),
+    ("CASCADE_STAGING_DEDUP", "chunks"),
+];
 
 /// Compressible but not constant bytes (about 3x with zstd).
 fn text_like(len: usize, seed: u64) -> Vec<u8> {
@@ -319,6 +325,63 @@ fn blobs_sent(line: &str) -> (u64, u64) {
     (num(words[at - 3]), num(words[at - 1]))
 }
 
+/// A staging server on `ssd` whose durable store is a directory that then becomes a file:
+/// nothing it holds reaches the durable store until it is restarted with another target.
+fn cut_off_server(env: &Env, ssd: &Path, secret: &str) -> StageServer {
+    let broken = env.tmp.path().join("unreachable");
+    std::fs::create_dir_all(&broken).expect("dir");
+    let server = StageServer::start(env, ssd, broken.to_str().expect("utf-8"), secret, &[]);
+    std::fs::remove_dir_all(&broken).expect("rm");
+    std::fs::write(&broken, b"not a directory\n").expect("file");
+    server
+}
+
+/// Checkpoints /ck.1 (a 3 MiB model and 1 MiB of text) and /ck.2 (the same, 10,000 bytes
+/// of the model changed), each committed once the agent logged the line `line(ckpt)` for
+/// the one before.
+struct TwoCheckpoints {
+    /// The agent's line for each.
+    lines: [String; 2],
+    files: [[(&'static str, Vec<u8>); 2]; 2],
+}
+
+fn two_checkpoints(
+    env: &Env,
+    agent: &mut Daemon,
+    seed: u64,
+    line: impl Fn(&str) -> String,
+) -> TwoCheckpoints {
+    let model = random(3 << 20, seed);
+    let text = text_like(1 << 20, seed + 1);
+    let mut model2 = model.clone();
+    model2[2 << 20..(2 << 20) + 10_000].copy_from_slice(&random(10_000, seed + 2));
+    let files = [
+        [("model.bin", model), ("notes.txt", text.clone())],
+        [("model.bin", model2), ("notes.txt", text)],
+    ];
+    let lines = ["/ck.1", "/ck.2"].map(|ck| ck.to_string());
+    let lines = [0, 1].map(|i| {
+        let borrowed: Vec<(&str, &[u8])> = files[i].iter().map(|(n, d)| (*n, &d[..])).collect();
+        write_checkpoint(env, &lines[i], &borrowed);
+        wait_line_with(agent, &line(&lines[i]))
+    });
+    TwoCheckpoints { lines, files }
+}
+
+impl TwoCheckpoints {
+    /// `cascade restore` of both from `url` gives their files bit for bit.
+    fn assert_restore(&self, env: &Env, url: &str) {
+        for (ck, files) in ["ck.1", "ck.2"].iter().zip(&self.files) {
+            let dest = env.tmp.path().join(format!("restored-{ck}"));
+            restore_ok(env, ck, &dest, url);
+            for (file, want) in files {
+                let got = std::fs::read(dest.join(file)).expect("restored file");
+                assert!(got == *want, "{ck}/{file} differs");
+            }
+        }
+    }
+}
+
 /// 3. Through two staging servers: chunks are cut and scored on the node, each blob goes to
 ///    the server owning its score and only if it lacks it; server A cannot reach the durable
 ///    store, so nothing completes; A is killed with SIGKILL and restarted with a good target:
@@ -330,53 +393,26 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     let env = Env::new("dedup-stage", 96 << 20);
     let root = env.tmp.path().to_path_buf();
     let durable = root.join("durable");
-    let broken = root.join("unreachable");
-    for d in [&durable, &broken, &root.join("ssd-a"), &root.join("ssd-b")] {
+    for d in [&durable, &root.join("ssd-a"), &root.join("ssd-b")] {
         std::fs::create_dir_all(d).expect("dir");
     }
     let url = durable.to_str().expect("utf-8").to_string();
     let secret = "dedup-staging-test-secret";
-    let mut a = StageServer::start(
-        &env,
-        &root.join("ssd-a"),
-        broken.to_str().expect("utf-8"),
-        secret,
-        &[],
-    );
-    // The directory becomes a file: every push of A fails until it is restarted.
-    std::fs::remove_dir_all(&broken).expect("rm");
-    std::fs::write(&broken, b"not a directory\n").expect("file");
+    // Every push of A fails until it is restarted.
+    let mut a = cut_off_server(&env, &root.join("ssd-a"), secret);
     let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
-    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &DEDUP);
+    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &DEDUP_AS_CHUNKS);
 
-    let model = random(3 << 20, 31);
-    let text = text_like(1 << 20, 32);
-    write_checkpoint(
-        &env,
-        "/ck.1",
-        &[("model.bin", &model), ("notes.txt", &text)],
-    );
-    let first = wait_line_with(
-        &mut agent,
-        "cascade agent: checkpoint /ck.1 pushed to the staging servers as chunks",
-    );
-    let (sent1, all1) = blobs_sent(&first);
-    assert_eq!(sent1, all1, "{first}");
-    let mut model2 = model.clone();
-    model2[2 << 20..(2 << 20) + 10_000].copy_from_slice(&random(10_000, 33));
-    write_checkpoint(
-        &env,
-        "/ck.2",
-        &[("model.bin", &model2), ("notes.txt", &text)],
-    );
-    let second = wait_line_with(
-        &mut agent,
-        "cascade agent: checkpoint /ck.2 pushed to the staging servers as chunks",
-    );
-    let (sent2, all2) = blobs_sent(&second);
+    let two = two_checkpoints(&env, &mut agent, 31, |ck| {
+        format!("cascade agent: checkpoint {ck} pushed to the staging servers as chunks")
+    });
+    let (sent1, all1) = blobs_sent(&two.lines[0]);
+    assert_eq!(sent1, all1, "{}", two.lines[0]);
+    let (sent2, all2) = blobs_sent(&two.lines[1]);
     assert!(
         sent2 * 5 < all2,
-        "only the changed blobs go out again: {second}"
+        "only the changed blobs go out again: {}",
+        two.lines[1]
     );
     let status = a.status();
     assert!(status.pending_files == 0, "{status:?}");
@@ -390,8 +426,8 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
     // a server, the blobs on A's SSD or already in the repository (B pushed its own).
     let node2 = Env::new("dedup-stage-n2", 96 << 20);
     let mut reader = agent_through(&node2, &url, secret, &[&a, &b], &[]);
-    for (ck, want) in [("/ck.1", &model), ("/ck.2", &model2)] {
-        for (file, want) in [("model.bin", want), ("notes.txt", &text)] {
+    for (ck, files) in ["/ck.1", "/ck.2"].iter().zip(&two.files) {
+        for (file, want) in files {
             let path = format!("{ck}/{file}");
             assert_eq!(fetch(&node2, &path), "OK", "{path}\n{}", reader.log());
             assert!(node2.read(&path) == *want, "{path}");
@@ -421,19 +457,89 @@ fn through_staging_servers_blobs_are_sent_once_and_a_killed_server_loses_none() 
         );
     }
     stop_agent(&mut agent);
-    for (ck, want) in [("ck.1", &model), ("ck.2", &model2)] {
-        let dest = root.join(format!("restored-{ck}"));
-        restore_ok(&env, ck, &dest, &url);
-        assert!(
-            std::fs::read(dest.join("model.bin")).expect("model") == *want,
-            "{ck}"
-        );
-        assert!(
-            std::fs::read(dest.join("notes.txt")).expect("notes") == text,
-            "{ck}"
+    two.assert_restore(&env, &url);
+    drop(b);
+}
+
+/// Through a staging server as packs (the default): the node builds packs, index object and
+/// manifest and stages them as files; the server cannot reach the durable store, so nothing
+/// of the repository appears there although both checkpoints are staged (the second adds
+/// only its changed chunks). The agent and the server are then killed with SIGKILL, and the
+/// server restarted with a good target: with no agent running it drains the packs and writes
+/// the index objects and manifests, which restore bit for bit; the repository holds no
+/// checksum or version objects. A restarted agent records both checkpoints complete.
+#[test]
+fn through_a_staging_server_as_packs_a_checkpoint_survives_the_loss_of_the_node() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-packs", 96 << 20);
+    let root = env.tmp.path().to_path_buf();
+    let durable = root.join("durable");
+    for d in [&durable, &root.join("ssd")] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let url = durable.to_str().expect("utf-8").to_string();
+    let secret = "dedup-packs-test-secret";
+    // Every drain fails until the server is restarted.
+    let mut server = cut_off_server(&env, &root.join("ssd"), secret);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
+
+    let two = two_checkpoints(&env, &mut agent, 51, |ck| {
+        format!("cascade agent: checkpoint {ck} staged as packs on ")
+    });
+    let (new1, all1) = chunks_new(&two.lines[0]);
+    assert_eq!(new1, all1, "{}", two.lines[0]);
+    let (new2, all2) = chunks_new(&two.lines[1]);
+    assert!(
+        new2 * 5 < all2,
+        "only the changed chunks are stored again: {}\n{}",
+        two.lines[1],
+        agent.log()
+    );
+    assert!(
+        packs(&durable).is_empty()
+            && !durable.join(".cascade-dedup/manifests/ck.1.json").exists()
+            && !durable.join(".cascade-dedup/manifests/ck.2.json").exists(),
+        "the repository got objects while the server could not drain"
+    );
+    assert!(
+        !agent.log().contains("complete in the dedup repository"),
+        "{}",
+        agent.log()
+    );
+
+    // The node is lost: only the server holds the checkpoints.
+    agent.kill9();
+    server.kill9();
+    server.restart(&env, &url);
+    let manifests = [
+        durable.join(".cascade-dedup/manifests/ck.1.json"),
+        durable.join(".cascade-dedup/manifests/ck.2.json"),
+    ];
+    assert!(
+        wait_until(WAIT, || manifests.iter().all(|m| m.exists())),
+        "the restarted server wrote no manifests"
+    );
+    two.assert_restore(&env, &url);
+    let sidecars: Vec<PathBuf> = files_below(&durable.join(".cascade-dedup"))
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.ends_with(".blake3") || name.contains(".cascade-version")
+        })
+        .collect();
+    assert!(sidecars.is_empty(), "{sidecars:?}");
+
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
+    for ck in ["/ck.1", "/ck.2"] {
+        wait_line_with(
+            &mut agent,
+            &format!(
+                "cascade agent: checkpoint {ck} complete in the dedup repository (written by a \
+                 staging server)"
+            ),
         );
     }
-    drop(b);
+    stop_agent(&mut agent);
 }
 
 /// A staging server whose dedup chunk store is full (`--chunk-capacity`) refuses the chunks;
@@ -457,7 +563,7 @@ fn a_full_staging_chunk_store_sends_the_checkpoint_to_the_durable_store_instead(
         secret,
         &["--chunk-capacity", "1MiB", "--chunk-segment-size", "1MiB"],
     );
-    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP_AS_CHUNKS);
     let model = random(4 << 20, 41);
     write_checkpoint(&env, "/full.1", &[("model.bin", &model)]);
     let refused = wait_line_with(
@@ -716,7 +822,13 @@ fn through_staging_servers_later_checkpoints_go_as_deltas_and_a_killed_server_lo
     let secret = "dedup-staging-delta-secret";
     let mut a = StageServer::start(&env, &root.join("ssd-a"), &url, secret, &[]);
     let b = StageServer::start(&env, &root.join("ssd-b"), &url, secret, &[]);
-    let mut agent = agent_through(&env, &url, secret, &[&a, &b], &[("CASCADE_DEDUP", "on")]);
+    let mut agent = agent_through(
+        &env,
+        &url,
+        secret,
+        &[&a, &b],
+        &[("CASCADE_DEDUP", "on"), ("CASCADE_STAGING_DEDUP", "chunks")],
+    );
     let pushed = |i: usize| {
         format!(
             "cascade agent: checkpoint /torch/snap-{i:02} pushed to the staging servers as chunks"

@@ -10,8 +10,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cascade_agent::{
-    restore_checkpoint, restore_partial_checkpoint, Agent, AgentOptions, DedupOptions, JobOptions,
-    StagingOptions,
+    restore_checkpoint, restore_partial_checkpoint, Agent, AgentOptions, DedupOptions,
+    DedupStaging, JobOptions, StagingOptions,
 };
 use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_durable::{DurableStore, Marker};
@@ -29,9 +29,9 @@ enum Via {
     Plain,
     /// The dedup repository: each node's part manifest, then the job's manifest.
     Dedup,
-    /// Chunks through a staging server (address, secret), which writes each node's part
-    /// manifest into the repository.
-    StagedDedup(String, String),
+    /// Through a staging server (address, secret, as packs or chunks), which writes each
+    /// node's part manifest into the repository.
+    StagedDedup(String, String, DedupStaging),
 }
 
 impl Via {
@@ -75,8 +75,9 @@ impl Node {
                 adaptive: false,
             }),
             staging: match via {
-                Via::StagedDedup(server, secret) => Some(StagingOptions {
+                Via::StagedDedup(server, secret, form) => Some(StagingOptions {
                     node: name.to_string(),
+                    dedup: *form,
                     ..StagingOptions::new(vec![server.clone()], secret)
                 }),
                 _ => None,
@@ -278,21 +279,29 @@ fn with_dedup_a_checkpoint_of_two_nodes_is_complete_only_with_both_parts_on_s3()
 
 #[test]
 fn with_dedup_through_a_staging_server_a_checkpoint_of_two_nodes_completes_with_both_parts() {
-    let env = Env::new("jobs-staged-dedup", 16 << 20);
-    let server_s3 = Versitygw::start();
-    server_s3.create_bucket("jobs");
-    let durable = server_s3.url("jobs");
-    let ssd = env.tmp.path().join("ssd");
-    std::fs::create_dir(&ssd).expect("server dir");
-    let secret = "jobs-staged-dedup-secret";
-    let server = StageServer::start(&env, &ssd, &durable, secret, &[]);
-    let via = Via::StagedDedup(server.addr.clone(), secret.to_string());
-    two_nodes_complete_only_together(&durable, &via);
-    let status = server.status().dedup;
-    assert_eq!(
-        status.manifests_written, 2,
-        "the server wrote both nodes' part manifests: {status:?}"
-    );
+    for form in [DedupStaging::Packs, DedupStaging::Chunks] {
+        let env = Env::new("jobs-staged-dedup", 16 << 20);
+        let server_s3 = Versitygw::start();
+        server_s3.create_bucket("jobs");
+        let durable = server_s3.url("jobs");
+        let ssd = env.tmp.path().join("ssd");
+        std::fs::create_dir(&ssd).expect("server dir");
+        let secret = "jobs-staged-dedup-secret";
+        let server = StageServer::start(&env, &ssd, &durable, secret, &[]);
+        let via = Via::StagedDedup(server.addr.clone(), secret.to_string(), form);
+        two_nodes_complete_only_together(&durable, &via);
+        let status = server.status();
+        if form == DedupStaging::Chunks {
+            assert_eq!(
+                status.dedup.manifests_written, 2,
+                "the server wrote both nodes' part manifests: {:?}",
+                status.dedup
+            );
+        } else {
+            // Each node's packs, index object and part manifest, as files.
+            assert!(status.drained_files >= 6, "{status:?}");
+        }
+    }
 }
 
 /// The last two nodes finishing at the same moment, many times: exactly one completion
@@ -373,7 +382,7 @@ fn with_dedup_and_a_dead_staging_server_the_nodes_store_their_parts_themselves()
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = dead.local_addr().expect("addr").to_string();
     drop(dead);
-    let via = Via::StagedDedup(addr, "dead-server-secret".to_string());
+    let via = Via::StagedDedup(addr, "dead-server-secret".to_string(), DedupStaging::Packs);
     two_nodes_complete_only_together(&durable.path().display().to_string(), &via);
 }
 

@@ -8,12 +8,14 @@
 //!
 //! 1. plain files striped over both servers, the checkpoint pushed to one: its marker needs
 //!    the other server's drain;
-//! 2. dedup: blobs on both servers, the manifest on one: it needs the other's push.
+//! 2. dedup as chunks: blobs on both servers, the manifest on one: it needs the other's push;
+//! 3. dedup as packs: packs, index object and manifest staged on one server, which writes
+//!    the manifest after its own drain.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cascade_agent::{Agent, AgentOptions, DedupOptions, StagingOptions};
+use cascade_agent::{Agent, AgentOptions, DedupOptions, DedupStaging, StagingOptions};
 use cascade_durable::DurableStore;
 use cascade_testkit::{random, write_store_file, Env, StageServer};
 
@@ -22,7 +24,9 @@ const SECRET: &str = "staging-notify-secret";
 const DEADLINE: Duration = Duration::from_secs(60);
 const HOUR: Duration = Duration::from_secs(3600);
 
-fn checkpoint_durable_on_events(test: &str, dedup: bool) {
+/// `dedup`: None for plain files, else how the checkpoint goes through the servers.
+fn checkpoint_durable_on_events(test: &str, via: Option<DedupStaging>) {
+    let dedup = via.is_some();
     let env = Env::new(test, 64 << 20);
     let durable = env.tmp.path().join("durable");
     std::fs::create_dir_all(&durable).expect("durable dir");
@@ -43,6 +47,7 @@ fn checkpoint_durable_on_events(test: &str, dedup: bool) {
         .collect();
     let staging = StagingOptions {
         ask_every: HOUR,
+        dedup: via.unwrap_or(DedupStaging::Packs),
         ..StagingOptions::new(servers.iter().map(|s| s.addr.clone()).collect(), SECRET)
     };
     let opts = AgentOptions {
@@ -101,27 +106,37 @@ fn checkpoint_durable_on_events(test: &str, dedup: bool) {
         }
     }
     let statuses: Vec<_> = servers.iter().map(|s| s.status()).collect();
+    let used = |s: &cascade_wire::ServerStatus| {
+        if via == Some(DedupStaging::Chunks) {
+            s.dedup.chunks_absorbed > 0
+        } else {
+            s.absorbed_files > 0
+        }
+    };
     for s in &statuses {
         assert_eq!(s.timed_rechecks, 0, "a fallback timer looked: {s:#?}");
+        // As packs, the agent has nothing on the other server to wait for.
         assert!(
-            s.watches >= 1,
+            s.watches >= 1 || (via == Some(DedupStaging::Packs) && !used(s)),
             "the agent did not watch {}: {s:#?}",
             s.server
         );
     }
     let wakeups: u64 = statuses.iter().map(|s| s.watch_wakeups).sum();
     assert!(wakeups >= 1, "{statuses:#?}");
-    let used = |s: &cascade_wire::ServerStatus| {
-        if dedup {
-            s.dedup.chunks_absorbed > 0
-        } else {
-            s.absorbed_files > 0
-        }
-    };
-    assert!(
-        statuses.iter().all(used),
-        "both servers took a share: {statuses:#?}"
-    );
+    if via == Some(DedupStaging::Packs) {
+        // One server per node takes its packs.
+        assert_eq!(
+            statuses.iter().filter(|s| used(s)).count(),
+            1,
+            "{statuses:#?}"
+        );
+    } else {
+        assert!(
+            statuses.iter().all(used),
+            "both servers took a share: {statuses:#?}"
+        );
+    }
     if dedup {
         assert!(Path::new(&durable)
             .join(".cascade-dedup/manifests/run/ckpt.1.json")
@@ -136,10 +151,15 @@ fn checkpoint_durable_on_events(test: &str, dedup: bool) {
 
 #[test]
 fn plain_checkpoint_over_two_servers_is_complete_on_their_events() {
-    checkpoint_durable_on_events("notify-plain", false);
+    checkpoint_durable_on_events("notify-plain", None);
 }
 
 #[test]
-fn dedup_checkpoint_over_two_servers_is_complete_on_their_events() {
-    checkpoint_durable_on_events("notify-dedup", true);
+fn dedup_checkpoint_as_chunks_over_two_servers_is_complete_on_their_events() {
+    checkpoint_durable_on_events("notify-dedup", Some(DedupStaging::Chunks));
+}
+
+#[test]
+fn dedup_checkpoint_as_packs_is_complete_on_its_servers_events() {
+    checkpoint_durable_on_events("notify-packs", Some(DedupStaging::Packs));
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cascade_agent::{Placement, StagingOptions};
+use cascade_agent::{DedupStaging, Placement, StagingOptions};
 use cascade_config::{format_size, Config};
 use cascade_staging::auth::{Credential, JobKey};
 use cascade_staging::chunks::ChunkOptions;
@@ -115,6 +115,10 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
     opts.placement = config
         .text("staging.placement")
         .parse::<Placement>()
+        .map_err(Failure::new)?;
+    opts.dedup = config
+        .text("staging.dedup")
+        .parse::<DedupStaging>()
         .map_err(Failure::new)?;
     Ok(Some(opts))
 }

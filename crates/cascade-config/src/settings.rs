@@ -303,6 +303,20 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text("stripe".into()), String::new()),
     },
     SettingDef {
+        key: "staging.dedup",
+        env: "CASCADE_STAGING_DEDUP",
+        flag: Some("staging-dedup"),
+        aliases: &[],
+        value_name: "packs|chunks",
+        help: "With dedup on, what goes through the staging servers: packs = the node builds packs, index and manifest as when it writes the repository itself and the servers drain them as files (the fastest to durable); chunks = the chunks a server lacks, which the servers check, pack and push (nodes see each other's chunks before they are durable)",
+        default_help: "packs",
+        parse: |t| match t {
+            "packs" | "chunks" => Ok(Value::Text(t.to_string())),
+            _ => Err("expected packs or chunks".into()),
+        },
+        default: |_| (Value::Text("packs".into()), String::new()),
+    },
+    SettingDef {
         key: "staging.namespace",
         env: "CASCADE_STAGING_NAMESPACE",
         flag: Some("staging-namespace"),

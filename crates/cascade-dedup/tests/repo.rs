@@ -384,3 +384,78 @@ fn a_writer_killed_between_pack_writes_and_its_index_loses_nothing_reported_done
     assert_restores(&fresh, "ck/2", &[("b", &b)]);
     assert_restores(&fresh, "ck/1", &[("a", &compressible(4 * MIB, 20))]);
 }
+
+/// A writer whose packs and index object go elsewhere (`with_sink`: here a second directory
+/// store standing for a staging server) leaves the durable store untouched; the next
+/// writer of the process still dedups against its blobs although a refresh of the index
+/// does not find its index object in the durable store; the prepared manifest, once its
+/// objects are copied over in the crash-safe order, restores bit for bit from a repository
+/// opened afresh.
+#[test]
+fn a_writer_staging_its_objects_elsewhere_is_deduplicated_against_and_restores_once_moved() {
+    let f = fixture();
+    let staging_dir = tempfile::tempdir().expect("tempdir");
+    let staging = Arc::new(
+        DurableStore::open(staging_dir.path().to_str().expect("utf-8")).expect("staging store"),
+    );
+    let repo = open(&f, "fixed:64KiB", "zstd:1");
+    let a = random(MIB, 71);
+    let b = random(MIB / 2, 72);
+
+    let mut w = repo
+        .writer()
+        .with_sink(staging.clone() as Arc<dyn cascade_dedup::repo::ObjectSink>);
+    let recipe_a = w.add_file("a.bin", &a[..]).expect("add a");
+    assert!(w.finish().expect("finish").packs >= 1);
+    let (key, bytes, manifest) = repo
+        .prepare_manifest("ck.1", vec![recipe_a.clone()], false)
+        .expect("prepare");
+    staging.put_bytes(&key, &bytes).expect("stage the manifest");
+    assert!(
+        !f.root.join(DEFAULT_PREFIX).join("packs").exists()
+            && f.durable
+                .list(&format!("{DEFAULT_PREFIX}/index"))
+                .expect("list")
+                .is_empty()
+            && !f.root.join(&key).exists(),
+        "the durable store got objects of a staged writer"
+    );
+
+    // A new session lists `index/` in the durable store and finds nothing of ck.1.
+    assert_eq!(repo.refresh_index().expect("refresh"), 0);
+    let mut w = repo.writer();
+    w.add_file("a.bin", &a[..]).expect("add a again");
+    w.add_file("b.bin", &b[..]).expect("add b");
+    let stats = w.finish().expect("finish");
+    assert_eq!(
+        stats.new_bytes,
+        b.len() as u64,
+        "a.bin was stored again: {stats:?}"
+    );
+
+    // The server's drain: packs, then the index object, then the manifest.
+    let staged = staging.list(DEFAULT_PREFIX).expect("list staged");
+    let rank = |path: &str| {
+        ["/packs/", "/index/", "/manifests/"]
+            .iter()
+            .position(|k| path.contains(k))
+    };
+    let mut staged: Vec<String> = staged.into_iter().map(|o| o.path).collect();
+    staged.sort_by_key(|p| rank(p));
+    assert!(staged.iter().all(|p| rank(p).is_some()), "{staged:?}");
+    for path in &staged {
+        let object = staging.get_bytes(path).expect("get");
+        f.durable.put_bytes(path, &object).expect("put");
+    }
+    repo.manifest_written(&manifest).expect("written");
+    // Seen in the durable store now: a refresh keeps it, nothing is reloaded.
+    assert_eq!(repo.refresh_index().expect("refresh"), 0);
+
+    let fresh = open(&f, "fixed:64KiB", "zstd:1");
+    let read = fresh
+        .read_manifest("ck.1")
+        .expect("read")
+        .expect("manifest");
+    assert_eq!(read.files, manifest.files);
+    assert!(restore(&fresh, &read.files[0]) == a);
+}

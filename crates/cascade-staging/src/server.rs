@@ -8,6 +8,7 @@
 
 mod dedup;
 pub mod metrics;
+mod repository;
 mod streaming;
 
 use std::cell::RefCell;
@@ -831,6 +832,8 @@ pub mod threads {
     pub const DRAIN: &str = "cascade-drain";
     /// One per streaming drain upload.
     pub const STREAM: &str = "cascade-stream";
+    /// One per pack staged as a file being uploaded (at most `PACK_DRAINS`).
+    pub const PACK_DRAIN: &str = "cascade-pack-drain";
     /// The dedup push.
     pub const PUSH: &str = "cascade-push";
     /// Faults the drain memory in after the start (`ServerOptions::prefault`).
@@ -2008,7 +2011,7 @@ impl Shared {
                     }
                 }
             };
-            if begun && s.seal.is_none() {
+            if begun && s.seal.is_none() && repository::repository_object(&key).is_none() {
                 // More frames to come: upload while they arrive.
                 self.start_stream(id, &key, s.stamp, s.size);
             }
@@ -2189,6 +2192,15 @@ impl Shared {
         let mut manifest_poll = poll_min;
         let mut checked_at_wake = u64::MAX;
         let attempts = self.opts.drain_attempts.max(1);
+        // Packs staged as files upload on threads of their own, up to PACK_DRAINS at once:
+        // a checkpoint staged as packs waits for them, and two requests at once keep the
+        // link busy during each one's round trip (as the agent's own pack uploads do).
+        let (packs_sender, packs_done) = std::sync::mpsc::channel();
+        let mut packs_in_flight: HashSet<VersionId> = HashSet::new();
+        let is_pack = |v: &VersionInfo| {
+            repository::repository_object(&v.key)
+                .is_some_and(|(k, _)| k == repository::RepositoryObject::Pack)
+        };
         while !self.stop.load(Ordering::SeqCst) {
             let seen = *lock(&self.drain_wake.0);
             let mut progressed = false;
@@ -2211,15 +2223,23 @@ impl Shared {
                 }
                 keep
             });
-            for v in drainable {
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if retry_at.get(&v.id).is_some_and(|(_, at)| *at > now) {
-                    continue;
-                }
-                let since = yielding.get(&v.id).copied().unwrap_or(now);
-                match self.drain_one(&v, since, held) {
+            let finished: Vec<(VersionInfo, Result<Drain>)> = packs_done.try_iter().collect();
+            for (v, _) in &finished {
+                packs_in_flight.remove(&v.id);
+            }
+            let ready: Vec<(VersionInfo, Instant)> = drainable
+                .into_iter()
+                .filter(|v| retry_at.get(&v.id).is_none_or(|(_, at)| *at <= now))
+                .filter(|v| !packs_in_flight.contains(&v.id))
+                // Index objects and manifests staged as files go when their push completes.
+                .filter(|v| !repository::repository_object(&v.key).is_some_and(|(k, _)| k.held()))
+                .map(|v| {
+                    let since = yielding.get(&v.id).copied().unwrap_or(now);
+                    (v, since)
+                })
+                .collect();
+            let mut handle = |v: &VersionInfo, drained: Result<Drain>| {
+                match drained {
                     Ok(Drain::Yielded(wait)) => {
                         yielding.entry(v.id).or_insert(now);
                         look_again = look_again.min(wait);
@@ -2277,6 +2297,28 @@ impl Shared {
                         }
                     }
                 }
+            };
+            for (v, drained) in finished {
+                handle(&v, drained);
+            }
+            for (v, since) in ready {
+                if self.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if is_pack(&v) && packs_in_flight.len() >= PACK_DRAINS {
+                    continue;
+                }
+                if is_pack(&v) {
+                    match self.drain_pack_apart(v.clone(), since, held, packs_sender.clone()) {
+                        Ok(()) => {
+                            packs_in_flight.insert(v.id);
+                        }
+                        // No thread: drained here.
+                        Err(_) => handle(&v, self.drain_one(&v, since, held)),
+                    }
+                    continue;
+                }
+                handle(&v, self.drain_one(&v, since, held));
             }
             let woken = seen != checked_at_wake;
             if progressed || woken || manifests_checked.elapsed() >= manifest_poll {
@@ -2308,6 +2350,18 @@ impl Shared {
         }
     }
 
+    /// Uploads `parts` as object `key` in one request: streamed (signed a chunk at a time)
+    /// for a file, but signed whole for a repository object, as the agent writing the
+    /// repository itself sends it (a few MiB: the S3 store checks a streamed body's chunk
+    /// signatures at a cost the whole-body hash does not have).
+    fn put_parts(&self, key: &str, parts: Vec<bytes::Bytes>) -> cascade_durable::Result<()> {
+        if repository::repository_object(key).is_some() {
+            self.durable.put_buffers(key, parts)
+        } else {
+            self.durable.put_buffers_streamed(key, parts)
+        }
+    }
+
     /// Uploads version `v` in one request from its mapped arenas (no multipart upload the
     /// store must reassemble, no copy), checking its extents and hashing it on a second
     /// thread meanwhile. The digest of what was read.
@@ -2315,7 +2369,7 @@ impl Shared {
         let mapped = self.engine.map_version(v.id)?;
         let (put, checked) = std::thread::scope(|scope| {
             let check = scope.spawn(|| mapped.verify());
-            let put = self.durable.put_buffers_streamed(&v.key, mapped.parts());
+            let put = self.put_parts(&v.key, mapped.parts());
             (put, check.join())
         });
         let blake3 = match checked {
@@ -2346,7 +2400,7 @@ impl Shared {
                 }
                 *hasher.finalize().as_bytes()
             });
-            let put = self.durable.put_buffers_streamed(&v.key, parts.clone());
+            let put = self.put_parts(&v.key, parts.clone());
             (put, hash.join())
         });
         let Ok(blake3) = hashed else {
@@ -2428,6 +2482,13 @@ impl Shared {
             return self.commit(v, digest, started).map(|()| Drain::Done);
         }
         let one_request = v.size <= cascade_durable::SINGLE_PUT_MAX;
+        // A pack staged as a file: compressed and deduplicated already, and its checkpoint
+        // waits for it; it does not yield to the clients' writes.
+        if repository::repository_object(&v.key).is_some() {
+            return self
+                .upload_whole(v, one_request, started)
+                .map(|()| Drain::Done);
+        }
         if let Some(wait) = one_request
             .then(|| self.yields_to_ingest(v, since, held))
             .flatten()
@@ -2439,14 +2500,38 @@ impl Shared {
             .map(|()| Drain::Done)
     }
 
+    /// Drains pack `v` on a thread of its own, which sends the result to `done` and wakes
+    /// the drain loop.
+    fn drain_pack_apart(
+        self: &Arc<Self>,
+        v: VersionInfo,
+        since: Instant,
+        held: Option<Duration>,
+        done: std::sync::mpsc::Sender<(VersionInfo, Result<Drain>)>,
+    ) -> Result<()> {
+        let shared = Arc::clone(self);
+        spawn_named(threads::PACK_DRAIN.into(), move || {
+            let drained = shared.drain_one(&v, since, held);
+            let _ = done.send((v, drained));
+            shared.wake_drain();
+        })
+        .map(|_| ())
+    }
+
     /// Uploads version `v` whole (from the kept frames, the mapped arenas or a paced reader
     /// of the arenas; `one_request`: it fits one request) and commits it, or supersedes it
     /// when the durable store already records a newer one.
     fn upload_whole(&self, v: &VersionInfo, one_request: bool, started: Instant) -> Result<()> {
-        if let Some(newer) = self.newer_in_durable(v)? {
-            return self.supersede(v, newer);
+        // A repository object has no versions: its name says what it holds.
+        let versioned = repository::repository_object(&v.key).is_none();
+        if versioned {
+            if let Some(newer) = self.newer_in_durable(v)? {
+                return self.supersede(v, newer);
+            }
+            self.durable.put_version(&v.key, v.stamp)?;
+        } else {
+            self.check_repository_object(v)?;
         }
-        self.durable.put_version(&v.key, v.stamp)?;
         let kept = one_request.then(|| self.kept_parts(v)).flatten();
         let digest = if let Some(parts) = kept {
             let digest = self.put_kept(v, parts)?;
@@ -2483,12 +2568,17 @@ impl Shared {
             });
         }
         let data_done = started.elapsed();
+        let versioned = repository::repository_object(&v.key).is_none();
         // A newer writer that started meanwhile owns the name: its checksum must stay.
-        if let Some(newer) = self.newer_in_durable(v)? {
-            return self.supersede(v, newer);
+        if versioned {
+            if let Some(newer) = self.newer_in_durable(v)? {
+                return self.supersede(v, newer);
+            }
         }
         let checked = started.elapsed();
-        self.durable.put_checksum(&v.key, &digest)?;
+        if versioned {
+            self.durable.put_checksum(&v.key, &digest)?;
+        }
         let summed = started.elapsed();
         self.engine.mark_drained(v.id)?;
         let recorded = started.elapsed();
@@ -2562,6 +2652,17 @@ impl Shared {
     fn complete_manifests(&self) -> bool {
         let mut wrote = false;
         for (id, m) in self.engine.pending_manifests() {
+            if let Some(prefix) = repository::repository_push(&m) {
+                match self.complete_repository_push(id, &m, prefix) {
+                    Ok(true) => {
+                        self.log(|| format!("repository manifest {} written", m.checkpoint));
+                        wrote = true;
+                    }
+                    Ok(false) => {}
+                    Err(e) => self.fail(format!("cannot write {}: {e}", m.checkpoint)),
+                }
+                continue;
+            }
             let all_there = m.files.iter().all(|f| {
                 let key = manifest_key(&m, f);
                 match self.engine.lookup(&key) {
@@ -2615,16 +2716,19 @@ impl Shared {
 /// The refusal (BAD_PATH, one line), or None.
 fn reserved_name_in(request: &Request) -> Option<(u16, String)> {
     let mut names: Vec<&str> = Vec::new();
+    // Objects of a dedup repository staged as files are not files of the durable layout.
+    let plain = |key: &&str| repository::repository_object(key).is_none();
     match request {
-        Request::Write(segments) => names.extend(segments.iter().map(|s| s.key)),
+        Request::Write(segments) => names.extend(segments.iter().map(|s| s.key).filter(plain)),
         Request::Push {
             checkpoint, files, ..
-        } => {
+        } if plain(checkpoint) => {
             names.push(checkpoint);
             names.extend(files.iter().map(|f| f.path.as_str()));
         }
         // Dedup manifests are records in the repository, not files of the durable layout
-        // (a node's part of a checkpoint is a manifest named `<ckpt>/.cascade-part.<node>`).
+        // (a node's part of a checkpoint is a manifest named `<ckpt>/.cascade-part.<node>`),
+        // and so is a push of repository objects.
         _ => {}
     }
     let bad = names.into_iter().find(|name| {
@@ -2671,6 +2775,9 @@ fn manifest_key(m: &Manifest, f: &ManifestFile) -> String {
         format!("{}/{}", m.checkpoint, f.path)
     }
 }
+
+/// Packs staged as files uploading at once (drain_loop).
+const PACK_DRAINS: usize = 2;
 
 /// What one turn of the drain did with a version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

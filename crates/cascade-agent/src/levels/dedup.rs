@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cascade_dedup::repo::{Manifest, Repo, WriteStats};
+use cascade_dedup::repo::{FileRecipe, Manifest, Repo, RepoWriter, WriteStats};
 use cascade_dedup::Compression;
 use cascade_durable::DurableKey;
 use cascade_store::{FileKind, LifeEntry};
@@ -112,8 +112,35 @@ fn write_checkpoint(
     previous: Option<&PreviousVersion>,
     name: &str,
 ) -> Result<Option<(WriteStats, Manifest)>> {
+    let writer = repo.writer().with_compression(compression);
+    let Some((stats, mut recipes)) = add_checkpoint_files(node, writer, root, files, previous)?
+    else {
+        return Ok(None);
+    };
+    let manifest = if single_file(root, &recipes) {
+        repo.write_single_file_manifest(name, recipes.remove(0))?
+    } else {
+        repo.write_manifest(name, recipes)?
+    };
+    Ok(Some((stats, manifest)))
+}
+
+/// Whether checkpoint `root` with these recipes is recorded as a single file.
+pub(crate) fn single_file(root: &LifeEntry, recipes: &[FileRecipe]) -> bool {
+    root.kind == FileKind::File && recipes.len() == 1
+}
+
+/// Adds every file of checkpoint `root` with `writer` (each with the same file of
+/// `previous` as its base, if any) and finishes it: its figures and the files' recipes, in
+/// order; None if a file went away meanwhile.
+pub(crate) fn add_checkpoint_files(
+    node: &Node,
+    mut writer: RepoWriter,
+    root: &LifeEntry,
+    files: &[&LifeEntry],
+    previous: Option<&PreviousVersion>,
+) -> Result<Option<(WriteStats, Vec<FileRecipe>)>> {
     let store = &node.store;
-    let mut writer = repo.writer().with_compression(compression);
     let mut recipes = Vec::with_capacity(files.len());
     for f in files {
         let Some(file) = node.open_snapshot_file(f)? else {
@@ -130,18 +157,12 @@ fn write_checkpoint(
             writer.add_file_with_base(&path, reader, base)
         })?);
     }
-    let stats = writer.finish()?;
-    let manifest = if root.kind == FileKind::File && recipes.len() == 1 {
-        repo.write_single_file_manifest(name, recipes.remove(0))?
-    } else {
-        repo.write_manifest(name, recipes)?
-    };
-    Ok(Some((stats, manifest)))
+    Ok(Some((writer.finish()?, recipes)))
 }
 
 /// Counts and logs a checkpoint (or this node's part of one: not `whole`) stored in the
 /// repository; `what` says which.
-fn report_stored(
+pub(crate) fn report_stored(
     node: &Node,
     what: &str,
     stats: &WriteStats,

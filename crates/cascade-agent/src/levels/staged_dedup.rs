@@ -28,12 +28,14 @@ use crate::deltas::{deltas_note, recipe_in, PreviousVersion};
 use crate::level::{not_yet_whole, retry_later, Found, Level, Step, Unit};
 use crate::levels::dedup::report_level;
 use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
-use crate::options::DedupOptions;
+use crate::options::{DedupOptions, DedupStaging};
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
 use crate::servers::{Asked, ServerPool};
 use crate::store_write::write_fetched;
 use crate::{Error, Result};
+
+mod packs;
 
 /// Chunks scored, asked about and sent together.
 const BATCH_BYTES: usize = 8 << 20;
@@ -356,6 +358,8 @@ pub(crate) struct StagedDedup {
     /// Checkpoints pushed whose manifests are not written yet (the newest
     /// [`MEASURING_MAX`]), by manifest name: the adaptive level learns from each once it is.
     measuring: Mutex<Vec<(String, Pushed)>>,
+    /// Checkpoints staged as packs whose manifests are not written yet.
+    pending_pushes: packs::PendingPushes,
 }
 
 /// Checkpoints awaiting their manifests that the adaptive level keeps figures for (others
@@ -385,6 +389,7 @@ impl StagedDedup {
             asked: Asked::default(),
             placement: Mutex::new(Placement::new()),
             measuring: Mutex::new(Vec::new()),
+            pending_pushes: Mutex::default(),
         }
     }
 
@@ -724,8 +729,21 @@ impl StagedDedup {
         if !matches!(state, Some((ManifestState::Written, _))) {
             return Ok(waiting);
         }
-        self.pool.asked_done(&self.asked, &name);
-        self.adapt_level(node, &name);
+        self.record_written(node, root, &name, part)
+    }
+
+    /// The server wrote checkpoint `root`'s manifest `name`: the adaptive level learns from
+    /// it, and its files are recorded durable and it complete (`Step::Complete`) — or, for
+    /// this node's part of a job's checkpoint (`part`), only its files (`Step::PartStored`).
+    fn record_written(
+        &self,
+        node: &Node,
+        root: &LifeEntry,
+        name: &str,
+        part: bool,
+    ) -> Result<Step> {
+        self.pool.asked_done(&self.asked, name);
+        self.adapt_level(node, name);
         let Some(tree) = node.fresh_tree(root)? else {
             return Ok(Step::Changed);
         };
@@ -899,9 +917,15 @@ impl Level for StagedDedup {
             return step;
         }
         // Pushed at this version (a change below since makes it send again).
+        let as_packs = self.pool.opts.dedup == DedupStaging::Packs;
         if c.root.pushed_flag && c.root.safe() {
             // Its server writes the manifest once the blobs are pushed.
-            return match self.complete_staged(node, c.root) {
+            let completed = if as_packs {
+                self.complete_packs(node, c.root)
+            } else {
+                self.complete_staged(node, c.root)
+            };
+            return match completed {
                 Ok(step) => step,
                 Err(e) => retry_later(
                     node,
@@ -911,7 +935,12 @@ impl Level for StagedDedup {
                 ),
             };
         }
-        match self.stage_checkpoint(node, dedup, c.root, previous) {
+        let staged = if as_packs {
+            self.stage_packs(node, c.root, previous)
+        } else {
+            self.stage_checkpoint(node, dedup, c.root, previous)
+        };
+        match staged {
             Ok(true) => Step::Handed,
             Ok(false) => Step::Changed,
             Err(e) => {

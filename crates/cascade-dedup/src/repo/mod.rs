@@ -37,6 +37,7 @@ pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
 pub use job::{checkpoint_of, part_name, part_of};
 use session::{BlobAt, FilePacks, Session};
 pub use session::{Hold, DEFAULT_SESSION_LEASE};
+pub use upload::ObjectSink;
 
 /// Where the repository lives below the durable store's root.
 pub const DEFAULT_PREFIX: &str = ".cascade-dedup";
@@ -303,6 +304,10 @@ pub struct Repo {
     spare_packs: upload::SparePacks,
     /// Threads deleting the session objects of writers whose files manifests now name.
     ending_sessions: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Index objects this process's writers staged elsewhere ([`RepoWriter::with_sink`]) and
+    /// not yet seen in the durable store, by name: a refresh must not take them for deleted,
+    /// and a reload keeps their packs.
+    staged_indexes: Mutex<HashMap<String, IndexPacks>>,
 }
 
 impl Drop for Repo {
@@ -399,6 +404,7 @@ impl Repo {
             idle_ingests: Mutex::new(Vec::new()),
             spare_packs: upload::SparePacks::default(),
             ending_sessions: Mutex::new(Vec::new()),
+            staged_indexes: Mutex::new(HashMap::new()),
         };
         Ok(Some(repo))
     }
@@ -460,6 +466,13 @@ impl Repo {
             }
         }
         index.loaded.extend(named.into_iter().map(|(_, name)| name));
+        for (name, packs) in self.staged_indexes.lock().map_err(|_| poisoned())?.iter() {
+            if let (true, Ok(origin)) = (index.loaded.insert(name.clone()), parse_score(name)) {
+                for (id, entries) in packs {
+                    index.add_pack(*id, origin, entries);
+                }
+            }
+        }
         let mut current = self.index.write().map_err(|_| poisoned())?;
         index.condemned = std::mem::take(&mut current.condemned);
         *current = index;
@@ -505,6 +518,11 @@ impl Repo {
             .iter()
             .map(|o| o.path.rsplit('/').next().unwrap_or("").to_string())
             .collect();
+        let staged: HashSet<String> = {
+            let mut staged = self.staged_indexes.lock().map_err(|_| poisoned())?;
+            staged.retain(|name, _| !listed.contains(name));
+            staged.keys().cloned().collect()
+        };
         let (fresh, rewritten): (Vec<(String, String)>, bool) = {
             let index = self.index.read().map_err(|_| poisoned())?;
             let origins: HashSet<Score> = index
@@ -519,7 +537,10 @@ impl Repo {
                     (!index.loaded.contains(&name)).then_some((o.path, name))
                 })
                 .collect();
-            let rewritten = index.loaded.iter().any(|n| !listed.contains(n))
+            let rewritten = index
+                .loaded
+                .iter()
+                .any(|n| !listed.contains(n) && !staged.contains(n))
                 || fresh.iter().any(|(_, n)| {
                     gc::parse_index_name(n).is_some_and(|(origin, _)| origins.contains(&origin))
                 });
@@ -640,17 +661,19 @@ impl Repo {
             file_packs: FilePacks::default(),
             files: Vec::new(),
             uploads: upload::PackUploader::new(
-                Arc::clone(&self.durable),
+                Arc::clone(&self.durable) as Arc<dyn ObjectSink>,
                 self.prefix.clone(),
                 Arc::clone(&self.spare_packs),
             ),
             ingest: None,
             compression: self.compression,
             started: None,
+            staged: false,
         }
     }
 
-    fn manifest_key(&self, checkpoint: &str) -> Result<String> {
+    /// The key of checkpoint `checkpoint`'s manifest below the durable store's root.
+    pub fn manifest_key(&self, checkpoint: &str) -> Result<String> {
         let rel = cascade_durable::normalize_rel(checkpoint)?;
         Ok(self.key(&format!("manifests/{rel}.json")))
     }
@@ -675,7 +698,18 @@ impl Repo {
         files: Vec<FileRecipe>,
         single_file: bool,
     ) -> Result<Manifest> {
-        let mut manifest = Manifest {
+        let mut manifest = self.new_manifest(checkpoint, files, single_file)?;
+        self.record_manifest(&mut manifest)?;
+        Ok(manifest)
+    }
+
+    fn new_manifest(
+        &self,
+        checkpoint: &str,
+        files: Vec<FileRecipe>,
+        single_file: bool,
+    ) -> Result<Manifest> {
+        Ok(Manifest {
             single_file,
             format: MANIFEST_FORMAT.to_string(),
             checkpoint: cascade_durable::normalize_rel(checkpoint)?,
@@ -684,9 +718,38 @@ impl Repo {
             compression: self.compression.to_string(),
             files,
             packs: None,
-        };
-        self.record_manifest(&mut manifest)?;
-        Ok(manifest)
+        })
+    }
+
+    /// The manifest [`Repo::write_manifest`] would write, not written: its key and bytes, for
+    /// the writer to stage on a server together with its packs and index object (the server
+    /// writes it once they are in the durable store). Every file must come from a finished
+    /// writer of this process (`with_sink`); its session stays open until
+    /// [`Repo::manifest_written`], so garbage collection keeps the packs it names meanwhile.
+    pub fn prepare_manifest(
+        &self,
+        checkpoint: &str,
+        files: Vec<FileRecipe>,
+        single_file: bool,
+    ) -> Result<(String, Vec<u8>, Manifest)> {
+        let mut manifest = self.new_manifest(checkpoint, files, single_file)?;
+        let (_, walked) = self.settle_pack_set(&mut manifest, false)?;
+        debug_assert!(walked.is_none(), "no walk, no session of its own");
+        let key = self.manifest_key(&manifest.checkpoint)?;
+        let bytes =
+            serde_json::to_vec_pretty(&manifest).map_err(|e| Error::Invalid(e.to_string()))?;
+        Ok((key, bytes, manifest))
+    }
+
+    /// A manifest from [`Repo::prepare_manifest`] is in the durable store (or will never be):
+    /// the sessions that kept its packs end once nothing else waits for them.
+    pub fn manifest_written(&self, manifest: &Manifest) -> Result<()> {
+        let roots: Vec<Score> = manifest
+            .files
+            .iter()
+            .map(|f| parse_score(&f.root))
+            .collect::<Result<_>>()?;
+        self.release_roots(&roots)
     }
 
     /// Takes back the manifest of `checkpoint` (absent already is fine): a writer whose
@@ -1069,6 +1132,8 @@ pub struct RepoWriter<'r> {
     compression: Compression,
     /// When the first file was added.
     started: Option<std::time::Instant>,
+    /// Packs and the index object go to a sink other than the durable store.
+    staged: bool,
 }
 
 impl Drop for RepoWriter<'_> {
@@ -1093,6 +1158,15 @@ impl RepoWriter<'_> {
     /// blobs say how they are stored, so readers need not know.
     pub fn with_compression(mut self, compression: Compression) -> Self {
         self.compression = compression;
+        self
+    }
+
+    /// Packs and the index object go to `sink` instead of the durable store (the agent
+    /// staging them on a server, which drains them; then the manifest from
+    /// [`Repo::prepare_manifest`] goes the same way). Call before the first file.
+    pub fn with_sink(mut self, sink: Arc<dyn ObjectSink>) -> Self {
+        self.uploads.sink = sink;
+        self.staged = true;
         self
     }
 
@@ -1481,10 +1555,17 @@ impl RepoWriter<'_> {
             let id = score(&bytes);
             origin = Some(id);
             let name = to_hex(&id);
-            self.repo.durable.put_buffers(
+            self.uploads.sink.put(
                 &self.repo.key(&format!("index/{name}")),
                 vec![Bytes::from(bytes)],
             )?;
+            if self.staged {
+                self.repo
+                    .staged_indexes
+                    .lock()
+                    .map_err(|_| poisoned())?
+                    .insert(name.clone(), session.clone());
+            }
             let mut index = self.repo.index.write().map_err(|_| poisoned())?;
             if index.loaded.insert(name) {
                 for (pack, entries) in &session {

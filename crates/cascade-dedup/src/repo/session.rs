@@ -367,6 +367,29 @@ impl Repo {
     /// process that the collector waits for keeps it. Parked sessions whose every file is now
     /// named end after the write.
     pub(crate) fn record_manifest(&self, manifest: &mut Manifest) -> Result<()> {
+        let (roots, own_session) = self.settle_pack_set(manifest, true)?;
+        let written = serde_json::to_vec_pretty(&*manifest)
+            .map_err(|e| Error::Invalid(e.to_string()))
+            .and_then(|text| {
+                self.durable
+                    .put_bytes(&self.manifest_key(&manifest.checkpoint)?, &text)
+                    .map_err(Error::from)
+            });
+        if let Some(session) = own_session {
+            session.end(self);
+        }
+        written?;
+        self.release_roots(&roots)
+    }
+
+    /// Fills in `manifest.packs` (see [`Repo::record_manifest`]); its roots, and the session
+    /// of its own a walk needed (ended by the caller after the write). Without `may_walk`, a
+    /// root no parked session covers is refused instead of walked.
+    pub(crate) fn settle_pack_set(
+        &self,
+        manifest: &mut Manifest,
+        may_walk: bool,
+    ) -> Result<(Vec<Score>, Option<Session>)> {
         self.ensure_index()?;
         let roots: Vec<Score> = manifest
             .files
@@ -408,6 +431,13 @@ impl Repo {
         }
         let own_session = if uncovered.is_empty() {
             None
+        } else if !may_walk {
+            return Err(Error::Invalid(format!(
+                "checkpoint {}: {} of its files were not added by a writer of this process \
+                 whose session is open",
+                manifest.checkpoint,
+                uncovered.len()
+            )));
         } else {
             let session = Session::start(self)?;
             let walked = self.walk_pack_set(&uncovered).and_then(|walked| {
@@ -440,21 +470,16 @@ impl Repo {
             Some(session)
         };
         manifest.packs = Some(groups_of(&packs));
-        let written = serde_json::to_vec_pretty(&*manifest)
-            .map_err(|e| Error::Invalid(e.to_string()))
-            .and_then(|text| {
-                self.durable
-                    .put_bytes(&self.manifest_key(&manifest.checkpoint)?, &text)
-                    .map_err(Error::from)
-            });
-        if let Some(session) = own_session {
-            session.end(self);
-        }
-        written?;
+        Ok((roots, own_session))
+    }
+
+    /// A manifest naming `roots` was written: parked sessions whose every file is now named
+    /// end (in the background).
+    pub(crate) fn release_roots(&self, roots: &[Score]) -> Result<()> {
         let finished: Vec<Parked> = {
             let mut parked = self.parked.lock().map_err(|_| poisoned())?;
             for p in parked.iter_mut() {
-                for root in &roots {
+                for root in roots {
                     p.roots.remove(root);
                 }
             }

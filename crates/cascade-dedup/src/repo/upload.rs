@@ -82,9 +82,23 @@ impl BusyClock {
     }
 }
 
-/// Threads writing packs to the durable store; ids are reported in the order packs were sent.
+/// Where a writer's packs and index object go: the durable store itself, or a staging
+/// server that drains them there as they are (the agent staging a checkpoint as packs,
+/// docs/dedup.md, "Through staging servers").
+pub trait ObjectSink: Send + Sync {
+    /// Stores object `key` (below the durable store's root) holding the bytes of `parts`.
+    fn put(&self, key: &str, parts: Vec<Bytes>) -> Result<()>;
+}
+
+impl ObjectSink for DurableStore {
+    fn put(&self, key: &str, parts: Vec<Bytes>) -> Result<()> {
+        self.put_buffers(key, parts).map_err(Error::from)
+    }
+}
+
+/// Threads writing packs to their sink; ids are reported in the order packs were sent.
 pub(super) struct PackUploader {
-    durable: Arc<DurableStore>,
+    pub(super) sink: Arc<dyn ObjectSink>,
     prefix: String,
     workers: Option<(SyncSender<Job>, Vec<Worker>)>,
     /// Packs sent so far.
@@ -98,12 +112,12 @@ pub(super) struct PackUploader {
 
 impl PackUploader {
     pub(super) fn new(
-        durable: Arc<DurableStore>,
+        sink: Arc<dyn ObjectSink>,
         prefix: String,
         spare: SparePacks,
     ) -> PackUploader {
         PackUploader {
-            durable,
+            sink,
             prefix,
             workers: None,
             sent: 0,
@@ -160,14 +174,14 @@ impl PackUploader {
         let rx = Arc::new(Mutex::new(rx));
         let mut workers = Vec::with_capacity(UPLOAD_THREADS);
         for _ in 0..UPLOAD_THREADS {
-            let durable = Arc::clone(&self.durable);
+            let sink = Arc::clone(&self.sink);
             let prefix = self.prefix.clone();
             let spare = Arc::clone(&self.spare);
             let clock = Arc::clone(&self.clock);
             let rx = Arc::clone(&rx);
             let handle = std::thread::Builder::new()
                 .name("cascade-pack-upload".to_string())
-                .spawn(move || upload_all(&durable, &prefix, &spare, &clock, &rx))
+                .spawn(move || upload_all(&*sink, &prefix, &spare, &clock, &rx))
                 .map_err(Error::Io)?;
             workers.push(handle);
         }
@@ -220,7 +234,7 @@ impl Drop for PackUploader {
 }
 
 fn upload_all(
-    durable: &DurableStore,
+    sink: &dyn ObjectSink,
     prefix: &str,
     spare: &Mutex<Vec<Vec<u8>>>,
     clock: &Mutex<BusyClock>,
@@ -251,7 +265,7 @@ fn upload_all(
         let bytes = Bytes::from(buffer);
         BusyClock::start(clock);
         // The pack alone; `bytes` keeps the whole buffer for its reuse below.
-        let put = durable.put_buffers(&pack_key(prefix, &id), vec![bytes.slice(start..)]);
+        let put = sink.put(&pack_key(prefix, &id), vec![bytes.slice(start..)]);
         BusyClock::end(clock, put.is_ok().then_some(len));
         put?;
         ids.push((position, id));
