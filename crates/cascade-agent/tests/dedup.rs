@@ -542,6 +542,62 @@ fn through_a_staging_server_as_packs_a_checkpoint_survives_the_loss_of_the_node(
     stop_agent(&mut agent);
 }
 
+/// A server killed with SIGKILL while it holds a checkpoint staged as packs: the next
+/// checkpoint cannot be staged and is stored in the durable repository by the node, from a
+/// repository reloaded from the durable store (the node's index named the first one's packs,
+/// only staged), so it restores bit for bit. The server then comes back with its SSD wiped:
+/// it no longer knows the first checkpoint, the agent says so in one line and stores that
+/// one itself too; it restores bit for bit.
+#[test]
+fn checkpoints_staged_as_packs_on_a_server_that_died_are_stored_from_the_node() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-packs-lost", 96 << 20);
+    let root = env.tmp.path().to_path_buf();
+    let durable = root.join("durable");
+    let ssd = root.join("ssd");
+    for d in [&durable, &ssd] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let url = durable.to_str().expect("utf-8").to_string();
+    let secret = "dedup-packs-lost-secret";
+    let mut server = cut_off_server(&env, &ssd, secret);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
+    let model = random(2 << 20, 61);
+    write_checkpoint(&env, "/ck.1", &[("model.bin", &model)]);
+    wait_line_with(
+        &mut agent,
+        "cascade agent: checkpoint /ck.1 staged as packs on ",
+    );
+
+    server.kill9();
+    let mut model2 = model.clone();
+    model2[..10_000].copy_from_slice(&random(10_000, 62));
+    write_checkpoint(&env, "/ck.2", &[("model.bin", &model2)]);
+    wait_line_with(
+        &mut agent,
+        "cascade agent: sending /ck.2 to the staging servers failed",
+    );
+    wait_complete(&mut agent, "/ck.2");
+    // From the durable store alone, while ck.1's packs exist nowhere but on the dead server.
+    let restored = |ck: &str| {
+        let dest = root.join(format!("restored-{ck}"));
+        restore_ok(&env, ck, &dest, &url);
+        std::fs::read(dest.join("model.bin")).expect("restored")
+    };
+    assert!(restored("ck.2") == model2, "ck.2 differs");
+
+    std::fs::remove_dir_all(&ssd).expect("wipe the server's SSD");
+    std::fs::create_dir_all(&ssd).expect("dir");
+    server.restart(&env, &url);
+    wait_line_with(
+        &mut agent,
+        "cascade agent: no staging server knows checkpoint /ck.1 any more",
+    );
+    wait_complete(&mut agent, "/ck.1");
+    stop_agent(&mut agent);
+    assert!(restored("ck.1") == model, "ck.1 differs");
+}
+
 /// A staging server whose dedup chunk store is full (`--chunk-capacity`) refuses the chunks;
 /// the agent says so in one line and stores the checkpoint in the durable repository itself,
 /// from where it restores bit for bit.

@@ -944,7 +944,13 @@ impl Level for StagedDedup {
             Ok(true) => Step::Handed,
             Ok(false) => Step::Changed,
             Err(e) => {
-                // Unacknowledged: the checkpoint goes straight to the durable store.
+                // Unacknowledged: the checkpoint goes straight to the durable store. As packs,
+                // with the repository reloaded from the durable store: this process's index
+                // names packs only staged, perhaps on the server that just failed, which a
+                // manifest written directly must not name.
+                if as_packs {
+                    self.repository.reopen();
+                }
                 node.record_failure(format!(
                     "sending {} to the staging servers failed: {e}; storing it in the durable \
                      store's dedup repository instead",

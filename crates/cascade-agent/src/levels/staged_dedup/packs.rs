@@ -209,23 +209,11 @@ impl StagedDedup {
             return Ok(false);
         };
         // From here this process's index knows packs that are only staged: if they do not
-        // get pushed, the next checkpoints must not use them (a reopened repository knows
-        // only what is in the durable store).
-        let pushed = self.push_packs(
-            &repo,
-            &sink,
-            &name,
-            single_file(now_root, &recipes),
-            recipes,
-        );
-        let push = match pushed {
-            Ok(push) => push,
-            Err(e) => {
-                // Pushes pending keep their repository (and its sessions) until done.
-                self.repository.reopen();
-                return Err(e);
-            }
-        };
+        // get pushed, the next checkpoints must not use them, so on failure the caller
+        // reloads the repository from the durable store (send_checkpoint); pushes pending
+        // keep theirs (and its sessions) until done.
+        let single = single_file(now_root, &recipes);
+        let push = self.push_packs(&repo, &sink, &name, single, recipes)?;
         let digests = push.manifest.files.iter().map(|r| r.blake3.as_str());
         if !node.record_whole(now_root, &files, digests, Reached::Staged) {
             return Ok(false);
@@ -300,7 +288,8 @@ impl StagedDedup {
 
     /// For a checkpoint staged as packs: once its server wrote the manifest, records it
     /// complete (or this node's part stored). `Step::Waiting` until then. After a restart
-    /// of the agent (nothing pending here) every server that is up is asked.
+    /// of the agent (nothing pending here) every server that is up is asked. If none
+    /// knows the push any more, `Step::Next`: the durable repository level stores it.
     pub(super) fn complete_packs(&self, node: &Node, root: &LifeEntry) -> Result<Step> {
         let waiting = Step::Waiting(Instant::now() + self.pool.ask_every());
         let ckpt = DurableKey::from_store_path(&root.path);
@@ -308,8 +297,12 @@ impl StagedDedup {
         if !self.pool.ask_due(&self.asked, &name) {
             return Ok(waiting);
         }
-        let (servers, key) = match lock(&self.pending_pushes).get(&name) {
-            Some(p) => (vec![p.server], p.key.clone()),
+        let pending = lock(&self.pending_pushes)
+            .get(&name)
+            .map(|p| (p.server, p.key.clone()));
+        let was_pending = pending.is_some();
+        let (servers, key) = match pending {
+            Some((server, key)) => (vec![server], key),
             None => {
                 let Some(repo) = self.repository.get()? else {
                     return Ok(Step::Changed);
@@ -320,13 +313,30 @@ impl StagedDedup {
                 (servers, repo.manifest_key(&name).map_err(Error::Dedup)?)
             }
         };
-        let mut written = false;
+        // Every server that could hold the push answers for it.
+        let all_asked = was_pending || servers.len() == self.pool.count();
+        let (mut written, mut known) = (false, false);
         for i in servers {
             let state = self
                 .pool
                 .with_conn(i, |c| c.pull(&[(PullKind::Checkpoint, key.as_str())]))
                 .map_err(|e| self.pool.error(i, e))?;
-            written |= state.first().is_some_and(|s| s.level == WireLevel::Durable);
+            let level = state.first().map_or(WireLevel::Unknown, |s| s.level);
+            written |= level == WireLevel::Durable;
+            known |= level != WireLevel::Unknown;
+        }
+        if !known && all_asked {
+            // The server that took it lost it (its SSD replaced, say): stored again from the
+            // node, with the repository reloaded from the durable store, since this
+            // process's index names the packs that were lost with it.
+            lock(&self.pending_pushes).remove(&name);
+            self.repository.reopen();
+            node.record_failure(format!(
+                "no staging server knows checkpoint {} any more (lost with what its server \
+                 had staged); storing it in the durable store's dedup repository instead",
+                root.path
+            ));
+            return Ok(Step::Next);
         }
         if !written {
             return Ok(waiting);
