@@ -386,7 +386,8 @@ fn a_writer_killed_between_pack_writes_and_its_index_loses_nothing_reported_done
 }
 
 /// A writer whose packs and index object go elsewhere (`with_sink`: here a second directory
-/// store standing for a staging server) leaves the durable store untouched; the next
+/// store standing for a staging server) leaves the durable store untouched; its session is
+/// renewed while its manifest waits (`renew_parked`) and ends once it is written; the next
 /// writer of the process still dedups against its blobs although a refresh of the index
 /// does not find its index object in the durable store; the prepared manifest, once its
 /// objects are copied over in the crash-safe order, restores bit for bit from a repository
@@ -398,7 +399,8 @@ fn a_writer_staging_its_objects_elsewhere_is_deduplicated_against_and_restores_o
     let staging = Arc::new(
         DurableStore::open(staging_dir.path().to_str().expect("utf-8")).expect("staging store"),
     );
-    let repo = open(&f, "fixed:64KiB", "zstd:1");
+    let lease = std::time::Duration::from_secs(4);
+    let repo = open(&f, "fixed:64KiB", "zstd:1").with_session_lease(lease);
     let a = random(MIB, 71);
     let b = random(MIB / 2, 72);
 
@@ -419,6 +421,33 @@ fn a_writer_staging_its_objects_elsewhere_is_deduplicated_against_and_restores_o
                 .is_empty()
             && !f.root.join(&key).exists(),
         "the durable store got objects of a staged writer"
+    );
+
+    // While the server drains, the writer's session (in the durable store) is renewed.
+    let refreshed = || -> Vec<(String, u64)> {
+        let sessions = f
+            .durable
+            .list(&format!("{DEFAULT_PREFIX}/sessions"))
+            .expect("list");
+        sessions
+            .into_iter()
+            .map(|o| {
+                let text = f.durable.get_bytes(&o.path).expect("session");
+                let v: serde_json::Value = serde_json::from_slice(&text).expect("json");
+                let at = v["refreshed_unix_ns"].as_u64().expect("refreshed_unix_ns");
+                (o.path, at)
+            })
+            .collect()
+    };
+    let before = refreshed();
+    assert_eq!(before.len(), 1, "the staged writer's session is open");
+    // An eighth of the lease must go by before a renewal writes.
+    std::thread::sleep(lease / 8 + std::time::Duration::from_millis(20));
+    repo.renew_parked().expect("renew");
+    let after = refreshed();
+    assert!(
+        after.len() == 1 && after[0].0 == before[0].0 && after[0].1 > before[0].1,
+        "{before:?} -> {after:?}"
     );
 
     // A new session lists `index/` in the durable store and finds nothing of ck.1.
@@ -448,6 +477,12 @@ fn a_writer_staging_its_objects_elsewhere_is_deduplicated_against_and_restores_o
         f.durable.put_bytes(path, &object).expect("put");
     }
     repo.manifest_written(&manifest).expect("written");
+    repo.wait_session_ends();
+    let left: Vec<String> = refreshed().into_iter().map(|(path, _)| path).collect();
+    assert!(
+        !left.contains(&before[0].0),
+        "the staged writer's session ended: {left:?}"
+    );
     // Seen in the durable store now: a refresh keeps it, nothing is reloaded.
     assert_eq!(repo.refresh_index().expect("refresh"), 0);
 

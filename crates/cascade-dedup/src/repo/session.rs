@@ -347,6 +347,18 @@ impl Repo {
         }
     }
 
+    /// Renews the parked sessions that cover files no manifest names yet (each when an
+    /// eighth of its lease went by): a writer whose manifest another process writes later
+    /// (a staging server draining its packs first) keeps what it deduplicated against from
+    /// garbage collection meanwhile. The first session that lapsed already is an error.
+    pub fn renew_parked(&self) -> Result<()> {
+        let mut parked = self.parked.lock().map_err(|_| poisoned())?;
+        for p in parked.iter_mut().filter(|p| !p.roots.is_empty()) {
+            p.session.keep_alive(self)?;
+        }
+        Ok(())
+    }
+
     /// Ends every parked session (the repository is going away).
     pub(crate) fn end_parked(&self) {
         self.wait_session_ends();

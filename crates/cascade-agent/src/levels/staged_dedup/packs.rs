@@ -339,6 +339,14 @@ impl StagedDedup {
             return Ok(Step::Next);
         }
         if !written {
+            // The session keeping the manifest's packs lives until the server wrote it.
+            let renewed = match lock(&self.pending_pushes).get(&name) {
+                Some(p) => p.repo.renew_parked(),
+                None => Ok(()),
+            };
+            if let Err(e) = renewed {
+                node.record_failure(format!("checkpoint {} staged as packs: {e}", root.path));
+            }
             return Ok(waiting);
         }
         if let Some(p) = lock(&self.pending_pushes).remove(&name) {
