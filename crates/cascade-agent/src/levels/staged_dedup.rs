@@ -1,10 +1,11 @@
-//! Dedup through the staging servers (docs/dedup.md, "Through staging servers"): the agent
-//! cuts a committed checkpoint into chunks and scores them here on the compute node, asks the
-//! server that owns each score (rendezvous hashing over `staging.servers`) which ones it
-//! lacks, and sends only those, compressed; then the recipe blocks the same way, then the
-//! manifest with every score it names to the server owning the checkpoint's name. The servers
-//! push packs and index objects to the durable repository and write the manifest once all
-//! its blobs are there.
+//! Dedup through the staging servers (docs/dedup.md, "Through staging servers"), in two
+//! forms (`staging.dedup`): as packs the agent builds (packs.rs, the default), or as chunks,
+//! here: the agent cuts a committed checkpoint into chunks and scores them here on the
+//! compute node, asks the server that owns each score (rendezvous hashing over
+//! `staging.servers`) which ones it lacks, and sends only those, compressed; then the recipe
+//! blocks the same way, then the manifest with every score it names to the server owning the
+//! checkpoint's name. The servers push packs and index objects to the durable repository and
+//! write the manifest once all its blobs are there.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
