@@ -287,14 +287,7 @@ impl Repo {
     fn pack_set_of(&self, m: &Manifest) -> Result<PackSet> {
         match &m.packs {
             Some(groups) => set_of(groups),
-            None => {
-                let roots: Vec<Score> = m
-                    .files
-                    .iter()
-                    .map(|f| parse_score(&f.root))
-                    .collect::<Result<_>>()?;
-                self.walk_pack_set(&roots)
-            }
+            None => self.walk_pack_set(&m.roots()?),
         }
     }
 

@@ -225,6 +225,13 @@ pub struct Manifest {
     pub single_file: bool,
 }
 
+impl Manifest {
+    /// The roots of its files' trees.
+    pub(crate) fn roots(&self) -> Result<Vec<Score>> {
+        self.files.iter().map(|f| parse_score(&f.root)).collect()
+    }
+}
+
 /// One file of a manifest: its size, whole-file BLAKE3 and the root of its Merkle tree.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileRecipe {
@@ -744,12 +751,7 @@ impl Repo {
     /// A manifest from [`Repo::prepare_manifest`] is in the durable store (or will never be):
     /// the sessions that kept its packs end once nothing else waits for them.
     pub fn manifest_written(&self, manifest: &Manifest) -> Result<()> {
-        let roots: Vec<Score> = manifest
-            .files
-            .iter()
-            .map(|f| parse_score(&f.root))
-            .collect::<Result<_>>()?;
-        self.release_roots(&roots)
+        self.release_roots(&manifest.roots()?)
     }
 
     /// Takes back the manifest of `checkpoint` (absent already is fine): a writer whose

@@ -403,11 +403,7 @@ impl Repo {
         may_walk: bool,
     ) -> Result<(Vec<Score>, Option<Session>)> {
         self.ensure_index()?;
-        let roots: Vec<Score> = manifest
-            .files
-            .iter()
-            .map(|f| parse_score(&f.root))
-            .collect::<Result<_>>()?;
+        let roots = manifest.roots()?;
         // Every root must be reachable: the crash-safe order, checked.
         {
             let index = self.index.read().map_err(|_| poisoned())?;
