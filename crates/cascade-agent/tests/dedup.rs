@@ -598,6 +598,96 @@ fn checkpoints_staged_as_packs_on_a_server_that_died_are_stored_from_the_node() 
     assert!(restored("ck.1") == model, "ck.1 differs");
 }
 
+/// A checkpoint staged as packs whose manifest names packs of an earlier checkpoint, on a
+/// server cut off from the durable store; the agent and the server are killed with SIGKILL;
+/// meanwhile the writer's session is gone (as once its lease ran out) and a prune deletes
+/// the earlier checkpoint's packs. The server, restarted with a good target, checks the
+/// manifest before writing it (its push is from before the restart), drains the packs and
+/// the index object but refuses the manifest, in one line; the restarted agent hears that no
+/// server knows the checkpoint and stores it from the node; it restores bit for bit.
+#[test]
+fn a_staged_manifest_naming_packs_a_prune_deleted_is_refused_and_stored_from_the_node() {
+    let (_serial, _) = begin();
+    let env = Env::new("dedup-packs-gc", 96 << 20);
+    let root = env.tmp.path().to_path_buf();
+    let durable = root.join("durable");
+    let ssd = root.join("ssd");
+    for d in [&durable, &ssd] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    let url = durable.to_str().expect("utf-8").to_string();
+    let secret = "dedup-packs-gc-secret";
+    let mut server = StageServer::start(&env, &ssd, &url, secret, &[]);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
+    let model = random(2 << 20, 71);
+    write_checkpoint(&env, "/ck.1", &[("model.bin", &model)]);
+    wait_complete(&mut agent, "/ck.1");
+    let ck1_packs = packs(&durable);
+
+    // Cut off from the durable store (as cut_off_server).
+    let unreachable = root.join("unreachable");
+    std::fs::create_dir_all(&unreachable).expect("dir");
+    server.restart(&env, unreachable.to_str().expect("utf-8"));
+    std::fs::remove_dir_all(&unreachable).expect("rm");
+    std::fs::write(&unreachable, b"not a directory\n").expect("file");
+    let mut model2 = model.clone();
+    model2[..10_000].copy_from_slice(&random(10_000, 72));
+    write_checkpoint(&env, "/ck.2", &[("model.bin", &model2)]);
+    let staged = wait_line_with(
+        &mut agent,
+        "cascade agent: checkpoint /ck.2 staged as packs on ",
+    );
+    let (new2, all2) = chunks_new(&staged);
+    assert!(new2 * 5 < all2, "ck.2 dedups against ck.1: {staged}");
+    agent.kill9();
+    server.kill9();
+
+    for session in files_below(&durable.join(".cascade-dedup/sessions")) {
+        std::fs::remove_file(&session).expect("end the dead agent's session");
+    }
+    let pruned = env.cascade(&["prune", "ck.1", "--durable", &url], &[]);
+    assert!(pruned.ok(), "{pruned}");
+    let left = packs(&durable);
+    assert!(
+        ck1_packs.iter().any(|p| !left.contains(p)),
+        "the prune deleted none of ck.1's packs: {pruned}"
+    );
+
+    server.restart(&env, &url);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &DEDUP);
+    wait_line_with(
+        &mut agent,
+        "cascade agent: no staging server knows checkpoint /ck.2 any more",
+    );
+    wait_complete(&mut agent, "/ck.2");
+    stop_agent(&mut agent);
+    let log = server.log();
+    assert!(
+        log.contains("manifest of ck.2 not written: pack")
+            && log.contains("is not in the durable store (garbage collection deleted it)"),
+        "{log}"
+    );
+    // The staged manifest is let go once the node's is in the durable store.
+    assert!(
+        wait_until(WAIT, || server.log().contains(
+            "ck.2.json: its manifest was written without this server"
+        )),
+        "{}",
+        server.log()
+    );
+    // Several times: which copy of a blob stored twice a restore reads depends on the order
+    // it loads the index objects in (an index object of the refused push written anyway
+    // named delta blobs whose bases were deleted: that failed one restore in two).
+    for i in 0..4 {
+        let dest = root.join(format!("restored-ck.2-{i}"));
+        restore_ok(&env, "ck.2", &dest, &url);
+        assert!(
+            std::fs::read(dest.join("model.bin")).expect("restored") == model2,
+            "ck.2 differs"
+        );
+    }
+}
+
 /// A staging server whose dedup chunk store is full (`--chunk-capacity`) refuses the chunks;
 /// the agent says so in one line and stores the checkpoint in the durable repository itself,
 /// from where it restores bit for bit.

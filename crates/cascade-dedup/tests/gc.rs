@@ -591,6 +591,84 @@ fn a_blob_writer_keeps_what_its_prepared_manifest_uses() {
     assert_restores(&open(&durable_at(&root)), "ck2", &ck1);
 }
 
+/// A manifest a writer prepared and staged elsewhere, written much later by another process
+/// after that writer's session ended (a staging server cut off from the durable store while
+/// the agent died), is checked first: it goes in while every pack it names is there and no
+/// record condemns one, and the check's hold keeps them through a collection meanwhile; it is
+/// refused while a record condemns one, and once the collector deleted one.
+#[test]
+fn a_staged_manifest_is_refused_once_a_pack_it_names_is_condemned_or_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("durable");
+    let staging_dir = dir.path().join("staging");
+    let staging = durable_at(&staging_dir);
+    let x = random(256 * KIB, 11);
+    let y = random(128 * KIB, 12);
+    let writer = open(&durable_at(&root));
+    write_checkpoint(&writer, "ck1", &vec![("x.bin".into(), x.clone())]);
+
+    // ck2 dedups against ck1's packs; its own objects are staged, the manifest prepared.
+    let mut w = writer
+        .writer()
+        .with_sink(staging.clone() as Arc<dyn cascade_dedup::repo::ObjectSink>);
+    let recipes = vec![
+        w.add_file("x.bin", x.as_slice()).expect("add x"),
+        w.add_file("y.bin", y.as_slice()).expect("add y"),
+    ];
+    w.finish().expect("finish");
+    let (_, _, manifest) = writer
+        .prepare_manifest("ck2", recipes, false)
+        .expect("prepare");
+    let ck1_packs = recorded_packs(&writer.read_manifest("ck1").expect("read").expect("ck1"));
+    assert!(recorded_packs(&manifest).is_superset(&ck1_packs));
+    // The server drains ck2's packs and index object; the writer's process dies.
+    let mut present = HashSet::new();
+    for o in staging.list(DEFAULT_PREFIX).expect("list staged") {
+        let object = staging.get_bytes(&o.path).expect("get");
+        durable_at(&root).put_bytes(&o.path, &object).expect("put");
+        if o.path.contains("/packs/") {
+            present.insert(o.path.rsplit('/').next().expect("name").to_string());
+        }
+    }
+    drop(writer);
+
+    let server = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
+        .expect("open")
+        .expect("repo");
+    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
+        .expect("open")
+        .expect("repo");
+    let hold = server
+        .check_staged_manifest(&manifest, &present)
+        .expect("every pack is there");
+    collector.forget("ck1").expect("forget");
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert_eq!((r.packs_deleted, r.sessions_waited_for), (0, 1), "{r:?}");
+    let refused = server
+        .check_staged_manifest(&manifest, &present)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(refused.to_string().contains("condemned pack"), "{refused}");
+    hold.end(&server);
+    let r = collector
+        .collect_garbage(&GcOptions::default())
+        .expect("gc");
+    assert!(r.packs_deleted > 0, "{r:?}");
+    no_gc_records_or_sessions(&root);
+    let refused = server
+        .check_staged_manifest(&manifest, &present)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("not in the durable store"),
+        "{refused}"
+    );
+    assert_eq!(refused.errno(), libc::EAGAIN, "{refused}");
+    no_gc_records_or_sessions(&root);
+}
+
 /// A writer that died (its session object left behind, never renewed) holds collection back
 /// only until its lease ran out; then its session object is removed.
 #[test]

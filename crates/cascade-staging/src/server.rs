@@ -624,6 +624,8 @@ struct Shared {
     /// (a file drained, a marker, a dedup push round, a dedup manifest).
     events: (Mutex<u64>, Condvar),
     log_limit: Mutex<LogLimit>,
+    /// Pushes of repository objects: when received, and which manifests were refused.
+    repository_pushes: Mutex<repository::RepositoryPushes>,
 }
 
 /// A bound staging server. [`Server::run`] serves until [`Stopper::stop`].
@@ -706,6 +708,7 @@ impl Server {
                 closing: AtomicBool::new(false),
             },
             counters: Mutex::new(Counters::default()),
+            repository_pushes: Mutex::default(),
             last_write_ms: AtomicU64::new(0),
             next_conn: AtomicU64::new(0),
             conns: Mutex::new((0, HashMap::new())),
@@ -1784,12 +1787,17 @@ impl Shared {
                         })
                         .collect(),
                 };
+                let checkpoint = manifest.checkpoint.clone();
+                let repository = repository::repository_push(&manifest).is_some();
                 let recorded = self
                     .engine
                     .record_manifest(manifest)
-                    .and_then(|_| self.engine.sync());
+                    .and_then(|push| self.engine.sync().map(|()| push));
                 match recorded {
-                    Ok(()) => {
+                    Ok(push) => {
+                        if repository {
+                            lock(&self.repository_pushes).received(push, checkpoint);
+                        }
                         self.wake_drain();
                         self.reply(out, id, kind::PUSH, &[])
                     }
@@ -1861,6 +1869,8 @@ impl Shared {
                 },
                 None => unknown,
             },
+            // A refused manifest: the agent stores the checkpoint itself.
+            PullKind::Checkpoint if lock(&self.repository_pushes).refused(key) => unknown,
             PullKind::Checkpoint => match self.engine.manifest_state(key) {
                 Some(done) => PullState {
                     level: if done { Level::Durable } else { Level::Staged },
@@ -2654,10 +2664,7 @@ impl Shared {
         for (id, m) in self.engine.pending_manifests() {
             if let Some(prefix) = repository::repository_push(&m) {
                 match self.complete_repository_push(id, &m, prefix) {
-                    Ok(true) => {
-                        self.log(|| format!("repository manifest {} written", m.checkpoint));
-                        wrote = true;
-                    }
+                    Ok(true) => wrote = true,
                     Ok(false) => {}
                     Err(e) => self.fail(format!("cannot write {}: {e}", m.checkpoint)),
                 }

@@ -36,7 +36,7 @@ use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
 pub use job::{checkpoint_of, part_name, part_of};
 use session::{BlobAt, FilePacks, Session};
-pub use session::{Hold, DEFAULT_SESSION_LEASE};
+pub use session::{Hold, DEFAULT_SESSION_LEASE, STAGED_MANIFEST_TRUSTED};
 pub use upload::ObjectSink;
 
 /// Where the repository lives below the durable store's root.

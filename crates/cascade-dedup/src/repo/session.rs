@@ -25,6 +25,14 @@ use crate::{score, Score};
 /// a whole lease for dead. The margin covers clocks that disagree by up to a quarter lease.
 pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(15 * 60);
 
+/// How long after a push of a prepared manifest the process writing it may do so without
+/// [`Repo::check_staged_manifest`]: the pushing writer renews its session before the push
+/// (so it is at most an eighth of the lease old), and the collector takes it for dead only a
+/// whole lease after its renewal by a clock up to a quarter lease off; a quarter of the
+/// default lease leaves another quarter for the push's way and the write itself.
+pub const STAGED_MANIFEST_TRUSTED: Duration =
+    Duration::from_secs(DEFAULT_SESSION_LEASE.as_secs() / 4);
+
 pub(crate) const SESSION_FORMAT: &str = "cascade-dedup-session/1";
 
 /// A name nothing else will choose: the time (so names sort by age) and 16 hex digits of a
@@ -67,6 +75,17 @@ impl Session {
     /// rewritten the index objects this process reads (docs/dedup.md).
     pub fn start(repo: &Repo) -> Result<Session> {
         repo.ensure_index()?;
+        let session = Session::register(repo)?;
+        let synced = repo.sync_condemned().and_then(|()| repo.refresh_index());
+        if let Err(e) = synced {
+            session.end(repo);
+            return Err(e);
+        }
+        Ok(session)
+    }
+
+    /// PUTs a new session object, and nothing else.
+    fn register(repo: &Repo) -> Result<Session> {
         let id = unique_id();
         let now = cascade_durable::now_unix_ns();
         let mut session = Session {
@@ -77,11 +96,6 @@ impl Session {
             lease: repo.session_lease,
         };
         session.put(repo, now)?;
-        let synced = repo.sync_condemned().and_then(|()| repo.refresh_index());
-        if let Err(e) = synced {
-            session.end(repo);
-            return Err(e);
-        }
         Ok(session)
     }
 
@@ -333,6 +347,71 @@ impl Repo {
     /// Takes a [`Hold`].
     pub fn hold(&self) -> Result<Hold> {
         Session::start(self).map(Hold)
+    }
+
+    /// Checks a manifest another process prepared ([`Repo::prepare_manifest`]) before it is
+    /// written, when the session that kept its packs from garbage collection may have lapsed
+    /// meanwhile (a staging server cut off from the durable store for longer than
+    /// [`STAGED_MANIFEST_TRUSTED`] after the push): registers a session first, then refuses
+    /// (`Error::Conflict`) if a condemned record names a pack the manifest names, or one is
+    /// not in the durable store (`present`: hex ids of packs known to be there, not asked
+    /// again; one HEAD for each other). Otherwise the returned hold keeps them all until it
+    /// ends: end it after the manifest's PUT. Loads no index.
+    pub fn check_staged_manifest(
+        &self,
+        manifest: &Manifest,
+        present: &HashSet<String>,
+    ) -> Result<Hold> {
+        let session = Session::register(self)?;
+        match self.staged_manifest_refusal(manifest, present) {
+            Ok(None) => Ok(Hold(session)),
+            Ok(Some(why)) => {
+                session.end(self);
+                Err(Error::Conflict(format!(
+                    "manifest of {} not written: {why}; store the files again",
+                    manifest.checkpoint
+                )))
+            }
+            Err(e) => {
+                session.end(self);
+                Err(e)
+            }
+        }
+    }
+
+    /// Why `manifest` must not be written now (see [`Repo::check_staged_manifest`]), if so.
+    fn staged_manifest_refusal(
+        &self,
+        manifest: &Manifest,
+        present: &HashSet<String>,
+    ) -> Result<Option<String>> {
+        let Some(groups) = &manifest.packs else {
+            return Ok(Some("it names no packs to check".to_string()));
+        };
+        let packs = || groups.iter().flat_map(|g| g.packs.iter());
+        let condemned: HashSet<String> = self
+            .condemned_records()?
+            .into_iter()
+            .flat_map(|r| r.packs.into_iter().flat_map(|g| g.packs))
+            .collect();
+        if let Some(pack) = packs().find(|p| condemned.contains(*p)) {
+            return Ok(Some(format!(
+                "garbage collection condemned pack {pack}, which it names"
+            )));
+        }
+        for pack in packs().filter(|p| !present.contains(*p)) {
+            match self.durable.size(&self.pack_key(&parse_score(pack)?)) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {
+                    return Ok(Some(format!(
+                        "pack {pack}, which it names, is not in the durable store \
+                         (garbage collection deleted it)"
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
     }
 
     /// Waits until the sessions ended in the background are deleted (before a collection,

@@ -7,11 +7,54 @@
 //! durable store, then written in that order, so the repository's crash-safe order (packs,
 //! index, manifest) holds whatever this server's fate.
 
-use cascade_dedup::repo::DEFAULT_PREFIX;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
 
-use super::Shared;
+use cascade_dedup::repo::{
+    Error as RepoError, Hold, Manifest as RepoManifest, Repo, DEFAULT_PREFIX,
+    STAGED_MANIFEST_TRUSTED,
+};
+
+use super::{lock, Shared};
 use crate::engine::{Manifest, VersionInfo};
 use crate::{hex, ServerError as Error, ServerResult as Result};
+
+/// What this server knows of the pushes of repository objects beyond its arena. In memory
+/// only: after a restart every pending push is checked before its manifest is written.
+#[derive(Default)]
+pub(super) struct RepositoryPushes {
+    /// When each push (by id) arrived.
+    received: HashMap<u64, Instant>,
+    /// Checkpoints (namespaced manifest keys) whose manifest was refused, and why: Pull
+    /// answers Unknown for them, so their agent stores them itself.
+    refused: HashMap<String, String>,
+}
+
+impl RepositoryPushes {
+    pub(super) fn received(&mut self, push: u64, checkpoint: String) {
+        self.received.insert(push, Instant::now());
+        self.refused.remove(&checkpoint);
+    }
+
+    pub(super) fn refused(&self, checkpoint: &str) -> bool {
+        self.refused.contains_key(checkpoint)
+    }
+
+    /// Whether push `id`'s manifest may be written unchecked: it arrived here less than
+    /// [`STAGED_MANIFEST_TRUSTED`] ago, so the session of the writer that prepared it still
+    /// keeps its packs from garbage collection, even if that writer died since.
+    fn trusted(&self, push: u64) -> bool {
+        self.received
+            .get(&push)
+            .is_some_and(|at| at.elapsed() < STAGED_MANIFEST_TRUSTED)
+    }
+
+    fn done(&mut self, push: u64, checkpoint: &str) {
+        self.received.remove(&push);
+        self.refused.remove(checkpoint);
+    }
+}
 
 /// What a key below a repository's prefix holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +155,7 @@ impl Shared {
                     // A newer version of the checkpoint was staged since: its own push
                     // writes the name.
                     self.engine.mark_manifest_done(id)?;
+                    lock(&self.repository_pushes).done(id, &m.checkpoint);
                     self.log(|| format!("{}: superseded before it was written", m.checkpoint));
                     return Ok(false);
                 }
@@ -127,11 +171,119 @@ impl Shared {
         }
         // The index before the manifest, whatever order the list had.
         held.sort_by_key(|(_, kind)| *kind == RepositoryObject::Manifest);
-        for (v, _) in held.iter().filter(|(v, _)| !v.drained) {
-            let one_request = v.size <= cascade_durable::SINGLE_PUT_MAX;
-            self.upload_whole(v, one_request, std::time::Instant::now())?;
+        let (index_objects, manifest): (Vec<_>, Vec<_>) = held
+            .into_iter()
+            .filter(|(v, _)| !v.drained)
+            .map(|(v, kind)| (v, kind == RepositoryObject::Manifest))
+            .partition(|(_, is_manifest)| !is_manifest);
+        let manifest = manifest.into_iter().next().map(|(v, _)| v);
+        if lock(&self.repository_pushes).refused(&m.checkpoint) {
+            let unwritten = index_objects.iter().map(|(v, _)| v).chain(&manifest);
+            return self.settle_refused(id, m, manifest.as_ref(), unwritten);
+        }
+        let mut hold = None;
+        if let Some(v) = manifest.as_ref() {
+            if !lock(&self.repository_pushes).trusted(id) {
+                match self.check_staged_manifest(prefix, m, v)? {
+                    Ok(checked) => hold = Some(checked),
+                    Err(why) => {
+                        // Nor its index objects: a delta blob of its packs may have its base
+                        // in a deleted pack. Its packs are orphaned packs (prune --orphans).
+                        self.fail(format!(
+                            "{}: {why} (refused here: its agent stores the checkpoint itself)",
+                            m.checkpoint
+                        ));
+                        lock(&self.repository_pushes)
+                            .refused
+                            .insert(m.checkpoint.clone(), why);
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+        let written = index_objects
+            .iter()
+            .map(|(v, _)| v)
+            .chain(&manifest)
+            .try_for_each(|v| self.upload(v));
+        if let Some((repo, hold)) = hold {
+            hold.end(&repo);
+        }
+        written?;
+        self.engine.mark_manifest_done(id)?;
+        lock(&self.repository_pushes).done(id, &m.checkpoint);
+        self.log(|| format!("repository manifest {} written", m.checkpoint));
+        Ok(true)
+    }
+
+    fn upload(&self, v: &VersionInfo) -> Result<()> {
+        let one_request = v.size <= cascade_durable::SINGLE_PUT_MAX;
+        self.upload_whole(v, one_request, Instant::now())
+    }
+
+    /// Checks the staged manifest `v` of push `m` against garbage collection
+    /// ([`Repo::check_staged_manifest`]): the hold to end after writing it, or why it must
+    /// not be written. The packs the push lists are in the durable store already.
+    fn check_staged_manifest(
+        &self,
+        prefix: &str,
+        m: &Manifest,
+        v: &VersionInfo,
+    ) -> Result<std::result::Result<(Repo, Hold), String>> {
+        let mapped = self.engine.map_version(v.id)?;
+        mapped.verify()?;
+        let manifest: RepoManifest = match serde_json::from_slice(&mapped.parts().concat()) {
+            Ok(manifest) => manifest,
+            Err(e) => return Ok(Err(format!("it is not a dedup manifest ({e})"))),
+        };
+        let Some(repo) = Repo::open_for_maintenance(Arc::clone(&self.durable), prefix)? else {
+            return Ok(Err(format!(
+                "the durable store has no dedup repository at {prefix}"
+            )));
+        };
+        let present: HashSet<String> = m
+            .files
+            .iter()
+            .filter(|f| f.path.starts_with("packs/"))
+            .filter_map(|f| f.path.rsplit('/').next())
+            .map(str::to_string)
+            .collect();
+        match repo.check_staged_manifest(&manifest, &present) {
+            Ok(hold) => Ok(Ok((repo, hold))),
+            Err(RepoError::Conflict(why)) => Ok(Err(why)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Push `id`, whose manifest was refused: done once a manifest of its checkpoint is in
+    /// the durable store (its agent stored the checkpoint itself); its staged manifest and
+    /// index objects (`unwritten`) then count as drained, to be reclaimed, unwritten.
+    fn settle_refused<'v>(
+        &self,
+        id: u64,
+        m: &Manifest,
+        manifest: Option<&VersionInfo>,
+        unwritten: impl Iterator<Item = &'v VersionInfo>,
+    ) -> Result<bool> {
+        if let Some(v) = manifest {
+            match self.durable.size(&v.key) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for v in unwritten {
+            self.engine.mark_drained(v.id)?;
+            self.release_kept(v.id);
         }
         self.engine.mark_manifest_done(id)?;
+        lock(&self.repository_pushes).done(id, &m.checkpoint);
+        self.log(|| {
+            format!(
+                "{}: its manifest was written without this server (refused here)",
+                m.checkpoint
+            )
+        });
         Ok(true)
     }
 

@@ -273,6 +273,9 @@ impl StagedDedup {
                 blake3: o.blake3,
             })
             .collect();
+        // The server writes the manifest unchecked for a while after the push, counting on
+        // this session being fresh (cascade_dedup::repo::STAGED_MANIFEST_TRUSTED).
+        repo.renew_parked().map_err(Error::Dedup)?;
         let server = sink.server;
         self.pool
             .with_conn(server, |c| c.push(&key, false, &listed))
