@@ -589,8 +589,9 @@ impl Repo {
         }
     }
 
-    /// Drops the blobs of deleted packs from the loaded index (a blob also stored elsewhere
-    /// is found again at the next refresh).
+    /// Drops the blobs of deleted packs from the loaded index; a blob whose copy in use went
+    /// switches to another copy this index knows (any other is found again at the next
+    /// refresh).
     fn forget_packs_in_memory(&self, deleted: &HashSet<Score>) {
         if deleted.is_empty() {
             return;
@@ -605,9 +606,27 @@ impl Repo {
             .filter(|(_, p)| deleted.contains(*p))
             .map(|(i, _)| i as u32)
             .collect();
-        index.blobs.retain(|_, loc| !gone.contains(&loc.pack));
         let index = &mut *index;
+        for copies in index.copies.values_mut() {
+            copies.retain(|(loc, _)| !gone.contains(&loc.pack));
+        }
+        let lost: Vec<Score> = index
+            .blobs
+            .iter()
+            .filter(|(_, loc)| gone.contains(&loc.pack))
+            .map(|(s, _)| *s)
+            .collect();
+        for s in lost {
+            match index.copies.get_mut(&s).and_then(Vec::pop) {
+                Some(copy) => index.use_copy(s, copy),
+                None => {
+                    index.blobs.remove(&s);
+                }
+            }
+        }
         index.deltas.retain(|s, _| index.blobs.contains_key(s));
+        index.copies.retain(|_, c| !c.is_empty());
+        index.settle_copies();
     }
 }
 

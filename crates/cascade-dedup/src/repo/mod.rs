@@ -112,7 +112,16 @@ struct Index {
     /// Ids of the index objects already loaded (or written by this process), so that
     /// [`Repo::refresh_index`] reads only new ones.
     loaded: HashSet<String>,
+    /// The other copies of blobs stored more than once (rare: a writer stores a blob again
+    /// when the copy it found cannot be rebuilt, e.g. a delta whose base was deleted with a
+    /// pruned checkpoint after the writer of the delta died before its manifest). Kept so
+    /// that the copy in use is one that can be rebuilt ([`Index::settle_copies`]),
+    /// whatever order the index objects were loaded in.
+    copies: HashMap<Score, Vec<BlobCopy>>,
 }
+
+/// One copy of a blob: where it is, and its base if it is a delta.
+type BlobCopy = (Loc, Option<DeltaBase>);
 
 impl Index {
     fn add_pack(&mut self, id: Score, origin: Score, entries: &[BlobEntry]) {
@@ -128,17 +137,72 @@ impl Index {
                 stored: e.stored,
             };
             // A copy outside the condemned packs (stored again by a writer) wins.
-            match self.blobs.get(&e.score) {
-                Some(old) if !self.condemned.contains(&self.packs[old.pack as usize]) => {}
-                _ => {
-                    self.blobs.insert(e.score, loc);
-                    match e.base {
-                        Some(base) => self.deltas.insert(e.score, base),
-                        None => self.deltas.remove(&e.score),
-                    };
+            let copy = (loc, e.base);
+            match self.blobs.get(&e.score).copied() {
+                Some(old) if !self.condemned.contains(&self.packs[old.pack as usize]) => {
+                    self.copies.entry(e.score).or_default().push(copy);
                 }
+                Some(old) => {
+                    let old = (old, self.deltas.get(&e.score).copied());
+                    self.copies.entry(e.score).or_default().push(old);
+                    self.use_copy(e.score, copy);
+                }
+                None => self.use_copy(e.score, copy),
             }
         }
+    }
+
+    fn use_copy(&mut self, s: Score, (loc, base): BlobCopy) {
+        self.blobs.insert(s, loc);
+        match base {
+            Some(base) => self.deltas.insert(s, base),
+            None => self.deltas.remove(&s),
+        };
+    }
+
+    /// Makes each blob stored more than once use a copy that can be rebuilt: its chain of
+    /// bases complete and outside the condemned packs, else complete at least. Call it once
+    /// a batch of index objects is added. A pass per level of delta chains, since a copy's
+    /// base may itself be a blob whose copy changes.
+    fn settle_copies(&mut self) {
+        if self.copies.is_empty() {
+            return;
+        }
+        for _ in 0..=MAX_DELTA_DEPTH {
+            let mut changed = false;
+            let scores: Vec<Score> = self.copies.keys().copied().collect();
+            for s in scores {
+                for condemned_too in [false, true] {
+                    if self.chain(&s, condemned_too).is_some() {
+                        break;
+                    }
+                    changed |= self.switch_copy(s, condemned_too);
+                }
+            }
+            if !changed {
+                return;
+            }
+        }
+    }
+
+    /// Switches blob `s` to another copy whose chain resolves (see [`Index::chain`]), if
+    /// one does.
+    fn switch_copy(&mut self, s: Score, condemned_too: bool) -> bool {
+        let (Some(mut others), Some(&loc)) = (self.copies.remove(&s), self.blobs.get(&s)) else {
+            return false;
+        };
+        let current = (loc, self.deltas.get(&s).copied());
+        for i in 0..others.len() {
+            self.use_copy(s, others[i]);
+            if self.chain(&s, condemned_too).is_some() {
+                others[i] = current;
+                self.copies.insert(s, others);
+                return true;
+            }
+        }
+        self.use_copy(s, current);
+        self.copies.insert(s, others);
+        false
     }
 
     /// The packs of blob `s` and of the blobs it depends on (a delta blob's base, its base,
@@ -480,6 +544,7 @@ impl Repo {
                 }
             }
         }
+        index.settle_copies();
         let mut current = self.index.write().map_err(|_| poisoned())?;
         index.condemned = std::mem::take(&mut current.condemned);
         *current = index;
@@ -568,6 +633,7 @@ impl Repo {
                 index.add_pack(id, origin, &entries);
             }
         }
+        index.settle_copies();
         let loaded = fresh.len();
         index.loaded.extend(fresh.into_iter().map(|(_, name)| name));
         Ok(loaded)
@@ -1573,6 +1639,7 @@ impl RepoWriter<'_> {
                 for (pack, entries) in &session {
                     index.add_pack(*pack, id, entries);
                 }
+                index.settle_copies();
             }
         }
         if let Some(session) = self.registration.take() {
