@@ -28,8 +28,9 @@ pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(15 * 60);
 /// How long after a push of a prepared manifest the process writing it may do so without
 /// [`Repo::check_staged_manifest`]: the pushing writer renews its session before the push
 /// (so it is at most an eighth of the lease old), and the collector takes it for dead only a
-/// whole lease after its renewal by a clock up to a quarter lease off; a quarter of the
-/// default lease leaves another quarter for the push's way and the write itself.
+/// whole lease after its renewal by a clock up to a quarter lease off: not before 5/8 of a
+/// lease after the push. A quarter of the default lease leaves 3/8 for the push's way and
+/// the write itself.
 pub const STAGED_MANIFEST_TRUSTED: Duration =
     Duration::from_secs(DEFAULT_SESSION_LEASE.as_secs() / 4);
 
