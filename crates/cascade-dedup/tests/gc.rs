@@ -63,6 +63,14 @@ fn assert_restores(repo: &Repo, name: &str, files: &Files) {
     }
 }
 
+/// The repository under `root`, opened for maintenance (pruning, collecting) as `cascade
+/// prune` opens it: no index loaded.
+fn maintenance(root: &Path) -> Repo {
+    Repo::open_for_maintenance(durable_at(root), DEFAULT_PREFIX)
+        .expect("open")
+        .expect("repo")
+}
+
 fn repo_dir(root: &Path) -> PathBuf {
     root.join(DEFAULT_PREFIX)
 }
@@ -457,9 +465,7 @@ fn a_writer_open_during_collection_keeps_what_it_dedups_against() {
     let half_a = w.add_file("a.bin", &x[..256 * KIB]).expect("add");
 
     // A collector forgets ck1: its packs are condemned, but wait for that writer.
-    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
+    let collector = maintenance(&root);
     collector.forget("ck1").expect("forget");
     let r = collector
         .collect_garbage(&GcOptions::default())
@@ -551,9 +557,7 @@ fn a_blob_writer_keeps_what_its_prepared_manifest_uses() {
         .expect("add_stored");
     assert!(!known, "the root is in the index");
 
-    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
+    let collector = maintenance(&root);
     collector.forget("ck1").expect("forget");
     let r = collector
         .collect_garbage(&GcOptions::default())
@@ -632,12 +636,8 @@ fn a_staged_manifest_is_refused_once_a_pack_it_names_is_condemned_or_gone() {
     }
     drop(writer);
 
-    let server = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
-    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
+    let server = maintenance(&root);
+    let collector = maintenance(&root);
     let hold = server
         .check_staged_manifest(&manifest, &present)
         .expect("every pack is there");
@@ -720,9 +720,7 @@ fn manifests_without_pack_sets_are_walked() {
         json.as_object_mut().expect("object").remove("packs");
         std::fs::write(&path, serde_json::to_vec_pretty(&json).expect("json")).expect("write");
     }
-    let gc_repo = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
+    let gc_repo = maintenance(&root);
     let r = gc_repo
         .prune(&PruneSelection::KeepNewest(1), &GcOptions::default())
         .expect("prune");
@@ -742,9 +740,7 @@ fn crash_child() {
         return;
     };
     let at: u64 = at.parse().expect("change number");
-    let repo = Repo::open_for_maintenance(durable_at(Path::new(&dir)), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
+    let repo = maintenance(Path::new(&dir));
     let stop = |n: u64| {
         if n == at {
             println!("PAUSED {n}");
@@ -842,9 +838,7 @@ fn a_collector_killed_after_any_change_leaves_every_manifest_restorable() {
     // The reference: an uninterrupted run from the same state.
     let reference = dir.path().join("reference");
     copy_dir(&template, &reference);
-    let r = Repo::open_for_maintenance(durable_at(&reference), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo")
+    let r = maintenance(&reference)
         .prune(&PruneSelection::KeepNewest(2), &GcOptions::default())
         .expect("prune");
     let changes = r.gc.changes;
@@ -877,9 +871,7 @@ fn a_collector_killed_after_any_change_leaves_every_manifest_restorable() {
         index_names_only_existing_packs(&run);
 
         // A rerun finishes the job: the same state as the uninterrupted run.
-        Repo::open_for_maintenance(durable_at(&run), DEFAULT_PREFIX)
-            .expect("open")
-            .expect("repo")
+        maintenance(&run)
             .prune(&PruneSelection::KeepNewest(2), &GcOptions::default())
             .expect("rerun");
         assert_eq!(
@@ -953,9 +945,7 @@ fn packs_no_index_names_are_swept_once_their_writers_sessions_end() {
         .copied()
         .collect();
 
-    let collector = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
-        .expect("open")
-        .expect("repo");
+    let collector = maintenance(&root);
     let sweep = GcOptions {
         orphans: true,
         ..GcOptions::default()

@@ -606,27 +606,7 @@ impl Repo {
             .filter(|(_, p)| deleted.contains(*p))
             .map(|(i, _)| i as u32)
             .collect();
-        let index = &mut *index;
-        for copies in index.copies.values_mut() {
-            copies.retain(|(loc, _)| !gone.contains(&loc.pack));
-        }
-        let lost: Vec<Score> = index
-            .blobs
-            .iter()
-            .filter(|(_, loc)| gone.contains(&loc.pack))
-            .map(|(s, _)| *s)
-            .collect();
-        for s in lost {
-            match index.copies.get_mut(&s).and_then(Vec::pop) {
-                Some(copy) => index.use_copy(s, copy),
-                None => {
-                    index.blobs.remove(&s);
-                }
-            }
-        }
-        index.deltas.retain(|s, _| index.blobs.contains_key(s));
-        index.copies.retain(|_, c| !c.is_empty());
-        index.settle_copies();
+        index.forget_packs(&gone);
     }
 }
 

@@ -185,6 +185,31 @@ impl Index {
         }
     }
 
+    /// Drops the copies in packs `gone` (positions in `packs`); a blob whose copy in use
+    /// was there switches to another copy, or goes.
+    fn forget_packs(&mut self, gone: &HashSet<u32>) {
+        for copies in self.copies.values_mut() {
+            copies.retain(|(loc, _)| !gone.contains(&loc.pack));
+        }
+        let lost: Vec<Score> = self
+            .blobs
+            .iter()
+            .filter(|(_, loc)| gone.contains(&loc.pack))
+            .map(|(s, _)| *s)
+            .collect();
+        for s in lost {
+            match self.copies.get_mut(&s).and_then(Vec::pop) {
+                Some(copy) => self.use_copy(s, copy),
+                None => {
+                    self.blobs.remove(&s);
+                    self.deltas.remove(&s);
+                }
+            }
+        }
+        self.copies.retain(|_, c| !c.is_empty());
+        self.settle_copies();
+    }
+
     /// Switches blob `s` to another copy whose chain resolves (see [`Index::chain`]), if
     /// one does.
     fn switch_copy(&mut self, s: Score, condemned_too: bool) -> bool {

@@ -169,16 +169,15 @@ impl Shared {
                 }
             }
         }
-        // The index before the manifest, whatever order the list had.
-        held.sort_by_key(|(_, kind)| *kind == RepositoryObject::Manifest);
-        let (index_objects, manifest): (Vec<_>, Vec<_>) = held
+        // Written index objects first, then the manifest, whatever order the list had.
+        let (manifest, index_objects): (Vec<_>, Vec<_>) = held
             .into_iter()
             .filter(|(v, _)| !v.drained)
-            .map(|(v, kind)| (v, kind == RepositoryObject::Manifest))
-            .partition(|(_, is_manifest)| !is_manifest);
+            .partition(|(_, kind)| *kind == RepositoryObject::Manifest);
         let manifest = manifest.into_iter().next().map(|(v, _)| v);
+        let index_objects: Vec<VersionInfo> = index_objects.into_iter().map(|(v, _)| v).collect();
         if lock(&self.repository_pushes).refused(&m.checkpoint) {
-            let unwritten = index_objects.iter().map(|(v, _)| v).chain(&manifest);
+            let unwritten = index_objects.iter().chain(&manifest);
             return self.settle_refused(id, m, manifest.as_ref(), unwritten);
         }
         let mut hold = None;
@@ -203,7 +202,6 @@ impl Shared {
         }
         let written = index_objects
             .iter()
-            .map(|(v, _)| v)
             .chain(&manifest)
             .try_for_each(|v| self.upload(v));
         if let Some((repo, hold)) = hold {
