@@ -205,6 +205,9 @@ pub struct DedupOptions {
     /// each checkpoint's measured ingest and upload (docs/dedup.md, "Adaptive level"); through
     /// staging servers, the upload is the time until they made the checkpoint durable.
     pub adaptive: bool,
+    /// The writer sessions' lease recorded in a repository the agent creates
+    /// (`dedup.session_lease`; an existing repository keeps its own).
+    pub session_lease: Duration,
 }
 
 /// How a node's files are spread over the servers.
@@ -277,6 +280,10 @@ pub struct StagingOptions {
     /// While every server is watched (Watch, docs/staging.md), how often the agent asks
     /// them what has drained without having heard of an event: a fallback only.
     pub ask_every: Duration,
+    /// A checkpoint staged as packs whose server has not answered for it this long is
+    /// stored from the node (`staging.give_up_after`; never sooner than
+    /// `Repo::staged_manifest_trusted` after its push).
+    pub give_up_after: Duration,
 }
 
 /// Shows whether TLS is on, not the config's insides.
@@ -293,6 +300,7 @@ impl std::fmt::Debug for StagingOptions {
             .field("node", &self.node)
             .field("tls", &self.tls.is_some())
             .field("ask_every", &self.ask_every)
+            .field("give_up_after", &self.give_up_after)
             .finish()
     }
 }
@@ -316,6 +324,7 @@ impl StagingOptions {
             node,
             tls: None,
             ask_every: Duration::from_secs(5),
+            give_up_after: Duration::from_secs(600),
         }
     }
 }

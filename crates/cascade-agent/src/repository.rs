@@ -167,11 +167,12 @@ impl Repository {
         }
         let durable = Arc::clone(&self.durable);
         let repo = match self.dedup {
-            Some(d) => Some(Repo::open(
+            Some(d) => Some(Repo::open_with_lease(
                 durable,
                 DEFAULT_PREFIX,
                 d.chunking,
                 d.compression,
+                d.session_lease,
             )?),
             None => Repo::open_existing(durable, DEFAULT_PREFIX)?,
         };

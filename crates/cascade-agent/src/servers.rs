@@ -139,6 +139,12 @@ impl ServerPool {
             .collect()
     }
 
+    /// How long a checkpoint staged as packs may go unanswered for before the node stores
+    /// it itself (`StagingOptions::give_up_after`).
+    pub(crate) fn give_up_after(&self) -> Duration {
+        self.opts.give_up_after
+    }
+
     /// How long a level waits before it asks again when no event came: `ask_every` while
     /// every server is watched, else [`PULL_EVERY`].
     pub(crate) fn ask_every(&self) -> Duration {

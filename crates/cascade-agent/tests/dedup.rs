@@ -613,6 +613,83 @@ fn checkpoints_staged_as_packs_on_a_server_that_died_are_stored_from_the_node() 
     assert!(restored("ck.1") == model, "ck.1 differs");
 }
 
+/// A server killed with SIGKILL, and not restarted, while it holds two checkpoints staged
+/// as packs (the second deduped against the first) and could not drain them: once no
+/// server has answered for one for `staging.give_up_after` (1 s here), and not sooner than
+/// its server may write a manifest unchecked after the push (2 s: the repository was created
+/// with an 8 s session lease), the agent says so in one line and stores it from the node;
+/// both restore bit for bit. The server, back later with its SSD and a good target, checks its staged
+/// manifests before writing them (their pushes are from before its restart) and writes
+/// them over the node's; both still restore bit for bit.
+#[test]
+fn checkpoints_staged_as_packs_on_a_server_that_stays_down_are_stored_from_the_node() {
+    let (_serial, _) = begin();
+    let (env, _, durable, ssd, url) = rig("dedup-packs-down");
+    let secret = "dedup-packs-down-secret";
+    let mut server = cut_off_server(&env, &ssd, secret);
+    let mut settings = DEDUP.to_vec();
+    settings.extend([
+        ("CASCADE_DEDUP_SESSION_LEASE", "8"),
+        ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
+    ]);
+    let mut agent = agent_through(&env, &url, secret, &[&server], &settings);
+    let two = two_checkpoints(&env, &mut agent, 81, |ck| {
+        format!("cascade agent: checkpoint {ck} staged as packs on ")
+    });
+    let (new2, all2) = chunks_new(&two.lines[1]);
+    assert!(
+        new2 * 5 < all2,
+        "ck.2 dedups against ck.1: {}",
+        two.lines[1]
+    );
+    server.kill9();
+
+    for ck in ["/ck.1", "/ck.2"] {
+        let line = wait_line_with(
+            &mut agent,
+            &format!("cascade agent: no staging server has answered for checkpoint {ck} in "),
+        );
+        let silent: f64 = line
+            .split(" in ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|secs| secs.parse().ok())
+            .unwrap_or_else(|| panic!("no duration in {line:?}"));
+        assert!(
+            silent >= 2.0,
+            "gave up while the server may still write the manifest unchecked: {line}"
+        );
+        wait_complete(&mut agent, ck);
+    }
+    let manifests = [
+        durable.join(".cascade-dedup/manifests/ck.1.json"),
+        durable.join(".cascade-dedup/manifests/ck.2.json"),
+    ];
+    let written_by_node: Vec<Vec<u8>> = manifests
+        .iter()
+        .map(|m| std::fs::read(m).expect("the node's manifest"))
+        .collect();
+    two.assert_restore(&env, &url);
+
+    server.restart(&env, &url);
+    for ck in ["ck.1", "ck.2"] {
+        let line = format!("repository manifest .cascade-dedup/manifests/{ck}.json written");
+        assert!(
+            wait_until(WAIT, || server.log().contains(&line)),
+            "{}",
+            server.log()
+        );
+    }
+    let rewritten = manifests
+        .iter()
+        .zip(&written_by_node)
+        .filter(|(m, node)| std::fs::read(m).expect("manifest") != **node)
+        .count();
+    assert!(rewritten > 0, "the server wrote no manifest of its own");
+    stop_agent(&mut agent);
+    two.assert_restore(&env, &url);
+}
+
 /// A checkpoint staged as packs whose manifest names packs of an earlier checkpoint, on a
 /// server cut off from the durable store; the agent and the server are killed with SIGKILL;
 /// meanwhile the writer's session is gone (as once its lease ran out) and a prune deletes

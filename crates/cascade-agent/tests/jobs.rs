@@ -73,6 +73,7 @@ impl Node {
                 compression: cascade_dedup::Compression::Zstd { level: 1 },
                 delta: true,
                 adaptive: false,
+                session_lease: cascade_dedup::repo::DEFAULT_SESSION_LEASE,
             }),
             staging: match via {
                 Via::StagedDedup(server, secret, form) => Some(StagingOptions {

@@ -57,6 +57,7 @@ fn checkpoint_durable_on_events(test: &str, via: Option<DedupStaging>) {
             compression: cascade_dedup::Compression::Zstd { level: 1 },
             delta: true,
             adaptive: false,
+            session_lease: cascade_dedup::repo::DEFAULT_SESSION_LEASE,
         }),
         rescan: HOUR,
         retry_min: Duration::from_millis(1),

@@ -4,8 +4,8 @@
 use std::io::{self, IsTerminal};
 use std::path::PathBuf;
 use std::process::ExitCode;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use cascade_agent::DedupOptions;
 use cascade_config::{format_rate, format_size, Config};
@@ -116,6 +116,7 @@ pub fn dedup_options(config: &Config) -> Result<Option<DedupOptions>, Failure> {
         compression,
         delta: config.text("dedup.delta") == "on",
         adaptive: spec == "auto",
+        session_lease: Duration::from_millis(config.number("dedup.session_lease")),
     }))
 }
 
@@ -125,9 +126,15 @@ fn repo_for_writing(config: &Config, durable: &Arc<DurableStore>) -> Result<Opti
     let Some(d) = dedup_options(config)? else {
         return Ok(None);
     };
-    Repo::open(durable.clone(), DEFAULT_PREFIX, d.chunking, d.compression)
-        .map(Some)
-        .map_err(|e| Failure::new(format!("{}: dedup repository: {e}", durable.name())))
+    Repo::open_with_lease(
+        durable.clone(),
+        DEFAULT_PREFIX,
+        d.chunking,
+        d.compression,
+        d.session_lease,
+    )
+    .map(Some)
+    .map_err(|e| Failure::new(format!("{}: dedup repository: {e}", durable.name())))
 }
 
 /// The dedup repository in `durable` if there is one (restore reads it when a checkpoint has

@@ -120,6 +120,7 @@ pub fn staging_options(config: &Config) -> Result<Option<StagingOptions>, Failur
         .text("staging.dedup")
         .parse::<DedupStaging>()
         .map_err(Failure::new)?;
+    opts.give_up_after = Duration::from_millis(config.number("staging.give_up_after"));
     Ok(Some(opts))
 }
 

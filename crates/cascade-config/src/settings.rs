@@ -317,6 +317,17 @@ pub static SETTINGS: &[SettingDef] = &[
         default: |_| (Value::Text("packs".into()), String::new()),
     },
     SettingDef {
+        key: "staging.give_up_after",
+        env: "CASCADE_STAGING_GIVE_UP_AFTER",
+        flag: Some("give-up-after"),
+        aliases: &[],
+        value_name: "SECONDS",
+        help: "A checkpoint staged as packs (staging.dedup = packs) whose server has not answered for it this long (down, or unreachable) is stored in the durable store's dedup repository from the node instead, if the node still holds it; never sooner than a quarter of the repository's session lease after its push",
+        default_help: "600",
+        parse: parse_seconds_as_ms,
+        default: |_| (Value::Count(600_000), String::new()),
+    },
+    SettingDef {
         key: "staging.namespace",
         env: "CASCADE_STAGING_NAMESPACE",
         flag: Some("staging-namespace"),
@@ -387,6 +398,20 @@ pub static SETTINGS: &[SettingDef] = &[
         default_help: "on",
         parse: parse_on_off,
         default: |_| (Value::Text("on".into()), String::new()),
+    },
+    SettingDef {
+        key: "dedup.session_lease",
+        env: "CASCADE_DEDUP_SESSION_LEASE",
+        flag: Some("session-lease"),
+        aliases: &[],
+        value_name: "SECONDS",
+        help: "How long a writer of the dedup repository stays alive for garbage collection without renewing its session (a prune waits that long for a writer that died); recorded in the repository when it is created, and every writer, staging server and prune of it uses the recorded one",
+        default_help: "900",
+        parse: |t| match parse_seconds_as_ms(t)? {
+            Value::Count(ms) if ms >= 4_000 => Ok(Value::Count(ms)),
+            _ => Err("must be at least 4 seconds (writers renew every eighth of it)".into()),
+        },
+        default: |_| (Value::Count(900_000), String::new()),
     },
     SettingDef {
         key: "stage_server.listen",

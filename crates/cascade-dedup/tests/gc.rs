@@ -690,7 +690,7 @@ fn a_dead_writers_session_blocks_collection_only_for_its_lease() {
     assert_eq!((r.packs_deleted, r.sessions_waited_for), (0, 1), "{r:?}");
     let r = repo
         .collect_garbage(&GcOptions {
-            session_lease: Duration::ZERO,
+            session_lease: Some(Duration::ZERO),
             ..GcOptions::default()
         })
         .expect("gc");
@@ -701,6 +701,65 @@ fn a_dead_writers_session_blocks_collection_only_for_its_lease() {
         "new",
         &vec![("b.bin".into(), random(64 * KIB, 8))],
     );
+}
+
+/// A repository created with a lease of its own records it in its config: reopened by any
+/// process (a prune, a staging server, a writer configured otherwise) it keeps that lease,
+/// and a collection with default options takes a session not renewed for that long for
+/// dead, where the default 15 minutes would still wait for it.
+#[test]
+fn a_repository_keeps_the_session_lease_it_was_created_with() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("durable");
+    let lease = Duration::from_secs(8);
+    let repo = Repo::open_with_lease(
+        durable_at(&root),
+        DEFAULT_PREFIX,
+        "fixed:16KiB".parse::<Chunking>().expect("chunking"),
+        Compression::None,
+        lease,
+    )
+    .expect("create")
+    .with_pack_size(64 * KIB);
+    let config: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo_dir(&root).join("config.json")).expect("config"),
+    )
+    .expect("json");
+    assert_eq!(config["session_lease_s"], 8, "{config}");
+    for reopened in [maintenance(&root), open(&durable_at(&root))] {
+        assert_eq!(reopened.session_lease(), lease);
+        assert_eq!(reopened.staged_manifest_trusted(), Duration::from_secs(2));
+    }
+
+    write_checkpoint(&repo, "old", &vec![("a.bin".into(), random(256 * KIB, 17))]);
+    let kept: Files = vec![("b.bin".into(), random(64 * KIB, 18))];
+    write_checkpoint(&repo, "new", &kept);
+    let mut w = repo.writer();
+    w.add_file("c.bin", random(64 * KIB, 19).as_slice())
+        .expect("add");
+    // As if killed, and its last renewal 9 s ago: more than the recorded lease.
+    std::mem::forget(w);
+    let sessions = files_below(&repo_dir(&root).join("sessions"));
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&sessions[0]).expect("session")).expect("json");
+    let renewed = record["refreshed_unix_ns"].as_u64().expect("renewed") - 9_000_000_000;
+    record["refreshed_unix_ns"] = renewed.into();
+    std::fs::write(&sessions[0], record.to_string()).expect("age the session");
+
+    let pruner = maintenance(&root);
+    pruner.forget("old").expect("forget");
+    let r = pruner
+        .collect_garbage(&GcOptions {
+            session_lease: Some(cascade_dedup::repo::DEFAULT_SESSION_LEASE),
+            ..GcOptions::default()
+        })
+        .expect("gc");
+    assert_eq!((r.packs_deleted, r.sessions_waited_for), (0, 1), "{r:?}");
+    let r = pruner.collect_garbage(&GcOptions::default()).expect("gc");
+    assert!(r.packs_deleted > 0 && r.sessions_expired == 1, "{r:?}");
+    no_gc_records_or_sessions(&root);
+    assert_restores(&open(&durable_at(&root)), "new", &kept);
 }
 
 /// Manifests written before pack sets were recorded still parse; the collector walks their

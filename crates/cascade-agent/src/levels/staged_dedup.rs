@@ -361,6 +361,9 @@ pub(crate) struct StagedDedup {
     measuring: Mutex<Vec<(String, Pushed)>>,
     /// Checkpoints staged as packs whose manifests are not written yet.
     pending_pushes: packs::PendingPushes,
+    /// Checkpoints staged as packs, by manifest name: since when no server has said it
+    /// holds the push (from the push, or the first ask after a restart of the agent).
+    unanswered_since: Mutex<HashMap<String, Instant>>,
 }
 
 /// Checkpoints awaiting their manifests that the adaptive level keeps figures for (others
@@ -391,6 +394,7 @@ impl StagedDedup {
             placement: Mutex::new(Placement::new()),
             measuring: Mutex::new(Vec::new()),
             pending_pushes: Mutex::default(),
+            unanswered_since: Mutex::default(),
         }
     }
 

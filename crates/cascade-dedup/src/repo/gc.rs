@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::format::{self, BlobEntry};
 use super::job::checkpoint_of;
-use super::session::{unique_id, SessionRecord, DEFAULT_SESSION_LEASE};
+use super::session::{unique_id, SessionRecord};
 use super::{parse_score, poisoned, Error, Manifest, Repo, Result, MANIFEST_FORMAT};
 use crate::score::{from_hex, to_hex};
 use crate::{score, Score};
@@ -134,10 +134,12 @@ pub(crate) fn common_packs(mut versions: Vec<IndexPacks>) -> IndexPacks {
 }
 
 /// How a collection runs.
+#[derive(Default)]
 pub struct GcOptions<'a> {
-    /// A session not renewed for this long is dead. Must be at least the writers' lease
-    /// ([`DEFAULT_SESSION_LEASE`] unless [`Repo::with_session_lease`] changed it).
-    pub session_lease: Duration,
+    /// A session not renewed for this long is dead. None: the repository's lease
+    /// ([`Repo::session_lease`]: the one it recorded, unless [`Repo::with_session_lease`]
+    /// changed it); a lease given here must be at least the writers'.
+    pub session_lease: Option<Duration>,
     /// Work out and report what would be deleted; change nothing.
     pub dry_run: bool,
     /// Also sweep for packs no index object names (left by writers that died before writing
@@ -148,17 +150,6 @@ pub struct GcOptions<'a> {
     /// Called before each change to the store with its ordinal (1, 2, ...), forgets
     /// included: the crash tests stop the process there.
     pub before_change: Option<&'a (dyn Fn(u64) + Sync)>,
-}
-
-impl Default for GcOptions<'_> {
-    fn default() -> Self {
-        GcOptions {
-            session_lease: DEFAULT_SESSION_LEASE,
-            dry_run: false,
-            orphans: false,
-            before_change: None,
-        }
-    }
 }
 
 /// What a collection did (or, dry, would do now).
@@ -412,7 +403,8 @@ impl Repo {
         run.condemn_forgotten(&forgotten, pretend, &mut condemned)?;
         let forgetting = run.finish_forgets(&forgotten, pretend)?;
         // 3. Open sessions, listed after every condemned record was written.
-        let (open, expired) = self.open_sessions(opts.session_lease)?;
+        let session_lease = opts.session_lease.unwrap_or(self.session_lease());
+        let (open, expired) = self.open_sessions(session_lease)?;
         run.set_wait_sets(&mut condemned, &open)?;
         // 5. What the manifests name, read after the wait sets were checked: a session
         //    writes its manifest before it ends.
@@ -422,7 +414,7 @@ impl Repo {
         self.forget_packs_in_memory(&deleted);
         let recorded = run.settle_orphans(orphaned, &open)?;
         if opts.orphans {
-            run.sweep_orphans(opts.session_lease, &recorded)?;
+            run.sweep_orphans(session_lease, &recorded)?;
         }
         run.report.changes = run.changes.made;
         Ok(run.report)

@@ -36,7 +36,7 @@ use gc::IndexPacks;
 pub use gc::{GcOptions, GcReport, PackGroup, PruneReport, PruneSelection};
 pub use job::{checkpoint_of, part_name, part_of};
 use session::{BlobAt, FilePacks, Session};
-pub use session::{Hold, DEFAULT_SESSION_LEASE, STAGED_MANIFEST_TRUSTED};
+pub use session::{Hold, DEFAULT_SESSION_LEASE};
 pub use upload::ObjectSink;
 
 /// Where the repository lives below the durable store's root.
@@ -293,6 +293,11 @@ impl PackChain {
 pub struct RepoConfigFile {
     pub format: String,
     pub created_unix_ns: u64,
+    /// The lease of the repository's writer sessions in seconds, chosen when it was created
+    /// (absent: [`DEFAULT_SESSION_LEASE`]). Every writer, collector and staging server of
+    /// the repository uses this one, so they cannot disagree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_lease_s: Option<u64>,
 }
 
 /// A checkpoint as the repository records it: written last, after every blob it names.
@@ -421,7 +426,26 @@ impl Repo {
         chunking: Chunking,
         compression: Compression,
     ) -> Result<Repo> {
-        let repo = Self::open_or_create(durable, prefix, chunking, compression, true)?
+        Self::open_with_lease(
+            durable,
+            prefix,
+            chunking,
+            compression,
+            DEFAULT_SESSION_LEASE,
+        )
+    }
+
+    /// Like [`Repo::open`]; a repository created here records `lease` as its writer
+    /// sessions' lease ([`RepoConfigFile::session_lease_s`], whole seconds, at least one).
+    /// An existing repository keeps the lease it recorded.
+    pub fn open_with_lease(
+        durable: Arc<DurableStore>,
+        prefix: &str,
+        chunking: Chunking,
+        compression: Compression,
+        lease: Duration,
+    ) -> Result<Repo> {
+        let repo = Self::open_or_create(durable, prefix, chunking, compression, Some(lease))?
             .ok_or_else(|| Error::Invalid("the repository was not created".to_string()))?;
         repo.load_index()?;
         Ok(repo)
@@ -445,23 +469,24 @@ impl Repo {
             prefix,
             Chunking::DEFAULT_CDC,
             Compression::None,
-            false,
+            None,
         )
     }
 
+    /// Opens the repository, or with `create` (the lease to record) creates it.
     fn open_or_create(
         durable: Arc<DurableStore>,
         prefix: &str,
         chunking: Chunking,
         compression: Compression,
-        create: bool,
+        create: Option<Duration>,
     ) -> Result<Option<Repo>> {
         chunking
             .validate()
             .map_err(|e| Error::Invalid(e.to_string()))?;
         let prefix = prefix.trim_matches('/').to_string();
         let config_key = format!("{prefix}/config.json");
-        match durable.get_bytes(&config_key) {
+        let lease_s = match durable.get_bytes(&config_key) {
             Ok(bytes) => {
                 let cfg: RepoConfigFile =
                     serde_json::from_slice(&bytes).map_err(|e| Error::Format {
@@ -474,19 +499,25 @@ impl Repo {
                         why: format!("format {:?}, this build reads {REPO_FORMAT}", cfg.format),
                     });
                 }
+                cfg.session_lease_s
             }
-            Err(e) if e.is_not_found() && !create => return Ok(None),
             Err(e) if e.is_not_found() => {
+                let Some(lease) = create else {
+                    return Ok(None);
+                };
+                let lease_s = (lease != DEFAULT_SESSION_LEASE).then(|| lease.as_secs().max(1));
                 let cfg = RepoConfigFile {
                     format: REPO_FORMAT.to_string(),
                     created_unix_ns: cascade_durable::now_unix_ns(),
+                    session_lease_s: lease_s,
                 };
                 let text =
                     serde_json::to_vec_pretty(&cfg).map_err(|e| Error::Invalid(e.to_string()))?;
                 durable.put_bytes(&config_key, &text)?;
+                lease_s
             }
             Err(e) => return Err(e.into()),
-        }
+        };
         let repo = Repo {
             durable,
             prefix,
@@ -495,7 +526,7 @@ impl Repo {
             pack_size: DEFAULT_PACK_SIZE,
             index: RwLock::new(Index::default()),
             index_ready: AtomicBool::new(false),
-            session_lease: DEFAULT_SESSION_LEASE,
+            session_lease: lease_s.map_or(DEFAULT_SESSION_LEASE, Duration::from_secs),
             parked: Mutex::new(Vec::new()),
             idle_ingests: Mutex::new(Vec::new()),
             spare_packs: upload::SparePacks::default(),
@@ -505,11 +536,28 @@ impl Repo {
         Ok(Some(repo))
     }
 
-    /// The lease of this repository's writer sessions (tests: short ones). A collector must
-    /// use at least the same lease ([`GcOptions::session_lease`]).
+    /// The lease of this repository's writer sessions (tests: short ones), instead of the one
+    /// it recorded. A collector must use at least the same lease
+    /// ([`GcOptions::session_lease`]).
     pub fn with_session_lease(mut self, lease: Duration) -> Repo {
         self.session_lease = lease;
         self
+    }
+
+    /// The lease of this repository's writer sessions: the one it recorded when it was
+    /// created ([`RepoConfigFile::session_lease_s`]).
+    pub fn session_lease(&self) -> Duration {
+        self.session_lease
+    }
+
+    /// How long after a push of a prepared manifest the process writing it may do so
+    /// without [`Repo::check_staged_manifest`]: a quarter of the session lease. The pushing
+    /// writer renews its session just before the push (so it is at most an eighth of the
+    /// lease old), and the collector takes it for dead only a whole lease after its renewal
+    /// by a clock up to a quarter lease off: not before 5/8 of a lease after the push. A
+    /// quarter leaves 3/8 for the push's way and the write itself.
+    pub fn staged_manifest_trusted(&self) -> Duration {
+        self.session_lease / 4
     }
 
     /// A smaller pack size (tests: many packs from little data).

@@ -25,15 +25,6 @@ use crate::{score, Score};
 /// a whole lease for dead. The margin covers clocks that disagree by up to a quarter lease.
 pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(15 * 60);
 
-/// How long after a push of a prepared manifest the process writing it may do so without
-/// [`Repo::check_staged_manifest`]: the pushing writer renews its session before the push
-/// (so it is at most an eighth of the lease old), and the collector takes it for dead only a
-/// whole lease after its renewal by a clock up to a quarter lease off: not before 5/8 of a
-/// lease after the push. A quarter of the default lease leaves 3/8 for the push's way and
-/// the write itself.
-pub const STAGED_MANIFEST_TRUSTED: Duration =
-    Duration::from_secs(DEFAULT_SESSION_LEASE.as_secs() / 4);
-
 pub(crate) const SESSION_FORMAT: &str = "cascade-dedup-session/1";
 
 /// A name nothing else will choose: the time (so names sort by age) and 16 hex digits of a
@@ -353,7 +344,7 @@ impl Repo {
     /// Checks a manifest another process prepared ([`Repo::prepare_manifest`]) before it is
     /// written, when the session that kept its packs from garbage collection may have lapsed
     /// meanwhile (a staging server cut off from the durable store for longer than
-    /// [`STAGED_MANIFEST_TRUSTED`] after the push): registers a session first, then refuses
+    /// [`Repo::staged_manifest_trusted`] after the push): registers a session first, then refuses
     /// (`Error::Conflict`) if a condemned record names a pack the manifest names, or one is
     /// not in the durable store (`present`: hex ids of packs known to be there, not asked
     /// again; one HEAD for each other). Otherwise the returned hold keeps them all until it

@@ -9,11 +9,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cascade_dedup::repo::{
     Error as RepoError, Hold, Manifest as RepoManifest, Repo, DEFAULT_PREFIX,
-    STAGED_MANIFEST_TRUSTED,
 };
 
 use super::{lock, Shared};
@@ -29,6 +28,9 @@ pub(super) struct RepositoryPushes {
     /// Checkpoints (namespaced manifest keys) whose manifest was refused, and why: Pull
     /// answers Unknown for them, so their agent stores them itself.
     refused: HashMap<String, String>,
+    /// Per repository prefix, how long after its arrival a push's manifest is written
+    /// unchecked ([`Repo::staged_manifest_trusted`], from the lease the repository recorded).
+    trust_windows: HashMap<String, Duration>,
 }
 
 impl RepositoryPushes {
@@ -39,15 +41,6 @@ impl RepositoryPushes {
 
     pub(super) fn refused(&self, checkpoint: &str) -> bool {
         self.refused.contains_key(checkpoint)
-    }
-
-    /// Whether push `id`'s manifest may be written unchecked: it arrived here less than
-    /// [`STAGED_MANIFEST_TRUSTED`] ago, so the session of the writer that prepared it still
-    /// keeps its packs from garbage collection, even if that writer died since.
-    fn trusted(&self, push: u64) -> bool {
-        self.received
-            .get(&push)
-            .is_some_and(|at| at.elapsed() < STAGED_MANIFEST_TRUSTED)
     }
 
     fn done(&mut self, push: u64, checkpoint: &str) {
@@ -182,7 +175,7 @@ impl Shared {
         }
         let mut hold = None;
         if let Some(v) = manifest.as_ref() {
-            if !lock(&self.repository_pushes).trusted(id) {
+            if !self.trusted(id, prefix)? {
                 match self.check_staged_manifest(prefix, m, v)? {
                     Ok(checked) => hold = Some(checked),
                     Err(why) => {
@@ -212,6 +205,29 @@ impl Shared {
         lock(&self.repository_pushes).done(id, &m.checkpoint);
         self.log(|| format!("repository manifest {} written", m.checkpoint));
         Ok(true)
+    }
+
+    /// Whether push `id`'s manifest may be written unchecked: it arrived here less than
+    /// [`Repo::staged_manifest_trusted`] ago, so the session of the writer that prepared it
+    /// still keeps its packs from garbage collection, even if that writer died since. The
+    /// repository's lease is read once per prefix (one GET of its config).
+    fn trusted(&self, id: u64, prefix: &str) -> Result<bool> {
+        let pushes = lock(&self.repository_pushes);
+        let Some(arrived) = pushes.received.get(&id).copied() else {
+            return Ok(false);
+        };
+        if let Some(window) = pushes.trust_windows.get(prefix) {
+            return Ok(arrived.elapsed() < *window);
+        }
+        drop(pushes);
+        let Some(repo) = Repo::open_for_maintenance(Arc::clone(&self.durable), prefix)? else {
+            return Ok(false);
+        };
+        let window = repo.staged_manifest_trusted();
+        lock(&self.repository_pushes)
+            .trust_windows
+            .insert(prefix.to_string(), window);
+        Ok(arrived.elapsed() < window)
     }
 
     fn upload(&self, v: &VersionInfo) -> Result<()> {

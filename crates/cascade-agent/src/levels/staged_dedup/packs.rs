@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cascade_dedup::adaptive::Measured;
@@ -239,6 +239,7 @@ impl StagedDedup {
         );
         self.repository
             .remember_manifest(now_root, &ckpt, push.manifest.files.clone());
+        lock(&self.unanswered_since).insert(name.clone(), Instant::now());
         lock(&self.pending_pushes).insert(name, push);
         Ok(true)
     }
@@ -274,7 +275,7 @@ impl StagedDedup {
             })
             .collect();
         // The server writes the manifest unchecked for a while after the push, counting on
-        // this session being fresh (cascade_dedup::repo::STAGED_MANIFEST_TRUSTED).
+        // this session being fresh (Repo::staged_manifest_trusted).
         repo.renew_parked().map_err(Error::Dedup)?;
         let server = sink.server;
         self.pool
@@ -292,7 +293,8 @@ impl StagedDedup {
     /// For a checkpoint staged as packs: once its server wrote the manifest, records it
     /// complete (or this node's part stored). `Step::Waiting` until then. After a restart
     /// of the agent (nothing pending here) every server that is up is asked. If none
-    /// knows the push any more, `Step::Next`: the durable repository level stores it.
+    /// knows the push any more, or none that may hold it has said so for
+    /// [`StagedDedup::give_up_delay`], `Step::Next`: the durable repository level stores it.
     pub(super) fn complete_packs(&self, node: &Node, root: &LifeEntry) -> Result<Step> {
         let waiting = Step::Waiting(Instant::now() + self.pool.ask_every());
         let ckpt = DurableKey::from_store_path(&root.path);
@@ -302,10 +304,10 @@ impl StagedDedup {
         }
         let pending = lock(&self.pending_pushes)
             .get(&name)
-            .map(|p| (p.server, p.key.clone()));
+            .map(|p| (p.server, p.key.clone(), Arc::clone(&p.repo)));
         let was_pending = pending.is_some();
-        let (servers, key) = match pending {
-            Some((server, key)) => (vec![server], key),
+        let (servers, key, repo) = match pending {
+            Some((server, key, repo)) => (vec![server], key, repo),
             None => {
                 let Some(repo) = self.repository.get()? else {
                     return Ok(Step::Changed);
@@ -313,27 +315,60 @@ impl StagedDedup {
                 let servers = (0..self.pool.count())
                     .filter(|&i| self.pool.up(i))
                     .collect();
-                (servers, repo.manifest_key(&name).map_err(Error::Dedup)?)
+                (
+                    servers,
+                    repo.manifest_key(&name).map_err(Error::Dedup)?,
+                    repo,
+                )
             }
         };
         // Every server that could hold the push answers for it.
-        let all_asked = was_pending || servers.len() == self.pool.count();
-        let (mut written, mut known) = (false, false);
+        let mut all_asked = was_pending || servers.len() == self.pool.count();
+        let (mut written, mut known, mut failed) = (false, false, None);
         for i in servers {
-            let state = self
+            let state = match self
                 .pool
                 .with_conn(i, |c| c.pull(&[(PullKind::Checkpoint, key.as_str())]))
-                .map_err(|e| self.pool.error(i, e))?;
+            {
+                Ok(state) => state,
+                Err(e) => {
+                    failed = Some((e.to_string(), self.pool.error(i, e)));
+                    all_asked = false;
+                    continue;
+                }
+            };
             let level = state.first().map_or(WireLevel::Unknown, |s| s.level);
             written |= level == WireLevel::Durable;
             known |= level != WireLevel::Unknown;
         }
+        if known {
+            lock(&self.unanswered_since).insert(name.clone(), Instant::now());
+        } else if !all_asked {
+            let since = *lock(&self.unanswered_since)
+                .entry(name.clone())
+                .or_insert_with(Instant::now);
+            let silent = since.elapsed();
+            if silent >= self.give_up_delay(&repo) {
+                // Safe: the server that took it, should it come back, now checks the
+                // manifest against garbage collection before writing it (give_up_delay).
+                self.forget_push(&name);
+                node.record_failure(format!(
+                    "no staging server has answered for checkpoint {} in {:.1} s ({}); \
+                     storing it in the durable store's dedup repository from this node instead",
+                    root.path,
+                    silent.as_secs_f64(),
+                    failed.map_or("its servers are down".to_string(), |(why, _)| why)
+                ));
+                return Ok(Step::Next);
+            }
+            if let Some((_, e)) = failed {
+                return Err(e);
+            }
+        }
         if !known && all_asked {
             // The server that took it lost it (its SSD replaced, say): stored again from the
-            // node, with the repository reloaded from the durable store, since this
-            // process's index names the packs that were lost with it.
-            lock(&self.pending_pushes).remove(&name);
-            self.repository.reopen();
+            // node.
+            self.forget_push(&name);
             node.record_failure(format!(
                 "no staging server knows checkpoint {} any more (lost with what its server \
                  had staged); storing it in the durable store's dedup repository instead",
@@ -352,10 +387,32 @@ impl StagedDedup {
             }
             return Ok(waiting);
         }
+        lock(&self.unanswered_since).remove(&name);
         if let Some(p) = lock(&self.pending_pushes).remove(&name) {
             p.repo.manifest_written(&p.manifest)?;
         }
         self.record_written(node, root, &name, part)
+    }
+
+    /// How long a checkpoint staged as packs may go without a server saying it holds it
+    /// before the node stores it itself: `staging.give_up_after`, and never less than
+    /// the time its server may write the manifest unchecked after the push
+    /// ([`Repo::staged_manifest_trusted`]). The silence starts after the push arrived, so
+    /// a server that comes back later checks the manifest against garbage collection
+    /// (the session keeping its packs ends with the give-up).
+    fn give_up_delay(&self, repo: &Repo) -> Duration {
+        self.pool
+            .give_up_after()
+            .max(repo.staged_manifest_trusted())
+    }
+
+    /// Checkpoint `name`, staged as packs, is to be stored from the node instead: its push
+    /// is forgotten, and the repository reloaded from the durable store, since this
+    /// process's index names packs that may never arrive there.
+    fn forget_push(&self, name: &str) {
+        lock(&self.pending_pushes).remove(name);
+        lock(&self.unanswered_since).remove(name);
+        self.repository.reopen();
     }
 }
 
