@@ -32,7 +32,7 @@ use crate::node::{files_of, path_in_checkpoint, Checkpoint, Node, Reached};
 use crate::options::{DedupOptions, DedupStaging};
 use crate::reader::StoreFileReader;
 use crate::repository::Repository;
-use crate::servers::{Asked, ServerPool};
+use crate::servers::{lock, Asked, ServerPool};
 use crate::store_write::write_fetched;
 use crate::{Error, Result};
 
@@ -436,8 +436,7 @@ impl StagedDedup {
                 repo.as_ref()?.base_file(FileBase { recipe, bytes })
             })
             .collect();
-        let placed_before =
-            std::mem::take(&mut *self.placement.lock().unwrap_or_else(|e| e.into_inner()));
+        let placed_before = std::mem::take(&mut *lock(&self.placement));
         let packer = Packer {
             pool: &self.pool,
             dedup: packing,
@@ -478,7 +477,7 @@ impl StagedDedup {
                 placed.entry(*s).or_insert(*server);
             }
         }
-        *self.placement.lock().unwrap_or_else(|e| e.into_inner()) = placed;
+        *lock(&self.placement) = placed;
         let Some(sent) = sent? else {
             return Ok(false);
         };
@@ -505,6 +504,7 @@ impl StagedDedup {
             started,
         );
         let (first_handed, blocked) = handed;
+        lock(&self.unanswered_since).insert(name.clone(), Instant::now());
         self.measure(
             name,
             Pushed {
@@ -526,7 +526,7 @@ impl StagedDedup {
 
     /// Keeps a pushed checkpoint's figures until its manifest is written.
     fn measure(&self, name: String, pushed: Pushed) {
-        let mut measuring = self.measuring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut measuring = lock(&self.measuring);
         measuring.retain(|(n, _)| *n != name);
         if measuring.len() >= MEASURING_MAX {
             measuring.remove(0);
@@ -539,7 +539,7 @@ impl StagedDedup {
     /// servers' push to the durable store, the link the level is to spare).
     fn adapt_level(&self, node: &Node, name: &str) {
         let pushed = {
-            let mut measuring = self.measuring.lock().unwrap_or_else(|e| e.into_inner());
+            let mut measuring = lock(&self.measuring);
             let Some(i) = measuring.iter().position(|(n, _)| n == name) else {
                 return;
             };
@@ -727,14 +727,62 @@ impl StagedDedup {
             return Ok(waiting);
         }
         let owner = self.manifest_owner(&name);
-        let state = self
-            .pool
-            .with_conn(owner, |c| c.get_manifest(&name))
-            .map_err(|e| self.pool.error(owner, e))?;
+        let (state, failed) = match self.pool.with_conn(owner, |c| c.get_manifest(&name)) {
+            Ok(state) => (state, None),
+            Err(e) => (None, Some((e.to_string(), self.pool.error(owner, e)))),
+        };
+        // The owner of its name holds the manifest: one that does not know it (it came back
+        // wiped) or does not answer is waited for until give_up_delay.
+        let silent = self.unanswered_for(&name, state.is_some());
+        if state.is_none() {
+            let Some(repo) = self.repository.get()? else {
+                return Ok(Step::Changed);
+            };
+            if silent >= self.give_up_delay(&repo) {
+                lock(&self.unanswered_since).remove(&name);
+                let why = failed.as_ref().map_or_else(
+                    || format!("{} does not know it", self.pool.addr(owner)),
+                    |(why, _)| why.clone(),
+                );
+                give_up(node, root, silent, &why);
+                return Ok(Step::Next);
+            }
+        }
+        if let Some((_, e)) = failed {
+            return Err(e);
+        }
         if !matches!(state, Some((ManifestState::Written, _))) {
             return Ok(waiting);
         }
+        lock(&self.unanswered_since).remove(&name);
         self.record_written(node, root, &name, part)
+    }
+
+    /// How long no server has said it holds checkpoint `name`'s push (its manifest not
+    /// written yet): zero when one just did (`heard`), else counted from the push, or from
+    /// the first ask after a restart of the agent.
+    fn unanswered_for(&self, name: &str, heard: bool) -> Duration {
+        let mut unanswered = lock(&self.unanswered_since);
+        if heard {
+            unanswered.insert(name.to_string(), Instant::now());
+        }
+        unanswered
+            .entry(name.to_string())
+            .or_insert_with(Instant::now)
+            .elapsed()
+    }
+
+    /// How long a staged checkpoint may go without a server saying it holds it before the
+    /// node stores it itself: `staging.give_up_after`, and never less than the time a
+    /// server may write a staged manifest unchecked after its push
+    /// ([`Repo::staged_manifest_trusted`]). The silence starts after the push arrived, so
+    /// a server that comes back later checks the manifest against garbage collection before
+    /// writing it (as packs: the session keeping its packs ends with the give-up; as chunks
+    /// the server always checks).
+    fn give_up_delay(&self, repo: &Repo) -> Duration {
+        self.pool
+            .give_up_after()
+            .max(repo.staged_manifest_trusted())
     }
 
     /// The server wrote checkpoint `root`'s manifest `name`: the adaptive level learns from
@@ -779,6 +827,17 @@ impl StagedDedup {
         });
         Ok(Step::Complete)
     }
+}
+
+/// Says that staged checkpoint `root`, unanswered for `silent` (`why`), is stored from the
+/// node: the durable repository level takes it next.
+fn give_up(node: &Node, root: &LifeEntry, silent: Duration, why: &str) {
+    node.record_failure(format!(
+        "no staging server has answered for checkpoint {} in {:.1} s ({why}); storing it in \
+         the durable store's dedup repository from this node instead",
+        root.path,
+        silent.as_secs_f64(),
+    ));
 }
 
 /// Per file of a checkpoint, its previous version (its recipe and the open store file), if

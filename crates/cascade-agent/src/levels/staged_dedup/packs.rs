@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use cascade_dedup::adaptive::Measured;
@@ -21,7 +21,7 @@ use cascade_store::LifeEntry;
 use cascade_wire::client::OutSegment;
 use cascade_wire::protocol::{Level as WireLevel, PullKind, PushFile, MAX_DATA};
 
-use super::{Pushed, StagedDedup};
+use super::{give_up, Pushed, StagedDedup};
 use crate::deltas::{deltas_note, PreviousVersion};
 use crate::level::Step;
 use crate::levels::dedup::{add_checkpoint_files, single_file};
@@ -341,24 +341,14 @@ impl StagedDedup {
             written |= level == WireLevel::Durable;
             known |= level != WireLevel::Unknown;
         }
-        if known {
-            lock(&self.unanswered_since).insert(name.clone(), Instant::now());
-        } else if !all_asked {
-            let since = *lock(&self.unanswered_since)
-                .entry(name.clone())
-                .or_insert_with(Instant::now);
-            let silent = since.elapsed();
+        let silent = self.unanswered_for(&name, known);
+        if !known && !all_asked {
             if silent >= self.give_up_delay(&repo) {
                 // Safe: the server that took it, should it come back, now checks the
                 // manifest against garbage collection before writing it (give_up_delay).
                 self.forget_push(&name);
-                node.record_failure(format!(
-                    "no staging server has answered for checkpoint {} in {:.1} s ({}); \
-                     storing it in the durable store's dedup repository from this node instead",
-                    root.path,
-                    silent.as_secs_f64(),
-                    failed.map_or("its servers are down".to_string(), |(why, _)| why)
-                ));
+                let why = failed.map_or("its servers are down".to_string(), |(why, _)| why);
+                give_up(node, root, silent, &why);
                 return Ok(Step::Next);
             }
             if let Some((_, e)) = failed {
@@ -392,18 +382,6 @@ impl StagedDedup {
             p.repo.manifest_written(&p.manifest)?;
         }
         self.record_written(node, root, &name, part)
-    }
-
-    /// How long a checkpoint staged as packs may go without a server saying it holds it
-    /// before the node stores it itself: `staging.give_up_after`, and never less than
-    /// the time its server may write the manifest unchecked after the push
-    /// ([`Repo::staged_manifest_trusted`]). The silence starts after the push arrived, so
-    /// a server that comes back later checks the manifest against garbage collection
-    /// (the session keeping its packs ends with the give-up).
-    fn give_up_delay(&self, repo: &Repo) -> Duration {
-        self.pool
-            .give_up_after()
-            .max(repo.staged_manifest_trusted())
     }
 
     /// Checkpoint `name`, staged as packs, is to be stored from the node instead: its push
