@@ -280,8 +280,9 @@ pub struct StagingOptions {
     /// While every server is watched (Watch, docs/staging.md), how often the agent asks
     /// them what has drained without having heard of an event: a fallback only.
     pub ask_every: Duration,
-    /// With dedup, a checkpoint staged on a server that has not answered for it this long
-    /// is stored from the node (`staging.give_up_after`; never sooner than
+    /// A staged file whose server has not answered this long is sent again from the node;
+    /// with dedup, a staged checkpoint no server has said it holds for this long is stored
+    /// from the node (`staging.give_up_after`; never sooner than
     /// `Repo::staged_manifest_trusted` after its push).
     pub give_up_after: Duration,
 }

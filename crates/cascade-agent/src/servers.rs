@@ -31,8 +31,15 @@ struct ServerSlot {
     /// so its other connection, made before, is dropped at its next use too (as is one the
     /// server closed meanwhile: `Connection::peer_closed`).
     failures_seen: AtomicU64,
-    /// Consecutive failures and when to try again.
-    down: Mutex<Option<(u32, Instant)>>,
+    /// While requests to it fail: how many in a row, when to try again, and since when.
+    down: Mutex<Option<Down>>,
+}
+
+#[derive(Clone, Copy)]
+struct Down {
+    failures: u32,
+    retry_at: Instant,
+    since: Instant,
 }
 
 /// Connections to the staging servers, shared by the staging levels.
@@ -139,8 +146,8 @@ impl ServerPool {
             .collect()
     }
 
-    /// How long a checkpoint staged as packs may go unanswered for before the node stores
-    /// it itself (`StagingOptions::give_up_after`).
+    /// How long a staged file or checkpoint may go unanswered for before the node sends it
+    /// again itself (`StagingOptions::give_up_after`).
     pub(crate) fn give_up_after(&self) -> Duration {
         self.opts.give_up_after
     }
@@ -221,7 +228,12 @@ impl ServerPool {
 
     pub(crate) fn up(&self, i: usize) -> bool {
         let down = *lock(&self.servers[i].down);
-        down.is_none_or(|(_, at)| Instant::now() >= at)
+        down.is_none_or(|d| Instant::now() >= d.retry_at)
+    }
+
+    /// How long every request to server `i` has failed (zero once one succeeds).
+    pub(crate) fn silent_for(&self, i: usize) -> Duration {
+        lock(&self.servers[i].down).map_or(Duration::ZERO, |d| d.since.elapsed())
     }
 
     /// The first server at or after `start` that is up and not in `exclude`.
@@ -292,10 +304,15 @@ impl ServerPool {
                 *conn = None;
                 slot.failures_seen.fetch_add(1, Ordering::AcqRel);
                 let mut down = lock(&slot.down);
-                let failures = down.map_or(0, |(n, _)| n) + 1;
+                let now = Instant::now();
+                let failures = down.map_or(0, |d| d.failures) + 1;
                 let delay = (Duration::from_millis(500) * (1 << failures.min(6)))
                     .min(Duration::from_secs(30));
-                *down = Some((failures, Instant::now() + delay));
+                *down = Some(Down {
+                    failures,
+                    retry_at: now + delay,
+                    since: down.map_or(now, |d| d.since),
+                });
             }
         }
         result

@@ -643,12 +643,7 @@ fn checkpoints_on_a_server_that_stays_down(name: &str, form: &[(&str, &str)], st
             &mut agent,
             &format!("cascade agent: no staging server has answered for checkpoint {ck} in "),
         );
-        let silent: f64 = line
-            .split(" in ")
-            .nth(1)
-            .and_then(|rest| rest.split(' ').next())
-            .and_then(|secs| secs.parse().ok())
-            .unwrap_or_else(|| panic!("no duration in {line:?}"));
+        let silent = seconds_after(&line, &format!("checkpoint {ck} in "));
         assert!(
             silent >= 2.0,
             "gave up while the server may still write the manifest unchecked: {line}"

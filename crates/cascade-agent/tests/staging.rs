@@ -193,6 +193,20 @@ impl Dirs {
     fn durable_has(&self, key: &str) -> bool {
         Path::new(&self.durable).join(key).exists()
     }
+
+    /// A server on SSD directory `ssd` whose drains all fail ([`break_drain_target`]) until
+    /// it is restarted with another target.
+    fn server_that_cannot_drain(&self, env: &Env, ssd: &str) -> StageServer {
+        let server = StageServer::start(
+            env,
+            &self.ssd(ssd),
+            &path_str(&self.broken),
+            SHARED_SECRET,
+            &[],
+        );
+        break_drain_target(&self.broken);
+        server
+    }
 }
 
 /// 1. Two servers with stripe placement: big, small, empty and tiny files (many in one
@@ -575,14 +589,7 @@ fn server_killed_mid_transfer_keeps_what_it_acknowledged() {
 fn stale_version_comes_back(test: &str, newer_through_server: bool) {
     let env = Env::new(test, 64 << 20);
     let dirs = Dirs::new(&env);
-    let mut a = StageServer::start(
-        &env,
-        &dirs.ssd("ssd-a"),
-        &path_str(&dirs.broken),
-        SHARED_SECRET,
-        &[],
-    );
-    break_drain_target(&dirs.broken);
+    let mut a = dirs.server_that_cannot_drain(&env, "ssd-a");
     let v1 = files(&[("x.bin", 3 * MIB + 5)], 21);
     let v2 = files(&[("x.bin", 2 * MIB + 9)], 22);
     write_files(&env, "/ck", &v1);
@@ -693,14 +700,7 @@ fn only_server_killed_before_draining_then_restarted() {
     let (_serial, started) = begin();
     let env = Env::new("stage-restart", 64 << 20);
     let dirs = Dirs::new(&env);
-    let mut s = StageServer::start(
-        &env,
-        &dirs.ssd("ssd"),
-        &path_str(&dirs.broken),
-        SHARED_SECRET,
-        &[],
-    );
-    break_drain_target(&dirs.broken);
+    let mut s = dirs.server_that_cannot_drain(&env, "ssd");
     let mut spec: Vec<(String, usize)> =
         vec![("a.bin".into(), 9 * MIB + 1), ("b.bin".into(), 2 * MIB)];
     for i in 0..10 {
@@ -766,6 +766,67 @@ fn only_server_killed_before_draining_then_restarted() {
         "only_server_killed_before_draining_then_restarted: {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// The only server, unable to drain, holds a pushed checkpoint and is killed with SIGKILL
+/// for good: once it has not answered for `staging.give_up_after` (1 s here), the agent says
+/// so in one line and sends the staged files again from the node (no server is up: straight
+/// to the durable store), which completes the checkpoint. The server, back later with a
+/// good target, settles its copies of the same versions (drained again, or superseded by
+/// the node's upload): the checkpoint still verifies.
+#[test]
+fn only_server_down_for_good_its_staged_files_go_from_the_node() {
+    let (_serial, _) = begin();
+    let env = Env::new("stage-down", 64 << 20);
+    let dirs = Dirs::new(&env);
+    let mut s = dirs.server_that_cannot_drain(&env, "ssd");
+    let ck = files(&[("a.bin", 3 * MIB + 7), ("sub/b.dat", 4321)], 11);
+    write_files(&env, "/ck", &ck);
+    env.cascade_ok(&["commit", "/ck"], &[]);
+    let mut agent = env.agent(
+        &dirs.durable,
+        &[
+            ("CASCADE_STAGING", &s.addr),
+            ("CASCADE_STAGING_SECRET", SHARED_SECRET),
+            ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
+        ],
+    );
+    agent.wait_line("the checkpoint pushed to the server", WAIT, |l| {
+        l.starts_with("cascade agent: checkpoint /ck staged") && l.contains(&s.addr)
+    });
+    s.kill9();
+
+    let gave_up = agent.wait_line("the agent giving the server up", WAIT, |l| {
+        l.starts_with(&format!(
+            "cascade agent: staging server {} has not answered for ",
+            s.addr
+        ))
+    });
+    assert!(
+        gave_up.contains(&format!("sending the {} staged file(s)", ck.len())),
+        "{gave_up}"
+    );
+    let silent = seconds_after(&gave_up, " has not answered for ");
+    assert!(
+        silent >= 1.0,
+        "gave up before staging.give_up_after: {gave_up}"
+    );
+    wait_durable(&env, "/ck", &agent, &[&s]);
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
+
+    s.restart(&env, &dirs.durable);
+    wait_for("the restarted server to settle what it held", WAIT, || {
+        let st = s.status();
+        st.pending_files == 0 && st.pending_checkpoints == 0
+    });
+    let st = s.status();
+    assert_eq!(
+        (st.drained_files + st.superseded_files) as usize,
+        ck.len(),
+        "{st:?}"
+    );
+    stop_agent(&mut agent);
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
 }
 
 /// 4a. A server on a 64 MiB tmpfs (or, without root, limited by --ssd-capacity) gets more
@@ -1020,14 +1081,7 @@ fn new_node_reads_staged_files_back() {
     let (_serial, started) = begin();
     let old = Env::new("stage-node1", 64 << 20);
     let dirs = Dirs::new(&old);
-    let s = StageServer::start(
-        &old,
-        &dirs.ssd("ssd"),
-        &path_str(&dirs.broken),
-        SHARED_SECRET,
-        &[],
-    );
-    break_drain_target(&dirs.broken);
+    let s = dirs.server_that_cannot_drain(&old, "ssd");
     let ck = files(&[("a.bin", 5 * MIB + 3), ("b.bin", 3 * MIB + 1)], 9);
     write_files(&old, "/ck", &ck);
     old.cascade_ok(&["commit", "/ck"], &[]);

@@ -322,7 +322,7 @@ pub static SETTINGS: &[SettingDef] = &[
         flag: Some("give-up-after"),
         aliases: &[],
         value_name: "SECONDS",
-        help: "With dedup, a checkpoint staged on a server that has not answered for it this long (down, unreachable, or back without it) is stored in the durable store's dedup repository from the node instead, if the node still holds it; never sooner than a quarter of the repository's session lease after its push",
+        help: "Staged files and checkpoints whose server has not answered for them this long (down, unreachable, or back without them) are sent again from the node, if it still holds them: to a server that is up, else straight to the durable store (with dedup: into its repository, never sooner than a quarter of the repository's session lease after the push)",
         default_help: "600",
         parse: parse_seconds_as_ms,
         default: |_| (Value::Count(600_000), String::new()),

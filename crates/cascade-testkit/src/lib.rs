@@ -60,7 +60,7 @@ pub use node::{
     begin, cascade_command, levels_line, read_store_file, serial, stop_agent, write_store_file, Env,
 };
 pub use process::{
-    log_message, number_printed_by, output_within, run_with_timeout, wait_output,
+    log_message, number_printed_by, output_within, run_with_timeout, seconds_after, wait_output,
     with_default_signal_actions, Daemon, Out,
 };
 pub use stage_server::StageServer;

@@ -55,6 +55,16 @@ pub fn with_default_signal_actions(cmd: &mut Command) -> &mut Command {
     }
 }
 
+/// The number of seconds a log line gives right after `after` (`... in 2.4 s ...`),
+/// failing the test when there is none.
+#[track_caller]
+pub fn seconds_after(line: &str, after: &str) -> f64 {
+    line.split_once(after)
+        .and_then(|(_, rest)| rest.split(' ').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("no seconds after {after:?} in {line:?}"))
+}
+
 /// A text log line of the agent or a staging server without its timestamp and level
 /// (`2026-01-02T03:04:05.678901Z  WARN cascade agent: ...` -> `cascade agent: ...`), so that
 /// tests read messages as they are worded; other lines as they are.

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cascade_durable::DurableKey;
 use cascade_store::{LifeEntry, OpenOptions};
@@ -390,6 +390,29 @@ impl StagingServers {
         Ok(Some(digest))
     }
 
+    /// For file version `e`, recorded staged: the server holding it and how long it has not
+    /// answered, once that is `staging.give_up_after` or more (after a restart of the
+    /// agent, where it went is not known: any server that long silent). The node then
+    /// sends it again, to a server that is up or straight to the durable store: the server
+    /// that comes back drains the same bytes.
+    fn abandoned(&self, e: &LifeEntry) -> Option<(usize, Duration)> {
+        if !e.staged() {
+            return None;
+        }
+        let placed = lock(&self.placed)
+            .get(&(e.ino, e.generation, e.mod_seq))
+            .copied();
+        let holders: Vec<usize> = match placed {
+            Some(i) => vec![i],
+            None => (0..self.pool.count()).collect(),
+        };
+        holders
+            .into_iter()
+            .map(|i| (i, self.pool.silent_for(i)))
+            .filter(|(_, silent)| *silent >= self.pool.give_up_after())
+            .max_by_key(|(_, silent)| *silent)
+    }
+
     /// Hands a checkpoint whose files are all staged (or durable) to a server, which writes
     /// its marker once they have drained. True if a server took it.
     fn push_checkpoint(&self, node: &Node, root: &LifeEntry) -> Result<bool> {
@@ -658,8 +681,10 @@ impl Level for StagingServers {
         false
     }
 
+    /// Not a staged version whose server has not answered for `staging.give_up_after`: that
+    /// one is sent again.
     fn holds(&self, e: &LifeEntry) -> bool {
-        e.safe()
+        e.safe() && self.abandoned(e).is_none()
     }
 
     fn send_files<'t>(
@@ -667,6 +692,17 @@ impl Level for StagingServers {
         node: &Node,
         files: Vec<&'t LifeEntry>,
     ) -> (usize, Vec<&'t LifeEntry>) {
+        let abandoned: Vec<(usize, Duration)> =
+            files.iter().filter_map(|f| self.abandoned(f)).collect();
+        if let Some(&(i, silent)) = abandoned.iter().max_by_key(|(_, silent)| *silent) {
+            node.record_failure(format!(
+                "staging server {} has not answered for {:.1} s: sending the {} staged \
+                 file(s) it may hold again, from this node",
+                self.pool.addr(i),
+                silent.as_secs_f64(),
+                abandoned.len()
+            ));
+        }
         self.stage_all(node, files)
     }
 

@@ -361,8 +361,9 @@ pub(crate) struct StagedDedup {
     measuring: Mutex<Vec<(String, Pushed)>>,
     /// Checkpoints staged as packs whose manifests are not written yet.
     pending_pushes: packs::PendingPushes,
-    /// Checkpoints staged as packs, by manifest name: since when no server has said it
-    /// holds the push (from the push, or the first ask after a restart of the agent).
+    /// Checkpoints staged (as packs or chunks) whose manifests are not written yet, by
+    /// manifest name: since when no server has said it holds the push (from the push, or
+    /// the first ask after a restart of the agent).
     unanswered_since: Mutex<HashMap<String, Instant>>,
 }
 
