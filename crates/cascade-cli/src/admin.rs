@@ -307,6 +307,7 @@ pub fn show_config(config: &Config, as_json: bool) -> Result<ExitCode, Failure> 
                     Value::Text(text) => json!(cascade_config::redacted(text)),
                     Value::Secret(_) => json!(e.value.to_string()),
                     Value::Bytes(n) | Value::Count(n) => json!(n),
+                    Value::Millis(ms) => json!(*ms as f64 / 1000.0),
                 };
                 let from = match &e.source {
                     Source::Flag(_) => "flag",

@@ -57,6 +57,8 @@ pub enum Value {
     Secret(Secret),
     Bytes(u64),
     Count(u64),
+    /// A duration given in seconds, kept in milliseconds; shown in seconds.
+    Millis(u64),
 }
 
 impl fmt::Display for Value {
@@ -65,6 +67,8 @@ impl fmt::Display for Value {
             Value::Text(text) => write!(f, "{}", redacted(text)),
             Value::Secret(secret) => write!(f, "{secret}"),
             Value::Count(n) => write!(f, "{n}"),
+            Value::Millis(ms) if ms % 1000 == 0 => write!(f, "{} s", ms / 1000),
+            Value::Millis(ms) => write!(f, "{:.3} s", *ms as f64 / 1000.0),
             Value::Bytes(0) => write!(f, "0"),
             Value::Bytes(n) => write!(f, "{n} ({})", format_size(*n)),
         }
@@ -78,6 +82,7 @@ impl fmt::Debug for Value {
             Value::Secret(secret) => f.debug_tuple("Secret").field(secret).finish(),
             Value::Bytes(n) => f.debug_tuple("Bytes").field(n).finish(),
             Value::Count(n) => f.debug_tuple("Count").field(n).finish(),
+            Value::Millis(ms) => f.debug_tuple("Millis").field(ms).finish(),
         }
     }
 }
@@ -373,7 +378,7 @@ impl Config {
     /// A count or size setting's value (0 if unknown).
     pub fn number(&self, key: &str) -> u64 {
         match self.get(key).map(|e| &e.value) {
-            Some(Value::Count(n) | Value::Bytes(n)) => *n,
+            Some(Value::Count(n) | Value::Bytes(n) | Value::Millis(n)) => *n,
             _ => 0,
         }
     }
@@ -489,7 +494,9 @@ impl<'a> Resolved<'a> {
     pub fn bytes(&self, key: &str) -> u64 {
         match self.value(key) {
             Value::Bytes(n) | Value::Count(n) => *n,
-            Value::Text(_) | Value::Secret(_) => panic!("setting {key} is not a size"),
+            Value::Text(_) | Value::Secret(_) | Value::Millis(_) => {
+                panic!("setting {key} is not a size")
+            }
         }
     }
 

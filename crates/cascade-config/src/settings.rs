@@ -198,7 +198,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "With a directory rule of checkpoint.rules: a matching directory without a newer sibling is committed once every file below it is closed and nothing below it was modified for this long; 0 = only when a newer one appears or at the end of the job",
         default_help: "30",
         parse: parse_seconds_as_ms,
-        default: |_| (Value::Count(30_000), String::new()),
+        default: |_| (Value::Millis(30_000), String::new()),
     },
     SettingDef {
         key: "checkpoint.flush_every",
@@ -220,7 +220,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "How long a writer on a full store waits for the agent to make room (by evicting durable checkpoints) before it gets ENOSPC; 0 = ENOSPC at once",
         default_help: "60",
         parse: parse_seconds_as_ms,
-        default: |_| (Value::Count(60_000), String::new()),
+        default: |_| (Value::Millis(60_000), String::new()),
     },
     SettingDef {
         key: "agent.metrics",
@@ -325,7 +325,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "Staged files and checkpoints whose server has not answered for them this long (down, unreachable, or back without them) are sent again from the node, if it still holds them: to a server that is up, else straight to the durable store (with dedup: into its repository, never sooner than a quarter of the repository's session lease after the push)",
         default_help: "600",
         parse: parse_seconds_as_ms,
-        default: |_| (Value::Count(600_000), String::new()),
+        default: |_| (Value::Millis(600_000), String::new()),
     },
     SettingDef {
         key: "staging.namespace",
@@ -408,10 +408,10 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "How long a writer of the dedup repository stays alive for garbage collection without renewing its session (a prune waits that long for a writer that died); recorded in the repository when it is created, and every writer, staging server and prune of it uses the recorded one",
         default_help: "900",
         parse: |t| match parse_seconds_as_ms(t)? {
-            Value::Count(ms) if ms >= 4_000 => Ok(Value::Count(ms)),
+            Value::Millis(ms) if ms >= 4_000 => Ok(Value::Millis(ms)),
             _ => Err("must be at least 4 seconds (writers renew every eighth of it)".into()),
         },
-        default: |_| (Value::Count(900_000), String::new()),
+        default: |_| (Value::Millis(900_000), String::new()),
     },
     SettingDef {
         key: "stage_server.listen",
@@ -609,7 +609,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "A frame's header must arrive within this of its first byte, its body within this once the server is ready for it, a Hello within this (at most 10 s) of connecting, and a reply must be taken by the client within this; else the staging server closes the connection",
         default_help: "60",
         parse: parse_seconds_as_ms,
-        default: |_| (Value::Count(60_000), String::new()),
+        default: |_| (Value::Millis(60_000), String::new()),
     },
     SettingDef {
         key: "stage_server.recheck_every",
@@ -620,7 +620,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "Pending checkpoints and dedup manifests whose files or blobs reach the durable store through other staging servers are looked at again at least this often when no agent asks (agents watching the servers ask at once); the fallback for a lost node",
         default_help: "5",
         parse: parse_seconds_as_ms,
-        default: |_| (Value::Count(5_000), String::new()),
+        default: |_| (Value::Millis(5_000), String::new()),
     },
     SettingDef {
         key: "stage_server.tls_cert",
@@ -701,7 +701,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "The window of log.repeats",
         default_help: "60",
         parse: parse_seconds_as_ms,
-        default: |_| (Value::Count(60_000), String::new()),
+        default: |_| (Value::Millis(60_000), String::new()),
     },
     // The job rows: before their built-in default, a launcher's variable is tried
     // (job::detected), so their sources may be e.g. "env SLURM_JOB_ID". job.id comes first:
@@ -884,12 +884,13 @@ fn parse_seconds_as_ms(text: &str) -> Result<Value, String> {
     let secs: f64 = text
         .trim()
         .trim_end_matches('s')
+        .trim_end()
         .parse()
         .map_err(|_| "not a number of seconds".to_string())?;
     if !(0.0..=86_400.0).contains(&secs) {
         return Err("must be from 0 to 86400 seconds".to_string());
     }
-    Ok(Value::Count((secs * 1000.0).round() as u64))
+    Ok(Value::Millis((secs * 1000.0).round() as u64))
 }
 
 /// Permission bits in octal (`0600`, `640`): read/write bits only, the owner must be able to

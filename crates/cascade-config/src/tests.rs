@@ -957,3 +957,33 @@ fn mount_prefixed_paths_are_store_paths() {
     assert_eq!(config.store_path("/ckpts/a"), "/ckpts/a");
     assert_eq!(config.store_path("ckpt.42"), "ckpt.42");
 }
+
+/// Durations are given in seconds (decimals and a trailing `s` allowed), used in
+/// milliseconds, and shown in seconds, as they were given.
+#[test]
+fn durations_are_given_and_shown_in_seconds() {
+    let (_dir, inputs) = isolated();
+    let config = Config::load(&inputs).expect("loads");
+    let give_up = entry(&config, "staging.give_up_after");
+    assert_eq!(give_up.value, Value::Millis(600_000));
+    assert_eq!(give_up.value.to_string(), "600 s");
+    let config = Config::load(
+        &inputs
+            .clone()
+            .flag("staging.give_up_after", "1.5")
+            .flag("dedup.session_lease", "8 s"),
+    )
+    .expect("loads");
+    assert_eq!(config.number("staging.give_up_after"), 1_500);
+    assert_eq!(
+        entry(&config, "staging.give_up_after").value.to_string(),
+        "1.500 s"
+    );
+    assert_eq!(config.number("dedup.session_lease"), 8_000);
+    let refused = Config::load(&inputs.flag("dedup.session_lease", "2"))
+        .expect_err("a lease shorter than 4 s");
+    assert!(
+        refused.to_string().contains("at least 4 seconds"),
+        "{refused}"
+    );
+}
