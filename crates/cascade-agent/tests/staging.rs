@@ -768,32 +768,47 @@ fn only_server_killed_before_draining_then_restarted() {
     );
 }
 
-/// The only server, unable to drain, holds a pushed checkpoint and is killed with SIGKILL
-/// for good: once it has not answered for `staging.give_up_after` (1 s here), the agent says
-/// so in one line and sends the staged files again from the node (no server is up: straight
-/// to the durable store), which completes the checkpoint. The server, back later with a
-/// good target, settles its copies of the same versions (drained again, or superseded by
-/// the node's upload): the checkpoint still verifies.
+/// The only server, unable to drain, holds two pushed checkpoints: /ck.1 staged by an agent
+/// since killed with SIGKILL (the agent now running does not know where its files went) and
+/// /ck.2 staged by the agent now running. The server is killed with SIGKILL for good: once
+/// it has not answered for `staging.give_up_after` (1 s here), the agent says so in one line
+/// and sends the staged files again from the node (no server is up: straight to the durable
+/// store), which completes both. The server, back later with a good target, settles its
+/// copies of the same versions (drained again, or superseded by the node's upload): both
+/// still verify.
 #[test]
 fn only_server_down_for_good_its_staged_files_go_from_the_node() {
     let (_serial, _) = begin();
     let env = Env::new("stage-down", 64 << 20);
     let dirs = Dirs::new(&env);
     let mut s = dirs.server_that_cannot_drain(&env, "ssd");
-    let ck = files(&[("a.bin", 3 * MIB + 7), ("sub/b.dat", 4321)], 11);
-    write_files(&env, "/ck", &ck);
-    env.cascade_ok(&["commit", "/ck"], &[]);
-    let mut agent = env.agent(
-        &dirs.durable,
-        &[
-            ("CASCADE_STAGING", &s.addr),
-            ("CASCADE_STAGING_SECRET", SHARED_SECRET),
-            ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
-        ],
-    );
-    agent.wait_line("the checkpoint pushed to the server", WAIT, |l| {
-        l.starts_with("cascade agent: checkpoint /ck staged") && l.contains(&s.addr)
-    });
+    let settings = [
+        ("CASCADE_STAGING", s.addr.as_str()),
+        ("CASCADE_STAGING_SECRET", SHARED_SECRET),
+        ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
+    ];
+    let cks = [
+        (
+            "/ck.1",
+            files(&[("a.bin", 3 * MIB + 7), ("sub/b.dat", 4321)], 11),
+        ),
+        (
+            "/ck.2",
+            files(&[("a.bin", 2 * MIB + 1), ("c.dat", 999)], 12),
+        ),
+    ];
+    let mut agent = env.agent(&dirs.durable, &settings);
+    for (i, (ck, files)) in cks.iter().enumerate() {
+        write_files(&env, ck, files);
+        env.cascade_ok(&["commit", ck], &[]);
+        agent.wait_line("the checkpoint pushed to the server", WAIT, |l| {
+            l.starts_with(&format!("cascade agent: checkpoint {ck} staged")) && l.contains(&s.addr)
+        });
+        if i == 0 {
+            agent.kill9();
+            agent = env.agent(&dirs.durable, &settings);
+        }
+    }
     s.kill9();
 
     let gave_up = agent.wait_line("the agent giving the server up", WAIT, |l| {
@@ -802,17 +817,15 @@ fn only_server_down_for_good_its_staged_files_go_from_the_node() {
             s.addr
         ))
     });
-    assert!(
-        gave_up.contains(&format!("sending the {} staged file(s)", ck.len())),
-        "{gave_up}"
-    );
     let silent = seconds_after(&gave_up, " has not answered for ");
     assert!(
         silent >= 1.0,
         "gave up before staging.give_up_after: {gave_up}"
     );
-    wait_durable(&env, "/ck", &agent, &[&s]);
-    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
+    for (ck, files) in &cks {
+        wait_durable(&env, ck, &agent, &[&s]);
+        assert_durable_checkpoint_at(&dirs.durable, &ck[1..], &refs(files));
+    }
 
     s.restart(&env, &dirs.durable);
     wait_for("the restarted server to settle what it held", WAIT, || {
@@ -822,11 +835,13 @@ fn only_server_down_for_good_its_staged_files_go_from_the_node() {
     let st = s.status();
     assert_eq!(
         (st.drained_files + st.superseded_files) as usize,
-        ck.len(),
+        cks.iter().map(|(_, f)| f.len()).sum::<usize>(),
         "{st:?}"
     );
     stop_agent(&mut agent);
-    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
+    for (ck, files) in &cks {
+        assert_durable_checkpoint_at(&dirs.durable, &ck[1..], &refs(files));
+    }
 }
 
 /// 4a. A server on a 64 MiB tmpfs (or, without root, limited by --ssd-capacity) gets more
