@@ -91,6 +91,11 @@ pub fn render(s: &AgentStats) -> String {
         "Staged copies passed over by read-through because this job did not write them.",
         s.untrusted_staged,
     );
+    e.counter(
+        "cascade_agent_staged_given_up_total",
+        "Staged files sent again, and staged checkpoints stored by the node (dedup), because their staging server had not answered for staging.give_up_after.",
+        s.staged_given_up,
+    );
     e.gauge(
         "cascade_agent_cached_digests",
         "File digests the agent remembers (bounded by the store's entries).",

@@ -157,6 +157,10 @@ pub struct AgentStats {
     /// tag did not verify).
     #[serde(default)]
     pub untrusted_staged: u64,
+    /// Staged files (sent again) and checkpoints (stored by the node, with dedup) whose
+    /// staging server had not answered for `staging.give_up_after`.
+    #[serde(default)]
+    pub staged_given_up: u64,
     pub failures: u64,
     /// Files waiting for upload at the end of the last pass (not counting files in writing).
     pub pending_files: u64,

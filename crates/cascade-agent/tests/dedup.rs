@@ -650,6 +650,8 @@ fn checkpoints_on_a_server_that_stays_down(name: &str, form: &[(&str, &str)], st
         );
         wait_complete(&mut agent, ck);
     }
+    let status = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(status.staged_given_up, 2, "{status:?}");
     let manifests = [
         durable.join(".cascade-dedup/manifests/ck.1.json"),
         durable.join(".cascade-dedup/manifests/ck.2.json"),

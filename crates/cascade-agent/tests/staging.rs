@@ -826,6 +826,10 @@ fn only_server_down_for_good_its_staged_files_go_from_the_node() {
         wait_durable(&env, ck, &agent, &[&s]);
         assert_durable_checkpoint_at(&dirs.durable, &ck[1..], &refs(files));
     }
+    let files_sent_again = cascade_agent::status(&env.name)
+        .expect("status")
+        .staged_given_up;
+    assert_eq!(files_sent_again, 4, "{}", agent.log());
 
     s.restart(&env, &dirs.durable);
     wait_for("the restarted server to settle what it held", WAIT, || {

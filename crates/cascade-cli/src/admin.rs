@@ -137,6 +137,13 @@ pub fn status(config: &Config, as_json: bool) -> Result<ExitCode, Failure> {
                 a.durable,
                 if a.staging.is_empty() {
                     String::new()
+                } else if a.staged_given_up > 0 {
+                    format!(
+                        "staged {} files ({}), {} sent again from the node (their server did not answer), ",
+                        a.staged_files,
+                        format_size(a.staged_bytes),
+                        a.staged_given_up
+                    )
                 } else {
                     format!("staged {} files ({}), ", a.staged_files, format_size(a.staged_bytes))
                 },

@@ -695,6 +695,7 @@ impl Level for StagingServers {
         let abandoned: Vec<(usize, Duration)> =
             files.iter().filter_map(|f| self.abandoned(f)).collect();
         if let Some(&(i, silent)) = abandoned.iter().max_by_key(|(_, silent)| *silent) {
+            node.count(|s| s.staged_given_up += abandoned.len() as u64);
             node.record_failure(format!(
                 "staging server {} has not answered for {:.1} s: sending the {} staged \
                  file(s) it may hold again, from this node",

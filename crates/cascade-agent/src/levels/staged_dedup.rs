@@ -833,6 +833,7 @@ impl StagedDedup {
 /// Says that staged checkpoint `root`, unanswered for `silent` (`why`), is stored from the
 /// node: the durable repository level takes it next.
 fn give_up(node: &Node, root: &LifeEntry, silent: Duration, why: &str) {
+    node.count(|s| s.staged_given_up += 1);
     node.record_failure(format!(
         "no staging server has answered for checkpoint {} in {:.1} s ({why}); storing it in \
          the durable store's dedup repository from this node instead",
