@@ -408,8 +408,13 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "How long a writer of the dedup repository stays alive for garbage collection without renewing its session (a prune waits that long for a writer that died); recorded in the repository when it is created, and every writer, staging server and prune of it uses the recorded one",
         default_help: "900",
         parse: |t| match parse_seconds_as_ms(t)? {
-            Value::Millis(ms) if ms >= 4_000 => Ok(Value::Millis(ms)),
-            _ => Err("must be at least 4 seconds (writers renew every eighth of it)".into()),
+            Value::Millis(ms) if ms >= cascade_dedup::repo::MIN_SESSION_LEASE_S * 1000 => {
+                Ok(Value::Millis(ms))
+            }
+            _ => Err(format!(
+                "must be at least {} seconds (writers renew every eighth of it)",
+                cascade_dedup::repo::MIN_SESSION_LEASE_S
+            )),
         },
         default: |_| (Value::Millis(900_000), String::new()),
     },

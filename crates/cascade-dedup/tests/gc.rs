@@ -760,6 +760,18 @@ fn a_repository_keeps_the_session_lease_it_was_created_with() {
     assert!(r.packs_deleted > 0 && r.sessions_expired == 1, "{r:?}");
     no_gc_records_or_sessions(&root);
     assert_restores(&open(&durable_at(&root)), "new", &kept);
+
+    // A config recording a lease under the minimum is refused, not obeyed.
+    let mut config = config;
+    config["session_lease_s"] = 1.into();
+    std::fs::write(repo_dir(&root).join("config.json"), config.to_string()).expect("config");
+    let refused = Repo::open_for_maintenance(durable_at(&root), DEFAULT_PREFIX)
+        .err()
+        .expect("a 1 s lease is refused");
+    assert!(
+        refused.to_string().contains("session_lease_s 1"),
+        "{refused}"
+    );
 }
 
 /// Manifests written before pack sets were recorded still parse; the collector walks their

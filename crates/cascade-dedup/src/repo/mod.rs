@@ -41,6 +41,10 @@ pub use upload::ObjectSink;
 
 /// Where the repository lives below the durable store's root.
 pub const DEFAULT_PREFIX: &str = ".cascade-dedup";
+/// The shortest session lease a repository may record: writers renew every eighth of it,
+/// and one PUT must take less than a quarter.
+pub const MIN_SESSION_LEASE_S: u64 = 4;
+
 /// Format tag of `config.json` and of manifests.
 pub const REPO_FORMAT: &str = "cascade-dedup/1";
 pub const MANIFEST_FORMAT: &str = "cascade-dedup-manifest/1";
@@ -499,13 +503,23 @@ impl Repo {
                         why: format!("format {:?}, this build reads {REPO_FORMAT}", cfg.format),
                     });
                 }
+                if let Some(s) = cfg.session_lease_s.filter(|&s| s < MIN_SESSION_LEASE_S) {
+                    return Err(Error::Format {
+                        object: config_key,
+                        why: format!(
+                            "session_lease_s {s}: a lease under {MIN_SESSION_LEASE_S} s would let \
+                             a prune take live writers for dead"
+                        ),
+                    });
+                }
                 cfg.session_lease_s
             }
             Err(e) if e.is_not_found() => {
                 let Some(lease) = create else {
                     return Ok(None);
                 };
-                let lease_s = (lease != DEFAULT_SESSION_LEASE).then(|| lease.as_secs().max(1));
+                let lease_s = (lease != DEFAULT_SESSION_LEASE)
+                    .then(|| lease.as_secs().max(MIN_SESSION_LEASE_S));
                 let cfg = RepoConfigFile {
                     format: REPO_FORMAT.to_string(),
                     created_unix_ns: cascade_durable::now_unix_ns(),
