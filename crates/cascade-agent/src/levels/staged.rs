@@ -419,7 +419,9 @@ impl StagingServers {
         if let Some(&i) = lock(&self.lost).get(&key) {
             return Some((i, Abandoned::Lost));
         }
-        let placed = lock(&self.placed).get(&key).copied();
+        let placed = lock(&self.placed)
+            .get(&(e.ino, e.generation, e.mod_seq))
+            .copied();
         let holders: Vec<usize> = match placed {
             Some(i) => vec![i],
             None => (0..self.pool.count()).collect(),
@@ -734,8 +736,8 @@ impl Level for StagingServers {
         false
     }
 
-    /// Not a staged version whose server no longer holds it or has not answered for
-    /// `staging.give_up_after` ([`StagingServers::abandoned`]): that one is sent again.
+    /// Not a staged version whose server has not answered for `staging.give_up_after`: that
+    /// one is sent again.
     fn holds(&self, e: &LifeEntry) -> bool {
         e.safe() && self.abandoned(e).is_none()
     }
