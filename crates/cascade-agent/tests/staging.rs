@@ -848,6 +848,47 @@ fn only_server_down_for_good_its_staged_files_go_from_the_node() {
     }
 }
 
+/// The only server, unable to drain, holds a pushed checkpoint; it is killed with SIGKILL
+/// and comes back at once with its SSD wiped and a good target. It answers that it does
+/// not know the staged files: the agent says so in one line and sends them again (to that
+/// server, now empty), without waiting for `staging.give_up_after`; the checkpoint becomes
+/// durable and verifies.
+#[test]
+fn only_server_back_wiped_its_staged_files_go_again_from_the_node() {
+    let (_serial, _) = begin();
+    let env = Env::new("stage-wiped", 64 << 20);
+    let dirs = Dirs::new(&env);
+    let mut s = dirs.server_that_cannot_drain(&env, "ssd");
+    let ck = files(&[("a.bin", 3 * MIB + 7), ("sub/b.dat", 4321)], 13);
+    write_files(&env, "/ck", &ck);
+    env.cascade_ok(&["commit", "/ck"], &[]);
+    let mut agent = staging_agent(&env, &dirs.durable, &[&s], SHARED_SECRET, "stripe");
+    agent.wait_line("the checkpoint pushed to the server", WAIT, |l| {
+        l.starts_with("cascade agent: checkpoint /ck staged") && l.contains(&s.addr)
+    });
+
+    s.kill9();
+    let ssd = dirs.root.join("ssd");
+    std::fs::remove_dir_all(&ssd).expect("wipe the server's SSD");
+    std::fs::create_dir_all(&ssd).expect("ssd dir");
+    s.restart(&env, &dirs.durable);
+    let lost = agent.wait_line("the agent hearing the files are lost", WAIT, |l| {
+        l.starts_with(&format!(
+            "cascade agent: staging server {} no longer holds ",
+            s.addr
+        ))
+    });
+    assert!(
+        lost.contains(&format!("holds {} staged file(s)", ck.len())),
+        "{lost}"
+    );
+    wait_durable(&env, "/ck", &agent, &[&s]);
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
+    let status = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(status.staged_given_up, ck.len() as u64, "{status:?}");
+    stop_agent(&mut agent);
+}
+
 /// 4a. A server on a 64 MiB tmpfs (or, without root, limited by --ssd-capacity) gets more
 ///     than fits: it says it is full, the agent sends its files to the other server, the
 ///     checkpoint completes.

@@ -39,8 +39,20 @@ pub(crate) struct StagingServers {
     placed: Mutex<HashMap<(u64, u32, u64), usize>>,
     /// Server each checkpoint root was pushed to: (ino, generation) -> server index.
     pushed: Mutex<HashMap<(u64, u32), usize>>,
+    /// Staged versions the servers that may hold them answered Pull for with "unknown" (a
+    /// server back with its SSD wiped): sent again, like those of a silent server.
+    lost: Mutex<HashMap<(u64, u32, u64), usize>>,
     /// When the servers were last asked what has drained.
     asked: Asked,
+}
+
+/// Why a staged version is sent again from the node (`StagingServers::abandoned`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Abandoned {
+    /// Its server answered that it does not know it.
+    Lost,
+    /// Its server has not answered for this long.
+    Silent(Duration),
 }
 
 /// A piece of file data on its way into a frame.
@@ -154,6 +166,7 @@ impl StagingServers {
             sends,
             placed: Mutex::new(HashMap::new()),
             pushed: Mutex::new(HashMap::new()),
+            lost: Mutex::new(HashMap::new()),
             asked: Asked::default(),
         }
     }
@@ -276,7 +289,9 @@ impl StagingServers {
         if !node.store.mark_staged(f.ino, f.generation, f.mod_seq) {
             return; // Changed while it was sent: the next pass sends the new version.
         }
-        lock(&self.placed).insert((f.ino, f.generation, f.mod_seq), i);
+        let key = (f.ino, f.generation, f.mod_seq);
+        lock(&self.lost).remove(&key);
+        lock(&self.placed).insert(key, i);
         node.remember_digest(f, cascade_wire::hex(digest));
         node.count(|s| {
             s.staged_files += 1;
@@ -390,18 +405,21 @@ impl StagingServers {
         Ok(Some(digest))
     }
 
-    /// For file version `e`, recorded staged: the server holding it and how long it has not
-    /// answered, once that is `staging.give_up_after` or more (after a restart of the
-    /// agent, where it went is not known: any server that long silent). The node then
-    /// sends it again, to a server that is up or straight to the durable store: the server
-    /// that comes back drains the same bytes.
-    fn abandoned(&self, e: &LifeEntry) -> Option<(usize, Duration)> {
+    /// For file version `e`, recorded staged, once the node is to send it again: the server
+    /// that held it and why — it no longer knows it, or it has not answered for
+    /// `staging.give_up_after` or more (after a restart of the agent, where it went is not
+    /// known: any server that long silent). The node sends it to a server that is up or
+    /// straight to the durable store: a server that comes back drains the same bytes, or
+    /// finds the durable store's version newer.
+    fn abandoned(&self, e: &LifeEntry) -> Option<(usize, Abandoned)> {
+        let key = (e.ino, e.generation, e.mod_seq);
         if !e.staged() {
             return None;
         }
-        let placed = lock(&self.placed)
-            .get(&(e.ino, e.generation, e.mod_seq))
-            .copied();
+        if let Some(&i) = lock(&self.lost).get(&key) {
+            return Some((i, Abandoned::Lost));
+        }
+        let placed = lock(&self.placed).get(&key).copied();
         let holders: Vec<usize> = match placed {
             Some(i) => vec![i],
             None => (0..self.pool.count()).collect(),
@@ -411,6 +429,7 @@ impl StagingServers {
             .map(|i| (i, self.pool.silent_for(i)))
             .filter(|(_, silent)| *silent >= self.pool.give_up_after())
             .max_by_key(|(_, silent)| *silent)
+            .map(|(i, silent)| (i, Abandoned::Silent(silent)))
     }
 
     /// Hands a checkpoint whose files are all staged (or durable) to a server, which writes
@@ -502,25 +521,80 @@ impl StagingServers {
                 .collect()
         };
         let mut changed = false;
+        // Per staged version, the servers that answered they do not know it.
+        let mut unknown_to: HashMap<(u64, u32, u64), Vec<usize>> = HashMap::new();
         for i in (0..self.pool.count()).filter(|&i| self.pool.up(i)) {
             let files = placed_on(i, &staged);
             let roots = placed_on(i, &roots);
             if !files.is_empty() || !roots.is_empty() {
-                changed |= self.pull_from(node, i, tree, &files, &roots);
+                let (progressed, unknown) = self.pull_from(node, i, tree, &files, &roots);
+                changed |= progressed;
+                for f in unknown {
+                    unknown_to
+                        .entry((f.ino, f.generation, f.mod_seq))
+                        .or_default()
+                        .push(i);
+                }
             }
         }
+        // Unknown to its server (or, where it went is not known, to every server): drained
+        // and its arena reclaimed before this ask, or lost with the server's SSD. The durable
+        // store tells them apart.
+        let mut newly_lost = Vec::new();
+        for (f, at) in &staged {
+            let key = (f.ino, f.generation, f.mod_seq);
+            let Some(unknown) = unknown_to.get(&key) else {
+                continue;
+            };
+            let unknown_where_it_is = match at {
+                Some(i) => unknown.contains(i),
+                None => unknown.len() == self.pool.count(),
+            };
+            if !unknown_where_it_is {
+                continue;
+            }
+            let Ok(ours) = node.digest_of(f) else {
+                continue;
+            };
+            match node
+                .durable
+                .recorded_checksum(DurableKey::from_store_path(&f.path).as_str())
+            {
+                Ok(sum) if sum == ours => {
+                    changed |= node.store.mark_durable(f.ino, f.generation, f.mod_seq);
+                }
+                Ok(_) => newly_lost.push((key, at.unwrap_or(unknown[0]))),
+                // Not there (no checksum object: no version of it completed its upload).
+                Err(e)
+                    if e.is_not_found()
+                        || matches!(e, cascade_durable::Error::BadChecksum { .. }) =>
+                {
+                    newly_lost.push((key, at.unwrap_or(unknown[0])))
+                }
+                // Cannot tell now: asked again at the next ask.
+                Err(_) => {}
+            }
+        }
+        let mut lost = lock(&self.lost);
+        lost.retain(|key, _| {
+            staged
+                .iter()
+                .any(|(f, _)| (f.ino, f.generation, f.mod_seq) == *key)
+        });
+        lost.extend(newly_lost);
         changed
     }
 
     /// Asks server `i` about `files` and checkpoint `roots` and records what it drained.
-    fn pull_from(
+    /// True if something became durable; and the files it does not know.
+    fn pull_from<'t>(
         &self,
         node: &Node,
         i: usize,
         tree: &[LifeEntry],
-        files: &[&LifeEntry],
+        files: &[&'t LifeEntry],
         roots: &[&LifeEntry],
-    ) -> bool {
+    ) -> (bool, Vec<&'t LifeEntry>) {
         let keys: Vec<(PullKind, DurableKey)> = files
             .iter()
             .map(|f| (PullKind::File, DurableKey::from_store_path(&f.path)))
@@ -541,12 +615,16 @@ impl StagingServers {
                     "cannot ask {} what has drained: {e}",
                     self.pool.addr(i)
                 ));
-                return false;
+                return (false, Vec::new());
             }
         };
         let (file_states, root_states) = states.split_at(files.len());
         let mut changed = false;
+        let mut unknown = Vec::new();
         for (f, st) in files.iter().zip(file_states) {
+            if st.level == WireLevel::Unknown {
+                unknown.push(*f);
+            }
             if st.level != WireLevel::Durable {
                 continue;
             }
@@ -574,7 +652,7 @@ impl StagingServers {
                 node.log(|| format!("checkpoint {} complete (marker by its server)", r.path));
             }
         }
-        changed
+        (changed, unknown)
     }
 
     /// The server holding the newest version of `key` staged and not yet drained, and that
@@ -681,8 +759,8 @@ impl Level for StagingServers {
         false
     }
 
-    /// Not a staged version whose server has not answered for `staging.give_up_after`: that
-    /// one is sent again.
+    /// Not a staged version whose server no longer holds it or has not answered for
+    /// `staging.give_up_after` ([`StagingServers::abandoned`]): that one is sent again.
     fn holds(&self, e: &LifeEntry) -> bool {
         e.safe() && self.abandoned(e).is_none()
     }
@@ -692,18 +770,33 @@ impl Level for StagingServers {
         node: &Node,
         files: Vec<&'t LifeEntry>,
     ) -> (usize, Vec<&'t LifeEntry>) {
-        let abandoned: Vec<(usize, Duration)> =
+        let abandoned: Vec<(usize, Abandoned)> =
             files.iter().filter_map(|f| self.abandoned(f)).collect();
-        if let Some(&(i, silent)) = abandoned.iter().max_by_key(|(_, silent)| *silent) {
-            node.count(|s| s.staged_given_up += abandoned.len() as u64);
+        let lost = abandoned
+            .iter()
+            .filter(|(_, why)| *why == Abandoned::Lost)
+            .count();
+        if let Some((i, _)) = abandoned.iter().find(|(_, why)| *why == Abandoned::Lost) {
+            node.record_failure(format!(
+                "staging server {} no longer holds {lost} staged file(s) (lost with its SSD?): \
+                 sending them again, from this node",
+                self.pool.addr(*i)
+            ));
+        }
+        let silent = abandoned.iter().filter_map(|(i, why)| match why {
+            Abandoned::Silent(silent) => Some((*i, *silent)),
+            Abandoned::Lost => None,
+        });
+        if let Some((i, longest)) = silent.clone().max_by_key(|(_, silent)| *silent) {
             node.record_failure(format!(
                 "staging server {} has not answered for {:.1} s: sending the {} staged \
                  file(s) it may hold again, from this node",
                 self.pool.addr(i),
-                silent.as_secs_f64(),
-                abandoned.len()
+                longest.as_secs_f64(),
+                silent.count()
             ));
         }
+        node.count(|s| s.staged_given_up += abandoned.len() as u64);
         self.stage_all(node, files)
     }
 
