@@ -11,7 +11,7 @@
 //! not acknowledged goes to the next server, or straight to the durable tier when none is
 //! left.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -537,11 +537,24 @@ impl StagingServers {
                 }
             }
         }
-        // Unknown to its server (or, where it went is not known, to every server): drained
-        // and its arena reclaimed before this ask, or lost with the server's SSD. The durable
-        // store tells them apart.
+        changed | self.settle_unknown(node, &staged, &unknown_to)
+    }
+
+    /// Staged versions unknown to their server (or, where they went is not known, to every
+    /// server): drained and their arena reclaimed before the ask, or lost with the server's
+    /// SSD. The durable store tells them apart: its checksum object of the file equal to the
+    /// version's BLAKE3 records it durable (true if any was); none, or another, makes it
+    /// lost, to be sent again ([`StagingServers::abandoned`]); a failed read is asked again
+    /// at the next ask.
+    fn settle_unknown(
+        &self,
+        node: &Node,
+        staged: &[(&LifeEntry, Option<usize>)],
+        unknown_to: &HashMap<(u64, u32, u64), Vec<usize>>,
+    ) -> bool {
+        let mut changed = false;
         let mut newly_lost = Vec::new();
-        for (f, at) in &staged {
+        for (f, at) in staged {
             let key = (f.ino, f.generation, f.mod_seq);
             let Some(unknown) = unknown_to.get(&key) else {
                 continue;
@@ -556,31 +569,32 @@ impl StagingServers {
             let Ok(ours) = node.digest_of(f) else {
                 continue;
             };
-            match node
+            let durable = match node
                 .durable
-                .recorded_checksum(DurableKey::from_store_path(&f.path).as_str())
+                .recorded_checksum(&DurableKey::from_store_path(&f.path))
             {
-                Ok(sum) if sum == ours => {
-                    changed |= node.store.mark_durable(f.ino, f.generation, f.mod_seq);
-                }
-                Ok(_) => newly_lost.push((key, at.unwrap_or(unknown[0]))),
-                // Not there (no checksum object: no version of it completed its upload).
+                Ok(sum) => sum == ours,
+                // No checksum object: no version of it completed its upload.
                 Err(e)
                     if e.is_not_found()
                         || matches!(e, cascade_durable::Error::BadChecksum { .. }) =>
                 {
-                    newly_lost.push((key, at.unwrap_or(unknown[0])))
+                    false
                 }
-                // Cannot tell now: asked again at the next ask.
-                Err(_) => {}
+                Err(_) => continue,
+            };
+            if durable {
+                changed |= node.store.mark_durable(f.ino, f.generation, f.mod_seq);
+            } else {
+                newly_lost.push((key, at.unwrap_or(unknown[0])));
             }
         }
+        let still_staged: HashSet<(u64, u32, u64)> = staged
+            .iter()
+            .map(|(f, _)| (f.ino, f.generation, f.mod_seq))
+            .collect();
         let mut lost = lock(&self.lost);
-        lost.retain(|key, _| {
-            staged
-                .iter()
-                .any(|(f, _)| (f.ino, f.generation, f.mod_seq) == *key)
-        });
+        lost.retain(|key, _| still_staged.contains(key));
         lost.extend(newly_lost);
         changed
     }

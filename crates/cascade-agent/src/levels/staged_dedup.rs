@@ -764,13 +764,14 @@ impl StagedDedup {
     /// the first ask after a restart of the agent.
     fn unanswered_for(&self, name: &str, heard: bool) -> Duration {
         let mut unanswered = lock(&self.unanswered_since);
-        if heard {
-            unanswered.insert(name.to_string(), Instant::now());
-        }
-        unanswered
-            .entry(name.to_string())
-            .or_insert_with(Instant::now)
-            .elapsed()
+        let now = Instant::now();
+        let since = if heard {
+            unanswered.insert(name.to_string(), now);
+            now
+        } else {
+            *unanswered.entry(name.to_string()).or_insert(now)
+        };
+        since.elapsed()
     }
 
     /// How long a staged checkpoint may go without a server saying it holds it before the
