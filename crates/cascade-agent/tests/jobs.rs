@@ -50,6 +50,17 @@ struct Node {
 
 impl Node {
     fn via(name: &str, nodes: &[&str], durable: &str, via: &Via) -> Node {
+        Node::with(name, nodes, durable, via, |_| {})
+    }
+
+    /// [`Node::via`] with the agent's options changed by `adjust` before it starts.
+    fn with(
+        name: &str,
+        nodes: &[&str],
+        durable: &str,
+        via: &Via,
+        adjust: impl FnOnce(&mut AgentOptions),
+    ) -> Node {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let store_name = format!("/cascade-jobs-test-{}-{n}", std::process::id());
         let cfg = StoreConfig {
@@ -61,7 +72,7 @@ impl Node {
             prefault: Prefault::Off,
         };
         let store = Store::create(&cfg).expect("create store");
-        let opts = AgentOptions {
+        let mut opts = AgentOptions {
             retry_min: Duration::from_millis(1),
             job: Some(JobOptions {
                 node: name.to_string(),
@@ -85,6 +96,7 @@ impl Node {
             },
             ..AgentOptions::default()
         };
+        adjust(&mut opts);
         let durable = DurableStore::open(durable).expect("durable store");
         let agent = Agent::start(store.clone(), durable, opts).expect("agent");
         Node {
@@ -114,6 +126,19 @@ impl Node {
         }
         self.store().commit(ckpt, false).expect("commit");
         written
+    }
+
+    /// Runs passes until a staging server holds `ckpt` (its file list, or its packs,
+    /// accepted: safe from the loss of this node).
+    fn staged(&self, ckpt: &str) {
+        wait_for(
+            &format!("{}'s part of {ckpt} staged", self.name),
+            Duration::from_secs(20),
+            || {
+                self.agent().pass();
+                self.store().life_tree(ckpt).expect("life_tree")[0].checkpoint_safe()
+            },
+        );
     }
 
     fn complete(&self, ckpt: &str) -> bool {
@@ -385,6 +410,64 @@ fn with_dedup_and_a_dead_staging_server_the_nodes_store_their_parts_themselves()
     drop(dead);
     let via = Via::StagedDedup(addr, "dead-server-secret".to_string(), DedupStaging::Packs);
     two_nodes_complete_only_together(&durable.path().display().to_string(), &via);
+}
+
+/// The job's only staging server cannot drain, takes both nodes' parts (as packs), and dies
+/// for good: each node's agent, on its own, stores its part from the node once no server
+/// has answered for `staging.give_up_after` (1 s; never sooner than the repository's
+/// unchecked window, a quarter of its 8 s lease), and the checkpoint completes with both
+/// parts and restores.
+#[test]
+fn with_dedup_and_a_staging_server_that_dies_each_node_stores_its_own_part() {
+    let env = Env::new("jobs-staged-gone", 16 << 20);
+    let durable_dir = tempfile::tempdir().expect("tempdir");
+    let durable = durable_dir.path().display().to_string();
+    let ssd = env.tmp.path().join("ssd");
+    std::fs::create_dir(&ssd).expect("server dir");
+    let drain_to = env.tmp.path().join("unreachable");
+    std::fs::create_dir(&drain_to).expect("drain dir");
+    let secret = "jobs-staged-gone-secret";
+    let mut server = StageServer::start(&env, &ssd, &drain_to.display().to_string(), secret, &[]);
+    // Its drains fail from now on: what it takes stays on it.
+    std::fs::remove_dir_all(&drain_to).expect("remove the drain directory");
+    std::fs::write(&drain_to, b"not a directory\n").expect("a file in its place");
+    let via = Via::StagedDedup(server.addr.clone(), secret.to_string(), DedupStaging::Packs);
+    let quick = |o: &mut AgentOptions| {
+        if let Some(dedup) = o.dedup.as_mut() {
+            dedup.session_lease = Duration::from_secs(8);
+        }
+        if let Some(staging) = o.staging.as_mut() {
+            staging.give_up_after = Duration::from_secs(1);
+        }
+    };
+    let names = ["nodeA", "nodeB"];
+    let a = Node::with("nodeA", &names, &durable, &via, quick);
+    let b = Node::with("nodeB", &names, &durable, &via, quick);
+    let mut expected = a.write_checkpoint("/job/ckpt.1", &[0, 1], 30);
+    expected.extend(b.write_checkpoint("/job/ckpt.1", &[2, 3], 30));
+    a.staged("/job/ckpt.1");
+    b.staged("/job/ckpt.1");
+    server.kill9();
+    assert_eq!(
+        open(&durable)
+            .0
+            .read_parts("job/ckpt.1")
+            .expect("parts")
+            .len(),
+        0
+    );
+
+    a.part_in("/job/ckpt.1", &durable);
+    assert_eq!(completed_files(&durable, "job/ckpt.1"), None);
+    b.part_in("/job/ckpt.1", &durable);
+    b.learns_complete("/job/ckpt.1");
+    a.learns_complete("/job/ckpt.1");
+    for node in [&a, &b] {
+        let stats = node.agent().stats();
+        assert_eq!(stats.staged_given_up, 1, "{}: {stats:?}", node.name);
+    }
+    expected.sort();
+    restore_and_check(&durable, "job/ckpt.1", &expected);
 }
 
 #[test]

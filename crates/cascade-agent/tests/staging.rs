@@ -848,6 +848,73 @@ fn only_server_down_for_good_its_staged_files_go_from_the_node() {
     }
 }
 
+/// The only server, unable to drain, holds a pushed checkpoint when the agent is killed with
+/// SIGKILL; restarted with a good target it drains the files and writes the marker, then
+/// goes down for good before any agent asked it. The next agent, which does not know where
+/// the files went, finds the server silent for `staging.give_up_after` (1 s here) and asks
+/// the durable store first: the files' checksum objects equal its versions, so it records
+/// them durable and completes the checkpoint without sending them again (the objects in the
+/// durable store stay the server's, and the marker is not taken back meanwhile).
+#[test]
+fn only_server_drained_then_down_for_good_nothing_is_sent_again() {
+    use std::os::unix::fs::MetadataExt;
+    let (_serial, _) = begin();
+    let env = Env::new("stage-drained-down", 64 << 20);
+    let dirs = Dirs::new(&env);
+    let mut s = dirs.server_that_cannot_drain(&env, "ssd");
+    let addr = s.addr.clone();
+    let settings = [
+        ("CASCADE_STAGING", addr.as_str()),
+        ("CASCADE_STAGING_SECRET", SHARED_SECRET),
+        ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
+    ];
+    let ck = files(&[("a.bin", 3 * MIB + 7), ("sub/b.dat", 4321)], 15);
+    write_files(&env, "/ck", &ck);
+    env.cascade_ok(&["commit", "/ck"], &[]);
+    let mut agent = env.agent(&dirs.durable, &settings);
+    agent.wait_line("the checkpoint pushed to the server", WAIT, |l| {
+        l.starts_with("cascade agent: checkpoint /ck staged") && l.contains(&addr)
+    });
+    agent.kill9();
+    s.kill9();
+    s.restart(&env, &dirs.durable);
+    wait_for(
+        "the server to drain the files and write the marker",
+        WAIT,
+        || dirs.durable_has("ck/.cascade-complete"),
+    );
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
+    let objects = || -> Vec<u64> {
+        ck.iter()
+            .map(|f| {
+                std::fs::metadata(Path::new(&dirs.durable).join("ck").join(&f.rel))
+                    .expect("a drained object")
+                    .ino()
+            })
+            .collect()
+    };
+    let drained = objects();
+    s.kill9();
+
+    let mut agent = env.agent(&dirs.durable, &settings);
+    wait_durable(&env, "/ck", &agent, &[&s]);
+    assert_durable_checkpoint_at(&dirs.durable, "ck", &refs(&ck));
+    assert_eq!(
+        objects(),
+        drained,
+        "the files were uploaded again:\n{}",
+        agent.log()
+    );
+    let status = cascade_agent::status(&env.name).expect("status");
+    assert_eq!(status.staged_given_up, 0, "{status:?}\n{}", agent.log());
+    assert!(
+        !agent.log().contains("has not answered for"),
+        "{}",
+        agent.log()
+    );
+    stop_agent(&mut agent);
+}
+
 /// The only server, unable to drain, holds a pushed checkpoint; it is killed with SIGKILL
 /// and comes back at once with its SSD wiped and a good target. It answers that it does
 /// not know the staged files: the agent says so in one line and sends them again (to that

@@ -322,7 +322,7 @@ pub static SETTINGS: &[SettingDef] = &[
         flag: Some("give-up-after"),
         aliases: &[],
         value_name: "SECONDS",
-        help: "Staged files and checkpoints whose server has not answered for them this long (down, unreachable, or back without them) are sent again from the node, if it still holds them: to a server that is up, else straight to the durable store (with dedup: into its repository, never sooner than a quarter of the repository's session lease after the push)",
+        help: "Staged files and checkpoints whose server has not answered for them this long (down, unreachable, or back without them) are sent again from the node, if it still holds them and the durable store does not: to a server that is up, else straight to the durable store (with dedup: into its repository, never sooner than a quarter of the repository's session lease after the push)",
         default_help: "600",
         parse: parse_seconds_as_ms,
         default: |_| (Value::Millis(600_000), String::new()),
@@ -460,7 +460,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "Most bytes of arenas the staging server keeps on its SSD (0 = as much as the file system holds)",
         default_help: "0",
         parse: parse_bytes,
-        default: |_| (Value::Bytes(0), String::new()),
+        default: |_| (Value::Bytes(0), "no limit but the file system's free space".into()),
     },
     SettingDef {
         key: "stage_server.arena_size",
@@ -537,7 +537,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "Most bytes of dedup chunk segments the staging server keeps on its SSD (0 = as much as the file system holds); chunks past it are refused as full",
         default_help: "0",
         parse: parse_bytes,
-        default: |_| (Value::Bytes(0), String::new()),
+        default: |_| (Value::Bytes(0), "no limit but the file system's free space".into()),
     },
     SettingDef {
         key: "stage_server.base_cache",
@@ -764,7 +764,7 @@ pub static SETTINGS: &[SettingDef] = &[
         help: "Ranks of the job on this node: the end of the job on the node waits (up to 10 s) until that many 'cascade run's have started, so a rank that ends before its neighbour starts does not end the job; 0 = do not wait",
         default_help: "OMPI_COMM_WORLD_LOCAL_SIZE, else SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, else 0",
         parse: |t| parse_count_in(t, 0, 1 << 20),
-        default: |_| (Value::Count(0), String::new()),
+        default: |_| (Value::Count(0), "the end of the job does not wait".into()),
     },
     SettingDef {
         key: "job.namespace",

@@ -29,19 +29,22 @@ use crate::servers::{lock, Asked, ServerPool};
 use crate::store_write::{create_for_writing, StoreWriter};
 use crate::{Error, Result};
 
+/// A file version: (inode, generation, modification sequence) in the node store.
+type Version = (u64, u32, u64);
+
 /// Staging servers taking plain files.
 pub(crate) struct StagingServers {
     pool: Arc<ServerPool>,
     /// False with dedup on: checkpoints go through the servers as chunks (the staged-dedup
     /// level), this level only serves files staged before.
     sends: bool,
-    /// Server holding each staged version: (ino, generation, mod_seq) -> server index.
-    placed: Mutex<HashMap<(u64, u32, u64), usize>>,
+    /// Server holding each staged version.
+    placed: Mutex<HashMap<Version, usize>>,
     /// Server each checkpoint root was pushed to: (ino, generation) -> server index.
     pushed: Mutex<HashMap<(u64, u32), usize>>,
-    /// Staged versions the servers that may hold them answered Pull for with "unknown" (a
-    /// server back with its SSD wiped): sent again, like those of a silent server.
-    lost: Mutex<HashMap<(u64, u32, u64), usize>>,
+    /// Staged versions to send again from the node, with the server that held them and why
+    /// (`StagingServers::settle_unaccounted`).
+    given_up: Mutex<HashMap<Version, (usize, Abandoned)>>,
     /// When the servers were last asked what has drained.
     asked: Asked,
 }
@@ -166,7 +169,7 @@ impl StagingServers {
             sends,
             placed: Mutex::new(HashMap::new()),
             pushed: Mutex::new(HashMap::new()),
-            lost: Mutex::new(HashMap::new()),
+            given_up: Mutex::new(HashMap::new()),
             asked: Asked::default(),
         }
     }
@@ -290,7 +293,7 @@ impl StagingServers {
             return; // Changed while it was sent: the next pass sends the new version.
         }
         let key = (f.ino, f.generation, f.mod_seq);
-        lock(&self.lost).remove(&key);
+        lock(&self.given_up).remove(&key);
         lock(&self.placed).insert(key, i);
         node.remember_digest(f, cascade_wire::hex(digest));
         node.count(|s| {
@@ -406,30 +409,48 @@ impl StagingServers {
     }
 
     /// For file version `e`, recorded staged, once the node is to send it again: the server
-    /// that held it and why — it no longer knows it, or it has not answered for
-    /// `staging.give_up_after` or more (after a restart of the agent, where it went is not
-    /// known: any server that long silent). The node sends it to a server that is up or
-    /// straight to the durable store: a server that comes back drains the same bytes, or
-    /// finds the durable store's version newer.
+    /// that held it and why ([`StagingServers::settle_unaccounted`]). The node sends it to a
+    /// server that is up or straight to the durable store: a server that comes back drains
+    /// the same bytes, or finds the durable store's version newer.
     fn abandoned(&self, e: &LifeEntry) -> Option<(usize, Abandoned)> {
-        let key = (e.ino, e.generation, e.mod_seq);
         if !e.staged() {
             return None;
         }
-        if let Some(&i) = lock(&self.lost).get(&key) {
-            return Some((i, Abandoned::Lost));
-        }
-        let placed = lock(&self.placed).get(&key).copied();
-        let holders: Vec<usize> = match placed {
+        lock(&self.given_up)
+            .get(&(e.ino, e.generation, e.mod_seq))
+            .copied()
+    }
+
+    /// Whether no server accounts for staged version `key` any more, and why: every server
+    /// that may hold it (`at`, or any server where it went is not known: after a restart of
+    /// the agent) answered this ask that it does not know it (`unknown_to`), or has not
+    /// answered for `staging.give_up_after`. The server it is given up on: the longest
+    /// silent, else the one that held it.
+    fn unaccounted(
+        &self,
+        key: &Version,
+        at: Option<usize>,
+        unknown_to: &HashMap<Version, Vec<usize>>,
+    ) -> Option<(usize, Abandoned)> {
+        let unknown = unknown_to.get(key).map_or(&[][..], Vec::as_slice);
+        let holders: Vec<usize> = match at {
             Some(i) => vec![i],
             None => (0..self.pool.count()).collect(),
         };
-        holders
-            .into_iter()
-            .map(|i| (i, self.pool.silent_for(i)))
-            .filter(|(_, silent)| *silent >= self.pool.give_up_after())
-            .max_by_key(|(_, silent)| *silent)
-            .map(|(i, silent)| (i, Abandoned::Silent(silent)))
+        let mut longest: Option<(usize, Duration)> = None;
+        for &i in holders.iter().filter(|i| !unknown.contains(i)) {
+            let silent = self.pool.silent_for(i);
+            if silent < self.pool.give_up_after() {
+                return None;
+            }
+            if longest.is_none_or(|(_, s)| silent > s) {
+                longest = Some((i, silent));
+            }
+        }
+        match longest {
+            Some((i, silent)) => Some((i, Abandoned::Silent(silent))),
+            None => holders.first().map(|&i| (i, Abandoned::Lost)),
+        }
     }
 
     /// Hands a checkpoint whose files are all staged (or durable) to a server, which writes
@@ -499,8 +520,10 @@ impl StagingServers {
     }
 
     /// Asks the servers which staged files and pushed checkpoints reached the durable tier
-    /// and records it: when a server's event counter moved (its watcher woke the agent),
-    /// else at most every `ServerPool::ask_every`. True if anything became durable.
+    /// and records it, then settles the staged versions no server accounts for any more
+    /// ([`StagingServers::settle_unaccounted`]): when a server's event counter moved (its
+    /// watcher woke the agent), else at most every `ServerPool::ask_every`. True if anything
+    /// became durable or is to be sent again.
     fn pull_levels(&self, node: &Node, tree: &[LifeEntry]) -> bool {
         if !self.pool.ask_due(&self.asked, "") {
             return false;
@@ -522,7 +545,7 @@ impl StagingServers {
         };
         let mut changed = false;
         // Per staged version, the servers that answered they do not know it.
-        let mut unknown_to: HashMap<(u64, u32, u64), Vec<usize>> = HashMap::new();
+        let mut unknown_to: HashMap<Version, Vec<usize>> = HashMap::new();
         for i in (0..self.pool.count()).filter(|&i| self.pool.up(i)) {
             let files = placed_on(i, &staged);
             let roots = placed_on(i, &roots);
@@ -537,35 +560,35 @@ impl StagingServers {
                 }
             }
         }
-        changed | self.settle_unknown(node, &staged, &unknown_to)
+        changed | self.settle_unaccounted(node, &staged, &unknown_to)
     }
 
-    /// Staged versions unknown to their server (or, where they went is not known, to every
-    /// server): drained and their arena reclaimed before the ask, or lost with the server's
-    /// SSD. The durable store tells them apart: its checksum object of the file equal to the
-    /// version's BLAKE3 records it durable (true if any was); none, or another, makes it
-    /// lost, to be sent again ([`StagingServers::abandoned`]); a failed read is asked again
-    /// at the next ask.
-    fn settle_unknown(
+    /// Staged versions no server accounts for ([`StagingServers::unaccounted`]): drained
+    /// (and, by an answering server, their arena reclaimed) before the ask, or lost with the
+    /// server's SSD, or on a server that went silent before draining them. The durable store
+    /// tells them apart: its checksum object of the file equal to the version's BLAKE3
+    /// records it durable, so a checkpoint a silent server completed is not sent again (nor
+    /// its marker taken back); none, or another, gives it up, to be sent again
+    /// ([`StagingServers::abandoned`]). A failed read is asked again at the next ask, or,
+    /// for a silent server, gives it up (the node cannot tell, and sending again is safe).
+    /// True if any became durable or was given up.
+    fn settle_unaccounted(
         &self,
         node: &Node,
         staged: &[(&LifeEntry, Option<usize>)],
-        unknown_to: &HashMap<(u64, u32, u64), Vec<usize>>,
+        unknown_to: &HashMap<Version, Vec<usize>>,
     ) -> bool {
         let mut changed = false;
-        let mut newly_lost = Vec::new();
+        let mut newly_given_up = Vec::new();
+        let given_up_before: HashSet<Version> = lock(&self.given_up).keys().copied().collect();
         for (f, at) in staged {
             let key = (f.ino, f.generation, f.mod_seq);
-            let Some(unknown) = unknown_to.get(&key) else {
-                continue;
-            };
-            let unknown_where_it_is = match at {
-                Some(i) => unknown.contains(i),
-                None => unknown.len() == self.pool.count(),
-            };
-            if !unknown_where_it_is {
+            if given_up_before.contains(&key) {
                 continue;
             }
+            let Some((i, why)) = self.unaccounted(&key, *at, unknown_to) else {
+                continue;
+            };
             let Ok(ours) = node.digest_of(f) else {
                 continue;
             };
@@ -581,21 +604,23 @@ impl StagingServers {
                 {
                     false
                 }
+                Err(_) if matches!(why, Abandoned::Silent(_)) => false,
                 Err(_) => continue,
             };
             if durable {
                 changed |= node.store.mark_durable(f.ino, f.generation, f.mod_seq);
             } else {
-                newly_lost.push((key, at.unwrap_or(unknown[0])));
+                newly_given_up.push((key, (i, why)));
             }
         }
-        let still_staged: HashSet<(u64, u32, u64)> = staged
+        let still_staged: HashSet<Version> = staged
             .iter()
             .map(|(f, _)| (f.ino, f.generation, f.mod_seq))
             .collect();
-        let mut lost = lock(&self.lost);
-        lost.retain(|key, _| still_staged.contains(key));
-        lost.extend(newly_lost);
+        let mut given_up = lock(&self.given_up);
+        given_up.retain(|key, _| still_staged.contains(key));
+        changed |= !newly_given_up.is_empty();
+        given_up.extend(newly_given_up);
         changed
     }
 
