@@ -333,17 +333,6 @@ fn cut_off_server(env: &Env, ssd: &Path, secret: &str) -> StageServer {
     })
 }
 
-/// Runs `start` (a server's start or restart) with a durable store that is a directory
-/// while it starts, then a file.
-fn with_unreachable_target<T>(env: &Env, start: impl FnOnce(&str) -> T) -> T {
-    let broken = env.tmp.path().join("unreachable");
-    std::fs::create_dir_all(&broken).expect("dir");
-    let started = start(broken.to_str().expect("utf-8"));
-    std::fs::remove_dir_all(&broken).expect("rm");
-    std::fs::write(&broken, b"not a directory\n").expect("file");
-    started
-}
-
 /// A node (`Env` named `name`, 96 MiB store) with a durable directory and a staging server's
 /// SSD directory in its temporary directory, both made: (env, its temporary directory, the
 /// durable directory, the SSD directory, the durable store's URL).

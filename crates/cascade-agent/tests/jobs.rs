@@ -16,7 +16,10 @@ use cascade_agent::{
 use cascade_dedup::repo::{Repo, DEFAULT_PREFIX};
 use cascade_durable::{DurableStore, Marker};
 use cascade_store::{Prefault, Store, StoreConfig};
-use cascade_testkit::{pattern, wait_for, write_store_file as write, Env, StageServer, Versitygw};
+use cascade_testkit::{
+    pattern, wait_for, with_unreachable_target, write_store_file as write, Env, StageServer,
+    Versitygw,
+};
 
 const CHUNK: u64 = 64 << 10;
 
@@ -424,13 +427,11 @@ fn with_dedup_and_a_staging_server_that_dies_each_node_stores_its_own_part() {
     let durable = durable_dir.path().display().to_string();
     let ssd = env.tmp.path().join("ssd");
     std::fs::create_dir(&ssd).expect("server dir");
-    let drain_to = env.tmp.path().join("unreachable");
-    std::fs::create_dir(&drain_to).expect("drain dir");
     let secret = "jobs-staged-gone-secret";
-    let mut server = StageServer::start(&env, &ssd, &drain_to.display().to_string(), secret, &[]);
-    // Its drains fail from now on: what it takes stays on it.
-    std::fs::remove_dir_all(&drain_to).expect("remove the drain directory");
-    std::fs::write(&drain_to, b"not a directory\n").expect("a file in its place");
+    // Its drains fail: what it takes stays on it.
+    let mut server = with_unreachable_target(&env, |target| {
+        StageServer::start(&env, &ssd, target, secret, &[])
+    });
     let via = Via::StagedDedup(server.addr.clone(), secret.to_string(), DedupStaging::Packs);
     let quick = |o: &mut AgentOptions| {
         if let Some(dedup) = o.dedup.as_mut() {

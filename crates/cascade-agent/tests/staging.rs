@@ -155,13 +155,6 @@ fn cli_status(env: &Env, server: &StageServer) -> ServerStatus {
         .unwrap_or_else(|e| panic!("stage-server status --json: {e}: {}", out.stdout))
 }
 
-/// Makes every drain of a server started with `--drain-to dir` fail from now on: the
-/// directory becomes a regular file (the server checked it when it started).
-fn break_drain_target(dir: &Path) {
-    std::fs::remove_dir_all(dir).expect("remove the drain directory");
-    std::fs::write(dir, b"not a directory\n").expect("put a file in its place");
-}
-
 /// A staging directory, an arena directory per server, and the durable store of a test.
 struct Dirs {
     durable: String,

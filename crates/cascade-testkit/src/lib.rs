@@ -63,7 +63,7 @@ pub use process::{
     log_message, number_printed_by, output_within, run_with_timeout, seconds_after, wait_output,
     with_default_signal_actions, Daemon, Out,
 };
-pub use stage_server::StageServer;
+pub use stage_server::{break_drain_target, with_unreachable_target, StageServer};
 pub use tls::TestPki;
 pub use versitygw::{free_port, Versitygw};
 pub use wait::{poll, wait_for, wait_until};

@@ -17,6 +17,25 @@ use crate::tls::TestPki;
 const START_LINE: &str = "cascade stage-server: listening on ";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Makes every drain of a server started with `--drain-to dir` fail from now on: the
+/// directory becomes a regular file (the server checked it when it started).
+pub fn break_drain_target(dir: &Path) {
+    std::fs::remove_dir_all(dir).expect("remove the drain directory");
+    std::fs::write(dir, b"not a directory\n").expect("put a file in its place");
+}
+
+/// Runs `start` (a server's start or restart) with a drain target, `unreachable` in the
+/// test's temporary directory, that is a directory while it starts and then a file
+/// ([`break_drain_target`]): nothing the server holds reaches the durable store until it
+/// is restarted with another target.
+pub fn with_unreachable_target<T>(env: &Env, start: impl FnOnce(&str) -> T) -> T {
+    let target = env.tmp.path().join("unreachable");
+    std::fs::create_dir_all(&target).expect("drain directory");
+    let started = start(target.to_str().expect("utf-8 path"));
+    break_drain_target(&target);
+    started
+}
+
 /// A staging server started on any free port (the one it reports is kept), killed and
 /// restarted on the same port and arena directory, its status read with the shared secret
 /// over one kept connection. Ready when it has printed its start line, from which the
