@@ -15,6 +15,9 @@ use crate::{
 /// downloads run there), for `top -H` and CPU accounting by thread.
 pub const RUNTIME_THREAD: &str = "cascade-durable";
 
+/// How many checksum objects [`DurableStore::recorded_checksums`] reads at a time.
+pub const CHECKSUM_READS_IN_FLIGHT: usize = 16;
+
 /// The durable tier with a blocking API; owns a small tokio runtime
 /// (`Options::io_threads` workers). Do not call it from inside another tokio runtime: use
 /// [`AsyncDurableStore`] there.
@@ -159,6 +162,18 @@ impl DurableStore {
 
     pub fn recorded_checksum(&self, rel: &str) -> Result<String> {
         self.rt.block_on(self.inner.recorded_checksum(rel))
+    }
+
+    /// [`Self::recorded_checksum`] of each of `rels`, in their order, with up to
+    /// [`CHECKSUM_READS_IN_FLIGHT`] reads at a time: on S3 each is a round trip, and an
+    /// agent may look up thousands at once (a staging server lost with its files).
+    pub fn recorded_checksums(&self, rels: &[&str]) -> Vec<Result<String>> {
+        use futures::stream::{self, StreamExt};
+        self.rt.block_on(
+            stream::iter(rels.iter().map(|rel| self.inner.recorded_checksum(rel)))
+                .buffered(CHECKSUM_READS_IN_FLIGHT)
+                .collect(),
+        )
     }
 
     pub fn verify_file(&self, rel: &str) -> Result<FileDigest> {

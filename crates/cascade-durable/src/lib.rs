@@ -15,7 +15,7 @@ mod layout;
 mod spec;
 
 pub use backend::{AsyncDurableStore, JobProgress, Options, PartsIn, StreamingPut, UploadItem};
-pub use blocking::{DurableStore, RUNTIME_THREAD};
+pub use blocking::{DurableStore, CHECKSUM_READS_IN_FLIGHT, RUNTIME_THREAD};
 pub use error::{Error, Result};
 pub use key::DurableKey;
 pub use layout::{

@@ -13,6 +13,7 @@ fn directory_checkpoint_layout_and_verification() {
     assert_eq!(store.name(), format!("file://{}", root.display()));
     common::checkpoint_round_trip(&store, &root);
     common::failed_reupload_is_not_complete(&store);
+    common::checksums_read_together(&store);
     // No staging or probe files are left behind.
     let mut stray = Vec::new();
     for o in store.list("").unwrap() {

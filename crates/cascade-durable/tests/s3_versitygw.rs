@@ -21,6 +21,7 @@ fn s3_checkpoint_layout_errors_and_verification() {
     let disk_root = server.root.join("cascade/jobs/job1");
     common::checkpoint_round_trip(&store, &disk_root);
     common::failed_reupload_is_not_complete(&store);
+    common::checksums_read_together(&store);
     // The prefix isolates stores in one bucket.
     let other = DurableStore::open(&server.spec("cascade/jobs/job2", SECRET)).unwrap();
     assert!(other.list("").unwrap().is_empty());

@@ -32,6 +32,11 @@ use crate::{Error, Result};
 /// A file version: (inode, generation, modification sequence) in the node store.
 type Version = (u64, u32, u64);
 
+/// Most staged versions one ask settles against the durable store
+/// (`StagingServers::settle_unaccounted`): a checksum read each, up to
+/// `cascade_durable::CHECKSUM_READS_IN_FLIGHT` at a time.
+const SETTLE_PER_ASK: usize = 1024;
+
 /// Staging servers taking plain files.
 pub(crate) struct StagingServers {
     pool: Arc<ServerPool>,
@@ -571,31 +576,36 @@ impl StagingServers {
     /// its marker taken back); none, or another, gives it up, to be sent again
     /// ([`StagingServers::abandoned`]). A failed read is asked again at the next ask, or,
     /// for a silent server, gives it up (the node cannot tell, and sending again is safe).
-    /// True if any became durable or was given up.
+    /// The checksums are read together, at most [`SETTLE_PER_ASK`] per ask. True if any
+    /// became durable or was given up.
     fn settle_unaccounted(
         &self,
         node: &Node,
         staged: &[(&LifeEntry, Option<usize>)],
         unknown_to: &HashMap<Version, Vec<usize>>,
     ) -> bool {
+        let given_up_before: HashSet<Version> = lock(&self.given_up).keys().copied().collect();
+        // Each unaccounted version with its BLAKE3, at most SETTLE_PER_ASK of them: the rest
+        // are settled at the next asks (a pass does not wait on thousands of reads).
+        let unaccounted: Vec<(&LifeEntry, (usize, Abandoned), String)> = staged
+            .iter()
+            .filter(|(f, _)| !given_up_before.contains(&(f.ino, f.generation, f.mod_seq)))
+            .filter_map(|(f, at)| {
+                let why = self.unaccounted(&(f.ino, f.generation, f.mod_seq), *at, unknown_to)?;
+                Some((*f, why, node.digest_of(f).ok()?))
+            })
+            .take(SETTLE_PER_ASK)
+            .collect();
+        let keys: Vec<DurableKey> = unaccounted
+            .iter()
+            .map(|(f, _, _)| DurableKey::from_store_path(&f.path))
+            .collect();
+        let rels: Vec<&str> = keys.iter().map(DurableKey::as_str).collect();
+        let sums = node.durable.recorded_checksums(&rels);
         let mut changed = false;
         let mut newly_given_up = Vec::new();
-        let given_up_before: HashSet<Version> = lock(&self.given_up).keys().copied().collect();
-        for (f, at) in staged {
-            let key = (f.ino, f.generation, f.mod_seq);
-            if given_up_before.contains(&key) {
-                continue;
-            }
-            let Some((i, why)) = self.unaccounted(&key, *at, unknown_to) else {
-                continue;
-            };
-            let Ok(ours) = node.digest_of(f) else {
-                continue;
-            };
-            let durable = match node
-                .durable
-                .recorded_checksum(&DurableKey::from_store_path(&f.path))
-            {
+        for ((f, (i, why), ours), sum) in unaccounted.into_iter().zip(sums) {
+            let durable = match sum {
                 Ok(sum) => sum == ours,
                 // No checksum object: no version of it completed its upload.
                 Err(e)
@@ -610,7 +620,7 @@ impl StagingServers {
             if durable {
                 changed |= node.store.mark_durable(f.ino, f.generation, f.mod_seq);
             } else {
-                newly_given_up.push((key, (i, why)));
+                newly_given_up.push(((f.ino, f.generation, f.mod_seq), (i, why)));
             }
         }
         let still_staged: HashSet<Version> = staged

@@ -195,6 +195,50 @@ pub fn failed_reupload_is_not_complete(store: &DurableStore) {
     store.verify_checkpoint(ckpt).unwrap();
 }
 
+/// Checksum objects read many at a time (more than are in flight at once) come back in the
+/// order asked, each the one of its key: recorded, absent, or malformed.
+pub fn checksums_read_together(store: &DurableStore) {
+    let mut keys = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..(3 * cascade_durable::CHECKSUM_READS_IN_FLIGHT + 5) {
+        let key = format!("many/f{i:03}.bin");
+        match i % 3 {
+            0 => {
+                let digest = store.put_bytes(&key, &pattern(100 + i, i as u64)).unwrap();
+                store.put_checksum(&key, &digest).unwrap();
+                expected.push(Some(digest.blake3));
+            }
+            1 => {
+                store.put_bytes(&key, b"no checksum object").unwrap();
+                expected.push(None);
+            }
+            _ => {
+                store.put_bytes(&key, b"data").unwrap();
+                store
+                    .put_bytes(&format!("{key}.blake3"), b"not a checksum")
+                    .unwrap();
+                expected.push(None);
+            }
+        }
+        keys.push(key);
+    }
+    // Asked in reverse order: the answers follow the question, not the writes.
+    keys.reverse();
+    expected.reverse();
+    let rels: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = store.recorded_checksums(&rels);
+    assert_eq!(got.len(), keys.len());
+    for ((key, want), got) in keys.iter().zip(&expected).zip(got) {
+        match (want, got) {
+            (Some(sum), Ok(read)) => assert_eq!(&read, sum, "{key}"),
+            (None, Err(e @ Error::BadChecksum { .. })) => {
+                assert!(e.to_string().contains(key.as_str()), "{key}: {e}")
+            }
+            (want, got) => panic!("{key}: expected {want:?}, read {got:?}"),
+        }
+    }
+}
+
 fn libc_enoent() -> i32 {
     2
 }
