@@ -134,14 +134,9 @@ impl Node {
     /// Runs passes until a staging server holds `ckpt` (its file list, or its packs,
     /// accepted: safe from the loss of this node).
     fn staged(&self, ckpt: &str) {
-        wait_for(
-            &format!("{}'s part of {ckpt} staged", self.name),
-            Duration::from_secs(20),
-            || {
-                self.agent().pass();
-                self.store().life_tree(ckpt).expect("life_tree")[0].checkpoint_safe()
-            },
-        );
+        self.passes_until(&format!("{}'s part of {ckpt} staged", self.name), || {
+            self.store().life_tree(ckpt).expect("life_tree")[0].checkpoint_safe()
+        });
     }
 
     fn complete(&self, ckpt: &str) -> bool {
@@ -152,28 +147,26 @@ impl Node {
     /// recorded durable and its part written).
     fn part_in(&self, ckpt: &str, durable: &str) {
         let key = ckpt.trim_start_matches('/');
-        wait_for(
-            &format!("{}'s part of {ckpt}", self.name),
-            Duration::from_secs(20),
-            || {
-                self.agent().pass();
-                let parts = open(durable).0.read_parts(key).expect("read parts");
-                parts.iter().any(|p| p.node == self.name)
-            },
-        );
+        self.passes_until(&format!("{}'s part of {ckpt}", self.name), || {
+            let parts = open(durable).0.read_parts(key).expect("read parts");
+            parts.iter().any(|p| p.node == self.name)
+        });
     }
 
     /// Runs passes until this node records `ckpt` complete (a node whose part went in
     /// before the others' asks again every half second).
     fn learns_complete(&self, ckpt: &str) {
-        wait_for(
-            &format!("{} to see {ckpt} complete", self.name),
-            Duration::from_secs(20),
-            || {
-                self.agent().pass();
-                self.complete(ckpt)
-            },
-        );
+        self.passes_until(&format!("{} to see {ckpt} complete", self.name), || {
+            self.complete(ckpt)
+        });
+    }
+
+    /// Runs this node's agent's passes until `done` (checked after each), for up to 20 s.
+    fn passes_until(&self, what: &str, mut done: impl FnMut() -> bool) {
+        wait_for(what, Duration::from_secs(20), || {
+            self.agent().pass();
+            done()
+        });
     }
 }
 

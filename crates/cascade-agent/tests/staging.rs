@@ -155,6 +155,16 @@ fn cli_status(env: &Env, server: &StageServer) -> ServerStatus {
         .unwrap_or_else(|e| panic!("stage-server status --json: {e}: {}", out.stdout))
 }
 
+/// An agent's settings for the one server at `addr`, giving up on what it staged there once
+/// it has not answered for a second (`staging.give_up_after`).
+fn giving_up_after_a_second(addr: &str) -> [(&'static str, &str); 3] {
+    [
+        ("CASCADE_STAGING", addr),
+        ("CASCADE_STAGING_SECRET", SHARED_SECRET),
+        ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
+    ]
+}
+
 /// A staging directory, an arena directory per server, and the durable store of a test.
 struct Dirs {
     durable: String,
@@ -775,11 +785,7 @@ fn only_server_down_for_good_its_staged_files_go_from_the_node() {
     let env = Env::new("stage-down", 64 << 20);
     let dirs = Dirs::new(&env);
     let mut s = dirs.server_that_cannot_drain(&env, "ssd");
-    let settings = [
-        ("CASCADE_STAGING", s.addr.as_str()),
-        ("CASCADE_STAGING_SECRET", SHARED_SECRET),
-        ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
-    ];
+    let settings = giving_up_after_a_second(s.addr.as_str());
     let cks = [
         (
             "/ck.1",
@@ -856,11 +862,7 @@ fn only_server_drained_then_down_for_good_nothing_is_sent_again() {
     let dirs = Dirs::new(&env);
     let mut s = dirs.server_that_cannot_drain(&env, "ssd");
     let addr = s.addr.clone();
-    let settings = [
-        ("CASCADE_STAGING", addr.as_str()),
-        ("CASCADE_STAGING_SECRET", SHARED_SECRET),
-        ("CASCADE_STAGING_GIVE_UP_AFTER", "1"),
-    ];
+    let settings = giving_up_after_a_second(addr.as_str());
     let ck = files(&[("a.bin", 3 * MIB + 7), ("sub/b.dat", 4321)], 15);
     write_files(&env, "/ck", &ck);
     env.cascade_ok(&["commit", "/ck"], &[]);

@@ -32,6 +32,11 @@ use crate::{Error, Result};
 /// A file version: (inode, generation, modification sequence) in the node store.
 type Version = (u64, u32, u64);
 
+/// The version `e` is of.
+fn version_of(e: &LifeEntry) -> Version {
+    (e.ino, e.generation, e.mod_seq)
+}
+
 /// Most staged versions one ask settles against the durable store
 /// (`StagingServers::settle_unaccounted`): a checksum read each, up to
 /// `cascade_durable::CHECKSUM_READS_IN_FLIGHT` at a time.
@@ -297,7 +302,7 @@ impl StagingServers {
         if !node.store.mark_staged(f.ino, f.generation, f.mod_seq) {
             return; // Changed while it was sent: the next pass sends the new version.
         }
-        let key = (f.ino, f.generation, f.mod_seq);
+        let key = version_of(f);
         lock(&self.given_up).remove(&key);
         lock(&self.placed).insert(key, i);
         node.remember_digest(f, cascade_wire::hex(digest));
@@ -421,9 +426,7 @@ impl StagingServers {
         if !e.staged() {
             return None;
         }
-        lock(&self.given_up)
-            .get(&(e.ino, e.generation, e.mod_seq))
-            .copied()
+        lock(&self.given_up).get(&version_of(e)).copied()
     }
 
     /// Whether no server accounts for staged version `key` any more, and why: every server
@@ -438,12 +441,12 @@ impl StagingServers {
         unknown_to: &HashMap<Version, Vec<usize>>,
     ) -> Option<(usize, Abandoned)> {
         let unknown = unknown_to.get(key).map_or(&[][..], Vec::as_slice);
-        let holders: Vec<usize> = match at {
-            Some(i) => vec![i],
-            None => (0..self.pool.count()).collect(),
+        let holders = match at {
+            Some(i) => i..i + 1,
+            None => 0..self.pool.count(),
         };
         let mut longest: Option<(usize, Duration)> = None;
-        for &i in holders.iter().filter(|i| !unknown.contains(i)) {
+        for i in holders.clone().filter(|i| !unknown.contains(i)) {
             let silent = self.pool.silent_for(i);
             if silent < self.pool.give_up_after() {
                 return None;
@@ -454,7 +457,7 @@ impl StagingServers {
         }
         match longest {
             Some((i, silent)) => Some((i, Abandoned::Silent(silent))),
-            None => holders.first().map(|&i| (i, Abandoned::Lost)),
+            None => (!holders.is_empty()).then_some((holders.start, Abandoned::Lost)),
         }
     }
 
@@ -483,7 +486,7 @@ impl StagingServers {
         {
             let placed = lock(&self.placed);
             for f in &files {
-                if let Some(&i) = placed.get(&(f.ino, f.generation, f.mod_seq)) {
+                if let Some(&i) = placed.get(&version_of(f)) {
                     votes[i] += 1;
                 }
             }
@@ -538,7 +541,7 @@ impl StagingServers {
             let placed = lock(&self.placed);
             files_of(tree)
                 .filter(|e| e.staged())
-                .map(|f| (f, placed.get(&(f.ino, f.generation, f.mod_seq)).copied()))
+                .map(|f| (f, placed.get(&version_of(f)).copied()))
                 .collect()
         };
         let roots: Vec<(&LifeEntry, Option<usize>)> = {
@@ -558,10 +561,7 @@ impl StagingServers {
                 let (progressed, unknown) = self.pull_from(node, i, tree, &files, &roots);
                 changed |= progressed;
                 for f in unknown {
-                    unknown_to
-                        .entry((f.ino, f.generation, f.mod_seq))
-                        .or_default()
-                        .push(i);
+                    unknown_to.entry(version_of(f)).or_default().push(i);
                 }
             }
         }
@@ -589,9 +589,9 @@ impl StagingServers {
         // are settled at the next asks (a pass does not wait on thousands of reads).
         let unaccounted: Vec<(&LifeEntry, (usize, Abandoned), String)> = staged
             .iter()
-            .filter(|(f, _)| !given_up_before.contains(&(f.ino, f.generation, f.mod_seq)))
+            .filter(|(f, _)| !given_up_before.contains(&version_of(f)))
             .filter_map(|(f, at)| {
-                let why = self.unaccounted(&(f.ino, f.generation, f.mod_seq), *at, unknown_to)?;
+                let why = self.unaccounted(&version_of(f), *at, unknown_to)?;
                 Some((*f, why, node.digest_of(f).ok()?))
             })
             .take(SETTLE_PER_ASK)
@@ -620,13 +620,10 @@ impl StagingServers {
             if durable {
                 changed |= node.store.mark_durable(f.ino, f.generation, f.mod_seq);
             } else {
-                newly_given_up.push(((f.ino, f.generation, f.mod_seq), (i, why)));
+                newly_given_up.push((version_of(f), (i, why)));
             }
         }
-        let still_staged: HashSet<Version> = staged
-            .iter()
-            .map(|(f, _)| (f.ino, f.generation, f.mod_seq))
-            .collect();
+        let still_staged: HashSet<Version> = staged.iter().map(|(f, _)| version_of(f)).collect();
         let mut given_up = lock(&self.given_up);
         given_up.retain(|key, _| still_staged.contains(key));
         changed |= !newly_given_up.is_empty();
