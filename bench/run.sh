@@ -123,6 +123,13 @@ if { [ "$suite" = interposition ] || [ "$suite" = all ]; } && [ "$lib_given" = 0
     # The library under test: target/release/libcascade.so (the bench's default --lib).
     cargo build --release -p cascade-preload
 fi
+if [ "$suite" = interposition ] || [ "$suite" = all ]; then
+    # Section 7 (path length) counts instructions with valgrind's callgrind.
+    if ! command -v valgrind >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+        echo "run.sh: installing valgrind for the path-length section" >&2
+        (apt-get install -y -qq valgrind || (apt-get update -qq && apt-get install -y -qq valgrind)) >&2 || true
+    fi
+fi
 if [ "$durable" = 1 ]; then
     # The cascade runs need the CLI and the library; if they do not build, the suite still
     # measures the baselines (its cascade rows then say why not).

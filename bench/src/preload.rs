@@ -28,6 +28,8 @@ pub enum Part {
     Meta,
     Readback,
     Passthrough,
+    /// Instructions per call through the library, counted by callgrind (needs valgrind).
+    PathLength,
 }
 
 /// The options (`cascade-bench interposition --help`); the fields without an `arg` are
@@ -49,7 +51,7 @@ pub struct POpts {
         long = "only",
         value_enum,
         value_delimiter = ',',
-        default_value = "writes,small,replay,meta,readback,passthrough"
+        default_value = "writes,small,replay,meta,readback,passthrough,path-length"
     )]
     pub parts: Vec<Part>,
     /// Bytes per process in MiB of the 1 MiB writes and the restart reads.
@@ -239,6 +241,17 @@ pub struct PassRow {
     pub ratio: Stats,
 }
 
+/// Instructions one call executes in user space, counted by callgrind: the length of the
+/// library's path, the same on every CPU of the architecture (but for libc's `memcpy`,
+/// whose variant glibc picks by CPU, on the calls that use it).
+#[derive(Debug, Clone, Serialize)]
+pub struct PathRow {
+    pub call: String,
+    pub io: u64,
+    pub calls: u64,
+    pub instructions_per_call: f64,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PResults {
     pub creation: Vec<Creation>,
@@ -255,6 +268,7 @@ pub struct PResults {
     pub read_sweep: Vec<Row>,
     pub readback: Vec<Row>,
     pub passthrough: Vec<PassRow>,
+    pub path_length: Vec<PathRow>,
     pub core_probe: Vec<ProbeRow>,
 }
 
@@ -362,7 +376,25 @@ impl Pio {
     /// `pio MODE key=value...`, with the library preloaded and pointed at `store` when given,
     /// and with no Cascade variables at all otherwise.
     fn cmd(&self, store: Option<&str>, mode: &str, args: &[(&str, String)]) -> Command {
-        let mut c = Command::new(&self.exe);
+        self.cmd_under(&[], store, mode, args)
+    }
+
+    /// [`Self::cmd`] run by the program and arguments `wrapper` (a tool such as valgrind).
+    fn cmd_under(
+        &self,
+        wrapper: &[String],
+        store: Option<&str>,
+        mode: &str,
+        args: &[(&str, String)],
+    ) -> Command {
+        let mut c = match wrapper.split_first() {
+            Some((tool, tool_args)) => {
+                let mut c = Command::new(tool);
+                c.args(tool_args).arg(&self.exe);
+                c
+            }
+            None => Command::new(&self.exe),
+        };
         c.arg(mode);
         for (k, v) in args {
             c.arg(format!("{k}={v}"));
@@ -536,6 +568,7 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
         Part::Replay,
         Part::Readback,
         Part::Passthrough,
+        Part::PathLength,
     ];
     if main_parts.iter().any(|&p| want(p)) {
         // Big enough for every process's largest file: 1 GiB writes and read-back files, the
@@ -569,6 +602,9 @@ pub fn run_all(opts: &POpts, pio: &Pio) -> Res<PResults> {
                 }
                 if want(Part::Passthrough) {
                     passthrough(opts, pio, &mut res, &mut names, st)?;
+                }
+                if want(Part::PathLength) {
+                    path_length(pio, &mut res, &mut names, st)?;
                 }
                 Ok(())
             },
@@ -1455,6 +1491,76 @@ fn passthrough(
     Ok(())
 }
 
+/// Calls per path-length measurement: enough that set-up and the core probe's loop vanish
+/// from the count (the probe calls neither write nor read).
+const PATH_CALLS: u64 = 100_000;
+
+/// Counts the instructions of write() and read() of 64 B and 4 KiB through the library:
+/// `pio sweep` under callgrind, collecting only inside the function of the call's name
+/// (`--toggle-collect`), divided by the calls. Skipped, with a line, without valgrind.
+fn path_length(pio: &Pio, res: &mut PResults, names: &mut Names, st: &Store) -> Res<()> {
+    let version = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    if version.is_none() {
+        eprintln!("7. path length: skipped (valgrind is not installed)");
+        return Ok(());
+    }
+    eprintln!("7. path length: instructions per call through the library (callgrind, {PATH_CALLS} calls each):");
+    for (call, io) in [("write", 64), ("write", 4096), ("read", 64), ("read", 4096)] {
+        let counts = std::env::temp_dir().join(format!("{}-callgrind", prefix(names.pid)));
+        let wrapper = [
+            "valgrind".to_string(),
+            "--quiet".into(),
+            "--tool=callgrind".into(),
+            "--cache-sim=no".into(),
+            format!("--toggle-collect={call}"),
+            format!("--callgrind-out-file={}", counts.display()),
+        ];
+        let mut args = vec![
+            ("path", pio.path(&names.next("path", 0))),
+            ("sizes", format!("{io}:{PATH_CALLS}")),
+            pio.warm(),
+        ];
+        if call == "read" {
+            args.push(("read", "1".into()));
+        }
+        let outcome = run(
+            vec![pio.cmd_under(&wrapper, Some(st.name()), "sweep", &args)],
+            || format!("pio sweep of {call}() under callgrind"),
+        );
+        let total = outcome.and_then(|_| callgrind_total(&counts));
+        let _ = std::fs::remove_file(&counts);
+        let per_call = total? as f64 / PATH_CALLS as f64;
+        eprintln!(
+            "  {call}() of {}: {per_call:.0} instructions per call",
+            size_str(io)
+        );
+        res.path_length.push(PathRow {
+            call: call.to_string(),
+            io,
+            calls: PATH_CALLS,
+            instructions_per_call: per_call,
+        });
+    }
+    Ok(())
+}
+
+/// The event total of a callgrind output file (its `totals:` line, instructions here).
+fn callgrind_total(path: &Path) -> Res<u64> {
+    let text = std::fs::read_to_string(path).ctx(|| format!("reading {}", path.display()))?;
+    match text
+        .lines()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .and_then(|v| v.trim().parse().ok())
+    {
+        Some(total) => Ok(total),
+        None => err(format!("{}: no totals line", path.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1997,6 +2103,19 @@ pub fn tables(o: &POpts, r: &PResults) -> Vec<Table> {
             pl,
             pr,
             pct_change(&p.ratio),
+        ]);
+    }
+    out.push(t);
+    let head = "call | calls | instructions per call";
+    let mut t = Table::new(
+        "7. Path length: instructions per call through the library (callgrind, user space)",
+        head,
+    );
+    for p in &r.path_length {
+        t.row([
+            format!("{}() of {}", p.call, size_str(p.io)),
+            count(p.calls as f64),
+            format!("{:.0}", p.instructions_per_call),
         ]);
     }
     out.push(t);

@@ -89,8 +89,15 @@ impl Block {
         if d.slot >= OFD_SLOTS {
             return None;
         }
-        let slot = self.ofd(d.slot);
-        (slot.nonce.load(Acquire) == d.nonce).then_some(Description { slot })
+        Description::if_live(self.ofd(d.slot), d.nonce)
+    }
+}
+
+impl<'a> Description<'a> {
+    /// The description in `slot` if the slot still holds the one claimed with `nonce`.
+    #[inline(always)]
+    pub(crate) fn if_live(slot: &'a OfdSlot, nonce: u64) -> Option<Description<'a>> {
+        (slot.nonce.load(Acquire) == nonce).then_some(Description { slot })
     }
 }
 

@@ -284,6 +284,16 @@ impl ShmMutex {
     /// changed nothing: [`Self::lock_biased_as`] then takes the lock as usual.
     #[inline(always)]
     pub(crate) fn enter_bias(&self, me: LockHolder) -> Option<LockGuard<'_>> {
+        self.try_enter_bias(me)
+            .then(|| self.guard(me.0, Held::Bias, false))
+    }
+
+    /// [`Self::enter_bias`] without a guard: true when the thread `me` names holds the
+    /// lock, which it leaves with [`Self::leave_entered_bias`]. For a caller whose work
+    /// under the lock cannot panic (the guard, kept in memory across it, moved through the
+    /// stack on the path of every small write).
+    #[inline(always)]
+    pub(crate) fn try_enter_bias(&self, me: LockHolder) -> bool {
         let me = me.0;
         // `busy` is 1 on entry only if an earlier incarnation of this (pid, tid) died inside.
         if self.bias.load(Relaxed) == me
@@ -294,11 +304,18 @@ impl ShmMutex {
             // The store-load fence this handshake needs is the revoker's membarrier.
             compiler_fence(SeqCst);
             if self.bias.load(Acquire) == me {
-                return Some(self.guard(me, Held::Bias, false));
+                return true;
             }
             self.leave_bias(me);
         }
-        None
+        false
+    }
+
+    /// Leaves the lock [`Self::try_enter_bias`] entered (what dropping the guard of
+    /// [`Self::enter_bias`] does).
+    #[inline(always)]
+    pub(crate) fn leave_entered_bias(&self, me: LockHolder) {
+        self.leave_bias(me.0);
     }
 
     /// True if this thread holds the lock's bias (it enters without atomic read-modify-writes).

@@ -3,12 +3,14 @@
 use crate::alloc::EnospcReason;
 use crate::block::{process_alive, Block};
 use crate::error::{Error, Result};
+use crate::file::{OneChunkRead, OneChunkWrite, WriteLimits};
 use crate::layout::*;
 use crate::lock::LockHolder;
 use crate::namespace::parse_path;
 use crate::types::*;
 use crate::OpenOptions;
 use std::path::PathBuf;
+use std::ptr::NonNull;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
@@ -367,16 +369,7 @@ impl Store {
             }
             (ino, b.inode(ino).gen.load(Acquire), counts_writer)
         };
-        let file = File {
-            block: self.block.clone(),
-            ino,
-            gen,
-            writable,
-            append: opts.append,
-            wrote_spill: AtomicBool::new(false),
-            read_hint: AtomicU64::new(0),
-            counts_writer,
-        };
+        let file = File::new(&self.block, ino, gen, writable, opts.append, counts_writer);
         // Like Linux, O_TRUNC truncates even a read-only open.
         if opts.truncate {
             let _g = b.lock_inode(ino)?;
@@ -680,12 +673,117 @@ pub struct File {
     /// The chunk this handle last read (`Block::read_hinted`): process-local, so readers
     /// in many processes do not share a cache line.
     read_hint: AtomicU64,
+    /// The memory chunk this handle last wrote through the fast path, as `idx << 32 |
+    /// chunk + 1` (the inode's hint word): process-local as `read_hint`, and only ever a
+    /// chunk this process has mapped (mappings are never taken back).
+    write_hint: AtomicU64,
+    hot: HotAddresses,
     /// This handle is one of the inode's `writers` (a writable open not registered as an
     /// open file description); dropping it is the close that hands the file to the agent.
     counts_writer: bool,
 }
 
+/// What a handle's small writes and reads address in the block, worked out when the handle
+/// is made (the block is never remapped): the fast paths load each from the handle instead
+/// of deriving it on every call from the block's geometry, behind one more pointer
+/// (docs/interposition.md, "What a small write costs").
+struct HotAddresses {
+    /// The handle's inode.
+    inode: NonNull<Inode>,
+    /// Description slot 0.
+    ofds: NonNull<OfdSlot>,
+    /// Chunk 0's state word.
+    chunk_states: NonNull<AtomicU64>,
+    /// Memory chunk 0's first byte in this process.
+    data: NonNull<u8>,
+    mem_chunks: u32,
+    limits: WriteLimits,
+}
+
+// SAFETY: the addresses point into the block's shared mapping, which the handle's
+// `Arc<Block>` keeps mapped; through them only atomics are used, and chunk bytes under the
+// inode's lock, as through the block itself.
+unsafe impl Send for HotAddresses {}
+// SAFETY: as above.
+unsafe impl Sync for HotAddresses {}
+
+impl HotAddresses {
+    fn of(block: &Block, ino: u32) -> HotAddresses {
+        let first = |offset: u64| {
+            // SAFETY: every region offset of the geometry lies inside the mapping.
+            let p = unsafe { block.base.add(offset as usize) };
+            NonNull::new(p).expect("the block's mapping is not at address 0")
+        };
+        HotAddresses {
+            inode: NonNull::from(block.inode(ino)),
+            ofds: first(block.geo.off.ofds).cast(),
+            chunk_states: first(block.geo.off.chunk_states).cast(),
+            data: first(block.geo.off.data),
+            mem_chunks: block.geo.mem_chunks,
+            limits: block.geo.write_limits(),
+        }
+    }
+
+    #[inline(always)]
+    fn inode(&self) -> &Inode {
+        // SAFETY: the handle's inode (in range: `File::new`), in the mapping that outlives
+        // `self`.
+        unsafe { self.inode.as_ref() }
+    }
+
+    /// Description slot `slot`'s description if it is still the one claimed with `nonce`.
+    #[inline(always)]
+    fn description(&self, d: crate::OpenDescription) -> Option<crate::Description<'_>> {
+        if d.slot >= OFD_SLOTS {
+            return None;
+        }
+        // SAFETY: the region holds OFD_SLOTS slots (checked above), in the mapping.
+        let slot = unsafe { &*self.ofds.as_ptr().add(d.slot as usize) };
+        crate::Description::if_live(slot, d.nonce)
+    }
+
+    /// The state word of chunk `c`, which the caller knows to be a memory chunk.
+    #[inline(always)]
+    fn chunk_state(&self, c: u32) -> &AtomicU64 {
+        // SAFETY: c < mem_chunks <= the chunks the state region counts (the caller's).
+        unsafe { &*self.chunk_states.as_ptr().add(c as usize) }
+    }
+
+    /// Memory chunk `c`'s first byte, which the caller knows to be a memory chunk.
+    #[inline(always)]
+    fn memory_chunk(&self, c: u32) -> *mut u8 {
+        // SAFETY: c < mem_chunks (the caller's), so the chunk lies in the data region.
+        unsafe {
+            self.data
+                .as_ptr()
+                .add(c as usize * self.limits.chunk_size as usize)
+        }
+    }
+}
+
 impl File {
+    fn new(
+        block: &Arc<Block>,
+        ino: u32,
+        gen: u32,
+        writable: bool,
+        append: bool,
+        counts_writer: bool,
+    ) -> File {
+        File {
+            hot: HotAddresses::of(block, ino),
+            block: block.clone(),
+            ino,
+            gen,
+            writable,
+            append,
+            wrote_spill: AtomicBool::new(false),
+            read_hint: AtomicU64::new(0),
+            write_hint: AtomicU64::new(0),
+            counts_writer,
+        }
+    }
+
     /// Checks that the file still exists (it may have been unlinked or replaced meanwhile).
     fn check_live(&self) -> Result<()> {
         self.live_state().map(|_| ())
@@ -853,16 +951,14 @@ impl File {
             ));
         }
         let acc = flags & libc::O_ACCMODE;
-        let file = File {
-            block: b.clone(),
-            ino: ino as u32,
+        let file = File::new(
+            b,
+            ino as u32,
             gen,
-            writable: acc == libc::O_WRONLY || acc == libc::O_RDWR,
-            append: flags & libc::O_APPEND != 0,
-            wrote_spill: AtomicBool::new(false),
-            read_hint: AtomicU64::new(0),
-            counts_writer: false,
-        };
+            acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            flags & libc::O_APPEND != 0,
+            false,
+        );
         file.check_live()?;
         Ok(file)
     }
@@ -1006,11 +1102,18 @@ impl File {
         if !self.writable || self.append {
             return None;
         }
-        let inode = self.block.inode_checked(self.ino)?;
-        let guard = inode.lock.enter_bias(me)?;
-        let written = self.write_fast_under_lock(inode, buf, position);
-        guard.release();
-        written
+        let inode = self.hot.inode();
+        if !inode.lock.try_enter_bias(me) {
+            return None;
+        }
+        // Nothing under the lock can panic (the fast path's promise): no guard needed. The
+        // count alone crosses the unlock, 0 for none (a write of no bytes declines), so it
+        // stays in a register.
+        let written = self
+            .write_fast_under_lock(inode, buf, position)
+            .unwrap_or(0);
+        inode.lock.leave_entered_bias(me);
+        (written != 0).then_some(written)
     }
 
     /// [`Self::write_under_lock`] for [`Self::try_write_fast`]: only its hinted path, and
@@ -1029,12 +1132,47 @@ impl File {
             Position::At(offset) => offset,
             Position::Shared(p) => p.load(Acquire),
         };
-        let n = self.block.write_hinted(self.ino, inode, buf, offset)?;
+        let write = OneChunkWrite::of(self.hot.limits, inode, buf.len(), offset)?;
+        let chunk = self.chunk_to_write(inode, write.idx)?;
+        // SAFETY: `chunk_to_write` gives the mapped memory chunk the file owns at
+        // `write.idx`; the caller holds the inode's lock.
+        let n = unsafe { write.finish(inode, chunk, buf) };
         if let Position::Shared(p) = position {
             p.store(offset + n as u64, Release);
         }
         // No spill was written: nothing for `wrote_spill`.
         Some(n)
+    }
+
+    /// Memory chunk `idx` of the file, mapped in this process, to write (inode lock held):
+    /// the one this handle's write hint names if its state still says it is that, else the
+    /// one the inode's hint names (remembered in the handle's hint). None otherwise.
+    #[inline(always)]
+    fn chunk_to_write(&self, inode: &Inode, idx: u64) -> Option<*mut u8> {
+        let mine = self.write_hint.load(Relaxed);
+        if mine >> 32 == idx {
+            if let Some(c) = (mine as u32).checked_sub(1) {
+                if self.hot.chunk_state(c).load(Relaxed) == used(self.ino, idx as u32) {
+                    return Some(self.hot.memory_chunk(c));
+                }
+            }
+        }
+        self.chunk_to_write_by_inode_hint(inode, idx)
+    }
+
+    /// [`Self::chunk_to_write`] when this handle's hint does not name the chunk: once per
+    /// chunk a writer enters, out of line so that the usual path stays short.
+    #[cold]
+    #[inline(never)]
+    fn chunk_to_write_by_inode_hint(&self, inode: &Inode, idx: u64) -> Option<*mut u8> {
+        let c = self
+            .block
+            .chunk_if_hinted(self.ino, idx, inode.lock.hint.load(Relaxed))?;
+        let chunk = self.block.mapped_memory_chunk(c)?;
+        if let Some(word) = crate::file::hint_word(idx, c) {
+            self.write_hint.store(word, Relaxed);
+        }
+        Some(chunk)
     }
 
     /// [`Self::check_file`] as a yes or no, given this handle's inode (the fast paths).
@@ -1051,19 +1189,38 @@ impl File {
     /// caller's read then overwrites.
     #[inline(always)]
     pub fn try_read_at_fast(&self, buf: &mut [u8], offset: u64) -> Option<usize> {
-        let inode = self.block.inode_checked(self.ino)?;
+        let inode = self.hot.inode();
         if !self.is_live_file(inode) {
             return None;
         }
-        self.block
-            .read_hinted_fast(self.ino, inode, buf, offset, &self.read_hint)
+        let read = OneChunkRead::of(self.hot.limits.chunk_size, inode, buf.len(), offset)?;
+        let chunk = self.chunk_to_read(read.idx)?;
+        // SAFETY: `chunk` is a memory chunk of this process's mapping; `read` was made for
+        // `buf`.
+        unsafe { read.finish(inode, chunk, buf) }
+    }
+
+    /// Memory chunk `idx` of the file to read, if this handle's read hint names it and its
+    /// state still says it is that (a truncation may free it meanwhile: the read's sequence
+    /// check discards such bytes). The general read (`Block::read_hinted`) sets the hint,
+    /// after starting this process's populate thread.
+    #[inline(always)]
+    fn chunk_to_read(&self, idx: u64) -> Option<*const u8> {
+        let hint = self.read_hint.load(Relaxed);
+        if hint >> 32 != idx {
+            return None;
+        }
+        let c = (hint as u32).checked_sub(1)?;
+        (c < self.hot.mem_chunks
+            && self.hot.chunk_state(c).load(Relaxed) == used(self.ino, idx as u32))
+        .then(|| self.hot.memory_chunk(c).cast_const())
     }
 
     /// The description `d` names if it is live (as `Store::description`, through this
-    /// handle's block: the path of every read and write needs no store handle).
+    /// handle's addresses: the path of every read and write needs no store handle).
     #[inline(always)]
     pub fn description(&self, d: crate::OpenDescription) -> Option<crate::Description<'_>> {
-        self.block.description(d)
+        self.hot.description(d)
     }
 
     /// The inode's lock, taken by any path but the bias's (out of line).

@@ -1585,6 +1585,51 @@ fn the_fast_write_path_declines_what_it_does_not_handle() {
     assert_clean(&s);
 }
 
+/// The fast paths remember, per handle, the chunk they last wrote and read. A truncation
+/// frees that chunk and another file takes it for the same index: the handle's next small
+/// write and read must see the chunk's state name the other file and not touch it.
+#[test]
+fn a_handles_remembered_chunk_taken_by_another_file_is_not_used() {
+    const CHUNK: u64 = 4096;
+    let s = store(16 * CHUNK, CHUNK, 0);
+    let me = LockHolder::this_thread();
+    let a = s.open("/a", &rw()).unwrap();
+    a.write_all_at(&[1; 64], 0).unwrap();
+    // The general read sets the read hint; the fast paths now know the chunk.
+    assert_eq!(a.read_at(&mut [0; 64], 0).unwrap(), 64);
+    assert_eq!(a.try_write_at_fast(me, &[2; 64], 64), Some(64));
+    assert_eq!(a.try_read_at_fast(&mut [0; 64], 64), Some(64));
+    let chunk_of_a = a.chunk_list().unwrap()[0].chunk_id;
+    a.set_len(0).unwrap();
+    let b = s.open("/b", &rw()).unwrap();
+    b.write_all_at(&[9; 128], 0).unwrap();
+    assert_eq!(
+        b.chunk_list().unwrap()[0].chunk_id,
+        chunk_of_a,
+        "the test needs /b to take the chunk /a gave back"
+    );
+    assert_eq!(a.try_write_at_fast(me, &[3; 64], 0), None);
+    assert_eq!(a.try_read_at_fast(&mut [0; 64], 0), None);
+    assert_eq!(read_all(&b), vec![9u8; 128], "/b's chunk is untouched");
+    // The general path gives /a a chunk of its own; the fast paths follow it there (the
+    // read hint still names /b's chunk: a fast read declines or reads /a's bytes).
+    a.write_all_at(&[3; 64], 0).unwrap();
+    let mut got = [0u8; 64];
+    if let Some(n) = a.try_read_at_fast(&mut got, 0) {
+        assert_eq!(
+            got[..n],
+            [3u8; 64][..n],
+            "a fast read of /a returned /b's bytes"
+        );
+    }
+    assert_eq!(a.try_write_at_fast(me, &[4; 64], 64), Some(64));
+    let mut want = vec![3u8; 64];
+    want.extend([4u8; 64]);
+    assert_eq!(read_all(&a), want);
+    assert_eq!(read_all(&b), vec![9u8; 128]);
+    assert_clean(&s);
+}
+
 /// Removals look for lock files only once one was made (`lock_files` in the header): a
 /// fresh store says none were, and the mark, once set, is seen by every attacher.
 #[test]

@@ -466,7 +466,8 @@ fn ssize(r: Result<usize, Error>) -> ssize_t {
 /// `isize::MAX`) and where [`HeldEntry::of`] finds none.
 #[inline(always)]
 fn held_for_io(fd: c_int, buf: *const c_void, count: size_t) -> Option<HeldEntry> {
-    if count == 0 || buf.is_null() || count > isize::MAX as usize {
+    // count in 1..=isize::MAX with one compare: 0 wraps to usize::MAX.
+    if count.wrapping_sub(1) >= isize::MAX as usize || buf.is_null() {
         return None;
     }
     HeldEntry::of(fd)
