@@ -1725,6 +1725,19 @@ pub fn targets(opts: &POpts, r: &PResults) -> Vec<Target> {
         ));
         met = Some(met.unwrap_or(true) && w64 <= 30.0);
     }
+    // The path's length in instructions: what the time follows where the host does not
+    // (section 7).
+    let instructions = |call: &str| {
+        r.path_length
+            .iter()
+            .find(|x| x.call == call && x.io == 64)
+            .map(|x| x.instructions_per_call)
+    };
+    if let (Some(w), Some(rd)) = (instructions("write"), instructions("read")) {
+        parts.push(format!(
+            "path: {w:.0} instructions per 64 B write, {rd:.0} per read (callgrind)"
+        ));
+    }
     out.push(Target::new(
         "time per 64-byte write (issue 24)",
         "<= 30 ns per call",
