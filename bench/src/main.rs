@@ -295,7 +295,7 @@ mod tests {
         i.resolve(1).expect("valid");
         assert_eq!(
             (i.replay_writes, i.pass_calls64, i.parts.len()),
-            (10_000, 50_000, 6)
+            (10_000, 50_000, 7)
         );
         let Cmd::Hostile(h) = parse(&["hostile", "--quick"]) else {
             panic!()

@@ -315,6 +315,9 @@ impl Side {
                 }
             }
             Op::Fsync { fd } => outcome(sys::fsync(self.fd(*fd)), |r| Value::Int(r.into())),
+            Op::SetAppend { fd, on } => {
+                outcome(sys::set_append(self.fd(*fd), *on), |r| Value::Int(r.into()))
+            }
             Op::Access { path: rel, mode } => {
                 outcome(sys::access(&path(rel), *mode), |r| Value::Int(r.into()))
             }

@@ -133,6 +133,12 @@ pub enum Op {
     Fsync {
         fd: FdRef,
     },
+    /// fcntl(F_GETFL), then F_SETFL with O_APPEND set (`on`) or cleared: the one status flag
+    /// a description's writes depend on.
+    SetAppend {
+        fd: FdRef,
+        on: bool,
+    },
     Access {
         path: String,
         mode: c_int,
@@ -167,6 +173,7 @@ impl Op {
             Op::Dup { .. } => "dup",
             Op::Dup2 { .. } => "dup2",
             Op::Fsync { .. } => "fsync",
+            Op::SetAppend { .. } => "fcntl(F_SETFL)",
             Op::Access { .. } => "access",
         }
     }
@@ -315,6 +322,11 @@ impl fmt::Display for Op {
             Op::Dup { fd, slot } => write!(f, "slot{slot} = dup({fd})"),
             Op::Dup2 { fd, target } => write!(f, "dup2({fd}, slot{target})"),
             Op::Fsync { fd } => write!(f, "fsync({fd})"),
+            Op::SetAppend { fd, on } => write!(
+                f,
+                "fcntl({fd}, F_SETFL, F_GETFL {} O_APPEND)",
+                if *on { "|" } else { "& ~" }
+            ),
             Op::Access { path, mode } => write!(f, "access({}, {})", p(path), access_text(*mode)),
         }
     }
@@ -379,10 +391,11 @@ enum Kind {
     Dup,
     Dup2,
     Fsync,
+    SetAppend,
     Access,
 }
 
-const WEIGHTS: [(Kind, u32); 25] = [
+const WEIGHTS: [(Kind, u32); 26] = [
     (Kind::Open, 12),
     (Kind::OpenAt, 3),
     (Kind::Close, 6),
@@ -407,6 +420,7 @@ const WEIGHTS: [(Kind, u32); 25] = [
     (Kind::Dup, 2),
     (Kind::Dup2, 2),
     (Kind::Fsync, 1),
+    (Kind::SetAppend, 2),
     (Kind::Access, 2),
 ];
 
@@ -587,6 +601,10 @@ impl Generator {
             },
             Kind::Fsync => Op::Fsync {
                 fd: self.fd(slots, &open, Want::Any),
+            },
+            Kind::SetAppend => Op::SetAppend {
+                fd: self.fd(slots, &open, Want::WritableFile),
+                on: self.below(2) == 0,
             },
             Kind::Access => Op::Access {
                 path: self.path(3),

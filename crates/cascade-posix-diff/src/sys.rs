@@ -200,6 +200,19 @@ pub fn fsync(fd: c_int) -> Result<c_int, Errno> {
     int_result(unsafe { libc::fsync(fd) })
 }
 
+/// Sets or clears O_APPEND among the descriptor's status flags (F_GETFL, then F_SETFL).
+pub fn set_append(fd: c_int, on: bool) -> Result<c_int, Errno> {
+    // SAFETY: fcntl with F_GETFL and F_SETFL takes no pointers.
+    let flags = int_result(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let flags = if on {
+        flags | libc::O_APPEND
+    } else {
+        flags & !libc::O_APPEND
+    };
+    // SAFETY: as above.
+    int_result(unsafe { libc::fcntl(fd, libc::F_SETFL, flags) })
+}
+
 pub fn access(path: &CStr, mode: c_int) -> Result<c_int, Errno> {
     // SAFETY: path is a valid NUL-terminated string.
     int_result(unsafe { libc::access(path.as_ptr(), mode) })

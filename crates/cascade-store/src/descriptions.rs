@@ -429,7 +429,10 @@ impl Store {
     }
 
     /// Opens the file a description refers to, by inode and generation (ESTALE if it was
-    /// removed since). Used when a descriptor is inherited over exec.
+    /// removed since). Used when a descriptor is inherited over exec. `flags` give the
+    /// access mode; the handle does not append on its own even with O_APPEND, which belongs
+    /// to the description (fcntl(F_SETFL) changes it): its user appends with
+    /// [`File::append`] while the description's flags say so.
     pub fn reopen(&self, ino: u64, generation: u32, flags: i32) -> Result<File> {
         File::reopen(self, ino, generation, flags)
     }

@@ -956,7 +956,7 @@ impl File {
             ino as u32,
             gen,
             acc == libc::O_WRONLY || acc == libc::O_RDWR,
-            flags & libc::O_APPEND != 0,
+            false,
             false,
         );
         file.check_live()?;

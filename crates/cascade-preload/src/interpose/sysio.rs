@@ -24,7 +24,10 @@ pub(crate) fn open_store_path(path: &str, flags: c_int, mode: c_uint) -> Result<
         create: flags & libc::O_CREAT != 0,
         create_new: flags & libc::O_CREAT != 0 && flags & libc::O_EXCL != 0,
         truncate: flags & libc::O_TRUNC != 0,
-        append: flags & libc::O_APPEND != 0 && acc != libc::O_RDONLY,
+        // O_APPEND is the description's (fcntl(F_SETFL) sets and clears it): `do_write`
+        // reads it there on every write and appends with `File::append`. A handle opened to
+        // append would append even after the flag was cleared.
+        append: false,
         directory: flags & libc::O_DIRECTORY != 0,
         mode: mode & 0o7777 & !names::umask_now(),
         described: true,
