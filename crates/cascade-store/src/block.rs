@@ -773,7 +773,7 @@ impl Block {
     }
     /// Address of memory chunk `c` if it is one and this process has mapped it already
     /// (its populate thread started, the chunk populated): what a write may use without a
-    /// call, a wait or a panic (`Block::write_hinted`). None otherwise: [`Self::chunk_ptr`]
+    /// call, a wait or a panic (`File::write_hinted`). None otherwise: [`Self::chunk_ptr`]
     /// maps it.
     #[inline(always)]
     pub(crate) fn mapped_memory_chunk(&self, c: u32) -> Option<*mut u8> {

@@ -652,28 +652,6 @@ impl Block {
         }
     }
 
-    /// The usual small write without the general loop (inode lock held): `buf` lies inside
-    /// one memory chunk this process has mapped, the one the file's hint names, and starts
-    /// at or before the end of the file. None when any of that does not hold, having changed
-    /// nothing: the caller takes [`Self::write_locked`]. The same effects as that, without
-    /// its loop, its hole and boundary handling or its frame, and without a call or a panic
-    /// (docs/interposition.md, "What a small write costs").
-    #[inline(always)]
-    pub(crate) fn write_hinted(
-        &self,
-        ino: u32,
-        inode: &Inode,
-        buf: &[u8],
-        offset: u64,
-    ) -> Option<usize> {
-        let write = OneChunkWrite::of(self.geo.write_limits(), inode, buf.len(), offset)?;
-        let c = self.chunk_if_hinted(ino, write.idx, inode.lock.hint.load(Relaxed))?;
-        let chunk = self.mapped_memory_chunk(c)?;
-        // SAFETY: chunk `c` is the memory chunk `ino` owns at `write.idx` (its state says
-        // so), mapped in this process, under the lock the caller holds.
-        Some(unsafe { write.finish(inode, chunk, buf) })
-    }
-
     /// Writes `buf` at `offset` (inode lock held). Returns bytes written: short only when the
     /// store filled up after some bytes went in (ENOSPC if none did).
     pub(crate) fn write_locked(&self, ino: u32, buf: &[u8], offset: u64) -> Result<usize> {
@@ -1041,7 +1019,7 @@ pub(crate) struct OneChunkWrite {
 impl OneChunkWrite {
     /// Where a write of `len` bytes at `offset` goes if it fits one chunk and starts at or
     /// before the end of the file, the file's content being here (inode lock held); None
-    /// otherwise. The checks of [`Block::write_hinted`], before its chunk is known.
+    /// otherwise. The checks of `File::write_hinted`, before its chunk is known.
     #[inline(always)]
     pub(crate) fn of(
         limits: WriteLimits,

@@ -1076,7 +1076,7 @@ impl File {
 
     /// The usual small write(2) whole, or nothing: the calling thread `me` holds the file's
     /// bias, the handle is writable without O_APPEND, and the bytes go at the shared offset
-    /// `position` into the hinted memory chunk (`Block::write_hinted`). None, having changed
+    /// `position` into the hinted memory chunk (`Self::write_hinted`). None, having changed
     /// nothing, when any of that does not hold; the caller then takes
     /// [`Self::write_advancing_as`], which does the same and everything else. It cannot
     /// fail, wait or panic, so a caller may run it outside its panic boundary.
@@ -1132,16 +1132,27 @@ impl File {
             Position::At(offset) => offset,
             Position::Shared(p) => p.load(Acquire),
         };
-        let write = OneChunkWrite::of(self.hot.limits, inode, buf.len(), offset)?;
-        let chunk = self.chunk_to_write(inode, write.idx)?;
-        // SAFETY: `chunk_to_write` gives the mapped memory chunk the file owns at
-        // `write.idx`; the caller holds the inode's lock.
-        let n = unsafe { write.finish(inode, chunk, buf) };
+        let n = self.write_hinted(inode, buf, offset)?;
         if let Position::Shared(p) = position {
             p.store(offset + n as u64, Release);
         }
         // No spill was written: nothing for `wrote_spill`.
         Some(n)
+    }
+
+    /// The usual small write without the general loop (inode lock held): `buf` lies inside
+    /// one memory chunk this process has mapped, the one this handle or the file's lock hint
+    /// names, and starts at or before the end of the file. None when any of that does not
+    /// hold, having changed nothing: the caller takes `Block::write_locked`. The same
+    /// effects as that, without its loop, its hole and boundary handling or its frame, and
+    /// without a call or a panic (docs/interposition.md, "What a small write costs").
+    #[inline(always)]
+    fn write_hinted(&self, inode: &Inode, buf: &[u8], offset: u64) -> Option<usize> {
+        let write = OneChunkWrite::of(self.hot.limits, inode, buf.len(), offset)?;
+        let chunk = self.chunk_to_write(inode, write.idx)?;
+        // SAFETY: `chunk_to_write` gives the mapped memory chunk the file owns at
+        // `write.idx`; the caller holds the inode's lock.
+        Some(unsafe { write.finish(inode, chunk, buf) })
     }
 
     /// Memory chunk `idx` of the file, mapped in this process, to write (inode lock held):
@@ -1240,7 +1251,7 @@ impl File {
             Position::At(offset) => offset,
             Position::Shared(p) => p.load(Acquire),
         };
-        let n = match self.block.write_hinted(self.ino, inode, buf, offset) {
+        let n = match self.write_hinted(inode, buf, offset) {
             Some(n) => n,
             None => self.block.write_locked(self.ino, buf, offset)?,
         };

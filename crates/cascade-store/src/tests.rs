@@ -1413,7 +1413,7 @@ fn an_explicit_time_replaces_the_mark() {
 }
 
 /// Small writes take a short path when they fall inside the chunk the file's hint names
-/// (`write_hinted`), the general loop otherwise: holes, chunk boundaries, stale hints after
+/// (`File::write_hinted`), the general loop otherwise: holes, chunk boundaries, stale hints after
 /// truncations, another file reusing the freed chunks. Both must leave what a model of the
 /// file says, byte for byte, after every step. Half the writes and reads try the whole
 /// fast path first (`try_write_at_fast`, `try_write_advancing_fast`, `try_read_at_fast`:
