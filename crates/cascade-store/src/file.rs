@@ -1054,18 +1054,18 @@ impl OneChunkWrite {
     /// length `self` was made for.
     #[inline(always)]
     pub(crate) unsafe fn finish(self, inode: &Inode, chunk: *mut u8, buf: &[u8]) -> usize {
-        // SAFETY: within + buf.len() <= chunk_size (`of`), so the bytes lie
-        // inside the chunk, which the file owns under the lock the caller holds.
+        // SAFETY: within + buf.len() <= chunk_size (`of`), so the bytes lie inside the
+        // chunk, which the file owns under the lock the caller holds.
         unsafe { copy_small_inline(buf.as_ptr(), chunk.add(self.within as usize), buf.len()) };
         mark_written(inode, self.old_size, self.end);
         buf.len()
     }
 }
 
-/// Copies `len` bytes from `s` to `dst`: 16 to 64 bytes with two or four 16-byte moves in line, which
-/// overlap for lengths between; other lengths through `memcpy`. The usual small write's
-/// copy then needs no call, whose cost (and the registers saved around it) was a tenth of
-/// the write's instructions.
+/// Copies `len` bytes from `s` to `dst`: 16 to 64 bytes with two or four 16-byte moves in
+/// line, which overlap for lengths between; other lengths through `memcpy`. The usual small
+/// write's copy then needs no call, whose cost (and the registers saved around it) was a
+/// tenth of the write's instructions.
 ///
 /// # Safety
 /// `s` is valid for reading and `dst` for writing `len` bytes; they do not overlap.
