@@ -1499,18 +1499,17 @@ const PATH_CALLS: u64 = 100_000;
 /// `pio sweep` under callgrind, collecting only inside the function of the call's name
 /// (`--toggle-collect`), divided by the calls. Skipped, with a line, without valgrind.
 fn path_length(pio: &Pio, res: &mut PResults, names: &mut Names, st: &Store) -> Res<()> {
-    let version = Command::new("valgrind")
+    let have_valgrind = Command::new("valgrind")
         .arg("--version")
         .output()
-        .ok()
-        .filter(|o| o.status.success());
-    if version.is_none() {
+        .is_ok_and(|o| o.status.success());
+    if !have_valgrind {
         eprintln!("7. path length: skipped (valgrind is not installed)");
         return Ok(());
     }
     eprintln!("7. path length: instructions per call through the library (callgrind, {PATH_CALLS} calls each):");
+    let counts = std::env::temp_dir().join(format!("{}-callgrind", prefix(names.pid)));
     for (call, io) in [("write", 64), ("write", 4096), ("read", 64), ("read", 4096)] {
-        let counts = std::env::temp_dir().join(format!("{}-callgrind", prefix(names.pid)));
         let wrapper = [
             "valgrind".to_string(),
             "--quiet".into(),

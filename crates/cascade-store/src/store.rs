@@ -673,7 +673,7 @@ pub struct File {
     /// The chunk this handle last read (`Block::read_hinted`): process-local, so readers
     /// in many processes do not share a cache line.
     read_hint: AtomicU64,
-    /// The memory chunk this handle last wrote through the fast path, as `idx << 32 |
+    /// The memory chunk this handle last wrote through the short path, as `idx << 32 |
     /// chunk + 1` (the inode's hint word): process-local as `read_hint`, and only ever a
     /// chunk this process has mapped (mappings are never taken back).
     write_hint: AtomicU64,
@@ -742,17 +742,17 @@ impl HotAddresses {
         crate::Description::if_live(slot, d.nonce)
     }
 
-    /// The state word of chunk `c`, which the caller knows to be a memory chunk.
+    /// The state word of chunk `c`, which the caller checked to be a memory chunk.
     #[inline(always)]
     fn chunk_state(&self, c: u32) -> &AtomicU64 {
-        // SAFETY: c < mem_chunks <= the chunks the state region counts (the caller's).
+        // SAFETY: c < mem_chunks (the caller's check) <= the chunks the state region counts.
         unsafe { &*self.chunk_states.as_ptr().add(c as usize) }
     }
 
-    /// Memory chunk `c`'s first byte, which the caller knows to be a memory chunk.
+    /// Memory chunk `c`'s first byte, which the caller checked to be a memory chunk.
     #[inline(always)]
     fn memory_chunk(&self, c: u32) -> *mut u8 {
-        // SAFETY: c < mem_chunks (the caller's), so the chunk lies in the data region.
+        // SAFETY: c < mem_chunks (the caller's check), so the chunk lies in the data region.
         unsafe {
             self.data
                 .as_ptr()
@@ -1160,15 +1160,10 @@ impl File {
     /// one the inode's hint names (remembered in the handle's hint). None otherwise.
     #[inline(always)]
     fn chunk_to_write(&self, inode: &Inode, idx: u64) -> Option<*mut u8> {
-        let mine = self.write_hint.load(Relaxed);
-        if mine >> 32 == idx {
-            if let Some(c) = (mine as u32).checked_sub(1) {
-                if self.hot.chunk_state(c).load(Relaxed) == used(self.ino, idx as u32) {
-                    return Some(self.hot.memory_chunk(c));
-                }
-            }
+        match self.memory_chunk_if_hinted(self.write_hint.load(Relaxed), idx) {
+            Some(c) => Some(self.hot.memory_chunk(c)),
+            None => self.chunk_to_write_by_inode_hint(inode, idx),
         }
-        self.chunk_to_write_by_inode_hint(inode, idx)
     }
 
     /// [`Self::chunk_to_write`] when this handle's hint does not name the chunk: once per
@@ -1217,14 +1212,22 @@ impl File {
     /// after starting this process's populate thread.
     #[inline(always)]
     fn chunk_to_read(&self, idx: u64) -> Option<*const u8> {
-        let hint = self.read_hint.load(Relaxed);
+        self.memory_chunk_if_hinted(self.read_hint.load(Relaxed), idx)
+            .map(|c| self.hot.memory_chunk(c).cast_const())
+    }
+
+    /// The memory chunk one of this handle's hint words (`idx << 32 | chunk + 1`) names for
+    /// `idx`, if the chunk's state word still says the file owns it there
+    /// (`Block::chunk_if_hinted` through the handle's addresses).
+    #[inline(always)]
+    fn memory_chunk_if_hinted(&self, hint: u64, idx: u64) -> Option<u32> {
         if hint >> 32 != idx {
             return None;
         }
         let c = (hint as u32).checked_sub(1)?;
         (c < self.hot.mem_chunks
             && self.hot.chunk_state(c).load(Relaxed) == used(self.ino, idx as u32))
-        .then(|| self.hot.memory_chunk(c).cast_const())
+        .then_some(c)
     }
 
     /// The description `d` names if it is live (as `Store::description`, through this
